@@ -1,0 +1,34 @@
+"""Reading classic pcap files (microsecond or nanosecond magic, either byte order) without third-party packages."""
+
+import struct
+
+_MAGICS = {
+    b"\xd4\xc3\xb2\xa1": ("<", 1000),
+    b"\xa1\xb2\xc3\xd4": (">", 1000),
+    b"\x4d\x3c\xb2\xa1": ("<", 1),
+    b"\xa1\xb2\x3c\x4d": (">", 1),
+}
+
+
+def read_pcap(path):
+    """Returns [(timestamp_ns, frame_bytes)]; raises ValueError naming the file on a bad header or a cut record."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 24 or data[:4] not in _MAGICS:
+        raise ValueError(f"{path}: not a pcap file (magic {data[:4].hex()})")
+    order, ns_per_unit = _MAGICS[data[:4]]
+    linktype = struct.unpack(order + "I", data[20:24])[0]
+    if linktype != 1:
+        raise ValueError(f"{path}: link type {linktype}, expected 1 (Ethernet)")
+    frames = []
+    off = 24
+    while off < len(data):
+        if off + 16 > len(data):
+            raise ValueError(f"{path}: record header cut at byte {off}")
+        sec, frac, caplen, _ = struct.unpack(order + "IIII", data[off : off + 16])
+        off += 16
+        if off + caplen > len(data):
+            raise ValueError(f"{path}: record of {caplen} bytes cut at byte {off}")
+        frames.append((sec * 1_000_000_000 + frac * ns_per_unit, data[off : off + caplen]))
+        off += caplen
+    return frames

@@ -1,0 +1,10 @@
+// Registration functions, one per library folder.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace ifec::bindings {
+
+void register_common(pybind11::module_& m);
+
+}  // namespace ifec::bindings

@@ -1,0 +1,107 @@
+// Bindings for the shared lower layer: frame parsing, the ICRC, sample frames and pcap output.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "ifec/common/frame.h"
+#include "ifec/common/icrc.h"
+#include "ifec/common/samples.h"
+#include "register.h"
+
+namespace py = pybind11;
+using namespace ifec::common;
+
+namespace ifec::bindings {
+
+namespace {
+
+// Parsed frame as a dict of plain values: Python tests compare it field by field against tshark.
+py::dict parse(py::bytes frame) {
+  std::string_view bytes = frame;
+  ParsedFrame pf;
+  WireStatus st = parse_frame(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), &pf);
+  if (!st.ok()) {
+    throw py::value_error("frame rejected: " + st.message());
+  }
+  const FrameHeaders& h = pf.h;
+  py::dict d;
+  d["opcode"] = h.bth.opcode;
+  d["opcode_name"] = opcode_name(h.bth.opcode);
+  d["dest_qp"] = h.bth.dest_qp;
+  d["psn"] = h.bth.psn;
+  d["ack_req"] = h.bth.ack_req;
+  d["pad_count"] = h.bth.pad_count;
+  d["udp_src_port"] = h.udp.src_port;
+  d["udp_dst_port"] = h.udp.dst_port;
+  d["ip_src"] = h.ip.src;
+  d["ip_dst"] = h.ip.dst;
+  d["icrc"] = pf.icrc;
+  d["payload_size"] = pf.payload_size;
+  d["bth_offset"] = pf.bth_offset;
+  if (h.reth) {
+    d["va"] = h.reth->virtual_address;
+    d["rkey"] = h.reth->rkey;
+    d["dma_length"] = h.reth->dma_length;
+  }
+  if (h.atomic) {
+    d["va"] = h.atomic->virtual_address;
+    d["rkey"] = h.atomic->rkey;
+    d["swap_or_add"] = h.atomic->swap_or_add;
+    d["compare"] = h.atomic->compare;
+  }
+  if (h.aeth) {
+    d["syndrome"] = h.aeth->syndrome;
+    d["msn"] = h.aeth->msn;
+  }
+  if (h.atomic_ack) {
+    d["original_data"] = h.atomic_ack->original_data;
+  }
+  if (h.ech) {
+    const Ech& e = *h.ech;
+    py::dict ech;
+    ech["format"] = e.format == EchFormat::kCompact ? "compact" : "standard";
+    ech["op"] = ech_op_name(e.op);
+    ech["flags"] = e.flags;
+    ech["window_id"] = e.window_id;
+    if (e.format == EchFormat::kCompact) {
+      ech["source_id"] = e.source_id;
+      ech["dest_bitmap"] = e.dest_bitmap;
+    } else {
+      ech["job_id"] = e.job_id;
+      ech["group_id"] = e.group_id;
+      ech["contributor_id"] = e.contributor_id;
+      ech["chunk_index"] = e.chunk_index;
+      ech["dtype"] = ech_dtype_name(e.dtype);
+      ech["redop"] = ech_redop_name(e.redop);
+      ech["element_count"] = e.element_count;
+    }
+    d["ech"] = ech;
+  }
+  return d;
+}
+
+py::list samples() {
+  py::list out;
+  for (const auto& s : sample_frames()) {
+    out.append(py::make_tuple(s.name, py::bytes(reinterpret_cast<const char*>(s.bytes.data()), s.bytes.size())));
+  }
+  return out;
+}
+
+uint32_t icrc(py::bytes ip_to_pad, size_t bth_offset) {
+  std::string_view b = ip_to_pad;
+  return compute_icrc(reinterpret_cast<const uint8_t*>(b.data()), b.size(), bth_offset);
+}
+
+}  // namespace
+
+void register_common(py::module_& m) {
+  m.def("parse_frame", &parse, py::arg("frame"), "Parse and validate a frame; ValueError names the bad field");
+  m.def("sample_frames", &samples, "[(name, bytes)] one frame of every kind the project sends");
+  m.def("write_sample_pcap", &write_sample_pcap, py::arg("path"), "Write sample_frames() as pcap; returns count");
+  m.def("compute_icrc", &icrc, py::arg("ip_to_pad"), py::arg("bth_offset"),
+        "ICRC over bytes from the IPv4 header to the end of the pad");
+  m.attr("ROCEV2_PORT") = UdpHeader::kRoceV2Port;
+  m.attr("ECH_PORT") = kEchUdpPort;
+}
+
+}  // namespace ifec::bindings

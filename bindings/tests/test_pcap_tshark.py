@@ -1,0 +1,119 @@
+"""`./ifec pcap FILE` decoded by tshark: RoCE fields as encoded, ECH through the project's Lua dissector, and every
+frame's ICRC recomputed from the pcap bytes by the independent reference in roce_ref.py."""
+
+import shutil
+import subprocess
+
+import pytest
+
+import roce_ref
+from ifec.pcap import read_pcap
+
+# What the project encodes for each sample frame (common/src/samples.cpp), written out by hand.
+VA = 0x00007F0012340000
+RKEY = 0x00ABCDEF
+EXPECTED = [
+    dict(opcode=0x06, qp=0x123, psn=100, va=VA, rkey=RKEY, dmalen=2560),
+    dict(opcode=0x07, qp=0x123, psn=101),
+    dict(opcode=0x08, qp=0x123, psn=102),
+    dict(opcode=0x0A, qp=0x123, psn=103, va=VA + 0x1000, rkey=RKEY, dmalen=61),
+    dict(opcode=0x0C, qp=0x123, psn=104, va=VA + 0x2000, rkey=RKEY, dmalen=256),
+    dict(opcode=0x10, qp=0x456, psn=104, syndrome=0x1F, msn=7),
+    dict(opcode=0x14, qp=0x123, psn=105, va=VA + 0x3000, rkey=RKEY, swap=5, cmp=0),
+    dict(opcode=0x12, qp=0x456, psn=105, syndrome=0x1F, msn=8, orig=41),
+    dict(opcode=0x13, qp=0x123, psn=106, va=VA + 0x3008, rkey=RKEY, swap=0x1111222233334444, cmp=0x5555666677778888),
+    dict(opcode=0x12, qp=0x456, psn=106, syndrome=0x1F, msn=9, orig=0x5555666677778888),
+    dict(opcode=0x11, qp=0x456, psn=103, syndrome=0x1F, msn=6),
+    dict(opcode=0x11, qp=0x456, psn=101, syndrome=0x60, msn=5),
+    dict(opcode=0x0A, qp=0x123, psn=107, va=0x8000, rkey=0, dmalen=128,
+         ech=dict(version=1, format=0, op=1, source_id=1, window_id=3, dest_bitmap=(1 << 2) | (1 << 5) | (1 << 63))),
+    dict(opcode=0x0A, qp=0x123, psn=108, va=9 * 128, rkey=0, dmalen=128,
+         ech=dict(version=1, format=1, op=3, job_id=7, group_id=2, contributor_id=4, chunk_index=9, dtype=2, redop=0,
+                  element_count=64, window_id=1)),
+]
+
+FIELDS = {
+    "opcode": "infiniband.bth.opcode",
+    "qp": "infiniband.bth.destqp",
+    "psn": "infiniband.bth.psn",
+    "va": "infiniband.reth.va",
+    "rkey": "infiniband.reth.r_key",
+    "dmalen": "infiniband.reth.dmalen",
+    "syndrome": "infiniband.aeth.syndrome",
+    "msn": "infiniband.aeth.msn",
+    "swap": "infiniband.atomiceth.swapdt",
+    "cmp": "infiniband.atomiceth.cmpdt",
+    "orig": "infiniband.atomicacketh.origremdt",
+    "icrc": "infiniband.invariant.crc",
+    "udp_dport": "udp.dstport",
+}
+ECH_FIELDS = ["version", "format", "op", "source_id", "window_id", "dest_bitmap", "job_id", "group_id",
+              "contributor_id", "chunk_index", "dtype", "redop", "element_count"]
+
+
+def as_int(text):
+    return int(text, 16) if text.startswith("0x") else int(text)
+
+
+def tshark_fields(pcap, lua=None):
+    if shutil.which("tshark") is None:
+        pytest.fail("tshark is not installed: ./ifec setup installs it")
+    keys = list(FIELDS) + ([f"ech.{k}" for k in ECH_FIELDS] if lua else [])
+    cmd = ["tshark", "-r", str(pcap), "-T", "fields", "-E", "separator=\t", "-E", "occurrence=f"]
+    if lua:
+        cmd[1:1] = ["-X", f"lua_script:{lua}"]
+    for k in keys:
+        cmd += ["-e", FIELDS.get(k, k)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    rows = []
+    for line in out.rstrip("\n").split("\n"):
+        values = line.split("\t")
+        rows.append({k: as_int(v) for k, v in zip(keys, values) if v != ""})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def pcap(tmp_path_factory, repo, build_dir):
+    path = tmp_path_factory.mktemp("pcap") / "samples.pcap"
+    # Through the launcher, as a user would run it (setup and build are no-ops on a built tree).
+    res = subprocess.run([str(repo / "ifec"), "pcap", str(path)], capture_output=True, text=True, timeout=600,
+                         env={"IFEC_BUILD_DIR": str(build_dir), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    return path
+
+
+def test_pcap_has_one_frame_per_expected_kind(pcap):
+    frames = read_pcap(pcap)
+    assert len(frames) == len(EXPECTED)
+    opcodes = {f[roce_ref.ETH_LEN + roce_ref.bth_offset_in_ip(f[roce_ref.ETH_LEN:])] for _, f in frames}
+    assert {0x06, 0x07, 0x08, 0x0A, 0x0C, 0x10, 0x11, 0x12, 0x13, 0x14} <= opcodes
+
+
+def test_tshark_decodes_roce_fields_as_encoded(pcap, repo):
+    rows = tshark_fields(pcap, lua=repo / "testbed" / "wireshark" / "ech.lua")
+    assert len(rows) == len(EXPECTED)
+    for i, (row, want) in enumerate(zip(rows, EXPECTED)):
+        assert row["udp_dport"] == (roce_ref.ECH_PORT if "ech" in want else roce_ref.ROCEV2_PORT), f"frame {i + 1}"
+        for key in ["opcode", "qp", "psn", "va", "rkey", "dmalen", "syndrome", "msn", "swap", "cmp", "orig"]:
+            if key in want:
+                assert row.get(key) == want[key], f"frame {i + 1} field {FIELDS[key]}: {row.get(key)} != {want[key]}"
+        for key, value in want.get("ech", {}).items():
+            assert row.get(f"ech.{key}") == value, f"frame {i + 1} field ech.{key}: {row.get(f'ech.{key}')} != {value}"
+
+
+def test_without_lua_roce_decodes_and_ech_does_not(pcap):
+    rows = tshark_fields(pcap)
+    for i, want in enumerate(EXPECTED):
+        if "ech" in want:
+            assert "opcode" not in rows[i], "ECH frames need the dissector: UDP 4793 is the project's own port"
+        else:
+            assert rows[i]["opcode"] == want["opcode"], f"frame {i + 1} decoded as InfiniBand over UDP 4791"
+
+
+def test_every_icrc_recomputed_from_pcap_bytes(pcap, repo):
+    frames = read_pcap(pcap)
+    rows = tshark_fields(pcap, lua=repo / "testbed" / "wireshark" / "ech.lua")
+    for i, ((_, frame), row) in enumerate(zip(frames, rows)):
+        assert roce_ref.stored_icrc(frame) == roce_ref.icrc(frame), f"frame {i + 1} ICRC mismatch"
+        # tshark shows the ICRC bytes as a big-endian number; it must show the bytes the frame carries.
+        assert row["icrc"] == int.from_bytes(frame[-4:], "big"), f"frame {i + 1} tshark ICRC"

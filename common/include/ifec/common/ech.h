@@ -1,0 +1,71 @@
+// ECH v1: the project's Extended Computing Header for IFEC; byte layout documented in docs/ech-v1.md.
+//
+// An ECH frame is Ethernet | IPv4 | UDP (dst port kEchUdpPort) | ECH | BTH | ... | payload | ICRC.
+// A plain RoCEv2 frame (UDP 4791) carries no ECH and is untouched by this header's existence.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ifec/common/wire_status.h"
+
+namespace ifec::common {
+
+// Project-local UDP destination port that says "ECH follows, then the BTH" (not IANA-assigned; see docs/ech-v1.md).
+inline constexpr uint16_t kEchUdpPort = 4793;
+inline constexpr uint8_t kEchVersion = 1;
+
+enum class EchFormat : uint8_t { kCompact = 0, kStandard = 1 };
+enum class EchOp : uint8_t { kMulticast = 1, kReduce = 2, kAllReduce = 3, kBarrier = 4 };
+enum class EchDtype : uint8_t { kFp32 = 0, kFp16 = 1, kBf16 = 2, kInt32 = 3 };
+enum class EchRedOp : uint8_t { kSum = 0, kMin = 1, kMax = 2 };
+
+namespace ech_flags {
+inline constexpr uint8_t kStrongOrdering = 0x80;
+inline constexpr uint8_t kRetransmission = 0x40;
+inline constexpr uint8_t kAnomaly = 0x20;
+inline constexpr uint8_t kDefined = kStrongOrdering | kRetransmission | kAnomaly;
+}  // namespace ech_flags
+
+const char* ech_op_name(EchOp op);
+const char* ech_dtype_name(EchDtype dtype);
+const char* ech_redop_name(EchRedOp op);
+size_t ech_dtype_size(EchDtype dtype);
+
+// One struct for both formats; `format` says which fields are on the wire.
+struct Ech {
+  static constexpr size_t kCommonSize = 4;
+  static constexpr size_t kCompactSize = 16;
+  static constexpr size_t kStandardSize = 24;
+  static constexpr size_t kMaxSize = kStandardSize;
+
+  EchFormat format = EchFormat::kCompact;
+  EchOp op = EchOp::kMulticast;
+  uint8_t flags = 0;
+
+  // Compact: lightweight multicast, no reservation.
+  uint16_t source_id = 0;    // sender's endpoint index (0..63)
+  uint64_t dest_bitmap = 0;  // bit i set: deliver to endpoint i
+
+  // Both: symmetric-memory window the switch maps per destination (RETH VA is an offset inside it).
+  uint16_t window_id = 0;
+
+  // Standard: reserved resources.
+  uint32_t job_id = 0;
+  uint16_t group_id = 0;
+  uint16_t contributor_id = 0;
+  uint32_t chunk_index = 0;
+  EchDtype dtype = EchDtype::kFp32;
+  EchRedOp redop = EchRedOp::kSum;
+  uint16_t element_count = 0;
+
+  size_t size() const { return format == EchFormat::kCompact ? kCompactSize : kStandardSize; }
+  void encode(uint8_t* out) const;
+  // Validates version, format, length, operation, enums and reserved bits; never reads past `len`.
+  static WireStatus decode(const uint8_t* in, size_t len, Ech* out);
+};
+
+static_assert(Ech::kCompactSize == 4 + 2 + 2 + 8, "compact ECH is 16 bytes");
+static_assert(Ech::kStandardSize == 4 + 4 + 2 + 2 + 4 + 1 + 1 + 2 + 2 + 2, "standard ECH is 24 bytes");
+
+}  // namespace ifec::common

@@ -1,0 +1,155 @@
+// ECH v1 encode/decode with full validation (docs/ech-v1.md is the byte-level contract).
+#include "ifec/common/ech.h"
+
+#include "ifec/common/byte_order.h"
+
+namespace ifec::common {
+
+const char* ech_op_name(EchOp op) {
+  switch (op) {
+    case EchOp::kMulticast:
+      return "multicast";
+    case EchOp::kReduce:
+      return "reduce";
+    case EchOp::kAllReduce:
+      return "allreduce";
+    case EchOp::kBarrier:
+      return "barrier";
+  }
+  return "unknown";
+}
+
+const char* ech_dtype_name(EchDtype dtype) {
+  switch (dtype) {
+    case EchDtype::kFp32:
+      return "fp32";
+    case EchDtype::kFp16:
+      return "fp16";
+    case EchDtype::kBf16:
+      return "bf16";
+    case EchDtype::kInt32:
+      return "int32";
+  }
+  return "unknown";
+}
+
+const char* ech_redop_name(EchRedOp op) {
+  switch (op) {
+    case EchRedOp::kSum:
+      return "sum";
+    case EchRedOp::kMin:
+      return "min";
+    case EchRedOp::kMax:
+      return "max";
+  }
+  return "unknown";
+}
+
+size_t ech_dtype_size(EchDtype dtype) {
+  switch (dtype) {
+    case EchDtype::kFp32:
+    case EchDtype::kInt32:
+      return 4;
+    case EchDtype::kFp16:
+    case EchDtype::kBf16:
+      return 2;
+  }
+  return 0;
+}
+
+void Ech::encode(uint8_t* out) const {
+  out[0] = static_cast<uint8_t>((kEchVersion << 4) | static_cast<uint8_t>(format));
+  out[1] = static_cast<uint8_t>(op);
+  out[2] = flags & ech_flags::kDefined;
+  out[3] = static_cast<uint8_t>(size() / 4);
+  if (format == EchFormat::kCompact) {
+    store_be16(out + 4, source_id);
+    store_be16(out + 6, window_id);
+    store_be64(out + 8, dest_bitmap);
+    return;
+  }
+  store_be32(out + 4, job_id);
+  store_be16(out + 8, group_id);
+  store_be16(out + 10, contributor_id);
+  store_be32(out + 12, chunk_index);
+  out[16] = static_cast<uint8_t>((static_cast<uint8_t>(dtype) << 4) | static_cast<uint8_t>(redop));
+  out[17] = 0;
+  store_be16(out + 18, element_count);
+  store_be16(out + 20, window_id);
+  store_be16(out + 22, 0);
+}
+
+WireStatus Ech::decode(const uint8_t* in, size_t len, Ech* out) {
+  if (len < kCommonSize) {
+    return WireStatus::fail(WireError::kTruncated, 0, len);
+  }
+  const uint8_t version = in[0] >> 4;
+  if (version != kEchVersion) {
+    return WireStatus::fail(WireError::kEchBadVersion, 0, version);
+  }
+  const uint8_t format = in[0] & 0xF;
+  if (format > static_cast<uint8_t>(EchFormat::kStandard)) {
+    return WireStatus::fail(WireError::kEchBadFormat, 0, format);
+  }
+  Ech e;
+  e.format = static_cast<EchFormat>(format);
+  const size_t declared = size_t{in[3]} * 4;
+  if (declared != e.size()) {
+    return WireStatus::fail(WireError::kEchBadLength, 3, in[3]);
+  }
+  if (len < declared) {
+    return WireStatus::fail(WireError::kTruncated, len, declared);
+  }
+  const uint8_t op = in[1];
+  const bool op_known = op >= static_cast<uint8_t>(EchOp::kMulticast) && op <= static_cast<uint8_t>(EchOp::kBarrier);
+  if (!op_known || (e.format == EchFormat::kCompact && op != static_cast<uint8_t>(EchOp::kMulticast))) {
+    return WireStatus::fail(WireError::kEchBadOperation, 1, op);
+  }
+  e.op = static_cast<EchOp>(op);
+  if (in[2] & ~ech_flags::kDefined) {
+    return WireStatus::fail(WireError::kEchBadField, 2, in[2]);
+  }
+  e.flags = in[2];
+  if (e.format == EchFormat::kCompact) {
+    e.source_id = load_be16(in + 4);
+    e.window_id = load_be16(in + 6);
+    e.dest_bitmap = load_be64(in + 8);
+    if (e.source_id >= 64) {
+      return WireStatus::fail(WireError::kEchBadField, 4, e.source_id);
+    }
+    if (e.dest_bitmap == 0) {
+      return WireStatus::fail(WireError::kEchBadField, 8, 0);
+    }
+    *out = e;
+    return {};
+  }
+  e.job_id = load_be32(in + 4);
+  e.group_id = load_be16(in + 8);
+  e.contributor_id = load_be16(in + 10);
+  e.chunk_index = load_be32(in + 12);
+  const uint8_t dtype = in[16] >> 4;
+  const uint8_t redop = in[16] & 0xF;
+  if (dtype > static_cast<uint8_t>(EchDtype::kInt32)) {
+    return WireStatus::fail(WireError::kEchBadField, 16, dtype);
+  }
+  if (redop > static_cast<uint8_t>(EchRedOp::kMax)) {
+    return WireStatus::fail(WireError::kEchBadField, 16, redop);
+  }
+  if (in[17] != 0) {
+    return WireStatus::fail(WireError::kEchBadField, 17, in[17]);
+  }
+  e.dtype = static_cast<EchDtype>(dtype);
+  e.redop = static_cast<EchRedOp>(redop);
+  e.element_count = load_be16(in + 18);
+  e.window_id = load_be16(in + 20);
+  if (load_be16(in + 22) != 0) {
+    return WireStatus::fail(WireError::kEchBadField, 22, load_be16(in + 22));
+  }
+  if (e.op == EchOp::kBarrier && e.element_count != 0) {
+    return WireStatus::fail(WireError::kEchBadField, 18, e.element_count);
+  }
+  *out = e;
+  return {};
+}
+
+}  // namespace ifec::common

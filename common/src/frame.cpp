@@ -1,0 +1,242 @@
+// Frame encode and the untrusting frame parser.
+#include "ifec/common/frame.h"
+
+#include "ifec/common/byte_order.h"
+#include "ifec/common/checks.h"
+#include "ifec/common/icrc.h"
+
+namespace ifec::common {
+
+namespace {
+
+size_t ext_header_bytes(const OpcodeInfo& info) {
+  return (info.reth ? Reth::kSize : 0) + (info.atomic_eth ? AtomicEth::kSize : 0) + (info.aeth ? Aeth::kSize : 0) +
+         (info.atomic_ack_eth ? AtomicAckEth::kSize : 0) + (info.imm ? ImmDt::kSize : 0);
+}
+
+OpcodeInfo checked_info(uint8_t opcode) {
+  auto info = opcode_info(opcode);
+  IFEC_CHECK(info.has_value(), "encode_frame: opcode 0x" << std::hex << int{opcode} << " is not an RC opcode");
+  return *info;
+}
+
+}  // namespace
+
+size_t header_bytes(const FrameHeaders& h) {
+  const OpcodeInfo info = checked_info(h.bth.opcode);
+  return EthernetHeader::kSize + Ipv4Header::kSize + UdpHeader::kSize + (h.ech ? h.ech->size() : 0) + Bth::kSize +
+         ext_header_bytes(info);
+}
+
+std::vector<uint8_t> encode_frame(const FrameHeaders& h, const uint8_t* payload, size_t payload_size) {
+  std::vector<uint8_t> out;
+  encode_frame_into(h, payload, payload_size, &out);
+  return out;
+}
+
+void encode_frame_into(const FrameHeaders& h, const uint8_t* payload, size_t payload_size, std::vector<uint8_t>* out) {
+  const OpcodeInfo info = checked_info(h.bth.opcode);
+  const char* name = info.name;
+  IFEC_CHECK(!info.reth || h.reth, "encode_frame: " << name << " needs a RETH");
+  IFEC_CHECK(!info.atomic_eth || h.atomic, "encode_frame: " << name << " needs an AtomicETH");
+  IFEC_CHECK(!info.aeth || h.aeth, "encode_frame: " << name << " needs an AETH");
+  IFEC_CHECK(!info.atomic_ack_eth || h.atomic_ack, "encode_frame: " << name << " needs an AtomicAckETH");
+  IFEC_CHECK(!info.imm || h.imm, "encode_frame: " << name << " needs ImmDt");
+  IFEC_CHECK(info.payload || payload_size == 0,
+             "encode_frame: " << name << " carries no payload, got " << payload_size << " bytes");
+  if (h.ech && h.ech->format == EchFormat::kStandard) {
+    const size_t expect = size_t{h.ech->element_count} * ech_dtype_size(h.ech->dtype);
+    IFEC_CHECK(expect == payload_size, "encode_frame: standard ECH says "
+                                           << h.ech->element_count << " x " << ech_dtype_name(h.ech->dtype) << " = "
+                                           << expect << " bytes, payload is " << payload_size);
+  }
+
+  const size_t pad = (4 - (payload_size & 3)) & 3;
+  const size_t ech_size = h.ech ? h.ech->size() : 0;
+  const size_t ip_off = EthernetHeader::kSize;
+  const size_t udp_off = ip_off + Ipv4Header::kSize;
+  const size_t ech_off = udp_off + UdpHeader::kSize;
+  const size_t bth_off = ech_off + ech_size;
+  size_t off = bth_off + Bth::kSize;
+  const size_t total = off + ext_header_bytes(info) + payload_size + pad + kIcrcSize;
+  IFEC_CHECK(total - ip_off <= 0xFFFF, "encode_frame: IP datagram of " << (total - ip_off) << " bytes exceeds 65535");
+
+  out->assign(total, 0);
+  uint8_t* p = out->data();
+  EthernetHeader eth = h.eth;
+  eth.ethertype = EthernetHeader::kEtherTypeIpv4;
+  eth.encode(p);
+  Ipv4Header ip = h.ip;
+  ip.total_length = static_cast<uint16_t>(total - ip_off);
+  ip.protocol = Ipv4Header::kProtocolUdp;
+  ip.encode(p + ip_off);
+  UdpHeader udp = h.udp;
+  udp.length = static_cast<uint16_t>(total - udp_off);
+  udp.dst_port = h.ech ? kEchUdpPort : UdpHeader::kRoceV2Port;
+  udp.encode(p + udp_off);
+  if (h.ech) {
+    h.ech->encode(p + ech_off);
+  }
+  Bth bth = h.bth;
+  bth.pad_count = static_cast<uint8_t>(pad);
+  bth.encode(p + bth_off);
+  if (info.reth) {
+    h.reth->encode(p + off);
+    off += Reth::kSize;
+  }
+  if (info.atomic_eth) {
+    h.atomic->encode(p + off);
+    off += AtomicEth::kSize;
+  }
+  if (info.aeth) {
+    h.aeth->encode(p + off);
+    off += Aeth::kSize;
+  }
+  if (info.atomic_ack_eth) {
+    h.atomic_ack->encode(p + off);
+    off += AtomicAckEth::kSize;
+  }
+  if (info.imm) {
+    h.imm->encode(p + off);
+    off += ImmDt::kSize;
+  }
+  if (payload_size > 0) {
+    std::copy(payload, payload + payload_size, p + off);
+  }
+  off += payload_size + pad;
+  const uint32_t icrc = compute_icrc(p + ip_off, off - ip_off, bth_off - ip_off);
+  // Little-endian on the wire, like the Ethernet FCS.
+  p[off] = static_cast<uint8_t>(icrc);
+  p[off + 1] = static_cast<uint8_t>(icrc >> 8);
+  p[off + 2] = static_cast<uint8_t>(icrc >> 16);
+  p[off + 3] = static_cast<uint8_t>(icrc >> 24);
+}
+
+WireStatus parse_frame(const uint8_t* data, size_t len, ParsedFrame* out, const ParseOptions& opts) {
+  if (len > opts.max_frame) {
+    return WireStatus::fail(WireError::kOversized, opts.max_frame, len);
+  }
+  if (len < EthernetHeader::kSize) {
+    return WireStatus::fail(WireError::kTruncated, len, EthernetHeader::kSize);
+  }
+  FrameHeaders& h = out->h;
+  h = FrameHeaders{};
+  h.eth = EthernetHeader::decode(data);
+  if (h.eth.ethertype != EthernetHeader::kEtherTypeIpv4) {
+    return WireStatus::fail(WireError::kBadEtherType, 12, h.eth.ethertype);
+  }
+
+  const size_t ip_off = EthernetHeader::kSize;
+  if (len < ip_off + Ipv4Header::kSize) {
+    return WireStatus::fail(WireError::kTruncated, len, ip_off + Ipv4Header::kSize);
+  }
+  if ((data[ip_off] >> 4) != 4) {
+    return WireStatus::fail(WireError::kBadIpVersion, ip_off, data[ip_off] >> 4);
+  }
+  h.ip = Ipv4Header::decode(data + ip_off);
+  const size_t ihl_bytes = size_t{h.ip.ihl} * 4;
+  if (h.ip.ihl < 5 || ip_off + ihl_bytes > len) {
+    return WireStatus::fail(WireError::kBadIpHeaderLength, ip_off, h.ip.ihl);
+  }
+  if (opts.verify_ip_checksum && ipv4_checksum(data + ip_off, ihl_bytes) != 0) {
+    return WireStatus::fail(WireError::kBadIpChecksum, ip_off + 10, h.ip.checksum);
+  }
+  const size_t ip_end = ip_off + h.ip.total_length;
+  // Bytes past the IP datagram are only legal as Ethernet padding up to the 60-byte minimum frame.
+  if (h.ip.total_length < ihl_bytes + UdpHeader::kSize || ip_end > len || (ip_end < len && len > 60)) {
+    return WireStatus::fail(WireError::kBadIpTotalLength, ip_off + 2, h.ip.total_length);
+  }
+  if (h.ip.more_fragments || h.ip.fragment_offset != 0) {
+    return WireStatus::fail(WireError::kIpFragment, ip_off + 6, h.ip.fragment_offset);
+  }
+  if (h.ip.protocol != Ipv4Header::kProtocolUdp) {
+    return WireStatus::fail(WireError::kNotUdp, ip_off + 9, h.ip.protocol);
+  }
+
+  const size_t udp_off = ip_off + ihl_bytes;
+  h.udp = UdpHeader::decode(data + udp_off);
+  if (udp_off + h.udp.length != ip_end) {
+    return WireStatus::fail(WireError::kBadUdpLength, udp_off + 4, h.udp.length);
+  }
+  size_t off = udp_off + UdpHeader::kSize;
+  if (h.udp.dst_port == kEchUdpPort) {
+    Ech ech;
+    WireStatus st = Ech::decode(data + off, ip_end - off, &ech);
+    if (!st.ok()) {
+      st.offset += static_cast<uint32_t>(off);
+      return st;
+    }
+    h.ech = ech;
+    off += ech.size();
+  } else if (h.udp.dst_port != UdpHeader::kRoceV2Port) {
+    return WireStatus::fail(WireError::kNotRoce, udp_off + 2, h.udp.dst_port);
+  }
+
+  const size_t bth_off = off;
+  if (ip_end < bth_off + Bth::kSize) {
+    return WireStatus::fail(WireError::kTruncated, ip_end, bth_off + Bth::kSize);
+  }
+  h.bth = Bth::decode(data + bth_off);
+  auto info_opt = opcode_info(h.bth.opcode);
+  if (!info_opt) {
+    return WireStatus::fail(WireError::kUnknownOpcode, bth_off, h.bth.opcode);
+  }
+  const OpcodeInfo& info = *info_opt;
+  off = bth_off + Bth::kSize;
+  if (ip_end < off + ext_header_bytes(info) + kIcrcSize) {
+    return WireStatus::fail(WireError::kTruncated, ip_end, off + ext_header_bytes(info) + kIcrcSize);
+  }
+  if (info.reth) {
+    h.reth = Reth::decode(data + off);
+    off += Reth::kSize;
+  }
+  if (info.atomic_eth) {
+    h.atomic = AtomicEth::decode(data + off);
+    off += AtomicEth::kSize;
+  }
+  if (info.aeth) {
+    h.aeth = Aeth::decode(data + off);
+    off += Aeth::kSize;
+  }
+  if (info.atomic_ack_eth) {
+    h.atomic_ack = AtomicAckEth::decode(data + off);
+    off += AtomicAckEth::kSize;
+  }
+  if (info.imm) {
+    h.imm = ImmDt::decode(data + off);
+    off += ImmDt::kSize;
+  }
+
+  const size_t icrc_off = ip_end - kIcrcSize;
+  const size_t padded = icrc_off - off;
+  if (h.bth.pad_count > padded || (padded & 3) != 0) {
+    return WireStatus::fail(WireError::kBadPadCount, bth_off + 1, h.bth.pad_count);
+  }
+  const size_t payload = padded - h.bth.pad_count;
+  if (!info.payload && padded != 0) {
+    return WireStatus::fail(WireError::kPayloadNotAllowed, off, padded);
+  }
+  if (payload > opts.path_mtu) {
+    return WireStatus::fail(WireError::kPayloadTooLarge, off, payload);
+  }
+  if (h.ech && h.ech->format == EchFormat::kStandard &&
+      size_t{h.ech->element_count} * ech_dtype_size(h.ech->dtype) != payload) {
+    return WireStatus::fail(WireError::kEchPayloadMismatch, udp_off + UdpHeader::kSize + 18, payload);
+  }
+
+  out->icrc = uint32_t{data[icrc_off]} | (uint32_t{data[icrc_off + 1]} << 8) | (uint32_t{data[icrc_off + 2]} << 16) |
+              (uint32_t{data[icrc_off + 3]} << 24);
+  if (opts.verify_icrc) {
+    const uint32_t expect = compute_icrc(data + ip_off, icrc_off - ip_off, bth_off - ip_off);
+    if (expect != out->icrc) {
+      return WireStatus::fail(WireError::kBadIcrc, icrc_off, out->icrc);
+    }
+  }
+  out->ip_offset = ip_off;
+  out->bth_offset = bth_off;
+  out->payload_offset = off;
+  out->payload_size = payload;
+  return {};
+}
+
+}  // namespace ifec::common
