@@ -239,4 +239,47 @@ WireStatus parse_frame(const uint8_t* data, size_t len, ParsedFrame* out, const 
   return {};
 }
 
+WireStatus parse_l3(const uint8_t* data, size_t len, L3View* out) {
+  if (len < EthernetHeader::kSize + Ipv4Header::kSize) {
+    return WireStatus::fail(WireError::kTruncated, len, EthernetHeader::kSize + Ipv4Header::kSize);
+  }
+  const uint16_t ethertype = load_be16(data + 12);
+  if (ethertype != EthernetHeader::kEtherTypeIpv4) {
+    return WireStatus::fail(WireError::kBadEtherType, 12, ethertype);
+  }
+  const uint8_t* ip = data + EthernetHeader::kSize;
+  if ((ip[0] >> 4) != 4) {
+    return WireStatus::fail(WireError::kBadIpVersion, EthernetHeader::kSize, ip[0] >> 4);
+  }
+  const size_t ihl = size_t{static_cast<uint8_t>(ip[0] & 0x0F)} * 4;
+  if (ihl < Ipv4Header::kSize || EthernetHeader::kSize + ihl > len) {
+    return WireStatus::fail(WireError::kBadIpHeaderLength, EthernetHeader::kSize, ihl / 4);
+  }
+  const size_t total = load_be16(ip + 2);
+  if (total < ihl || EthernetHeader::kSize + total > len) {
+    return WireStatus::fail(WireError::kBadIpTotalLength, EthernetHeader::kSize + 2, total);
+  }
+  out->ip_offset = EthernetHeader::kSize;
+  out->dscp = ip[1] >> 2;
+  out->ecn = ip[1] & 3;
+  out->ttl = ip[8];
+  out->protocol = ip[9];
+  out->src = load_be32(ip + 12);
+  out->dst = load_be32(ip + 16);
+  out->src_port = out->dst_port = 0;
+  if (out->protocol == Ipv4Header::kProtocolUdp && total >= ihl + UdpHeader::kSize) {
+    out->src_port = load_be16(ip + ihl);
+    out->dst_port = load_be16(ip + ihl + 2);
+  }
+  return {};
+}
+
+void rewrite_ttl_ecn(uint8_t* ip, uint8_t ttl, uint8_t ecn) {
+  ip[8] = ttl;
+  ip[1] = static_cast<uint8_t>((ip[1] & 0xFC) | (ecn & 3));
+  const size_t ihl = size_t{static_cast<uint8_t>(ip[0] & 0x0F)} * 4;
+  store_be16(ip + 10, 0);
+  store_be16(ip + 10, ipv4_checksum(ip, ihl));
+}
+
 }  // namespace ifec::common

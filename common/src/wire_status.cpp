@@ -53,6 +53,8 @@ const char* wire_error_name(WireError e) {
       return "ech_bad_field";
     case WireError::kEchPayloadMismatch:
       return "ech_payload_mismatch";
+    case WireError::kBadMacControl:
+      return "bad_mac_control";
   }
   return "unknown";
 }

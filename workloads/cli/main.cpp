@@ -1,7 +1,6 @@
-// ifec-cli: the native program behind `./ifec pcap|decode|...`; one subcommand per function, errors to stderr.
+// ifec-cli: the native program behind `./ifec pcap|frames|sim`; one function per subcommand, errors to stderr.
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -9,6 +8,8 @@
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/samples.h"
+#include "ifec/routing/topology.h"
+#include "ifec/workloads/sim_report.h"
 
 namespace {
 
@@ -17,7 +18,12 @@ int usage(std::FILE* to) {
                "usage: ifec-cli <command> [args]\n"
                "  pcap FILE      write one frame of every kind (RoCEv2 RC operations, ACK/NAK, compact and\n"
                "                 standard ECH) to FILE as pcap\n"
-               "  frames         list the sample frames with their sizes and decoded headers\n");
+               "  frames         list the sample frames with their sizes and decoded headers\n"
+               "  sim --topo FILE --traffic alltoall|permutation|incast --bytes N [--lb flow|packet]\n"
+               "      [--pfc on|off] [--fail LINK@TIME]... [--restore LINK@TIME]... [--seed S]\n"
+               "      [--incast-target GPU] [--no-verify] [--quiet] [--counters] [--json]\n"
+               "                 raw flows over the simulated fabric; LINK is a link id, NODE:NODE[:SUB] or\n"
+               "                 GPU:planeP[:subS]; TIME like 20us; N like 1048576, 64KiB or 1MiB\n");
   return 2;
 }
 
@@ -51,6 +57,107 @@ int cmd_frames() {
   return 0;
 }
 
+uint64_t parse_bytes(const std::string& text) {
+  size_t idx = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(text, &idx);
+  } catch (const std::exception&) {
+    IFEC_FAIL("--bytes '" << text << "' is not a number");
+  }
+  const std::string unit = text.substr(idx);
+  uint64_t scale = 1;
+  if (unit == "" || unit == "B") {
+    scale = 1;
+  } else if (unit == "K" || unit == "KiB" || unit == "k") {
+    scale = 1ULL << 10;
+  } else if (unit == "M" || unit == "MiB") {
+    scale = 1ULL << 20;
+  } else if (unit == "G" || unit == "GiB") {
+    scale = 1ULL << 30;
+  } else {
+    IFEC_FAIL("--bytes '" << text << "': unknown unit '" << unit << "' (use B, KiB, MiB or GiB)");
+  }
+  IFEC_CHECK(v > 0, "--bytes must be > 0, got '" << text << "'");
+  return v * scale;
+}
+
+int cmd_sim(int argc, char** argv) {
+  using namespace ifec;
+  workloads::SimOptions opts;
+  std::string traffic;
+  std::vector<std::pair<std::string, bool>> events;
+  bool json = false;
+  bool counters = false;
+  bool have_bytes = false;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* flag) -> std::string {
+      IFEC_CHECK(i + 1 < argc, flag << " needs a value");
+      return argv[++i];
+    };
+    if (a == "--topo") {
+      opts.topo_path = value("--topo");
+    } else if (a == "--traffic") {
+      traffic = value("--traffic");
+    } else if (a == "--bytes") {
+      opts.bytes = parse_bytes(value("--bytes"));
+      have_bytes = true;
+    } else if (a == "--lb") {
+      const std::string v = value("--lb");
+      IFEC_CHECK(v == "flow" || v == "packet", "--lb '" << v << "': expected flow or packet");
+      opts.lb = v == "flow" ? switchemu::LoadBalance::kPerFlow : switchemu::LoadBalance::kPerPacket;
+    } else if (a == "--pfc") {
+      const std::string v = value("--pfc");
+      IFEC_CHECK(v == "on" || v == "off", "--pfc '" << v << "': expected on or off");
+      opts.pfc = v == "on";
+    } else if (a == "--fail") {
+      events.push_back({value("--fail"), false});
+    } else if (a == "--restore") {
+      events.push_back({value("--restore"), true});
+    } else if (a == "--seed") {
+      const std::string v = value("--seed");
+      IFEC_CHECK(!v.empty() && v.find_first_not_of("0123456789") == std::string::npos,
+                 "--seed '" << v << "' is not a non-negative integer");
+      opts.seed = std::stoull(v);
+    } else if (a == "--incast-target") {
+      const std::string v = value("--incast-target");
+      IFEC_CHECK(!v.empty() && v.size() < 9 && v.find_first_not_of("0123456789") == std::string::npos,
+                 "--incast-target '" << v << "' is not a GPU index");
+      opts.incast_target = std::stoi(v);
+    } else if (a == "--no-verify") {
+      opts.verify_icrc = false;
+    } else if (a == "--quiet") {
+      opts.progress = false;
+    } else if (a == "--json") {
+      json = true;
+    } else if (a == "--counters") {
+      counters = true;
+    } else {
+      IFEC_FAIL("unknown option '" << a << "'");
+    }
+  }
+  IFEC_CHECK(!opts.topo_path.empty(), "--topo FILE is required");
+  IFEC_CHECK(!traffic.empty(), "--traffic alltoall|permutation|incast is required");
+  IFEC_CHECK(have_bytes, "--bytes N is required");
+  opts.pattern = workloads::parse_pattern(traffic);
+  const routing::Topology topo = routing::load_topology(opts.topo_path);
+  for (const auto& [text, up] : events) {
+    opts.events.push_back(workloads::parse_link_event(topo, text, up));
+  }
+  const workloads::SimRun run = workloads::run_sim(topo, opts);
+  if (json) {
+    std::printf("%s\n", workloads::to_json(run).c_str());
+  } else {
+    std::printf("%s", workloads::to_text(run).c_str());
+    if (counters) {
+      std::printf("\nper-port, per-queue switch counters (queues that carried traffic):\n%s",
+                  workloads::counters_table(run).c_str());
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,12 +172,18 @@ int main(int argc, char** argv) {
     if (cmd == "frames") {
       return cmd_frames();
     }
+    if (cmd == "sim") {
+      return cmd_sim(argc - 2, argv + 2);
+    }
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       usage(stdout);
       return 0;
     }
   } catch (const ifec::common::Error& e) {
-    std::fprintf(stderr, "ifec-cli %s: %s\n", cmd.c_str(), e.what());
+    std::fprintf(stderr, "ifec %s: %s\n", cmd.c_str(), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ifec %s: %s\n", cmd.c_str(), e.what());
     return 1;
   }
   std::fprintf(stderr, "ifec-cli: unknown command '%s'\n", cmd.c_str());

@@ -11,4 +11,13 @@ from ifec._native import (  # noqa: F401
     sample_frames,
     write_sample_pcap,
 )
-from ifec import pcap  # noqa: F401
+from ifec._native import (  # noqa: F401
+    IfecError,
+    Topology,
+    fare_plane_gbps,
+    load_topology,
+    make_fat_tree,
+    make_superpod,
+    parse_topology,
+)
+from ifec import pcap, sim  # noqa: F401

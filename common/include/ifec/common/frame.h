@@ -61,6 +61,24 @@ size_t header_bytes(const FrameHeaders& h);
 std::vector<uint8_t> encode_frame(const FrameHeaders& h, const uint8_t* payload, size_t payload_size);
 void encode_frame_into(const FrameHeaders& h, const uint8_t* payload, size_t payload_size, std::vector<uint8_t>* out);
 
+// What a switch needs from a frame to forward it, read without trusting the buffer: IPv4 addresses, DSCP/ECN,
+// TTL and the UDP ports (flow hash). Only Ethernet + IPv4 (+ UDP ports when present) are checked.
+struct L3View {
+  size_t ip_offset = 0;
+  uint32_t src = 0;
+  uint32_t dst = 0;
+  uint8_t dscp = 0;
+  uint8_t ecn = 0;
+  uint8_t ttl = 0;
+  uint8_t protocol = 0;
+  uint16_t src_port = 0;  // 0 when not UDP
+  uint16_t dst_port = 0;
+};
+WireStatus parse_l3(const uint8_t* data, size_t len, L3View* out);
+
+// Rewrites TTL and ECN of the IPv4 header at `ip` and recomputes its checksum (the ICRC masks both fields).
+void rewrite_ttl_ecn(uint8_t* ip, uint8_t ttl, uint8_t ecn);
+
 // Parses and validates a frame. On error `out` is left in an unspecified but safe state.
 WireStatus parse_frame(const uint8_t* data, size_t len, ParsedFrame* out, const ParseOptions& opts = {});
 

@@ -1,6 +1,10 @@
 // The two seams every driver implements (see DESIGN.md "One data plane, several drivers"):
-// a Clock that tells time and runs callbacks later, and a Port that sends frames and hands over received ones.
-// Switch and endpoint code sees only these, so it cannot know whether time is simulated or wall-clock.
+// a Clock that tells time and runs callbacks later, and a Port that transmits one frame at a time and hands over
+// received ones. Switch and endpoint code sees only these, so it cannot know whether time is simulated or real.
+//
+// Packet path through these seams:
+//   sender: Port::send(frame) -> [driver serializes at link rate, propagates] -> peer Port receiver callback
+//   sender: Port tx-ready callback when the wire is free again -> the owner dequeues its next frame
 #pragma once
 
 #include <cstdint>
@@ -10,23 +14,31 @@
 namespace ifec::common {
 
 using TimeNs = uint64_t;
+inline constexpr TimeNs kForever = ~TimeNs{0};
 
 class Clock {
  public:
   virtual ~Clock() = default;
   virtual TimeNs now() const = 0;
-  // Runs `fn` at time `at` (or as soon as possible if `at` has passed).
+  // Runs `fn` at time `at` (or as soon as possible if `at` has passed). Callbacks run one at a time.
   virtual void schedule(TimeNs at, std::function<void()> fn) = 0;
 };
 
 class Port {
  public:
   using Receiver = std::function<void(std::vector<uint8_t>&& frame)>;
+  using TxReady = std::function<void()>;
   virtual ~Port() = default;
-  // Queues a frame for transmission; false when the driver refused it (link down, buffer full).
+  // Starts transmitting `frame`; false (frame dropped and counted by the driver) when busy or the link is down.
+  // The owner keeps its own queues and calls send() only when !busy().
   virtual bool send(std::vector<uint8_t>&& frame) = 0;
-  // Installs the callback that is handed every received frame.
+  virtual bool busy() const = 0;
+  virtual bool link_up() const = 0;
+  // Line rate in bits per second (for PFC pause quanta and reports).
+  virtual uint64_t rate_bps() const = 0;
   virtual void set_receiver(Receiver rx) = 0;
+  // Called each time a transmission ends and the port can take the next frame.
+  virtual void set_tx_ready(TxReady ready) = 0;
 };
 
 }  // namespace ifec::common

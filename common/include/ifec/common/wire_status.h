@@ -31,6 +31,7 @@ enum class WireError : uint8_t {
   kEchBadOperation,
   kEchBadField,         // enum out of range, reserved bits set, empty bitmap
   kEchPayloadMismatch,  // element count x dtype size != payload length
+  kBadMacControl,       // MAC control frame that is not a well-formed PFC frame
 };
 
 const char* wire_error_name(WireError e);

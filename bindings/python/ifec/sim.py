@@ -1,0 +1,18 @@
+"""Simulated-fabric runs from Python: the same engine and report as `./ifec sim`, as a dict."""
+
+import json
+
+from ifec import _native
+
+
+def run(topology, traffic="alltoall", bytes=1 << 20, lb="packet", pfc=True, seed=1, fail=(), restore=(),
+        incast_target=0):
+    """Runs raw traffic over the simulated fabric and returns the report (see `./ifec sim --json`).
+
+    topology: a path to a YAML file or an ifec.Topology (e.g. ifec.make_superpod(8, 2)).
+    fail / restore: link events "SELECTOR@TIME", e.g. "gpu5:plane2:sub0@20us".
+    Times in the report are simulated-fabric times (report["driver"] == "sim").
+    """
+    topo = _native.load_topology(topology) if isinstance(topology, str) else topology
+    return json.loads(_native.run_sim_json(topo, traffic, int(bytes), lb, bool(pfc), int(seed), list(fail),
+                                           list(restore), int(incast_target)))

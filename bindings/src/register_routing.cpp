@@ -1,0 +1,59 @@
+// Bindings for routing: topology loading/generation and FARE path bandwidth.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "ifec/common/checks.h"
+#include "ifec/routing/fare.h"
+#include "ifec/routing/topology.h"
+#include "register.h"
+
+namespace py = pybind11;
+using namespace ifec::routing;
+
+namespace ifec::bindings {
+
+namespace {
+
+// FARE's per-plane path bandwidth from every GPU to every other after failing `down_links`.
+std::vector<std::vector<std::vector<double>>> plane_gbps(const Topology& t, const std::vector<int>& down_links) {
+  FareRib rib(t);
+  for (int l : down_links) {
+    IFEC_CHECK(l >= 0 && l < static_cast<int>(t.links.size()), "link id " << l << " outside 0.." << t.links.size() - 1);
+    rib.set_link_up(l, false);
+  }
+  rib.converge();
+  const int n = t.num_gpus();
+  std::vector<std::vector<std::vector<double>>> out(n, std::vector<std::vector<double>>(n));
+  for (int s = 0; s < n; ++s) {
+    for (int d = 0; d < n; ++d) {
+      if (s != d) {
+        out[s][d] = rib.plane_gbps(s, d);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void register_routing(py::module_& m) {
+  py::class_<Topology>(m, "Topology")
+      .def_readonly("name", &Topology::name)
+      .def_readonly("source", &Topology::source)
+      .def_readonly("num_planes", &Topology::num_planes)
+      .def_property_readonly("num_gpus", &Topology::num_gpus)
+      .def_property_readonly("num_links", [](const Topology& t) { return t.links.size(); })
+      .def_property_readonly("num_nodes", [](const Topology& t) { return t.nodes.size(); })
+      .def("gpu_access_gbps", &Topology::gpu_access_gbps, py::arg("gpu"))
+      .def("to_yaml", [](const Topology& t) { return to_yaml(t); });
+  m.def("load_topology", &load_topology, py::arg("path"));
+  m.def("parse_topology", &parse_topology, py::arg("yaml_text"), py::arg("source_name") = "<string>");
+  m.def("make_superpod", &make_superpod, py::arg("gpus"), py::arg("planes"), py::arg("port_gbps") = 800,
+        py::arg("subports") = 2, py::arg("delay_ns") = 500);
+  m.def("make_fat_tree", &make_fat_tree, py::arg("gpus"), py::arg("planes"), py::arg("leaves"), py::arg("spines"),
+        py::arg("nic_gbps") = 400, py::arg("fabric_gbps") = 400, py::arg("delay_ns") = 500);
+  m.def("fare_plane_gbps", &plane_gbps, py::arg("topology"), py::arg("down_links") = std::vector<int>{},
+        "[src][dst] -> per-plane path bandwidth (Gb/s) after FARE converges");
+}
+
+}  // namespace ifec::bindings

@@ -1,0 +1,48 @@
+// Bindings for workloads: the simulated-fabric run behind `./ifec sim` (the report comes back as JSON text).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "ifec/common/checks.h"
+#include "ifec/routing/topology.h"
+#include "ifec/workloads/sim_report.h"
+#include "register.h"
+
+namespace py = pybind11;
+using namespace ifec;
+
+namespace ifec::bindings {
+
+namespace {
+
+std::string run_sim_json(const routing::Topology& topo, const std::string& traffic, uint64_t bytes,
+                         const std::string& lb, bool pfc, uint64_t seed, const std::vector<std::string>& fail,
+                         const std::vector<std::string>& restore, int incast_target) {
+  workloads::SimOptions o;
+  o.pattern = workloads::parse_pattern(traffic);
+  o.bytes = bytes;
+  IFEC_CHECK(lb == "flow" || lb == "packet", "lb '" << lb << "': expected flow or packet");
+  o.lb = lb == "flow" ? switchemu::LoadBalance::kPerFlow : switchemu::LoadBalance::kPerPacket;
+  o.pfc = pfc;
+  o.seed = seed;
+  o.incast_target = incast_target;
+  o.progress = false;
+  for (const auto& f : fail) {
+    o.events.push_back(workloads::parse_link_event(topo, f, false));
+  }
+  for (const auto& r : restore) {
+    o.events.push_back(workloads::parse_link_event(topo, r, true));
+  }
+  py::gil_scoped_release release;
+  return workloads::to_json(workloads::run_sim(topo, o));
+}
+
+}  // namespace
+
+void register_workloads(py::module_& m) {
+  m.def("run_sim_json", &run_sim_json, py::arg("topology"), py::arg("traffic"), py::arg("bytes"),
+        py::arg("lb") = "packet", py::arg("pfc") = true, py::arg("seed") = 1,
+        py::arg("fail") = std::vector<std::string>{}, py::arg("restore") = std::vector<std::string>{},
+        py::arg("incast_target") = 0, "Raw traffic over the simulated fabric; returns the report as JSON text");
+}
+
+}  // namespace ifec::bindings

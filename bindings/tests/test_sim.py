@@ -1,0 +1,75 @@
+"""The simulated fabric from Python and from the CLI: report fields, analytic checks, FARE shares, bad input."""
+
+import json
+import subprocess
+
+import pytest
+
+import ifec
+
+
+def test_run_report_has_the_documented_fields():
+    rep = ifec.sim.run(ifec.make_superpod(4, 2), traffic="alltoall", bytes=64 * 1024)
+    for key in ["completion_ns", "goodput_gbps", "line_rate_gbps", "plane_bytes", "drops", "ecn_marks", "pfc_pauses"]:
+        assert key in rep, key
+    assert rep["driver"] == "sim"
+    assert rep["complete"] and rep["drops"] == 0
+    assert len(rep["plane_bytes"]) == 2
+    # 4 GPUs x 3.2 Tb/s... here 2 planes x 800G: 1.6 Tb/s each.
+    assert rep["line_rate_gbps"] == pytest.approx(4 * 1600)
+    assert rep["goodput_gbps"] <= rep["line_rate_gbps"] * rep["payload_efficiency"] + 1e-6
+    # Planes are symmetric with all links up: equal bytes.
+    assert rep["plane_bytes"][0] == rep["plane_bytes"][1]
+    assert rep["payload_bytes_delivered"] == 4 * 3 * 64 * 1024
+    ports = rep["switch_ports"]
+    assert sum(q["tx_frames"] for p in ports for q in p["queues"]) == rep["packets_sent"], \
+        "every frame crossed exactly one switch queue in a one-tier SuperPoD"
+
+
+def test_fare_weights_follow_path_bandwidth():
+    topo = ifec.make_superpod(4, 2)
+    healthy = ifec.fare_plane_gbps(topo)
+    assert healthy[0][1] == [800, 800]
+    rep = ifec.sim.run(topo, traffic="alltoall", bytes=256 * 1024, fail=["gpu1:plane1:sub0@0"])
+    # GPU 1 lost one of its two plane-1 sub-links at t=0: plane 1 carries 400 of 1200 Gb/s for its traffic, so
+    # the fabric as a whole carries less on plane 1 than on plane 0.
+    assert rep["plane_bytes"][1] < rep["plane_bytes"][0]
+    assert rep["fare_rounds"] >= 2
+
+
+def test_incast_with_and_without_pfc():
+    topo = ifec.make_superpod(16, 2)
+    # 4 MiB per sender is 1 MiB per sender sub-link: above the 256 KiB XOFF threshold.
+    lossless = ifec.sim.run(topo, traffic="incast", bytes=4 << 20, pfc=True)
+    assert lossless["drops"] == 0 and lossless["pfc_pauses"] > 0 and lossless["complete"]
+    lossy = ifec.sim.run(topo, traffic="incast", bytes=4 << 20, pfc=False)
+    assert lossy["drops"] > 0 and lossy["pfc_pauses"] == 0
+
+
+def test_bad_arguments_name_the_bad_value():
+    topo = ifec.make_superpod(4, 2)
+    with pytest.raises(ValueError, match="broadcast"):
+        ifec.sim.run(topo, traffic="broadcast")
+    with pytest.raises(ValueError, match="gpu9"):
+        ifec.sim.run(topo, fail=["gpu9:plane0@1us"])
+    with pytest.raises(ValueError, match="lightyears"):
+        ifec.sim.run(topo, fail=["gpu1:plane0@3lightyears"])
+
+
+def test_cli_json_and_errors(repo, build_dir, tmp_path):
+    topo = repo / "testbed" / "topologies" / "superpod-8x2.yaml"
+    out = subprocess.run([str(build_dir / "bin" / "ifec-cli"), "sim", "--topo", str(topo), "--traffic", "permutation",
+                          "--bytes", "128KiB", "--json", "--quiet"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["traffic"] == "permutation" and rep["flows"] == 8 and rep["complete"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nplanes: 1\ngpus: 2\nswitches:\n  - {name: s0, plane: 0}\nlinks:\n"
+                   "  - {a: gpu0, b: s0}\n  - {a: gpu7, b: s0}\n")
+    out = subprocess.run([str(build_dir / "bin" / "ifec-cli"), "sim", "--topo", str(bad), "--traffic", "alltoall",
+                          "--bytes", "1KiB"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "bad.yaml:8" in out.stderr and "gpu7" in out.stderr, out.stderr
+    out = subprocess.run([str(build_dir / "bin" / "ifec-cli"), "sim", "--topo", str(topo), "--traffic", "alltoall",
+                          "--bytes", "12parsecs"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "parsecs" in out.stderr

@@ -1,0 +1,129 @@
+// Drivers: a discrete-event clock (virtual ns, deterministic), a wall-clock loop, and the link model that gives
+// Ports their rate, propagation delay and up/down state on top of either clock.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "ifec/common/interfaces.h"
+
+namespace ifec::common {
+
+// Discrete-event driver: virtual time in nanoseconds; events at equal times run in scheduling order, so a run
+// is a pure function of its inputs and seeds.
+class EventLoop : public Clock {
+ public:
+  TimeNs now() const override { return now_; }
+  void schedule(TimeNs at, std::function<void()> fn) override;
+  // Runs events up to and including time `until` (all of them by default); returns how many ran.
+  uint64_t run(TimeNs until = kForever);
+  bool idle() const { return events_.empty(); }
+  uint64_t events_run() const { return events_run_; }
+  TimeNs next_event_time() const { return events_.empty() ? kForever : events_.front().at; }
+
+ private:
+  struct Event {
+    TimeNs at;
+    uint64_t seq;
+    std::function<void()> fn;
+  };
+  struct Later {
+    bool operator()(const Event& a, const Event& b) const { return a.at != b.at ? a.at > b.at : a.seq > b.seq; }
+  };
+  friend class RealtimeLoop;
+  Event pop();
+  std::vector<Event> events_;  // binary heap ordered by Later
+  TimeNs now_ = 0;
+  uint64_t seq_ = 0;
+  uint64_t events_run_ = 0;
+};
+
+// Wall-clock driver: the same single-threaded event semantics, but now() is real time since construction and
+// run() sleeps until each event is due. Used to prove that nothing above the seams depends on virtual time.
+class RealtimeLoop : public Clock {
+ public:
+  RealtimeLoop();
+  TimeNs now() const override;
+  void schedule(TimeNs at, std::function<void()> fn) override;
+  // Runs until no events remain or the wall-clock deadline (ns since construction) passes; returns events run.
+  uint64_t run(TimeNs deadline);
+
+ private:
+  EventLoop queue_;  // holds and orders the events; its virtual time is not used
+  std::chrono::steady_clock::time_point start_;
+};
+
+struct LinkConfig {
+  uint64_t rate_bps = 400'000'000'000ULL;
+  TimeNs delay_ns = 500;
+  uint32_t overhead_bytes = 24;  // per frame on the wire beyond the frame bytes: preamble+SFD, FCS, IFG
+};
+
+struct PortCounters {
+  uint64_t tx_frames = 0;
+  uint64_t tx_bytes = 0;  // frame bytes (without the wire overhead)
+  uint64_t rx_frames = 0;
+  uint64_t rx_bytes = 0;
+  uint64_t dropped_link_down = 0;  // refused by send() or lost in flight when the link went down
+  uint64_t refused_busy = 0;       // send() while a frame was still serializing (an owner bug; frame dropped)
+  uint64_t busy_ps = 0;            // time spent serializing, picoseconds (utilization = busy / elapsed)
+};
+
+class LinkPort;
+
+// A full-duplex point-to-point link between two LinkPorts, on any Clock. Serialization is exact: the port keeps
+// its transmit time in picoseconds and back-to-back frames start where the previous one ended, so rounding to
+// the clock's nanoseconds never accumulates.
+class Link {
+ public:
+  Link(Clock& clock, const LinkConfig& cfg);
+  ~Link();
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+
+  LinkPort& end(int i) { return *ends_[i]; }
+  const LinkPort& end(int i) const { return *ends_[i]; }
+  // Takes the link down (frames in flight are lost and counted at the sender) or brings it back up.
+  void set_up(bool up);
+  bool up() const { return up_; }
+  const LinkConfig& config() const { return cfg_; }
+  // Serialization time of a frame of `bytes` on this link, in picoseconds (wire overhead included).
+  uint64_t serialization_ps(size_t bytes) const;
+
+ private:
+  friend class LinkPort;
+  Clock& clock_;
+  LinkConfig cfg_;
+  bool up_ = true;
+  uint64_t epoch_ = 0;  // bumped on every down transition: frames sent in an older epoch are lost
+  std::unique_ptr<LinkPort> ends_[2];
+};
+
+class LinkPort : public Port {
+ public:
+  bool send(std::vector<uint8_t>&& frame) override;
+  bool busy() const override;
+  bool link_up() const override { return link_.up_; }
+  uint64_t rate_bps() const override { return link_.cfg_.rate_bps; }
+  void set_receiver(Receiver rx) override { rx_ = std::move(rx); }
+  void set_tx_ready(TxReady ready) override { ready_ = std::move(ready); }
+  const PortCounters& counters() const { return counters_; }
+  LinkPort& peer() { return *link_.ends_[1 - side_]; }
+
+ private:
+  friend class Link;
+  LinkPort(Link& link, int side) : link_(link), side_(side) {}
+  void deliver(std::vector<uint8_t>&& frame, uint64_t epoch);
+
+  Link& link_;
+  int side_;
+  uint64_t busy_until_ps_ = 0;
+  Receiver rx_;
+  TxReady ready_;
+  PortCounters counters_;
+};
+
+}  // namespace ifec::common

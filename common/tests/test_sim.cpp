@@ -1,0 +1,138 @@
+// Drivers: event ordering, exact link timing against the analytic formula, link failure, wall-clock loop, PFC frames.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "ifec/common/pfc.h"
+#include "ifec/common/sim.h"
+
+using namespace ifec::common;
+
+TEST(EventLoop, RunsInTimeThenSchedulingOrder) {
+  EventLoop loop;
+  std::vector<int> order;
+  loop.schedule(20, [&] { order.push_back(3); });
+  loop.schedule(10, [&] { order.push_back(1); });
+  loop.schedule(10, [&] { order.push_back(2); });
+  loop.schedule(5, [&] {
+    order.push_back(0);
+    loop.schedule(10, [&] { order.push_back(21); });  // same time as two earlier events: runs after them
+  });
+  EXPECT_EQ(loop.run(), 5u);
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 21, 3}));
+  EXPECT_EQ(loop.now(), 20u);
+}
+
+TEST(EventLoop, RunUntilStopsAtTheLimit) {
+  EventLoop loop;
+  int ran = 0;
+  loop.schedule(100, [&] { ++ran; });
+  loop.schedule(200, [&] { ++ran; });
+  loop.run(150);
+  EXPECT_EQ(ran, 1);
+  EXPECT_EQ(loop.next_event_time(), 200u);
+}
+
+TEST(Link, OneFrameArrivesAfterSerializationPlusPropagation) {
+  EventLoop loop;
+  LinkConfig cfg{400'000'000'000ULL, 500, 24};
+  Link link(loop, cfg);
+  TimeNs arrived = 0;
+  link.end(1).set_receiver([&](std::vector<uint8_t>&& f) {
+    arrived = loop.now();
+    EXPECT_EQ(f.size(), 1000u);
+  });
+  ASSERT_TRUE(link.end(0).send(std::vector<uint8_t>(1000, 0)));
+  EXPECT_TRUE(link.end(0).busy());
+  loop.run();
+  // (1000 + 24) bytes * 8 / 400 Gb/s = 20.48 ns -> the frame is complete within ns 21; + 500 ns.
+  EXPECT_EQ(arrived, 21u + 500u);
+  EXPECT_EQ(link.end(0).counters().tx_frames, 1u);
+  EXPECT_EQ(link.end(1).counters().rx_bytes, 1000u);
+}
+
+TEST(Link, BackToBackFramesDoNotAccumulateRounding) {
+  EventLoop loop;
+  LinkConfig cfg{400'000'000'000ULL, 700, 24};
+  Link link(loop, cfg);
+  const int kFrames = 1000;
+  const size_t kBytes = 4174;  // 83.96 ns each: rounding up per frame would add ~40 ns over 1000 frames
+  int sent = 0;
+  TimeNs last = 0;
+  link.end(1).set_receiver([&](std::vector<uint8_t>&&) { last = loop.now(); });
+  auto pump = [&] {
+    if (sent < kFrames && !link.end(0).busy()) {
+      ++sent;
+      link.end(0).send(std::vector<uint8_t>(kBytes, 0));
+    }
+  };
+  link.end(0).set_tx_ready(pump);
+  pump();
+  loop.run();
+  const double exact_ns = kFrames * (kBytes + 24) * 8 / 400.0;  // 83960 ns
+  EXPECT_EQ(last, static_cast<TimeNs>(std::ceil(exact_ns)) + 700);
+  EXPECT_EQ(link.end(0).counters().busy_ps, static_cast<uint64_t>(exact_ns * 1000));
+}
+
+TEST(Link, DownLinkRefusesAndLosesInFlightFrames) {
+  EventLoop loop;
+  Link link(loop, LinkConfig{100'000'000'000ULL, 1000, 24});
+  int received = 0;
+  link.end(1).set_receiver([&](std::vector<uint8_t>&&) { ++received; });
+  ASSERT_TRUE(link.end(0).send(std::vector<uint8_t>(100, 0)));
+  loop.schedule(500, [&] { link.set_up(false); });  // the frame is propagating
+  loop.run();
+  EXPECT_EQ(received, 0);
+  EXPECT_EQ(link.end(0).counters().dropped_link_down, 1u);
+  EXPECT_FALSE(link.end(0).send(std::vector<uint8_t>(100, 0)));
+  EXPECT_EQ(link.end(0).counters().dropped_link_down, 2u);
+  link.set_up(true);
+  ASSERT_TRUE(link.end(0).send(std::vector<uint8_t>(100, 0)));
+  loop.run();
+  EXPECT_EQ(received, 1);
+}
+
+TEST(Link, RejectsZeroRate) { EXPECT_ANY_THROW(Link(*new EventLoop, LinkConfig{0, 1, 0})); }
+
+TEST(RealtimeLoop, RunsEventsNoEarlierThanScheduledInOrder) {
+  RealtimeLoop loop;
+  std::vector<std::pair<int, TimeNs>> seen;
+  const TimeNs t0 = loop.now();
+  loop.schedule(t0 + 2'000'000, [&] { seen.push_back({2, loop.now()}); });
+  loop.schedule(t0 + 1'000'000, [&] { seen.push_back({1, loop.now()}); });
+  loop.run(t0 + 1'000'000'000);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].first, 1);
+  EXPECT_GE(seen[0].second, t0 + 1'000'000);
+  EXPECT_GE(seen[1].second, t0 + 2'000'000);
+}
+
+TEST(PfcFrame, EncodesIeee8021QbbLayout) {
+  PfcFrame f;
+  f.src = {0x02, 0, 0, 0, 0, 9};
+  f.class_enable = 1 << 3;
+  f.quanta[3] = 0xFFFF;
+  std::vector<uint8_t> b = f.encode();
+  ASSERT_EQ(b.size(), 60u);
+  EXPECT_EQ(std::vector<uint8_t>(b.begin(), b.begin() + 6), (std::vector<uint8_t>{0x01, 0x80, 0xC2, 0, 0, 1}));
+  EXPECT_EQ(b[12], 0x88);
+  EXPECT_EQ(b[13], 0x08);
+  EXPECT_EQ(b[14], 0x01);
+  EXPECT_EQ(b[15], 0x01);
+  EXPECT_EQ(b[17], 0x08) << "class-enable vector bit 3";
+  EXPECT_EQ(b[18 + 6], 0xFF);
+  EXPECT_EQ(b[19 + 6], 0xFF);
+  PfcFrame d;
+  ASSERT_TRUE(PfcFrame::decode(b.data(), b.size(), &d).ok());
+  EXPECT_EQ(d.class_enable, 1 << 3);
+  EXPECT_EQ(d.quanta[3], 0xFFFF);
+  b[15] = 0x02;
+  EXPECT_EQ(PfcFrame::decode(b.data(), b.size(), &d).error, WireError::kBadMacControl);
+  EXPECT_EQ(PfcFrame::decode(b.data(), 20, &d).error, WireError::kTruncated);
+}
+
+TEST(PfcFrame, QuantaAre512BitTimes) {
+  EXPECT_EQ(pfc_quanta_ns(1, 512'000'000'000ULL), 1u);
+  EXPECT_EQ(pfc_quanta_ns(0xFFFF, 400'000'000'000ULL), 83885u);  // 65535 * 512 / 400 = 83884.8
+}

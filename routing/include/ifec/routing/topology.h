@@ -1,0 +1,100 @@
+// The fabric description every driver builds from: nodes, planes, links (Y-cable sub-links expanded), thresholds.
+// Loaded from YAML (docs in testbed/topologies/README.md) or produced by the generators below.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ifec::routing {
+
+enum class NodeKind : uint8_t { kGpu, kSwitch };
+
+struct Node {
+  std::string name;
+  NodeKind kind = NodeKind::kGpu;
+  int plane = -1;         // switches: the plane they belong to; GPUs: -1 (they sit on every plane)
+  int gpu_index = -1;     // GPUs: 0..num_gpus-1, the index used in ECH bitmaps and loopback addresses
+  int num_ports = 0;      // ports used by links (ports are numbered 0..num_ports-1)
+  uint32_t loopback = 0;  // host order /32; GPU i: 10.0.(i/250).(i%250+1); n-th switch of plane p: 10.255.p.n
+};
+
+// One physical, full-duplex link between (a, a_port) and (b, b_port). A Y-cable of k sub-ports becomes k links
+// that share a `cable` id; `subport` numbers them 0..k-1.
+struct Link {
+  int id = 0;
+  int a = 0;  // node index
+  int a_port = 0;
+  int b = 0;
+  int b_port = 0;
+  int plane = 0;
+  double rate_gbps = 400;
+  uint64_t delay_ns = 500;
+  int cable = 0;
+  int subport = 0;
+  int subports = 1;  // sub-links in this cable
+};
+
+struct EcnConfig {
+  uint64_t kmin_bytes = 64 * 1024;   // below: never mark
+  uint64_t kmax_bytes = 512 * 1024;  // above: always mark
+  double pmax = 0.2;                 // marking probability reached at kmax
+};
+
+struct PfcConfig {
+  bool enabled = true;
+  uint64_t xoff_bytes = 256 * 1024;  // per ingress port and priority: send PAUSE above this
+  uint64_t xon_bytes = 128 * 1024;   // send RESUME below this
+  int lossless_priority = 3;         // DSCP 26 maps here; the RoCE traffic class
+};
+
+struct FabricParams {
+  uint32_t mtu = 4096;                      // RoCE path MTU: payload bytes per packet
+  uint64_t buffer_bytes = 4 * 1024 * 1024;  // per egress queue (per port and priority)
+  uint32_t wire_overhead_bytes = 24;        // preamble+SFD 8, FCS 4, inter-frame gap 12
+  uint64_t control_plane_delay_ns = 10000;  // per hop: FARE advertisement processing + propagation
+  int priorities = 8;
+  EcnConfig ecn;
+  PfcConfig pfc;
+};
+
+struct Topology {
+  std::string name;
+  std::string source;  // file it was loaded from, or "generator:..." — used in error messages and reports
+  int num_planes = 0;
+  std::vector<Node> nodes;
+  std::vector<Link> links;
+  FabricParams params;
+
+  int num_gpus() const;
+  // Node index of GPU `gpu_index`; throws ifec::common::Error naming the index when out of range.
+  int gpu_node(int gpu_index) const;
+  // Node index by name, or -1.
+  int find_node(const std::string& name) const;
+  // Links attached to node `n` (ids into `links`).
+  std::vector<int> links_of(int node) const;
+  // The far end of link `l` seen from node `n`: (node, port).
+  std::pair<int, int> peer(int link, int node) const;
+  // Aggregate access bandwidth of one GPU over all planes (sum of its link rates), Gb/s.
+  double gpu_access_gbps(int gpu_index) const;
+};
+
+// Loads and validates a YAML topology. Errors throw ifec::common::Error with "FILE:LINE: message naming the value".
+Topology load_topology(const std::string& path);
+Topology parse_topology(const std::string& yaml_text, const std::string& source_name);
+// Writes the YAML form that load_topology() reads back to an equal topology.
+std::string to_yaml(const Topology& t);
+
+// Checks structure (every GPU reaches every other GPU on every plane, ports unique, rates > 0, ...);
+// throws ifec::common::Error naming the first problem. load_topology() calls it; generators too.
+void validate(const Topology& t);
+
+// (a) draft-xu-rtgwg-fare-in-sun Figure 1: `gpus` GPUs, `planes` planes, one switch per plane; every GPU port
+// a Y-cable of `subports` sub-links of port_gbps/subports each (64 x 4 x 800G as 2 x 400G is the reference).
+Topology make_superpod(int gpus, int planes, double port_gbps = 800, int subports = 2, uint64_t delay_ns = 500);
+// (b) multi-plane two-tier fat tree: per plane `leaves` leaves and `spines` spines, full leaf-spine mesh;
+// each GPU has one NIC port per plane on leaf (gpu / (gpus/leaves)).
+Topology make_fat_tree(int gpus, int planes, int leaves, int spines, double nic_gbps = 400, double fabric_gbps = 400,
+                       uint64_t delay_ns = 500);
+
+}  // namespace ifec::routing

@@ -1,0 +1,147 @@
+// The software switch data plane: the contract every driver (sim, live) feeds frames into.
+//
+// Packet path (one frame, top to bottom):
+//   Port receiver -> parse (MAC control? -> PFC pause/resume of our own egress, done)
+//     -> parse_l3 (malformed: drop, count) -> [ECH -> IFEC engine, issue 5]
+//     -> FIB lookup on the destination /32 (no route: drop, count)
+//     -> WECMP choice: per flow (5-tuple hash with the switch's seed) or per packet (smooth weighted round robin)
+//     -> TTL decrement, MAC rewrite -> egress admission (shared buffer; lossy queues capped per queue)
+//     -> ECN mark (RED-style between kmin and kmax) -> PFC ingress accounting (XOFF/XON toward the sender)
+//     -> egress queue per priority -> strict-priority transmit, skipping paused priorities -> Port::send
+//
+// Buffer model: the switch has one shared packet buffer of params.buffer_bytes x ports. Lossy priorities
+// (all of them when PFC is off) are also capped at params.buffer_bytes per egress queue and drop beyond it;
+// the lossless priority is bounded by PFC (XOFF per ingress port and priority) and drops only if the shared
+// buffer itself runs out, which the counters report.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ifec/common/ethernet.h"
+#include "ifec/common/interfaces.h"
+#include "ifec/routing/topology.h"
+
+namespace ifec::switchemu {
+
+enum class LoadBalance : uint8_t { kPerFlow, kPerPacket };
+
+const char* load_balance_name(LoadBalance lb);
+
+struct SwitchConfig {
+  std::string name = "switch";
+  uint64_t seed = 1;  // flow-hash and ECN-marking randomness
+  LoadBalance lb = LoadBalance::kPerPacket;
+  routing::FabricParams params;
+  common::MacAddress base_mac = {0x02, 0x53, 0x57, 0x00, 0x00, 0x00};  // port p: last two bytes = p
+};
+
+struct NextHopPort {
+  int port = 0;
+  double weight = 1;
+  common::MacAddress next_mac{};
+};
+
+struct QueueCounters {
+  uint64_t enqueued_frames = 0;
+  uint64_t tx_frames = 0;
+  uint64_t tx_bytes = 0;
+  uint64_t drops = 0;
+  uint64_t ecn_marks = 0;
+  uint64_t bytes_now = 0;
+  uint64_t high_water_bytes = 0;
+};
+
+struct SwitchPortCounters {
+  uint64_t rx_frames = 0;
+  uint64_t rx_bytes = 0;
+  uint64_t tx_frames = 0;  // data frames
+  uint64_t tx_bytes = 0;
+  uint64_t pause_sent = 0;      // XOFF frames sent out of this port (toward the upstream sender)
+  uint64_t resume_sent = 0;     // XON frames
+  uint64_t pause_received = 0;  // PFC frames received that paused one of our priorities
+  uint64_t malformed_drops = 0;
+  uint64_t no_route_drops = 0;
+  uint64_t ttl_drops = 0;
+  uint64_t link_down_drops = 0;  // frames the port refused because its link was down
+  std::vector<QueueCounters> queues;
+};
+
+struct SwitchTotals {
+  uint64_t rx_frames = 0;
+  uint64_t tx_frames = 0;
+  uint64_t drops = 0;  // queue, buffer, no-route, malformed and TTL drops (link-down losses: see the links)
+  uint64_t buffer_drops = 0;
+  uint64_t ecn_marks = 0;
+  uint64_t pause_sent = 0;
+  uint64_t pause_received = 0;
+  uint64_t shared_buffer_high_water = 0;
+};
+
+class Switch {
+ public:
+  // The switch owns neither the clock nor the ports; both must outlive it.
+  Switch(common::Clock& clock, SwitchConfig cfg, std::vector<common::Port*> ports);
+  Switch(const Switch&) = delete;
+  Switch& operator=(const Switch&) = delete;
+
+  // Installs (or, with an empty group, removes) the WECMP group for a destination /32. Ports must exist and
+  // weights be >= 0 with a positive sum; throws ifec::common::Error naming the bad value otherwise.
+  void set_route(uint32_t dst_ip, std::vector<NextHopPort> group);
+  const std::vector<NextHopPort>* route(uint32_t dst_ip) const;
+
+  int num_ports() const { return static_cast<int>(ports_.size()); }
+  const SwitchPortCounters& counters(int port) const { return state_.at(port).counters; }
+  SwitchTotals totals() const;
+  const SwitchConfig& config() const { return cfg_; }
+  common::MacAddress port_mac(int port) const;
+  // Priority a frame with this DSCP is queued in (lossless class for RoCE's DSCP 26, 0 otherwise).
+  int priority_of(uint8_t dscp) const;
+
+ private:
+  struct Packet {
+    std::vector<uint8_t> bytes;
+    int ingress = 0;
+  };
+  struct PortState {
+    std::vector<std::deque<Packet>> queues;    // per priority
+    std::deque<std::vector<uint8_t>> control;  // PFC frames: sent before any data, never paused
+    std::vector<common::TimeNs> paused_until;  // per priority, set by PFC frames the peer sends us
+    std::vector<uint64_t> ingress_bytes;       // per priority: bytes received here still buffered
+    std::vector<char> xoff_sent;               // per priority: our PAUSE toward this port's peer is active
+    bool wakeup_pending = false;
+    SwitchPortCounters counters;
+  };
+  struct Group {
+    std::vector<NextHopPort> hops;
+    std::vector<double> cumulative;  // for per-flow weighted hashing
+    std::vector<double> current;     // smooth weighted round robin state
+    double total = 0;
+  };
+
+  void receive(int in_port, std::vector<uint8_t>&& frame);
+  void handle_pfc(int in_port, const std::vector<uint8_t>& frame);
+  int choose(Group& g, uint64_t flow_hash);
+  void enqueue(int out_port, int prio, Packet&& pkt);
+  void transmit(int port);
+  void send_pfc(int port, int prio, bool pause);
+  void schedule_refresh(int port, int prio);
+  void release_ingress(int in_port, int prio, size_t bytes);
+
+  common::Clock& clock_;
+  SwitchConfig cfg_;
+  std::vector<common::Port*> ports_;
+  std::vector<PortState> state_;
+  std::unordered_map<uint32_t, Group> fib_;
+  std::mt19937_64 rng_;
+  uint64_t shared_used_ = 0;
+  uint64_t shared_capacity_ = 0;
+  uint64_t shared_high_water_ = 0;
+  uint64_t buffer_drops_ = 0;
+};
+
+}  // namespace ifec::switchemu

@@ -1,0 +1,321 @@
+// Switch pipeline: parse, FIB + WECMP, egress admission with ECN and PFC, strict-priority transmit.
+#include "ifec/switchemu/switch.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ifec/common/checks.h"
+#include "ifec/common/frame.h"
+#include "ifec/common/pfc.h"
+
+namespace ifec::switchemu {
+
+using common::TimeNs;
+
+namespace {
+
+constexpr uint8_t kRoceDscp = 26;
+constexpr uint16_t kPauseQuanta = 0xFFFF;
+
+uint64_t mix64(uint64_t x) {
+  // splitmix64 finalizer: a cheap, well-distributed hash for flow spreading.
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+const char* load_balance_name(LoadBalance lb) { return lb == LoadBalance::kPerFlow ? "flow" : "packet"; }
+
+Switch::Switch(common::Clock& clock, SwitchConfig cfg, std::vector<common::Port*> ports)
+    : clock_(clock), cfg_(std::move(cfg)), ports_(std::move(ports)), rng_(cfg_.seed) {
+  const int prios = cfg_.params.priorities;
+  IFEC_CHECK(prios >= 1 && prios <= 8, "switch " << cfg_.name << ": priorities must be 1..8, got " << prios);
+  IFEC_CHECK(cfg_.params.pfc.lossless_priority >= 0 && cfg_.params.pfc.lossless_priority < prios,
+             "switch " << cfg_.name << ": lossless priority " << cfg_.params.pfc.lossless_priority << " outside 0.."
+                       << prios - 1);
+  state_.resize(ports_.size());
+  shared_capacity_ = cfg_.params.buffer_bytes * ports_.size();
+  for (size_t p = 0; p < ports_.size(); ++p) {
+    IFEC_CHECK(ports_[p] != nullptr, "switch " << cfg_.name << ": port " << p << " is null");
+    PortState& s = state_[p];
+    s.queues.resize(prios);
+    s.paused_until.assign(prios, 0);
+    s.ingress_bytes.assign(prios, 0);
+    s.xoff_sent.assign(prios, 0);
+    s.counters.queues.resize(prios);
+    const int port = static_cast<int>(p);
+    ports_[p]->set_receiver([this, port](std::vector<uint8_t>&& f) { receive(port, std::move(f)); });
+    ports_[p]->set_tx_ready([this, port] { transmit(port); });
+  }
+}
+
+common::MacAddress Switch::port_mac(int port) const {
+  common::MacAddress m = cfg_.base_mac;
+  m[4] = static_cast<uint8_t>(port >> 8);
+  m[5] = static_cast<uint8_t>(port);
+  return m;
+}
+
+int Switch::priority_of(uint8_t dscp) const { return dscp == kRoceDscp ? cfg_.params.pfc.lossless_priority : 0; }
+
+void Switch::set_route(uint32_t dst_ip, std::vector<NextHopPort> group) {
+  if (group.empty()) {
+    fib_.erase(dst_ip);
+    return;
+  }
+  Group g;
+  for (const NextHopPort& h : group) {
+    IFEC_CHECK(h.port >= 0 && h.port < num_ports(),
+               "switch " << cfg_.name << ": next hop port " << h.port << " outside 0.." << num_ports() - 1);
+    IFEC_CHECK(h.weight >= 0 && std::isfinite(h.weight),
+               "switch " << cfg_.name << ": next hop weight " << h.weight << " must be finite and >= 0");
+    g.total += h.weight;
+    g.cumulative.push_back(g.total);
+  }
+  IFEC_CHECK(g.total > 0, "switch " << cfg_.name << ": WECMP group weights sum to 0");
+  g.current.assign(group.size(), 0.0);
+  g.hops = std::move(group);
+  fib_[dst_ip] = std::move(g);
+}
+
+const std::vector<NextHopPort>* Switch::route(uint32_t dst_ip) const {
+  auto it = fib_.find(dst_ip);
+  return it == fib_.end() ? nullptr : &it->second.hops;
+}
+
+int Switch::choose(Group& g, uint64_t flow_hash) {
+  if (g.hops.size() == 1) {
+    return 0;
+  }
+  if (cfg_.lb == LoadBalance::kPerFlow) {
+    const double x = static_cast<double>(flow_hash >> 11) * (1.0 / 9007199254740992.0) * g.total;
+    auto it = std::upper_bound(g.cumulative.begin(), g.cumulative.end(), x);
+    return static_cast<int>(std::min<size_t>(it - g.cumulative.begin(), g.hops.size() - 1));
+  }
+  // Smooth weighted round robin: exact long-run shares, no bursts to one hop.
+  size_t best = 0;
+  for (size_t i = 0; i < g.hops.size(); ++i) {
+    g.current[i] += g.hops[i].weight;
+    if (g.current[i] > g.current[best]) {
+      best = i;
+    }
+  }
+  g.current[best] -= g.total;
+  return static_cast<int>(best);
+}
+
+void Switch::receive(int in_port, std::vector<uint8_t>&& frame) {
+  PortState& in = state_[in_port];
+  in.counters.rx_frames++;
+  in.counters.rx_bytes += frame.size();
+  if (common::is_mac_control(frame.data(), frame.size())) {
+    handle_pfc(in_port, frame);
+    return;
+  }
+  common::L3View l3;
+  if (!common::parse_l3(frame.data(), frame.size(), &l3).ok()) {
+    in.counters.malformed_drops++;
+    return;
+  }
+  auto it = fib_.find(l3.dst);
+  if (it == fib_.end()) {
+    in.counters.no_route_drops++;
+    return;
+  }
+  if (l3.ttl <= 1) {
+    in.counters.ttl_drops++;
+    return;
+  }
+  const uint64_t flow =
+      mix64(cfg_.seed ^ mix64((uint64_t{l3.src} << 32 | l3.dst) ^
+                              (uint64_t{l3.protocol} << 32 | uint64_t{l3.src_port} << 16 | l3.dst_port)));
+  const NextHopPort& hop = it->second.hops[choose(it->second, flow)];
+  const int prio = priority_of(l3.dscp);
+  PortState& out = state_[hop.port];
+
+  // Egress admission before any rewrite, so a dropped frame costs nothing more.
+  const bool lossless = cfg_.params.pfc.enabled && prio == cfg_.params.pfc.lossless_priority;
+  QueueCounters& qc = out.counters.queues[prio];
+  if (shared_used_ + frame.size() > shared_capacity_ ||
+      (!lossless && qc.bytes_now + frame.size() > cfg_.params.buffer_bytes)) {
+    qc.drops++;
+    buffer_drops_++;
+    return;
+  }
+  uint8_t ecn = l3.ecn;
+  const auto& e = cfg_.params.ecn;
+  if (ecn != 0 && qc.bytes_now > e.kmin_bytes) {
+    bool mark = qc.bytes_now >= e.kmax_bytes;
+    if (!mark) {
+      const double p = e.pmax * static_cast<double>(qc.bytes_now - e.kmin_bytes) /
+                       static_cast<double>(std::max<uint64_t>(1, e.kmax_bytes - e.kmin_bytes));
+      mark = std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < p;
+    }
+    if (mark && ecn != 3) {
+      ecn = 3;
+      qc.ecn_marks++;
+    }
+  }
+  uint8_t* data = frame.data();
+  common::rewrite_ttl_ecn(data + l3.ip_offset, static_cast<uint8_t>(l3.ttl - 1), ecn);
+  std::copy(hop.next_mac.begin(), hop.next_mac.end(), data);
+  const common::MacAddress src = port_mac(hop.port);
+  std::copy(src.begin(), src.end(), data + 6);
+
+  if (lossless) {
+    in.ingress_bytes[prio] += frame.size();
+    if (!in.xoff_sent[prio] && in.ingress_bytes[prio] > cfg_.params.pfc.xoff_bytes) {
+      send_pfc(in_port, prio, true);
+    }
+  }
+  enqueue(hop.port, prio, Packet{std::move(frame), in_port});
+}
+
+void Switch::enqueue(int out_port, int prio, Packet&& pkt) {
+  PortState& out = state_[out_port];
+  QueueCounters& qc = out.counters.queues[prio];
+  qc.enqueued_frames++;
+  qc.bytes_now += pkt.bytes.size();
+  qc.high_water_bytes = std::max(qc.high_water_bytes, qc.bytes_now);
+  shared_used_ += pkt.bytes.size();
+  shared_high_water_ = std::max(shared_high_water_, shared_used_);
+  out.queues[prio].push_back(std::move(pkt));
+  transmit(out_port);
+}
+
+void Switch::transmit(int port) {
+  common::Port* p = ports_[port];
+  if (p->busy()) {
+    return;
+  }
+  PortState& s = state_[port];
+  if (!s.control.empty()) {
+    std::vector<uint8_t> f = std::move(s.control.front());
+    s.control.pop_front();
+    p->send(std::move(f));
+    return;
+  }
+  const TimeNs now = clock_.now();
+  TimeNs earliest_unpause = common::kForever;
+  for (int prio = cfg_.params.priorities - 1; prio >= 0; --prio) {
+    auto& q = s.queues[prio];
+    if (q.empty()) {
+      continue;
+    }
+    if (s.paused_until[prio] > now) {
+      earliest_unpause = std::min(earliest_unpause, s.paused_until[prio]);
+      continue;
+    }
+    Packet pkt = std::move(q.front());
+    q.pop_front();
+    const size_t len = pkt.bytes.size();
+    QueueCounters& qc = s.counters.queues[prio];
+    qc.bytes_now -= len;
+    shared_used_ -= len;
+    const bool lossless = cfg_.params.pfc.enabled && prio == cfg_.params.pfc.lossless_priority;
+    if (lossless) {
+      release_ingress(pkt.ingress, prio, len);
+    }
+    if (!p->send(std::move(pkt.bytes))) {
+      s.counters.link_down_drops++;
+      // The port refused (link down): keep draining so buffers and PFC state do not wedge.
+      clock_.schedule(now, [this, port] { transmit(port); });
+      return;
+    }
+    qc.tx_frames++;
+    qc.tx_bytes += len;
+    s.counters.tx_frames++;
+    s.counters.tx_bytes += len;
+    return;
+  }
+  if (earliest_unpause != common::kForever && !s.wakeup_pending) {
+    s.wakeup_pending = true;
+    clock_.schedule(earliest_unpause, [this, port] {
+      state_[port].wakeup_pending = false;
+      transmit(port);
+    });
+  }
+}
+
+void Switch::release_ingress(int in_port, int prio, size_t bytes) {
+  PortState& in = state_[in_port];
+  in.ingress_bytes[prio] -= std::min<uint64_t>(in.ingress_bytes[prio], bytes);
+  if (in.xoff_sent[prio] && in.ingress_bytes[prio] <= cfg_.params.pfc.xon_bytes) {
+    send_pfc(in_port, prio, false);
+  }
+}
+
+void Switch::send_pfc(int port, int prio, bool pause) {
+  PortState& s = state_[port];
+  common::PfcFrame f;
+  f.src = port_mac(port);
+  f.class_enable = static_cast<uint8_t>(1u << prio);
+  f.quanta[prio] = pause ? kPauseQuanta : 0;
+  s.control.push_back(f.encode());
+  s.xoff_sent[prio] = pause;
+  if (pause) {
+    s.counters.pause_sent++;
+    schedule_refresh(port, prio);
+  } else {
+    s.counters.resume_sent++;
+  }
+  transmit(port);
+}
+
+void Switch::schedule_refresh(int port, int prio) {
+  // A pause expires after its quanta; re-send it at half-life while the ingress is still above XON.
+  const TimeNs half = common::pfc_quanta_ns(kPauseQuanta, ports_[port]->rate_bps()) / 2;
+  clock_.schedule(clock_.now() + half, [this, port, prio] {
+    PortState& s = state_[port];
+    if (s.xoff_sent[prio] && s.ingress_bytes[prio] > cfg_.params.pfc.xon_bytes) {
+      send_pfc(port, prio, true);
+    }
+  });
+}
+
+void Switch::handle_pfc(int in_port, const std::vector<uint8_t>& frame) {
+  PortState& s = state_[in_port];
+  common::PfcFrame pfc;
+  if (!common::PfcFrame::decode(frame.data(), frame.size(), &pfc).ok()) {
+    s.counters.malformed_drops++;
+    return;
+  }
+  const TimeNs now = clock_.now();
+  for (int prio = 0; prio < cfg_.params.priorities; ++prio) {
+    if (!(pfc.class_enable & (1u << prio))) {
+      continue;
+    }
+    if (pfc.quanta[prio] == 0) {
+      s.paused_until[prio] = 0;
+    } else {
+      s.paused_until[prio] = now + common::pfc_quanta_ns(pfc.quanta[prio], ports_[in_port]->rate_bps());
+      s.counters.pause_received++;
+    }
+  }
+  transmit(in_port);
+}
+
+SwitchTotals Switch::totals() const {
+  SwitchTotals t;
+  for (const PortState& s : state_) {
+    const SwitchPortCounters& c = s.counters;
+    t.rx_frames += c.rx_frames;
+    t.tx_frames += c.tx_frames;
+    // Frames refused by a down link are counted by the link itself (LinkPort counters), not here.
+    t.drops += c.malformed_drops + c.no_route_drops + c.ttl_drops;
+    t.pause_sent += c.pause_sent;
+    t.pause_received += c.pause_received;
+    for (const QueueCounters& q : c.queues) {
+      t.drops += q.drops;
+      t.ecn_marks += q.ecn_marks;
+    }
+  }
+  t.buffer_drops = buffer_drops_;
+  t.shared_buffer_high_water = shared_high_water_;
+  return t;
+}
+
+}  // namespace ifec::switchemu
