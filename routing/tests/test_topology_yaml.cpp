@@ -302,7 +302,7 @@ TEST(ShippedTopologies, MatchTheGenerators) {
   const std::string dir = IFEC_TOPOLOGY_DIR;
   const std::pair<std::string, Topology> cases[] = {
       {"superpod-64x4.yaml", make_superpod(64, 4, 800, 2)},
-      {"fat-tree-64x4.yaml", make_fat_tree(64, 4, 8, 4, 400, 400)},
+      {"fat-tree-64x4.yaml", make_fat_tree(64, 4, 8, 4, 400, 800)},
       {"superpod-8x2.yaml", make_superpod(8, 2, 800, 2)},
   };
   for (const auto& [file, expected] : cases) {

@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   // Keep in sync with ShippedTopologies.* in tests/test_topology_yaml.cpp, which checks the files still match.
   const Topology topologies[] = {
       make_superpod(64, 4, 800, 2),
-      make_fat_tree(64, 4, 8, 4, 400, 400),
+      make_fat_tree(64, 4, 8, 4, 400, 800),
       make_superpod(8, 2, 800, 2),
   };
   for (const Topology& t : topologies) {

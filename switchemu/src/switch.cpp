@@ -107,6 +107,38 @@ int Switch::choose(Group& g, uint64_t flow_hash) {
   return static_cast<int>(best);
 }
 
+int Switch::choose_live(Group& g, uint64_t flow_hash) {
+  double live_total = 0;
+  for (const NextHopPort& h : g.hops) {
+    live_total += ports_[h.port]->link_up() ? h.weight : 0;
+  }
+  if (live_total <= 0) {
+    return -1;
+  }
+  if (cfg_.lb == LoadBalance::kPerPacket) {
+    for (size_t tries = 0; tries < g.hops.size() * 2; ++tries) {
+      const int i = choose(g, flow_hash);
+      if (ports_[g.hops[i].port]->link_up()) {
+        return i;
+      }
+    }
+  }
+  // Per flow (or spraying that keeps landing on dead members): rehash over the live members by weight.
+  double x = static_cast<double>(mix64(flow_hash) >> 11) * (1.0 / 9007199254740992.0) * live_total;
+  int last_live = -1;
+  for (size_t i = 0; i < g.hops.size(); ++i) {
+    if (!ports_[g.hops[i].port]->link_up()) {
+      continue;
+    }
+    last_live = static_cast<int>(i);
+    x -= g.hops[i].weight;
+    if (x < 0) {
+      return last_live;
+    }
+  }
+  return last_live;
+}
+
 void Switch::receive(int in_port, std::vector<uint8_t>&& frame) {
   PortState& in = state_[in_port];
   in.counters.rx_frames++;
@@ -132,7 +164,18 @@ void Switch::receive(int in_port, std::vector<uint8_t>&& frame) {
   const uint64_t flow =
       mix64(cfg_.seed ^ mix64((uint64_t{l3.src} << 32 | l3.dst) ^
                               (uint64_t{l3.protocol} << 32 | uint64_t{l3.src_port} << 16 | l3.dst_port)));
-  const NextHopPort& hop = it->second.hops[choose(it->second, flow)];
+  int idx = choose(it->second, flow);
+  if (!ports_[it->second.hops[idx].port]->link_up()) {
+    // Local failover: the data plane sees its own link go down at once and stops using that member, as ECMP
+    // hardware does; FARE reweighs the rest of the fabric one control-plane delay per hop later.
+    idx = choose_live(it->second, flow);
+    if (idx < 0) {
+      in.counters.no_route_drops++;
+      return;
+    }
+    in.counters.failovers++;
+  }
+  const NextHopPort& hop = it->second.hops[idx];
   const int prio = priority_of(l3.dscp);
   PortState& out = state_[hop.port];
 

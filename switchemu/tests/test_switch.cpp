@@ -310,3 +310,23 @@ TEST(Switch, SamePipelineUnderWallClockDriverForwardsIdentically) {
   // 30 frames of 578 wire bytes at 1 Gb/s take 138.7 us of real serialization: wall time cannot be less.
   EXPECT_GE(elapsed, 138'000u);
 }
+
+TEST(Switch, LocalFailoverSkipsAGroupMemberWhoseLinkIsDown) {
+  common::EventLoop loop;
+  Bench<common::EventLoop> b(loop, {k100G, k100G, k100G}, config());
+  b.sw->set_route(host_ip(99), {{1, 1.0, {}}, {2, 1.0, {}}});
+  b.links[2]->set_up(false);  // FARE has not reacted: the group still lists port 2
+  std::vector<std::vector<uint8_t>> frames;
+  for (uint32_t i = 0; i < 50; ++i) {
+    frames.push_back(roce_frame(0, 99, i, 64));
+  }
+  blast(b, 0, frames);
+  loop.run();
+  EXPECT_EQ(b.received[1].size(), 50u) << "everything moved to the live member";
+  EXPECT_GE(b.sw->counters(0).failovers, 25u);
+  EXPECT_EQ(b.sw->totals().drops, 0u);
+  b.links[1]->set_up(false);
+  blast(b, 0, {roce_frame(0, 99, 60, 64)});
+  loop.run();
+  EXPECT_EQ(b.sw->counters(0).no_route_drops, 1u) << "no live member left: dropped and counted";
+}

@@ -189,6 +189,30 @@ SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
     }
   }
   run.mean_gpu_link_utilization = gpu_dirs ? gpu_util_sum / gpu_dirs : 0;
+  std::vector<int> touched;
+  for (const LinkEvent& e : opts.events) {
+    for (int l : e.links) {
+      for (int node : {topo.links[l].a, topo.links[l].b}) {
+        const int g = topo.nodes[node].gpu_index;
+        if (g >= 0 && std::find(touched.begin(), touched.end(), g) == touched.end()) {
+          touched.push_back(g);
+        }
+      }
+    }
+  }
+  for (int g : touched) {
+    GpuPlaneBytes b;
+    b.gpu = g;
+    b.sent.assign(topo.num_planes, 0);
+    b.received.assign(topo.num_planes, 0);
+    for (int other = 0; other < fabric.num_gpus(); ++other) {
+      for (int p = 0; p < topo.num_planes && other != g; ++p) {
+        b.sent[p] += traffic.sent_bytes(g, other, p);
+        b.received[p] += traffic.received_bytes(other, g, p);
+      }
+    }
+    run.event_gpus.push_back(b);
+  }
   for (int s = 0; s < fabric.num_switches(); ++s) {
     const switchemu::Switch& sw = fabric.switch_at(s);
     for (int p = 0; p < sw.num_ports(); ++p) {
@@ -247,6 +271,19 @@ std::string to_json(const SimRun& r) {
     const LinkUtilization& u = r.links[i];
     o << (i ? "," : "") << "{\"link\":" << u.link << ",\"from\":" << u.from << ",\"to\":" << u.to
       << ",\"util\":" << u.utilization << "}";
+  }
+  o << "],\"event_gpus\":[";
+  for (size_t i = 0; i < r.event_gpus.size(); ++i) {
+    const GpuPlaneBytes& b = r.event_gpus[i];
+    o << (i ? "," : "") << "{\"gpu\":" << b.gpu << ",\"sent_plane_bytes\":[";
+    for (size_t p = 0; p < b.sent.size(); ++p) {
+      o << (p ? "," : "") << b.sent[p];
+    }
+    o << "],\"received_plane_bytes\":[";
+    for (size_t p = 0; p < b.received.size(); ++p) {
+      o << (p ? "," : "") << b.received[p];
+    }
+    o << "]}";
   }
   o << "],\"switch_ports\":[";
   for (size_t i = 0; i < r.ports.size(); ++i) {
@@ -309,6 +346,23 @@ std::string to_text(const SimRun& r) {
     << r.switches.pause_received + t.pfc_pauses_at_nics << " received\n";
   o << "FARE              " << r.fare_rounds << " rounds after link events"
     << (r.fare_rounds ? ", converged at " + std::to_string(r.fare_converged_ns) + " ns" : std::string()) << "\n";
+  for (const GpuPlaneBytes& b : r.event_gpus) {
+    uint64_t st = 0;
+    uint64_t rt = 0;
+    for (size_t p = 0; p < b.sent.size(); ++p) {
+      st += b.sent[p];
+      rt += b.received[p];
+    }
+    o << "gpu" << b.gpu << " plane shares  sent";
+    for (size_t p = 0; p < b.sent.size(); ++p) {
+      o << " p" << p << "=" << 100.0 * b.sent[p] / std::max<uint64_t>(1, st) << "%";
+    }
+    o << "  received";
+    for (size_t p = 0; p < b.received.size(); ++p) {
+      o << " p" << p << "=" << 100.0 * b.received[p] / std::max<uint64_t>(1, rt) << "%";
+    }
+    o << "  (whole run, events included)\n";
+  }
   o << "simulator         " << r.events << " events in " << r.wall_seconds << " s wall\n";
   return o.str();
 }

@@ -4,7 +4,8 @@
 //   Port receiver -> parse (MAC control? -> PFC pause/resume of our own egress, done)
 //     -> parse_l3 (malformed: drop, count) -> [ECH -> IFEC engine, issue 5]
 //     -> FIB lookup on the destination /32 (no route: drop, count)
-//     -> WECMP choice: per flow (5-tuple hash with the switch's seed) or per packet (smooth weighted round robin)
+//     -> WECMP choice: per flow (5-tuple hash with the switch's seed) or per packet (smooth weighted round robin);
+//        members whose own link is down are skipped at once (local failover) until FARE reweighs the group
 //     -> TTL decrement, MAC rewrite -> egress admission (shared buffer; lossy queues capped per queue)
 //     -> ECN mark (RED-style between kmin and kmax) -> PFC ingress accounting (XOFF/XON toward the sender)
 //     -> egress queue per priority -> strict-priority transmit, skipping paused priorities -> Port::send
@@ -68,6 +69,7 @@ struct SwitchPortCounters {
   uint64_t no_route_drops = 0;
   uint64_t ttl_drops = 0;
   uint64_t link_down_drops = 0;  // frames the port refused because its link was down
+  uint64_t failovers = 0;        // frames steered off a group member whose link was down (local failover)
   std::vector<QueueCounters> queues;
 };
 
@@ -126,6 +128,7 @@ class Switch {
   void receive(int in_port, std::vector<uint8_t>&& frame);
   void handle_pfc(int in_port, const std::vector<uint8_t>& frame);
   int choose(Group& g, uint64_t flow_hash);
+  int choose_live(Group& g, uint64_t flow_hash);
   void enqueue(int out_port, int prio, Packet&& pkt);
   void transmit(int port);
   void send_pfc(int port, int prio, bool pause);

@@ -54,6 +54,13 @@ struct PortReport {
   switchemu::SwitchPortCounters counters;
 };
 
+// Payload bytes one GPU sent and received per plane: reported for the GPUs that link events touched.
+struct GpuPlaneBytes {
+  int gpu = 0;
+  std::vector<uint64_t> sent;
+  std::vector<uint64_t> received;
+};
+
 struct SimRun {
   std::string topology;
   std::string driver = "sim";
@@ -63,6 +70,7 @@ struct SimRun {
   uint64_t link_drops = 0;  // frames lost on links that went down
   std::vector<LinkUtilization> links;
   std::vector<PortReport> ports;
+  std::vector<GpuPlaneBytes> event_gpus;
   double max_link_utilization = 0;
   double mean_gpu_link_utilization = 0;
   common::TimeNs fare_converged_ns = 0;
