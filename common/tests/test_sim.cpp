@@ -93,7 +93,10 @@ TEST(Link, DownLinkRefusesAndLosesInFlightFrames) {
   EXPECT_EQ(received, 1);
 }
 
-TEST(Link, RejectsZeroRate) { EXPECT_ANY_THROW(Link(*new EventLoop, LinkConfig{0, 1, 0})); }
+TEST(Link, RejectsZeroRate) {
+  EventLoop loop;
+  EXPECT_ANY_THROW(Link(loop, LinkConfig{0, 1, 0}));
+}
 
 TEST(RealtimeLoop, RunsEventsNoEarlierThanScheduledInOrder) {
   RealtimeLoop loop;

@@ -87,6 +87,18 @@ void blast(B& b, int src, std::vector<std::vector<uint8_t>> frames) {
   pump();
 }
 
+// Hosts 0, 1 and 2 each blast `frames` 1000-byte frames at host 3.
+template <typename B>
+void incast_to_port3(B& b, uint32_t frames) {
+  for (int s = 0; s < 3; ++s) {
+    std::vector<std::vector<uint8_t>> batch;
+    for (uint32_t i = 0; i < frames; ++i) {
+      batch.push_back(roce_frame(s, 3, i, 1000));
+    }
+    blast(b, s, batch);
+  }
+}
+
 switchemu::SwitchConfig config(bool pfc = true) {
   switchemu::SwitchConfig cfg;
   cfg.name = "sw-test";
@@ -200,13 +212,7 @@ TEST(Switch, EcnMarksOnlyBetweenThresholdsAndAbove) {
   cfg.params.buffer_bytes = 1 << 30;
   // Three fast senders into one slow port: the queue builds up.
   Bench<common::EventLoop> b(loop, {k100G, k100G, k100G, 10'000'000'000ULL}, cfg);
-  for (int s = 0; s < 3; ++s) {
-    std::vector<std::vector<uint8_t>> frames;
-    for (uint32_t i = 0; i < 100; ++i) {
-      frames.push_back(roce_frame(s, 3, i, 1000));
-    }
-    blast(b, s, frames);
-  }
+  incast_to_port3(b, 100);
   loop.run();
   ASSERT_EQ(b.received[3].size(), 300u);
   const auto& q = b.sw->counters(3).queues[config().params.pfc.lossless_priority];
@@ -271,13 +277,7 @@ TEST(Switch, WithoutPfcOverflowDropsAreCounted) {
   switchemu::SwitchConfig cfg = config(false);
   cfg.params.buffer_bytes = 50'000;
   Bench<common::EventLoop> b(loop, {k100G, k100G, k100G, 10'000'000'000ULL}, cfg);
-  for (int s = 0; s < 3; ++s) {
-    std::vector<std::vector<uint8_t>> frames;
-    for (uint32_t i = 0; i < 300; ++i) {
-      frames.push_back(roce_frame(s, 3, i, 1000));
-    }
-    blast(b, s, frames);
-  }
+  incast_to_port3(b, 300);
   loop.run();
   const auto totals = b.sw->totals();
   EXPECT_GT(totals.buffer_drops, 0u);
