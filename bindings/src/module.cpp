@@ -11,4 +11,5 @@ PYBIND11_MODULE(_native, m) {
   ifec::bindings::register_common(m);
   ifec::bindings::register_routing(m);
   ifec::bindings::register_workloads(m);
+  ifec::bindings::register_endpoint(m);
 }

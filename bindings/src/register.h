@@ -8,5 +8,6 @@ namespace ifec::bindings {
 void register_common(pybind11::module_& m);
 void register_routing(pybind11::module_& m);
 void register_workloads(pybind11::module_& m);
+void register_endpoint(pybind11::module_& m);
 
 }  // namespace ifec::bindings

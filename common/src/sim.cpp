@@ -71,6 +71,9 @@ uint64_t RealtimeLoop::run(TimeNs deadline) {
 
 Link::Link(Clock& clock, const LinkConfig& cfg) : clock_(clock), cfg_(cfg) {
   IFEC_CHECK(cfg.rate_bps > 0, "link rate must be > 0 bit/s, got " << cfg.rate_bps);
+  IFEC_CHECK(cfg.loss_probability >= 0 && cfg.loss_probability < 1,
+             "link loss probability must be in [0, 1), got " << cfg.loss_probability);
+  loss_state_ = cfg.loss_seed * 0x9E3779B97F4A7C15ULL + 0x2545F4914F6CDD1DULL;
   ends_[0].reset(new LinkPort(*this, 0));
   ends_[1].reset(new LinkPort(*this, 1));
 }
@@ -131,6 +134,16 @@ bool LinkPort::send(std::vector<uint8_t>&& frame) {
     }
   });
   LinkPort* peer = link_.ends_[1 - side_].get();
+  if (link_.cfg_.loss_probability > 0) {
+    uint64_t& x = link_.loss_state_;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    if (static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0) < link_.cfg_.loss_probability) {
+      ++counters_.dropped_injected;
+      return true;  // the sender cannot tell: the frame is lost on the wire
+    }
+  }
   clock.schedule(done + link_.cfg_.delay_ns,
                  [peer, f = std::move(frame), epoch = link_.epoch_]() mutable { peer->deliver(std::move(f), epoch); });
   return true;

@@ -139,3 +139,26 @@ TEST(PfcFrame, QuantaAre512BitTimes) {
   EXPECT_EQ(pfc_quanta_ns(1, 512'000'000'000ULL), 1u);
   EXPECT_EQ(pfc_quanta_ns(0xFFFF, 400'000'000'000ULL), 83885u);  // 65535 * 512 / 400 = 83884.8
 }
+
+TEST(Link, InjectedLossIsCountedAndNearItsProbability) {
+  EventLoop loop;
+  LinkConfig cfg{100'000'000'000ULL, 10, 24};
+  cfg.loss_probability = 0.05;
+  cfg.loss_seed = 9;
+  Link link(loop, cfg);
+  int received = 0;
+  int sent = 0;
+  link.end(1).set_receiver([&](std::vector<uint8_t>&&) { ++received; });
+  auto pump = [&] {
+    if (sent < 20000 && !link.end(0).busy()) {
+      ++sent;
+      link.end(0).send(std::vector<uint8_t>(64, 0));
+    }
+  };
+  link.end(0).set_tx_ready(pump);
+  pump();
+  loop.run();
+  const uint64_t lost = link.end(0).counters().dropped_injected;
+  EXPECT_EQ(received + lost, 20000u);
+  EXPECT_NEAR(lost / 20000.0, 0.05, 0.005);
+}

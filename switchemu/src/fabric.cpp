@@ -33,6 +33,8 @@ Fabric::Fabric(common::Clock& clock, const routing::Topology& topo, FabricOption
     cfg.rate_bps = static_cast<uint64_t>(std::llround(l.rate_gbps * 1e9));
     cfg.delay_ns = l.delay_ns;
     cfg.overhead_bytes = topo_.params.wire_overhead_bytes;
+    cfg.loss_probability = opts_.loss;
+    cfg.loss_seed = opts_.seed * 7919 + static_cast<uint64_t>(l.id);
     links_.push_back(std::make_unique<common::Link>(clock_, cfg));
     common::Link& link = *links_.back();
     const int ends[2][2] = {{l.a, l.a_port}, {l.b, l.b_port}};

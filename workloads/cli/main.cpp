@@ -8,7 +8,9 @@
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/samples.h"
+#include "ifec/endpoint/ring_bench.h"
 #include "ifec/routing/topology.h"
+#include "ifec/workloads/endpoint_bench.h"
 #include "ifec/workloads/sim_report.h"
 
 namespace {
@@ -23,7 +25,10 @@ int usage(std::FILE* to) {
                "      [--pfc on|off] [--fail LINK@TIME]... [--restore LINK@TIME]... [--seed S]\n"
                "      [--incast-target GPU] [--no-verify] [--quiet] [--counters] [--json]\n"
                "                 raw flows over the simulated fabric; LINK is a link id, NODE:NODE[:SUB] or\n"
-               "                 GPU:planeP[:subS]; TIME like 20us; N like 1048576, 64KiB or 1MiB\n");
+               "                 GPU:planeP[:subS]; TIME like 20us; N like 1048576, 64KiB or 1MiB\n"
+               "  bench endpoint [--quick]\n"
+               "                 descriptors/s through the ring and proxy (CPU backend) and store goodput of the\n"
+               "                 endpoint runtime on the simulated 64 x 4 SuperPoD, one plane vs four\n");
   return 2;
 }
 
@@ -158,6 +163,51 @@ int cmd_sim(int argc, char** argv) {
   return 0;
 }
 
+int cmd_bench(int argc, char** argv) {
+  using namespace ifec;
+  IFEC_CHECK(argc >= 1, "bench needs a target: endpoint");
+  const std::string what = argv[0];
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    IFEC_CHECK(std::string(argv[i]) == "--quick", "bench " << what << ": unknown option '" << argv[i] << "'");
+    quick = true;
+  }
+  IFEC_CHECK(what == "endpoint", "unknown benchmark '" << what << "': expected endpoint");
+  std::printf("== descriptor rate: ring + proxy, CPU backend (wall clock on this machine)\n");
+  std::printf("%-16s %8s %12s %10s %14s\n", "backend", "threads", "descriptors", "seconds", "descriptors/s");
+  for (int threads : {1, 2}) {
+    const auto r = endpoint::bench_descriptor_rate(threads, quick ? 200'000 : 2'000'000, 4096);
+    std::printf("%-16s %8d %12llu %10.3f %14.0f\n", "cpu-null-sink", r.producer_threads,
+                static_cast<unsigned long long>(r.descriptors), r.seconds, r.descriptors_per_s);
+  }
+  const auto s = workloads::bench_descriptor_rate_sim(quick ? 5'000 : 50'000);
+  std::printf("%-16s %8d %12llu %10.3f %14.0f   (8-byte puts, each simulated end to end)\n", s.backend.c_str(),
+              s.producer_threads, static_cast<unsigned long long>(s.descriptors), s.seconds, s.per_second);
+  std::printf("\n== store goodput, GPU 0 -> GPU 1, 64 x 4 SuperPoD (800G per plane as 2 x 400G) [driver: sim]\n");
+  std::printf("%-8s %6s %14s %12s %12s %10s %8s\n", "mode", "planes", "stores", "sim time us", "goodput Gb/s",
+              "line Gb/s", "of line");
+  const uint64_t stores = quick ? 8 : 32;
+  double one_plane[3] = {0, 0, 0};
+  int mi = 0;
+  for (auto mode : {endpoint::Ordering::kWeak, endpoint::Ordering::kPartial, endpoint::Ordering::kStrong}) {
+    for (int planes : {1, 4}) {
+      const auto r = workloads::bench_store_goodput(mode, planes, stores, 1 << 20);
+      char ratio[32] = "";
+      if (planes == 1) {
+        one_plane[mi] = r.goodput_gbps;
+      } else {
+        std::snprintf(ratio, sizeof(ratio), "  %.2fx one plane", r.goodput_gbps / one_plane[mi]);
+      }
+      std::printf("%-8s %6d %9llu x 1M %12.1f %12.1f %10.0f %7.1f%%%s\n", r.mode.c_str(), r.planes,
+                  static_cast<unsigned long long>(r.stores), r.sim_ns / 1e3, r.goodput_gbps, r.line_rate_gbps,
+                  100.0 * r.goodput_gbps / r.line_rate_gbps, ratio);
+    }
+    ++mi;
+  }
+  std::printf("(strong ordering keeps one in-order stream per peer on one sub-port, so it cannot use more planes)\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,6 +224,9 @@ int main(int argc, char** argv) {
     }
     if (cmd == "sim") {
       return cmd_sim(argc - 2, argv + 2);
+    }
+    if (cmd == "bench") {
+      return cmd_bench(argc - 2, argv + 2);
     }
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       usage(stdout);

@@ -12,7 +12,9 @@ from ifec._native import (  # noqa: F401
     write_sample_pcap,
 )
 from ifec._native import (  # noqa: F401
+    Cluster,
     IfecError,
+    OpStatus,
     Topology,
     fare_plane_gbps,
     load_topology,
@@ -20,4 +22,4 @@ from ifec._native import (  # noqa: F401
     make_superpod,
     parse_topology,
 )
-from ifec import pcap, sim  # noqa: F401
+from ifec import endpoint, pcap, sim  # noqa: F401

@@ -60,6 +60,8 @@ struct LinkConfig {
   uint64_t rate_bps = 400'000'000'000ULL;
   TimeNs delay_ns = 500;
   uint32_t overhead_bytes = 24;  // per frame on the wire beyond the frame bytes: preamble+SFD, FCS, IFG
+  double loss_probability = 0;   // each frame independently lost in flight (fault injection), both directions
+  uint64_t loss_seed = 1;
 };
 
 struct PortCounters {
@@ -69,6 +71,7 @@ struct PortCounters {
   uint64_t rx_bytes = 0;
   uint64_t dropped_link_down = 0;  // refused by send() or lost in flight when the link went down
   uint64_t refused_busy = 0;       // send() while a frame was still serializing (an owner bug; frame dropped)
+  uint64_t dropped_injected = 0;   // lost to the link's injected random loss
   uint64_t busy_ps = 0;            // time spent serializing, picoseconds (utilization = busy / elapsed)
 };
 
@@ -98,7 +101,9 @@ class Link {
   Clock& clock_;
   LinkConfig cfg_;
   bool up_ = true;
-  uint64_t epoch_ = 0;  // bumped on every down transition: frames sent in an older epoch are lost
+  uint64_t epoch_ = 0;
+  uint64_t loss_state_ = 0;  // xorshift state for injected loss: deterministic per link  // bumped on every down
+                             // transition: frames sent in an older epoch are lost
   std::unique_ptr<LinkPort> ends_[2];
 };
 

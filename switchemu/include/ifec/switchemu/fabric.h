@@ -18,6 +18,7 @@ struct FabricOptions {
   LoadBalance lb = LoadBalance::kPerPacket;
   bool pfc = true;
   uint64_t seed = 1;
+  double loss = 0;  // injected random frame loss on every link, each direction (fault injection)
 };
 
 // One port of a GPU: which link (sub-link) and plane it is on, and the port to send on.

@@ -1,0 +1,151 @@
+// Bindings for the endpoint runtime on a simulated fabric: a Cluster and its transactions, as thin .defs.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "ifec/common/checks.h"
+#include "ifec/workloads/cluster.h"
+#include "register.h"
+
+namespace py = pybind11;
+using namespace ifec;
+using endpoint::OpHandle;
+
+namespace ifec::bindings {
+
+namespace {
+
+// A load's handle plus the buffer the bytes land in.
+struct PendingLoad {
+  OpHandle handle;
+  std::shared_ptr<std::vector<uint8_t>> buffer;
+};
+
+std::unique_ptr<workloads::Cluster> make_cluster(const routing::Topology& topo, const std::string& ordering,
+                                                 double loss, const std::string& lb, int planes, uint64_t seed) {
+  workloads::ClusterOptions o;
+  o.endpoint.ordering = endpoint::parse_ordering(ordering);
+  IFEC_CHECK(lb == "flow" || lb == "packet", "lb '" << lb << "': expected flow or packet");
+  IFEC_CHECK(loss >= 0 && loss < 1, "loss " << loss << " outside [0, 1)");
+  o.fabric.lb = lb == "flow" ? switchemu::LoadBalance::kPerFlow : switchemu::LoadBalance::kPerPacket;
+  o.fabric.loss = loss;
+  o.fabric.seed = seed;
+  o.planes = planes;
+  return std::make_unique<workloads::Cluster>(topo, o);
+}
+
+endpoint::Endpoint& ep(workloads::Cluster& c, int gpu) {
+  IFEC_CHECK(gpu >= 0 && gpu < c.size(), "GPU " << gpu << " outside 0.." << c.size() - 1);
+  return c.ep(gpu);
+}
+
+py::dict counters(workloads::Cluster& c, int gpu) {
+  const endpoint::EndpointCounters k = ep(c, gpu).counters();
+  py::dict d;
+  d["ops_posted"] = k.ops_posted;
+  d["ops_ok"] = k.ops_ok;
+  d["ops_failed"] = k.ops_failed;
+  d["tx_frames"] = k.tx_frames;
+  d["rx_frames"] = k.rx_frames;
+  d["rx_malformed"] = k.rx_malformed;
+  d["rx_unknown_qp"] = k.rx_unknown_qp;
+  d["retransmits"] = k.qp.retransmits;
+  d["timeouts"] = k.qp.timeouts;
+  d["duplicates"] = k.qp.duplicates;
+  d["out_of_order"] = k.qp.out_of_order;
+  d["access_naks_sent"] = k.qp.access_naks_sent;
+  d["atomic_replays"] = k.qp.atomic_replays;
+  d["path_migrations"] = k.path_migrations;
+  d["reconnects"] = k.reconnects;
+  return d;
+}
+
+}  // namespace
+
+void register_endpoint(py::module_& m) {
+  py::enum_<endpoint::OpStatus>(m, "OpStatus")
+      .value("PENDING", endpoint::OpStatus::kPending)
+      .value("OK", endpoint::OpStatus::kOk)
+      .value("REMOTE_ACCESS_ERROR", endpoint::OpStatus::kRemoteAccessError)
+      .value("RETRY_EXCEEDED", endpoint::OpStatus::kRetryExceeded)
+      .value("INVALID_ARGUMENT", endpoint::OpStatus::kInvalidArgument);
+  py::class_<endpoint::OpState, std::shared_ptr<endpoint::OpState>>(m, "OpHandle")
+      .def_property_readonly("done", &endpoint::OpState::done)
+      .def_property_readonly("ok", &endpoint::OpState::ok)
+      .def_readonly("status", &endpoint::OpState::status)
+      .def_readonly("result", &endpoint::OpState::result)
+      .def_readonly("error", &endpoint::OpState::error);
+  py::class_<PendingLoad>(m, "PendingLoad")
+      .def_readonly("handle", &PendingLoad::handle)
+      .def("data", [](const PendingLoad& p) {
+        return py::bytes(reinterpret_cast<const char*>(p.buffer->data()), p.buffer->size());
+      });
+  py::class_<workloads::Cluster>(m, "Cluster")
+      .def(py::init(&make_cluster), py::arg("topology"), py::arg("ordering") = "partial", py::arg("loss") = 0.0,
+           py::arg("lb") = "packet", py::arg("planes") = 0, py::arg("seed") = 1)
+      .def_property_readonly("size", &workloads::Cluster::size)
+      .def_property_readonly("now_ns", [](workloads::Cluster& c) { return c.loop().now(); })
+      .def("allocate_window", &workloads::Cluster::allocate_window, py::arg("id"), py::arg("bytes"), py::arg("job") = 1)
+      .def("window_bytes",
+           [](workloads::Cluster& c, int gpu, uint16_t id, uint64_t offset, uint64_t length) {
+             const endpoint::WindowInfo* w = ep(c, gpu).memory().window(id);
+             IFEC_CHECK(w != nullptr, "GPU " << gpu << " has no window " << id);
+             IFEC_CHECK(offset <= w->size && length <= w->size - offset, "window " << id << ": [" << offset << ", +"
+                                                                                   << length << ") outside its "
+                                                                                   << w->size << " bytes");
+             return py::bytes(reinterpret_cast<const char*>(w->data + offset), length);
+           })
+      .def("store",
+           [](workloads::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset, py::bytes data) {
+             std::string_view v = data;
+             return ep(c, gpu).store(peer, window, offset, v.data(), v.size());
+           })
+      .def("load",
+           [](workloads::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset, uint64_t length) {
+             PendingLoad p;
+             p.buffer = std::make_shared<std::vector<uint8_t>>(length);
+             p.handle = ep(c, gpu).load(p.buffer->data(), peer, window, offset, length);
+             return p;
+           })
+      .def("fetch_add", [](workloads::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset,
+                           uint64_t add) { return ep(c, gpu).fetch_add(peer, window, offset, add); })
+      .def("compare_swap",
+           [](workloads::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset, uint64_t compare,
+              uint64_t swap) { return ep(c, gpu).compare_swap(peer, window, offset, compare, swap); })
+      .def("put_signal",
+           [](workloads::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset, py::bytes data,
+              uint16_t sig_window, uint64_t sig_offset, uint64_t signal, bool add) {
+             std::string_view v = data;
+             return ep(c, gpu).put_signal(peer, window, offset, v.data(), v.size(), sig_window, sig_offset, signal,
+                                          add ? endpoint::SignalOp::kAdd : endpoint::SignalOp::kSet);
+           })
+      .def("store_raw",
+           [](workloads::Cluster& c, int gpu, int peer, int qp, uint64_t va, uint32_t rkey, py::bytes data) {
+             std::string_view v = data;
+             return ep(c, gpu).store_raw(peer, qp, va, rkey, v.data(), v.size());
+           })
+      .def("window_va_rkey",
+           [](workloads::Cluster& c, int gpu, uint16_t id) {
+             const endpoint::WindowInfo* w = ep(c, gpu).memory().window(id);
+             IFEC_CHECK(w != nullptr, "GPU " << gpu << " has no window " << id);
+             return py::make_tuple(w->va, w->rkey, w->size);
+           })
+      .def(
+          "fence", [](workloads::Cluster& c, int gpu, int peer) { ep(c, gpu).fence(peer); }, py::arg("gpu"),
+          py::arg("peer") = -1)
+      .def("quiet", [](workloads::Cluster& c, int gpu) { return ep(c, gpu).quiet(); })
+      .def(
+          "wait",
+          [](workloads::Cluster& c, const std::vector<OpHandle>& hs, uint64_t limit_ns) {
+            py::gil_scoped_release release;
+            return c.wait(hs, limit_ns);
+          },
+          py::arg("handles"), py::arg("limit_ns") = 1'000'000'000ULL)
+      .def("barrier", &workloads::Cluster::barrier, py::arg("limit_ns") = 1'000'000'000ULL)
+      .def("fail_link",
+           [](workloads::Cluster& c, int link, uint64_t at_ns) { c.fabric().schedule_link_state(link, false, at_ns); })
+      .def("counters", &counters, py::arg("gpu"));
+}
+
+}  // namespace ifec::bindings

@@ -1,0 +1,64 @@
+"""Transactions from Python over the simulated SuperPoD, checked against numpy references, under loss."""
+
+import numpy as np
+import pytest
+
+import ifec
+from ifec import endpoint as ep
+
+DATA, COUNTERS = 1, 2
+
+
+def make(ordering, loss=0.0, lb="packet"):
+    c = ifec.Cluster(ifec.make_superpod(4, 2), ordering=ordering, loss=loss, lb=lb, seed=3)
+    c.allocate_window(DATA, 1 << 20)
+    c.allocate_window(COUNTERS, 4096)
+    return c
+
+
+@pytest.mark.parametrize("ordering", ["weak", "partial", "strong"])
+@pytest.mark.parametrize("loss", [0.0, 0.01, 0.05])
+def test_store_load_atomics_match_numpy(ordering, loss):
+    c = make(ordering, loss)
+    rng = np.random.default_rng(7)
+    arr = rng.standard_normal(40_000).astype(np.float32)  # 160 KB: 40 packets over several QPs
+    ep.store(c, 0, 3, DATA, 1024, arr.tobytes())
+    assert c.window_bytes(3, DATA, 1024, arr.nbytes) == arr.tobytes()
+    back = np.frombuffer(ep.load(c, 1, 3, DATA, 1024, arr.nbytes), dtype=np.float32)
+    np.testing.assert_array_equal(back, arr)
+    handles = [c.fetch_add(src, 2, COUNTERS, 0, src + 1) for src in range(4) for _ in range(10)]
+    assert c.wait(handles)
+    assert all(h.ok for h in handles)
+    total = int.from_bytes(c.window_bytes(2, COUNTERS, 0, 8), "little")
+    assert total == 10 * (1 + 2 + 3 + 4)
+    assert sorted(h.result for h in handles if True)[0] == 0
+    assert ep.compare_swap(c, 1, 2, COUNTERS, 0, total, 99) == total
+    assert int.from_bytes(c.window_bytes(2, COUNTERS, 0, 8), "little") == 99
+    ep.put_signal(c, 0, 1, DATA, 0, b"x" * 9000, COUNTERS, 8, 5, add=True)
+    assert int.from_bytes(c.window_bytes(1, COUNTERS, 8, 8), "little") == 5
+    assert c.barrier()
+    if loss > 0:
+        assert sum(c.counters(g)["retransmits"] + c.counters(g)["timeouts"] for g in range(4)) > 0
+
+
+def test_protection_violation_reported_and_memory_unchanged():
+    c = make("partial")
+    va, rkey, size = c.window_va_rkey(1, DATA)
+    before = c.window_bytes(1, DATA, 0, 4096)
+    h = c.store_raw(0, 1, 0, va + size - 10, rkey, b"y" * 100)  # runs 90 bytes past the window
+    assert c.wait([h])
+    assert h.status == ifec.OpStatus.REMOTE_ACCESS_ERROR
+    assert c.window_bytes(1, DATA, 0, 4096) == before
+    assert c.counters(1)["access_naks_sent"] >= 1
+
+
+def test_bad_arguments_raise_or_fail_with_the_value_named():
+    c = make("weak")
+    h = c.store(0, 1, DATA, (1 << 20) - 4, b"12345678")
+    assert h.status == ifec.OpStatus.INVALID_ARGUMENT and "out of bounds" in h.error
+    with pytest.raises(ep.TransactionError, match="aligned"):
+        ep.fetch_add(c, 0, 1, COUNTERS, 3, 1)
+    with pytest.raises(ValueError, match="GPU 9"):
+        c.store(9, 1, DATA, 0, b"x")
+    with pytest.raises(ValueError, match="sideways"):
+        ifec.Cluster(ifec.make_superpod(4, 2), ordering="sideways")

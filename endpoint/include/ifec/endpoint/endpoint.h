@@ -1,0 +1,200 @@
+// A GPU endpoint: its NIC (ports, per-port QP scheduling, PFC), one RC QP per (peer, sub-port), symmetric
+// memory, and the transaction API a kernel's proxy or a host program calls (store, load, atomics, put_signal,
+// fence, quiet). Sees only the Clock and Port seams, so it runs on any driver.
+//
+// Ordering modes (draft-xu-rtgwg-fare-in-sun section 4), chosen per job:
+//  - weak: stores and loads are striped over all QPs by the FARE weights and every QP is out-of-order tolerant
+//    (self-placing packets), so the fabric may spray per packet; nothing is ordered unless fenced.
+//  - partial: an address maps to one QP (a weighted table over `stripe_bytes` granules), and QPs deliver in
+//    order, so transactions to the same address stay ordered; fence / put_signal wait for earlier ones.
+//  - strong: one in-order stream per peer (the first live sub-port): everything is delivered in issue order.
+// A fence() makes later transactions to that peer wait until earlier ones completed (were acknowledged).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ifec/common/ethernet.h"
+#include "ifec/common/interfaces.h"
+#include "ifec/endpoint/descriptor.h"
+#include "ifec/endpoint/memory.h"
+#include "ifec/endpoint/qp.h"
+#include "ifec/endpoint/sink.h"
+
+namespace ifec::endpoint {
+
+enum class Ordering : uint8_t { kWeak, kPartial, kStrong };
+const char* ordering_name(Ordering o);
+Ordering parse_ordering(const std::string& name);  // throws Error naming the value
+
+struct EndpointConfig {
+  int index = 0;
+  uint32_t ip = 0;
+  uint32_t job = 1;
+  Ordering ordering = Ordering::kPartial;
+  uint32_t mtu = 4096;
+  common::TimeNs rto_ns = 100'000;
+  common::TimeNs rto_max_ns = 4'000'000;
+  int max_retries = 10;
+  uint32_t max_outstanding = 512;
+  uint32_t ack_every = 32;
+  uint32_t responder_window = 4096;
+  uint32_t stripe_bytes = 16384;  // partial mode: the address granule that maps to one QP
+  uint8_t dscp = 26;
+  int lossless_priority = 3;
+};
+
+struct EndpointPort {
+  common::Port* port = nullptr;
+  int plane = 0;
+  common::MacAddress mac{};
+  common::MacAddress peer_mac{};
+};
+
+struct OpState {
+  OpStatus status = OpStatus::kPending;
+  uint64_t result = 0;  // fetched value of atomics
+  std::string error;    // what went wrong, naming the value, when status is not kOk
+  bool done() const { return status != OpStatus::kPending; }
+  bool ok() const { return status == OpStatus::kOk; }
+};
+using OpHandle = std::shared_ptr<OpState>;
+
+struct EndpointCounters {
+  uint64_t ops_posted = 0;
+  uint64_t ops_ok = 0;
+  uint64_t ops_failed = 0;
+  uint64_t tx_frames = 0;
+  uint64_t rx_frames = 0;
+  uint64_t rx_malformed = 0;     // failed parse_frame (checksums, lengths, unknown opcode ...)
+  uint64_t rx_misaddressed = 0;  // IPv4 destination is not this endpoint
+  uint64_t rx_unknown_qp = 0;    // destination QP number this endpoint does not have
+  uint64_t rx_wrong_source = 0;  // right QP, wrong peer address
+  uint64_t rx_unsupported = 0;   // opcodes the runtime does not speak (SEND, CNP)
+  uint64_t pfc_pauses = 0;
+  uint64_t path_migrations = 0;
+  uint64_t reconnects = 0;
+  QpCounters qp;  // summed over all QPs
+};
+
+class Endpoint {
+ public:
+  // peer_ips[i] is endpoint i's loopback (this endpoint's own included).
+  Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<EndpointPort> ports, std::vector<uint32_t> peer_ips);
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  int index() const { return cfg_.index; }
+  int num_endpoints() const { return static_cast<int>(peer_ips_.size()); }
+  const EndpointConfig& config() const { return cfg_; }
+  SymmetricMemory& memory() { return memory_; }
+
+  // What this endpoint knows of a peer's window (learned when windows are exchanged).
+  void set_remote_window(int peer, const WindowInfo& w);
+  // FARE's per-port weights toward `peer` (path bandwidth per sub-port; 0 = no route). Default: all 1.
+  void set_weight_source(std::function<void(int peer, std::vector<double>* per_port)> fn);
+  // Re-reads the weights: moves QPs off ports that lost their route, rebuilds the QP tables and, in the
+  // ordered modes, fences every peer so no address changes QP with transactions in flight.
+  void routes_changed();
+  // How a fatal NAK reconnects: tell endpoint `peer` to reset its responder of QP `qp` to `psn`.
+  void set_connection_manager(std::function<void(int peer, int qp, uint32_t psn)> fn) { cm_ = std::move(fn); }
+  void reset_responder(int peer, int qp, uint32_t psn);
+
+  OpHandle store(int peer, uint16_t window, uint64_t offset, const void* src, size_t len);
+  // `dst` must stay valid until the handle completes.
+  OpHandle load(void* dst, int peer, uint16_t window, uint64_t offset, size_t len);
+  OpHandle fetch_add(int peer, uint16_t window, uint64_t offset, uint64_t add);
+  OpHandle compare_swap(int peer, uint16_t window, uint64_t offset, uint64_t compare, uint64_t swap);
+  // Store, then (once the store is delivered) set or add `signal` at (sig_window, sig_offset).
+  OpHandle put_signal(int peer, uint16_t window, uint64_t offset, const void* src, size_t len, uint16_t sig_window,
+                      uint64_t sig_offset, uint64_t signal, SignalOp op);
+  void fence(int peer = -1);
+  // Completes when every transaction posted before it has completed.
+  OpHandle quiet();
+
+  // Raw verbs: explicit VA and rkey on QP `qp`, no local validation (protection tests, tools).
+  OpHandle store_raw(int peer, int qp, uint64_t va, uint32_t rkey, const void* src, size_t len);
+  OpHandle load_raw(void* dst, int peer, int qp, uint64_t va, uint32_t rkey, size_t len);
+  OpHandle fetch_add_raw(int peer, int qp, uint64_t va, uint32_t rkey, uint64_t add);
+
+  bool idle() const;
+  EndpointCounters counters() const;
+  int qps_per_peer() const { return static_cast<int>(ports_.size()); }
+  QueuePair& qp(int peer, int index) { return *qps_.at(static_cast<size_t>(peer) * ports_.size() + index); }
+  // Port a QP currently sends on (its own sub-port unless migrated).
+  int qp_port(int peer, int index) const { return qp_port_.at(static_cast<size_t>(peer) * ports_.size() + index); }
+  uint32_t qpn(int peer, int index) const { return 0x100u + static_cast<uint32_t>(peer) * 64u + index; }
+
+ private:
+  struct Pending {
+    uint64_t epoch;
+    std::function<void()> issue;
+  };
+  struct PeerState {
+    uint64_t epoch = 0;
+    std::map<uint64_t, uint64_t> inflight;  // epoch -> work requests issued, not completed
+    std::deque<Pending> waiting;
+    std::vector<double> weights;  // per port
+    std::vector<int> table;       // partial mode: granule -> QP
+    std::vector<double> swrr;     // weak mode small ops: smooth weighted round robin state
+    int strong_qp = -1;
+    std::map<uint16_t, WindowInfo> windows;
+  };
+  struct PortState {
+    std::deque<int> active;  // QP ids with frames to send
+    std::vector<char> queued;
+    common::TimeNs paused_until = 0;
+    bool wakeup_pending = false;
+  };
+  struct Op;
+
+  OpHandle new_op(uint64_t* id);
+  void finish_op(uint64_t id, const OpHandle& h);
+  OpHandle fail_now(OpStatus status, std::string why);
+  const WindowInfo* remote_window(int peer, uint16_t window) const;
+  std::string check_remote(int peer, uint16_t window, uint64_t offset, uint64_t len, bool atomic,
+                           const WindowInfo** w) const;
+  void refresh_peer(int peer);
+  int pick_small(int peer, uint16_t window, uint64_t offset);
+  // Runs `issue` now or once earlier epochs of `peer` drained; `wrs` work requests will report to done_wr().
+  void submit(int peer, std::function<void()> issue);
+  void wr_started(int peer, uint64_t epoch);
+  void wr_done(int peer, uint64_t epoch);
+  void drain_waiting(int peer);
+  void post_store_parts(int peer, uint64_t epoch, uint64_t va, uint32_t rkey,
+                        std::shared_ptr<const std::vector<uint8_t>> data, uint16_t window, uint64_t offset,
+                        const std::shared_ptr<Op>& op);
+  void post_load_parts(int peer, uint64_t epoch, uint8_t* dst, uint64_t va, uint32_t rkey, uint64_t len,
+                       uint16_t window, uint64_t offset, const std::shared_ptr<Op>& op);
+  WqeDone part_done(int peer, uint64_t epoch, const std::shared_ptr<Op>& op);
+  void wake_qp(int qp_id);
+  void kick(int port);
+  void receive(int port, std::vector<uint8_t>&& frame);
+  common::FrameHeaders headers_for(int peer, int qp_index, int port) const;
+
+  common::Clock& clock_;
+  EndpointConfig cfg_;
+  std::vector<EndpointPort> ports_;
+  std::vector<uint32_t> peer_ips_;
+  SymmetricMemory memory_;
+  std::vector<std::unique_ptr<QueuePair>> qps_;  // [peer * ports + k]
+  std::vector<int> qp_port_;
+  std::vector<PeerState> peers_;
+  std::vector<PortState> port_state_;
+  std::function<void(int, std::vector<double>*)> weight_source_;
+  std::function<void(int, int, uint32_t)> cm_;
+  uint64_t next_op_id_ = 1;
+  std::set<uint64_t> outstanding_ops_;
+  std::deque<std::pair<uint64_t, OpHandle>> quiet_waiters_;
+  EndpointCounters counters_;
+  std::shared_ptr<bool> alive_;
+};
+
+}  // namespace ifec::endpoint

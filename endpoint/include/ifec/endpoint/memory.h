@@ -1,0 +1,57 @@
+// Symmetric memory: windows an endpoint registers (base, size, rkey, job) and the access check every remote
+// request passes before it touches a byte. A remote address is (endpoint, window, offset); on the wire it is
+// the window's virtual address + offset with the window's rkey, and the job travels as the BTH P_Key.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+namespace ifec::endpoint {
+
+// Every endpoint maps window `id` at the same virtual address (NVSHMEM-style symmetric heap).
+inline constexpr uint64_t kWindowVaBase = 0x0000100000000000ULL;
+inline constexpr int kWindowVaShift = 36;  // 64 GiB of address space per window
+inline uint64_t window_va(uint16_t id) { return kWindowVaBase + (uint64_t{id} << kWindowVaShift); }
+
+// P_Key carrying a job id: full membership bit + 15-bit job.
+inline uint16_t job_pkey(uint32_t job) { return static_cast<uint16_t>(0x8000 | (job & 0x7FFF)); }
+inline uint32_t pkey_job(uint16_t pkey) { return pkey & 0x7FFF; }
+
+struct WindowInfo {
+  uint16_t id = 0;
+  uint64_t va = 0;
+  uint64_t size = 0;
+  uint32_t rkey = 0;
+  uint32_t job = 0;
+  uint8_t* data = nullptr;
+};
+
+enum class AccessError : uint8_t { kOk, kBadRkey, kOutOfBounds, kWrongJob, kMisaligned };
+const char* access_error_name(AccessError e);
+
+class SymmetricMemory {
+ public:
+  explicit SymmetricMemory(int endpoint_index) : endpoint_(endpoint_index) {}
+
+  // Registers caller-owned memory (it must outlive the endpoint). Throws ifec::common::Error naming the bad
+  // value: duplicate id, size 0 or above 64 GiB, null data, job above 15 bits.
+  const WindowInfo& register_window(uint16_t id, void* data, uint64_t size, uint32_t job);
+  // Allocates zeroed memory owned by this object and registers it.
+  const WindowInfo& allocate_window(uint16_t id, uint64_t size, uint32_t job);
+
+  const WindowInfo* window(uint16_t id) const;
+  // Checks an access of `len` bytes at `va` under `rkey` for `job`; atomics also need 8-byte alignment.
+  AccessError check(uint32_t rkey, uint64_t va, uint64_t len, uint32_t job, bool atomic) const;
+  // Host pointer for a checked access.
+  uint8_t* translate(uint32_t rkey, uint64_t va) const;
+
+ private:
+  int endpoint_;
+  std::map<uint16_t, WindowInfo> windows_;
+  std::map<uint32_t, uint16_t> by_rkey_;
+  std::vector<std::unique_ptr<uint8_t[]>> owned_;
+};
+
+}  // namespace ifec::endpoint

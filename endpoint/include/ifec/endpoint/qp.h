@@ -1,0 +1,206 @@
+// One RC queue pair: requester (PSNs, go-back-N, retransmission timeout with backoff, in-order completion) and
+// responder (ePSN, coalesced ACKs, sequence/access NAKs, duplicate handling, exactly-once atomics) in one object.
+//
+// Two reception disciplines:
+//  - in order (partial and strong ordering modes): IBTA RC. The responder executes only PSN == ePSN; a packet
+//    ahead of it is dropped with one PSN-sequence-error NAK per gap, and the requester goes back to that PSN.
+//    Stores travel as WRITE FIRST/MIDDLE/LAST/ONLY.
+//  - weak (spraying): packets may arrive in any order. Every store packet is a self-placing WRITE ONLY with its
+//    own RETH (direct data placement), the responder executes any PSN inside its window once (a bitmap remembers
+//    which), and cumulative ACKs plus the retransmission timeout repair losses.
+// READ responses are placed by PSN offset in both disciplines, so a retransmitted READ is harmless; atomic
+// results are cached by PSN so a duplicate is answered from the cache, never executed twice.
+//
+// Errors follow IBTA: a remote access (or invalid request) NAK puts the responder half into an error state that
+// NAKs every later request with the same PSN, so no later ACK can hide the failure. The requester fails that one
+// work request, renumbers the ones after it (none of which executed) from a fresh PSN far from the old ones, and
+// asks its connection manager to reset the peer's responder half to that PSN: the A->B direction reconnects,
+// B->A is untouched. Paths are not part of the QP: the endpoint may move a QP to another port (as IB's
+// automatic path migration does) when its port loses its route, and PSNs, caches and exactly-once semantics
+// carry over.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "ifec/common/frame.h"
+#include "ifec/common/interfaces.h"
+#include "ifec/endpoint/memory.h"
+#include "ifec/endpoint/sink.h"
+
+namespace ifec::endpoint {
+
+struct QpConfig {
+  uint32_t local_qpn = 0;
+  uint32_t remote_qpn = 0;
+  uint16_t pkey = 0xFFFF;
+  uint32_t mtu = 4096;
+  bool weak = false;
+  common::TimeNs rto_ns = 100'000;
+  common::TimeNs rto_max_ns = 4'000'000;
+  int max_retries = 10;
+  uint32_t max_outstanding = 512;    // PSNs in flight before the requester waits for ACKs
+  uint32_t ack_every = 32;           // AckReq at least every this many packets
+  uint32_t responder_window = 4096;  // PSNs ahead of ePSN a responder accepts (weak) or NAKs (in order)
+  common::FrameHeaders headers;      // Ethernet/IPv4/UDP template of this QP's path (its port, its UDP port)
+};
+
+struct QpCounters {
+  uint64_t tx_packets = 0;
+  uint64_t retransmits = 0;
+  uint64_t timeouts = 0;
+  uint64_t naks_received = 0;
+  uint64_t rx_requests = 0;
+  uint64_t rx_responses = 0;
+  uint64_t acks_sent = 0;
+  uint64_t seq_naks_sent = 0;
+  uint64_t access_naks_sent = 0;
+  uint64_t invalid_naks_sent = 0;
+  uint64_t duplicates = 0;
+  uint64_t out_of_order = 0;
+  uint64_t far_psn_drops = 0;   // requests too far ahead of ePSN: dropped
+  uint64_t atomic_replays = 0;  // duplicate atomics answered from the cache
+  uint64_t read_replays = 0;
+  uint64_t unexpected_responses = 0;  // responses matching no outstanding request
+};
+
+// Called once per work request when it completes; `result` is the fetched value for atomics.
+using WqeDone = std::function<void(OpStatus status, uint64_t result)>;
+
+class QueuePair {
+ public:
+  QueuePair(common::Clock& clock, QpConfig cfg, SymmetricMemory& memory, std::function<void()> wake);
+  QueuePair(const QueuePair&) = delete;
+  QueuePair& operator=(const QueuePair&) = delete;
+  ~QueuePair();
+
+  // Requester side. `data` is shared so a striped store can hand slices of one buffer to several QPs.
+  void post_write(uint64_t va, uint32_t rkey, std::shared_ptr<const std::vector<uint8_t>> data, size_t offset,
+                  uint32_t len, WqeDone done);
+  void post_read(uint64_t va, uint32_t rkey, uint8_t* dst, uint32_t len, WqeDone done);
+  void post_atomic(bool compare_swap, uint64_t va, uint32_t rkey, uint64_t swap_or_add, uint64_t compare, WqeDone done);
+
+  bool has_frame() const;
+  // Next frame to transmit (responses first, then requests within the window); empty when none.
+  std::vector<uint8_t> next_frame();
+  // A parsed frame addressed to this QP.
+  void receive(const common::ParsedFrame& pf, const uint8_t* frame);
+
+  // Resets the responder half to expect `psn` next (the peer requester reconnected after a fatal NAK).
+  void reset_responder(uint32_t psn);
+  // Replaces the Ethernet/IP/UDP template (path migration to another port).
+  void set_headers(const common::FrameHeaders& h) { cfg_.headers = h; }
+  // Called when the requester renumbered after a fatal NAK: the peer's responder must expect `psn` next.
+  void on_reconnect(std::function<void(uint32_t psn)> fn) { reconnect_ = std::move(fn); }
+
+  bool idle() const { return sq_.empty() && out_.empty(); }
+  bool failed() const { return error_; }
+  const QpCounters& counters() const { return counters_; }
+  const QpConfig& config() const { return cfg_; }
+  uint32_t expected_psn() const { return epsn_; }
+
+ private:
+  struct Wqe {
+    enum Kind : uint8_t { kWrite, kRead, kAtomic } kind = kWrite;
+    uint32_t psn = 0;
+    uint32_t npkts = 1;
+    uint64_t va = 0;
+    uint32_t rkey = 0;
+    uint32_t len = 0;
+    std::shared_ptr<const std::vector<uint8_t>> data;
+    size_t data_offset = 0;
+    uint8_t* read_dst = nullptr;
+    std::vector<uint8_t> read_got;
+    uint32_t read_got_count = 0;
+    bool cas = false;
+    uint64_t swap_or_add = 0;
+    uint64_t compare = 0;
+    bool finished = false;
+    OpStatus status = OpStatus::kOk;
+    uint64_t result = 0;
+    WqeDone done;
+  };
+
+  // requester
+  void post(Wqe w);
+  std::vector<uint8_t> request_frame();
+  void on_response(const common::ParsedFrame& pf, const uint8_t* frame);
+  void acknowledge_through(uint32_t psn);
+  void go_back(uint32_t psn);
+  uint32_t go_back_psn() const;
+  Wqe* find_wqe(uint32_t psn);
+  void complete_in_order();
+  void arm_timer();
+  void on_timer(uint64_t generation);
+  void fail_all(OpStatus status);
+  bool outstanding() const;
+
+  // responder
+  void on_request(const common::ParsedFrame& pf, const uint8_t* frame);
+  // Executes one request; returns false when it was NAKed fatally (the responder is then in error).
+  bool execute(const common::ParsedFrame& pf, const uint8_t* frame);
+  void fatal(common::NakCode code, uint32_t psn);
+  void reconnect_after(uint32_t failed_psn);
+  void maybe_reconnect();
+  void duplicate(const common::ParsedFrame& pf);
+  void queue_read_responses(uint32_t psn, uint64_t va, uint32_t rkey, uint32_t len);
+  void send_ack();
+  void send_nak(common::NakCode code, uint32_t psn);
+  void send_atomic_ack(uint32_t psn, uint64_t original);
+  std::vector<uint8_t> frame(uint8_t opcode, uint32_t psn, const uint8_t* payload, size_t len,
+                             const std::function<void(common::FrameHeaders&)>& fill);
+
+  common::Clock& clock_;
+  QpConfig cfg_;
+  SymmetricMemory& memory_;
+  std::function<void()> wake_;
+  QpCounters counters_;
+
+  // requester state
+  std::deque<Wqe> sq_;
+  size_t send_idx_ = 0;
+  uint32_t next_psn_ = 0;      // next PSN to assign
+  uint32_t send_psn_ = 0;      // next PSN to transmit
+  uint32_t acked_ = 0xFFFFFF;  // last PSN the responder acknowledged (cumulative)
+  uint32_t max_sent_ = 0xFFFFFF;
+  bool error_ = false;
+  int retries_ = 0;
+  common::TimeNs rto_;
+  common::TimeNs last_progress_ = 0;
+  uint64_t timer_generation_ = 0;
+  bool timer_armed_ = false;
+  std::shared_ptr<bool> alive_;
+  std::function<void(uint32_t)> reconnect_;
+  bool reconnect_pending_ = false;
+  uint32_t reconnect_psn_ = 0;
+
+  // responder state
+  uint32_t epsn_ = 0;
+  uint32_t msn_ = 0;
+  bool nak_pending_ = false;
+  bool fatal_ = false;  // responder half in error after an access / invalid-request NAK
+  common::NakCode fatal_code_ = common::NakCode::kRemoteAccessError;
+  uint32_t fatal_psn_ = 0;
+  struct {
+    bool active = false;
+    bool discard = false;
+    uint64_t va = 0;
+    uint32_t rkey = 0;
+    uint32_t remaining = 0;
+  } msg_;
+  std::vector<uint8_t> seen_;  // weak: PSNs in [epsn_, epsn_ + window) already executed, indexed psn % window
+  std::deque<std::pair<uint32_t, uint64_t>> atomic_cache_;
+  std::deque<std::vector<uint8_t>> out_;
+};
+
+// 24-bit PSN arithmetic.
+inline uint32_t psn_add(uint32_t psn, int64_t n) { return static_cast<uint32_t>((int64_t{psn} + n) & 0xFFFFFF); }
+inline int32_t psn_diff(uint32_t a, uint32_t b) {
+  int32_t d = static_cast<int32_t>((a - b) & 0xFFFFFF);
+  return d >= 0x800000 ? d - 0x1000000 : d;
+}
+
+}  // namespace ifec::endpoint

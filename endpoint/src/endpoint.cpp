@@ -1,0 +1,891 @@
+// Endpoint: transaction API over per-(peer, sub-port) RC QPs, ordering epochs, QP choice by FARE weights,
+// path migration, and the NIC's per-port scheduling and receive dispatch.
+#include "ifec/endpoint/endpoint.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "ifec/common/checks.h"
+#include "ifec/common/frame.h"
+#include "ifec/common/pfc.h"
+
+namespace ifec::endpoint {
+
+using common::TimeNs;
+
+namespace {
+
+constexpr size_t kTableSize = 64;
+constexpr uint64_t kMaxWqeBytes = 1ULL << 30;
+
+std::string describe(const char* what, int peer, uint16_t window, uint64_t offset, uint64_t len) {
+  std::ostringstream os;
+  os << what << " (peer " << peer << ", window " << window << ", offset " << offset << ", " << len << " bytes)";
+  return os.str();
+}
+
+}  // namespace
+
+const char* ordering_name(Ordering o) {
+  switch (o) {
+    case Ordering::kWeak:
+      return "weak";
+    case Ordering::kPartial:
+      return "partial";
+    case Ordering::kStrong:
+      return "strong";
+  }
+  return "?";
+}
+
+Ordering parse_ordering(const std::string& name) {
+  if (name == "weak") {
+    return Ordering::kWeak;
+  }
+  if (name == "partial") {
+    return Ordering::kPartial;
+  }
+  if (name == "strong") {
+    return Ordering::kStrong;
+  }
+  IFEC_FAIL("unknown ordering mode '" << name << "': expected weak, partial or strong");
+}
+
+struct Endpoint::Op {
+  OpHandle handle;
+  uint64_t id = 0;
+  int parts = 0;
+  std::function<void(uint64_t epoch)> then;  // continuation once every part succeeded (put_signal's signal)
+};
+
+Endpoint::Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<EndpointPort> ports,
+                   std::vector<uint32_t> peer_ips)
+    : clock_(clock),
+      cfg_(cfg),
+      ports_(std::move(ports)),
+      peer_ips_(std::move(peer_ips)),
+      memory_(cfg.index),
+      alive_(std::make_shared<bool>(true)) {
+  const int n = num_endpoints();
+  IFEC_CHECK(!ports_.empty() && ports_.size() <= 64,
+             "endpoint " << cfg_.index << ": " << ports_.size() << " ports, expected 1..64");
+  IFEC_CHECK(cfg_.index >= 0 && cfg_.index < n, "endpoint index " << cfg_.index << " outside 0.." << n - 1);
+  IFEC_CHECK(cfg_.stripe_bytes >= cfg_.mtu && cfg_.stripe_bytes % cfg_.mtu == 0,
+             "stripe_bytes " << cfg_.stripe_bytes << " must be a multiple of the MTU " << cfg_.mtu);
+  const size_t k = ports_.size();
+  peers_.resize(n);
+  port_state_.resize(k);
+  for (auto& ps : port_state_) {
+    ps.queued.assign(static_cast<size_t>(n) * k, 0);
+  }
+  qp_port_.assign(static_cast<size_t>(n) * k, 0);
+  for (int peer = 0; peer < n; ++peer) {
+    for (size_t q = 0; q < k; ++q) {
+      const int id = static_cast<int>(peer * k + q);
+      QpConfig qc;
+      qc.local_qpn = qpn(peer, static_cast<int>(q));
+      qc.remote_qpn = 0x100u + static_cast<uint32_t>(cfg_.index) * 64u + static_cast<uint32_t>(q);
+      qc.pkey = job_pkey(cfg_.job);
+      qc.mtu = cfg_.mtu;
+      qc.weak = cfg_.ordering == Ordering::kWeak;
+      qc.rto_ns = cfg_.rto_ns;
+      qc.rto_max_ns = cfg_.rto_max_ns;
+      qc.max_retries = cfg_.max_retries;
+      qc.max_outstanding = cfg_.max_outstanding;
+      qc.ack_every = cfg_.ack_every;
+      qc.responder_window = cfg_.responder_window;
+      qc.headers = headers_for(peer, static_cast<int>(q), static_cast<int>(q));
+      qp_port_[id] = static_cast<int>(q);
+      qps_.push_back(std::make_unique<QueuePair>(clock_, qc, memory_, [this, id] { wake_qp(id); }));
+      qps_.back()->on_reconnect([this, peer, q](uint32_t psn) {
+        counters_.reconnects++;
+        if (cm_) {
+          cm_(peer, static_cast<int>(q), psn);
+        }
+      });
+    }
+    refresh_peer(peer);
+  }
+  for (size_t p = 0; p < k; ++p) {
+    const int port = static_cast<int>(p);
+    ports_[p].port->set_receiver([this, port](std::vector<uint8_t>&& f) { receive(port, std::move(f)); });
+    ports_[p].port->set_tx_ready([this, port] { kick(port); });
+  }
+}
+
+Endpoint::~Endpoint() { *alive_ = false; }
+
+common::FrameHeaders Endpoint::headers_for(int peer, int qp_index, int port) const {
+  common::FrameHeaders h;
+  h.eth.src = ports_[port].mac;
+  h.eth.dst = ports_[port].peer_mac;
+  h.ip.src = cfg_.ip;
+  h.ip.dst = peer_ips_[peer];
+  h.ip.dscp = cfg_.dscp;
+  h.ip.ecn = 2;  // ECT(0)
+  // One UDP source port per QP: per-flow ECMP keeps a QP on one path, and different QPs spread.
+  h.udp.src_port = static_cast<uint16_t>(0xC000 | ((cfg_.index * 131 + peer * 31 + qp_index * 7) & 0x3FFF));
+  return h;
+}
+
+void Endpoint::set_remote_window(int peer, const WindowInfo& w) {
+  IFEC_CHECK(peer >= 0 && peer < num_endpoints(), "peer " << peer << " outside 0.." << num_endpoints() - 1);
+  WindowInfo copy = w;
+  copy.data = nullptr;
+  peers_[peer].windows[w.id] = copy;
+}
+
+void Endpoint::set_weight_source(std::function<void(int, std::vector<double>*)> fn) {
+  weight_source_ = std::move(fn);
+  for (int p = 0; p < num_endpoints(); ++p) {
+    refresh_peer(p);
+  }
+}
+
+void Endpoint::refresh_peer(int peer) {
+  PeerState& ps = peers_[peer];
+  const size_t k = ports_.size();
+  std::vector<double> w(k, 1.0);
+  if (weight_source_) {
+    weight_source_(peer, &w);
+    w.resize(k, 0.0);
+  }
+  ps.weights = w;
+  ps.swrr.assign(k, 0.0);
+  double total = 0;
+  for (double x : w) {
+    total += x > 0 ? x : 0;
+  }
+  // Partial mode's address table: granules interleaved over live QPs in proportion to weight.
+  ps.table.assign(kTableSize, 0);
+  if (total > 0) {
+    std::vector<double> cur(k, 0.0);
+    for (size_t i = 0; i < kTableSize; ++i) {
+      size_t best = k;
+      for (size_t q = 0; q < k; ++q) {
+        if (w[q] <= 0) {
+          continue;
+        }
+        cur[q] += w[q];
+        if (best == k || cur[q] > cur[best]) {
+          best = q;
+        }
+      }
+      cur[best] -= total;
+      ps.table[i] = static_cast<int>(best);
+    }
+  }
+  int strong = -1;
+  for (size_t q = 0; q < k; ++q) {
+    if (w[q] > 0) {
+      strong = static_cast<int>(q);
+      break;
+    }
+  }
+  ps.strong_qp = strong >= 0 ? strong : std::max(ps.strong_qp, 0);
+  // Path migration: a QP whose sub-port has no route to the peer moves to the best live port and back later.
+  int best_port = -1;
+  for (size_t q = 0; q < k; ++q) {
+    if (w[q] > 0 && (best_port < 0 || w[q] > w[best_port])) {
+      best_port = static_cast<int>(q);
+    }
+  }
+  for (size_t q = 0; q < k; ++q) {
+    const int id = static_cast<int>(peer * k + q);
+    const int want = w[q] > 0 || best_port < 0 ? static_cast<int>(q) : best_port;
+    if (qp_port_[id] != want) {
+      qp_port_[id] = want;
+      qps_[id]->set_headers(headers_for(peer, static_cast<int>(q), want));
+      counters_.path_migrations++;
+      wake_qp(id);
+    }
+  }
+}
+
+void Endpoint::routes_changed() {
+  for (int peer = 0; peer < num_endpoints(); ++peer) {
+    const std::vector<double> before = peers_[peer].weights;
+    refresh_peer(peer);
+    if (cfg_.ordering != Ordering::kWeak && before != peers_[peer].weights) {
+      peers_[peer].epoch++;  // no address may change QP while transactions to it are in flight
+    }
+  }
+}
+
+void Endpoint::reset_responder(int peer, int qp_index, uint32_t psn) { qp(peer, qp_index).reset_responder(psn); }
+
+// ------------------------------------------------------------------------------------------ op bookkeeping --
+
+OpHandle Endpoint::new_op(uint64_t* id) {
+  *id = next_op_id_++;
+  outstanding_ops_.insert(*id);
+  counters_.ops_posted++;
+  return std::make_shared<OpState>();
+}
+
+void Endpoint::finish_op(uint64_t id, const OpHandle& h) {
+  if (h->status == OpStatus::kPending) {
+    h->status = OpStatus::kOk;
+  }
+  if (h->ok()) {
+    counters_.ops_ok++;
+  } else {
+    counters_.ops_failed++;
+  }
+  outstanding_ops_.erase(id);
+  const uint64_t oldest = outstanding_ops_.empty() ? next_op_id_ : *outstanding_ops_.begin();
+  while (!quiet_waiters_.empty() && quiet_waiters_.front().first <= oldest) {
+    quiet_waiters_.front().second->status = OpStatus::kOk;
+    quiet_waiters_.pop_front();
+  }
+}
+
+OpHandle Endpoint::fail_now(OpStatus status, std::string why) {
+  counters_.ops_posted++;
+  counters_.ops_failed++;
+  auto h = std::make_shared<OpState>();
+  h->status = status;
+  h->error = std::move(why);
+  return h;
+}
+
+const WindowInfo* Endpoint::remote_window(int peer, uint16_t window) const {
+  if (peer == cfg_.index) {
+    return memory_.window(window);
+  }
+  auto it = peers_[peer].windows.find(window);
+  return it == peers_[peer].windows.end() ? nullptr : &it->second;
+}
+
+std::string Endpoint::check_remote(int peer, uint16_t window, uint64_t offset, uint64_t len, bool atomic,
+                                   const WindowInfo** w) const {
+  if (peer < 0 || peer >= num_endpoints()) {
+    std::ostringstream os;
+    os << "peer " << peer << " outside 0.." << num_endpoints() - 1;
+    return os.str();
+  }
+  *w = remote_window(peer, window);
+  if (*w == nullptr) {
+    return describe("window not registered", peer, window, offset, len);
+  }
+  if (len > (*w)->size || offset > (*w)->size - len) {
+    std::ostringstream os;
+    os << describe("out of bounds", peer, window, offset, len) << ": window size " << (*w)->size;
+    return os.str();
+  }
+  if (atomic && (offset & 7) != 0) {
+    return describe("atomic not 8-byte aligned", peer, window, offset, len);
+  }
+  return {};
+}
+
+void Endpoint::submit(int peer, std::function<void()> issue) {
+  PeerState& ps = peers_[peer];
+  const uint64_t epoch = ps.epoch;
+  const bool earlier_inflight = !ps.inflight.empty() && ps.inflight.begin()->first < epoch;
+  if (ps.waiting.empty() && !earlier_inflight) {
+    issue();
+    return;
+  }
+  ps.waiting.push_back(Pending{epoch, std::move(issue)});
+}
+
+void Endpoint::wr_started(int peer, uint64_t epoch) { peers_[peer].inflight[epoch]++; }
+
+void Endpoint::wr_done(int peer, uint64_t epoch) {
+  PeerState& ps = peers_[peer];
+  auto it = ps.inflight.find(epoch);
+  if (it != ps.inflight.end() && --it->second == 0) {
+    ps.inflight.erase(it);
+  }
+  drain_waiting(peer);
+}
+
+void Endpoint::drain_waiting(int peer) {
+  PeerState& ps = peers_[peer];
+  while (!ps.waiting.empty()) {
+    const uint64_t e = ps.waiting.front().epoch;
+    if (!ps.inflight.empty() && ps.inflight.begin()->first < e) {
+      return;
+    }
+    std::function<void()> issue = std::move(ps.waiting.front().issue);
+    ps.waiting.pop_front();
+    issue();
+  }
+}
+
+WqeDone Endpoint::part_done(int peer, uint64_t epoch, const std::shared_ptr<Op>& op) {
+  std::weak_ptr<bool> alive = alive_;
+  return [this, peer, epoch, op, alive](OpStatus status, uint64_t result) {
+    if (auto a = alive.lock(); !a || !*a) {
+      return;
+    }
+    if (status != OpStatus::kOk && op->handle->status == OpStatus::kPending) {
+      op->handle->status = status;
+      op->handle->error = std::string(op_status_name(status)) + " from peer " + std::to_string(peer);
+    }
+    op->handle->result = result;
+    if (--op->parts == 0) {
+      if (op->then && op->handle->status == OpStatus::kPending) {
+        auto then = std::move(op->then);
+        op->then = nullptr;
+        then(epoch);  // posts more parts under the same epoch before this one retires
+      } else {
+        finish_op(op->id, op->handle);
+      }
+    }
+    wr_done(peer, epoch);
+  };
+}
+
+// ---------------------------------------------------------------------------------------------- QP choice --
+
+int Endpoint::pick_small(int peer, uint16_t window, uint64_t offset) {
+  PeerState& ps = peers_[peer];
+  switch (cfg_.ordering) {
+    case Ordering::kStrong:
+      return ps.strong_qp;
+    case Ordering::kPartial:
+      return ps.table[(window * 131u + offset / cfg_.stripe_bytes) % kTableSize];
+    case Ordering::kWeak: {
+      double total = 0;
+      size_t best = 0;
+      bool any = false;
+      for (size_t q = 0; q < ps.weights.size(); ++q) {
+        if (ps.weights[q] <= 0) {
+          continue;
+        }
+        total += ps.weights[q];
+        ps.swrr[q] += ps.weights[q];
+        if (!any || ps.swrr[q] > ps.swrr[best]) {
+          best = q;
+          any = true;
+        }
+      }
+      if (!any) {
+        return ps.strong_qp;
+      }
+      ps.swrr[best] -= total;
+      return static_cast<int>(best);
+    }
+  }
+  return 0;
+}
+
+void Endpoint::post_store_parts(int peer, uint64_t epoch, uint64_t va, uint32_t rkey,
+                                std::shared_ptr<const std::vector<uint8_t>> data, uint16_t window, uint64_t offset,
+                                const std::shared_ptr<Op>& op) {
+  const uint64_t len = data->size();
+  auto post = [&](int q, uint64_t from, uint64_t n) {
+    for (uint64_t done = 0; done < n; done += kMaxWqeBytes) {
+      const uint64_t part = std::min(kMaxWqeBytes, n - done);
+      op->parts++;
+      wr_started(peer, epoch);
+      qp(peer, q).post_write(va + from + done, rkey, data, from + done, static_cast<uint32_t>(part),
+                             part_done(peer, epoch, op));
+    }
+  };
+  PeerState& ps = peers_[peer];
+  if (cfg_.ordering == Ordering::kStrong || len <= cfg_.mtu) {
+    post(cfg_.ordering == Ordering::kStrong ? ps.strong_qp : pick_small(peer, window, offset), 0, len);
+    return;
+  }
+  if (cfg_.ordering == Ordering::kPartial) {
+    // Granule by granule, merging neighbours that map to the same QP.
+    uint64_t from = 0;
+    while (from < len) {
+      const uint64_t g = (offset + from) / cfg_.stripe_bytes;
+      const int q = ps.table[(window * 131u + g) % kTableSize];
+      uint64_t to = std::min(len, (g + 1) * cfg_.stripe_bytes - offset);
+      while (to < len) {
+        const uint64_t g2 = (offset + to) / cfg_.stripe_bytes;
+        if (ps.table[(window * 131u + g2) % kTableSize] != q) {
+          break;
+        }
+        to = std::min(len, (g2 + 1) * cfg_.stripe_bytes - offset);
+      }
+      post(q, from, to - from);
+      from = to;
+    }
+    return;
+  }
+  // Weak: packets split over live QPs by weight (largest remainder), one contiguous stripe each.
+  const uint64_t packets = (len + cfg_.mtu - 1) / cfg_.mtu;
+  std::vector<double> w = ps.weights;
+  double total = 0;
+  for (double& x : w) {
+    x = std::max(0.0, x);
+    total += x;
+  }
+  if (total <= 0) {
+    post(ps.strong_qp, 0, len);
+    return;
+  }
+  std::vector<uint64_t> share(w.size(), 0);
+  uint64_t given = 0;
+  std::vector<std::pair<double, size_t>> frac;
+  for (size_t q = 0; q < w.size(); ++q) {
+    const double exact = packets * w[q] / total;
+    share[q] = static_cast<uint64_t>(std::floor(exact));
+    given += share[q];
+    frac.push_back({exact - std::floor(exact), q});
+  }
+  std::stable_sort(frac.begin(), frac.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 0; given < packets && i < frac.size(); ++i) {
+    if (w[frac[i].second] > 0) {
+      share[frac[i].second]++;
+      given++;
+    }
+  }
+  uint64_t pkt = 0;
+  for (size_t q = 0; q < w.size(); ++q) {
+    if (share[q] == 0) {
+      continue;
+    }
+    const uint64_t from = pkt * cfg_.mtu;
+    const uint64_t to = std::min(len, (pkt + share[q]) * cfg_.mtu);
+    post(static_cast<int>(q), from, to - from);
+    pkt += share[q];
+  }
+}
+
+void Endpoint::post_load_parts(int peer, uint64_t epoch, uint8_t* dst, uint64_t va, uint32_t rkey, uint64_t len,
+                               uint16_t window, uint64_t offset, const std::shared_ptr<Op>& op) {
+  auto post = [&](int q, uint64_t from, uint64_t n) {
+    for (uint64_t done = 0; done < n; done += kMaxWqeBytes) {
+      const uint64_t part = std::min(kMaxWqeBytes, n - done);
+      op->parts++;
+      wr_started(peer, epoch);
+      qp(peer, q).post_read(va + from + done, rkey, dst + from + done, static_cast<uint32_t>(part),
+                            part_done(peer, epoch, op));
+    }
+  };
+  PeerState& ps = peers_[peer];
+  if (cfg_.ordering == Ordering::kStrong || len <= cfg_.mtu) {
+    post(cfg_.ordering == Ordering::kStrong ? ps.strong_qp : pick_small(peer, window, offset), 0, len);
+    return;
+  }
+  // Partial and weak: the same granule -> QP map as stores, so a load follows earlier stores to its address.
+  uint64_t from = 0;
+  while (from < len) {
+    const uint64_t g = (offset + from) / cfg_.stripe_bytes;
+    const int q = cfg_.ordering == Ordering::kPartial ? ps.table[(window * 131u + g) % kTableSize]
+                                                      : pick_small(peer, window, offset + from);
+    const uint64_t to = std::min(len, (g + 1) * cfg_.stripe_bytes - offset);
+    post(q, from, to - from);
+    from = to;
+  }
+}
+
+// -------------------------------------------------------------------------------------------- transactions --
+
+OpHandle Endpoint::store(int peer, uint16_t window, uint64_t offset, const void* src, size_t len) {
+  const WindowInfo* w = nullptr;
+  std::string err = check_remote(peer, window, offset, len, false, &w);
+  if (!err.empty()) {
+    return fail_now(OpStatus::kInvalidArgument, "store: " + err);
+  }
+  uint64_t id;
+  OpHandle h = new_op(&id);
+  if (len == 0 || peer == cfg_.index) {
+    if (len > 0) {
+      std::memcpy(memory_.window(window)->data + offset, src, len);
+    }
+    finish_op(id, h);
+    return h;
+  }
+  auto op = std::make_shared<Op>();
+  op->handle = h;
+  op->id = id;
+  auto data = std::make_shared<const std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
+                                                           static_cast<const uint8_t*>(src) + len);
+  const uint64_t va = w->va + offset;
+  const uint32_t rkey = w->rkey;
+  submit(peer, [this, peer, va, rkey, data, window, offset, op] {
+    post_store_parts(peer, peers_[peer].epoch, va, rkey, data, window, offset, op);
+  });
+  return h;
+}
+
+OpHandle Endpoint::load(void* dst, int peer, uint16_t window, uint64_t offset, size_t len) {
+  const WindowInfo* w = nullptr;
+  std::string err = check_remote(peer, window, offset, len, false, &w);
+  if (!err.empty()) {
+    return fail_now(OpStatus::kInvalidArgument, "load: " + err);
+  }
+  uint64_t id;
+  OpHandle h = new_op(&id);
+  if (len == 0 || peer == cfg_.index) {
+    if (len > 0) {
+      std::memcpy(dst, memory_.window(window)->data + offset, len);
+    }
+    finish_op(id, h);
+    return h;
+  }
+  auto op = std::make_shared<Op>();
+  op->handle = h;
+  op->id = id;
+  const uint64_t va = w->va + offset;
+  const uint32_t rkey = w->rkey;
+  auto* d = static_cast<uint8_t*>(dst);
+  submit(peer, [this, peer, d, va, rkey, len, window, offset, op] {
+    post_load_parts(peer, peers_[peer].epoch, d, va, rkey, len, window, offset, op);
+  });
+  return h;
+}
+
+OpHandle Endpoint::fetch_add(int peer, uint16_t window, uint64_t offset, uint64_t add) {
+  const WindowInfo* w = nullptr;
+  std::string err = check_remote(peer, window, offset, 8, true, &w);
+  if (!err.empty()) {
+    return fail_now(OpStatus::kInvalidArgument, "fetch_add: " + err);
+  }
+  uint64_t id;
+  OpHandle h = new_op(&id);
+  if (peer == cfg_.index) {
+    uint64_t v;
+    uint8_t* p = memory_.window(window)->data + offset;
+    std::memcpy(&v, p, 8);
+    h->result = v;
+    v += add;
+    std::memcpy(p, &v, 8);
+    finish_op(id, h);
+    return h;
+  }
+  auto op = std::make_shared<Op>();
+  op->handle = h;
+  op->id = id;
+  const uint64_t va = w->va + offset;
+  const uint32_t rkey = w->rkey;
+  submit(peer, [this, peer, va, rkey, add, window, offset, op] {
+    const uint64_t epoch = peers_[peer].epoch;
+    op->parts++;
+    wr_started(peer, epoch);
+    qp(peer, pick_small(peer, window, offset)).post_atomic(false, va, rkey, add, 0, part_done(peer, epoch, op));
+  });
+  return h;
+}
+
+OpHandle Endpoint::compare_swap(int peer, uint16_t window, uint64_t offset, uint64_t compare, uint64_t swap) {
+  const WindowInfo* w = nullptr;
+  std::string err = check_remote(peer, window, offset, 8, true, &w);
+  if (!err.empty()) {
+    return fail_now(OpStatus::kInvalidArgument, "compare_swap: " + err);
+  }
+  uint64_t id;
+  OpHandle h = new_op(&id);
+  if (peer == cfg_.index) {
+    uint64_t v;
+    uint8_t* p = memory_.window(window)->data + offset;
+    std::memcpy(&v, p, 8);
+    h->result = v;
+    if (v == compare) {
+      std::memcpy(p, &swap, 8);
+    }
+    finish_op(id, h);
+    return h;
+  }
+  auto op = std::make_shared<Op>();
+  op->handle = h;
+  op->id = id;
+  const uint64_t va = w->va + offset;
+  const uint32_t rkey = w->rkey;
+  submit(peer, [this, peer, va, rkey, compare, swap, window, offset, op] {
+    const uint64_t epoch = peers_[peer].epoch;
+    op->parts++;
+    wr_started(peer, epoch);
+    qp(peer, pick_small(peer, window, offset)).post_atomic(true, va, rkey, swap, compare, part_done(peer, epoch, op));
+  });
+  return h;
+}
+
+OpHandle Endpoint::put_signal(int peer, uint16_t window, uint64_t offset, const void* src, size_t len,
+                              uint16_t sig_window, uint64_t sig_offset, uint64_t signal, SignalOp sop) {
+  const WindowInfo* w = nullptr;
+  const WindowInfo* sw = nullptr;
+  std::string err = check_remote(peer, window, offset, len, false, &w);
+  if (err.empty()) {
+    err = check_remote(peer, sig_window, sig_offset, 8, true, &sw);
+  }
+  if (!err.empty()) {
+    return fail_now(OpStatus::kInvalidArgument, "put_signal: " + err);
+  }
+  uint64_t id;
+  OpHandle h = new_op(&id);
+  if (peer == cfg_.index) {
+    std::memcpy(memory_.window(window)->data + offset, src, len);
+    uint8_t* p = memory_.window(sig_window)->data + sig_offset;
+    uint64_t v = signal;
+    if (sop == SignalOp::kAdd) {
+      std::memcpy(&v, p, 8);
+      v += signal;
+    }
+    std::memcpy(p, &v, 8);
+    finish_op(id, h);
+    return h;
+  }
+  auto op = std::make_shared<Op>();
+  op->handle = h;
+  op->id = id;
+  auto data = std::make_shared<const std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
+                                                           static_cast<const uint8_t*>(src) + len);
+  const uint64_t va = w->va + offset;
+  const uint64_t sva = sw->va + sig_offset;
+  const uint32_t rkey = w->rkey;
+  const uint32_t srkey = sw->rkey;
+  auto post_signal = [this, peer, sva, srkey, signal, sop, sig_window, sig_offset, op](uint64_t epoch) {
+    op->parts++;
+    wr_started(peer, epoch);
+    QueuePair& q = qp(
+        peer, cfg_.ordering == Ordering::kStrong ? peers_[peer].strong_qp : pick_small(peer, sig_window, sig_offset));
+    if (sop == SignalOp::kAdd) {
+      q.post_atomic(false, sva, srkey, signal, 0, part_done(peer, epoch, op));
+    } else {
+      auto bytes = std::make_shared<const std::vector<uint8_t>>(8);
+      std::memcpy(const_cast<uint8_t*>(bytes->data()), &signal, 8);
+      q.post_write(sva, srkey, bytes, 0, 8, part_done(peer, epoch, op));
+    }
+  };
+  submit(peer, [this, peer, va, rkey, data, window, offset, op, post_signal] {
+    const uint64_t epoch = peers_[peer].epoch;
+    if (cfg_.ordering == Ordering::kStrong) {
+      // One in-order stream: the signal cannot overtake the data.
+      post_store_parts(peer, epoch, va, rkey, data, window, offset, op);
+      post_signal(epoch);
+    } else {
+      op->then = post_signal;  // after every part of the data is acknowledged
+      post_store_parts(peer, epoch, va, rkey, data, window, offset, op);
+    }
+  });
+  return h;
+}
+
+void Endpoint::fence(int peer) {
+  if (cfg_.ordering == Ordering::kStrong) {
+    return;  // one in-order stream per peer is already fenced
+  }
+  if (peer >= 0) {
+    IFEC_CHECK(peer < num_endpoints(), "fence: peer " << peer << " outside 0.." << num_endpoints() - 1);
+    peers_[peer].epoch++;
+    return;
+  }
+  for (PeerState& ps : peers_) {
+    ps.epoch++;
+  }
+}
+
+OpHandle Endpoint::quiet() {
+  auto h = std::make_shared<OpState>();
+  const uint64_t snapshot = next_op_id_;
+  if (outstanding_ops_.empty() || *outstanding_ops_.begin() >= snapshot) {
+    h->status = OpStatus::kOk;
+    return h;
+  }
+  quiet_waiters_.push_back({snapshot, h});
+  return h;
+}
+
+OpHandle Endpoint::store_raw(int peer, int q, uint64_t va, uint32_t rkey, const void* src, size_t len) {
+  if (peer < 0 || peer >= num_endpoints() || peer == cfg_.index || q < 0 || q >= qps_per_peer()) {
+    return fail_now(OpStatus::kInvalidArgument,
+                    "store_raw: peer " + std::to_string(peer) + " / QP " + std::to_string(q) + " is not a remote QP");
+  }
+  uint64_t id;
+  OpHandle h = new_op(&id);
+  auto op = std::make_shared<Op>();
+  op->handle = h;
+  op->id = id;
+  auto data = std::make_shared<const std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
+                                                           static_cast<const uint8_t*>(src) + len);
+  submit(peer, [this, peer, q, va, rkey, data, op] {
+    const uint64_t epoch = peers_[peer].epoch;
+    op->parts++;
+    wr_started(peer, epoch);
+    qp(peer, q).post_write(va, rkey, data, 0, static_cast<uint32_t>(data->size()), part_done(peer, epoch, op));
+  });
+  return h;
+}
+
+OpHandle Endpoint::load_raw(void* dst, int peer, int q, uint64_t va, uint32_t rkey, size_t len) {
+  if (peer < 0 || peer >= num_endpoints() || peer == cfg_.index || q < 0 || q >= qps_per_peer()) {
+    return fail_now(OpStatus::kInvalidArgument,
+                    "load_raw: peer " + std::to_string(peer) + " / QP " + std::to_string(q) + " is not a remote QP");
+  }
+  uint64_t id;
+  OpHandle h = new_op(&id);
+  auto op = std::make_shared<Op>();
+  op->handle = h;
+  op->id = id;
+  auto* d = static_cast<uint8_t*>(dst);
+  submit(peer, [this, peer, q, va, rkey, d, len, op] {
+    const uint64_t epoch = peers_[peer].epoch;
+    op->parts++;
+    wr_started(peer, epoch);
+    qp(peer, q).post_read(va, rkey, d, static_cast<uint32_t>(len), part_done(peer, epoch, op));
+  });
+  return h;
+}
+
+OpHandle Endpoint::fetch_add_raw(int peer, int q, uint64_t va, uint32_t rkey, uint64_t add) {
+  if (peer < 0 || peer >= num_endpoints() || peer == cfg_.index || q < 0 || q >= qps_per_peer()) {
+    return fail_now(OpStatus::kInvalidArgument, "fetch_add_raw: peer " + std::to_string(peer) + " / QP " +
+                                                    std::to_string(q) + " is not a remote QP");
+  }
+  uint64_t id;
+  OpHandle h = new_op(&id);
+  auto op = std::make_shared<Op>();
+  op->handle = h;
+  op->id = id;
+  submit(peer, [this, peer, q, va, rkey, add, op] {
+    const uint64_t epoch = peers_[peer].epoch;
+    op->parts++;
+    wr_started(peer, epoch);
+    qp(peer, q).post_atomic(false, va, rkey, add, 0, part_done(peer, epoch, op));
+  });
+  return h;
+}
+
+bool Endpoint::idle() const {
+  if (!outstanding_ops_.empty()) {
+    return false;
+  }
+  for (const auto& q : qps_) {
+    if (!q->idle()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+EndpointCounters Endpoint::counters() const {
+  EndpointCounters c = counters_;
+  for (const auto& q : qps_) {
+    const QpCounters& x = q->counters();
+    c.qp.tx_packets += x.tx_packets;
+    c.qp.retransmits += x.retransmits;
+    c.qp.timeouts += x.timeouts;
+    c.qp.naks_received += x.naks_received;
+    c.qp.rx_requests += x.rx_requests;
+    c.qp.rx_responses += x.rx_responses;
+    c.qp.acks_sent += x.acks_sent;
+    c.qp.seq_naks_sent += x.seq_naks_sent;
+    c.qp.access_naks_sent += x.access_naks_sent;
+    c.qp.invalid_naks_sent += x.invalid_naks_sent;
+    c.qp.duplicates += x.duplicates;
+    c.qp.out_of_order += x.out_of_order;
+    c.qp.far_psn_drops += x.far_psn_drops;
+    c.qp.atomic_replays += x.atomic_replays;
+    c.qp.read_replays += x.read_replays;
+    c.qp.unexpected_responses += x.unexpected_responses;
+  }
+  return c;
+}
+
+// ------------------------------------------------------------------------------------------------- the NIC --
+
+void Endpoint::wake_qp(int id) {
+  const int port = qp_port_[id];
+  PortState& ps = port_state_[port];
+  if (!ps.queued[id]) {
+    ps.queued[id] = 1;
+    ps.active.push_back(id);
+  }
+  kick(port);
+}
+
+void Endpoint::kick(int port) {
+  PortState& ps = port_state_[port];
+  common::Port* p = ports_[port].port;
+  if (p->busy() || !p->link_up()) {
+    return;  // tx-ready or the link coming back calls us again
+  }
+  const TimeNs now = clock_.now();
+  if (ps.paused_until > now) {
+    if (!ps.wakeup_pending) {
+      ps.wakeup_pending = true;
+      std::weak_ptr<bool> alive = alive_;
+      clock_.schedule(ps.paused_until, [this, port, alive] {
+        if (auto a = alive.lock(); a && *a) {
+          port_state_[port].wakeup_pending = false;
+          kick(port);
+        }
+      });
+    }
+    return;
+  }
+  while (!ps.active.empty()) {
+    const int id = ps.active.front();
+    ps.active.pop_front();
+    ps.queued[id] = 0;
+    if (qp_port_[id] != port) {
+      wake_qp(id);  // migrated: it belongs to another port's list now
+      continue;
+    }
+    std::vector<uint8_t> f = qps_[id]->next_frame();
+    if (qps_[id]->has_frame()) {
+      ps.queued[id] = 1;
+      ps.active.push_back(id);
+    }
+    if (f.empty()) {
+      continue;
+    }
+    counters_.tx_frames++;
+    p->send(std::move(f));
+    return;
+  }
+}
+
+void Endpoint::receive(int port, std::vector<uint8_t>&& frame) {
+  counters_.rx_frames++;
+  if (common::is_mac_control(frame.data(), frame.size())) {
+    common::PfcFrame pfc;
+    if (!common::PfcFrame::decode(frame.data(), frame.size(), &pfc).ok()) {
+      counters_.rx_malformed++;
+      return;
+    }
+    const int prio = cfg_.lossless_priority;
+    if (pfc.class_enable & (1u << prio)) {
+      const uint16_t q = pfc.quanta[prio];
+      port_state_[port].paused_until =
+          q == 0 ? 0 : clock_.now() + common::pfc_quanta_ns(q, ports_[port].port->rate_bps());
+      counters_.pfc_pauses += q != 0;
+      kick(port);
+    }
+    return;
+  }
+  common::ParsedFrame pf;
+  common::ParseOptions opts;
+  opts.path_mtu = cfg_.mtu;
+  if (!common::parse_frame(frame.data(), frame.size(), &pf, opts).ok()) {
+    counters_.rx_malformed++;
+    return;
+  }
+  if (pf.h.ip.dst != cfg_.ip) {
+    counters_.rx_misaddressed++;
+    return;
+  }
+  const uint32_t qpn = pf.h.bth.dest_qp;
+  const size_t k = ports_.size();
+  if (qpn < 0x100 || (qpn - 0x100) / 64 >= static_cast<uint32_t>(num_endpoints()) || (qpn - 0x100) % 64 >= k) {
+    counters_.rx_unknown_qp++;
+    return;
+  }
+  const int peer = static_cast<int>((qpn - 0x100) / 64);
+  const int q = static_cast<int>((qpn - 0x100) % 64);
+  if (peer == cfg_.index || pf.h.ip.src != peer_ips_[peer]) {
+    counters_.rx_wrong_source++;
+    return;
+  }
+  const uint8_t opcode = pf.h.bth.opcode;
+  if (opcode <= static_cast<uint8_t>(common::Opcode::kSendOnlyImm) ||
+      opcode == static_cast<uint8_t>(common::Opcode::kCnp) || pf.h.ech) {
+    counters_.rx_unsupported++;
+    return;
+  }
+  qp(peer, q).receive(pf, frame.data());
+}
+
+}  // namespace ifec::endpoint

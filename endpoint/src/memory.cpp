@@ -1,0 +1,80 @@
+// Window registration and the rkey / bounds / job check.
+#include "ifec/endpoint/memory.h"
+
+#include <algorithm>
+
+#include "ifec/common/checks.h"
+
+namespace ifec::endpoint {
+
+const char* access_error_name(AccessError e) {
+  switch (e) {
+    case AccessError::kOk:
+      return "ok";
+    case AccessError::kBadRkey:
+      return "bad_rkey";
+    case AccessError::kOutOfBounds:
+      return "out_of_bounds";
+    case AccessError::kWrongJob:
+      return "wrong_job";
+    case AccessError::kMisaligned:
+      return "misaligned";
+  }
+  return "?";
+}
+
+const WindowInfo& SymmetricMemory::register_window(uint16_t id, void* data, uint64_t size, uint32_t job) {
+  IFEC_CHECK(windows_.count(id) == 0, "endpoint " << endpoint_ << ": window " << id << " is already registered");
+  IFEC_CHECK(data != nullptr, "endpoint " << endpoint_ << ": window " << id << " has no memory");
+  IFEC_CHECK(size > 0 && size <= (uint64_t{1} << kWindowVaShift),
+             "endpoint " << endpoint_ << ": window " << id << " size " << size << " outside 1.." << (1ULL << 36));
+  IFEC_CHECK(job <= 0x7FFF, "endpoint " << endpoint_ << ": job " << job << " does not fit the 15-bit P_Key");
+  WindowInfo w;
+  w.id = id;
+  w.va = window_va(id);
+  w.size = size;
+  // Distinct per endpoint and window, and never 0, so a zero or stale rkey fails the check.
+  w.rkey = 0x5A000000u ^ (static_cast<uint32_t>(endpoint_ & 0xFFF) << 12) ^ (uint32_t{id} + 1);
+  w.job = job;
+  w.data = static_cast<uint8_t*>(data);
+  by_rkey_[w.rkey] = id;
+  return windows_[id] = w;
+}
+
+const WindowInfo& SymmetricMemory::allocate_window(uint16_t id, uint64_t size, uint32_t job) {
+  IFEC_CHECK(size > 0 && size <= (uint64_t{1} << 32),
+             "endpoint " << endpoint_ << ": allocated window size " << size << " outside 1..4 GiB");
+  owned_.push_back(std::make_unique<uint8_t[]>(size));
+  std::fill(owned_.back().get(), owned_.back().get() + size, 0);
+  return register_window(id, owned_.back().get(), size, job);
+}
+
+const WindowInfo* SymmetricMemory::window(uint16_t id) const {
+  auto it = windows_.find(id);
+  return it == windows_.end() ? nullptr : &it->second;
+}
+
+AccessError SymmetricMemory::check(uint32_t rkey, uint64_t va, uint64_t len, uint32_t job, bool atomic) const {
+  auto it = by_rkey_.find(rkey);
+  if (it == by_rkey_.end()) {
+    return AccessError::kBadRkey;
+  }
+  const WindowInfo& w = windows_.at(it->second);
+  if (w.job != job) {
+    return AccessError::kWrongJob;
+  }
+  if (va < w.va || len > w.size || va - w.va > w.size - len) {
+    return AccessError::kOutOfBounds;
+  }
+  if (atomic && ((va & 7) != 0 || len != 8)) {
+    return AccessError::kMisaligned;
+  }
+  return AccessError::kOk;
+}
+
+uint8_t* SymmetricMemory::translate(uint32_t rkey, uint64_t va) const {
+  const WindowInfo& w = windows_.at(by_rkey_.at(rkey));
+  return w.data + (va - w.va);
+}
+
+}  // namespace ifec::endpoint

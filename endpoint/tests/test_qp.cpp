@@ -1,0 +1,368 @@
+// Endpoints over direct links (no switch): every transaction type against a reference under loss, protection
+// violations, malformed frames, and ordering litmus tests for the three modes.
+//
+//   endpoint 0 [port k] ==== link k (rate, delay, loss) ==== [port k] endpoint 1      (k = 0 .. ports-1)
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "ifec/common/frame.h"
+#include "ifec/common/sim.h"
+#include "ifec/endpoint/endpoint.h"
+
+using namespace ifec;
+using common::TimeNs;
+using endpoint::OpHandle;
+using endpoint::OpStatus;
+using endpoint::Ordering;
+
+namespace {
+
+constexpr uint16_t kData = 1;
+constexpr uint16_t kFlag = 2;
+constexpr uint64_t kWindow = 1 << 20;
+
+struct Pair {
+  common::EventLoop loop;
+  std::vector<std::unique_ptr<common::Link>> links;
+  std::unique_ptr<endpoint::Endpoint> ep[2];
+
+  Pair(Ordering ordering, int ports, double loss, uint64_t seed = 1, uint32_t job_b = 1) {
+    std::vector<endpoint::EndpointPort> p[2];
+    for (int k = 0; k < ports; ++k) {
+      common::LinkConfig cfg{100'000'000'000ULL, 500, 24, loss, seed * 31 + k};
+      links.push_back(std::make_unique<common::Link>(loop, cfg));
+      for (int side = 0; side < 2; ++side) {
+        p[side].push_back({&links.back()->end(side),
+                           k,
+                           {2, 0, 0, 0, uint8_t(side), uint8_t(k)},
+                           {2, 0, 0, 0, uint8_t(1 - side), uint8_t(k)}});
+      }
+    }
+    for (int i = 0; i < 2; ++i) {
+      endpoint::EndpointConfig c;
+      c.index = i;
+      c.ip = 0x0A000001u + i;
+      c.ordering = ordering;
+      c.rto_ns = 20'000;
+      c.rto_max_ns = 200'000;
+      c.max_retries = 12;
+      ep[i] = std::make_unique<endpoint::Endpoint>(loop, c, p[i], std::vector<uint32_t>{0x0A000001u, 0x0A000002u});
+    }
+    for (int i = 0; i < 2; ++i) {
+      ep[i]->memory().allocate_window(kData, kWindow, i == 1 ? job_b : 1);
+      ep[i]->memory().allocate_window(kFlag, 4096, i == 1 ? job_b : 1);
+      ep[i]->set_connection_manager([this, i](int peer, int q, uint32_t psn) { ep[peer]->reset_responder(i, q, psn); });
+    }
+    for (int i = 0; i < 2; ++i) {
+      for (uint16_t w : {kData, kFlag}) {
+        ep[i]->set_remote_window(1 - i, *ep[1 - i]->memory().window(w));
+      }
+    }
+  }
+
+  // Runs until every handle is done or `limit` of simulated time passes; false on timeout (a hang).
+  bool wait(const std::vector<OpHandle>& hs, TimeNs limit = 500'000'000) {
+    const TimeNs deadline = loop.now() + limit;
+    auto all_done = [&] {
+      for (const auto& h : hs) {
+        if (!h->done()) {
+          return false;
+        }
+      }
+      return true;
+    };
+    while (!all_done()) {
+      if (loop.idle() || loop.next_event_time() > deadline) {
+        return false;
+      }
+      loop.run(loop.next_event_time());
+    }
+    return true;
+  }
+  uint8_t* mem(int i, uint16_t w) { return ep[i]->memory().window(w)->data; }
+};
+
+std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  std::mt19937 rng(seed);
+  for (auto& b : v) {
+    b = static_cast<uint8_t>(rng());
+  }
+  return v;
+}
+
+uint64_t u64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+// Every transaction type, checked against a reference computed here.
+void exercise_all(Pair& p, uint32_t seed) {
+  const auto big = pattern(300'000, seed);     // 74 packets, several QPs in weak/partial
+  const auto small = pattern(1000, seed + 1);  // one packet
+  std::vector<OpHandle> hs;
+  hs.push_back(p.ep[0]->store(1, kData, 4096, big.data(), big.size()));
+  hs.push_back(p.ep[0]->store(1, kData, 500'000, small.data(), small.size()));
+  ASSERT_TRUE(p.wait(hs)) << "stores hung";
+  for (auto& h : hs) {
+    ASSERT_TRUE(h->ok()) << h->error;
+  }
+  EXPECT_EQ(std::memcmp(p.mem(1, kData) + 4096, big.data(), big.size()), 0);
+  EXPECT_EQ(std::memcmp(p.mem(1, kData) + 500'000, small.data(), small.size()), 0);
+  std::vector<uint8_t> back(big.size());
+  OpHandle ld = p.ep[0]->load(back.data(), 1, kData, 4096, back.size());
+  ASSERT_TRUE(p.wait({ld}));
+  ASSERT_TRUE(ld->ok()) << ld->error;
+  EXPECT_EQ(back, big);
+  // Atomics: 50 fetch-adds in flight at once must each apply exactly once, whatever is lost.
+  std::vector<OpHandle> adds;
+  for (int i = 0; i < 50; ++i) {
+    adds.push_back(p.ep[0]->fetch_add(1, kFlag, 64, 3));
+  }
+  ASSERT_TRUE(p.wait(adds));
+  std::vector<uint64_t> olds;
+  for (auto& h : adds) {
+    ASSERT_TRUE(h->ok()) << h->error;
+    olds.push_back(h->result);
+  }
+  std::sort(olds.begin(), olds.end());
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_EQ(olds[i], 3u * i) << "fetch_add results are the 50 distinct prefixes";
+  }
+  EXPECT_EQ(u64(p.mem(1, kFlag) + 64), 150u) << "each add applied exactly once";
+  OpHandle cas_ok = p.ep[0]->compare_swap(1, kFlag, 64, 150, 7);
+  ASSERT_TRUE(p.wait({cas_ok}));
+  OpHandle cas_miss = p.ep[0]->compare_swap(1, kFlag, 64, 150, 9);
+  ASSERT_TRUE(p.wait({cas_miss}));
+  EXPECT_EQ(cas_ok->result, 150u);
+  EXPECT_EQ(cas_miss->result, 7u);
+  EXPECT_EQ(u64(p.mem(1, kFlag) + 64), 7u);
+  const auto sig_data = pattern(20'000, seed + 2);
+  OpHandle ps =
+      p.ep[0]->put_signal(1, kData, 700'000, sig_data.data(), sig_data.size(), kFlag, 128, 5, endpoint::SignalOp::kAdd);
+  ASSERT_TRUE(p.wait({ps}));
+  ASSERT_TRUE(ps->ok()) << ps->error;
+  EXPECT_EQ(u64(p.mem(1, kFlag) + 128), 5u);
+  EXPECT_EQ(std::memcmp(p.mem(1, kData) + 700'000, sig_data.data(), sig_data.size()), 0);
+  OpHandle q = p.ep[0]->quiet();
+  ASSERT_TRUE(p.wait({q}));
+}
+
+}  // namespace
+
+class EveryTransaction : public testing::TestWithParam<std::tuple<Ordering, double>> {};
+
+TEST_P(EveryTransaction, MatchesReferenceUnderLoss) {
+  const auto [ordering, loss] = GetParam();
+  Pair p(ordering, 2, loss, 11);
+  exercise_all(p, 5);
+  const auto c0 = p.ep[0]->counters();
+  if (loss > 0) {
+    EXPECT_GT(c0.qp.retransmits + c0.qp.timeouts, 0u) << "loss was injected but nothing was repaired";
+  }
+  EXPECT_EQ(c0.ops_failed, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, EveryTransaction,
+                         testing::Combine(testing::Values(Ordering::kWeak, Ordering::kPartial, Ordering::kStrong),
+                                          testing::Values(0.0, 0.01, 0.05)),
+                         [](const auto& info) {
+                           return std::string(endpoint::ordering_name(std::get<0>(info.param))) + "_loss" +
+                                  std::to_string(static_cast<int>(std::get<1>(info.param) * 100));
+                         });
+
+TEST(Endpoint, InvalidArgumentsFailBeforeAnythingIsSent) {
+  Pair p(Ordering::kPartial, 1, 0);
+  uint8_t buf[16] = {};
+  EXPECT_EQ(p.ep[0]->store(1, kData, kWindow - 8, buf, 16)->status, OpStatus::kInvalidArgument);
+  EXPECT_EQ(p.ep[0]->store(5, kData, 0, buf, 16)->status, OpStatus::kInvalidArgument);
+  EXPECT_EQ(p.ep[0]->store(1, 77, 0, buf, 16)->status, OpStatus::kInvalidArgument);
+  OpHandle mis = p.ep[0]->fetch_add(1, kFlag, 4, 1);
+  EXPECT_EQ(mis->status, OpStatus::kInvalidArgument);
+  EXPECT_NE(mis->error.find("aligned"), std::string::npos) << mis->error;
+  EXPECT_EQ(p.ep[0]->counters().tx_frames, 0u);
+}
+
+TEST(Endpoint, ProtectionViolationsAreNakedMemoryUnchangedAndTheQpRecovers) {
+  Pair p(Ordering::kPartial, 1, 0);
+  const endpoint::WindowInfo& w = *p.ep[1]->memory().window(kData);
+  std::vector<uint8_t> before(p.mem(1, kData), p.mem(1, kData) + 8192);
+  const auto junk = pattern(6000, 3);
+  OpHandle bad_rkey = p.ep[0]->store_raw(1, 0, w.va, w.rkey ^ 0x10, junk.data(), junk.size());
+  OpHandle oob = p.ep[0]->store_raw(1, 0, w.va + w.size - 100, w.rkey, junk.data(), junk.size());
+  std::vector<uint8_t> sink(64);
+  OpHandle bad_read = p.ep[0]->load_raw(sink.data(), 1, 0, w.va - 64, w.rkey, 64);
+  OpHandle bad_atomic = p.ep[0]->fetch_add_raw(1, 0, w.va + 4, w.rkey, 1);
+  const auto good = pattern(5000, 4);
+  OpHandle after = p.ep[0]->store(1, kData, 100'000, good.data(), good.size());
+  ASSERT_TRUE(p.wait({bad_rkey, oob, bad_read, bad_atomic, after}));
+  EXPECT_EQ(bad_rkey->status, OpStatus::kRemoteAccessError);
+  EXPECT_EQ(oob->status, OpStatus::kRemoteAccessError);
+  EXPECT_EQ(bad_read->status, OpStatus::kRemoteAccessError);
+  EXPECT_EQ(bad_atomic->status, OpStatus::kRemoteAccessError);
+  EXPECT_TRUE(after->ok()) << "the QP reconnected and carried on: " << after->error;
+  EXPECT_EQ(std::vector<uint8_t>(p.mem(1, kData), p.mem(1, kData) + 8192), before) << "memory changed";
+  EXPECT_EQ(std::memcmp(p.mem(1, kData) + 100'000, good.data(), good.size()), 0);
+  EXPECT_GE(p.ep[1]->counters().qp.access_naks_sent, 4u);
+  EXPECT_GE(p.ep[0]->counters().reconnects, 4u);
+}
+
+TEST(Endpoint, WrongJobIsNaked) {
+  Pair p(Ordering::kStrong, 1, 0, 1, /*job_b=*/2);  // endpoint 1's windows belong to job 2, endpoint 0 is job 1
+  uint64_t v = 42;
+  OpHandle h = p.ep[0]->store(1, kFlag, 0, &v, 8);
+  ASSERT_TRUE(p.wait({h}));
+  EXPECT_EQ(h->status, OpStatus::kRemoteAccessError);
+  EXPECT_EQ(u64(p.mem(1, kFlag)), 0u);
+}
+
+TEST(Endpoint, MalformedAndUnexpectedFramesAreCountedAndDropped) {
+  Pair p(Ordering::kPartial, 1, 0);
+  // A well-formed frame to start from: one the endpoint itself would send.
+  common::FrameHeaders h;
+  h.ip.src = 0x0A000001;
+  h.ip.dst = 0x0A000002;
+  h.bth.opcode = static_cast<uint8_t>(common::Opcode::kWriteOnly);
+  h.bth.pkey = endpoint::job_pkey(1);
+  h.bth.dest_qp = p.ep[1]->qpn(0, 0);
+  h.bth.psn = 0;
+  const endpoint::WindowInfo& w = *p.ep[1]->memory().window(kFlag);
+  h.reth = common::Reth{w.va, w.rkey, 8};
+  const uint64_t payload = 0xDEADBEEF;
+  auto inject = [&](const common::FrameHeaders& hh, bool corrupt = false) {
+    std::vector<uint8_t> f = common::encode_frame(hh, reinterpret_cast<const uint8_t*>(&payload), 8);
+    if (corrupt) {
+      f[f.size() - 10] ^= 1;
+    }
+    p.links[0]->end(0).send(std::move(f));
+    p.loop.run(p.loop.now() + 10'000);
+  };
+  common::FrameHeaders wrong_qp = h;
+  wrong_qp.bth.dest_qp = 0x999999;
+  inject(wrong_qp);
+  common::FrameHeaders far = h;
+  far.bth.psn = 0x300000;  // far beyond the responder window
+  inject(far);
+  common::FrameHeaders send = h;
+  send.bth.opcode = static_cast<uint8_t>(common::Opcode::kSendOnly);
+  send.reth.reset();
+  inject(send);
+  common::FrameHeaders spoof = h;
+  spoof.ip.src = 0x0A0000FF;
+  inject(spoof);
+  inject(h, /*corrupt=*/true);
+  const auto c = p.ep[1]->counters();
+  EXPECT_EQ(c.rx_unknown_qp, 1u);
+  EXPECT_EQ(c.qp.far_psn_drops, 1u);
+  EXPECT_EQ(c.rx_unsupported, 1u);
+  EXPECT_EQ(c.rx_wrong_source, 1u);
+  EXPECT_EQ(c.rx_malformed, 1u);
+  EXPECT_EQ(u64(p.mem(1, kFlag)), 0u) << "nothing was written";
+  // And the endpoint still works.
+  uint64_t v = 9;
+  OpHandle ok = p.ep[0]->store(1, kFlag, 0, &v, 8);
+  ASSERT_TRUE(p.wait({ok}));
+  EXPECT_TRUE(ok->ok());
+  EXPECT_EQ(u64(p.mem(1, kFlag)), 9u);
+}
+
+TEST(Endpoint, UnreachablePeerFailsWithRetryExceededInsteadOfHanging) {
+  Pair p(Ordering::kPartial, 1, 0);
+  p.links[0]->set_up(false);
+  uint64_t v = 1;
+  OpHandle h = p.ep[0]->store(1, kFlag, 0, &v, 8);
+  ASSERT_TRUE(p.wait({h}, 100'000'000'000ULL)) << "hung instead of failing";
+  EXPECT_EQ(h->status, OpStatus::kRetryExceeded);
+  OpHandle later = p.ep[0]->store(1, kFlag, 8, &v, 8);
+  ASSERT_TRUE(p.wait({later}));
+  EXPECT_EQ(later->status, OpStatus::kRetryExceeded) << "the QP is in error: fail fast";
+}
+
+// Message passing: a 64 KiB data store, then an 8-byte flag store. The receiver watches its memory every 50 ns;
+// a violation is seeing the flag before all of the data.
+int message_passing_violations(Ordering ordering, double loss, bool fence, int trials) {
+  int violations = 0;
+  for (int t = 0; t < trials; ++t) {
+    Pair p(ordering, 4, loss, 100 + t);
+    const auto data = pattern(64 * 1024, t);
+    const uint64_t flag = 1;
+    bool seen = false;
+    bool bad = false;
+    std::function<void()> watch = [&] {
+      if (!seen && u64(p.mem(1, kFlag)) == flag) {
+        seen = true;
+        bad = std::memcmp(p.mem(1, kData), data.data(), data.size()) != 0;
+      }
+      if (!seen) {
+        p.loop.schedule(p.loop.now() + 50, watch);
+      }
+    };
+    p.loop.schedule(0, watch);
+    OpHandle d = p.ep[0]->store(1, kData, 0, data.data(), data.size());
+    if (fence) {
+      p.ep[0]->fence(1);
+    }
+    OpHandle f = p.ep[0]->store(1, kFlag, 0, &flag, 8);
+    EXPECT_TRUE(p.wait({d, f}));
+    p.loop.run(p.loop.now() + 1000);
+    violations += bad;
+  }
+  return violations;
+}
+
+TEST(Litmus, StrongModeDeliversInIssueOrderEvenUnderLoss) {
+  EXPECT_EQ(message_passing_violations(Ordering::kStrong, 0.05, /*fence=*/false, 20), 0);
+}
+
+TEST(Litmus, PartialModeOrdersAcrossAFence) {
+  EXPECT_EQ(message_passing_violations(Ordering::kPartial, 0.05, /*fence=*/true, 20), 0);
+}
+
+TEST(Litmus, WeakModeOrdersAcrossAFence) {
+  EXPECT_EQ(message_passing_violations(Ordering::kWeak, 0.05, /*fence=*/true, 20), 0);
+}
+
+TEST(Litmus, WeakModeWithoutFenceDoesReorderSoTheLitmusHasTeeth) {
+  EXPECT_GT(message_passing_violations(Ordering::kWeak, 0.05, /*fence=*/false, 20), 0)
+      << "spraying over four QPs with loss never reordered: the litmus could not detect a violation";
+}
+
+TEST(Litmus, PartialModeKeepsSameAddressStoresInOrder) {
+  // Two stores to one address without a fence: the second must win, loss or not.
+  for (int t = 0; t < 20; ++t) {
+    Pair p(Ordering::kPartial, 4, 0.05, 300 + t);
+    uint64_t first = 1;
+    uint64_t second = 2;
+    OpHandle a = p.ep[0]->store(1, kFlag, 256, &first, 8);
+    OpHandle b = p.ep[0]->store(1, kFlag, 256, &second, 8);
+    ASSERT_TRUE(p.wait({a, b}));
+    EXPECT_EQ(u64(p.mem(1, kFlag) + 256), 2u) << "trial " << t;
+  }
+}
+
+TEST(Litmus, PutSignalSignalsOnlyAfterTheDataInEveryMode) {
+  for (Ordering o : {Ordering::kWeak, Ordering::kPartial, Ordering::kStrong}) {
+    Pair p(o, 4, 0.05, 77);
+    const auto data = pattern(64 * 1024, 9);
+    bool bad = false;
+    bool seen = false;
+    std::function<void()> watch = [&] {
+      if (!seen && u64(p.mem(1, kFlag)) == 1) {
+        seen = true;
+        bad = std::memcmp(p.mem(1, kData), data.data(), data.size()) != 0;
+      }
+      if (!seen) {
+        p.loop.schedule(p.loop.now() + 50, watch);
+      }
+    };
+    p.loop.schedule(0, watch);
+    OpHandle h = p.ep[0]->put_signal(1, kData, 0, data.data(), data.size(), kFlag, 0, 1, endpoint::SignalOp::kSet);
+    ASSERT_TRUE(p.wait({h}));
+    EXPECT_TRUE(seen && !bad) << endpoint::ordering_name(o);
+  }
+}
