@@ -100,6 +100,19 @@ Endpoint::Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<Endpoin
       qc.headers = headers_for(peer, static_cast<int>(q), static_cast<int>(q));
       qp_port_[id] = static_cast<int>(q);
       qps_.push_back(std::make_unique<QueuePair>(clock_, qc, memory_, [this, id] { wake_qp(id); }));
+      qps_.back()->on_write([this, peer](uint32_t rkey, uint64_t va, uint64_t len) {
+        if (remote_write_hooks_.empty()) {
+          return;
+        }
+        const int window = memory_.window_of_rkey(rkey);
+        if (window < 0) {
+          return;
+        }
+        const uint64_t offset = va - window_va(static_cast<uint16_t>(window));
+        for (auto& hook : remote_write_hooks_) {
+          hook(peer, static_cast<uint16_t>(window), offset, len);
+        }
+      });
       qps_.back()->on_reconnect([this, peer, q](uint32_t psn) {
         counters_.reconnects++;
         if (cm_) {
@@ -236,10 +249,21 @@ void Endpoint::finish_op(uint64_t id, const OpHandle& h) {
     counters_.ops_failed++;
   }
   outstanding_ops_.erase(id);
+  if (h->on_done) {
+    auto fn = std::move(h->on_done);
+    h->on_done = nullptr;
+    fn(*h);
+  }
   const uint64_t oldest = outstanding_ops_.empty() ? next_op_id_ : *outstanding_ops_.begin();
   while (!quiet_waiters_.empty() && quiet_waiters_.front().first <= oldest) {
-    quiet_waiters_.front().second->status = OpStatus::kOk;
+    OpHandle q = quiet_waiters_.front().second;
     quiet_waiters_.pop_front();
+    q->status = OpStatus::kOk;
+    if (q->on_done) {
+      auto fn = std::move(q->on_done);
+      q->on_done = nullptr;
+      fn(*q);
+    }
   }
 }
 
@@ -786,6 +810,15 @@ EndpointCounters Endpoint::counters() const {
 
 // ------------------------------------------------------------------------------------------------- the NIC --
 
+bool Endpoint::send_frame(int port, std::vector<uint8_t>&& frame) {
+  if (port < 0 || port >= num_ports()) {
+    return false;
+  }
+  port_state_[port].raw.push_back(std::move(frame));
+  kick(port);
+  return true;
+}
+
 void Endpoint::wake_qp(int id) {
   const int port = qp_port_[id];
   PortState& ps = port_state_[port];
@@ -814,6 +847,14 @@ void Endpoint::kick(int port) {
         }
       });
     }
+    return;
+  }
+  if (!ps.raw.empty()) {
+    std::vector<uint8_t> f = std::move(ps.raw.front());
+    ps.raw.pop_front();
+    counters_.tx_frames++;
+    ech_frames_sent_++;
+    p->send(std::move(f));
     return;
   }
   while (!ps.active.empty()) {
@@ -867,6 +908,15 @@ void Endpoint::receive(int port, std::vector<uint8_t>&& frame) {
     counters_.rx_misaddressed++;
     return;
   }
+  if (pf.h.ech) {
+    // ECH frames are addressed to the endpoint, not to a QP: the collective agent owns their protocol.
+    if (ech_handler_) {
+      ech_handler_(port, pf, frame.data());
+    } else {
+      counters_.rx_unsupported++;
+    }
+    return;
+  }
   const uint32_t qpn = pf.h.bth.dest_qp;
   const size_t k = ports_.size();
   if (qpn < 0x100 || (qpn - 0x100) / 64 >= static_cast<uint32_t>(num_endpoints()) || (qpn - 0x100) % 64 >= k) {
@@ -881,7 +931,7 @@ void Endpoint::receive(int port, std::vector<uint8_t>&& frame) {
   }
   const uint8_t opcode = pf.h.bth.opcode;
   if (opcode <= static_cast<uint8_t>(common::Opcode::kSendOnlyImm) ||
-      opcode == static_cast<uint8_t>(common::Opcode::kCnp) || pf.h.ech) {
+      opcode == static_cast<uint8_t>(common::Opcode::kCnp)) {
     counters_.rx_unsupported++;
     return;
   }

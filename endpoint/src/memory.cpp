@@ -72,6 +72,11 @@ AccessError SymmetricMemory::check(uint32_t rkey, uint64_t va, uint64_t len, uin
   return AccessError::kOk;
 }
 
+int SymmetricMemory::window_of_rkey(uint32_t rkey) const {
+  auto it = by_rkey_.find(rkey);
+  return it == by_rkey_.end() ? -1 : it->second;
+}
+
 uint8_t* SymmetricMemory::translate(uint32_t rkey, uint64_t va) const {
   const WindowInfo& w = windows_.at(by_rkey_.at(rkey));
   return w.data + (va - w.va);

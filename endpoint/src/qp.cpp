@@ -623,6 +623,9 @@ bool QueuePair::execute(const common::ParsedFrame& pf, const uint8_t* frame) {
       return false;
     }
     std::memcpy(memory_.translate(r.rkey, r.virtual_address), payload, len);
+    if (on_write_) {
+      on_write_(r.rkey, r.virtual_address, len);
+    }
     if (only) {
       ++msn_;
     } else {
@@ -641,6 +644,9 @@ bool QueuePair::execute(const common::ParsedFrame& pf, const uint8_t* frame) {
       return false;
     }
     std::memcpy(memory_.translate(msg_.rkey, msg_.va), payload, len);
+    if (on_write_) {
+      on_write_(msg_.rkey, msg_.va, len);
+    }
     msg_.va += len;
     msg_.remaining -= len;
     if (last) {
@@ -674,6 +680,9 @@ bool QueuePair::execute(const common::ParsedFrame& pf, const uint8_t* frame) {
     updated = a.swap_or_add;
   }
   std::memcpy(p, &updated, 8);
+  if (on_write_) {
+    on_write_(a.rkey, a.virtual_address, 8);
+  }
   atomic_cache_.push_back({psn, original});
   if (atomic_cache_.size() > kAtomicCacheSize) {
     atomic_cache_.pop_front();

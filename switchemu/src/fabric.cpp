@@ -73,6 +73,9 @@ Fabric::Fabric(common::Clock& clock, const routing::Topology& topo, FabricOption
     cfg.lb = opts_.lb;
     cfg.params = topo_.params;
     cfg.base_mac = node_port_mac(topo_, static_cast<int>(n), 0);
+    cfg.ip = nd.loopback;
+    cfg.ifec = opts_.ifec;
+    cfg.ifec_config = opts_.ifec_config;
     node_switch_[n] = static_cast<int>(switches_.size());
     switch_nodes_.push_back(static_cast<int>(n));
     switches_.push_back(std::make_unique<Switch>(clock_, cfg, node_ports[n]));
@@ -135,6 +138,16 @@ void Fabric::fare_round(uint64_t generation) {
     fn(clock_.now());
   }
   clock_.schedule(clock_.now() + topo_.params.control_plane_delay_ns, [this, generation] { fare_round(generation); });
+}
+
+int Fabric::switch_of_plane(int gpu, int plane) const {
+  for (const GpuPort& p : gpu_ports_.at(gpu)) {
+    if (p.plane == plane) {
+      const auto [node, port] = topo_.peer(p.link, topo_.gpu_node(gpu));
+      return node_switch_[node];
+    }
+  }
+  return -1;
 }
 
 SwitchTotals Fabric::switch_totals() const {

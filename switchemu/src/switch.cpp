@@ -50,6 +50,19 @@ Switch::Switch(common::Clock& clock, SwitchConfig cfg, std::vector<common::Port*
     ports_[p]->set_receiver([this, port](std::vector<uint8_t>&& f) { receive(port, std::move(f)); });
     ports_[p]->set_tx_ready([this, port] { transmit(port); });
   }
+  if (cfg_.ifec) {
+    ifec_ = std::make_unique<IfecEngine>(clock_, cfg_.ifec_config, cfg_.ip,
+                                         [this](std::vector<uint8_t>&& f) { inject(std::move(f)); });
+  }
+}
+
+void Switch::inject(std::vector<uint8_t>&& frame) {
+  common::L3View l3;
+  if (!common::parse_l3(frame.data(), frame.size(), &l3).ok()) {
+    originated_drops_++;
+    return;
+  }
+  forward(-1, std::move(frame), l3);
 }
 
 common::MacAddress Switch::port_mac(int port) const {
@@ -152,13 +165,30 @@ void Switch::receive(int in_port, std::vector<uint8_t>&& frame) {
     in.counters.malformed_drops++;
     return;
   }
+  if (ifec_ && l3.dst == cfg_.ip && l3.dst_port == common::kEchUdpPort) {
+    // For the IFEC engine: parse all of it (ICRC included) before it may touch an aggregation slot.
+    common::ParsedFrame pf;
+    if (!common::parse_frame(frame.data(), frame.size(), &pf).ok() || !pf.h.ech) {
+      in.counters.malformed_drops++;
+      return;
+    }
+    ifec_->receive(pf, frame.data());
+    return;
+  }
+  forward(in_port, std::move(frame), l3);
+}
+
+void Switch::forward(int in_port, std::vector<uint8_t>&& frame, const common::L3View& l3) {
+  SwitchPortCounters dummy;
+  SwitchPortCounters& in_counters = in_port >= 0 ? state_[in_port].counters : dummy;
   auto it = fib_.find(l3.dst);
   if (it == fib_.end()) {
-    in.counters.no_route_drops++;
+    in_counters.no_route_drops++;
+    originated_drops_ += in_port < 0;
     return;
   }
   if (l3.ttl <= 1) {
-    in.counters.ttl_drops++;
+    in_counters.ttl_drops++;
     return;
   }
   const uint64_t flow =
@@ -170,10 +200,10 @@ void Switch::receive(int in_port, std::vector<uint8_t>&& frame) {
     // hardware does; FARE reweighs the rest of the fabric one control-plane delay per hop later.
     idx = choose_live(it->second, flow);
     if (idx < 0) {
-      in.counters.no_route_drops++;
+      in_counters.no_route_drops++;
       return;
     }
-    in.counters.failovers++;
+    in_counters.failovers++;
   }
   const NextHopPort& hop = it->second.hops[idx];
   const int prio = priority_of(l3.dscp);
@@ -186,6 +216,7 @@ void Switch::receive(int in_port, std::vector<uint8_t>&& frame) {
       (!lossless && qc.bytes_now + frame.size() > cfg_.params.buffer_bytes)) {
     qc.drops++;
     buffer_drops_++;
+    originated_drops_ += in_port < 0;
     return;
   }
   uint8_t ecn = l3.ecn;
@@ -208,7 +239,8 @@ void Switch::receive(int in_port, std::vector<uint8_t>&& frame) {
   const common::MacAddress src = port_mac(hop.port);
   std::copy(src.begin(), src.end(), data + 6);
 
-  if (lossless) {
+  if (lossless && in_port >= 0) {
+    PortState& in = state_[in_port];
     in.ingress_bytes[prio] += frame.size();
     if (!in.xoff_sent[prio] && in.ingress_bytes[prio] > cfg_.params.pfc.xoff_bytes) {
       send_pfc(in_port, prio, true);
@@ -259,7 +291,7 @@ void Switch::transmit(int port) {
     qc.bytes_now -= len;
     shared_used_ -= len;
     const bool lossless = cfg_.params.pfc.enabled && prio == cfg_.params.pfc.lossless_priority;
-    if (lossless) {
+    if (lossless && pkt.ingress >= 0) {
       release_ingress(pkt.ingress, prio, len);
     }
     if (!p->send(std::move(pkt.bytes))) {
@@ -357,6 +389,7 @@ SwitchTotals Switch::totals() const {
     }
   }
   t.buffer_drops = buffer_drops_;
+  t.drops += originated_drops_;
   t.shared_buffer_high_water = shared_high_water_;
   return t;
 }

@@ -61,6 +61,9 @@ struct OpState {
   OpStatus status = OpStatus::kPending;
   uint64_t result = 0;  // fetched value of atomics
   std::string error;    // what went wrong, naming the value, when status is not kOk
+  // Runs once when the operation completes (set it right after posting; check done() first, since invalid
+  // arguments complete before the call returns).
+  std::function<void(const OpState&)> on_done;
   bool done() const { return status != OpStatus::kPending; }
   bool ok() const { return status == OpStatus::kOk; }
 };
@@ -105,6 +108,19 @@ class Endpoint {
   void routes_changed();
   // How a fatal NAK reconnects: tell endpoint `peer` to reset its responder of QP `qp` to `psn`.
   void set_connection_manager(std::function<void(int peer, int qp, uint32_t psn)> fn) { cm_ = std::move(fn); }
+  // Called after a remote store or atomic landed in this endpoint's memory: (peer, window, offset, length).
+  // Lets collectives wait for a signal word without polling.
+  using RemoteWriteHook = std::function<void(int peer, uint16_t window, uint64_t offset, uint64_t len)>;
+  void on_remote_write(RemoteWriteHook fn) { remote_write_hooks_.push_back(std::move(fn)); }
+  // ECH frames (in-fabric collectives and multicast) bypass the RC QPs: they go to this handler, which owns their
+  // protocol (see workloads/ifec_collectives.h). Without a handler they are counted as unsupported and dropped.
+  using EchHandler = std::function<void(int port, const common::ParsedFrame& pf, const uint8_t* frame)>;
+  void set_ech_handler(EchHandler fn) { ech_handler_ = std::move(fn); }
+  // Queues a ready-made frame on `port` (sent before QP traffic); false when the port index is invalid.
+  bool send_frame(int port, std::vector<uint8_t>&& frame);
+  int num_ports() const { return static_cast<int>(ports_.size()); }
+  const EndpointPort& port_info(int port) const { return ports_.at(port); }
+  uint64_t ech_frames_sent() const { return ech_frames_sent_; }
   void reset_responder(int peer, int qp, uint32_t psn);
 
   OpHandle store(int peer, uint16_t window, uint64_t offset, const void* src, size_t len);
@@ -148,7 +164,8 @@ class Endpoint {
     std::map<uint16_t, WindowInfo> windows;
   };
   struct PortState {
-    std::deque<int> active;  // QP ids with frames to send
+    std::deque<std::vector<uint8_t>> raw;  // frames queued by send_frame (ECH), ahead of QP traffic
+    std::deque<int> active;                // QP ids with frames to send
     std::vector<char> queued;
     common::TimeNs paused_until = 0;
     bool wakeup_pending = false;
@@ -190,6 +207,9 @@ class Endpoint {
   std::vector<PortState> port_state_;
   std::function<void(int, std::vector<double>*)> weight_source_;
   std::function<void(int, int, uint32_t)> cm_;
+  std::vector<RemoteWriteHook> remote_write_hooks_;
+  EchHandler ech_handler_;
+  uint64_t ech_frames_sent_ = 0;
   uint64_t next_op_id_ = 1;
   std::set<uint64_t> outstanding_ops_;
   std::deque<std::pair<uint64_t, OpHandle>> quiet_waiters_;

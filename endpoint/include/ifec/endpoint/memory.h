@@ -44,6 +44,8 @@ class SymmetricMemory {
   const WindowInfo* window(uint16_t id) const;
   // Checks an access of `len` bytes at `va` under `rkey` for `job`; atomics also need 8-byte alignment.
   AccessError check(uint32_t rkey, uint64_t va, uint64_t len, uint32_t job, bool atomic) const;
+  // Window id registered under `rkey`, or -1.
+  int window_of_rkey(uint32_t rkey) const;
   // Host pointer for a checked access.
   uint8_t* translate(uint32_t rkey, uint64_t va) const;
 

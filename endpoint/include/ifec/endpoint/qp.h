@@ -95,6 +95,8 @@ class QueuePair {
   void set_headers(const common::FrameHeaders& h) { cfg_.headers = h; }
   // Called when the requester renumbered after a fatal NAK: the peer's responder must expect `psn` next.
   void on_reconnect(std::function<void(uint32_t psn)> fn) { reconnect_ = std::move(fn); }
+  // Called after a request wrote into local memory (WRITE payload or atomic result): rkey, VA, length.
+  void on_write(std::function<void(uint32_t rkey, uint64_t va, uint64_t len)> fn) { on_write_ = std::move(fn); }
 
   bool idle() const { return sq_.empty() && out_.empty(); }
   bool failed() const { return error_; }
@@ -174,6 +176,7 @@ class QueuePair {
   bool timer_armed_ = false;
   std::shared_ptr<bool> alive_;
   std::function<void(uint32_t)> reconnect_;
+  std::function<void(uint32_t, uint64_t, uint64_t)> on_write_;
   bool reconnect_pending_ = false;
   uint32_t reconnect_psn_ = 0;
 

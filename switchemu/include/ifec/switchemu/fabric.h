@@ -18,7 +18,9 @@ struct FabricOptions {
   LoadBalance lb = LoadBalance::kPerPacket;
   bool pfc = true;
   uint64_t seed = 1;
-  double loss = 0;  // injected random frame loss on every link, each direction (fault injection)
+  double loss = 0;   // injected random frame loss on every link, each direction (fault injection)
+  bool ifec = true;  // switches run the IFEC engine
+  IfecConfig ifec_config;
 };
 
 // One port of a GPU: which link (sub-link) and plane it is on, and the port to send on.
@@ -63,6 +65,9 @@ class Fabric {
   int fare_rounds_run() const { return rounds_run_; }
 
   SwitchTotals switch_totals() const;
+  // The switch (index) a GPU's port on `plane` attaches to, or -1 (one-tier planes: the plane's switch).
+  int switch_of_plane(int gpu, int plane) const;
+  uint32_t switch_ip(int i) const { return topo_.nodes.at(switch_nodes_.at(i)).loopback; }
 
  private:
   void install_routes();

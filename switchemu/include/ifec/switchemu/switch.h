@@ -18,14 +18,17 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "ifec/common/ethernet.h"
+#include "ifec/common/frame.h"
 #include "ifec/common/interfaces.h"
 #include "ifec/routing/topology.h"
+#include "ifec/switchemu/ifec_engine.h"
 
 namespace ifec::switchemu {
 
@@ -35,6 +38,9 @@ const char* load_balance_name(LoadBalance lb);
 
 struct SwitchConfig {
   std::string name = "switch";
+  uint32_t ip = 0;   // the switch's loopback: ECH frames addressed to it go to the IFEC engine
+  bool ifec = true;  // run an IFEC engine (otherwise frames for the switch itself are dropped as unroutable)
+  IfecConfig ifec_config;
   uint64_t seed = 1;  // flow-hash and ECN-marking randomness
   LoadBalance lb = LoadBalance::kPerPacket;
   routing::FabricParams params;
@@ -99,6 +105,11 @@ class Switch {
   int num_ports() const { return static_cast<int>(ports_.size()); }
   const SwitchPortCounters& counters(int port) const { return state_.at(port).counters; }
   SwitchTotals totals() const;
+  // The IFEC engine (null when disabled).
+  IfecEngine* ifec() { return ifec_.get(); }
+  const IfecEngine* ifec() const { return ifec_.get(); }
+  // Forwards a frame the switch itself originates (the IFEC engine's results, ACKs, replicas).
+  void inject(std::vector<uint8_t>&& frame);
   const SwitchConfig& config() const { return cfg_; }
   common::MacAddress port_mac(int port) const;
   // Priority a frame with this DSCP is queued in (lossless class for RoCE's DSCP 26, 0 otherwise).
@@ -126,6 +137,8 @@ class Switch {
   };
 
   void receive(int in_port, std::vector<uint8_t>&& frame);
+  // Forwarding from FIB lookup on; in_port -1 for frames the switch originates (no PFC ingress accounting).
+  void forward(int in_port, std::vector<uint8_t>&& frame, const common::L3View& l3);
   void handle_pfc(int in_port, const std::vector<uint8_t>& frame);
   int choose(Group& g, uint64_t flow_hash);
   int choose_live(Group& g, uint64_t flow_hash);
@@ -145,6 +158,8 @@ class Switch {
   uint64_t shared_capacity_ = 0;
   uint64_t shared_high_water_ = 0;
   uint64_t buffer_drops_ = 0;
+  uint64_t originated_drops_ = 0;  // engine frames with no route or no buffer
+  std::unique_ptr<IfecEngine> ifec_;
 };
 
 }  // namespace ifec::switchemu

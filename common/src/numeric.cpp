@@ -1,0 +1,199 @@
+// fp16 / bf16 conversions and element-wise reductions.
+#include "ifec/common/numeric.h"
+
+#include <cmath>
+
+namespace ifec::common {
+
+namespace {
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace
+
+float fp16_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t{static_cast<uint32_t>(h >> 15)} << 31;
+  const uint32_t exp = (h >> 10) & 0x1F;
+  uint32_t mant = h & 0x3FF;
+  if (exp == 0x1F) {
+    return from_bits(sign | 0x7F800000u | (mant << 13));  // Inf / NaN
+  }
+  if (exp == 0) {
+    if (mant == 0) {
+      return from_bits(sign);
+    }
+    // Subnormal: normalize.
+    int e = -1;
+    do {
+      mant <<= 1;
+      ++e;
+    } while ((mant & 0x400) == 0);
+    mant &= 0x3FF;
+    return from_bits(sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mant << 13));
+  }
+  return from_bits(sign | (exp + 127 - 15) << 23 | (mant << 13));
+}
+
+uint16_t float_to_fp16(float f) {
+  const uint32_t u = bits(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000);
+  const uint32_t exp = (u >> 23) & 0xFF;
+  uint32_t mant = u & 0x7FFFFF;
+  if (exp == 0xFF) {
+    return static_cast<uint16_t>(sign | 0x7C00 | (mant ? 0x200 | (mant >> 13) : 0));
+  }
+  const int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 0x1F) {
+    return static_cast<uint16_t>(sign | 0x7C00);  // overflow to Inf
+  }
+  if (e <= 0) {
+    if (e < -10) {
+      return sign;  // underflow to zero
+    }
+    mant |= 0x800000;
+    const int shift = 14 - e;
+    uint32_t half = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half & 1))) {
+      ++half;
+    }
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1FFF;
+  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) {
+    ++half;  // may carry into the exponent, up to Inf: correct rounding
+  }
+  return static_cast<uint16_t>(sign | half);
+}
+
+float bf16_to_float(uint16_t b) { return from_bits(uint32_t{b} << 16); }
+
+uint16_t float_to_bf16(float f) {
+  const uint32_t u = bits(f);
+  if ((u & 0x7FFFFFFF) > 0x7F800000) {
+    return static_cast<uint16_t>((u >> 16) | 0x40);  // keep NaN a (quiet) NaN
+  }
+  const uint32_t rounding = 0x7FFF + ((u >> 16) & 1);
+  return static_cast<uint16_t>((u + rounding) >> 16);
+}
+
+Acc load_element(EchDtype t, const uint8_t* data, size_t i) {
+  Acc a;
+  switch (t) {
+    case EchDtype::kFp32:
+      std::memcpy(&a.f, data + 4 * i, 4);
+      break;
+    case EchDtype::kInt32:
+      std::memcpy(&a.i, data + 4 * i, 4);
+      break;
+    case EchDtype::kFp16: {
+      uint16_t h;
+      std::memcpy(&h, data + 2 * i, 2);
+      a.f = fp16_to_float(h);
+      break;
+    }
+    case EchDtype::kBf16: {
+      uint16_t h;
+      std::memcpy(&h, data + 2 * i, 2);
+      a.f = bf16_to_float(h);
+      break;
+    }
+  }
+  return a;
+}
+
+void store_element(EchDtype t, Acc v, uint8_t* data, size_t i) {
+  switch (t) {
+    case EchDtype::kFp32:
+      std::memcpy(data + 4 * i, &v.f, 4);
+      break;
+    case EchDtype::kInt32:
+      std::memcpy(data + 4 * i, &v.i, 4);
+      break;
+    case EchDtype::kFp16: {
+      const uint16_t h = float_to_fp16(v.f);
+      std::memcpy(data + 2 * i, &h, 2);
+      break;
+    }
+    case EchDtype::kBf16: {
+      const uint16_t h = float_to_bf16(v.f);
+      std::memcpy(data + 2 * i, &h, 2);
+      break;
+    }
+  }
+}
+
+Acc combine(EchDtype t, EchRedOp op, Acc a, Acc b) {
+  Acc r;
+  if (t == EchDtype::kInt32) {
+    switch (op) {
+      case EchRedOp::kSum:
+        // Two's-complement wrap-around, as numpy's int32 sum does.
+        r.i = static_cast<int32_t>(static_cast<uint32_t>(a.i) + static_cast<uint32_t>(b.i));
+        break;
+      case EchRedOp::kMin:
+        r.i = a.i < b.i ? a.i : b.i;
+        break;
+      case EchRedOp::kMax:
+        r.i = a.i > b.i ? a.i : b.i;
+        break;
+    }
+    return r;
+  }
+  switch (op) {
+    case EchRedOp::kSum:
+      r.f = a.f + b.f;
+      break;
+    case EchRedOp::kMin:
+      r.f = std::isnan(a.f) || std::isnan(b.f) ? NAN : (a.f < b.f ? a.f : b.f);
+      break;
+    case EchRedOp::kMax:
+      r.f = std::isnan(a.f) || std::isnan(b.f) ? NAN : (a.f > b.f ? a.f : b.f);
+      break;
+  }
+  return r;
+}
+
+void accumulate(EchDtype t, EchRedOp op, Acc* acc, const uint8_t* src, size_t n, bool first) {
+  for (size_t i = 0; i < n; ++i) {
+    const Acc v = load_element(t, src, i);
+    acc[i] = first ? v : combine(t, op, acc[i], v);
+  }
+}
+
+void finalize(EchDtype t, const Acc* acc, uint8_t* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    store_element(t, acc[i], dst, i);
+  }
+}
+
+void reduce_into(EchDtype t, EchRedOp op, uint8_t* dst, const uint8_t* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    store_element(t, combine(t, op, load_element(t, dst, i), load_element(t, src, i)), dst, i);
+  }
+}
+
+size_t count_non_finite(EchDtype t, const uint8_t* data, size_t n) {
+  if (t == EchDtype::kInt32) {
+    return 0;
+  }
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    bad += !std::isfinite(load_element(t, data, i).f);
+  }
+  return bad;
+}
+
+}  // namespace ifec::common

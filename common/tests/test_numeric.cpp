@@ -1,0 +1,92 @@
+// fp16 / bf16 conversions against known encodings and exhaustive round trips; reductions per dtype and op.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ifec/common/numeric.h"
+
+using namespace ifec::common;
+
+TEST(Fp16, KnownEncodings) {
+  EXPECT_EQ(float_to_fp16(1.0f), 0x3C00);
+  EXPECT_EQ(float_to_fp16(-2.0f), 0xC000);
+  EXPECT_EQ(float_to_fp16(65504.0f), 0x7BFF) << "largest finite half";
+  EXPECT_EQ(float_to_fp16(65520.0f), 0x7C00) << "rounds up to Inf";
+  EXPECT_EQ(float_to_fp16(5.9604645e-8f), 0x0001) << "smallest subnormal";
+  EXPECT_EQ(float_to_fp16(1.0f + 1.0f / 2048), 0x3C00) << "halfway rounds to even";
+  EXPECT_EQ(float_to_fp16(1.0f + 3.0f / 2048), 0x3C02) << "halfway rounds to even (up)";
+  EXPECT_FLOAT_EQ(fp16_to_float(0x3555), 0.333251953125f);
+  EXPECT_TRUE(std::isnan(fp16_to_float(float_to_fp16(NAN))));
+}
+
+TEST(Fp16, EveryHalfRoundTripsThroughFloat) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = fp16_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      continue;
+    }
+    EXPECT_EQ(float_to_fp16(f), h) << std::hex << h;
+  }
+}
+
+TEST(Bf16, KnownEncodingsAndRoundTrips) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(float_to_bf16(-1.5f), 0xBFC0);
+  EXPECT_EQ(float_to_bf16(1.00390625f), 0x3F80) << "halfway rounds to even";
+  EXPECT_EQ(float_to_bf16(1.01171875f), 0x3F82) << "halfway rounds to even (up)";
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float f = bf16_to_float(static_cast<uint16_t>(b));
+    if (!std::isnan(f)) {
+      EXPECT_EQ(float_to_bf16(f), b) << std::hex << b;
+    }
+  }
+}
+
+TEST(Reduce, Int32SumWrapsLikeTwosComplement) {
+  const std::vector<int32_t> a = {std::numeric_limits<int32_t>::max(), -5, 7};
+  const std::vector<int32_t> b = {1, -7, std::numeric_limits<int32_t>::min()};
+  std::vector<int32_t> d = a;
+  reduce_into(EchDtype::kInt32, EchRedOp::kSum, reinterpret_cast<uint8_t*>(d.data()),
+              reinterpret_cast<const uint8_t*>(b.data()), 3);
+  EXPECT_EQ(d[0], std::numeric_limits<int32_t>::min());
+  EXPECT_EQ(d[1], -12);
+  EXPECT_EQ(d[2], std::numeric_limits<int32_t>::min() + 7);
+}
+
+TEST(Reduce, Bf16AccumulatedInFp32BeatsPerStepRounding) {
+  // 64 contributions of 1/64 + 1: per-step bf16 rounding loses the small parts, fp32 accumulation keeps them.
+  const int k = 64;
+  std::vector<uint16_t> x(1, float_to_bf16(1.0f + 1.0f / 64));
+  std::vector<Acc> acc(1);
+  std::vector<uint16_t> ring(1, x[0]);
+  for (int i = 0; i < k; ++i) {
+    accumulate(EchDtype::kBf16, EchRedOp::kSum, acc.data(), reinterpret_cast<const uint8_t*>(x.data()), 1, i == 0);
+    if (i > 0) {
+      reduce_into(EchDtype::kBf16, EchRedOp::kSum, reinterpret_cast<uint8_t*>(ring.data()),
+                  reinterpret_cast<const uint8_t*>(x.data()), 1);
+    }
+  }
+  std::vector<uint16_t> out(1);
+  finalize(EchDtype::kBf16, acc.data(), reinterpret_cast<uint8_t*>(out.data()), 1);
+  const double exact = k * static_cast<double>(bf16_to_float(x[0]));
+  EXPECT_LE(std::fabs(bf16_to_float(out[0]) - exact), std::fabs(bf16_to_float(ring[0]) - exact));
+  EXPECT_NEAR(bf16_to_float(out[0]), exact, exact * 0.004) << "one final rounding only";
+}
+
+TEST(Reduce, MinMaxAndNonFinite) {
+  const std::vector<float> a = {1, -3, 2};
+  const std::vector<float> b = {0, 5, NAN};
+  std::vector<float> mn = a;
+  std::vector<float> mx = a;
+  reduce_into(EchDtype::kFp32, EchRedOp::kMin, reinterpret_cast<uint8_t*>(mn.data()),
+              reinterpret_cast<const uint8_t*>(b.data()), 3);
+  reduce_into(EchDtype::kFp32, EchRedOp::kMax, reinterpret_cast<uint8_t*>(mx.data()),
+              reinterpret_cast<const uint8_t*>(b.data()), 3);
+  EXPECT_EQ(mn[0], 0);
+  EXPECT_EQ(mn[1], -3);
+  EXPECT_TRUE(std::isnan(mn[2])) << "NaN propagates";
+  EXPECT_EQ(mx[1], 5);
+  EXPECT_EQ(count_non_finite(EchDtype::kFp32, reinterpret_cast<const uint8_t*>(b.data()), 3), 1u);
+}

@@ -1,0 +1,409 @@
+// IFEC engine: in-switch aggregation slots, result copies until acknowledged, anomaly timeouts, and the
+// multicast transaction proxy.
+#include "ifec/switchemu/ifec_engine.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "ifec/common/checks.h"
+
+namespace ifec::switchemu {
+
+using common::Ech;
+using common::EchFormat;
+using common::EchOp;
+using common::Opcode;
+
+namespace {
+
+constexpr uint32_t kEchQpn = 0xFFFFFE;  // ECH frames are not for an RC QP; endpoints dispatch them by ECH
+constexpr size_t kMulticastDoneMemory = 4096;
+
+uint64_t group_key(uint32_t job, uint16_t group) { return (uint64_t{job} << 16) | group; }
+uint16_t pkey_for(uint32_t job) { return static_cast<uint16_t>(0x8000 | (job & 0x7FFF)); }
+
+}  // namespace
+
+IfecEngine::IfecEngine(common::Clock& clock, IfecConfig cfg, uint32_t switch_ip, Emit emit)
+    : clock_(clock), cfg_(cfg), ip_(switch_ip), emit_(std::move(emit)), free_slots_(cfg.slot_pool) {}
+
+bool IfecEngine::reserve(const GroupReservation& r, std::string* why) {
+  std::ostringstream os;
+  const uint64_t key = group_key(r.job, r.group);
+  if (groups_.count(key)) {
+    os << "group " << r.group << " of job " << r.job << " is already reserved";
+  } else if (r.members.size() < 2 || r.members.size() > 64) {
+    os << "group " << r.group << " has " << r.members.size() << " members, expected 2..64";
+  } else if (r.slots == 0) {
+    os << "group " << r.group << " asks for 0 slots";
+  } else if (r.slots > free_slots_) {
+    os << "slot pool exhausted: group " << r.group << " asks for " << r.slots << " slots, " << free_slots_ << " of "
+       << cfg_.slot_pool << " free";
+  } else if (r.op != EchOp::kReduce && r.op != EchOp::kAllReduce && r.op != EchOp::kBarrier) {
+    os << "group " << r.group << ": operation " << common::ech_op_name(r.op) << " needs no reservation";
+  }
+  if (!os.str().empty()) {
+    counters_.reservation_failures++;
+    if (why != nullptr) {
+      *why = os.str();
+    }
+    return false;
+  }
+  Group g;
+  g.r = r;
+  for (size_t i = 0; i < r.members.size(); ++i) {
+    g.all |= 1ULL << i;
+    if (r.members[i].destination) {
+      g.destinations |= 1ULL << i;
+    }
+  }
+  g.slots.resize(r.slots);
+  free_slots_ -= r.slots;
+  counters_.reservations++;
+  groups_.emplace(key, std::move(g));
+  return true;
+}
+
+void IfecEngine::release(uint32_t job, uint16_t group) {
+  auto it = groups_.find(group_key(job, group));
+  if (it != groups_.end()) {
+    free_slots_ += static_cast<uint32_t>(it->second.slots.size());
+    groups_.erase(it);
+  }
+}
+
+void IfecEngine::register_window(int gpu, uint32_t ip, uint16_t window, uint64_t va, uint32_t rkey, uint32_t job) {
+  windows_[{gpu, window}] = Window{ip, va, rkey, job};
+  gpu_of_ip_[ip] = gpu;
+}
+
+void IfecEngine::receive(const common::ParsedFrame& pf, const uint8_t* frame) {
+  const Ech& ech = *pf.h.ech;
+  const uint8_t opcode = pf.h.bth.opcode;
+  if (ech.format == EchFormat::kCompact) {
+    if (opcode == static_cast<uint8_t>(Opcode::kWriteOnly)) {
+      multicast(pf, frame);
+    } else if (opcode == static_cast<uint8_t>(Opcode::kAcknowledge)) {
+      multicast_ack(pf);
+    } else {
+      counters_.malformed_drops++;
+    }
+    return;
+  }
+  auto it = groups_.find(group_key(ech.job_id, ech.group_id));
+  if (it == groups_.end()) {
+    counters_.unreserved_drops++;  // never reserved, released, or another job's group id
+    return;
+  }
+  if ((pf.h.bth.pkey & 0x7FFF) != (ech.job_id & 0x7FFF)) {
+    counters_.unreserved_drops++;  // the frame's partition is not the job it names
+    return;
+  }
+  Group& g = it->second;
+  if (ech.contributor_id >= g.r.members.size() || ech.op != g.r.op) {
+    counters_.malformed_drops++;
+    return;
+  }
+  if (opcode == static_cast<uint8_t>(Opcode::kAcknowledge)) {
+    result_ack(g, pf);
+  } else if (opcode == static_cast<uint8_t>(Opcode::kWriteOnly)) {
+    contribute(g, pf, frame);
+  } else {
+    counters_.malformed_drops++;
+  }
+}
+
+void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8_t* frame) {
+  const Ech& ech = *pf.h.ech;
+  const size_t esize = common::ech_dtype_size(g.r.dtype);
+  if (ech.dtype != g.r.dtype || ech.redop != g.r.redop || !pf.h.reth ||
+      size_t{ech.element_count} * esize > cfg_.slot_bytes || (g.r.op == EchOp::kBarrier && ech.element_count != 0)) {
+    counters_.malformed_drops++;
+    return;
+  }
+  const int c = ech.contributor_id;
+  const uint64_t bit = 1ULL << c;
+  const bool is_destination = (g.destinations & bit) != 0;
+  Slot& s = g.slots[ech.chunk_index % g.slots.size()];
+  if (s.busy && s.chunk != ech.chunk_index) {
+    if (ech.chunk_index < s.chunk) {
+      // A late copy of a chunk that already completed and was acknowledged by everyone who needed it.
+      counters_.duplicate_contributions++;
+      if (!is_destination) {
+        send_ech_ack(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
+      }
+    } else {
+      counters_.slot_busy_drops++;  // the older chunk still waits for acknowledgements: the sender retries
+    }
+    return;
+  }
+  if (!s.busy) {
+    s.busy = true;
+    s.chunk = ech.chunk_index;
+    s.arrived = 0;
+    s.acked = 0;
+    s.complete = false;
+    s.anomaly = false;
+    s.elements = ech.element_count;
+    s.offset = pf.h.reth->virtual_address;
+    s.acc.assign(s.elements, common::Acc{});
+    s.parts.assign(cfg_.reproducible ? g.r.members.size() : 0, {});
+    s.result.clear();
+    s.generation++;
+    arm_timeout(g, s);
+  }
+  if (s.arrived & bit) {
+    counters_.duplicate_contributions++;
+    if (s.complete && is_destination) {
+      counters_.result_resends++;
+      send_result(g, s, c);  // its copy of the result was lost
+    } else if (!is_destination) {
+      send_ech_ack(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
+    }
+    return;
+  }
+  if (s.complete) {
+    // Completed as an anomaly without this contributor: tell it again.
+    counters_.duplicate_contributions++;
+    send_result(g, s, c);
+    return;
+  }
+  if (ech.element_count != s.elements || pf.h.reth->virtual_address != s.offset) {
+    counters_.malformed_drops++;
+    return;
+  }
+  const uint8_t* payload = frame + pf.payload_offset;
+  const size_t non_finite = common::count_non_finite(g.r.dtype, payload, s.elements);
+  if (non_finite > 0) {
+    counters_.non_finite_inputs += non_finite;
+    s.anomaly = true;  // aggregated anyway (NaN propagates), but the result carries the flag
+  }
+  counters_.contributions++;
+  if (cfg_.reproducible) {
+    s.parts[c].assign(payload, payload + s.elements * esize);
+  } else if (s.elements > 0) {
+    common::accumulate(g.r.dtype, g.r.redop, s.acc.data(), payload, s.elements, s.arrived == 0);
+  }
+  s.arrived |= bit;
+  if (!is_destination) {
+    send_ech_ack(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
+  }
+  if (s.arrived == g.all) {
+    complete(g, s, false);
+  }
+}
+
+void IfecEngine::complete(Group& g, Slot& s, bool timed_out) {
+  s.complete = true;
+  const size_t esize = common::ech_dtype_size(g.r.dtype);
+  if (timed_out) {
+    s.anomaly = true;
+    s.elements = 0;  // no partial result travels: the endpoints redo this chunk on the fallback path
+    s.result.clear();
+    counters_.anomalies++;
+  } else {
+    if (cfg_.reproducible && s.elements > 0) {
+      // Fixed contributor order: bitwise the same result whatever order the contributions arrived in.
+      for (size_t c = 0; c < s.parts.size(); ++c) {
+        common::accumulate(g.r.dtype, g.r.redop, s.acc.data(), s.parts[c].data(), s.elements, c == 0);
+      }
+    }
+    s.result.resize(s.elements * esize);
+    common::finalize(g.r.dtype, s.acc.data(), s.result.data(), s.elements);
+    counters_.slots_completed++;
+  }
+  // Who must acknowledge: the destinations; after a timeout every member (all of them redo the chunk).
+  s.need = timed_out ? g.all : g.destinations;
+  for (size_t m = 0; m < g.r.members.size(); ++m) {
+    if (s.need & (1ULL << m)) {
+      send_result(g, s, static_cast<int>(m));
+    }
+  }
+}
+
+void IfecEngine::send_result(Group& g, Slot& s, int member) {
+  const GroupMember& gm = g.r.members[member];
+  Ech e;
+  e.format = EchFormat::kStandard;
+  e.op = g.r.op;
+  e.flags = s.anomaly ? common::ech_flags::kAnomaly : 0;
+  e.job_id = g.r.job;
+  e.group_id = g.r.group;
+  e.contributor_id = static_cast<uint16_t>(member);
+  e.chunk_index = s.chunk;
+  e.dtype = g.r.dtype;
+  e.redop = g.r.redop;
+  e.element_count = s.elements;
+  e.window_id = g.r.window;
+  common::Reth reth{gm.result_va + s.offset, gm.rkey, static_cast<uint32_t>(s.result.size())};
+  emit_(build(gm.ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), s.chunk & 0xFFFFFF, pkey_for(g.r.job), reth,
+              s.result.data(), s.result.size()));
+  counters_.results_sent++;
+}
+
+void IfecEngine::result_ack(Group& g, const common::ParsedFrame& pf) {
+  const Ech& ech = *pf.h.ech;
+  counters_.acks_received++;
+  Slot& s = g.slots[ech.chunk_index % g.slots.size()];
+  if (!s.busy || s.chunk != ech.chunk_index || !s.complete) {
+    return;  // late or duplicate acknowledgement
+  }
+  s.acked |= 1ULL << ech.contributor_id;
+  maybe_free(g, s);
+}
+
+void IfecEngine::maybe_free(Group& g, Slot& s) {
+  if (s.complete && (s.acked & s.need) == s.need) {
+    s.busy = false;
+    s.result.clear();
+    s.result.shrink_to_fit();
+    s.acc.clear();
+    s.parts.clear();
+    s.generation++;
+  }
+  (void)g;
+}
+
+void IfecEngine::arm_timeout(Group& g, Slot& s) {
+  const uint64_t key = group_key(g.r.job, g.r.group);
+  const size_t index = static_cast<size_t>(&s - g.slots.data());
+  const uint64_t gen = s.generation;
+  clock_.schedule(clock_.now() + cfg_.slot_timeout_ns, [this, key, index, gen] {
+    auto it = groups_.find(key);
+    if (it == groups_.end() || index >= it->second.slots.size()) {
+      return;
+    }
+    Slot& slot = it->second.slots[index];
+    if (!slot.busy || slot.generation != gen) {
+      return;
+    }
+    if (!slot.complete) {
+      complete(it->second, slot, true);
+      arm_timeout(it->second, slot);  // and if even the anomaly is never acknowledged, reclaim the slot later
+    } else {
+      slot.busy = false;  // acknowledgements never came (a member is gone): reclaim the slot
+      slot.generation++;
+    }
+  });
+}
+
+void IfecEngine::send_ech_ack(uint32_t dst_ip, const Ech& ech, uint32_t psn, uint16_t pkey) {
+  Ech e = ech;
+  e.element_count = 0;
+  e.flags = 0;
+  emit_(build(dst_ip, e, static_cast<uint8_t>(Opcode::kAcknowledge), psn, pkey, std::nullopt, nullptr, 0));
+}
+
+std::vector<uint8_t> IfecEngine::build(uint32_t dst_ip, const Ech& ech, uint8_t opcode, uint32_t psn, uint16_t pkey,
+                                       const std::optional<common::Reth>& reth, const uint8_t* payload, size_t len) {
+  common::FrameHeaders h;
+  h.ip.src = ip_;
+  h.ip.dst = dst_ip;
+  h.ip.dscp = 26;
+  h.ip.ecn = 2;
+  h.udp.src_port = static_cast<uint16_t>(0xC000 | ((dst_ip * 2654435761u + psn) >> 18));
+  h.ech = ech;
+  h.bth.opcode = opcode;
+  h.bth.pkey = pkey;
+  h.bth.dest_qp = kEchQpn;
+  h.bth.psn = psn;
+  if (opcode == static_cast<uint8_t>(Opcode::kAcknowledge)) {
+    h.aeth = common::Aeth::ack(0);
+  } else {
+    h.reth = reth;
+  }
+  return common::encode_frame(h, payload, len);
+}
+
+// ------------------------------------------------------------------------------------------------ multicast --
+
+void IfecEngine::multicast(const common::ParsedFrame& pf, const uint8_t* frame) {
+  const Ech& ech = *pf.h.ech;
+  const auto key = std::make_pair(uint32_t{ech.source_id}, pf.h.bth.psn);
+  if (std::find(mcast_done_.begin(), mcast_done_.end(), key) != mcast_done_.end()) {
+    // Completed already; the source's copy of our ACK was lost.
+    Ech e = ech;
+    send_ech_ack(pf.h.ip.src, e, pf.h.bth.psn, pf.h.bth.pkey);
+    return;
+  }
+  auto it = mcast_.find(key);
+  if (it != mcast_.end()) {
+    // Retransmission: repair only toward destinations that have not acknowledged (no second write elsewhere).
+    for (int d = 0; d < 64; ++d) {
+      if (it->second.pending & (1ULL << d)) {
+        counters_.multicast_repairs++;
+        send_replica(it->second, d);
+      }
+    }
+    return;
+  }
+  if (!pf.h.reth || mcast_.size() >= cfg_.multicast_entries) {
+    counters_.malformed_drops += !pf.h.reth;
+    return;  // no room: the source retries
+  }
+  Multicast m;
+  m.source_ip = pf.h.ip.src;
+  m.source_id = ech.source_id;
+  m.window = ech.window_id;
+  m.offset = pf.h.reth->virtual_address;
+  m.psn = pf.h.bth.psn;
+  m.job = pf.h.bth.pkey & 0x7FFF;
+  for (int d = 0; d < 64; ++d) {
+    if (!(ech.dest_bitmap & (1ULL << d))) {
+      continue;
+    }
+    auto w = windows_.find({d, ech.window_id});
+    if (w == windows_.end() || w->second.job != m.job) {
+      counters_.multicast_unknown_window++;  // the whole packet is refused: the source gets no completion
+      return;
+    }
+    m.pending |= 1ULL << d;
+  }
+  m.payload.assign(frame + pf.payload_offset, frame + pf.payload_offset + pf.payload_size);
+  counters_.multicast_packets++;
+  auto [pos, inserted] = mcast_.emplace(key, std::move(m));
+  for (int d = 0; d < 64; ++d) {
+    if (pos->second.pending & (1ULL << d)) {
+      send_replica(pos->second, d);
+    }
+  }
+}
+
+void IfecEngine::send_replica(const Multicast& m, int dest) {
+  const Window& w = windows_.at({dest, m.window});
+  Ech e;
+  e.format = EchFormat::kCompact;
+  e.op = EchOp::kMulticast;
+  e.source_id = m.source_id;
+  e.window_id = m.window;
+  e.dest_bitmap = 1ULL << dest;
+  common::Reth reth{w.va + m.offset, w.rkey, static_cast<uint32_t>(m.payload.size())};
+  emit_(build(w.ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), m.psn, pkey_for(m.job), reth, m.payload.data(),
+              m.payload.size()));
+  counters_.multicast_replicas++;
+}
+
+void IfecEngine::multicast_ack(const common::ParsedFrame& pf) {
+  const Ech& ech = *pf.h.ech;
+  auto it = mcast_.find({uint32_t{ech.source_id}, pf.h.bth.psn});
+  if (it == mcast_.end()) {
+    return;  // duplicate acknowledgement
+  }
+  Multicast& m = it->second;
+  m.pending &= ~ech.dest_bitmap;
+  if (m.pending != 0) {
+    return;
+  }
+  // Every destination has the data: one completion to the source (the transaction proxy's job).
+  Ech e = ech;
+  e.dest_bitmap = 1ULL << m.source_id;
+  send_ech_ack(m.source_ip, e, m.psn, pkey_for(m.job));
+  counters_.multicast_completions++;
+  mcast_done_.push_back(it->first);
+  if (mcast_done_.size() > kMulticastDoneMemory) {
+    mcast_done_.pop_front();
+  }
+  mcast_.erase(it);
+}
+
+}  // namespace ifec::switchemu

@@ -1,0 +1,729 @@
+// Endpoint side of in-fabric collectives and multicast: chunking over planes, contributions with retransmission,
+// result acknowledgement, protection checks, and completion of whatever the fabric could not serve.
+#include "ifec/workloads/ifec_collectives.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ifec/common/checks.h"
+#include "ifec/common/frame.h"
+
+namespace ifec::workloads {
+
+using common::Ech;
+using common::EchFormat;
+using common::EchOp;
+using common::Opcode;
+using common::TimeNs;
+
+namespace {
+
+constexpr uint32_t kEchQpn = 0xFFFFFE;
+
+uint16_t pkey_for(uint32_t job) { return static_cast<uint16_t>(0x8000 | (job & 0x7FFF)); }
+
+EchOp ech_op(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce:
+      return EchOp::kAllReduce;
+    case Collective::kReduce:
+      return EchOp::kReduce;
+    case Collective::kBarrier:
+      return EchOp::kBarrier;
+    case Collective::kMulticast:
+      return EchOp::kMulticast;
+  }
+  return EchOp::kAllReduce;
+}
+
+}  // namespace
+
+// How a (member, chunk) finished in the fabric.
+enum class Outcome : uint8_t { kPending, kResult, kAck, kAnomaly, kStuck };
+
+struct IfecCollectives::Op {
+  CollectiveSpec spec;
+  uint64_t generation = 0;
+  size_t esize = 4;
+  size_t epc = 1;     // elements per chunk
+  size_t chunks = 0;  // C
+  std::map<int, uint16_t> group_of_plane;
+  std::map<uint32_t, int> plane_of_switch_ip;            // one group id on every plane: the answering switch says which
+  std::map<int, std::vector<uint32_t>> chunks_of_plane;  // plane -> chunk k by sequence j
+  std::map<int, int> switch_of_plane;
+  std::map<int, int> member_of_gpu;
+  struct Lane {
+    uint32_t next = 0;
+    uint32_t base = 0;
+    std::vector<int> tries;
+  };
+  std::vector<std::map<int, Lane>> lanes;     // [member][plane]
+  std::vector<std::vector<Outcome>> outcome;  // [member][chunk]
+  uint64_t pending = 0;                       // (member, chunk) pairs still kPending
+  uint64_t anomalies = 0;
+  // multicast
+  bool multicast = false;
+  size_t packet_bytes = 4096;
+  size_t packets = 0;
+  std::vector<int> packet_plane;
+  std::vector<uint32_t> packet_psn;
+  std::map<uint32_t, uint32_t> packet_of_psn;
+  std::vector<char> packet_done;
+  std::vector<int> packet_tries;
+  std::map<int, std::deque<uint32_t>> unsent;  // plane -> packets not yet sent
+  std::map<int, uint32_t> inflight;
+  uint64_t packets_pending = 0;
+  std::vector<uint32_t> packet_fallback;
+  uint64_t dest_bitmap = 0;
+};
+
+IfecCollectives::IfecCollectives(Cluster& cluster, IfecOptions opts)
+    : cluster_(cluster), opts_(opts), alive_(std::make_shared<bool>(true)) {
+  for (int g = 0; g < cluster_.size(); ++g) {
+    cluster_.ep(g).set_ech_handler(
+        [this, g](int port, const common::ParsedFrame& pf, const uint8_t* frame) { on_ech(g, port, pf, frame); });
+  }
+}
+
+IfecCollectives::~IfecCollectives() {
+  *alive_ = false;
+  for (int g = 0; g < cluster_.size(); ++g) {
+    cluster_.ep(g).set_ech_handler(nullptr);
+  }
+}
+
+void IfecCollectives::suppress_contributions(int gpu, bool on) {
+  if (on) {
+    suppressed_.insert(gpu);
+  } else {
+    suppressed_.erase(gpu);
+  }
+}
+
+int IfecCollectives::port_for(int gpu, int plane, uint32_t salt) const {
+  endpoint::Endpoint& e = cluster_.ep(gpu);
+  std::vector<int> live;
+  for (int p = 0; p < e.num_ports(); ++p) {
+    if (e.port_info(p).plane == plane && e.port_info(p).port->link_up()) {
+      live.push_back(p);
+    }
+  }
+  if (live.empty()) {
+    return -1;
+  }
+  return live[salt % live.size()];
+}
+
+CollectiveResult IfecCollectives::run(const CollectiveSpec& spec, TimeNs limit) {
+  validate_spec(cluster_, spec);
+  if (spec.kind == Collective::kMulticast) {
+    return run_multicast(spec, limit);
+  }
+  common::EventLoop& loop = cluster_.loop();
+  switchemu::Fabric& fabric = cluster_.fabric();
+  const routing::Topology& topo = fabric.topology();
+  CollectiveResult res;
+  res.start_ns = loop.now();
+  stats_.operations++;
+  auto op = std::make_unique<Op>();
+  op->spec = spec;
+  op->generation = stats_.operations;
+  op->esize = element_size(spec.dtype);
+  op->epc = spec.kind == Collective::kBarrier
+                ? 1
+                : std::max<size_t>(1, std::min<uint32_t>(topo.params.mtu, 4096) / op->esize);
+  op->chunks = spec.kind == Collective::kBarrier ? 1 : (spec.count + op->epc - 1) / op->epc;
+  const size_t n = spec.members.size();
+  for (size_t m = 0; m < n; ++m) {
+    op->member_of_gpu[spec.members[m]] = static_cast<int>(m);
+  }
+  // Planes every member reaches, weighted by the smallest member's live bandwidth there.
+  std::vector<std::pair<int, double>> plane_weights;
+  for (int p = 0; p < topo.num_planes; ++p) {
+    double w = -1;
+    int sw = -1;
+    for (int g : spec.members) {
+      double live = 0;
+      for (const auto& gp : fabric.gpu_ports(g)) {
+        if (gp.plane == p && gp.io->link_up()) {
+          live += gp.io->rate_bps() / 1e9;
+        }
+      }
+      const int s = fabric.switch_of_plane(g, p);
+      if (sw < 0) {
+        sw = s;
+      } else if (s != sw) {
+        live = 0;  // not a one-tier plane for this group: no single aggregation point
+      }
+      w = w < 0 ? live : std::min(w, live);
+    }
+    if (w > 0 && sw >= 0 && fabric.switch_at(sw).ifec() != nullptr) {
+      plane_weights.push_back({p, w});
+      op->switch_of_plane[p] = sw;
+    }
+  }
+  // Reserve a group on each usable plane's switch; a refusal (pool exhausted) moves that plane's share elsewhere.
+  const uint16_t group = next_group_++;
+  std::vector<std::pair<int, double>> reserved;
+  for (const auto& [p, w] : plane_weights) {
+    switchemu::GroupReservation r;
+    r.job = opts_.job;
+    r.group = group;
+    r.op = ech_op(spec.kind);
+    r.dtype = spec.dtype;
+    r.redop = spec.op;
+    r.window = spec.window;
+    r.slots = opts_.slots_per_plane;
+    for (int g : spec.members) {
+      const endpoint::WindowInfo* win = cluster_.ep(g).memory().window(spec.window);
+      switchemu::GroupMember gm;
+      gm.ip = fabric.gpu_ip(g);
+      gm.result_va = win->va + spec.offset;
+      gm.rkey = win->rkey;
+      gm.destination = spec.kind != Collective::kReduce || g == spec.root;
+      r.members.push_back(gm);
+    }
+    std::string why;
+    if (fabric.switch_at(op->switch_of_plane[p]).ifec()->reserve(r, &why)) {
+      reserved.push_back({p, w});
+      op->group_of_plane[p] = group;
+      op->plane_of_switch_ip[fabric.switch_ip(op->switch_of_plane[p])] = p;
+    }
+  }
+  if (reserved.empty()) {
+    // No in-fabric resources at all: the whole operation runs on the endpoint-based path.
+    stats_.fallback_operations++;
+    stats_.fallback_chunks += op->chunks;
+    CollectiveResult fb = run_endpoint_collective(cluster_, spec, limit);
+    fb.start_ns = res.start_ns;
+    fb.fell_back = true;
+    fb.fallback_chunks = op->chunks;
+    return fb;
+  }
+  // Chunks over the reserved planes, in proportion to their weights (smooth weighted round robin).
+  {
+    double total = 0;
+    for (const auto& pw : reserved) {
+      total += pw.second;
+    }
+    std::vector<double> cur(reserved.size(), 0);
+    for (size_t k = 0; k < op->chunks; ++k) {
+      size_t best = 0;
+      for (size_t i = 0; i < reserved.size(); ++i) {
+        cur[i] += reserved[i].second;
+        if (cur[i] > cur[best]) {
+          best = i;
+        }
+      }
+      cur[best] -= total;
+      op->chunks_of_plane[reserved[best].first].push_back(static_cast<uint32_t>(k));
+    }
+  }
+  op->lanes.assign(n, {});
+  op->outcome.assign(n, std::vector<Outcome>(op->chunks, Outcome::kPending));
+  for (size_t m = 0; m < n; ++m) {
+    for (const auto& [p, ks] : op->chunks_of_plane) {
+      Op::Lane lane;
+      lane.tries.assign(ks.size(), 0);
+      op->lanes[m][p] = lane;
+    }
+  }
+  op->pending = n * op->chunks;
+  op_ = std::move(op);
+  for (size_t m = 0; m < n; ++m) {
+    pump(static_cast<int>(m));
+  }
+  const TimeNs deadline = loop.now() + limit;
+  while (op_->pending > 0) {
+    if (loop.idle() || loop.next_event_time() > deadline) {
+      break;
+    }
+    loop.run(loop.next_event_time());
+  }
+  Op& o = *op_;
+  for (const auto& [p, g] : o.group_of_plane) {
+    fabric.switch_at(o.switch_of_plane[p]).ifec()->release(opts_.job, g);
+  }
+  if (o.pending > 0) {
+    res.ok = false;
+    res.error = "in-fabric " + std::string(collective_name(spec.kind)) + ": " + std::to_string(o.pending) +
+                " member chunks unfinished after the time limit";
+    res.end_ns = loop.now();
+    op_.reset();
+    return res;
+  }
+  // Resolve what the fabric did not finish: a member stuck on a chunk others received copies it from one of
+  // them; a chunk nobody received (anomaly) is reduced again from the untouched inputs on the endpoint path.
+  std::vector<char> redo(o.chunks, 0);
+  std::vector<endpoint::OpHandle> copies;
+  for (size_t k = 0; k < o.chunks; ++k) {
+    int holder = -1;
+    bool any_anomaly = false;
+    bool any_stuck = false;
+    for (size_t m = 0; m < n; ++m) {
+      if (o.outcome[m][k] == Outcome::kResult && holder < 0) {
+        holder = static_cast<int>(m);
+      }
+      any_anomaly |= o.outcome[m][k] == Outcome::kAnomaly;
+      any_stuck |= o.outcome[m][k] == Outcome::kStuck;
+    }
+    if (holder < 0 && (any_anomaly || any_stuck)) {
+      redo[k] = 1;
+      continue;
+    }
+    if (!any_stuck || spec.kind == Collective::kBarrier) {
+      continue;
+    }
+    const size_t elems = std::min(o.epc, spec.count - k * o.epc);
+    const uint64_t off = spec.offset + k * o.epc * o.esize;
+    const uint8_t* src = cluster_.window_data(spec.members[holder], spec.window) + off;
+    for (size_t m = 0; m < n; ++m) {
+      const bool needs = spec.kind == Collective::kAllReduce || spec.members[m] == spec.root;
+      if (o.outcome[m][k] == Outcome::kStuck && needs) {
+        copies.push_back(
+            cluster_.ep(spec.members[holder]).store(spec.members[m], spec.window, off, src, elems * o.esize));
+        res.fallback_chunks++;
+      }
+    }
+  }
+  if (!copies.empty() && !cluster_.wait(copies, deadline > loop.now() ? deadline - loop.now() : 1)) {
+    res.ok = false;
+    res.error = "copying results to members that lost them did not finish";
+    op_.reset();
+    return res;
+  }
+  res.anomalies = o.anomalies;
+  res.ok = true;
+  for (size_t k = 0; k < o.chunks;) {
+    if (!redo[k]) {
+      ++k;
+      continue;
+    }
+    size_t end = k;
+    while (end < o.chunks && redo[end]) {
+      ++end;
+    }
+    CollectiveSpec sub = spec;
+    if (spec.kind != Collective::kBarrier) {
+      sub.offset = spec.offset + k * o.epc * o.esize;
+      sub.count = std::min(spec.count, end * o.epc) - k * o.epc;
+    }
+    res.fallback_chunks += end - k;
+    CollectiveResult fb = run_endpoint_collective(cluster_, sub, deadline > loop.now() ? deadline - loop.now() : 1);
+    if (!fb.ok) {
+      res.ok = false;
+      res.error = "fallback for chunks " + std::to_string(k) + ".." + std::to_string(end - 1) + ": " + fb.error;
+      break;
+    }
+    k = end;
+  }
+  if (res.fallback_chunks > 0) {
+    res.fell_back = true;
+    stats_.fallback_operations++;
+    stats_.fallback_chunks += res.fallback_chunks;
+  }
+  res.end_ns = loop.now();
+  op_.reset();
+  return res;
+}
+
+void IfecCollectives::pump(int m) {
+  Op& o = *op_;
+  for (auto& [p, lane] : o.lanes[m]) {
+    const auto& ks = o.chunks_of_plane[p];
+    while (lane.base < ks.size() && o.outcome[m][ks[lane.base]] != Outcome::kPending) {
+      ++lane.base;
+    }
+    while (lane.next < ks.size() && lane.next < lane.base + opts_.slots_per_plane) {
+      send_contribution(m, p, lane.next, false);
+      ++lane.next;
+    }
+  }
+}
+
+void IfecCollectives::send_contribution(int m, int plane, uint32_t j, bool retransmit) {
+  Op& o = *op_;
+  const int gpu = o.spec.members[m];
+  const uint32_t k = o.chunks_of_plane[plane][j];
+  arm(m, plane, j);
+  if (suppressed_.count(gpu)) {
+    return;  // fault injection: this contributor never arrives
+  }
+  const int port = port_for(gpu, plane, j);
+  if (port < 0) {
+    return;  // its link to that plane is down: the timer will give up and the chunk is resolved later
+  }
+  endpoint::Endpoint& e = cluster_.ep(gpu);
+  const size_t elems = o.spec.kind == Collective::kBarrier ? 0 : std::min(o.epc, o.spec.count - k * o.epc);
+  const uint64_t rel = static_cast<uint64_t>(k) * o.epc * o.esize;
+  common::FrameHeaders h;
+  h.eth.src = e.port_info(port).mac;
+  h.eth.dst = e.port_info(port).peer_mac;
+  h.ip.src = e.config().ip;
+  h.ip.dst = cluster_.fabric().switch_ip(o.switch_of_plane[plane]);
+  h.ip.dscp = 26;
+  h.ip.ecn = 2;
+  h.udp.src_port = static_cast<uint16_t>(0xC000 | ((gpu * 977 + j) & 0x3FFF));
+  Ech ech;
+  ech.format = EchFormat::kStandard;
+  ech.op = ech_op(o.spec.kind);
+  ech.flags = retransmit ? common::ech_flags::kRetransmission : 0;
+  ech.job_id = opts_.job;
+  ech.group_id = o.group_of_plane[plane];
+  ech.contributor_id = static_cast<uint16_t>(m);
+  ech.chunk_index = j;
+  ech.dtype = o.spec.dtype;
+  ech.redop = o.spec.op;
+  ech.element_count = static_cast<uint16_t>(elems);
+  ech.window_id = o.spec.window;
+  h.ech = ech;
+  h.bth.opcode = static_cast<uint8_t>(Opcode::kWriteOnly);
+  h.bth.pkey = pkey_for(opts_.job);
+  h.bth.dest_qp = kEchQpn;
+  h.bth.psn = j & 0xFFFFFF;
+  h.reth = common::Reth{rel, 0, static_cast<uint32_t>(elems * o.esize)};
+  const uint8_t* src = cluster_.window_data(gpu, o.spec.window) + o.spec.offset + rel;
+  e.send_frame(port, common::encode_frame(h, src, elems * o.esize));
+  stats_.contributions_sent++;
+  stats_.retransmissions += retransmit;
+}
+
+void IfecCollectives::arm(int m, int plane, uint32_t j) {
+  Op& o = *op_;
+  int& tries = o.lanes[m][plane].tries[j];
+  const TimeNs rto = std::min<TimeNs>(opts_.retransmit_max_ns, opts_.retransmit_ns << std::min(tries, 20));
+  const uint64_t gen = o.generation;
+  std::weak_ptr<bool> alive = alive_;
+  cluster_.loop().schedule(cluster_.loop().now() + rto, [this, alive, gen, m, plane, j] {
+    if (auto a = alive.lock(); !a || !*a || !op_ || op_->generation != gen) {
+      return;
+    }
+    Op& o = *op_;
+    const uint32_t k = o.chunks_of_plane[plane][j];
+    if (o.outcome[m][k] != Outcome::kPending) {
+      return;
+    }
+    if (++o.lanes[m][plane].tries[j] > opts_.max_retries) {
+      o.outcome[m][k] = Outcome::kStuck;  // resolved after the in-fabric phase
+      o.pending--;
+      pump(m);
+      return;
+    }
+    send_contribution(m, plane, j, true);
+  });
+}
+
+void IfecCollectives::send_ech_ack(int gpu, int port, const common::ParsedFrame& pf, uint64_t bitmap) {
+  endpoint::Endpoint& e = cluster_.ep(gpu);
+  common::FrameHeaders h;
+  h.eth.src = e.port_info(port).mac;
+  h.eth.dst = e.port_info(port).peer_mac;
+  h.ip.src = e.config().ip;
+  h.ip.dst = pf.h.ip.src;
+  h.ip.dscp = 26;
+  h.ip.ecn = 2;
+  h.udp.src_port = static_cast<uint16_t>(0xC000 | (pf.h.bth.psn & 0x3FFF));
+  Ech ech = *pf.h.ech;
+  ech.element_count = 0;
+  ech.flags = 0;
+  if (ech.format == EchFormat::kCompact) {
+    ech.dest_bitmap = bitmap;
+  }
+  h.ech = ech;
+  h.bth.opcode = static_cast<uint8_t>(Opcode::kAcknowledge);
+  h.bth.pkey = pf.h.bth.pkey;
+  h.bth.dest_qp = kEchQpn;
+  h.bth.psn = pf.h.bth.psn;
+  h.aeth = common::Aeth::ack(0);
+  e.send_frame(port, common::encode_frame(h, nullptr, 0));
+}
+
+void IfecCollectives::on_ech(int gpu, int port, const common::ParsedFrame& pf, const uint8_t* frame) {
+  if (!op_) {
+    return;  // nothing in flight: a stray copy from an operation that already finished
+  }
+  Op& o = *op_;
+  const Ech& ech = *pf.h.ech;
+  const bool write = pf.h.bth.opcode == static_cast<uint8_t>(Opcode::kWriteOnly);
+  if (ech.format == EchFormat::kCompact) {
+    if (!o.multicast) {
+      return;
+    }
+    if (write) {
+      // A replica: written once per (source, PSN), acknowledged every time.
+      const auto key = std::make_tuple(gpu, int{ech.source_id}, pf.h.bth.psn);
+      if (!seen_multicast_.count(key)) {
+        const common::Reth& r = *pf.h.reth;
+        endpoint::SymmetricMemory& mem = cluster_.ep(gpu).memory();
+        if (mem.check(r.rkey, r.virtual_address, pf.payload_size, pf.h.bth.pkey & 0x7FFF, false) !=
+            endpoint::AccessError::kOk) {
+          stats_.protection_drops++;
+          return;
+        }
+        std::memcpy(mem.translate(r.rkey, r.virtual_address), frame + pf.payload_offset, pf.payload_size);
+        seen_multicast_.insert(key);
+      } else {
+        stats_.duplicate_results++;
+      }
+      send_ech_ack(gpu, port, pf, 1ULL << gpu);
+      return;
+    }
+    // The switch's single completion for a packet to all destinations.
+    auto it = o.packet_of_psn.find(pf.h.bth.psn);
+    if (it != o.packet_of_psn.end() && gpu == o.spec.root && !o.packet_done[it->second]) {
+      o.packet_done[it->second] = 1;
+      o.packets_pending--;
+      o.inflight[o.packet_plane[it->second]]--;
+      multicast_pump();
+    }
+    return;
+  }
+  auto pit = o.plane_of_switch_ip.find(pf.h.ip.src);
+  auto mit = o.member_of_gpu.find(gpu);
+  if (pit == o.plane_of_switch_ip.end() || mit == o.member_of_gpu.end() || ech.job_id != opts_.job ||
+      o.group_of_plane[pit->second] != ech.group_id) {
+    return;
+  }
+  const int plane = pit->second;
+  const int m = mit->second;
+  const auto& ks = o.chunks_of_plane[plane];
+  if (ech.chunk_index >= ks.size()) {
+    return;
+  }
+  const uint32_t k = ks[ech.chunk_index];
+  Outcome& out = o.outcome[m][k];
+  if (!write) {
+    if (out == Outcome::kPending) {  // contribution accepted (reduce, not the root)
+      out = Outcome::kAck;
+      o.pending--;
+    }
+    pump(m);
+    return;
+  }
+  const bool timed_out = (ech.flags & common::ech_flags::kAnomaly) && pf.payload_size == 0 &&
+                         (o.spec.kind == Collective::kBarrier || ech.element_count == 0);
+  if (out != Outcome::kPending) {
+    stats_.duplicate_results++;  // already landed: acknowledge again, write nothing
+    send_ech_ack(gpu, port, pf, 0);
+    return;
+  }
+  if (timed_out) {
+    out = Outcome::kAnomaly;
+    o.anomalies++;
+    stats_.anomalies++;
+  } else {
+    const size_t elems = o.spec.kind == Collective::kBarrier ? 0 : std::min(o.epc, o.spec.count - k * o.epc);
+    const common::Reth& r = *pf.h.reth;
+    endpoint::SymmetricMemory& mem = cluster_.ep(gpu).memory();
+    if (pf.payload_size != elems * o.esize ||
+        (pf.payload_size > 0 && mem.check(r.rkey, r.virtual_address, pf.payload_size, pf.h.bth.pkey & 0x7FFF, false) !=
+                                    endpoint::AccessError::kOk)) {
+      stats_.protection_drops++;
+      return;  // not acknowledged: a wrong result never lands and the switch cannot free the slot for it
+    }
+    if (pf.payload_size > 0) {
+      std::memcpy(mem.translate(r.rkey, r.virtual_address), frame + pf.payload_offset, pf.payload_size);
+    }
+    if (ech.flags & common::ech_flags::kAnomaly) {
+      o.anomalies++;  // NaN/Inf among the inputs: a valid result, flagged
+      stats_.anomalies++;
+    }
+    out = Outcome::kResult;
+    stats_.results_received++;
+  }
+  o.pending--;
+  send_ech_ack(gpu, port, pf, 0);
+  pump(m);
+}
+
+// --------------------------------------------------------------------------------------------- multicast --
+
+CollectiveResult IfecCollectives::run_multicast(const CollectiveSpec& spec, TimeNs limit) {
+  common::EventLoop& loop = cluster_.loop();
+  switchemu::Fabric& fabric = cluster_.fabric();
+  const routing::Topology& topo = fabric.topology();
+  CollectiveResult res;
+  res.start_ns = loop.now();
+  stats_.operations++;
+  auto op = std::make_unique<Op>();
+  op->spec = spec;
+  op->generation = stats_.operations;
+  op->multicast = true;
+  op->esize = element_size(spec.dtype);
+  op->packet_bytes = topo.params.mtu;
+  const uint64_t bytes = spec.count * op->esize;
+  op->packets = (bytes + op->packet_bytes - 1) / op->packet_bytes;
+  for (int g : spec.members) {
+    IFEC_CHECK(g < 64, "multicast: GPU " << g << " does not fit the compact ECH's 64-bit destination bitmap");
+    if (g != spec.root) {
+      op->dest_bitmap |= 1ULL << g;
+    }
+  }
+  // The destinations' windows, for the switches' per-destination rewrite (control-plane set-up, idempotent).
+  std::vector<std::pair<int, double>> planes;
+  for (int p = 0; p < topo.num_planes; ++p) {
+    const int sw = fabric.switch_of_plane(spec.root, p);
+    double w = 0;
+    for (const auto& gp : fabric.gpu_ports(spec.root)) {
+      w += gp.plane == p && gp.io->link_up() ? gp.io->rate_bps() / 1e9 : 0;
+    }
+    if (sw < 0 || w <= 0 || fabric.switch_at(sw).ifec() == nullptr) {
+      continue;
+    }
+    op->switch_of_plane[p] = sw;
+    planes.push_back({p, w});
+    for (int g : spec.members) {
+      const endpoint::WindowInfo* win = cluster_.ep(g).memory().window(spec.window);
+      fabric.switch_at(sw).ifec()->register_window(g, fabric.gpu_ip(g), spec.window, win->va, win->rkey, win->job);
+    }
+  }
+  if (planes.empty() || op->packets == 0) {
+    stats_.fallback_operations += !planes.empty() ? 0 : 1;
+    CollectiveResult fb = run_endpoint_collective(cluster_, spec, limit);
+    fb.fell_back = planes.empty();
+    return fb;
+  }
+  double total = 0;
+  for (const auto& pw : planes) {
+    total += pw.second;
+  }
+  std::vector<double> cur(planes.size(), 0);
+  op->packet_plane.resize(op->packets);
+  op->packet_psn.resize(op->packets);
+  op->packet_done.assign(op->packets, 0);
+  op->packet_tries.assign(op->packets, 0);
+  for (size_t i = 0; i < op->packets; ++i) {
+    size_t best = 0;
+    for (size_t q = 0; q < planes.size(); ++q) {
+      cur[q] += planes[q].second;
+      if (cur[q] > cur[best]) {
+        best = q;
+      }
+    }
+    cur[best] -= total;
+    op->packet_plane[i] = planes[best].first;
+    op->packet_psn[i] = next_multicast_psn_++ & 0xFFFFFF;
+    op->packet_of_psn[op->packet_psn[i]] = static_cast<uint32_t>(i);
+    op->unsent[planes[best].first].push_back(static_cast<uint32_t>(i));
+  }
+  op->packets_pending = op->packets;
+  op_ = std::move(op);
+  multicast_pump();
+  const TimeNs deadline = loop.now() + limit;
+  while (op_->packets_pending > 0) {
+    if (loop.idle() || loop.next_event_time() > deadline) {
+      break;
+    }
+    loop.run(loop.next_event_time());
+  }
+  Op& o = *op_;
+  if (o.packets_pending > 0) {
+    res.error = "multicast: " + std::to_string(o.packets_pending) + " packets unfinished after the time limit";
+    res.end_ns = loop.now();
+    op_.reset();
+    return res;
+  }
+  res.ok = true;
+  // Packets the fabric never completed go point to point from the root (its bytes are intact).
+  std::vector<endpoint::OpHandle> hs;
+  for (uint32_t i : o.packet_fallback) {
+    const uint64_t off = spec.offset + static_cast<uint64_t>(i) * o.packet_bytes;
+    const uint64_t len = std::min<uint64_t>(o.packet_bytes, bytes - static_cast<uint64_t>(i) * o.packet_bytes);
+    const uint8_t* src = cluster_.window_data(spec.root, spec.window) + off;
+    for (int g : spec.members) {
+      if (g != spec.root) {
+        hs.push_back(cluster_.ep(spec.root).store(g, spec.window, off, src, len));
+      }
+    }
+  }
+  if (!hs.empty()) {
+    res.fell_back = true;
+    res.fallback_chunks = o.packet_fallback.size();
+    stats_.fallback_operations++;
+    stats_.fallback_chunks += o.packet_fallback.size();
+    if (!cluster_.wait(hs, deadline > loop.now() ? deadline - loop.now() : 1)) {
+      res.ok = false;
+      res.error = "multicast fallback stores did not finish";
+    }
+    for (const auto& h : hs) {
+      if (h->done() && !h->ok()) {
+        res.ok = false;
+        res.error = "multicast fallback store failed: " + h->error;
+      }
+    }
+  }
+  res.end_ns = loop.now();
+  op_.reset();
+  return res;
+}
+
+void IfecCollectives::multicast_pump() {
+  Op& o = *op_;
+  for (auto& [plane, q] : o.unsent) {
+    while (!q.empty() && o.inflight[plane] < opts_.multicast_window) {
+      const uint32_t i = q.front();
+      q.pop_front();
+      o.inflight[plane]++;
+      send_multicast(i, false);
+    }
+  }
+}
+
+void IfecCollectives::send_multicast(uint32_t i, bool retransmit) {
+  Op& o = *op_;
+  const int plane = o.packet_plane[i];
+  const int root = o.spec.root;
+  const uint64_t gen = o.generation;
+  const TimeNs rto = std::min<TimeNs>(opts_.retransmit_max_ns, opts_.retransmit_ns << std::min(o.packet_tries[i], 20));
+  std::weak_ptr<bool> alive = alive_;
+  cluster_.loop().schedule(cluster_.loop().now() + rto, [this, alive, gen, i] {
+    if (auto a = alive.lock(); !a || !*a || !op_ || op_->generation != gen || op_->packet_done[i]) {
+      return;
+    }
+    Op& o = *op_;
+    if (++o.packet_tries[i] > opts_.max_retries) {
+      o.packet_done[i] = 1;  // finished point to point after the multicast phase
+      o.packet_fallback.push_back(i);
+      o.packets_pending--;
+      o.inflight[o.packet_plane[i]]--;
+      multicast_pump();
+      return;
+    }
+    send_multicast(i, true);
+  });
+  const int port = port_for(root, plane, i);
+  if (port < 0) {
+    return;
+  }
+  endpoint::Endpoint& e = cluster_.ep(root);
+  const uint64_t bytes = o.spec.count * o.esize;
+  const uint64_t rel = static_cast<uint64_t>(i) * o.packet_bytes;
+  const uint64_t len = std::min<uint64_t>(o.packet_bytes, bytes - rel);
+  common::FrameHeaders h;
+  h.eth.src = e.port_info(port).mac;
+  h.eth.dst = e.port_info(port).peer_mac;
+  h.ip.src = e.config().ip;
+  h.ip.dst = cluster_.fabric().switch_ip(o.switch_of_plane[plane]);
+  h.ip.dscp = 26;
+  h.ip.ecn = 2;
+  h.udp.src_port = static_cast<uint16_t>(0xC000 | (i & 0x3FFF));
+  Ech ech;
+  ech.format = EchFormat::kCompact;
+  ech.op = EchOp::kMulticast;
+  ech.flags = retransmit ? common::ech_flags::kRetransmission : 0;
+  ech.source_id = static_cast<uint16_t>(root);
+  ech.window_id = o.spec.window;
+  ech.dest_bitmap = o.dest_bitmap;
+  h.ech = ech;
+  h.bth.opcode = static_cast<uint8_t>(Opcode::kWriteOnly);
+  h.bth.pkey = pkey_for(e.config().job);
+  h.bth.dest_qp = kEchQpn;
+  h.bth.psn = o.packet_psn[i];
+  h.reth = common::Reth{o.spec.offset + rel, 0, static_cast<uint32_t>(len)};
+  const uint8_t* src = cluster_.window_data(root, o.spec.window) + o.spec.offset + rel;
+  e.send_frame(port, common::encode_frame(h, src, len));
+  stats_.multicast_packets++;
+  stats_.retransmissions += retransmit;
+}
+
+}  // namespace ifec::workloads
