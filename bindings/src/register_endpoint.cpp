@@ -6,6 +6,9 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/workloads/cluster.h"
+#include "ifec/workloads/collective_bench.h"
+#include "ifec/workloads/collectives.h"
+#include "ifec/workloads/ifec_collectives.h"
 #include "register.h"
 
 namespace py = pybind11;
@@ -58,6 +61,34 @@ py::dict counters(workloads::Cluster& c, int gpu) {
   d["atomic_replays"] = k.qp.atomic_replays;
   d["path_migrations"] = k.path_migrations;
   d["reconnects"] = k.reconnects;
+  return d;
+}
+
+workloads::CollectiveSpec make_spec(const std::string& kind, const std::vector<int>& members, int root, uint16_t window,
+                                    uint64_t offset, uint64_t count, const std::string& dtype, const std::string& op,
+                                    uint16_t scratch_window) {
+  workloads::CollectiveSpec s;
+  s.kind = workloads::parse_collective(kind);
+  s.members = members;
+  s.root = root;
+  s.window = window;
+  s.offset = offset;
+  s.count = count;
+  s.dtype = workloads::parse_dtype(dtype);
+  s.op = workloads::parse_redop(op);
+  s.scratch_window = scratch_window;
+  return s;
+}
+
+py::dict result_dict(const workloads::CollectiveResult& r) {
+  py::dict d;
+  d["ok"] = r.ok;
+  d["error"] = r.error;
+  d["time_ns"] = r.end_ns - r.start_ns;
+  d["fell_back"] = r.fell_back;
+  d["fallback_chunks"] = r.fallback_chunks;
+  d["anomalies"] = r.anomalies;
+  d["driver"] = "sim";
   return d;
 }
 
@@ -145,7 +176,76 @@ void register_endpoint(py::module_& m) {
       .def("barrier", &workloads::Cluster::barrier, py::arg("limit_ns") = 1'000'000'000ULL)
       .def("fail_link",
            [](workloads::Cluster& c, int link, uint64_t at_ns) { c.fabric().schedule_link_state(link, false, at_ns); })
-      .def("counters", &counters, py::arg("gpu"));
+      .def("counters", &counters, py::arg("gpu"))
+      .def("write_window",
+           [](workloads::Cluster& c, int gpu, uint16_t id, uint64_t offset, py::bytes data) {
+             // Host-side initialisation of a GPU's memory (what cudaMemcpy does before a kernel runs).
+             std::string_view v = data;
+             const endpoint::WindowInfo* w = ep(c, gpu).memory().window(id);
+             IFEC_CHECK(w != nullptr, "GPU " << gpu << " has no window " << id);
+             IFEC_CHECK(offset <= w->size && v.size() <= w->size - offset, "window " << id << ": [" << offset << ", +"
+                                                                                     << v.size() << ") outside its "
+                                                                                     << w->size << " bytes");
+             std::memcpy(w->data + offset, v.data(), v.size());
+           })
+      .def(
+          "scratch_bytes",
+          [](workloads::Cluster& c, const std::string& kind, const std::vector<int>& members, uint64_t count,
+             const std::string& dtype) {
+            return workloads::ring_scratch_bytes(make_spec(kind, members, members.at(0), 1, 0, count, dtype, "sum", 2));
+          })
+      .def(
+          "run_endpoint_collective",
+          [](workloads::Cluster& c, const std::string& kind, const std::vector<int>& members, int root, uint16_t window,
+             uint64_t offset, uint64_t count, const std::string& dtype, const std::string& op, uint16_t scratch_window,
+             uint64_t limit_ns) {
+            const auto spec = make_spec(kind, members, root, window, offset, count, dtype, op, scratch_window);
+            py::gil_scoped_release release;
+            const auto r = workloads::run_endpoint_collective(c, spec, limit_ns);
+            py::gil_scoped_acquire acquire;
+            return result_dict(r);
+          },
+          py::arg("kind"), py::arg("members"), py::arg("root"), py::arg("window"), py::arg("offset"), py::arg("count"),
+          py::arg("dtype"), py::arg("op"), py::arg("scratch_window"), py::arg("limit_ns") = 10'000'000'000ULL);
+  py::class_<workloads::IfecCollectives>(m, "IfecCollectives")
+      .def(py::init<workloads::Cluster&>(), py::arg("cluster"), py::keep_alive<1, 2>())
+      .def(
+          "run",
+          [](workloads::IfecCollectives& x, const std::string& kind, const std::vector<int>& members, int root,
+             uint16_t window, uint64_t offset, uint64_t count, const std::string& dtype, const std::string& op,
+             uint16_t scratch_window, uint64_t limit_ns) {
+            const auto spec = make_spec(kind, members, root, window, offset, count, dtype, op, scratch_window);
+            py::gil_scoped_release release;
+            const auto r = x.run(spec, limit_ns);
+            py::gil_scoped_acquire acquire;
+            return result_dict(r);
+          },
+          py::arg("kind"), py::arg("members"), py::arg("root"), py::arg("window"), py::arg("offset"), py::arg("count"),
+          py::arg("dtype"), py::arg("op"), py::arg("scratch_window"), py::arg("limit_ns") = 10'000'000'000ULL)
+      .def("suppress_contributions", &workloads::IfecCollectives::suppress_contributions, py::arg("gpu"),
+           py::arg("on") = true)
+      .def_property_readonly("fallback_operations",
+                             [](const workloads::IfecCollectives& x) { return x.stats().fallback_operations; });
+  m.def(
+      "run_collective_json",
+      [](const routing::Topology& topo, const std::string& kind, const std::string& algo, uint64_t bytes,
+         const std::string& dtype, const std::string& op, double loss, uint64_t seed, bool reproducible, int members) {
+        workloads::CollectivePoint p;
+        p.kind = workloads::parse_collective(kind);
+        p.algo = workloads::parse_algo(algo);
+        p.bytes = bytes;
+        p.dtype = workloads::parse_dtype(dtype);
+        p.op = workloads::parse_redop(op);
+        p.loss = loss;
+        p.seed = seed;
+        p.reproducible = reproducible;
+        p.members = members;
+        py::gil_scoped_release release;
+        return workloads::row_json(workloads::run_collective_point(topo, p), topo.name);
+      },
+      py::arg("topology"), py::arg("kind"), py::arg("algo"), py::arg("bytes"), py::arg("dtype") = "fp32",
+      py::arg("op") = "sum", py::arg("loss") = 0.0, py::arg("seed") = 1, py::arg("reproducible") = false,
+      py::arg("members") = 0);
 }
 
 }  // namespace ifec::bindings

@@ -451,7 +451,11 @@ void Endpoint::post_store_parts(int peer, uint64_t epoch, uint64_t va, uint32_t 
   std::vector<uint64_t> share(w.size(), 0);
   uint64_t given = 0;
   std::vector<std::pair<double, size_t>> frac;
-  for (size_t q = 0; q < w.size(); ++q) {
+  // Ties in the remainders rotate per store, so stores of a few packets spread over every QP instead of always
+  // landing on the first ones.
+  const size_t rotate = ps.stripe_rotor++;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const size_t q = (i + rotate) % w.size();
     const double exact = packets * w[q] / total;
     share[q] = static_cast<uint64_t>(std::floor(exact));
     given += share[q];

@@ -1,5 +1,7 @@
 // ifec-cli: the native program behind `./ifec pcap|frames|sim`; one function per subcommand, errors to stderr.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -10,6 +12,7 @@
 #include "ifec/common/samples.h"
 #include "ifec/endpoint/ring_bench.h"
 #include "ifec/routing/topology.h"
+#include "ifec/workloads/collective_bench.h"
 #include "ifec/workloads/endpoint_bench.h"
 #include "ifec/workloads/sim_report.h"
 
@@ -26,9 +29,15 @@ int usage(std::FILE* to) {
                "      [--incast-target GPU] [--no-verify] [--quiet] [--counters] [--json]\n"
                "                 raw flows over the simulated fabric; LINK is a link id, NODE:NODE[:SUB] or\n"
                "                 GPU:planeP[:subS]; TIME like 20us; N like 1048576, 64KiB or 1MiB\n"
+               "  sim --topo FILE --collective allreduce|reduce|multicast|barrier --algo ring|ifec\n"
+               "      --bytes SIZE[,SIZE...] [--dtype fp32|bf16|fp16|int32] [--op sum|min|max] [--loss P]\n"
+               "      [--fail LINK@TIME] [--members N] [--slot-pool N] [--reproducible] [--seed S] [--json]\n"
+               "                 one row per size in the nccl-tests layout, plus wire bytes per plane and fallbacks\n"
                "  bench endpoint [--quick]\n"
                "                 descriptors/s through the ring and proxy (CPU backend) and store goodput of the\n"
-               "                 endpoint runtime on the simulated 64 x 4 SuperPoD, one plane vs four\n");
+               "                 endpoint runtime on the simulated 64 x 4 SuperPoD, one plane vs four\n"
+               "  bench collectives [--quick] [--max-sim BYTES]\n"
+               "                 in-switch vs ring AllReduce on the 64 x 4 SuperPoD, 8 B to 1 GiB\n");
   return 2;
 }
 
@@ -87,8 +96,101 @@ uint64_t parse_bytes(const std::string& text) {
   return v * scale;
 }
 
+std::vector<uint64_t> parse_sizes(const std::string& list) {
+  std::vector<uint64_t> out;
+  std::string cur;
+  for (char ch : list + ",") {
+    if (ch == ',') {
+      IFEC_CHECK(!cur.empty(), "--bytes '" << list << "': empty size in the list");
+      out.push_back(parse_bytes(cur));
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  return out;
+}
+
+int cmd_sim_collective(int argc, char** argv) {
+  using namespace ifec;
+  std::string topo_path;
+  workloads::CollectivePoint base;
+  std::vector<uint64_t> sizes;
+  bool json = false;
+  bool have_algo = false;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* flag) -> std::string {
+      IFEC_CHECK(i + 1 < argc, flag << " needs a value");
+      return argv[++i];
+    };
+    if (a == "--topo") {
+      topo_path = value("--topo");
+    } else if (a == "--collective") {
+      base.kind = workloads::parse_collective(value("--collective"));
+    } else if (a == "--algo") {
+      base.algo = workloads::parse_algo(value("--algo"));
+      have_algo = true;
+    } else if (a == "--bytes") {
+      sizes = parse_sizes(value("--bytes"));
+    } else if (a == "--dtype") {
+      base.dtype = workloads::parse_dtype(value("--dtype"));
+    } else if (a == "--op") {
+      base.op = workloads::parse_redop(value("--op"));
+    } else if (a == "--loss") {
+      const std::string v = value("--loss");
+      char* end = nullptr;
+      base.loss = std::strtod(v.c_str(), &end);
+      IFEC_CHECK(end && *end == 0 && base.loss >= 0 && base.loss < 1, "--loss '" << v << "': expected 0 <= P < 1");
+    } else if (a == "--fail") {
+      base.fail.push_back(value("--fail"));
+    } else if (a == "--seed") {
+      base.seed = std::stoull(value("--seed"));
+    } else if (a == "--members") {
+      base.members = std::stoi(value("--members"));
+    } else if (a == "--slot-pool") {
+      base.slot_pool = static_cast<uint32_t>(std::stoul(value("--slot-pool")));
+    } else if (a == "--reproducible") {
+      base.reproducible = true;
+    } else if (a == "--json") {
+      json = true;
+    } else if (a == "--quiet") {
+    } else {
+      IFEC_FAIL("unknown option '" << a << "'");
+    }
+  }
+  IFEC_CHECK(!topo_path.empty(), "--topo FILE is required");
+  IFEC_CHECK(have_algo, "--algo ring|ifec is required with --collective");
+  if (base.kind == workloads::Collective::kBarrier && sizes.empty()) {
+    sizes = {0};
+  }
+  IFEC_CHECK(!sizes.empty(), "--bytes SIZE[,SIZE...] is required");
+  const routing::Topology topo = routing::load_topology(topo_path);
+  if (!json) {
+    std::printf("# %s %s on %s, %d GPUs, loss %g%s\n", workloads::collective_name(base.kind),
+                workloads::algo_name(base.algo), topo.name.c_str(), base.members ? base.members : topo.num_gpus(),
+                base.loss, base.reproducible ? ", reproducible" : "");
+    std::printf("%s", workloads::rows_header().c_str());
+  }
+  int failures = 0;
+  for (uint64_t size : sizes) {
+    workloads::CollectivePoint p = base;
+    p.bytes = size;
+    const workloads::CollectiveRow r = workloads::run_collective_point(topo, p);
+    failures += !r.ok || r.wrong > 0;
+    std::printf("%s", json ? (workloads::row_json(r, topo.name) + "\n").c_str() : workloads::row_text(r).c_str());
+    std::fflush(stdout);
+  }
+  return failures ? 1 : 0;
+}
+
 int cmd_sim(int argc, char** argv) {
   using namespace ifec;
+  for (int i = 0; i < argc; ++i) {
+    if (std::string(argv[i]) == "--collective") {
+      return cmd_sim_collective(argc, argv);
+    }
+  }
   workloads::SimOptions opts;
   std::string traffic;
   std::vector<std::pair<std::string, bool>> events;
@@ -163,6 +265,78 @@ int cmd_sim(int argc, char** argv) {
   return 0;
 }
 
+int bench_collectives(int argc, char** argv) {
+  using namespace ifec;
+  bool quick = false;
+  uint64_t max_sim = 64ULL << 20;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+      max_sim = 1ULL << 20;
+    } else if (a == "--max-sim" && i + 1 < argc) {
+      max_sim = parse_bytes(argv[++i]);
+    } else {
+      IFEC_FAIL("bench collectives: unknown option '" << a << "'");
+    }
+  }
+  const routing::Topology topo = routing::make_superpod(64, 4);
+  std::printf("# AllReduce fp32 sum, 64 GPUs x 4 planes (800G ports as 2 x 400G) [driver: sim]\n");
+  std::printf("# rows above %llu B are (modelled): time = a + b * size fitted to the two largest simulated sizes\n",
+              static_cast<unsigned long long>(max_sim));
+  std::printf("#%13s %12s %14s %14s %10s %10s %8s %12s\n", "size(B)", "count", "ring time(us)", "ifec time(us)",
+              "ring busbw", "ifec busbw", "speedup", "2(N-1)/N");
+  std::vector<uint64_t> sizes;
+  for (uint64_t b = 8; b <= (1ULL << 30); b *= 8) {
+    sizes.push_back(b);
+  }
+  sizes.push_back(64ULL << 20);
+  sizes.push_back(256ULL << 20);
+  sizes.push_back(1ULL << 30);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  struct Fit {
+    double s1 = 0, t1 = 0, s2 = 0, t2 = 0;
+    double at(double s) const {
+      const double b = (t2 - t1) / (s2 - s1);
+      return t2 + b * (s - s2);
+    }
+  };
+  Fit fit[2];
+  const double bound = 2.0 * 63 / 64;
+  for (uint64_t size : sizes) {
+    double t[2];
+    bool modelled = size > max_sim;
+    for (int a = 0; a < 2; ++a) {
+      if (modelled) {
+        t[a] = fit[a].at(static_cast<double>(size));
+        continue;
+      }
+      workloads::CollectivePoint p;
+      p.kind = workloads::Collective::kAllReduce;
+      p.algo = a == 0 ? workloads::Algo::kRing : workloads::Algo::kIfec;
+      p.bytes = size;
+      const auto r = workloads::run_collective_point(topo, p);
+      IFEC_CHECK(r.ok && r.wrong == 0, "bench " << workloads::algo_name(p.algo) << " at " << size
+                                                << " B: " << (r.ok ? "wrong results" : r.error));
+      t[a] = r.time_us;
+      fit[a].s1 = fit[a].s2;
+      fit[a].t1 = fit[a].t2;
+      fit[a].s2 = static_cast<double>(size);
+      fit[a].t2 = r.time_us;
+    }
+    const double busbw[2] = {size / (t[0] * 1e3) * bound, size / (t[1] * 1e3) * bound};
+    std::printf(" %13llu %12llu %14.2f %14.2f %10.2f %10.2f %7.2fx %12.3f%s\n", static_cast<unsigned long long>(size),
+                static_cast<unsigned long long>(size / 4), t[0], t[1], busbw[0], busbw[1], t[0] / t[1], bound,
+                modelled ? "  (modelled)" : "");
+    std::fflush(stdout);
+    if (quick && size >= max_sim) {
+      break;
+    }
+  }
+  return 0;
+}
+
 int cmd_bench(int argc, char** argv) {
   using namespace ifec;
   IFEC_CHECK(argc >= 1, "bench needs a target: endpoint");
@@ -172,7 +346,10 @@ int cmd_bench(int argc, char** argv) {
     IFEC_CHECK(std::string(argv[i]) == "--quick", "bench " << what << ": unknown option '" << argv[i] << "'");
     quick = true;
   }
-  IFEC_CHECK(what == "endpoint", "unknown benchmark '" << what << "': expected endpoint");
+  if (what == "collectives") {
+    return bench_collectives(argc - 1, argv + 1);
+  }
+  IFEC_CHECK(what == "endpoint", "unknown benchmark '" << what << "': expected endpoint or collectives");
   std::printf("== descriptor rate: ring + proxy, CPU backend (wall clock on this machine)\n");
   std::printf("%-16s %8s %12s %10s %14s\n", "backend", "threads", "descriptors", "seconds", "descriptors/s");
   for (int threads : {1, 2}) {

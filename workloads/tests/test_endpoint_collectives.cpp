@@ -58,7 +58,10 @@ std::vector<uint8_t> make_input(EchDtype t, uint64_t count, uint32_t seed) {
 
 double as_double(EchDtype t, const uint8_t* p, uint64_t i) {
   const common::Acc a = common::load_element(t, p, i);
-  return t == EchDtype::kInt32 ? a.i : a.f;
+  if (t == EchDtype::kInt32) {
+    return a.i;
+  }
+  return a.f;
 }
 
 // Ring reduction rounds once per step in the element type, so a float sum carries at most (N - 1) roundings of
@@ -139,6 +142,9 @@ std::string case_name(const Case& c) {
   if (c.kind == Collective::kAllReduce || c.kind == Collective::kReduce) {
     s += std::string("_") + common::ech_redop_name(c.op);
   }
+  if (c.count >= 1'000'000) {
+    s += "_stream";
+  }
   if (c.loss > 0) {
     s += "_loss" + std::to_string(static_cast<int>(c.loss * 100));
   }
@@ -167,14 +173,14 @@ struct Bench {
     const uint64_t bytes = spec.count * workloads::element_size(spec.dtype);
     c.allocate_window(kData, spec.offset + bytes + kGuard);
     c.allocate_window(kScratch, workloads::ring_scratch_bytes(spec));
-    for (int g = 0; g < c.size(); ++g) {
-      std::memset(c.window_data(g, kData), kGuardByte, spec.offset + bytes + kGuard);
-    }
   }
 
   // Writes per-member inputs (seeded by member GPU) into the buffers; returns them in member order.
   std::vector<std::vector<uint8_t>> fill(const CollectiveSpec& spec, uint32_t seed) {
     std::vector<std::vector<uint8_t>> in;
+    for (int g = 0; g < c.size(); ++g) {
+      std::memset(c.window_data(g, kData), kGuardByte, c.ep(g).memory().window(kData)->size);
+    }
     for (int g : spec.members) {
       in.push_back(make_input(spec.dtype, spec.count, seed * 1000 + g));
       std::memcpy(c.window_data(g, kData) + spec.offset, in.back().data(), in.back().size());
@@ -279,13 +285,12 @@ namespace {
 
 std::vector<Case> matrix_cases() {
   std::vector<Case> v;
-  // 300007 elements: uneven blocks, several 64 KiB slices per block, and (at 8 GPUs) more messages per link
-  // than staging slots, so slots are reused.
+  // Uneven blocks; at 2 GPUs several 64 KiB slices per block.
   for (Collective kind : {Collective::kAllReduce, Collective::kReduce}) {
     for (int n : {2, 8}) {
       for (EchDtype t : {EchDtype::kFp32, EchDtype::kBf16, EchDtype::kFp16, EchDtype::kInt32}) {
         for (EchRedOp op : {EchRedOp::kSum, EchRedOp::kMin, EchRedOp::kMax}) {
-          v.push_back({kind, n, 2, t, op, 300'007});
+          v.push_back({kind, n, 2, t, op, n == 2 ? 300'007u : 60'007u});
         }
       }
     }
@@ -322,6 +327,9 @@ std::vector<Case> fault_cases() {
       v.push_back({Collective::kBarrier, n, 2, EchDtype::kFp32, EchRedOp::kSum, 0, loss});
     }
     v.push_back({Collective::kAllReduce, n, 2, EchDtype::kFp16, EchRedOp::kSum, 200'003, 0, true});
+    // Long streams: far more messages per link than staging slots, so every slot is reused many times.
+    v.push_back(
+        {Collective::kAllReduce, n, 2, EchDtype::kFp32, EchRedOp::kSum, n == 2 ? 4'000'003u : 2'000'003u, 0.01});
     v.push_back({Collective::kAllReduce, n, 2, EchDtype::kInt32, EchRedOp::kMin, 100'003, 0, true});
     v.push_back({Collective::kReduce, n, 2, EchDtype::kInt32, EchRedOp::kSum, 200'003, 0, true});
     v.push_back({Collective::kMulticast, n, 2, EchDtype::kBf16, EchRedOp::kSum, 200'003, 0, true});
@@ -426,7 +434,8 @@ TEST(EndpointCollectives, IsolatedMemberFailsTheRun) {
 TEST(EndpointCollectives, BadSpecsThrowNamingTheValue) {
   Bench b(routing::make_superpod(4, 2), options(0));
   CollectiveSpec good = spec_for({Collective::kAllReduce, 4, 2, EchDtype::kFp32, EchRedOp::kSum, 1000});
-  b.allocate(good);
+  b.c.allocate_window(kData, 1 << 20);
+  b.c.allocate_window(kScratch, workloads::ring_scratch_bytes(good));
   EXPECT_NO_THROW(workloads::validate_spec(b.c, good));
   auto expect_error = [&](const CollectiveSpec& s, const std::string& needle) {
     try {
@@ -455,8 +464,8 @@ TEST(EndpointCollectives, BadSpecsThrowNamingTheValue) {
   s.root = 3;
   expect_error(s, "root GPU 3");
   s = good;
-  s.count = 2000;
-  expect_error(s, "2000");
+  s.count = 300'000;
+  expect_error(s, "300000");
   s = good;
   s.offset = 1 << 20;
   expect_error(s, std::to_string(1 << 20));
@@ -468,7 +477,6 @@ TEST(EndpointCollectives, BadSpecsThrowNamingTheValue) {
   expect_error(s, "scratch window 78");
   s = good;
   s.count = 100'000;  // bigger blocks need bigger staging slots than were allocated
-  b.c.allocate_window(kData, 1 << 20);
   expect_error(s, "needs " + std::to_string(workloads::ring_scratch_bytes(s)));
   s = good;
   s.scratch_window = kData;
@@ -512,7 +520,11 @@ double ring_bound_ns(const routing::Topology& topo, int n, uint64_t bytes) {
 }
 
 CollectiveResult timed_allreduce(const routing::Topology& topo, uint64_t bytes) {
-  Bench b(topo, options(0));
+  // Weak ordering: the switches spray packets over both sub-links of a Y-cable, and only the out-of-order
+  // tolerant QPs keep that from turning into go-back-N retransmissions (partial / strong QPs deliver in order).
+  workloads::ClusterOptions opts = options(0);
+  opts.endpoint.ordering = endpoint::Ordering::kWeak;
+  Bench b(topo, opts);
   CollectiveSpec spec;
   for (int g = 0; g < topo.num_gpus(); ++g) {
     spec.members.push_back(g);
@@ -529,9 +541,14 @@ CollectiveResult timed_allreduce(const routing::Topology& topo, uint64_t bytes) 
   }
   const CollectiveResult r = workloads::run_endpoint_collective(b.c, spec, 1'000'000'000);
   EXPECT_TRUE(r.ok) << r.error;
-  const float* p = reinterpret_cast<const float*>(b.c.window_data(topo.num_gpus() - 1, kData));
-  EXPECT_EQ(p[0], static_cast<float>(topo.num_gpus()));
-  EXPECT_EQ(p[spec.count - 1], static_cast<float>(topo.num_gpus()));
+  for (int g = 0; g < topo.num_gpus(); ++g) {
+    const float* p = reinterpret_cast<const float*>(b.c.window_data(g, kData));
+    uint64_t wrong = 0;
+    for (uint64_t i = 0; i < spec.count; ++i) {
+      wrong += p[i] != static_cast<float>(topo.num_gpus());
+    }
+    EXPECT_EQ(wrong, 0u) << "GPU " << g;
+  }
   return r;
 }
 
@@ -539,14 +556,14 @@ CollectiveResult timed_allreduce(const routing::Topology& topo, uint64_t bytes) 
 
 TEST(EndpointCollectives, AllReduceTimeIsWithinThreeTimesTheRingBound) {
   const routing::Topology topo = routing::make_superpod(8, 2);
-  const uint64_t bytes = 16ull << 20;
+  const uint64_t bytes = 8ull << 20;
   const CollectiveResult r = timed_allreduce(topo, bytes);
   const double bound = ring_bound_ns(topo, 8, bytes);
   const double t = static_cast<double>(r.end_ns - r.start_ns);
   RecordProperty("sim_ns", std::to_string(r.end_ns - r.start_ns));
   EXPECT_GE(t, bound);
   EXPECT_LE(t, 3 * bound);
-  std::printf("allreduce 16 MiB fp32 on 8 GPUs x 2 planes: %.1f us, ring bound %.1f us (%.2fx)\n", t / 1e3, bound / 1e3,
+  std::printf("allreduce 8 MiB fp32 on 8 GPUs x 2 planes: %.1f us, ring bound %.1f us (%.2fx)\n", t / 1e3, bound / 1e3,
               t / bound);
 }
 
@@ -560,27 +577,4 @@ TEST(EndpointCollectives, DISABLED_Report64MiBOn64Gpus) {
   const double t = static_cast<double>(r.end_ns - r.start_ns);
   std::printf("allreduce 64 MiB fp32 on make_superpod(64, 4): %.1f us simulated, ring bound %.1f us (%.2fx)\n", t / 1e3,
               bound / 1e3, t / bound);
-}
-TEST(Probe, RawStores) {
-  for (int mode = 0; mode < 4; ++mode) {
-    workloads::Cluster c(routing::make_superpod(8, 2), options(0));
-    c.allocate_window(kData, 32 << 20);
-    std::vector<uint8_t> data(16 << 20, 1);
-    std::vector<endpoint::OpHandle> hs;
-    const auto t0 = c.loop().now();
-    if (mode == 0) {
-      hs.push_back(c.ep(0).store(1, kData, 0, data.data(), data.size()));
-    } else if (mode == 1) {
-      for (int g = 0; g < 8; ++g) hs.push_back(c.ep(g).store((g + 1) % 8, kData, 0, data.data(), data.size()));
-    } else if (mode == 2) {
-      for (int i = 0; i < 256; ++i) hs.push_back(c.ep(0).store(1, kData, i * 65536, data.data(), 65536));
-    } else {
-      for (int i = 0; i < 256; ++i)
-        hs.push_back(c.ep(0).put_signal(1, kData, i * 65536, data.data(), 65536, kData, (16 << 20) + 8 * (i % 32), i,
-                                        endpoint::SignalOp::kSet));
-    }
-    ASSERT_TRUE(c.wait(hs, 100'000'000));
-    const double t = c.loop().now() - t0;
-    std::printf("mode %d: %.1f us -> %.1f GB/s per sender\n", mode, t / 1e3, 16.0 * (1 << 20) / t);
-  }
 }

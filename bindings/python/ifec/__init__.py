@@ -13,6 +13,7 @@ from ifec._native import (  # noqa: F401
 )
 from ifec._native import (  # noqa: F401
     Cluster,
+    IfecCollectives,
     IfecError,
     OpStatus,
     Topology,
@@ -22,4 +23,4 @@ from ifec._native import (  # noqa: F401
     make_superpod,
     parse_topology,
 )
-from ifec import endpoint, pcap, sim  # noqa: F401
+from ifec import collectives, endpoint, pcap, sim  # noqa: F401

@@ -161,6 +161,7 @@ class Endpoint {
     std::vector<int> table;       // partial mode: granule -> QP
     std::vector<double> swrr;     // weak mode small ops: smooth weighted round robin state
     int strong_qp = -1;
+    size_t stripe_rotor = 0;
     std::map<uint16_t, WindowInfo> windows;
   };
   struct PortState {

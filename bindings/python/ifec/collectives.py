@@ -1,0 +1,55 @@
+"""Collectives from Python: in-switch (IFEC) or endpoint-based (ring), on numpy arrays, over the simulated fabric."""
+
+import json
+
+import numpy as np
+
+from ifec import _native
+
+_DTYPES = {"fp32": np.float32, "fp16": np.float16, "int32": np.int32, "bf16": np.uint16}
+BUF, SCRATCH = 1, 2
+
+
+def to_bf16_bits(a):
+    """float32 array -> bfloat16 bit patterns (uint16), rounded to nearest even, as the switch does."""
+    u = np.asarray(a, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16_bits(b):
+    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def allreduce(cluster, arrays, algo="ifec", dtype="fp32", op="sum", engine=None):
+    """In-place AllReduce of one array per GPU (GPU i holds arrays[i]); returns (results per GPU, result dict).
+
+    bf16 arrays are passed as their uint16 bit patterns (see to_bf16_bits)."""
+    n = len(arrays)
+    arrays = [np.ascontiguousarray(a, dtype=_DTYPES[dtype]) for a in arrays]
+    count = arrays[0].size
+    for g, a in enumerate(arrays):
+        cluster.write_window(g, BUF, 0, a.tobytes())
+    members = list(range(n))
+    if algo == "ifec":
+        engine = engine or _native.IfecCollectives(cluster)
+        res = engine.run("allreduce", members, 0, BUF, 0, count, dtype, op, SCRATCH)
+    elif algo == "ring":
+        res = cluster.run_endpoint_collective("allreduce", members, 0, BUF, 0, count, dtype, op, SCRATCH)
+    else:
+        raise ValueError(f"algo {algo!r}: expected ifec or ring")
+    out = [np.frombuffer(cluster.window_bytes(g, BUF, 0, arrays[0].nbytes), dtype=_DTYPES[dtype]) for g in members]
+    return out, res
+
+
+def prepare(cluster, count, dtype="fp32", members=None):
+    """Allocates the buffer and scratch windows a collective of `count` elements needs on every GPU."""
+    members = members or list(range(cluster.size))
+    cluster.allocate_window(BUF, max(64, count * np.dtype(_DTYPES[dtype]).itemsize))
+    cluster.allocate_window(SCRATCH, max(4096, cluster.scratch_bytes("allreduce", members, count, dtype)))
+
+
+def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32", op="sum", loss=0.0, seed=1,
+            reproducible=False, members=0):
+    """One nccl-tests-style row (`./ifec sim --collective ... --json`) as a dict; times are simulated."""
+    return json.loads(_native.run_collective_json(topology, kind, algo, int(bytes), dtype, op, loss, seed,
+                                                  reproducible, members))

@@ -1,0 +1,284 @@
+// Runs one collective on a fresh simulated fabric and reports it like nccl-tests, plus what only a simulator sees.
+#include "ifec/workloads/collective_bench.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "ifec/common/checks.h"
+#include "ifec/common/numeric.h"
+#include "ifec/workloads/cluster.h"
+#include "ifec/workloads/ifec_collectives.h"
+
+namespace ifec::workloads {
+
+using common::EchDtype;
+using common::EchRedOp;
+
+Algo parse_algo(const std::string& name) {
+  if (name == "ring") {
+    return Algo::kRing;
+  }
+  if (name == "ifec") {
+    return Algo::kIfec;
+  }
+  IFEC_FAIL("unknown algorithm '" << name << "': expected ring or ifec");
+}
+
+const char* algo_name(Algo a) { return a == Algo::kRing ? "ring" : "ifec"; }
+
+EchDtype parse_dtype(const std::string& name) {
+  if (name == "fp32" || name == "float") {
+    return EchDtype::kFp32;
+  }
+  if (name == "bf16") {
+    return EchDtype::kBf16;
+  }
+  if (name == "fp16" || name == "half") {
+    return EchDtype::kFp16;
+  }
+  if (name == "int32") {
+    return EchDtype::kInt32;
+  }
+  IFEC_FAIL("unknown dtype '" << name << "': expected fp32, bf16, fp16 or int32");
+}
+
+EchRedOp parse_redop(const std::string& name) {
+  if (name == "sum") {
+    return EchRedOp::kSum;
+  }
+  if (name == "min") {
+    return EchRedOp::kMin;
+  }
+  if (name == "max") {
+    return EchRedOp::kMax;
+  }
+  IFEC_FAIL("unknown reduction op '" << name << "': expected sum, min or max");
+}
+
+namespace {
+
+constexpr uint16_t kBuf = 1;
+constexpr uint16_t kScratch = 2;
+constexpr uint64_t kMemoryBudget = 12ULL << 30;  // host bytes the simulated GPUs' windows may take together
+
+double busbw_factor(Collective k, size_t n) { return k == Collective::kAllReduce ? 2.0 * (n - 1) / n : 1.0; }
+
+}  // namespace
+
+CollectiveRow run_collective_point(const routing::Topology& topo, const CollectivePoint& p) {
+  const auto wall0 = std::chrono::steady_clock::now();
+  CollectiveRow row;
+  row.point = p;
+  const size_t es = element_size(p.dtype);
+  row.count = p.kind == Collective::kBarrier ? 0 : p.bytes / es;
+  IFEC_CHECK(p.kind == Collective::kBarrier || row.count > 0,
+             "size " << p.bytes << " B holds no " << common::ech_dtype_name(p.dtype) << " element");
+  ClusterOptions o;
+  o.fabric.loss = p.loss;
+  o.fabric.seed = p.seed;
+  o.fabric.lb = switchemu::LoadBalance::kPerPacket;
+  o.fabric.ifec_config.reproducible = p.reproducible;
+  o.fabric.ifec_config.slot_pool = p.slot_pool;
+  o.endpoint.ordering = endpoint::Ordering::kWeak;
+  Cluster c(topo, o);
+  CollectiveSpec s;
+  s.kind = p.kind;
+  const int n = p.members > 0 ? p.members : c.size();
+  IFEC_CHECK(n >= 2 && n <= c.size(), "members " << n << " outside 2.." << c.size());
+  for (int g = 0; g < n; ++g) {
+    s.members.push_back(g);
+  }
+  s.root = 0;
+  s.window = kBuf;
+  s.offset = 0;
+  s.count = row.count;
+  s.dtype = p.dtype;
+  s.op = p.op;
+  s.scratch_window = kScratch;
+  const uint64_t buf = std::max<uint64_t>(64, row.count * es);
+  const uint64_t scratch = std::max<uint64_t>(4096, ring_scratch_bytes(s));
+  IFEC_CHECK((buf + scratch) * c.size() <= kMemoryBudget,
+             "size " << p.bytes << " B on " << c.size() << " GPUs needs " << ((buf + scratch) * c.size() >> 20)
+                     << " MiB of host memory for the simulated windows; the limit is " << (kMemoryBudget >> 20)
+                     << " MiB");
+  c.allocate_window(kBuf, buf);
+  c.allocate_window(kScratch, scratch);
+  // Inputs: normal floats, or small integers for int32 so sums stay meaningful.
+  std::vector<std::vector<uint8_t>> inputs(n);
+  std::mt19937 rng(static_cast<uint32_t>(p.seed * 7919));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int g = 0; g < n; ++g) {
+    inputs[g].resize(row.count * es);
+    for (uint64_t i = 0; i < row.count; ++i) {
+      common::Acc a;
+      if (p.dtype == EchDtype::kInt32) {
+        a.i = static_cast<int32_t>(rng() % 2001) - 1000;
+      } else {
+        a.f = normal(rng);
+      }
+      common::store_element(p.dtype, a, inputs[g].data(), i);
+    }
+    if (!inputs[g].empty()) {
+      std::memcpy(c.window_data(g, kBuf), inputs[g].data(), inputs[g].size());
+    }
+  }
+  for (const std::string& f : p.fail) {
+    LinkEvent e = parse_link_event(topo, f, false);
+    for (int l : e.links) {
+      c.fabric().schedule_link_state(l, false, c.loop().now() + e.at);
+    }
+  }
+  auto link_bytes = [&](bool tx) {
+    std::vector<uint64_t> v(topo.num_planes, 0);
+    for (int g = 0; g < n; ++g) {
+      for (const auto& port : c.fabric().gpu_ports(g)) {
+        const auto& k = port.io->counters();
+        v[port.plane] += tx ? k.tx_bytes : k.rx_bytes;
+      }
+    }
+    return v;
+  };
+  const auto tx0 = link_bytes(true);
+  const auto rx0 = link_bytes(false);
+  CollectiveResult res;
+  if (p.algo == Algo::kRing) {
+    res = run_endpoint_collective(c, s);
+  } else {
+    IfecCollectives ifec(c);
+    res = ifec.run(s);
+  }
+  row.ok = res.ok;
+  row.error = res.error;
+  row.fell_back = res.fell_back;
+  row.fallback_chunks = res.fallback_chunks;
+  row.anomalies = res.anomalies;
+  row.time_us = (res.end_ns - res.start_ns) / 1e3;
+  row.algbw_gbs = row.time_us > 0 ? p.bytes / (row.time_us * 1e3) : 0;
+  row.busbw_gbs = row.algbw_gbs * busbw_factor(p.kind, n);
+  const auto tx1 = link_bytes(true);
+  const auto rx1 = link_bytes(false);
+  for (int q = 0; q < topo.num_planes; ++q) {
+    row.plane_tx_bytes.push_back(tx1[q] - tx0[q]);
+    row.plane_rx_bytes.push_back(rx1[q] - rx0[q]);
+  }
+  // Error against an fp64 reference. Bound per element: every fp32 accumulation step may round (n steps), and the
+  // output type rounds once in the switch or once per ring step: |err| <= (n * 2^-24 + steps * unit) * sum|x_i|.
+  if (row.ok && p.kind != Collective::kBarrier) {
+    const double unit = p.dtype == EchDtype::kBf16   ? 1.0 / 256
+                        : p.dtype == EchDtype::kFp16 ? 1.0 / 2048
+                        : p.dtype == EchDtype::kFp32 ? 1.0 / 16777216
+                                                     : 0;
+    const double steps = p.algo == Algo::kRing || row.fell_back ? n : 1;
+    const double fp32_steps = p.dtype == EchDtype::kInt32 ? 0 : n / 16777216.0;
+    std::vector<int> holders;
+    if (p.kind == Collective::kAllReduce || p.kind == Collective::kMulticast) {
+      holders = s.members;
+    } else {
+      holders = {s.root};
+    }
+    for (int g : holders) {
+      const uint8_t* out = c.window_data(g, kBuf);
+      for (uint64_t i = 0; i < row.count; ++i) {
+        double ref = 0;
+        double magnitude = 0;
+        if (p.kind == Collective::kMulticast) {
+          const common::Acc a = common::load_element(p.dtype, inputs[s.root].data(), i);
+          ref = p.dtype == EchDtype::kInt32 ? a.i : a.f;
+          magnitude = std::fabs(ref);
+        } else {
+          for (int m = 0; m < n; ++m) {
+            const common::Acc a = common::load_element(p.dtype, inputs[m].data(), i);
+            const double v = p.dtype == EchDtype::kInt32 ? a.i : a.f;
+            magnitude += std::fabs(v);
+            if (m == 0) {
+              ref = v;
+            } else if (p.op == EchRedOp::kSum) {
+              ref += v;
+            } else {
+              ref = p.op == EchRedOp::kMin ? std::min(ref, v) : std::max(ref, v);
+            }
+          }
+          if (p.op != EchRedOp::kSum) {
+            magnitude = std::fabs(ref);  // min/max only round once, to the output type
+          }
+        }
+        if (p.dtype == EchDtype::kInt32 && p.op == EchRedOp::kSum) {
+          ref = static_cast<double>(static_cast<int32_t>(static_cast<uint32_t>(static_cast<int64_t>(ref))));
+        }
+        const common::Acc a = common::load_element(p.dtype, out, i);
+        const double got = p.dtype == EchDtype::kInt32 ? a.i : a.f;
+        const double err = std::fabs(got - ref);
+        row.max_rel_error = std::max(row.max_rel_error, err / std::max(1.0, std::fabs(ref)));
+        if (err > (fp32_steps + steps * unit) * magnitude + 1e-30) {
+          row.wrong++;
+        }
+      }
+    }
+  }
+  row.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return row;
+}
+
+std::string rows_header() {
+  char line[320];
+  std::snprintf(line, sizeof(line), "#%13s %12s %6s %6s %5s %11s %8s %8s %7s %10s %9s  %s\n", "size(B)", "count",
+                "type", "redop", "algo", "time(us)", "algbw", "busbw", "#wrong", "max_err", "fallback",
+                "wire MB sent per plane (all members)");
+  return std::string(line) +
+         "#                                                   (GB/s)   (GB/s)                    (chunks)  [driver: "
+         "sim]\n";
+}
+
+std::string row_text(const CollectiveRow& r) {
+  std::ostringstream planes;
+  for (size_t q = 0; q < r.plane_tx_bytes.size(); ++q) {
+    planes << (q ? " " : "") << std::fixed;
+    planes.precision(1);
+    planes << r.plane_tx_bytes[q] / 1e6;
+  }
+  char line[400];
+  if (!r.ok) {
+    std::snprintf(line, sizeof(line), " %13llu  FAILED: %s\n", static_cast<unsigned long long>(r.point.bytes),
+                  r.error.c_str());
+    return line;
+  }
+  std::snprintf(line, sizeof(line), " %13llu %12llu %6s %6s %5s %11.2f %8.2f %8.2f %7llu %10.2e %9llu  %s%s\n",
+                static_cast<unsigned long long>(r.point.bytes), static_cast<unsigned long long>(r.count),
+                common::ech_dtype_name(r.point.dtype), common::ech_redop_name(r.point.op), algo_name(r.point.algo),
+                r.time_us, r.algbw_gbs, r.busbw_gbs, static_cast<unsigned long long>(r.wrong), r.max_rel_error,
+                static_cast<unsigned long long>(r.fallback_chunks), r.modelled ? "(modelled) " : "",
+                r.modelled ? "" : planes.str().c_str());
+  return line;
+}
+
+std::string row_json(const CollectiveRow& r, const std::string& topology) {
+  std::ostringstream o;
+  o.precision(10);
+  o << "{\"driver\":\"sim\",\"topology\":\"" << topology << "\",\"collective\":\"" << collective_name(r.point.kind)
+    << "\",\"algo\":\"" << algo_name(r.point.algo) << "\",\"size\":" << r.point.bytes << ",\"count\":" << r.count
+    << ",\"type\":\"" << common::ech_dtype_name(r.point.dtype) << "\",\"redop\":\""
+    << common::ech_redop_name(r.point.op) << "\",\"ok\":" << (r.ok ? "true" : "false") << ",\"time_us\":" << r.time_us
+    << ",\"algbw_gbs\":" << r.algbw_gbs << ",\"busbw_gbs\":" << r.busbw_gbs << ",\"wrong\":" << r.wrong
+    << ",\"max_rel_error\":" << r.max_rel_error << ",\"fallback_chunks\":" << r.fallback_chunks
+    << ",\"fell_back\":" << (r.fell_back ? "true" : "false") << ",\"anomalies\":" << r.anomalies
+    << ",\"modelled\":" << (r.modelled ? "true" : "false") << ",\"loss\":" << r.point.loss << ",\"plane_tx_bytes\":[";
+  for (size_t q = 0; q < r.plane_tx_bytes.size(); ++q) {
+    o << (q ? "," : "") << r.plane_tx_bytes[q];
+  }
+  o << "],\"plane_rx_bytes\":[";
+  for (size_t q = 0; q < r.plane_rx_bytes.size(); ++q) {
+    o << (q ? "," : "") << r.plane_rx_bytes[q];
+  }
+  o << "],\"wall_seconds\":" << r.wall_seconds;
+  if (!r.ok) {
+    o << ",\"error\":\"" << r.error << "\"";
+  }
+  o << "}";
+  return o.str();
+}
+
+}  // namespace ifec::workloads
