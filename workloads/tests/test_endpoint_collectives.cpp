@@ -216,16 +216,17 @@ CollectiveResult run_and_check(Bench& b, const CollectiveSpec& spec, uint32_t se
   const size_t bytes = spec.count * workloads::element_size(spec.dtype);
   const int n = static_cast<int>(spec.members.size());
   switch (spec.kind) {
-    case Collective::kAllReduce:
-      for (int p = 0; p < n; ++p) {
-        const uint8_t* got = b.c.window_data(spec.members[p], kData) + spec.offset;
-        EXPECT_EQ(check_reduction(spec.dtype, spec.op, in, got, spec.count, "GPU " + std::to_string(spec.members[p])),
-                  0);
-        // The allgather copies one reduced block everywhere: every member holds the same bytes.
-        EXPECT_EQ(std::memcmp(got, b.c.window_data(spec.members[0], kData) + spec.offset, bytes), 0)
+    case Collective::kAllReduce: {
+      const uint8_t* first = b.c.window_data(spec.members[0], kData) + spec.offset;
+      EXPECT_EQ(check_reduction(spec.dtype, spec.op, in, first, spec.count, "GPU " + std::to_string(spec.members[0])),
+                0);
+      // The allgather copies each reduced block everywhere: every member holds the same bytes.
+      for (int p = 1; p < n; ++p) {
+        EXPECT_EQ(std::memcmp(b.c.window_data(spec.members[p], kData) + spec.offset, first, bytes), 0)
             << "GPU " << spec.members[p] << " differs from GPU " << spec.members[0];
       }
       break;
+    }
     case Collective::kReduce:
       EXPECT_EQ(check_reduction(spec.dtype, spec.op, in, b.c.window_data(spec.root, kData) + spec.offset, spec.count,
                                 "root GPU " + std::to_string(spec.root)),
