@@ -341,13 +341,13 @@ int cmd_bench(int argc, char** argv) {
   using namespace ifec;
   IFEC_CHECK(argc >= 1, "bench needs a target: endpoint");
   const std::string what = argv[0];
+  if (what == "collectives") {
+    return bench_collectives(argc - 1, argv + 1);
+  }
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     IFEC_CHECK(std::string(argv[i]) == "--quick", "bench " << what << ": unknown option '" << argv[i] << "'");
     quick = true;
-  }
-  if (what == "collectives") {
-    return bench_collectives(argc - 1, argv + 1);
   }
   IFEC_CHECK(what == "endpoint", "unknown benchmark '" << what << "': expected endpoint or collectives");
   std::printf("== descriptor rate: ring + proxy, CPU backend (wall clock on this machine)\n");

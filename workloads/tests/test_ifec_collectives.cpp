@@ -378,3 +378,23 @@ TEST(IfecCollectives, SlotsAreReusedWhenTheBudgetIsSmallerThanTheChunkCount) {
   }
   EXPECT_GE(acks, 4u * 50) << "results were acknowledged so slots could be freed";
 }
+
+class IfecLossTypes : public testing::TestWithParam<std::tuple<EchDtype, double>> {};
+
+TEST_P(IfecLossTypes, AllReduceEveryTypeUnderLossWithSpraying) {
+  const auto [dtype, loss] = GetParam();
+  const auto s = spec_for(Collective::kAllReduce, 8, 12000, dtype, EchRedOp::kSum);
+  Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(loss, 17), 19);
+  const auto r = st.ifec->run(s, 2'000'000'000);
+  ASSERT_TRUE(r.ok) << r.error;
+  expect_result(st, s, all_members(s));
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, IfecLossTypes,
+                         testing::Combine(testing::Values(EchDtype::kFp32, EchDtype::kBf16, EchDtype::kFp16,
+                                                          EchDtype::kInt32),
+                                          testing::Values(0.01, 0.05)),
+                         [](const auto& info) {
+                           return std::string(common::ech_dtype_name(std::get<0>(info.param))) + "_loss" +
+                                  std::to_string(static_cast<int>(std::get<1>(info.param) * 100));
+                         });
