@@ -5,14 +5,9 @@
 
 #include <sstream>
 
+#include "endpoint/cuda/cuda_check.h"
 #include "ifec/common/checks.h"
 #include "ifec/endpoint/proxy.h"
-
-#define IFEC_CUDA_CHECK(expr)                                                                       \
-  do {                                                                                              \
-    const cudaError_t ifec_cuda_err_ = (expr);                                                      \
-    IFEC_CHECK(ifec_cuda_err_ == cudaSuccess, #expr << ": " << cudaGetErrorString(ifec_cuda_err_)); \
-  } while (0)
 
 namespace ifec::endpoint {
 
@@ -121,16 +116,6 @@ void CudaLocalMemory::write(uint64_t addr, const void* src, size_t len) {
   // Synchronous: the proxy marks the descriptor complete right after, and quiet() readers rely on the data.
   IFEC_CUDA_CHECK(cudaStreamSynchronize(s));
 }
-
-namespace {
-
-class NullSink : public TransactionSink {
- public:
-  void submit(int, const Descriptor&, LocalMemory&, Done done) override { done(OpStatus::kOk); }
-  bool progress() override { return false; }
-};
-
-}  // namespace
 
 GpuRingBenchResult bench_descriptor_rate_gpu(int blocks, int threads, int per_thread, size_t capacity, int device) {
   std::string why;

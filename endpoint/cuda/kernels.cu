@@ -5,14 +5,9 @@
 #include <vector>
 
 #include "endpoint/cuda/api.h"
+#include "endpoint/cuda/cuda_check.h"
 #include "endpoint/cuda/device_api.cuh"
 #include "ifec/common/checks.h"
-
-#define IFEC_CUDA_CHECK(expr)                                                                       \
-  do {                                                                                              \
-    const cudaError_t ifec_cuda_err_ = (expr);                                                      \
-    IFEC_CHECK(ifec_cuda_err_ == cudaSuccess, #expr << ": " << cudaGetErrorString(ifec_cuda_err_)); \
-  } while (0)
 
 namespace ifec::endpoint {
 

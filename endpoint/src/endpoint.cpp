@@ -716,50 +716,9 @@ OpHandle Endpoint::quiet() {
   return h;
 }
 
-OpHandle Endpoint::store_raw(int peer, int q, uint64_t va, uint32_t rkey, const void* src, size_t len) {
+OpHandle Endpoint::raw_op(const char* what, int peer, int q, std::function<void(QueuePair&, WqeDone)> post) {
   if (peer < 0 || peer >= num_endpoints() || peer == cfg_.index || q < 0 || q >= qps_per_peer()) {
-    return fail_now(OpStatus::kInvalidArgument,
-                    "store_raw: peer " + std::to_string(peer) + " / QP " + std::to_string(q) + " is not a remote QP");
-  }
-  uint64_t id;
-  OpHandle h = new_op(&id);
-  auto op = std::make_shared<Op>();
-  op->handle = h;
-  op->id = id;
-  auto data = std::make_shared<const std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
-                                                           static_cast<const uint8_t*>(src) + len);
-  submit(peer, [this, peer, q, va, rkey, data, op] {
-    const uint64_t epoch = peers_[peer].epoch;
-    op->parts++;
-    wr_started(peer, epoch);
-    qp(peer, q).post_write(va, rkey, data, 0, static_cast<uint32_t>(data->size()), part_done(peer, epoch, op));
-  });
-  return h;
-}
-
-OpHandle Endpoint::load_raw(void* dst, int peer, int q, uint64_t va, uint32_t rkey, size_t len) {
-  if (peer < 0 || peer >= num_endpoints() || peer == cfg_.index || q < 0 || q >= qps_per_peer()) {
-    return fail_now(OpStatus::kInvalidArgument,
-                    "load_raw: peer " + std::to_string(peer) + " / QP " + std::to_string(q) + " is not a remote QP");
-  }
-  uint64_t id;
-  OpHandle h = new_op(&id);
-  auto op = std::make_shared<Op>();
-  op->handle = h;
-  op->id = id;
-  auto* d = static_cast<uint8_t*>(dst);
-  submit(peer, [this, peer, q, va, rkey, d, len, op] {
-    const uint64_t epoch = peers_[peer].epoch;
-    op->parts++;
-    wr_started(peer, epoch);
-    qp(peer, q).post_read(va, rkey, d, static_cast<uint32_t>(len), part_done(peer, epoch, op));
-  });
-  return h;
-}
-
-OpHandle Endpoint::fetch_add_raw(int peer, int q, uint64_t va, uint32_t rkey, uint64_t add) {
-  if (peer < 0 || peer >= num_endpoints() || peer == cfg_.index || q < 0 || q >= qps_per_peer()) {
-    return fail_now(OpStatus::kInvalidArgument, "fetch_add_raw: peer " + std::to_string(peer) + " / QP " +
+    return fail_now(OpStatus::kInvalidArgument, std::string(what) + ": peer " + std::to_string(peer) + " / QP " +
                                                     std::to_string(q) + " is not a remote QP");
   }
   uint64_t id;
@@ -767,13 +726,34 @@ OpHandle Endpoint::fetch_add_raw(int peer, int q, uint64_t va, uint32_t rkey, ui
   auto op = std::make_shared<Op>();
   op->handle = h;
   op->id = id;
-  submit(peer, [this, peer, q, va, rkey, add, op] {
+  submit(peer, [this, peer, q, post = std::move(post), op] {
     const uint64_t epoch = peers_[peer].epoch;
     op->parts++;
     wr_started(peer, epoch);
-    qp(peer, q).post_atomic(false, va, rkey, add, 0, part_done(peer, epoch, op));
+    post(qp(peer, q), part_done(peer, epoch, op));
   });
   return h;
+}
+
+OpHandle Endpoint::store_raw(int peer, int q, uint64_t va, uint32_t rkey, const void* src, size_t len) {
+  auto data = std::make_shared<const std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
+                                                           static_cast<const uint8_t*>(src) + len);
+  return raw_op("store_raw", peer, q, [va, rkey, data](QueuePair& qp, WqeDone done) {
+    qp.post_write(va, rkey, data, 0, static_cast<uint32_t>(data->size()), std::move(done));
+  });
+}
+
+OpHandle Endpoint::load_raw(void* dst, int peer, int q, uint64_t va, uint32_t rkey, size_t len) {
+  auto* d = static_cast<uint8_t*>(dst);
+  return raw_op("load_raw", peer, q, [va, rkey, d, len](QueuePair& qp, WqeDone done) {
+    qp.post_read(va, rkey, d, static_cast<uint32_t>(len), std::move(done));
+  });
+}
+
+OpHandle Endpoint::fetch_add_raw(int peer, int q, uint64_t va, uint32_t rkey, uint64_t add) {
+  return raw_op("fetch_add_raw", peer, q, [va, rkey, add](QueuePair& qp, WqeDone done) {
+    qp.post_atomic(false, va, rkey, add, 0, std::move(done));
+  });
 }
 
 bool Endpoint::idle() const {

@@ -13,17 +13,6 @@
 
 namespace ifec::endpoint {
 
-namespace {
-
-// Completes every descriptor inside submit(): measures the ring and proxy, not a transport.
-class NullSink : public TransactionSink {
- public:
-  void submit(int, const Descriptor&, LocalMemory&, Done done) override { done(OpStatus::kOk); }
-  bool progress() override { return false; }
-};
-
-}  // namespace
-
 RingBenchResult bench_descriptor_rate(int producer_threads, uint64_t descriptors, size_t capacity) {
   IFEC_CHECK(producer_threads >= 1 && producer_threads <= 1024,
              "descriptor-rate bench: producer_threads " << producer_threads << " outside 1..1024");

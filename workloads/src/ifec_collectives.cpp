@@ -36,6 +36,24 @@ EchOp ech_op(Collective c) {
   return EchOp::kAllReduce;
 }
 
+// Ethernet/IPv4/UDP/BTH of an ECH frame GPU `gpu` sends on `port` to `dst_ip`; the caller adds ECH, RETH or AETH.
+common::FrameHeaders ech_headers(endpoint::Endpoint& e, int port, uint32_t dst_ip, uint16_t udp_entropy, uint8_t opcode,
+                                 uint16_t pkey, uint32_t psn) {
+  common::FrameHeaders h;
+  h.eth.src = e.port_info(port).mac;
+  h.eth.dst = e.port_info(port).peer_mac;
+  h.ip.src = e.config().ip;
+  h.ip.dst = dst_ip;
+  h.ip.dscp = 26;
+  h.ip.ecn = 2;
+  h.udp.src_port = static_cast<uint16_t>(0xC000 | (udp_entropy & 0x3FFF));
+  h.bth.opcode = opcode;
+  h.bth.pkey = pkey;
+  h.bth.dest_qp = kEchQpn;
+  h.bth.psn = psn & 0xFFFFFF;
+  return h;
+}
+
 }  // namespace
 
 // How a (member, chunk) finished in the fabric.
@@ -356,14 +374,9 @@ void IfecCollectives::send_contribution(int m, int plane, uint32_t j, bool retra
   endpoint::Endpoint& e = cluster_.ep(gpu);
   const size_t elems = o.spec.kind == Collective::kBarrier ? 0 : std::min(o.epc, o.spec.count - k * o.epc);
   const uint64_t rel = static_cast<uint64_t>(k) * o.epc * o.esize;
-  common::FrameHeaders h;
-  h.eth.src = e.port_info(port).mac;
-  h.eth.dst = e.port_info(port).peer_mac;
-  h.ip.src = e.config().ip;
-  h.ip.dst = cluster_.fabric().switch_ip(o.switch_of_plane[plane]);
-  h.ip.dscp = 26;
-  h.ip.ecn = 2;
-  h.udp.src_port = static_cast<uint16_t>(0xC000 | ((gpu * 977 + j) & 0x3FFF));
+  common::FrameHeaders h =
+      ech_headers(e, port, cluster_.fabric().switch_ip(o.switch_of_plane[plane]), static_cast<uint16_t>(gpu * 977 + j),
+                  static_cast<uint8_t>(Opcode::kWriteOnly), pkey_for(opts_.job), j);
   Ech ech;
   ech.format = EchFormat::kStandard;
   ech.op = ech_op(o.spec.kind);
@@ -377,10 +390,6 @@ void IfecCollectives::send_contribution(int m, int plane, uint32_t j, bool retra
   ech.element_count = static_cast<uint16_t>(elems);
   ech.window_id = o.spec.window;
   h.ech = ech;
-  h.bth.opcode = static_cast<uint8_t>(Opcode::kWriteOnly);
-  h.bth.pkey = pkey_for(opts_.job);
-  h.bth.dest_qp = kEchQpn;
-  h.bth.psn = j & 0xFFFFFF;
   h.reth = common::Reth{rel, 0, static_cast<uint32_t>(elems * o.esize)};
   const uint8_t* src = cluster_.window_data(gpu, o.spec.window) + o.spec.offset + rel;
   e.send_frame(port, common::encode_frame(h, src, elems * o.esize));
@@ -415,14 +424,8 @@ void IfecCollectives::arm(int m, int plane, uint32_t j) {
 
 void IfecCollectives::send_ech_ack(int gpu, int port, const common::ParsedFrame& pf, uint64_t bitmap) {
   endpoint::Endpoint& e = cluster_.ep(gpu);
-  common::FrameHeaders h;
-  h.eth.src = e.port_info(port).mac;
-  h.eth.dst = e.port_info(port).peer_mac;
-  h.ip.src = e.config().ip;
-  h.ip.dst = pf.h.ip.src;
-  h.ip.dscp = 26;
-  h.ip.ecn = 2;
-  h.udp.src_port = static_cast<uint16_t>(0xC000 | (pf.h.bth.psn & 0x3FFF));
+  common::FrameHeaders h = ech_headers(e, port, pf.h.ip.src, static_cast<uint16_t>(pf.h.bth.psn),
+                                       static_cast<uint8_t>(Opcode::kAcknowledge), pf.h.bth.pkey, pf.h.bth.psn);
   Ech ech = *pf.h.ech;
   ech.element_count = 0;
   ech.flags = 0;
@@ -430,10 +433,6 @@ void IfecCollectives::send_ech_ack(int gpu, int port, const common::ParsedFrame&
     ech.dest_bitmap = bitmap;
   }
   h.ech = ech;
-  h.bth.opcode = static_cast<uint8_t>(Opcode::kAcknowledge);
-  h.bth.pkey = pf.h.bth.pkey;
-  h.bth.dest_qp = kEchQpn;
-  h.bth.psn = pf.h.bth.psn;
   h.aeth = common::Aeth::ack(0);
   e.send_frame(port, common::encode_frame(h, nullptr, 0));
 }
@@ -699,14 +698,9 @@ void IfecCollectives::send_multicast(uint32_t i, bool retransmit) {
   const uint64_t bytes = o.spec.count * o.esize;
   const uint64_t rel = static_cast<uint64_t>(i) * o.packet_bytes;
   const uint64_t len = std::min<uint64_t>(o.packet_bytes, bytes - rel);
-  common::FrameHeaders h;
-  h.eth.src = e.port_info(port).mac;
-  h.eth.dst = e.port_info(port).peer_mac;
-  h.ip.src = e.config().ip;
-  h.ip.dst = cluster_.fabric().switch_ip(o.switch_of_plane[plane]);
-  h.ip.dscp = 26;
-  h.ip.ecn = 2;
-  h.udp.src_port = static_cast<uint16_t>(0xC000 | (i & 0x3FFF));
+  common::FrameHeaders h =
+      ech_headers(e, port, cluster_.fabric().switch_ip(o.switch_of_plane[plane]), static_cast<uint16_t>(i),
+                  static_cast<uint8_t>(Opcode::kWriteOnly), pkey_for(e.config().job), o.packet_psn[i]);
   Ech ech;
   ech.format = EchFormat::kCompact;
   ech.op = EchOp::kMulticast;
@@ -715,10 +709,6 @@ void IfecCollectives::send_multicast(uint32_t i, bool retransmit) {
   ech.window_id = o.spec.window;
   ech.dest_bitmap = o.dest_bitmap;
   h.ech = ech;
-  h.bth.opcode = static_cast<uint8_t>(Opcode::kWriteOnly);
-  h.bth.pkey = pkey_for(e.config().job);
-  h.bth.dest_qp = kEchQpn;
-  h.bth.psn = o.packet_psn[i];
   h.reth = common::Reth{o.spec.offset + rel, 0, static_cast<uint32_t>(len)};
   const uint8_t* src = cluster_.window_data(root, o.spec.window) + o.spec.offset + rel;
   e.send_frame(port, common::encode_frame(h, src, len));

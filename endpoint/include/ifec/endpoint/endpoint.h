@@ -176,6 +176,7 @@ class Endpoint {
   OpHandle new_op(uint64_t* id);
   void finish_op(uint64_t id, const OpHandle& h);
   OpHandle fail_now(OpStatus status, std::string why);
+  OpHandle raw_op(const char* what, int peer, int q, std::function<void(QueuePair&, WqeDone)> post);
   const WindowInfo* remote_window(int peer, uint16_t window) const;
   std::string check_remote(int peer, uint16_t window, uint64_t offset, uint64_t len, bool atomic,
                            const WindowInfo** w) const;
