@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "ifec/common/checks.h"
 
@@ -95,6 +96,24 @@ const std::vector<routing::NextHop>& Fabric::gpu_next_hops(int src, int dst) con
 
 void Fabric::install_routes() {
   const int gpus = topo_.num_gpus();
+  // Adjacent switches' loopbacks: the IFEC engines of a two-tier plane (leaf partials to a spine, results back)
+  // talk to their neighbours directly, over the up links between them.
+  for (size_t s = 0; s < switches_.size(); ++s) {
+    const int node = switch_nodes_[s];
+    std::map<int, std::vector<NextHopPort>> to_neighbour;
+    for (int l : topo_.links_of(node)) {
+      const auto [peer_node, peer_port] = topo_.peer(l, node);
+      if (topo_.nodes[peer_node].kind != routing::NodeKind::kSwitch || !rib_->link_up(l)) {
+        continue;
+      }
+      const int my_port = topo_.links[l].a == node ? topo_.links[l].a_port : topo_.links[l].b_port;
+      to_neighbour[peer_node].push_back(
+          NextHopPort{my_port, topo_.links[l].rate_gbps, node_port_mac(topo_, peer_node, peer_port)});
+    }
+    for (auto& [peer_node, group] : to_neighbour) {
+      switches_[s]->set_route(topo_.nodes[peer_node].loopback, std::move(group));
+    }
+  }
   for (size_t s = 0; s < switches_.size(); ++s) {
     const int node = switch_nodes_[s];
     for (int d = 0; d < gpus; ++d) {

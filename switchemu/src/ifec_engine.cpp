@@ -52,10 +52,23 @@ bool IfecEngine::reserve(const GroupReservation& r, std::string* why) {
   Group g;
   g.r = r;
   for (size_t i = 0; i < r.members.size(); ++i) {
+    if (!r.members[i].local) {
+      continue;  // another leaf aggregates it
+    }
     g.all |= 1ULL << i;
     if (r.members[i].destination) {
       g.destinations |= 1ULL << i;
     }
+  }
+  if (g.all == 0) {
+    counters_.reservation_failures++;
+    if (why != nullptr) {
+      *why = "group " + std::to_string(r.group) + " has no member on this switch";
+    }
+    return false;
+  }
+  if (r.upstream_ip != 0) {
+    leaf_of_upstream_[group_key(r.job, r.upstream_group)] = key;
   }
   g.slots.resize(r.slots);
   free_slots_ -= r.slots;
@@ -67,6 +80,9 @@ bool IfecEngine::reserve(const GroupReservation& r, std::string* why) {
 void IfecEngine::release(uint32_t job, uint16_t group) {
   auto it = groups_.find(group_key(job, group));
   if (it != groups_.end()) {
+    if (it->second.r.upstream_ip != 0) {
+      leaf_of_upstream_.erase(group_key(job, it->second.r.upstream_group));
+    }
     free_slots_ += static_cast<uint32_t>(it->second.slots.size());
     groups_.erase(it);
   }
@@ -88,6 +104,11 @@ void IfecEngine::receive(const common::ParsedFrame& pf, const uint8_t* frame) {
     } else {
       counters_.malformed_drops++;
     }
+    return;
+  }
+  auto up = leaf_of_upstream_.find(group_key(ech.job_id, ech.group_id));
+  if (up != leaf_of_upstream_.end() && pf.h.ip.src == groups_.at(up->second).r.upstream_ip) {
+    upstream_result(groups_.at(up->second), pf, frame);  // the spine answering this leaf
     return;
   }
   auto it = groups_.find(group_key(ech.job_id, ech.group_id));
@@ -123,6 +144,10 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
   }
   const int c = ech.contributor_id;
   const uint64_t bit = 1ULL << c;
+  if (!(g.all & bit)) {
+    counters_.malformed_drops++;  // not one of this switch's contributors
+    return;
+  }
   const bool is_destination = (g.destinations & bit) != 0;
   Slot& s = g.slots[ech.chunk_index % g.slots.size()];
   if (s.busy && s.chunk != ech.chunk_index) {
@@ -149,11 +174,17 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
     s.acc.assign(s.elements, common::Acc{});
     s.parts.assign(cfg_.reproducible ? g.r.members.size() : 0, {});
     s.result.clear();
+    s.partial.clear();
+    s.forwarded = false;
     s.generation++;
     arm_timeout(g, s);
   }
   if (s.arrived & bit) {
     counters_.duplicate_contributions++;
+    if (s.forwarded && !s.complete) {
+      forward_partial(g, s);  // its sender never heard back: the spine may have lost our partial
+      return;
+    }
     if (s.complete && is_destination) {
       counters_.result_resends++;
       send_result(g, s, c);  // its copy of the result was lost
@@ -189,11 +220,89 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
     send_ech_ack(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
   }
   if (s.arrived == g.all) {
-    complete(g, s, false);
+    if (g.r.upstream_ip != 0) {
+      forward_partial(g, s);
+    } else {
+      complete(g, s, false);
+    }
   }
 }
 
-void IfecEngine::complete(Group& g, Slot& s, bool timed_out) {
+void IfecEngine::forward_partial(Group& g, Slot& s) {
+  const bool fp32 = g.r.upstream_fp32 && g.r.dtype != common::EchDtype::kInt32;
+  const common::EchDtype up = fp32 ? common::EchDtype::kFp32 : g.r.dtype;
+  if (!s.forwarded) {
+    if (cfg_.reproducible && s.elements > 0) {
+      bool first = true;
+      for (const auto& part : s.parts) {
+        if (!part.empty()) {  // only this leaf's members contributed here
+          common::accumulate(g.r.dtype, g.r.redop, s.acc.data(), part.data(), s.elements, first);
+          first = false;
+        }
+      }
+    }
+    s.partial.resize(s.elements * common::ech_dtype_size(up));
+    common::finalize(up, s.acc.data(), s.partial.data(), s.elements);
+    s.forwarded = true;
+  }
+  Ech e;
+  e.format = EchFormat::kStandard;
+  e.op = g.r.op;
+  e.flags = s.anomaly ? common::ech_flags::kAnomaly : 0;
+  e.job_id = g.r.job;
+  e.group_id = g.r.upstream_group;
+  e.contributor_id = g.r.upstream_contributor;
+  e.chunk_index = s.chunk;
+  e.dtype = up;
+  e.redop = g.r.redop;
+  e.element_count = s.elements;
+  e.window_id = g.r.window;
+  common::Reth reth{s.offset, 0, static_cast<uint32_t>(s.partial.size())};
+  emit_(build(g.r.upstream_ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), s.chunk & 0xFFFFFF, pkey_for(g.r.job), reth,
+              s.partial.data(), s.partial.size()));
+  counters_.partials_sent++;
+  counters_.partial_bytes += s.partial.size();
+}
+
+void IfecEngine::upstream_result(Group& g, const common::ParsedFrame& pf, const uint8_t* frame) {
+  const Ech& ech = *pf.h.ech;
+  Slot& s = g.slots[ech.chunk_index % g.slots.size()];
+  const bool write = pf.h.bth.opcode == static_cast<uint8_t>(Opcode::kWriteOnly);
+  if (!s.busy || s.chunk != ech.chunk_index) {
+    if (write) {
+      send_ech_ack(pf.h.ip.src, ech, pf.h.bth.psn, pf.h.bth.pkey);  // already done here: keep the spine moving
+    }
+    return;
+  }
+  if (!write) {
+    // The spine accepted our partial and has nothing to send back (reduce, no destination under this leaf).
+    if (g.destinations == 0 && s.forwarded) {
+      s.complete = true;
+      s.need = 0;
+      maybe_free(g, s);
+    }
+    return;
+  }
+  send_ech_ack(pf.h.ip.src, ech, pf.h.bth.psn, pf.h.bth.pkey);
+  if (s.complete) {
+    return;  // a repeat of the spine's result
+  }
+  counters_.upstream_results++;
+  const bool timed_out = (ech.flags & common::ech_flags::kAnomaly) && pf.payload_size == 0 && s.elements > 0;
+  if (timed_out) {
+    complete(g, s, true);
+    return;
+  }
+  // The spine's result is in the partials' type: one cast to the element type here, on the way out.
+  s.anomaly = s.anomaly || (ech.flags & common::ech_flags::kAnomaly);
+  s.acc.assign(s.elements, common::Acc{});
+  if (s.elements > 0) {
+    common::accumulate(ech.dtype, g.r.redop, s.acc.data(), frame + pf.payload_offset, s.elements, true);
+  }
+  complete(g, s, false, /*acc_ready=*/true);
+}
+
+void IfecEngine::complete(Group& g, Slot& s, bool timed_out, bool acc_ready) {
   s.complete = true;
   const size_t esize = common::ech_dtype_size(g.r.dtype);
   if (timed_out) {
@@ -202,7 +311,7 @@ void IfecEngine::complete(Group& g, Slot& s, bool timed_out) {
     s.result.clear();
     counters_.anomalies++;
   } else {
-    if (cfg_.reproducible && s.elements > 0) {
+    if (cfg_.reproducible && !acc_ready && s.elements > 0) {
       // Fixed contributor order: bitwise the same result whatever order the contributions arrived in.
       for (size_t c = 0; c < s.parts.size(); ++c) {
         common::accumulate(g.r.dtype, g.r.redop, s.acc.data(), s.parts[c].data(), s.elements, c == 0);
@@ -259,6 +368,8 @@ void IfecEngine::maybe_free(Group& g, Slot& s) {
     s.result.shrink_to_fit();
     s.acc.clear();
     s.parts.clear();
+    s.partial.clear();
+    s.forwarded = false;
     s.generation++;
   }
   (void)g;

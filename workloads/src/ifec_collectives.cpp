@@ -68,7 +68,9 @@ struct IfecCollectives::Op {
   std::map<int, uint16_t> group_of_plane;
   std::map<uint32_t, int> plane_of_switch_ip;            // one group id on every plane: the answering switch says which
   std::map<int, std::vector<uint32_t>> chunks_of_plane;  // plane -> chunk k by sequence j
-  std::map<int, int> switch_of_plane;
+  std::map<int, int> switch_of_plane;                    // multicast: the source's switch per plane
+  std::map<int, std::vector<uint32_t>> target_ip;        // plane -> per member: the switch it contributes to
+  std::vector<std::pair<int, uint16_t>> reservations;    // (switch, group) to release at the end
   std::map<int, int> member_of_gpu;
   struct Lane {
     uint32_t next = 0;
@@ -155,58 +157,145 @@ CollectiveResult IfecCollectives::run(const CollectiveSpec& spec, TimeNs limit) 
   for (size_t m = 0; m < n; ++m) {
     op->member_of_gpu[spec.members[m]] = static_cast<int>(m);
   }
-  // Planes every member reaches, weighted by the smallest member's live bandwidth there.
-  std::vector<std::pair<int, double>> plane_weights;
+  // Planes every member reaches, weighted by the smallest member's live bandwidth there. One-tier planes aggregate
+  // at the plane switch; two-tier planes at each member's leaf, whose partials meet at one spine.
+  const uint16_t group = next_group_++;
+  const uint16_t spine_group = static_cast<uint16_t>(group | 0x8000);
+  std::vector<std::pair<int, double>> reserved;
+  bool two_tier_fp32 = false;
+  auto member_of = [&](int g, bool local, bool destination) {
+    const endpoint::WindowInfo* win = cluster_.ep(g).memory().window(spec.window);
+    switchemu::GroupMember gm;
+    gm.local = local;
+    gm.ip = fabric.gpu_ip(g);
+    gm.result_va = win->va + spec.offset;
+    gm.rkey = win->rkey;
+    gm.destination = destination;
+    return gm;
+  };
+  auto base_reservation = [&](uint16_t id) {
+    switchemu::GroupReservation r;
+    r.job = opts_.job;
+    r.group = id;
+    r.op = ech_op(spec.kind);
+    r.dtype = spec.dtype;
+    r.redop = spec.op;
+    r.window = spec.window;
+    r.slots = opts_.slots_per_plane;
+    return r;
+  };
   for (int p = 0; p < topo.num_planes; ++p) {
     double w = -1;
-    int sw = -1;
-    for (int g : spec.members) {
+    std::vector<int> leaf(n, -1);
+    for (size_t m = 0; m < n; ++m) {
+      const int g = spec.members[m];
       double live = 0;
       for (const auto& gp : fabric.gpu_ports(g)) {
         if (gp.plane == p && gp.io->link_up()) {
           live += gp.io->rate_bps() / 1e9;
         }
       }
-      const int s = fabric.switch_of_plane(g, p);
-      if (sw < 0) {
-        sw = s;
-      } else if (s != sw) {
-        live = 0;  // not a one-tier plane for this group: no single aggregation point
-      }
+      leaf[m] = fabric.switch_of_plane(g, p);
       w = w < 0 ? live : std::min(w, live);
     }
-    if (w > 0 && sw >= 0 && fabric.switch_at(sw).ifec() != nullptr) {
-      plane_weights.push_back({p, w});
-      op->switch_of_plane[p] = sw;
+    if (w <= 0 || std::count(leaf.begin(), leaf.end(), -1) > 0) {
+      continue;
+    }
+    std::vector<int> leaves = leaf;
+    std::sort(leaves.begin(), leaves.end());
+    leaves.erase(std::unique(leaves.begin(), leaves.end()), leaves.end());
+    bool ok = true;
+    for (int sw : leaves) {
+      ok = ok && fabric.switch_at(sw).ifec() != nullptr;
+    }
+    if (!ok) {
+      continue;
+    }
+    std::vector<std::pair<int, uint16_t>> made;
+    std::string why;
+    int spine = -1;
+    if (leaves.size() > 1) {
+      // A spine every leaf links to (a full leaf-spine mesh has all of them): spread groups over them.
+      std::vector<int> common_spines;
+      for (int sw = 0; sw < fabric.num_switches(); ++sw) {
+        const int node = fabric.switch_node(sw);
+        if (topo.nodes[node].plane != p || std::count(leaves.begin(), leaves.end(), sw) ||
+            fabric.switch_at(sw).ifec() == nullptr) {
+          continue;
+        }
+        bool reaches_all = true;
+        for (int l : leaves) {
+          bool linked = false;
+          for (int link : topo.links_of(node)) {
+            linked = linked || topo.peer(link, node).first == fabric.switch_node(l);
+          }
+          reaches_all = reaches_all && linked;
+        }
+        if (reaches_all) {
+          common_spines.push_back(sw);
+        }
+      }
+      if (common_spines.empty()) {
+        continue;
+      }
+      spine = common_spines[group % common_spines.size()];
+      switchemu::GroupReservation r = base_reservation(spine_group);
+      if (opts_.upstream_fp32 && spec.dtype != common::EchDtype::kInt32) {
+        r.dtype = common::EchDtype::kFp32;  // partials and the spine's result stay in fp32 until the leaves
+      }
+      for (int l : leaves) {
+        bool has_destination = false;
+        for (size_t m = 0; m < n; ++m) {
+          has_destination =
+              has_destination || (leaf[m] == l && (spec.kind != Collective::kReduce || spec.members[m] == spec.root));
+        }
+        switchemu::GroupMember gm;
+        gm.ip = fabric.switch_ip(l);
+        gm.destination = has_destination;
+        r.members.push_back(gm);  // result VA 0: the leaf reads the chunk offset from the RETH
+      }
+      ok = fabric.switch_at(spine).ifec()->reserve(r, &why);
+      if (ok) {
+        made.push_back({spine, spine_group});
+      }
+    }
+    for (size_t li = 0; ok && li < leaves.size(); ++li) {
+      switchemu::GroupReservation r = base_reservation(group);
+      for (size_t m = 0; m < n; ++m) {
+        r.members.push_back(member_of(spec.members[m], leaf[m] == leaves[li],
+                                      spec.kind != Collective::kReduce || spec.members[m] == spec.root));
+      }
+      if (spine >= 0) {
+        r.upstream_ip = fabric.switch_ip(spine);
+        r.upstream_group = spine_group;
+        r.upstream_contributor = static_cast<uint16_t>(li);
+        r.upstream_fp32 = opts_.upstream_fp32;
+      }
+      ok = fabric.switch_at(leaves[li]).ifec()->reserve(r, &why);
+      if (ok) {
+        made.push_back({leaves[li], group});
+      }
+    }
+    if (!ok) {
+      for (const auto& [sw, id] : made) {
+        fabric.switch_at(sw).ifec()->release(opts_.job, id);  // this plane's share moves to the others
+      }
+      continue;
+    }
+    // fp32 partials must fit one packet too: such a plane's chunks hold MTU / 4 elements.
+    two_tier_fp32 = two_tier_fp32 || (spine >= 0 && opts_.upstream_fp32);
+    op->reservations.insert(op->reservations.end(), made.begin(), made.end());
+    reserved.push_back({p, w});
+    op->group_of_plane[p] = group;
+    op->target_ip[p].resize(n);
+    for (size_t m = 0; m < n; ++m) {
+      op->target_ip[p][m] = fabric.switch_ip(leaf[m]);
+      op->plane_of_switch_ip[fabric.switch_ip(leaf[m])] = p;
     }
   }
-  // Reserve a group on each usable plane's switch; a refusal (pool exhausted) moves that plane's share elsewhere.
-  const uint16_t group = next_group_++;
-  std::vector<std::pair<int, double>> reserved;
-  for (const auto& [p, w] : plane_weights) {
-    switchemu::GroupReservation r;
-    r.job = opts_.job;
-    r.group = group;
-    r.op = ech_op(spec.kind);
-    r.dtype = spec.dtype;
-    r.redop = spec.op;
-    r.window = spec.window;
-    r.slots = opts_.slots_per_plane;
-    for (int g : spec.members) {
-      const endpoint::WindowInfo* win = cluster_.ep(g).memory().window(spec.window);
-      switchemu::GroupMember gm;
-      gm.ip = fabric.gpu_ip(g);
-      gm.result_va = win->va + spec.offset;
-      gm.rkey = win->rkey;
-      gm.destination = spec.kind != Collective::kReduce || g == spec.root;
-      r.members.push_back(gm);
-    }
-    std::string why;
-    if (fabric.switch_at(op->switch_of_plane[p]).ifec()->reserve(r, &why)) {
-      reserved.push_back({p, w});
-      op->group_of_plane[p] = group;
-      op->plane_of_switch_ip[fabric.switch_ip(op->switch_of_plane[p])] = p;
-    }
+  if (two_tier_fp32 && spec.kind != Collective::kBarrier) {
+    op->epc = std::max<size_t>(1, std::min<uint32_t>(topo.params.mtu, 4096) / 4);
+    op->chunks = (spec.count + op->epc - 1) / op->epc;
   }
   if (reserved.empty()) {
     // No in-fabric resources at all: the whole operation runs on the endpoint-based path.
@@ -259,8 +348,8 @@ CollectiveResult IfecCollectives::run(const CollectiveSpec& spec, TimeNs limit) 
     loop.run(loop.next_event_time());
   }
   Op& o = *op_;
-  for (const auto& [p, g] : o.group_of_plane) {
-    fabric.switch_at(o.switch_of_plane[p]).ifec()->release(opts_.job, g);
+  for (const auto& [sw, id] : o.reservations) {
+    fabric.switch_at(sw).ifec()->release(opts_.job, id);
   }
   if (o.pending > 0) {
     res.ok = false;
@@ -374,9 +463,8 @@ void IfecCollectives::send_contribution(int m, int plane, uint32_t j, bool retra
   endpoint::Endpoint& e = cluster_.ep(gpu);
   const size_t elems = o.spec.kind == Collective::kBarrier ? 0 : std::min(o.epc, o.spec.count - k * o.epc);
   const uint64_t rel = static_cast<uint64_t>(k) * o.epc * o.esize;
-  common::FrameHeaders h =
-      ech_headers(e, port, cluster_.fabric().switch_ip(o.switch_of_plane[plane]), static_cast<uint16_t>(gpu * 977 + j),
-                  static_cast<uint8_t>(Opcode::kWriteOnly), pkey_for(opts_.job), j);
+  common::FrameHeaders h = ech_headers(e, port, o.target_ip[plane][m], static_cast<uint16_t>(gpu * 977 + j),
+                                       static_cast<uint8_t>(Opcode::kWriteOnly), pkey_for(opts_.job), j);
   Ech ech;
   ech.format = EchFormat::kStandard;
   ech.op = ech_op(o.spec.kind);

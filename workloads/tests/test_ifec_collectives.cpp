@@ -398,3 +398,55 @@ INSTANTIATE_TEST_SUITE_P(Types, IfecLossTypes,
                            return std::string(common::ech_dtype_name(std::get<0>(info.param))) + "_loss" +
                                   std::to_string(static_cast<int>(std::get<1>(info.param) * 100));
                          });
+
+namespace {
+
+uint64_t partial_bytes(workloads::Cluster& c) {
+  uint64_t b = 0;
+  for (int sw = 0; sw < c.fabric().num_switches(); ++sw) {
+    b += c.fabric().switch_at(sw).ifec()->counters().partial_bytes;
+  }
+  return b;
+}
+
+double max_error(const Harness& st, const workloads::CollectiveSpec& s, int gpu) {
+  const std::vector<double> ref = reference(st, s);
+  double worst = 0;
+  for (size_t i = 0; i < s.count; ++i) {
+    const common::Acc a = common::load_element(s.dtype, st.cluster->window_data(gpu, kBuf) + s.offset, i);
+    worst = std::max(worst, std::fabs(a.f - ref[i]));
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST(IfecTwoTier, LeafPartialsMeetAtASpineAndFp32PartialsArePreciser) {
+  // 16 GPUs, 2 planes, 4 leaves x 2 spines per plane: every chunk is reduced at 4 leaves, then at one spine.
+  const routing::Topology topo = routing::make_fat_tree(16, 2, 4, 2);
+  const auto s = spec_for(Collective::kAllReduce, 16, 8000, EchDtype::kBf16, EchRedOp::kSum);
+  double err[2];
+  uint64_t bytes[2];
+  for (int fp32 = 1; fp32 >= 0; --fp32) {
+    Harness st = make_setup(topo, s, cluster_options(0, 1), 23);
+    st.ifec->options().upstream_fp32 = fp32 != 0;
+    const auto r = st.ifec->run(s, 2'000'000'000);
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_FALSE(r.fell_back) << "a two-tier plane is served in the fabric";
+    expect_result(st, s, all_members(s), /*ring_rounding=*/!fp32);  // bf16 partials add a rounding per level
+    err[fp32] = max_error(st, s, 9);
+    bytes[fp32] = partial_bytes(*st.cluster);
+  }
+  EXPECT_GT(bytes[1], 0u);
+  EXPECT_EQ(bytes[1], 2 * bytes[0]) << "fp32 partials are twice the bf16 bytes";
+  EXPECT_LE(err[1], err[0]) << "fp32 partials round once, at the leaf on the way out";
+}
+
+TEST(IfecTwoTier, ReduceToARootOnAnotherLeafUnderLoss) {
+  const routing::Topology topo = routing::make_fat_tree(16, 2, 4, 2);
+  const auto s = spec_for(Collective::kReduce, 16, 6000, EchDtype::kFp32, EchRedOp::kSum, /*root=*/13);
+  Harness st = make_setup(topo, s, cluster_options(0.02, 3), 29);
+  const auto r = st.ifec->run(s, 5'000'000'000);
+  ASSERT_TRUE(r.ok) << r.error;
+  expect_result(st, s, {13});
+}

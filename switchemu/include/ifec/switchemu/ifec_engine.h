@@ -47,6 +47,7 @@ struct IfecConfig {
 };
 
 struct GroupMember {
+  bool local = true;         // contributes here (false: attached to another leaf of a two-tier plane)
   uint32_t ip = 0;           // the member's loopback
   uint64_t result_va = 0;    // VA of the collective buffer in the member's window (results land at +offset)
   uint32_t rkey = 0;         // the member's window rkey
@@ -62,6 +63,14 @@ struct GroupReservation {
   uint16_t window = 0;               // the result window id (carried back in the result's ECH)
   uint32_t slots = 64;               // slot budget: chunks of this group in flight at once on this switch
   std::vector<GroupMember> members;  // contributor id = index, at most 64
+  // Two-tier planes: a leaf aggregates its local members, then sends the partial to `upstream_ip` (a spine) as
+  // contributor `upstream_contributor` of `upstream_group`, and forwards the spine's result to its local
+  // destinations. Partials travel in fp32 (`upstream_fp32`, one rounding at the end) or in the element type
+  // (half the bytes for bf16/fp16, one more rounding). 0: this switch is the aggregation root.
+  uint32_t upstream_ip = 0;
+  uint16_t upstream_group = 0;
+  uint16_t upstream_contributor = 0;
+  bool upstream_fp32 = true;
 };
 
 struct IfecCounters {
@@ -83,6 +92,9 @@ struct IfecCounters {
   uint64_t multicast_repairs = 0;  // replicas re-sent to destinations that had not acknowledged
   uint64_t multicast_completions = 0;
   uint64_t multicast_unknown_window = 0;
+  uint64_t partials_sent = 0;     // leaf -> spine partial sums (two-tier planes)
+  uint64_t partial_bytes = 0;     // their payload bytes
+  uint64_t upstream_results = 0;  // spine results a leaf forwarded down
 };
 
 class IfecEngine {
@@ -118,6 +130,8 @@ class IfecEngine {
     std::vector<common::Acc> acc;
     std::vector<std::vector<uint8_t>> parts;  // reproducible mode: each contributor's bytes
     std::vector<uint8_t> result;              // finished result, kept until acknowledged
+    std::vector<uint8_t> partial;             // two-tier leaf: the partial sent upstream, kept for resends
+    bool forwarded = false;                   // two-tier leaf: partial sent, waiting for the spine
     uint64_t generation = 0;                  // bumps on reuse, so stale timeout events do nothing
   };
   struct Group {
@@ -144,8 +158,12 @@ class IfecEngine {
   };
 
   void contribute(Group& g, const common::ParsedFrame& pf, const uint8_t* frame);
+  void forward_partial(Group& g, Slot& s);
+  void upstream_result(Group& g, const common::ParsedFrame& pf, const uint8_t* frame);
   void result_ack(Group& g, const common::ParsedFrame& pf);
-  void complete(Group& g, Slot& s, bool anomaly);
+  // Finishes a slot: casts the accumulators (reduced here, or already holding a spine's result when acc_ready)
+  // and sends the result, or, when timed out, the anomaly notice.
+  void complete(Group& g, Slot& s, bool timed_out, bool acc_ready = false);
   void send_result(Group& g, Slot& s, int member);
   void send_ech_ack(uint32_t dst_ip, const common::Ech& ech, uint32_t psn, uint16_t pkey);
   void maybe_free(Group& g, Slot& s);
@@ -162,7 +180,8 @@ class IfecEngine {
   Emit emit_;
   IfecCounters counters_;
   uint32_t free_slots_;
-  std::map<uint64_t, Group> groups_;  // key: job << 16 | group
+  std::map<uint64_t, Group> groups_;               // key: job << 16 | group
+  std::map<uint64_t, uint64_t> leaf_of_upstream_;  // (job, upstream group) -> (job, local group) on a leaf
   std::map<std::pair<int, uint16_t>, Window> windows_;
   std::map<uint32_t, int> gpu_of_ip_;
   std::map<std::pair<uint32_t, uint32_t>, Multicast> mcast_;  // (source ip, psn)

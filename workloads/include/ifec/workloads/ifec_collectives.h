@@ -25,6 +25,7 @@ struct IfecOptions {
   common::TimeNs retransmit_max_ns = 2'000'000;
   int max_retries = 20;             // then the chunk is finished on the fallback path
   uint32_t multicast_window = 256;  // multicast packets in flight per plane
+  bool upstream_fp32 = true;        // two-tier planes: leaf -> spine partials in fp32 (else in the element type)
 };
 
 struct IfecStats {
