@@ -152,7 +152,7 @@ CollectiveRow run_collective_point(const routing::Topology& topo, const Collecti
     res = ifec.run(s);
   }
   row.ok = res.ok;
-  row.error = res.error;
+  row.error = res.error.empty() && res.fell_back ? res.fallback_reason : res.error;
   row.fell_back = res.fell_back;
   row.fallback_chunks = res.fallback_chunks;
   row.anomalies = res.anomalies;

@@ -163,6 +163,7 @@ CollectiveResult IfecCollectives::run(const CollectiveSpec& spec, TimeNs limit) 
   const uint16_t spine_group = static_cast<uint16_t>(group | 0x8000);
   std::vector<std::pair<int, double>> reserved;
   bool two_tier_fp32 = false;
+  std::string reasons;
   auto member_of = [&](int g, bool local, bool destination) {
     const endpoint::WindowInfo* win = cluster_.ep(g).memory().window(spec.window);
     switchemu::GroupMember gm;
@@ -280,6 +281,7 @@ CollectiveResult IfecCollectives::run(const CollectiveSpec& spec, TimeNs limit) 
       for (const auto& [sw, id] : made) {
         fabric.switch_at(sw).ifec()->release(opts_.job, id);  // this plane's share moves to the others
       }
+      reasons += (reasons.empty() ? "" : "; ") + std::string("plane ") + std::to_string(p) + ": " + why;
       continue;
     }
     // fp32 partials must fit one packet too: such a plane's chunks hold MTU / 4 elements.
@@ -305,6 +307,7 @@ CollectiveResult IfecCollectives::run(const CollectiveSpec& spec, TimeNs limit) 
     fb.start_ns = res.start_ns;
     fb.fell_back = true;
     fb.fallback_chunks = op->chunks;
+    fb.fallback_reason = reasons.empty() ? "no plane reaches every member through IFEC switches" : reasons;
     return fb;
   }
   // Chunks over the reserved planes, in proportion to their weights (smooth weighted round robin).

@@ -41,6 +41,7 @@ struct CollectiveResult {
   bool fell_back = false;        // in-fabric path could not serve it (no reservation, pool exhausted, anomaly)
   uint64_t fallback_chunks = 0;  // chunks completed on the endpoint-based path instead
   uint64_t anomalies = 0;        // chunks a switch released with the anomaly flag
+  std::string fallback_reason;   // why the fabric did not serve (part of) it, when fell_back
 };
 
 size_t element_size(common::EchDtype t);
