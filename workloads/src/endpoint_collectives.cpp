@@ -1,6 +1,13 @@
 // Endpoint-based collectives: ring allreduce / reduce, chain multicast and dissemination barrier as event-driven
-// state machines over RC put_signal transactions (the baseline in-fabric aggregation is measured against, and
-// its fallback path), plus the spec helpers shared with the in-fabric path.
+// state machines over RC stores (the baseline in-fabric aggregation is measured against, and its fallback path),
+// plus the spec helpers shared with the in-fabric path.
+//
+// Step signalling has RDMA WRITE WITH IMMEDIATE semantics, as NCCL's IB/RoCE transport uses: the receiver learns
+// that a slice is complete from its own NIC, by counting the bytes that landed in the slice's destination range,
+// so a ring hop costs one one-way trip. (A put_signal would wait for the data's ACK before sending the signal:
+// two round trips per hop.) Counting is exact because the responder places every packet of a store once: weak
+// QPs drop duplicates by PSN, ordered QPs drop anything behind the expected PSN (qp.cpp, on_request), and the
+// remote-write hook runs only when a request executes.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -52,21 +59,19 @@ size_t element_size(EchDtype t) {
 
 namespace {
 
-// A slice is the unit one put_signal moves: large buffers stream through the ring in 64 KiB pieces (NCCL-like),
-// so a member forwards slice k of a block as soon as it arrived instead of waiting for the whole block.
+// A slice is the unit one store moves: large buffers stream through the ring in 64 KiB pieces (NCCL-like), so a
+// member forwards slice k of a block as soon as it arrived instead of waiting for the whole block.
 constexpr uint64_t kSliceBytes = 64 * 1024;
-// Messages in flight per ring link: each has its own staging slot and signal word, reused only after the
-// put_signal that last used it completed (its signal landed, so the receiver consumed it). A put_signal needs two
-// round trips (data ack, then the signal: ~4.4 us unloaded on the SuperPoD) plus the queueing behind the data
-// posted after it; 64 x 64 KiB (4 MiB) keeps a 400 GB/s GPU streaming (32 reached ~70% of it with weak QPs).
+// Messages in flight per ring link: each has its own staging slot, reused only after the store that last used it
+// completed (see Run::on_remote_write for why the receiver has consumed it by then). A store completes one round
+// trip (~2.4 us unloaded on the SuperPoD) plus its queueing after it was posted; 64 x 64 KiB (4 MiB, ~10 us of a
+// 400 GB/s GPU's output) covers that with room for the queueing behind the data posted after it.
 constexpr uint64_t kSlots = 64;
 constexpr uint64_t kBarrierWords = 64;  // one per dissemination round: 2^64 members is plenty
 
 // Where things live in the scratch window (the same on every member).
 struct Layout {
   uint64_t slot_bytes = 0;    // staging slot (reduce-scatter only; the other phases write the buffer directly)
-  uint64_t sig_base = 0;      // kSlots signal words, one per slot
-  uint64_t gather_word = 0;   // reduce: the root's count of gathered slices (kAdd)
   uint64_t barrier_base = 0;  // kBarrierWords round words
   uint64_t total = 0;
 };
@@ -78,11 +83,9 @@ Layout layout_for(const CollectiveSpec& spec) {
   Layout l;
   if (uses_staging(spec.kind)) {
     const uint64_t max_block = (spec.count + n - 1) / n * element_size(spec.dtype);
-    l.slot_bytes = std::min(kSliceBytes, (max_block + 7) / 8 * 8);  // 8-aligned so the signal words are too
+    l.slot_bytes = std::min(kSliceBytes, (max_block + 7) / 8 * 8);  // 8-aligned so the barrier words are too
   }
-  l.sig_base = kSlots * l.slot_bytes;
-  l.gather_word = l.sig_base + kSlots * 8;
-  l.barrier_base = l.gather_word + 8;
+  l.barrier_base = kSlots * l.slot_bytes;
   l.total = l.barrier_base + kBarrierWords * 8;
   return l;
 }
@@ -107,7 +110,7 @@ const char* phase_name(Phase p) {
   return "?";
 }
 
-// One put_signal of one slice. The bytes sit at the same buffer offset on sender and receiver.
+// One store of one slice. The bytes sit at the same buffer offset on sender and receiver.
 struct Msg {
   Phase phase = Phase::kReduceScatter;
   int step = 0;
@@ -120,6 +123,18 @@ struct Msg {
   bool ready = false;
   bool done = false;
 };
+
+// A message a member receives straight into its buffer (allgather, chain, gather), and its bytes landed so far.
+struct InRange {
+  uint64_t off = 0;  // from the buffer start
+  uint32_t len = 0;
+  uint32_t landed = 0;
+  int from = -1;        // sender position
+  bool gather = false;  // the sender's gather_out (else its ring_out)
+  uint32_t index = 0;   // in that list
+};
+
+struct HookSlot;
 
 struct Member {
   int gpu = 0;
@@ -134,11 +149,20 @@ struct Member {
   size_t ring_done = 0;
   std::vector<char> ring_seen;  // per seq of prev's ring_out
   size_t ring_seen_count = 0;
-  std::vector<Msg> gather_out;  // reduce: this member's block to the root
+  // Reduce-scatter arrivals: prev's ring_out[0, rs_in) land in the staging slots, seq s in slot s % kSlots. A
+  // slot holds one message at a time (the sender's slot rule), so the bytes landing in slot k belong to
+  // slot_seq[k], the oldest of prev's messages for that slot this member has not consumed.
+  size_t rs_in = 0;
+  std::vector<size_t> slot_seq;
+  std::vector<uint32_t> slot_landed;
+  std::vector<InRange> in_ranges;  // sorted by offset, disjoint
+  std::vector<Msg> gather_out;     // reduce: this member's block to the root
   size_t gather_done = 0;
   uint64_t gather_expected = 0;  // root: slices the others send it
+  uint64_t gather_got = 0;       // root: of those, fully landed
   bool gather_complete = true;
-  int rounds = 0;  // barrier
+  std::shared_ptr<HookSlot> slot;  // this member's endpoint's hook
+  int rounds = 0;                  // barrier
   int rounds_done = 0;
   int rounds_sent = 0;
   std::vector<char> round_seen;
@@ -148,15 +172,19 @@ struct Member {
 
 class Run;
 
-// What the endpoint's (never removable) remote-write hook forwards to: the run in progress, if any.
+// What the endpoint's (never removable) remote-write hook forwards to: the run in progress, if any. Also counts
+// the stores and barrier words this endpoint posted for endpoint collectives that have not completed: a run that
+// failed or timed out may leave some in flight, and the next run waits for them (see run_endpoint_collective).
 struct HookSlot {
   Run* run = nullptr;
   int pos = -1;
+  uint64_t in_flight = 0;
 };
 
 // One hook per endpoint for the endpoint's lifetime. The hook owns its slot; the registry only observes it, so an
-// endpoint destroyed and another allocated at the same address gets a fresh hook.
-std::shared_ptr<HookSlot> hook_slot(endpoint::Endpoint& ep);
+// endpoint destroyed and another allocated at the same address gets a fresh hook. Without `create`, returns null
+// for an endpoint that has none.
+std::shared_ptr<HookSlot> hook_slot(endpoint::Endpoint& ep, bool create = true);
 
 class Run : public std::enable_shared_from_this<Run> {
  public:
@@ -194,7 +222,9 @@ class Run : public std::enable_shared_from_this<Run> {
   void ring_sent(int pos, size_t seq, OpStatus status, const std::string& error);
   void gather_sent(int pos, size_t index, OpStatus status, const std::string& error);
   void round_sent(int pos, size_t round, OpStatus status, const std::string& error);
-  void ring_arrived(int pos, int peer, uint64_t slot, uint64_t value);
+  void landed_in_slot(Member& m, int peer, uint64_t offset, uint64_t len);
+  void landed_in_buffer(Member& m, int peer, uint64_t offset, uint64_t len);
+  void ring_arrived(int pos, size_t seq);
   void gather_arrived(int pos);
   void round_arrived(int pos, int peer, int round, uint64_t value);
   void advance_barrier(Member& m);
@@ -202,6 +232,7 @@ class Run : public std::enable_shared_from_this<Run> {
   void fail(const std::string& why);
   std::string describe(const Msg& msg) const;
   std::string describe(const Member& m) const;
+  void link_arrivals();
   // Runs `fn` as its own event at the current time: callbacks come from inside the endpoint's receive and
   // completion paths, and posting new transactions from there would re-enter it.
   template <typename Fn>
@@ -228,7 +259,7 @@ class Run : public std::enable_shared_from_this<Run> {
   TimeNs end_ns_ = 0;
 };
 
-std::shared_ptr<HookSlot> hook_slot(endpoint::Endpoint& ep) {
+std::shared_ptr<HookSlot> hook_slot(endpoint::Endpoint& ep, bool create) {
   static std::mutex mu;
   static std::map<const endpoint::Endpoint*, std::weak_ptr<HookSlot>> registry;
   std::lock_guard<std::mutex> lock(mu);
@@ -239,6 +270,9 @@ std::shared_ptr<HookSlot> hook_slot(endpoint::Endpoint& ep) {
     if (auto s = it->second.lock()) {
       return s;
     }
+  }
+  if (!create) {
+    return nullptr;
   }
   auto s = std::make_shared<HookSlot>();
   ep.on_remote_write([s](int peer, uint16_t window, uint64_t offset, uint64_t len) {
@@ -291,6 +325,7 @@ void Run::build() {
     Member& m = m_[p];
     m.gpu = spec_.members[p];
     m.pos = p;
+    m.slot = hook_slot(cluster_.ep(m.gpu));
     m.scratch = cluster_.window_data(m.gpu, spec_.scratch_window);
     if (spec_.kind != Collective::kBarrier) {
       m.buf = cluster_.window_data(m.gpu, spec_.window) + spec_.offset;
@@ -376,6 +411,44 @@ void Run::build() {
     }
   }
   link_unlocks();
+  link_arrivals();
+}
+
+// Where each member's incoming messages land, so the remote-write hook can attribute every packet to one.
+void Run::link_arrivals() {
+  for (Member& m : m_) {
+    if (m.prev >= 0) {
+      const std::vector<Msg>& in = m_[m.prev].ring_out;
+      while (m.rs_in < in.size() && in[m.rs_in].phase == Phase::kReduceScatter) {
+        ++m.rs_in;
+      }
+      if (m.rs_in > 0) {
+        m.slot_seq.resize(kSlots);
+        for (uint64_t k = 0; k < kSlots; ++k) {
+          m.slot_seq[k] = k;
+        }
+        m.slot_landed.assign(kSlots, 0);
+      }
+      for (size_t seq = m.rs_in; seq < in.size(); ++seq) {
+        m.in_ranges.push_back({in[seq].byte_off, in[seq].len, 0, m.prev, false, static_cast<uint32_t>(seq)});
+      }
+    }
+    for (const Member& from : m_) {
+      if (from.pos != m.pos && !from.gather_out.empty() && spec_.members[m.pos] == spec_.root) {
+        for (size_t i = 0; i < from.gather_out.size(); ++i) {
+          const Msg& g = from.gather_out[i];
+          m.in_ranges.push_back({g.byte_off, g.len, 0, from.pos, true, static_cast<uint32_t>(i)});
+        }
+      }
+    }
+    std::sort(m.in_ranges.begin(), m.in_ranges.end(), [](const InRange& a, const InRange& b) { return a.off < b.off; });
+    for (size_t i = 1; i < m.in_ranges.size(); ++i) {
+      // Each buffer byte is written at most once per run, which is what makes counting bytes per range exact.
+      IFEC_CHECK(
+          m.in_ranges[i - 1].off + m.in_ranges[i - 1].len <= m.in_ranges[i].off,
+          what() << ": GPU " << m.gpu << " receives overlapping messages at buffer offset " << m.in_ranges[i].off);
+    }
+  }
 }
 
 // What each arrival enables at its receiver: the same slice of the same block one step later.
@@ -414,11 +487,6 @@ void Run::link_unlocks() {
 }
 
 void Run::start() {
-  if (spec_.kind == Collective::kReduce) {
-    // Reset the root's gather counter: the others add one per slice delivered. Nothing of this run can have
-    // landed yet (no event ran since it was posted).
-    std::memset(m_[root_pos()].scratch + lay_.gather_word, 0, 8);
-  }
   for (Member& m : m_) {
     if (spec_.kind == Collective::kBarrier && m.rounds > 0) {
       send_round(m, 0);
@@ -441,8 +509,14 @@ void Run::watch(const OpHandle& h, Completion fn, int pos, size_t index) {
     defer([fn, pos, index, status, error](Run& r) { (r.*fn)(pos, index, status, error); });
     return;
   }
+  // Counted until it completes, even if this run is gone by then (weakly: the slot belongs to the endpoint).
+  ++m_[pos].slot->in_flight;
+  std::weak_ptr<HookSlot> slot = m_[pos].slot;
   std::weak_ptr<Run> w = weak_from_this();
-  h->on_done = [w, fn, pos, index](const OpState& st) {
+  h->on_done = [w, slot, fn, pos, index](const OpState& st) {
+    if (auto s = slot.lock()) {
+      --s->in_flight;
+    }
     if (auto r = w.lock()) {
       const OpStatus status = st.status;
       const std::string error = st.error;
@@ -464,8 +538,7 @@ void Run::pump(Member& m) {
     const bool staged = msg.phase == Phase::kReduceScatter;
     const uint16_t dst_window = staged ? spec_.scratch_window : spec_.window;
     const uint64_t dst_off = staged ? slot * lay_.slot_bytes : spec_.offset + msg.byte_off;
-    OpHandle h = ep.put_signal(m_[m.next].gpu, dst_window, dst_off, m.buf + msg.byte_off, msg.len, spec_.scratch_window,
-                               lay_.sig_base + slot * 8, sig_value(seq), endpoint::SignalOp::kSet);
+    OpHandle h = ep.store(m_[m.next].gpu, dst_window, dst_off, m.buf + msg.byte_off, msg.len);
     ++m.ring_posted;
     watch(h, &Run::ring_sent, m.pos, seq);
   }
@@ -474,8 +547,7 @@ void Run::pump(Member& m) {
 void Run::post_gather(Member& m, size_t index) {
   const Msg& msg = m.gather_out[index];
   OpHandle h =
-      cluster_.ep(m.gpu).put_signal(spec_.root, spec_.window, spec_.offset + msg.byte_off, m.buf + msg.byte_off,
-                                    msg.len, spec_.scratch_window, lay_.gather_word, 1, endpoint::SignalOp::kAdd);
+      cluster_.ep(m.gpu).store(spec_.root, spec_.window, spec_.offset + msg.byte_off, m.buf + msg.byte_off, msg.len);
   watch(h, &Run::gather_sent, m.pos, index);
 }
 
@@ -532,45 +604,111 @@ void Run::round_sent(int pos, size_t round, OpStatus status, const std::string& 
   check_finished(m);
 }
 
+// Called for every packet (or atomic) landing anywhere in this endpoint, from inside the responder's execution of
+// the request: before it sends the ACK that covers the packet.
 void Run::on_remote_write(int pos, int peer, uint16_t window, uint64_t offset, uint64_t len) {
-  // Called for every packet landing anywhere in this endpoint: filter cheaply, read the signal word now.
-  if (window != spec_.scratch_window || len != 8 || offset < lay_.sig_base || offset % 8 != 0) {
+  if (failed_) {
     return;
   }
-  const uint8_t* word = m_[pos].scratch + offset;
+  Member& m = m_[pos];
+  if (window == spec_.window) {
+    if (offset >= spec_.offset) {
+      landed_in_buffer(m, peer, offset - spec_.offset, len);
+    }
+    return;
+  }
+  if (window != spec_.scratch_window) {
+    return;
+  }
+  if (offset < lay_.barrier_base) {
+    landed_in_slot(m, peer, offset, len);
+    return;
+  }
+  if (len != 8 || offset % 8 != 0 || offset >= lay_.barrier_base + kBarrierWords * 8) {
+    return;
+  }
   uint64_t value;
-  std::memcpy(&value, word, 8);
-  if (offset < lay_.sig_base + kSlots * 8) {
-    const uint64_t slot = (offset - lay_.sig_base) / 8;
-    defer([pos, peer, slot, value](Run& r) { r.ring_arrived(pos, peer, slot, value); });
-  } else if (offset == lay_.gather_word) {
-    defer([pos](Run& r) { r.gather_arrived(pos); });
-  } else if (offset < lay_.barrier_base + kBarrierWords * 8) {
-    const int round = static_cast<int>((offset - lay_.barrier_base) / 8);
-    defer([pos, peer, round, value](Run& r) { r.round_arrived(pos, peer, round, value); });
+  std::memcpy(&value, m.scratch + offset, 8);
+  const int round = static_cast<int>((offset - lay_.barrier_base) / 8);
+  defer([pos, peer, round, value](Run& r) { r.round_arrived(pos, peer, round, value); });
+}
+
+// Slot safety: the sender reuses slot k for message seq + kSlots only after the store of seq completed, i.e. after
+// the ACKs of all its packets came back. The responder generates an ACK covering a packet only after executing it,
+// and executing the packet that completes the slice calls this hook, which reduces the slice right here, in the
+// same call, not in a deferred event. So the slot is consumed before the ACK that frees it is even sent, whatever
+// the link latencies. (Only the unlocks, which post new stores, are deferred: posting from inside the responder
+// would re-enter the endpoint.)
+void Run::landed_in_slot(Member& m, int peer, uint64_t offset, uint64_t len) {
+  if (m.rs_in == 0 || lay_.slot_bytes == 0 || peer != m_[m.prev].gpu) {
+    return;  // no staging traffic expected here in this run
+  }
+  const uint64_t slot = offset / lay_.slot_bytes;
+  const size_t seq = m.slot_seq[slot];
+  const Member& from = m_[m.prev];
+  if (seq >= m.rs_in || seq >= from.ring_posted) {
+    // Nothing of this run may land in the slot now: the bytes would be counted toward a message not yet sent.
+    fail("GPU " + std::to_string(m.gpu) + ": " + std::to_string(len) + " unexpected bytes from GPU " +
+         std::to_string(peer) + " in staging slot " + std::to_string(slot) +
+         " (left by an earlier run, or placed twice)");
+    return;
+  }
+  const Msg& msg = from.ring_out[seq];
+  const uint64_t start = slot * lay_.slot_bytes;
+  m.slot_landed[slot] += static_cast<uint32_t>(len);
+  if (offset + len > start + msg.len || m.slot_landed[slot] > msg.len) {
+    fail("GPU " + std::to_string(m.gpu) + ": bytes from GPU " + std::to_string(peer) + " at scratch offset " +
+         std::to_string(offset) + " overrun " + describe(msg) + " in staging slot " + std::to_string(slot));
+    return;
+  }
+  if (m.slot_landed[slot] < msg.len) {
+    return;
+  }
+  common::reduce_into(spec_.dtype, spec_.op, m.buf + msg.byte_off, m.scratch + start, msg.len / esize_);
+  m.slot_landed[slot] = 0;
+  m.slot_seq[slot] = seq + kSlots;
+  const int pos = m.pos;
+  defer([pos, seq](Run& r) { r.ring_arrived(pos, seq); });
+}
+
+// Allgather, chain and gather messages land in the buffer itself, each in its own range (link_arrivals).
+void Run::landed_in_buffer(Member& m, int peer, uint64_t offset, uint64_t len) {
+  auto it = std::upper_bound(m.in_ranges.begin(), m.in_ranges.end(), offset,
+                             [](uint64_t o, const InRange& r) { return o < r.off; });
+  if (it == m.in_ranges.begin()) {
+    return;
+  }
+  InRange& r = *--it;
+  if (offset >= r.off + r.len || peer != m_[r.from].gpu) {
+    return;  // not a message of this run
+  }
+  r.landed += static_cast<uint32_t>(len);
+  if (offset + len > r.off + r.len || r.landed > r.len) {
+    fail("GPU " + std::to_string(m.gpu) + ": bytes from GPU " + std::to_string(peer) + " at buffer offset " +
+         std::to_string(offset) + " overrun " +
+         describe(r.gather ? m_[r.from].gather_out[r.index] : m_[r.from].ring_out[r.index]));
+    return;
+  }
+  if (r.landed < r.len) {
+    return;
+  }
+  const int pos = m.pos;
+  if (r.gather) {
+    defer([pos](Run& run) { run.gather_arrived(pos); });
+  } else {
+    const size_t seq = r.index;
+    defer([pos, seq](Run& run) { run.ring_arrived(pos, seq); });
   }
 }
 
-void Run::ring_arrived(int pos, int peer, uint64_t slot, uint64_t value) {
+void Run::ring_arrived(int pos, size_t seq) {
   Member& m = m_[pos];
-  // Only this run's sequence numbers from this member's predecessor count; anything else is stale.
-  if (m.prev < 0 || peer != m_[m.prev].gpu || (value >> 32) != gen_) {
-    return;
-  }
-  const uint64_t seq = (value & 0xFFFFFFFFull) - 1;
-  const std::vector<Msg>& in = m_[m.prev].ring_out;
-  if (seq >= in.size() || seq % kSlots != slot || m.ring_seen[seq]) {
+  if (m.ring_seen[seq]) {
     return;
   }
   m.ring_seen[seq] = 1;
   ++m.ring_seen_count;
-  const Msg& msg = in[seq];
-  if (msg.phase == Phase::kReduceScatter) {
-    // Consumed at the instant the signal landed (deferred only within that instant), before its ack can reach the
-    // sender, so the slot is free whenever the sender reuses it.
-    common::reduce_into(spec_.dtype, spec_.op, m.buf + msg.byte_off, m.scratch + slot * lay_.slot_bytes,
-                        msg.len / esize_);
-  }
+  const Msg& msg = m_[m.prev].ring_out[seq];
   if (msg.unlock_ring >= 0) {
     m.ring_out[msg.unlock_ring].ready = true;
     pump(m);
@@ -583,12 +721,10 @@ void Run::ring_arrived(int pos, int peer, uint64_t slot, uint64_t value) {
 
 void Run::gather_arrived(int pos) {
   Member& m = m_[pos];
-  if (m.gpu != spec_.root || m.gather_complete) {
+  if (m.gather_complete) {
     return;
   }
-  uint64_t v;
-  std::memcpy(&v, m.scratch + lay_.gather_word, 8);
-  if (v >= m.gather_expected) {
+  if (++m.gather_got >= m.gather_expected) {
     m.gather_complete = true;
     check_finished(m);
   }
@@ -657,17 +793,25 @@ std::string Run::describe(const Member& m) const {
   }
   if (m.prev >= 0 && m.ring_seen_count < m.ring_seen.size()) {
     const size_t seq = static_cast<size_t>(std::find(m.ring_seen.begin(), m.ring_seen.end(), 0) - m.ring_seen.begin());
-    os << "waiting for " << describe(m_[m.prev].ring_out[seq]) << " from GPU " << m_[m.prev].gpu;
+    const Msg& msg = m_[m.prev].ring_out[seq];
+    uint32_t landed = 0;
+    if (seq < m.rs_in) {
+      landed = m.slot_seq[seq % kSlots] == seq ? m.slot_landed[seq % kSlots] : 0;
+    } else {
+      for (const InRange& r : m.in_ranges) {
+        landed = !r.gather && r.index == seq ? r.landed : landed;
+      }
+    }
+    os << "waiting for " << describe(msg) << " from GPU " << m_[m.prev].gpu << " (" << landed << " of " << msg.len
+       << " bytes landed)";
   } else if (m.ring_posted < m.ring_out.size()) {
     const Msg& msg = m.ring_out[m.ring_posted];
     os << "cannot send " << describe(msg) << " to GPU " << m_[m.next].gpu
        << (msg.ready ? " (staging slot still busy)" : " (its data has not arrived)");
   } else if (m.ring_done < m.ring_out.size() || m.gather_done < m.gather_out.size()) {
-    os << (m.ring_out.size() - m.ring_done + m.gather_out.size() - m.gather_done) << " put_signal(s) in flight";
+    os << (m.ring_out.size() - m.ring_done + m.gather_out.size() - m.gather_done) << " store(s) in flight";
   } else if (!m.gather_complete) {
-    uint64_t v;
-    std::memcpy(&v, m.scratch + lay_.gather_word, 8);
-    os << "gather at the root: " << v << " of " << m.gather_expected << " slices arrived";
+    os << "gather at the root: " << m.gather_got << " of " << m.gather_expected << " slices arrived";
   } else {
     os << "is stuck";
   }
@@ -721,7 +865,7 @@ class HookGuard {
 };
 
 uint32_t next_generation() {
-  // Tags every signal value, so words left in scratch by an earlier run (or arriving late from one) never match.
+  // Tags every barrier word, so words left in scratch by an earlier run never match.
   static std::mutex mu;
   static uint32_t gen = 0;
   std::lock_guard<std::mutex> lock(mu);
@@ -777,6 +921,23 @@ CollectiveResult run_endpoint_collective(Cluster& cluster, const CollectiveSpec&
   CollectiveResult res;
   res.start_ns = loop.now();
   const TimeNs deadline = limit > common::kForever - res.start_ns ? common::kForever : res.start_ns + limit;
+  // Byte counting cannot tell this run's packets from a late one of an earlier run that failed or timed out with
+  // stores still in flight (a store that completed has placed all its packets, and duplicates are never placed
+  // again). So wait until every store earlier endpoint collectives posted in this cluster completed (or failed):
+  // free when the fabric is already quiet, as it is after any run that finished.
+  for (int g = 0; g < cluster.size(); ++g) {
+    const std::shared_ptr<HookSlot> slot = hook_slot(cluster.ep(g), false);
+    while (slot && slot->in_flight > 0) {
+      if (loop.idle() || loop.next_event_time() > deadline) {
+        res.error = std::string("endpoint ") + collective_name(spec.kind) + ": " + std::to_string(slot->in_flight) +
+                    " store(s) of an earlier endpoint collective from GPU " + std::to_string(g) +
+                    " still in flight after " + std::to_string(limit) + " ns";
+        res.end_ns = loop.now();
+        return res;
+      }
+      loop.run(loop.next_event_time());
+    }
+  }
   auto run = std::make_shared<Run>(cluster, spec, next_generation());
   run->build();
   HookGuard guard(cluster, spec, run.get());  // declared after `run`: cleared before the run goes away

@@ -400,15 +400,47 @@ TEST(EndpointCollectives, TimesOutNamingTheStuckMember) {
   CollectiveSpec spec = spec_for({Collective::kAllReduce, 4, 2, EchDtype::kFp32, EchRedOp::kSum, 100'000});
   b.allocate(spec);
   b.fill(spec, 1);
-  const CollectiveResult r = workloads::run_endpoint_collective(b.c, spec, 2'000);
+  // 1 us is less than one hop (a 64 KiB slice needs ~1.4 us to land), so nothing has arrived anywhere.
+  const CollectiveResult r = workloads::run_endpoint_collective(b.c, spec, 1'000);
   EXPECT_FALSE(r.ok);
-  EXPECT_NE(r.error.find("did not finish within 2000 ns"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("did not finish within 1000 ns"), std::string::npos) << r.error;
   EXPECT_NE(r.error.find("GPU "), std::string::npos) << r.error;
   EXPECT_NE(r.error.find("reduce-scatter step 0"), std::string::npos) << r.error;
-  EXPECT_LE(r.end_ns - r.start_ns, 2'000u);
-  // The run's leftovers (late signals) must not disturb the next one.
+  EXPECT_NE(r.error.find("0 of 65536 bytes landed"), std::string::npos) << r.error;
+  EXPECT_LE(r.end_ns - r.start_ns, 1'000u);
+  // The run's leftovers (late stores) must not disturb the next one.
   b.c.loop().run(b.c.loop().now() + 1'000'000);
   run_and_check(b, spec, 2);
+}
+
+TEST(EndpointCollectives, AbandonedRunsStoresDrainBeforeTheNextRunCounts) {
+  // Completion is detected by counting landed bytes, which cannot tell a late packet of an abandoned run from one
+  // of the current run. Start the next run while the first one's stores are still in flight: it must wait for
+  // them and still be exact. The cuts keep the abandoned stores off the next run's inputs (an abandoned run may
+  // write its members' buffers, which no collective can undo): allreduce and reduce stop during reduce-scatter
+  // (stores into staging slots only), multicast anywhere (the chain never writes the root's buffer).
+  struct Cut {
+    Collective kind;
+    common::TimeNs at;
+  };
+  for (const Cut& cut :
+       {Cut{Collective::kAllReduce, 2'500}, Cut{Collective::kReduce, 2'500}, Cut{Collective::kMulticast, 3'000},
+        Cut{Collective::kMulticast, 10'000}, Cut{Collective::kBarrier, 1'500}}) {
+    SCOPED_TRACE(std::string(workloads::collective_name(cut.kind)) + " cut at " + std::to_string(cut.at) + " ns");
+    Bench b(routing::make_superpod(4, 2), options(0.01));
+    const CollectiveSpec spec =
+        spec_for({cut.kind, 4, 2, EchDtype::kFp32, EchRedOp::kSum, cut.kind == Collective::kBarrier ? 0u : 300'001u});
+    b.allocate(spec);
+    b.fill(spec, 5);
+    const CollectiveResult r = workloads::run_endpoint_collective(b.c, spec, cut.at);
+    EXPECT_FALSE(r.ok);
+    bool in_flight = false;
+    for (int g = 0; g < b.c.size(); ++g) {
+      in_flight |= !b.c.ep(g).idle();
+    }
+    EXPECT_TRUE(in_flight) << "the abandoned run left nothing in flight: the test proves nothing";
+    run_and_check(b, spec, 6);
+  }
 }
 
 TEST(EndpointCollectives, IsolatedMemberFailsTheRun) {
@@ -555,7 +587,7 @@ CollectiveResult timed_allreduce(const routing::Topology& topo, uint64_t bytes) 
 
 }  // namespace
 
-TEST(EndpointCollectives, AllReduceTimeIsWithinThreeTimesTheRingBound) {
+TEST(EndpointCollectives, AllReduceTimeIsCloseToTheRingBound) {
   const routing::Topology topo = routing::make_superpod(8, 2);
   const uint64_t bytes = 8ull << 20;
   const CollectiveResult r = timed_allreduce(topo, bytes);
@@ -563,7 +595,8 @@ TEST(EndpointCollectives, AllReduceTimeIsWithinThreeTimesTheRingBound) {
   const double t = static_cast<double>(r.end_ns - r.start_ns);
   RecordProperty("sim_ns", std::to_string(r.end_ns - r.start_ns));
   EXPECT_GE(t, bound);
-  EXPECT_LE(t, 3 * bound);
+  // Stores signal by landing (one one-way trip per hop) and 64 slots keep the links busy: ~1.06x measured.
+  EXPECT_LE(t, 1.25 * bound);
   std::printf("allreduce 8 MiB fp32 on 8 GPUs x 2 planes: %.1f us, ring bound %.1f us (%.2fx)\n", t / 1e3, bound / 1e3,
               t / bound);
 }

@@ -52,7 +52,8 @@ void validate_spec(Cluster& cluster, const CollectiveSpec& spec);
 
 // Endpoint-based path: allreduce = ring reduce-scatter + ring allgather; reduce = ring reduce-scatter + gather
 // to the root; multicast = pipelined chain from the root; barrier = dissemination. Every step is an RC
-// transaction (put with signal); reductions happen at the endpoints in the element type (one rounding per step,
+// transaction (a plain store whose arrival the receiver counts, like RDMA WRITE WITH IMMEDIATE); reductions happen
+// at the endpoints in the element type (one rounding per step,
 // as NCCL does). Runs the simulation until done or `limit` of simulated time passed (then ok = false).
 CollectiveResult run_endpoint_collective(Cluster& cluster, const CollectiveSpec& spec,
                                          common::TimeNs limit = 10'000'000'000ULL);
