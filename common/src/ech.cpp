@@ -73,7 +73,7 @@ void Ech::encode(uint8_t* out) const {
   store_be16(out + 10, contributor_id);
   store_be32(out + 12, chunk_index);
   out[16] = static_cast<uint8_t>((static_cast<uint8_t>(dtype) << 4) | static_cast<uint8_t>(redop));
-  out[17] = 0;
+  out[17] = expected;
   store_be16(out + 18, element_count);
   store_be16(out + 20, window_id);
   store_be16(out + 22, 0);
@@ -135,8 +135,9 @@ WireStatus Ech::decode(const uint8_t* in, size_t len, Ech* out) {
   if (redop > static_cast<uint8_t>(EchRedOp::kMax)) {
     return WireStatus::fail(WireError::kEchBadField, 16, redop);
   }
-  if (in[17] != 0) {
-    return WireStatus::fail(WireError::kEchBadField, 17, in[17]);
+  e.expected = in[17];
+  if (e.expected > 64) {
+    return WireStatus::fail(WireError::kEchBadField, 17, in[17]);  // a group has at most 64 members
   }
   e.dtype = static_cast<EchDtype>(dtype);
   e.redop = static_cast<EchRedOp>(redop);

@@ -96,7 +96,7 @@ TEST(Ech, RejectsEachMalformedField) {
       {"source id 64", 5, 64, false, WireError::kEchBadField},
       {"dtype 4", 16, 0x40, true, WireError::kEchBadField},
       {"redop 3", 16, 0x03, true, WireError::kEchBadField},
-      {"reserved byte 17", 17, 1, true, WireError::kEchBadField},
+      {"expected contributors 65", 17, 65, true, WireError::kEchBadField},
       {"reserved byte 23", 23, 1, true, WireError::kEchBadField},
   };
   for (const Case& c : cases) {

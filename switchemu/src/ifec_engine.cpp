@@ -166,6 +166,7 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
     s.busy = true;
     s.chunk = ech.chunk_index;
     s.arrived = 0;
+    s.expected = ech.expected;
     s.acked = 0;
     s.complete = false;
     s.anomaly = false;
@@ -219,7 +220,9 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
   if (!is_destination) {
     send_ech_ack(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
   }
-  if (s.arrived == g.all) {
+  s.expected = std::max(s.expected, ech.expected);
+  const bool full = s.expected > 0 ? __builtin_popcountll(s.arrived) >= s.expected : s.arrived == g.all;
+  if (full) {
     if (g.r.upstream_ip != 0) {
       forward_partial(g, s);
     } else {

@@ -27,10 +27,11 @@ local f = {
   dtype = ProtoField.uint8("ech.dtype", "Data type", base.DEC, dtypes, 0xF0),
   redop = ProtoField.uint8("ech.redop", "Reduction op", base.DEC, redops, 0x0F),
   element_count = ProtoField.uint16("ech.element_count", "Elements", base.DEC),
+  expected = ProtoField.uint8("ech.expected", "Expected contributors (0 = all)", base.DEC),
 }
 ech.fields = {
   f.version, f.format, f.op, f.flags, f.flag_s, f.flag_r, f.flag_a, f.hlen, f.source_id, f.window_id, f.bitmap,
-  f.dests, f.job_id, f.group_id, f.contributor_id, f.chunk_index, f.dtype, f.redop, f.element_count,
+  f.dests, f.job_id, f.group_id, f.contributor_id, f.chunk_index, f.dtype, f.redop, f.element_count, f.expected,
 }
 
 local ef_bad = ProtoExpert.new("ech.malformed", "Malformed ECH", expert.group.MALFORMED, expert.severity.ERROR)
@@ -92,6 +93,7 @@ function ech.dissector(tvb, pinfo, tree)
     t:add(f.chunk_index, tvb(12, 4))
     t:add(f.dtype, tvb(16, 1))
     t:add(f.redop, tvb(16, 1))
+    t:add(f.expected, tvb(17, 1))
     t:add(f.element_count, tvb(18, 2))
     t:add(f.window_id, tvb(20, 2))
     t:append_text(string.format(", standard %s job %d group %d chunk %d", op, tvb(4, 4):uint(), tvb(8, 2):uint(),

@@ -58,6 +58,7 @@ struct Ech {
   EchDtype dtype = EchDtype::kFp32;
   EchRedOp redop = EchRedOp::kSum;
   uint16_t element_count = 0;
+  uint8_t expected = 0;  // standard: contributors this chunk waits for (0: every member of the group)
 
   size_t size() const { return format == EchFormat::kCompact ? kCompactSize : kStandardSize; }
   void encode(uint8_t* out) const;
@@ -67,5 +68,7 @@ struct Ech {
 
 static_assert(Ech::kCompactSize == 4 + 2 + 2 + 8, "compact ECH is 16 bytes");
 static_assert(Ech::kStandardSize == 4 + 4 + 2 + 2 + 4 + 1 + 1 + 2 + 2 + 2, "standard ECH is 24 bytes");
+// Byte 17 of the standard header ("expected contributors") was reserved-zero in the first drafts of v1; zero keeps
+// that meaning (every member), so frames from before it was defined decode the same.
 
 }  // namespace ifec::common

@@ -121,6 +121,7 @@ class IfecEngine {
     bool busy = false;
     uint32_t chunk = 0;
     uint64_t arrived = 0;  // contributor bitmap
+    uint8_t expected = 0;  // contributors this chunk waits for (0: the group's local members)
     uint64_t acked = 0;    // bitmap of result acknowledgements
     uint64_t need = 0;     // who must acknowledge before the slot is free
     bool complete = false;
