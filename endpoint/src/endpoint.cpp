@@ -565,11 +565,12 @@ OpHandle Endpoint::load(void* dst, int peer, uint16_t window, uint64_t offset, s
   return h;
 }
 
-OpHandle Endpoint::fetch_add(int peer, uint16_t window, uint64_t offset, uint64_t add) {
+OpHandle Endpoint::atomic(const char* what, int peer, uint16_t window, uint64_t offset, bool cas, uint64_t compare,
+                          uint64_t swap_or_add) {
   const WindowInfo* w = nullptr;
   std::string err = check_remote(peer, window, offset, 8, true, &w);
   if (!err.empty()) {
-    return fail_now(OpStatus::kInvalidArgument, "fetch_add: " + err);
+    return fail_now(OpStatus::kInvalidArgument, std::string(what) + ": " + err);
   }
   uint64_t id;
   OpHandle h = new_op(&id);
@@ -578,40 +579,9 @@ OpHandle Endpoint::fetch_add(int peer, uint16_t window, uint64_t offset, uint64_
     uint8_t* p = memory_.window(window)->data + offset;
     std::memcpy(&v, p, 8);
     h->result = v;
-    v += add;
-    std::memcpy(p, &v, 8);
-    finish_op(id, h);
-    return h;
-  }
-  auto op = std::make_shared<Op>();
-  op->handle = h;
-  op->id = id;
-  const uint64_t va = w->va + offset;
-  const uint32_t rkey = w->rkey;
-  submit(peer, [this, peer, va, rkey, add, window, offset, op] {
-    const uint64_t epoch = peers_[peer].epoch;
-    op->parts++;
-    wr_started(peer, epoch);
-    qp(peer, pick_small(peer, window, offset)).post_atomic(false, va, rkey, add, 0, part_done(peer, epoch, op));
-  });
-  return h;
-}
-
-OpHandle Endpoint::compare_swap(int peer, uint16_t window, uint64_t offset, uint64_t compare, uint64_t swap) {
-  const WindowInfo* w = nullptr;
-  std::string err = check_remote(peer, window, offset, 8, true, &w);
-  if (!err.empty()) {
-    return fail_now(OpStatus::kInvalidArgument, "compare_swap: " + err);
-  }
-  uint64_t id;
-  OpHandle h = new_op(&id);
-  if (peer == cfg_.index) {
-    uint64_t v;
-    uint8_t* p = memory_.window(window)->data + offset;
-    std::memcpy(&v, p, 8);
-    h->result = v;
-    if (v == compare) {
-      std::memcpy(p, &swap, 8);
+    if (!cas || v == compare) {
+      const uint64_t updated = cas ? swap_or_add : v + swap_or_add;
+      std::memcpy(p, &updated, 8);
     }
     finish_op(id, h);
     return h;
@@ -621,13 +591,22 @@ OpHandle Endpoint::compare_swap(int peer, uint16_t window, uint64_t offset, uint
   op->id = id;
   const uint64_t va = w->va + offset;
   const uint32_t rkey = w->rkey;
-  submit(peer, [this, peer, va, rkey, compare, swap, window, offset, op] {
+  submit(peer, [this, peer, va, rkey, cas, compare, swap_or_add, window, offset, op] {
     const uint64_t epoch = peers_[peer].epoch;
     op->parts++;
     wr_started(peer, epoch);
-    qp(peer, pick_small(peer, window, offset)).post_atomic(true, va, rkey, swap, compare, part_done(peer, epoch, op));
+    qp(peer, pick_small(peer, window, offset))
+        .post_atomic(cas, va, rkey, swap_or_add, compare, part_done(peer, epoch, op));
   });
   return h;
+}
+
+OpHandle Endpoint::fetch_add(int peer, uint16_t window, uint64_t offset, uint64_t add) {
+  return atomic("fetch_add", peer, window, offset, false, 0, add);
+}
+
+OpHandle Endpoint::compare_swap(int peer, uint16_t window, uint64_t offset, uint64_t compare, uint64_t swap) {
+  return atomic("compare_swap", peer, window, offset, true, compare, swap);
 }
 
 OpHandle Endpoint::put_signal(int peer, uint16_t window, uint64_t offset, const void* src, size_t len,

@@ -177,6 +177,8 @@ class Endpoint {
   void finish_op(uint64_t id, const OpHandle& h);
   OpHandle fail_now(OpStatus status, std::string why);
   OpHandle raw_op(const char* what, int peer, int q, std::function<void(QueuePair&, WqeDone)> post);
+  OpHandle atomic(const char* what, int peer, uint16_t window, uint64_t offset, bool cas, uint64_t compare,
+                  uint64_t swap_or_add);
   const WindowInfo* remote_window(int peer, uint16_t window) const;
   std::string check_remote(int peer, uint16_t window, uint64_t offset, uint64_t len, bool atomic,
                            const WindowInfo** w) const;
