@@ -74,7 +74,9 @@ Harness make_setup(const routing::Topology& topo, const workloads::CollectiveSpe
       }
       common::store_element(s.dtype, a, in.data(), i);
     }
-    std::memcpy(st.cluster->window_data(g, kBuf) + s.offset, in.data(), in.size());
+    if (!in.empty()) {  // a barrier has no input: memcpy from an empty vector's null data is UB
+      std::memcpy(st.cluster->window_data(g, kBuf) + s.offset, in.data(), in.size());
+    }
     st.inputs.push_back(std::move(in));
   }
   st.ifec = std::make_unique<workloads::IfecCollectives>(*st.cluster);
