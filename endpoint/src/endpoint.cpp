@@ -267,6 +267,13 @@ void Endpoint::finish_op(uint64_t id, const OpHandle& h) {
   }
 }
 
+std::shared_ptr<Endpoint::Op> Endpoint::track(uint64_t id, const OpHandle& h) {
+  auto op = std::make_shared<Op>();
+  op->handle = h;
+  op->id = id;
+  return op;
+}
+
 OpHandle Endpoint::fail_now(OpStatus status, std::string why) {
   counters_.ops_posted++;
   counters_.ops_failed++;
@@ -525,9 +532,7 @@ OpHandle Endpoint::store(int peer, uint16_t window, uint64_t offset, const void*
     finish_op(id, h);
     return h;
   }
-  auto op = std::make_shared<Op>();
-  op->handle = h;
-  op->id = id;
+  auto op = track(id, h);
   auto data = std::make_shared<const std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
                                                            static_cast<const uint8_t*>(src) + len);
   const uint64_t va = w->va + offset;
@@ -553,9 +558,7 @@ OpHandle Endpoint::load(void* dst, int peer, uint16_t window, uint64_t offset, s
     finish_op(id, h);
     return h;
   }
-  auto op = std::make_shared<Op>();
-  op->handle = h;
-  op->id = id;
+  auto op = track(id, h);
   const uint64_t va = w->va + offset;
   const uint32_t rkey = w->rkey;
   auto* d = static_cast<uint8_t*>(dst);
@@ -586,9 +589,7 @@ OpHandle Endpoint::atomic(const char* what, int peer, uint16_t window, uint64_t 
     finish_op(id, h);
     return h;
   }
-  auto op = std::make_shared<Op>();
-  op->handle = h;
-  op->id = id;
+  auto op = track(id, h);
   const uint64_t va = w->va + offset;
   const uint32_t rkey = w->rkey;
   submit(peer, [this, peer, va, rkey, cas, compare, swap_or_add, window, offset, op] {
@@ -634,9 +635,7 @@ OpHandle Endpoint::put_signal(int peer, uint16_t window, uint64_t offset, const 
     finish_op(id, h);
     return h;
   }
-  auto op = std::make_shared<Op>();
-  op->handle = h;
-  op->id = id;
+  auto op = track(id, h);
   auto data = std::make_shared<const std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
                                                            static_cast<const uint8_t*>(src) + len);
   const uint64_t va = w->va + offset;
@@ -702,9 +701,7 @@ OpHandle Endpoint::raw_op(const char* what, int peer, int q, std::function<void(
   }
   uint64_t id;
   OpHandle h = new_op(&id);
-  auto op = std::make_shared<Op>();
-  op->handle = h;
-  op->id = id;
+  auto op = track(id, h);
   submit(peer, [this, peer, q, post = std::move(post), op] {
     const uint64_t epoch = peers_[peer].epoch;
     op->parts++;

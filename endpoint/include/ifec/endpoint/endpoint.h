@@ -176,6 +176,8 @@ class Endpoint {
   OpHandle new_op(uint64_t* id);
   void finish_op(uint64_t id, const OpHandle& h);
   OpHandle fail_now(OpStatus status, std::string why);
+  // The bookkeeping every posted transaction carries until its last work request completes.
+  std::shared_ptr<Op> track(uint64_t id, const OpHandle& h);
   OpHandle raw_op(const char* what, int peer, int q, std::function<void(QueuePair&, WqeDone)> post);
   OpHandle atomic(const char* what, int peer, uint16_t window, uint64_t offset, bool cas, uint64_t compare,
                   uint64_t swap_or_add);
