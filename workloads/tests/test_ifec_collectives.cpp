@@ -452,3 +452,23 @@ TEST(IfecTwoTier, ReduceToARootOnAnotherLeafUnderLoss) {
   ASSERT_TRUE(r.ok) << r.error;
   expect_result(st, s, {13});
 }
+
+TEST(IfecCollectives, ReduceMulticastBarrierOn64Gpus) {
+  const routing::Topology topo = routing::make_superpod(64, 4);
+  for (Collective kind : {Collective::kReduce, Collective::kMulticast, Collective::kBarrier}) {
+    const auto s = spec_for(kind, 64, kind == Collective::kBarrier ? 0 : 3000, EchDtype::kBf16, EchRedOp::kSum, 17);
+    Harness st = make_setup(topo, s, cluster_options(0.01, 2), 31);
+    const auto r = st.ifec->run(s, 2'000'000'000);
+    ASSERT_TRUE(r.ok) << workloads::collective_name(kind) << ": " << r.error;
+    EXPECT_FALSE(r.fell_back) << workloads::collective_name(kind);
+    if (kind == Collective::kReduce) {
+      expect_result(st, s, {17});
+    } else if (kind == Collective::kMulticast) {
+      for (int g = 0; g < 64; ++g) {
+        ASSERT_EQ(std::memcmp(st.cluster->window_data(g, kBuf) + s.offset, st.inputs[17].data(), st.inputs[17].size()),
+                  0)
+            << "GPU " << g;
+      }
+    }
+  }
+}
