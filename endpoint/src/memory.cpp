@@ -1,7 +1,11 @@
 // Window registration and the rkey / bounds / job check.
 #include "ifec/endpoint/memory.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "ifec/common/checks.h"
 
@@ -44,9 +48,22 @@ const WindowInfo& SymmetricMemory::register_window(uint16_t id, void* data, uint
 const WindowInfo& SymmetricMemory::allocate_window(uint16_t id, uint64_t size, uint32_t job) {
   IFEC_CHECK(size > 0 && size <= (uint64_t{1} << 32),
              "endpoint " << endpoint_ << ": allocated window size " << size << " outside 1..4 GiB");
-  owned_.push_back(std::make_unique<uint8_t[]>(size));
-  std::fill(owned_.back().get(), owned_.back().get() + size, 0);
-  return register_window(id, owned_.back().get(), size, job);
+  IFEC_CHECK(windows_.count(id) == 0, "endpoint " << endpoint_ << ": window " << id << " is already registered");
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  IFEC_CHECK(p != MAP_FAILED,
+             "endpoint " << endpoint_ << ": window " << id << " of " << size << " bytes: " << std::strerror(errno));
+  owned_.emplace(id, std::unique_ptr<uint8_t, Unmap>(static_cast<uint8_t*>(p), Unmap{size}));
+  return register_window(id, p, size, job);
+}
+
+void SymmetricMemory::Unmap::operator()(uint8_t* p) const { munmap(p, size); }
+
+void SymmetricMemory::free_window(uint16_t id) {
+  auto it = windows_.find(id);
+  IFEC_CHECK(it != windows_.end(), "endpoint " << endpoint_ << ": no window " << id << " to free");
+  by_rkey_.erase(it->second.rkey);
+  windows_.erase(it);
+  owned_.erase(id);
 }
 
 const WindowInfo* SymmetricMemory::window(uint16_t id) const {

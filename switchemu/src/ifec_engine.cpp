@@ -158,7 +158,8 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
         send_ech_ack(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
       }
     } else {
-      counters_.slot_busy_drops++;  // the older chunk still waits for acknowledgements: the sender retries
+      counters_.slot_busy_drops++;  // the older chunk still waits for acknowledgements: the sender retries soon
+      send_ech_rnr(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
     }
     return;
   }
@@ -408,8 +409,18 @@ void IfecEngine::send_ech_ack(uint32_t dst_ip, const Ech& ech, uint32_t psn, uin
   emit_(build(dst_ip, e, static_cast<uint8_t>(Opcode::kAcknowledge), psn, pkey, std::nullopt, nullptr, 0));
 }
 
+void IfecEngine::send_ech_rnr(uint32_t dst_ip, const Ech& ech, uint32_t psn, uint16_t pkey) {
+  Ech e = ech;
+  e.element_count = 0;
+  e.flags = 0;
+  // RNR timer code 1 (IBTA: 0.01 ms); the endpoint's own back-off decides when it actually retries.
+  emit_(build(dst_ip, e, static_cast<uint8_t>(Opcode::kAcknowledge), psn, pkey, std::nullopt, nullptr, 0,
+              common::Aeth{static_cast<uint8_t>(0x20 | 1), 0}));
+}
+
 std::vector<uint8_t> IfecEngine::build(uint32_t dst_ip, const Ech& ech, uint8_t opcode, uint32_t psn, uint16_t pkey,
-                                       const std::optional<common::Reth>& reth, const uint8_t* payload, size_t len) {
+                                       const std::optional<common::Reth>& reth, const uint8_t* payload, size_t len,
+                                       common::Aeth aeth) {
   common::FrameHeaders h;
   h.ip.src = ip_;
   h.ip.dst = dst_ip;
@@ -422,7 +433,7 @@ std::vector<uint8_t> IfecEngine::build(uint32_t dst_ip, const Ech& ech, uint8_t 
   h.bth.dest_qp = kEchQpn;
   h.bth.psn = psn;
   if (opcode == static_cast<uint8_t>(Opcode::kAcknowledge)) {
-    h.aeth = common::Aeth::ack(0);
+    h.aeth = aeth;
   } else {
     h.reth = reth;
   }
@@ -434,7 +445,7 @@ std::vector<uint8_t> IfecEngine::build(uint32_t dst_ip, const Ech& ech, uint8_t 
 void IfecEngine::multicast(const common::ParsedFrame& pf, const uint8_t* frame) {
   const Ech& ech = *pf.h.ech;
   const auto key = std::make_pair(uint32_t{ech.source_id}, pf.h.bth.psn);
-  if (std::find(mcast_done_.begin(), mcast_done_.end(), key) != mcast_done_.end()) {
+  if (mcast_done_set_.count(key)) {
     // Completed already; the source's copy of our ACK was lost.
     Ech e = ech;
     send_ech_ack(pf.h.ip.src, e, pf.h.bth.psn, pf.h.bth.pkey);
@@ -514,7 +525,9 @@ void IfecEngine::multicast_ack(const common::ParsedFrame& pf) {
   send_ech_ack(m.source_ip, e, m.psn, pkey_for(m.job));
   counters_.multicast_completions++;
   mcast_done_.push_back(it->first);
+  mcast_done_set_.insert(it->first);
   if (mcast_done_.size() > kMulticastDoneMemory) {
+    mcast_done_set_.erase(mcast_done_.front());
     mcast_done_.pop_front();
   }
   mcast_.erase(it);

@@ -69,6 +69,9 @@ Cluster::~Cluster() = default;
 
 void Cluster::allocate_window(uint16_t id, uint64_t bytes, uint32_t job) {
   for (auto& e : endpoints_) {
+    if (e->memory().window(id) != nullptr) {
+      e->memory().free_window(id);  // re-allocation: a fresh zeroed window under the same id
+    }
     e->memory().allocate_window(id, bytes, job);
   }
   for (auto& e : endpoints_) {
@@ -76,6 +79,14 @@ void Cluster::allocate_window(uint16_t id, uint64_t bytes, uint32_t job) {
       if (peer != e) {
         e->set_remote_window(peer->index(), *peer->memory().window(id));
       }
+    }
+  }
+}
+
+void Cluster::free_window(uint16_t id) {
+  for (auto& e : endpoints_) {
+    if (e->memory().window(id) != nullptr) {
+      e->memory().free_window(id);
     }
   }
 }

@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <unordered_map>
 
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
+#include "ifec_frames.h"
 
 namespace ifec::workloads {
 
@@ -16,7 +19,7 @@ using common::EchOp;
 using common::Opcode;
 using common::TimeNs;
 
-namespace {
+namespace detail {
 
 constexpr uint32_t kEchQpn = 0xFFFFFE;
 
@@ -54,7 +57,11 @@ common::FrameHeaders ech_headers(endpoint::Endpoint& e, int port, uint32_t dst_i
   return h;
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::ech_headers;
+using detail::ech_op;
+using detail::pkey_for;
 
 // How a (member, chunk) finished in the fabric.
 enum class Outcome : uint8_t { kPending, kResult, kAck, kAnomaly, kStuck };
@@ -81,20 +88,28 @@ struct IfecCollectives::Op {
   std::vector<std::vector<Outcome>> outcome;  // [member][chunk]
   uint64_t pending = 0;                       // (member, chunk) pairs still kPending
   uint64_t anomalies = 0;
-  // multicast
+  // multicast: packets of rows, each from its source through that source's plane switch to a destination bitmap
   bool multicast = false;
-  size_t packet_bytes = 4096;
+  uint16_t window = 0;
   size_t packets = 0;
-  std::vector<int> packet_plane;
-  std::vector<uint32_t> packet_psn;
-  std::map<uint32_t, uint32_t> packet_of_psn;
-  std::vector<char> packet_done;
-  std::vector<int> packet_tries;
-  std::map<int, std::deque<uint32_t>> unsent;  // plane -> packets not yet sent
-  std::map<int, uint32_t> inflight;
+  struct Packet {
+    int source = 0;
+    int plane = 0;
+    uint32_t psn = 0;
+    uint32_t len = 0;
+    uint64_t offset = 0;  // in the window, at the source and every destination
+    uint64_t bitmap = 0;  // destinations
+    uint64_t written = 0;  // destinations that wrote it (each exactly once)
+    int tries = 0;
+    bool done = false;
+  };
+  std::vector<Packet> packet;
+  std::unordered_map<uint32_t, uint32_t> packet_of_psn;
+  std::map<std::pair<int, int>, int> switch_of;                 // (source, plane) -> switch
+  std::map<std::pair<int, int>, std::deque<uint32_t>> unsent;  // (source, plane) -> packets not yet sent
+  std::map<std::pair<int, int>, uint32_t> inflight;
   uint64_t packets_pending = 0;
   std::vector<uint32_t> packet_fallback;
-  uint64_t dest_bitmap = 0;
 };
 
 IfecCollectives::IfecCollectives(Cluster& cluster, IfecOptions opts)
@@ -135,6 +150,7 @@ int IfecCollectives::port_for(int gpu, int plane, uint32_t salt) const {
 }
 
 CollectiveResult IfecCollectives::run(const CollectiveSpec& spec, TimeNs limit) {
+  IFEC_CHECK(!op_ && !rows_, "an IFEC operation is already running on this cluster");
   validate_spec(cluster_, spec);
   if (spec.kind == Collective::kMulticast) {
     return run_multicast(spec, limit);
@@ -529,6 +545,10 @@ void IfecCollectives::send_ech_ack(int gpu, int port, const common::ParsedFrame&
 }
 
 void IfecCollectives::on_ech(int gpu, int port, const common::ParsedFrame& pf, const uint8_t* frame) {
+  if (rows_) {
+    on_row_ech(gpu, port, pf, frame);
+    return;
+  }
   if (!op_) {
     return;  // nothing in flight: a stray copy from an operation that already finished
   }
@@ -539,31 +559,36 @@ void IfecCollectives::on_ech(int gpu, int port, const common::ParsedFrame& pf, c
     if (!o.multicast) {
       return;
     }
+    auto it = o.packet_of_psn.find(pf.h.bth.psn);
+    if (it == o.packet_of_psn.end() || o.packet[it->second].source != ech.source_id) {
+      return;  // not a packet of this operation
+    }
+    Op::Packet& pk = o.packet[it->second];
     if (write) {
-      // A replica: written once per (source, PSN), acknowledged every time.
-      const auto key = std::make_tuple(gpu, int{ech.source_id}, pf.h.bth.psn);
-      if (!seen_multicast_.count(key)) {
+      // A replica: written once per destination, acknowledged every time.
+      const uint64_t bit = 1ULL << gpu;
+      if (!(pk.written & bit)) {
         const common::Reth& r = *pf.h.reth;
         endpoint::SymmetricMemory& mem = cluster_.ep(gpu).memory();
-        if (mem.check(r.rkey, r.virtual_address, pf.payload_size, pf.h.bth.pkey & 0x7FFF, false) !=
-            endpoint::AccessError::kOk) {
+        if (!(pk.bitmap & bit) ||
+            mem.check(r.rkey, r.virtual_address, pf.payload_size, pf.h.bth.pkey & 0x7FFF, false) !=
+                endpoint::AccessError::kOk) {
           stats_.protection_drops++;
           return;
         }
         std::memcpy(mem.translate(r.rkey, r.virtual_address), frame + pf.payload_offset, pf.payload_size);
-        seen_multicast_.insert(key);
+        pk.written |= bit;
       } else {
         stats_.duplicate_results++;
       }
-      send_ech_ack(gpu, port, pf, 1ULL << gpu);
+      send_ech_ack(gpu, port, pf, bit);
       return;
     }
     // The switch's single completion for a packet to all destinations.
-    auto it = o.packet_of_psn.find(pf.h.bth.psn);
-    if (it != o.packet_of_psn.end() && gpu == o.spec.root && !o.packet_done[it->second]) {
-      o.packet_done[it->second] = 1;
+    if (gpu == pk.source && !pk.done) {
+      pk.done = true;
       o.packets_pending--;
-      o.inflight[o.packet_plane[it->second]]--;
+      o.inflight[{pk.source, pk.plane}]--;
       multicast_pump();
     }
     return;
@@ -583,6 +608,9 @@ void IfecCollectives::on_ech(int gpu, int port, const common::ParsedFrame& pf, c
   const uint32_t k = ks[ech.chunk_index];
   Outcome& out = o.outcome[m][k];
   if (!write) {
+    if (pf.h.aeth && pf.h.aeth->kind() == common::AethKind::kRnrNak) {
+      return;  // slot busy at the switch: the retransmission timer sends it again
+    }
     if (out == Outcome::kPending) {  // contribution accepted (reduce, not the root)
       out = Outcome::kAck;
       o.pending--;
@@ -629,73 +657,131 @@ void IfecCollectives::on_ech(int gpu, int port, const common::ParsedFrame& pf, c
 // --------------------------------------------------------------------------------------------- multicast --
 
 CollectiveResult IfecCollectives::run_multicast(const CollectiveSpec& spec, TimeNs limit) {
+  BatchMulticastSpec b;
+  b.window = spec.window;
+  b.row_bytes = spec.count * element_size(spec.dtype);
+  RowMulticast row;
+  row.source = spec.root;
+  row.offset = spec.offset;
+  for (int g : spec.members) {
+    if (g != spec.root) {
+      row.destinations.push_back(g);
+    }
+  }
+  if (b.row_bytes > 0 && !row.destinations.empty()) {
+    b.rows.push_back(row);
+  }
+  return multicast_rows(b, limit);
+}
+
+CollectiveResult IfecCollectives::multicast_rows(const BatchMulticastSpec& spec, TimeNs limit) {
+  IFEC_CHECK(!op_ && !rows_, "an IFEC operation is already running on this cluster");
   common::EventLoop& loop = cluster_.loop();
   switchemu::Fabric& fabric = cluster_.fabric();
   const routing::Topology& topo = fabric.topology();
+  const int n = cluster_.size();
+  auto check_window = [&](int g, uint64_t offset, const char* who) {
+    IFEC_CHECK(g >= 0 && g < std::min(n, 64),
+               "multicast: " << who << " GPU " << g << " outside 0.." << std::min(n, 64) - 1
+                             << " (the compact ECH's 64-bit destination bitmap)");
+    const endpoint::WindowInfo* w = cluster_.ep(g).memory().window(spec.window);
+    IFEC_CHECK(w != nullptr, "multicast: GPU " << g << " has no window " << spec.window);
+    IFEC_CHECK(offset + spec.row_bytes <= w->size, "multicast: row at offset " << offset << " + " << spec.row_bytes
+                                                                               << " B overruns window " << spec.window
+                                                                               << " (" << w->size << " B) of GPU " << g);
+  };
+  std::set<int> involved;
+  for (const RowMulticast& r : spec.rows) {
+    check_window(r.source, r.offset, "source");
+    involved.insert(r.source);
+    for (int d : r.destinations) {
+      check_window(d, r.offset, "destination");
+      IFEC_CHECK(d != r.source, "multicast: row at offset " << r.offset << " lists its source " << d
+                                                            << " among its destinations");
+      involved.insert(d);
+    }
+  }
   CollectiveResult res;
   res.start_ns = loop.now();
   stats_.operations++;
   auto op = std::make_unique<Op>();
-  op->spec = spec;
   op->generation = stats_.operations;
   op->multicast = true;
-  op->esize = element_size(spec.dtype);
-  op->packet_bytes = topo.params.mtu;
-  const uint64_t bytes = spec.count * op->esize;
-  op->packets = (bytes + op->packet_bytes - 1) / op->packet_bytes;
-  for (int g : spec.members) {
-    IFEC_CHECK(g < 64, "multicast: GPU " << g << " does not fit the compact ECH's 64-bit destination bitmap");
-    if (g != spec.root) {
-      op->dest_bitmap |= 1ULL << g;
-    }
-  }
-  // The destinations' windows, for the switches' per-destination rewrite (control-plane set-up, idempotent).
-  std::vector<std::pair<int, double>> planes;
-  for (int p = 0; p < topo.num_planes; ++p) {
-    const int sw = fabric.switch_of_plane(spec.root, p);
-    double w = 0;
-    for (const auto& gp : fabric.gpu_ports(spec.root)) {
-      w += gp.plane == p && gp.io->link_up() ? gp.io->rate_bps() / 1e9 : 0;
-    }
-    if (sw < 0 || w <= 0 || fabric.switch_at(sw).ifec() == nullptr) {
+  op->window = spec.window;
+  const uint32_t packet_bytes = topo.params.mtu;
+  // Each source's usable planes (its live bandwidth there), and the destinations' windows registered at the plane
+  // switches for the per-destination rewrite (control-plane set-up, idempotent).
+  std::map<int, std::vector<std::pair<int, double>>> planes_of;
+  std::set<int> registered;
+  for (const RowMulticast& r : spec.rows) {
+    if (planes_of.count(r.source)) {
       continue;
     }
-    op->switch_of_plane[p] = sw;
-    planes.push_back({p, w});
-    for (int g : spec.members) {
-      const endpoint::WindowInfo* win = cluster_.ep(g).memory().window(spec.window);
-      fabric.switch_at(sw).ifec()->register_window(g, fabric.gpu_ip(g), spec.window, win->va, win->rkey, win->job);
-    }
-  }
-  if (planes.empty() || op->packets == 0) {
-    stats_.fallback_operations += !planes.empty() ? 0 : 1;
-    CollectiveResult fb = run_endpoint_collective(cluster_, spec, limit);
-    fb.fell_back = planes.empty();
-    return fb;
-  }
-  double total = 0;
-  for (const auto& pw : planes) {
-    total += pw.second;
-  }
-  std::vector<double> cur(planes.size(), 0);
-  op->packet_plane.resize(op->packets);
-  op->packet_psn.resize(op->packets);
-  op->packet_done.assign(op->packets, 0);
-  op->packet_tries.assign(op->packets, 0);
-  for (size_t i = 0; i < op->packets; ++i) {
-    size_t best = 0;
-    for (size_t q = 0; q < planes.size(); ++q) {
-      cur[q] += planes[q].second;
-      if (cur[q] > cur[best]) {
-        best = q;
+    auto& planes = planes_of[r.source];
+    for (int p = 0; p < topo.num_planes; ++p) {
+      const int sw = fabric.switch_of_plane(r.source, p);
+      double w = 0;
+      for (const auto& gp : fabric.gpu_ports(r.source)) {
+        w += gp.plane == p && gp.io->link_up() ? gp.io->rate_bps() / 1e9 : 0;
+      }
+      if (sw < 0 || w <= 0 || fabric.switch_at(sw).ifec() == nullptr) {
+        continue;
+      }
+      op->switch_of[{r.source, p}] = sw;
+      planes.push_back({p, w});
+      if (registered.insert(sw).second) {
+        for (int g : involved) {
+          const endpoint::WindowInfo* win = cluster_.ep(g).memory().window(spec.window);
+          fabric.switch_at(sw).ifec()->register_window(g, fabric.gpu_ip(g), spec.window, win->va, win->rkey,
+                                                       win->job);
+        }
       }
     }
-    cur[best] -= total;
-    op->packet_plane[i] = planes[best].first;
-    op->packet_psn[i] = next_multicast_psn_++ & 0xFFFFFF;
-    op->packet_of_psn[op->packet_psn[i]] = static_cast<uint32_t>(i);
-    op->unsent[planes[best].first].push_back(static_cast<uint32_t>(i));
   }
+  // Packets over each source's planes in proportion to their bandwidth (smooth weighted round robin).
+  std::map<int, std::vector<double>> cur;
+  std::vector<std::pair<int, uint64_t>> direct;  // (row, byte offset in the row): no plane, sent point to point
+  for (size_t ri = 0; ri < spec.rows.size(); ++ri) {
+    const RowMulticast& r = spec.rows[ri];
+    uint64_t bitmap = 0;
+    for (int d : r.destinations) {
+      bitmap |= 1ULL << d;
+    }
+    const auto& planes = planes_of[r.source];
+    auto& c = cur[r.source];
+    c.resize(planes.size(), 0);
+    double total = 0;
+    for (const auto& pw : planes) {
+      total += pw.second;
+    }
+    for (uint64_t rel = 0; bitmap != 0 && rel < spec.row_bytes; rel += packet_bytes) {
+      if (planes.empty()) {
+        direct.push_back({static_cast<int>(ri), rel});
+        continue;
+      }
+      size_t best = 0;
+      for (size_t q = 0; q < planes.size(); ++q) {
+        c[q] += planes[q].second;
+        if (c[q] > c[best]) {
+          best = q;
+        }
+      }
+      c[best] -= total;
+      Op::Packet pk;
+      pk.source = r.source;
+      pk.plane = planes[best].first;
+      pk.offset = r.offset + rel;
+      pk.len = static_cast<uint32_t>(std::min<uint64_t>(packet_bytes, spec.row_bytes - rel));
+      pk.bitmap = bitmap;
+      pk.psn = next_multicast_psn_++ & 0xFFFFFF;
+      const uint32_t i = static_cast<uint32_t>(op->packet.size());
+      IFEC_CHECK(i < (1u << 24), "multicast: more than 2^24 packets in one operation (PSNs would repeat)");
+      op->packet_of_psn[pk.psn] = i;
+      op->unsent[{pk.source, pk.plane}].push_back(i);
+      op->packet.push_back(pk);
+    }
+  }
+  op->packets = op->packet.size();
   op->packets_pending = op->packets;
   op_ = std::move(op);
   multicast_pump();
@@ -714,23 +800,33 @@ CollectiveResult IfecCollectives::run_multicast(const CollectiveSpec& spec, Time
     return res;
   }
   res.ok = true;
-  // Packets the fabric never completed go point to point from the root (its bytes are intact).
+  // Packets the fabric never completed, and rows of sources without a usable plane, go point to point from the
+  // source (its bytes are intact), to each destination that has not written them.
   std::vector<endpoint::OpHandle> hs;
+  auto store = [&](int src, int dst, uint64_t off, uint64_t len) {
+    hs.push_back(cluster_.ep(src).store(dst, spec.window, off, cluster_.window_data(src, spec.window) + off, len));
+  };
   for (uint32_t i : o.packet_fallback) {
-    const uint64_t off = spec.offset + static_cast<uint64_t>(i) * o.packet_bytes;
-    const uint64_t len = std::min<uint64_t>(o.packet_bytes, bytes - static_cast<uint64_t>(i) * o.packet_bytes);
-    const uint8_t* src = cluster_.window_data(spec.root, spec.window) + off;
-    for (int g : spec.members) {
-      if (g != spec.root) {
-        hs.push_back(cluster_.ep(spec.root).store(g, spec.window, off, src, len));
+    const Op::Packet& pk = o.packet[i];
+    for (int d = 0; d < 64; ++d) {
+      if ((pk.bitmap & ~pk.written) & (1ULL << d)) {
+        store(pk.source, d, pk.offset, pk.len);
       }
+    }
+  }
+  for (const auto& [ri, rel] : direct) {
+    const RowMulticast& r = spec.rows[ri];
+    for (int d : r.destinations) {
+      store(r.source, d, r.offset + rel, std::min<uint64_t>(packet_bytes, spec.row_bytes - rel));
     }
   }
   if (!hs.empty()) {
     res.fell_back = true;
-    res.fallback_chunks = o.packet_fallback.size();
+    res.fallback_chunks = o.packet_fallback.size() + direct.size();
+    res.fallback_reason = !direct.empty() ? "a source reaches no IFEC switch on any live plane"
+                                          : "packets the fabric did not complete within the retry budget";
     stats_.fallback_operations++;
-    stats_.fallback_chunks += o.packet_fallback.size();
+    stats_.fallback_chunks += res.fallback_chunks;
     if (!cluster_.wait(hs, deadline > loop.now() ? deadline - loop.now() : 1)) {
       res.ok = false;
       res.error = "multicast fallback stores did not finish";
@@ -749,11 +845,12 @@ CollectiveResult IfecCollectives::run_multicast(const CollectiveSpec& spec, Time
 
 void IfecCollectives::multicast_pump() {
   Op& o = *op_;
-  for (auto& [plane, q] : o.unsent) {
-    while (!q.empty() && o.inflight[plane] < opts_.multicast_window) {
+  for (auto& [key, q] : o.unsent) {
+    uint32_t& inflight = o.inflight[key];
+    while (!q.empty() && inflight < opts_.multicast_window) {
       const uint32_t i = q.front();
       q.pop_front();
-      o.inflight[plane]++;
+      inflight++;
       send_multicast(i, false);
     }
   }
@@ -761,48 +858,45 @@ void IfecCollectives::multicast_pump() {
 
 void IfecCollectives::send_multicast(uint32_t i, bool retransmit) {
   Op& o = *op_;
-  const int plane = o.packet_plane[i];
-  const int root = o.spec.root;
+  Op::Packet& pk = o.packet[i];
   const uint64_t gen = o.generation;
-  const TimeNs rto = std::min<TimeNs>(opts_.retransmit_max_ns, opts_.retransmit_ns << std::min(o.packet_tries[i], 20));
+  const TimeNs rto = std::min<TimeNs>(opts_.retransmit_max_ns, opts_.retransmit_ns << std::min(pk.tries, 20));
   std::weak_ptr<bool> alive = alive_;
   cluster_.loop().schedule(cluster_.loop().now() + rto, [this, alive, gen, i] {
-    if (auto a = alive.lock(); !a || !*a || !op_ || op_->generation != gen || op_->packet_done[i]) {
+    if (auto a = alive.lock(); !a || !*a || !op_ || op_->generation != gen || op_->packet[i].done) {
       return;
     }
     Op& o = *op_;
-    if (++o.packet_tries[i] > opts_.max_retries) {
-      o.packet_done[i] = 1;  // finished point to point after the multicast phase
+    Op::Packet& pk = o.packet[i];
+    if (++pk.tries > opts_.max_retries) {
+      pk.done = true;  // finished point to point after the multicast phase
       o.packet_fallback.push_back(i);
       o.packets_pending--;
-      o.inflight[o.packet_plane[i]]--;
+      o.inflight[{pk.source, pk.plane}]--;
       multicast_pump();
       return;
     }
     send_multicast(i, true);
   });
-  const int port = port_for(root, plane, i);
+  const int port = port_for(pk.source, pk.plane, i);
   if (port < 0) {
     return;
   }
-  endpoint::Endpoint& e = cluster_.ep(root);
-  const uint64_t bytes = o.spec.count * o.esize;
-  const uint64_t rel = static_cast<uint64_t>(i) * o.packet_bytes;
-  const uint64_t len = std::min<uint64_t>(o.packet_bytes, bytes - rel);
-  common::FrameHeaders h =
-      ech_headers(e, port, cluster_.fabric().switch_ip(o.switch_of_plane[plane]), static_cast<uint16_t>(i),
-                  static_cast<uint8_t>(Opcode::kWriteOnly), pkey_for(e.config().job), o.packet_psn[i]);
+  endpoint::Endpoint& e = cluster_.ep(pk.source);
+  common::FrameHeaders h = ech_headers(e, port, cluster_.fabric().switch_ip(o.switch_of[{pk.source, pk.plane}]),
+                                       static_cast<uint16_t>(i), static_cast<uint8_t>(Opcode::kWriteOnly),
+                                       pkey_for(e.config().job), pk.psn);
   Ech ech;
   ech.format = EchFormat::kCompact;
   ech.op = EchOp::kMulticast;
   ech.flags = retransmit ? common::ech_flags::kRetransmission : 0;
-  ech.source_id = static_cast<uint16_t>(root);
-  ech.window_id = o.spec.window;
-  ech.dest_bitmap = o.dest_bitmap;
+  ech.source_id = static_cast<uint16_t>(pk.source);
+  ech.window_id = o.window;
+  ech.dest_bitmap = pk.bitmap;
   h.ech = ech;
-  h.reth = common::Reth{o.spec.offset + rel, 0, static_cast<uint32_t>(len)};
-  const uint8_t* src = cluster_.window_data(root, o.spec.window) + o.spec.offset + rel;
-  e.send_frame(port, common::encode_frame(h, src, len));
+  h.reth = common::Reth{pk.offset, 0, pk.len};
+  const uint8_t* src = cluster_.window_data(pk.source, o.window) + pk.offset;
+  e.send_frame(port, common::encode_frame(h, src, pk.len));
   stats_.multicast_packets++;
   stats_.retransmissions += retransmit;
 }

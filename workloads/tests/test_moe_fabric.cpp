@@ -1,7 +1,9 @@
-// The MoE layer through the simulated fabric equals the single-process LibTorch reference, in both granularities.
+// The MoE layer through the simulated fabric equals the single-process LibTorch reference in every variant (per
+// expert, per rank, IFEC multicast + in-switch combine), and the variants move the bytes they should.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "ifec/common/checks.h"
 #include "ifec/workloads/moe_fabric.h"
 
 using namespace ifec;
@@ -39,16 +41,19 @@ TEST_P(MoeFabric, EqualsTheReference) {
   ASSERT_TRUE(r.ok) << r.error;
   const at::Tensor ref = workloads::reference_forward(x, w, cfg);
   // fp32: rows travel and sum exactly as the reference up to summation order (1e-5). bf16: outputs are cast to
-  // bf16 for the combine rows, as DeepEP does, so one bf16 rounding per row (2e-2 of the largest output).
+  // bf16 for the combine rows, as DeepEP does, so one bf16 rounding per row (2e-2 of the largest output); IFEC
+  // adds one more rounding when the switch casts its fp32 sum back to bf16, still well inside 2e-2.
   EXPECT_LT(max_rel_error(r.output, ref), bf16 ? 2e-2 : 1e-5);
   EXPECT_GT(r.dispatch_us, 0);
   EXPECT_GT(r.combine_us, 0);
-  EXPECT_GT(r.dispatch_wire_bytes, static_cast<uint64_t>(r.dispatch_logical_bytes)) << "headers and ACKs on top";
+  if (variant != MoeVariant::kIfec) {
+    EXPECT_GT(r.dispatch_wire_bytes, static_cast<uint64_t>(r.dispatch_logical_bytes)) << "headers and ACKs on top";
+  }  // IFEC's source sends a row once for all its ranks: compared in IfecSendsEachTokenOnceAndSumsInTheSwitches
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, MoeFabric,
-                         testing::Combine(testing::Values(MoeVariant::kPerExpert, MoeVariant::kPerRank),
-                                          testing::Values(8), testing::Bool()),
+                         testing::Combine(testing::Values(MoeVariant::kPerExpert, MoeVariant::kPerRank, MoeVariant::kIfec),
+                                          testing::Values(8, 16), testing::Bool()),
                          [](const auto& info) {
                            return std::string(workloads::moe_variant_name(std::get<0>(info.param))) + "_ep" +
                                   std::to_string(std::get<1>(info.param)) +
@@ -68,4 +73,42 @@ TEST(MoeFabric, PerRankMovesFewerBytesThanPerExpert) {
     bytes[v] = r.dispatch_logical_bytes;
   }
   EXPECT_LT(bytes[1], bytes[0]) << "de-duplicating per rank sends a token once per rank, not once per expert";
+}
+
+TEST(MoeFabric, IfecSendsEachTokenOnceAndSumsInTheSwitches) {
+  const workloads::MoeConfig cfg = small_config();
+  const workloads::MoeWeights w = workloads::make_weights(cfg, 4);
+  torch::manual_seed(7);
+  const at::Tensor x = torch::randn({16 * 32, cfg.hidden});
+  workloads::MoeFabricResult r[2];
+  for (int v = 0; v < 2; ++v) {
+    workloads::Cluster c(routing::make_superpod(16, 2), {});
+    r[v] = workloads::run_moe_fabric(c, v == 0 ? MoeVariant::kPerRank : MoeVariant::kIfec, cfg, w, x, 16);
+    ASSERT_TRUE(r[v].ok) << r[v].error;
+    EXPECT_EQ(r[v].fallback_chunks, 0u) << r[v].fallback_reason;
+  }
+  // The same rows are delivered, but an IFEC token leaves its GPU once instead of once per destination rank, and
+  // each rank's combine row is one contribution into the switch instead of a store to the source.
+  EXPECT_EQ(r[0].dispatch_logical_bytes, r[1].dispatch_logical_bytes);
+  EXPECT_EQ(r[0].combine_logical_bytes, r[1].combine_logical_bytes);
+  EXPECT_LT(r[1].dispatch_wire_bytes * 2, r[0].dispatch_wire_bytes);
+  EXPECT_LT(r[1].dispatch_us, r[0].dispatch_us);
+  EXPECT_LT(max_rel_error(r[1].output, r[0].output), 1e-5);
+  ASSERT_EQ(r[1].dispatch_wire_per_plane.size(), 2u);
+  EXPECT_EQ(r[1].dispatch_wire_per_plane[0] + r[1].dispatch_wire_per_plane[1], r[1].dispatch_wire_bytes);
+}
+
+TEST(MoeFabric, RejectsBadArgumentsNamingThem) {
+  const workloads::MoeConfig cfg = small_config();
+  const workloads::MoeWeights w = workloads::make_weights(cfg, 4);
+  workloads::Cluster c(routing::make_superpod(8, 2), {});
+  EXPECT_THROW(workloads::run_moe_fabric(c, MoeVariant::kIfec, cfg, w, torch::randn({8 * 4, cfg.hidden}), 9),
+               common::Error);
+  EXPECT_THROW(workloads::run_moe_fabric(c, MoeVariant::kIfec, cfg, w, torch::randn({7, cfg.hidden}), 8),
+               common::Error);
+  EXPECT_THROW(workloads::parse_moe_variant("sharp"), common::Error);
+  EXPECT_EQ(workloads::parse_moe_variant("ifec"), MoeVariant::kIfec);
+  // Still usable afterwards.
+  const auto r = workloads::run_moe_fabric(c, MoeVariant::kIfec, cfg, w, torch::randn({8 * 4, cfg.hidden}), 8);
+  EXPECT_TRUE(r.ok) << r.error;
 }

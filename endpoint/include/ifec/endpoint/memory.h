@@ -38,8 +38,11 @@ class SymmetricMemory {
   // Registers caller-owned memory (it must outlive the endpoint). Throws ifec::common::Error naming the bad
   // value: duplicate id, size 0 or above 64 GiB, null data, job above 15 bits.
   const WindowInfo& register_window(uint16_t id, void* data, uint64_t size, uint32_t job);
-  // Allocates zeroed memory owned by this object and registers it.
+  // Allocates zeroed memory owned by this object and registers it. The memory is an anonymous mapping, so pages a
+  // sparse layout never touches cost no RAM (a 64-rank MoE receive window is mostly empty).
   const WindowInfo& allocate_window(uint16_t id, uint64_t size, uint32_t job);
+  // Unregisters window `id` (and frees it if this object allocated it); its rkey stops matching. Throws if absent.
+  void free_window(uint16_t id);
 
   const WindowInfo* window(uint16_t id) const;
   // Checks an access of `len` bytes at `va` under `rkey` for `job`; atomics also need 8-byte alignment.
@@ -53,7 +56,11 @@ class SymmetricMemory {
   int endpoint_;
   std::map<uint16_t, WindowInfo> windows_;
   std::map<uint32_t, uint16_t> by_rkey_;
-  std::vector<std::unique_ptr<uint8_t[]>> owned_;
+  struct Unmap {
+    uint64_t size = 0;
+    void operator()(uint8_t* p) const;
+  };
+  std::map<uint16_t, std::unique_ptr<uint8_t, Unmap>> owned_;
 };
 
 }  // namespace ifec::endpoint

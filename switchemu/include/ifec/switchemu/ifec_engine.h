@@ -27,10 +27,12 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "ifec/common/aeth.h"
 #include "ifec/common/ech.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/interfaces.h"
@@ -82,7 +84,7 @@ struct IfecCounters {
   uint64_t result_resends = 0;
   uint64_t acks_received = 0;
   uint64_t slots_completed = 0;
-  uint64_t slot_busy_drops = 0;    // contribution for a slot still holding an unacknowledged older chunk
+  uint64_t slot_busy_drops = 0;    // contribution for a slot still holding an unacknowledged older chunk (RNR NAKed)
   uint64_t unreserved_drops = 0;   // unknown (job, group): wrong job or never reserved
   uint64_t malformed_drops = 0;    // inconsistent with the reservation or not an ECH request at all
   uint64_t anomalies = 0;          // slots released incomplete after the timeout
@@ -167,13 +169,16 @@ class IfecEngine {
   void complete(Group& g, Slot& s, bool timed_out, bool acc_ready = false);
   void send_result(Group& g, Slot& s, int member);
   void send_ech_ack(uint32_t dst_ip, const common::Ech& ech, uint32_t psn, uint16_t pkey);
+  // RNR NAK: the contribution's slot still holds an older chunk; the sender retries after a short back-off.
+  void send_ech_rnr(uint32_t dst_ip, const common::Ech& ech, uint32_t psn, uint16_t pkey);
   void maybe_free(Group& g, Slot& s);
   void arm_timeout(Group& g, Slot& s);
   void multicast(const common::ParsedFrame& pf, const uint8_t* frame);
   void multicast_ack(const common::ParsedFrame& pf);
   void send_replica(const Multicast& m, int dest);
   std::vector<uint8_t> build(uint32_t dst_ip, const common::Ech& ech, uint8_t opcode, uint32_t psn, uint16_t pkey,
-                             const std::optional<common::Reth>& reth, const uint8_t* payload, size_t len);
+                             const std::optional<common::Reth>& reth, const uint8_t* payload, size_t len,
+                             common::Aeth aeth = common::Aeth::ack(0));
 
   common::Clock& clock_;
   IfecConfig cfg_;
@@ -187,6 +192,7 @@ class IfecEngine {
   std::map<uint32_t, int> gpu_of_ip_;
   std::map<std::pair<uint32_t, uint32_t>, Multicast> mcast_;  // (source ip, psn)
   std::deque<std::pair<uint32_t, uint32_t>> mcast_done_;      // recently completed, to re-ACK late retransmissions
+  std::set<std::pair<uint32_t, uint32_t>> mcast_done_set_;    // the same, for lookup
 };
 
 }  // namespace ifec::switchemu

@@ -35,7 +35,9 @@ class Cluster {
   int size() const { return static_cast<int>(endpoints_.size()); }
 
   // Collective: every endpoint allocates window `id` of `bytes` (zeroed) for `job`; all learn each other's rkeys.
+  // An existing window `id` is replaced by a fresh one.
   void allocate_window(uint16_t id, uint64_t bytes, uint32_t job = 1);
+  void free_window(uint16_t id);  // every endpoint's window `id`, where it has one
   uint8_t* window_data(int gpu, uint16_t id);
 
   // Runs simulated time until every handle completes; false if `limit` of simulated time passes first

@@ -1,0 +1,19 @@
+// Private to the IFEC collectives' sources: headers of the ECH frames an endpoint sends to a switch.
+#pragma once
+
+#include <cstdint>
+
+#include "ifec/common/ech.h"
+#include "ifec/common/frame.h"
+#include "ifec/endpoint/endpoint.h"
+#include "ifec/workloads/collectives.h"
+
+namespace ifec::workloads::detail {
+
+uint16_t pkey_for(uint32_t job);
+common::EchOp ech_op(Collective c);
+// Ethernet/IPv4/UDP/BTH of an ECH frame the endpoint sends on `port` to `dst_ip`; the caller adds ECH, RETH or AETH.
+common::FrameHeaders ech_headers(endpoint::Endpoint& e, int port, uint32_t dst_ip, uint16_t udp_entropy, uint8_t opcode,
+                                 uint16_t pkey, uint32_t psn);
+
+}  // namespace ifec::workloads::detail
