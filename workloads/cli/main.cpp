@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,9 @@
 #include "ifec/routing/topology.h"
 #include "ifec/workloads/collective_bench.h"
 #include "ifec/workloads/endpoint_bench.h"
+#ifdef IFEC_HAVE_MOE
+#include "ifec/workloads/moe_bench.h"
+#endif
 #include "ifec/workloads/sim_report.h"
 
 namespace {
@@ -37,6 +41,7 @@ int usage(std::FILE* to) {
                "                 descriptors/s through the ring and proxy (CPU backend) and store goodput of the\n"
                "                 endpoint runtime on the simulated 64 x 4 SuperPoD, one plane vs four\n"
                "  bench collectives [--quick] [--max-sim BYTES]\n"
+               "  bench moe [--quick] [--ep 8,16,32,64] [--mode normal|ll|both] [--token-cap N] [--out DIR]\n"
                "                 in-switch vs ring AllReduce on the 64 x 4 SuperPoD, 8 B to 1 GiB\n");
   return 2;
 }
@@ -334,6 +339,108 @@ int bench_collectives(int argc, char** argv) {
   return 0;
 }
 
+#ifdef IFEC_HAVE_MOE
+// Comma-separated integers ("8,16,32,64").
+std::vector<int64_t> parse_ints(const std::string& s, const char* what) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const long long x = std::strtoll(item.c_str(), &end, 10);
+    IFEC_CHECK(!item.empty() && *end == 0 && x > 0, what << ": '" << item << "' is not a positive integer");
+    v.push_back(x);
+  }
+  IFEC_CHECK(!v.empty(), what << ": empty list");
+  return v;
+}
+
+int bench_moe(int argc, char** argv) {
+  using namespace ifec;
+  workloads::MoeBenchConfig cfg;
+  cfg.topo = routing::make_superpod(64, 4);
+  cfg.topology_name = "superpod-64x4";
+  std::vector<int64_t> eps = {8, 16, 32, 64};
+  std::vector<std::string> modes = {"normal", "ll"};
+  int64_t cap = 256;
+  std::string out;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      IFEC_CHECK(i + 1 < argc, "bench moe: " << a << " needs a value");
+      return argv[++i];
+    };
+    if (a == "--quick") {
+      eps = {8, 16};
+      cap = 32;
+    } else if (a == "--ep") {
+      eps = parse_ints(value(), "--ep");
+    } else if (a == "--token-cap") {
+      const std::string v = value();
+      cap = v == "0" ? 0 : parse_ints(v, "--token-cap").front();
+    } else if (a == "--mode") {
+      const std::string m = value();
+      IFEC_CHECK(m == "normal" || m == "ll" || m == "both", "--mode: '" << m << "' (normal, ll or both)");
+      modes = m == "both" ? std::vector<std::string>{"normal", "ll"} : std::vector<std::string>{m};
+    } else if (a == "--out") {
+      out = value();
+    } else {
+      IFEC_FAIL("bench moe: unknown option '" << a << "'");
+    }
+  }
+  cfg.token_cap = cap;
+  cfg.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  std::printf("# MoE dispatch/combine, DeepSeek-V3 routing (hidden %lld, top-%lld of %lld, bf16 rows) on %s "
+              "(64 GPUs x 4 planes, 800G ports as 2 x 400G) [driver: sim]\n",
+              static_cast<long long>(cfg.model.hidden), static_cast<long long>(cfg.model.topk),
+              static_cast<long long>(cfg.model.experts), cfg.topology_name.c_str());
+  std::printf("# dispatch/combine simulated; experts(us) modelled: H100 %.0f TFLOP/s, %.0f GB/s HBM, efficiency %.2f, "
+              "expert width %lld\n",
+              cfg.profile.tflops, cfg.profile.hbm_gbs, cfg.profile.efficiency, static_cast<long long>(cfg.model.inter));
+  if (cap > 0) {
+    std::printf("# points above %lld tokens per rank simulate %lld and scale times and bytes by the token ratio "
+                "(bandwidth-bound), marked (scaled from N)\n",
+                static_cast<long long>(cap), static_cast<long long>(cap));
+  }
+  std::printf("# GB/s: logical bytes per rank / time (DeepEP's convention); MB: all ranks together\n");
+  std::printf("%s\n", workloads::moe_rows_header().c_str());
+  std::fflush(stdout);
+  std::string csv = workloads::moe_csv_header() + "\n";
+  std::string json = "[";
+  for (const std::string& mode : modes) {
+    for (int64_t ep : eps) {
+      workloads::MoePoint p;
+      p.mode = mode;
+      p.ep = static_cast<int>(ep);
+      p.tokens = mode == "normal" ? 4096 : 128;
+      const auto rows = workloads::run_moe_point(
+          cfg, p, {workloads::MoeVariant::kPerExpert, workloads::MoeVariant::kPerRank, workloads::MoeVariant::kIfec});
+      for (const auto& r : rows) {
+        std::printf("%s\n", workloads::moe_row_text(r).c_str());
+        csv += workloads::moe_row_csv(r) + "\n";
+        json += (json.size() > 1 ? ",\n" : "") + workloads::moe_row_json(r, cfg.topology_name);
+      }
+      const double base = std::min(rows[0].dispatch_us + rows[0].combine_us, rows[1].dispatch_us + rows[1].combine_us);
+      std::printf("#   EP %lld %s: IFEC dispatch+combine %.2fx the best baseline, layer %.2fx\n",
+                  static_cast<long long>(ep), mode.c_str(), base / (rows[2].dispatch_us + rows[2].combine_us),
+                  std::min(rows[0].total_us, rows[1].total_us) / rows[2].total_us);
+      std::fflush(stdout);
+    }
+  }
+  json += "]\n";
+  if (!out.empty()) {
+    for (const auto& [name, text] : {std::pair<std::string, std::string>{"/moe_bench.csv", csv}, {"/moe_bench.json", json}}) {
+      FILE* f = std::fopen((out + name).c_str(), "w");
+      IFEC_CHECK(f != nullptr, "cannot write " << out + name);
+      std::fputs(text.c_str(), f);
+      std::fclose(f);
+      std::printf("# wrote %s\n", (out + name).c_str());
+    }
+  }
+  return 0;
+}
+#endif
+
 int cmd_bench(int argc, char** argv) {
   using namespace ifec;
   IFEC_CHECK(argc >= 1, "bench needs a target: endpoint");
@@ -341,12 +448,17 @@ int cmd_bench(int argc, char** argv) {
   if (what == "collectives") {
     return bench_collectives(argc - 1, argv + 1);
   }
+#ifdef IFEC_HAVE_MOE
+  if (what == "moe") {
+    return bench_moe(argc - 1, argv + 1);
+  }
+#endif
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     IFEC_CHECK(std::string(argv[i]) == "--quick", "bench " << what << ": unknown option '" << argv[i] << "'");
     quick = true;
   }
-  IFEC_CHECK(what == "endpoint", "unknown benchmark '" << what << "': expected endpoint or collectives");
+  IFEC_CHECK(what == "endpoint", "unknown benchmark '" << what << "': expected endpoint, collectives or moe");
   std::printf("== descriptor rate: ring + proxy, CPU backend (wall clock on this machine)\n");
   std::printf("%-16s %8s %12s %10s %14s\n", "backend", "threads", "descriptors", "seconds", "descriptors/s");
   for (int threads : {1, 2}) {

@@ -209,6 +209,7 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
 
   // ---- Expert compute on every rank (LibTorch); its time comes from the GPU profile, the slowest rank's ----
   const std::vector<int64_t> per_expert_tokens = tokens_per_expert(table, cfg.experts);
+  res.tokens_per_expert = per_expert_tokens;
   std::vector<at::Tensor> out_rows(ranks);
   for (int d = 0; d < ranks; ++d) {
     const size_t n = list_size(d);
