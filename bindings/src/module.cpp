@@ -12,4 +12,9 @@ PYBIND11_MODULE(_native, m) {
   ifec::bindings::register_routing(m);
   ifec::bindings::register_workloads(m);
   ifec::bindings::register_endpoint(m);
+#ifdef IFEC_HAVE_MOE
+  ifec::bindings::register_moe(m);
+#else
+  m.attr("has_moe") = false;
+#endif
 }

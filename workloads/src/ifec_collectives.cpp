@@ -738,8 +738,9 @@ CollectiveResult IfecCollectives::multicast_rows(const BatchMulticastSpec& spec,
       }
     }
   }
-  // Packets over each source's planes in proportion to their bandwidth (smooth weighted round robin).
-  std::map<int, std::vector<double>> cur;
+  // Packets over each source's planes in proportion to their bandwidth, by bytes (a row's short tail packet goes
+  // to whichever plane is least loaded, not always to the same one).
+  std::map<int, std::vector<double>> load;
   std::vector<std::pair<int, uint64_t>> direct;  // (row, byte offset in the row): no plane, sent point to point
   for (size_t ri = 0; ri < spec.rows.size(); ++ri) {
     const RowMulticast& r = spec.rows[ri];
@@ -748,30 +749,26 @@ CollectiveResult IfecCollectives::multicast_rows(const BatchMulticastSpec& spec,
       bitmap |= 1ULL << d;
     }
     const auto& planes = planes_of[r.source];
-    auto& c = cur[r.source];
-    c.resize(planes.size(), 0);
-    double total = 0;
-    for (const auto& pw : planes) {
-      total += pw.second;
-    }
+    auto& l = load[r.source];
+    l.resize(planes.size(), 0);
     for (uint64_t rel = 0; bitmap != 0 && rel < spec.row_bytes; rel += packet_bytes) {
       if (planes.empty()) {
         direct.push_back({static_cast<int>(ri), rel});
         continue;
       }
+      const uint64_t len = std::min<uint64_t>(packet_bytes, spec.row_bytes - rel);
       size_t best = 0;
-      for (size_t q = 0; q < planes.size(); ++q) {
-        c[q] += planes[q].second;
-        if (c[q] > c[best]) {
+      for (size_t q = 1; q < planes.size(); ++q) {
+        if ((l[q] + len) / planes[q].second < (l[best] + len) / planes[best].second) {
           best = q;
         }
       }
-      c[best] -= total;
+      l[best] += len;
       Op::Packet pk;
       pk.source = r.source;
       pk.plane = planes[best].first;
       pk.offset = r.offset + rel;
-      pk.len = static_cast<uint32_t>(std::min<uint64_t>(packet_bytes, spec.row_bytes - rel));
+      pk.len = static_cast<uint32_t>(len);
       pk.bitmap = bitmap;
       pk.psn = next_multicast_psn_++ & 0xFFFFFF;
       const uint32_t i = static_cast<uint32_t>(op->packet.size());

@@ -206,8 +206,8 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
     planes.push_back({p, w});
   }
 
-  // Chunks over planes per destination (smooth weighted round robin in row-index order), so every contributor
-  // derives the same plane and per-plane sequence number for a chunk.
+  // Chunks over planes per destination in row-index order, each to the plane least loaded in bytes relative to its
+  // bandwidth, so every contributor derives the same plane and per-plane sequence number for a chunk.
   const size_t rows = spec.rows.size();
   r->chunk.assign(rows * r->cpr, {});
   std::vector<uint32_t> order(rows);
@@ -218,10 +218,6 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
     return spec.rows[a].index != spec.rows[b].index ? spec.rows[a].index < spec.rows[b].index
                                                     : spec.rows[a].destination < spec.rows[b].destination;
   });
-  double total = 0;
-  for (const auto& pw : planes) {
-    total += pw.second;
-  }
   std::map<int, std::vector<double>> cur;
   std::map<std::pair<int, int>, uint32_t> next_seq;
   for (uint32_t ri : order) {
@@ -239,14 +235,14 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
       if (planes.empty()) {
         continue;  // plane -1: point to point after the in-fabric phase
       }
+      const double bytes = static_cast<double>(r->elems_of(k) * r->esize);
       size_t best = 0;
-      for (size_t q = 0; q < planes.size(); ++q) {
-        c[q] += planes[q].second;
-        if (c[q] > c[best]) {
+      for (size_t q = 1; q < planes.size(); ++q) {
+        if ((c[q] + bytes) / planes[q].second < (c[best] + bytes) / planes[best].second) {
           best = q;
         }
       }
-      c[best] -= total;
+      c[best] += bytes;
       ch.plane = planes[best].first;
       ch.seq = next_seq[{row.destination, ch.plane}]++;
       r->chunk_of[chunk_key(row.destination, ch.plane, ch.seq)] = k;

@@ -1,9 +1,10 @@
 """The part of `./ifec demo` that measures collectives and draws the paper-style plots (run with /usr/bin/python3).
 
 Usage: python3 -m ifec.demo OUT_DIR [--sizes 1MiB,4MiB] [--gpus 64] [--planes 4] [--amdahl-size 64MiB]
-                              [--amdahl-gpus 16]
-Writes OUT_DIR/allreduce.{csv,json}, OUT_DIR/amdahl.png and OUT_DIR/allreduce_wire_bytes.png and prints the table.
-Every time is a simulated-fabric time (driver: sim).
+                              [--amdahl-gpus 16] [--moe-tokens 512] [--moe-sweep-tokens 64] [--no-moe]
+Writes OUT_DIR/allreduce.{csv,json}, OUT_DIR/amdahl.png, OUT_DIR/allreduce_wire_bytes.png, and for the MoE layer
+OUT_DIR/moe_layer.{csv,json}, OUT_DIR/moe_sweep.{csv,json}, OUT_DIR/moe_speedup.png, OUT_DIR/moe_wire_bytes.png,
+and prints the tables. Fabric times are simulated (driver: sim); expert compute is modelled from the GPU profile.
 """
 
 import argparse
@@ -11,7 +12,7 @@ import sys
 import time
 
 import ifec
-from ifec import collectives, reports
+from ifec import collectives, moe, reports
 
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
@@ -37,6 +38,10 @@ def main(argv=None):
     # simulates in about a minute on two cores (on 64 GPUs the ring is still latency-bound below ~64 MiB).
     ap.add_argument("--amdahl-size", default="64MiB")
     ap.add_argument("--amdahl-gpus", type=int, default=16)
+    ap.add_argument("--moe-tokens", type=int, default=512, help="tokens per GPU of the MoE layer point")
+    ap.add_argument("--moe-sweep-tokens", type=int, default=64, help="tokens per GPU of the EP x top-k sweep")
+    ap.add_argument("--moe-hidden", type=int, default=7168)
+    ap.add_argument("--no-moe", action="store_true")
     args = ap.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     topo = ifec.make_superpod(args.gpus, args.planes)
@@ -86,6 +91,100 @@ def main(argv=None):
     print(f"Amdahl (Hoefler et al. inputs): {100 * ref['comm_saving']:.1f}% AllReduce saving -> overall "
           f"{100 * ref['gain_at_20pct']:.1f}% at 20% communication, {100 * ref['gain_at_60pct']:.1f}% at 60%")
     print(f"wrote {args.out}/allreduce.csv, allreduce.json, {amdahl.name}, {wire.name}")
+    if not args.no_moe:
+        moe_section(args)
+
+
+def moe_section(args):
+    """The MoE layer at the scaled point in all three variants, the TP AllReduce beside it, and the sweeps."""
+    if not moe.available():
+        print("MoE layer skipped: this build has no LibTorch (install libtorch-dev and rebuild)")
+        return
+    topo = ifec.make_superpod(args.gpus, args.planes)
+    ep, tokens, hidden = args.gpus, args.moe_tokens, args.moe_hidden
+    print(f"\nMoE layer, DeepSeek-V3 routing (hidden {hidden}, top-8 of 256 experts, bf16 rows), EP {ep}, "
+          f"{tokens} tokens per GPU, {args.gpus} GPUs x {args.planes} planes [dispatch/combine: sim; experts: "
+          f"modelled H100 at width 2048; outputs checked against the LibTorch reference at width 8]", flush=True)
+    rows = []
+    for variant in moe.VARIANTS:
+        t0 = time.time()
+        (row,) = moe.measure(topo, ep, tokens, variants=[variant], hidden=hidden, compute=True)
+        rows.append(row)
+        print(f"  {variant}: dispatch {row['dispatch_us']:.1f} us, combine {row['combine_us']:.1f} us, "
+              f"max error vs reference {row['max_rel_error']:.2e} ({time.time() - t0:.0f} s wall)", flush=True)
+        if row["max_rel_error"] > 2e-2:
+            sys.exit(f"MoE {variant}: output differs from the reference by {row['max_rel_error']:.3g} (> 2e-2)")
+    # The tensor-parallel AllReduce of the same tokens' activations (one TP group of 8 GPUs), ring vs in-switch.
+    tp = min(8, args.gpus)
+    ar_bytes = tokens * hidden * 2
+    tp_topo = ifec.make_superpod(tp, args.planes)
+    ar = {a: collectives.measure(tp_topo, algo=a, bytes=ar_bytes, dtype="bf16") for a in ("ring", "ifec")}
+    for a, r in ar.items():
+        if not r["ok"] or r["wrong"]:
+            sys.exit(f"TP AllReduce ({a}) of {ar_bytes} B failed: {r.get('error', 'wrong results')}")
+    by = {r["variant"]: r for r in rows}
+    cols = list(moe.VARIANTS)
+    ar_of = {"per_expert": ar["ring"], "per_rank": ar["ring"], "ifec": ar["ifec"]}
+    table = []
+    for v in cols:
+        r = by[v]
+        total = ar_of[v]["time_us"] + r["total_us"]
+        table.append(dict(variant=v, allreduce_us=ar_of[v]["time_us"], allreduce_algo=ar_of[v]["algo"],
+                          dispatch_us=r["dispatch_us"], compute_us=r["compute_us"], combine_us=r["combine_us"],
+                          end_to_end_us=total, dispatch_gbs=r["dispatch_gbs"], combine_gbs=r["combine_gbs"],
+                          dispatch_logical_MB=r["dispatch_logical_bytes"] / 1e6,
+                          dispatch_wire_MB=r["dispatch_wire_bytes"] / 1e6,
+                          combine_logical_MB=r["combine_logical_bytes"] / 1e6,
+                          combine_wire_MB=r["combine_wire_bytes"] / 1e6, max_rel_error=r["max_rel_error"]))
+    best = min((t for t in table if t["variant"] != "ifec"), key=lambda t: t["end_to_end_us"])
+    for t in table:
+        t["speedup_vs_best_baseline"] = best["end_to_end_us"] / t["end_to_end_us"]
+    print(f"\n{'phase (us)':<28}" + "".join(f"{v:>14}" for v in cols))
+    lines = [("TP AllReduce (" + f"{ar_bytes / 2**20:.1f} MiB, {tp} GPUs)", "allreduce_us"),
+             ("dispatch", "dispatch_us"), ("experts (modelled)", "compute_us"), ("combine", "combine_us"),
+             ("end to end", "end_to_end_us")]
+    for label, key in lines:
+        print(f"{label:<28}" + "".join(f"{t[key]:>14.1f}" for t in table))
+    print(f"{'dispatch GB/s per GPU':<28}" + "".join(f"{t['dispatch_gbs']:>14.1f}" for t in table))
+    print(f"{'combine GB/s per GPU':<28}" + "".join(f"{t['combine_gbs']:>14.1f}" for t in table))
+    for label, key in (("dispatch logical MB", "dispatch_logical_MB"), ("dispatch wire MB", "dispatch_wire_MB"),
+                       ("combine logical MB", "combine_logical_MB"), ("combine wire MB", "combine_wire_MB")):
+        print(f"{label:<28}" + "".join(f"{t[key]:>14.1f}" for t in table))
+    print(f"{'speedup vs best baseline':<28}" + "".join(f"{t['speedup_vs_best_baseline']:>13.2f}x" for t in table))
+    print("(AllReduce: ring for the baselines, in-switch for ifec; MB: all GPUs together; wire = frames the GPUs "
+          "sent, headers and ACKs included)", flush=True)
+    reports.write_csv(f"{args.out}/moe_layer.csv", table)
+    reports.write_json(f"{args.out}/moe_layer.json", dict(layer=table, moe_rows=rows, allreduce_rows=list(ar.values())))
+
+    # Sweep for plot (b): dispatch/combine speedup against EP size and top-k.
+    eps = [e for e in (8, 16, 32, 64) if e <= args.gpus]
+    sweep, speed = [], []
+    print(f"\nSweep: EP {eps} x top-k (2, 4, 8), {args.moe_sweep_tokens} tokens per GPU (timing mode)", flush=True)
+    for topk in (2, 4, 8):
+        for e in eps:
+            t0 = time.time()
+            pr = moe.measure(topo, e, args.moe_sweep_tokens, mode="sweep", hidden=hidden, topk=topk)
+            for r in pr:
+                r["topk"] = topk
+            sweep.extend(pr)
+            speed.extend(moe.speedup_rows(pr, topk))
+            t = {r["variant"]: r for r in pr}
+            base_d = min(t["per_expert"]["dispatch_us"], t["per_rank"]["dispatch_us"])
+            base_c = min(t["per_expert"]["combine_us"], t["per_rank"]["combine_us"])
+            print(f"  top-{topk} EP {e:>2}: dispatch {base_d:.1f} -> {t['ifec']['dispatch_us']:.1f} us "
+                  f"({base_d / t['ifec']['dispatch_us']:.2f}x), combine {base_c:.1f} -> "
+                  f"{t['ifec']['combine_us']:.1f} us ({base_c / t['ifec']['combine_us']:.2f}x) "
+                  f"({time.time() - t0:.0f} s wall)", flush=True)
+    reports.write_csv(f"{args.out}/moe_sweep.csv", [{k: v for k, v in r.items() if not isinstance(v, list)}
+                                                     for r in sweep])
+    reports.write_json(f"{args.out}/moe_sweep.json", sweep)
+    plot_b = reports.plot_dispatch_combine(f"{args.out}/moe_speedup.png", speed)
+    plot_c = reports.plot_wire_bytes(f"{args.out}/moe_wire_bytes.png", moe.wire_rows(rows))
+    for path in (plot_b, plot_c):
+        if not reports.is_png(path):
+            sys.exit(f"{path} is not a valid PNG")
+    print(f"wrote {args.out}/moe_layer.csv, moe_layer.json, moe_sweep.csv, moe_sweep.json, {plot_b.name}, "
+          f"{plot_c.name}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,46 @@
+"""The DeepSeek-V3 MoE layer over the simulated fabric from Python: one point (EP size, tokens per rank) in each
+communication variant ("per_expert", "per_rank", "ifec"), as row dicts.
+
+Dispatch and combine times are simulated; expert compute is modelled from the GPU profile at the real expert
+width (2048); with compute=True the experts also run on the CPU (LibTorch, at a small width `run_inter`) and each
+row carries the output's max error against the single-process reference.
+"""
+
+import json
+
+from ifec import _native
+
+VARIANTS = ("per_expert", "per_rank", "ifec")
+
+
+def available():
+    """True when the native module was built with LibTorch (the MoE layer needs it)."""
+    return bool(getattr(_native, "has_moe", False))
+
+
+def measure(topology, ep, tokens, variants=VARIANTS, mode="scaled", hidden=7168, experts=256, topk=8, inter=2048,
+            run_inter=8, bf16=True, compute=False, token_cap=0, seed=1):
+    """Runs one point; returns one dict per variant (see `./ifec bench moe` for the columns)."""
+    if not available():
+        raise RuntimeError("ifec was built without LibTorch: the MoE layer is not available")
+    return json.loads(_native.run_moe_json(topology, mode, int(ep), int(tokens), list(variants), int(hidden),
+                                           int(experts), int(topk), int(inter), int(run_inter), bool(bf16),
+                                           bool(compute), int(token_cap), int(seed)))
+
+
+def speedup_rows(rows, topk):
+    """Rows for reports.plot_dispatch_combine: (ep, topk, phase, variant, time_us) per phase."""
+    return [dict(ep=r["ep"], topk=topk, phase=phase, variant=r["variant"], time_us=r[f"{phase}_us"])
+            for r in rows for phase in ("dispatch", "combine")]
+
+
+def wire_rows(rows, baseline="per_rank"):
+    """Rows for reports.plot_wire_bytes: dispatch + combine frame bytes per plane, baseline vs IFEC."""
+    out = []
+    for r in rows:
+        if r["variant"] not in (baseline, "ifec"):
+            continue
+        name = "baseline" if r["variant"] == baseline else "ifec"
+        for plane, (d, c) in enumerate(zip(r["dispatch_wire_per_plane"], r["combine_wire_per_plane"])):
+            out.append(dict(variant=name, plane=plane, bytes=d + c))
+    return out

@@ -1,0 +1,64 @@
+// MoE points from Python (built only with LibTorch): results as JSON text, as the other measurement bindings.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "ifec/common/checks.h"
+#include "ifec/workloads/moe_bench.h"
+#include "register.h"
+
+namespace py = pybind11;
+using namespace ifec;
+
+namespace ifec::bindings {
+
+namespace {
+
+std::string run_moe_json(const routing::Topology& topo, const std::string& mode, int ep, int64_t tokens,
+                         const std::vector<std::string>& variants, int64_t hidden, int64_t experts, int64_t topk,
+                         int64_t inter, int64_t run_inter, bool bf16, bool compute, int64_t token_cap,
+                         uint64_t seed) {
+  workloads::MoeBenchConfig cfg;
+  cfg.topo = topo;
+  cfg.topology_name = topo.name;
+  cfg.model.hidden = hidden;
+  cfg.model.experts = experts;
+  cfg.model.topk = topk;
+  cfg.model.inter = inter;
+  cfg.run_inter = run_inter;
+  cfg.bf16 = bf16;
+  cfg.compute = compute;
+  cfg.token_cap = token_cap;
+  cfg.seed = seed;
+  std::vector<workloads::MoeVariant> vs;
+  for (const auto& v : variants) {
+    vs.push_back(workloads::parse_moe_variant(v));
+  }
+  IFEC_CHECK(!vs.empty(), "run_moe: no variants");
+  workloads::MoePoint p;
+  p.mode = mode;
+  p.ep = ep;
+  p.tokens = tokens;
+  std::vector<workloads::MoeBenchRow> rows;
+  {
+    py::gil_scoped_release release;
+    rows = workloads::run_moe_point(cfg, p, vs);
+  }
+  std::string json = "[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    json += (i ? "," : "") + workloads::moe_row_json(rows[i], cfg.topology_name);
+  }
+  return json + "]";
+}
+
+}  // namespace
+
+void register_moe(py::module_& m) {
+  m.attr("has_moe") = true;
+  m.def("run_moe_json", &run_moe_json, py::arg("topology"), py::arg("mode"), py::arg("ep"), py::arg("tokens"),
+        py::arg("variants"), py::arg("hidden") = 7168, py::arg("experts") = 256, py::arg("topk") = 8,
+        py::arg("inter") = 2048, py::arg("run_inter") = 8, py::arg("bf16") = true, py::arg("compute") = false,
+        py::arg("token_cap") = 0, py::arg("seed") = 1,
+        "One MoE point (DeepSeek-V3 routing) in each variant over the simulated fabric; rows as JSON text");
+}
+
+}  // namespace ifec::bindings
