@@ -15,8 +15,7 @@ namespace {
 
 std::string run_moe_json(const routing::Topology& topo, const std::string& mode, int ep, int64_t tokens,
                          const std::vector<std::string>& variants, int64_t hidden, int64_t experts, int64_t topk,
-                         int64_t inter, int64_t run_inter, bool bf16, bool compute, int64_t token_cap,
-                         uint64_t seed) {
+                         int64_t inter, int64_t run_inter, bool bf16, bool compute, int64_t token_cap, uint64_t seed) {
   workloads::MoeBenchConfig cfg;
   cfg.topo = topo;
   cfg.topology_name = topo.name;

@@ -8,16 +8,27 @@ from ifec import demo, reports
 
 
 def test_demo_writes_tables_and_plots(tmp_path, capsys):
-    demo.main([str(tmp_path), "--sizes", "64KiB", "--gpus", "4", "--planes", "2", "--amdahl-size", "1MiB",
-               "--amdahl-gpus", "4"])
+    demo.main([str(tmp_path), "--sizes", "64KiB", "--gpus", "8", "--planes", "2", "--amdahl-size", "1MiB",
+               "--amdahl-gpus", "4", "--moe-tokens", "8", "--moe-sweep-tokens", "4", "--moe-hidden", "256"])
     out = capsys.readouterr().out
     assert "[driver: sim]" in out and "Amdahl point" in out
     rows = json.loads((tmp_path / "allreduce.json").read_text())
     assert {r["algo"] for r in rows} == {"ring", "ifec"}
     assert all(r["ok"] and r["wrong"] == 0 for r in rows)
     assert (tmp_path / "allreduce.csv").read_text().startswith("driver,")
-    for png in ["amdahl.png", "allreduce_wire_bytes.png"]:
+    for png in ["amdahl.png", "allreduce_wire_bytes.png", "moe_speedup.png", "moe_wire_bytes.png"]:
         assert reports.is_png(tmp_path / png), png
+    # The MoE layer table: every variant, printed and written with the same numbers.
+    layer = json.loads((tmp_path / "moe_layer.json").read_text())["layer"]
+    assert [t["variant"] for t in layer] == ["per_expert", "per_rank", "ifec"]
+    for t in layer:
+        assert t["max_rel_error"] < 2e-2
+        assert t["end_to_end_us"] == pytest.approx(t["allreduce_us"] + t["dispatch_us"] + t["compute_us"]
+                                                   + t["combine_us"])
+        assert f"{t['end_to_end_us']:.1f}" in out
+    assert (tmp_path / "moe_layer.csv").read_text().startswith("variant,")
+    sweep = json.loads((tmp_path / "moe_sweep.json").read_text())
+    assert {r["topk"] for r in sweep} == {2, 4, 8}
 
 
 def test_demo_rejects_bad_sizes():

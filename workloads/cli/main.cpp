@@ -390,17 +390,20 @@ int bench_moe(int argc, char** argv) {
   }
   cfg.token_cap = cap;
   cfg.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
-  std::printf("# MoE dispatch/combine, DeepSeek-V3 routing (hidden %lld, top-%lld of %lld, bf16 rows) on %s "
-              "(64 GPUs x 4 planes, 800G ports as 2 x 400G) [driver: sim]\n",
-              static_cast<long long>(cfg.model.hidden), static_cast<long long>(cfg.model.topk),
-              static_cast<long long>(cfg.model.experts), cfg.topology_name.c_str());
-  std::printf("# dispatch/combine simulated; experts(us) modelled: H100 %.0f TFLOP/s, %.0f GB/s HBM, efficiency %.2f, "
-              "expert width %lld\n",
-              cfg.profile.tflops, cfg.profile.hbm_gbs, cfg.profile.efficiency, static_cast<long long>(cfg.model.inter));
+  std::printf(
+      "# MoE dispatch/combine, DeepSeek-V3 routing (hidden %lld, top-%lld of %lld, bf16 rows) on %s "
+      "(64 GPUs x 4 planes, 800G ports as 2 x 400G) [driver: sim]\n",
+      static_cast<long long>(cfg.model.hidden), static_cast<long long>(cfg.model.topk),
+      static_cast<long long>(cfg.model.experts), cfg.topology_name.c_str());
+  std::printf(
+      "# dispatch/combine simulated; experts(us) modelled: H100 %.0f TFLOP/s, %.0f GB/s HBM, efficiency %.2f, "
+      "expert width %lld\n",
+      cfg.profile.tflops, cfg.profile.hbm_gbs, cfg.profile.efficiency, static_cast<long long>(cfg.model.inter));
   if (cap > 0) {
-    std::printf("# points above %lld tokens per rank simulate %lld and scale times and bytes by the token ratio "
-                "(bandwidth-bound), marked (scaled from N)\n",
-                static_cast<long long>(cap), static_cast<long long>(cap));
+    std::printf(
+        "# points above %lld tokens per rank simulate %lld and scale times and bytes by the token ratio "
+        "(bandwidth-bound), marked (scaled from N)\n",
+        static_cast<long long>(cap), static_cast<long long>(cap));
   }
   std::printf("# GB/s: logical bytes per rank / time (DeepEP's convention); MB: all ranks together\n");
   std::printf("%s\n", workloads::moe_rows_header().c_str());
@@ -429,7 +432,8 @@ int bench_moe(int argc, char** argv) {
   }
   json += "]\n";
   if (!out.empty()) {
-    for (const auto& [name, text] : {std::pair<std::string, std::string>{"/moe_bench.csv", csv}, {"/moe_bench.json", json}}) {
+    for (const auto& [name, text] :
+         {std::pair<std::string, std::string>{"/moe_bench.csv", csv}, {"/moe_bench.json", json}}) {
       FILE* f = std::fopen((out + name).c_str(), "w");
       IFEC_CHECK(f != nullptr, "cannot write " << out + name);
       std::fputs(text.c_str(), f);

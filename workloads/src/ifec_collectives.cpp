@@ -97,15 +97,15 @@ struct IfecCollectives::Op {
     int plane = 0;
     uint32_t psn = 0;
     uint32_t len = 0;
-    uint64_t offset = 0;  // in the window, at the source and every destination
-    uint64_t bitmap = 0;  // destinations
+    uint64_t offset = 0;   // in the window, at the source and every destination
+    uint64_t bitmap = 0;   // destinations
     uint64_t written = 0;  // destinations that wrote it (each exactly once)
     int tries = 0;
     bool done = false;
   };
   std::vector<Packet> packet;
   std::unordered_map<uint32_t, uint32_t> packet_of_psn;
-  std::map<std::pair<int, int>, int> switch_of;                 // (source, plane) -> switch
+  std::map<std::pair<int, int>, int> switch_of;                // (source, plane) -> switch
   std::map<std::pair<int, int>, std::deque<uint32_t>> unsent;  // (source, plane) -> packets not yet sent
   std::map<std::pair<int, int>, uint32_t> inflight;
   uint64_t packets_pending = 0;
@@ -570,9 +570,8 @@ void IfecCollectives::on_ech(int gpu, int port, const common::ParsedFrame& pf, c
       if (!(pk.written & bit)) {
         const common::Reth& r = *pf.h.reth;
         endpoint::SymmetricMemory& mem = cluster_.ep(gpu).memory();
-        if (!(pk.bitmap & bit) ||
-            mem.check(r.rkey, r.virtual_address, pf.payload_size, pf.h.bth.pkey & 0x7FFF, false) !=
-                endpoint::AccessError::kOk) {
+        if (!(pk.bitmap & bit) || mem.check(r.rkey, r.virtual_address, pf.payload_size, pf.h.bth.pkey & 0x7FFF,
+                                            false) != endpoint::AccessError::kOk) {
           stats_.protection_drops++;
           return;
         }
@@ -681,14 +680,14 @@ CollectiveResult IfecCollectives::multicast_rows(const BatchMulticastSpec& spec,
   const routing::Topology& topo = fabric.topology();
   const int n = cluster_.size();
   auto check_window = [&](int g, uint64_t offset, const char* who) {
-    IFEC_CHECK(g >= 0 && g < std::min(n, 64),
-               "multicast: " << who << " GPU " << g << " outside 0.." << std::min(n, 64) - 1
-                             << " (the compact ECH's 64-bit destination bitmap)");
+    IFEC_CHECK(g >= 0 && g < std::min(n, 64), "multicast: " << who << " GPU " << g << " outside 0.."
+                                                            << std::min(n, 64) - 1
+                                                            << " (the compact ECH's 64-bit destination bitmap)");
     const endpoint::WindowInfo* w = cluster_.ep(g).memory().window(spec.window);
     IFEC_CHECK(w != nullptr, "multicast: GPU " << g << " has no window " << spec.window);
-    IFEC_CHECK(offset + spec.row_bytes <= w->size, "multicast: row at offset " << offset << " + " << spec.row_bytes
-                                                                               << " B overruns window " << spec.window
-                                                                               << " (" << w->size << " B) of GPU " << g);
+    IFEC_CHECK(offset + spec.row_bytes <= w->size, "multicast: row at offset "
+                                                       << offset << " + " << spec.row_bytes << " B overruns window "
+                                                       << spec.window << " (" << w->size << " B) of GPU " << g);
   };
   std::set<int> involved;
   for (const RowMulticast& r : spec.rows) {
@@ -696,8 +695,8 @@ CollectiveResult IfecCollectives::multicast_rows(const BatchMulticastSpec& spec,
     involved.insert(r.source);
     for (int d : r.destinations) {
       check_window(d, r.offset, "destination");
-      IFEC_CHECK(d != r.source, "multicast: row at offset " << r.offset << " lists its source " << d
-                                                            << " among its destinations");
+      IFEC_CHECK(d != r.source,
+                 "multicast: row at offset " << r.offset << " lists its source " << d << " among its destinations");
       involved.insert(d);
     }
   }
@@ -732,8 +731,7 @@ CollectiveResult IfecCollectives::multicast_rows(const BatchMulticastSpec& spec,
       if (registered.insert(sw).second) {
         for (int g : involved) {
           const endpoint::WindowInfo* win = cluster_.ep(g).memory().window(spec.window);
-          fabric.switch_at(sw).ifec()->register_window(g, fabric.gpu_ip(g), spec.window, win->va, win->rkey,
-                                                       win->job);
+          fabric.switch_at(sw).ifec()->register_window(g, fabric.gpu_ip(g), spec.window, win->va, win->rkey, win->job);
         }
       }
     }
@@ -880,9 +878,9 @@ void IfecCollectives::send_multicast(uint32_t i, bool retransmit) {
     return;
   }
   endpoint::Endpoint& e = cluster_.ep(pk.source);
-  common::FrameHeaders h = ech_headers(e, port, cluster_.fabric().switch_ip(o.switch_of[{pk.source, pk.plane}]),
-                                       static_cast<uint16_t>(i), static_cast<uint8_t>(Opcode::kWriteOnly),
-                                       pkey_for(e.config().job), pk.psn);
+  common::FrameHeaders h =
+      ech_headers(e, port, cluster_.fabric().switch_ip(o.switch_of[{pk.source, pk.plane}]), static_cast<uint16_t>(i),
+                  static_cast<uint8_t>(Opcode::kWriteOnly), pkey_for(e.config().job), pk.psn);
   Ech ech;
   ech.format = EchFormat::kCompact;
   ech.op = EchOp::kMulticast;

@@ -28,9 +28,7 @@ namespace {
 constexpr uint16_t kScratchWindow = 0xFFE1;  // fallback: contributions of undelivered chunks, at the destination
 
 // (destination, plane, per-plane sequence) of a chunk; GPUs are below 64 and planes below 32.
-uint64_t chunk_key(int dest, int plane, uint32_t seq) {
-  return (static_cast<uint64_t>(dest * 32 + plane) << 32) | seq;
-}
+uint64_t chunk_key(int dest, int plane, uint32_t seq) { return (static_cast<uint64_t>(dest * 32 + plane) << 32) | seq; }
 
 }  // namespace
 
@@ -54,8 +52,8 @@ struct IfecCollectives::Rows {
     uint32_t seq = 0;
     State state = kPending;
   };
-  std::vector<Chunk> chunk;                           // [row * cpr + c]
-  std::unordered_map<uint64_t, uint32_t> chunk_of;    // (destination, plane, seq) -> chunk
+  std::vector<Chunk> chunk;                         // [row * cpr + c]
+  std::unordered_map<uint64_t, uint32_t> chunk_of;  // (destination, plane, seq) -> chunk
   struct Item {
     uint32_t chunk = 0;
     int gpu = 0;
@@ -66,7 +64,7 @@ struct IfecCollectives::Rows {
     State state = kPending;
   };
   std::vector<Item> item;
-  std::unordered_map<uint64_t, uint32_t> item_of;  // (contributor, destination group, plane) ^ seq -> item
+  std::unordered_map<uint64_t, uint32_t> item_of;             // (contributor, destination group, plane) ^ seq -> item
   std::map<std::pair<int, int>, std::deque<uint32_t>> queue;  // (gpu, plane): items not yet sent, global order
   std::map<std::pair<int, int>, uint32_t> inflight;
   uint64_t items_pending = 0;
@@ -113,8 +111,8 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
     gpus.insert(row.destination);
     for (const auto& [g, off] : row.contributions) {
       IFEC_CHECK(g >= 0 && g < n, "batch reduction: contributor GPU " << g << " outside 0.." << n - 1);
-      IFEC_CHECK(g != row.destination, "batch reduction: GPU " << g << " contributes to its own row "
-                                                               << row.index << " (add the local part locally)");
+      IFEC_CHECK(g != row.destination, "batch reduction: GPU " << g << " contributes to its own row " << row.index
+                                                               << " (add the local part locally)");
       const endpoint::WindowInfo* sw = cluster_.ep(g).memory().window(spec.source_window);
       IFEC_CHECK(sw != nullptr, "batch reduction: GPU " << g << " has no window " << spec.source_window);
       IFEC_CHECK(off + r->row_bytes <= sw->size, "batch reduction: contribution at offset "
@@ -124,7 +122,8 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
     }
   }
   IFEC_CHECK(topo.num_planes <= 32, "batch reduction: " << topo.num_planes << " planes (at most 32)");
-  IFEC_CHECK(gpus.size() <= 64 && (gpus.empty() || *gpus.rbegin() < 64), "batch reduction: " << gpus.size() << " GPUs take part (a group holds at most 64, GPU ids below 64)");
+  IFEC_CHECK(gpus.size() <= 64 && (gpus.empty() || *gpus.rbegin() < 64),
+             "batch reduction: " << gpus.size() << " GPUs take part (a group holds at most 64, GPU ids below 64)");
   r->gpus.assign(gpus.begin(), gpus.end());
   for (size_t m = 0; m < r->gpus.size(); ++m) {
     r->member_of[r->gpus[m]] = static_cast<int>(m);
@@ -162,8 +161,8 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
       continue;
     }
     // Slot budget: the switch's free pool shared by this batch's groups.
-    const uint32_t slots = std::min<uint32_t>(opts_.slots_per_plane,
-                                              fabric.switch_at(sw).ifec()->free_slots() / std::max<size_t>(1, dests.size()));
+    const uint32_t slots = std::min<uint32_t>(
+        opts_.slots_per_plane, fabric.switch_at(sw).ifec()->free_slots() / std::max<size_t>(1, dests.size()));
     std::vector<std::pair<int, uint16_t>> made;
     std::string why = slots == 0 ? "slot pool exhausted" : "";
     for (size_t di = 0; slots > 0 && di < dests.size(); ++di) {
@@ -281,8 +280,8 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
     fabric.switch_at(sw).ifec()->release(opts_.job, g);
   }
   if (r->items_pending > 0) {
-    res.error = "batch reduction: " + std::to_string(r->items_pending) +
-                " contributions unfinished after the time limit";
+    res.error =
+        "batch reduction: " + std::to_string(r->items_pending) + " contributions unfinished after the time limit";
     res.end_ns = loop.now();
     return res;
   }
@@ -424,9 +423,8 @@ void IfecCollectives::send_row_contribution(uint32_t id, bool retransmit) {
   const uint32_t elems = r.elems_of(it.chunk);
   const uint64_t rel = uint64_t{it.chunk % r.cpr} * r.chunk_elems * r.esize;
   common::FrameHeaders h = detail::ech_headers(
-      e, port, cluster_.fabric().switch_ip(r.switch_of_plane[ch.plane]),
-      static_cast<uint16_t>(it.gpu * 977 + ch.seq), static_cast<uint8_t>(Opcode::kWriteOnly),
-      detail::pkey_for(opts_.job), ch.seq);
+      e, port, cluster_.fabric().switch_ip(r.switch_of_plane[ch.plane]), static_cast<uint16_t>(it.gpu * 977 + ch.seq),
+      static_cast<uint8_t>(Opcode::kWriteOnly), detail::pkey_for(opts_.job), ch.seq);
   Ech ech;
   ech.format = EchFormat::kStandard;
   ech.op = EchOp::kReduce;

@@ -68,8 +68,7 @@ std::vector<MoeBenchRow> run_moe_point(const MoeBenchConfig& cfg, const MoePoint
       for (int64_t e = d * per_rank; e < (d + 1) * per_rank; ++e) {
         mine.push_back(static_cast<int64_t>(std::llround(r.tokens_per_expert[e] * scale)));
       }
-      row.compute_us =
-          std::max(row.compute_us, 1e6 * expert_compute_seconds(mine, cfg.model, cfg.profile, esize));
+      row.compute_us = std::max(row.compute_us, 1e6 * expert_compute_seconds(mine, cfg.model, cfg.profile, esize));
     }
     row.total_us = row.dispatch_us + row.compute_us + row.combine_us;
     row.dispatch_logical_bytes = static_cast<int64_t>(std::llround(r.dispatch_logical_bytes * scale));
@@ -110,12 +109,12 @@ std::string moe_rows_header() {
 
 std::string moe_row_text(const MoeBenchRow& r) {
   char buf[512];
-  std::snprintf(buf, sizeof buf, " %-7s %4d %6lld %-10s %12.1f %9.1f %12.1f %9.1f %12.1f %12.1f %11.1f %11.1f %11.1f %11.1f%s",
-                r.point.mode.c_str(), r.point.ep, static_cast<long long>(r.point.tokens), r.variant.c_str(),
-                r.dispatch_us, r.dispatch_gbs(), r.combine_us, r.combine_gbs(), r.compute_us, r.total_us,
-                r.dispatch_logical_bytes / 1e6, r.dispatch_wire_bytes / 1e6, r.combine_logical_bytes / 1e6,
-                r.combine_wire_bytes / 1e6,
-                r.scaled ? ("  (scaled from " + std::to_string(r.simulated_tokens) + ")").c_str() : "");
+  std::snprintf(
+      buf, sizeof buf, " %-7s %4d %6lld %-10s %12.1f %9.1f %12.1f %9.1f %12.1f %12.1f %11.1f %11.1f %11.1f %11.1f%s",
+      r.point.mode.c_str(), r.point.ep, static_cast<long long>(r.point.tokens), r.variant.c_str(), r.dispatch_us,
+      r.dispatch_gbs(), r.combine_us, r.combine_gbs(), r.compute_us, r.total_us, r.dispatch_logical_bytes / 1e6,
+      r.dispatch_wire_bytes / 1e6, r.combine_logical_bytes / 1e6, r.combine_wire_bytes / 1e6,
+      r.scaled ? ("  (scaled from " + std::to_string(r.simulated_tokens) + ")").c_str() : "");
   return buf;
 }
 
@@ -151,17 +150,14 @@ std::string moe_row_json(const MoeBenchRow& r, const std::string& topology) {
   os << "{\"driver\":\"sim\",\"topology\":\"" << topology << "\",\"mode\":\"" << r.point.mode
      << "\",\"ep\":" << r.point.ep << ",\"tokens\":" << r.point.tokens << ",\"variant\":\"" << r.variant
      << "\",\"simulated_tokens\":" << r.simulated_tokens << ",\"scaled\":" << (r.scaled ? "true" : "false")
-     << ",\"dispatch_us\":" << r.dispatch_us << ",\"combine_us\":" << r.combine_us
-     << ",\"compute_us\":" << r.compute_us << ",\"compute_source\":\"model\",\"total_us\":" << r.total_us
-     << ",\"dispatch_gbs\":" << r.dispatch_gbs() << ",\"combine_gbs\":" << r.combine_gbs()
-     << ",\"dispatch_logical_bytes\":" << r.dispatch_logical_bytes
-     << ",\"dispatch_wire_bytes\":" << r.dispatch_wire_bytes
-     << ",\"combine_logical_bytes\":" << r.combine_logical_bytes
+     << ",\"dispatch_us\":" << r.dispatch_us << ",\"combine_us\":" << r.combine_us << ",\"compute_us\":" << r.compute_us
+     << ",\"compute_source\":\"model\",\"total_us\":" << r.total_us << ",\"dispatch_gbs\":" << r.dispatch_gbs()
+     << ",\"combine_gbs\":" << r.combine_gbs() << ",\"dispatch_logical_bytes\":" << r.dispatch_logical_bytes
+     << ",\"dispatch_wire_bytes\":" << r.dispatch_wire_bytes << ",\"combine_logical_bytes\":" << r.combine_logical_bytes
      << ",\"combine_wire_bytes\":" << r.combine_wire_bytes
      << ",\"dispatch_wire_per_plane\":" << list(r.dispatch_wire_per_plane)
-     << ",\"combine_wire_per_plane\":" << list(r.combine_wire_per_plane)
-     << ",\"fallback_chunks\":" << r.fallback_chunks << ",\"max_rel_error\":" << r.max_rel_error
-     << ",\"wall_seconds\":" << r.wall_seconds << '}';
+     << ",\"combine_wire_per_plane\":" << list(r.combine_wire_per_plane) << ",\"fallback_chunks\":" << r.fallback_chunks
+     << ",\"max_rel_error\":" << r.max_rel_error << ",\"wall_seconds\":" << r.wall_seconds << '}';
   return os.str();
 }
 

@@ -136,8 +136,7 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
     c.allocate_window(kRecv, static_cast<uint64_t>(max_recv * row));
     c.allocate_window(kCombine, static_cast<uint64_t>(tokens * cfg.topk * row));
     for (int r = 0; r < ranks; ++r) {
-      std::memcpy(c.window_data(r, kInput), static_cast<const uint8_t*>(x.data_ptr()) + r * tokens * row,
-                  tokens * row);
+      std::memcpy(c.window_data(r, kInput), static_cast<const uint8_t*>(x.data_ptr()) + r * tokens * row, tokens * row);
     }
   }
   std::unique_ptr<IfecCollectives> coll;
@@ -216,8 +215,7 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
     if (opts.compute) {
       at::Tensor recv = torch::empty({static_cast<int64_t>(n), H}, x.options());
       for (size_t i = 0; i < n; ++i) {
-        std::memcpy(static_cast<uint8_t*>(recv.data_ptr()) + i * row, c.window_data(d, kRecv) + recv_offset(d, i),
-                    row);
+        std::memcpy(static_cast<uint8_t*>(recv.data_ptr()) + i * row, c.window_data(d, kRecv) + recv_offset(d, i), row);
       }
       const at::Tensor out = per_expert ? expert_outputs_for_rank(recv, lists.per_expert[d], w, cfg)
                                         : expert_outputs_for_rank(recv, lists.per_rank[d], w, cfg);

@@ -200,11 +200,11 @@ TEST_P(BatchReduce, EachRowIsTheSumOfItsContributors) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, BatchReduce,
-                         testing::Values(ReduceCase{EchDtype::kFp32, 0, 128, -1}, ReduceCase{EchDtype::kBf16, 0, 128, -1},
-                                         ReduceCase{EchDtype::kBf16, 0.01, 128, -1},
-                                         ReduceCase{EchDtype::kFp32, 0, 4, -1}, ReduceCase{EchDtype::kFp32, 0.01, 4, -1},
-                                         ReduceCase{EchDtype::kFp32, 0, 128, 3}));
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BatchReduce,
+    testing::Values(ReduceCase{EchDtype::kFp32, 0, 128, -1}, ReduceCase{EchDtype::kBf16, 0, 128, -1},
+                    ReduceCase{EchDtype::kBf16, 0.01, 128, -1}, ReduceCase{EchDtype::kFp32, 0, 4, -1},
+                    ReduceCase{EchDtype::kFp32, 0.01, 4, -1}, ReduceCase{EchDtype::kFp32, 0, 128, 3}));
 
 TEST(BatchReduce, RejectsBadSpecsNamingTheValue) {
   workloads::Cluster c(routing::make_superpod(4, 1), options(0, 1));

@@ -52,7 +52,8 @@ TEST_P(MoeFabric, EqualsTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, MoeFabric,
-                         testing::Combine(testing::Values(MoeVariant::kPerExpert, MoeVariant::kPerRank, MoeVariant::kIfec),
+                         testing::Combine(testing::Values(MoeVariant::kPerExpert, MoeVariant::kPerRank,
+                                                          MoeVariant::kIfec),
                                           testing::Values(8, 16), testing::Bool()),
                          [](const auto& info) {
                            return std::string(workloads::moe_variant_name(std::get<0>(info.param))) + "_ep" +

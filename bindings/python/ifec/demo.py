@@ -157,7 +157,7 @@ def moe_section(args):
     reports.write_json(f"{args.out}/moe_layer.json", dict(layer=table, moe_rows=rows, allreduce_rows=list(ar.values())))
 
     # Sweep for plot (b): dispatch/combine speedup against EP size and top-k.
-    eps = [e for e in (8, 16, 32, 64) if e <= args.gpus]
+    eps = [e for e in (8, 16, 32, 64) if e <= args.gpus] or [args.gpus]
     sweep, speed = [], []
     print(f"\nSweep: EP {eps} x top-k (2, 4, 8), {args.moe_sweep_tokens} tokens per GPU (timing mode)", flush=True)
     for topk in (2, 4, 8):

@@ -23,11 +23,11 @@ struct IfecOptions {
   uint32_t slots_per_plane = 128;          // slot budget asked of each plane's switch
   common::TimeNs retransmit_ns = 100'000;  // contribution / multicast retransmission timeout (doubles, capped)
   common::TimeNs retransmit_max_ns = 2'000'000;
-  int max_retries = 20;             // then the chunk is finished on the fallback path
-  uint32_t multicast_window = 256;  // multicast packets in flight per plane (per source and plane for batches)
-  uint32_t row_window = 64;         // batch reduction: contributions in flight per GPU and plane
+  int max_retries = 20;                  // then the chunk is finished on the fallback path
+  uint32_t multicast_window = 256;       // multicast packets in flight per plane (per source and plane for batches)
+  uint32_t row_window = 64;              // batch reduction: contributions in flight per GPU and plane
   common::TimeNs busy_retry_ns = 1'000;  // first retry after an RNR NAK (slot busy); doubles up to 8x
-  bool upstream_fp32 = true;        // two-tier planes: leaf -> spine partials in fp32 (else in the element type)
+  bool upstream_fp32 = true;             // two-tier planes: leaf -> spine partials in fp32 (else in the element type)
 };
 
 // Batch multicast (MoE dispatch): many rows, each from its own source to its own destination set, in one operation.

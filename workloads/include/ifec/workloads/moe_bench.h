@@ -22,13 +22,13 @@ struct MoePoint {
 };
 
 struct MoeBenchConfig {
-  routing::Topology topo;      // the fabric (default in callers: the 64 x 4 SuperPoD)
-  std::string topology_name;   // for the records
-  MoeConfig model;             // routing shape (hidden, experts, groups, topk) and the costed expert width (inter)
-  int64_t run_inter = 8;       // expert width actually run on the CPU when `compute` (the costed one is model.inter)
-  bool bf16 = true;            // rows travel in bf16 (else fp32)
-  bool compute = false;        // run the experts and check the output against the reference (else timing mode)
-  int64_t token_cap = 0;       // simulate at most this many tokens per rank, scaling times and bytes (0: none)
+  routing::Topology topo;     // the fabric (default in callers: the 64 x 4 SuperPoD)
+  std::string topology_name;  // for the records
+  MoeConfig model;            // routing shape (hidden, experts, groups, topk) and the costed expert width (inter)
+  int64_t run_inter = 8;      // expert width actually run on the CPU when `compute` (the costed one is model.inter)
+  bool bf16 = true;           // rows travel in bf16 (else fp32)
+  bool compute = false;       // run the experts and check the output against the reference (else timing mode)
+  int64_t token_cap = 0;      // simulate at most this many tokens per rank, scaling times and bytes (0: none)
   GpuProfile profile;
   uint64_t seed = 1;
   std::function<void(const std::string&)> progress;  // one line per finished variant

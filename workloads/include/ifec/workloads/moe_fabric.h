@@ -52,8 +52,8 @@ struct MoeFabricResult {
 
 // Runs one MoE layer over `cluster`'s first `ranks` GPUs (EP size), each holding tokens_per_rank rows of x
 // (x: [ranks * tokens_per_rank, hidden], fp32 or bf16; rows travel in x's dtype). The IFEC variant needs
-// ranks <= 64 (compact ECH bitmaps) and falls back to point-to-point where the fabric cannot serve. Expert e lives on rank
-// owner_rank(e). Results are returned, not written back into x.
+// ranks <= 64 (compact ECH bitmaps) and falls back to point-to-point where the fabric cannot serve. Expert e lives on
+// rank owner_rank(e). Results are returned, not written back into x.
 MoeFabricResult run_moe_fabric(Cluster& cluster, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w,
                                const at::Tensor& x, int ranks, const GpuProfile& profile = {},
                                const MoeFabricOptions& opts = {});

@@ -1,0 +1,57 @@
+"""The MoE layer through the pybind11 module: every variant equals the LibTorch reference, IFEC moves fewer bytes
+where it should, in-switch AllReduce is at least as fast as ring from 1 MiB up, and bad input is named."""
+
+import pytest
+
+import ifec
+from ifec import collectives, moe
+
+pytestmark = pytest.mark.skipif(not moe.available(), reason="built without LibTorch")
+
+
+@pytest.mark.parametrize("bf16,tolerance", [(False, 1e-5), (True, 2e-2)])
+def test_every_variant_equals_the_reference(bf16, tolerance):
+    # fp32: the same sums up to order (1e-5 of the largest output); bf16: rows travel in bf16 and IFEC's switch
+    # rounds its fp32 sum to bf16 once more (2e-2).
+    rows = moe.measure(ifec.make_superpod(8, 2), 8, 16, hidden=64, run_inter=16, bf16=bf16, compute=True)
+    assert [r["variant"] for r in rows] == list(moe.VARIANTS)
+    for r in rows:
+        assert 0 <= r["max_rel_error"] < tolerance, r
+        assert r["dispatch_us"] > 0 and r["combine_us"] > 0 and r["compute_us"] > 0
+        assert r["total_us"] == pytest.approx(r["dispatch_us"] + r["compute_us"] + r["combine_us"])
+        assert r["fallback_chunks"] == 0
+
+
+def test_ifec_sends_each_token_once_and_per_rank_deduplicates():
+    rows = {r["variant"]: r for r in moe.measure(ifec.make_superpod(16, 4), 16, 32, hidden=512)}
+    pe, pr, fc = rows["per_expert"], rows["per_rank"], rows["ifec"]
+    assert pr["dispatch_logical_bytes"] < pe["dispatch_logical_bytes"]
+    assert fc["dispatch_logical_bytes"] == pr["dispatch_logical_bytes"]
+    # A token with k remote ranks leaves its GPU once instead of k times.
+    assert fc["dispatch_wire_bytes"] * 2 < pr["dispatch_wire_bytes"]
+    assert sum(fc["dispatch_wire_per_plane"]) == fc["dispatch_wire_bytes"]
+    assert len(fc["combine_wire_per_plane"]) == 4
+    assert fc["dispatch_us"] <= pr["dispatch_us"] and fc["combine_us"] <= pr["combine_us"]
+
+
+def test_scaled_points_say_so():
+    (r,) = moe.measure(ifec.make_superpod(8, 2), 8, 64, variants=["ifec"], hidden=256, token_cap=16)
+    assert r["scaled"] and r["simulated_tokens"] == 16 and r["tokens"] == 64
+
+
+@pytest.mark.parametrize("size", [1 << 20, 4 << 20])
+def test_in_switch_allreduce_is_at_least_as_fast_as_ring_from_1mib(size):
+    topo = ifec.make_superpod(16, 4)
+    ring = collectives.measure(topo, algo="ring", bytes=size)
+    inc = collectives.measure(topo, algo="ifec", bytes=size)
+    assert ring["ok"] and inc["ok"] and ring["wrong"] == 0 and inc["wrong"] == 0
+    assert inc["time_us"] <= ring["time_us"]
+
+
+@pytest.mark.parametrize("kwargs,named", [(dict(ep=3), "EP size 3"), (dict(ep=128), "EP size 128"),
+                                          (dict(variants=["sharp"]), "sharp"), (dict(tokens=0), "tokens per rank 0")])
+def test_bad_arguments_are_named(kwargs, named):
+    args = dict(topology=ifec.make_superpod(8, 2), ep=8, tokens=4, hidden=64)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=named):
+        moe.measure(**args)
