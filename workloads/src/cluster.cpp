@@ -91,6 +91,18 @@ void Cluster::free_window(uint16_t id) {
   }
 }
 
+std::string Cluster::wait_ok(const std::vector<endpoint::OpHandle>& handles, TimeNs limit, const std::string& what) {
+  if (!wait(handles, limit)) {
+    return what + " did not finish in " + std::to_string(limit / 1000) + " us of simulated time";
+  }
+  for (const auto& h : handles) {
+    if (!h->ok()) {
+      return what + " failed: " + h->error;
+    }
+  }
+  return "";
+}
+
 uint8_t* Cluster::window_data(int gpu, uint16_t id) {
   const endpoint::WindowInfo* w = ep(gpu).memory().window(id);
   IFEC_CHECK(w != nullptr, "GPU " << gpu << " has no window " << id);

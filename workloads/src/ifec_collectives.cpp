@@ -822,15 +822,11 @@ CollectiveResult IfecCollectives::multicast_rows(const BatchMulticastSpec& spec,
                                           : "packets the fabric did not complete within the retry budget";
     stats_.fallback_operations++;
     stats_.fallback_chunks += res.fallback_chunks;
-    if (!cluster_.wait(hs, deadline > loop.now() ? deadline - loop.now() : 1)) {
+    if (const std::string err =
+            cluster_.wait_ok(hs, deadline > loop.now() ? deadline - loop.now() : 1, "multicast fallback stores");
+        !err.empty()) {
       res.ok = false;
-      res.error = "multicast fallback stores did not finish";
-    }
-    for (const auto& h : hs) {
-      if (h->done() && !h->ok()) {
-        res.ok = false;
-        res.error = "multicast fallback store failed: " + h->error;
-      }
+      res.error = err;
     }
   }
   res.end_ns = loop.now();
@@ -841,13 +837,7 @@ CollectiveResult IfecCollectives::multicast_rows(const BatchMulticastSpec& spec,
 void IfecCollectives::multicast_pump() {
   Op& o = *op_;
   for (auto& [key, q] : o.unsent) {
-    uint32_t& inflight = o.inflight[key];
-    while (!q.empty() && inflight < opts_.multicast_window) {
-      const uint32_t i = q.front();
-      q.pop_front();
-      inflight++;
-      send_multicast(i, false);
-    }
+    detail::drain_window(q, o.inflight[key], opts_.multicast_window, [this](uint32_t i) { send_multicast(i, false); });
   }
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 
 #include "ifec/common/ech.h"
 #include "ifec/common/frame.h"
@@ -15,5 +16,16 @@ common::EchOp ech_op(Collective c);
 // Ethernet/IPv4/UDP/BTH of an ECH frame the endpoint sends on `port` to `dst_ip`; the caller adds ECH, RETH or AETH.
 common::FrameHeaders ech_headers(endpoint::Endpoint& e, int port, uint32_t dst_ip, uint16_t udp_entropy, uint8_t opcode,
                                  uint16_t pkey, uint32_t psn);
+
+// Sends queued items while fewer than `window` are in flight (the caller decrements `inflight` as they finish).
+template <typename Send>
+void drain_window(std::deque<uint32_t>& queue, uint32_t& inflight, uint32_t window, Send send) {
+  while (!queue.empty() && inflight < window) {
+    const uint32_t i = queue.front();
+    queue.pop_front();
+    inflight++;
+    send(i);
+  }
+}
 
 }  // namespace ifec::workloads::detail

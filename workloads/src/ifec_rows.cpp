@@ -319,15 +319,11 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
         }
       }
     }
-    if (!cluster_.wait(hs, deadline > loop.now() ? deadline - loop.now() : 1)) {
+    if (const std::string err =
+            cluster_.wait_ok(hs, deadline > loop.now() ? deadline - loop.now() : 1, "batch reduction fallback stores");
+        !err.empty()) {
       res.ok = false;
-      res.error = "batch reduction fallback stores did not finish";
-    }
-    for (const auto& h : hs) {
-      if (h->done() && !h->ok()) {
-        res.ok = false;
-        res.error = "batch reduction fallback store failed: " + h->error;
-      }
+      res.error = err;
     }
     std::vector<common::Acc> acc(r->chunk_elems);
     for (const auto& [d, ks] : redo) {
@@ -361,14 +357,8 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
 
 void IfecCollectives::row_pump(int gpu, int plane) {
   Rows& r = *rows_;
-  auto& q = r.queue[{gpu, plane}];
-  uint32_t& inflight = r.inflight[{gpu, plane}];
-  while (!q.empty() && inflight < opts_.row_window) {
-    const uint32_t id = q.front();
-    q.pop_front();
-    inflight++;
-    send_row_contribution(id, false);
-  }
+  detail::drain_window(r.queue[{gpu, plane}], r.inflight[{gpu, plane}], opts_.row_window,
+                       [this](uint32_t id) { send_row_contribution(id, false); });
 }
 
 void IfecCollectives::finish_row_item(uint32_t id, bool stuck) {

@@ -48,18 +48,6 @@ struct PhaseMeter {
   }
 };
 
-std::string wait_all(Cluster& c, const std::vector<endpoint::OpHandle>& hs, common::TimeNs limit, const char* phase) {
-  if (!c.wait(hs, limit)) {
-    return std::string(phase) + " did not finish in " + std::to_string(limit / 1'000'000) + " ms of simulated time";
-  }
-  for (const auto& h : hs) {
-    if (!h->ok()) {
-      return std::string(phase) + " store failed: " + h->error;
-    }
-  }
-  return "";
-}
-
 }  // namespace
 
 const char* moe_variant_name(MoeVariant v) {
@@ -196,7 +184,7 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
                     &res.dispatch_logical_bytes);
         }
       }
-      err = wait_all(c, hs, limit, "dispatch");
+      err = c.wait_ok(hs, limit, "dispatch stores");
     }
     if (!err.empty()) {
       res.error = err;
@@ -286,7 +274,7 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
                     &res.combine_logical_bytes);
         }
       }
-      err = wait_all(c, hs, limit, "combine");
+      err = c.wait_ok(hs, limit, "combine stores");
       meter.finish(&res.combine_us, &res.combine_wire_bytes, &res.combine_wire_per_plane);
     }
     if (!err.empty()) {

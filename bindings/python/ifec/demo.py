@@ -1,7 +1,7 @@
 """The part of `./ifec demo` that measures collectives and draws the paper-style plots (run with /usr/bin/python3).
 
 Usage: python3 -m ifec.demo OUT_DIR [--sizes 1MiB,4MiB] [--gpus 64] [--planes 4] [--amdahl-size 64MiB]
-                              [--amdahl-gpus 16] [--moe-tokens 512] [--moe-sweep-tokens 64] [--no-moe]
+                              [--amdahl-gpus 16] [--moe-tokens 256] [--moe-sweep-tokens 64] [--no-moe]
 Writes OUT_DIR/allreduce.{csv,json}, OUT_DIR/amdahl.png, OUT_DIR/allreduce_wire_bytes.png, and for the MoE layer
 OUT_DIR/moe_layer.{csv,json}, OUT_DIR/moe_sweep.{csv,json}, OUT_DIR/moe_speedup.png, OUT_DIR/moe_wire_bytes.png,
 and prints the tables. Fabric times are simulated (driver: sim); expert compute is modelled from the GPU profile.
@@ -38,7 +38,8 @@ def main(argv=None):
     # simulates in about a minute on two cores (on 64 GPUs the ring is still latency-bound below ~64 MiB).
     ap.add_argument("--amdahl-size", default="64MiB")
     ap.add_argument("--amdahl-gpus", type=int, default=16)
-    ap.add_argument("--moe-tokens", type=int, default=512, help="tokens per GPU of the MoE layer point")
+    # 256 keeps the whole demo near ten minutes on two cores; 512 takes about four minutes more.
+    ap.add_argument("--moe-tokens", type=int, default=256, help="tokens per GPU of the MoE layer point")
     ap.add_argument("--moe-sweep-tokens", type=int, default=64, help="tokens per GPU of the EP x top-k sweep")
     ap.add_argument("--moe-hidden", type=int, default=7168)
     ap.add_argument("--no-moe", action="store_true")

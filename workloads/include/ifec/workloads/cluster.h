@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ifec/common/sim.h"
@@ -43,6 +44,9 @@ class Cluster {
   // Runs simulated time until every handle completes; false if `limit` of simulated time passes first
   // (or nothing is left to run), i.e. a hang the caller must report.
   bool wait(const std::vector<endpoint::OpHandle>& handles, common::TimeNs limit = 1'000'000'000);
+  // wait(), then every handle must have succeeded: "" or "WHAT did not finish in N us of simulated time" /
+  // "WHAT failed: <the first failing transaction's error>".
+  std::string wait_ok(const std::vector<endpoint::OpHandle>& handles, common::TimeNs limit, const std::string& what);
   // Every endpoint quiets, then a dissemination barrier over stores; false on timeout.
   bool barrier(common::TimeNs limit = 1'000'000'000);
   uint64_t barrier_epoch() const { return barrier_epoch_; }
