@@ -223,7 +223,9 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
     hs.clear();
     std::string err;
     if (ifec) {
-      local = torch::zeros({ranks * tokens, H}, torch::kFloat32);
+      if (opts.compute) {
+        local = torch::zeros({ranks * tokens, H}, torch::kFloat32);  // timing mode: nothing to add up
+      }
       for (int d = 0; d < ranks; ++d) {
         std::memcpy(c.window_data(d, kOutput), out_rows[d].data_ptr(), list_size(d) * row);
       }
@@ -238,7 +240,9 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
           const int64_t token = list_token(d, i);
           const int src = static_cast<int>(token / tokens);
           if (src == d) {
-            local[token].copy_(out_rows[d][static_cast<int64_t>(i)].to(torch::kFloat32));
+            if (opts.compute) {
+              local[token].copy_(out_rows[d][static_cast<int64_t>(i)].to(torch::kFloat32));
+            }
             continue;
           }
           by_token[token].destination = src;
