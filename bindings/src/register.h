@@ -3,7 +3,29 @@
 
 #include <pybind11/pybind11.h>
 
+#include "ifec/common/checks.h"
+#include "ifec/common/sim.h"
+
 namespace ifec::bindings {
+
+// Runs `fn` (a long simulation) with the GIL released, honouring Ctrl-C: the event loop asks every 2^16 events
+// whether a signal is pending, stops between two events, and KeyboardInterrupt is raised here once `fn` unwound.
+template <typename Fn>
+auto interruptible(Fn&& fn) -> decltype(fn()) {
+  common::EventLoop::set_interrupt_check([] {
+    pybind11::gil_scoped_acquire gil;
+    return PyErr_CheckSignals() != 0;
+  });
+  struct Reset {
+    ~Reset() { common::EventLoop::set_interrupt_check(nullptr); }
+  } reset;
+  try {
+    pybind11::gil_scoped_release release;
+    return fn();
+  } catch (const common::Interrupted&) {
+    throw pybind11::error_already_set();  // PyErr_CheckSignals left KeyboardInterrupt set
+  }
+}
 
 void register_common(pybind11::module_& m);
 void register_routing(pybind11::module_& m);

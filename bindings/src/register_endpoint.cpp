@@ -27,6 +27,8 @@ struct PendingLoad {
 
 std::unique_ptr<workloads::Cluster> make_cluster(const routing::Topology& topo, const std::string& ordering,
                                                  double loss, const std::string& lb, int planes, uint64_t seed) {
+  IFEC_CHECK(planes >= 0 && planes <= topo.num_planes,
+             "planes " << planes << " outside 0.." << topo.num_planes << " (0: every plane of " << topo.name << ")");
   workloads::ClusterOptions o;
   o.endpoint.ordering = endpoint::parse_ordering(ordering);
   IFEC_CHECK(lb == "flow" || lb == "packet", "lb '" << lb << "': expected flow or packet");
@@ -80,6 +82,19 @@ workloads::CollectiveSpec make_spec(const std::string& kind, const std::vector<i
   return s;
 }
 
+// Handles from Python: None (or an empty handle) is named, not dereferenced.
+void check_handles(const std::vector<OpHandle>& hs) {
+  for (size_t i = 0; i < hs.size(); ++i) {
+    IFEC_CHECK(hs[i] != nullptr, "handles[" << i << "] is None, expected an OpHandle from store/load/...");
+  }
+}
+
+void check_members(workloads::Cluster& c, const std::vector<int>& members) {
+  for (int g : members) {
+    IFEC_CHECK(g >= 0 && g < c.size(), "member GPU " << g << " outside 0.." << c.size() - 1);
+  }
+}
+
 py::dict result_dict(const workloads::CollectiveResult& r) {
   py::dict d;
   d["ok"] = r.ok;
@@ -88,6 +103,7 @@ py::dict result_dict(const workloads::CollectiveResult& r) {
   d["fell_back"] = r.fell_back;
   d["fallback_chunks"] = r.fallback_chunks;
   d["anomalies"] = r.anomalies;
+  d["faults"] = r.faults;
   d["driver"] = "sim";
   return d;
 }
@@ -169,13 +185,18 @@ void register_endpoint(py::module_& m) {
       .def(
           "wait",
           [](workloads::Cluster& c, const std::vector<OpHandle>& hs, uint64_t limit_ns) {
-            py::gil_scoped_release release;
-            return c.wait(hs, limit_ns);
+            check_handles(hs);
+            return interruptible([&] { return c.wait(hs, limit_ns); });
           },
           py::arg("handles"), py::arg("limit_ns") = 1'000'000'000ULL)
-      .def("barrier", &workloads::Cluster::barrier, py::arg("limit_ns") = 1'000'000'000ULL)
-      .def("fail_link",
-           [](workloads::Cluster& c, int link, uint64_t at_ns) { c.fabric().schedule_link_state(link, false, at_ns); })
+      .def(
+          "barrier",
+          [](workloads::Cluster& c, uint64_t limit_ns) { return interruptible([&] { return c.barrier(limit_ns); }); },
+          py::arg("limit_ns") = 1'000'000'000ULL)
+      .def(
+          "fail_link",
+          [](workloads::Cluster& c, int link, uint64_t at_ns) { c.fabric().schedule_link_state(link, false, at_ns); },
+          py::arg("link"), py::arg("at_ns"))
       .def("counters", &counters, py::arg("gpu"))
       .def("write_window",
            [](workloads::Cluster& c, int gpu, uint16_t id, uint64_t offset, py::bytes data) {
@@ -199,11 +220,9 @@ void register_endpoint(py::module_& m) {
           [](workloads::Cluster& c, const std::string& kind, const std::vector<int>& members, int root, uint16_t window,
              uint64_t offset, uint64_t count, const std::string& dtype, const std::string& op, uint16_t scratch_window,
              uint64_t limit_ns) {
+            check_members(c, members);
             const auto spec = make_spec(kind, members, root, window, offset, count, dtype, op, scratch_window);
-            py::gil_scoped_release release;
-            const auto r = workloads::run_endpoint_collective(c, spec, limit_ns);
-            py::gil_scoped_acquire acquire;
-            return result_dict(r);
+            return result_dict(interruptible([&] { return workloads::run_endpoint_collective(c, spec, limit_ns); }));
           },
           py::arg("kind"), py::arg("members"), py::arg("root"), py::arg("window"), py::arg("offset"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("scratch_window"), py::arg("limit_ns") = 10'000'000'000ULL);
@@ -215,10 +234,7 @@ void register_endpoint(py::module_& m) {
              uint16_t window, uint64_t offset, uint64_t count, const std::string& dtype, const std::string& op,
              uint16_t scratch_window, uint64_t limit_ns) {
             const auto spec = make_spec(kind, members, root, window, offset, count, dtype, op, scratch_window);
-            py::gil_scoped_release release;
-            const auto r = x.run(spec, limit_ns);
-            py::gil_scoped_acquire acquire;
-            return result_dict(r);
+            return result_dict(interruptible([&] { return x.run(spec, limit_ns); }));
           },
           py::arg("kind"), py::arg("members"), py::arg("root"), py::arg("window"), py::arg("offset"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("scratch_window"), py::arg("limit_ns") = 10'000'000'000ULL)
@@ -229,7 +245,8 @@ void register_endpoint(py::module_& m) {
   m.def(
       "run_collective_json",
       [](const routing::Topology& topo, const std::string& kind, const std::string& algo, uint64_t bytes,
-         const std::string& dtype, const std::string& op, double loss, uint64_t seed, bool reproducible, int members) {
+         const std::string& dtype, const std::string& op, double loss, uint64_t seed, bool reproducible, int members,
+         const std::vector<std::string>& fail, uint32_t slot_pool, uint32_t slot_budget) {
         workloads::CollectivePoint p;
         p.kind = workloads::parse_collective(kind);
         p.algo = workloads::parse_algo(algo);
@@ -240,12 +257,15 @@ void register_endpoint(py::module_& m) {
         p.seed = seed;
         p.reproducible = reproducible;
         p.members = members;
-        py::gil_scoped_release release;
-        return workloads::row_json(workloads::run_collective_point(topo, p), topo.name);
+        p.fail = fail;
+        p.slot_pool = slot_pool;
+        p.slot_budget = slot_budget;
+        return interruptible([&] { return workloads::row_json(workloads::run_collective_point(topo, p), topo.name); });
       },
       py::arg("topology"), py::arg("kind"), py::arg("algo"), py::arg("bytes"), py::arg("dtype") = "fp32",
       py::arg("op") = "sum", py::arg("loss") = 0.0, py::arg("seed") = 1, py::arg("reproducible") = false,
-      py::arg("members") = 0);
+      py::arg("members") = 0, py::arg("fail") = std::vector<std::string>{}, py::arg("slot_pool") = 8192,
+      py::arg("slot_budget") = 128);
 }
 
 }  // namespace ifec::bindings

@@ -37,11 +37,7 @@ std::string run_moe_json(const routing::Topology& topo, const std::string& mode,
   p.mode = mode;
   p.ep = ep;
   p.tokens = tokens;
-  std::vector<workloads::MoeBenchRow> rows;
-  {
-    py::gil_scoped_release release;
-    rows = workloads::run_moe_point(cfg, p, vs);
-  }
+  const std::vector<workloads::MoeBenchRow> rows = interruptible([&] { return workloads::run_moe_point(cfg, p, vs); });
   std::string json = "[";
   for (size_t i = 0; i < rows.size(); ++i) {
     json += (i ? "," : "") + workloads::moe_row_json(rows[i], cfg.topology_name);

@@ -32,8 +32,7 @@ std::string run_sim_json(const routing::Topology& topo, const std::string& traff
   for (const auto& r : restore) {
     o.events.push_back(workloads::parse_link_event(topo, r, true));
   }
-  py::gil_scoped_release release;
-  return workloads::to_json(workloads::run_sim(topo, o));
+  return interruptible([&] { return workloads::to_json(workloads::run_sim(topo, o)); });
 }
 
 }  // namespace

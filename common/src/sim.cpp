@@ -20,6 +20,14 @@ EventLoop::Event EventLoop::pop() {
   return e;
 }
 
+namespace {
+
+thread_local std::function<bool()> t_interrupt_check;
+
+}  // namespace
+
+void EventLoop::set_interrupt_check(std::function<bool()> check) { t_interrupt_check = std::move(check); }
+
 uint64_t EventLoop::run(TimeNs until) {
   uint64_t n = 0;
   while (!events_.empty() && events_.front().at <= until) {
@@ -27,10 +35,14 @@ uint64_t EventLoop::run(TimeNs until) {
     now_ = e.at;
     e.fn();
     ++n;
+    if ((++interrupt_tick_ & 0xFFFF) == 0 && t_interrupt_check && t_interrupt_check()) {
+      events_run_ += n;
+      throw Interrupted();
+    }
   }
   events_run_ += n;
-  if (until != kForever && now_ < until && events_.empty()) {
-    now_ = until;
+  if (until != kForever && now_ < until) {
+    now_ = until;  // time passes to `until` whether or not later events are waiting
   }
   return n;
 }

@@ -226,6 +226,18 @@ void Endpoint::routes_changed() {
       peers_[peer].epoch++;  // no address may change QP while transactions to it are in flight
     }
   }
+  if (routes_listener_) {
+    routes_listener_();
+  }
+}
+
+double Endpoint::plane_weight(int peer, int plane) const {
+  const PeerState& ps = peers_.at(peer);
+  double w = 0;
+  for (size_t i = 0; i < ports_.size() && i < ps.weights.size(); ++i) {
+    w += ports_[i].plane == plane && ps.weights[i] > 0 ? ps.weights[i] : 0;
+  }
+  return w;
 }
 
 void Endpoint::reset_responder(int peer, int qp_index, uint32_t psn) { qp(peer, qp_index).reset_responder(psn); }

@@ -242,8 +242,8 @@ std::optional<Problem> links_problem(const Topology& t) {
         return fail(id, os.str());
       }
     }
-    if (!(l.rate_gbps > 0) || !std::isfinite(l.rate_gbps)) {
-      return fail(id, os.str() + "rate_gbps must be > 0, got " + format_double(l.rate_gbps));
+    if (!(l.rate_gbps >= kMinLinkGbps && l.rate_gbps <= kMaxLinkGbps)) {
+      return fail(id, os.str() + "rate_gbps " + format_double(l.rate_gbps) + " outside [0.001, 1000000] Gb/s");
     }
     for (auto [node, port] : {std::pair{l.a, l.a_port}, std::pair{l.b, l.b_port}}) {
       if (port < 0 || port >= t.nodes[node].num_ports) {

@@ -1,4 +1,5 @@
 // YAML form of a Topology (schema in testbed/topologies/README.md): load_topology, parse_topology and to_yaml.
+#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -192,9 +193,12 @@ class Parser {
     if (auto* v = f.get("delay_ns")) default_delay_ = uint_value(*v, "delay_ns");
   }
 
+  // Link rates the link model can time exactly: 1 Mb/s .. 1 Pb/s.
   double rate_value(const YAML::Node& n, const std::string& what) const {
     const double r = double_value(n, what);
-    if (!(r > 0) || !std::isfinite(r)) fail(n.Mark(), what + " must be > 0, got " + n.Scalar());
+    if (!(r >= kMinLinkGbps && r <= kMaxLinkGbps)) {
+      fail(n.Mark(), what + " " + n.Scalar() + " outside [0.001, 1000000] Gb/s");
+    }
     return r;
   }
 
@@ -479,6 +483,10 @@ Topology parse_topology(const std::string& yaml_text, const std::string& source_
 }
 
 Topology load_topology(const std::string& path) {
+  struct stat st {};
+  IFEC_CHECK(stat(path.c_str(), &st) == 0, path << ": cannot open topology file: " << std::strerror(errno));
+  IFEC_CHECK(S_ISREG(st.st_mode), path << ": is " << (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file")
+                                       << ", expected a topology YAML file (testbed/topologies/*.yaml)");
   std::ifstream in(path, std::ios::binary);
   IFEC_CHECK(in.good(), path << ": cannot open topology file: " << std::strerror(errno));
   std::ostringstream text;

@@ -159,9 +159,20 @@ TEST(ParseTopology, DuplicatePort) {
       7, {"node 'sw0' port 1"});
 }
 
-TEST(ParseTopology, NonPositiveRate) {
-  expect_error(kHead + "  - {a: gpu1, b: sw1, rate_gbps: -400}\n", 11, {"rate_gbps must be > 0", "-400"});
-  expect_error(kHead + "  - {a: gpu1, b: sw1, rate_gbps: 0}\n", 11, {"got 0"});
+TEST(ParseTopology, RateOutsideWhatTheLinkModelTimes) {
+  expect_error(kHead + "  - {a: gpu1, b: sw1, rate_gbps: -400}\n", 11, {"rate_gbps -400 outside [0.001, 1000000]"});
+  expect_error(kHead + "  - {a: gpu1, b: sw1, rate_gbps: 0}\n", 11, {"rate_gbps 0 outside"});
+  expect_error(kHead + "  - {a: gpu1, b: sw1, rate_gbps: 1e300}\n", 11, {"rate_gbps 1e300 outside"});
+  expect_error(kHead + "  - {a: gpu1, b: sw1, subport_gbps: 0.0000001}\n", 11, {"subport_gbps 0.0000001 outside"});
+}
+
+TEST(LoadTopology, ADirectoryIsNamed) {
+  try {
+    routing::load_topology(IFEC_TOPOLOGY_DIR);
+    FAIL() << "a directory loaded as a topology";
+  } catch (const common::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ParseTopology, BadDelay) {

@@ -114,6 +114,7 @@ void Fabric::install_routes() {
       switches_[s]->set_route(topo_.nodes[peer_node].loopback, std::move(group));
     }
   }
+  install_loopback_routes();
   for (size_t s = 0; s < switches_.size(); ++s) {
     const int node = switch_nodes_[s];
     for (int d = 0; d < gpus; ++d) {
@@ -126,6 +127,46 @@ void Fabric::install_routes() {
         group.push_back(NextHopPort{h.port, h.weight, node_port_mac(topo_, peer_node, peer_port)});
       }
       switches_[s]->set_route(gpu_ip(d), std::move(group));
+    }
+  }
+}
+
+// Every switch reaches every other switch's loopback over shortest paths of live switch-to-switch links (what the
+// fabric's IGP would advertise): ECH replies from GPUs under one leaf reach an engine on another (multicast ACKs).
+void Fabric::install_loopback_routes() {
+  const int n = static_cast<int>(switches_.size());
+  for (int t = 0; t < n; ++t) {
+    const int target = switch_nodes_[t];
+    std::vector<int> dist(topo_.nodes.size(), -1);
+    std::vector<int> frontier = {target};
+    dist[target] = 0;
+    while (!frontier.empty()) {
+      std::vector<int> next;
+      for (int node : frontier) {
+        for (int l : topo_.links_of(node)) {
+          const int peer = topo_.peer(l, node).first;
+          if (topo_.nodes[peer].kind == routing::NodeKind::kSwitch && rib_->link_up(l) && dist[peer] < 0) {
+            dist[peer] = dist[node] + 1;
+            next.push_back(peer);
+          }
+        }
+      }
+      frontier = std::move(next);
+    }
+    for (int s = 0; s < n; ++s) {
+      const int node = switch_nodes_[s];
+      if (dist[node] < 2) {
+        continue;  // itself, a neighbour (routed above), or unreachable
+      }
+      std::vector<NextHopPort> group;
+      for (int l : topo_.links_of(node)) {
+        const auto [peer, peer_port] = topo_.peer(l, node);
+        if (rib_->link_up(l) && dist[peer] == dist[node] - 1) {
+          const int my_port = topo_.links[l].a == node ? topo_.links[l].a_port : topo_.links[l].b_port;
+          group.push_back(NextHopPort{my_port, topo_.links[l].rate_gbps, node_port_mac(topo_, peer, peer_port)});
+        }
+      }
+      switches_[s]->set_route(topo_.nodes[target].loopback, std::move(group));
     }
   }
 }

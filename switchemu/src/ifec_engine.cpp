@@ -18,6 +18,7 @@ namespace {
 
 constexpr uint32_t kEchQpn = 0xFFFFFE;  // ECH frames are not for an RC QP; endpoints dispatch them by ECH
 constexpr size_t kMulticastDoneMemory = 4096;
+constexpr common::TimeNs kPartialRetryNs = 1'000;  // a partial the spine refused (slot busy) goes again after 1-8 us
 
 uint64_t group_key(uint32_t job, uint16_t group) { return (uint64_t{job} << 16) | group; }
 uint16_t pkey_for(uint32_t job) { return static_cast<uint16_t>(0x8000 | (job & 0x7FFF)); }
@@ -51,6 +52,12 @@ bool IfecEngine::reserve(const GroupReservation& r, std::string* why) {
   }
   Group g;
   g.r = r;
+  // What the group's whole budget of chunks takes to cross the slowest port, four times over.
+  const common::TimeNs drain =
+      cfg_.port_rate_bps > 0 ? static_cast<common::TimeNs>(4.0 * r.slots * cfg_.slot_bytes * 8e9 / cfg_.port_rate_bps)
+                             : 0;
+  g.slot_timeout_ns = std::max(cfg_.slot_timeout_ns, drain);
+  g.result_rto_ns = std::max(cfg_.result_retransmit_ns, drain / 4);
   for (size_t i = 0; i < r.members.size(); ++i) {
     if (!r.members[i].local) {
       continue;  // another leaf aggregates it
@@ -71,6 +78,9 @@ bool IfecEngine::reserve(const GroupReservation& r, std::string* why) {
     leaf_of_upstream_[group_key(r.job, r.upstream_group)] = key;
   }
   g.slots.resize(r.slots);
+  for (uint32_t i = 0; i < r.slots; ++i) {
+    g.slots[i].next = i;  // slot i takes chunks i, i + budget, i + 2 budget, ... in that order
+  }
   free_slots_ -= r.slots;
   counters_.reservations++;
   groups_.emplace(key, std::move(g));
@@ -150,21 +160,47 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
   }
   const bool is_destination = (g.destinations & bit) != 0;
   Slot& s = g.slots[ech.chunk_index % g.slots.size()];
-  if (s.busy && s.chunk != ech.chunk_index) {
-    if (ech.chunk_index < s.chunk) {
-      // A late copy of a chunk that already completed and was acknowledged by everyone who needed it.
-      counters_.duplicate_contributions++;
-      if (!is_destination) {
-        send_ech_ack(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
-      }
-    } else {
+  const uint32_t chunk = ech.chunk_index;
+  if (s.busy ? chunk < s.chunk : chunk < s.next) {
+    late_contribution(g, s, pf);
+    return;
+  }
+  if (s.busy && chunk != s.chunk) {
+    // A later chunk for this slot. Members send chunk j + budget only once they finished chunk j, so this
+    // contribution stands for the member's acknowledgement of the older chunk, which may have been lost.
+    if (s.complete && (s.need & bit) && !(s.acked & bit)) {
+      s.acked |= bit;
+      counters_.implicit_acks++;
+      maybe_free(g, s);
+    }
+    if (s.busy) {
       counters_.slot_busy_drops++;  // the older chunk still waits for acknowledgements: the sender retries soon
       send_ech_rnr(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
+      return;
     }
-    return;
+  }
+  if (!s.busy && chunk > s.next) {
+    // Not its turn: the slot takes its chunks in order, and an earlier one has not arrived. If that one never
+    // comes (every contributor of it gave up) the slot skips ahead after the slot timeout; late copies of what it
+    // skipped get anomaly notices.
+    const common::TimeNs now = clock_.now();
+    if (s.knocked_since == 0) {
+      s.knocked_since = now + 1;
+    }
+    if (now + 1 - s.knocked_since < g.slot_timeout_ns) {
+      counters_.slot_busy_drops++;
+      send_ech_rnr(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
+      return;
+    }
+    counters_.chunks_skipped += (chunk - s.next) / g.slots.size();
+    s.next = chunk;
   }
   if (!s.busy) {
     s.busy = true;
+    s.knocked_since = 0;
+    s.timed_out = false;
+    s.resends = 0;
+    s.busy_retries = 0;
     s.chunk = ech.chunk_index;
     s.arrived = 0;
     s.expected = ech.expected;
@@ -226,6 +262,7 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
   if (full) {
     if (g.r.upstream_ip != 0) {
       forward_partial(g, s);
+      arm_result_timer(g, s);  // resends the partial until the spine answers
     } else {
       complete(g, s, false);
     }
@@ -279,6 +316,10 @@ void IfecEngine::upstream_result(Group& g, const common::ParsedFrame& pf, const 
     return;
   }
   if (!write) {
+    if (pf.h.aeth && pf.h.aeth->kind() == common::AethKind::kRnrNak) {
+      retry_partial_soon(g, s);  // the spine's slot still holds an older chunk: not an acceptance
+      return;
+    }
     // The spine accepted our partial and has nothing to send back (reduce, no destination under this leaf).
     if (g.destinations == 0 && s.forwarded) {
       s.complete = true;
@@ -308,6 +349,7 @@ void IfecEngine::upstream_result(Group& g, const common::ParsedFrame& pf, const 
 
 void IfecEngine::complete(Group& g, Slot& s, bool timed_out, bool acc_ready) {
   s.complete = true;
+  s.timed_out = timed_out;
   const size_t esize = common::ech_dtype_size(g.r.dtype);
   if (timed_out) {
     s.anomaly = true;
@@ -331,6 +373,12 @@ void IfecEngine::complete(Group& g, Slot& s, bool timed_out, bool acc_ready) {
     if (s.need & (1ULL << m)) {
       send_result(g, s, static_cast<int>(m));
     }
+  }
+  s.generation++;  // the incompleteness timeout no longer applies; the result timer takes over
+  if (s.need != 0) {
+    arm_result_timer(g, s);
+  } else {
+    maybe_free(g, s);
   }
 }
 
@@ -367,39 +415,128 @@ void IfecEngine::result_ack(Group& g, const common::ParsedFrame& pf) {
 
 void IfecEngine::maybe_free(Group& g, Slot& s) {
   if (s.complete && (s.acked & s.need) == s.need) {
-    s.busy = false;
-    s.result.clear();
-    s.result.shrink_to_fit();
-    s.acc.clear();
-    s.parts.clear();
-    s.partial.clear();
-    s.forwarded = false;
-    s.generation++;
+    close(g, s);
   }
-  (void)g;
+}
+
+void IfecEngine::close(Group& g, Slot& s) {
+  s.busy = false;  // `chunk`, `acked` and `timed_out` stay: they answer late copies of this chunk
+  s.next = s.chunk + static_cast<uint32_t>(g.slots.size());
+  s.result.clear();
+  s.result.shrink_to_fit();
+  s.acc.clear();
+  s.parts.clear();
+  s.partial.clear();
+  s.forwarded = false;
+  s.generation++;
+}
+
+IfecEngine::Slot* IfecEngine::find_slot(uint64_t key, size_t index, uint64_t generation) {
+  auto it = groups_.find(key);
+  if (it == groups_.end() || index >= it->second.slots.size()) {
+    return nullptr;
+  }
+  Slot& slot = it->second.slots[index];
+  return slot.busy && slot.generation == generation ? &slot : nullptr;
 }
 
 void IfecEngine::arm_timeout(Group& g, Slot& s) {
   const uint64_t key = group_key(g.r.job, g.r.group);
   const size_t index = static_cast<size_t>(&s - g.slots.data());
   const uint64_t gen = s.generation;
-  clock_.schedule(clock_.now() + cfg_.slot_timeout_ns, [this, key, index, gen] {
-    auto it = groups_.find(key);
-    if (it == groups_.end() || index >= it->second.slots.size()) {
-      return;
-    }
-    Slot& slot = it->second.slots[index];
-    if (!slot.busy || slot.generation != gen) {
-      return;
-    }
-    if (!slot.complete) {
-      complete(it->second, slot, true);
-      arm_timeout(it->second, slot);  // and if even the anomaly is never acknowledged, reclaim the slot later
-    } else {
-      slot.busy = false;  // acknowledgements never came (a member is gone): reclaim the slot
-      slot.generation++;
+  clock_.schedule(clock_.now() + g.slot_timeout_ns, [this, key, index, gen] {
+    if (Slot* slot = find_slot(key, index, gen); slot != nullptr && !slot->complete) {
+      complete(groups_.at(key), *slot, true);
     }
   });
+}
+
+void IfecEngine::arm_result_timer(Group& g, Slot& s) {
+  const uint64_t key = group_key(g.r.job, g.r.group);
+  const size_t index = static_cast<size_t>(&s - g.slots.data());
+  const uint64_t gen = s.generation;
+  const common::TimeNs wait = g.result_rto_ns << std::min<uint32_t>(s.resends, 3);
+  clock_.schedule(clock_.now() + wait, [this, key, index, gen] {
+    Slot* slot = find_slot(key, index, gen);
+    if (slot == nullptr) {
+      return;
+    }
+    Group& grp = groups_.at(key);
+    if (slot->forwarded && !slot->complete) {
+      // A leaf's partial the spine has not answered (lost on the way up, or its answer lost): send it again,
+      // until the slot timeout gives the chunk up.
+      if (slot->resends++ < cfg_.result_retries) {
+        counters_.partial_resends++;
+        forward_partial(grp, *slot);
+        arm_result_timer(grp, *slot);
+      }
+      return;
+    }
+    if (slot->resends++ >= cfg_.result_retries) {
+      counters_.slots_reclaimed++;  // a destination never acknowledged (gone): late copies get a notice
+      close(grp, *slot);
+      return;
+    }
+    for (size_t m = 0; m < grp.r.members.size(); ++m) {
+      if ((slot->need & ~slot->acked) & (1ULL << m)) {
+        counters_.result_resends++;
+        send_result(grp, *slot, static_cast<int>(m));
+      }
+    }
+    arm_result_timer(grp, *slot);
+  });
+}
+
+void IfecEngine::retry_partial_soon(Group& g, Slot& s) {
+  const uint64_t key = group_key(g.r.job, g.r.group);
+  const size_t index = static_cast<size_t>(&s - g.slots.data());
+  const uint64_t gen = s.generation;
+  const common::TimeNs wait = kPartialRetryNs << std::min<uint32_t>(s.busy_retries++, 3);
+  clock_.schedule(clock_.now() + wait, [this, key, index, gen] {
+    if (Slot* slot = find_slot(key, index, gen); slot != nullptr && slot->forwarded && !slot->complete) {
+      forward_partial(groups_.at(key), *slot);
+    }
+  });
+}
+
+void IfecEngine::late_contribution(Group& g, Slot& s, const common::ParsedFrame& pf) {
+  const Ech& ech = *pf.h.ech;
+  const int c = ech.contributor_id;
+  const uint64_t bit = 1ULL << c;
+  counters_.duplicate_contributions++;
+  if (ech.chunk_index == s.chunk && !s.busy && !s.timed_out) {
+    // The chunk this slot finished last, with every expected contribution (this one's included).
+    if (!(g.destinations & bit)) {
+      send_ech_ack(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);  // its ACK was lost
+      return;
+    }
+    if (s.acked & bit) {
+      return;  // it acknowledged its result already: a stale copy that crossed it
+    }
+  }
+  // Otherwise nothing here can answer it truly (its result was released unacknowledged, the chunk timed out or
+  // was skipped, or the slot moved on): the member must take the result from another member or redo the chunk,
+  // and its contribution is never aggregated again here with a partial set.
+  counters_.late_notices++;
+  send_notice(g, c, ech.chunk_index);
+}
+
+void IfecEngine::send_notice(Group& g, int member, uint32_t chunk) {
+  const GroupMember& gm = g.r.members[member];
+  Ech e;
+  e.format = EchFormat::kStandard;
+  e.op = g.r.op;
+  e.flags = common::ech_flags::kAnomaly;
+  e.job_id = g.r.job;
+  e.group_id = g.r.group;
+  e.contributor_id = static_cast<uint16_t>(member);
+  e.chunk_index = chunk;
+  e.dtype = g.r.dtype;
+  e.redop = g.r.redop;
+  e.element_count = 0;
+  e.window_id = g.r.window;
+  emit_(build(gm.ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), chunk & 0xFFFFFF, pkey_for(g.r.job),
+              common::Reth{gm.result_va, gm.rkey, 0}, nullptr, 0));
 }
 
 void IfecEngine::send_ech_ack(uint32_t dst_ip, const Ech& ech, uint32_t psn, uint16_t pkey) {

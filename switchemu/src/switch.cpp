@@ -51,8 +51,12 @@ Switch::Switch(common::Clock& clock, SwitchConfig cfg, std::vector<common::Port*
     ports_[p]->set_tx_ready([this, port] { transmit(port); });
   }
   if (cfg_.ifec) {
-    ifec_ = std::make_unique<IfecEngine>(clock_, cfg_.ifec_config, cfg_.ip,
-                                         [this](std::vector<uint8_t>&& f) { inject(std::move(f)); });
+    IfecConfig ic = cfg_.ifec_config;
+    for (common::Port* port : ports_) {
+      ic.port_rate_bps = ic.port_rate_bps == 0 ? port->rate_bps() : std::min(ic.port_rate_bps, port->rate_bps());
+    }
+    ifec_ =
+        std::make_unique<IfecEngine>(clock_, ic, cfg_.ip, [this](std::vector<uint8_t>&& f) { inject(std::move(f)); });
   }
 }
 

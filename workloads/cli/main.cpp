@@ -1,13 +1,15 @@
-// ifec-cli: the native program behind `./ifec pcap|frames|sim`; one function per subcommand, errors to stderr.
+// ifec-cli: the native program behind `./ifec pcap|frames|sim|bench`. Each command is an option table (args.h)
+// and one function; errors go to stderr naming the bad value, exit 1 (bad input or a failed run) or 2 (usage).
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <iostream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "args.h"
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/samples.h"
@@ -15,6 +17,7 @@
 #include "ifec/routing/topology.h"
 #include "ifec/workloads/collective_bench.h"
 #include "ifec/workloads/endpoint_bench.h"
+#include "ifec/workloads/property.h"
 #ifdef IFEC_HAVE_MOE
 #include "ifec/workloads/moe_bench.h"
 #endif
@@ -22,50 +25,62 @@
 
 namespace {
 
-int usage(std::FILE* to) {
-  std::fprintf(to,
-               "usage: ifec-cli <command> [args]\n"
-               "  pcap FILE      write one frame of every kind (RoCEv2 RC operations, ACK/NAK, compact and\n"
-               "                 standard ECH) to FILE as pcap\n"
-               "  frames         list the sample frames with their sizes and decoded headers\n"
-               "  sim --topo FILE --traffic alltoall|permutation|incast --bytes N [--lb flow|packet]\n"
-               "      [--pfc on|off] [--fail LINK@TIME]... [--restore LINK@TIME]... [--seed S]\n"
-               "      [--incast-target GPU] [--no-verify] [--quiet] [--counters] [--json]\n"
-               "                 raw flows over the simulated fabric; LINK is a link id, NODE:NODE[:SUB] or\n"
-               "                 GPU:planeP[:subS]; TIME like 20us; N like 1048576, 64KiB or 1MiB\n"
-               "  sim --topo FILE --collective allreduce|reduce|multicast|barrier --algo ring|ifec\n"
-               "      --bytes SIZE[,SIZE...] [--dtype fp32|bf16|fp16|int32] [--op sum|min|max] [--loss P]\n"
-               "      [--fail LINK@TIME] [--members N] [--slot-pool N] [--reproducible] [--seed S] [--json]\n"
-               "                 one row per size in the nccl-tests layout, plus wire bytes per plane and fallbacks\n"
-               "  bench endpoint [--quick]\n"
-               "                 descriptors/s through the ring and proxy (CPU backend) and store goodput of the\n"
-               "                 endpoint runtime on the simulated 64 x 4 SuperPoD, one plane vs four\n"
-               "  bench collectives [--quick] [--max-sim BYTES]\n"
-               "  bench moe [--quick] [--ep 8,16,32,64] [--mode normal|ll|both] [--token-cap N] [--out DIR]\n"
-               "                 in-switch vs ring AllReduce on the 64 x 4 SuperPoD, 8 B to 1 GiB\n");
-  return 2;
+using ifec::cli::Args;
+using ifec::cli::CommandSpec;
+using ifec::cli::Option;
+namespace wl = ifec::workloads;
+
+const std::string kDefaultTopology = std::string(IFEC_TOPOLOGY_DIR) + "/superpod-64x4.yaml";
+const Option kTopoOption{"--topo", "FILE", "topology file (default: testbed/topologies/superpod-64x4.yaml)"};
+
+struct Command {
+  CommandSpec spec;
+  std::function<int(const Args&)> run;
+};
+
+ifec::routing::Topology topology(const Args& a) {
+  return ifec::routing::load_topology(a.get("--topo", kDefaultTopology));
 }
 
-int cmd_pcap(int argc, char** argv) {
-  if (argc != 1) {
-    std::fprintf(stderr, "ifec-cli pcap: expected exactly one FILE argument, got %d\n", argc);
-    return 2;
+// Creates DIR (and its parents) before a long run writes into it; throws naming DIR when that is impossible.
+void make_dirs(const std::string& dir) {
+  std::string path;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || (dir[i] == '/' && i > 0)) {
+      path = dir.substr(0, i);
+      struct stat st {};
+      if (stat(path.c_str(), &st) != 0) {
+        IFEC_CHECK(mkdir(path.c_str(), 0755) == 0, "--out '" << dir << "': cannot create " << path);
+      } else {
+        IFEC_CHECK(S_ISDIR(st.st_mode), "--out '" << dir << "': " << path << " is not a directory");
+      }
+    }
   }
-  const size_t n = ifec::common::write_sample_pcap(argv[0]);
-  std::printf("wrote %zu frames to %s\n", n, argv[0]);
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  IFEC_CHECK(f != nullptr, "cannot write " << path);
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  std::printf("# wrote %s\n", path.c_str());
+}
+
+// ---------------------------------------------------------------------------------------------- pcap, frames --
+
+int run_pcap(const Args& a) {
+  const size_t n = ifec::common::write_sample_pcap(a.positionals()[0]);
+  std::printf("wrote %zu frames to %s\n", n, a.positionals()[0].c_str());
   return 0;
 }
 
-int cmd_frames() {
+int run_frames(const Args&) {
   using namespace ifec::common;
   std::printf("%-26s %6s  %-26s %8s %8s %s\n", "sample", "bytes", "opcode", "dest_qp", "psn", "ech");
   for (const auto& s : sample_frames()) {
     ParsedFrame pf;
     WireStatus st = parse_frame(s.bytes.data(), s.bytes.size(), &pf);
-    if (!st.ok()) {
-      std::fprintf(stderr, "sample %s does not parse: %s\n", s.name.c_str(), st.message().c_str());
-      return 1;
-    }
+    IFEC_CHECK(st.ok(), "sample " << s.name << " does not parse: " << st.message());
     std::string ech = "-";
     if (pf.h.ech) {
       ech = std::string(pf.h.ech->format == EchFormat::kCompact ? "compact " : "standard ") + ech_op_name(pf.h.ech->op);
@@ -76,217 +91,173 @@ int cmd_frames() {
   return 0;
 }
 
-uint64_t parse_bytes(const std::string& text) {
-  size_t idx = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(text, &idx);
-  } catch (const std::exception&) {
-    IFEC_FAIL("--bytes '" << text << "' is not a number");
+// ------------------------------------------------------------------------------------------------------- sim --
+
+const std::vector<std::string> kRawOnly = {"--traffic",       "--lb",        "--pfc",     "--restore",
+                                           "--incast-target", "--no-verify", "--counters"};
+const std::vector<std::string> kCollectiveOnly = {"--collective", "--algo",        "--dtype",
+                                                  "--op",         "--loss",        "--members",
+                                                  "--slot-pool",  "--slot-budget", "--reproducible"};
+
+void refuse(const Args& a, const std::vector<std::string>& names, const char* mode) {
+  for (const std::string& n : names) {
+    IFEC_CHECK(!a.has(n), n << " does not apply to " << mode);
   }
-  const std::string unit = text.substr(idx);
-  uint64_t scale = 1;
-  if (unit == "" || unit == "B") {
-    scale = 1;
-  } else if (unit == "K" || unit == "KiB" || unit == "k") {
-    scale = 1ULL << 10;
-  } else if (unit == "M" || unit == "MiB") {
-    scale = 1ULL << 20;
-  } else if (unit == "G" || unit == "GiB") {
-    scale = 1ULL << 30;
-  } else {
-    IFEC_FAIL("--bytes '" << text << "': unknown unit '" << unit << "' (use B, KiB, MiB or GiB)");
-  }
-  IFEC_CHECK(v > 0, "--bytes must be > 0, got '" << text << "'");
-  return v * scale;
 }
 
-std::vector<uint64_t> parse_sizes(const std::string& list) {
-  std::vector<uint64_t> out;
-  std::string cur;
-  for (char ch : list + ",") {
-    if (ch == ',') {
-      IFEC_CHECK(!cur.empty(), "--bytes '" << list << "': empty size in the list");
-      out.push_back(parse_bytes(cur));
-      cur.clear();
-    } else {
-      cur += ch;
-    }
+int run_sim_collective(const Args& a) {
+  refuse(a, kRawOnly, "--collective");
+  IFEC_CHECK(a.has("--topo"), "--topo FILE is required");
+  IFEC_CHECK(a.has("--algo"), "--algo ring|ifec is required with --collective");
+  wl::CollectivePoint base;
+  base.kind = wl::parse_collective(a.get("--collective"));
+  base.algo = wl::parse_algo(a.get("--algo"));
+  base.dtype = wl::parse_dtype(a.get("--dtype", "fp32"));
+  base.op = wl::parse_redop(a.get("--op", "sum"));
+  base.loss = ifec::cli::parse_probability(a.get("--loss", "0"), "--loss");
+  base.fail = a.all("--fail");
+  base.seed = ifec::cli::parse_uint(a.get("--seed", "1"), "--seed");
+  if (a.has("--members")) {  // absent: every GPU
+    base.members = static_cast<int>(ifec::cli::parse_uint(a.get("--members"), "--members", 2, 1 << 20));
   }
-  return out;
-}
-
-int cmd_sim_collective(int argc, char** argv) {
-  using namespace ifec;
-  std::string topo_path;
-  workloads::CollectivePoint base;
+  base.slot_pool =
+      static_cast<uint32_t>(ifec::cli::parse_uint(a.get("--slot-pool", "8192"), "--slot-pool", 1, 1u << 24));
+  base.slot_budget =
+      static_cast<uint32_t>(ifec::cli::parse_uint(a.get("--slot-budget", "128"), "--slot-budget", 1, 1u << 20));
+  base.reproducible = a.has("--reproducible");
   std::vector<uint64_t> sizes;
-  bool json = false;
-  bool have_algo = false;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](const char* flag) -> std::string {
-      IFEC_CHECK(i + 1 < argc, flag << " needs a value");
-      return argv[++i];
-    };
-    if (a == "--topo") {
-      topo_path = value("--topo");
-    } else if (a == "--collective") {
-      base.kind = workloads::parse_collective(value("--collective"));
-    } else if (a == "--algo") {
-      base.algo = workloads::parse_algo(value("--algo"));
-      have_algo = true;
-    } else if (a == "--bytes") {
-      sizes = parse_sizes(value("--bytes"));
-    } else if (a == "--dtype") {
-      base.dtype = workloads::parse_dtype(value("--dtype"));
-    } else if (a == "--op") {
-      base.op = workloads::parse_redop(value("--op"));
-    } else if (a == "--loss") {
-      const std::string v = value("--loss");
-      char* end = nullptr;
-      base.loss = std::strtod(v.c_str(), &end);
-      IFEC_CHECK(end && *end == 0 && base.loss >= 0 && base.loss < 1, "--loss '" << v << "': expected 0 <= P < 1");
-    } else if (a == "--fail") {
-      base.fail.push_back(value("--fail"));
-    } else if (a == "--seed") {
-      base.seed = std::stoull(value("--seed"));
-    } else if (a == "--members") {
-      base.members = std::stoi(value("--members"));
-    } else if (a == "--slot-pool") {
-      base.slot_pool = static_cast<uint32_t>(std::stoul(value("--slot-pool")));
-    } else if (a == "--reproducible") {
-      base.reproducible = true;
-    } else if (a == "--json") {
-      json = true;
-    } else if (a == "--quiet") {
-    } else {
-      IFEC_FAIL("unknown option '" << a << "'");
-    }
-  }
-  IFEC_CHECK(!topo_path.empty(), "--topo FILE is required");
-  IFEC_CHECK(have_algo, "--algo ring|ifec is required with --collective");
-  if (base.kind == workloads::Collective::kBarrier && sizes.empty()) {
+  if (base.kind == wl::Collective::kBarrier) {
+    IFEC_CHECK(!a.has("--bytes"),
+               "--bytes '" << a.get("--bytes") << "' does not apply to a barrier (it moves no data)");
     sizes = {0};
+  } else {
+    IFEC_CHECK(a.has("--bytes"), "--bytes SIZE[,SIZE...] is required");
+    sizes = ifec::cli::parse_sizes(a.get("--bytes"), "--bytes");
   }
-  IFEC_CHECK(!sizes.empty(), "--bytes SIZE[,SIZE...] is required");
-  const routing::Topology topo = routing::load_topology(topo_path);
+  const ifec::routing::Topology topo = topology(a);
+  const bool json = a.has("--json");
   if (!json) {
-    std::printf("# %s %s on %s, %d GPUs, loss %g%s\n", workloads::collective_name(base.kind),
-                workloads::algo_name(base.algo), topo.name.c_str(), base.members ? base.members : topo.num_gpus(),
-                base.loss, base.reproducible ? ", reproducible" : "");
-    std::printf("%s", workloads::rows_header().c_str());
+    std::printf("# %s %s on %s, %d GPUs, loss %g%s\n", wl::collective_name(base.kind), wl::algo_name(base.algo),
+                topo.name.c_str(), base.members ? base.members : topo.num_gpus(), base.loss,
+                base.reproducible ? ", reproducible" : "");
+    std::printf("%s", wl::rows_header().c_str());
   }
   int failures = 0;
   for (uint64_t size : sizes) {
-    workloads::CollectivePoint p = base;
+    wl::CollectivePoint p = base;
     p.bytes = size;
-    const workloads::CollectiveRow r = workloads::run_collective_point(topo, p);
-    failures += !r.ok || r.wrong > 0;
-    std::printf("%s", json ? (workloads::row_json(r, topo.name) + "\n").c_str() : workloads::row_text(r).c_str());
+    const wl::CollectiveRow r = wl::run_collective_point(topo, p);
+    failures += !r.ok;
+    std::printf("%s", json ? (wl::row_json(r, topo.name) + "\n").c_str() : wl::row_text(r).c_str());
     std::fflush(stdout);
+  }
+  if (failures > 0 && !json) {
+    std::fprintf(stderr, "ifec sim: %d of %zu rows failed or were wrong\n", failures, sizes.size());
   }
   return failures ? 1 : 0;
 }
 
-int cmd_sim(int argc, char** argv) {
-  using namespace ifec;
-  for (int i = 0; i < argc; ++i) {
-    if (std::string(argv[i]) == "--collective") {
-      return cmd_sim_collective(argc, argv);
-    }
+int run_sim_raw(const Args& a) {
+  refuse(a, kCollectiveOnly, "--traffic");
+  IFEC_CHECK(a.has("--topo"), "--topo FILE is required");
+  IFEC_CHECK(a.has("--bytes"), "--bytes SIZE is required");
+  wl::SimOptions opts;
+  opts.topo_path = a.get("--topo");
+  opts.pattern = wl::parse_pattern(a.get("--traffic"));
+  opts.bytes = ifec::cli::parse_size(a.get("--bytes"), "--bytes");
+  IFEC_CHECK(opts.bytes > 0, "--bytes '" << a.get("--bytes") << "' must be > 0");
+  const std::string lb = ifec::cli::parse_choice(a.get("--lb", "packet"), "--lb", {"flow", "packet"});
+  opts.lb = lb == "flow" ? ifec::switchemu::LoadBalance::kPerFlow : ifec::switchemu::LoadBalance::kPerPacket;
+  opts.pfc = ifec::cli::parse_choice(a.get("--pfc", "on"), "--pfc", {"on", "off"}) == "on";
+  opts.seed = ifec::cli::parse_uint(a.get("--seed", "1"), "--seed");
+  opts.incast_target =
+      static_cast<int>(ifec::cli::parse_uint(a.get("--incast-target", "0"), "--incast-target", 0, 1 << 20));
+  opts.verify_icrc = !a.has("--no-verify");
+  opts.progress = !a.has("--quiet");
+  const ifec::routing::Topology topo = ifec::routing::load_topology(opts.topo_path);
+  for (const std::string& f : a.all("--fail")) {
+    opts.events.push_back(wl::parse_link_event(topo, f, false));
   }
-  workloads::SimOptions opts;
-  std::string traffic;
-  std::vector<std::pair<std::string, bool>> events;
-  bool json = false;
-  bool counters = false;
-  bool have_bytes = false;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](const char* flag) -> std::string {
-      IFEC_CHECK(i + 1 < argc, flag << " needs a value");
-      return argv[++i];
-    };
-    if (a == "--topo") {
-      opts.topo_path = value("--topo");
-    } else if (a == "--traffic") {
-      traffic = value("--traffic");
-    } else if (a == "--bytes") {
-      opts.bytes = parse_bytes(value("--bytes"));
-      have_bytes = true;
-    } else if (a == "--lb") {
-      const std::string v = value("--lb");
-      IFEC_CHECK(v == "flow" || v == "packet", "--lb '" << v << "': expected flow or packet");
-      opts.lb = v == "flow" ? switchemu::LoadBalance::kPerFlow : switchemu::LoadBalance::kPerPacket;
-    } else if (a == "--pfc") {
-      const std::string v = value("--pfc");
-      IFEC_CHECK(v == "on" || v == "off", "--pfc '" << v << "': expected on or off");
-      opts.pfc = v == "on";
-    } else if (a == "--fail") {
-      events.push_back({value("--fail"), false});
-    } else if (a == "--restore") {
-      events.push_back({value("--restore"), true});
-    } else if (a == "--seed") {
-      const std::string v = value("--seed");
-      IFEC_CHECK(!v.empty() && v.find_first_not_of("0123456789") == std::string::npos,
-                 "--seed '" << v << "' is not a non-negative integer");
-      opts.seed = std::stoull(v);
-    } else if (a == "--incast-target") {
-      const std::string v = value("--incast-target");
-      IFEC_CHECK(!v.empty() && v.size() < 9 && v.find_first_not_of("0123456789") == std::string::npos,
-                 "--incast-target '" << v << "' is not a GPU index");
-      opts.incast_target = std::stoi(v);
-    } else if (a == "--no-verify") {
-      opts.verify_icrc = false;
-    } else if (a == "--quiet") {
-      opts.progress = false;
-    } else if (a == "--json") {
-      json = true;
-    } else if (a == "--counters") {
-      counters = true;
-    } else {
-      IFEC_FAIL("unknown option '" << a << "'");
-    }
+  for (const std::string& r : a.all("--restore")) {
+    opts.events.push_back(wl::parse_link_event(topo, r, true));
   }
-  IFEC_CHECK(!opts.topo_path.empty(), "--topo FILE is required");
-  IFEC_CHECK(!traffic.empty(), "--traffic alltoall|permutation|incast is required");
-  IFEC_CHECK(have_bytes, "--bytes N is required");
-  opts.pattern = workloads::parse_pattern(traffic);
-  const routing::Topology topo = routing::load_topology(opts.topo_path);
-  for (const auto& [text, up] : events) {
-    opts.events.push_back(workloads::parse_link_event(topo, text, up));
-  }
-  const workloads::SimRun run = workloads::run_sim(topo, opts);
-  if (json) {
-    std::printf("%s\n", workloads::to_json(run).c_str());
+  const wl::SimRun run = wl::run_sim(topo, opts);
+  if (a.has("--json")) {
+    std::printf("%s\n", wl::to_json(run).c_str());
   } else {
-    std::printf("%s", workloads::to_text(run).c_str());
-    if (counters) {
+    std::printf("%s", wl::to_text(run).c_str());
+    if (a.has("--counters")) {
       std::printf("\nper-port, per-queue switch counters (queues that carried traffic):\n%s",
-                  workloads::counters_table(run).c_str());
+                  wl::counters_table(run).c_str());
     }
+  }
+  if (!run.traffic.complete) {
+    std::fprintf(stderr,
+                 "ifec sim: INCOMPLETE: %llu of %llu flows did not deliver all their bytes (raw traffic has no "
+                 "retransmission: frames lost to failed links stay lost)\n",
+                 static_cast<unsigned long long>(run.traffic.incomplete_flows),
+                 static_cast<unsigned long long>(run.traffic.flows));
+    return 3;
   }
   return 0;
 }
 
-int bench_collectives(int argc, char** argv) {
-  using namespace ifec;
-  bool quick = false;
-  uint64_t max_sim = 64ULL << 20;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") {
-      quick = true;
-      max_sim = 1ULL << 20;
-    } else if (a == "--max-sim" && i + 1 < argc) {
-      max_sim = parse_bytes(argv[++i]);
-    } else {
-      IFEC_FAIL("bench collectives: unknown option '" << a << "'");
+int run_sim(const Args& a) {
+  IFEC_CHECK(a.has("--traffic") != a.has("--collective"),
+             "give exactly one of --traffic PATTERN (raw flows) or --collective KIND (see ifec sim --help)");
+  return a.has("--collective") ? run_sim_collective(a) : run_sim_raw(a);
+}
+
+// ---------------------------------------------------------------------------------------------------- bench --
+
+int run_bench_endpoint(const Args& a) {
+  const bool quick = a.has("--quick");
+  const ifec::routing::Topology topo = topology(a);
+  std::printf("== descriptor rate: ring + proxy, CPU backend (wall clock on this machine)\n");
+  std::printf("%-16s %8s %12s %10s %14s\n", "backend", "threads", "descriptors", "seconds", "descriptors/s");
+  for (int threads : {1, 2}) {
+    const auto r = ifec::endpoint::bench_descriptor_rate(threads, quick ? 200'000 : 2'000'000, 4096);
+    std::printf("%-16s %8d %12llu %10.3f %14.0f\n", "cpu-null-sink", r.producer_threads,
+                static_cast<unsigned long long>(r.descriptors), r.seconds, r.descriptors_per_s);
+  }
+  const auto s = wl::bench_descriptor_rate_sim(topo, quick ? 5'000 : 50'000);
+  std::printf("%-16s %8d %12llu %10.3f %14.0f   (8-byte puts, each simulated end to end on %s)\n", s.backend.c_str(),
+              s.producer_threads, static_cast<unsigned long long>(s.descriptors), s.seconds, s.per_second,
+              topo.name.c_str());
+  std::printf("\n== store goodput, GPU 0 -> GPU 1, %s [driver: sim]\n", topo.name.c_str());
+  std::printf("%-8s %6s %14s %12s %12s %10s %8s\n", "mode", "planes", "stores", "sim time us", "goodput Gb/s",
+              "line Gb/s", "of line");
+  const uint64_t stores = quick ? 8 : 32;
+  for (auto mode :
+       {ifec::endpoint::Ordering::kWeak, ifec::endpoint::Ordering::kPartial, ifec::endpoint::Ordering::kStrong}) {
+    double one_plane = 0;
+    for (int planes : {1, topo.num_planes}) {
+      const auto r = wl::bench_store_goodput(topo, mode, planes, stores, 1 << 20);
+      char ratio[32] = "";
+      if (planes == 1) {
+        one_plane = r.goodput_gbps;
+      } else {
+        std::snprintf(ratio, sizeof(ratio), "  %.2fx one plane", r.goodput_gbps / one_plane);
+      }
+      std::printf("%-8s %6d %9llu x 1M %12.1f %12.1f %10.0f %7.1f%%%s\n", r.mode.c_str(), r.planes,
+                  static_cast<unsigned long long>(r.stores), r.sim_ns / 1e3, r.goodput_gbps, r.line_rate_gbps,
+                  100.0 * r.goodput_gbps / r.line_rate_gbps, ratio);
+      if (topo.num_planes == 1) {
+        break;
+      }
     }
   }
-  const routing::Topology topo = routing::make_superpod(64, 4);
-  std::printf("# AllReduce fp32 sum, 64 GPUs x 4 planes (800G ports as 2 x 400G) [driver: sim]\n");
+  std::printf("(strong ordering keeps one in-order stream per peer on one sub-port, so it cannot use more planes)\n");
+  return 0;
+}
+
+int run_bench_collectives(const Args& a) {
+  const bool quick = a.has("--quick");
+  const uint64_t max_sim = ifec::cli::parse_size(a.get("--max-sim", quick ? "1MiB" : "64MiB"), "--max-sim");
+  IFEC_CHECK(max_sim >= 8, "--max-sim '" << a.get("--max-sim") << "' must be at least 8 B");
+  const ifec::routing::Topology topo = topology(a);
+  const int n = topo.num_gpus();
+  std::printf("# AllReduce fp32 sum, %s (%d GPUs x %d planes) [driver: sim]\n", topo.name.c_str(), n, topo.num_planes);
   std::printf(
       "# rows above %llu B are (modelled): the largest simulated time scaled by size (both algorithms are\n"
       "# bandwidth-bound there; a latency + bandwidth fit would mix in the ring's latency-bound smaller sizes)\n",
@@ -297,40 +268,37 @@ int bench_collectives(int argc, char** argv) {
   for (uint64_t b = 8; b <= (1ULL << 30); b *= 8) {
     sizes.push_back(b);
   }
-  sizes.push_back(64ULL << 20);
-  sizes.push_back(256ULL << 20);
-  sizes.push_back(1ULL << 30);
+  for (uint64_t b : {64ULL << 20, 256ULL << 20, 1ULL << 30}) {
+    sizes.push_back(b);
+  }
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
-  struct Fit {
-    double s2 = 0, t2 = 0;  // the largest simulated point
-    double at(double s) const { return t2 * s / s2; }
-  };
-  Fit fit[2];
-  const double bound = 2.0 * 63 / 64;
+  double last_size = 0;
+  double last_time[2] = {0, 0};
+  const double bound = 2.0 * (n - 1) / n;
   for (uint64_t size : sizes) {
     double t[2];
-    bool modelled = size > max_sim;
-    for (int a = 0; a < 2; ++a) {
+    const bool modelled = size > max_sim;
+    for (int i = 0; i < 2; ++i) {
       if (modelled) {
-        t[a] = fit[a].at(static_cast<double>(size));
+        t[i] = last_time[i] * size / last_size;  // bandwidth-bound: time grows with size
         continue;
       }
-      workloads::CollectivePoint p;
-      p.kind = workloads::Collective::kAllReduce;
-      p.algo = a == 0 ? workloads::Algo::kRing : workloads::Algo::kIfec;
+      wl::CollectivePoint p;
+      p.kind = wl::Collective::kAllReduce;
+      p.algo = i == 0 ? wl::Algo::kRing : wl::Algo::kIfec;
       p.bytes = size;
-      const auto r = workloads::run_collective_point(topo, p);
-      IFEC_CHECK(r.ok && r.wrong == 0, "bench " << workloads::algo_name(p.algo) << " at " << size
-                                                << " B: " << (r.ok ? "wrong results" : r.error));
-      t[a] = r.time_us;
-      fit[a].s2 = static_cast<double>(size);
-      fit[a].t2 = r.time_us;
+      const auto r = wl::run_collective_point(topo, p);
+      IFEC_CHECK(r.ok, "bench " << wl::algo_name(p.algo) << " at " << size << " B: " << r.error);
+      t[i] = r.time_us;
+      last_time[i] = r.time_us;
     }
-    const double busbw[2] = {size / (t[0] * 1e3) * bound, size / (t[1] * 1e3) * bound};
+    if (!modelled) {
+      last_size = static_cast<double>(size);
+    }
     std::printf(" %13llu %12llu %14.2f %14.2f %10.2f %10.2f %7.2fx %12.3f%s\n", static_cast<unsigned long long>(size),
-                static_cast<unsigned long long>(size / 4), t[0], t[1], busbw[0], busbw[1], t[0] / t[1], bound,
-                modelled ? "  (modelled)" : "");
+                static_cast<unsigned long long>(size / 4), t[0], t[1], size / (t[0] * 1e3) * bound,
+                size / (t[1] * 1e3) * bound, t[0] / t[1], bound, modelled ? "  (modelled)" : "");
     std::fflush(stdout);
     if (quick && size >= max_sim) {
       break;
@@ -339,60 +307,66 @@ int bench_collectives(int argc, char** argv) {
   return 0;
 }
 
-#ifdef IFEC_HAVE_MOE
-// Comma-separated integers ("8,16,32,64").
-std::vector<int64_t> parse_ints(const std::string& s, const char* what) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    const long long x = std::strtoll(item.c_str(), &end, 10);
-    IFEC_CHECK(!item.empty() && *end == 0 && x > 0, what << ": '" << item << "' is not a positive integer");
-    v.push_back(x);
+int run_bench_property(const Args& a) {
+  if (a.has("--case")) {
+    const wl::PropertyCase c = wl::random_case(ifec::cli::parse_uint(a.get("--case"), "--case"));
+    const wl::PropertyResult r = wl::run_property_case(c);
+    std::printf("%s\n  %s: %.2f us simulated, %llu fallback chunks, %llu wrong%s%s\n", c.describe().c_str(),
+                r.ok ? "ok" : "FAILED", r.sim_us, static_cast<unsigned long long>(r.fallback),
+                static_cast<unsigned long long>(r.wrong), r.error.empty() ? "" : ": ", r.error.c_str());
+    for (const std::string& f : r.faults) {
+      std::printf("  fault: %s\n", f.c_str());
+    }
+    return r.ok ? 0 : 1;
   }
-  IFEC_CHECK(!v.empty(), what << ": empty list");
-  return v;
+  const uint64_t cases = ifec::cli::parse_uint(a.get("--cases", "2000"), "--cases", 1);
+  const uint64_t seed = ifec::cli::parse_uint(a.get("--seed", "1"), "--seed");
+  const double seconds = static_cast<double>(ifec::cli::parse_uint(a.get("--seconds", "0"), "--seconds"));
+  const bool verbose = a.has("--verbose");
+  std::printf(
+      "# property check: in-fabric AllReduce, reduce, multicast, MoE combine and dispatch against host references;\n"
+      "# random fabrics, sizes, dtypes, 0.5-5%% loss and slot budgets [driver: sim]; cases from seed %llu\n",
+      static_cast<unsigned long long>(seed));
+  std::fflush(stdout);
+  uint64_t done = 0;
+  const auto summary = wl::run_property_sweep(seed, cases, seconds, [&](const std::string& line) {
+    ++done;
+    if (verbose || line.rfind("FAIL", 0) == 0) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    } else if (done % 100 == 0) {
+      std::fprintf(stderr, "property: %llu cases run\n", static_cast<unsigned long long>(done));
+    }
+  });
+  std::printf("# %llu cases in %.1f s: %llu failed, %llu finished part of their chunks off the in-fabric path\n",
+              static_cast<unsigned long long>(summary.cases), summary.wall_seconds,
+              static_cast<unsigned long long>(summary.failed), static_cast<unsigned long long>(summary.fallback_cases));
+  for (const std::string& f : summary.failures) {
+    std::printf("FAILED %s\n", f.c_str());
+  }
+  return summary.failed ? 1 : 0;
 }
 
-int bench_moe(int argc, char** argv) {
-  using namespace ifec;
-  workloads::MoeBenchConfig cfg;
-  cfg.topo = routing::make_superpod(64, 4);
-  cfg.topology_name = "superpod-64x4";
-  std::vector<int64_t> eps = {8, 16, 32, 64};
-  std::vector<std::string> modes = {"normal", "ll"};
-  int64_t cap = 256;
-  std::string out;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      IFEC_CHECK(i + 1 < argc, "bench moe: " << a << " needs a value");
-      return argv[++i];
-    };
-    if (a == "--quick") {
-      eps = {8, 16};
-      cap = 32;
-    } else if (a == "--ep") {
-      eps = parse_ints(value(), "--ep");
-    } else if (a == "--token-cap") {
-      const std::string v = value();
-      cap = v == "0" ? 0 : parse_ints(v, "--token-cap").front();
-    } else if (a == "--mode") {
-      const std::string m = value();
-      IFEC_CHECK(m == "normal" || m == "ll" || m == "both", "--mode: '" << m << "' (normal, ll or both)");
-      modes = m == "both" ? std::vector<std::string>{"normal", "ll"} : std::vector<std::string>{m};
-    } else if (a == "--out") {
-      out = value();
-    } else {
-      IFEC_FAIL("bench moe: unknown option '" << a << "'");
-    }
+#ifdef IFEC_HAVE_MOE
+int run_bench_moe(const Args& a) {
+  wl::MoeBenchConfig cfg;
+  cfg.topo = topology(a);
+  cfg.topology_name = cfg.topo.name;
+  const bool quick = a.has("--quick");
+  std::vector<uint64_t> eps = ifec::cli::parse_uints(a.get("--ep", quick ? "8,16" : "8,16,32,64"), "--ep", 2,
+                                                     static_cast<uint64_t>(cfg.topo.num_gpus()));
+  const uint64_t cap = ifec::cli::parse_uint(a.get("--token-cap", quick ? "32" : "256"), "--token-cap");
+  const std::string mode = ifec::cli::parse_choice(a.get("--mode", "both"), "--mode", {"normal", "ll", "both"});
+  const std::vector<std::string> modes =
+      mode == "both" ? std::vector<std::string>{"normal", "ll"} : std::vector<std::string>{mode};
+  const std::string out = a.get("--out");
+  if (!out.empty()) {
+    make_dirs(out);  // before the run, not after it
   }
-  cfg.token_cap = cap;
+  cfg.token_cap = static_cast<int64_t>(cap);
   cfg.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   std::printf(
-      "# MoE dispatch/combine, DeepSeek-V3 routing (hidden %lld, top-%lld of %lld, bf16 rows) on %s "
-      "(64 GPUs x 4 planes, 800G ports as 2 x 400G) [driver: sim]\n",
+      "# MoE dispatch/combine, DeepSeek-V3 routing (hidden %lld, top-%lld of %lld, bf16 rows) on %s [driver: sim]\n",
       static_cast<long long>(cfg.model.hidden), static_cast<long long>(cfg.model.topk),
       static_cast<long long>(cfg.model.experts), cfg.topology_name.c_str());
   std::printf(
@@ -401,134 +375,185 @@ int bench_moe(int argc, char** argv) {
       cfg.profile.tflops, cfg.profile.hbm_gbs, cfg.profile.efficiency, static_cast<long long>(cfg.model.inter));
   if (cap > 0) {
     std::printf(
-        "# points above %lld tokens per rank simulate %lld and scale times and bytes by the token ratio "
+        "# points above %llu tokens per rank simulate %llu and scale times and bytes by the token ratio "
         "(bandwidth-bound), marked (scaled from N)\n",
-        static_cast<long long>(cap), static_cast<long long>(cap));
+        static_cast<unsigned long long>(cap), static_cast<unsigned long long>(cap));
   }
-  std::printf("# GB/s: logical bytes per rank / time (DeepEP's convention); MB: all ranks together\n");
-  std::printf("%s\n", workloads::moe_rows_header().c_str());
+  std::printf("# GB/s: logical bytes per rank / time (DeepEP's convention); MB: all ranks together\n%s\n",
+              wl::moe_rows_header().c_str());
   std::fflush(stdout);
-  std::string csv = workloads::moe_csv_header() + "\n";
+  std::string csv = wl::moe_csv_header() + "\n";
   std::string json = "[";
-  for (const std::string& mode : modes) {
-    for (int64_t ep : eps) {
-      workloads::MoePoint p;
-      p.mode = mode;
+  int wrong = 0;
+  for (const std::string& m : modes) {
+    for (uint64_t ep : eps) {
+      wl::MoePoint p;
+      p.mode = m;
       p.ep = static_cast<int>(ep);
-      p.tokens = mode == "normal" ? 4096 : 128;
-      const auto rows = workloads::run_moe_point(
-          cfg, p, {workloads::MoeVariant::kPerExpert, workloads::MoeVariant::kPerRank, workloads::MoeVariant::kIfec});
+      p.tokens = m == "normal" ? 4096 : 128;
+      const auto rows =
+          wl::run_moe_point(cfg, p, {wl::MoeVariant::kPerExpert, wl::MoeVariant::kPerRank, wl::MoeVariant::kIfec});
       for (const auto& r : rows) {
-        std::printf("%s\n", workloads::moe_row_text(r).c_str());
-        csv += workloads::moe_row_csv(r) + "\n";
-        json += (json.size() > 1 ? ",\n" : "") + workloads::moe_row_json(r, cfg.topology_name);
+        std::printf("%s\n", wl::moe_row_text(r).c_str());
+        csv += wl::moe_row_csv(r) + "\n";
+        json += (json.size() > 1 ? ",\n" : "") + wl::moe_row_json(r, cfg.topology_name);
+        wrong += !r.ok();
       }
       const double base = std::min(rows[0].dispatch_us + rows[0].combine_us, rows[1].dispatch_us + rows[1].combine_us);
-      std::printf("#   EP %lld %s: IFEC dispatch+combine %.2fx the best baseline, layer %.2fx\n",
-                  static_cast<long long>(ep), mode.c_str(), base / (rows[2].dispatch_us + rows[2].combine_us),
+      std::printf("#   EP %llu %s: IFEC dispatch+combine %.2fx the best baseline, layer %.2fx\n",
+                  static_cast<unsigned long long>(ep), m.c_str(), base / (rows[2].dispatch_us + rows[2].combine_us),
                   std::min(rows[0].total_us, rows[1].total_us) / rows[2].total_us);
       std::fflush(stdout);
     }
   }
-  json += "]\n";
   if (!out.empty()) {
-    for (const auto& [name, text] :
-         {std::pair<std::string, std::string>{"/moe_bench.csv", csv}, {"/moe_bench.json", json}}) {
-      FILE* f = std::fopen((out + name).c_str(), "w");
-      IFEC_CHECK(f != nullptr, "cannot write " << out + name);
-      std::fputs(text.c_str(), f);
-      std::fclose(f);
-      std::printf("# wrote %s\n", (out + name).c_str());
-    }
+    write_file(out + "/moe_bench.csv", csv);
+    write_file(out + "/moe_bench.json", json + "]\n");
   }
-  return 0;
+  return wrong ? 1 : 0;
 }
 #endif
 
-int cmd_bench(int argc, char** argv) {
-  using namespace ifec;
-  IFEC_CHECK(argc >= 1, "bench needs a target: endpoint");
-  const std::string what = argv[0];
-  if (what == "collectives") {
-    return bench_collectives(argc - 1, argv + 1);
-  }
+// ------------------------------------------------------------------------------------------------ commands --
+
+std::vector<Command> commands() {
+  const Option fail{"--fail", "LINK@TIME", "take a link down at a simulated time, e.g. gpu5:plane2:sub0@20us", true};
+  std::vector<Command> cs;
+  cs.push_back({{"pcap",
+                 "FILE",
+                 "Writes one frame of every kind (RoCEv2 RC operations, ACK/NAK, compact and standard ECH) to FILE as "
+                 "pcap.",
+                 {},
+                 1},
+                run_pcap});
+  cs.push_back({{"frames", "", "Lists the sample frames with their sizes and decoded headers.", {}, 0}, run_frames});
+  cs.push_back(
+      {{"sim",
+        "--topo FILE (--traffic PATTERN --bytes SIZE | --collective KIND --algo ALGO --bytes SIZE[,SIZE...]) [options]",
+        "Runs the simulated fabric (times are simulated, never wall-clock). With --traffic: raw RoCEv2 flows without\n"
+        "retransmission (a flow that loses frames ends INCOMPLETE, exit 3). With --collective: one row per size in\n"
+        "the nccl-tests layout, wire bytes per plane, fallbacks, the error against an fp64 reference, and the faults\n"
+        "met (exit 1 when a row fails or is wrong). LINK: a link id, NODE:NODE[:SUB] or GPU:planeP[:subS].",
+        {{"--topo", "FILE", "topology file (testbed/topologies/*.yaml)"},
+         {"--traffic", "PATTERN", "raw flows: alltoall, permutation or incast"},
+         {"--collective", "KIND", "allreduce, reduce, multicast or barrier"},
+         {"--algo", "ALGO", "collective: ring (endpoint-based) or ifec (in-switch)"},
+         {"--bytes", "SIZE", "bytes per flow, or collective sizes (list); units B, KiB, MiB, GiB"},
+         {"--dtype", "TYPE", "collective element type: fp32 (default), bf16, fp16, int32"},
+         {"--op", "OP", "collective reduction: sum (default), min, max"},
+         {"--loss", "P", "collective: random frame loss on every link, 0 <= P < 1 (default 0)"},
+         {"--members", "N", "collective: GPUs 0..N-1 take part (default: every GPU)"},
+         {"--slot-pool", "N", "collective: aggregation slots per switch (default 8192)"},
+         {"--slot-budget", "N", "collective: slots per group asked of each switch (default 128)"},
+         {"--reproducible", "", "collective: switches reduce in contributor order (bitwise reproducible)"},
+         fail,
+         {"--restore", "LINK@TIME", "raw: bring a link back up at a simulated time", true},
+         {"--lb", "MODE", "raw: switch load balancing per flow or per packet (default packet)"},
+         {"--pfc", "on|off", "raw: priority flow control (default on)"},
+         {"--incast-target", "GPU", "raw incast: the GPU every flow goes to (default 0)"},
+         {"--no-verify", "", "raw: receivers skip the ICRC check"},
+         {"--seed", "S", "seed of the simulation (default 1)"},
+         {"--counters", "", "raw: per-port, per-queue switch counters after the report"},
+         {"--quiet", "", "no progress lines on stderr"},
+         {"--json", "", "one JSON object per run or row instead of the tables"}},
+        0},
+       run_sim});
+  cs.push_back(
+      {{"bench endpoint",
+        "[--quick] [--topo FILE]",
+        "Descriptors/s through the ring and proxy (CPU backend, wall clock) and store goodput of the endpoint\n"
+        "runtime on the simulated fabric, one plane vs all of them.",
+        {{"--quick", "", "fewer descriptors and stores"}, kTopoOption},
+        0},
+       run_bench_endpoint});
+  cs.push_back({{"bench collectives",
+                 "[--quick] [--max-sim SIZE] [--topo FILE]",
+                 "In-switch vs ring AllReduce, 8 B to 1 GiB, on every GPU of the topology; sizes above --max-sim are\n"
+                 "the largest simulated time scaled by size, marked (modelled).",
+                 {{"--quick", "", "stop at --max-sim (default 1 MiB with --quick)"},
+                  {"--max-sim", "SIZE", "largest simulated size (default 64 MiB)"},
+                  kTopoOption},
+                 0},
+                run_bench_collectives});
+  cs.push_back({{"bench property",
+                 "[--cases N] [--seconds S] [--seed S] [--case SEED] [--verbose]",
+                 "Randomized property check: in-fabric AllReduce, reduce, multicast, MoE combine and dispatch on\n"
+                 "random fabrics, sizes, dtypes, 0.5-5% loss and slot budgets, each compared with a host reference.",
+                 {{"--cases", "N", "cases to run (default 2000)"},
+                  {"--seconds", "S", "stop after S seconds of wall time (default: no limit)"},
+                  {"--seed", "S", "first case's seed (default 1)"},
+                  {"--case", "SEED", "run the one case SEED and print what it met"},
+                  {"--verbose", "", "one line per case"}},
+                 0},
+                run_bench_property});
 #ifdef IFEC_HAVE_MOE
-  if (what == "moe") {
-    return bench_moe(argc - 1, argv + 1);
-  }
+  cs.push_back(
+      {{"bench moe",
+        "[--quick] [--ep LIST] [--mode normal|ll|both] [--token-cap N] [--out DIR] [--topo FILE]",
+        "MoE dispatch/combine at DeepEP's points (4096 tokens normal, 128 low latency, hidden 7168, top-8 of 256)\n"
+        "per variant (per_expert, per_rank, ifec): simulated times, modelled expert compute, logical vs wire bytes.",
+        {{"--quick", "", "EP 8 and 16, 32 tokens simulated"},
+         {"--ep", "LIST", "EP sizes (default 8,16,32,64)"},
+         {"--mode", "MODE", "normal, ll or both (default both)"},
+         {"--token-cap", "N", "simulate at most N tokens per rank and scale (default 256; 0: none)"},
+         {"--out", "DIR", "also write DIR/moe_bench.csv and .json (DIR is created first)"},
+         kTopoOption},
+        0},
+       run_bench_moe});
 #endif
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    IFEC_CHECK(std::string(argv[i]) == "--quick", "bench " << what << ": unknown option '" << argv[i] << "'");
-    quick = true;
+  return cs;
+}
+
+int usage(std::FILE* to, const std::vector<Command>& cs) {
+  std::fprintf(to, "usage: ifec-cli <command> [options]   (ifec-cli <command> --help for its options)\n\n");
+  for (const Command& c : cs) {
+    std::fprintf(to, "  %-18s %s\n", c.spec.name.c_str(), c.spec.synopsis.c_str());
   }
-  IFEC_CHECK(what == "endpoint", "unknown benchmark '" << what << "': expected endpoint, collectives or moe");
-  std::printf("== descriptor rate: ring + proxy, CPU backend (wall clock on this machine)\n");
-  std::printf("%-16s %8s %12s %10s %14s\n", "backend", "threads", "descriptors", "seconds", "descriptors/s");
-  for (int threads : {1, 2}) {
-    const auto r = endpoint::bench_descriptor_rate(threads, quick ? 200'000 : 2'000'000, 4096);
-    std::printf("%-16s %8d %12llu %10.3f %14.0f\n", "cpu-null-sink", r.producer_threads,
-                static_cast<unsigned long long>(r.descriptors), r.seconds, r.descriptors_per_s);
-  }
-  const auto s = workloads::bench_descriptor_rate_sim(quick ? 5'000 : 50'000);
-  std::printf("%-16s %8d %12llu %10.3f %14.0f   (8-byte puts, each simulated end to end)\n", s.backend.c_str(),
-              s.producer_threads, static_cast<unsigned long long>(s.descriptors), s.seconds, s.per_second);
-  std::printf("\n== store goodput, GPU 0 -> GPU 1, 64 x 4 SuperPoD (800G per plane as 2 x 400G) [driver: sim]\n");
-  std::printf("%-8s %6s %14s %12s %12s %10s %8s\n", "mode", "planes", "stores", "sim time us", "goodput Gb/s",
-              "line Gb/s", "of line");
-  const uint64_t stores = quick ? 8 : 32;
-  double one_plane[3] = {0, 0, 0};
-  int mi = 0;
-  for (auto mode : {endpoint::Ordering::kWeak, endpoint::Ordering::kPartial, endpoint::Ordering::kStrong}) {
-    for (int planes : {1, 4}) {
-      const auto r = workloads::bench_store_goodput(mode, planes, stores, 1 << 20);
-      char ratio[32] = "";
-      if (planes == 1) {
-        one_plane[mi] = r.goodput_gbps;
-      } else {
-        std::snprintf(ratio, sizeof(ratio), "  %.2fx one plane", r.goodput_gbps / one_plane[mi]);
-      }
-      std::printf("%-8s %6d %9llu x 1M %12.1f %12.1f %10.0f %7.1f%%%s\n", r.mode.c_str(), r.planes,
-                  static_cast<unsigned long long>(r.stores), r.sim_ns / 1e3, r.goodput_gbps, r.line_rate_gbps,
-                  100.0 * r.goodput_gbps / r.line_rate_gbps, ratio);
-    }
-    ++mi;
-  }
-  std::printf("(strong ordering keeps one in-order stream per peer on one sub-port, so it cannot use more planes)\n");
-  return 0;
+  return to == stdout ? 0 : 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::vector<Command> cs = commands();
   if (argc < 2) {
-    return usage(stderr);
+    return usage(stderr, cs);
   }
-  const std::string cmd = argv[1];
-  try {
-    if (cmd == "pcap") {
-      return cmd_pcap(argc - 2, argv + 2);
-    }
-    if (cmd == "frames") {
-      return cmd_frames();
-    }
-    if (cmd == "sim") {
-      return cmd_sim(argc - 2, argv + 2);
-    }
-    if (cmd == "bench") {
-      return cmd_bench(argc - 2, argv + 2);
-    }
-    if (cmd == "help" || cmd == "--help" || cmd == "-h") {
-      usage(stdout);
-      return 0;
-    }
-  } catch (const ifec::common::Error& e) {
-    std::fprintf(stderr, "ifec %s: %s\n", cmd.c_str(), e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ifec %s: %s\n", cmd.c_str(), e.what());
-    return 1;
+  std::string name = argv[1];
+  if (name == "help" || name == "--help" || name == "-h") {
+    return usage(stdout, cs);
   }
-  std::fprintf(stderr, "ifec-cli: unknown command '%s'\n", cmd.c_str());
-  return usage(stderr);
+  int skip = 2;
+  if (name == "bench") {
+    if (argc < 3 || std::string(argv[2]).rfind("-", 0) == 0) {
+      std::fprintf(stderr, "ifec bench: name a benchmark: endpoint, collectives, property%s\n",
+#ifdef IFEC_HAVE_MOE
+                   ", moe"
+#else
+                   ""
+#endif
+      );
+      return 2;
+    }
+    name += std::string(" ") + argv[2];
+    skip = 3;
+  }
+  for (const Command& c : cs) {
+    if (c.spec.name != name) {
+      continue;
+    }
+    try {
+      const Args a(c.spec, argc - skip, argv + skip);
+      if (a.help()) {
+        std::printf("%s", ifec::cli::help_text(c.spec).c_str());
+        return 0;
+      }
+      return c.run(a);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ifec %s: %s\n", name.c_str(), e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "ifec-cli: unknown command '%s'\n", name.c_str());
+  return usage(stderr, cs);
 }

@@ -16,9 +16,9 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
   for (int g = 0; g < n; ++g) {
     ips.push_back(fabric_->gpu_ip(g));
   }
+  IFEC_CHECK(opts_.planes >= 0 && opts_.planes <= topo_.num_planes,
+             "cluster: planes " << opts_.planes << " outside 0.." << topo_.num_planes << " (0: every plane)");
   const int planes = opts_.planes > 0 ? opts_.planes : topo_.num_planes;
-  IFEC_CHECK(planes <= topo_.num_planes,
-             "cluster: " << planes << " planes requested, topology has " << topo_.num_planes);
   used_ports_.resize(n);
   for (int g = 0; g < n; ++g) {
     std::vector<endpoint::EndpointPort> ports;

@@ -10,9 +10,11 @@
 
 namespace ifec::workloads {
 
-StoreGoodput bench_store_goodput(endpoint::Ordering mode, int planes, uint64_t stores, uint64_t bytes_each) {
+StoreGoodput bench_store_goodput(const routing::Topology& topo, endpoint::Ordering mode, int planes, uint64_t stores,
+                                 uint64_t bytes_each) {
   const auto wall0 = std::chrono::steady_clock::now();
-  const routing::Topology topo = routing::make_superpod(64, 4);
+  IFEC_CHECK(topo.num_gpus() >= 2,
+             "store benchmark: topology " << topo.name << " has " << topo.num_gpus() << " GPUs, needs 2");
   ClusterOptions opts;
   opts.planes = planes;
   opts.endpoint.ordering = mode;
@@ -52,8 +54,9 @@ StoreGoodput bench_store_goodput(endpoint::Ordering mode, int planes, uint64_t s
   return r;
 }
 
-DescriptorRate bench_descriptor_rate_sim(uint64_t descriptors) {
-  const routing::Topology topo = routing::make_superpod(8, 4);
+DescriptorRate bench_descriptor_rate_sim(const routing::Topology& topo, uint64_t descriptors) {
+  IFEC_CHECK(topo.num_gpus() >= 8,
+             "descriptor benchmark: topology " << topo.name << " has " << topo.num_gpus() << " GPUs, needs 8");
   ClusterOptions opts;
   opts.endpoint.ordering = endpoint::Ordering::kWeak;
   Cluster c(topo, opts);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <utility>
 
 #include "ifec/common/ech.h"
 #include "ifec/common/frame.h"
@@ -17,14 +18,30 @@ common::EchOp ech_op(Collective c);
 common::FrameHeaders ech_headers(endpoint::Endpoint& e, int port, uint32_t dst_ip, uint16_t udp_entropy, uint8_t opcode,
                                  uint16_t pkey, uint32_t psn);
 
+// Runs `fn` when the scope ends, however it ends (an exception such as common::Interrupted included).
+template <typename Fn>
+class ScopeExit {
+ public:
+  explicit ScopeExit(Fn fn) : fn_(std::move(fn)) {}
+  ~ScopeExit() { fn_(); }
+  ScopeExit(const ScopeExit&) = delete;
+  ScopeExit& operator=(const ScopeExit&) = delete;
+
+ private:
+  Fn fn_;
+};
+
 // Sends queued items while fewer than `window` are in flight (the caller decrements `inflight` as they finish).
+// `send` returns false for an item that no longer needs sending (given up while queued): it takes no place.
 template <typename Send>
 void drain_window(std::deque<uint32_t>& queue, uint32_t& inflight, uint32_t window, Send send) {
   while (!queue.empty() && inflight < window) {
     const uint32_t i = queue.front();
     queue.pop_front();
     inflight++;
-    send(i);
+    if (!send(i)) {
+      inflight--;
+    }
   }
 }
 

@@ -62,13 +62,17 @@ struct IfecCollectives::Rows {
     int busy = 0;
     uint32_t epoch = 0;
     State state = kPending;
+    bool sent = false;  // left the queue (counts in the window) at least once
   };
   std::vector<Item> item;
-  std::unordered_map<uint64_t, uint32_t> item_of;             // (contributor, destination group, plane) ^ seq -> item
-  std::map<std::pair<int, int>, std::deque<uint32_t>> queue;  // (gpu, plane): items not yet sent, global order
-  std::map<std::pair<int, int>, uint32_t> inflight;
+  std::unordered_map<uint64_t, uint32_t> item_of;  // (contributor, destination group, plane) ^ seq -> item
+  // Per lane (contributor, destination's group, plane): items not yet sent, in the group's chunk order, and how
+  // many are in flight (at most the group's slot budget and row_window).
+  std::map<uint64_t, std::deque<uint32_t>> queue;
+  std::unordered_map<uint64_t, uint32_t> inflight;
   uint64_t items_pending = 0;
   uint64_t chunks_pending = 0;
+  TimeNs rto_ns = 0;  // first retransmission timeout: at least four windows' drain time on the slowest plane
 
   uint32_t row_of(uint32_t k) const { return k / cpr; }
   uint32_t elems_of(uint32_t k) const {
@@ -78,6 +82,12 @@ struct IfecCollectives::Rows {
   uint64_t item_key(int gpu, uint16_t group, int plane, uint32_t seq) const {
     return (((static_cast<uint64_t>(gpu * 32 + plane) << 16) | group) << 32) | seq;
   }
+  // (contributor, destination's group, plane) of an item: what its in-flight count toward a group is kept by.
+  uint64_t lane_of(const Item& it) const {
+    const Chunk& ch = chunk[it.chunk];
+    return item_key(it.gpu, group_of_dest.at(spec.rows[row_of(it.chunk)].destination), ch.plane, 0);
+  }
+  std::map<int, uint32_t> slots_of_plane;  // the budget each group has on a plane
 };
 
 CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeNs limit) {
@@ -200,6 +210,7 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
       continue;
     }
     r->reservations.insert(r->reservations.end(), made.begin(), made.end());
+    r->slots_of_plane[p] = slots;
     r->switch_of_plane[p] = sw;
     r->plane_of_switch_ip[fabric.switch_ip(sw)] = p;
     planes.push_back({p, w});
@@ -252,22 +263,40 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
         it.offset = off;
         const uint32_t id = static_cast<uint32_t>(r->item.size());
         r->item_of[r->item_key(g, r->group_of_dest[row.destination], ch.plane, ch.seq)] = id;
-        r->queue[{g, ch.plane}].push_back(id);
+        r->queue[r->item_key(g, r->group_of_dest[row.destination], ch.plane, 0)].push_back(id);
         r->item.push_back(it);
       }
     }
   }
   r->items_pending = r->item.size();
+  double slowest_gbps = 0;
+  for (const auto& pw : planes) {
+    slowest_gbps = slowest_gbps > 0 ? std::min(slowest_gbps, pw.second) : pw.second;
+  }
+  r->rto_ns = opts_.retransmit_ns;
+  if (slowest_gbps > 0) {
+    r->rto_ns = std::max<TimeNs>(
+        r->rto_ns, static_cast<TimeNs>(4.0 * opts_.row_window * (r->chunk_elems * r->esize + 100) * 8 / slowest_gbps));
+  }
   rows_ = r;
-  for (const auto& [key, q] : r->queue) {
-    row_pump(key.first, key.second);
+  detail::ScopeExit cleanup([this, r] {
+    if (rows_ == r) {  // left by an exception (Interrupted): release what this batch reserved
+      rows_.reset();
+      for (const auto& [sw, g] : r->reservations) {
+        cluster_.fabric().switch_at(sw).ifec()->release(opts_.job, g);
+      }
+    }
+  });
+  for (const auto& [lane, q] : r->queue) {
+    row_pump(lane);
   }
   const TimeNs deadline = loop.now() + limit;
   TimeNs grace_end = 0;
   while (r->items_pending > 0 || (r->chunks_pending > 0 && !planes.empty())) {
     if (r->items_pending == 0 && grace_end == 0) {
-      // Every contribution was accepted: results still on their way get a little while, then the rest is redone.
-      grace_end = loop.now() + 2 * opts_.retransmit_ns;
+      // Every contribution was accepted: results still on their way (the switch resends lost ones) get a little
+      // while, then the rest is redone.
+      grace_end = loop.now() + 4 * r->rto_ns;
     }
     const TimeNs stop = grace_end ? std::min(deadline, grace_end) : deadline;
     if (loop.idle() || loop.next_event_time() > stop) {
@@ -347,7 +376,10 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
       res.fallback_chunks += ks.size();
     }
     res.fallback_reason = planes.empty() ? (reasons.empty() ? "no plane" : reasons)
-                                         : "chunks the fabric did not deliver (timeouts, lost results, anomalies)";
+                                         : "chunks the fabric did not deliver (timeouts, lost results, anomalies, "
+                                           "planes that lost a path)";
+    res.faults.push_back(std::to_string(res.fallback_chunks) +
+                         " chunks summed at their destination from point-to-point stores: " + res.fallback_reason);
     stats_.fallback_operations++;
     stats_.fallback_chunks += res.fallback_chunks;
   }
@@ -355,13 +387,32 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
   return res;
 }
 
-void IfecCollectives::row_pump(int gpu, int plane) {
+// Sends a lane's next contributions in the group's chunk order: at most the group's slot budget in flight, since
+// its slots take chunks in order (more would only collect RNR NAKs). Each lane's earliest chunk is always in
+// flight, so the group's oldest pending chunk always has every contribution on its way: lanes cannot deadlock.
+void IfecCollectives::row_pump(uint64_t lane) {
   Rows& r = *rows_;
-  detail::drain_window(r.queue[{gpu, plane}], r.inflight[{gpu, plane}], opts_.row_window,
-                       [this](uint32_t id) { send_row_contribution(id, false); });
+  auto& q = r.queue[lane];
+  uint32_t& inflight = r.inflight[lane];
+  while (!q.empty()) {
+    const uint32_t id = q.front();
+    Rows::Item& it = r.item[id];
+    if (it.state != Rows::kPending) {
+      q.pop_front();  // given up while queued
+      continue;
+    }
+    if (inflight >= std::min(opts_.row_window, r.slots_of_plane[r.chunk[it.chunk].plane])) {
+      break;
+    }
+    q.pop_front();
+    inflight++;
+    it.sent = true;
+    send_row_contribution(id, false);
+  }
 }
 
-void IfecCollectives::finish_row_item(uint32_t id, bool stuck) {
+// `pump`: send what the freed window allows (false when called from inside the pump itself).
+void IfecCollectives::finish_row_item(uint32_t id, bool stuck, bool pump) {
   Rows& r = *rows_;
   Rows::Item& it = r.item[id];
   if (it.state != Rows::kPending) {
@@ -370,9 +421,43 @@ void IfecCollectives::finish_row_item(uint32_t id, bool stuck) {
   it.state = stuck ? Rows::kFailed : Rows::kDone;
   it.epoch++;
   r.items_pending--;
-  const int plane = r.chunk[it.chunk].plane;
-  r.inflight[{it.gpu, plane}]--;
-  row_pump(it.gpu, plane);
+  const uint64_t lane = r.lane_of(it);
+  if (it.sent) {
+    r.inflight[lane]--;  // (one still queued is skipped when the pump reaches it)
+  }
+  if (pump) {
+    row_pump(lane);
+  }
+}
+
+// FARE lost a path on a plane: a contributor gives up its items there at once (the destination redoes them point to
+// point), and a destination stops waiting for results there.
+void IfecCollectives::rows_routes_changed(int gpu) {
+  Rows& r = *rows_;
+  auto lost = [&](int from, int to, int plane) {
+    return port_for(from, plane, 0) < 0 || cluster_.ep(from).plane_weight(to, plane) <= 0;
+  };
+  for (uint32_t id = 0; id < r.item.size(); ++id) {
+    const Rows::Item& it = r.item[id];
+    const int plane = r.chunk[it.chunk].plane;
+    if (it.gpu == gpu && it.state == Rows::kPending && lost(gpu, r.spec.rows[r.row_of(it.chunk)].destination, plane)) {
+      finish_row_item(id, true, true);
+    }
+  }
+  for (uint32_t k = 0; k < r.chunk.size(); ++k) {
+    Rows::Chunk& ch = r.chunk[k];
+    const RowReduce& row = r.spec.rows[r.row_of(k)];
+    if (ch.state != Rows::kPending || ch.plane < 0 || row.destination != gpu) {
+      continue;
+    }
+    for (const auto& [g, off] : row.contributions) {
+      if (lost(gpu, g, ch.plane)) {
+        ch.state = Rows::kFailed;
+        r.chunks_pending--;
+        break;
+      }
+    }
+  }
 }
 
 void IfecCollectives::arm_row(uint32_t id, TimeNs delay, bool counts_as_try) {
@@ -389,7 +474,7 @@ void IfecCollectives::arm_row(uint32_t id, TimeNs delay, bool counts_as_try) {
       return;
     }
     if (counts_as_try && ++it.tries > opts_.max_retries) {
-      finish_row_item(id, true);  // the destination's chunk is finished point to point
+      finish_row_item(id, true, true);  // the destination's chunk is finished point to point
       return;
     }
     send_row_contribution(id, true);
@@ -401,13 +486,14 @@ void IfecCollectives::send_row_contribution(uint32_t id, bool retransmit) {
   Rows::Item& it = r.item[id];
   const Rows::Chunk& ch = r.chunk[it.chunk];
   const RowReduce& row = r.spec.rows[r.row_of(it.chunk)];
-  arm_row(id, std::min<TimeNs>(opts_.retransmit_max_ns, opts_.retransmit_ns << std::min(it.tries, 20)), true);
-  if (suppressed_.count(it.gpu)) {
-    return;  // fault injection: this contributor never arrives
-  }
   const int port = port_for(it.gpu, ch.plane, ch.seq + static_cast<uint32_t>(row.destination));
   if (port < 0) {
-    return;  // its link to that plane is down: the timer gives up and the chunk is redone point to point
+    finish_row_item(id, true, false);  // its link to that plane is down: the chunk is redone point to point
+    return;
+  }
+  arm_row(id, backoff(r.rto_ns, it.tries), true);
+  if (suppressed_.count(it.gpu)) {
+    return;  // fault injection: this contributor never arrives
   }
   endpoint::Endpoint& e = cluster_.ep(it.gpu);
   const uint32_t elems = r.elems_of(it.chunk);
@@ -459,7 +545,7 @@ void IfecCollectives::on_row_ech(int gpu, int port, const common::ParsedFrame& p
       send_ech_ack(gpu, port, pf, 0);
       if (ech.flags & common::ech_flags::kAnomaly) {
         stats_.anomalies++;
-        finish_row_item(id, true);
+        finish_row_item(id, true, true);
       }
       return;
     }
@@ -471,7 +557,7 @@ void IfecCollectives::on_row_ech(int gpu, int port, const common::ParsedFrame& p
       }
       return;
     }
-    finish_row_item(id, false);
+    finish_row_item(id, false, true);
     return;
   }
   if (!write) {

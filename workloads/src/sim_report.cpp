@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/json.h"
 #include "ifec/common/sim.h"
 #include "ifec/switchemu/fabric.h"
 
@@ -225,26 +226,13 @@ SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
   return run;
 }
 
-namespace {
-
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-    }
-    out += c;
-  }
-  return out;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 std::string to_json(const SimRun& r) {
   const TrafficResult& t = r.traffic;
   std::ostringstream o;
   o << std::setprecision(10);
-  o << "{\"driver\":\"" << r.driver << "\",\"topology\":\"" << json_escape(r.topology) << "\",\"traffic\":\""
+  o << "{\"driver\":\"" << r.driver << "\",\"topology\":" << common::json_quote(r.topology) << ",\"traffic\":\""
     << pattern_name(r.options.pattern) << "\",\"bytes_per_flow\":" << r.options.bytes << ",\"lb\":\""
     << switchemu::load_balance_name(r.options.lb) << "\",\"pfc\":" << (r.options.pfc ? "true" : "false")
     << ",\"seed\":" << r.options.seed << ",\"flows\":" << t.flows << ",\"complete\":" << (t.complete ? "true" : "false")
@@ -289,7 +277,7 @@ std::string to_json(const SimRun& r) {
   for (size_t i = 0; i < r.ports.size(); ++i) {
     const PortReport& pr = r.ports[i];
     const switchemu::SwitchPortCounters& c = pr.counters;
-    o << (i ? "," : "") << "{\"switch\":\"" << json_escape(pr.switch_name) << "\",\"port\":" << pr.port
+    o << (i ? "," : "") << "{\"switch\":" << common::json_quote(pr.switch_name) << ",\"port\":" << pr.port
       << ",\"rx_frames\":" << c.rx_frames << ",\"rx_bytes\":" << c.rx_bytes << ",\"tx_frames\":" << c.tx_frames
       << ",\"tx_bytes\":" << c.tx_bytes << ",\"pause_sent\":" << c.pause_sent << ",\"resume_sent\":" << c.resume_sent
       << ",\"pause_received\":" << c.pause_received << ",\"malformed_drops\":" << c.malformed_drops

@@ -24,9 +24,18 @@ def allreduce(cluster, arrays, algo="ifec", dtype="fp32", op="sum", engine=None)
     """In-place AllReduce of one array per GPU (GPU i holds arrays[i]); returns (results per GPU, result dict).
 
     bf16 arrays are passed as their uint16 bit patterns (see to_bf16_bits)."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(_DTYPES)}")
     n = len(arrays)
-    arrays = [np.ascontiguousarray(a, dtype=_DTYPES[dtype]) for a in arrays]
+    if not 2 <= n <= cluster.size:
+        raise ValueError(f"{n} arrays: expected one per GPU, 2..{cluster.size}")
+    arrays = [np.ascontiguousarray(a, dtype=_DTYPES[dtype]).ravel() for a in arrays]
     count = arrays[0].size
+    sizes = sorted({a.size for a in arrays})
+    if len(sizes) > 1:
+        raise ValueError(f"arrays of different lengths {sizes}: an AllReduce needs the same count on every GPU")
+    if count == 0:
+        raise ValueError("arrays are empty: nothing to reduce")
     for g, a in enumerate(arrays):
         cluster.write_window(g, BUF, 0, a.tobytes())
     members = list(range(n))
@@ -49,7 +58,15 @@ def prepare(cluster, count, dtype="fp32", members=None):
 
 
 def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32", op="sum", loss=0.0, seed=1,
-            reproducible=False, members=0):
-    """One nccl-tests-style row (`./ifec sim --collective ... --json`) as a dict; times are simulated."""
-    return json.loads(_native.run_collective_json(topology, kind, algo, int(bytes), dtype, op, loss, seed,
-                                                  reproducible, members))
+            reproducible=False, members=None, fail=(), slot_pool=8192, slot_budget=128):
+    """One nccl-tests-style row (`./ifec sim --collective ... --json`) as a dict; times are simulated.
+
+    members: GPUs 0..members-1 take part (None: every GPU). fail: link events "SELECTOR@TIME". The row's "ok" is
+    False whenever any element is wrong ("wrong" > 0) or the run failed ("error"); "faults" lists what it met."""
+    if members is not None and members < 2:
+        raise ValueError(f"members {members}: expected at least 2 (or None for every GPU)")
+    if isinstance(fail, str):
+        fail = [fail]
+    return json.loads(_native.run_collective_json(topology, kind, algo, int(bytes), dtype, op, float(loss), int(seed),
+                                                  bool(reproducible), int(members or 0), list(fail), int(slot_pool),
+                                                  int(slot_budget)))

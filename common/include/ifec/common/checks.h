@@ -13,6 +13,12 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Thrown out of a long run when its caller asked to stop (Ctrl-C in Python; see EventLoop::set_interrupt_check).
+class Interrupted : public Error {
+ public:
+  Interrupted() : Error("interrupted") {}
+};
+
 }  // namespace ifec::common
 
 // IFEC_CHECK(cond, stream-expression): throws ifec::common::Error("file:line: <message>") when cond is false.

@@ -18,10 +18,14 @@ class EventLoop : public Clock {
  public:
   TimeNs now() const override { return now_; }
   void schedule(TimeNs at, std::function<void()> fn) override;
-  // Runs events up to and including time `until` (all of them by default); returns how many ran.
+  // Runs events up to and including time `until` (all of them by default), then sets the time to `until` (when
+  // finite), so a loop of run(now() + slice) always moves forward; returns how many events ran.
   uint64_t run(TimeNs until = kForever);
   bool idle() const { return events_.empty(); }
   uint64_t events_run() const { return events_run_; }
+  // A check every run() on this thread makes every 2^16 events: when it returns true, run() throws Interrupted
+  // (between two events, so the simulation state stays consistent). Python installs one that looks for Ctrl-C.
+  static void set_interrupt_check(std::function<bool()> check);
   TimeNs next_event_time() const { return events_.empty() ? kForever : events_.front().at; }
 
  private:
@@ -39,6 +43,7 @@ class EventLoop : public Clock {
   TimeNs now_ = 0;
   uint64_t seq_ = 0;
   uint64_t events_run_ = 0;
+  uint64_t interrupt_tick_ = 0;
 };
 
 // Wall-clock driver: the same single-threaded event semantics, but now() is real time since construction and

@@ -104,8 +104,13 @@ class Endpoint {
   // FARE's per-port weights toward `peer` (path bandwidth per sub-port; 0 = no route). Default: all 1.
   void set_weight_source(std::function<void(int peer, std::vector<double>* per_port)> fn);
   // Re-reads the weights: moves QPs off ports that lost their route, rebuilds the QP tables and, in the
-  // ordered modes, fences every peer so no address changes QP with transactions in flight.
+  // ordered modes, fences every peer so no address changes QP with transactions in flight; then tells the
+  // routes listener.
   void routes_changed();
+  // FARE's path bandwidth toward `peer` over `plane`: the sum of this endpoint's port weights there (0 = no path).
+  double plane_weight(int peer, int plane) const;
+  // Called at the end of every routes_changed() (in-fabric operations move work off planes that lost a path).
+  void set_routes_listener(std::function<void()> fn) { routes_listener_ = std::move(fn); }
   // How a fatal NAK reconnects: tell endpoint `peer` to reset its responder of QP `qp` to `psn`.
   void set_connection_manager(std::function<void(int peer, int qp, uint32_t psn)> fn) { cm_ = std::move(fn); }
   // Called after a remote store or atomic landed in this endpoint's memory: (peer, window, offset, length).
@@ -215,6 +220,7 @@ class Endpoint {
   std::function<void(int, int, uint32_t)> cm_;
   std::vector<RemoteWriteHook> remote_write_hooks_;
   EchHandler ech_handler_;
+  std::function<void()> routes_listener_;
   uint64_t ech_frames_sent_ = 0;
   uint64_t next_op_id_ = 1;
   std::set<uint64_t> outstanding_ops_;

@@ -19,6 +19,10 @@ struct Node {
   uint32_t loopback = 0;  // host order /32; GPU i: 10.0.(i/250).(i%250+1); n-th switch of plane p: 10.255.p.n
 };
 
+// Link rates the link model times exactly (bits per second fit 64 bits; a frame serializes in under a minute).
+inline constexpr double kMinLinkGbps = 0.001;
+inline constexpr double kMaxLinkGbps = 1e6;
+
 // One physical, full-duplex link between (a, a_port) and (b, b_port). A Y-cable of k sub-ports becomes k links
 // that share a `cable` id; `subport` numbers them 0..k-1.
 struct Link {

@@ -71,6 +71,7 @@ class Fabric {
 
  private:
   void install_routes();
+  void install_loopback_routes();
   void fare_round(uint64_t generation);
 
   common::Clock& clock_;

@@ -44,8 +44,15 @@ struct IfecConfig {
   uint32_t slot_pool = 8192;                   // aggregation slots in this switch, shared by all groups
   uint32_t slot_bytes = 4096;                  // payload bytes one slot can hold (one chunk)
   common::TimeNs slot_timeout_ns = 2'000'000;  // incomplete slot -> released with the anomaly flag
-  bool reproducible = false;                   // fixed contributor order instead of arrival order
-  uint32_t multicast_entries = 65536;          // multicast packets held until every destination acknowledged
+  // A finished result not yet acknowledged by every destination is sent again to those that have not, after this
+  // long (doubling, at most 8x), `result_retries` times; then the slot is reclaimed (a destination is gone).
+  common::TimeNs result_retransmit_ns = 20'000;
+  uint32_t result_retries = 8;
+  bool reproducible = false;           // fixed contributor order instead of arrival order
+  uint32_t multicast_entries = 65536;  // multicast packets held until every destination acknowledged
+  // The slowest port's rate (set by the switch). A group's timers are at least a few times what its budget of
+  // chunks takes to cross such a port, so slow links do not time out or resend what is merely queued.
+  uint64_t port_rate_bps = 0;
 };
 
 struct GroupMember {
@@ -81,7 +88,11 @@ struct IfecCounters {
   uint64_t contributions = 0;
   uint64_t duplicate_contributions = 0;
   uint64_t results_sent = 0;
-  uint64_t result_resends = 0;
+  uint64_t result_resends = 0;   // results sent again: on a destination's retransmission or the result timer
+  uint64_t implicit_acks = 0;    // a destination's next chunk in a slot, standing for its lost acknowledgement
+  uint64_t late_notices = 0;     // anomaly notices for contributions to a chunk the slot already closed
+  uint64_t slots_reclaimed = 0;  // results released without every destination's acknowledgement
+  uint64_t chunks_skipped = 0;   // chunks a slot stopped waiting for (never arrived within the slot timeout)
   uint64_t acks_received = 0;
   uint64_t slots_completed = 0;
   uint64_t slot_busy_drops = 0;    // contribution for a slot still holding an unacknowledged older chunk (RNR NAKed)
@@ -97,6 +108,7 @@ struct IfecCounters {
   uint64_t partials_sent = 0;     // leaf -> spine partial sums (two-tier planes)
   uint64_t partial_bytes = 0;     // their payload bytes
   uint64_t upstream_results = 0;  // spine results a leaf forwarded down
+  uint64_t partial_resends = 0;   // partials a leaf sent again because the spine had not answered
 };
 
 class IfecEngine {
@@ -119,15 +131,23 @@ class IfecEngine {
   uint32_t ip() const { return ip_; }
 
  private:
+  // Slot i serves chunks i, i + budget, i + 2 budget, ... strictly in that order (`next`). After it closes (every
+  // destination acknowledged, or reclaimed) it remembers the chunk and who acknowledged, so a late copy of that
+  // chunk or an older one is answered, never aggregated into a fresh slot.
   struct Slot {
     bool busy = false;
-    uint32_t chunk = 0;
-    uint64_t arrived = 0;  // contributor bitmap
-    uint8_t expected = 0;  // contributors this chunk waits for (0: the group's local members)
-    uint64_t acked = 0;    // bitmap of result acknowledgements
-    uint64_t need = 0;     // who must acknowledge before the slot is free
+    uint32_t chunk = 0;                // the chunk it holds (busy) or held last
+    uint32_t next = 0;                 // the chunk it opens for next
+    common::TimeNs knocked_since = 0;  // 1 + when a later chunk first asked for it while it waited for `next`
+    uint64_t arrived = 0;              // contributor bitmap
+    uint8_t expected = 0;              // contributors this chunk waits for (0: the group's local members)
+    uint64_t acked = 0;                // bitmap of result acknowledgements
+    uint64_t need = 0;                 // who must acknowledge before the slot is free
     bool complete = false;
     bool anomaly = false;
+    bool timed_out = false;     // closed incomplete (anomaly notice instead of a result)
+    uint32_t resends = 0;       // result timer rounds so far
+    uint32_t busy_retries = 0;  // two-tier leaf: RNR NAKs from the spine for this chunk
     uint16_t elements = 0;
     uint64_t offset = 0;  // byte offset of the chunk in the collective buffer
     std::vector<common::Acc> acc;
@@ -139,6 +159,8 @@ class IfecEngine {
   };
   struct Group {
     GroupReservation r;
+    common::TimeNs slot_timeout_ns = 0;  // the config's, or longer for a large budget on slow ports
+    common::TimeNs result_rto_ns = 0;
     uint64_t all = 0;           // bitmap of every contributor
     uint64_t destinations = 0;  // bitmap of result destinations
     std::vector<Slot> slots;
@@ -172,7 +194,15 @@ class IfecEngine {
   // RNR NAK: the contribution's slot still holds an older chunk; the sender retries after a short back-off.
   void send_ech_rnr(uint32_t dst_ip, const common::Ech& ech, uint32_t psn, uint16_t pkey);
   void maybe_free(Group& g, Slot& s);
+  void close(Group& g, Slot& s);
   void arm_timeout(Group& g, Slot& s);
+  void arm_result_timer(Group& g, Slot& s);
+  // A contribution to a chunk this slot already closed (or an older one): acknowledge, ignore, or tell the member
+  // its result is gone (anomaly notice) so it takes the result from another member or redoes the chunk.
+  void late_contribution(Group& g, Slot& s, const common::ParsedFrame& pf);
+  void send_notice(Group& g, int member, uint32_t chunk);
+  void retry_partial_soon(Group& g, Slot& s);
+  Slot* find_slot(uint64_t key, size_t index, uint64_t generation);
   void multicast(const common::ParsedFrame& pf, const uint8_t* frame);
   void multicast_ack(const common::ParsedFrame& pf);
   void send_replica(const Multicast& m, int dest);

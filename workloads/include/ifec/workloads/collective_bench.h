@@ -29,8 +29,9 @@ struct CollectivePoint {
   uint64_t seed = 1;
   std::vector<std::string> fail;  // "SELECTOR@TIME", relative to the operation's start
   bool reproducible = false;
-  uint32_t slot_pool = 8192;
-  int members = 0;  // 0: every GPU of the topology
+  uint32_t slot_pool = 8192;   // slots per switch
+  uint32_t slot_budget = 128;  // slots per group asked of each switch (in-fabric path)
+  int members = 0;             // 0: every GPU of the topology
 };
 
 struct CollectiveRow {
@@ -48,6 +49,11 @@ struct CollectiveRow {
   uint64_t fallback_chunks = 0;
   bool fell_back = false;
   uint64_t anomalies = 0;
+  // What the operation met: frames lost on links (injected loss / links down), link events, and the
+  // operation's own account of what it did about them (planes given up, results copied, chunks redone).
+  uint64_t frames_lost = 0;
+  uint64_t frames_lost_link_down = 0;
+  std::vector<std::string> faults;
   double wall_seconds = 0;
   bool modelled = false;  // extrapolated from simulated rows, not simulated
 };
@@ -55,6 +61,7 @@ struct CollectiveRow {
 CollectiveRow run_collective_point(const routing::Topology& topo, const CollectivePoint& p);
 
 std::string rows_header();
+// The row, then one indented "#   fault: ..." line per fault it met.
 std::string row_text(const CollectiveRow& r);
 std::string row_json(const CollectiveRow& r, const std::string& topology);
 

@@ -38,10 +38,11 @@ struct CollectiveResult {
   std::string error;
   common::TimeNs start_ns = 0;
   common::TimeNs end_ns = 0;
-  bool fell_back = false;        // in-fabric path could not serve it (no reservation, pool exhausted, anomaly)
-  uint64_t fallback_chunks = 0;  // chunks completed on the endpoint-based path instead
-  uint64_t anomalies = 0;        // chunks a switch released with the anomaly flag
-  std::string fallback_reason;   // why the fabric did not serve (part of) it, when fell_back
+  bool fell_back = false;           // in-fabric path could not serve it (no reservation, pool exhausted, anomaly)
+  uint64_t fallback_chunks = 0;     // chunks completed on the endpoint-based path instead
+  uint64_t anomalies = 0;           // chunks a switch released with the anomaly flag
+  std::string fallback_reason;      // why the fabric did not serve (part of) it, when fell_back
+  std::vector<std::string> faults;  // what the operation met and did about it, one line each (in-fabric path)
 };
 
 size_t element_size(common::EchDtype t);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ifec/endpoint/endpoint.h"
+#include "ifec/routing/topology.h"
 
 namespace ifec::workloads {
 
@@ -21,8 +22,9 @@ struct StoreGoodput {
   double wall_seconds = 0;
 };
 
-// GPU 0 streams `stores` stores of `bytes_each` to GPU 1 of a 64 x 4 SuperPoD using only the first `planes` planes.
-StoreGoodput bench_store_goodput(endpoint::Ordering mode, int planes, uint64_t stores, uint64_t bytes_each);
+// GPU 0 streams `stores` stores of `bytes_each` to GPU 1 of `topo` using only the first `planes` planes.
+StoreGoodput bench_store_goodput(const routing::Topology& topo, endpoint::Ordering mode, int planes, uint64_t stores,
+                                 uint64_t bytes_each);
 
 struct DescriptorRate {
   std::string backend;  // "cpu-null-sink" or "cpu-sim-fabric"
@@ -34,6 +36,6 @@ struct DescriptorRate {
 
 // Descriptors through a ring and a proxy into the simulated fabric: 8-byte puts from GPU 0 to its peers,
 // including the simulation work behind each (wall-clock rate of this machine).
-DescriptorRate bench_descriptor_rate_sim(uint64_t descriptors);
+DescriptorRate bench_descriptor_rate_sim(const routing::Topology& topo, uint64_t descriptors);
 
 }  // namespace ifec::workloads

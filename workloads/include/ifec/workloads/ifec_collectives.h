@@ -20,12 +20,14 @@ namespace ifec::workloads {
 
 struct IfecOptions {
   uint32_t job = 1;
-  uint32_t slots_per_plane = 128;          // slot budget asked of each plane's switch
-  common::TimeNs retransmit_ns = 100'000;  // contribution / multicast retransmission timeout (doubles, capped)
-  common::TimeNs retransmit_max_ns = 2'000'000;
+  uint32_t slots_per_plane = 128;  // slot budget asked of each plane's switch
+  // Contribution / multicast retransmission timeout: at least four times what a window of chunks takes to cross
+  // the slowest link of the operation; doubles per try up to 8x.
+  common::TimeNs retransmit_ns = 40'000;
+  common::TimeNs retransmit_max_ns = 320'000;
   int max_retries = 20;                  // then the chunk is finished on the fallback path
   uint32_t multicast_window = 256;       // multicast packets in flight per plane (per source and plane for batches)
-  uint32_t row_window = 64;              // batch reduction: contributions in flight per GPU and plane
+  uint32_t row_window = 64;              // batch reduction: contributions in flight per GPU, group and plane
   common::TimeNs busy_retry_ns = 1'000;  // first retry after an RNR NAK (slot busy); doubles up to 8x
   bool upstream_fp32 = true;             // two-tier planes: leaf -> spine partials in fp32 (else in the element type)
 };
@@ -98,20 +100,36 @@ class IfecCollectives {
  private:
   struct Op;
   void on_ech(int gpu, int port, const common::ParsedFrame& pf, const uint8_t* frame);
+  void on_reduce_ech(int gpu, int port, const common::ParsedFrame& pf, const uint8_t* frame);
+  void on_multicast_ech(int gpu, int port, const common::ParsedFrame& pf, const uint8_t* frame);
+  void on_routes_changed(int gpu);
+  void abandon();  // releases the running operation's reservations and forgets it
+  bool any_two_tier(const CollectiveSpec& spec) const;
+  std::string plane_problem(int gpu, int plane, const std::vector<int>& peers) const;
+  bool start_round(const std::vector<uint32_t>& todo, std::string* reasons);
+  std::string resolve_round(std::vector<uint32_t>* todo, common::TimeNs deadline, CollectiveResult* res);
+  void finish_on_endpoint_path(const std::vector<uint32_t>& todo, common::TimeNs deadline, const std::string& why,
+                               CollectiveResult* res);
+  void give_up_plane(int member, int plane, const std::string& why);
+  common::TimeNs rto(int tries) const;
+  common::TimeNs backoff(common::TimeNs base, int tries) const;
   void pump(int member);
   void send_contribution(int member, int plane, uint32_t j, bool retransmit);
-  void arm(int member, int plane, uint32_t j);
+  void arm(int member, int plane, uint32_t j, common::TimeNs delay, bool counts_as_try);
   void multicast_pump();
+  void multicast_routes_changed(int gpu);
+  void give_up_packet(uint32_t packet, bool pump);
   void send_multicast(uint32_t packet, bool retransmit);
   void send_ech_ack(int gpu, int port, const common::ParsedFrame& pf, uint64_t bitmap);
   int port_for(int gpu, int plane, uint32_t salt) const;
   CollectiveResult run_multicast(const CollectiveSpec& spec, common::TimeNs limit);
   struct Rows;
   void on_row_ech(int gpu, int port, const common::ParsedFrame& pf, const uint8_t* frame);
-  void row_pump(int gpu, int plane);
+  void row_pump(uint64_t lane);
   void send_row_contribution(uint32_t item, bool retransmit);
   void arm_row(uint32_t item, common::TimeNs delay, bool counts_as_try);
-  void finish_row_item(uint32_t item, bool stuck);
+  void finish_row_item(uint32_t item, bool stuck, bool pump);
+  void rows_routes_changed(int gpu);
 
   Cluster& cluster_;
   IfecOptions opts_;
