@@ -66,3 +66,26 @@ def test_bad_collective_arguments_name_the_value():
         coll.measure(ifec.make_superpod(4, 2), kind="allgather")
     with pytest.raises(ValueError, match="fp64"):
         coll.measure(ifec.make_superpod(4, 2), dtype="fp64")
+
+
+def test_measure_and_allreduce_check_their_arguments():
+    topo = ifec.make_superpod(4, 2)
+    with pytest.raises(ValueError, match="members -5"):
+        coll.measure(topo, members=-5)
+    with pytest.raises(ValueError, match="members 9 outside 2..4"):
+        coll.measure(topo, members=9)
+    with pytest.raises(ValueError, match="slot budget 0"):
+        coll.measure(topo, slot_budget=0)
+    cluster = ifec.Cluster(topo, ordering="weak")
+    coll.prepare(cluster, 8)
+    with pytest.raises(ValueError, match=r"different lengths \[4, 5\]"):
+        coll.allreduce(cluster, [np.zeros(4, np.float32), np.zeros(5, np.float32)])
+    with pytest.raises(ValueError, match="1 arrays"):
+        coll.allreduce(cluster, [np.zeros(4, np.float32)])
+
+
+def test_measure_reports_faults_and_survives_a_lost_plane():
+    r = coll.measure(ifec.make_superpod(8, 2), bytes=1 << 20, fail=["gpu5:plane1@2us"], loss=0.01, seed=3)
+    assert r["ok"] and r["wrong"] == 0
+    assert any("plane 1 given up" in f for f in r["faults"]) and any("frames lost" in f for f in r["faults"])
+    assert r["time_us"] < 1000

@@ -62,3 +62,17 @@ def test_bad_arguments_raise_or_fail_with_the_value_named():
         c.store(9, 1, DATA, 0, b"x")
     with pytest.raises(ValueError, match="sideways"):
         ifec.Cluster(ifec.make_superpod(4, 2), ordering="sideways")
+
+
+def test_binding_arguments_are_checked_not_dereferenced():
+    c = make("weak")
+    with pytest.raises(ValueError, match=r"handles\[1\] is None"):
+        c.wait([c.quiet(0), None])  # was a segmentation fault
+    with pytest.raises(ValueError, match="planes -1 outside 0..2"):
+        ifec.Cluster(ifec.make_superpod(4, 2), planes=-1)
+    with pytest.raises(ValueError, match="planes 3 outside 0..2"):
+        ifec.Cluster(ifec.make_superpod(4, 2), planes=3)
+    with pytest.raises(ValueError, match="member GPU 7"):
+        c.run_endpoint_collective("allreduce", [0, 7], 0, DATA, 0, 4, "fp32", "sum", COUNTERS)
+    with pytest.raises(TypeError):
+        c.store(0, 1, DATA, -1, b"x")  # a negative offset is not a uint64: refused before C++ sees it

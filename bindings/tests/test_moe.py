@@ -49,9 +49,16 @@ def test_in_switch_allreduce_is_at_least_as_fast_as_ring_from_1mib(size):
 
 
 @pytest.mark.parametrize("kwargs,named", [(dict(ep=3), "EP size 3"), (dict(ep=128), "EP size 128"),
-                                          (dict(variants=["sharp"]), "sharp"), (dict(tokens=0), "tokens per rank 0")])
+                                          (dict(variants=["sharp"]), "sharp"), (dict(tokens=0), "tokens per rank 0"),
+                                          (dict(mode="bogus"), "mode 'bogus'")])
 def test_bad_arguments_are_named(kwargs, named):
     args = dict(topology=ifec.make_superpod(8, 2), ep=8, tokens=4, hidden=64)
     args.update(kwargs)
     with pytest.raises(ValueError, match=named):
         moe.measure(**args)
+
+
+def test_rows_say_whether_they_are_right():
+    rows = moe.measure(ifec.make_superpod(8, 2), ep=8, tokens=4, hidden=64, compute=True)
+    for r in rows:
+        assert r["ok"] and 0 <= r["max_rel_error"] <= r["tolerance"], r

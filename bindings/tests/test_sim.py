@@ -1,7 +1,9 @@
 """The simulated fabric from Python and from the CLI: report fields, analytic checks, FARE shares, bad input."""
 
 import json
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -73,3 +75,35 @@ def test_cli_json_and_errors(repo, build_dir, tmp_path):
     out = subprocess.run([str(build_dir / "bin" / "ifec-cli"), "sim", "--topo", str(topo), "--traffic", "alltoall",
                           "--bytes", "12parsecs"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "parsecs" in out.stderr
+
+
+def test_far_link_events_do_not_hang():
+    topo = ifec.make_superpod(8, 2)
+    rep = ifec.sim.run(topo, bytes=64 * 1024, fail=["gpu5:plane1:sub0@1ms"])
+    assert rep["complete"]
+    rep = ifec.sim.run(topo, bytes=64 * 1024, fail=["gpu3:plane1@5us"], restore=["gpu3:plane1@200us"])
+    assert rep["fare_rounds"] >= 2
+
+
+def test_ctrl_c_stops_a_long_run(repo, build_dir):
+    """SIGINT during a long simulation raises KeyboardInterrupt within seconds; the interpreter stays usable."""
+    script = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        f"sys.path.insert(0, {str(build_dir / 'python')!r})\n"
+        "import ifec\n"
+        "print('started', flush=True)\n"
+        "try:\n"
+        "    ifec.sim.run(ifec.make_superpod(64, 4), bytes=64 << 20)\n"
+        "    print('finished')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', ifec.sim.run(ifec.make_superpod(4, 2), bytes=4096)['complete'])\n")
+    p = subprocess.Popen(["/usr/bin/python3", "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "started"
+        time.sleep(1.5)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=20)
+    finally:
+        p.kill()
+    assert out.strip() == "interrupted True"

@@ -68,6 +68,49 @@ constexpr uint64_t kMemoryBudget = 12ULL << 30;  // host bytes the simulated GPU
 
 double busbw_factor(Collective k, size_t n) { return k == Collective::kAllReduce ? 2.0 * (n - 1) / n : 1.0; }
 
+struct Reference {
+  std::vector<double> value;  // fp64 (exact wrap-around for int32 sums)
+  std::vector<double> bound;  // largest |error| the path's rounding explains
+};
+
+// The reference of every element, computed once for all members that hold a result. Bound per element: every fp32
+// accumulation step may round (n steps), and the output type rounds once in the switch or once per ring step:
+// |err| <= (n * 2^-24 + steps * unit) * sum |x_i| (min/max: one rounding of the result).
+Reference reference_of(const CollectivePoint& p, const std::vector<std::vector<uint8_t>>& inputs, int n,
+                       bool rounds_per_step) {
+  const uint64_t count = inputs[0].size() / element_size(p.dtype);
+  const double unit = p.dtype == EchDtype::kBf16   ? 1.0 / 256
+                      : p.dtype == EchDtype::kFp16 ? 1.0 / 2048
+                      : p.dtype == EchDtype::kFp32 ? 1.0 / 16777216
+                                                   : 0;
+  const double steps = rounds_per_step ? n : 1;
+  const double fp32_steps = p.dtype == EchDtype::kInt32 ? 0 : n / 16777216.0;
+  const int sources = p.kind == Collective::kMulticast ? 1 : n;  // multicast: the root's (member 0's) bytes
+  Reference r;
+  r.value.resize(count);
+  r.bound.resize(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    double ref = 0;
+    double magnitude = 0;
+    for (int m = 0; m < sources; ++m) {
+      const common::Acc a = common::load_element(p.dtype, inputs[m].data(), i);
+      const double v = p.dtype == EchDtype::kInt32 ? a.i : a.f;
+      magnitude += std::fabs(v);
+      ref = m == 0 || p.op == EchRedOp::kSum ? (m == 0 ? v : ref + v)
+                                             : (p.op == EchRedOp::kMin ? std::min(ref, v) : std::max(ref, v));
+    }
+    if (p.op != EchRedOp::kSum || p.kind == Collective::kMulticast) {
+      magnitude = std::fabs(ref);
+    }
+    if (p.dtype == EchDtype::kInt32 && p.op == EchRedOp::kSum) {
+      ref = static_cast<double>(static_cast<int32_t>(static_cast<uint32_t>(static_cast<int64_t>(ref))));
+    }
+    r.value[i] = ref;
+    r.bound[i] = (p.kind == Collective::kMulticast ? 0 : fp32_steps + steps * unit) * magnitude + 1e-30;
+  }
+  return r;
+}
+
 }  // namespace
 
 CollectiveRow run_collective_point(const routing::Topology& topo, const CollectivePoint& p) {
@@ -197,57 +240,23 @@ CollectiveRow run_collective_point(const routing::Topology& topo, const Collecti
     row.plane_tx_bytes.push_back(tx1[q] - tx0[q]);
     row.plane_rx_bytes.push_back(rx1[q] - rx0[q]);
   }
-  // Error against an fp64 reference. Bound per element: every fp32 accumulation step may round (n steps), and the
-  // output type rounds once in the switch or once per ring step: |err| <= (n * 2^-24 + steps * unit) * sum|x_i|.
+  if (p.corrupt_output && row.count > 0) {
+    uint8_t* out = c.window_data(p.kind == Collective::kReduce ? s.root : s.members.back(), kBuf);
+    out[(row.count / 2) * es + es - 1] ^= 0x40;  // a high bit of the middle element
+  }
   if (row.ok && p.kind != Collective::kBarrier) {
-    const double unit = p.dtype == EchDtype::kBf16   ? 1.0 / 256
-                        : p.dtype == EchDtype::kFp16 ? 1.0 / 2048
-                        : p.dtype == EchDtype::kFp32 ? 1.0 / 16777216
-                                                     : 0;
-    const double steps = p.algo == Algo::kRing || row.fell_back ? n : 1;
-    const double fp32_steps = p.dtype == EchDtype::kInt32 ? 0 : n / 16777216.0;
-    std::vector<int> holders;
-    if (p.kind == Collective::kAllReduce || p.kind == Collective::kMulticast) {
-      holders = s.members;
-    } else {
+    const Reference ref = reference_of(p, inputs, n, p.algo == Algo::kRing || row.fell_back);
+    std::vector<int> holders = s.members;
+    if (p.kind == Collective::kReduce) {
       holders = {s.root};
     }
     for (int g : holders) {
       const uint8_t* out = c.window_data(g, kBuf);
       for (uint64_t i = 0; i < row.count; ++i) {
-        double ref = 0;
-        double magnitude = 0;
-        if (p.kind == Collective::kMulticast) {
-          const common::Acc a = common::load_element(p.dtype, inputs[s.root].data(), i);
-          ref = p.dtype == EchDtype::kInt32 ? a.i : a.f;
-          magnitude = std::fabs(ref);
-        } else {
-          for (int m = 0; m < n; ++m) {
-            const common::Acc a = common::load_element(p.dtype, inputs[m].data(), i);
-            const double v = p.dtype == EchDtype::kInt32 ? a.i : a.f;
-            magnitude += std::fabs(v);
-            if (m == 0) {
-              ref = v;
-            } else if (p.op == EchRedOp::kSum) {
-              ref += v;
-            } else {
-              ref = p.op == EchRedOp::kMin ? std::min(ref, v) : std::max(ref, v);
-            }
-          }
-          if (p.op != EchRedOp::kSum) {
-            magnitude = std::fabs(ref);  // min/max only round once, to the output type
-          }
-        }
-        if (p.dtype == EchDtype::kInt32 && p.op == EchRedOp::kSum) {
-          ref = static_cast<double>(static_cast<int32_t>(static_cast<uint32_t>(static_cast<int64_t>(ref))));
-        }
         const common::Acc a = common::load_element(p.dtype, out, i);
-        const double got = p.dtype == EchDtype::kInt32 ? a.i : a.f;
-        const double err = std::fabs(got - ref);
-        row.max_rel_error = std::max(row.max_rel_error, err / std::max(1.0, std::fabs(ref)));
-        if (err > (fp32_steps + steps * unit) * magnitude + 1e-30) {
-          row.wrong++;
-        }
+        const double err = std::fabs((p.dtype == EchDtype::kInt32 ? a.i : a.f) - ref.value[i]);
+        row.max_rel_error = std::max(row.max_rel_error, err / std::max(1.0, std::fabs(ref.value[i])));
+        row.wrong += !(err <= ref.bound[i]);  // NaN or Inf where the reference is finite counts as wrong
       }
     }
     if (row.wrong > 0) {

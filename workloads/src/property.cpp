@@ -56,6 +56,7 @@ PropertyResult run_collective_case(const PropertyCase& c) {
   p.slot_pool = c.slot_pool;
   p.slot_budget = c.slot_budget;
   p.members = c.members;
+  p.corrupt_output = c.corrupt_output;
   const CollectiveRow row = run_collective_point(topology_of(c), p);
   PropertyResult r;
   r.ok = row.ok && row.wrong == 0;
@@ -137,6 +138,10 @@ PropertyResult run_combine_case(const PropertyCase& c) {
   if (!res.ok) {
     return r;
   }
+  if (c.corrupt_output) {
+    const RowReduce& row = spec.rows.front();
+    cl.window_data(row.destination, kResult)[spec.result_offset + row.index * row_bytes + es - 1] ^= 0x40;
+  }
   // Reference: the contributions summed in double; the fabric accumulates in fp32 and rounds once to the type.
   for (const RowReduce& row : spec.rows) {
     const uint8_t* out = cl.window_data(row.destination, kResult) + spec.result_offset + row.index * row_bytes;
@@ -150,7 +155,7 @@ PropertyResult run_combine_case(const PropertyCase& c) {
       }
       const double got = common::load_element(c.dtype, out, e).f;
       const double bound = (row.contributions.size() / 16777216.0 + unit_of(c.dtype)) * magnitude + 1e-30;
-      r.wrong += std::fabs(got - ref) > bound;
+      r.wrong += !(std::fabs(got - ref) <= bound);  // NaN counts as wrong
     }
   }
   r.ok = r.wrong == 0;
@@ -200,6 +205,11 @@ PropertyResult run_dispatch_case(const PropertyCase& c) {
   r.faults = res.faults;
   if (!res.ok) {
     return r;
+  }
+  if (c.corrupt_output) {
+    const RowMulticast& row = spec.rows.front();
+    const int victim = row.destinations.empty() ? (row.source + 1) % c.gpus : row.destinations.front();
+    cl.window_data(victim, kResult)[row.offset] ^= 0x40;  // a wrong byte, or one leaked to a non-destination
   }
   for (const RowMulticast& row : spec.rows) {
     const uint8_t* want = cl.window_data(row.source, kResult) + row.offset;
@@ -263,7 +273,7 @@ PropertyCase random_case(uint64_t seed) {
   c.seed = seed;
   c.kind = static_cast<PropertyKind>(rng() % 5);
   c.two_tier = rng() % 5 == 0;
-  c.gpus = c.two_tier ? pick({4, 8, 16}) : pick({2, 3, 4, 8, 8, 16});
+  c.gpus = c.two_tier ? pick({4, 8, 16, 32}) : pick({2, 3, 4, 8, 8, 16, 32});
   c.planes = pick({1, 2, 2, 4});
   c.members = 2 + static_cast<int>(rng() % (c.gpus - 1));
   c.loss = 0.005 + (rng() % 4501) / 100000.0;  // 0.5% .. 5%
@@ -277,8 +287,8 @@ PropertyCase random_case(uint64_t seed) {
              ? static_cast<common::EchRedOp>(rng() % 5 < 3 ? 0 : 1 + rng() % 2)
              : common::EchRedOp::kSum;
   // Element counts spread over 1 .. ~200k, rarely a power of two.
-  c.count = 1 + rng() % pick({7, 1500, 20000, 200000});
-  c.rows = 1 + static_cast<uint32_t>(rng() % 160);
+  c.count = 1 + rng() % pick({7, 1500, 20000, 200000, 600000});
+  c.rows = 1 + static_cast<uint32_t>(rng() % 400);
   c.row_elements = 1 + static_cast<uint32_t>(rng() % pick({30, 3000, 9000}));
   c.max_contributors = 1 + static_cast<int>(rng() % std::min(8, c.gpus - 1));
   return c;

@@ -29,9 +29,10 @@ struct CollectivePoint {
   uint64_t seed = 1;
   std::vector<std::string> fail;  // "SELECTOR@TIME", relative to the operation's start
   bool reproducible = false;
-  uint32_t slot_pool = 8192;   // slots per switch
-  uint32_t slot_budget = 128;  // slots per group asked of each switch (in-fabric path)
-  int members = 0;             // 0: every GPU of the topology
+  uint32_t slot_pool = 8192;    // slots per switch
+  uint32_t slot_budget = 128;   // slots per group asked of each switch (in-fabric path)
+  int members = 0;              // 0: every GPU of the topology
+  bool corrupt_output = false;  // checks the checker: one output element is changed before the comparison
 };
 
 struct CollectiveRow {

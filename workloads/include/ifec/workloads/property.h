@@ -31,8 +31,9 @@ struct PropertyCase {
   uint32_t row_elements = 0;  // batch operations: elements per row (bytes for dispatch)
   int max_contributors = 0;   // combine: contributors per row, at most
   double loss = 0;
-  uint32_t slot_budget = 128;  // slots per group asked of each switch
-  uint32_t slot_pool = 8192;   // slots each switch has
+  uint32_t slot_budget = 128;   // slots per group asked of each switch
+  uint32_t slot_pool = 8192;    // slots each switch has
+  bool corrupt_output = false;  // checks the checker: one output element is changed before the comparison
 
   std::string describe() const;  // one line: everything above
 };

@@ -1,0 +1,183 @@
+"""ifec-cli as a user meets it: the reproducers of issue 10 (wrong sums under loss, hangs, silent wrong values),
+exit codes, errors that name the bad value, and --help for every command (kept in step with ./ifec help)."""
+
+import json
+import re
+import subprocess
+
+import pytest
+
+TOPO_8x2 = "testbed/topologies/superpod-8x2.yaml"
+TOPO_64x4 = "testbed/topologies/superpod-64x4.yaml"
+
+
+def cli(build_dir, repo, *args, timeout=120):
+    return subprocess.run([str(build_dir / "bin" / "ifec-cli"), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=repo)
+
+
+def rows(stdout):
+    """The data rows of an nccl-tests table: size, count, type, redop, algo, time, algbw, busbw, wrong, ..."""
+    return [line.split() for line in stdout.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+# ------------------------------------------------------------------------------------------- wrong results --
+
+@pytest.mark.parametrize("topo,size,loss,seed", [
+    (TOPO_8x2, "2MiB", "0.01", "2"),     # reported 2048 wrong elements
+    (TOPO_8x2, "3000004", "0.03", "5"),  # not a power of two
+    (TOPO_64x4, "4MiB", "0.02", "1"),    # reported 119,805 wrong
+])
+def test_in_fabric_allreduce_under_loss_is_right(build_dir, repo, topo, size, loss, seed):
+    out = cli(build_dir, repo, "sim", "--topo", topo, "--collective", "allreduce", "--algo", "ifec", "--bytes", size,
+              "--loss", loss, "--seed", seed)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (row,) = rows(out.stdout)
+    assert row[8] == "0", out.stdout  # #wrong
+    assert "frames lost:" in out.stdout  # the faults it met are printed, not only counted
+
+
+def test_json_ok_is_false_exactly_when_something_is_wrong(build_dir, repo):
+    out = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--collective", "allreduce", "--algo", "ifec", "--bytes",
+              "8MiB", "--loss", "0.05", "--json")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["ok"] and r["wrong"] == 0 and r["faults"], r  # was "ok": true next to "wrong": 82943
+
+
+def test_a_lost_plane_costs_what_the_surviving_plane_needs(build_dir, repo):
+    base = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--collective", "allreduce", "--algo", "ifec", "--bytes",
+               "1MiB")
+    failed = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--collective", "allreduce", "--algo", "ifec", "--bytes",
+                 "1MiB", "--fail", "gpu5:plane1@2us")
+    assert failed.returncode == 0, failed.stderr
+    t0 = float(rows(base.stdout)[0][5])
+    t1 = float(rows(failed.stdout)[0][5])
+    assert rows(failed.stdout)[0][8] == "0"
+    # One plane instead of two (2 x t0), plus FARE's convergence (10 us per hop): was 36,178 us.
+    assert t1 < 2 * t0 + 12, (t0, t1)
+    assert "plane 1 given up" in failed.stdout and "redone in the fabric on plane(s) 0" in failed.stdout
+
+
+# ---------------------------------------------------------------------------------------------------- hangs --
+
+def slow_topology(tmp_path, repo, old, new):
+    text = (repo / TOPO_8x2).read_text().replace(old, new)
+    assert text != (repo / TOPO_8x2).read_text()
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("extra", [
+    ["--fail", "gpu5:plane1:sub0@1ms"],
+    ["--fail", "gpu3:plane1@5us", "--restore", "gpu3:plane1@200us"],
+])
+def test_raw_traffic_with_far_events_ends(build_dir, repo, extra):
+    out = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "64KiB", "--quiet",
+              *extra, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "completion" in out.stdout
+
+
+@pytest.mark.parametrize("old,new", [("delay_ns: 500}", "delay_ns: 60000}"),
+                                     ("rate_gbps: 800", "rate_gbps: 1.2")])
+def test_raw_traffic_on_slow_or_long_links_ends(build_dir, repo, tmp_path, old, new):
+    out = cli(build_dir, repo, "sim", "--topo", slow_topology(tmp_path, repo, old, new), "--traffic", "alltoall",
+              "--bytes", "64KiB", "--quiet", timeout=30)
+    assert out.returncode == 0, out.stderr
+    completion_us = float(re.search(r"completion\s+([0-9.]+) us", out.stdout).group(1))
+    assert completion_us > 100  # 60 us per hop, or 0.6 Gb/s sub-links: time really passed
+
+
+def test_incomplete_raw_traffic_exits_non_zero_and_says_why(build_dir, repo):
+    out = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "4MiB", "--fail",
+              "gpu3:plane1@5us", "--quiet")
+    assert out.returncode == 3
+    assert "INCOMPLETE" in out.stdout and "no retransmission" in out.stderr
+
+
+# ------------------------------------------------------------------------------- errors naming the value --
+
+@pytest.mark.parametrize("args,message", [
+    (["--bytes", "-1"], "--bytes '-1' is not a size"),
+    (["--bytes", "17179869185G"], "'17179869185G' is too large"),
+    (["--bytes", "1MiB", "--seed", "abc"], "--seed 'abc' is not a whole number"),
+    (["--bytes", "1MiB", "--seed", "-1"], "--seed '-1' is not a whole number"),
+    (["--bytes", "1MiB", "--members", "abc"], "--members 'abc' is not a whole number"),
+    (["--bytes", "1MiB", "--members", "0"], "--members '0' outside 2.."),
+    (["--bytes", "1MiB", "--members", "-2"], "--members '-2' is not a whole number"),
+    (["--bytes", "1MiB", "--members", "9"], "members 9 outside 2..8"),
+    (["--bytes", "1MiB", "--slot-pool", "-1"], "--slot-pool '-1' is not a whole number"),
+    (["--bytes", "1MiB", "--loss", "1.5"], "--loss '1.5'"),
+    (["--bytes", "1MiB", "--lb", "flow"], "--lb does not apply to --collective"),
+    (["--bytes", "6B"], "not a whole number of fp32 elements"),
+])
+def test_collective_arguments_are_checked(build_dir, repo, args, message):
+    out = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--collective", "allreduce", "--algo", "ifec", *args)
+    assert out.returncode == 1, out.stdout
+    assert message in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["sim", "--topo", TOPO_8x2, "--collective", "barrier", "--algo", "ifec", "--bytes", "1MiB"],
+     "does not apply to a barrier"),
+    (["sim", "--topo", "testbed", "--traffic", "alltoall", "--bytes", "1MiB"], "testbed: is a directory"),
+    (["sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "0"], "--bytes '0' must be > 0"),
+    (["sim", "--topo", TOPO_8x2, "--bytes", "1MiB"], "give exactly one of --traffic"),
+    (["sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "1", "--frobnicate"],
+     "unknown option '--frobnicate'"),
+    (["bench", "collectives", "--max-sim", "abc"], "--max-sim 'abc' is not a size"),
+    (["bench", "property", "--cases", "0"], "--cases '0' outside 1.."),
+    (["pcap"], "expected 1 argument(s), got 0"),
+])
+def test_other_arguments_are_checked(build_dir, repo, args, message):
+    out = cli(build_dir, repo, *args)
+    assert out.returncode == 1, out.stdout
+    assert message in out.stderr, out.stderr
+
+
+def test_a_rate_beyond_the_link_model_names_file_and_line(build_dir, repo, tmp_path):
+    topo = slow_topology(tmp_path, repo, "rate_gbps: 800", "rate_gbps: 1e300")
+    out = cli(build_dir, repo, "sim", "--topo", topo, "--traffic", "alltoall", "--bytes", "1KiB")
+    assert out.returncode == 1 and re.search(r"t\.yaml:\d+: rate_gbps 1e300 outside", out.stderr), out.stderr
+
+
+def test_bench_moe_creates_its_output_directory_first(build_dir, repo, tmp_path):
+    if "bench moe" not in cli(build_dir, repo, "help").stdout:
+        pytest.skip("built without LibTorch")
+    out_dir = tmp_path / "not" / "yet"
+    out = cli(build_dir, repo, "bench", "moe", "--ep", "8", "--mode", "ll", "--token-cap", "4", "--out", str(out_dir),
+              "--topo", TOPO_8x2)
+    assert out.returncode == 0, out.stderr
+    assert (out_dir / "moe_bench.csv").exists() and (out_dir / "moe_bench.json").exists()
+    assert all(r["ok"] for r in json.loads((out_dir / "moe_bench.json").read_text()))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = cli(build_dir, repo, "bench", "moe", "--ep", "8", "--out", str(blocker / "x"), timeout=10)
+    assert out.returncode == 1 and "is not a directory" in out.stderr  # refused before any point runs
+
+
+# ------------------------------------------------------------------------------------------------ help --
+
+def commands(build_dir, repo):
+    listing = cli(build_dir, repo, "help").stdout
+    return [m.group(1) for m in re.finditer(r"^  (\w+(?: \w+)?)\s", listing, re.M)]
+
+
+def test_every_command_answers_help_with_its_options(build_dir, repo):
+    names = commands(build_dir, repo)
+    assert {"pcap", "frames", "sim", "bench endpoint", "bench collectives", "bench property"} <= set(names)
+    for name in names:
+        out = cli(build_dir, repo, *name.split(), "--help")
+        assert out.returncode == 0 and out.stdout.startswith(f"usage: ifec {name}"), (name, out.stderr)
+
+
+def test_launcher_help_lists_every_option(build_dir, repo):
+    launcher = subprocess.run([str(repo / "ifec"), "help"], capture_output=True, text=True, timeout=30).stdout
+    for name in commands(build_dir, repo):
+        assert re.search(rf"^  {name}\b", launcher, re.M), f"./ifec help omits the command {name}"
+        text = cli(build_dir, repo, *name.split(), "--help").stdout
+        for option in re.findall(r"^  (--[\w-]+)", text, re.M):
+            if option != "--help":
+                assert option in launcher, f"./ifec help omits {name} {option}"
