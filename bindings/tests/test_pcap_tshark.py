@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+import ifec
 import roce_ref
 from ifec.pcap import read_pcap
 
@@ -117,3 +118,34 @@ def test_every_icrc_recomputed_from_pcap_bytes(pcap, repo):
         assert roce_ref.stored_icrc(frame) == roce_ref.icrc(frame), f"frame {i + 1} ICRC mismatch"
         # tshark shows the ICRC bytes as a big-endian number; it must show the bytes the frame carries.
         assert row["icrc"] == int.from_bytes(frame[-4:], "big"), f"frame {i + 1} tshark ICRC"
+
+
+def cut_udp_payload(frame, k):
+    """The frame with its UDP payload cut to k bytes and the IPv4 and UDP lengths made consistent (a datagram that
+    really is that short, so the UDP dissector hands it on)."""
+    f = bytearray(frame[:roce_ref.ETH_LEN + 20 + 8 + k])
+    f[roce_ref.ETH_LEN + 2:roce_ref.ETH_LEN + 4] = (20 + 8 + k).to_bytes(2, "big")
+    f[roce_ref.ETH_LEN + 24:roce_ref.ETH_LEN + 26] = (8 + k).to_bytes(2, "big")
+    f[roce_ref.ETH_LEN + 26:roce_ref.ETH_LEN + 28] = b"\0\0"
+    return bytes(f)
+
+
+def test_truncated_ech_frames_are_marked_malformed_not_lua_errors(tmp_path, repo):
+    import struct
+    samples = {name: bytes(b) for name, b in ifec.sample_frames() if name.startswith("ech")}
+    cuts = [1, 3, 4, 8, 15, 16, 17, 23, 24, 30, 36]
+    data = bytearray(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
+    for frame in samples.values():
+        for k in cuts:
+            f = cut_udp_payload(frame, k)
+            data += struct.pack("<IIII", 0, 0, len(f), len(f)) + f
+    path = tmp_path / "truncated.pcap"
+    path.write_bytes(bytes(data))
+    out = subprocess.run(["tshark", "-X", f"lua_script:{repo / 'testbed' / 'wireshark' / 'ech.lua'}", "-r", str(path),
+                          "-V"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "Lua Error" not in out.stdout + out.stderr
+    frames = out.stdout.split("\nFrame ")
+    assert len(frames) == len(samples) * len(cuts)
+    for i, text in enumerate(frames):
+        assert "Error/Malformed" in text, f"truncated frame {i + 1} not marked malformed:\n{text[-600:]}"

@@ -54,10 +54,18 @@ local function bitmap_list(tvb_range)
   return table.concat(out, ",")
 end
 
+-- Marks the frame malformed as Wireshark's own dissectors do: an expert item in the Malformed group on the
+-- protocol's tree and "[Malformed Packet: ECH]" in the Info column (never a Lua error).
+local function malformed(item, pinfo, why)
+  item:add_proto_expert_info(ef_bad, why)
+  pinfo.cols.info:append(" [Malformed Packet: ECH]")
+end
+
 function ech.dissector(tvb, pinfo, tree)
+  pinfo.cols.protocol = "ECH"
   if tvb:len() < 4 then
-    local t = tree:add(ech, tvb(), "ECH (truncated)")
-    t:add_proto_expert_info(ef_bad, "shorter than the 4-byte common prefix")
+    malformed(tree:add(ech, tvb(), "IFEC Extended Computing Header (truncated)"), pinfo,
+      string.format("%d bytes: shorter than the 4-byte common prefix", tvb:len()))
     return
   end
   local version = tvb(0, 1):bitfield(0, 4)
@@ -73,11 +81,15 @@ function ech.dissector(tvb, pinfo, tree)
   ft:add(f.flag_a, tvb(2, 1))
   t:add(f.hlen, tvb(3, 1))
   local expect = (format == 0) and 16 or 24
-  if version ~= 1 or format > 1 or hlen ~= expect or tvb:len() < hlen then
-    t:add_proto_expert_info(ef_bad, string.format("version %d format %d length %d", version, format, hlen))
+  if version ~= 1 or format > 1 or hlen ~= expect then
+    malformed(t, pinfo, string.format("version %d format %d header length %d (v1: 16 compact, 24 standard)", version,
+      format, hlen))
     return
   end
-  pinfo.cols.protocol = "ECH"
+  if tvb:len() < hlen then
+    malformed(t, pinfo, string.format("truncated: %d of the %d header bytes", tvb:len(), hlen))
+    return
+  end
   local op = ops[tvb(1, 1):uint()] or "?"
   if format == 0 then
     t:add(f.source_id, tvb(4, 2))
@@ -99,11 +111,17 @@ function ech.dissector(tvb, pinfo, tree)
     t:append_text(string.format(", standard %s job %d group %d chunk %d", op, tvb(4, 4):uint(), tvb(8, 2):uint(),
       tvb(12, 4):uint()))
   end
-  if rroce ~= nil and tvb:len() > hlen then
-    rroce:call(tvb(hlen):tvb(), pinfo, tree)
-    pinfo.cols.protocol = "ECH+RRoCE"
-  end
   pinfo.cols.info:prepend(string.format("ECH %s ", op))
+  if tvb:len() == hlen then
+    malformed(t, pinfo, "no BTH after the ECH (an ECH frame always carries RoCEv2 headers)")
+  elseif rroce ~= nil then
+    -- Wireshark's RRoCE dissector reports its own truncation; from Lua that arrives as an error to catch.
+    local ok, err = pcall(Dissector.call, rroce, tvb(hlen):tvb(), pinfo, tree)
+    pinfo.cols.protocol = "ECH+RRoCE"
+    if not ok then
+      malformed(t, pinfo, "RoCEv2 headers after the ECH are truncated (" .. tostring(err) .. ")")
+    end
+  end
 end
 
 DissectorTable.get("udp.port"):add(4793, ech)
