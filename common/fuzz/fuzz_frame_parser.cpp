@@ -1,10 +1,12 @@
-// libFuzzer target: parse_frame must return a status for any input, never crash or read out of bounds.
+// libFuzzer target: every parser of received bytes (parse_frame strict and lax, parse_l3, the PFC decoder) must
+// return a status for any input, never crash or read out of bounds; what parses must re-encode consistently.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
 
 #include "ifec/common/frame.h"
+#include "ifec/common/pfc.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ifec::common;
@@ -29,6 +31,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (st.ok() && !lax_st.ok()) {
     std::abort();  // strict accepted what lax refused
+  }
+  // The switch's fast path and its MAC-control branch read the same bytes first.
+  L3View l3;
+  const bool l3_ok = parse_l3(buf.data(), buf.size(), &l3).ok();
+  if (st.ok() && (!l3_ok || l3.dst != pf.h.ip.dst)) {
+    std::abort();  // a frame the full parser accepts must have the same L3 view
+  }
+  if (is_mac_control(buf.data(), buf.size())) {
+    PfcFrame pfc;
+    (void)PfcFrame::decode(buf.data(), buf.size(), &pfc);
   }
   return 0;
 }
