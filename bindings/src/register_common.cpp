@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/icrc.h"
 #include "ifec/common/samples.h"
@@ -89,6 +90,10 @@ py::list samples() {
 
 uint32_t icrc(py::bytes ip_to_pad, size_t bth_offset) {
   std::string_view b = ip_to_pad;
+  IFEC_CHECK(b.size() >= 28 && bth_offset >= 28 && bth_offset + 12 <= b.size(),
+             "compute_icrc: bth_offset " << bth_offset << " with " << b.size()
+                                         << " bytes: the IPv4 + UDP headers (28 bytes or more) and a 12-byte BTH must "
+                                            "fit");
   return compute_icrc(reinterpret_cast<const uint8_t*>(b.data()), b.size(), bth_offset);
 }
 

@@ -124,6 +124,34 @@ def test_plot_amdahl_with_measured_times(tmp_path):
     assert out.read_bytes() != alone.read_bytes()
 
 
+def test_amdahl_legend_says_how_much_faster_and_covers_no_label():
+    fig = reports.amdahl_figure(measured=dict(ring_time_s=327.7e-6, ifec_time_s=178.2e-6, label="sim"))
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert any("1.84x faster (46% less time)" in t for t in texts), texts  # not "46% faster"
+    assert any("2.33x faster (57% less time)" in t for t in texts), texts
+    renderer = fig.canvas.get_renderer()
+    box = legend.get_window_extent(renderer)
+    labels = [a for a in ax.texts if " at " in a.get_text()]
+    assert {a.get_text() for a in labels} >= {"34.3% at 60%", "11.4% at 20%"}
+    for a in labels:
+        assert not box.overlaps(a.get_window_extent(renderer)), a.get_text()
+
+
+def test_wire_and_speedup_plots_say_what_was_measured():
+    rows = [dict(variant="baseline (ring)", plane=p, bytes=2e6) for p in range(2)] + \
+           [dict(variant="ifec", plane=p, bytes=1e6) for p in range(2)]
+    fig = reports.wire_bytes_figure(rows, context="AllReduce of 4 MiB on 8 GPUs: frames sent; baseline = ring")
+    title = fig.axes[0].get_title()
+    assert "saves 50.0%" in title and "4 MiB on 8 GPUs" in title and "baseline = ring" in title
+    speed = [dict(ep=8, topk=8, phase=ph, variant=v, time_us=t) for ph in ("dispatch", "combine")
+             for v, t in (("per_rank", 10.0), ("ifec", 8.0))]
+    fig = reports.dispatch_combine_figure(speed, context="64 tokens per rank; times simulated")
+    assert "64 tokens per rank" in fig._suptitle.get_text() and "simulated" in fig._suptitle.get_text()
+
+
 def test_plot_amdahl_measured_label_is_optional(tmp_path):
     assert_png(reports.plot_amdahl(tmp_path / "a.png", measured=dict(ring_time_s=2.0, ifec_time_s=1)))
 

@@ -84,7 +84,10 @@ def main(argv=None):
                                                      for r in rows])
     wire_rows = [dict(variant="baseline (ring)" if r["algo"] == "ring" else "ifec", plane=p, bytes=b)
                  for r in largest for p, b in enumerate(r["plane_tx_bytes"])]
-    wire = reports.plot_wire_bytes(f"{args.out}/allreduce_wire_bytes.png", wire_rows)
+    wire = reports.plot_wire_bytes(
+        f"{args.out}/allreduce_wire_bytes.png", wire_rows,
+        context=f"AllReduce of {max(sizes) >> 20} MiB fp32 on {args.gpus} GPUs x {args.planes} planes: frames sent by "
+                f"all GPUs (headers, ACKs included); baseline = ring; simulated")
     for path in (amdahl, wire):
         if not reports.is_png(path):
             sys.exit(f"{path} is not a valid PNG")
@@ -179,8 +182,14 @@ def moe_section(args):
     reports.write_csv(f"{args.out}/moe_sweep.csv", [{k: v for k, v in r.items() if not isinstance(v, list)}
                                                      for r in sweep])
     reports.write_json(f"{args.out}/moe_sweep.json", sweep)
-    plot_b = reports.plot_dispatch_combine(f"{args.out}/moe_speedup.png", speed)
-    plot_c = reports.plot_wire_bytes(f"{args.out}/moe_wire_bytes.png", moe.wire_rows(rows))
+    plot_b = reports.plot_dispatch_combine(
+        f"{args.out}/moe_speedup.png", speed,
+        context=f"{args.moe_sweep_tokens} tokens per rank, hidden {hidden}, bf16 rows; dispatch/combine times "
+                f"simulated on {args.gpus} GPUs x {args.planes} planes")
+    plot_c = reports.plot_wire_bytes(
+        f"{args.out}/moe_wire_bytes.png", moe.wire_rows(rows),
+        context=f"MoE dispatch + combine, EP {ep}, {tokens} tokens per rank, top-8: frames sent by all GPUs; "
+                f"baseline = per_rank; simulated")
     for path in (plot_b, plot_c):
         if not reports.is_png(path):
             sys.exit(f"{path} is not a valid PNG")

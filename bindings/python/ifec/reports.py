@@ -18,6 +18,7 @@ speedup factor is 1 / (1 - s * (1 - 1/k)).
 import csv
 import io
 import json
+import textwrap
 import math
 import os
 import pathlib
@@ -202,29 +203,35 @@ def plot_amdahl(path, measured=None):
     dict(ring_time_s=..., ifec_time_s=..., label=...), the project's own simulated ring vs in-switch
     AllReduce times as a second curve; the values at 20% and 60% are annotated on each curve.
     """
+    return _save_png(amdahl_figure(measured), path)
+
+
+def amdahl_figure(measured=None):
+    """The figure plot_amdahl writes (a matplotlib Figure, for inspection)."""
     curves = [(hoefler_reference()["comm_speedup"], "Hoefler et al.: ring 352 ms vs INC 151 ms (8 GiB)")]
     if measured is not None:
         curves.append(_check_measured(measured))
     shares = np.linspace(*AMDAHL_SHARE_RANGE, 101)
 
-    fig, (ax,) = _new_figure()
+    fig, (ax,) = _new_figure(height=5.5)
     for (speedup, label), color in zip(curves, ("tab:blue", "tab:orange")):
         saving = 100.0 * (1.0 - 1.0 / speedup)
         ax.plot(100 * shares, 100 * amdahl_gain(shares, speedup), color=color,
-                label=f"{label}; AllReduce {saving:.0f}% faster")
+                label=f"{label}\nAllReduce {speedup:.2f}x faster ({saving:.0f}% less time)")
         _annotate_shares(ax, speedup, color)
     ax.set_xlim(100 * AMDAHL_SHARE_RANGE[0], 100 * AMDAHL_SHARE_RANGE[1])
     # Headroom above the highest curve so the 60% labels are not clipped by the frame.
     top = max(100 * amdahl_gain(AMDAHL_SHARE_RANGE[1], k) for k, _ in curves)
     ax.set_ylim(min(0.0, 1.2 * top), max(1.0, 1.2 * top))
-    ax.text(0.98, 0.03, "saving = share x (1 - T_in-network / T_ring)", transform=ax.transAxes,
-            ha="right", va="bottom", fontsize="small", color="dimgrey")
+    ax.text(0.02, 0.97, "saving = share x (1 - T_in-network / T_ring)", transform=ax.transAxes,
+            ha="left", va="top", fontsize="small", color="dimgrey")
     ax.set_xlabel("communication share of iteration time (%)")
     ax.set_ylabel("overall iteration time saved (%)")
     ax.set_title("Amdahl limit on in-network AllReduce gains")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper left", fontsize="small")
-    return _save_png(fig, path)
+    # Below the axes: inside, the legend would cover the curves' labels at 60%.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize="small", frameon=False)
+    return fig
 
 
 # --------------------------------------------------------------------------- MoE dispatch / combine
@@ -270,11 +277,17 @@ def dispatch_combine_speedups(rows):
     return speedups
 
 
-def plot_dispatch_combine(path, rows):
+def plot_dispatch_combine(path, rows, context=None):
     """Plots dispatch and combine speedup (faster baseline / IFEC) vs EP size, one line per top-k.
 
-    rows: see dispatch_combine_speedups. One panel per phase present; returns the PNG's Path.
+    rows: see dispatch_combine_speedups. context: one line saying how the times were obtained (tokens per rank,
+    hidden size, simulated or measured), shown above the panels. One panel per phase present; returns the Path.
     """
+    return _save_png(dispatch_combine_figure(rows, context), path)
+
+
+def dispatch_combine_figure(rows, context=None):
+    """The figure plot_dispatch_combine writes."""
     speedups = dispatch_combine_speedups(rows)
     phases = [p for p in DISPATCH_PHASES if any(k[0] == p for k in speedups)]
     fig, axes = _new_figure(width=5.5 * len(phases), ncols=len(phases))
@@ -294,7 +307,9 @@ def plot_dispatch_combine(path, rows):
         ax.set_title(f"MoE {phase}: IFEC speedup")
         ax.grid(True, alpha=0.3)
         ax.legend(title="baseline = faster of per_expert / per_rank", fontsize="small", title_fontsize="small")
-    return _save_png(fig, path)
+    if context:
+        fig.suptitle(textwrap.fill(context, 50 * len(phases)), fontsize="medium")
+    return fig
 
 
 # --------------------------------------------------------------------------- wire bytes
@@ -324,11 +339,17 @@ def _wire_table(rows):
     return variants, planes, table
 
 
-def plot_wire_bytes(path, rows):
+def plot_wire_bytes(path, rows, context=None):
     """Grouped bars of wire bytes per plane, one bar per variant (e.g. baseline vs ifec); returns the Path.
 
-    rows: dicts with variant, plane, bytes (>= 0). Every variant must report every plane.
+    rows: dicts with variant, plane, bytes (>= 0). Every variant must report every plane. context: one line saying
+    what was measured (operation, size, GPUs, direction, operating point, which baseline), under the title.
     """
+    return _save_png(wire_bytes_figure(rows, context), path)
+
+
+def wire_bytes_figure(rows, context=None):
+    """The figure plot_wire_bytes writes."""
     variants, planes, table = _wire_table(rows)
     x = np.arange(len(planes))
     width = 0.8 / len(variants)
@@ -339,16 +360,18 @@ def plot_wire_bytes(path, rows):
     ax.set_xticks(x, [str(p) for p in planes])
     ax.set_xlabel("plane")
     ax.set_ylabel("wire bytes (MiB)")
-    ax.set_title(_wire_title(variants, planes, table))
+    ax.set_title(_wire_title(variants, planes, table) + ("\n" + textwrap.fill(context, 90) if context else ""),
+                 fontsize="medium")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
-    return _save_png(fig, path)
+    return fig
 
 
 def _wire_title(variants, planes, table):
     """Title with IFEC's total saving over the baseline when both variants are present."""
-    if "baseline" in variants and "ifec" in variants:
-        base = sum(table[("baseline", p)] for p in planes)
+    baseline = next((v for v in variants if v.startswith("baseline")), None)
+    if baseline is not None and "ifec" in variants:
+        base = sum(table[(baseline, p)] for p in planes)
         ifec = sum(table[("ifec", p)] for p in planes)
         if base > 0:
             return f"Wire bytes per plane (IFEC saves {100 * (1 - ifec / base):.1f}% in total)"
