@@ -55,7 +55,26 @@ struct Rig {
     ep = std::make_unique<endpoint::Endpoint>(loop, ec, std::vector<endpoint::EndpointPort>{{ep_port.get(), 0, {}, {}}},
                                               std::vector<uint32_t>{gpu_ip(0), gpu_ip(1), gpu_ip(2)});
     ep->memory().allocate_window(1, 1 << 16, 1);
+    // Requests in flight toward both peers, so fuzzed ACKs, NAKs, read responses and atomic ACKs meet a requester
+    // with state (PSNs, outstanding work requests) and not only the responder.
+    for (int peer = 1; peer < kGpus; ++peer) {
+      endpoint::WindowInfo w;
+      w.id = 1;
+      w.va = 0x100000u * (peer + 1);
+      w.rkey = 0x1000u + peer;
+      w.size = 1 << 16;
+      w.job = 1;
+      ep->set_remote_window(peer, w);
+      static const uint8_t kData[8192] = {};
+      handles.push_back(ep->store(peer, 1, 0, kData, sizeof(kData)));
+      handles.push_back(ep->load(load_buf, peer, 1, 64, 64));
+      handles.push_back(ep->fetch_add(peer, 1, 128, 5));
+      handles.push_back(ep->compare_swap(peer, 1, 136, 0, 9));
+    }
   }
+
+  std::vector<endpoint::OpHandle> handles;
+  uint8_t load_buf[64] = {};
 
   void reserve(uint16_t group, common::EchOp op, common::EchDtype dtype, unsigned destinations) {
     switchemu::GroupReservation r;

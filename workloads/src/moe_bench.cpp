@@ -95,6 +95,7 @@ std::vector<MoeBenchRow> run_moe_point(const MoeBenchConfig& cfg, const MoePoint
       row.combine_wire_per_plane.push_back(scaled(b));
     }
     row.fallback_chunks = r.fallback_chunks;
+    row.faults = r.faults;
     if (cfg.compute) {
       row.max_rel_error = ((r.output - ref).abs().max() / ref.abs().max()).item<double>();
       row.tolerance = cfg.bf16 ? kBf16Tolerance : kFp32Tolerance;
@@ -133,6 +134,9 @@ std::string moe_row_text(const MoeBenchRow& r) {
     char err[160];
     std::snprintf(err, sizeof err, "  WRONG: max error %.3g above tolerance %.3g", r.max_rel_error, r.tolerance);
     line += err;
+  }
+  for (const std::string& f : r.faults) {
+    line += "\n#   " + r.variant + " fault: " + f;
   }
   return line;
 }
@@ -178,7 +182,8 @@ std::string moe_row_json(const MoeBenchRow& r, const std::string& topology) {
      << ",\"dispatch_wire_per_plane\":" << list(r.dispatch_wire_per_plane)
      << ",\"combine_wire_per_plane\":" << list(r.combine_wire_per_plane) << ",\"fallback_chunks\":" << r.fallback_chunks
      << ",\"max_rel_error\":" << r.max_rel_error << ",\"tolerance\":" << r.tolerance
-     << ",\"ok\":" << (r.ok() ? "true" : "false") << ",\"wall_seconds\":" << r.wall_seconds << '}';
+     << ",\"ok\":" << (r.ok() ? "true" : "false") << ",\"faults\":" << common::json_strings(r.faults)
+     << ",\"wall_seconds\":" << r.wall_seconds << '}';
   return os.str();
 }
 

@@ -175,6 +175,9 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
       if (r.fell_back) {
         res.fallback_reason = "dispatch: " + r.fallback_reason;
       }
+      for (const std::string& f : r.faults) {
+        res.faults.push_back("dispatch: " + f);
+      }
     } else {
       for (int d = 0; d < ranks; ++d) {
         for (size_t i = 0; i < list_size(d); ++i) {
@@ -262,6 +265,9 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
       res.fallback_chunks += r.fallback_chunks;
       if (r.fell_back) {
         res.fallback_reason += (res.fallback_reason.empty() ? "" : "; ") + ("combine: " + r.fallback_reason);
+      }
+      for (const std::string& f : r.faults) {
+        res.faults.push_back("combine: " + f);
       }
       meter.finish(&res.combine_us, &res.combine_wire_bytes, &res.combine_wire_per_plane);
     } else {

@@ -68,6 +68,16 @@ PropertyResult run_collective_case(const PropertyCase& c) {
   return r;
 }
 
+// What a batch operation reported; ok is decided by the comparison with the reference.
+PropertyResult result_of(const CollectiveResult& res) {
+  PropertyResult r;
+  r.error = res.error;
+  r.sim_us = (res.end_ns - res.start_ns) / 1e3;
+  r.fallback = res.fallback_chunks;
+  r.faults = res.faults;
+  return r;
+}
+
 ClusterOptions cluster_options(const PropertyCase& c) {
   ClusterOptions o;
   o.fabric.loss = c.loss;
@@ -130,11 +140,7 @@ PropertyResult run_combine_case(const PropertyCase& c) {
     }
   }
   const CollectiveResult res = ifec.reduce_rows(spec, 10'000'000'000ULL);
-  PropertyResult r;
-  r.error = res.error;
-  r.sim_us = (res.end_ns - res.start_ns) / 1e3;
-  r.fallback = res.fallback_chunks;
-  r.faults = res.faults;
+  PropertyResult r = result_of(res);
   if (!res.ok) {
     return r;
   }
@@ -198,11 +204,7 @@ PropertyResult run_dispatch_case(const PropertyCase& c) {
     }
   }
   const CollectiveResult res = ifec.multicast_rows(spec, 10'000'000'000ULL);
-  PropertyResult r;
-  r.error = res.error;
-  r.sim_us = (res.end_ns - res.start_ns) / 1e3;
-  r.fallback = res.fallback_chunks;
-  r.faults = res.faults;
+  PropertyResult r = result_of(res);
   if (!res.ok) {
     return r;
   }

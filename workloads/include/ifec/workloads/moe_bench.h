@@ -50,8 +50,9 @@ struct MoeBenchRow {
   std::vector<uint64_t> dispatch_wire_per_plane;
   std::vector<uint64_t> combine_wire_per_plane;
   uint64_t fallback_chunks = 0;
-  double max_rel_error = -1;  // against the single-process reference when computed (else -1)
-  double tolerance = 0;       // the largest max_rel_error that is right: one rounding of the row type per sum
+  std::vector<std::string> faults;  // what the variant's batch operations met, one line each
+  double max_rel_error = -1;        // against the single-process reference when computed (else -1)
+  double tolerance = 0;             // the largest max_rel_error that is right: one rounding of the row type per sum
   double wall_seconds = 0;
   // False when the output was computed and differs from the reference beyond the tolerance: never reported as ok.
   bool ok() const { return max_rel_error < 0 || max_rel_error <= tolerance; }

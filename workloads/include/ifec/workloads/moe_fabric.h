@@ -45,7 +45,9 @@ struct MoeFabricResult {
   std::vector<uint64_t> combine_wire_per_plane;
   uint64_t fallback_chunks = 0;  // IFEC: chunks/packets the fabric did not serve, finished point to point
   std::string fallback_reason;
-  int64_t routed_pairs = 0;                // (token, expert) pairs
+  std::vector<std::string>
+      faults;                // IFEC: what the batch operations met (planes given up, rows finished point to point)
+  int64_t routed_pairs = 0;  // (token, expert) pairs
   std::vector<int64_t> tokens_per_expert;  // the plan's histogram, for cost models with other shapes
   at::Tensor output;  // fp32 [ranks * tokens_per_rank, hidden]: the layer output, rank r's tokens at rows r*T..
 };
