@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "ifec/common/pcap.h"
+#include "ifec/common/protocol.h"
 
 namespace ifec::common {
 
@@ -15,8 +16,8 @@ FrameHeaders base_headers(uint8_t opcode, uint32_t dest_qp, uint32_t psn) {
   h.eth.dst = {0x02, 0x00, 0x00, 0x00, 0x00, 0x02};
   h.ip.src = 0x0A000001;  // 10.0.0.1: GPU 1's loopback
   h.ip.dst = 0x0A000002;
-  h.ip.dscp = 26;  // the lossless RoCE class used throughout the project
-  h.ip.ecn = 2;    // ECT(0)
+  h.ip.dscp = kRoceDscp;
+  h.ip.ecn = 2;  // ECT(0)
   h.ip.identification = static_cast<uint16_t>(psn);
   h.udp.src_port = static_cast<uint16_t>(0xC000 | (dest_qp & 0x3FFF));
   h.bth.opcode = opcode;

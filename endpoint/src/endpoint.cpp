@@ -88,7 +88,7 @@ Endpoint::Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<Endpoin
       QpConfig qc;
       qc.local_qpn = qpn(peer, static_cast<int>(q));
       qc.remote_qpn = 0x100u + static_cast<uint32_t>(cfg_.index) * 64u + static_cast<uint32_t>(q);
-      qc.pkey = job_pkey(cfg_.job);
+      qc.pkey = common::pkey_of_job(cfg_.job);
       qc.mtu = cfg_.mtu;
       qc.weak = cfg_.ordering == Ordering::kWeak;
       qc.rto_ns = cfg_.rto_ns;

@@ -32,7 +32,7 @@ const WindowInfo& SymmetricMemory::register_window(uint16_t id, void* data, uint
   IFEC_CHECK(data != nullptr, "endpoint " << endpoint_ << ": window " << id << " has no memory");
   IFEC_CHECK(size > 0 && size <= (uint64_t{1} << kWindowVaShift),
              "endpoint " << endpoint_ << ": window " << id << " size " << size << " outside 1.." << (1ULL << 36));
-  IFEC_CHECK(job <= 0x7FFF, "endpoint " << endpoint_ << ": job " << job << " does not fit the 15-bit P_Key");
+  IFEC_CHECK(job <= common::kMaxJob, "endpoint " << endpoint_ << ": job " << job << " does not fit the 15-bit P_Key");
   WindowInfo w;
   w.id = id;
   w.va = window_va(id);

@@ -608,7 +608,7 @@ void QueuePair::on_request(const common::ParsedFrame& pf, const uint8_t* frame) 
 bool QueuePair::execute(const common::ParsedFrame& pf, const uint8_t* frame) {
   const uint8_t opcode = pf.h.bth.opcode;
   const uint32_t psn = pf.h.bth.psn;
-  const uint32_t job = pkey_job(pf.h.bth.pkey);
+  const uint32_t job = common::job_of_pkey(pf.h.bth.pkey);
   const uint8_t* payload = frame + pf.payload_offset;
   const uint32_t len = static_cast<uint32_t>(pf.payload_size);
   if (opcode == op(Opcode::kWriteFirst) || opcode == op(Opcode::kWriteOnly) || opcode == op(Opcode::kWriteOnlyImm)) {
@@ -700,7 +700,8 @@ void QueuePair::duplicate(const common::ParsedFrame& pf) {
     // Reads are idempotent: serve them again (the first responses may have been lost). The request passed the
     // access check when it first executed; memory may only have changed, not its registration.
     const common::Reth& r = *pf.h.reth;
-    if (memory_.check(r.rkey, r.virtual_address, r.dma_length, pkey_job(pf.h.bth.pkey), false) == AccessError::kOk) {
+    if (memory_.check(r.rkey, r.virtual_address, r.dma_length, common::job_of_pkey(pf.h.bth.pkey), false) ==
+        AccessError::kOk) {
       counters_.read_replays++;
       queue_read_responses(psn, r.virtual_address, r.rkey, r.dma_length);
     }

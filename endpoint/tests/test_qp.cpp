@@ -228,7 +228,7 @@ TEST(Endpoint, MalformedAndUnexpectedFramesAreCountedAndDropped) {
   h.ip.src = 0x0A000001;
   h.ip.dst = 0x0A000002;
   h.bth.opcode = static_cast<uint8_t>(common::Opcode::kWriteOnly);
-  h.bth.pkey = endpoint::job_pkey(1);
+  h.bth.pkey = common::pkey_of_job(1);
   h.bth.dest_qp = p.ep[1]->qpn(0, 0);
   h.bth.psn = 0;
   const endpoint::WindowInfo& w = *p.ep[1]->memory().window(kFlag);

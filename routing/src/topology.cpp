@@ -154,6 +154,14 @@ std::optional<Problem> params_problem(const Topology& t) {
     os << "pfc xon_bytes " << p.pfc.xon_bytes << " > xoff_bytes " << p.pfc.xoff_bytes;
     return fail(os.str(), {"params.pfc.xon_bytes", "params.pfc.xoff_bytes"});
   }
+  if (p.ifec.slot_pool == 0) return fail("ifec slot_pool must be > 0, got 0", {"params.ifec.slot_pool"});
+  if (p.ifec.slot_bytes < 64 || p.ifec.slot_bytes > 65536) {
+    os << "ifec slot_bytes " << p.ifec.slot_bytes << " outside [64, 65536]";
+    return fail(os.str(), {"params.ifec.slot_bytes"});
+  }
+  if (p.ifec.slot_timeout_ns == 0 || p.ifec.result_retransmit_ns == 0) {
+    return fail("ifec timeouts must be > 0", {"params.ifec.slot_timeout_ns", "params.ifec.result_retransmit_ns"});
+  }
   if (p.pfc.lossless_priority < 0 || p.pfc.lossless_priority >= p.priorities) {
     os << "pfc lossless_priority " << p.pfc.lossless_priority << " outside [0, " << p.priorities << ")";
     return fail(os.str(), {"params.pfc.lossless_priority", "params.priorities"});

@@ -147,8 +147,9 @@ class Parser {
   void parse_params(const YAML::Node& n, FabricParams& p) {
     if (!n.IsMap()) fail(n.Mark(), "params must be a mapping, got " + describe(n));
     key_lines_["params"] = line_of(n.Mark());
-    Fields f(*this, n, "params",
-             {"mtu", "buffer_bytes", "wire_overhead_bytes", "control_plane_delay_ns", "priorities", "ecn", "pfc"});
+    Fields f(
+        *this, n, "params",
+        {"mtu", "buffer_bytes", "wire_overhead_bytes", "control_plane_delay_ns", "priorities", "ecn", "pfc", "ifec"});
     const uint64_t u32 = std::numeric_limits<uint32_t>::max();
     if (auto* v = field(f, "params.mtu")) p.mtu = static_cast<uint32_t>(uint_value(*v, "mtu", u32));
     if (auto* v = field(f, "params.buffer_bytes")) p.buffer_bytes = uint_value(*v, "buffer_bytes");
@@ -176,6 +177,31 @@ class Parser {
         p.pfc.lossless_priority = static_cast<int>(int_value(*v, "lossless_priority", 0, 7));
       }
     }
+    if (auto* ifec = field(f, "params.ifec")) parse_ifec(*ifec, p.ifec);
+  }
+
+  void parse_ifec(const YAML::Node& n, IfecParams& p) {
+    if (!n.IsMap()) fail(n.Mark(), "ifec must be a mapping, got " + describe(n));
+    Fields e(*this, n, "ifec",
+             {"slot_pool", "slot_bytes", "slot_timeout_ns", "result_retransmit_ns", "result_retries",
+              "multicast_entries", "upstream_fp32", "reproducible"});
+    const uint64_t u32 = std::numeric_limits<uint32_t>::max();
+    if (auto* v = field(e, "params.ifec.slot_pool"))
+      p.slot_pool = static_cast<uint32_t>(uint_value(*v, "slot_pool", u32));
+    if (auto* v = field(e, "params.ifec.slot_bytes"))
+      p.slot_bytes = static_cast<uint32_t>(uint_value(*v, "slot_bytes", u32));
+    if (auto* v = field(e, "params.ifec.slot_timeout_ns")) p.slot_timeout_ns = uint_value(*v, "slot_timeout_ns");
+    if (auto* v = field(e, "params.ifec.result_retransmit_ns")) {
+      p.result_retransmit_ns = uint_value(*v, "result_retransmit_ns");
+    }
+    if (auto* v = field(e, "params.ifec.result_retries")) {
+      p.result_retries = static_cast<uint32_t>(uint_value(*v, "result_retries", 1000));
+    }
+    if (auto* v = field(e, "params.ifec.multicast_entries")) {
+      p.multicast_entries = static_cast<uint32_t>(uint_value(*v, "multicast_entries", u32));
+    }
+    if (auto* v = field(e, "params.ifec.upstream_fp32")) p.upstream_fp32 = bool_value(*v, "upstream_fp32");
+    if (auto* v = field(e, "params.ifec.reproducible")) p.reproducible = bool_value(*v, "reproducible");
   }
 
   // Looks up the last component of a dotted key and remembers its line for validate()'s problems.
@@ -511,7 +537,12 @@ std::string to_yaml(const Topology& t) {
      << "  ecn: {kmin_bytes: " << p.ecn.kmin_bytes << ", kmax_bytes: " << p.ecn.kmax_bytes
      << ", pmax: " << detail::format_double(p.ecn.pmax) << "}\n"
      << "  pfc: {enabled: " << (p.pfc.enabled ? "true" : "false") << ", xoff_bytes: " << p.pfc.xoff_bytes
-     << ", xon_bytes: " << p.pfc.xon_bytes << ", lossless_priority: " << p.pfc.lossless_priority << "}\n";
+     << ", xon_bytes: " << p.pfc.xon_bytes << ", lossless_priority: " << p.pfc.lossless_priority << "}\n"
+     << "  ifec: {slot_pool: " << p.ifec.slot_pool << ", slot_bytes: " << p.ifec.slot_bytes
+     << ", slot_timeout_ns: " << p.ifec.slot_timeout_ns << ", result_retransmit_ns: " << p.ifec.result_retransmit_ns
+     << ", result_retries: " << p.ifec.result_retries << ", multicast_entries: " << p.ifec.multicast_entries
+     << ", upstream_fp32: " << (p.ifec.upstream_fp32 ? "true" : "false")
+     << ", reproducible: " << (p.ifec.reproducible ? "true" : "false") << "}\n";
 
   // The most common cable shape becomes link_defaults, so regular fabrics list each cable as just {a, b}.
   std::map<CableShape, int> shapes;

@@ -228,6 +228,22 @@ TEST(ParseTopology, ThresholdRelations) {
   expect_error(kTiny + "params:\n  mtu: 9001\n", 13, {"mtu 9001"});
 }
 
+TEST(ParseTopology, IfecEngineSettings) {
+  const Topology t = parse_topology(
+      kTiny + "params:\n  ifec: {slot_pool: 64, slot_timeout_ns: 500000, upstream_fp32: false, reproducible: true}\n",
+      "t.yaml");
+  EXPECT_EQ(t.params.ifec.slot_pool, 64u);
+  EXPECT_EQ(t.params.ifec.slot_timeout_ns, 500000u);
+  EXPECT_FALSE(t.params.ifec.upstream_fp32);
+  EXPECT_TRUE(t.params.ifec.reproducible);
+  EXPECT_EQ(t.params.ifec.result_retries, IfecParams{}.result_retries);       // unset keys keep their defaults
+  EXPECT_EQ(parse_topology(to_yaml(t), "again").params.ifec.slot_pool, 64u);  // and they round-trip
+  expect_error(kTiny + "params:\n  ifec: {slot_pool: 0}\n", 13, {"ifec slot_pool must be > 0"});
+  expect_error(kTiny + "params:\n  ifec: {slot_bytes: 8}\n", 13, {"ifec slot_bytes 8 outside [64, 65536]"});
+  expect_error(kTiny + "params:\n  ifec: {slots: 3}\n", 13, {"unknown key 'slots' in ifec"});
+  expect_error(kTiny + "params:\n  ifec: {reproducible: often}\n", 13, {"reproducible", "'often'"});
+}
+
 TEST(ParseTopology, MissingRequiredKeys) {
   expect_error(kHead + "  - {a: gpu1}\n", 11, {"missing required key 'b' in link"});
   std::string yaml = kTiny;

@@ -76,7 +76,6 @@ Fabric::Fabric(common::Clock& clock, const routing::Topology& topo, FabricOption
     cfg.base_mac = node_port_mac(topo_, static_cast<int>(n), 0);
     cfg.ip = nd.loopback;
     cfg.ifec = opts_.ifec;
-    cfg.ifec_config = opts_.ifec_config;
     node_switch_[n] = static_cast<int>(switches_.size());
     switch_nodes_.push_back(static_cast<int>(n));
     switches_.push_back(std::make_unique<Switch>(clock_, cfg, node_ports[n]));

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/protocol.h"
 
 namespace ifec::switchemu {
 
@@ -16,17 +17,21 @@ using common::Opcode;
 
 namespace {
 
-constexpr uint32_t kEchQpn = 0xFFFFFE;  // ECH frames are not for an RC QP; endpoints dispatch them by ECH
 constexpr size_t kMulticastDoneMemory = 4096;
 constexpr common::TimeNs kPartialRetryNs = 1'000;  // a partial the spine refused (slot busy) goes again after 1-8 us
 
 uint64_t group_key(uint32_t job, uint16_t group) { return (uint64_t{job} << 16) | group; }
-uint16_t pkey_for(uint32_t job) { return static_cast<uint16_t>(0x8000 | (job & 0x7FFF)); }
 
 }  // namespace
 
-IfecEngine::IfecEngine(common::Clock& clock, IfecConfig cfg, uint32_t switch_ip, Emit emit)
-    : clock_(clock), cfg_(cfg), ip_(switch_ip), emit_(std::move(emit)), free_slots_(cfg.slot_pool) {}
+IfecEngine::IfecEngine(common::Clock& clock, routing::IfecParams params, uint64_t port_rate_bps, uint32_t switch_ip,
+                       Emit emit)
+    : clock_(clock),
+      cfg_(params),
+      port_rate_bps_(port_rate_bps),
+      ip_(switch_ip),
+      emit_(std::move(emit)),
+      free_slots_(params.slot_pool) {}
 
 bool IfecEngine::reserve(const GroupReservation& r, std::string* why) {
   std::ostringstream os;
@@ -54,8 +59,7 @@ bool IfecEngine::reserve(const GroupReservation& r, std::string* why) {
   g.r = r;
   // What the group's whole budget of chunks takes to cross the slowest port, four times over.
   const common::TimeNs drain =
-      cfg_.port_rate_bps > 0 ? static_cast<common::TimeNs>(4.0 * r.slots * cfg_.slot_bytes * 8e9 / cfg_.port_rate_bps)
-                             : 0;
+      port_rate_bps_ > 0 ? static_cast<common::TimeNs>(4.0 * r.slots * cfg_.slot_bytes * 8e9 / port_rate_bps_) : 0;
   g.slot_timeout_ns = std::max(cfg_.slot_timeout_ns, drain);
   g.result_rto_ns = std::max(cfg_.result_retransmit_ns, drain / 4);
   for (size_t i = 0; i < r.members.size(); ++i) {
@@ -98,9 +102,9 @@ void IfecEngine::release(uint32_t job, uint16_t group) {
   }
 }
 
-void IfecEngine::register_window(int gpu, uint32_t ip, uint16_t window, uint64_t va, uint32_t rkey, uint32_t job) {
-  windows_[{gpu, window}] = Window{ip, va, rkey, job};
-  gpu_of_ip_[ip] = gpu;
+void IfecEngine::register_window(const WindowRegistration& w) {
+  windows_[{w.gpu, w.window}] = Window{w.ip, w.va, w.rkey, w.job};
+  gpu_of_ip_[w.ip] = w.gpu;
 }
 
 void IfecEngine::receive(const common::ParsedFrame& pf, const uint8_t* frame) {
@@ -126,7 +130,7 @@ void IfecEngine::receive(const common::ParsedFrame& pf, const uint8_t* frame) {
     counters_.unreserved_drops++;  // never reserved, released, or another job's group id
     return;
   }
-  if ((pf.h.bth.pkey & 0x7FFF) != (ech.job_id & 0x7FFF)) {
+  if (common::job_of_pkey(pf.h.bth.pkey) != (ech.job_id & common::kMaxJob)) {
     counters_.unreserved_drops++;  // the frame's partition is not the job it names
     return;
   }
@@ -299,8 +303,8 @@ void IfecEngine::forward_partial(Group& g, Slot& s) {
   e.element_count = s.elements;
   e.window_id = g.r.window;
   common::Reth reth{s.offset, 0, static_cast<uint32_t>(s.partial.size())};
-  emit_(build(g.r.upstream_ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), s.chunk & 0xFFFFFF, pkey_for(g.r.job), reth,
-              s.partial.data(), s.partial.size()));
+  emit_(build(g.r.upstream_ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), s.chunk & 0xFFFFFF,
+              common::pkey_of_job(g.r.job), reth, s.partial.data(), s.partial.size()));
   counters_.partials_sent++;
   counters_.partial_bytes += s.partial.size();
 }
@@ -397,8 +401,8 @@ void IfecEngine::send_result(Group& g, Slot& s, int member) {
   e.element_count = s.elements;
   e.window_id = g.r.window;
   common::Reth reth{gm.result_va + s.offset, gm.rkey, static_cast<uint32_t>(s.result.size())};
-  emit_(build(gm.ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), s.chunk & 0xFFFFFF, pkey_for(g.r.job), reth,
-              s.result.data(), s.result.size()));
+  emit_(build(gm.ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), s.chunk & 0xFFFFFF, common::pkey_of_job(g.r.job),
+              reth, s.result.data(), s.result.size()));
   counters_.results_sent++;
 }
 
@@ -535,7 +539,7 @@ void IfecEngine::send_notice(Group& g, int member, uint32_t chunk) {
   e.redop = g.r.redop;
   e.element_count = 0;
   e.window_id = g.r.window;
-  emit_(build(gm.ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), chunk & 0xFFFFFF, pkey_for(g.r.job),
+  emit_(build(gm.ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), chunk & 0xFFFFFF, common::pkey_of_job(g.r.job),
               common::Reth{gm.result_va, gm.rkey, 0}, nullptr, 0));
 }
 
@@ -552,7 +556,7 @@ void IfecEngine::send_ech_rnr(uint32_t dst_ip, const Ech& ech, uint32_t psn, uin
   e.flags = 0;
   // RNR timer code 1 (IBTA: 0.01 ms); the endpoint's own back-off decides when it actually retries.
   emit_(build(dst_ip, e, static_cast<uint8_t>(Opcode::kAcknowledge), psn, pkey, std::nullopt, nullptr, 0,
-              common::Aeth{static_cast<uint8_t>(0x20 | 1), 0}));
+              common::Aeth::rnr_nak(1)));
 }
 
 std::vector<uint8_t> IfecEngine::build(uint32_t dst_ip, const Ech& ech, uint8_t opcode, uint32_t psn, uint16_t pkey,
@@ -561,13 +565,13 @@ std::vector<uint8_t> IfecEngine::build(uint32_t dst_ip, const Ech& ech, uint8_t 
   common::FrameHeaders h;
   h.ip.src = ip_;
   h.ip.dst = dst_ip;
-  h.ip.dscp = 26;
-  h.ip.ecn = 2;
+  h.ip.dscp = common::kRoceDscp;
+  h.ip.ecn = common::kRoceEcn;
   h.udp.src_port = static_cast<uint16_t>(0xC000 | ((dst_ip * 2654435761u + psn) >> 18));
   h.ech = ech;
   h.bth.opcode = opcode;
   h.bth.pkey = pkey;
-  h.bth.dest_qp = kEchQpn;
+  h.bth.dest_qp = common::kEchQpn;
   h.bth.psn = psn;
   if (opcode == static_cast<uint8_t>(Opcode::kAcknowledge)) {
     h.aeth = aeth;
@@ -609,7 +613,7 @@ void IfecEngine::multicast(const common::ParsedFrame& pf, const uint8_t* frame) 
   m.window = ech.window_id;
   m.offset = pf.h.reth->virtual_address;
   m.psn = pf.h.bth.psn;
-  m.job = pf.h.bth.pkey & 0x7FFF;
+  m.job = common::job_of_pkey(pf.h.bth.pkey);
   for (int d = 0; d < 64; ++d) {
     if (!(ech.dest_bitmap & (1ULL << d))) {
       continue;
@@ -640,8 +644,8 @@ void IfecEngine::send_replica(const Multicast& m, int dest) {
   e.window_id = m.window;
   e.dest_bitmap = 1ULL << dest;
   common::Reth reth{w.va + m.offset, w.rkey, static_cast<uint32_t>(m.payload.size())};
-  emit_(build(w.ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), m.psn, pkey_for(m.job), reth, m.payload.data(),
-              m.payload.size()));
+  emit_(build(w.ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), m.psn, common::pkey_of_job(m.job), reth,
+              m.payload.data(), m.payload.size()));
   counters_.multicast_replicas++;
 }
 
@@ -659,7 +663,7 @@ void IfecEngine::multicast_ack(const common::ParsedFrame& pf) {
   // Every destination has the data: one completion to the source (the transaction proxy's job).
   Ech e = ech;
   e.dest_bitmap = 1ULL << m.source_id;
-  send_ech_ack(m.source_ip, e, m.psn, pkey_for(m.job));
+  send_ech_ack(m.source_ip, e, m.psn, common::pkey_of_job(m.job));
   counters_.multicast_completions++;
   mcast_done_.push_back(it->first);
   mcast_done_set_.insert(it->first);

@@ -7,6 +7,7 @@
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/pfc.h"
+#include "ifec/common/protocol.h"
 
 namespace ifec::switchemu {
 
@@ -14,7 +15,6 @@ using common::TimeNs;
 
 namespace {
 
-constexpr uint8_t kRoceDscp = 26;
 constexpr uint16_t kPauseQuanta = 0xFFFF;
 
 uint64_t mix64(uint64_t x) {
@@ -51,12 +51,12 @@ Switch::Switch(common::Clock& clock, SwitchConfig cfg, std::vector<common::Port*
     ports_[p]->set_tx_ready([this, port] { transmit(port); });
   }
   if (cfg_.ifec) {
-    IfecConfig ic = cfg_.ifec_config;
+    uint64_t slowest = 0;
     for (common::Port* port : ports_) {
-      ic.port_rate_bps = ic.port_rate_bps == 0 ? port->rate_bps() : std::min(ic.port_rate_bps, port->rate_bps());
+      slowest = slowest == 0 ? port->rate_bps() : std::min(slowest, port->rate_bps());
     }
-    ifec_ =
-        std::make_unique<IfecEngine>(clock_, ic, cfg_.ip, [this](std::vector<uint8_t>&& f) { inject(std::move(f)); });
+    ifec_ = std::make_unique<IfecEngine>(clock_, cfg_.params.ifec, slowest, cfg_.ip,
+                                         [this](std::vector<uint8_t>&& f) { inject(std::move(f)); });
   }
 }
 
@@ -76,7 +76,9 @@ common::MacAddress Switch::port_mac(int port) const {
   return m;
 }
 
-int Switch::priority_of(uint8_t dscp) const { return dscp == kRoceDscp ? cfg_.params.pfc.lossless_priority : 0; }
+int Switch::priority_of(uint8_t dscp) const {
+  return dscp == common::kRoceDscp ? cfg_.params.pfc.lossless_priority : 0;
+}
 
 void Switch::set_route(uint32_t dst_ip, std::vector<NextHopPort> group) {
   if (group.empty()) {

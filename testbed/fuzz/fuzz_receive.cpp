@@ -39,7 +39,7 @@ struct Rig {
     }
     switchemu::SwitchConfig sc;
     sc.ip = kSwitchIp;
-    sc.ifec_config.slot_pool = 64;
+    sc.params.ifec.slot_pool = 64;
     sw = std::make_unique<switchemu::Switch>(loop, sc, ports);
     for (int g = 0; g < kGpus; ++g) {
       sw->set_route(gpu_ip(g), {switchemu::NextHopPort{g, 1, {}}});
@@ -47,7 +47,7 @@ struct Rig {
     reserve(1, common::EchOp::kAllReduce, common::EchDtype::kFp32, 0b111);
     reserve(2, common::EchOp::kReduce, common::EchDtype::kBf16, 0b001);
     for (int g = 0; g < kGpus; ++g) {
-      sw->ifec()->register_window(g, gpu_ip(g), 1, 0x100000 * (g + 1), 0x1000 + g, 1);
+      sw->ifec()->register_window({g, gpu_ip(g), 1, 0x100000u * (g + 1), 0x1000u + g, 1});
     }
     endpoint::EndpointConfig ec;
     ec.index = 0;

@@ -10,6 +10,9 @@ namespace ifec::workloads {
 using common::TimeNs;
 
 Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(topo), opts_(opts) {
+  if (opts_.ifec) {
+    topo_.params.ifec = *opts_.ifec;
+  }
   fabric_ = std::make_unique<switchemu::Fabric>(loop_, topo_, opts_.fabric);
   const int n = fabric_->num_gpus();
   std::vector<uint32_t> ips;

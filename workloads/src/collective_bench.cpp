@@ -113,7 +113,10 @@ Reference reference_of(const CollectivePoint& p, const std::vector<std::vector<u
 
 }  // namespace
 
-CollectiveRow run_collective_point(const routing::Topology& topo, const CollectivePoint& p) {
+CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const CollectivePoint& p) {
+  routing::Topology topo = fabric_topo;
+  topo.params.ifec.reproducible = topo.params.ifec.reproducible || p.reproducible;
+  topo.params.ifec.slot_pool = p.slot_pool;
   const auto wall0 = std::chrono::steady_clock::now();
   CollectiveRow row;
   row.point = p;
@@ -134,8 +137,6 @@ CollectiveRow run_collective_point(const routing::Topology& topo, const Collecti
   o.fabric.loss = p.loss;
   o.fabric.seed = p.seed;
   o.fabric.lb = switchemu::LoadBalance::kPerPacket;
-  o.fabric.ifec_config.reproducible = p.reproducible;
-  o.fabric.ifec_config.slot_pool = p.slot_pool;
   o.endpoint.ordering = endpoint::Ordering::kWeak;
   Cluster c(topo, o);
   CollectiveSpec s;

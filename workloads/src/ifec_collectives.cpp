@@ -925,7 +925,8 @@ CollectiveResult IfecCollectives::multicast_rows(const BatchMulticastSpec& spec,
       if (registered.insert(sw).second) {
         for (int g : involved) {
           const endpoint::WindowInfo* win = cluster_.ep(g).memory().window(spec.window);
-          fabric.switch_at(sw).ifec()->register_window(g, fabric.gpu_ip(g), spec.window, win->va, win->rkey, win->job);
+          fabric.switch_at(sw).ifec()->register_window(
+              {g, fabric.gpu_ip(g), spec.window, win->va, win->rkey, win->job});
         }
       }
     }

@@ -39,7 +39,10 @@ double unit_of(EchDtype t) {
 }
 
 routing::Topology topology_of(const PropertyCase& c) {
-  return c.two_tier ? routing::make_fat_tree(c.gpus, c.planes, 2, 2) : routing::make_superpod(c.gpus, c.planes);
+  routing::Topology t =
+      c.two_tier ? routing::make_fat_tree(c.gpus, c.planes, 2, 2) : routing::make_superpod(c.gpus, c.planes);
+  t.params.ifec.slot_pool = c.slot_pool;
+  return t;
 }
 
 PropertyResult run_collective_case(const PropertyCase& c) {
@@ -82,7 +85,6 @@ ClusterOptions cluster_options(const PropertyCase& c) {
   ClusterOptions o;
   o.fabric.loss = c.loss;
   o.fabric.seed = c.seed;
-  o.fabric.ifec_config.slot_pool = c.slot_pool;
   o.endpoint.ordering = endpoint::Ordering::kWeak;
   return o;
 }

@@ -9,6 +9,7 @@
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/pfc.h"
+#include "ifec/common/protocol.h"
 
 namespace ifec::workloads {
 
@@ -16,7 +17,6 @@ using common::TimeNs;
 
 namespace {
 
-constexpr uint8_t kRoceDscp = 26;
 constexpr uint64_t kWindowBase = 0x0000100000000000ULL;
 
 }  // namespace
@@ -259,7 +259,7 @@ void RawTraffic::pump(int gpu, int pi) {
   h.eth.dst = gp.peer_mac;
   h.ip.src = fabric_.gpu_ip(gpu);
   h.ip.dst = fabric_.gpu_ip(f.spec.dst);
-  h.ip.dscp = kRoceDscp;
+  h.ip.dscp = common::kRoceDscp;
   h.ip.ecn = 2;
   h.ip.identification = static_cast<uint16_t>(k);
   // One QP per (flow, port): its own UDP source port, so per-flow hashing can spread QPs over paths.

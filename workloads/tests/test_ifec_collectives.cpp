@@ -29,9 +29,10 @@ workloads::ClusterOptions cluster_options(double loss, uint64_t seed, uint32_t p
   workloads::ClusterOptions o;
   o.fabric.loss = loss;
   o.fabric.seed = seed;
-  o.fabric.ifec_config.slot_pool = pool;
-  o.fabric.ifec_config.reproducible = repro;
-  o.fabric.ifec_config.slot_timeout_ns = 1'000'000;
+  o.ifec = routing::IfecParams{};
+  o.ifec->slot_pool = pool;
+  o.ifec->reproducible = repro;
+  o.ifec->slot_timeout_ns = 1'000'000;
   o.endpoint.ordering = endpoint::Ordering::kWeak;
   o.endpoint.rto_ns = 30'000;
   return o;

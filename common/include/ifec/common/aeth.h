@@ -30,6 +30,10 @@ struct Aeth {
   static Aeth ack(uint32_t msn, uint8_t credits = kCreditInvalid) {
     return Aeth{static_cast<uint8_t>(credits & 0x1F), msn & 0xFFFFFF};
   }
+  // Receiver not ready; `timer` is the IBTA RNR timer code (1: 0.01 ms), a hint the sender may refine.
+  static Aeth rnr_nak(uint8_t timer, uint32_t msn = 0) {
+    return Aeth{static_cast<uint8_t>(0x20 | (timer & 0x1F)), msn & 0xFFFFFF};
+  }
   static Aeth nak(NakCode code, uint32_t msn) {
     return Aeth{static_cast<uint8_t>(0x60 | static_cast<uint8_t>(code)), msn & 0xFFFFFF};
   }

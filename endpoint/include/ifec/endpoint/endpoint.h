@@ -46,7 +46,7 @@ struct EndpointConfig {
   uint32_t ack_every = 32;
   uint32_t responder_window = 4096;
   uint32_t stripe_bytes = 16384;  // partial mode: the address granule that maps to one QP
-  uint8_t dscp = 26;
+  uint8_t dscp = common::kRoceDscp;
   int lossless_priority = 3;
 };
 

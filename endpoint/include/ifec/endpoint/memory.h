@@ -8,16 +8,14 @@
 #include <memory>
 #include <vector>
 
+#include "ifec/common/protocol.h"
+
 namespace ifec::endpoint {
 
 // Every endpoint maps window `id` at the same virtual address (NVSHMEM-style symmetric heap).
 inline constexpr uint64_t kWindowVaBase = 0x0000100000000000ULL;
 inline constexpr int kWindowVaShift = 36;  // 64 GiB of address space per window
 inline uint64_t window_va(uint16_t id) { return kWindowVaBase + (uint64_t{id} << kWindowVaShift); }
-
-// P_Key carrying a job id: full membership bit + 15-bit job.
-inline uint16_t job_pkey(uint32_t job) { return static_cast<uint16_t>(0x8000 | (job & 0x7FFF)); }
-inline uint32_t pkey_job(uint16_t pkey) { return pkey & 0x7FFF; }
 
 struct WindowInfo {
   uint16_t id = 0;

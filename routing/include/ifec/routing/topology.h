@@ -52,6 +52,18 @@ struct PfcConfig {
   int lossless_priority = 3;         // DSCP 26 maps here; the RoCE traffic class
 };
 
+// The IFEC engine's settings, the same on every switch of the fabric (topology `params: ifec: {...}`).
+struct IfecParams {
+  uint32_t slot_pool = 8192;               // aggregation slots per switch, shared by all groups
+  uint32_t slot_bytes = 4096;              // payload one slot holds: a chunk is min(mtu, slot_bytes) bytes
+  uint64_t slot_timeout_ns = 2'000'000;    // an incomplete slot is released with the anomaly flag after this
+  uint64_t result_retransmit_ns = 20'000;  // unacknowledged results are sent again after this (doubling to 8x)
+  uint32_t result_retries = 8;             // ... this many times, then the slot is reclaimed
+  uint32_t multicast_entries = 65536;      // multicast packets a switch holds until every destination acknowledged
+  bool upstream_fp32 = true;               // two-tier planes: leaf -> spine partials in fp32 (else the element type)
+  bool reproducible = false;               // reduce in contributor order: bitwise the same result in any arrival order
+};
+
 struct FabricParams {
   uint32_t mtu = 4096;                      // RoCE path MTU: payload bytes per packet
   uint64_t buffer_bytes = 4 * 1024 * 1024;  // per egress queue (per port and priority)
@@ -60,6 +72,7 @@ struct FabricParams {
   int priorities = 8;
   EcnConfig ecn;
   PfcConfig pfc;
+  IfecParams ifec;
 };
 
 struct Topology {

@@ -19,8 +19,7 @@ struct FabricOptions {
   bool pfc = true;
   uint64_t seed = 1;
   double loss = 0;   // injected random frame loss on every link, each direction (fault injection)
-  bool ifec = true;  // switches run the IFEC engine
-  IfecConfig ifec_config;
+  bool ifec = true;  // switches run the IFEC engine (its settings: the topology's params.ifec)
 };
 
 // One port of a GPU: which link (sub-link) and plane it is on, and the port to send on.

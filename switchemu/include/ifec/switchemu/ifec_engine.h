@@ -33,95 +33,34 @@
 #include <vector>
 
 #include "ifec/common/aeth.h"
+#include "ifec/common/control.h"
 #include "ifec/common/ech.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/interfaces.h"
 #include "ifec/common/numeric.h"
+#include "ifec/routing/topology.h"
 
 namespace ifec::switchemu {
 
-struct IfecConfig {
-  uint32_t slot_pool = 8192;                   // aggregation slots in this switch, shared by all groups
-  uint32_t slot_bytes = 4096;                  // payload bytes one slot can hold (one chunk)
-  common::TimeNs slot_timeout_ns = 2'000'000;  // incomplete slot -> released with the anomaly flag
-  // A finished result not yet acknowledged by every destination is sent again to those that have not, after this
-  // long (doubling, at most 8x), `result_retries` times; then the slot is reclaimed (a destination is gone).
-  common::TimeNs result_retransmit_ns = 20'000;
-  uint32_t result_retries = 8;
-  bool reproducible = false;           // fixed contributor order instead of arrival order
-  uint32_t multicast_entries = 65536;  // multicast packets held until every destination acknowledged
-  // The slowest port's rate (set by the switch). A group's timers are at least a few times what its budget of
-  // chunks takes to cross such a port, so slow links do not time out or resend what is merely queued.
-  uint64_t port_rate_bps = 0;
-};
-
-struct GroupMember {
-  bool local = true;         // contributes here (false: attached to another leaf of a two-tier plane)
-  uint32_t ip = 0;           // the member's loopback
-  uint64_t result_va = 0;    // VA of the collective buffer in the member's window (results land at +offset)
-  uint32_t rkey = 0;         // the member's window rkey
-  bool destination = false;  // receives the result
-};
-
-struct GroupReservation {
-  uint32_t job = 1;
-  uint16_t group = 0;
-  common::EchOp op = common::EchOp::kAllReduce;
-  common::EchDtype dtype = common::EchDtype::kFp32;
-  common::EchRedOp redop = common::EchRedOp::kSum;
-  uint16_t window = 0;               // the result window id (carried back in the result's ECH)
-  uint32_t slots = 64;               // slot budget: chunks of this group in flight at once on this switch
-  std::vector<GroupMember> members;  // contributor id = index, at most 64
-  // Two-tier planes: a leaf aggregates its local members, then sends the partial to `upstream_ip` (a spine) as
-  // contributor `upstream_contributor` of `upstream_group`, and forwards the spine's result to its local
-  // destinations. Partials travel in fp32 (`upstream_fp32`, one rounding at the end) or in the element type
-  // (half the bytes for bf16/fp16, one more rounding). 0: this switch is the aggregation root.
-  uint32_t upstream_ip = 0;
-  uint16_t upstream_group = 0;
-  uint16_t upstream_contributor = 0;
-  bool upstream_fp32 = true;
-};
-
-struct IfecCounters {
-  uint64_t reservations = 0;
-  uint64_t reservation_failures = 0;
-  uint64_t contributions = 0;
-  uint64_t duplicate_contributions = 0;
-  uint64_t results_sent = 0;
-  uint64_t result_resends = 0;   // results sent again: on a destination's retransmission or the result timer
-  uint64_t implicit_acks = 0;    // a destination's next chunk in a slot, standing for its lost acknowledgement
-  uint64_t late_notices = 0;     // anomaly notices for contributions to a chunk the slot already closed
-  uint64_t slots_reclaimed = 0;  // results released without every destination's acknowledgement
-  uint64_t chunks_skipped = 0;   // chunks a slot stopped waiting for (never arrived within the slot timeout)
-  uint64_t acks_received = 0;
-  uint64_t slots_completed = 0;
-  uint64_t slot_busy_drops = 0;    // contribution for a slot still holding an unacknowledged older chunk (RNR NAKed)
-  uint64_t unreserved_drops = 0;   // unknown (job, group): wrong job or never reserved
-  uint64_t malformed_drops = 0;    // inconsistent with the reservation or not an ECH request at all
-  uint64_t anomalies = 0;          // slots released incomplete after the timeout
-  uint64_t non_finite_inputs = 0;  // NaN/Inf elements seen in contributions
-  uint64_t multicast_packets = 0;
-  uint64_t multicast_replicas = 0;
-  uint64_t multicast_repairs = 0;  // replicas re-sent to destinations that had not acknowledged
-  uint64_t multicast_completions = 0;
-  uint64_t multicast_unknown_window = 0;
-  uint64_t partials_sent = 0;     // leaf -> spine partial sums (two-tier planes)
-  uint64_t partial_bytes = 0;     // their payload bytes
-  uint64_t upstream_results = 0;  // spine results a leaf forwarded down
-  uint64_t partial_resends = 0;   // partials a leaf sent again because the spine had not answered
-};
+using common::GroupMember;
+using common::GroupReservation;
+using common::IfecCounters;
+using common::WindowRegistration;
 
 class IfecEngine {
  public:
   using Emit = std::function<void(std::vector<uint8_t>&& frame)>;
-  IfecEngine(common::Clock& clock, IfecConfig cfg, uint32_t switch_ip, Emit emit);
+  // `params`: the fabric's IFEC settings (topology file); `port_rate_bps`: the switch's slowest port, so a group's
+  // timers are at least a few times what its budget of chunks takes to cross it (slow links do not time out or
+  // resend what is merely queued).
+  IfecEngine(common::Clock& clock, routing::IfecParams params, uint64_t port_rate_bps, uint32_t switch_ip, Emit emit);
 
   // Control API (the testbed's stand-in for the switch's gRPC control plane).
   // Reserves `r.slots` slots for the group; false with `why` naming the problem (pool exhausted, bad member list).
   bool reserve(const GroupReservation& r, std::string* why);
   void release(uint32_t job, uint16_t group);
   // A GPU's window, for compact multicast's per-destination rewrite.
-  void register_window(int gpu, uint32_t ip, uint16_t window, uint64_t va, uint32_t rkey, uint32_t job);
+  void register_window(const WindowRegistration& w);
 
   // An ECH frame addressed to this switch.
   void receive(const common::ParsedFrame& pf, const uint8_t* frame);
@@ -211,7 +150,8 @@ class IfecEngine {
                              common::Aeth aeth = common::Aeth::ack(0));
 
   common::Clock& clock_;
-  IfecConfig cfg_;
+  routing::IfecParams cfg_;
+  uint64_t port_rate_bps_;
   uint32_t ip_;
   Emit emit_;
   IfecCounters counters_;

@@ -38,9 +38,8 @@ const char* load_balance_name(LoadBalance lb);
 
 struct SwitchConfig {
   std::string name = "switch";
-  uint32_t ip = 0;   // the switch's loopback: ECH frames addressed to it go to the IFEC engine
-  bool ifec = true;  // run an IFEC engine (otherwise frames for the switch itself are dropped as unroutable)
-  IfecConfig ifec_config;
+  uint32_t ip = 0;    // the switch's loopback: ECH frames addressed to it go to the IFEC engine
+  bool ifec = true;   // run an IFEC engine, with params.ifec (otherwise frames for the switch itself are dropped)
   uint64_t seed = 1;  // flow-hash and ECN-marking randomness
   LoadBalance lb = LoadBalance::kPerPacket;
   routing::FabricParams params;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,8 +20,9 @@ namespace ifec::workloads {
 
 struct ClusterOptions {
   switchemu::FabricOptions fabric;
-  endpoint::EndpointConfig endpoint;  // index and ip are filled per GPU
-  int planes = 0;                     // use only the first N planes' ports (0 = all)
+  endpoint::EndpointConfig endpoint;        // index and ip are filled per GPU
+  int planes = 0;                           // use only the first N planes' ports (0 = all)
+  std::optional<routing::IfecParams> ifec;  // replaces the topology's params.ifec (tests, CLI flags)
 };
 
 class Cluster {

@@ -1,0 +1,118 @@
+// The control plane: the one interface through which workloads reach switches (reserve and release IFEC groups,
+// register windows for multicast, read slots and counters, set link state). Every call answers asynchronously,
+// never inside the call itself, with an error as a value that names the switch and the reason, so a network hop
+// (the live testbed's gRPC) fits behind the same calls as the simulator's in-process implementation.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ifec/common/ech.h"
+
+namespace ifec::common {
+
+struct GroupMember {
+  bool local = true;         // contributes here (false: attached to another leaf of a two-tier plane)
+  uint32_t ip = 0;           // the member's loopback
+  uint64_t result_va = 0;    // VA of the collective buffer in the member's window (results land at +offset)
+  uint32_t rkey = 0;         // the member's window rkey
+  bool destination = false;  // receives the result
+};
+
+struct GroupReservation {
+  uint32_t job = 1;
+  uint16_t group = 0;
+  EchOp op = EchOp::kAllReduce;
+  EchDtype dtype = EchDtype::kFp32;
+  EchRedOp redop = EchRedOp::kSum;
+  uint16_t window = 0;               // the result window id (carried back in the result's ECH)
+  uint32_t slots = 64;               // slot budget: chunks of this group in flight at once on this switch
+  std::vector<GroupMember> members;  // contributor id = index, at most 64
+  // Two-tier planes: a leaf aggregates its local members, then sends the partial to `upstream_ip` (a spine) as
+  // contributor `upstream_contributor` of `upstream_group`, and forwards the spine's result to its local
+  // destinations. Partials travel in fp32 (`upstream_fp32`, one rounding at the end) or in the element type
+  // (half the bytes for bf16/fp16, one more rounding). 0: this switch is the aggregation root.
+  uint32_t upstream_ip = 0;
+  uint16_t upstream_group = 0;
+  uint16_t upstream_contributor = 0;
+  bool upstream_fp32 = true;
+};
+
+// A GPU's window as a switch needs it to rewrite a compact-ECH multicast replica toward that GPU.
+struct WindowRegistration {
+  int gpu = 0;
+  uint32_t ip = 0;
+  uint16_t window = 0;
+  uint64_t va = 0;
+  uint32_t rkey = 0;
+  uint32_t job = 0;
+};
+
+struct IfecCounters {
+  uint64_t reservations = 0;
+  uint64_t reservation_failures = 0;
+  uint64_t contributions = 0;
+  uint64_t duplicate_contributions = 0;
+  uint64_t results_sent = 0;
+  uint64_t result_resends = 0;   // results sent again: on a destination's retransmission or the result timer
+  uint64_t implicit_acks = 0;    // a destination's next chunk in a slot, standing for its lost acknowledgement
+  uint64_t late_notices = 0;     // anomaly notices for contributions to a chunk the slot already closed
+  uint64_t slots_reclaimed = 0;  // results released without every destination's acknowledgement
+  uint64_t chunks_skipped = 0;   // chunks a slot stopped waiting for (never arrived within the slot timeout)
+  uint64_t acks_received = 0;
+  uint64_t slots_completed = 0;
+  uint64_t slot_busy_drops = 0;    // contribution for a slot still holding an unacknowledged older chunk (RNR NAKed)
+  uint64_t unreserved_drops = 0;   // unknown (job, group): wrong job or never reserved
+  uint64_t malformed_drops = 0;    // inconsistent with the reservation or not an ECH request at all
+  uint64_t anomalies = 0;          // slots released incomplete after the timeout
+  uint64_t non_finite_inputs = 0;  // NaN/Inf elements seen in contributions
+  uint64_t multicast_packets = 0;
+  uint64_t multicast_replicas = 0;
+  uint64_t multicast_repairs = 0;  // replicas re-sent to destinations that had not acknowledged
+  uint64_t multicast_completions = 0;
+  uint64_t multicast_unknown_window = 0;
+  uint64_t partials_sent = 0;     // leaf -> spine partial sums (two-tier planes)
+  uint64_t partial_bytes = 0;     // their payload bytes
+  uint64_t upstream_results = 0;  // spine results a leaf forwarded down
+  uint64_t partial_resends = 0;   // partials a leaf sent again because the spine had not answered
+};
+
+// What went wrong at a switch (or on the way to it): which switch, and why, in words a user can act on.
+struct ControlError {
+  std::string target;  // the switch's name (topology node), or the link
+  std::string reason;
+  std::string message() const { return target + ": " + reason; }
+};
+
+// A control-plane answer: nullopt error = success.
+template <typename T>
+struct ControlReply {
+  T value{};
+  std::optional<ControlError> error;
+  bool ok() const { return !error.has_value(); }
+};
+using ControlStatus = std::optional<ControlError>;
+
+class ControlPlane {
+ public:
+  using Done = std::function<void(const ControlStatus&)>;
+  virtual ~ControlPlane() = default;
+
+  // Reserves `r.slots` aggregation slots for group (r.job, r.group) on switch `sw` (its topology name).
+  virtual void reserve(const std::string& sw, const GroupReservation& r, Done done) = 0;
+  // Frees a group's slots (releasing one that is not reserved is not an error).
+  virtual void release(const std::string& sw, uint32_t job, uint16_t group, Done done) = 0;
+  // Tells switch `sw` where GPU w.gpu's window w.window lives (multicast's per-destination rewrite).
+  virtual void register_window(const std::string& sw, const WindowRegistration& w, Done done) = 0;
+  // Aggregation slots switch `sw` has free.
+  virtual void free_slots(const std::string& sw, std::function<void(const ControlReply<uint32_t>&)> done) = 0;
+  // The IFEC engine's counters of switch `sw`.
+  virtual void counters(const std::string& sw, std::function<void(const ControlReply<IfecCounters>&)> done) = 0;
+  // Takes topology link `link` down or up (FARE reconverges after it).
+  virtual void set_link_state(int link, bool up, Done done) = 0;
+};
+
+}  // namespace ifec::common
