@@ -62,3 +62,16 @@ def test_rows_say_whether_they_are_right():
     rows = moe.measure(ifec.make_superpod(8, 2), ep=8, tokens=4, hidden=64, compute=True)
     for r in rows:
         assert r["ok"] and 0 <= r["max_rel_error"] <= r["tolerance"], r
+
+
+def test_ifec_phases_beat_per_rank_without_retransmission_bloat():
+    """EP 32 at 128 tokens per rank: the in-fabric phases are faster than the per-rank baseline and the combine puts
+    no more bytes on the wire than it (a regression once sent 2.7x the bytes: retransmissions from windows too deep
+    for the receivers' fan-in)."""
+    rows = {r["variant"]: r for r in moe.measure(ifec.make_superpod(32, 4), ep=32, tokens=128,
+                                                 variants=["per_rank", "ifec"])}
+    base, inc = rows["per_rank"], rows["ifec"]
+    assert inc["dispatch_us"] < base["dispatch_us"] and inc["combine_us"] < base["combine_us"], (base, inc)
+    assert inc["combine_wire_bytes"] <= 1.02 * base["combine_wire_bytes"]
+    assert inc["dispatch_wire_bytes"] < 0.25 * base["dispatch_wire_bytes"]
+    assert inc["fallback_chunks"] == 0 and inc["faults"] == []

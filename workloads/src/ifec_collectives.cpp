@@ -81,6 +81,7 @@ struct IfecCollectives::Op {
   size_t epc = 1;     // elements per chunk
   size_t chunks = 0;  // C
   TimeNs rto_ns = 0;  // this operation's first retransmission timeout (at least a few windows' drain time)
+  detail::RttEstimator rtt;
   std::map<int, uint16_t> group_of_plane;
   std::map<uint32_t, int> plane_of_switch_ip;            // one group id on every plane: the answering switch says which
   std::map<int, std::vector<uint32_t>> chunks_of_plane;  // plane -> chunk k by sequence j
@@ -94,6 +95,7 @@ struct IfecCollectives::Op {
     std::vector<uint8_t> tries;   // per sequence j: retransmissions so far
     std::vector<uint8_t> busy;    // RNR NAKs so far
     std::vector<uint32_t> epoch;  // the live timer of j (older ones do nothing)
+    std::vector<TimeNs> sent_ns;  // first transmission of j
   };
   std::vector<std::map<int, Lane>> lanes;     // [member][plane]
   std::vector<std::vector<Outcome>> outcome;  // [member][chunk]
@@ -113,6 +115,7 @@ struct IfecCollectives::Op {
     uint64_t bitmap = 0;   // destinations
     uint64_t written = 0;  // destinations that wrote it (each exactly once)
     int tries = 0;
+    TimeNs sent_ns = 0;
     bool sent = false;  // left the queue (counts in the window)
     bool done = false;
   };
@@ -169,7 +172,7 @@ TimeNs IfecCollectives::backoff(TimeNs base, int tries) const {
 }
 
 TimeNs IfecCollectives::rto(int tries) const {
-  return backoff(op_ && op_->rto_ns ? op_->rto_ns : opts_.retransmit_ns, tries);
+  return backoff(op_ && op_->rto_ns ? op_->rtt.rto(op_->rto_ns) : opts_.retransmit_ns, tries);
 }
 
 // Why member `gpu` cannot use `plane` toward the other members: "" when it can. Its own live ports say it at once;
@@ -459,7 +462,8 @@ bool IfecCollectives::start_round(const std::vector<uint32_t>& todo, std::string
   }
   // A window of chunks must drain well within the timeout: on slow links the first timeout grows with it.
   const double window_ns = opts_.slots_per_plane * static_cast<double>(o.epc * o.esize + 100) * 8 / slowest_gbps;
-  o.rto_ns = std::max<TimeNs>(opts_.retransmit_ns, static_cast<TimeNs>(4 * window_ns));
+  // Every member contributes and receives at its own rate (no fan-in): four windows' drain time is safe here.
+  o.rto_ns = std::max<TimeNs>(opts_.min_rto_ns, static_cast<TimeNs>(4 * window_ns));
   // Chunks over the reserved planes, in proportion to their weights (smooth weighted round robin).
   std::vector<double> weights;
   for (const auto& pw : reserved) {
@@ -477,12 +481,14 @@ bool IfecCollectives::start_round(const std::vector<uint32_t>& todo, std::string
       lane.tries.assign(ks.size(), 0);
       lane.busy.assign(ks.size(), 0);
       lane.epoch.assign(ks.size(), 0);
+      lane.sent_ns.assign(ks.size(), 0);
     }
     for (uint32_t k : todo) {
       o.outcome[m][k] = Outcome::kPending;
     }
   }
   o.pending = n * todo.size();
+  o.rtt = detail::RttEstimator(opts_.min_rto_ns);
   for (size_t m = 0; m < n; ++m) {
     pump(static_cast<int>(m));
   }
@@ -594,6 +600,7 @@ void IfecCollectives::pump(int m) {
     }
     while (!lane.dead && lane.next < ks.size() && lane.next < lane.base + opts_.slots_per_plane) {
       if (o.outcome[m][ks[lane.next]] == Outcome::kPending) {
+        lane.sent_ns[lane.next] = cluster_.loop().now();
         send_contribution(m, p, lane.next, false);
       }
       ++lane.next;
@@ -770,10 +777,21 @@ void IfecCollectives::on_multicast_ech(int gpu, int port, const common::ParsedFr
   }
   // The switch's single completion for a packet to all destinations.
   if (gpu == pk.source && !pk.done) {
+    if (pk.tries == 0) {
+      o.rtt.sample(cluster_.loop().now() - pk.sent_ns);
+    }
     pk.done = true;
     o.packets_pending--;
     o.inflight[{pk.source, pk.plane}]--;
     multicast_pump();
+  }
+}
+
+// A round trip measured on a chunk sent once and never refused (Karn: retransmitted ones say nothing).
+void IfecCollectives::sample_rtt(int m, int plane, uint32_t j) {
+  const Op::Lane& lane = op_->lanes[m][plane];
+  if (lane.tries[j] == 0 && lane.busy[j] == 0) {
+    op_->rtt.sample(cluster_.loop().now() - lane.sent_ns[j]);
   }
 }
 
@@ -807,6 +825,7 @@ void IfecCollectives::on_reduce_ech(int gpu, int port, const common::ParsedFrame
     if (out == Outcome::kPending) {  // contribution accepted (reduce, not the root)
       out = Outcome::kAck;
       o.pending--;
+      sample_rtt(m, plane, ech.chunk_index);
     }
     pump(m);
     return;
@@ -841,6 +860,7 @@ void IfecCollectives::on_reduce_ech(int gpu, int port, const common::ParsedFrame
     }
     out = Outcome::kResult;
     stats_.results_received++;
+    sample_rtt(m, plane, ech.chunk_index);
   }
   o.pending--;
   send_ech_ack(gpu, port, pf, 0);
@@ -979,6 +999,7 @@ CollectiveResult IfecCollectives::multicast_rows(const BatchMulticastSpec& spec,
       slowest_gbps = slowest_gbps > 0 ? std::min(slowest_gbps, pw.second) : pw.second;
     }
   }
+  op->rtt = detail::RttEstimator(opts_.min_rto_ns);
   if (slowest_gbps > 0) {  // a window of packets must cross the slowest plane well within the timeout
     op->rto_ns = std::max<TimeNs>(opts_.retransmit_ns, static_cast<TimeNs>(4.0 * opts_.multicast_window *
                                                                            (packet_bytes + 100) * 8 / slowest_gbps));
@@ -1074,6 +1095,7 @@ void IfecCollectives::multicast_pump() {
         return false;
       }
       op_->packet[i].sent = true;
+      op_->packet[i].sent_ns = cluster_.loop().now();
       send_multicast(i, false);
       return true;
     });

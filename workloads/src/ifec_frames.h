@@ -1,6 +1,8 @@
 // Private to the IFEC collectives' sources: headers of the ECH frames an endpoint sends to a switch.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <utility>
@@ -17,6 +19,33 @@ common::EchOp ech_op(Collective c);
 // Ethernet/IPv4/UDP/BTH of an ECH frame the endpoint sends on `port` to `dst_ip`; the caller adds ECH, RETH or AETH.
 common::FrameHeaders ech_headers(endpoint::Endpoint& e, int port, uint32_t dst_ip, uint16_t udp_entropy, uint8_t opcode,
                                  uint16_t pkey, uint32_t psn);
+
+// Retransmission timeout from measured round trips (Jacobson/Karels): srtt + 4 rttvar, never below `floor`;
+// before the first sample, the caller's initial value.
+class RttEstimator {
+ public:
+  explicit RttEstimator(common::TimeNs floor = 0) : floor_(floor) {}
+  void sample(common::TimeNs rtt) {
+    const double r = static_cast<double>(rtt);
+    if (!valid_) {
+      srtt_ = r;
+      rttvar_ = r / 2;
+      valid_ = true;
+      return;
+    }
+    rttvar_ = 0.75 * rttvar_ + 0.25 * std::abs(srtt_ - r);
+    srtt_ = 0.875 * srtt_ + 0.125 * r;
+  }
+  common::TimeNs rto(common::TimeNs initial) const {
+    return valid_ ? std::max(floor_, static_cast<common::TimeNs>(srtt_ + 4 * rttvar_)) : initial;
+  }
+
+ private:
+  common::TimeNs floor_;
+  double srtt_ = 0;
+  double rttvar_ = 0;
+  bool valid_ = false;
+};
 
 // Runs `fn` when the scope ends, however it ends (an exception such as common::Interrupted included).
 template <typename Fn>

@@ -62,14 +62,15 @@ struct IfecCollectives::Rows {
     int busy = 0;
     uint32_t epoch = 0;
     State state = kPending;
-    bool sent = false;  // left the queue (counts in the window) at least once
+    bool sent = false;   // left the queue (counts in the window) at least once
+    TimeNs sent_ns = 0;  // first transmission
   };
   std::vector<Item> item;
   std::unordered_map<uint64_t, uint32_t> item_of;  // (contributor, destination group, plane) ^ seq -> item
-  // Per lane (contributor, destination's group, plane): items not yet sent, in the group's chunk order, and how
-  // many are in flight (at most the group's slot budget and row_window).
-  std::map<uint64_t, std::deque<uint32_t>> queue;
-  std::unordered_map<uint64_t, uint32_t> inflight;
+  // Per (contributor, plane): items not yet sent, in the batch's one global order, and how many are in flight.
+  std::map<std::pair<int, int>, std::deque<uint32_t>> queue;
+  std::map<std::pair<int, int>, uint32_t> inflight;
+  detail::RttEstimator rtt;
   uint64_t items_pending = 0;
   uint64_t chunks_pending = 0;
   TimeNs rto_ns = 0;  // first retransmission timeout: at least four windows' drain time on the slowest plane
@@ -82,12 +83,6 @@ struct IfecCollectives::Rows {
   uint64_t item_key(int gpu, uint16_t group, int plane, uint32_t seq) const {
     return (((static_cast<uint64_t>(gpu * 32 + plane) << 16) | group) << 32) | seq;
   }
-  // (contributor, destination's group, plane) of an item: what its in-flight count toward a group is kept by.
-  uint64_t lane_of(const Item& it) const {
-    const Chunk& ch = chunk[it.chunk];
-    return item_key(it.gpu, group_of_dest.at(spec.rows[row_of(it.chunk)].destination), ch.plane, 0);
-  }
-  std::map<int, uint32_t> slots_of_plane;  // the budget each group has on a plane
 };
 
 CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeNs limit) {
@@ -210,7 +205,6 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
       continue;
     }
     r->reservations.insert(r->reservations.end(), made.begin(), made.end());
-    r->slots_of_plane[p] = slots;
     r->switch_of_plane[p] = sw;
     r->plane_of_switch_ip[fabric.switch_ip(sw)] = p;
     planes.push_back({p, w});
@@ -263,7 +257,7 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
         it.offset = off;
         const uint32_t id = static_cast<uint32_t>(r->item.size());
         r->item_of[r->item_key(g, r->group_of_dest[row.destination], ch.plane, ch.seq)] = id;
-        r->queue[r->item_key(g, r->group_of_dest[row.destination], ch.plane, 0)].push_back(id);
+        r->queue[{g, ch.plane}].push_back(id);
         r->item.push_back(it);
       }
     }
@@ -278,6 +272,7 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
     r->rto_ns = std::max<TimeNs>(
         r->rto_ns, static_cast<TimeNs>(4.0 * opts_.row_window * (r->chunk_elems * r->esize + 100) * 8 / slowest_gbps));
   }
+  r->rtt = detail::RttEstimator(opts_.min_rto_ns);
   rows_ = r;
   detail::ScopeExit cleanup([this, r] {
     if (rows_ == r) {  // left by an exception (Interrupted): release what this batch reserved
@@ -287,8 +282,8 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
       }
     }
   });
-  for (const auto& [lane, q] : r->queue) {
-    row_pump(lane);
+  for (const auto& [key, q] : r->queue) {
+    row_pump(key.first, key.second);
   }
   const TimeNs deadline = loop.now() + limit;
   TimeNs grace_end = 0;
@@ -296,7 +291,7 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
     if (r->items_pending == 0 && grace_end == 0) {
       // Every contribution was accepted: results still on their way (the switch resends lost ones) get a little
       // while, then the rest is redone.
-      grace_end = loop.now() + 4 * r->rto_ns;
+      grace_end = loop.now() + 4 * r->rtt.rto(r->rto_ns);
     }
     const TimeNs stop = grace_end ? std::min(deadline, grace_end) : deadline;
     if (loop.idle() || loop.next_event_time() > stop) {
@@ -387,28 +382,21 @@ CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeN
   return res;
 }
 
-// Sends a lane's next contributions in the group's chunk order: at most the group's slot budget in flight, since
-// its slots take chunks in order (more would only collect RNR NAKs). Each lane's earliest chunk is always in
-// flight, so the group's oldest pending chunk always has every contribution on its way: lanes cannot deadlock.
-void IfecCollectives::row_pump(uint64_t lane) {
+// Sends this GPU's next contributions on `plane` in the batch's one global order (row index, destination, chunk),
+// at most row_window in flight. The order is what keeps the groups' in-order slots free of deadlock: the globally
+// oldest pending chunk has every contribution on its way, and its slot's previous chunk is done.
+void IfecCollectives::row_pump(int gpu, int plane) {
   Rows& r = *rows_;
-  auto& q = r.queue[lane];
-  uint32_t& inflight = r.inflight[lane];
-  while (!q.empty()) {
-    const uint32_t id = q.front();
-    Rows::Item& it = r.item[id];
+  detail::drain_window(r.queue[{gpu, plane}], r.inflight[{gpu, plane}], opts_.row_window, [this](uint32_t id) {
+    Rows::Item& it = rows_->item[id];
     if (it.state != Rows::kPending) {
-      q.pop_front();  // given up while queued
-      continue;
+      return false;  // given up while queued
     }
-    if (inflight >= std::min(opts_.row_window, r.slots_of_plane[r.chunk[it.chunk].plane])) {
-      break;
-    }
-    q.pop_front();
-    inflight++;
     it.sent = true;
+    it.sent_ns = cluster_.loop().now();
     send_row_contribution(id, false);
-  }
+    return true;
+  });
 }
 
 // `pump`: send what the freed window allows (false when called from inside the pump itself).
@@ -421,12 +409,15 @@ void IfecCollectives::finish_row_item(uint32_t id, bool stuck, bool pump) {
   it.state = stuck ? Rows::kFailed : Rows::kDone;
   it.epoch++;
   r.items_pending--;
-  const uint64_t lane = r.lane_of(it);
+  const int plane = r.chunk[it.chunk].plane;
   if (it.sent) {
-    r.inflight[lane]--;  // (one still queued is skipped when the pump reaches it)
+    r.inflight[{it.gpu, plane}]--;  // (one still queued is skipped when the pump reaches it)
+  }
+  if (!stuck && it.tries == 0 && it.busy == 0) {
+    r.rtt.sample(cluster_.loop().now() - it.sent_ns);
   }
   if (pump) {
-    row_pump(lane);
+    row_pump(it.gpu, plane);
   }
 }
 
@@ -491,7 +482,7 @@ void IfecCollectives::send_row_contribution(uint32_t id, bool retransmit) {
     finish_row_item(id, true, false);  // its link to that plane is down: the chunk is redone point to point
     return;
   }
-  arm_row(id, backoff(r.rto_ns, it.tries), true);
+  arm_row(id, backoff(r.rtt.rto(r.rto_ns), it.tries), true);
   if (suppressed_.count(it.gpu)) {
     return;  // fault injection: this contributor never arrives
   }

@@ -21,13 +21,15 @@ namespace ifec::workloads {
 struct IfecOptions {
   uint32_t job = 1;
   uint32_t slots_per_plane = 128;  // slot budget asked of each plane's switch
-  // Contribution / multicast retransmission timeout: at least four times what a window of chunks takes to cross
-  // the slowest link of the operation; doubles per try up to 8x.
-  common::TimeNs retransmit_ns = 40'000;
-  common::TimeNs retransmit_max_ns = 320'000;
+  // Contribution / multicast retransmission timeout. Until the first round trips are measured: the larger of
+  // retransmit_ns and four times what a window takes to cross the slowest link; then srtt + 4 rttvar (Jacobson,
+  // samples from untransmitted-again packets only), at least min_rto_ns. Doubles per try up to 8x.
+  common::TimeNs retransmit_ns = 100'000;
+  common::TimeNs min_rto_ns = 20'000;
+  common::TimeNs retransmit_max_ns = 800'000;
   int max_retries = 20;                  // then the chunk is finished on the fallback path
   uint32_t multicast_window = 256;       // multicast packets in flight per plane (per source and plane for batches)
-  uint32_t row_window = 64;              // batch reduction: contributions in flight per GPU, group and plane
+  uint32_t row_window = 64;              // batch reduction: contributions in flight per GPU and plane
   common::TimeNs busy_retry_ns = 1'000;  // first retry after an RNR NAK (slot busy); doubles up to 8x
   bool upstream_fp32 = true;             // two-tier planes: leaf -> spine partials in fp32 (else in the element type)
 };
@@ -103,6 +105,7 @@ class IfecCollectives {
   void on_reduce_ech(int gpu, int port, const common::ParsedFrame& pf, const uint8_t* frame);
   void on_multicast_ech(int gpu, int port, const common::ParsedFrame& pf, const uint8_t* frame);
   void on_routes_changed(int gpu);
+  void sample_rtt(int member, int plane, uint32_t j);
   void abandon();  // releases the running operation's reservations and forgets it
   bool any_two_tier(const CollectiveSpec& spec) const;
   std::string plane_problem(int gpu, int plane, const std::vector<int>& peers) const;
@@ -125,7 +128,7 @@ class IfecCollectives {
   CollectiveResult run_multicast(const CollectiveSpec& spec, common::TimeNs limit);
   struct Rows;
   void on_row_ech(int gpu, int port, const common::ParsedFrame& pf, const uint8_t* frame);
-  void row_pump(uint64_t lane);
+  void row_pump(int gpu, int plane);
   void send_row_contribution(uint32_t item, bool retransmit);
   void arm_row(uint32_t item, common::TimeNs delay, bool counts_as_try);
   void finish_row_item(uint32_t item, bool stuck, bool pump);
