@@ -5,10 +5,10 @@
 #include <cstring>
 
 #include "ifec/common/checks.h"
-#include "ifec/workloads/cluster.h"
-#include "ifec/workloads/collective_bench.h"
+#include "ifec/testbed/cluster.h"
+#include "ifec/testbed/collective_bench.h"
+#include "ifec/testbed/harness.h"
 #include "ifec/workloads/collectives.h"
-#include "ifec/workloads/ifec_collectives.h"
 #include "register.h"
 
 namespace py = pybind11;
@@ -25,11 +25,11 @@ struct PendingLoad {
   std::shared_ptr<std::vector<uint8_t>> buffer;
 };
 
-std::unique_ptr<workloads::Cluster> make_cluster(const routing::Topology& topo, const std::string& ordering,
-                                                 double loss, const std::string& lb, int planes, uint64_t seed) {
+std::unique_ptr<testbed::Cluster> make_cluster(const routing::Topology& topo, const std::string& ordering, double loss,
+                                               const std::string& lb, int planes, uint64_t seed) {
   IFEC_CHECK(planes >= 0 && planes <= topo.num_planes,
              "planes " << planes << " outside 0.." << topo.num_planes << " (0: every plane of " << topo.name << ")");
-  workloads::ClusterOptions o;
+  testbed::ClusterOptions o;
   o.endpoint.ordering = endpoint::parse_ordering(ordering);
   IFEC_CHECK(lb == "flow" || lb == "packet", "lb '" << lb << "': expected flow or packet");
   IFEC_CHECK(loss >= 0 && loss < 1, "loss " << loss << " outside [0, 1)");
@@ -37,15 +37,15 @@ std::unique_ptr<workloads::Cluster> make_cluster(const routing::Topology& topo, 
   o.fabric.loss = loss;
   o.fabric.seed = seed;
   o.planes = planes;
-  return std::make_unique<workloads::Cluster>(topo, o);
+  return std::make_unique<testbed::Cluster>(topo, o);
 }
 
-endpoint::Endpoint& ep(workloads::Cluster& c, int gpu) {
+endpoint::Endpoint& ep(testbed::Cluster& c, int gpu) {
   IFEC_CHECK(gpu >= 0 && gpu < c.size(), "GPU " << gpu << " outside 0.." << c.size() - 1);
   return c.ep(gpu);
 }
 
-py::dict counters(workloads::Cluster& c, int gpu) {
+py::dict counters(testbed::Cluster& c, int gpu) {
   const endpoint::EndpointCounters k = ep(c, gpu).counters();
   py::dict d;
   d["ops_posted"] = k.ops_posted;
@@ -66,18 +66,18 @@ py::dict counters(workloads::Cluster& c, int gpu) {
   return d;
 }
 
-workloads::CollectiveSpec make_spec(const std::string& kind, const std::vector<int>& members, int root, uint16_t window,
-                                    uint64_t offset, uint64_t count, const std::string& dtype, const std::string& op,
-                                    uint16_t scratch_window) {
-  workloads::CollectiveSpec s;
+testbed::CollectiveSpec make_spec(const std::string& kind, const std::vector<int>& members, int root, uint16_t window,
+                                  uint64_t offset, uint64_t count, const std::string& dtype, const std::string& op,
+                                  uint16_t scratch_window) {
+  testbed::CollectiveSpec s;
   s.kind = workloads::parse_collective(kind);
   s.members = members;
   s.root = root;
   s.window = window;
   s.offset = offset;
   s.count = count;
-  s.dtype = workloads::parse_dtype(dtype);
-  s.op = workloads::parse_redop(op);
+  s.dtype = testbed::parse_dtype(dtype);
+  s.op = testbed::parse_redop(op);
   s.scratch_window = scratch_window;
   return s;
 }
@@ -89,7 +89,7 @@ void check_handles(const std::vector<OpHandle>& hs) {
   }
 }
 
-void check_members(workloads::Cluster& c, const std::vector<int>& members) {
+void check_members(testbed::Cluster& c, const std::vector<int>& members) {
   for (int g : members) {
     IFEC_CHECK(g >= 0 && g < c.size(), "member GPU " << g << " outside 0.." << c.size() - 1);
   }
@@ -128,14 +128,14 @@ void register_endpoint(py::module_& m) {
       .def("data", [](const PendingLoad& p) {
         return py::bytes(reinterpret_cast<const char*>(p.buffer->data()), p.buffer->size());
       });
-  py::class_<workloads::Cluster>(m, "Cluster")
+  py::class_<testbed::Cluster>(m, "Cluster")
       .def(py::init(&make_cluster), py::arg("topology"), py::arg("ordering") = "partial", py::arg("loss") = 0.0,
            py::arg("lb") = "packet", py::arg("planes") = 0, py::arg("seed") = 1)
-      .def_property_readonly("size", &workloads::Cluster::size)
-      .def_property_readonly("now_ns", [](workloads::Cluster& c) { return c.loop().now(); })
-      .def("allocate_window", &workloads::Cluster::allocate_window, py::arg("id"), py::arg("bytes"), py::arg("job") = 1)
+      .def_property_readonly("size", &testbed::Cluster::size)
+      .def_property_readonly("now_ns", [](testbed::Cluster& c) { return c.loop().now(); })
+      .def("allocate_window", &testbed::Cluster::allocate_window, py::arg("id"), py::arg("bytes"), py::arg("job") = 1)
       .def("window_bytes",
-           [](workloads::Cluster& c, int gpu, uint16_t id, uint64_t offset, uint64_t length) {
+           [](testbed::Cluster& c, int gpu, uint16_t id, uint64_t offset, uint64_t length) {
              const endpoint::WindowInfo* w = ep(c, gpu).memory().window(id);
              IFEC_CHECK(w != nullptr, "GPU " << gpu << " has no window " << id);
              IFEC_CHECK(offset <= w->size && length <= w->size - offset, "window " << id << ": [" << offset << ", +"
@@ -144,62 +144,62 @@ void register_endpoint(py::module_& m) {
              return py::bytes(reinterpret_cast<const char*>(w->data + offset), length);
            })
       .def("store",
-           [](workloads::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset, py::bytes data) {
+           [](testbed::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset, py::bytes data) {
              std::string_view v = data;
              return ep(c, gpu).store(peer, window, offset, v.data(), v.size());
            })
       .def("load",
-           [](workloads::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset, uint64_t length) {
+           [](testbed::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset, uint64_t length) {
              PendingLoad p;
              p.buffer = std::make_shared<std::vector<uint8_t>>(length);
              p.handle = ep(c, gpu).load(p.buffer->data(), peer, window, offset, length);
              return p;
            })
-      .def("fetch_add", [](workloads::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset,
+      .def("fetch_add", [](testbed::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset,
                            uint64_t add) { return ep(c, gpu).fetch_add(peer, window, offset, add); })
       .def("compare_swap",
-           [](workloads::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset, uint64_t compare,
+           [](testbed::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset, uint64_t compare,
               uint64_t swap) { return ep(c, gpu).compare_swap(peer, window, offset, compare, swap); })
       .def("put_signal",
-           [](workloads::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset, py::bytes data,
+           [](testbed::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset, py::bytes data,
               uint16_t sig_window, uint64_t sig_offset, uint64_t signal, bool add) {
              std::string_view v = data;
              return ep(c, gpu).put_signal(peer, window, offset, v.data(), v.size(), sig_window, sig_offset, signal,
                                           add ? endpoint::SignalOp::kAdd : endpoint::SignalOp::kSet);
            })
       .def("store_raw",
-           [](workloads::Cluster& c, int gpu, int peer, int qp, uint64_t va, uint32_t rkey, py::bytes data) {
+           [](testbed::Cluster& c, int gpu, int peer, int qp, uint64_t va, uint32_t rkey, py::bytes data) {
              std::string_view v = data;
              return ep(c, gpu).store_raw(peer, qp, va, rkey, v.data(), v.size());
            })
       .def("window_va_rkey",
-           [](workloads::Cluster& c, int gpu, uint16_t id) {
+           [](testbed::Cluster& c, int gpu, uint16_t id) {
              const endpoint::WindowInfo* w = ep(c, gpu).memory().window(id);
              IFEC_CHECK(w != nullptr, "GPU " << gpu << " has no window " << id);
              return py::make_tuple(w->va, w->rkey, w->size);
            })
       .def(
-          "fence", [](workloads::Cluster& c, int gpu, int peer) { ep(c, gpu).fence(peer); }, py::arg("gpu"),
+          "fence", [](testbed::Cluster& c, int gpu, int peer) { ep(c, gpu).fence(peer); }, py::arg("gpu"),
           py::arg("peer") = -1)
-      .def("quiet", [](workloads::Cluster& c, int gpu) { return ep(c, gpu).quiet(); })
+      .def("quiet", [](testbed::Cluster& c, int gpu) { return ep(c, gpu).quiet(); })
       .def(
           "wait",
-          [](workloads::Cluster& c, const std::vector<OpHandle>& hs, uint64_t limit_ns) {
+          [](testbed::Cluster& c, const std::vector<OpHandle>& hs, uint64_t limit_ns) {
             check_handles(hs);
             return interruptible([&] { return c.wait(hs, limit_ns); });
           },
           py::arg("handles"), py::arg("limit_ns") = 1'000'000'000ULL)
       .def(
           "barrier",
-          [](workloads::Cluster& c, uint64_t limit_ns) { return interruptible([&] { return c.barrier(limit_ns); }); },
+          [](testbed::Cluster& c, uint64_t limit_ns) { return interruptible([&] { return c.barrier(limit_ns); }); },
           py::arg("limit_ns") = 1'000'000'000ULL)
       .def(
           "fail_link",
-          [](workloads::Cluster& c, int link, uint64_t at_ns) { c.fabric().schedule_link_state(link, false, at_ns); },
+          [](testbed::Cluster& c, int link, uint64_t at_ns) { c.fabric().schedule_link_state(link, false, at_ns); },
           py::arg("link"), py::arg("at_ns"))
       .def("counters", &counters, py::arg("gpu"))
       .def("write_window",
-           [](workloads::Cluster& c, int gpu, uint16_t id, uint64_t offset, py::bytes data) {
+           [](testbed::Cluster& c, int gpu, uint16_t id, uint64_t offset, py::bytes data) {
              // Host-side initialisation of a GPU's memory (what cudaMemcpy does before a kernel runs).
              std::string_view v = data;
              const endpoint::WindowInfo* w = ep(c, gpu).memory().window(id);
@@ -209,28 +209,27 @@ void register_endpoint(py::module_& m) {
                                                                                      << w->size << " bytes");
              std::memcpy(w->data + offset, v.data(), v.size());
            })
-      .def(
-          "scratch_bytes",
-          [](workloads::Cluster& c, const std::string& kind, const std::vector<int>& members, uint64_t count,
-             const std::string& dtype) {
-            return workloads::ring_scratch_bytes(make_spec(kind, members, members.at(0), 1, 0, count, dtype, "sum", 2));
-          })
+      .def("scratch_bytes",
+           [](testbed::Cluster& c, const std::string& kind, const std::vector<int>& members, uint64_t count,
+              const std::string& dtype) {
+             return testbed::ring_scratch_bytes(make_spec(kind, members, members.at(0), 1, 0, count, dtype, "sum", 2));
+           })
       .def(
           "run_endpoint_collective",
-          [](workloads::Cluster& c, const std::string& kind, const std::vector<int>& members, int root, uint16_t window,
+          [](testbed::Cluster& c, const std::string& kind, const std::vector<int>& members, int root, uint16_t window,
              uint64_t offset, uint64_t count, const std::string& dtype, const std::string& op, uint16_t scratch_window,
              uint64_t limit_ns) {
             check_members(c, members);
             const auto spec = make_spec(kind, members, root, window, offset, count, dtype, op, scratch_window);
-            return result_dict(interruptible([&] { return workloads::run_endpoint_collective(c, spec, limit_ns); }));
+            return result_dict(interruptible([&] { return testbed::run_endpoint_collective(c, spec, limit_ns); }));
           },
           py::arg("kind"), py::arg("members"), py::arg("root"), py::arg("window"), py::arg("offset"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("scratch_window"), py::arg("limit_ns") = 10'000'000'000ULL);
-  py::class_<workloads::IfecCollectives>(m, "IfecCollectives")
-      .def(py::init<workloads::Cluster&>(), py::arg("cluster"), py::keep_alive<1, 2>())
+  py::class_<testbed::IfecCollectives>(m, "IfecCollectives")
+      .def(py::init<testbed::Cluster&>(), py::arg("cluster"), py::keep_alive<1, 2>())
       .def(
           "run",
-          [](workloads::IfecCollectives& x, const std::string& kind, const std::vector<int>& members, int root,
+          [](testbed::IfecCollectives& x, const std::string& kind, const std::vector<int>& members, int root,
              uint16_t window, uint64_t offset, uint64_t count, const std::string& dtype, const std::string& op,
              uint16_t scratch_window, uint64_t limit_ns) {
             const auto spec = make_spec(kind, members, root, window, offset, count, dtype, op, scratch_window);
@@ -238,21 +237,21 @@ void register_endpoint(py::module_& m) {
           },
           py::arg("kind"), py::arg("members"), py::arg("root"), py::arg("window"), py::arg("offset"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("scratch_window"), py::arg("limit_ns") = 10'000'000'000ULL)
-      .def("suppress_contributions", &workloads::IfecCollectives::suppress_contributions, py::arg("gpu"),
+      .def("suppress_contributions", &testbed::IfecCollectives::suppress_contributions, py::arg("gpu"),
            py::arg("on") = true)
       .def_property_readonly("fallback_operations",
-                             [](const workloads::IfecCollectives& x) { return x.stats().fallback_operations; });
+                             [](const testbed::IfecCollectives& x) { return x.stats().fallback_operations; });
   m.def(
       "run_collective_json",
       [](const routing::Topology& topo, const std::string& kind, const std::string& algo, uint64_t bytes,
          const std::string& dtype, const std::string& op, double loss, uint64_t seed, bool reproducible, int members,
          const std::vector<std::string>& fail, uint32_t slot_pool, uint32_t slot_budget) {
-        workloads::CollectivePoint p;
+        testbed::CollectivePoint p;
         p.kind = workloads::parse_collective(kind);
         p.algo = workloads::parse_algo(algo);
         p.bytes = bytes;
-        p.dtype = workloads::parse_dtype(dtype);
-        p.op = workloads::parse_redop(op);
+        p.dtype = testbed::parse_dtype(dtype);
+        p.op = testbed::parse_redop(op);
         p.loss = loss;
         p.seed = seed;
         p.reproducible = reproducible;
@@ -260,7 +259,7 @@ void register_endpoint(py::module_& m) {
         p.fail = fail;
         p.slot_pool = slot_pool;
         p.slot_budget = slot_budget;
-        return interruptible([&] { return workloads::row_json(workloads::run_collective_point(topo, p), topo.name); });
+        return interruptible([&] { return testbed::row_json(testbed::run_collective_point(topo, p), topo.name); });
       },
       py::arg("topology"), py::arg("kind"), py::arg("algo"), py::arg("bytes"), py::arg("dtype") = "fp32",
       py::arg("op") = "sum", py::arg("loss") = 0.0, py::arg("seed") = 1, py::arg("reproducible") = false,

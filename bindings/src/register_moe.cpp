@@ -3,7 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "ifec/common/checks.h"
-#include "ifec/workloads/moe_bench.h"
+#include "ifec/testbed/moe_bench.h"
 #include "register.h"
 
 namespace py = pybind11;
@@ -16,7 +16,7 @@ namespace {
 std::string run_moe_json(const routing::Topology& topo, const std::string& mode, int ep, int64_t tokens,
                          const std::vector<std::string>& variants, int64_t hidden, int64_t experts, int64_t topk,
                          int64_t inter, int64_t run_inter, bool bf16, bool compute, int64_t token_cap, uint64_t seed) {
-  workloads::MoeBenchConfig cfg;
+  testbed::MoeBenchConfig cfg;
   cfg.topo = topo;
   cfg.topology_name = topo.name;
   cfg.model.hidden = hidden;
@@ -28,19 +28,19 @@ std::string run_moe_json(const routing::Topology& topo, const std::string& mode,
   cfg.compute = compute;
   cfg.token_cap = token_cap;
   cfg.seed = seed;
-  std::vector<workloads::MoeVariant> vs;
+  std::vector<testbed::MoeVariant> vs;
   for (const auto& v : variants) {
-    vs.push_back(workloads::parse_moe_variant(v));
+    vs.push_back(testbed::parse_moe_variant(v));
   }
   IFEC_CHECK(!vs.empty(), "run_moe: no variants");
-  workloads::MoePoint p;
+  testbed::MoePoint p;
   p.mode = mode;
   p.ep = ep;
   p.tokens = tokens;
-  const std::vector<workloads::MoeBenchRow> rows = interruptible([&] { return workloads::run_moe_point(cfg, p, vs); });
+  const std::vector<testbed::MoeBenchRow> rows = interruptible([&] { return testbed::run_moe_point(cfg, p, vs); });
   std::string json = "[";
   for (size_t i = 0; i < rows.size(); ++i) {
-    json += (i ? "," : "") + workloads::moe_row_json(rows[i], cfg.topology_name);
+    json += (i ? "," : "") + testbed::moe_row_json(rows[i], cfg.topology_name);
   }
   return json + "]";
 }

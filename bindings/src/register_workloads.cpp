@@ -4,7 +4,7 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/routing/topology.h"
-#include "ifec/workloads/sim_report.h"
+#include "ifec/testbed/sim_report.h"
 #include "register.h"
 
 namespace py = pybind11;
@@ -17,8 +17,8 @@ namespace {
 std::string run_sim_json(const routing::Topology& topo, const std::string& traffic, uint64_t bytes,
                          const std::string& lb, bool pfc, uint64_t seed, const std::vector<std::string>& fail,
                          const std::vector<std::string>& restore, int incast_target) {
-  workloads::SimOptions o;
-  o.pattern = workloads::parse_pattern(traffic);
+  testbed::SimOptions o;
+  o.pattern = testbed::parse_pattern(traffic);
   o.bytes = bytes;
   IFEC_CHECK(lb == "flow" || lb == "packet", "lb '" << lb << "': expected flow or packet");
   o.lb = lb == "flow" ? switchemu::LoadBalance::kPerFlow : switchemu::LoadBalance::kPerPacket;
@@ -27,12 +27,12 @@ std::string run_sim_json(const routing::Topology& topo, const std::string& traff
   o.incast_target = incast_target;
   o.progress = false;
   for (const auto& f : fail) {
-    o.events.push_back(workloads::parse_link_event(topo, f, false));
+    o.events.push_back(testbed::parse_link_event(topo, f, false));
   }
   for (const auto& r : restore) {
-    o.events.push_back(workloads::parse_link_event(topo, r, true));
+    o.events.push_back(testbed::parse_link_event(topo, r, true));
   }
-  return interruptible([&] { return workloads::to_json(workloads::run_sim(topo, o)); });
+  return interruptible([&] { return testbed::to_json(testbed::run_sim(topo, o)); });
 }
 
 }  // namespace

@@ -68,6 +68,7 @@ Endpoint::Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<Endpoin
       ports_(std::move(ports)),
       peer_ips_(std::move(peer_ips)),
       memory_(cfg.index),
+      ech_(std::make_unique<EchAgent>(*this)),
       alive_(std::make_shared<bool>(true)) {
   const int n = num_endpoints();
   IFEC_CHECK(!ports_.empty() && ports_.size() <= 64,
@@ -100,19 +101,8 @@ Endpoint::Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<Endpoin
       qc.headers = headers_for(peer, static_cast<int>(q), static_cast<int>(q));
       qp_port_[id] = static_cast<int>(q);
       qps_.push_back(std::make_unique<QueuePair>(clock_, qc, memory_, [this, id] { wake_qp(id); }));
-      qps_.back()->on_write([this, peer](uint32_t rkey, uint64_t va, uint64_t len) {
-        if (remote_write_hooks_.empty()) {
-          return;
-        }
-        const int window = memory_.window_of_rkey(rkey);
-        if (window < 0) {
-          return;
-        }
-        const uint64_t offset = va - window_va(static_cast<uint16_t>(window));
-        for (auto& hook : remote_write_hooks_) {
-          hook(peer, static_cast<uint16_t>(window), offset, len);
-        }
-      });
+      qps_.back()->on_write(
+          [this, peer](uint32_t rkey, uint64_t va, uint64_t len) { remote_written(peer, rkey, va, len); });
       qps_.back()->on_reconnect([this, peer, q](uint32_t psn) {
         counters_.reconnects++;
         if (cm_) {
@@ -241,6 +231,20 @@ double Endpoint::plane_weight(int peer, int plane) const {
 }
 
 void Endpoint::reset_responder(int peer, int qp_index, uint32_t psn) { qp(peer, qp_index).reset_responder(psn); }
+
+void Endpoint::remote_written(int peer, uint32_t rkey, uint64_t va, uint64_t len) {
+  if (remote_write_hooks_.empty()) {
+    return;
+  }
+  const int window = memory_.window_of_rkey(rkey);
+  if (window < 0) {
+    return;
+  }
+  const uint64_t offset = va - window_va(static_cast<uint16_t>(window));
+  for (auto& hook : remote_write_hooks_) {
+    hook(peer, static_cast<uint16_t>(window), offset, len);
+  }
+}
 
 // ------------------------------------------------------------------------------------------ op bookkeeping --
 
@@ -881,12 +885,8 @@ void Endpoint::receive(int port, std::vector<uint8_t>&& frame) {
     return;
   }
   if (pf.h.ech) {
-    // ECH frames are addressed to the endpoint, not to a QP: the collective agent owns their protocol.
-    if (ech_handler_) {
-      ech_handler_(port, pf, frame.data());
-    } else {
-      counters_.rx_unsupported++;
-    }
+    // ECH frames are addressed to the endpoint, not to a QP: the ECH agent owns their protocol.
+    ech_->receive(port, pf, frame.data());
     return;
   }
   const uint32_t qpn = pf.h.bth.dest_qp;

@@ -23,6 +23,7 @@
 #include "ifec/common/ethernet.h"
 #include "ifec/common/interfaces.h"
 #include "ifec/endpoint/descriptor.h"
+#include "ifec/endpoint/ech_agent.h"
 #include "ifec/endpoint/memory.h"
 #include "ifec/endpoint/qp.h"
 #include "ifec/endpoint/sink.h"
@@ -101,6 +102,9 @@ class Endpoint {
 
   // What this endpoint knows of a peer's window (learned when windows are exchanged).
   void set_remote_window(int peer, const WindowInfo& w);
+  // A peer's window as learned, or null (this endpoint's own: memory().window()).
+  const WindowInfo* peer_window(int peer, uint16_t window) const { return remote_window(peer, window); }
+  common::Clock& clock() { return clock_; }
   // FARE's per-port weights toward `peer` (path bandwidth per sub-port; 0 = no route). Default: all 1.
   void set_weight_source(std::function<void(int peer, std::vector<double>* per_port)> fn);
   // Re-reads the weights: moves QPs off ports that lost their route, rebuilds the QP tables and, in the
@@ -113,19 +117,17 @@ class Endpoint {
   void set_routes_listener(std::function<void()> fn) { routes_listener_ = std::move(fn); }
   // How a fatal NAK reconnects: tell endpoint `peer` to reset its responder of QP `qp` to `psn`.
   void set_connection_manager(std::function<void(int peer, int qp, uint32_t psn)> fn) { cm_ = std::move(fn); }
-  // Called after a remote store or atomic landed in this endpoint's memory: (peer, window, offset, length).
-  // Lets collectives wait for a signal word without polling.
+  // Called after a remote store or atomic landed in this endpoint's memory, or a multicast replica was written:
+  // (peer, window, offset, length). Lets collectives count arrivals and wait for signal words without polling.
   using RemoteWriteHook = std::function<void(int peer, uint16_t window, uint64_t offset, uint64_t len)>;
   void on_remote_write(RemoteWriteHook fn) { remote_write_hooks_.push_back(std::move(fn)); }
-  // ECH frames (in-fabric collectives and multicast) bypass the RC QPs: they go to this handler, which owns their
-  // protocol (see workloads/ifec_collectives.h). Without a handler they are counted as unsupported and dropped.
-  using EchHandler = std::function<void(int port, const common::ParsedFrame& pf, const uint8_t* frame)>;
-  void set_ech_handler(EchHandler fn) { ech_handler_ = std::move(fn); }
   // Queues a ready-made frame on `port` (sent before QP traffic); false when the port index is invalid.
   bool send_frame(int port, std::vector<uint8_t>&& frame);
   int num_ports() const { return static_cast<int>(ports_.size()); }
   const EndpointPort& port_info(int port) const { return ports_.at(port); }
   uint64_t ech_frames_sent() const { return ech_frames_sent_; }
+  // The endpoint half of ECH: every ECH frame this endpoint receives goes to it (see ech_agent.h).
+  EchAgent& ech() { return *ech_; }
   void reset_responder(int peer, int qp, uint32_t psn);
 
   OpHandle store(int peer, uint16_t window, uint64_t offset, const void* src, size_t len);
@@ -154,6 +156,7 @@ class Endpoint {
   uint32_t qpn(int peer, int index) const { return 0x100u + static_cast<uint32_t>(peer) * 64u + index; }
 
  private:
+  friend class EchAgent;
   struct Pending {
     uint64_t epoch;
     std::function<void()> issue;
@@ -203,6 +206,9 @@ class Endpoint {
                        uint16_t window, uint64_t offset, const std::shared_ptr<Op>& op);
   WqeDone part_done(int peer, uint64_t epoch, const std::shared_ptr<Op>& op);
   void wake_qp(int qp_id);
+  // Bytes a peer wrote into our memory (an RC request executed, or a multicast replica written): the hooks hear of
+  // them, in window terms.
+  void remote_written(int peer, uint32_t rkey, uint64_t va, uint64_t len);
   void kick(int port);
   void receive(int port, std::vector<uint8_t>&& frame);
   common::FrameHeaders headers_for(int peer, int qp_index, int port) const;
@@ -219,7 +225,7 @@ class Endpoint {
   std::function<void(int, std::vector<double>*)> weight_source_;
   std::function<void(int, int, uint32_t)> cm_;
   std::vector<RemoteWriteHook> remote_write_hooks_;
-  EchHandler ech_handler_;
+  std::unique_ptr<EchAgent> ech_;
   std::function<void()> routes_listener_;
   uint64_t ech_frames_sent_ = 0;
   uint64_t next_op_id_ = 1;

@@ -1,0 +1,269 @@
+// The endpoint's half of the ECH protocol (docs/ifec-engine.md), beside the RC transport: it sends this endpoint's
+// contributions to in-fabric reductions and its compact-ECH multicast packets, retransmits them (timers from
+// measured round trips), backs off on RNR NAKs, checks every result and replica that arrives (rkey, bounds, job)
+// before writing it, and acknowledges them. It speaks ECH operations (groups, chunks, packets, planes), never
+// workload types: communicators decide what to reduce and multicast, and read the outcomes.
+//
+// Endpoint::receive hands every ECH frame (UDP 4793) to EchAgent::receive.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ifec/common/ech.h"
+#include "ifec/common/frame.h"
+#include "ifec/common/interfaces.h"
+#include "ifec/common/rtt.h"
+
+namespace ifec::endpoint {
+
+class Endpoint;
+
+struct EchTiming {
+  // Before round trips are measured: at least `initial_rto_ns`; then srtt + 4 rttvar (Jacobson; samples only from
+  // packets sent once, Karn), at least `min_rto_ns`. Each timeout doubles it up to 8x (at most `max_rto_ns`).
+  common::TimeNs initial_rto_ns = 100'000;
+  common::TimeNs min_rto_ns = 20'000;
+  common::TimeNs max_rto_ns = 800'000;
+  int max_retries = 20;                  // then the chunk or packet is given up (the caller finishes it otherwise)
+  common::TimeNs busy_retry_ns = 1'000;  // after an RNR NAK (slot busy), doubling to 8x; not counted as a try
+};
+
+enum class EchOutcome : uint8_t {
+  kPending,
+  kDone,     // contribution accepted (no result expected here), result written, or multicast completed
+  kAnomaly,  // the switch sent an anomaly notice: the slot timed out, or this member's result was released
+  kGivenUp,  // no answer within the retry budget, or its plane was given up
+};
+const char* ech_outcome_name(EchOutcome o);
+
+// ---------------------------------------------------------------------------------------------- reduction --
+
+// One lane: this endpoint's chunks toward one group on one switch, sent in sequence order.
+struct EchLane {
+  int plane = 0;
+  uint32_t switch_ip = 0;  // the switch this endpoint contributes to (one tier: the plane's; two tier: its leaf)
+  uint16_t group = 0;
+  uint32_t window = 1;  // chunks in flight on this lane (at most the group's slot budget), when lanes are independent
+};
+
+struct EchChunk {
+  uint32_t lane = 0;
+  uint32_t seq = 0;  // ECH chunk index within the lane's group
+  uint16_t elements = 0;
+  uint8_t expected = 0;    // contributors of this chunk (ECH byte 17; 0: every member of the group)
+  bool contribute = true;  // this endpoint sends a contribution: source window at source_offset
+  uint64_t source_offset = 0;
+  uint64_t reth_va = 0;  // the contribution's RETH VA: where the chunk sits in the result buffers
+  bool receive = false;  // the result comes here: checked, written where its RETH says, acknowledged
+};
+
+struct EchReduceSpec {
+  uint32_t job = 1;
+  common::EchOp op = common::EchOp::kAllReduce;
+  common::EchDtype dtype = common::EchDtype::kFp32;
+  common::EchRedOp redop = common::EchRedOp::kSum;
+  uint16_t contributor = 0;    // this endpoint's index in the groups
+  uint16_t source_window = 0;  // where contributions are read
+  uint16_t result_window = 0;  // carried in the ECH: where results land (in place: the same window)
+  std::vector<EchLane> lanes;
+  std::vector<EchChunk> chunks;  // each lane's in sequence order
+  // 0: lanes independent, each with its own window. > 0: contributions leave in the order listed, per plane, with
+  // this many in flight (batches whose groups' slots take chunks in one global order: no deadlock).
+  uint32_t shared_window = 0;
+  EchTiming timing;
+};
+
+class EchAgent;
+
+// This endpoint's part of one in-fabric reduction (or batch of them), as it progresses.
+class EchReduction {
+ public:
+  const EchReduceSpec& spec() const { return spec_; }
+  EchOutcome outcome(size_t chunk) const { return outcome_[chunk]; }
+  size_t pending() const { return pending_; }
+  bool done() const { return pending_ == 0; }
+  uint64_t anomalies() const { return anomalies_; }
+  // Results written here that carried the anomaly flag (the switch met NaN/Inf in a contribution).
+  uint64_t flagged_results() const { return flagged_results_; }
+  // Gives up every pending chunk on `plane` (its link, or FARE lost a path to a member): nothing more is sent there.
+  void give_up_plane(int plane, const std::string& why);
+  void give_up_all(const std::string& why);
+  // Why each plane was given up (first reason), for reports.
+  const std::map<int, std::string>& planes_given_up() const { return planes_given_up_; }
+  // Called once when nothing is pending, as its own event on the endpoint's clock.
+  void on_done(std::function<void()> fn);
+
+ private:
+  friend class EchAgent;
+  struct Lane {
+    std::vector<uint32_t> chunks;  // indices into spec.chunks, in sequence order
+    size_t next = 0;               // first not yet sent
+    size_t base = 0;               // first not yet finished
+    uint32_t inflight = 0;
+    bool dead = false;
+  };
+  EchReduction(EchAgent& agent, EchReduceSpec spec, uint64_t id);
+  void finish(size_t chunk, EchOutcome o);
+
+  EchAgent& agent_;
+  EchReduceSpec spec_;
+  uint64_t id_;
+  common::RttEstimator rtt_;
+  std::vector<EchOutcome> outcome_;
+  std::vector<uint8_t> tries_;
+  std::vector<uint8_t> busy_;
+  std::vector<uint32_t> epoch_;
+  std::vector<common::TimeNs> sent_ns_;
+  std::vector<char> sent_;
+  std::vector<Lane> lanes_;
+  std::map<int, std::vector<uint32_t>> plane_queue_;  // shared_window: per plane, chunks to send in listed order
+  std::map<int, size_t> plane_next_;
+  std::map<int, uint32_t> plane_inflight_;
+  std::map<std::pair<uint32_t, uint32_t>, uint32_t> chunk_of_;  // (lane, seq) -> chunk
+  std::map<std::pair<uint32_t, uint16_t>, uint32_t> lane_of_;   // (switch ip, group) -> lane
+  size_t pending_ = 0;
+  uint64_t anomalies_ = 0;
+  uint64_t flagged_results_ = 0;
+  std::map<int, std::string> planes_given_up_;
+  std::function<void()> on_done_;
+  bool done_reported_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------- multicast --
+
+struct EchPacket {
+  int plane = 0;
+  uint32_t switch_ip = 0;  // this endpoint's switch on that plane (it replicates)
+  uint64_t offset = 0;     // in the window, at the source and every destination
+  uint32_t len = 0;
+  uint64_t bitmap = 0;  // destination endpoints (below 64)
+};
+
+struct EchMulticastSpec {
+  uint32_t job = 1;
+  uint16_t window = 0;
+  std::vector<EchPacket> packets;
+  uint32_t window_per_plane = 256;  // packets in flight per plane
+  EchTiming timing;
+};
+
+class EchMulticast {
+ public:
+  const EchMulticastSpec& spec() const { return spec_; }
+  EchOutcome outcome(size_t packet) const { return outcome_[packet]; }
+  size_t pending() const { return pending_; }
+  bool done() const { return pending_ == 0; }
+  uint32_t first_psn() const { return first_psn_; }  // packet i travels with PSN first_psn + i (24 bits)
+  void give_up_plane(int plane, const std::string& why);
+  const std::map<int, std::string>& planes_given_up() const { return planes_given_up_; }
+  void on_done(std::function<void()> fn);
+
+ private:
+  friend class EchAgent;
+  EchMulticast(EchAgent& agent, EchMulticastSpec spec, uint64_t id, uint32_t first_psn);
+  void finish(size_t packet, EchOutcome o);
+
+  EchAgent& agent_;
+  EchMulticastSpec spec_;
+  uint64_t id_;
+  uint32_t first_psn_;
+  common::RttEstimator rtt_;
+  std::vector<EchOutcome> outcome_;
+  std::vector<uint8_t> tries_;
+  std::vector<common::TimeNs> sent_ns_;
+  std::vector<char> sent_;
+  std::map<int, std::vector<uint32_t>> queue_;  // per plane, packets in order
+  std::map<int, size_t> next_;
+  std::map<int, uint32_t> inflight_;
+  size_t pending_ = 0;
+  std::map<int, std::string> planes_given_up_;
+  std::function<void()> on_done_;
+  bool done_reported_ = false;
+};
+
+// ------------------------------------------------------------------------------------------------- agent --
+
+struct EchCounters {
+  uint64_t contributions_sent = 0;
+  uint64_t retransmissions = 0;
+  uint64_t results_written = 0;
+  uint64_t duplicate_results = 0;  // results or replicas that had landed already (acknowledged again)
+  uint64_t protection_drops = 0;   // failed the rkey/bounds/job check (or wrong size): never written, never acked
+  uint64_t anomaly_notices = 0;
+  uint64_t busy_naks = 0;
+  uint64_t multicast_sent = 0;
+  uint64_t replicas_written = 0;
+  uint64_t stale_replicas = 0;  // replicas from an earlier multicast of their source (acknowledged, not written)
+  uint64_t unmatched = 0;       // ECH for no reduction or multicast in progress here (late copies)
+};
+
+class EchAgent {
+ public:
+  explicit EchAgent(Endpoint& ep);
+  ~EchAgent();
+  EchAgent(const EchAgent&) = delete;
+  EchAgent& operator=(const EchAgent&) = delete;
+
+  // Starts this endpoint's part of a reduction; the handle reports per-chunk outcomes. Throws common::Error naming
+  // the problem for a spec that cannot be right (unknown lane, chunk too large, window missing).
+  std::shared_ptr<EchReduction> reduce(EchReduceSpec spec);
+  // Sends packets as compact-ECH multicast through this endpoint's plane switches.
+  std::shared_ptr<EchMulticast> multicast(EchMulticastSpec spec);
+  // Replicas of `source` into `window` with PSNs before `psn_from` (mod 2^24) are stale: an earlier multicast's.
+  void accept_multicast(uint16_t window, int source, uint32_t psn_from);
+  // The PSN the next multicast's first packet will carry (sources publish it so destinations can call the above).
+  uint32_t next_psn() const { return next_psn_; }
+
+  // Every ECH frame this endpoint receives.
+  void receive(int port, const common::ParsedFrame& pf, const uint8_t* frame);
+
+  const EchCounters& counters() const { return counters_; }
+  // Fault injection (tests): contributions are built and timed as usual but never leave this endpoint, as if every
+  // one were lost on its first link (a contributor that never arrives).
+  void suppress_contributions(bool on) { suppress_contributions_ = on; }
+  // A live port of this endpoint on `plane` (salt spreads frames over a Y-cable's sub-ports), or -1.
+  int port_for(int plane, uint32_t salt) const;
+
+ private:
+  friend class EchReduction;
+  friend class EchMulticast;
+
+  common::Clock& clock();
+  void pump(EchReduction& r);
+  void send_contribution(EchReduction& r, size_t chunk, bool retransmit);
+  void arm(EchReduction& r, size_t chunk, common::TimeNs delay, bool counts_as_try);
+  void pump(EchMulticast& m);
+  void send_packet(EchMulticast& m, size_t packet, bool retransmit);
+  static common::TimeNs rto(const common::RttEstimator& rtt, const EchTiming& t, int tries);
+  void on_reduce_frame(int port, const common::ParsedFrame& pf, const uint8_t* frame);
+  void on_compact_frame(int port, const common::ParsedFrame& pf, const uint8_t* frame);
+  bool write_checked(const common::ParsedFrame& pf, const uint8_t* frame);
+  void send_ack(int port, const common::ParsedFrame& pf, uint64_t bitmap);
+  common::FrameHeaders headers(int port, uint32_t dst_ip, uint16_t entropy, uint8_t opcode, uint16_t pkey,
+                               uint32_t psn) const;
+  template <typename Fn>
+  void later(common::TimeNs delay, uint64_t id, Fn fn);
+  void prune();
+
+  Endpoint& ep_;
+  EchCounters counters_;
+  uint64_t next_id_ = 1;
+  uint32_t next_psn_ = 0;
+  // Live operations by id (weak: the caller owns them); lookups from (switch ip, job, group) and from PSN.
+  std::map<uint64_t, std::weak_ptr<EchReduction>> reductions_;
+  std::map<std::tuple<uint32_t, uint32_t, uint16_t>, uint64_t> reduction_of_group_;  // (switch ip, job, group)
+  std::map<uint64_t, std::weak_ptr<EchMulticast>> multicasts_;
+  std::map<uint32_t, std::pair<uint64_t, uint32_t>> packet_of_psn_;  // psn -> (multicast id, packet)
+  std::map<uint64_t, std::pair<uint32_t, uint32_t>> psn_range_;      // multicast id -> (first psn, packets)
+  std::map<std::pair<uint16_t, int>, uint32_t> accept_from_;         // (window, source) -> oldest current PSN
+  bool suppress_contributions_ = false;
+  std::shared_ptr<bool> alive_;
+};
+
+}  // namespace ifec::endpoint

@@ -1,0 +1,610 @@
+// The endpoint half of ECH: lanes of contributions with windows and retransmission, RNR back-off, results and
+// replicas checked before they are written, acknowledgements, and multicast packets with their completions.
+#include "ifec/endpoint/ech_agent.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ifec/common/checks.h"
+#include "ifec/common/protocol.h"
+#include "ifec/endpoint/endpoint.h"
+
+namespace ifec::endpoint {
+
+using common::Ech;
+using common::EchFormat;
+using common::Opcode;
+using common::TimeNs;
+
+namespace {
+
+constexpr uint32_t kPsnMask = 0xFFFFFF;
+
+bool is_notice(const common::ParsedFrame& pf, common::EchOp op) {
+  return (pf.h.ech->flags & common::ech_flags::kAnomaly) && pf.payload_size == 0 &&
+         (op == common::EchOp::kBarrier || pf.h.ech->element_count == 0);
+}
+
+}  // namespace
+
+const char* ech_outcome_name(EchOutcome o) {
+  switch (o) {
+    case EchOutcome::kPending:
+      return "pending";
+    case EchOutcome::kDone:
+      return "done";
+    case EchOutcome::kAnomaly:
+      return "anomaly";
+    case EchOutcome::kGivenUp:
+      return "given up";
+  }
+  return "?";
+}
+
+// ----------------------------------------------------------------------------------------- EchReduction --
+
+EchReduction::EchReduction(EchAgent& agent, EchReduceSpec spec, uint64_t id)
+    : agent_(agent), spec_(std::move(spec)), id_(id), rtt_(spec_.timing.min_rto_ns) {
+  const size_t n = spec_.chunks.size();
+  outcome_.assign(n, EchOutcome::kPending);
+  tries_.assign(n, 0);
+  busy_.assign(n, 0);
+  epoch_.assign(n, 0);
+  sent_ns_.assign(n, 0);
+  sent_.assign(n, 0);
+  lanes_.resize(spec_.lanes.size());
+  for (uint32_t l = 0; l < spec_.lanes.size(); ++l) {
+    lane_of_[{spec_.lanes[l].switch_ip, spec_.lanes[l].group}] = l;
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    const EchChunk& c = spec_.chunks[i];
+    lanes_[c.lane].chunks.push_back(i);
+    chunk_of_[{c.lane, c.seq}] = i;
+    if (spec_.shared_window > 0 && c.contribute) {
+      plane_queue_[spec_.lanes[c.lane].plane].push_back(i);
+    }
+  }
+  pending_ = n;
+}
+
+void EchReduction::finish(size_t i, EchOutcome o) {
+  if (outcome_[i] != EchOutcome::kPending) {
+    return;
+  }
+  outcome_[i] = o;
+  epoch_[i]++;  // its timers do nothing now
+  pending_--;
+  anomalies_ += o == EchOutcome::kAnomaly;
+  const EchChunk& c = spec_.chunks[i];
+  if (sent_[i]) {
+    if (spec_.shared_window > 0) {
+      plane_inflight_[spec_.lanes[c.lane].plane]--;
+    } else {
+      lanes_[c.lane].inflight--;
+    }
+  }
+  if (pending_ == 0 && on_done_ && !done_reported_) {
+    done_reported_ = true;
+    agent_.later(0, id_, [this] { on_done_(); });
+  }
+}
+
+void EchReduction::give_up_plane(int plane, const std::string& why) {
+  bool any = false;
+  for (size_t l = 0; l < lanes_.size(); ++l) {
+    if (spec_.lanes[l].plane != plane || lanes_[l].dead) {
+      continue;
+    }
+    lanes_[l].dead = true;
+    any = true;
+    for (uint32_t i : lanes_[l].chunks) {
+      finish(i, EchOutcome::kGivenUp);
+    }
+  }
+  if (any) {
+    planes_given_up_.emplace(plane, why);
+  }
+}
+
+void EchReduction::give_up_all(const std::string& why) {
+  for (const EchLane& lane : spec_.lanes) {
+    give_up_plane(lane.plane, why);
+  }
+}
+
+void EchReduction::on_done(std::function<void()> fn) {
+  on_done_ = std::move(fn);
+  if (pending_ == 0 && !done_reported_) {
+    done_reported_ = true;
+    agent_.later(0, id_, [this] { on_done_(); });
+  }
+}
+
+// ------------------------------------------------------------------------------------------ EchMulticast --
+
+EchMulticast::EchMulticast(EchAgent& agent, EchMulticastSpec spec, uint64_t id, uint32_t first_psn)
+    : agent_(agent), spec_(std::move(spec)), id_(id), first_psn_(first_psn), rtt_(spec_.timing.min_rto_ns) {
+  const size_t n = spec_.packets.size();
+  outcome_.assign(n, EchOutcome::kPending);
+  tries_.assign(n, 0);
+  sent_ns_.assign(n, 0);
+  sent_.assign(n, 0);
+  for (uint32_t i = 0; i < n; ++i) {
+    queue_[spec_.packets[i].plane].push_back(i);
+  }
+  pending_ = n;
+}
+
+void EchMulticast::finish(size_t i, EchOutcome o) {
+  if (outcome_[i] != EchOutcome::kPending) {
+    return;
+  }
+  outcome_[i] = o;
+  pending_--;
+  if (sent_[i]) {
+    inflight_[spec_.packets[i].plane]--;
+  }
+  if (pending_ == 0 && on_done_ && !done_reported_) {
+    done_reported_ = true;
+    agent_.later(0, id_, [this] { on_done_(); });
+  }
+}
+
+void EchMulticast::give_up_plane(int plane, const std::string& why) {
+  bool any = false;
+  for (uint32_t i : queue_[plane]) {
+    any = any || outcome_[i] == EchOutcome::kPending;
+    finish(i, EchOutcome::kGivenUp);
+  }
+  if (any) {
+    planes_given_up_.emplace(plane, why);
+  }
+}
+
+void EchMulticast::on_done(std::function<void()> fn) {
+  on_done_ = std::move(fn);
+  if (pending_ == 0 && !done_reported_) {
+    done_reported_ = true;
+    agent_.later(0, id_, [this] { on_done_(); });
+  }
+}
+
+// --------------------------------------------------------------------------------------------- EchAgent --
+
+EchAgent::EchAgent(Endpoint& ep) : ep_(ep), alive_(std::make_shared<bool>(true)) {}
+
+EchAgent::~EchAgent() { *alive_ = false; }
+
+common::Clock& EchAgent::clock() { return ep_.clock_; }
+
+// Runs `fn` after `delay` as its own event if the agent and operation `id` still exist.
+template <typename Fn>
+void EchAgent::later(TimeNs delay, uint64_t id, Fn fn) {
+  std::weak_ptr<bool> alive = alive_;
+  clock().schedule(clock().now() + delay, [this, alive, id, fn = std::move(fn)]() mutable {
+    auto a = alive.lock();
+    if (!a || !*a) {
+      return;
+    }
+    auto r = reductions_.find(id);
+    auto m = multicasts_.find(id);
+    const bool live =
+        (r != reductions_.end() && !r->second.expired()) || (m != multicasts_.end() && !m->second.expired());
+    if (live) {
+      fn();
+    }
+  });
+}
+
+TimeNs EchAgent::rto(const common::RttEstimator& rtt, const EchTiming& t, int tries) {
+  const TimeNs base = rtt.rto(t.initial_rto_ns);
+  return std::min<TimeNs>(std::max(base, t.max_rto_ns), base << std::min(tries, 3));
+}
+
+int EchAgent::port_for(int plane, uint32_t salt) const {
+  int live[64];
+  int n = 0;
+  for (int p = 0; p < ep_.num_ports() && n < 64; ++p) {
+    if (ep_.port_info(p).plane == plane && ep_.port_info(p).port->link_up()) {
+      live[n++] = p;
+    }
+  }
+  return n == 0 ? -1 : live[salt % n];
+}
+
+std::shared_ptr<EchReduction> EchAgent::reduce(EchReduceSpec spec) {
+  const size_t esize = common::ech_dtype_size(spec.dtype);
+  IFEC_CHECK(esize > 0, "ECH reduction: unknown dtype " << static_cast<int>(spec.dtype));
+  for (size_t i = 0; i < spec.chunks.size(); ++i) {
+    const EchChunk& c = spec.chunks[i];
+    IFEC_CHECK(c.lane < spec.lanes.size(),
+               "ECH reduction: chunk " << i << " names lane " << c.lane << " of " << spec.lanes.size());
+    if (c.contribute) {
+      const WindowInfo* w = ep_.memory().window(spec.source_window);
+      IFEC_CHECK(w != nullptr, "ECH reduction: GPU " << ep_.index() << " has no window " << spec.source_window);
+      IFEC_CHECK(c.source_offset + c.elements * esize <= w->size,
+                 "ECH reduction: chunk " << i << " at " << c.source_offset << " overruns window " << spec.source_window
+                                         << " (" << w->size << " B)");
+    }
+  }
+  for (const EchLane& l : spec.lanes) {
+    IFEC_CHECK(l.window > 0 || spec.shared_window > 0, "ECH reduction: lane of group " << l.group << " has window 0");
+  }
+  prune();
+  const uint64_t id = next_id_++;
+  std::shared_ptr<EchReduction> r(new EchReduction(*this, std::move(spec), id));
+  reductions_[id] = r;
+  for (const EchLane& l : r->spec_.lanes) {
+    reduction_of_group_[{l.switch_ip, r->spec_.job, l.group}] = id;
+  }
+  pump(*r);
+  return r;
+}
+
+// Sends what the windows allow: per lane in sequence order, or per plane in listed order (shared window). A chunk
+// counts in flight from its first transmission until it finishes (finish() takes it out).
+void EchAgent::pump(EchReduction& r) {
+  auto send = [&](uint32_t i, uint32_t& inflight) {
+    if (!r.spec_.chunks[i].contribute || r.outcome_[i] != EchOutcome::kPending) {
+      return;
+    }
+    r.sent_[i] = 1;
+    r.sent_ns_[i] = clock().now();
+    ++inflight;
+    send_contribution(r, i, false);
+  };
+  if (r.spec_.shared_window > 0) {
+    for (auto& [plane, q] : r.plane_queue_) {
+      size_t& next = r.plane_next_[plane];
+      uint32_t& inflight = r.plane_inflight_[plane];
+      while (next < q.size() && inflight < r.spec_.shared_window) {
+        send(q[next++], inflight);
+      }
+    }
+    return;
+  }
+  for (size_t l = 0; l < r.lanes_.size(); ++l) {
+    EchReduction::Lane& lane = r.lanes_[l];
+    while (lane.base < lane.chunks.size() && r.outcome_[lane.chunks[lane.base]] != EchOutcome::kPending) {
+      ++lane.base;
+    }
+    while (!lane.dead && lane.next < lane.chunks.size() && lane.next < lane.base + r.spec_.lanes[l].window) {
+      send(lane.chunks[lane.next++], lane.inflight);
+    }
+  }
+}
+
+void EchAgent::send_contribution(EchReduction& r, size_t i, bool retransmit) {
+  const EchChunk& c = r.spec_.chunks[i];
+  const EchLane& lane = r.spec_.lanes[c.lane];
+  const int port = port_for(lane.plane, c.seq + static_cast<uint32_t>(lane.group));
+  if (port < 0) {
+    r.give_up_plane(lane.plane,
+                    "GPU " + std::to_string(ep_.index()) + " has no live link on plane " + std::to_string(lane.plane));
+    return;
+  }
+  arm(r, i, rto(r.rtt_, r.spec_.timing, r.tries_[i]), true);
+  const size_t bytes = size_t{c.elements} * common::ech_dtype_size(r.spec_.dtype);
+  common::FrameHeaders h = headers(port, lane.switch_ip, static_cast<uint16_t>(ep_.index() * 977 + c.seq),
+                                   static_cast<uint8_t>(Opcode::kWriteOnly), common::pkey_of_job(r.spec_.job), c.seq);
+  Ech ech;
+  ech.format = EchFormat::kStandard;
+  ech.op = r.spec_.op;
+  ech.flags = retransmit ? common::ech_flags::kRetransmission : 0;
+  ech.job_id = r.spec_.job;
+  ech.group_id = lane.group;
+  ech.contributor_id = r.spec_.contributor;
+  ech.chunk_index = c.seq;
+  ech.dtype = r.spec_.dtype;
+  ech.redop = r.spec_.redop;
+  ech.element_count = c.elements;
+  ech.expected = c.expected;
+  ech.window_id = r.spec_.result_window;
+  h.ech = ech;
+  h.reth = common::Reth{c.reth_va, 0, static_cast<uint32_t>(bytes)};
+  const WindowInfo* w = ep_.memory().window(r.spec_.source_window);
+  if (!suppress_contributions_) {
+    ep_.send_frame(port, common::encode_frame(h, w->data + c.source_offset, bytes));
+  }
+  counters_.contributions_sent++;
+  counters_.retransmissions += retransmit;
+}
+
+// One live timer per chunk: a newer arm() makes older ones do nothing. A timeout counts as a try (after
+// max_retries the chunk is given up); a retry after an RNR NAK does not.
+void EchAgent::arm(EchReduction& r, size_t i, TimeNs delay, bool counts_as_try) {
+  const uint32_t epoch = ++r.epoch_[i];
+  EchReduction* rp = &r;
+  later(delay, r.id_, [this, rp, i, epoch, counts_as_try] {
+    EchReduction& r = *rp;
+    if (r.epoch_[i] != epoch || r.outcome_[i] != EchOutcome::kPending) {
+      return;
+    }
+    if (counts_as_try && ++r.tries_[i] > r.spec_.timing.max_retries) {
+      r.finish(i, EchOutcome::kGivenUp);
+      pump(r);
+      return;
+    }
+    send_contribution(r, i, true);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------- multicast --
+
+std::shared_ptr<EchMulticast> EchAgent::multicast(EchMulticastSpec spec) {
+  const WindowInfo* w = ep_.memory().window(spec.window);
+  IFEC_CHECK(w != nullptr, "ECH multicast: GPU " << ep_.index() << " has no window " << spec.window);
+  for (size_t i = 0; i < spec.packets.size(); ++i) {
+    const EchPacket& p = spec.packets[i];
+    IFEC_CHECK(p.offset + p.len <= w->size, "ECH multicast: packet " << i << " at " << p.offset << " + " << p.len
+                                                                     << " overruns window " << spec.window);
+    IFEC_CHECK(p.bitmap != 0 && !(p.bitmap & (1ULL << ep_.index())), "ECH multicast: packet "
+                                                                         << i << " has destination bitmap " << p.bitmap
+                                                                         << " (must be non-empty, without the source)");
+  }
+  IFEC_CHECK(spec.packets.size() < (1u << 23), "ECH multicast: " << spec.packets.size() << " packets (PSNs repeat)");
+  prune();
+  const uint64_t id = next_id_++;
+  const uint32_t first = next_psn_;
+  next_psn_ = (next_psn_ + static_cast<uint32_t>(spec.packets.size())) & kPsnMask;
+  std::shared_ptr<EchMulticast> m(new EchMulticast(*this, std::move(spec), id, first));
+  multicasts_[id] = m;
+  for (uint32_t i = 0; i < m->spec_.packets.size(); ++i) {
+    packet_of_psn_[(first + i) & kPsnMask] = {id, i};
+  }
+  psn_range_[id] = {first, static_cast<uint32_t>(m->spec_.packets.size())};
+  pump(*m);
+  return m;
+}
+
+// Forgets operations their owners dropped (and the lookups that led to them).
+void EchAgent::prune() {
+  for (auto it = reductions_.begin(); it != reductions_.end();) {
+    it = it->second.expired() ? reductions_.erase(it) : std::next(it);
+  }
+  for (auto it = reduction_of_group_.begin(); it != reduction_of_group_.end();) {
+    it = reductions_.count(it->second) ? std::next(it) : reduction_of_group_.erase(it);
+  }
+  for (auto it = multicasts_.begin(); it != multicasts_.end();) {
+    if (!it->second.expired()) {
+      ++it;
+      continue;
+    }
+    const auto [first, n] = psn_range_[it->first];
+    for (uint32_t i = 0; i < n; ++i) {
+      auto p = packet_of_psn_.find((first + i) & kPsnMask);
+      if (p != packet_of_psn_.end() && p->second.first == it->first) {
+        packet_of_psn_.erase(p);
+      }
+    }
+    psn_range_.erase(it->first);
+    it = multicasts_.erase(it);
+  }
+}
+
+void EchAgent::accept_multicast(uint16_t window, int source, uint32_t psn_from) {
+  accept_from_[{window, source}] = psn_from & kPsnMask;
+}
+
+void EchAgent::pump(EchMulticast& m) {
+  for (auto& [plane, q] : m.queue_) {
+    size_t& next = m.next_[plane];
+    uint32_t& inflight = m.inflight_[plane];
+    while (next < q.size() && inflight < m.spec_.window_per_plane) {
+      const uint32_t i = q[next++];
+      if (m.outcome_[i] != EchOutcome::kPending) {
+        continue;
+      }
+      m.sent_[i] = 1;
+      m.sent_ns_[i] = clock().now();
+      ++inflight;
+      send_packet(m, i, false);
+    }
+  }
+}
+
+void EchAgent::send_packet(EchMulticast& m, size_t i, bool retransmit) {
+  const EchPacket& pk = m.spec_.packets[i];
+  const int port = port_for(pk.plane, static_cast<uint32_t>(i));
+  if (port < 0) {
+    m.give_up_plane(pk.plane,
+                    "GPU " + std::to_string(ep_.index()) + " has no live link on plane " + std::to_string(pk.plane));
+    return;
+  }
+  EchMulticast* mp = &m;
+  later(rto(m.rtt_, m.spec_.timing, m.tries_[i]), m.id_, [this, mp, i] {
+    EchMulticast& m = *mp;
+    if (m.outcome_[i] != EchOutcome::kPending) {
+      return;
+    }
+    if (++m.tries_[i] > m.spec_.timing.max_retries) {
+      m.finish(i, EchOutcome::kGivenUp);
+      pump(m);
+      return;
+    }
+    send_packet(m, i, true);
+  });
+  const uint32_t psn = (m.first_psn_ + static_cast<uint32_t>(i)) & kPsnMask;
+  common::FrameHeaders h = headers(port, pk.switch_ip, static_cast<uint16_t>(i),
+                                   static_cast<uint8_t>(Opcode::kWriteOnly), common::pkey_of_job(m.spec_.job), psn);
+  Ech ech;
+  ech.format = EchFormat::kCompact;
+  ech.op = common::EchOp::kMulticast;
+  ech.flags = retransmit ? common::ech_flags::kRetransmission : 0;
+  ech.source_id = static_cast<uint16_t>(ep_.index());
+  ech.window_id = m.spec_.window;
+  ech.dest_bitmap = pk.bitmap;
+  h.ech = ech;
+  h.reth = common::Reth{pk.offset, 0, pk.len};
+  ep_.send_frame(port, common::encode_frame(h, ep_.memory().window(m.spec_.window)->data + pk.offset, pk.len));
+  counters_.multicast_sent++;
+  counters_.retransmissions += retransmit;
+}
+
+// -------------------------------------------------------------------------------------------------- receive --
+
+void EchAgent::receive(int port, const common::ParsedFrame& pf, const uint8_t* frame) {
+  if (pf.h.ech->format == EchFormat::kCompact) {
+    on_compact_frame(port, pf, frame);
+  } else {
+    on_reduce_frame(port, pf, frame);
+  }
+}
+
+void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const uint8_t* frame) {
+  const Ech& ech = *pf.h.ech;
+  auto g = reduction_of_group_.find({pf.h.ip.src, ech.job_id, ech.group_id});
+  std::shared_ptr<EchReduction> r;
+  if (g != reduction_of_group_.end()) {
+    auto it = reductions_.find(g->second);
+    r = it == reductions_.end() ? nullptr : it->second.lock();
+  }
+  const bool write = pf.h.bth.opcode == static_cast<uint8_t>(Opcode::kWriteOnly);
+  size_t i = 0;
+  bool found = false;
+  if (r) {
+    auto l = r->lane_of_.find({pf.h.ip.src, ech.group_id});
+    auto c = l == r->lane_of_.end() ? r->chunk_of_.end() : r->chunk_of_.find({l->second, ech.chunk_index});
+    found = c != r->chunk_of_.end();
+    i = found ? c->second : 0;
+  }
+  if (!found) {
+    counters_.unmatched++;
+    if (write) {
+      send_ack(port, pf, 0);  // a late result or notice: quiet the switch, write nothing
+    }
+    return;
+  }
+  const EchChunk& c = r->spec_.chunks[i];
+  const bool pending = r->outcome_[i] == EchOutcome::kPending;
+  auto sample = [&] {
+    if (c.contribute && r->tries_[i] == 0 && r->busy_[i] == 0 && r->sent_[i]) {
+      r->rtt_.sample(clock().now() - r->sent_ns_[i]);
+    }
+  };
+  if (!write) {
+    if (pf.h.aeth && pf.h.aeth->kind() == common::AethKind::kRnrNak) {
+      if (pending && c.contribute) {  // slot busy with an older chunk: retry soon, not after the loss timeout
+        counters_.busy_naks++;
+        arm(*r, i, r->spec_.timing.busy_retry_ns << std::min<int>(r->busy_[i]++, 3), false);
+      }
+      return;
+    }
+    if (pending && c.contribute && !c.receive) {  // contribution accepted; no result comes here
+      sample();
+      r->finish(i, EchOutcome::kDone);
+      pump(*r);
+    }
+    return;
+  }
+  if (!pending) {
+    counters_.duplicate_results++;  // landed already, or given up: acknowledge again, write nothing
+    send_ack(port, pf, 0);
+    return;
+  }
+  if (is_notice(pf, r->spec_.op)) {
+    counters_.anomaly_notices++;  // the slot timed out, or this member's result was released
+    r->finish(i, EchOutcome::kAnomaly);
+  } else {
+    const size_t bytes = size_t{c.elements} * common::ech_dtype_size(r->spec_.dtype);
+    if (!c.receive || pf.payload_size != bytes || !write_checked(pf, frame)) {
+      counters_.protection_drops++;
+      return;  // not acknowledged: a wrong result never lands, and the switch cannot free the slot for it
+    }
+    counters_.results_written++;
+    r->flagged_results_ += (pf.h.ech->flags & common::ech_flags::kAnomaly) != 0;
+    sample();
+    r->finish(i, EchOutcome::kDone);
+  }
+  send_ack(port, pf, 0);
+  pump(*r);
+}
+
+void EchAgent::on_compact_frame(int port, const common::ParsedFrame& pf, const uint8_t* frame) {
+  const Ech& ech = *pf.h.ech;
+  const uint32_t psn = pf.h.bth.psn & kPsnMask;
+  if (pf.h.bth.opcode != static_cast<uint8_t>(Opcode::kWriteOnly)) {
+    // The switch's single completion for one of our packets to all its destinations.
+    auto p = packet_of_psn_.find(psn);
+    if (ech.source_id != ep_.index() || p == packet_of_psn_.end()) {
+      counters_.unmatched++;
+      return;
+    }
+    auto it = multicasts_.find(p->second.first);
+    std::shared_ptr<EchMulticast> m = it == multicasts_.end() ? nullptr : it->second.lock();
+    if (!m) {
+      return;
+    }
+    const uint32_t i = p->second.second;
+    if (m->outcome_[i] == EchOutcome::kPending && m->tries_[i] == 0) {
+      m->rtt_.sample(clock().now() - m->sent_ns_[i]);
+    }
+    m->finish(i, EchOutcome::kDone);
+    pump(*m);
+    return;
+  }
+  // A replica for us: written (idempotently: every copy carries the same bytes) and acknowledged every time.
+  auto from = accept_from_.find({ech.window_id, ech.source_id});
+  if (from != accept_from_.end() && ((psn - from->second) & kPsnMask) >= (1u << 23)) {
+    counters_.stale_replicas++;
+    send_ack(port, pf, 1ULL << ep_.index());
+    return;
+  }
+  if (!(ech.dest_bitmap & (1ULL << ep_.index())) || !write_checked(pf, frame)) {
+    counters_.protection_drops++;
+    return;
+  }
+  counters_.replicas_written++;
+  ep_.remote_written(ech.source_id, pf.h.reth->rkey, pf.h.reth->virtual_address, pf.payload_size);
+  send_ack(port, pf, 1ULL << ep_.index());
+}
+
+// The rkey/bounds/job check, then the write: false (nothing written) when the frame may not touch our memory.
+bool EchAgent::write_checked(const common::ParsedFrame& pf, const uint8_t* frame) {
+  if (!pf.h.reth) {
+    return false;
+  }
+  const common::Reth& r = *pf.h.reth;
+  SymmetricMemory& mem = ep_.memory();
+  if (pf.payload_size > 0 && mem.check(r.rkey, r.virtual_address, pf.payload_size, common::job_of_pkey(pf.h.bth.pkey),
+                                       false) != AccessError::kOk) {
+    return false;
+  }
+  if (pf.payload_size > 0) {
+    std::memcpy(mem.translate(r.rkey, r.virtual_address), frame + pf.payload_offset, pf.payload_size);
+  }
+  return true;
+}
+
+void EchAgent::send_ack(int port, const common::ParsedFrame& pf, uint64_t bitmap) {
+  common::FrameHeaders h = headers(port, pf.h.ip.src, static_cast<uint16_t>(pf.h.bth.psn),
+                                   static_cast<uint8_t>(Opcode::kAcknowledge), pf.h.bth.pkey, pf.h.bth.psn);
+  Ech ech = *pf.h.ech;
+  ech.element_count = 0;
+  ech.flags = 0;
+  if (ech.format == EchFormat::kCompact) {
+    ech.dest_bitmap = bitmap;
+  }
+  h.ech = ech;
+  h.aeth = common::Aeth::ack(0);
+  ep_.send_frame(port, common::encode_frame(h, nullptr, 0));
+}
+
+common::FrameHeaders EchAgent::headers(int port, uint32_t dst_ip, uint16_t entropy, uint8_t opcode, uint16_t pkey,
+                                       uint32_t psn) const {
+  common::FrameHeaders h;
+  h.eth.src = ep_.port_info(port).mac;
+  h.eth.dst = ep_.port_info(port).peer_mac;
+  h.ip.src = ep_.config().ip;
+  h.ip.dst = dst_ip;
+  h.ip.dscp = common::kRoceDscp;
+  h.ip.ecn = common::kRoceEcn;
+  h.udp.src_port = static_cast<uint16_t>(0xC000 | (entropy & 0x3FFF));
+  h.bth.opcode = opcode;
+  h.bth.pkey = pkey;
+  h.bth.dest_qp = common::kEchQpn;
+  h.bth.psn = psn & kPsnMask;
+  return h;
+}
+
+}  // namespace ifec::endpoint

@@ -1,0 +1,560 @@
+// ifec-cli: the native program behind `./ifec pcap|frames|sim|bench`. Each command is an option table (args.h)
+// and one function; errors go to stderr naming the bad value, exit 1 (bad input or a failed run) or 2 (usage).
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "ifec/common/checks.h"
+#include "ifec/common/frame.h"
+#include "ifec/common/samples.h"
+#include "ifec/endpoint/ring_bench.h"
+#include "ifec/routing/topology.h"
+#include "ifec/testbed/collective_bench.h"
+#include "ifec/testbed/endpoint_bench.h"
+#include "ifec/testbed/property.h"
+#ifdef IFEC_HAVE_MOE
+#include "ifec/testbed/moe_bench.h"
+#endif
+#include "ifec/testbed/sim_report.h"
+
+namespace {
+
+using ifec::cli::Args;
+using ifec::cli::CommandSpec;
+using ifec::cli::Option;
+namespace wl = ifec::workloads;
+namespace tb = ifec::testbed;
+
+const std::string kDefaultTopology = std::string(IFEC_TOPOLOGY_DIR) + "/superpod-64x4.yaml";
+const Option kTopoOption{"--topo", "FILE", "topology file (default: testbed/topologies/superpod-64x4.yaml)"};
+
+struct Command {
+  CommandSpec spec;
+  std::function<int(const Args&)> run;
+};
+
+ifec::routing::Topology topology(const Args& a) {
+  return ifec::routing::load_topology(a.get("--topo", kDefaultTopology));
+}
+
+// Creates DIR (and its parents) before a long run writes into it; throws naming DIR when that is impossible.
+void make_dirs(const std::string& dir) {
+  std::string path;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || (dir[i] == '/' && i > 0)) {
+      path = dir.substr(0, i);
+      struct stat st {};
+      if (stat(path.c_str(), &st) != 0) {
+        IFEC_CHECK(mkdir(path.c_str(), 0755) == 0, "--out '" << dir << "': cannot create " << path);
+      } else {
+        IFEC_CHECK(S_ISDIR(st.st_mode), "--out '" << dir << "': " << path << " is not a directory");
+      }
+    }
+  }
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  IFEC_CHECK(f != nullptr, "cannot write " << path);
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  std::printf("# wrote %s\n", path.c_str());
+}
+
+// ---------------------------------------------------------------------------------------------- pcap, frames --
+
+int run_pcap(const Args& a) {
+  const size_t n = ifec::common::write_sample_pcap(a.positionals()[0]);
+  std::printf("wrote %zu frames to %s\n", n, a.positionals()[0].c_str());
+  return 0;
+}
+
+int run_frames(const Args&) {
+  using namespace ifec::common;
+  std::printf("%-26s %6s  %-26s %8s %8s %s\n", "sample", "bytes", "opcode", "dest_qp", "psn", "ech");
+  for (const auto& s : sample_frames()) {
+    ParsedFrame pf;
+    WireStatus st = parse_frame(s.bytes.data(), s.bytes.size(), &pf);
+    IFEC_CHECK(st.ok(), "sample " << s.name << " does not parse: " << st.message());
+    std::string ech = "-";
+    if (pf.h.ech) {
+      ech = std::string(pf.h.ech->format == EchFormat::kCompact ? "compact " : "standard ") + ech_op_name(pf.h.ech->op);
+    }
+    std::printf("%-26s %6zu  %-26s %#8x %8u %s\n", s.name.c_str(), s.bytes.size(), opcode_name(pf.h.bth.opcode),
+                pf.h.bth.dest_qp, pf.h.bth.psn, ech.c_str());
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------------------------------------------------- sim --
+
+const std::vector<std::string> kRawOnly = {"--traffic",       "--lb",        "--pfc",     "--restore",
+                                           "--incast-target", "--no-verify", "--counters"};
+const std::vector<std::string> kCollectiveOnly = {"--collective", "--algo",        "--dtype",
+                                                  "--op",         "--loss",        "--members",
+                                                  "--slot-pool",  "--slot-budget", "--reproducible"};
+
+void refuse(const Args& a, const std::vector<std::string>& names, const char* mode) {
+  for (const std::string& n : names) {
+    IFEC_CHECK(!a.has(n), n << " does not apply to " << mode);
+  }
+}
+
+int run_sim_collective(const Args& a) {
+  refuse(a, kRawOnly, "--collective");
+  IFEC_CHECK(a.has("--topo"), "--topo FILE is required");
+  IFEC_CHECK(a.has("--algo"), "--algo ring|ifec is required with --collective");
+  tb::CollectivePoint base;
+  base.kind = wl::parse_collective(a.get("--collective"));
+  base.algo = wl::parse_algo(a.get("--algo"));
+  base.dtype = tb::parse_dtype(a.get("--dtype", "fp32"));
+  base.op = tb::parse_redop(a.get("--op", "sum"));
+  base.loss = ifec::cli::parse_probability(a.get("--loss", "0"), "--loss");
+  base.fail = a.all("--fail");
+  base.seed = ifec::cli::parse_uint(a.get("--seed", "1"), "--seed");
+  if (a.has("--members")) {  // absent: every GPU
+    base.members = static_cast<int>(ifec::cli::parse_uint(a.get("--members"), "--members", 2, 1 << 20));
+  }
+  base.slot_pool =
+      static_cast<uint32_t>(ifec::cli::parse_uint(a.get("--slot-pool", "8192"), "--slot-pool", 1, 1u << 24));
+  base.slot_budget =
+      static_cast<uint32_t>(ifec::cli::parse_uint(a.get("--slot-budget", "128"), "--slot-budget", 1, 1u << 20));
+  base.reproducible = a.has("--reproducible");
+  std::vector<uint64_t> sizes;
+  if (base.kind == wl::Collective::kBarrier) {
+    IFEC_CHECK(!a.has("--bytes"),
+               "--bytes '" << a.get("--bytes") << "' does not apply to a barrier (it moves no data)");
+    sizes = {0};
+  } else {
+    IFEC_CHECK(a.has("--bytes"), "--bytes SIZE[,SIZE...] is required");
+    sizes = ifec::cli::parse_sizes(a.get("--bytes"), "--bytes");
+  }
+  const ifec::routing::Topology topo = topology(a);
+  const bool json = a.has("--json");
+  if (!json) {
+    std::printf("# %s %s on %s, %d GPUs, loss %g%s\n", wl::collective_name(base.kind), wl::algo_name(base.algo),
+                topo.name.c_str(), base.members ? base.members : topo.num_gpus(), base.loss,
+                base.reproducible ? ", reproducible" : "");
+    std::printf("%s", tb::rows_header().c_str());
+  }
+  int failures = 0;
+  for (uint64_t size : sizes) {
+    tb::CollectivePoint p = base;
+    p.bytes = size;
+    const tb::CollectiveRow r = tb::run_collective_point(topo, p);
+    failures += !r.ok;
+    std::printf("%s", json ? (tb::row_json(r, topo.name) + "\n").c_str() : tb::row_text(r).c_str());
+    std::fflush(stdout);
+  }
+  if (failures > 0 && !json) {
+    std::fprintf(stderr, "ifec sim: %d of %zu rows failed or were wrong\n", failures, sizes.size());
+  }
+  return failures ? 1 : 0;
+}
+
+int run_sim_raw(const Args& a) {
+  refuse(a, kCollectiveOnly, "--traffic");
+  IFEC_CHECK(a.has("--topo"), "--topo FILE is required");
+  IFEC_CHECK(a.has("--bytes"), "--bytes SIZE is required");
+  tb::SimOptions opts;
+  opts.topo_path = a.get("--topo");
+  opts.pattern = tb::parse_pattern(a.get("--traffic"));
+  opts.bytes = ifec::cli::parse_size(a.get("--bytes"), "--bytes");
+  IFEC_CHECK(opts.bytes > 0, "--bytes '" << a.get("--bytes") << "' must be > 0");
+  const std::string lb = ifec::cli::parse_choice(a.get("--lb", "packet"), "--lb", {"flow", "packet"});
+  opts.lb = lb == "flow" ? ifec::switchemu::LoadBalance::kPerFlow : ifec::switchemu::LoadBalance::kPerPacket;
+  opts.pfc = ifec::cli::parse_choice(a.get("--pfc", "on"), "--pfc", {"on", "off"}) == "on";
+  opts.seed = ifec::cli::parse_uint(a.get("--seed", "1"), "--seed");
+  opts.incast_target =
+      static_cast<int>(ifec::cli::parse_uint(a.get("--incast-target", "0"), "--incast-target", 0, 1 << 20));
+  opts.verify_icrc = !a.has("--no-verify");
+  opts.progress = !a.has("--quiet");
+  const ifec::routing::Topology topo = ifec::routing::load_topology(opts.topo_path);
+  for (const std::string& f : a.all("--fail")) {
+    opts.events.push_back(tb::parse_link_event(topo, f, false));
+  }
+  for (const std::string& r : a.all("--restore")) {
+    opts.events.push_back(tb::parse_link_event(topo, r, true));
+  }
+  const tb::SimRun run = tb::run_sim(topo, opts);
+  if (a.has("--json")) {
+    std::printf("%s\n", tb::to_json(run).c_str());
+  } else {
+    std::printf("%s", tb::to_text(run).c_str());
+    if (a.has("--counters")) {
+      std::printf("\nper-port, per-queue switch counters (queues that carried traffic):\n%s",
+                  tb::counters_table(run).c_str());
+    }
+  }
+  if (!run.traffic.complete) {
+    std::fprintf(stderr,
+                 "ifec sim: INCOMPLETE: %llu of %llu flows did not deliver all their bytes (raw traffic has no "
+                 "retransmission: frames lost to failed links stay lost)\n",
+                 static_cast<unsigned long long>(run.traffic.incomplete_flows),
+                 static_cast<unsigned long long>(run.traffic.flows));
+    return 3;
+  }
+  return 0;
+}
+
+int run_sim(const Args& a) {
+  IFEC_CHECK(a.has("--traffic") != a.has("--collective"),
+             "give exactly one of --traffic PATTERN (raw flows) or --collective KIND (see ifec sim --help)");
+  return a.has("--collective") ? run_sim_collective(a) : run_sim_raw(a);
+}
+
+// ---------------------------------------------------------------------------------------------------- bench --
+
+int run_bench_endpoint(const Args& a) {
+  const bool quick = a.has("--quick");
+  const ifec::routing::Topology topo = topology(a);
+  std::printf("== descriptor rate: ring + proxy, CPU backend (wall clock on this machine)\n");
+  std::printf("%-16s %8s %12s %10s %14s\n", "backend", "threads", "descriptors", "seconds", "descriptors/s");
+  for (int threads : {1, 2}) {
+    const auto r = ifec::endpoint::bench_descriptor_rate(threads, quick ? 200'000 : 2'000'000, 4096);
+    std::printf("%-16s %8d %12llu %10.3f %14.0f\n", "cpu-null-sink", r.producer_threads,
+                static_cast<unsigned long long>(r.descriptors), r.seconds, r.descriptors_per_s);
+  }
+  const auto s = tb::bench_descriptor_rate_sim(topo, quick ? 5'000 : 50'000);
+  std::printf("%-16s %8d %12llu %10.3f %14.0f   (8-byte puts, each simulated end to end on %s)\n", s.backend.c_str(),
+              s.producer_threads, static_cast<unsigned long long>(s.descriptors), s.seconds, s.per_second,
+              topo.name.c_str());
+  std::printf("\n== store goodput, GPU 0 -> GPU 1, %s [driver: sim]\n", topo.name.c_str());
+  std::printf("%-8s %6s %14s %12s %12s %10s %8s\n", "mode", "planes", "stores", "sim time us", "goodput Gb/s",
+              "line Gb/s", "of line");
+  const uint64_t stores = quick ? 8 : 32;
+  for (auto mode :
+       {ifec::endpoint::Ordering::kWeak, ifec::endpoint::Ordering::kPartial, ifec::endpoint::Ordering::kStrong}) {
+    double one_plane = 0;
+    for (int planes : {1, topo.num_planes}) {
+      const auto r = tb::bench_store_goodput(topo, mode, planes, stores, 1 << 20);
+      char ratio[32] = "";
+      if (planes == 1) {
+        one_plane = r.goodput_gbps;
+      } else {
+        std::snprintf(ratio, sizeof(ratio), "  %.2fx one plane", r.goodput_gbps / one_plane);
+      }
+      std::printf("%-8s %6d %9llu x 1M %12.1f %12.1f %10.0f %7.1f%%%s\n", r.mode.c_str(), r.planes,
+                  static_cast<unsigned long long>(r.stores), r.sim_ns / 1e3, r.goodput_gbps, r.line_rate_gbps,
+                  100.0 * r.goodput_gbps / r.line_rate_gbps, ratio);
+      if (topo.num_planes == 1) {
+        break;
+      }
+    }
+  }
+  std::printf("(strong ordering keeps one in-order stream per peer on one sub-port, so it cannot use more planes)\n");
+  return 0;
+}
+
+int run_bench_collectives(const Args& a) {
+  const bool quick = a.has("--quick");
+  const uint64_t max_sim = ifec::cli::parse_size(a.get("--max-sim", quick ? "1MiB" : "64MiB"), "--max-sim");
+  IFEC_CHECK(max_sim >= 8, "--max-sim '" << a.get("--max-sim") << "' must be at least 8 B");
+  const ifec::routing::Topology topo = topology(a);
+  const int n = topo.num_gpus();
+  std::printf("# AllReduce fp32 sum, %s (%d GPUs x %d planes) [driver: sim]\n", topo.name.c_str(), n, topo.num_planes);
+  std::printf(
+      "# rows above %llu B are (modelled): the largest simulated time scaled by size (both algorithms are\n"
+      "# bandwidth-bound there; a latency + bandwidth fit would mix in the ring's latency-bound smaller sizes)\n",
+      static_cast<unsigned long long>(max_sim));
+  std::printf("#%13s %12s %14s %14s %10s %10s %8s %12s\n", "size(B)", "count", "ring time(us)", "ifec time(us)",
+              "ring busbw", "ifec busbw", "speedup", "2(N-1)/N");
+  std::vector<uint64_t> sizes;
+  for (uint64_t b = 8; b <= (1ULL << 30); b *= 8) {
+    sizes.push_back(b);
+  }
+  for (uint64_t b : {64ULL << 20, 256ULL << 20, 1ULL << 30}) {
+    sizes.push_back(b);
+  }
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  double last_size = 0;
+  double last_time[2] = {0, 0};
+  const double bound = 2.0 * (n - 1) / n;
+  for (uint64_t size : sizes) {
+    double t[2];
+    const bool modelled = size > max_sim;
+    for (int i = 0; i < 2; ++i) {
+      if (modelled) {
+        t[i] = last_time[i] * size / last_size;  // bandwidth-bound: time grows with size
+        continue;
+      }
+      tb::CollectivePoint p;
+      p.kind = wl::Collective::kAllReduce;
+      p.algo = i == 0 ? wl::Algo::kRing : wl::Algo::kIfec;
+      p.bytes = size;
+      const auto r = tb::run_collective_point(topo, p);
+      IFEC_CHECK(r.ok, "bench " << wl::algo_name(p.algo) << " at " << size << " B: " << r.error);
+      t[i] = r.time_us;
+      last_time[i] = r.time_us;
+    }
+    if (!modelled) {
+      last_size = static_cast<double>(size);
+    }
+    std::printf(" %13llu %12llu %14.2f %14.2f %10.2f %10.2f %7.2fx %12.3f%s\n", static_cast<unsigned long long>(size),
+                static_cast<unsigned long long>(size / 4), t[0], t[1], size / (t[0] * 1e3) * bound,
+                size / (t[1] * 1e3) * bound, t[0] / t[1], bound, modelled ? "  (modelled)" : "");
+    std::fflush(stdout);
+    if (quick && size >= max_sim) {
+      break;
+    }
+  }
+  return 0;
+}
+
+int run_bench_property(const Args& a) {
+  if (a.has("--case")) {
+    const tb::PropertyCase c = tb::random_case(ifec::cli::parse_uint(a.get("--case"), "--case"));
+    const tb::PropertyResult r = tb::run_property_case(c);
+    std::printf("%s\n  %s: %.2f us simulated, %llu fallback chunks, %llu wrong%s%s\n", c.describe().c_str(),
+                r.ok ? "ok" : "FAILED", r.sim_us, static_cast<unsigned long long>(r.fallback),
+                static_cast<unsigned long long>(r.wrong), r.error.empty() ? "" : ": ", r.error.c_str());
+    for (const std::string& f : r.faults) {
+      std::printf("  fault: %s\n", f.c_str());
+    }
+    return r.ok ? 0 : 1;
+  }
+  const uint64_t cases = ifec::cli::parse_uint(a.get("--cases", "2000"), "--cases", 1);
+  const uint64_t seed = ifec::cli::parse_uint(a.get("--seed", "1"), "--seed");
+  const double seconds = static_cast<double>(ifec::cli::parse_uint(a.get("--seconds", "0"), "--seconds"));
+  const bool verbose = a.has("--verbose");
+  std::printf(
+      "# property check: in-fabric AllReduce, reduce, multicast, MoE combine and dispatch against host references;\n"
+      "# random fabrics, sizes, dtypes, 0.5-5%% loss and slot budgets [driver: sim]; cases from seed %llu\n",
+      static_cast<unsigned long long>(seed));
+  std::fflush(stdout);
+  uint64_t done = 0;
+  const auto summary = tb::run_property_sweep(seed, cases, seconds, [&](const std::string& line) {
+    ++done;
+    if (verbose || line.rfind("FAIL", 0) == 0) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    } else if (done % 100 == 0) {
+      std::fprintf(stderr, "property: %llu cases run\n", static_cast<unsigned long long>(done));
+    }
+  });
+  std::printf("# %llu cases in %.1f s: %llu failed, %llu finished part of their chunks off the in-fabric path\n",
+              static_cast<unsigned long long>(summary.cases), summary.wall_seconds,
+              static_cast<unsigned long long>(summary.failed), static_cast<unsigned long long>(summary.fallback_cases));
+  for (const std::string& f : summary.failures) {
+    std::printf("FAILED %s\n", f.c_str());
+  }
+  return summary.failed ? 1 : 0;
+}
+
+#ifdef IFEC_HAVE_MOE
+int run_bench_moe(const Args& a) {
+  tb::MoeBenchConfig cfg;
+  cfg.topo = topology(a);
+  cfg.topology_name = cfg.topo.name;
+  const bool quick = a.has("--quick");
+  std::vector<uint64_t> eps = ifec::cli::parse_uints(a.get("--ep", quick ? "8,16" : "8,16,32,64"), "--ep", 2,
+                                                     static_cast<uint64_t>(cfg.topo.num_gpus()));
+  const uint64_t cap = ifec::cli::parse_uint(a.get("--token-cap", quick ? "32" : "256"), "--token-cap");
+  const std::string mode = ifec::cli::parse_choice(a.get("--mode", "both"), "--mode", {"normal", "ll", "both"});
+  const std::vector<std::string> modes =
+      mode == "both" ? std::vector<std::string>{"normal", "ll"} : std::vector<std::string>{mode};
+  const std::string out = a.get("--out");
+  if (!out.empty()) {
+    make_dirs(out);  // before the run, not after it
+  }
+  cfg.token_cap = static_cast<int64_t>(cap);
+  cfg.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  std::printf(
+      "# MoE dispatch/combine, DeepSeek-V3 routing (hidden %lld, top-%lld of %lld, bf16 rows) on %s [driver: sim]\n",
+      static_cast<long long>(cfg.model.hidden), static_cast<long long>(cfg.model.topk),
+      static_cast<long long>(cfg.model.experts), cfg.topology_name.c_str());
+  std::printf(
+      "# dispatch/combine simulated; experts(us) modelled: H100 %.0f TFLOP/s, %.0f GB/s HBM, efficiency %.2f, "
+      "expert width %lld\n",
+      cfg.profile.tflops, cfg.profile.hbm_gbs, cfg.profile.efficiency, static_cast<long long>(cfg.model.inter));
+  if (cap > 0) {
+    std::printf(
+        "# points above %llu tokens per rank simulate %llu and scale times and bytes by the token ratio "
+        "(bandwidth-bound), marked (scaled from N)\n",
+        static_cast<unsigned long long>(cap), static_cast<unsigned long long>(cap));
+  }
+  std::printf("# GB/s: logical bytes per rank / time (DeepEP's convention); MB: all ranks together\n%s\n",
+              tb::moe_rows_header().c_str());
+  std::fflush(stdout);
+  std::string csv = tb::moe_csv_header() + "\n";
+  std::string json = "[";
+  int wrong = 0;
+  for (const std::string& m : modes) {
+    for (uint64_t ep : eps) {
+      tb::MoePoint p;
+      p.mode = m;
+      p.ep = static_cast<int>(ep);
+      p.tokens = m == "normal" ? 4096 : 128;
+      const auto rows =
+          tb::run_moe_point(cfg, p, {tb::MoeVariant::kPerExpert, tb::MoeVariant::kPerRank, tb::MoeVariant::kIfec});
+      for (const auto& r : rows) {
+        std::printf("%s\n", tb::moe_row_text(r).c_str());
+        csv += tb::moe_row_csv(r) + "\n";
+        json += (json.size() > 1 ? ",\n" : "") + tb::moe_row_json(r, cfg.topology_name);
+        wrong += !r.ok();
+      }
+      const double base = std::min(rows[0].dispatch_us + rows[0].combine_us, rows[1].dispatch_us + rows[1].combine_us);
+      std::printf("#   EP %llu %s: IFEC dispatch+combine %.2fx the best baseline, layer %.2fx\n",
+                  static_cast<unsigned long long>(ep), m.c_str(), base / (rows[2].dispatch_us + rows[2].combine_us),
+                  std::min(rows[0].total_us, rows[1].total_us) / rows[2].total_us);
+      std::fflush(stdout);
+    }
+  }
+  if (!out.empty()) {
+    write_file(out + "/moe_bench.csv", csv);
+    write_file(out + "/moe_bench.json", json + "]\n");
+  }
+  return wrong ? 1 : 0;
+}
+#endif
+
+// ------------------------------------------------------------------------------------------------ commands --
+
+std::vector<Command> commands() {
+  const Option fail{"--fail", "LINK@TIME", "take a link down at a simulated time, e.g. gpu5:plane2:sub0@20us", true};
+  std::vector<Command> cs;
+  cs.push_back({{"pcap",
+                 "FILE",
+                 "Writes one frame of every kind (RoCEv2 RC operations, ACK/NAK, compact and standard ECH) to FILE as "
+                 "pcap.",
+                 {},
+                 1},
+                run_pcap});
+  cs.push_back({{"frames", "", "Lists the sample frames with their sizes and decoded headers.", {}, 0}, run_frames});
+  cs.push_back(
+      {{"sim",
+        "--topo FILE (--traffic PATTERN --bytes SIZE | --collective KIND --algo ALGO --bytes SIZE[,SIZE...]) [options]",
+        "Runs the simulated fabric (times are simulated, never wall-clock). With --traffic: raw RoCEv2 flows without\n"
+        "retransmission (a flow that loses frames ends INCOMPLETE, exit 3). With --collective: one row per size in\n"
+        "the nccl-tests layout, wire bytes per plane, fallbacks, the error against an fp64 reference, and the faults\n"
+        "met (exit 1 when a row fails or is wrong). LINK: a link id, NODE:NODE[:SUB] or GPU:planeP[:subS].",
+        {{"--topo", "FILE", "topology file (testbed/topologies/*.yaml)"},
+         {"--traffic", "PATTERN", "raw flows: alltoall, permutation or incast"},
+         {"--collective", "KIND", "allreduce, reduce, multicast or barrier"},
+         {"--algo", "ALGO", "collective: ring (endpoint-based) or ifec (in-switch)"},
+         {"--bytes", "SIZE", "bytes per flow, or collective sizes (list); units B, KiB, MiB, GiB"},
+         {"--dtype", "TYPE", "collective element type: fp32 (default), bf16, fp16, int32"},
+         {"--op", "OP", "collective reduction: sum (default), min, max"},
+         {"--loss", "P", "collective: random frame loss on every link, 0 <= P < 1 (default 0)"},
+         {"--members", "N", "collective: GPUs 0..N-1 take part (default: every GPU)"},
+         {"--slot-pool", "N", "collective: aggregation slots per switch (default 8192)"},
+         {"--slot-budget", "N", "collective: slots per group asked of each switch (default 128)"},
+         {"--reproducible", "", "collective: switches reduce in contributor order (bitwise reproducible)"},
+         fail,
+         {"--restore", "LINK@TIME", "raw: bring a link back up at a simulated time", true},
+         {"--lb", "MODE", "raw: switch load balancing per flow or per packet (default packet)"},
+         {"--pfc", "on|off", "raw: priority flow control (default on)"},
+         {"--incast-target", "GPU", "raw incast: the GPU every flow goes to (default 0)"},
+         {"--no-verify", "", "raw: receivers skip the ICRC check"},
+         {"--seed", "S", "seed of the simulation (default 1)"},
+         {"--counters", "", "raw: per-port, per-queue switch counters after the report"},
+         {"--quiet", "", "no progress lines on stderr"},
+         {"--json", "", "one JSON object per run or row instead of the tables"}},
+        0},
+       run_sim});
+  cs.push_back(
+      {{"bench endpoint",
+        "[--quick] [--topo FILE]",
+        "Descriptors/s through the ring and proxy (CPU backend, wall clock) and store goodput of the endpoint\n"
+        "runtime on the simulated fabric, one plane vs all of them.",
+        {{"--quick", "", "fewer descriptors and stores"}, kTopoOption},
+        0},
+       run_bench_endpoint});
+  cs.push_back({{"bench collectives",
+                 "[--quick] [--max-sim SIZE] [--topo FILE]",
+                 "In-switch vs ring AllReduce, 8 B to 1 GiB, on every GPU of the topology; sizes above --max-sim are\n"
+                 "the largest simulated time scaled by size, marked (modelled).",
+                 {{"--quick", "", "stop at --max-sim (default 1 MiB with --quick)"},
+                  {"--max-sim", "SIZE", "largest simulated size (default 64 MiB)"},
+                  kTopoOption},
+                 0},
+                run_bench_collectives});
+  cs.push_back({{"bench property",
+                 "[--cases N] [--seconds S] [--seed S] [--case SEED] [--verbose]",
+                 "Randomized property check: in-fabric AllReduce, reduce, multicast, MoE combine and dispatch on\n"
+                 "random fabrics, sizes, dtypes, 0.5-5% loss and slot budgets, each compared with a host reference.",
+                 {{"--cases", "N", "cases to run (default 2000)"},
+                  {"--seconds", "S", "stop after S seconds of wall time (default: no limit)"},
+                  {"--seed", "S", "first case's seed (default 1)"},
+                  {"--case", "SEED", "run the one case SEED and print what it met"},
+                  {"--verbose", "", "one line per case"}},
+                 0},
+                run_bench_property});
+#ifdef IFEC_HAVE_MOE
+  cs.push_back(
+      {{"bench moe",
+        "[--quick] [--ep LIST] [--mode normal|ll|both] [--token-cap N] [--out DIR] [--topo FILE]",
+        "MoE dispatch/combine at DeepEP's points (4096 tokens normal, 128 low latency, hidden 7168, top-8 of 256)\n"
+        "per variant (per_expert, per_rank, ifec): simulated times, modelled expert compute, logical vs wire bytes.",
+        {{"--quick", "", "EP 8 and 16, 32 tokens simulated"},
+         {"--ep", "LIST", "EP sizes (default 8,16,32,64)"},
+         {"--mode", "MODE", "normal, ll or both (default both)"},
+         {"--token-cap", "N", "simulate at most N tokens per rank and scale (default 256; 0: none)"},
+         {"--out", "DIR", "also write DIR/moe_bench.csv and .json (DIR is created first)"},
+         kTopoOption},
+        0},
+       run_bench_moe});
+#endif
+  return cs;
+}
+
+int usage(std::FILE* to, const std::vector<Command>& cs) {
+  std::fprintf(to, "usage: ifec-cli <command> [options]   (ifec-cli <command> --help for its options)\n\n");
+  for (const Command& c : cs) {
+    std::fprintf(to, "  %-18s %s\n", c.spec.name.c_str(), c.spec.synopsis.c_str());
+  }
+  return to == stdout ? 0 : 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<Command> cs = commands();
+  if (argc < 2) {
+    return usage(stderr, cs);
+  }
+  std::string name = argv[1];
+  if (name == "help" || name == "--help" || name == "-h") {
+    return usage(stdout, cs);
+  }
+  int skip = 2;
+  if (name == "bench") {
+    if (argc < 3 || std::string(argv[2]).rfind("-", 0) == 0) {
+      std::fprintf(stderr, "ifec bench: name a benchmark: endpoint, collectives, property%s\n",
+#ifdef IFEC_HAVE_MOE
+                   ", moe"
+#else
+                   ""
+#endif
+      );
+      return 2;
+    }
+    name += std::string(" ") + argv[2];
+    skip = 3;
+  }
+  for (const Command& c : cs) {
+    if (c.spec.name != name) {
+      continue;
+    }
+    try {
+      const Args a(c.spec, argc - skip, argv + skip);
+      if (a.help()) {
+        std::printf("%s", ifec::cli::help_text(c.spec).c_str());
+        return 0;
+      }
+      return c.run(a);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ifec %s: %s\n", name.c_str(), e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "ifec-cli: unknown command '%s'\n", name.c_str());
+  return usage(stderr, cs);
+}

@@ -1,0 +1,110 @@
+// Endpoints on a simulated fabric: one endpoint per GPU wired to its Fabric ports, FARE weights fed to their QP
+// choice and path migration, windows exchanged symmetrically, a connection manager for QP reconnects, and the
+// blocking helpers (wait, barrier) a host program or test needs on a virtual clock. It also builds the ranks'
+// communicators (an in-process bootstrap and control plane) and drives their parts of an operation to completion.
+// Also the TransactionSink that lets descriptor-ring proxies drive it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ifec/common/sim.h"
+#include "ifec/endpoint/endpoint.h"
+#include "ifec/endpoint/sink.h"
+#include "ifec/routing/topology.h"
+#include "ifec/testbed/fabric.h"
+#include "ifec/testbed/in_process.h"
+#include "ifec/workloads/communicator.h"
+
+namespace ifec::testbed {
+
+struct ClusterOptions {
+  testbed::FabricOptions fabric;
+  endpoint::EndpointConfig endpoint;        // index and ip are filled per GPU
+  int planes = 0;                           // use only the first N planes' ports (0 = all)
+  std::optional<routing::IfecParams> ifec;  // replaces the topology's params.ifec (tests, CLI flags)
+};
+
+class Cluster {
+ public:
+  static constexpr uint16_t kBarrierWindow = 0xFFF0;
+
+  Cluster(const routing::Topology& topo, ClusterOptions opts);
+  ~Cluster();
+
+  common::EventLoop& loop() { return loop_; }
+  testbed::Fabric& fabric() { return *fabric_; }
+  endpoint::Endpoint& ep(int gpu) { return *endpoints_.at(gpu); }
+  int size() const { return static_cast<int>(endpoints_.size()); }
+
+  // Collective: every endpoint allocates window `id` of `bytes` (zeroed) for `job`; all learn each other's rkeys.
+  // An existing window `id` is replaced by a fresh one.
+  void allocate_window(uint16_t id, uint64_t bytes, uint32_t job = 1);
+  void free_window(uint16_t id);  // every endpoint's window `id`, where it has one
+  uint8_t* window_data(int gpu, uint16_t id);
+
+  // Runs simulated time until every handle completes; false if `limit` of simulated time passes first
+  // (or nothing is left to run), i.e. a hang the caller must report.
+  bool wait(const std::vector<endpoint::OpHandle>& handles, common::TimeNs limit = 1'000'000'000);
+  // wait(), then every handle must have succeeded: "" or "WHAT did not finish in N us of simulated time" /
+  // "WHAT failed: <the first failing transaction's error>".
+  std::string wait_ok(const std::vector<endpoint::OpHandle>& handles, common::TimeNs limit, const std::string& what);
+  // Every endpoint quiets, then a dissemination barrier over stores; false on timeout.
+  bool barrier(common::TimeNs limit = 1'000'000'000);
+  uint64_t barrier_epoch() const { return barrier_epoch_; }
+
+  // The control plane over this fabric's switches (in process; answers are events on this loop).
+  common::ControlPlane& control() { return *control_; }
+  // The communicators of `gpus` (rank r on GPU gpus[r]), made and initialised on first use and kept; `opts`
+  // replaces their options. Throws Error if their initialisation does not finish.
+  std::vector<workloads::Communicator*> communicators(const std::vector<int>& gpus,
+                                                      const workloads::CommOptions& opts = {});
+  // Starts every rank's part, start(rank, done), and runs the loop until each rank called done or `limit` passed
+  // (a rank that did not finish gets ok = false, naming it and its GPU).
+  using RankStart = std::function<void(int rank, workloads::Communicator::Done done)>;
+  std::vector<workloads::CollectiveResult> run_ranks(int ranks, const RankStart& start, common::TimeNs limit);
+
+ private:
+  struct RankSet {
+    std::unique_ptr<InProcessBootstrap> boot;
+    std::vector<std::unique_ptr<workloads::Communicator>> comms;
+  };
+
+  common::EventLoop loop_;
+  routing::Topology topo_;
+  ClusterOptions opts_;
+  std::unique_ptr<testbed::Fabric> fabric_;
+  std::vector<std::unique_ptr<endpoint::Endpoint>> endpoints_;
+  std::vector<std::vector<int>> used_ports_;  // per GPU: fabric port indices its endpoint owns
+  uint64_t barrier_epoch_ = 0;
+  std::unique_ptr<InProcessControl> control_;
+  std::map<std::vector<int>, RankSet> rank_sets_;  // after endpoints_: communicators go first
+};
+
+// Drives a Cluster from descriptor-ring proxies (CPU backend or GPU). Single-threaded: every proxy feeding it
+// must run on the thread that calls progress().
+class ClusterSink : public endpoint::TransactionSink {
+ public:
+  explicit ClusterSink(Cluster& cluster, common::TimeNs slice_ns = 2'000) : cluster_(cluster), slice_ns_(slice_ns) {}
+  void submit(int source, const endpoint::Descriptor& d, endpoint::LocalMemory& mem, Done done) override;
+  bool progress() override;
+  uint64_t submitted() const { return submitted_; }
+
+ private:
+  struct Pending {
+    endpoint::OpHandle handle;
+    Done done;
+    std::function<void()> on_ok;  // copy fetched data / results back to the initiator's memory
+  };
+  Cluster& cluster_;
+  common::TimeNs slice_ns_;
+  std::vector<Pending> pending_;
+  uint64_t submitted_ = 0;
+};
+
+}  // namespace ifec::testbed

@@ -1,0 +1,67 @@
+// One collective measured on a freshly built simulated fabric (`./ifec sim --collective`, `./ifec bench
+// collectives`): time, nccl-tests bandwidths, wire bytes per plane, fallbacks, and the error against an fp64
+// reference. Rows print in the nccl-tests layout.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ifec/routing/topology.h"
+#include "ifec/testbed/harness.h"
+#include "ifec/testbed/sim_report.h"
+
+namespace ifec::testbed {
+
+common::EchDtype parse_dtype(const std::string& name);  // fp32|bf16|fp16|int32
+common::EchRedOp parse_redop(const std::string& name);  // sum|min|max
+
+struct CollectivePoint {
+  Collective kind = Collective::kAllReduce;
+  Algo algo = Algo::kIfec;  // ring|tree|rd|oneshot|best (endpoint algorithms) or ifec
+  uint64_t bytes = 0;
+  common::EchDtype dtype = common::EchDtype::kFp32;
+  common::EchRedOp op = common::EchRedOp::kSum;
+  double loss = 0;
+  uint64_t seed = 1;
+  std::vector<std::string> fail;  // "SELECTOR@TIME", relative to the operation's start
+  bool reproducible = false;
+  uint32_t slot_pool = 8192;    // slots per switch
+  uint32_t slot_budget = 128;   // slots per group asked of each switch (in-fabric path)
+  int members = 0;              // 0: every GPU of the topology
+  bool corrupt_output = false;  // checks the checker: one output element is changed before the comparison
+};
+
+struct CollectiveRow {
+  CollectivePoint point;
+  bool ok = false;
+  std::string error;
+  std::string ran;  // the algorithm that ran (best: the one its cost model chose)
+  uint64_t count = 0;
+  double time_us = 0;  // simulated
+  double algbw_gbs = 0;
+  double busbw_gbs = 0;
+  uint64_t wrong = 0;                    // elements outside the tolerance of the path's rounding
+  double max_rel_error = 0;              // against the fp64 reference
+  std::vector<uint64_t> plane_tx_bytes;  // frame bytes the members sent, per plane
+  std::vector<uint64_t> plane_rx_bytes;  // frame bytes the members received, per plane
+  uint64_t fallback_chunks = 0;
+  bool fell_back = false;
+  uint64_t anomalies = 0;
+  // What the operation met: frames lost on links (injected loss / links down), link events, and the
+  // operation's own account of what it did about them (planes given up, results copied, chunks redone).
+  uint64_t frames_lost = 0;
+  uint64_t frames_lost_link_down = 0;
+  std::vector<std::string> faults;
+  double wall_seconds = 0;
+  bool modelled = false;  // extrapolated from simulated rows, not simulated
+};
+
+CollectiveRow run_collective_point(const routing::Topology& topo, const CollectivePoint& p);
+
+std::string rows_header();
+// The row, then one indented "#   fault: ..." line per fault it met.
+std::string row_text(const CollectiveRow& r);
+std::string row_json(const CollectiveRow& r, const std::string& topology);
+
+}  // namespace ifec::testbed

@@ -1,0 +1,99 @@
+// A whole fabric built from a Topology on one Clock: links (rate, delay, wire overhead), switches with FIBs
+// installed from FARE, and the GPU-side ports that endpoints attach to. Link events re-run FARE hop by hop,
+// one advertisement round per control-plane delay, and reinstall what changed.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "ifec/common/sim.h"
+#include "ifec/routing/fare.h"
+#include "ifec/routing/topology.h"
+#include "ifec/switchemu/switch.h"
+
+namespace ifec::testbed {
+
+using switchemu::LoadBalance;
+using switchemu::Switch;
+using switchemu::SwitchConfig;
+using switchemu::SwitchTotals;
+
+struct FabricOptions {
+  LoadBalance lb = LoadBalance::kPerPacket;
+  bool pfc = true;
+  uint64_t seed = 1;
+  double loss = 0;   // injected random frame loss on every link, each direction (fault injection)
+  bool ifec = true;  // switches run the IFEC engine (its settings: the topology's params.ifec)
+};
+
+// One port of a GPU: which link (sub-link) and plane it is on, and the port to send on.
+struct GpuPort {
+  int port = 0;  // port number at the GPU node
+  int link = 0;  // topology link id
+  int plane = 0;
+  common::LinkPort* io = nullptr;
+  common::MacAddress mac{};       // this port's MAC
+  common::MacAddress peer_mac{};  // the switch port at the other end
+};
+
+class Fabric {
+ public:
+  Fabric(common::Clock& clock, const routing::Topology& topo, FabricOptions opts);
+  ~Fabric();
+
+  const routing::Topology& topology() const { return topo_; }
+  const FabricOptions& options() const { return opts_; }
+  common::Clock& clock() { return clock_; }
+
+  int num_gpus() const { return topo_.num_gpus(); }
+  const std::vector<GpuPort>& gpu_ports(int gpu) const { return gpu_ports_.at(gpu); }
+  uint32_t gpu_ip(int gpu) const;
+  // FARE's WECMP group at GPU `src` toward GPU `dst`: weights per GPU port (Gb/s of path bandwidth).
+  const std::vector<routing::NextHop>& gpu_next_hops(int src, int dst) const;
+
+  int num_switches() const { return static_cast<int>(switches_.size()); }
+  Switch& switch_at(int i) { return *switches_.at(i); }
+  const Switch& switch_at(int i) const { return *switches_.at(i); }
+  int switch_node(int i) const { return switch_nodes_.at(i); }
+  common::Link& link(int id) { return *links_.at(id); }
+  const common::Link& link(int id) const { return *links_.at(id); }
+  const routing::FareRib& rib() const { return *rib_; }
+
+  // Takes a link down (or up) at time `at`; FARE rounds follow at at + k * control_plane_delay_ns.
+  void schedule_link_state(int link, bool up, common::TimeNs at);
+  // Called after every FARE round that changed routes (GPU weights included), with the round's time.
+  void on_routes_changed(std::function<void(common::TimeNs)> fn) { listeners_.push_back(std::move(fn)); }
+  // Time the last FARE convergence finished (0 before any event).
+  common::TimeNs last_converged_ns() const { return converged_ns_; }
+  int fare_rounds_run() const { return rounds_run_; }
+
+  SwitchTotals switch_totals() const;
+  // The switch (index) a GPU's port on `plane` attaches to, or -1 (one-tier planes: the plane's switch).
+  int switch_of_plane(int gpu, int plane) const;
+  uint32_t switch_ip(int i) const { return topo_.nodes.at(switch_nodes_.at(i)).loopback; }
+
+ private:
+  void install_routes();
+  void install_loopback_routes();
+  void fare_round(uint64_t generation);
+
+  common::Clock& clock_;
+  routing::Topology topo_;
+  FabricOptions opts_;
+  std::vector<std::unique_ptr<common::Link>> links_;
+  std::vector<std::unique_ptr<Switch>> switches_;
+  std::vector<int> switch_nodes_;
+  std::vector<int> node_switch_;  // node -> switch index or -1
+  std::vector<std::vector<GpuPort>> gpu_ports_;
+  std::unique_ptr<routing::FareRib> rib_;
+  std::vector<std::function<void(common::TimeNs)>> listeners_;
+  uint64_t generation_ = 0;
+  common::TimeNs converged_ns_ = 0;
+  int rounds_run_ = 0;
+};
+
+// MAC address of port `port` of topology node `node` (locally administered, unique per node and port).
+common::MacAddress node_port_mac(const routing::Topology& topo, int node, int port);
+
+}  // namespace ifec::testbed

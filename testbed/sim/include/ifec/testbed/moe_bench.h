@@ -1,0 +1,75 @@
+// The MoE layer measured at a point (EP size, tokens per rank) in each communication variant on a freshly built
+// simulated fabric: per-phase times (dispatch and combine simulated, expert compute from the GPU profile at the
+// real expert width), logical and wire bytes, bandwidths; rows for the terminal, CSV and JSON. Used by
+// `./ifec bench moe`, `./ifec demo` (through the Python package) and the tests.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ifec/routing/topology.h"
+#include "ifec/testbed/moe_fabric.h"
+#include "ifec/workloads/moe.h"
+
+namespace ifec::testbed {
+
+struct MoePoint {
+  std::string mode = "normal";  // label: "normal" (DeepEP's 4096 tokens), "ll" (128 tokens), "scaled", ...
+  int ep = 8;                   // EP ranks = GPUs 0..ep-1 of the topology
+  int64_t tokens = 4096;        // tokens per rank
+};
+
+struct MoeBenchConfig {
+  routing::Topology topo;     // the fabric (default in callers: the 64 x 4 SuperPoD)
+  std::string topology_name;  // for the records
+  MoeConfig model;            // routing shape (hidden, experts, groups, topk) and the costed expert width (inter)
+  int64_t run_inter = 8;      // expert width actually run on the CPU when `compute` (the costed one is model.inter)
+  bool bf16 = true;           // rows travel in bf16 (else fp32)
+  bool compute = false;       // run the experts and check the output against the reference (else timing mode)
+  int64_t token_cap = 0;      // simulate at most this many tokens per rank, scaling times and bytes (0: none)
+  GpuProfile profile;
+  uint64_t seed = 1;
+  std::function<void(const std::string&)> progress;  // one line per finished variant
+};
+
+struct MoeBenchRow {
+  MoePoint point;
+  std::string variant;
+  int64_t simulated_tokens = 0;  // per rank; below point.tokens when scaled
+  bool scaled = false;           // times and bytes scaled from simulated_tokens (bandwidth-bound assumption)
+  double dispatch_us = 0;
+  double combine_us = 0;
+  double compute_us = 0;  // modelled: the slowest rank's routed experts at the costed width
+  double total_us = 0;    // dispatch + compute + combine (no overlap assumed)
+  int64_t dispatch_logical_bytes = 0;
+  int64_t combine_logical_bytes = 0;
+  uint64_t dispatch_wire_bytes = 0;
+  uint64_t combine_wire_bytes = 0;
+  std::vector<uint64_t> dispatch_wire_per_plane;
+  std::vector<uint64_t> combine_wire_per_plane;
+  uint64_t fallback_chunks = 0;
+  std::vector<std::string> faults;  // what the variant's batch operations met, one line each
+  double max_rel_error = -1;        // against the single-process reference when computed (else -1)
+  double tolerance = 0;             // the largest max_rel_error that is right: one rounding of the row type per sum
+  double wall_seconds = 0;
+  // False when the output was computed and differs from the reference beyond the tolerance: never reported as ok.
+  bool ok() const { return max_rel_error < 0 || max_rel_error <= tolerance; }
+  // Logical bytes per rank / time, GB/s (1e9): DeepEP's per-GPU bandwidth convention.
+  double dispatch_gbs() const;
+  double combine_gbs() const;
+};
+
+// Runs `variants` at `p` (same tokens, routing and weights for each). Throws ifec::common::Error on bad input
+// (EP size above the topology's GPUs or not dividing the experts, tokens < 1) or a phase that fails.
+std::vector<MoeBenchRow> run_moe_point(const MoeBenchConfig& cfg, const MoePoint& p,
+                                       const std::vector<MoeVariant>& variants);
+
+std::string moe_rows_header();
+std::string moe_row_text(const MoeBenchRow& r);
+std::string moe_csv_header();
+std::string moe_row_csv(const MoeBenchRow& r);
+std::string moe_row_json(const MoeBenchRow& r, const std::string& topology);
+
+}  // namespace ifec::testbed

@@ -1,0 +1,67 @@
+// The MoE layer's dispatch and combine moved through the simulated fabric as memory transactions: token rows are
+// stored into the expert ranks' symmetric receive windows, experts run there (LibTorch), and the weighted outputs
+// are stored back into the source ranks' windows and summed. Three variants: one message per (token, expert)
+// (DeepEP low-latency style), one per (token, rank) with the rank-local reduction (DeepEP normal style), and IFEC:
+// each token row leaves its source once as compact-ECH multicast to the token's ranks, and the ranks' output rows
+// are summed in the switches (batch reduction, "expected contributors" = the token's remote ranks) on their way
+// back to the source.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ifec/testbed/cluster.h"
+#include "ifec/workloads/moe.h"
+
+namespace ifec::testbed {
+
+using workloads::GpuProfile;
+using workloads::MoeConfig;
+using workloads::MoeWeights;
+
+enum class MoeVariant : uint8_t { kPerExpert, kPerRank, kIfec };
+const char* moe_variant_name(MoeVariant v);  // "per_expert", "per_rank", "ifec"
+// Parses a name as above; throws ifec::common::Error naming the bad value.
+MoeVariant parse_moe_variant(const std::string& name);
+
+struct MoeFabricOptions {
+  // false: the timing mode for large points. Tokens are routed and every row crosses the fabric as usual, but the
+  // experts do not run (the rows carried back are zeros) and `output` is left undefined; times and bytes are the
+  // same because the simulated fabric does not depend on payload values.
+  bool compute = true;
+  common::TimeNs phase_limit_ns = 10'000'000'000ULL;  // simulated time a phase may take before it is an error
+};
+
+struct MoeFabricResult {
+  bool ok = false;
+  std::string error;
+  double dispatch_us = 0;              // simulated: first store posted to the last one acknowledged
+  double combine_us = 0;               // simulated, likewise
+  double compute_us = 0;               // modelled from the GPU profile (the slowest rank), not measured
+  int64_t dispatch_logical_bytes = 0;  // token rows that cross the fabric (rank-local copies excluded)
+  int64_t combine_logical_bytes = 0;
+  uint64_t dispatch_wire_bytes = 0;  // frame bytes the GPUs sent during the phase (headers, ACKs included)
+  uint64_t combine_wire_bytes = 0;
+  std::vector<uint64_t> dispatch_wire_per_plane;  // the GPUs' frame bytes per plane
+  std::vector<uint64_t> combine_wire_per_plane;
+  uint64_t fallback_chunks = 0;  // IFEC: chunks/packets the fabric did not serve, finished point to point
+  std::string fallback_reason;
+  std::vector<std::string>
+      faults;                // IFEC: what the batch operations met (planes given up, rows finished point to point)
+  int64_t routed_pairs = 0;  // (token, expert) pairs
+  std::vector<int64_t> tokens_per_expert;  // the plan's histogram, for cost models with other shapes
+  at::Tensor output;  // fp32 [ranks * tokens_per_rank, hidden]: the layer output, rank r's tokens at rows r*T..
+};
+
+// Runs one MoE layer over `cluster`'s first `ranks` GPUs (EP size), each holding tokens_per_rank rows of x
+// (x: [ranks * tokens_per_rank, hidden], fp32 or bf16; rows travel in x's dtype). The IFEC variant needs
+// ranks <= 64 (compact ECH bitmaps) and falls back to point-to-point where the fabric cannot serve. Expert e lives on
+// rank owner_rank(e). Results are returned, not written back into x.
+MoeFabricResult run_moe_fabric(Cluster& cluster, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w,
+                               const at::Tensor& x, int ranks, const GpuProfile& profile = {},
+                               const MoeFabricOptions& opts = {});
+
+}  // namespace ifec::testbed

@@ -1,0 +1,109 @@
+// Raw flows between GPU NICs over a Fabric (before the endpoint runtime): all-to-all, permutation, incast.
+// Each flow's packets are split over the source's ports (planes, sub-ports) in proportion to FARE's weights and
+// re-split whenever FARE changes them; each port drains its share round-robin over destinations. Packets are real
+// RoCEv2 RDMA WRITE ONLY frames (each with its RETH, so any arrival order places correctly); receivers parse
+// and verify them (ICRC included) and honour PFC pauses from their switch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ifec/common/interfaces.h"
+#include "ifec/testbed/fabric.h"
+
+namespace ifec::testbed {
+
+enum class Pattern : uint8_t { kAllToAll, kPermutation, kIncast };
+Pattern parse_pattern(const std::string& name);  // throws Error naming the bad value
+const char* pattern_name(Pattern p);
+
+struct FlowSpec {
+  int src = 0;
+  int dst = 0;
+  uint64_t bytes = 0;
+};
+
+// all-to-all: every ordered pair; permutation: a seeded derangement; incast: every GPU to GPU `incast_target`.
+std::vector<FlowSpec> make_flows(Pattern p, int gpus, uint64_t bytes, uint64_t seed, int incast_target = 0);
+
+struct TrafficResult {
+  common::TimeNs start_ns = 0;
+  common::TimeNs completion_ns = 0;  // last byte delivered, relative to start
+  bool complete = false;             // every flow delivered every byte
+  size_t flows = 0;
+  size_t incomplete_flows = 0;
+  uint64_t payload_bytes_offered = 0;
+  uint64_t payload_bytes_delivered = 0;
+  uint64_t frame_bytes_sent = 0;  // Ethernet frames as sent by NICs (headers + payload + ICRC)
+  uint64_t wire_bytes_sent = 0;   // plus preamble, FCS and inter-frame gap
+  uint64_t packets_sent = 0;
+  uint64_t packets_delivered = 0;
+  uint64_t nic_drops = 0;  // frames lost at NICs (bad frames received, in-flight loss on GPU links)
+  uint64_t rx_bad_frames = 0;
+  uint64_t pfc_pauses_at_nics = 0;    // PFC frames received by NICs that paused a priority
+  std::vector<uint64_t> plane_bytes;  // frame bytes sent by NICs per plane
+  double goodput_gbps = 0;
+  double line_rate_gbps = 0;      // bottleneck aggregate: min(sum of senders' access, sum of receivers')
+  double payload_efficiency = 0;  // payload / wire bytes: the ceiling on goodput / line rate
+};
+
+class RawTraffic {
+ public:
+  RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, bool verify_icrc = true);
+  RawTraffic(const RawTraffic&) = delete;
+  RawTraffic& operator=(const RawTraffic&) = delete;
+
+  void start(common::TimeNs at);
+  TrafficResult result() const;
+
+  // Payload bytes GPU `dst` received from GPU `src` through plane `plane` so far.
+  uint64_t received_bytes(int src, int dst, int plane) const;
+  // Payload bytes GPU `src` sent toward GPU `dst` through plane `plane` so far.
+  uint64_t sent_bytes(int src, int dst, int plane) const;
+
+ private:
+  struct Flow {
+    FlowSpec spec;
+    uint64_t packets = 0;
+    uint64_t next_packet = 0;  // next packet index to hand to a port
+    uint64_t delivered_packets = 0;
+    uint64_t delivered_bytes = 0;
+    common::TimeNs last_rx = 0;
+    std::vector<uint64_t> alloc;  // per source port: packets assigned, not yet sent
+    std::vector<uint32_t> psn;    // per source port (each port is its own QP)
+  };
+  struct NicPort {
+    std::vector<int> ring;  // flows with packets assigned to this port
+    size_t cursor = 0;
+    std::vector<common::TimeNs> paused_until;
+    bool wakeup_pending = false;
+  };
+  struct Nic {
+    std::vector<NicPort> ports;
+    std::vector<int> flows;  // flows this GPU sends
+  };
+
+  void resplit(int gpu);
+  void order_flows(int gpu);
+  void pump(int gpu, int port_index);
+  void receive(int gpu, int port_index, std::vector<uint8_t>&& frame);
+  int port_index_of(int gpu, int port) const;
+
+  testbed::Fabric& fabric_;
+  common::Clock& clock_;
+  std::vector<Flow> flows_;
+  std::vector<Nic> nics_;
+  std::vector<std::vector<int>> flow_of_;  // [src][dst] -> flow index or -1
+  bool verify_icrc_;
+  common::TimeNs start_ = 0;
+  bool started_ = false;
+  uint32_t mtu_;
+  int prio_;
+  // Per (src, dst, plane) byte counts, flattened.
+  std::vector<uint64_t> rx_by_plane_;
+  std::vector<uint64_t> tx_by_plane_;
+  TrafficResult stats_;
+};
+
+}  // namespace ifec::testbed

@@ -1,0 +1,88 @@
+// `./ifec sim`: options, running raw traffic over a simulated fabric, and the report (text or one JSON object).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ifec/routing/topology.h"
+#include "ifec/switchemu/switch.h"
+#include "ifec/testbed/raw_traffic.h"
+
+namespace ifec::testbed {
+
+struct LinkEvent {
+  std::string spec;        // as the user wrote it, for reports
+  std::vector<int> links;  // topology link ids
+  bool up = false;
+  common::TimeNs at = 0;
+};
+
+struct SimOptions {
+  std::string topo_path;
+  Pattern pattern = Pattern::kAllToAll;
+  uint64_t bytes = 1 << 20;
+  switchemu::LoadBalance lb = switchemu::LoadBalance::kPerPacket;
+  bool pfc = true;
+  uint64_t seed = 1;
+  int incast_target = 0;
+  bool verify_icrc = true;
+  bool progress = true;  // progress lines on stderr for long runs
+  std::vector<LinkEvent> events;
+};
+
+// "10us", "2500ns", "1.5ms", "3s" or a bare number of ns; throws Error naming the text.
+common::TimeNs parse_time(const std::string& text);
+// Link selectors: a link id ("17"), "NODE:NODE" (every link between them), "NODE:NODE:SUB" (one sub-link),
+// "GPU:planeP" (the GPU's links on plane P), "GPU:planeP:subS". Throws Error naming the selector.
+std::vector<int> resolve_links(const routing::Topology& topo, const std::string& selector);
+// "SELECTOR@TIME"
+LinkEvent parse_link_event(const routing::Topology& topo, const std::string& text, bool up);
+
+struct LinkUtilization {
+  int link = 0;
+  int from = 0;  // node sending in this direction
+  int to = 0;
+  double utilization = 0;  // busy time / completion time
+  uint64_t frames = 0;
+};
+
+// One switch port's counters at the end of a run (queues listed only when they carried traffic).
+struct PortReport {
+  std::string switch_name;
+  int port = 0;
+  switchemu::SwitchPortCounters counters;
+};
+
+// Payload bytes one GPU sent and received per plane: reported for the GPUs that link events touched.
+struct GpuPlaneBytes {
+  int gpu = 0;
+  std::vector<uint64_t> sent;
+  std::vector<uint64_t> received;
+};
+
+struct SimRun {
+  std::string topology;
+  std::string driver = "sim";
+  SimOptions options;
+  TrafficResult traffic;
+  switchemu::SwitchTotals switches;
+  uint64_t link_drops = 0;  // frames lost on links that went down
+  std::vector<LinkUtilization> links;
+  std::vector<PortReport> ports;
+  std::vector<GpuPlaneBytes> event_gpus;
+  double max_link_utilization = 0;
+  double mean_gpu_link_utilization = 0;
+  common::TimeNs fare_converged_ns = 0;
+  int fare_rounds = 0;
+  uint64_t events = 0;
+  double wall_seconds = 0;
+};
+
+SimRun run_sim(const routing::Topology& topo, const SimOptions& opts);
+std::string to_json(const SimRun& run);
+std::string to_text(const SimRun& run);
+// Per-port and per-queue switch counters as a table (ports that saw no traffic are left out).
+std::string counters_table(const SimRun& run);
+
+}  // namespace ifec::testbed

@@ -1,0 +1,319 @@
+// Cluster: endpoints over a simulated Fabric, FARE-driven weights, window exchange, wait and barrier.
+#include "ifec/testbed/cluster.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ifec/common/checks.h"
+
+namespace ifec::testbed {
+
+using common::TimeNs;
+
+Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(topo), opts_(opts) {
+  if (opts_.ifec) {
+    topo_.params.ifec = *opts_.ifec;
+  }
+  fabric_ = std::make_unique<testbed::Fabric>(loop_, topo_, opts_.fabric);
+  const int n = fabric_->num_gpus();
+  std::vector<uint32_t> ips;
+  for (int g = 0; g < n; ++g) {
+    ips.push_back(fabric_->gpu_ip(g));
+  }
+  IFEC_CHECK(opts_.planes >= 0 && opts_.planes <= topo_.num_planes,
+             "cluster: planes " << opts_.planes << " outside 0.." << topo_.num_planes << " (0: every plane)");
+  const int planes = opts_.planes > 0 ? opts_.planes : topo_.num_planes;
+  used_ports_.resize(n);
+  for (int g = 0; g < n; ++g) {
+    std::vector<endpoint::EndpointPort> ports;
+    const auto& gp = fabric_->gpu_ports(g);
+    for (size_t i = 0; i < gp.size(); ++i) {
+      if (gp[i].plane < planes) {
+        ports.push_back({gp[i].io, gp[i].plane, gp[i].mac, gp[i].peer_mac});
+        used_ports_[g].push_back(static_cast<int>(i));
+      }
+    }
+    endpoint::EndpointConfig c = opts_.endpoint;
+    c.index = g;
+    c.ip = ips[g];
+    c.mtu = std::min<uint32_t>(c.mtu, topo_.params.mtu);
+    c.lossless_priority = topo_.params.pfc.lossless_priority;
+    endpoints_.push_back(std::make_unique<endpoint::Endpoint>(loop_, c, std::move(ports), ips));
+  }
+  for (int g = 0; g < n; ++g) {
+    endpoint::Endpoint& e = *endpoints_[g];
+    e.set_connection_manager(
+        [this, g](int peer, int q, uint32_t psn) { endpoints_[peer]->reset_responder(g, q, psn); });
+    // FARE's WECMP group at this GPU toward `peer`, as a weight per endpoint port.
+    e.set_weight_source([this, g](int peer, std::vector<double>* w) {
+      const auto& ports = used_ports_[g];
+      w->assign(ports.size(), 0.0);
+      if (peer == g) {
+        return;
+      }
+      const auto& gp = fabric_->gpu_ports(g);
+      for (const routing::NextHop& h : fabric_->gpu_next_hops(g, peer)) {
+        for (size_t i = 0; i < ports.size(); ++i) {
+          if (gp[ports[i]].port == h.port) {
+            (*w)[i] += h.weight;
+          }
+        }
+      }
+    });
+  }
+  fabric_->on_routes_changed([this](TimeNs) {
+    for (auto& e : endpoints_) {
+      e->routes_changed();
+    }
+  });
+  allocate_window(kBarrierWindow, 64 * 8);
+  std::map<std::string, switchemu::Switch*> switches;
+  for (int i = 0; i < fabric_->num_switches(); ++i) {
+    switches[topo_.nodes.at(fabric_->switch_node(i)).name] = &fabric_->switch_at(i);
+  }
+  control_ = std::make_unique<InProcessControl>(
+      std::move(switches), [this](int link, bool up) { fabric_->schedule_link_state(link, up, loop_.now()); },
+      poster_of(loop_), poster_of(loop_));
+}
+
+std::vector<workloads::Communicator*> Cluster::communicators(const std::vector<int>& gpus,
+                                                             const workloads::CommOptions& opts) {
+  for (int g : gpus) {
+    IFEC_CHECK(g >= 0 && g < size(), "communicator: GPU " << g << " outside 0.." << size() - 1);
+  }
+  RankSet& set = rank_sets_[gpus];
+  std::vector<workloads::Communicator*> out;
+  if (set.comms.empty()) {
+    const int n = static_cast<int>(gpus.size());
+    set.boot = std::make_unique<InProcessBootstrap>(n);
+    auto inits = std::make_shared<std::vector<std::string>>(n, "?");
+    for (int r = 0; r < n; ++r) {
+      set.comms.push_back(std::make_unique<workloads::Communicator>(ep(gpus[r]), set.boot->rank(r, poster_of(loop_)),
+                                                                    *control_, topo_, opts));
+      set.comms.back()->init([inits, r](const std::string& err) { (*inits)[r] = err; });
+    }
+    const TimeNs deadline = loop_.now() + 1'000'000;
+    while (std::count(inits->begin(), inits->end(), "?") > 0 && !loop_.idle() && loop_.next_event_time() <= deadline) {
+      loop_.run(loop_.next_event_time());
+    }
+    for (int r = 0; r < n; ++r) {
+      if ((*inits)[r] != "") {
+        rank_sets_.erase(gpus);
+        IFEC_FAIL("communicator of rank " << r << " (GPU " << gpus[r] << ") did not initialise: "
+                                          << ((*inits)[r] == "?" ? "no answer from the bootstrap" : (*inits)[r]));
+      }
+    }
+  }
+  for (auto& c : set.comms) {
+    c->set_options(opts);
+    out.push_back(c.get());
+  }
+  return out;
+}
+
+std::vector<workloads::CollectiveResult> Cluster::run_ranks(int ranks, const RankStart& start, TimeNs limit) {
+  // Shared: a rank that finishes after this returns (an interrupted run) writes into the orphaned copy.
+  auto got = std::make_shared<std::vector<std::optional<workloads::CollectiveResult>>>(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    start(r, [got, r](workloads::CollectiveResult res) { (*got)[r] = std::move(res); });
+  }
+  const TimeNs begin = loop_.now();
+  const TimeNs deadline = limit > common::kForever - begin ? common::kForever : begin + limit;
+  auto finished = [&] { return std::all_of(got->begin(), got->end(), [](auto& x) { return x.has_value(); }); };
+  while (!finished() && !loop_.idle() && loop_.next_event_time() <= deadline) {
+    loop_.run(loop_.next_event_time());
+  }
+  std::vector<workloads::CollectiveResult> out;
+  for (int r = 0; r < ranks; ++r) {
+    if ((*got)[r]) {
+      out.push_back(std::move(*(*got)[r]));
+      continue;
+    }
+    workloads::CollectiveResult res;
+    res.start_ns = begin;
+    res.end_ns = loop_.now();
+    res.error = "rank " + std::to_string(r) + " did not finish within " + std::to_string(limit / 1000) +
+                " us of simulated time" + (loop_.idle() ? " (the simulation went idle)" : "");
+    out.push_back(std::move(res));
+  }
+  return out;
+}
+
+Cluster::~Cluster() = default;
+
+void Cluster::allocate_window(uint16_t id, uint64_t bytes, uint32_t job) {
+  for (auto& e : endpoints_) {
+    if (e->memory().window(id) != nullptr) {
+      e->memory().free_window(id);  // re-allocation: a fresh zeroed window under the same id
+    }
+    e->memory().allocate_window(id, bytes, job);
+  }
+  for (auto& e : endpoints_) {
+    for (auto& peer : endpoints_) {
+      if (peer != e) {
+        e->set_remote_window(peer->index(), *peer->memory().window(id));
+      }
+    }
+  }
+}
+
+void Cluster::free_window(uint16_t id) {
+  for (auto& e : endpoints_) {
+    if (e->memory().window(id) != nullptr) {
+      e->memory().free_window(id);
+    }
+  }
+}
+
+std::string Cluster::wait_ok(const std::vector<endpoint::OpHandle>& handles, TimeNs limit, const std::string& what) {
+  if (!wait(handles, limit)) {
+    return what + " did not finish in " + std::to_string(limit / 1000) + " us of simulated time";
+  }
+  for (const auto& h : handles) {
+    if (!h->ok()) {
+      return what + " failed: " + h->error;
+    }
+  }
+  return "";
+}
+
+uint8_t* Cluster::window_data(int gpu, uint16_t id) {
+  const endpoint::WindowInfo* w = ep(gpu).memory().window(id);
+  IFEC_CHECK(w != nullptr, "GPU " << gpu << " has no window " << id);
+  return w->data;
+}
+
+bool Cluster::wait(const std::vector<endpoint::OpHandle>& handles, TimeNs limit) {
+  const TimeNs deadline = loop_.now() + limit;
+  size_t i = 0;
+  while (i < handles.size()) {
+    if (handles[i]->done()) {
+      ++i;
+      continue;
+    }
+    if (loop_.idle() || loop_.next_event_time() > deadline) {
+      return false;
+    }
+    loop_.run(loop_.next_event_time());
+  }
+  return true;
+}
+
+bool Cluster::barrier(TimeNs limit) {
+  const TimeNs deadline = loop_.now() + limit;
+  std::vector<endpoint::OpHandle> quiets;
+  for (auto& e : endpoints_) {
+    quiets.push_back(e->quiet());
+  }
+  if (!wait(quiets, limit)) {
+    return false;
+  }
+  const uint64_t epoch = ++barrier_epoch_;
+  const int n = size();
+  // Dissemination: in round r, endpoint i signals i + 2^r and waits for the signal of i - 2^r.
+  for (int r = 0, dist = 1; dist < n; ++r, dist *= 2) {
+    std::vector<endpoint::OpHandle> hs;
+    for (int i = 0; i < n; ++i) {
+      hs.push_back(endpoints_[i]->store((i + dist) % n, kBarrierWindow, static_cast<uint64_t>(r) * 8, &epoch, 8));
+    }
+    if (!wait(hs, deadline - loop_.now())) {
+      return false;
+    }
+    for (auto& h : hs) {
+      if (!h->ok()) {
+        return false;
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      uint64_t v;
+      std::memcpy(&v, window_data(i, kBarrierWindow) + static_cast<size_t>(r) * 8, 8);
+      IFEC_CHECK(v == epoch, "barrier round " << r << ": GPU " << i << " saw epoch " << v << ", expected " << epoch);
+    }
+  }
+  return true;
+}
+
+void ClusterSink::submit(int source, const endpoint::Descriptor& d, endpoint::LocalMemory& mem, Done done) {
+  using endpoint::DescOp;
+  ++submitted_;
+  endpoint::Endpoint& e = cluster_.ep(source);
+  Pending p;
+  p.done = std::move(done);
+  switch (static_cast<DescOp>(d.op)) {
+    case DescOp::kNop:
+      p.done(endpoint::OpStatus::kOk);
+      return;
+    case DescOp::kFence:
+      e.fence(d.target == endpoint::kFenceAllTargets ? -1 : d.target);
+      p.done(endpoint::OpStatus::kOk);
+      return;
+    case DescOp::kPut:
+    case DescOp::kPutSignal: {
+      // The NIC's GPUDirect read of the payload, emulated by the proxy.
+      std::vector<uint8_t> buf(d.length);
+      if (d.length > 0) {
+        mem.read(d.local_addr, buf.data(), d.length);
+      }
+      p.handle = static_cast<DescOp>(d.op) == DescOp::kPut
+                     ? e.store(d.target, d.window, d.remote_offset, buf.data(), buf.size())
+                     : e.put_signal(d.target, d.window, d.remote_offset, buf.data(), buf.size(), d.signal_window,
+                                    d.signal_offset, d.value, static_cast<endpoint::SignalOp>(d.signal_op));
+      break;
+    }
+    case DescOp::kAtomicAdd:
+    case DescOp::kFetchAdd:
+    case DescOp::kCompareSwap: {
+      const bool cas = static_cast<DescOp>(d.op) == DescOp::kCompareSwap;
+      p.handle = cas ? e.compare_swap(d.target, d.window, d.remote_offset, d.compare, d.value)
+                     : e.fetch_add(d.target, d.window, d.remote_offset, d.value);
+      if (d.result_addr != 0 && static_cast<DescOp>(d.op) != DescOp::kAtomicAdd) {
+        auto h = p.handle;
+        const uint64_t addr = d.result_addr;
+        p.on_ok = [h, addr, &mem] { mem.write(addr, &h->result, 8); };
+      }
+      break;
+    }
+    case DescOp::kGet: {
+      auto buf = std::make_shared<std::vector<uint8_t>>(d.length);
+      p.handle = e.load(buf->data(), d.target, d.window, d.remote_offset, d.length);
+      const uint64_t addr = d.local_addr;
+      p.on_ok = [buf, addr, &mem] {
+        if (!buf->empty()) {
+          mem.write(addr, buf->data(), buf->size());  // the NIC's GPUDirect write of the loaded bytes
+        }
+      };
+      break;
+    }
+    default:
+      p.done(endpoint::OpStatus::kInvalidArgument);
+      return;
+  }
+  pending_.push_back(std::move(p));
+  progress();
+}
+
+bool ClusterSink::progress() {
+  common::EventLoop& loop = cluster_.loop();
+  if (!pending_.empty() && !loop.idle()) {
+    loop.run(loop.now() + slice_ns_);
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    Pending& p = pending_[i];
+    if (p.handle->done()) {
+      if (p.handle->ok() && p.on_ok) {
+        p.on_ok();
+      }
+      p.done(p.handle->status);
+    } else {
+      if (kept != i) {
+        pending_[kept] = std::move(p);
+      }
+      ++kept;
+    }
+  }
+  pending_.resize(kept);
+  return !pending_.empty();
+}
+
+}  // namespace ifec::testbed

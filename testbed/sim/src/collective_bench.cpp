@@ -1,0 +1,333 @@
+// Runs one collective on a fresh simulated fabric and reports it like nccl-tests, plus what only a simulator sees.
+#include "ifec/testbed/collective_bench.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "ifec/common/checks.h"
+#include "ifec/common/json.h"
+#include "ifec/common/numeric.h"
+#include "ifec/testbed/cluster.h"
+#include "ifec/testbed/harness.h"
+
+namespace ifec::testbed {
+
+using workloads::collective_name;
+using workloads::element_size;
+
+using common::EchDtype;
+using common::EchRedOp;
+
+EchDtype parse_dtype(const std::string& name) {
+  if (name == "fp32" || name == "float") {
+    return EchDtype::kFp32;
+  }
+  if (name == "bf16") {
+    return EchDtype::kBf16;
+  }
+  if (name == "fp16" || name == "half") {
+    return EchDtype::kFp16;
+  }
+  if (name == "int32") {
+    return EchDtype::kInt32;
+  }
+  IFEC_FAIL("unknown dtype '" << name << "': expected fp32, bf16, fp16 or int32");
+}
+
+EchRedOp parse_redop(const std::string& name) {
+  if (name == "sum") {
+    return EchRedOp::kSum;
+  }
+  if (name == "min") {
+    return EchRedOp::kMin;
+  }
+  if (name == "max") {
+    return EchRedOp::kMax;
+  }
+  IFEC_FAIL("unknown reduction op '" << name << "': expected sum, min or max");
+}
+
+namespace {
+
+constexpr uint16_t kBuf = 1;
+constexpr uint16_t kScratch = 2;
+constexpr uint64_t kMemoryBudget = 12ULL << 30;  // host bytes the simulated GPUs' windows may take together
+
+double busbw_factor(Collective k, size_t n) { return k == Collective::kAllReduce ? 2.0 * (n - 1) / n : 1.0; }
+
+struct Reference {
+  std::vector<double> value;  // fp64 (exact wrap-around for int32 sums)
+  std::vector<double> bound;  // largest |error| the path's rounding explains
+};
+
+// The reference of every element, computed once for all members that hold a result. Bound per element: every fp32
+// accumulation step may round (n steps), and the output type rounds once in the switch or once per ring step:
+// |err| <= (n * 2^-24 + steps * unit) * sum |x_i| (min/max: one rounding of the result).
+Reference reference_of(const CollectivePoint& p, const std::vector<std::vector<uint8_t>>& inputs, int n,
+                       bool rounds_per_step) {
+  const uint64_t count = inputs[0].size() / element_size(p.dtype);
+  const double unit = p.dtype == EchDtype::kBf16   ? 1.0 / 256
+                      : p.dtype == EchDtype::kFp16 ? 1.0 / 2048
+                      : p.dtype == EchDtype::kFp32 ? 1.0 / 16777216
+                                                   : 0;
+  const double steps = rounds_per_step ? n : 1;
+  const double fp32_steps = p.dtype == EchDtype::kInt32 ? 0 : n / 16777216.0;
+  const int sources = p.kind == Collective::kMulticast ? 1 : n;  // multicast: the root's (member 0's) bytes
+  Reference r;
+  r.value.resize(count);
+  r.bound.resize(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    double ref = 0;
+    double magnitude = 0;
+    for (int m = 0; m < sources; ++m) {
+      const common::Acc a = common::load_element(p.dtype, inputs[m].data(), i);
+      const double v = p.dtype == EchDtype::kInt32 ? a.i : a.f;
+      magnitude += std::fabs(v);
+      ref = m == 0 || p.op == EchRedOp::kSum ? (m == 0 ? v : ref + v)
+                                             : (p.op == EchRedOp::kMin ? std::min(ref, v) : std::max(ref, v));
+    }
+    if (p.op != EchRedOp::kSum || p.kind == Collective::kMulticast) {
+      magnitude = std::fabs(ref);
+    }
+    if (p.dtype == EchDtype::kInt32 && p.op == EchRedOp::kSum) {
+      ref = static_cast<double>(static_cast<int32_t>(static_cast<uint32_t>(static_cast<int64_t>(ref))));
+    }
+    r.value[i] = ref;
+    r.bound[i] = (p.kind == Collective::kMulticast ? 0 : fp32_steps + steps * unit) * magnitude + 1e-30;
+  }
+  return r;
+}
+
+}  // namespace
+
+CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const CollectivePoint& p) {
+  routing::Topology topo = fabric_topo;
+  topo.params.ifec.reproducible = topo.params.ifec.reproducible || p.reproducible;
+  topo.params.ifec.slot_pool = p.slot_pool;
+  const auto wall0 = std::chrono::steady_clock::now();
+  CollectiveRow row;
+  row.point = p;
+  const size_t es = element_size(p.dtype);
+  row.count = p.kind == Collective::kBarrier ? 0 : p.bytes / es;
+  IFEC_CHECK(p.kind != Collective::kBarrier || p.bytes == 0,
+             "a barrier moves no data: size " << p.bytes << " B given (leave --bytes out)");
+  IFEC_CHECK(p.kind == Collective::kBarrier || row.count > 0,
+             "size " << p.bytes << " B holds no " << common::ech_dtype_name(p.dtype) << " element");
+  IFEC_CHECK(p.kind == Collective::kBarrier || p.bytes % es == 0, "size " << p.bytes << " B is not a whole number of "
+                                                                          << common::ech_dtype_name(p.dtype)
+                                                                          << " elements (" << es << " B each)");
+  IFEC_CHECK(p.members >= 0, "members " << p.members << " must be >= 2 (or 0 for every GPU)");
+  IFEC_CHECK(p.loss >= 0 && p.loss < 1, "loss " << p.loss << " outside [0, 1)");
+  IFEC_CHECK(p.slot_pool > 0, "slot pool " << p.slot_pool << " must be > 0");
+  IFEC_CHECK(p.slot_budget > 0, "slot budget " << p.slot_budget << " must be > 0");
+  ClusterOptions o;
+  o.fabric.loss = p.loss;
+  o.fabric.seed = p.seed;
+  o.fabric.lb = switchemu::LoadBalance::kPerPacket;
+  o.endpoint.ordering = endpoint::Ordering::kWeak;
+  Cluster c(topo, o);
+  CollectiveSpec s;
+  s.kind = p.kind;
+  const int n = p.members > 0 ? p.members : c.size();
+  IFEC_CHECK(n >= 2 && n <= c.size(), "members " << n << " outside 2.." << c.size());
+  for (int g = 0; g < n; ++g) {
+    s.members.push_back(g);
+  }
+  s.root = 0;
+  s.window = kBuf;
+  s.offset = 0;
+  s.count = row.count;
+  s.dtype = p.dtype;
+  s.op = p.op;
+  s.scratch_window = kScratch;
+  const uint64_t buf = std::max<uint64_t>(64, row.count * es);
+  const uint64_t scratch =
+      std::max<uint64_t>(4096, ring_scratch_bytes(s, p.algo == Algo::kIfec ? Algo::kRing : p.algo));
+  IFEC_CHECK((buf + scratch) * c.size() <= kMemoryBudget,
+             "size " << p.bytes << " B on " << c.size() << " GPUs needs " << ((buf + scratch) * c.size() >> 20)
+                     << " MiB of host memory for the simulated windows; the limit is " << (kMemoryBudget >> 20)
+                     << " MiB");
+  c.allocate_window(kBuf, buf);
+  c.allocate_window(kScratch, scratch);
+  // Inputs: normal floats, or small integers for int32 so sums stay meaningful.
+  std::vector<std::vector<uint8_t>> inputs(n);
+  std::mt19937 rng(static_cast<uint32_t>(p.seed * 7919));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int g = 0; g < n; ++g) {
+    inputs[g].resize(row.count * es);
+    for (uint64_t i = 0; i < row.count; ++i) {
+      common::Acc a;
+      if (p.dtype == EchDtype::kInt32) {
+        a.i = static_cast<int32_t>(rng() % 2001) - 1000;
+      } else {
+        a.f = normal(rng);
+      }
+      common::store_element(p.dtype, a, inputs[g].data(), i);
+    }
+    if (!inputs[g].empty()) {
+      std::memcpy(c.window_data(g, kBuf), inputs[g].data(), inputs[g].size());
+    }
+  }
+  for (const std::string& f : p.fail) {
+    LinkEvent e = parse_link_event(topo, f, false);
+    for (int l : e.links) {
+      c.fabric().schedule_link_state(l, false, c.loop().now() + e.at);
+    }
+  }
+  auto lost = [&](bool link_down) {
+    uint64_t total = 0;
+    for (size_t l = 0; l < topo.links.size(); ++l) {
+      for (int side = 0; side < 2; ++side) {
+        const auto& k = c.fabric().link(static_cast<int>(l)).end(side).counters();
+        total += link_down ? k.dropped_link_down : k.dropped_injected;
+      }
+    }
+    return total;
+  };
+  auto link_bytes = [&](bool tx) {
+    std::vector<uint64_t> v(topo.num_planes, 0);
+    for (int g = 0; g < n; ++g) {
+      for (const auto& port : c.fabric().gpu_ports(g)) {
+        const auto& k = port.io->counters();
+        v[port.plane] += tx ? k.tx_bytes : k.rx_bytes;
+      }
+    }
+    return v;
+  };
+  const auto tx0 = link_bytes(true);
+  const auto rx0 = link_bytes(false);
+  CollectiveResult res;
+  if (p.algo != Algo::kIfec) {
+    res = run_endpoint_collective(c, s, 10'000'000'000ULL, p.algo);
+  } else {
+    IfecOptions io;
+    io.slots_per_plane = p.slot_budget;
+    IfecCollectives ifec(c, io);
+    res = ifec.run(s);
+  }
+  row.ok = res.ok;
+  row.ran = res.algo;
+  row.error = res.error.empty() && res.fell_back ? res.fallback_reason : res.error;
+  row.frames_lost = lost(false);
+  row.frames_lost_link_down = lost(true);
+  for (const std::string& f : p.fail) {
+    row.faults.push_back("link down: " + f);
+  }
+  if (row.frames_lost + row.frames_lost_link_down > 0) {
+    row.faults.push_back("frames lost: " + std::to_string(row.frames_lost) + " to injected loss, " +
+                         std::to_string(row.frames_lost_link_down) + " on links that were down");
+  }
+  row.faults.insert(row.faults.end(), res.faults.begin(), res.faults.end());
+  row.fell_back = res.fell_back;
+  row.fallback_chunks = res.fallback_chunks;
+  row.anomalies = res.anomalies;
+  row.time_us = (res.end_ns - res.start_ns) / 1e3;
+  row.algbw_gbs = row.time_us > 0 ? p.bytes / (row.time_us * 1e3) : 0;
+  row.busbw_gbs = row.algbw_gbs * busbw_factor(p.kind, n);
+  const auto tx1 = link_bytes(true);
+  const auto rx1 = link_bytes(false);
+  for (int q = 0; q < topo.num_planes; ++q) {
+    row.plane_tx_bytes.push_back(tx1[q] - tx0[q]);
+    row.plane_rx_bytes.push_back(rx1[q] - rx0[q]);
+  }
+  if (p.corrupt_output && row.count > 0) {
+    uint8_t* out = c.window_data(p.kind == Collective::kReduce ? s.root : s.members.back(), kBuf);
+    out[(row.count / 2) * es + es - 1] ^= 0x40;  // a high bit of the middle element
+  }
+  if (row.ok && p.kind != Collective::kBarrier) {
+    const Reference ref = reference_of(p, inputs, n, p.algo != Algo::kIfec || row.fell_back);
+    std::vector<int> holders = s.members;
+    if (p.kind == Collective::kReduce) {
+      holders = {s.root};
+    }
+    for (int g : holders) {
+      const uint8_t* out = c.window_data(g, kBuf);
+      for (uint64_t i = 0; i < row.count; ++i) {
+        const common::Acc a = common::load_element(p.dtype, out, i);
+        const double err = std::fabs((p.dtype == EchDtype::kInt32 ? a.i : a.f) - ref.value[i]);
+        row.max_rel_error = std::max(row.max_rel_error, err / std::max(1.0, std::fabs(ref.value[i])));
+        row.wrong += !(err <= ref.bound[i]);  // NaN or Inf where the reference is finite counts as wrong
+      }
+    }
+    if (row.wrong > 0) {
+      row.ok = false;  // a wrong result is never reported as ok
+      row.error = std::to_string(row.wrong) + " elements differ from the fp64 reference beyond the rounding bound";
+    }
+  }
+  row.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return row;
+}
+
+std::string rows_header() {
+  char line[320];
+  std::snprintf(line, sizeof(line), "#%13s %12s %6s %6s %5s %11s %8s %8s %7s %10s %9s  %s\n", "size(B)", "count",
+                "type", "redop", "algo", "time(us)", "algbw", "busbw", "#wrong", "max_err", "fallback",
+                "wire MB sent per plane (all members)");
+  return std::string(line) +
+         "#                                                   (GB/s)   (GB/s)                    (chunks)  [driver: "
+         "sim]\n";
+}
+
+std::string row_text(const CollectiveRow& r) {
+  std::ostringstream planes;
+  for (size_t q = 0; q < r.plane_tx_bytes.size(); ++q) {
+    planes << (q ? " " : "") << std::fixed;
+    planes.precision(1);
+    planes << r.plane_tx_bytes[q] / 1e6;
+  }
+  char line[400];
+  if (!r.ok && r.wrong == 0) {
+    std::snprintf(line, sizeof(line), " %13llu  FAILED: %s\n", static_cast<unsigned long long>(r.point.bytes),
+                  r.error.c_str());
+    return line;
+  }
+  std::snprintf(line, sizeof(line), " %13llu %12llu %6s %6s %7s %11.2f %8.2f %8.2f %7llu %10.2e %9llu  %s%s\n",
+                static_cast<unsigned long long>(r.point.bytes), static_cast<unsigned long long>(r.count),
+                common::ech_dtype_name(r.point.dtype), common::ech_redop_name(r.point.op),
+                r.ran.empty() ? workloads::algo_name(r.point.algo) : r.ran.c_str(), r.time_us, r.algbw_gbs, r.busbw_gbs,
+                static_cast<unsigned long long>(r.wrong), r.max_rel_error,
+                static_cast<unsigned long long>(r.fallback_chunks), r.modelled ? "(modelled) " : "",
+                r.modelled ? "" : planes.str().c_str());
+  std::string out = line;
+  if (r.wrong > 0) {
+    out += "#   WRONG: " + r.error + "\n";
+  }
+  for (const std::string& f : r.faults) {
+    out += "#   fault: " + f + "\n";
+  }
+  return out;
+}
+
+std::string row_json(const CollectiveRow& r, const std::string& topology) {
+  std::ostringstream o;
+  o.precision(10);
+  o << "{\"driver\":\"sim\",\"topology\":" << common::json_quote(topology) << ",\"collective\":\""
+    << collective_name(r.point.kind) << "\",\"algo\":\"" << workloads::algo_name(r.point.algo)
+    << "\",\"ran\":" << common::json_quote(r.ran) << ",\"size\":" << r.point.bytes << ",\"count\":" << r.count
+    << ",\"type\":\"" << common::ech_dtype_name(r.point.dtype) << "\",\"redop\":\""
+    << common::ech_redop_name(r.point.op) << "\",\"ok\":" << (r.ok ? "true" : "false") << ",\"time_us\":" << r.time_us
+    << ",\"algbw_gbs\":" << r.algbw_gbs << ",\"busbw_gbs\":" << r.busbw_gbs << ",\"wrong\":" << r.wrong
+    << ",\"max_rel_error\":" << r.max_rel_error << ",\"fallback_chunks\":" << r.fallback_chunks
+    << ",\"fell_back\":" << (r.fell_back ? "true" : "false") << ",\"anomalies\":" << r.anomalies
+    << ",\"modelled\":" << (r.modelled ? "true" : "false") << ",\"loss\":" << r.point.loss << ",\"plane_tx_bytes\":[";
+  for (size_t q = 0; q < r.plane_tx_bytes.size(); ++q) {
+    o << (q ? "," : "") << r.plane_tx_bytes[q];
+  }
+  o << "],\"plane_rx_bytes\":[";
+  for (size_t q = 0; q < r.plane_rx_bytes.size(); ++q) {
+    o << (q ? "," : "") << r.plane_rx_bytes[q];
+  }
+  o << "],\"frames_lost\":" << r.frames_lost << ",\"frames_lost_link_down\":" << r.frames_lost_link_down
+    << ",\"faults\":" << common::json_strings(r.faults) << ",\"wall_seconds\":" << r.wall_seconds;
+  if (!r.ok) {
+    o << ",\"error\":" << common::json_quote(r.error);
+  }
+  o << "}";
+  return o.str();
+}
+
+}  // namespace ifec::testbed

@@ -1,0 +1,230 @@
+// Fabric builder: Topology -> links, switches, GPU ports; FARE install and hop-by-hop reconvergence.
+#include "ifec/testbed/fabric.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "ifec/common/checks.h"
+
+namespace ifec::testbed {
+
+using switchemu::NextHopPort;
+
+common::MacAddress node_port_mac(const routing::Topology& topo, int node, int port) {
+  const bool gpu = topo.nodes.at(node).kind == routing::NodeKind::kGpu;
+  return {0x02,
+          static_cast<uint8_t>(gpu ? 0x47 : 0x53),
+          static_cast<uint8_t>(node >> 8),
+          static_cast<uint8_t>(node),
+          static_cast<uint8_t>(port >> 8),
+          static_cast<uint8_t>(port)};
+}
+
+Fabric::Fabric(common::Clock& clock, const routing::Topology& topo, FabricOptions opts)
+    : clock_(clock), topo_(topo), opts_(opts) {
+  routing::validate(topo_);
+  topo_.params.pfc.enabled = topo_.params.pfc.enabled && opts_.pfc;
+  const size_t n_nodes = topo_.nodes.size();
+  std::vector<std::vector<common::Port*>> node_ports(n_nodes);
+  for (size_t n = 0; n < n_nodes; ++n) {
+    node_ports[n].assign(topo_.nodes[n].num_ports, nullptr);
+  }
+  gpu_ports_.resize(topo_.num_gpus());
+  for (const routing::Link& l : topo_.links) {
+    common::LinkConfig cfg;
+    cfg.rate_bps = static_cast<uint64_t>(std::llround(l.rate_gbps * 1e9));
+    cfg.delay_ns = l.delay_ns;
+    cfg.overhead_bytes = topo_.params.wire_overhead_bytes;
+    cfg.loss_probability = opts_.loss;
+    cfg.loss_seed = opts_.seed * 7919 + static_cast<uint64_t>(l.id);
+    links_.push_back(std::make_unique<common::Link>(clock_, cfg));
+    common::Link& link = *links_.back();
+    const int ends[2][2] = {{l.a, l.a_port}, {l.b, l.b_port}};
+    for (int side = 0; side < 2; ++side) {
+      const int node = ends[side][0];
+      const int port = ends[side][1];
+      node_ports[node].at(port) = &link.end(side);
+      const routing::Node& nd = topo_.nodes[node];
+      if (nd.kind == routing::NodeKind::kGpu) {
+        GpuPort gp;
+        gp.port = port;
+        gp.link = l.id;
+        gp.plane = l.plane;
+        gp.io = &link.end(side);
+        gp.mac = node_port_mac(topo_, node, port);
+        gp.peer_mac = node_port_mac(topo_, ends[1 - side][0], ends[1 - side][1]);
+        gpu_ports_[nd.gpu_index].push_back(gp);
+      }
+    }
+  }
+  for (auto& ports : gpu_ports_) {
+    std::sort(ports.begin(), ports.end(), [](const GpuPort& a, const GpuPort& b) { return a.port < b.port; });
+  }
+  node_switch_.assign(n_nodes, -1);
+  for (size_t n = 0; n < n_nodes; ++n) {
+    const routing::Node& nd = topo_.nodes[n];
+    if (nd.kind != routing::NodeKind::kSwitch) {
+      continue;
+    }
+    for (size_t p = 0; p < node_ports[n].size(); ++p) {
+      IFEC_CHECK(node_ports[n][p] != nullptr, "switch " << nd.name << " port " << p << " has no link");
+    }
+    SwitchConfig cfg;
+    cfg.name = nd.name;
+    cfg.seed = opts_.seed * 1000003ULL + n;
+    cfg.lb = opts_.lb;
+    cfg.params = topo_.params;
+    cfg.base_mac = node_port_mac(topo_, static_cast<int>(n), 0);
+    cfg.ip = nd.loopback;
+    cfg.ifec = opts_.ifec;
+    node_switch_[n] = static_cast<int>(switches_.size());
+    switch_nodes_.push_back(static_cast<int>(n));
+    switches_.push_back(std::make_unique<Switch>(clock_, cfg, node_ports[n]));
+  }
+  rib_ = std::make_unique<routing::FareRib>(topo_);
+  rib_->converge();
+  install_routes();
+}
+
+Fabric::~Fabric() = default;
+
+uint32_t Fabric::gpu_ip(int gpu) const { return topo_.nodes.at(topo_.gpu_node(gpu)).loopback; }
+
+const std::vector<routing::NextHop>& Fabric::gpu_next_hops(int src, int dst) const {
+  return rib_->next_hops(topo_.gpu_node(src), dst);
+}
+
+void Fabric::install_routes() {
+  const int gpus = topo_.num_gpus();
+  // Adjacent switches' loopbacks: the IFEC engines of a two-tier plane (leaf partials to a spine, results back)
+  // talk to their neighbours directly, over the up links between them.
+  for (size_t s = 0; s < switches_.size(); ++s) {
+    const int node = switch_nodes_[s];
+    std::map<int, std::vector<NextHopPort>> to_neighbour;
+    for (int l : topo_.links_of(node)) {
+      const auto [peer_node, peer_port] = topo_.peer(l, node);
+      if (topo_.nodes[peer_node].kind != routing::NodeKind::kSwitch || !rib_->link_up(l)) {
+        continue;
+      }
+      const int my_port = topo_.links[l].a == node ? topo_.links[l].a_port : topo_.links[l].b_port;
+      to_neighbour[peer_node].push_back(
+          NextHopPort{my_port, topo_.links[l].rate_gbps, node_port_mac(topo_, peer_node, peer_port)});
+    }
+    for (auto& [peer_node, group] : to_neighbour) {
+      switches_[s]->set_route(topo_.nodes[peer_node].loopback, std::move(group));
+    }
+  }
+  install_loopback_routes();
+  for (size_t s = 0; s < switches_.size(); ++s) {
+    const int node = switch_nodes_[s];
+    for (int d = 0; d < gpus; ++d) {
+      std::vector<NextHopPort> group;
+      for (const routing::NextHop& h : rib_->next_hops(node, d)) {
+        if (h.weight <= 0) {
+          continue;
+        }
+        const auto [peer_node, peer_port] = topo_.peer(h.link, node);
+        group.push_back(NextHopPort{h.port, h.weight, node_port_mac(topo_, peer_node, peer_port)});
+      }
+      switches_[s]->set_route(gpu_ip(d), std::move(group));
+    }
+  }
+}
+
+// Every switch reaches every other switch's loopback over shortest paths of live switch-to-switch links (what the
+// fabric's IGP would advertise): ECH replies from GPUs under one leaf reach an engine on another (multicast ACKs).
+void Fabric::install_loopback_routes() {
+  const int n = static_cast<int>(switches_.size());
+  for (int t = 0; t < n; ++t) {
+    const int target = switch_nodes_[t];
+    std::vector<int> dist(topo_.nodes.size(), -1);
+    std::vector<int> frontier = {target};
+    dist[target] = 0;
+    while (!frontier.empty()) {
+      std::vector<int> next;
+      for (int node : frontier) {
+        for (int l : topo_.links_of(node)) {
+          const int peer = topo_.peer(l, node).first;
+          if (topo_.nodes[peer].kind == routing::NodeKind::kSwitch && rib_->link_up(l) && dist[peer] < 0) {
+            dist[peer] = dist[node] + 1;
+            next.push_back(peer);
+          }
+        }
+      }
+      frontier = std::move(next);
+    }
+    for (int s = 0; s < n; ++s) {
+      const int node = switch_nodes_[s];
+      if (dist[node] < 2) {
+        continue;  // itself, a neighbour (routed above), or unreachable
+      }
+      std::vector<NextHopPort> group;
+      for (int l : topo_.links_of(node)) {
+        const auto [peer, peer_port] = topo_.peer(l, node);
+        if (rib_->link_up(l) && dist[peer] == dist[node] - 1) {
+          const int my_port = topo_.links[l].a == node ? topo_.links[l].a_port : topo_.links[l].b_port;
+          group.push_back(NextHopPort{my_port, topo_.links[l].rate_gbps, node_port_mac(topo_, peer, peer_port)});
+        }
+      }
+      switches_[s]->set_route(topo_.nodes[target].loopback, std::move(group));
+    }
+  }
+}
+
+void Fabric::schedule_link_state(int link, bool up, common::TimeNs at) {
+  IFEC_CHECK(link >= 0 && link < static_cast<int>(links_.size()),
+             "link id " << link << " outside 0.." << links_.size() - 1);
+  clock_.schedule(at, [this, link, up] {
+    links_[link]->set_up(up);
+    rib_->set_link_up(link, up);
+    const uint64_t gen = ++generation_;
+    clock_.schedule(clock_.now() + topo_.params.control_plane_delay_ns, [this, gen] { fare_round(gen); });
+  });
+}
+
+void Fabric::fare_round(uint64_t generation) {
+  // A newer event restarts propagation from its own adjacency; rounds of the older one keep running too,
+  // since a synchronous round over the whole RIB is idempotent once converged.
+  const bool changed = rib_->step();
+  ++rounds_run_;
+  if (!changed) {
+    if (generation == generation_) {
+      converged_ns_ = clock_.now();
+    }
+    return;
+  }
+  install_routes();
+  for (auto& fn : listeners_) {
+    fn(clock_.now());
+  }
+  clock_.schedule(clock_.now() + topo_.params.control_plane_delay_ns, [this, generation] { fare_round(generation); });
+}
+
+int Fabric::switch_of_plane(int gpu, int plane) const {
+  for (const GpuPort& p : gpu_ports_.at(gpu)) {
+    if (p.plane == plane) {
+      const auto [node, port] = topo_.peer(p.link, topo_.gpu_node(gpu));
+      return node_switch_[node];
+    }
+  }
+  return -1;
+}
+
+SwitchTotals Fabric::switch_totals() const {
+  SwitchTotals t;
+  for (const auto& s : switches_) {
+    SwitchTotals x = s->totals();
+    t.rx_frames += x.rx_frames;
+    t.tx_frames += x.tx_frames;
+    t.drops += x.drops;
+    t.buffer_drops += x.buffer_drops;
+    t.ecn_marks += x.ecn_marks;
+    t.pause_sent += x.pause_sent;
+    t.pause_received += x.pause_received;
+    t.shared_buffer_high_water = std::max(t.shared_buffer_high_water, x.shared_buffer_high_water);
+  }
+  return t;
+}
+
+}  // namespace ifec::testbed

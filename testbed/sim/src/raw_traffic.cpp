@@ -1,0 +1,376 @@
+// Raw RoCEv2 flows over a Fabric: FARE-weighted split over ports, round-robin drain, verifying receivers.
+#include "ifec/testbed/raw_traffic.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "ifec/common/checks.h"
+#include "ifec/common/frame.h"
+#include "ifec/common/pfc.h"
+#include "ifec/common/protocol.h"
+
+namespace ifec::testbed {
+
+using common::TimeNs;
+
+namespace {
+
+constexpr uint64_t kWindowBase = 0x0000100000000000ULL;
+
+}  // namespace
+
+Pattern parse_pattern(const std::string& name) {
+  if (name == "alltoall") {
+    return Pattern::kAllToAll;
+  }
+  if (name == "permutation") {
+    return Pattern::kPermutation;
+  }
+  if (name == "incast") {
+    return Pattern::kIncast;
+  }
+  IFEC_FAIL("unknown traffic pattern '" << name << "': expected alltoall, permutation or incast");
+}
+
+const char* pattern_name(Pattern p) {
+  switch (p) {
+    case Pattern::kAllToAll:
+      return "alltoall";
+    case Pattern::kPermutation:
+      return "permutation";
+    case Pattern::kIncast:
+      return "incast";
+  }
+  return "?";
+}
+
+std::vector<FlowSpec> make_flows(Pattern p, int gpus, uint64_t bytes, uint64_t seed, int incast_target) {
+  IFEC_CHECK(gpus >= 2, "traffic needs at least 2 GPUs, topology has " << gpus);
+  IFEC_CHECK(bytes > 0, "--bytes must be > 0, got " << bytes);
+  std::vector<FlowSpec> flows;
+  switch (p) {
+    case Pattern::kAllToAll:
+      for (int s = 0; s < gpus; ++s) {
+        for (int d = 0; d < gpus; ++d) {
+          if (s != d) {
+            flows.push_back({s, d, bytes});
+          }
+        }
+      }
+      break;
+    case Pattern::kPermutation: {
+      // A seeded derangement: every GPU sends to exactly one other and receives from exactly one.
+      std::vector<int> perm(gpus);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::mt19937_64 rng(seed);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int i = 0; i < gpus; ++i) {
+        flows.push_back({perm[i], perm[(i + 1) % gpus], bytes});
+      }
+      break;
+    }
+    case Pattern::kIncast:
+      IFEC_CHECK(incast_target >= 0 && incast_target < gpus,
+                 "incast target GPU " << incast_target << " outside 0.." << gpus - 1);
+      for (int s = 0; s < gpus; ++s) {
+        if (s != incast_target) {
+          flows.push_back({s, incast_target, bytes});
+        }
+      }
+      break;
+  }
+  return flows;
+}
+
+RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, bool verify_icrc)
+    : fabric_(fabric), clock_(fabric.clock()), verify_icrc_(verify_icrc) {
+  const auto& topo = fabric_.topology();
+  const int gpus = fabric_.num_gpus();
+  mtu_ = topo.params.mtu;
+  prio_ = topo.params.pfc.lossless_priority;
+  flow_of_.assign(gpus, std::vector<int>(gpus, -1));
+  nics_.resize(gpus);
+  for (int g = 0; g < gpus; ++g) {
+    nics_[g].ports.resize(fabric_.gpu_ports(g).size());
+    for (auto& p : nics_[g].ports) {
+      p.paused_until.assign(topo.params.priorities, 0);
+    }
+  }
+  for (const FlowSpec& f : flows) {
+    IFEC_CHECK(f.src >= 0 && f.src < gpus && f.dst >= 0 && f.dst < gpus && f.src != f.dst,
+               "flow " << f.src << " -> " << f.dst << " is not between two distinct GPUs of 0.." << gpus - 1);
+    IFEC_CHECK(flow_of_[f.src][f.dst] < 0, "duplicate flow " << f.src << " -> " << f.dst);
+    Flow fl;
+    fl.spec = f;
+    fl.packets = (f.bytes + mtu_ - 1) / mtu_;
+    fl.alloc.assign(nics_[f.src].ports.size(), 0);
+    fl.psn.assign(nics_[f.src].ports.size(), 0);
+    flow_of_[f.src][f.dst] = static_cast<int>(flows_.size());
+    nics_[f.src].flows.push_back(static_cast<int>(flows_.size()));
+    flows_.push_back(std::move(fl));
+  }
+  for (int g = 0; g < gpus; ++g) {
+    order_flows(g);
+  }
+  const size_t planes = static_cast<size_t>(topo.num_planes);
+  rx_by_plane_.assign(static_cast<size_t>(gpus) * gpus * planes, 0);
+  tx_by_plane_.assign(rx_by_plane_.size(), 0);
+  stats_.plane_bytes.assign(planes, 0);
+  stats_.flows = flows_.size();
+  for (int g = 0; g < gpus; ++g) {
+    const auto& ports = fabric_.gpu_ports(g);
+    for (size_t i = 0; i < ports.size(); ++i) {
+      const int pi = static_cast<int>(i);
+      ports[i].io->set_receiver([this, g, pi](std::vector<uint8_t>&& f) { receive(g, pi, std::move(f)); });
+      ports[i].io->set_tx_ready([this, g, pi] { pump(g, pi); });
+    }
+  }
+  fabric_.on_routes_changed([this](TimeNs) {
+    if (!started_) {
+      return;
+    }
+    for (size_t g = 0; g < nics_.size(); ++g) {
+      resplit(static_cast<int>(g));
+    }
+  });
+}
+
+int RawTraffic::port_index_of(int gpu, int port) const {
+  const auto& ports = fabric_.gpu_ports(gpu);
+  for (size_t i = 0; i < ports.size(); ++i) {
+    if (ports[i].port == port) {
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+void RawTraffic::resplit(int gpu) {
+  Nic& nic = nics_[gpu];
+  const size_t nports = nic.ports.size();
+  for (auto& p : nic.ports) {
+    p.ring.clear();
+    p.cursor = 0;
+  }
+  std::vector<double> w(nports);
+  for (int fi : nic.flows) {
+    Flow& f = flows_[fi];
+    const uint64_t remaining = f.packets - f.next_packet;
+    std::fill(f.alloc.begin(), f.alloc.end(), 0);
+    if (remaining == 0) {
+      continue;
+    }
+    std::fill(w.begin(), w.end(), 0.0);
+    double total = 0;
+    for (const routing::NextHop& h : fabric_.gpu_next_hops(gpu, f.spec.dst)) {
+      const int pi = port_index_of(gpu, h.port);
+      if (pi >= 0 && h.weight > 0) {
+        w[pi] += h.weight;
+        total += h.weight;
+      }
+    }
+    if (total <= 0) {
+      continue;  // unreachable for now: packets wait for FARE to find a path
+    }
+    // Largest remainder: shares match the weights to within one packet per port.
+    uint64_t given = 0;
+    std::vector<std::pair<double, size_t>> frac;
+    for (size_t i = 0; i < nports; ++i) {
+      const double exact = static_cast<double>(remaining) * w[i] / total;
+      f.alloc[i] = static_cast<uint64_t>(std::floor(exact));
+      given += f.alloc[i];
+      frac.push_back({exact - std::floor(exact), i});
+    }
+    std::stable_sort(frac.begin(), frac.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (size_t k = 0; given < remaining && k < frac.size(); ++k) {
+      if (w[frac[k].second] > 0) {
+        f.alloc[frac[k].second]++;
+        given++;
+      }
+    }
+    for (size_t i = 0; i < nports; ++i) {
+      if (f.alloc[i] > 0) {
+        nic.ports[i].ring.push_back(fi);
+      }
+    }
+  }
+  for (size_t i = 0; i < nports; ++i) {
+    pump(gpu, static_cast<int>(i));
+  }
+}
+
+void RawTraffic::order_flows(int gpu) {
+  // Visit destinations starting just after this GPU (a shifted all-to-all schedule): at any instant the GPUs
+  // send to different destinations instead of all hammering the same one.
+  const int n = static_cast<int>(nics_.size());
+  std::vector<int>& fl = nics_[gpu].flows;
+  std::stable_sort(fl.begin(), fl.end(), [&](int a, int b) {
+    return (flows_[a].spec.dst - gpu + n) % n < (flows_[b].spec.dst - gpu + n) % n;
+  });
+}
+
+void RawTraffic::start(TimeNs at) {
+  clock_.schedule(at, [this] {
+    start_ = clock_.now();
+    started_ = true;
+    stats_.start_ns = start_;
+    for (size_t g = 0; g < nics_.size(); ++g) {
+      resplit(static_cast<int>(g));
+    }
+  });
+}
+
+void RawTraffic::pump(int gpu, int pi) {
+  Nic& nic = nics_[gpu];
+  NicPort& np = nic.ports[pi];
+  const testbed::GpuPort& gp = fabric_.gpu_ports(gpu)[pi];
+  if (!started_ || gp.io->busy() || !gp.io->link_up() || np.ring.empty()) {
+    return;
+  }
+  const TimeNs now = clock_.now();
+  if (np.paused_until[prio_] > now) {
+    if (!np.wakeup_pending) {
+      np.wakeup_pending = true;
+      clock_.schedule(np.paused_until[prio_], [this, gpu, pi] {
+        nics_[gpu].ports[pi].wakeup_pending = false;
+        pump(gpu, pi);
+      });
+    }
+    return;
+  }
+  if (np.cursor >= np.ring.size()) {
+    np.cursor = 0;
+  }
+  const int fi = np.ring[np.cursor];
+  Flow& f = flows_[fi];
+  const uint64_t k = f.next_packet++;
+  if (--f.alloc[pi] == 0) {
+    np.ring.erase(np.ring.begin() + static_cast<long>(np.cursor));
+  } else {
+    ++np.cursor;
+  }
+  const uint64_t offset = k * mtu_;
+  const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(mtu_, f.spec.bytes - offset));
+
+  common::FrameHeaders h;
+  h.eth.src = gp.mac;
+  h.eth.dst = gp.peer_mac;
+  h.ip.src = fabric_.gpu_ip(gpu);
+  h.ip.dst = fabric_.gpu_ip(f.spec.dst);
+  h.ip.dscp = common::kRoceDscp;
+  h.ip.ecn = 2;
+  h.ip.identification = static_cast<uint16_t>(k);
+  // One QP per (flow, port): its own UDP source port, so per-flow hashing can spread QPs over paths.
+  h.udp.src_port = static_cast<uint16_t>(0xC000 | ((gpu * 131 + f.spec.dst * 31 + pi * 7) & 0x3FFF));
+  h.bth.opcode = static_cast<uint8_t>(common::Opcode::kWriteOnly);
+  h.bth.dest_qp = static_cast<uint32_t>(0x100 + gpu * 16 + pi);
+  h.bth.psn = f.psn[pi]++ & common::Bth::kPsnMask;
+  h.reth = common::Reth{kWindowBase + offset, 0x1000u + static_cast<uint32_t>(gpu), len};
+  static const std::vector<uint8_t> kZeros(65536, 0);
+  std::vector<uint8_t> frame = common::encode_frame(h, kZeros.data(), len);
+
+  const size_t fbytes = frame.size();
+  const int plane = gp.plane;
+  if (!gp.io->send(std::move(frame))) {
+    stats_.nic_drops++;
+    return;
+  }
+  stats_.packets_sent++;
+  stats_.frame_bytes_sent += fbytes;
+  stats_.wire_bytes_sent += fbytes + fabric_.topology().params.wire_overhead_bytes;
+  stats_.plane_bytes[plane] += fbytes;
+  const size_t planes = stats_.plane_bytes.size();
+  tx_by_plane_[(static_cast<size_t>(gpu) * nics_.size() + f.spec.dst) * planes + plane] += len;
+}
+
+void RawTraffic::receive(int gpu, int pi, std::vector<uint8_t>&& frame) {
+  if (common::is_mac_control(frame.data(), frame.size())) {
+    common::PfcFrame pfc;
+    if (!common::PfcFrame::decode(frame.data(), frame.size(), &pfc).ok()) {
+      stats_.rx_bad_frames++;
+      return;
+    }
+    NicPort& np = nics_[gpu].ports[pi];
+    const uint64_t rate = fabric_.gpu_ports(gpu)[pi].io->rate_bps();
+    for (size_t p = 0; p < np.paused_until.size(); ++p) {
+      if (pfc.class_enable & (1u << p)) {
+        np.paused_until[p] = pfc.quanta[p] == 0 ? 0 : clock_.now() + common::pfc_quanta_ns(pfc.quanta[p], rate);
+        stats_.pfc_pauses_at_nics += pfc.quanta[p] != 0;
+      }
+    }
+    pump(gpu, pi);
+    return;
+  }
+  common::ParsedFrame pf;
+  common::ParseOptions opts;
+  opts.verify_icrc = verify_icrc_;
+  opts.path_mtu = mtu_;
+  if (!common::parse_frame(frame.data(), frame.size(), &pf, opts).ok() || !pf.h.reth) {
+    stats_.rx_bad_frames++;
+    return;
+  }
+  // Source GPU from the loopback: the fabric assigns them, so look it up rather than decode the scheme.
+  int src = -1;
+  for (int g = 0; g < static_cast<int>(nics_.size()); ++g) {
+    if (fabric_.gpu_ip(g) == pf.h.ip.src) {
+      src = g;
+      break;
+    }
+  }
+  if (src < 0 || pf.h.ip.dst != fabric_.gpu_ip(gpu) || flow_of_[src][gpu] < 0) {
+    stats_.rx_bad_frames++;
+    return;
+  }
+  Flow& f = flows_[flow_of_[src][gpu]];
+  f.delivered_packets++;
+  f.delivered_bytes += pf.payload_size;
+  f.last_rx = clock_.now();
+  stats_.packets_delivered++;
+  stats_.payload_bytes_delivered += pf.payload_size;
+  const size_t planes = stats_.plane_bytes.size();
+  const int plane = fabric_.gpu_ports(gpu)[pi].plane;
+  rx_by_plane_[(static_cast<size_t>(src) * nics_.size() + gpu) * planes + plane] += pf.payload_size;
+}
+
+uint64_t RawTraffic::received_bytes(int src, int dst, int plane) const {
+  const size_t planes = stats_.plane_bytes.size();
+  return rx_by_plane_.at((static_cast<size_t>(src) * nics_.size() + dst) * planes + plane);
+}
+
+uint64_t RawTraffic::sent_bytes(int src, int dst, int plane) const {
+  const size_t planes = stats_.plane_bytes.size();
+  return tx_by_plane_.at((static_cast<size_t>(src) * nics_.size() + dst) * planes + plane);
+}
+
+TrafficResult RawTraffic::result() const {
+  TrafficResult r = stats_;
+  TimeNs last = start_;
+  std::vector<char> sender(nics_.size(), 0);
+  std::vector<char> receiver(nics_.size(), 0);
+  for (const Flow& f : flows_) {
+    r.payload_bytes_offered += f.spec.bytes;
+    if (f.delivered_bytes < f.spec.bytes) {
+      r.incomplete_flows++;
+    }
+    last = std::max(last, f.last_rx);
+    sender[f.spec.src] = 1;
+    receiver[f.spec.dst] = 1;
+  }
+  r.complete = r.incomplete_flows == 0;
+  r.completion_ns = last - start_;
+  double send_gbps = 0;
+  double recv_gbps = 0;
+  for (size_t g = 0; g < nics_.size(); ++g) {
+    const double access = fabric_.topology().gpu_access_gbps(static_cast<int>(g));
+    send_gbps += sender[g] ? access : 0;
+    recv_gbps += receiver[g] ? access : 0;
+  }
+  r.line_rate_gbps = std::min(send_gbps, recv_gbps);
+  r.goodput_gbps = r.completion_ns > 0 ? static_cast<double>(r.payload_bytes_delivered) * 8.0 / r.completion_ns : 0;
+  r.payload_efficiency = r.wire_bytes_sent > 0 ? static_cast<double>(r.payload_bytes_delivered) / r.wire_bytes_sent : 0;
+  return r;
+}
+
+}  // namespace ifec::testbed

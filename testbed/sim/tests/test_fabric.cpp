@@ -1,0 +1,64 @@
+// Fabric builder: FIBs from FARE, and hop-by-hop reinstallation after link events at the control-plane delay.
+#include <gtest/gtest.h>
+
+#include "ifec/common/sim.h"
+#include "ifec/testbed/fabric.h"
+
+using namespace ifec;
+
+namespace {
+
+int switch_of_plane(const testbed::Fabric& f, int plane) {
+  for (int s = 0; s < f.num_switches(); ++s) {
+    if (f.topology().nodes[f.switch_node(s)].plane == plane) {
+      return s;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST(Fabric, InstallsOneNextHopPerSubLinkWithItsRate) {
+  common::EventLoop loop;
+  const routing::Topology topo = routing::make_superpod(8, 2, 800, 2);
+  testbed::Fabric fabric(loop, topo, {});
+  ASSERT_EQ(fabric.num_switches(), 2);
+  for (int s = 0; s < 2; ++s) {
+    for (int g = 0; g < 8; ++g) {
+      const auto* group = fabric.switch_at(s).route(fabric.gpu_ip(g));
+      ASSERT_NE(group, nullptr);
+      ASSERT_EQ(group->size(), 2u) << "two 400G sub-links of the Y-cable";
+      EXPECT_DOUBLE_EQ((*group)[0].weight, 400);
+      EXPECT_DOUBLE_EQ((*group)[1].weight, 400);
+    }
+  }
+  EXPECT_EQ(fabric.gpu_ports(3).size(), 4u) << "2 planes x 2 sub-ports";
+}
+
+TEST(Fabric, SubLinkFailureReachesSwitchAfterOneRoundAndSourcesAfterTwo) {
+  common::EventLoop loop;
+  routing::Topology topo = routing::make_superpod(8, 2, 800, 2);
+  topo.params.control_plane_delay_ns = 10'000;
+  testbed::Fabric fabric(loop, topo, {});
+  int victim = -1;
+  for (const auto& l : topo.links) {
+    if (topo.nodes[l.a].gpu_index == 5 && l.plane == 1 && l.subport == 0) {
+      victim = l.id;
+    }
+  }
+  ASSERT_GE(victim, 0);
+  const int sw = switch_of_plane(fabric, 1);
+  fabric.schedule_link_state(victim, false, 1'000);
+  loop.run(1'000 + 10'000 - 1);
+  EXPECT_EQ(fabric.switch_at(sw).route(fabric.gpu_ip(5))->size(), 2u) << "before the first round";
+  EXPECT_DOUBLE_EQ(fabric.rib().plane_gbps(0, 5)[1], 800);
+  loop.run(1'000 + 10'000);
+  EXPECT_EQ(fabric.switch_at(sw).route(fabric.gpu_ip(5))->size(), 1u) << "adjacent switch after one round";
+  EXPECT_DOUBLE_EQ(fabric.rib().plane_gbps(0, 5)[1], 800) << "GPU 0 has not heard yet";
+  loop.run(1'000 + 20'000);
+  EXPECT_DOUBLE_EQ(fabric.rib().plane_gbps(0, 5)[1], 400) << "GPU 0 after the second round";
+  EXPECT_DOUBLE_EQ(fabric.rib().plane_gbps(0, 5)[0], 800);
+  loop.run();
+  EXPECT_GT(fabric.last_converged_ns(), 1'000u + 20'000u);
+}

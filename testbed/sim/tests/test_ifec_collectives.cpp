@@ -1,0 +1,476 @@
+// In-fabric collectives against references: every dtype and op, N = 2/8/64, loss, a failed plane, an exhausted
+// slot pool, a missing contributor, NaN inputs, reproducible mode, multicast, barrier, and bad ECH frames.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "ifec/common/numeric.h"
+#include "ifec/testbed/harness.h"
+
+using namespace ifec;
+using common::EchDtype;
+using common::EchRedOp;
+using workloads::Collective;
+
+namespace {
+
+constexpr uint16_t kBuf = 1;
+constexpr uint16_t kScratch = 2;
+
+struct Harness {
+  std::unique_ptr<testbed::Cluster> cluster;
+  std::unique_ptr<testbed::IfecCollectives> ifec;
+  std::vector<std::vector<uint8_t>> inputs;  // per GPU
+};
+
+testbed::ClusterOptions cluster_options(double loss, uint64_t seed, uint32_t pool = 8192, bool repro = false) {
+  testbed::ClusterOptions o;
+  o.fabric.loss = loss;
+  o.fabric.seed = seed;
+  o.ifec = routing::IfecParams{};
+  o.ifec->slot_pool = pool;
+  o.ifec->reproducible = repro;
+  o.ifec->slot_timeout_ns = 1'000'000;
+  o.endpoint.ordering = endpoint::Ordering::kWeak;
+  o.endpoint.rto_ns = 30'000;
+  return o;
+}
+
+testbed::CollectiveSpec spec_for(Collective kind, int n, uint64_t count, EchDtype t, EchRedOp op, int root = 0) {
+  testbed::CollectiveSpec s;
+  s.kind = kind;
+  for (int i = 0; i < n; ++i) {
+    s.members.push_back(i);
+  }
+  s.root = root;
+  s.window = kBuf;
+  s.offset = 64;
+  s.count = count;
+  s.dtype = t;
+  s.op = op;
+  s.scratch_window = kScratch;
+  return s;
+}
+
+// Fills every member's buffer with random inputs of dtype t (small integers for int32 sums, to stay meaningful).
+Harness make_setup(const routing::Topology& topo, const testbed::CollectiveSpec& s, testbed::ClusterOptions o,
+                   uint32_t seed) {
+  Harness st;
+  st.cluster = std::make_unique<testbed::Cluster>(topo, o);
+  const size_t es = workloads::element_size(s.dtype);
+  st.cluster->allocate_window(kBuf, s.offset + s.count * es + 64);
+  st.cluster->allocate_window(kScratch, std::max<uint64_t>(4096, testbed::ring_scratch_bytes(s)));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int g = 0; g < st.cluster->size(); ++g) {
+    std::vector<uint8_t> in(s.count * es);
+    for (size_t i = 0; i < s.count; ++i) {
+      common::Acc a;
+      if (s.dtype == EchDtype::kInt32) {
+        a.i = static_cast<int32_t>(rng() % 2001) - 1000;
+      } else {
+        a.f = normal(rng);
+      }
+      common::store_element(s.dtype, a, in.data(), i);
+    }
+    if (!in.empty()) {  // a barrier has no input: memcpy from an empty vector's null data is UB
+      std::memcpy(st.cluster->window_data(g, kBuf) + s.offset, in.data(), in.size());
+    }
+    st.inputs.push_back(std::move(in));
+  }
+  st.ifec = std::make_unique<testbed::IfecCollectives>(*st.cluster);
+  return st;
+}
+
+// Reference in double (floats) or exact wrap-around int32, over the members' inputs.
+std::vector<double> reference(const Harness& st, const testbed::CollectiveSpec& s) {
+  std::vector<double> ref(s.count);
+  for (size_t i = 0; i < s.count; ++i) {
+    for (size_t m = 0; m < s.members.size(); ++m) {
+      const common::Acc a = common::load_element(s.dtype, st.inputs[s.members[m]].data(), i);
+      const double v = s.dtype == EchDtype::kInt32 ? a.i : a.f;
+      if (m == 0) {
+        ref[i] = v;
+      } else if (s.op == EchRedOp::kSum) {
+        ref[i] =
+            s.dtype == EchDtype::kInt32
+                ? static_cast<int32_t>(static_cast<uint32_t>(static_cast<int32_t>(ref[i])) + static_cast<uint32_t>(a.i))
+                : ref[i] + v;
+      } else if (s.op == EchRedOp::kMin) {
+        ref[i] = std::min(ref[i], v);
+      } else {
+        ref[i] = std::max(ref[i], v);
+      }
+    }
+  }
+  return ref;
+}
+
+// Tolerance per dtype: sums of N inputs accumulated in fp32 and rounded once to the element type.
+double tolerance(EchDtype t, size_t n) {
+  switch (t) {
+    case EchDtype::kFp32:
+      return 1e-5 * n;
+    case EchDtype::kBf16:
+      return 1.0 / 128 * 2;  // one bf16 rounding of a value of magnitude ~sqrt(n)
+    case EchDtype::kFp16:
+      return 1.0 / 1024 * 4;
+    case EchDtype::kInt32:
+      return 0;
+  }
+  return 0;
+}
+
+// `ring_rounding`: the endpoint path (fallback) rounds to the element type at every step, like NCCL, so its
+// error grows with N: allow N roundings instead of one.
+void expect_result(const Harness& st, const testbed::CollectiveSpec& s, const std::vector<int>& holders,
+                   bool ring_rounding = false) {
+  const std::vector<double> ref = reference(st, s);
+  const double tol = tolerance(s.dtype, s.members.size()) * (ring_rounding ? s.members.size() : 1);
+  for (int g : holders) {
+    const uint8_t* out = st.cluster->window_data(g, kBuf) + s.offset;
+    size_t bad = 0;
+    for (size_t i = 0; i < s.count; ++i) {
+      const common::Acc a = common::load_element(s.dtype, out, i);
+      const double v = s.dtype == EchDtype::kInt32 ? a.i : a.f;
+      const double scale = std::max(1.0, std::fabs(ref[i]));
+      if (!(std::fabs(v - ref[i]) <= tol * scale)) {
+        if (bad++ < 3) {
+          ADD_FAILURE() << "GPU " << g << " element " << i << ": " << v << " vs reference " << ref[i];
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0u) << "GPU " << g;
+  }
+}
+
+std::vector<int> all_members(const testbed::CollectiveSpec& s) { return s.members; }
+
+}  // namespace
+
+class IfecAllReduce : public testing::TestWithParam<std::tuple<EchDtype, EchRedOp>> {};
+
+TEST_P(IfecAllReduce, EqualsReferenceOn8Gpus) {
+  const auto [dtype, op] = GetParam();
+  const auto s = spec_for(Collective::kAllReduce, 8, 5000, dtype, op);
+  Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(0, 1), 3);
+  const auto r = st.ifec->run(s);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_FALSE(r.fell_back);
+  expect_result(st, s, all_members(s));
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, IfecAllReduce,
+                         testing::Combine(testing::Values(EchDtype::kFp32, EchDtype::kBf16, EchDtype::kFp16,
+                                                          EchDtype::kInt32),
+                                          testing::Values(EchRedOp::kSum, EchRedOp::kMin, EchRedOp::kMax)),
+                         [](const auto& info) {
+                           return std::string(common::ech_dtype_name(std::get<0>(info.param))) + "_" +
+                                  common::ech_redop_name(std::get<1>(info.param));
+                         });
+
+TEST(IfecCollectives, AllReduceOn2And64Gpus) {
+  {
+    const auto s = spec_for(Collective::kAllReduce, 2, 3000, EchDtype::kBf16, EchRedOp::kSum);
+    Harness st = make_setup(routing::make_superpod(2, 2), s, cluster_options(0, 1), 5);
+    ASSERT_TRUE(st.ifec->run(s).ok);
+    expect_result(st, s, all_members(s));
+  }
+  const auto s = spec_for(Collective::kAllReduce, 64, 4096, EchDtype::kFp32, EchRedOp::kSum);
+  Harness st = make_setup(routing::make_superpod(64, 4), s, cluster_options(0, 1), 6);
+  const auto r = st.ifec->run(s);
+  ASSERT_TRUE(r.ok) << r.error;
+  expect_result(st, s, all_members(s));
+}
+
+class IfecLoss : public testing::TestWithParam<double> {};
+
+TEST_P(IfecLoss, AllReduceReduceBarrierUnderLoss) {
+  const double loss = GetParam();
+  for (Collective kind : {Collective::kAllReduce, Collective::kReduce, Collective::kBarrier}) {
+    const auto s = spec_for(kind, 8, kind == Collective::kBarrier ? 0 : 20000, EchDtype::kFp32, EchRedOp::kSum, 3);
+    Harness st = make_setup(routing::make_superpod(8, 4), s, cluster_options(loss, 11), 7);
+    const auto r = st.ifec->run(s, 2'000'000'000);
+    ASSERT_TRUE(r.ok) << workloads::collective_name(kind) << ": " << r.error;
+    if (kind == Collective::kAllReduce) {
+      expect_result(st, s, all_members(s));
+    } else if (kind == Collective::kReduce) {
+      expect_result(st, s, {3});
+    }
+    if (loss > 0 && kind != Collective::kBarrier) {
+      EXPECT_GT(st.ifec->stats().retransmissions + st.ifec->stats().duplicate_results, 0u) << "loss was repaired";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Loss, IfecLoss, testing::Values(0.0, 0.01, 0.05));
+
+TEST(IfecCollectives, MulticastReachesEveryDestinationOnceUnderLoss) {
+  for (double loss : {0.0, 0.05}) {
+    const auto s = spec_for(Collective::kMulticast, 8, 40000, EchDtype::kFp32, EchRedOp::kSum, 2);
+    Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(loss, 13), 8);
+    const auto r = st.ifec->run(s, 2'000'000'000);
+    ASSERT_TRUE(r.ok) << r.error;
+    for (int g = 0; g < 8; ++g) {
+      EXPECT_EQ(std::memcmp(st.cluster->window_data(g, kBuf) + s.offset, st.inputs[2].data(), st.inputs[2].size()), 0)
+          << "GPU " << g << " loss " << loss;
+    }
+    uint64_t replicas = 0;
+    for (int sw = 0; sw < st.cluster->fabric().num_switches(); ++sw) {
+      replicas += st.cluster->fabric().switch_at(sw).ifec()->counters().multicast_replicas;
+    }
+    const uint64_t packets = (40000 * 4 + 4095) / 4096;
+    if (loss == 0) {
+      EXPECT_EQ(replicas, packets * 7) << "one replica per destination per packet";
+    }
+  }
+}
+
+TEST(IfecCollectives, SaysWhichBytesCrossTheWire) {
+  // In-switch AllReduce: each GPU sends its buffer once and receives the result once (plus headers).
+  const uint64_t count = 256 * 1024;  // 1 MiB of fp32
+  const auto s = spec_for(Collective::kAllReduce, 8, count, EchDtype::kFp32, EchRedOp::kSum);
+  Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(0, 1), 9);
+  auto bytes_out = [&](int g) {
+    uint64_t b = 0;
+    for (const auto& p : st.cluster->fabric().gpu_ports(g)) {
+      b += p.io->counters().tx_bytes;
+    }
+    return b;
+  };
+  const uint64_t before = bytes_out(0);
+  ASSERT_TRUE(st.ifec->run(s).ok);
+  const double sent = static_cast<double>(bytes_out(0) - before);
+  const double payload = count * 4.0;
+  EXPECT_GT(sent, payload);
+  EXPECT_LT(sent, payload * 1.05) << "about one copy of the buffer, not 2(N-1)/N = 1.75 copies";
+}
+
+TEST(IfecCollectives, ReproducibleModeIsBitwiseIdenticalWhateverTheArrivalOrder) {
+  const auto s = spec_for(Collective::kAllReduce, 8, 3000, EchDtype::kFp32, EchRedOp::kSum);
+  std::vector<uint8_t> first;
+  for (uint64_t seed : {1, 2, 3, 4, 5}) {
+    // Different seeds and loss reshuffle which contribution reaches the switch first.
+    Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(0.02, seed, 8192, true), 21);
+    ASSERT_TRUE(st.ifec->run(s, 2'000'000'000).ok);
+    std::vector<uint8_t> out(st.cluster->window_data(5, kBuf) + s.offset,
+                             st.cluster->window_data(5, kBuf) + s.offset + s.count * 4);
+    if (first.empty()) {
+      first = out;
+      // And it is exactly the fixed contributor-order fp32 sum.
+      std::vector<common::Acc> acc(s.count);
+      for (int m = 0; m < 8; ++m) {
+        common::accumulate(EchDtype::kFp32, EchRedOp::kSum, acc.data(), st.inputs[m].data(), s.count, m == 0);
+      }
+      std::vector<uint8_t> expect(s.count * 4);
+      common::finalize(EchDtype::kFp32, acc.data(), expect.data(), s.count);
+      EXPECT_EQ(out, expect);
+    } else {
+      EXPECT_EQ(out, first) << "seed " << seed;
+    }
+  }
+}
+
+TEST(IfecCollectives, NanInputIsFlaggedCountedAndPropagated) {
+  const auto s = spec_for(Collective::kAllReduce, 4, 2000, EchDtype::kFp32, EchRedOp::kSum);
+  Harness st = make_setup(routing::make_superpod(4, 2), s, cluster_options(0, 1), 4);
+  const float nan = NAN;
+  std::memcpy(st.cluster->window_data(2, kBuf) + s.offset + 4 * 17, &nan, 4);
+  const auto r = st.ifec->run(s);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_GT(r.anomalies, 0u);
+  uint64_t non_finite = 0;
+  for (int sw = 0; sw < st.cluster->fabric().num_switches(); ++sw) {
+    non_finite += st.cluster->fabric().switch_at(sw).ifec()->counters().non_finite_inputs;
+  }
+  EXPECT_EQ(non_finite, 1u);
+  float v;
+  std::memcpy(&v, st.cluster->window_data(0, kBuf) + s.offset + 4 * 17, 4);
+  EXPECT_TRUE(std::isnan(v));
+}
+
+TEST(IfecCollectives, UnreservedOrWrongJobFramesAreDroppedAndCounted) {
+  const auto s = spec_for(Collective::kAllReduce, 4, 1000, EchDtype::kFp32, EchRedOp::kSum);
+  Harness st = make_setup(routing::make_superpod(4, 2), s, cluster_options(0, 1), 4);
+  // A contribution for a group nobody reserved, then one claiming another job.
+  testbed::Cluster& c = *st.cluster;
+  endpoint::Endpoint& e = c.ep(1);
+  for (uint32_t job : {1u, 9u}) {
+    common::FrameHeaders h;
+    h.eth.src = e.port_info(0).mac;
+    h.eth.dst = e.port_info(0).peer_mac;
+    h.ip.src = e.config().ip;
+    h.ip.dst = c.fabric().switch_ip(c.fabric().switch_of_plane(1, 0));
+    common::Ech ech;
+    ech.format = common::EchFormat::kStandard;
+    ech.op = common::EchOp::kAllReduce;
+    ech.job_id = job;
+    ech.group_id = 777;
+    ech.element_count = 4;
+    h.ech = ech;
+    h.bth.opcode = static_cast<uint8_t>(common::Opcode::kWriteOnly);
+    h.bth.pkey = static_cast<uint16_t>(0x8000 | 1);
+    h.reth = common::Reth{0, 0, 16};
+    const uint8_t zeros[16] = {};
+    e.send_frame(0, common::encode_frame(h, zeros, 16));
+  }
+  c.loop().run(c.loop().now() + 50'000);
+  const int sw = c.fabric().switch_of_plane(1, 0);
+  EXPECT_EQ(c.fabric().switch_at(sw).ifec()->counters().unreserved_drops, 2u);
+  EXPECT_EQ(c.fabric().switch_at(sw).ifec()->counters().contributions, 0u);
+  ASSERT_TRUE(st.ifec->run(s).ok) << "the engine still serves real groups";
+  expect_result(st, s, all_members(s));
+}
+
+TEST(IfecFallback, SlotPoolExhaustedRunsOnTheEndpointPathWithTheSameResult) {
+  const auto s = spec_for(Collective::kAllReduce, 8, 5000, EchDtype::kFp32, EchRedOp::kSum);
+  Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(0, 1, /*pool=*/16), 12);
+  const auto r = st.ifec->run(s);  // asks 128 slots per plane; each switch has 16
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(r.fell_back);
+  EXPECT_EQ(st.ifec->stats().fallback_operations, 1u);
+  expect_result(st, s, all_members(s));
+}
+
+TEST(IfecFallback, MissingContributorTimesOutAndTheEndpointsFinish) {
+  const auto s = spec_for(Collective::kAllReduce, 8, 6000, EchDtype::kBf16, EchRedOp::kSum);
+  Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(0, 1), 14);
+  st.ifec->suppress_contributions(5);
+  const auto r = st.ifec->run(s, 5'000'000'000);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(r.fell_back);
+  EXPECT_GT(r.anomalies, 0u);
+  EXPECT_GT(r.fallback_chunks, 0u);
+  expect_result(st, s, all_members(s), /*ring_rounding=*/true);
+}
+
+TEST(IfecFallback, FailedPlaneBeforeAndDuringTheOperation) {
+  for (bool during : {false, true}) {
+    const auto s = spec_for(Collective::kAllReduce, 8, 60000, EchDtype::kFp32, EchRedOp::kSum);
+    Harness st = make_setup(routing::make_superpod(8, 4), s, cluster_options(0.01, 3), 15);
+    testbed::Cluster& c = *st.cluster;
+    const routing::Topology& topo = c.fabric().topology();
+    for (const auto& l : topo.links) {
+      if (topo.nodes[l.a].gpu_index == 6 && l.plane == 2) {
+        c.fabric().schedule_link_state(l.id, false, c.loop().now() + (during ? 5'000 : 0));
+      }
+    }
+    if (!during) {
+      c.loop().run(c.loop().now() + 100'000);
+    }
+    const auto r = st.ifec->run(s, 5'000'000'000);
+    ASSERT_TRUE(r.ok) << (during ? "during: " : "before: ") << r.error;
+    expect_result(st, s, all_members(s));
+  }
+}
+
+TEST(IfecCollectives, SlotsAreReusedWhenTheBudgetIsSmallerThanTheChunkCount) {
+  // 60 chunks through 4 slots per plane under loss: every slot is reused many times, after its acknowledgements.
+  const auto s = spec_for(Collective::kAllReduce, 4, 60 * 1024, EchDtype::kFp32, EchRedOp::kSum);
+  Harness st = make_setup(routing::make_superpod(4, 2), s, cluster_options(0.02, 5), 10);
+  st.ifec->options().slots_per_plane = 4;
+  const auto r = st.ifec->run(s, 5'000'000'000);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_FALSE(r.fell_back);
+  expect_result(st, s, all_members(s));
+  uint64_t acks = 0;
+  for (int sw = 0; sw < st.cluster->fabric().num_switches(); ++sw) {
+    acks += st.cluster->fabric().switch_at(sw).ifec()->counters().acks_received;
+  }
+  EXPECT_GE(acks, 4u * 50) << "results were acknowledged so slots could be freed";
+}
+
+class IfecLossTypes : public testing::TestWithParam<std::tuple<EchDtype, double>> {};
+
+TEST_P(IfecLossTypes, AllReduceEveryTypeUnderLossWithSpraying) {
+  const auto [dtype, loss] = GetParam();
+  const auto s = spec_for(Collective::kAllReduce, 8, 12000, dtype, EchRedOp::kSum);
+  Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(loss, 17), 19);
+  const auto r = st.ifec->run(s, 2'000'000'000);
+  ASSERT_TRUE(r.ok) << r.error;
+  expect_result(st, s, all_members(s));
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, IfecLossTypes,
+                         testing::Combine(testing::Values(EchDtype::kFp32, EchDtype::kBf16, EchDtype::kFp16,
+                                                          EchDtype::kInt32),
+                                          testing::Values(0.01, 0.05)),
+                         [](const auto& info) {
+                           return std::string(common::ech_dtype_name(std::get<0>(info.param))) + "_loss" +
+                                  std::to_string(static_cast<int>(std::get<1>(info.param) * 100));
+                         });
+
+namespace {
+
+uint64_t partial_bytes(testbed::Cluster& c) {
+  uint64_t b = 0;
+  for (int sw = 0; sw < c.fabric().num_switches(); ++sw) {
+    b += c.fabric().switch_at(sw).ifec()->counters().partial_bytes;
+  }
+  return b;
+}
+
+double max_error(const Harness& st, const testbed::CollectiveSpec& s, int gpu) {
+  const std::vector<double> ref = reference(st, s);
+  double worst = 0;
+  for (size_t i = 0; i < s.count; ++i) {
+    const common::Acc a = common::load_element(s.dtype, st.cluster->window_data(gpu, kBuf) + s.offset, i);
+    worst = std::max(worst, std::fabs(a.f - ref[i]));
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST(IfecTwoTier, LeafPartialsMeetAtASpineAndFp32PartialsArePreciser) {
+  // 16 GPUs, 2 planes, 4 leaves x 2 spines per plane: every chunk is reduced at 4 leaves, then at one spine.
+  const routing::Topology topo = routing::make_fat_tree(16, 2, 4, 2);
+  const auto s = spec_for(Collective::kAllReduce, 16, 8000, EchDtype::kBf16, EchRedOp::kSum);
+  double err[2];
+  uint64_t bytes[2];
+  for (int fp32 = 1; fp32 >= 0; --fp32) {
+    testbed::ClusterOptions o = cluster_options(0, 1);
+    o.ifec->upstream_fp32 = fp32 != 0;  // the switches' setting (params.ifec in a topology file)
+    Harness st = make_setup(topo, s, o, 23);
+    const auto r = st.ifec->run(s, 2'000'000'000);
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_FALSE(r.fell_back) << "a two-tier plane is served in the fabric";
+    expect_result(st, s, all_members(s), /*ring_rounding=*/!fp32);  // bf16 partials add a rounding per level
+    err[fp32] = max_error(st, s, 9);
+    bytes[fp32] = partial_bytes(*st.cluster);
+  }
+  EXPECT_GT(bytes[1], 0u);
+  EXPECT_EQ(bytes[1], 2 * bytes[0]) << "fp32 partials are twice the bf16 bytes";
+  EXPECT_LE(err[1], err[0]) << "fp32 partials round once, at the leaf on the way out";
+}
+
+TEST(IfecTwoTier, ReduceToARootOnAnotherLeafUnderLoss) {
+  const routing::Topology topo = routing::make_fat_tree(16, 2, 4, 2);
+  const auto s = spec_for(Collective::kReduce, 16, 6000, EchDtype::kFp32, EchRedOp::kSum, /*root=*/13);
+  Harness st = make_setup(topo, s, cluster_options(0.02, 3), 29);
+  const auto r = st.ifec->run(s, 5'000'000'000);
+  ASSERT_TRUE(r.ok) << r.error;
+  expect_result(st, s, {13});
+}
+
+TEST(IfecCollectives, ReduceMulticastBarrierOn64Gpus) {
+  const routing::Topology topo = routing::make_superpod(64, 4);
+  for (Collective kind : {Collective::kReduce, Collective::kMulticast, Collective::kBarrier}) {
+    const auto s = spec_for(kind, 64, kind == Collective::kBarrier ? 0 : 3000, EchDtype::kBf16, EchRedOp::kSum, 17);
+    Harness st = make_setup(topo, s, cluster_options(0.01, 2), 31);
+    const auto r = st.ifec->run(s, 2'000'000'000);
+    ASSERT_TRUE(r.ok) << workloads::collective_name(kind) << ": " << r.error;
+    EXPECT_FALSE(r.fell_back) << workloads::collective_name(kind);
+    if (kind == Collective::kReduce) {
+      expect_result(st, s, {17});
+    } else if (kind == Collective::kMulticast) {
+      for (int g = 0; g < 64; ++g) {
+        ASSERT_EQ(std::memcmp(st.cluster->window_data(g, kBuf) + s.offset, st.inputs[17].data(), st.inputs[17].size()),
+                  0)
+            << "GPU " << g;
+      }
+    }
+  }
+}

@@ -1,0 +1,160 @@
+// A rank's communicator (NCCL's model): built from its own endpoint, a bootstrap and a control-plane client, and
+// nothing else. Every collective is this rank's own part of it: its sends, its receives, its completions. N ranks
+// may share one simulated event loop (testbed/sim's harness) or run one per process (the live testbed).
+//
+// Calls are asynchronous: each starts this rank's part and calls `done` (as its own event on the rank's clock) when
+// this rank is finished with it. Ranks call the same collectives in the same order, with the same arguments
+// (except where noted). Operations run one at a time per communicator.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ifec/common/control.h"
+#include "ifec/endpoint/endpoint.h"
+#include "ifec/routing/topology.h"
+#include "ifec/workloads/bootstrap.h"
+#include "ifec/workloads/collectives.h"
+
+namespace ifec::workloads {
+
+// Endpoint-based algorithms and the in-fabric one. `best` runs the endpoint algorithm a cost model of this fabric
+// says is fastest at the size (ring when bandwidth-bound; recursive doubling, a binary tree or one-shot below the
+// crossovers): see choose_algorithm().
+enum class Algo : uint8_t { kRing, kTree, kRd, kOneShot, kBest, kIfec };
+const char* algo_name(Algo a);
+Algo parse_algo(const std::string& name);  // ring|tree|rd|oneshot|best|ifec; throws Error naming the value
+
+struct IfecOptions {
+  uint32_t job = 1;
+  uint32_t slots_per_plane = 128;   // slot budget asked of each plane's switch per group
+  uint32_t multicast_window = 256;  // multicast packets in flight per plane
+  uint32_t row_window = 64;         // batch reduction: contributions in flight per plane, in the batch's global order
+  int max_rounds = 3;               // in-fabric rounds (the first and redos) before the endpoint path takes the rest
+  endpoint::EchTiming timing;       // retransmission and RNR back-off of contributions and packets
+};
+
+struct CommOptions {
+  IfecOptions ifec;
+  common::TimeNs limit_ns = 10'000'000'000ULL;  // an operation that has not finished after this fails, saying why
+};
+
+// One collective as a rank takes part in it. Buffers are in place: every rank holds its input at
+// (window, offset) and, when the operation finishes, its result there (allreduce: every rank; reduce: the root;
+// broadcast: every rank gets the root's bytes; reduce-scatter: rank r gets block r reduced; all-gather: every rank
+// gets every block; block r of `count` elements is [count * r / n, count * (r + 1) / n)).
+struct CollArgs {
+  Collective kind = Collective::kAllReduce;
+  int root = 0;  // a rank (reduce destination, broadcast source)
+  uint16_t window = 1;
+  uint64_t offset = 0;
+  uint64_t count = 0;  // elements
+  common::EchDtype dtype = common::EchDtype::kFp32;
+  common::EchRedOp op = common::EchRedOp::kSum;
+  uint16_t scratch_window = 2;  // staging and signal words of the endpoint-based algorithms (and their fallback)
+};
+
+// Batch multicast (MoE dispatch), this rank's part: its rows as a source (each to its destinations, at the same
+// offset of `window` everywhere), and the byte ranges it receives from other sources.
+struct RowsOut {
+  uint64_t offset = 0;
+  std::vector<int> destinations;  // ranks, not this one
+};
+struct BatchMulticastArgs {
+  uint16_t window = 0;
+  uint64_t row_bytes = 0;
+  std::vector<RowsOut> rows;                            // sources: this rank
+  std::vector<std::pair<uint64_t, uint64_t>> incoming;  // (offset, bytes) this rank receives
+};
+
+// Batch reduction (MoE combine), this rank's part: rows it contributes to (each summed in the fabric with the other
+// contributors' and delivered to the row's destination), and the rows it is the destination of.
+struct RowIn {
+  uint32_t index = 0;             // result row: lands at result_offset + index * row bytes of result_window here
+  std::vector<int> contributors;  // ranks, not this one
+};
+struct RowContribution {
+  int destination = 0;  // rank
+  uint32_t index = 0;
+  uint64_t source_offset = 0;  // this rank's row in source_window
+};
+struct BatchReduceArgs {
+  uint16_t source_window = 0;
+  uint16_t result_window = 0;
+  uint16_t scratch_window = 0;  // fallback: pieces of undelivered chunks are summed here at their destination
+  uint64_t result_offset = 0;
+  common::EchDtype dtype = common::EchDtype::kFp32;
+  uint32_t row_elements = 0;
+  std::vector<RowIn> mine;                  // as destination (indices unique)
+  std::vector<RowContribution> contribute;  // as contributor
+};
+
+class CommOp;
+
+class Communicator {
+ public:
+  using Done = std::function<void(CollectiveResult)>;
+  using Ready = std::function<void(const std::string& error)>;  // "" when it worked
+
+  Communicator(endpoint::Endpoint& ep, Bootstrap& boot, common::ControlPlane& control, const routing::Topology& topo,
+               CommOptions opts = {});
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // Learns every rank's GPU. Call once, before anything else.
+  void init(Ready done);
+  // Allocates window `id` of `bytes` here and learns every rank's (rkey, address) for it.
+  void allocate_window(uint16_t id, uint64_t bytes, Ready done);
+
+  // One collective (algo: see Algo). The result says which algorithm ran, what the operation met, and its times.
+  void run(const CollArgs& a, Algo algo, Done done);
+  void multicast_rows(BatchMulticastArgs a, Done done);
+  void reduce_rows(BatchReduceArgs a, Done done);
+
+  int rank() const { return boot_.rank(); }
+  int size() const { return boot_.size(); }
+  int gpu(int rank) const { return gpus_.at(rank); }
+  const std::vector<int>& gpus() const { return gpus_; }
+  int rank_of_gpu(int gpu) const;
+  endpoint::Endpoint& endpoint() { return ep_; }
+  Bootstrap& bootstrap() { return boot_; }
+  common::ControlPlane& control() { return control_; }
+  const routing::Topology& topology() const { return topo_; }
+  const CommOptions& options() const { return opts_; }
+  // Replaces the options (between operations).
+  void set_options(const CommOptions& o);
+  common::Clock& clock() { return ep_.clock(); }
+  uint16_t next_group() { return next_group_++; }
+
+  // Scratch bytes the endpoint-based algorithm `algo` needs for `a` (every rank, in a.scratch_window).
+  static uint64_t scratch_bytes(const CollArgs& a, int ranks, Algo algo);
+  // The endpoint algorithm `best` runs for `a` on this fabric, from its cost model (latency per hop vs bandwidth).
+  Algo choose_algorithm(const CollArgs& a) const;
+
+  // The switch this rank's GPU meets on `plane` (one tier: the plane's; two tier: its leaf), or -1.
+  int switch_node_of(int rank, int plane) const;
+  // Why this rank cannot use `plane` toward every other rank (its own link down, or FARE has no path), or "".
+  std::string plane_problem(int plane) const;
+
+ private:
+  friend class CommOp;
+  void start(std::shared_ptr<CommOp> op);
+  void finished(CommOp* op);
+
+  endpoint::Endpoint& ep_;
+  Bootstrap& boot_;
+  common::ControlPlane& control_;
+  const routing::Topology& topo_;
+  CommOptions opts_;
+  std::vector<int> gpus_;  // rank -> GPU (endpoint index)
+  std::shared_ptr<CommOp> op_;
+  uint16_t next_group_ = 1;
+  std::shared_ptr<bool> alive_;
+};
+
+}  // namespace ifec::workloads

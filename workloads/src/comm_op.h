@@ -1,0 +1,63 @@
+// Private to the communicator's sources: the base of one rank's part of an operation, and the factories of each
+// kind (endpoint schedules, in-fabric reduction, multicast, batch rows).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ifec/workloads/communicator.h"
+
+namespace ifec::workloads {
+
+// One rank's part of one operation: started by the communicator, finished exactly once (ok or with the reason),
+// fed this rank's arrivals (remote writes) and route changes while it runs.
+class CommOp : public std::enable_shared_from_this<CommOp> {
+ public:
+  CommOp(Communicator& comm, Communicator::Done done);
+  virtual ~CommOp() = default;
+  CommOp(const CommOp&) = delete;
+  CommOp& operator=(const CommOp&) = delete;
+
+  void begin();  // arms the time limit, then start()
+  virtual void on_remote_write(int peer_gpu, uint16_t window, uint64_t offset, uint64_t len) {}
+  virtual void on_routes_changed() {}
+  bool finished() const { return finished_; }
+
+ protected:
+  virtual void start() = 0;
+  // What this rank is waiting for, for the error when the time limit passes.
+  virtual std::string describe_stuck() const { return "waiting"; }
+  void succeed();
+  void fail(const std::string& why);
+  // Runs `fn` as its own event while this operation is unfinished (callbacks arrive from inside the endpoint's
+  // receive and completion paths, where posting new work would re-enter it).
+  void defer(std::function<void()> fn);
+  // Calls fn(ok, error) as its own event once the transaction completes (while this operation is unfinished).
+  void watch(const endpoint::OpHandle& h, std::function<void(bool ok, const std::string& error)> fn);
+  common::TimeNs now() { return comm_.clock().now(); }
+  // The bootstrap's allgather; `fn` runs only while this operation is unfinished (it may have timed out and gone).
+  void gather(std::vector<uint8_t> mine, std::function<void(Gathered)> fn);
+
+  Communicator& comm_;
+  CollectiveResult res_;
+
+ private:
+  void finish();
+  Communicator::Done done_;
+  bool finished_ = false;
+};
+
+// Endpoint-based algorithms (comm_schedule.cpp).
+std::shared_ptr<CommOp> make_schedule_op(Communicator& c, const CollArgs& a, Algo algo, Communicator::Done done);
+// In-fabric reduce / allreduce / barrier (comm_ifec.cpp) and broadcast by compact-ECH multicast.
+std::shared_ptr<CommOp> make_ifec_reduce_op(Communicator& c, const CollArgs& a, Communicator::Done done);
+std::shared_ptr<CommOp> make_ifec_broadcast_op(Communicator& c, const CollArgs& a, Communicator::Done done);
+// Batch rows (comm_rows.cpp).
+std::shared_ptr<CommOp> make_multicast_rows_op(Communicator& c, BatchMulticastArgs a, Communicator::Done done);
+std::shared_ptr<CommOp> make_reduce_rows_op(Communicator& c, BatchReduceArgs a, Communicator::Done done);
+
+// First element of block b when `count` elements are split into n nearly equal blocks.
+inline uint64_t block_begin(uint64_t count, uint64_t n, uint64_t b) { return count / n * b + count % n * b / n; }
+
+}  // namespace ifec::workloads

@@ -1,0 +1,346 @@
+// The communicator: rank discovery and window exchange over the bootstrap, validation, algorithm choice, and the
+// one-operation-at-a-time life cycle of this rank's parts (CommOp).
+#include "ifec/workloads/communicator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "comm_op.h"
+#include "comm_schedule.h"
+#include "ifec/common/blob.h"
+#include "ifec/common/checks.h"
+
+namespace ifec::workloads {
+
+const char* algo_name(Algo a) {
+  switch (a) {
+    case Algo::kRing:
+      return "ring";
+    case Algo::kTree:
+      return "tree";
+    case Algo::kRd:
+      return "rd";
+    case Algo::kOneShot:
+      return "oneshot";
+    case Algo::kBest:
+      return "best";
+    case Algo::kIfec:
+      return "ifec";
+  }
+  return "?";
+}
+
+Algo parse_algo(const std::string& name) {
+  for (Algo a : {Algo::kRing, Algo::kTree, Algo::kRd, Algo::kOneShot, Algo::kBest, Algo::kIfec}) {
+    if (name == algo_name(a)) {
+      return a;
+    }
+  }
+  IFEC_FAIL("unknown algorithm '" << name << "': expected ring, tree, rd, oneshot, best or ifec");
+}
+
+// ---------------------------------------------------------------------------------------------------- CommOp --
+
+CommOp::CommOp(Communicator& comm, Communicator::Done done) : comm_(comm), done_(std::move(done)) {}
+
+void CommOp::begin() {
+  res_.start_ns = now();
+  std::weak_ptr<CommOp> w = weak_from_this();
+  const common::TimeNs limit = comm_.options().limit_ns;
+  comm_.clock().schedule(now() + limit, [w, limit] {
+    if (auto op = w.lock(); op && !op->finished_) {
+      op->fail("did not finish within " + std::to_string(limit / 1000) + " us: " + op->describe_stuck());
+    }
+  });
+  start();
+}
+
+void CommOp::succeed() {
+  if (!finished_) {
+    res_.ok = true;
+    finish();
+  }
+}
+
+void CommOp::fail(const std::string& why) {
+  if (!finished_) {
+    res_.ok = false;
+    res_.error = why;
+    finish();
+  }
+}
+
+void CommOp::finish() {
+  finished_ = true;
+  res_.end_ns = now();
+  // Handed over as its own event: the caller may start the next operation from `done`.
+  auto self = shared_from_this();
+  comm_.clock().schedule(now(), [self] {
+    self->comm_.finished(self.get());
+    if (self->done_) {
+      self->done_(self->res_);
+    }
+  });
+}
+
+void CommOp::defer(std::function<void()> fn) {
+  std::weak_ptr<CommOp> w = weak_from_this();
+  comm_.clock().schedule(now(), [w, fn = std::move(fn)] {
+    if (auto op = w.lock(); op && !op->finished_) {
+      fn();
+    }
+  });
+}
+
+void CommOp::gather(std::vector<uint8_t> mine, std::function<void(Gathered)> fn) {
+  std::weak_ptr<CommOp> w = weak_from_this();
+  comm_.bootstrap().allgather(std::move(mine), [w, fn = std::move(fn)](Gathered g) {
+    if (auto op = w.lock(); op && !op->finished_) {
+      fn(std::move(g));
+    }
+  });
+}
+
+void CommOp::watch(const endpoint::OpHandle& h, std::function<void(bool ok, const std::string& error)> fn) {
+  std::weak_ptr<CommOp> w = weak_from_this();
+  Communicator* comm = &comm_;
+  auto done = [w, comm, fn](const endpoint::OpState& st) {
+    const bool ok = st.ok();
+    const std::string error = st.error;
+    comm->clock().schedule(comm->clock().now(), [w, fn, ok, error] {
+      if (auto op = w.lock(); op && !op->finished_) {
+        fn(ok, error);
+      }
+    });
+  };
+  if (h->done()) {
+    done(*h);  // invalid arguments complete before the call returns
+  } else {
+    h->on_done = done;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- Communicator --
+
+Communicator::Communicator(endpoint::Endpoint& ep, Bootstrap& boot, common::ControlPlane& control,
+                           const routing::Topology& topo, CommOptions opts)
+    : ep_(ep), boot_(boot), control_(control), topo_(topo), opts_(opts), alive_(std::make_shared<bool>(true)) {
+  std::weak_ptr<bool> alive = alive_;
+  ep_.on_remote_write([this, alive](int peer, uint16_t window, uint64_t offset, uint64_t len) {
+    if (auto a = alive.lock(); a && *a && op_ && !op_->finished()) {
+      op_->on_remote_write(peer, window, offset, len);
+    }
+  });
+}
+
+Communicator::~Communicator() { *alive_ = false; }  // the endpoint's hooks check alive_ before touching this
+
+void Communicator::init(Ready done) {
+  common::BlobWriter w;
+  w.put<int32_t>(ep_.index());
+  boot_.allgather(w.take(), [this, done](Gathered g) {
+    if (!g.ok) {
+      done("bootstrap: " + g.error);
+      return;
+    }
+    gpus_.clear();
+    for (size_t r = 0; r < g.parts.size(); ++r) {
+      common::BlobReader rd(g.parts[r], "rank " + std::to_string(r) + "'s GPU");
+      gpus_.push_back(rd.get<int32_t>());
+    }
+    done("");
+  });
+}
+
+int Communicator::rank_of_gpu(int gpu) const {
+  auto it = std::find(gpus_.begin(), gpus_.end(), gpu);
+  return it == gpus_.end() ? -1 : static_cast<int>(it - gpus_.begin());
+}
+
+void Communicator::allocate_window(uint16_t id, uint64_t bytes, Ready done) {
+  endpoint::SymmetricMemory& mem = ep_.memory();
+  if (mem.window(id) != nullptr) {
+    mem.free_window(id);  // re-allocation: a fresh zeroed window under the same id
+  }
+  const endpoint::WindowInfo& w = mem.allocate_window(id, bytes, opts_.ifec.job);
+  common::BlobWriter out;
+  out.put(w.id).put(w.va).put(w.size).put(w.rkey).put(w.job);
+  boot_.allgather(out.take(), [this, done](Gathered g) {
+    if (!g.ok) {
+      done("bootstrap: " + g.error);
+      return;
+    }
+    for (size_t r = 0; r < g.parts.size(); ++r) {
+      common::BlobReader rd(g.parts[r], "rank " + std::to_string(r) + "'s window");
+      endpoint::WindowInfo info;
+      info.id = rd.get<uint16_t>();
+      info.va = rd.get<uint64_t>();
+      info.size = rd.get<uint64_t>();
+      info.rkey = rd.get<uint32_t>();
+      info.job = rd.get<uint32_t>();
+      if (static_cast<int>(r) != rank()) {
+        ep_.set_remote_window(gpus_.at(r), info);
+      }
+    }
+    done("");
+  });
+}
+
+namespace {
+
+std::string check_args(Communicator& c, const CollArgs& a, Algo algo) {
+  std::ostringstream os;
+  const char* kind = collective_name(a.kind);
+  const endpoint::SymmetricMemory& mem = c.endpoint().memory();
+  if (c.size() < 2) {
+    os << kind << ": " << c.size() << " rank(s), need 2 or more";
+  } else if (a.root < 0 || a.root >= c.size()) {
+    os << kind << ": root rank " << a.root << " outside 0.." << c.size() - 1;
+  } else if (a.kind != Collective::kBarrier && mem.window(a.window) == nullptr) {
+    os << kind << ": GPU " << c.endpoint().index() << " has no window " << a.window;
+  } else if (a.kind != Collective::kBarrier &&
+             (a.offset > mem.window(a.window)->size ||
+              a.count > (mem.window(a.window)->size - a.offset) / element_size(a.dtype))) {
+    os << kind << ": buffer of " << a.count << " x " << element_size(a.dtype) << " B at offset " << a.offset
+       << " exceeds window " << a.window << " (" << mem.window(a.window)->size << " B) on GPU " << c.endpoint().index();
+  } else if (algo != Algo::kIfec || a.kind == Collective::kReduceScatter || a.kind == Collective::kAllGather) {
+    const uint64_t need = schedule::scratch_bytes(a, c.size(), algo == Algo::kIfec ? Algo::kRing : algo);
+    const endpoint::WindowInfo* s = mem.window(a.scratch_window);
+    if (s == nullptr || s->size < need) {
+      os << kind << ": scratch window " << a.scratch_window << " on GPU " << c.endpoint().index() << " has "
+         << (s ? s->size : 0) << " B, needs " << need;
+    }
+  }
+  return os.str();
+}
+
+}  // namespace
+
+void Communicator::run(const CollArgs& a, Algo algo, Done done) {
+  IFEC_CHECK(!gpus_.empty(), "communicator: init() has not completed");
+  IFEC_CHECK(!op_ || op_->finished(), "communicator: an operation is already running on rank " << rank());
+  if (algo == Algo::kBest) {
+    algo = choose_algorithm(a);
+  }
+  if ((algo == Algo::kIfec && (a.kind == Collective::kReduceScatter || a.kind == Collective::kAllGather)) ||
+      (algo != Algo::kIfec && a.kind != Collective::kAllReduce)) {
+    // No in-fabric reduce-scatter / all-gather here, and one endpoint schedule for the others (ring reduce,
+    // pipelined chain broadcast, dissemination barrier): reported as the ring.
+    algo = Algo::kRing;
+  }
+  // The result names the algorithm that ran (best: the one chosen).
+  done = [done = std::move(done), algo](CollectiveResult r) {
+    r.algo = algo_name(algo);
+    done(std::move(r));
+  };
+  if (const std::string err = check_args(*this, a, algo); !err.empty()) {
+    CollectiveResult r;
+    r.error = err;
+    r.start_ns = r.end_ns = clock().now();
+    clock().schedule(clock().now(), [done, r] { done(r); });
+    return;
+  }
+  if (algo == Algo::kIfec &&
+      (a.kind == Collective::kAllReduce || a.kind == Collective::kReduce || a.kind == Collective::kBarrier)) {
+    start(make_ifec_reduce_op(*this, a, std::move(done)));
+  } else if (algo == Algo::kIfec && a.kind == Collective::kMulticast) {
+    start(make_ifec_broadcast_op(*this, a, std::move(done)));
+  } else {
+    start(make_schedule_op(*this, a, algo, std::move(done)));
+  }
+}
+
+void Communicator::multicast_rows(BatchMulticastArgs a, Done done) {
+  IFEC_CHECK(!op_ || op_->finished(), "communicator: an operation is already running on rank " << rank());
+  start(make_multicast_rows_op(*this, std::move(a), std::move(done)));
+}
+
+void Communicator::reduce_rows(BatchReduceArgs a, Done done) {
+  IFEC_CHECK(!op_ || op_->finished(), "communicator: an operation is already running on rank " << rank());
+  start(make_reduce_rows_op(*this, std::move(a), std::move(done)));
+}
+
+void Communicator::set_options(const CommOptions& o) {
+  IFEC_CHECK(!op_ || op_->finished(), "communicator: options changed while an operation runs on rank " << rank());
+  opts_ = o;
+}
+
+void Communicator::start(std::shared_ptr<CommOp> op) {
+  // Several communicators may share an endpoint (NCCL's split communicators): the running one hears route changes.
+  std::weak_ptr<bool> alive = alive_;
+  ep_.set_routes_listener([this, alive] {
+    if (auto a = alive.lock(); a && *a && op_ && !op_->finished()) {
+      op_->on_routes_changed();
+    }
+  });
+  op_ = std::move(op);
+  op_->begin();
+}
+
+void Communicator::finished(CommOp* op) {
+  if (op_.get() == op) {
+    op_.reset();
+  }
+}
+
+uint64_t Communicator::scratch_bytes(const CollArgs& a, int ranks, Algo algo) {
+  return schedule::scratch_bytes(a, ranks, algo == Algo::kIfec || algo == Algo::kBest ? Algo::kRing : algo);
+}
+
+// A latency-bandwidth (alpha-beta) model of this fabric: alpha is one hop's one-way time for a small message (two
+// link traversals and a switch), beta the GPU's access bandwidth. Ring: 2(n-1) hops and 2(n-1)/n of the bytes;
+// tree: 2 log2 n hops and twice the bytes (a parent sends each slice to two children); recursive doubling: log2 n
+// whole-buffer steps; one-shot: one hop and n-1 copies. The crossovers this gives are measured against the
+// simulated algorithms by `./ifec bench collectives`.
+Algo Communicator::choose_algorithm(const CollArgs& a) const {
+  if (a.kind != Collective::kAllReduce) {
+    return Algo::kRing;
+  }
+  const int n = size();
+  const double bytes = static_cast<double>(a.count * element_size(a.dtype));
+  double delay = 0;
+  double rate_bytes_per_ns = 0;
+  const int node = topo_.gpu_node(gpus_.empty() ? 0 : gpus_[0]);
+  for (int l : topo_.links_of(node)) {
+    delay = std::max(delay, static_cast<double>(topo_.links[l].delay_ns));
+    rate_bytes_per_ns += topo_.links[l].rate_gbps / 8;
+  }
+  const double alpha = 2 * delay + 4096 / std::max(1e-9, rate_bytes_per_ns / topo_.links_of(node).size()) + 200;
+  const double beta = 1 / std::max(1e-9, rate_bytes_per_ns);
+  const double logn = std::ceil(std::log2(std::max(2, n)));
+  const double slices = std::max(1.0, std::ceil(bytes / n / 65536));
+  const std::pair<Algo, double> cost[] = {
+      {Algo::kRing, 2 * (n - 1) * alpha + (slices - 1) * alpha + 2.0 * (n - 1) / n * bytes * beta},
+      {Algo::kTree, 2 * logn * alpha + 2 * bytes * beta},
+      {Algo::kRd, logn * (alpha + bytes * beta) + (n & (n - 1) ? 2 * (alpha + bytes * beta) : 0)},
+      {Algo::kOneShot, alpha + (n - 1) * bytes * beta},
+  };
+  return std::min_element(std::begin(cost), std::end(cost), [](auto& x, auto& y) { return x.second < y.second; })
+      ->first;
+}
+
+int Communicator::switch_node_of(int rank, int plane) const {
+  const int node = topo_.gpu_node(gpus_.at(rank));
+  for (int l : topo_.links_of(node)) {
+    if (topo_.links[l].plane == plane) {
+      return topo_.peer(l, node).first;
+    }
+  }
+  return -1;
+}
+
+std::string Communicator::plane_problem(int plane) const {
+  if (ep_.ech().port_for(plane, 0) < 0) {
+    return "GPU " + std::to_string(ep_.index()) + " has no live link on plane " + std::to_string(plane);
+  }
+  for (int g : gpus_) {
+    if (g != ep_.index() && ep_.plane_weight(g, plane) <= 0) {
+      return "FARE: no path from GPU " + std::to_string(ep_.index()) + " to GPU " + std::to_string(g) + " on plane " +
+             std::to_string(plane);
+    }
+  }
+  return "";
+}
+
+}  // namespace ifec::workloads
