@@ -104,6 +104,7 @@ py::dict result_dict(const workloads::CollectiveResult& r) {
   d["fallback_chunks"] = r.fallback_chunks;
   d["anomalies"] = r.anomalies;
   d["faults"] = r.faults;
+  d["algo"] = r.algo;
   d["driver"] = "sim";
   return d;
 }
@@ -209,22 +210,30 @@ void register_endpoint(py::module_& m) {
                                                                                      << w->size << " bytes");
              std::memcpy(w->data + offset, v.data(), v.size());
            })
-      .def("scratch_bytes",
-           [](testbed::Cluster& c, const std::string& kind, const std::vector<int>& members, uint64_t count,
-              const std::string& dtype) {
-             return testbed::ring_scratch_bytes(make_spec(kind, members, members.at(0), 1, 0, count, dtype, "sum", 2));
-           })
+      .def(
+          "scratch_bytes",
+          [](testbed::Cluster& c, const std::string& kind, const std::vector<int>& members, uint64_t count,
+             const std::string& dtype, const std::string& algo) {
+            IFEC_CHECK(!members.empty(), "scratch_bytes: members is empty");
+            return testbed::ring_scratch_bytes(make_spec(kind, members, members.at(0), 1, 0, count, dtype, "sum", 2),
+                                               workloads::parse_algo(algo));
+          },
+          py::arg("kind"), py::arg("members"), py::arg("count"), py::arg("dtype"), py::arg("algo") = "ring")
       .def(
           "run_endpoint_collective",
           [](testbed::Cluster& c, const std::string& kind, const std::vector<int>& members, int root, uint16_t window,
              uint64_t offset, uint64_t count, const std::string& dtype, const std::string& op, uint16_t scratch_window,
-             uint64_t limit_ns) {
+             uint64_t limit_ns, const std::string& algo) {
             check_members(c, members);
             const auto spec = make_spec(kind, members, root, window, offset, count, dtype, op, scratch_window);
-            return result_dict(interruptible([&] { return testbed::run_endpoint_collective(c, spec, limit_ns); }));
+            const workloads::Algo a = workloads::parse_algo(algo);
+            IFEC_CHECK(a != workloads::Algo::kIfec,
+                       "run_endpoint_collective: algo 'ifec' runs through IfecCollectives");
+            return result_dict(interruptible([&] { return testbed::run_endpoint_collective(c, spec, limit_ns, a); }));
           },
           py::arg("kind"), py::arg("members"), py::arg("root"), py::arg("window"), py::arg("offset"), py::arg("count"),
-          py::arg("dtype"), py::arg("op"), py::arg("scratch_window"), py::arg("limit_ns") = 10'000'000'000ULL);
+          py::arg("dtype"), py::arg("op"), py::arg("scratch_window"), py::arg("limit_ns") = 10'000'000'000ULL,
+          py::arg("algo") = "ring");
   py::class_<testbed::IfecCollectives>(m, "IfecCollectives")
       .def(py::init<testbed::Cluster&>(), py::arg("cluster"), py::keep_alive<1, 2>())
       .def(

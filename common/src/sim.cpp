@@ -47,7 +47,9 @@ uint64_t EventLoop::run(TimeNs until) {
   return n;
 }
 
-RealtimeLoop::RealtimeLoop() : start_(std::chrono::steady_clock::now()) {}
+RealtimeLoop::RealtimeLoop() : RealtimeLoop(std::chrono::steady_clock::now()) {}
+
+RealtimeLoop::RealtimeLoop(std::chrono::steady_clock::time_point start) : start_(start) {}
 
 TimeNs RealtimeLoop::now() const {
   return static_cast<TimeNs>(
@@ -55,29 +57,64 @@ TimeNs RealtimeLoop::now() const {
 }
 
 void RealtimeLoop::schedule(TimeNs at, std::function<void()> fn) {
-  queue_.events_.push_back(EventLoop::Event{at, queue_.seq_++, std::move(fn)});
-  std::push_heap(queue_.events_.begin(), queue_.events_.end(), EventLoop::Later{});
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.events_.push_back(EventLoop::Event{at, queue_.seq_++, std::move(fn)});
+    std::push_heap(queue_.events_.begin(), queue_.events_.end(), EventLoop::Later{});
+  }
+  wake_.notify_one();
 }
 
-uint64_t RealtimeLoop::run(TimeNs deadline) {
+void RealtimeLoop::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+  }
+  wake_.notify_one();
+}
+
+uint64_t RealtimeLoop::run(TimeNs deadline) { return loop(deadline, false); }
+
+uint64_t RealtimeLoop::serve(TimeNs deadline) { return loop(deadline, true); }
+
+uint64_t RealtimeLoop::loop(TimeNs deadline, bool wait_for_more) {
   uint64_t n = 0;
-  while (!queue_.events_.empty()) {
-    const TimeNs due = queue_.events_.front().at;
-    if (due > deadline) {
-      break;
+  std::unique_lock<std::mutex> lock(mu_);
+  // Sleeps until `until` (ns since start), or until schedule() or stop() wakes it.
+  auto sleep = [&](TimeNs until) {
+    if (until >= kForever / 2) {
+      wake_.wait(lock);
+    } else {
+      wake_.wait_until(lock, start_ + std::chrono::nanoseconds(until));
     }
+  };
+  while (!stopped_) {
     const TimeNs t = now();
     if (t > deadline) {
       break;
     }
-    if (due > t) {
-      std::this_thread::sleep_for(std::chrono::nanoseconds(due - t));
+    if (queue_.events_.empty()) {
+      if (!wait_for_more) {
+        break;
+      }
+      sleep(deadline);
+      continue;
+    }
+    const TimeNs at = queue_.events_.front().at;
+    if (at > deadline && !wait_for_more) {
+      break;
+    }
+    if (at > t) {
+      sleep(std::min(at, deadline));
       continue;
     }
     EventLoop::Event e = queue_.pop();
+    lock.unlock();  // the event may schedule more, on this loop or another
     e.fn();
     ++n;
+    lock.lock();
   }
+  stopped_ = false;
   return n;
 }
 

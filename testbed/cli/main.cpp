@@ -109,7 +109,7 @@ void refuse(const Args& a, const std::vector<std::string>& names, const char* mo
 int run_sim_collective(const Args& a) {
   refuse(a, kRawOnly, "--collective");
   IFEC_CHECK(a.has("--topo"), "--topo FILE is required");
-  IFEC_CHECK(a.has("--algo"), "--algo ring|ifec is required with --collective");
+  IFEC_CHECK(a.has("--algo"), "--algo ring|tree|rd|oneshot|best|ifec is required with --collective");
   tb::CollectivePoint base;
   base.kind = wl::parse_collective(a.get("--collective"));
   base.algo = wl::parse_algo(a.get("--algo"));
@@ -143,7 +143,11 @@ int run_sim_collective(const Args& a) {
                 base.reproducible ? ", reproducible" : "");
     std::printf("%s", tb::rows_header().c_str());
   }
+  // best: the endpoint algorithm the communicator's cost model picks, then the in-fabric one at the same size.
+  const bool compare =
+      base.algo == wl::Algo::kBest && (base.kind == wl::Collective::kAllReduce || base.kind == wl::Collective::kReduce);
   int failures = 0;
+  std::vector<std::string> summary;
   for (uint64_t size : sizes) {
     tb::CollectivePoint p = base;
     p.bytes = size;
@@ -151,6 +155,26 @@ int run_sim_collective(const Args& a) {
     failures += !r.ok;
     std::printf("%s", json ? (tb::row_json(r, topo.name) + "\n").c_str() : tb::row_text(r).c_str());
     std::fflush(stdout);
+    if (compare && r.ok) {
+      p.algo = wl::Algo::kIfec;
+      const tb::CollectiveRow f = tb::run_collective_point(topo, p);
+      failures += !f.ok;
+      std::printf("%s", json ? (tb::row_json(f, topo.name) + "\n").c_str() : tb::row_text(f).c_str());
+      std::fflush(stdout);
+      char line[200];
+      std::snprintf(line, sizeof(line), "# %13llu B: best = %s (%.2f us), in-fabric %.2f us: %.2fx faster\n",
+                    static_cast<unsigned long long>(size), r.ran.c_str(), r.time_us, f.time_us,
+                    f.ok && f.time_us > 0 ? r.time_us / f.time_us : 0.0);
+      summary.push_back(line);
+    }
+  }
+  if (!summary.empty() && !json) {
+    std::printf(
+        "# in-fabric speedup against the best endpoint algorithm (chosen per size by the communicator's\n"
+        "# latency-bandwidth model of this fabric; ./ifec bench collectives measures every algorithm):\n");
+    for (const std::string& l : summary) {
+      std::printf("%s", l.c_str());
+    }
   }
   if (failures > 0 && !json) {
     std::fprintf(stderr, "ifec sim: %d of %zu rows failed or were wrong\n", failures, sizes.size());
@@ -252,6 +276,19 @@ int run_bench_endpoint(const Args& a) {
   return 0;
 }
 
+// The endpoint algorithms worth running at `size` on `n` GPUs: one-shot and recursive doubling keep n (or log n)
+// copies of the buffer per GPU, so they stop where they are long past their crossover (and memory runs out).
+std::vector<wl::Algo> candidates(uint64_t size, int n) {
+  std::vector<wl::Algo> v = {wl::Algo::kRing, wl::Algo::kTree};
+  if (size <= (4ULL << 20)) {
+    v.push_back(wl::Algo::kRd);
+  }
+  if (size * static_cast<uint64_t>(n) <= (16ULL << 20)) {
+    v.push_back(wl::Algo::kOneShot);
+  }
+  return v;
+}
+
 int run_bench_collectives(const Args& a) {
   const bool quick = a.has("--quick");
   const uint64_t max_sim = ifec::cli::parse_size(a.get("--max-sim", quick ? "1MiB" : "64MiB"), "--max-sim");
@@ -260,46 +297,67 @@ int run_bench_collectives(const Args& a) {
   const int n = topo.num_gpus();
   std::printf("# AllReduce fp32 sum, %s (%d GPUs x %d planes) [driver: sim]\n", topo.name.c_str(), n, topo.num_planes);
   std::printf(
-      "# rows above %llu B are (modelled): the largest simulated time scaled by size (both algorithms are\n"
-      "# bandwidth-bound there; a latency + bandwidth fit would mix in the ring's latency-bound smaller sizes)\n",
+      "# best: the fastest endpoint algorithm measured at the size (ring, tree, rd = recursive doubling, oneshot;\n"
+      "# rd and oneshot only where their per-GPU copies fit); speedup = best / ifec. Rows above %llu B are\n"
+      "# (modelled): the largest simulated times scaled by size (bandwidth-bound there)\n",
       static_cast<unsigned long long>(max_sim));
-  std::printf("#%13s %12s %14s %14s %10s %10s %8s %12s\n", "size(B)", "count", "ring time(us)", "ifec time(us)",
-              "ring busbw", "ifec busbw", "speedup", "2(N-1)/N");
+  std::printf("#%13s %12s %12s %9s %12s %12s %10s %10s %8s\n", "size(B)", "count", "ring(us)", "best", "best(us)",
+              "ifec(us)", "best busbw", "ifec busbw", "speedup");
   std::vector<uint64_t> sizes;
   for (uint64_t b = 8; b <= (1ULL << 30); b *= 8) {
     sizes.push_back(b);
   }
-  for (uint64_t b : {64ULL << 20, 256ULL << 20, 1ULL << 30}) {
+  for (uint64_t b : {1ULL << 20, 64ULL << 20, 256ULL << 20, 1ULL << 30}) {
     sizes.push_back(b);
   }
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
-  double last_size = 0;
-  double last_time[2] = {0, 0};
   const double bound = 2.0 * (n - 1) / n;
+  double last_size = 0;
+  double last_ring = 0, last_best = 0, last_ifec = 0;
+  std::string last_name = "ring";
+  auto measure = [&](wl::Algo algo, uint64_t size) {
+    tb::CollectivePoint p;
+    p.kind = wl::Collective::kAllReduce;
+    p.algo = algo;
+    p.bytes = size;
+    const auto r = tb::run_collective_point(topo, p);
+    IFEC_CHECK(r.ok, "bench " << wl::algo_name(algo) << " at " << size << " B: " << r.error);
+    return r.time_us;
+  };
   for (uint64_t size : sizes) {
-    double t[2];
     const bool modelled = size > max_sim;
-    for (int i = 0; i < 2; ++i) {
-      if (modelled) {
-        t[i] = last_time[i] * size / last_size;  // bandwidth-bound: time grows with size
-        continue;
+    double ring, best, fabric;
+    std::string name;
+    if (modelled) {
+      const double k = size / last_size;  // bandwidth-bound: time grows with size
+      ring = last_ring * k;
+      best = last_best * k;
+      fabric = last_ifec * k;
+      name = last_name;
+    } else {
+      ring = best = measure(wl::Algo::kRing, size);
+      name = "ring";
+      for (wl::Algo algo : candidates(size, n)) {
+        if (algo != wl::Algo::kRing) {
+          const double t = measure(algo, size);
+          if (t < best) {
+            best = t;
+            name = wl::algo_name(algo);
+          }
+        }
       }
-      tb::CollectivePoint p;
-      p.kind = wl::Collective::kAllReduce;
-      p.algo = i == 0 ? wl::Algo::kRing : wl::Algo::kIfec;
-      p.bytes = size;
-      const auto r = tb::run_collective_point(topo, p);
-      IFEC_CHECK(r.ok, "bench " << wl::algo_name(p.algo) << " at " << size << " B: " << r.error);
-      t[i] = r.time_us;
-      last_time[i] = r.time_us;
-    }
-    if (!modelled) {
+      fabric = measure(wl::Algo::kIfec, size);
       last_size = static_cast<double>(size);
+      last_ring = ring;
+      last_best = best;
+      last_ifec = fabric;
+      last_name = name;
     }
-    std::printf(" %13llu %12llu %14.2f %14.2f %10.2f %10.2f %7.2fx %12.3f%s\n", static_cast<unsigned long long>(size),
-                static_cast<unsigned long long>(size / 4), t[0], t[1], size / (t[0] * 1e3) * bound,
-                size / (t[1] * 1e3) * bound, t[0] / t[1], bound, modelled ? "  (modelled)" : "");
+    std::printf(" %13llu %12llu %12.2f %9s %12.2f %12.2f %10.2f %10.2f %7.2fx%s\n",
+                static_cast<unsigned long long>(size), static_cast<unsigned long long>(size / 4), ring, name.c_str(),
+                best, fabric, size / (best * 1e3) * bound, size / (fabric * 1e3) * bound, best / fabric,
+                modelled ? "  (modelled)" : "");
     std::fflush(stdout);
     if (quick && size >= max_sim) {
       break;
@@ -438,7 +496,9 @@ std::vector<Command> commands() {
         {{"--topo", "FILE", "topology file (testbed/topologies/*.yaml)"},
          {"--traffic", "PATTERN", "raw flows: alltoall, permutation or incast"},
          {"--collective", "KIND", "allreduce, reduce, multicast or barrier"},
-         {"--algo", "ALGO", "collective: ring (endpoint-based) or ifec (in-switch)"},
+         {"--algo", "ALGO",
+          "collective: ring, tree, rd (recursive doubling), oneshot (endpoint-based), best (the endpoint algorithm "
+          "the cost model picks per size; also runs ifec and prints the speedup), or ifec (in-switch)"},
          {"--bytes", "SIZE", "bytes per flow, or collective sizes (list); units B, KiB, MiB, GiB"},
          {"--dtype", "TYPE", "collective element type: fp32 (default), bf16, fp16, int32"},
          {"--op", "OP", "collective reduction: sum (default), min, max"},
@@ -469,8 +529,9 @@ std::vector<Command> commands() {
        run_bench_endpoint});
   cs.push_back({{"bench collectives",
                  "[--quick] [--max-sim SIZE] [--topo FILE]",
-                 "In-switch vs ring AllReduce, 8 B to 1 GiB, on every GPU of the topology; sizes above --max-sim are\n"
-                 "the largest simulated time scaled by size, marked (modelled).",
+                 "In-switch AllReduce vs the best endpoint algorithm measured at each size (ring, tree, recursive\n"
+                 "doubling, one-shot), 8 B to 1 GiB, on every GPU of the topology; sizes above --max-sim are the\n"
+                 "largest simulated time scaled by size, marked (modelled).",
                  {{"--quick", "", "stop at --max-sim (default 1 MiB with --quick)"},
                   {"--max-sim", "SIZE", "largest simulated size (default 64 MiB)"},
                   kTopoOption},

@@ -23,6 +23,7 @@ class CommOp : public std::enable_shared_from_this<CommOp> {
   virtual void on_remote_write(int peer_gpu, uint16_t window, uint64_t offset, uint64_t len) {}
   virtual void on_routes_changed() {}
   bool finished() const { return finished_; }
+  bool ok() const { return res_.ok; }
 
  protected:
   virtual void start() = 0;

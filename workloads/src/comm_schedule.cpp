@@ -689,18 +689,24 @@ class ScheduleOp : public CommOp {
       : CommOp(c, std::move(done)), run_(c, schedule::build(c, a, algo)) {
     res_.algo = run_.schedule().name;
   }
-  // Completion is counted in landed bytes, which cannot tell a late store of an earlier, failed operation from
-  // one of this operation. So every rank first waits until its own earlier stores completed (landed or failed),
-  // then meets the others at a bootstrap barrier: after it no earlier store is in flight anywhere. The time starts
-  // there (as nccl-tests times after a barrier); in the simulator the barrier costs no simulated time.
+  // Completion is counted in landed bytes. A peer may start first: its stores that landed before this rank's
+  // operation existed were kept by the communicator and count here. But bytes cannot tell a late store of an earlier,
+  // failed operation from one of this one: after a failure, every rank first waits until its own earlier stores
+  // completed (landed or failed), then meets the others at a bootstrap barrier, and drops what landed before it
+  // (every rank sees the failure: the time limit fires everywhere). The barrier costs no simulated time.
   void start() override {
+    if (!comm_.take_fence()) {
+      begin_run(comm_.take_early_arrivals());
+      return;
+    }
     watch(comm_.endpoint().quiet(), [this](bool, const std::string&) {
       gather({}, [this](Gathered g) {
         if (!g.ok) {
           fail("bootstrap: " + g.error);
           return;
         }
-        defer([this] { begin_run(); });
+        comm_.take_early_arrivals();
+        defer([this] { begin_run({}); });
       });
     });
   }
@@ -714,9 +720,8 @@ class ScheduleOp : public CommOp {
   }
 
  private:
-  void begin_run() {
+  void begin_run(const std::vector<Communicator::Arrival>& early) {
     started_ = true;
-    res_.start_ns = now();
     run_.start([this](bool ok, const std::string& error) {
       if (ok) {
         succeed();
@@ -724,6 +729,9 @@ class ScheduleOp : public CommOp {
         fail(error);
       }
     });
+    for (const Communicator::Arrival& a : early) {
+      run_.on_remote_write(a.peer, a.window, a.offset, a.len);
+    }
   }
 
   schedule::Run run_;

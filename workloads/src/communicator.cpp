@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <utility>
 
 #include "comm_op.h"
 #include "comm_schedule.h"
@@ -128,8 +129,13 @@ Communicator::Communicator(endpoint::Endpoint& ep, Bootstrap& boot, common::Cont
     : ep_(ep), boot_(boot), control_(control), topo_(topo), opts_(opts), alive_(std::make_shared<bool>(true)) {
   std::weak_ptr<bool> alive = alive_;
   ep_.on_remote_write([this, alive](int peer, uint16_t window, uint64_t offset, uint64_t len) {
-    if (auto a = alive.lock(); a && *a && op_ && !op_->finished()) {
+    if (auto a = alive.lock(); !a || !*a) {
+      return;
+    }
+    if (op_ && !op_->finished()) {
       op_->on_remote_write(peer, window, offset, len);
+    } else if (early_.size() < kMaxEarly) {
+      early_.push_back({peer, window, offset, len});  // a peer that started the next operation before this rank
     }
   });
 }
@@ -280,9 +286,14 @@ void Communicator::start(std::shared_ptr<CommOp> op) {
 
 void Communicator::finished(CommOp* op) {
   if (op_.get() == op) {
+    fence_next_ = fence_next_ || !op->ok();
     op_.reset();
   }
 }
+
+std::vector<Communicator::Arrival> Communicator::take_early_arrivals() { return std::exchange(early_, {}); }
+
+bool Communicator::take_fence() { return std::exchange(fence_next_, false); }
 
 uint64_t Communicator::scratch_bytes(const CollArgs& a, int ranks, Algo algo) {
   return schedule::scratch_bytes(a, ranks, algo == Algo::kIfec || algo == Algo::kBest ? Algo::kRing : algo);
@@ -290,7 +301,8 @@ uint64_t Communicator::scratch_bytes(const CollArgs& a, int ranks, Algo algo) {
 
 // A latency-bandwidth (alpha-beta) model of this fabric: alpha is one hop's one-way time for a small message (two
 // link traversals and a switch), beta the GPU's access bandwidth. Ring: 2(n-1) hops and 2(n-1)/n of the bytes;
-// tree: 2 log2 n hops and twice the bytes (a parent sends each slice to two children); recursive doubling: log2 n
+// tree: 2 log2 n hops and four times the bytes (slices go up, then down to two children each: measured ~4x the
+// bytes' time on the simulated fabric, not the 2x of an ideal pipelined tree); recursive doubling: log2 n
 // whole-buffer steps; one-shot: one hop and n-1 copies. The crossovers this gives are measured against the
 // simulated algorithms by `./ifec bench collectives`.
 Algo Communicator::choose_algorithm(const CollArgs& a) const {
@@ -312,7 +324,7 @@ Algo Communicator::choose_algorithm(const CollArgs& a) const {
   const double slices = std::max(1.0, std::ceil(bytes / n / 65536));
   const std::pair<Algo, double> cost[] = {
       {Algo::kRing, 2 * (n - 1) * alpha + (slices - 1) * alpha + 2.0 * (n - 1) / n * bytes * beta},
-      {Algo::kTree, 2 * logn * alpha + 2 * bytes * beta},
+      {Algo::kTree, 2 * logn * alpha + 4 * bytes * beta},
       {Algo::kRd, logn * (alpha + bytes * beta) + (n & (n - 1) ? 2 * (alpha + bytes * beta) : 0)},
       {Algo::kOneShot, alpha + (n - 1) * bytes * beta},
   };

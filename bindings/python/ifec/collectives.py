@@ -1,4 +1,5 @@
-"""Collectives from Python: in-switch (IFEC) or endpoint-based (ring), on numpy arrays, over the simulated fabric."""
+"""Collectives from Python: in-switch (IFEC) or endpoint-based (ring, tree, rd, oneshot, best), on numpy arrays, over
+the simulated fabric."""
 
 import json
 
@@ -8,6 +9,8 @@ from ifec import _native
 
 _DTYPES = {"fp32": np.float32, "fp16": np.float16, "int32": np.int32, "bf16": np.uint16}
 BUF, SCRATCH = 1, 2
+# Endpoint-based algorithms (best: the one the communicator's cost model picks for the size).
+ENDPOINT_ALGOS = ("ring", "tree", "rd", "oneshot", "best")
 
 
 def to_bf16_bits(a):
@@ -42,10 +45,10 @@ def allreduce(cluster, arrays, algo="ifec", dtype="fp32", op="sum", engine=None)
     if algo == "ifec":
         engine = engine or _native.IfecCollectives(cluster)
         res = engine.run("allreduce", members, 0, BUF, 0, count, dtype, op, SCRATCH)
-    elif algo == "ring":
-        res = cluster.run_endpoint_collective("allreduce", members, 0, BUF, 0, count, dtype, op, SCRATCH)
+    elif algo in ENDPOINT_ALGOS:
+        res = cluster.run_endpoint_collective("allreduce", members, 0, BUF, 0, count, dtype, op, SCRATCH, algo=algo)
     else:
-        raise ValueError(f"algo {algo!r}: expected ifec or ring")
+        raise ValueError(f"algo {algo!r}: expected ifec or one of {', '.join(ENDPOINT_ALGOS)}")
     out = [np.frombuffer(cluster.window_bytes(g, BUF, 0, arrays[0].nbytes), dtype=_DTYPES[dtype]) for g in members]
     return out, res
 
@@ -54,7 +57,7 @@ def prepare(cluster, count, dtype="fp32", members=None):
     """Allocates the buffer and scratch windows a collective of `count` elements needs on every GPU."""
     members = members or list(range(cluster.size))
     cluster.allocate_window(BUF, max(64, count * np.dtype(_DTYPES[dtype]).itemsize))
-    cluster.allocate_window(SCRATCH, max(4096, cluster.scratch_bytes("allreduce", members, count, dtype)))
+    cluster.allocate_window(SCRATCH, max(4096, cluster.scratch_bytes("allreduce", members, count, dtype, algo="best")))
 
 
 def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32", op="sum", loss=0.0, seed=1,

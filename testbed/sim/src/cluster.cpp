@@ -104,6 +104,13 @@ std::vector<workloads::Communicator*> Cluster::communicators(const std::vector<i
       }
     }
   }
+  // Every rank starts in the same event here, so no store can be early for the next operation: what the
+  // communicators kept (stores of other communicators on the same endpoints, late stores) is dropped.
+  for (auto& [key, other] : rank_sets_) {
+    for (auto& c : other.comms) {
+      c->forget_early_arrivals();
+    }
+  }
   for (auto& c : set.comms) {
     c->set_options(opts);
     out.push_back(c.get());

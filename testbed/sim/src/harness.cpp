@@ -39,7 +39,7 @@ uint64_t ring_scratch_bytes(const CollectiveSpec& spec, Algo algo) {
   return need;
 }
 
-void validate_spec(Cluster& cluster, const CollectiveSpec& spec) {
+void validate_spec(Cluster& cluster, const CollectiveSpec& spec, Algo algo) {
   const char* kind = workloads::collective_name(spec.kind);
   const int n = static_cast<int>(spec.members.size());
   IFEC_CHECK(n >= 2, kind << ": " << n << " member(s), need 2 or more");
@@ -66,8 +66,8 @@ void validate_spec(Cluster& cluster, const CollectiveSpec& spec) {
                       << " exceeds window " << spec.window << " (" << w->size << " bytes) on GPU " << g);
     }
   }
-  // The ring's scratch (the in-fabric path falls back to it; other algorithms check their own when they run).
-  const uint64_t need = ring_scratch_bytes(spec);
+  // The algorithm's scratch (the in-fabric path falls back to the ring; best may choose any).
+  const uint64_t need = ring_scratch_bytes(spec, algo == Algo::kIfec ? Algo::kRing : algo);
   for (int g : spec.members) {
     const endpoint::WindowInfo* w = cluster.ep(g).memory().window(spec.scratch_window);
     IFEC_CHECK(w != nullptr, kind << ": GPU " << g << " has no scratch window " << spec.scratch_window);
@@ -113,7 +113,7 @@ CollectiveResult merge_results(const std::vector<CollectiveResult>& ranks, const
 
 CollectiveResult run_endpoint_collective(Cluster& cluster, const CollectiveSpec& spec, TimeNs limit, Algo algo) {
   IFEC_CHECK(algo != Algo::kIfec, "run_endpoint_collective: the in-fabric algorithm runs through IfecCollectives");
-  validate_spec(cluster, spec);
+  validate_spec(cluster, spec, algo);
   workloads::CommOptions o;
   o.limit_ns = limit;
   auto comms = cluster.communicators(spec.members, o);

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "ifec/common/interfaces.h"
@@ -46,17 +48,29 @@ class EventLoop : public Clock {
   uint64_t interrupt_tick_ = 0;
 };
 
-// Wall-clock driver: the same single-threaded event semantics, but now() is real time since construction and
-// run() sleeps until each event is due. Used to prove that nothing above the seams depends on virtual time.
+// Wall-clock driver: the same single-threaded event semantics, but now() is real time since a start point and
+// run() sleeps until each event is due. Events run on the thread that calls run()/serve(); schedule() may be called
+// from any thread (it wakes a sleeping loop), so loops on separate threads can post work to each other. Used to
+// prove that nothing above the seams depends on virtual time, and to run ranks and switches on their own threads.
 class RealtimeLoop : public Clock {
  public:
   RealtimeLoop();
+  // Loops that share `start` share their clock: now() agrees across threads.
+  explicit RealtimeLoop(std::chrono::steady_clock::time_point start);
   TimeNs now() const override;
   void schedule(TimeNs at, std::function<void()> fn) override;
-  // Runs until no events remain or the wall-clock deadline (ns since construction) passes; returns events run.
+  // Runs until no events remain or the wall-clock deadline (ns since start) passes; returns events run.
   uint64_t run(TimeNs deadline);
+  // Runs events as they fall due, waiting for more when none is left, until stop() or the deadline.
+  uint64_t serve(TimeNs deadline);
+  void stop();  // any thread: serve() returns after the event it is running
 
  private:
+  uint64_t loop(TimeNs deadline, bool wait_for_more);
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  bool stopped_ = false;
   EventLoop queue_;  // holds and orders the events; its virtual time is not used
   std::chrono::steady_clock::time_point start_;
 };

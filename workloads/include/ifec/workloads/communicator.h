@@ -131,6 +131,19 @@ class Communicator {
   common::Clock& clock() { return ep_.clock(); }
   uint16_t next_group() { return next_group_++; }
 
+  // Stores that landed here while no operation ran (a peer started the next one first), oldest first; the next
+  // operation takes them. Drivers that start every rank at once may drop them (forget_early_arrivals).
+  struct Arrival {
+    int peer;
+    uint16_t window;
+    uint64_t offset;
+    uint64_t len;
+  };
+  std::vector<Arrival> take_early_arrivals();
+  void forget_early_arrivals() { early_.clear(); }
+  // True once after an operation failed here: the next one must wait out the failed one's stores (see ScheduleOp).
+  bool take_fence();
+
   // Scratch bytes the endpoint-based algorithm `algo` needs for `a` (every rank, in a.scratch_window).
   static uint64_t scratch_bytes(const CollArgs& a, int ranks, Algo algo);
   // The endpoint algorithm `best` runs for `a` on this fabric, from its cost model (latency per hop vs bandwidth).
@@ -154,6 +167,9 @@ class Communicator {
   std::vector<int> gpus_;  // rank -> GPU (endpoint index)
   std::shared_ptr<CommOp> op_;
   uint16_t next_group_ = 1;
+  static constexpr size_t kMaxEarly = 1 << 20;
+  std::vector<Arrival> early_;
+  bool fence_next_ = false;
   std::shared_ptr<bool> alive_;
 };
 

@@ -35,8 +35,9 @@ struct CollectiveSpec {
 workloads::CollArgs coll_args(const CollectiveSpec& spec);
 // Scratch bytes `algo` needs in spec.scratch_window on every member (best: the largest any choice needs).
 uint64_t ring_scratch_bytes(const CollectiveSpec& spec, Algo algo = Algo::kRing);
-// Validates a spec against the cluster (members, root, windows and sizes); throws Error naming the bad value.
-void validate_spec(Cluster& cluster, const CollectiveSpec& spec);
+// Validates a spec against the cluster (members, root, windows and sizes, the scratch `algo` needs; ifec: the
+// ring's, its fallback); throws Error naming the bad value.
+void validate_spec(Cluster& cluster, const CollectiveSpec& spec, Algo algo = Algo::kRing);
 
 // The endpoint-based algorithms (ring, tree, rd, oneshot, or best: the one the cost model picks), run by every
 // member's communicator. Runs the simulation until done or `limit` of simulated time passed (then ok = false).
