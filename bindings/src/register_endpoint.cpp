@@ -31,9 +31,8 @@ std::unique_ptr<testbed::Cluster> make_cluster(const routing::Topology& topo, co
              "planes " << planes << " outside 0.." << topo.num_planes << " (0: every plane of " << topo.name << ")");
   testbed::ClusterOptions o;
   o.endpoint.ordering = endpoint::parse_ordering(ordering);
-  IFEC_CHECK(lb == "flow" || lb == "packet", "lb '" << lb << "': expected flow or packet");
   IFEC_CHECK(loss >= 0 && loss < 1, "loss " << loss << " outside [0, 1)");
-  o.fabric.lb = lb == "flow" ? switchemu::LoadBalance::kPerFlow : switchemu::LoadBalance::kPerPacket;
+  o.fabric.lb = switchemu::parse_load_balance(lb);
   o.fabric.loss = loss;
   o.fabric.seed = seed;
   o.planes = planes;

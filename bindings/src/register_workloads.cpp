@@ -20,8 +20,7 @@ std::string run_sim_json(const routing::Topology& topo, const std::string& traff
   testbed::SimOptions o;
   o.pattern = testbed::parse_pattern(traffic);
   o.bytes = bytes;
-  IFEC_CHECK(lb == "flow" || lb == "packet", "lb '" << lb << "': expected flow or packet");
-  o.lb = lb == "flow" ? switchemu::LoadBalance::kPerFlow : switchemu::LoadBalance::kPerPacket;
+  o.lb = switchemu::parse_load_balance(lb);
   o.pfc = pfc;
   o.seed = seed;
   o.incast_target = incast_target;

@@ -45,6 +45,29 @@ def test_json_ok_is_false_exactly_when_something_is_wrong(build_dir, repo):
     assert r["ok"] and r["wrong"] == 0 and r["faults"], r  # was "ok": true next to "wrong": 82943
 
 
+# ------------------------------------------------------------------------------------------ fair baselines --
+
+def test_best_names_the_algorithm_it_chose_and_the_in_fabric_speedup(build_dir, repo):
+    out = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--collective", "allreduce", "--algo", "best", "--bytes",
+              "8,1MiB")
+    assert out.returncode == 0, out.stdout + out.stderr
+    table = rows(out.stdout)
+    assert [r[4] for r in table if r[4] != "ifec"] == ["oneshot", "rd"]  # the cost model's choice per size
+    times = {}
+    for algo in ("ring", "tree", "rd", "oneshot"):
+        run = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--collective", "allreduce", "--algo", algo, "--bytes",
+                  "8,1MiB")
+        times[algo] = [float(r[5]) for r in rows(run.stdout)]
+    # The choice is the fastest measured algorithm at both sizes (within 5%).
+    for i, chosen in enumerate(["oneshot", "rd"]):
+        assert times[chosen][i] <= 1.05 * min(t[i] for t in times.values()), times
+    speedups = re.findall(r"best = (\w+) \(([\d.]+) us\), in-fabric ([\d.]+) us: ([\d.]+)x faster", out.stdout)
+    assert [s[0] for s in speedups] == ["oneshot", "rd"], out.stdout
+    for name, best_us, ifec_us, x in speedups:
+        assert float(x) == pytest.approx(float(best_us) / float(ifec_us), rel=0.01)
+        assert float(x) > 1
+
+
 def test_a_lost_plane_costs_what_the_surviving_plane_needs(build_dir, repo):
     base = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--collective", "allreduce", "--algo", "ifec", "--bytes",
                "1MiB")

@@ -13,7 +13,10 @@ def test_demo_writes_tables_and_plots(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[driver: sim]" in out and "Amdahl point" in out
     rows = json.loads((tmp_path / "allreduce.json").read_text())
-    assert {r["algo"] for r in rows} == {"ring", "ifec"}
+    assert {r["algo"] for r in rows} == {"best", "ifec"}
+    # The baseline names the endpoint algorithm that ran, and the table prints it.
+    assert all(r["ran"] in ("ring", "tree", "rd", "oneshot") for r in rows if r["algo"] == "best")
+    assert "baseline: the best endpoint algorithm" in out
     assert all(r["ok"] and r["wrong"] == 0 for r in rows)
     assert (tmp_path / "allreduce.csv").read_text().startswith("driver,")
     for png in ["amdahl.png", "allreduce_wire_bytes.png", "moe_speedup.png", "moe_wire_bytes.png"]:

@@ -157,7 +157,7 @@ void Endpoint::refresh_peer(int peer) {
     w.resize(k, 0.0);
   }
   ps.weights = w;
-  ps.swrr.assign(k, 0.0);
+  ps.swrr.reset(w);
   double total = 0;
   for (double x : w) {
     total += x > 0 ? x : 0;
@@ -398,25 +398,8 @@ int Endpoint::pick_small(int peer, uint16_t window, uint64_t offset) {
     case Ordering::kPartial:
       return ps.table[(window * 131u + offset / cfg_.stripe_bytes) % kTableSize];
     case Ordering::kWeak: {
-      double total = 0;
-      size_t best = 0;
-      bool any = false;
-      for (size_t q = 0; q < ps.weights.size(); ++q) {
-        if (ps.weights[q] <= 0) {
-          continue;
-        }
-        total += ps.weights[q];
-        ps.swrr[q] += ps.weights[q];
-        if (!any || ps.swrr[q] > ps.swrr[best]) {
-          best = q;
-          any = true;
-        }
-      }
-      if (!any) {
-        return ps.strong_qp;
-      }
-      ps.swrr[best] -= total;
-      return static_cast<int>(best);
+      const int q = ps.swrr.next();
+      return q < 0 ? ps.strong_qp : q;
     }
   }
   return 0;

@@ -29,6 +29,11 @@ uint64_t mix64(uint64_t x) {
 
 const char* load_balance_name(LoadBalance lb) { return lb == LoadBalance::kPerFlow ? "flow" : "packet"; }
 
+LoadBalance parse_load_balance(const std::string& name) {
+  IFEC_CHECK(name == "flow" || name == "packet", "load balancing '" << name << "': expected flow or packet");
+  return name == "flow" ? LoadBalance::kPerFlow : LoadBalance::kPerPacket;
+}
+
 Switch::Switch(common::Clock& clock, SwitchConfig cfg, std::vector<common::Port*> ports)
     : clock_(clock), cfg_(std::move(cfg)), ports_(std::move(ports)), rng_(cfg_.seed) {
   const int prios = cfg_.params.priorities;
@@ -95,7 +100,11 @@ void Switch::set_route(uint32_t dst_ip, std::vector<NextHopPort> group) {
     g.cumulative.push_back(g.total);
   }
   IFEC_CHECK(g.total > 0, "switch " << cfg_.name << ": WECMP group weights sum to 0");
-  g.current.assign(group.size(), 0.0);
+  std::vector<double> weights;
+  for (const NextHopPort& h : group) {
+    weights.push_back(h.weight);
+  }
+  g.swrr.reset(std::move(weights));
   g.hops = std::move(group);
   fib_[dst_ip] = std::move(g);
 }
@@ -114,16 +123,7 @@ int Switch::choose(Group& g, uint64_t flow_hash) {
     auto it = std::upper_bound(g.cumulative.begin(), g.cumulative.end(), x);
     return static_cast<int>(std::min<size_t>(it - g.cumulative.begin(), g.hops.size() - 1));
   }
-  // Smooth weighted round robin: exact long-run shares, no bursts to one hop.
-  size_t best = 0;
-  for (size_t i = 0; i < g.hops.size(); ++i) {
-    g.current[i] += g.hops[i].weight;
-    if (g.current[i] > g.current[best]) {
-      best = i;
-    }
-  }
-  g.current[best] -= g.total;
-  return static_cast<int>(best);
+  return g.swrr.next();  // exact long-run shares, no bursts to one hop
 }
 
 int Switch::choose_live(Group& g, uint64_t flow_hash) {

@@ -192,7 +192,7 @@ int run_sim_raw(const Args& a) {
   opts.bytes = ifec::cli::parse_size(a.get("--bytes"), "--bytes");
   IFEC_CHECK(opts.bytes > 0, "--bytes '" << a.get("--bytes") << "' must be > 0");
   const std::string lb = ifec::cli::parse_choice(a.get("--lb", "packet"), "--lb", {"flow", "packet"});
-  opts.lb = lb == "flow" ? ifec::switchemu::LoadBalance::kPerFlow : ifec::switchemu::LoadBalance::kPerPacket;
+  opts.lb = ifec::switchemu::parse_load_balance(lb);
   opts.pfc = ifec::cli::parse_choice(a.get("--pfc", "on"), "--pfc", {"on", "off"}) == "on";
   opts.seed = ifec::cli::parse_uint(a.get("--seed", "1"), "--seed");
   opts.incast_target =

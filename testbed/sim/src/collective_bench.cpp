@@ -303,30 +303,19 @@ std::string row_text(const CollectiveRow& r) {
 }
 
 std::string row_json(const CollectiveRow& r, const std::string& topology) {
-  std::ostringstream o;
-  o.precision(10);
-  o << "{\"driver\":\"sim\",\"topology\":" << common::json_quote(topology) << ",\"collective\":\""
-    << collective_name(r.point.kind) << "\",\"algo\":\"" << workloads::algo_name(r.point.algo)
-    << "\",\"ran\":" << common::json_quote(r.ran) << ",\"size\":" << r.point.bytes << ",\"count\":" << r.count
-    << ",\"type\":\"" << common::ech_dtype_name(r.point.dtype) << "\",\"redop\":\""
-    << common::ech_redop_name(r.point.op) << "\",\"ok\":" << (r.ok ? "true" : "false") << ",\"time_us\":" << r.time_us
-    << ",\"algbw_gbs\":" << r.algbw_gbs << ",\"busbw_gbs\":" << r.busbw_gbs << ",\"wrong\":" << r.wrong
-    << ",\"max_rel_error\":" << r.max_rel_error << ",\"fallback_chunks\":" << r.fallback_chunks
-    << ",\"fell_back\":" << (r.fell_back ? "true" : "false") << ",\"anomalies\":" << r.anomalies
-    << ",\"modelled\":" << (r.modelled ? "true" : "false") << ",\"loss\":" << r.point.loss << ",\"plane_tx_bytes\":[";
-  for (size_t q = 0; q < r.plane_tx_bytes.size(); ++q) {
-    o << (q ? "," : "") << r.plane_tx_bytes[q];
-  }
-  o << "],\"plane_rx_bytes\":[";
-  for (size_t q = 0; q < r.plane_rx_bytes.size(); ++q) {
-    o << (q ? "," : "") << r.plane_rx_bytes[q];
-  }
-  o << "],\"frames_lost\":" << r.frames_lost << ",\"frames_lost_link_down\":" << r.frames_lost_link_down
-    << ",\"faults\":" << common::json_strings(r.faults) << ",\"wall_seconds\":" << r.wall_seconds;
+  common::JsonObject o;
+  o.add("driver", "sim").add("topology", topology).add("collective", collective_name(r.point.kind));
+  o.add("algo", workloads::algo_name(r.point.algo)).add("ran", r.ran).add("size", r.point.bytes).add("count", r.count);
+  o.add("type", common::ech_dtype_name(r.point.dtype)).add("redop", common::ech_redop_name(r.point.op));
+  o.add("ok", r.ok).add("time_us", r.time_us).add("algbw_gbs", r.algbw_gbs).add("busbw_gbs", r.busbw_gbs);
+  o.add("wrong", r.wrong).add("max_rel_error", r.max_rel_error).add("fallback_chunks", r.fallback_chunks);
+  o.add("fell_back", r.fell_back).add("anomalies", r.anomalies).add("modelled", r.modelled).add("loss", r.point.loss);
+  o.add("plane_tx_bytes", r.plane_tx_bytes).add("plane_rx_bytes", r.plane_rx_bytes);
+  o.add("frames_lost", r.frames_lost).add("frames_lost_link_down", r.frames_lost_link_down);
+  o.add("faults", r.faults).add("wall_seconds", r.wall_seconds);
   if (!r.ok) {
-    o << ",\"error\":" << common::json_quote(r.error);
+    o.add("error", r.error);
   }
-  o << "}";
   return o.str();
 }
 

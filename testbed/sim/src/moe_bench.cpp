@@ -162,31 +162,18 @@ std::string moe_row_csv(const MoeBenchRow& r) {
 }
 
 std::string moe_row_json(const MoeBenchRow& r, const std::string& topology) {
-  std::ostringstream os;
-  os.precision(10);
-  auto list = [&](const std::vector<uint64_t>& v) {
-    std::ostringstream l;
-    l << '[';
-    for (size_t i = 0; i < v.size(); ++i) {
-      l << (i ? "," : "") << v[i];
-    }
-    l << ']';
-    return l.str();
-  };
-  os << "{\"driver\":\"sim\",\"topology\":" << common::json_quote(topology) << ",\"mode\":\"" << r.point.mode
-     << "\",\"ep\":" << r.point.ep << ",\"tokens\":" << r.point.tokens << ",\"variant\":\"" << r.variant
-     << "\",\"simulated_tokens\":" << r.simulated_tokens << ",\"scaled\":" << (r.scaled ? "true" : "false")
-     << ",\"dispatch_us\":" << r.dispatch_us << ",\"combine_us\":" << r.combine_us << ",\"compute_us\":" << r.compute_us
-     << ",\"compute_source\":\"model\",\"total_us\":" << r.total_us << ",\"dispatch_gbs\":" << r.dispatch_gbs()
-     << ",\"combine_gbs\":" << r.combine_gbs() << ",\"dispatch_logical_bytes\":" << r.dispatch_logical_bytes
-     << ",\"dispatch_wire_bytes\":" << r.dispatch_wire_bytes << ",\"combine_logical_bytes\":" << r.combine_logical_bytes
-     << ",\"combine_wire_bytes\":" << r.combine_wire_bytes
-     << ",\"dispatch_wire_per_plane\":" << list(r.dispatch_wire_per_plane)
-     << ",\"combine_wire_per_plane\":" << list(r.combine_wire_per_plane) << ",\"fallback_chunks\":" << r.fallback_chunks
-     << ",\"max_rel_error\":" << r.max_rel_error << ",\"tolerance\":" << r.tolerance
-     << ",\"ok\":" << (r.ok() ? "true" : "false") << ",\"faults\":" << common::json_strings(r.faults)
-     << ",\"wall_seconds\":" << r.wall_seconds << '}';
-  return os.str();
+  common::JsonObject o;
+  o.add("driver", "sim").add("topology", topology).add("mode", r.point.mode).add("ep", r.point.ep);
+  o.add("tokens", r.point.tokens).add("variant", r.variant).add("simulated_tokens", r.simulated_tokens);
+  o.add("scaled", r.scaled).add("dispatch_us", r.dispatch_us).add("combine_us", r.combine_us);
+  o.add("compute_us", r.compute_us).add("compute_source", "model").add("total_us", r.total_us);
+  o.add("dispatch_gbs", r.dispatch_gbs()).add("combine_gbs", r.combine_gbs());
+  o.add("dispatch_logical_bytes", r.dispatch_logical_bytes).add("dispatch_wire_bytes", r.dispatch_wire_bytes);
+  o.add("combine_logical_bytes", r.combine_logical_bytes).add("combine_wire_bytes", r.combine_wire_bytes);
+  o.add("dispatch_wire_per_plane", r.dispatch_wire_per_plane).add("combine_wire_per_plane", r.combine_wire_per_plane);
+  o.add("fallback_chunks", r.fallback_chunks).add("max_rel_error", r.max_rel_error).add("tolerance", r.tolerance);
+  o.add("ok", r.ok()).add("faults", r.faults).add("wall_seconds", r.wall_seconds);
+  return o.str();
 }
 
 }  // namespace ifec::testbed

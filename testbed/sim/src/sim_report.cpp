@@ -228,74 +228,67 @@ SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
 
 namespace {}  // namespace
 
+namespace {
+
+common::JsonObject port_json(const PortReport& pr) {
+  const switchemu::SwitchPortCounters& c = pr.counters;
+  common::JsonObject o;
+  o.add("switch", pr.switch_name).add("port", pr.port).add("rx_frames", c.rx_frames).add("rx_bytes", c.rx_bytes);
+  o.add("tx_frames", c.tx_frames).add("tx_bytes", c.tx_bytes).add("pause_sent", c.pause_sent);
+  o.add("resume_sent", c.resume_sent).add("pause_received", c.pause_received);
+  o.add("malformed_drops", c.malformed_drops).add("no_route_drops", c.no_route_drops);
+  o.add("link_down_drops", c.link_down_drops);
+  std::vector<common::JsonObject> queues;
+  for (size_t q = 0; q < c.queues.size(); ++q) {
+    const switchemu::QueueCounters& qc = c.queues[q];
+    if (qc.enqueued_frames == 0 && qc.drops == 0) {
+      continue;
+    }
+    common::JsonObject j;
+    j.add("priority", q).add("enqueued_frames", qc.enqueued_frames).add("tx_frames", qc.tx_frames);
+    j.add("tx_bytes", qc.tx_bytes).add("drops", qc.drops).add("ecn_marks", qc.ecn_marks);
+    j.add("high_water_bytes", qc.high_water_bytes);
+    queues.push_back(j);
+  }
+  return o.add("queues", queues);
+}
+
+}  // namespace
+
 std::string to_json(const SimRun& r) {
   const TrafficResult& t = r.traffic;
-  std::ostringstream o;
-  o << std::setprecision(10);
-  o << "{\"driver\":\"" << r.driver << "\",\"topology\":" << common::json_quote(r.topology) << ",\"traffic\":\""
-    << pattern_name(r.options.pattern) << "\",\"bytes_per_flow\":" << r.options.bytes << ",\"lb\":\""
-    << switchemu::load_balance_name(r.options.lb) << "\",\"pfc\":" << (r.options.pfc ? "true" : "false")
-    << ",\"seed\":" << r.options.seed << ",\"flows\":" << t.flows << ",\"complete\":" << (t.complete ? "true" : "false")
-    << ",\"incomplete_flows\":" << t.incomplete_flows << ",\"completion_ns\":" << t.completion_ns
-    << ",\"goodput_gbps\":" << t.goodput_gbps << ",\"line_rate_gbps\":" << t.line_rate_gbps
-    << ",\"goodput_fraction\":" << (t.line_rate_gbps > 0 ? t.goodput_gbps / t.line_rate_gbps : 0)
-    << ",\"payload_efficiency\":" << t.payload_efficiency << ",\"payload_bytes_offered\":" << t.payload_bytes_offered
-    << ",\"payload_bytes_delivered\":" << t.payload_bytes_delivered << ",\"frame_bytes_sent\":" << t.frame_bytes_sent
-    << ",\"wire_bytes_sent\":" << t.wire_bytes_sent << ",\"packets_sent\":" << t.packets_sent
-    << ",\"packets_delivered\":" << t.packets_delivered << ",\"plane_bytes\":[";
-  for (size_t i = 0; i < t.plane_bytes.size(); ++i) {
-    o << (i ? "," : "") << t.plane_bytes[i];
+  common::JsonObject o;
+  o.add("driver", r.driver).add("topology", r.topology).add("traffic", pattern_name(r.options.pattern));
+  o.add("bytes_per_flow", r.options.bytes).add("lb", switchemu::load_balance_name(r.options.lb));
+  o.add("pfc", r.options.pfc).add("seed", r.options.seed).add("flows", t.flows).add("complete", t.complete);
+  o.add("incomplete_flows", t.incomplete_flows).add("completion_ns", t.completion_ns);
+  o.add("goodput_gbps", t.goodput_gbps).add("line_rate_gbps", t.line_rate_gbps);
+  o.add("goodput_fraction", t.line_rate_gbps > 0 ? t.goodput_gbps / t.line_rate_gbps : 0.0);
+  o.add("payload_efficiency", t.payload_efficiency).add("payload_bytes_offered", t.payload_bytes_offered);
+  o.add("payload_bytes_delivered", t.payload_bytes_delivered).add("frame_bytes_sent", t.frame_bytes_sent);
+  o.add("wire_bytes_sent", t.wire_bytes_sent).add("packets_sent", t.packets_sent);
+  o.add("packets_delivered", t.packets_delivered).add("plane_bytes", t.plane_bytes);
+  o.add("drops", r.switches.drops + r.link_drops + t.rx_bad_frames).add("switch_drops", r.switches.drops);
+  o.add("buffer_drops", r.switches.buffer_drops).add("link_drops", r.link_drops).add("nic_drops", t.nic_drops);
+  o.add("rx_bad_frames", t.rx_bad_frames).add("ecn_marks", r.switches.ecn_marks);
+  o.add("pfc_pauses", r.switches.pause_sent);
+  o.add("pfc_pauses_received", r.switches.pause_received + t.pfc_pauses_at_nics);
+  o.add("max_link_utilization", r.max_link_utilization);
+  o.add("mean_gpu_link_utilization", r.mean_gpu_link_utilization).add("fare_rounds", r.fare_rounds);
+  o.add("fare_converged_ns", r.fare_converged_ns).add("sim_events", r.events).add("wall_seconds", r.wall_seconds);
+  std::vector<common::JsonObject> links, gpus, ports;
+  for (const LinkUtilization& u : r.links) {
+    links.push_back(
+        common::JsonObject().add("link", u.link).add("from", u.from).add("to", u.to).add("util", u.utilization));
   }
-  o << "],\"drops\":" << (r.switches.drops + r.link_drops + t.rx_bad_frames) << ",\"switch_drops\":" << r.switches.drops
-    << ",\"buffer_drops\":" << r.switches.buffer_drops << ",\"link_drops\":" << r.link_drops
-    << ",\"nic_drops\":" << t.nic_drops << ",\"rx_bad_frames\":" << t.rx_bad_frames
-    << ",\"ecn_marks\":" << r.switches.ecn_marks << ",\"pfc_pauses\":" << r.switches.pause_sent
-    << ",\"pfc_pauses_received\":" << (r.switches.pause_received + t.pfc_pauses_at_nics)
-    << ",\"max_link_utilization\":" << r.max_link_utilization
-    << ",\"mean_gpu_link_utilization\":" << r.mean_gpu_link_utilization << ",\"fare_rounds\":" << r.fare_rounds
-    << ",\"fare_converged_ns\":" << r.fare_converged_ns << ",\"sim_events\":" << r.events
-    << ",\"wall_seconds\":" << r.wall_seconds << ",\"link_utilization\":[";
-  for (size_t i = 0; i < r.links.size(); ++i) {
-    const LinkUtilization& u = r.links[i];
-    o << (i ? "," : "") << "{\"link\":" << u.link << ",\"from\":" << u.from << ",\"to\":" << u.to
-      << ",\"util\":" << u.utilization << "}";
+  for (const GpuPlaneBytes& b : r.event_gpus) {
+    gpus.push_back(
+        common::JsonObject().add("gpu", b.gpu).add("sent_plane_bytes", b.sent).add("received_plane_bytes", b.received));
   }
-  o << "],\"event_gpus\":[";
-  for (size_t i = 0; i < r.event_gpus.size(); ++i) {
-    const GpuPlaneBytes& b = r.event_gpus[i];
-    o << (i ? "," : "") << "{\"gpu\":" << b.gpu << ",\"sent_plane_bytes\":[";
-    for (size_t p = 0; p < b.sent.size(); ++p) {
-      o << (p ? "," : "") << b.sent[p];
-    }
-    o << "],\"received_plane_bytes\":[";
-    for (size_t p = 0; p < b.received.size(); ++p) {
-      o << (p ? "," : "") << b.received[p];
-    }
-    o << "]}";
+  for (const PortReport& pr : r.ports) {
+    ports.push_back(port_json(pr));
   }
-  o << "],\"switch_ports\":[";
-  for (size_t i = 0; i < r.ports.size(); ++i) {
-    const PortReport& pr = r.ports[i];
-    const switchemu::SwitchPortCounters& c = pr.counters;
-    o << (i ? "," : "") << "{\"switch\":" << common::json_quote(pr.switch_name) << ",\"port\":" << pr.port
-      << ",\"rx_frames\":" << c.rx_frames << ",\"rx_bytes\":" << c.rx_bytes << ",\"tx_frames\":" << c.tx_frames
-      << ",\"tx_bytes\":" << c.tx_bytes << ",\"pause_sent\":" << c.pause_sent << ",\"resume_sent\":" << c.resume_sent
-      << ",\"pause_received\":" << c.pause_received << ",\"malformed_drops\":" << c.malformed_drops
-      << ",\"no_route_drops\":" << c.no_route_drops << ",\"link_down_drops\":" << c.link_down_drops << ",\"queues\":[";
-    bool first = true;
-    for (size_t q = 0; q < c.queues.size(); ++q) {
-      const switchemu::QueueCounters& qc = c.queues[q];
-      if (qc.enqueued_frames == 0 && qc.drops == 0) {
-        continue;
-      }
-      o << (first ? "" : ",") << "{\"priority\":" << q << ",\"enqueued_frames\":" << qc.enqueued_frames
-        << ",\"tx_frames\":" << qc.tx_frames << ",\"tx_bytes\":" << qc.tx_bytes << ",\"drops\":" << qc.drops
-        << ",\"ecn_marks\":" << qc.ecn_marks << ",\"high_water_bytes\":" << qc.high_water_bytes << "}";
-      first = false;
-    }
-    o << "]}";
-  }
-  o << "]}";
+  o.add("link_utilization", links).add("event_gpus", gpus).add("switch_ports", ports);
   return o.str();
 }
 

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdio>
+#include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace ifec::common {
@@ -33,5 +35,49 @@ inline std::string json_strings(const std::vector<std::string>& v) {
   }
   return out + "]";
 }
+
+// One JSON object built field by field, in order: the single writer behind every report row (collective rows, MoE
+// rows, the raw-traffic report) that the CLI prints and the Python package parses.
+class JsonObject {
+ public:
+  JsonObject& add(const std::string& key, const std::string& v) { return raw(key, json_quote(v)); }
+  JsonObject& add(const std::string& key, const char* v) { return raw(key, json_quote(v)); }
+  JsonObject& add(const std::string& key, bool v) { return raw(key, v ? "true" : "false"); }
+  template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
+  JsonObject& add(const std::string& key, T v) {
+    return raw(key, number(v));
+  }
+  template <typename T>
+  JsonObject& add(const std::string& key, const std::vector<T>& v) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) {
+      out += (i ? "," : "") + value(v[i]);
+    }
+    return raw(key, out + "]");
+  }
+  JsonObject& add(const std::string& key, const JsonObject& v) { return raw(key, v.str()); }
+  // A value already in JSON.
+  JsonObject& raw(const std::string& key, const std::string& json) {
+    body_ += (body_.empty() ? "" : ",") + json_quote(key) + ":" + json;
+    return *this;
+  }
+  std::string str() const { return "{" + body_ + "}"; }
+
+ private:
+  template <typename T>
+  static std::string number(T v) {
+    std::ostringstream os;
+    os.precision(10);
+    os << +v;
+    return os.str();
+  }
+  static std::string value(const std::string& s) { return json_quote(s); }
+  static std::string value(const JsonObject& o) { return o.str(); }
+  template <typename T>
+  static std::string value(T v) {
+    return number(v);
+  }
+  std::string body_;
+};
 
 }  // namespace ifec::common

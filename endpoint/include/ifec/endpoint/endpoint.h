@@ -22,6 +22,7 @@
 
 #include "ifec/common/ethernet.h"
 #include "ifec/common/interfaces.h"
+#include "ifec/common/swrr.h"
 #include "ifec/endpoint/descriptor.h"
 #include "ifec/endpoint/ech_agent.h"
 #include "ifec/endpoint/memory.h"
@@ -167,7 +168,7 @@ class Endpoint {
     std::deque<Pending> waiting;
     std::vector<double> weights;  // per port
     std::vector<int> table;       // partial mode: granule -> QP
-    std::vector<double> swrr;     // weak mode small ops: smooth weighted round robin state
+    common::SmoothWrr swrr;       // weak mode small ops: QP by the weights
     int strong_qp = -1;
     size_t stripe_rotor = 0;
     std::map<uint16_t, WindowInfo> windows;

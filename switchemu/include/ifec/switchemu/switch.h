@@ -27,6 +27,7 @@
 #include "ifec/common/ethernet.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/interfaces.h"
+#include "ifec/common/swrr.h"
 #include "ifec/routing/topology.h"
 #include "ifec/switchemu/ifec_engine.h"
 
@@ -35,6 +36,7 @@ namespace ifec::switchemu {
 enum class LoadBalance : uint8_t { kPerFlow, kPerPacket };
 
 const char* load_balance_name(LoadBalance lb);
+LoadBalance parse_load_balance(const std::string& name);  // flow | packet; throws Error naming the value
 
 struct SwitchConfig {
   std::string name = "switch";
@@ -131,7 +133,7 @@ class Switch {
   struct Group {
     std::vector<NextHopPort> hops;
     std::vector<double> cumulative;  // for per-flow weighted hashing
-    std::vector<double> current;     // smooth weighted round robin state
+    common::SmoothWrr swrr;          // per-packet choice
     double total = 0;
   };
 
