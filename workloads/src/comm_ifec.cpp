@@ -399,7 +399,7 @@ class IfecReduceOp : public CommOp {
       lane.plane = pp.plane;
       lane.switch_ip = topo.nodes[comm_.switch_node_of(comm_.rank(), pp.plane)].loopback;
       lane.group = plan.group;
-      lane.window = pp.budget;
+      lane.window = std::max<uint32_t>(1, pp.budget * 3 / 4);  // slack for the other members' ACKs (fewer RNR NAKs)
       s.lanes.push_back(lane);
       weights.push_back(pp.weight);
       slowest = slowest > 0 ? std::min(slowest, pp.weight) : pp.weight;
