@@ -182,13 +182,7 @@ class IfecReduceOp : public CommOp {
       return;
     }
     auto share = [this](std::vector<uint8_t> mine) {
-      gather(std::move(mine), [this](Gathered g) {
-        if (!g.ok) {
-          fail("bootstrap: " + g.error);
-          return;
-        }
-        on_plan(decode_plan(g.parts.at(0)));
-      });
+      gather(std::move(mine), [this](Gathered g) { on_plan(decode_plan(g.parts.at(0))); });
     };
     if (comm_.rank() != 0) {
       share({});
@@ -453,13 +447,7 @@ class IfecReduceOp : public CommOp {
     for (const auto& [p, why] : red_->planes_given_up()) {
       w.put<int32_t>(p).put_string(why);
     }
-    gather(w.take(), [this](Gathered g) {
-      if (!g.ok) {
-        fail("bootstrap: " + g.error);
-        return;
-      }
-      resolve(g);
-    });
+    gather(w.take(), [this](Gathered g) { resolve(g); });
   }
 
   void resolve(const Gathered& g) {

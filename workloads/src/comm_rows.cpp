@@ -77,15 +77,7 @@ class MulticastRowsOp : public CommOp {
         }
       }
     }
-    auto share = [this](std::vector<uint8_t> mine) {
-      gather(std::move(mine), [this](Gathered g) {
-        if (!g.ok) {
-          fail("bootstrap: " + g.error);
-          return;
-        }
-        on_shared(g);
-      });
-    };
+    auto share = [this](std::vector<uint8_t> mine) { gather(std::move(mine), [this](Gathered g) { on_shared(g); }); };
     BlobWriter w;
     w.put<uint32_t>(comm_.endpoint().ech().next_psn());
     if (comm_.rank() != 0) {
@@ -346,17 +338,11 @@ class ReduceRowsOp : public CommOp {
     for (const RowIn& row : a_.mine) {
       w.put(row.index).put_vector(row.contributors);
     }
-    gather(w.take(), [this](Gathered g) {
-      if (!g.ok) {
-        fail("bootstrap: " + g.error);
-        return;
-      }
-      learn_rows(g);
-    });
+    gather(w.take(), [this](Gathered g) { learn_rows(g); });
   }
 
   void on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) override {
-    if (window == scratch_ && pieces_expected_ > 0) {
+    if (window == scratch_ && collecting_) {
       pieces_in_.insert(offset, len);
       if (pieces_in_.bytes() >= pieces_expected_) {
         defer([this] { maybe_sum(); });
@@ -402,13 +388,7 @@ class ReduceRowsOp : public CommOp {
       return;
     }
     auto share = [this](std::vector<uint8_t> mine) {
-      gather(std::move(mine), [this](Gathered g) {
-        if (!g.ok) {
-          fail("bootstrap: " + g.error);
-          return;
-        }
-        on_plan(g.parts.at(0));
-      });
+      gather(std::move(mine), [this](Gathered g) { on_plan(g.parts.at(0)); });
     };
     if (comm_.rank() != 0) {
       share({});
@@ -713,10 +693,6 @@ class ReduceRowsOp : public CommOp {
   // ones) get a little while, then the rest is summed point to point.
   void contributions_done() {
     gather({}, [this](Gathered g) {
-      if (!g.ok) {
-        fail("bootstrap: " + g.error);
-        return;
-      }
       std::weak_ptr<CommOp> w = weak_from_this();
       comm_.clock().schedule(now() + 4 * rto_, [this, w] {
         if (auto op = w.lock(); op && !finished() && recv_ && !recv_->done()) {
@@ -758,13 +734,7 @@ class ReduceRowsOp : public CommOp {
     BlobWriter w;
     w.put_vector(failed);
     w.put<uint64_t>(contrib_->anomalies() + recv_->anomalies());
-    gather(w.take(), [this](Gathered g) {
-      if (!g.ok) {
-        fail("bootstrap: " + g.error);
-        return;
-      }
-      plan_fallback(g);
-    });
+    gather(w.take(), [this](Gathered g) { plan_fallback(g); });
   }
 
   void plan_fallback(const Gathered& g) {
@@ -794,10 +764,20 @@ class ReduceRowsOp : public CommOp {
         " of this rank's) summed at their destination from point-to-point stores: " + res_.fallback_reason);
     uint64_t pieces = 0;
     for (const auto& [index, c] : failed_[comm_.rank()]) {
-      pieces += find_row(comm_.rank(), index)->contributors.size();
+      const uint64_t contributors = find_row(comm_.rank(), index)->contributors.size();
+      pieces += contributors;
+      pieces_expected_ += contributors * elems_of(c) * esize_;
     }
+    // Counted from here: a peer stores its pieces as soon as it learns this scratch's key, which may be before
+    // this rank hears back from the same exchange.
+    pieces_in_.clear();
+    collecting_ = true;
+    std::weak_ptr<CommOp> alive = weak_from_this();
     comm_.allocate_window(scratch_, std::max<uint64_t>(64, pieces * chunk_elems_ * esize_),
-                          [this](const std::string& err) {
+                          [this, alive](const std::string& err) {
+                            if (auto op = alive.lock(); !op || op->finished()) {
+                              return;
+                            }
                             if (!err.empty()) {
                               fail("batch reduction fallback: " + err);
                               return;
@@ -833,14 +813,10 @@ class ReduceRowsOp : public CommOp {
                     maybe_sum();
                   });
           }
-          if (d == comm_.rank()) {
-            pieces_expected_ += elems_of(c) * esize_;
-          }
           ++slot;
         }
       }
     }
-    pieces_in_.clear();
     maybe_sum();
   }
 
@@ -898,6 +874,7 @@ class ReduceRowsOp : public CommOp {
   size_t stores_out_ = 0;
   common::RangeSet pieces_in_;
   uint64_t pieces_expected_ = 0;
+  bool collecting_ = false;
   bool summed_ = false;
 };
 

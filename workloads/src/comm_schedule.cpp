@@ -701,10 +701,6 @@ class ScheduleOp : public CommOp {
     }
     watch(comm_.endpoint().quiet(), [this](bool, const std::string&) {
       gather({}, [this](Gathered g) {
-        if (!g.ok) {
-          fail("bootstrap: " + g.error);
-          return;
-        }
         comm_.take_early_arrivals();
         defer([this] { begin_run({}); });
       });

@@ -98,7 +98,11 @@ void CommOp::gather(std::vector<uint8_t> mine, std::function<void(Gathered)> fn)
   std::weak_ptr<CommOp> w = weak_from_this();
   comm_.bootstrap().allgather(std::move(mine), [w, fn = std::move(fn)](Gathered g) {
     if (auto op = w.lock(); op && !op->finished_) {
-      fn(std::move(g));
+      if (!g.ok) {
+        op->fail("bootstrap: " + g.error);
+      } else {
+        fn(std::move(g));
+      }
     }
   });
 }

@@ -270,28 +270,31 @@ std::vector<int> all_gpus(Cluster& c) {
 
 }  // namespace
 
-CollectiveResult IfecCollectives::multicast_rows(const BatchMulticastSpec& spec, TimeNs limit) {
-  validate_rows(cluster_, spec);
-  auto args = split_rows(spec, cluster_.size());
+// Every GPU's rank runs its part of one batch operation: `start(comm, args, done)`.
+template <typename Args, typename Start>
+CollectiveResult IfecCollectives::run_batch(std::vector<Args> args, TimeNs limit, Start start) {
   const std::vector<int> gpus = all_gpus(cluster_);
   auto comms = cluster_.communicators(gpus, comm_options(limit));
   auto res = cluster_.run_ranks(
       static_cast<int>(comms.size()),
-      [&](int r, workloads::Communicator::Done done) { comms[r]->multicast_rows(std::move(args[r]), done); },
-      limit + 1'000);
+      [&](int r, workloads::Communicator::Done done) { start(*comms[r], std::move(args[r]), done); }, limit + 1'000);
   return account(merge_results(res, gpus, true));
+}
+
+CollectiveResult IfecCollectives::multicast_rows(const BatchMulticastSpec& spec, TimeNs limit) {
+  validate_rows(cluster_, spec);
+  return run_batch(split_rows(spec, cluster_.size()), limit,
+                   [](workloads::Communicator& c, workloads::BatchMulticastArgs a, workloads::Communicator::Done d) {
+                     c.multicast_rows(std::move(a), d);
+                   });
 }
 
 CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeNs limit) {
   validate_rows(cluster_, spec);
-  auto args = split_rows(spec, cluster_.size());
-  const std::vector<int> gpus = all_gpus(cluster_);
-  auto comms = cluster_.communicators(gpus, comm_options(limit));
-  auto res = cluster_.run_ranks(
-      static_cast<int>(comms.size()),
-      [&](int r, workloads::Communicator::Done done) { comms[r]->reduce_rows(std::move(args[r]), done); },
-      limit + 1'000);
-  return account(merge_results(res, gpus, true));
+  return run_batch(split_rows(spec, cluster_.size()), limit,
+                   [](workloads::Communicator& c, workloads::BatchReduceArgs a, workloads::Communicator::Done d) {
+                     c.reduce_rows(std::move(a), d);
+                   });
 }
 
 void IfecCollectives::suppress_contributions(int gpu, bool on) {

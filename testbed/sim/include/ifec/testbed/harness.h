@@ -117,6 +117,8 @@ class IfecCollectives {
 
  private:
   CollectiveResult account(CollectiveResult r);
+  template <typename Args, typename Start>
+  CollectiveResult run_batch(std::vector<Args> args, common::TimeNs limit, Start start);
   workloads::CommOptions comm_options(common::TimeNs limit) const;
 
   Cluster& cluster_;
