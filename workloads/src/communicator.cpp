@@ -138,7 +138,7 @@ Communicator::Communicator(endpoint::Endpoint& ep, Bootstrap& boot, common::Cont
     }
     if (op_ && !op_->finished()) {
       op_->on_remote_write(peer, window, offset, len);
-    } else if (early_.size() < kMaxEarly) {
+    } else if (opts_.keep_early_arrivals && early_.size() < kMaxEarly) {
       early_.push_back({peer, window, offset, len});  // a peer that started the next operation before this rank
     }
   });
@@ -215,7 +215,7 @@ std::string check_args(Communicator& c, const CollArgs& a, Algo algo) {
     os << kind << ": buffer of " << a.count << " x " << element_size(a.dtype) << " B at offset " << a.offset
        << " exceeds window " << a.window << " (" << mem.window(a.window)->size << " B) on GPU " << c.endpoint().index();
   } else if (algo != Algo::kIfec || a.kind == Collective::kReduceScatter || a.kind == Collective::kAllGather) {
-    const uint64_t need = schedule::scratch_bytes(a, c.size(), algo == Algo::kIfec ? Algo::kRing : algo);
+    const uint64_t need = Communicator::scratch_bytes(a, c.size(), algo);
     const endpoint::WindowInfo* s = mem.window(a.scratch_window);
     if (s == nullptr || s->size < need) {
       os << kind << ": scratch window " << a.scratch_window << " on GPU " << c.endpoint().index() << " has "
@@ -274,6 +274,9 @@ void Communicator::reduce_rows(BatchReduceArgs a, Done done) {
 void Communicator::set_options(const CommOptions& o) {
   IFEC_CHECK(!op_ || op_->finished(), "communicator: options changed while an operation runs on rank " << rank());
   opts_ = o;
+  if (!opts_.keep_early_arrivals) {
+    early_.clear();
+  }
 }
 
 void Communicator::start(std::shared_ptr<CommOp> op) {
@@ -300,7 +303,14 @@ std::vector<Communicator::Arrival> Communicator::take_early_arrivals() { return 
 bool Communicator::take_fence() { return std::exchange(fence_next_, false); }
 
 uint64_t Communicator::scratch_bytes(const CollArgs& a, int ranks, Algo algo) {
-  return schedule::scratch_bytes(a, ranks, algo == Algo::kIfec || algo == Algo::kBest ? Algo::kRing : algo);
+  if (algo == Algo::kBest) {  // whatever the cost model may choose
+    uint64_t need = 0;
+    for (Algo x : {Algo::kRing, Algo::kTree, Algo::kRd, Algo::kOneShot}) {
+      need = std::max(need, schedule::scratch_bytes(a, ranks, x));
+    }
+    return need;
+  }
+  return schedule::scratch_bytes(a, ranks, algo == Algo::kIfec ? Algo::kRing : algo);
 }
 
 // A latency-bandwidth (alpha-beta) model of this fabric: alpha is one hop's one-way time for a small message (two

@@ -81,6 +81,9 @@ std::vector<workloads::Communicator*> Cluster::communicators(const std::vector<i
   for (int g : gpus) {
     IFEC_CHECK(g >= 0 && g < size(), "communicator: GPU " << g << " outside 0.." << size() - 1);
   }
+  // Every rank starts in the same event here: no store can be early for the next operation.
+  workloads::CommOptions o = opts;
+  o.keep_early_arrivals = false;
   RankSet& set = rank_sets_[gpus];
   std::vector<workloads::Communicator*> out;
   if (set.comms.empty()) {
@@ -89,7 +92,7 @@ std::vector<workloads::Communicator*> Cluster::communicators(const std::vector<i
     auto inits = std::make_shared<std::vector<std::string>>(n, "?");
     for (int r = 0; r < n; ++r) {
       set.comms.push_back(std::make_unique<workloads::Communicator>(ep(gpus[r]), set.boot->rank(r, poster_of(loop_)),
-                                                                    *control_, topo_, opts));
+                                                                    *control_, topo_, o));
       set.comms.back()->init([inits, r](const std::string& err) { (*inits)[r] = err; });
     }
     const TimeNs deadline = loop_.now() + 1'000'000;
@@ -104,15 +107,8 @@ std::vector<workloads::Communicator*> Cluster::communicators(const std::vector<i
       }
     }
   }
-  // Every rank starts in the same event here, so no store can be early for the next operation: what the
-  // communicators kept (stores of other communicators on the same endpoints, late stores) is dropped.
-  for (auto& [key, other] : rank_sets_) {
-    for (auto& c : other.comms) {
-      c->forget_early_arrivals();
-    }
-  }
   for (auto& c : set.comms) {
-    c->set_options(opts);
+    c->set_options(o);
     out.push_back(c.get());
   }
   return out;

@@ -27,16 +27,7 @@ workloads::CollArgs coll_args(const CollectiveSpec& spec) {
 }
 
 uint64_t ring_scratch_bytes(const CollectiveSpec& spec, Algo algo) {
-  const workloads::CollArgs a = coll_args(spec);
-  const int n = static_cast<int>(spec.members.size());
-  if (algo != Algo::kBest) {
-    return workloads::Communicator::scratch_bytes(a, n, algo);
-  }
-  uint64_t need = 0;
-  for (Algo x : {Algo::kRing, Algo::kTree, Algo::kRd, Algo::kOneShot}) {
-    need = std::max(need, workloads::Communicator::scratch_bytes(a, n, x));
-  }
-  return need;
+  return workloads::Communicator::scratch_bytes(coll_args(spec), static_cast<int>(spec.members.size()), algo);
 }
 
 void validate_spec(Cluster& cluster, const CollectiveSpec& spec, Algo algo) {
@@ -67,7 +58,7 @@ void validate_spec(Cluster& cluster, const CollectiveSpec& spec, Algo algo) {
     }
   }
   // The algorithm's scratch (the in-fabric path falls back to the ring; best may choose any).
-  const uint64_t need = ring_scratch_bytes(spec, algo == Algo::kIfec ? Algo::kRing : algo);
+  const uint64_t need = ring_scratch_bytes(spec, algo);
   for (int g : spec.members) {
     const endpoint::WindowInfo* w = cluster.ep(g).memory().window(spec.scratch_window);
     IFEC_CHECK(w != nullptr, kind << ": GPU " << g << " has no scratch window " << spec.scratch_window);

@@ -41,6 +41,9 @@ struct IfecOptions {
 struct CommOptions {
   IfecOptions ifec;
   common::TimeNs limit_ns = 10'000'000'000ULL;  // an operation that has not finished after this fails, saying why
+  // Keep stores that land while no operation runs for the next one (a peer started first). Drivers that start
+  // every rank in the same event (the simulated harness) turn it off: nothing can be early there.
+  bool keep_early_arrivals = true;
 };
 
 // One collective as a rank takes part in it. Buffers are in place: every rank holds its input at
@@ -132,7 +135,7 @@ class Communicator {
   uint16_t next_group() { return next_group_++; }
 
   // Stores that landed here while no operation ran (a peer started the next one first), oldest first; the next
-  // operation takes them. Drivers that start every rank at once may drop them (forget_early_arrivals).
+  // operation takes them (CommOptions::keep_early_arrivals).
   struct Arrival {
     int peer;
     uint16_t window;
@@ -140,11 +143,11 @@ class Communicator {
     uint64_t len;
   };
   std::vector<Arrival> take_early_arrivals();
-  void forget_early_arrivals() { early_.clear(); }
   // True once after an operation failed here: the next one must wait out the failed one's stores (see ScheduleOp).
   bool take_fence();
 
-  // Scratch bytes the endpoint-based algorithm `algo` needs for `a` (every rank, in a.scratch_window).
+  // Scratch bytes the endpoint-based algorithm `algo` needs (ifec: the ring's, its fallback; best: any choice's) for
+  // `a` (every rank, in a.scratch_window).
   static uint64_t scratch_bytes(const CollArgs& a, int ranks, Algo algo);
   // The endpoint algorithm `best` runs for `a` on this fabric, from its cost model (latency per hop vs bandwidth).
   Algo choose_algorithm(const CollArgs& a) const;
