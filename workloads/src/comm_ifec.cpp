@@ -110,20 +110,11 @@ class IfecReduceOp : public CommOp {
  protected:
   void start() override { next_round(); }
 
+  // Stores this rank cannot place yet are held: with ranks on their own clocks, a faster rank resolves a round
+  // (and copies results here, or starts the endpoint path, or its next range) before this rank has.
   void on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) override {
-    if (fallback_) {
-      fallback_->on_remote_write(peer, window, offset, len);
-      return;
-    }
-    if (window != a_.window || offset < a_.offset) {
-      return;
-    }
-    auto it = copy_from_.find(offset - a_.offset);
-    if (it != copy_from_.end() && it->second == peer) {
-      copies_in_.insert(offset, len);
-      if (copies_in_.bytes() == copy_bytes_in_) {
-        defer([this] { maybe_next_round(); });
-      }
+    if (!claim(peer, window, offset, len)) {
+      held_.push_back({peer, window, offset, len});
     }
   }
 
@@ -370,6 +361,7 @@ class IfecReduceOp : public CommOp {
       res_.faults.push_back("round " + std::to_string(round_) + ": " + std::to_string(todo_.size()) +
                             " chunks redone in the fabric on plane(s) " + planes);
     }
+    held_.clear();  // every rank starts this round: nothing earlier is still on its way to be claimed
     red_ = comm_.endpoint().ech().reduce(spec_for(plan));
     on_routes_changed();  // a plane may already be lost here
     red_->on_done([this] { round_done(); });
@@ -424,6 +416,7 @@ class IfecReduceOp : public CommOp {
 
   // This round is over here: tell everyone which chunks arrived, what was given up and why.
   void round_done() {
+    copy_from_.clear();  // the last round's copies all landed; this round's are decided in resolve
     BlobWriter w;
     std::vector<uint8_t> has(todo_.size(), 0);
     uint32_t anomalies = 0;
@@ -509,6 +502,7 @@ class IfecReduceOp : public CommOp {
       res_.faults.push_back(line);
     }
     todo_ = std::move(redo);
+    replay_held();
     copies_out_ = out.size();
     for (auto& h : out) {
       watch(h, [this](bool ok, const std::string& error) {
@@ -535,6 +529,36 @@ class IfecReduceOp : public CommOp {
       } else if (r == comm_.rank()) {
         copy_from_[off] = comm_.gpu(holder);
         copy_bytes_in_ += bytes;
+      }
+    }
+  }
+
+  // True when a store belongs to what this rank now waits for: the endpoint path's receives, or a result copy.
+  bool claim(int peer, uint16_t window, uint64_t offset, uint64_t len) {
+    if (fallback_) {
+      return fallback_->on_remote_write(peer, window, offset, len);
+    }
+    if (window != a_.window || offset < a_.offset) {
+      return false;
+    }
+    auto it = copy_from_.find(offset - a_.offset);
+    if (it == copy_from_.end() || it->second != peer) {
+      return false;
+    }
+    copies_in_.insert(offset, len);
+    if (copies_in_.bytes() == copy_bytes_in_) {
+      defer([this] { maybe_next_round(); });
+    }
+    return true;
+  }
+
+  // Offers the held stores again (after this rank learned what to expect); those still unclaimed stay held.
+  void replay_held() {
+    std::vector<Held> h;
+    h.swap(held_);
+    for (const Held& x : h) {
+      if (!claim(x.peer, x.window, x.offset, x.len)) {
+        held_.push_back(x);
       }
     }
   }
@@ -601,6 +625,7 @@ class IfecReduceOp : public CommOp {
       }
       defer([this] { next_range(); });
     });
+    replay_held();
   }
 
   void succeed_with_stats() {
@@ -625,6 +650,13 @@ class IfecReduceOp : public CommOp {
   bool advancing_ = false;
   std::vector<std::pair<uint32_t, uint32_t>> ranges_;  // endpoint path: [first, end) chunk runs
   std::unique_ptr<schedule::Run> fallback_;
+  struct Held {
+    int peer;
+    uint16_t window;
+    uint64_t offset;
+    uint64_t len;
+  };
+  std::vector<Held> held_;  // stores not yet claimed (see on_remote_write)
 };
 
 }  // namespace

@@ -58,6 +58,8 @@ std::shared_ptr<CommOp> make_ifec_broadcast_op(Communicator& c, const CollArgs& 
 // Batch rows (comm_rows.cpp).
 std::shared_ptr<CommOp> make_multicast_rows_op(Communicator& c, BatchMulticastArgs a, Communicator::Done done);
 std::shared_ptr<CommOp> make_reduce_rows_op(Communicator& c, BatchReduceArgs a, Communicator::Done done);
+// Point-to-point row stores (comm_put.cpp).
+std::shared_ptr<CommOp> make_put_rows_op(Communicator& c, BatchPutArgs a, Communicator::Done done);
 
 // First element of block b when `count` elements are split into n nearly equal blocks.
 inline uint64_t block_begin(uint64_t count, uint64_t n, uint64_t b) { return count / n * b + count % n * b / n; }

@@ -564,48 +564,44 @@ void Run::release(const std::vector<uint32_t>& xfers) {
 }
 
 // Every packet landing in this rank's memory during the run, from inside the responder's execution of it.
-void Run::on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) {
+bool Run::on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) {
   if (over_) {
-    return;
+    return false;
   }
   if (s_.slots > 0 && window == s_.slot_window && offset >= s_.slot_base &&
       offset < s_.slot_base + slot_queue_.size() * s_.slot_bytes) {
     const size_t slot = (offset - s_.slot_base) / s_.slot_bytes;
     const auto& q = slot_queue_[slot];
-    if (slot_cursor_[slot] < q.size()) {
-      arrived(q[slot_cursor_[slot]], len, peer);
-    }
-    return;
+    return slot_cursor_[slot] < q.size() && arrived(q[slot_cursor_[slot]], len, peer);
   }
   auto it = by_offset_.upper_bound({window, offset});
   if (it == by_offset_.begin()) {
-    return;
+    return false;
   }
   --it;
   const Recv& rv = s_.recvs[it->second];
-  if (it->first.first == window && offset < rv.offset + rv.len) {
-    arrived(it->second, len, peer);
-  }
+  return it->first.first == window && offset < rv.offset + rv.len && arrived(it->second, len, peer);
 }
 
-void Run::arrived(uint32_t r, uint64_t len, int peer) {
+bool Run::arrived(uint32_t r, uint64_t len, int peer) {
   const Recv& rv = s_.recvs[r];
   if (peer != rv.peer || recv_landed_[r]) {
-    return;  // not this run's message (another sender, or an earlier run's late bytes)
+    return false;  // not this run's message (another sender, or an earlier run's late bytes)
   }
   landed_[r] += static_cast<uint32_t>(len);
   if (landed_[r] > rv.len) {
     fail("GPU " + std::to_string(peer) + " wrote " + std::to_string(landed_[r]) + " B where " + std::to_string(rv.len) +
          " were expected");
-    return;
+    return true;
   }
   if (landed_[r] < rv.len) {
-    return;
+    return true;
   }
   recv_landed_[r] = 1;
   if (rv.reduce_after_xfer < 0 || xfer_posted_[rv.reduce_after_xfer]) {
     complete(r);
   }
+  return true;
 }
 
 // The reduce runs right here, inside the arrival of the message's last packet: its slot is consumed before the

@@ -73,7 +73,8 @@ class Run {
   using Finished = std::function<void(bool ok, const std::string& error)>;
   Run(Communicator& comm, Schedule s);
   void start(Finished done);
-  void on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len);
+  // True when the bytes belong to one of this run's receives (false: another run's, or a stranger's).
+  bool on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len);
   std::string describe_stuck() const;
   const Schedule& schedule() const { return s_; }
 
@@ -81,7 +82,7 @@ class Run {
   void post(uint32_t x);
   void posted(uint32_t x);
   void xfer_done(uint32_t x, bool ok, const std::string& error);
-  void arrived(uint32_t r, uint64_t len, int peer);
+  bool arrived(uint32_t r, uint64_t len, int peer);
   void complete(uint32_t r);
   void reduce(uint32_t r);
   void release(const std::vector<uint32_t>& xfers);

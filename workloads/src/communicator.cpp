@@ -271,6 +271,11 @@ void Communicator::reduce_rows(BatchReduceArgs a, Done done) {
   start(make_reduce_rows_op(*this, std::move(a), std::move(done)));
 }
 
+void Communicator::put_rows(BatchPutArgs a, Done done) {
+  IFEC_CHECK(!op_ || op_->finished(), "communicator: an operation is already running on rank " << rank());
+  start(make_put_rows_op(*this, std::move(a), std::move(done)));
+}
+
 void Communicator::set_options(const CommOptions& o) {
   IFEC_CHECK(!op_ || op_->finished(), "communicator: options changed while an operation runs on rank " << rank());
   opts_ = o;

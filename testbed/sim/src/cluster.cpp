@@ -72,7 +72,7 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
     switches[topo_.nodes.at(fabric_->switch_node(i)).name] = &fabric_->switch_at(i);
   }
   control_ = std::make_unique<InProcessControl>(
-      std::move(switches), [this](int link, bool up) { fabric_->schedule_link_state(link, up, loop_.now()); },
+      topo_, std::move(switches), [this](int link, bool up) { fabric_->schedule_link_state(link, up, loop_.now()); },
       poster_of(loop_), poster_of(loop_));
 }
 
@@ -91,7 +91,10 @@ std::vector<workloads::Communicator*> Cluster::communicators(const std::vector<i
     set.boot = std::make_unique<InProcessBootstrap>(n);
     auto inits = std::make_shared<std::vector<std::string>>(n, "?");
     for (int r = 0; r < n; ++r) {
-      set.comms.push_back(std::make_unique<workloads::Communicator>(ep(gpus[r]), set.boot->rank(r, poster_of(loop_)),
+      common::EventLoop* loop = &loop_;
+      const TimeNs skew = opts_.bootstrap_skew_ns * r;
+      Poster post = [loop, skew](std::function<void()> fn) { loop->schedule(loop->now() + skew, std::move(fn)); };
+      set.comms.push_back(std::make_unique<workloads::Communicator>(ep(gpus[r]), set.boot->rank(r, std::move(post)),
                                                                     *control_, topo_, o));
       set.comms.back()->init([inits, r](const std::string& err) { (*inits)[r] = err; });
     }

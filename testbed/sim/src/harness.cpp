@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "ifec/common/checks.h"
 #include "ifec/common/protocol.h"
@@ -216,6 +217,75 @@ std::vector<workloads::BatchReduceArgs> split_rows(const BatchReduceSpec& spec, 
   return out;
 }
 
+void validate_rows(Cluster& cluster, const BatchPutSpec& spec) {
+  const int n = cluster.size();
+  IFEC_CHECK(spec.row_bytes > 0, "row stores: row_bytes is 0");
+  for (const RowPutSpec& row : spec.rows) {
+    for (const auto& [g, window, off] : {std::tuple{row.source, spec.source_window, row.from},
+                                         std::tuple{row.destination, spec.dest_window, row.to}}) {
+      IFEC_CHECK(g >= 0 && g < n, "row stores: GPU " << g << " outside 0.." << n - 1);
+      const endpoint::WindowInfo* w = cluster.ep(g).memory().window(window);
+      IFEC_CHECK(w != nullptr, "row stores: GPU " << g << " has no window " << window);
+      IFEC_CHECK(off + spec.row_bytes <= w->size, "row stores: row at offset " << off << " overruns window " << window
+                                                                               << " (" << w->size << " B) of GPU "
+                                                                               << g);
+    }
+  }
+}
+
+std::vector<workloads::BatchPutArgs> split_rows(const BatchPutSpec& spec, int gpus) {
+  std::vector<workloads::BatchPutArgs> out(gpus);
+  for (auto& a : out) {
+    a.source_window = spec.source_window;
+    a.dest_window = spec.dest_window;
+    a.row_bytes = spec.row_bytes;
+  }
+  for (const RowPutSpec& row : spec.rows) {
+    IFEC_CHECK(
+        row.source >= 0 && row.source < gpus && row.destination >= 0 && row.destination < gpus,
+        "row stores: row from GPU " << row.source << " to GPU " << row.destination << " outside 0.." << gpus - 1);
+    out[row.source].rows.push_back({row.from, row.destination, row.to});
+    if (row.destination != row.source) {
+      out[row.destination].incoming.emplace_back(row.to, spec.row_bytes);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+std::vector<int> all_gpus(Cluster& c) {
+  std::vector<int> g(c.size());
+  for (int i = 0; i < c.size(); ++i) {
+    g[i] = i;
+  }
+  return g;
+}
+
+// Every GPU's rank runs its part of one batch operation: `start(comm, args, done)`; the results summed.
+template <typename Args, typename Start>
+CollectiveResult run_batch(Cluster& cluster, std::vector<Args> args, const workloads::CommOptions& o, Start start) {
+  const std::vector<int> gpus = all_gpus(cluster);
+  auto comms = cluster.communicators(gpus, o);
+  auto res = cluster.run_ranks(
+      static_cast<int>(comms.size()),
+      [&](int r, workloads::Communicator::Done done) { start(*comms[r], std::move(args[r]), done); },
+      o.limit_ns + 1'000);
+  return merge_results(res, gpus, true);
+}
+
+}  // namespace
+
+CollectiveResult run_put_rows(Cluster& cluster, const BatchPutSpec& spec, TimeNs limit) {
+  validate_rows(cluster, spec);
+  workloads::CommOptions o;
+  o.limit_ns = limit;
+  return run_batch(cluster, split_rows(spec, cluster.size()), o,
+                   [](workloads::Communicator& c, workloads::BatchPutArgs a, workloads::Communicator::Done d) {
+                     c.put_rows(std::move(a), d);
+                   });
+}
+
 // ---------------------------------------------------------------------------------------- IfecCollectives --
 
 IfecCollectives::IfecCollectives(Cluster& cluster, IfecOptions opts) : cluster_(cluster), opts_(opts) {
@@ -249,43 +319,18 @@ CollectiveResult IfecCollectives::run(const CollectiveSpec& spec, TimeNs limit) 
   return account(merge_results(res, spec.members, false));
 }
 
-namespace {
-
-std::vector<int> all_gpus(Cluster& c) {
-  std::vector<int> g(c.size());
-  for (int i = 0; i < c.size(); ++i) {
-    g[i] = i;
-  }
-  return g;
-}
-
-}  // namespace
-
-// Every GPU's rank runs its part of one batch operation: `start(comm, args, done)`.
-template <typename Args, typename Start>
-CollectiveResult IfecCollectives::run_batch(std::vector<Args> args, TimeNs limit, Start start) {
-  const std::vector<int> gpus = all_gpus(cluster_);
-  auto comms = cluster_.communicators(gpus, comm_options(limit));
-  auto res = cluster_.run_ranks(
-      static_cast<int>(comms.size()),
-      [&](int r, workloads::Communicator::Done done) { start(*comms[r], std::move(args[r]), done); }, limit + 1'000);
-  return account(merge_results(res, gpus, true));
-}
-
 CollectiveResult IfecCollectives::multicast_rows(const BatchMulticastSpec& spec, TimeNs limit) {
   validate_rows(cluster_, spec);
-  return run_batch(split_rows(spec, cluster_.size()), limit,
-                   [](workloads::Communicator& c, workloads::BatchMulticastArgs a, workloads::Communicator::Done d) {
-                     c.multicast_rows(std::move(a), d);
-                   });
+  return account(run_batch(cluster_, split_rows(spec, cluster_.size()), comm_options(limit),
+                           [](workloads::Communicator& c, workloads::BatchMulticastArgs a,
+                              workloads::Communicator::Done d) { c.multicast_rows(std::move(a), d); }));
 }
 
 CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeNs limit) {
   validate_rows(cluster_, spec);
-  return run_batch(split_rows(spec, cluster_.size()), limit,
-                   [](workloads::Communicator& c, workloads::BatchReduceArgs a, workloads::Communicator::Done d) {
-                     c.reduce_rows(std::move(a), d);
-                   });
+  return account(run_batch(cluster_, split_rows(spec, cluster_.size()), comm_options(limit),
+                           [](workloads::Communicator& c, workloads::BatchReduceArgs a,
+                              workloads::Communicator::Done d) { c.reduce_rows(std::move(a), d); }));
 }
 
 void IfecCollectives::suppress_contributions(int gpu, bool on) {

@@ -69,9 +69,10 @@ void InProcessBootstrap::contribute(int r, std::vector<uint8_t> mine, std::funct
 
 // ------------------------------------------------------------------------------------------- control plane --
 
-InProcessControl::InProcessControl(std::map<std::string, switchemu::Switch*> switches,
+InProcessControl::InProcessControl(const routing::Topology& topo, std::map<std::string, switchemu::Switch*> switches,
                                    std::function<void(int, bool)> set_link, Poster at_switch, Poster reply)
-    : switches_(std::move(switches)),
+    : topo_(topo),
+      switches_(std::move(switches)),
       set_link_(std::move(set_link)),
       at_switch_(std::move(at_switch)),
       reply_(std::move(reply)) {}
@@ -170,6 +171,34 @@ void InProcessControl::set_link_state(int link, bool up, Done done) {
       st = common::ControlError{"link " + std::to_string(link), e.what()};
     }
     reply([done, st] { done(st); });
+  });
+}
+
+void InProcessControl::fare_weights(
+    const std::string& sw, int dest_gpu,
+    std::function<void(const common::ControlReply<std::vector<common::PortWeight>>&)> done) {
+  using Reply = common::ControlReply<std::vector<common::PortWeight>>;
+  Poster reply = reply_;
+  auto it = switches_.find(sw);
+  if (it == switches_.end() || dest_gpu < 0 || dest_gpu >= topo_.num_gpus()) {
+    Reply r;
+    r.error =
+        common::ControlError{sw, it == switches_.end() ? "no such switch"
+                                                       : "destination GPU " + std::to_string(dest_gpu) +
+                                                             " outside 0.." + std::to_string(topo_.num_gpus() - 1)};
+    reply([done, r] { done(r); });
+    return;
+  }
+  switchemu::Switch* s = it->second;
+  const uint32_t ip = topo_.nodes.at(topo_.gpu_node(dest_gpu)).loopback;
+  at_switch_([s, ip, done, reply] {
+    Reply r;
+    if (const auto* group = s->route(ip)) {
+      for (const switchemu::NextHopPort& h : *group) {
+        r.value.push_back({h.port, h.weight});
+      }
+    }
+    reply([done, r] { done(r); });
   });
 }
 

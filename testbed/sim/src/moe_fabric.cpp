@@ -1,5 +1,5 @@
-// MoE dispatch / expert compute / combine over the simulated fabric: RC stores (per expert, per rank) or IFEC
-// multicast and in-switch reduction.
+// MoE dispatch / expert compute / combine over the simulated fabric: every rank's communicator runs its part of
+// each phase, point-to-point row stores (per expert, per rank) or IFEC multicast and in-switch reduction.
 #include "ifec/testbed/moe_fabric.h"
 
 #include <torch/torch.h>
@@ -19,7 +19,7 @@ namespace {
 constexpr uint16_t kRecv = 40;     // dispatch receive rows (IFEC: [source rank][token] rows, a symmetric layout)
 constexpr uint16_t kCombine = 41;  // combine rows at the source: [token][slot] (stores) or [token] (IFEC)
 constexpr uint16_t kInput = 42;    // each rank's own tokens (stores)
-constexpr uint16_t kOutput = 43;   // IFEC: each expert rank's output rows, the contributions of the reduction
+constexpr uint16_t kOutput = 43;   // each expert rank's output rows (stores: sent back; IFEC: the contributions)
 
 // Frame bytes the first `ranks` GPUs have sent, per plane.
 std::vector<uint64_t> gpu_tx_bytes(Cluster& c, int ranks) {
@@ -125,6 +125,7 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
     c.allocate_window(kInput, static_cast<uint64_t>(tokens * row));
     c.allocate_window(kRecv, static_cast<uint64_t>(max_recv * row));
     c.allocate_window(kCombine, static_cast<uint64_t>(tokens * cfg.topk * row));
+    c.allocate_window(kOutput, static_cast<uint64_t>(max_recv * row));
     for (int r = 0; r < ranks; ++r) {
       std::memcpy(c.window_data(r, kInput), static_cast<const uint8_t*>(x.data_ptr()) + r * tokens * row, tokens * row);
     }
@@ -139,16 +140,14 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
       c.free_window(id);
     }
   };
-  // One store of one row from `src` into `dst` (rank-local rows are copied, not sent).
-  std::vector<endpoint::OpHandle> hs;
-  auto store_row = [&](int src, int dst, uint16_t to_window, uint64_t to_offset, const uint8_t* from,
-                       int64_t* logical) {
-    if (src == dst) {
-      std::memcpy(c.window_data(dst, to_window) + to_offset, from, row);
-      return;
+  // The endpoint-based phases: every rank stores its rows (its own rows are copied, not sent), in the order listed.
+  auto put_rows = [&](uint16_t from_window, uint16_t to_window, std::vector<RowPutSpec> rows, int64_t* logical) {
+    BatchPutSpec ps{from_window, to_window, static_cast<uint64_t>(row), std::move(rows)};
+    for (const RowPutSpec& r : ps.rows) {
+      *logical += r.source == r.destination ? 0 : row;
     }
-    hs.push_back(c.ep(src).store(dst, to_window, to_offset, from, row));
-    *logical += row;
+    const CollectiveResult r = run_put_rows(c, ps, limit);
+    return r.ok ? std::string() : r.error;
   };
   {
     PhaseMeter meter(c, ranks);
@@ -181,15 +180,16 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
         res.faults.push_back("dispatch: " + f);
       }
     } else {
+      std::vector<RowPutSpec> rows;
       for (int d = 0; d < ranks; ++d) {
         for (size_t i = 0; i < list_size(d); ++i) {
           const int64_t token = list_token(d, i);
-          const int src = static_cast<int>(token / tokens);
-          store_row(src, d, kRecv, i * row, c.window_data(src, kInput) + (token % tokens) * row,
-                    &res.dispatch_logical_bytes);
+          rows.push_back({static_cast<int>(token / tokens), static_cast<uint64_t>((token % tokens) * row), d,
+                          static_cast<uint64_t>(i * row)});
         }
       }
-      err = c.wait_ok(hs, limit, "dispatch stores");
+      err = put_rows(kInput, kRecv, std::move(rows), &res.dispatch_logical_bytes);
+      err = err.empty() ? "" : "dispatch: " + err;
     }
     if (!err.empty()) {
       res.error = err;
@@ -223,16 +223,15 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
   }
 
   // ---- Combine ----
-  at::Tensor local;  // IFEC: each source's own rank's part, added locally [ranks * tokens, H] fp32
+  at::Tensor local;                  // IFEC: each source's own rank's part, added locally [ranks * tokens, H] fp32
+  for (int d = 0; d < ranks; ++d) {  // every rank's expert outputs, the rows it sends back
+    std::memcpy(c.window_data(d, kOutput), out_rows[d].data_ptr(), list_size(d) * row);
+  }
   {
-    hs.clear();
     std::string err;
     if (ifec) {
       if (opts.compute) {
         local = torch::zeros({ranks * tokens, H}, torch::kFloat32);  // timing mode: nothing to add up
-      }
-      for (int d = 0; d < ranks; ++d) {
-        std::memcpy(c.window_data(d, kOutput), out_rows[d].data_ptr(), list_size(d) * row);
       }
       BatchReduceSpec rs;
       rs.source_window = kOutput;
@@ -275,18 +274,18 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
     } else {
       // Every output row goes back to its token's source, into the [token][slot] row of the first slot it covers
       // (per-rank rows already summed that rank's experts).
-      PhaseMeter meter(c, ranks);
+      std::vector<RowPutSpec> rows;
       for (int d = 0; d < ranks; ++d) {
         for (size_t i = 0; i < list_size(d); ++i) {
           const int64_t token = list_token(d, i);
           const int64_t slot = per_expert ? lists.per_expert[d][i].slot : lists.per_rank[d][i].slots.front();
-          const int src = static_cast<int>(token / tokens);
-          const uint64_t to = static_cast<uint64_t>(((token % tokens) * cfg.topk + slot) * row);
-          store_row(d, src, kCombine, to, static_cast<const uint8_t*>(out_rows[d].data_ptr()) + i * row,
-                    &res.combine_logical_bytes);
+          rows.push_back({d, static_cast<uint64_t>(i * row), static_cast<int>(token / tokens),
+                          static_cast<uint64_t>(((token % tokens) * cfg.topk + slot) * row)});
         }
       }
-      err = c.wait_ok(hs, limit, "combine stores");
+      PhaseMeter meter(c, ranks);
+      err = put_rows(kOutput, kCombine, std::move(rows), &res.combine_logical_bytes);
+      err = err.empty() ? "" : "combine: " + err;
       meter.finish(&res.combine_us, &res.combine_wire_bytes, &res.combine_wire_per_plane);
     }
     if (!err.empty()) {

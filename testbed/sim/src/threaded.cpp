@@ -135,7 +135,7 @@ ThreadedCluster::ThreadedCluster(const routing::Topology& topo, ClusterOptions o
     r.ep->set_weight_source([weights](int peer, std::vector<double>* w) { *w = weights.at(peer); });
     r.ep->routes_changed();
     r.control = std::make_unique<InProcessControl>(
-        switches, [this](int link, bool up) { fabric_->schedule_link_state(link, up, fabric_loop_.now()); },
+        topo_, switches, [this](int link, bool up) { fabric_->schedule_link_state(link, up, fabric_loop_.now()); },
         post_to(fabric_loop_), post_to(*r.loop));
     r.comm = std::make_unique<workloads::Communicator>(*r.ep, boot_.rank(g, post_to(*r.loop)), *r.control, topo_, comm);
   }

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 
 #include "ifec/endpoint/proxy.h"
@@ -145,6 +146,56 @@ TEST(Cluster, TrafficFollowsFareWeightsAcrossPlanes) {
   const double total = plane[0] + plane[1] + plane[2] + plane[3];
   EXPECT_NEAR(plane[3] / total, 1.0 / 7, 0.01);
   EXPECT_NEAR(plane[0] / total, 2.0 / 7, 0.01);
+}
+
+TEST(Cluster, ControlPlaneReadsFareWeightsAndTakesALinkDown) {
+  // Plane 3's switch reaches GPU 1 over a Y-cable of two 400G sub-links; the control plane takes one down and the
+  // switch's WECMP group toward GPU 1 keeps only the other. Bad names and GPUs come back as errors naming them.
+  const routing::Topology topo = routing::make_superpod(4, 4);
+  testbed::Cluster c(topo, options(Ordering::kWeak, 0, switchemu::LoadBalance::kPerPacket));
+  const std::string sw = topo.nodes.at(c.fabric().switch_node(c.fabric().switch_of_plane(1, 3))).name;
+  auto read = [&](const std::string& name, int gpu) {
+    std::optional<common::ControlReply<std::vector<common::PortWeight>>> got;
+    c.control().fare_weights(name, gpu, [&](const auto& r) { got = r; });
+    EXPECT_FALSE(got.has_value()) << "answers come as events, never inside the call";
+    c.loop().run(c.loop().now() + 1'000);
+    EXPECT_TRUE(got.has_value());
+    return got.value_or(common::ControlReply<std::vector<common::PortWeight>>{});
+  };
+  auto total = [](const std::vector<common::PortWeight>& v) {
+    double t = 0;
+    for (const auto& w : v) {
+      t += w.gbps;
+    }
+    return t;
+  };
+  const auto before = read(sw, 1);
+  ASSERT_TRUE(before.ok()) << before.error->message();
+  ASSERT_EQ(before.value.size(), 2u);
+  EXPECT_DOUBLE_EQ(total(before.value), 800);
+  int down = -1;
+  for (const auto& l : topo.links) {
+    if (topo.nodes[l.a].gpu_index == 1 && l.plane == 3 && l.subport == 0) {
+      down = l.id;
+    }
+  }
+  ASSERT_GE(down, 0);
+  common::ControlStatus st = common::ControlError{"", "no answer"};
+  c.control().set_link_state(down, false, [&](const common::ControlStatus& s) { st = s; });
+  c.loop().run(c.loop().now() + 100'000);  // FARE converges
+  EXPECT_FALSE(st.has_value());
+  const auto after = read(sw, 1);
+  ASSERT_TRUE(after.ok());
+  ASSERT_EQ(after.value.size(), 1u);
+  EXPECT_DOUBLE_EQ(total(after.value), 400);
+  const int gone = topo.links[down].a == topo.gpu_node(1) ? topo.links[down].b_port : topo.links[down].a_port;
+  EXPECT_NE(after.value[0].port, gone);
+  const auto unknown = read("no-such-switch", 1);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.error->message(), "no-such-switch: no such switch");
+  const auto bad_gpu = read(sw, 4);
+  ASSERT_FALSE(bad_gpu.ok());
+  EXPECT_NE(bad_gpu.error->reason.find("GPU 4 outside 0..3"), std::string::npos) << bad_gpu.error->reason;
 }
 
 TEST(Cluster, ProxyDrivesTransactionsThroughTheSink) {

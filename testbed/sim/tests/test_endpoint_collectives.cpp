@@ -1,8 +1,9 @@
-// Endpoint-based collectives (ring allreduce / reduce, chain multicast, dissemination barrier) on the simulated
-// SuperPoD against references computed here: every dtype and op, 2 / 8 / 64 GPUs, loss, a failed plane, odd
-// sizes and memberships, spec validation, and the ring's analytic time bound.
+// Endpoint-based collectives (ring allreduce / reduce / reduce-scatter / all-gather, chain multicast, dissemination
+// barrier) on the simulated SuperPoD against references computed here: every dtype and op, 2 / 8 / 64 GPUs, loss,
+// a failed plane, odd sizes and memberships, spec validation, and the ring's analytic time bound.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -55,6 +56,9 @@ std::vector<uint8_t> make_input(EchDtype t, uint64_t count, uint32_t seed) {
   }
   return v;
 }
+
+// First element of block b of `count` split over n members (the communicator's documented split).
+uint64_t block_begin(uint64_t count, uint64_t n, uint64_t b) { return count / n * b + count % n * b / n; }
 
 double as_double(EchDtype t, const uint8_t* p, uint64_t i) {
   const common::Acc a = common::load_element(t, p, i);
@@ -136,10 +140,11 @@ struct Case {
 
 std::string case_name(const Case& c) {
   std::string s = std::string(workloads::collective_name(c.kind)) + "_" + std::to_string(c.gpus) + "gpus";
+  std::replace(s.begin(), s.end(), '-', '_');
   if (c.kind != Collective::kBarrier) {
     s += std::string("_") + common::ech_dtype_name(c.dtype);
   }
-  if (c.kind == Collective::kAllReduce || c.kind == Collective::kReduce) {
+  if (c.kind == Collective::kAllReduce || c.kind == Collective::kReduce || c.kind == Collective::kReduceScatter) {
     s += std::string("_") + common::ech_redop_name(c.op);
   }
   if (c.count >= 1'000'000) {
@@ -249,6 +254,32 @@ CollectiveResult run_and_check(Bench& b, const CollectiveSpec& spec, uint32_t se
       // Every member needs log2(N) rounds of signals over at least two 500 ns links each.
       EXPECT_GE(r.end_ns - r.start_ns, 1000u);
       break;
+    case Collective::kReduceScatter:
+    case Collective::kAllGather: {
+      // Member p holds block p reduced (reduce-scatter), or every member holds every member's own block.
+      const size_t es = workloads::element_size(spec.dtype);
+      for (int p = 0; p < n; ++p) {
+        const uint64_t b0 = block_begin(spec.count, n, p);
+        const uint64_t b1 = block_begin(spec.count, n, p + 1);
+        if (spec.kind == Collective::kReduceScatter) {
+          std::vector<std::vector<uint8_t>> blocks;
+          for (const auto& v : in) {
+            blocks.emplace_back(v.begin() + b0 * es, v.begin() + b1 * es);
+          }
+          EXPECT_EQ(check_reduction(spec.dtype, spec.op, blocks,
+                                    b.c.window_data(spec.members[p], kData) + spec.offset + b0 * es, b1 - b0,
+                                    "block " + std::to_string(p) + " on its member"),
+                    0);
+          continue;
+        }
+        for (int g : spec.members) {
+          EXPECT_TRUE(b1 == b0 || std::memcmp(b.c.window_data(g, kData) + spec.offset + b0 * es, in[p].data() + b0 * es,
+                                              (b1 - b0) * es) == 0)
+              << "GPU " << g << " lacks member " << p << "'s block";
+        }
+      }
+      break;
+    }
   }
   for (int g : spec.members) {
     EXPECT_TRUE(b.guards_intact(spec, g)) << "GPU " << g << ": bytes outside the buffer changed";
@@ -305,6 +336,9 @@ std::vector<Case> matrix_cases() {
     v.push_back({Collective::kMulticast, n, 2, EchDtype::kFp32, EchRedOp::kSum, 300'007});
     v.push_back({Collective::kMulticast, n, 2, EchDtype::kFp16, EchRedOp::kSum, 777});
     v.push_back({Collective::kBarrier, n, 2});
+    v.push_back({Collective::kReduceScatter, n, 2, EchDtype::kBf16, EchRedOp::kSum, 60'007});
+    v.push_back({Collective::kReduceScatter, n, 2, EchDtype::kInt32, EchRedOp::kMax, 7});
+    v.push_back({Collective::kAllGather, n, 2, EchDtype::kFp16, EchRedOp::kSum, 60'007});
   }
   return v;
 }
@@ -319,6 +353,8 @@ std::vector<Case> large_cases() {
   v.push_back({Collective::kReduce, 64, 4, EchDtype::kInt32, EchRedOp::kSum, 65'536});
   v.push_back({Collective::kMulticast, 64, 4, EchDtype::kFp32, EchRedOp::kSum, 65'536});
   v.push_back({Collective::kBarrier, 64, 4});
+  v.push_back({Collective::kReduceScatter, 64, 4, EchDtype::kFp32, EchRedOp::kSum, 65'536});
+  v.push_back({Collective::kAllGather, 64, 4, EchDtype::kInt32, EchRedOp::kSum, 65'537});
   return v;
 }
 
@@ -331,6 +367,8 @@ std::vector<Case> fault_cases() {
       v.push_back({Collective::kReduce, n, 2, EchDtype::kFp16, EchRedOp::kSum, 100'003, loss});
       v.push_back({Collective::kMulticast, n, 2, EchDtype::kInt32, EchRedOp::kSum, 100'003, loss});
       v.push_back({Collective::kBarrier, n, 2, EchDtype::kFp32, EchRedOp::kSum, 0, loss});
+      v.push_back({Collective::kReduceScatter, n, 2, EchDtype::kFp32, EchRedOp::kSum, 100'003, loss});
+      v.push_back({Collective::kAllGather, n, 2, EchDtype::kBf16, EchRedOp::kSum, 100'003, loss});
     }
     v.push_back({Collective::kAllReduce, n, 2, EchDtype::kFp16, EchRedOp::kSum, 200'003, 0, true});
     // Long streams: far more messages per link than staging slots, so every slot is reused many times.

@@ -346,6 +346,28 @@ TEST(IfecFallback, MissingContributorTimesOutAndTheEndpointsFinish) {
   expect_result(st, s, all_members(s), /*ring_rounding=*/true);
 }
 
+TEST(IfecFallback, RanksLearningRoundOutcomesAtDifferentTimesLoseNoStores) {
+  // Rank r learns every exchanged outcome r x 20 us late: a rank that already resolved a round copies results to
+  // a rank that has not (heavy loss, one try per chunk: results some ranks got and others gave up), or starts the
+  // endpoint path for a missing contributor's chunks, before the other knows what to expect. Those stores must be
+  // held and claimed, not dropped.
+  for (bool missing : {false, true}) {
+    const auto s = spec_for(Collective::kAllReduce, 8, 20000, EchDtype::kFp32, EchRedOp::kSum);
+    testbed::ClusterOptions o = cluster_options(missing ? 0 : 0.1, 21);
+    o.bootstrap_skew_ns = 20'000;
+    Harness st = make_setup(routing::make_superpod(8, 2), s, o, 16);
+    if (missing) {
+      st.ifec->suppress_contributions(3);
+    } else {
+      st.ifec->options().timing.max_retries = 0;
+    }
+    const auto r = st.ifec->run(s, 5'000'000'000);
+    ASSERT_TRUE(r.ok) << (missing ? "missing contributor: " : "loss: ") << r.error;
+    EXPECT_GT(r.fallback_chunks, 0u) << "the case must exercise copies or the endpoint path";
+    expect_result(st, s, all_members(s), /*ring_rounding=*/true);
+  }
+}
+
 TEST(IfecFallback, FailedPlaneBeforeAndDuringTheOperation) {
   for (bool during : {false, true}) {
     const auto s = spec_for(Collective::kAllReduce, 8, 60000, EchDtype::kFp32, EchRedOp::kSum);

@@ -1,7 +1,7 @@
 // The control plane: the one interface through which workloads reach switches (reserve and release IFEC groups,
-// register windows for multicast, read slots and counters, set link state). Every call answers asynchronously,
-// never inside the call itself, with an error as a value that names the switch and the reason, so a network hop
-// (the live testbed's gRPC) fits behind the same calls as the simulator's in-process implementation.
+// register windows for multicast, read slots, counters and FARE's weights, set link state). Every call answers
+// asynchronously, never inside the call itself, with an error as a value that names the switch and the reason, so a
+// network hop (the live testbed's gRPC) fits behind the same calls as the simulator's in-process implementation.
 #pragma once
 
 #include <cstdint>
@@ -80,6 +80,13 @@ struct IfecCounters {
   uint64_t partial_resends = 0;   // partials a leaf sent again because the spine had not answered
 };
 
+// One member of a switch's WECMP group toward a destination: the port and its FARE weight (the path bandwidth
+// assigned to that sub-link, Gb/s; weights need not sum to anything).
+struct PortWeight {
+  int port = 0;
+  double gbps = 0;
+};
+
 // What went wrong at a switch (or on the way to it): which switch, and why, in words a user can act on.
 struct ControlError {
   std::string target;  // the switch's name (topology node), or the link
@@ -113,6 +120,9 @@ class ControlPlane {
   virtual void counters(const std::string& sw, std::function<void(const ControlReply<IfecCounters>&)> done) = 0;
   // Takes topology link `link` down or up (FARE reconverges after it).
   virtual void set_link_state(int link, bool up, Done done) = 0;
+  // FARE's WECMP group at switch `sw` toward GPU `dest_gpu` as the switch forwards now (empty: no route).
+  virtual void fare_weights(const std::string& sw, int dest_gpu,
+                            std::function<void(const ControlReply<std::vector<PortWeight>>&)> done) = 0;
 };
 
 }  // namespace ifec::common

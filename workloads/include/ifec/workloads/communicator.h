@@ -96,6 +96,22 @@ struct BatchReduceArgs {
   std::vector<RowContribution> contribute;  // as contributor
 };
 
+// Batch of point-to-point row stores (the endpoint-based MoE dispatch and combine: an all-to-all-v), this rank's
+// part: its rows, each from its own offset of source_window to its own offset of dest_window at its destination
+// (this rank: copied locally), posted in order; and the byte ranges of dest_window it receives from other ranks.
+struct RowPut {
+  uint64_t from = 0;    // offset in source_window here
+  int destination = 0;  // rank
+  uint64_t to = 0;      // offset in dest_window there
+};
+struct BatchPutArgs {
+  uint16_t source_window = 0;
+  uint16_t dest_window = 0;
+  uint64_t row_bytes = 0;
+  std::vector<RowPut> rows;
+  std::vector<std::pair<uint64_t, uint64_t>> incoming;  // (offset, bytes) of dest_window, from other ranks
+};
+
 class CommOp;
 
 class Communicator {
@@ -118,6 +134,7 @@ class Communicator {
   void run(const CollArgs& a, Algo algo, Done done);
   void multicast_rows(BatchMulticastArgs a, Done done);
   void reduce_rows(BatchReduceArgs a, Done done);
+  void put_rows(BatchPutArgs a, Done done);
 
   int rank() const { return boot_.rank(); }
   int size() const { return boot_.size(); }

@@ -28,6 +28,9 @@ struct ClusterOptions {
   endpoint::EndpointConfig endpoint;        // index and ip are filled per GPU
   int planes = 0;                           // use only the first N planes' ports (0 = all)
   std::optional<routing::IfecParams> ifec;  // replaces the topology's params.ifec (tests, CLI flags)
+  // Rank r's bootstrap answers arrive r x this later: ranks that learn a shared outcome at different times, as on
+  // their own clocks in the live testbed (tests of the races that follows from).
+  common::TimeNs bootstrap_skew_ns = 0;
 };
 
 class Cluster {

@@ -78,13 +78,33 @@ struct BatchReduceSpec {
   std::vector<RowReduce> rows;  // row indices unique per destination
 };
 
+// Batch of point-to-point row stores (the endpoint-based MoE dispatch and combine): each row from its source's
+// source_window to its destination's dest_window; a source posts its rows in the order listed.
+struct RowPutSpec {
+  int source = 0;
+  uint64_t from = 0;  // byte offset in source_window at the source
+  int destination = 0;
+  uint64_t to = 0;  // byte offset in dest_window at the destination (distinct rows do not overlap)
+};
+struct BatchPutSpec {
+  uint16_t source_window = 0;
+  uint16_t dest_window = 0;
+  uint64_t row_bytes = 0;
+  std::vector<RowPutSpec> rows;
+};
+
 // Validates a whole batch against the cluster (GPUs, windows, row bounds, duplicates); throws Error naming the
 // bad value. (Each rank also checks its own part; this catches it before any rank starts.)
 void validate_rows(Cluster& cluster, const BatchMulticastSpec& spec);
 void validate_rows(Cluster& cluster, const BatchReduceSpec& spec);
+void validate_rows(Cluster& cluster, const BatchPutSpec& spec);
 // Each rank's part of a whole-batch description (rank = GPU: batch operations run over every GPU).
 std::vector<workloads::BatchMulticastArgs> split_rows(const BatchMulticastSpec& spec, int gpus);
 std::vector<workloads::BatchReduceArgs> split_rows(const BatchReduceSpec& spec, int gpus);
+std::vector<workloads::BatchPutArgs> split_rows(const BatchPutSpec& spec, int gpus);
+
+// Every GPU's communicator runs its part of the batch of row stores (validated first).
+CollectiveResult run_put_rows(Cluster& cluster, const BatchPutSpec& spec, common::TimeNs limit = 10'000'000'000ULL);
 
 struct IfecStats {
   uint64_t operations = 0;
@@ -117,8 +137,6 @@ class IfecCollectives {
 
  private:
   CollectiveResult account(CollectiveResult r);
-  template <typename Args, typename Start>
-  CollectiveResult run_batch(std::vector<Args> args, common::TimeNs limit, Start start);
   workloads::CommOptions comm_options(common::TimeNs limit) const;
 
   Cluster& cluster_;

@@ -13,6 +13,7 @@
 
 #include "ifec/common/control.h"
 #include "ifec/common/sim.h"
+#include "ifec/routing/topology.h"
 #include "ifec/switchemu/switch.h"
 #include "ifec/workloads/bootstrap.h"
 
@@ -52,8 +53,8 @@ class InProcessBootstrap {
 // back through the caller's (`reply`).
 class InProcessControl : public common::ControlPlane {
  public:
-  InProcessControl(std::map<std::string, switchemu::Switch*> switches, std::function<void(int link, bool up)> set_link,
-                   Poster at_switch, Poster reply);
+  InProcessControl(const routing::Topology& topo, std::map<std::string, switchemu::Switch*> switches,
+                   std::function<void(int link, bool up)> set_link, Poster at_switch, Poster reply);
 
   void reserve(const std::string& sw, const common::GroupReservation& r, Done done) override;
   void release(const std::string& sw, uint32_t job, uint16_t group, Done done) override;
@@ -62,12 +63,15 @@ class InProcessControl : public common::ControlPlane {
   void counters(const std::string& sw,
                 std::function<void(const common::ControlReply<common::IfecCounters>&)> done) override;
   void set_link_state(int link, bool up, Done done) override;
+  void fare_weights(const std::string& sw, int dest_gpu,
+                    std::function<void(const common::ControlReply<std::vector<common::PortWeight>>&)> done) override;
 
  private:
   // Runs `fn(engine)` at the switch; `error` names what was wrong when the switch is unknown or runs no engine.
   void at(const std::string& sw, std::function<void(switchemu::IfecEngine&)> fn,
           std::function<void(const common::ControlError&)> error);
 
+  const routing::Topology& topo_;
   std::map<std::string, switchemu::Switch*> switches_;
   std::function<void(int, bool)> set_link_;
   Poster at_switch_;
