@@ -40,7 +40,7 @@ std::string run_moe_json(const routing::Topology& topo, const std::string& mode,
   const std::vector<testbed::MoeBenchRow> rows = interruptible([&] { return testbed::run_moe_point(cfg, p, vs); });
   std::string json = "[";
   for (size_t i = 0; i < rows.size(); ++i) {
-    json += (i ? "," : "") + testbed::moe_row_json(rows[i], cfg.topology_name);
+    json += (i ? "," : "") + testbed::moe_row_record(rows[i], cfg.topology_name).str();
   }
   return json + "]";
 }

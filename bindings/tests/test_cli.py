@@ -204,3 +204,20 @@ def test_launcher_help_lists_every_option(build_dir, repo):
         for option in re.findall(r"^  (--[\w-]+)", text, re.M):
             if option != "--help":
                 assert option in launcher, f"./ifec help omits {name} {option}"
+
+
+# ------------------------------------------------------------------------------------------------- reports --
+
+def test_bench_moe_files_follow_the_one_report_rule(build_dir, repo, tmp_path):
+    """The CLI's CSV is what the Python package's reports.write_csv writes from the CLI's own JSON rows, byte for
+    byte: one report format for the benches and the package (scalar fields, true/false, 10 significant digits)."""
+    from ifec import reports
+    r = cli(build_dir, repo, "bench", "moe", "--quick", "--ep", "8", "--mode", "ll", "--out", str(tmp_path / "cli"))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "cli" / "moe_bench.json").read_text())
+    assert [row["variant"] for row in rows] == ["per_expert", "per_rank", "ifec"]
+    assert all(isinstance(row["dispatch_wire_per_plane"], list) for row in rows)  # JSON-only fields exist
+    ours = reports.write_csv(tmp_path / "py" / "moe_bench.csv", rows)
+    cli_csv = (tmp_path / "cli" / "moe_bench.csv").read_text()
+    assert ours.read_text() == cli_csv
+    assert "dispatch_wire_per_plane" not in cli_csv.splitlines()[0] and ",true," in cli_csv

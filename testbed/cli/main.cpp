@@ -441,7 +441,7 @@ int run_bench_moe(const Args& a) {
   std::printf("# GB/s: logical bytes per rank / time (DeepEP's convention); MB: all ranks together\n%s\n",
               tb::moe_rows_header().c_str());
   std::fflush(stdout);
-  std::string csv = tb::moe_csv_header() + "\n";
+  std::string csv;
   std::string json = "[";
   int wrong = 0;
   for (const std::string& m : modes) {
@@ -454,8 +454,9 @@ int run_bench_moe(const Args& a) {
           tb::run_moe_point(cfg, p, {tb::MoeVariant::kPerExpert, tb::MoeVariant::kPerRank, tb::MoeVariant::kIfec});
       for (const auto& r : rows) {
         std::printf("%s\n", tb::moe_row_text(r).c_str());
-        csv += tb::moe_row_csv(r) + "\n";
-        json += (json.size() > 1 ? ",\n" : "") + tb::moe_row_json(r, cfg.topology_name);
+        const ifec::common::JsonObject rec = tb::moe_row_record(r, cfg.topology_name);
+        csv += (csv.empty() ? rec.csv_header() + "\n" : "") + rec.csv_row() + "\n";
+        json += (json.size() > 1 ? ",\n" : "") + rec.str();
         wrong += !r.ok();
       }
       const double base = std::min(rows[0].dispatch_us + rows[0].combine_us, rows[1].dispatch_us + rows[1].combine_us);

@@ -84,8 +84,7 @@ def main(argv=None):
         label=f"this testbed (sim): {amdahl_size >> 20} MiB on {args.amdahl_gpus} GPUs, best ({ring['ran']}) "
               f"{ring['time_us']:.0f} us vs in-switch {inc['time_us']:.0f} us"))
     reports.write_json(f"{args.out}/allreduce.json", rows)
-    reports.write_csv(f"{args.out}/allreduce.csv", [{k: v for k, v in r.items() if not isinstance(v, list)}
-                                                     for r in rows])
+    reports.write_csv(f"{args.out}/allreduce.csv", rows)
     wire_rows = [dict(variant=f"baseline (best: {r['ran']})" if r["algo"] == "best" else "ifec", plane=p, bytes=b)
                  for r in largest for p, b in enumerate(r["plane_tx_bytes"])]
     wire = reports.plot_wire_bytes(
@@ -183,8 +182,7 @@ def moe_section(args):
                   f"({base_d / t['ifec']['dispatch_us']:.2f}x), combine {base_c:.1f} -> "
                   f"{t['ifec']['combine_us']:.1f} us ({base_c / t['ifec']['combine_us']:.2f}x) "
                   f"({time.time() - t0:.0f} s wall)", flush=True)
-    reports.write_csv(f"{args.out}/moe_sweep.csv", [{k: v for k, v in r.items() if not isinstance(v, list)}
-                                                     for r in sweep])
+    reports.write_csv(f"{args.out}/moe_sweep.csv", sweep)
     reports.write_json(f"{args.out}/moe_sweep.json", sweep)
     plot_b = reports.plot_dispatch_combine(
         f"{args.out}/moe_speedup.png", speed,

@@ -396,13 +396,26 @@ def _atomic_write_text(path, text):
     return path
 
 
+def _csv_value(v):
+    """A value as report CSVs write it (the C++ common::JsonObject's rule): true/false, numbers as C++ writes them
+    with 10 significant digits, strings as they are (the csv module quotes them when needed)."""
+    if isinstance(v, (bool, np.bool_)):
+        return "true" if v else "false"
+    if isinstance(v, (float, np.floating)):
+        return "%.10g" % v
+    return v
+
+
 def write_csv(path, rows, fieldnames=None):
     """Writes a list of dicts as CSV (header = fieldnames, or keys in first-seen order); returns the Path.
 
-    Parent directories are created. Rows may lack columns (left empty); a key outside an explicit
-    fieldnames raises ValueError.
+    The one rule of every report CSV, shared with the CLI benches (common::JsonObject::csv_row): the scalar
+    fields only (list and dict values stay in the JSON), booleans as true/false, floats to 10 significant digits.
+    Parent directories are created. Rows may lack columns (left empty); a key outside an explicit fieldnames
+    raises ValueError.
     """
-    rows = list(rows)
+    rows = [{k: _csv_value(v) for k, v in row.items() if not isinstance(v, (list, tuple, dict, np.ndarray))}
+            for row in rows]
     if fieldnames is None:
         fieldnames = list(dict.fromkeys(k for row in rows for k in row))
     buf = io.StringIO()

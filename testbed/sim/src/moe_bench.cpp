@@ -143,25 +143,7 @@ std::string moe_row_text(const MoeBenchRow& r) {
   return line;
 }
 
-std::string moe_csv_header() {
-  return "mode,ep,tokens,variant,simulated_tokens,scaled,dispatch_us,combine_us,compute_us,total_us,dispatch_gbs,"
-         "combine_gbs,dispatch_logical_bytes,dispatch_wire_bytes,combine_logical_bytes,combine_wire_bytes,"
-         "fallback_chunks,max_rel_error,tolerance,ok,wall_seconds";
-}
-
-std::string moe_row_csv(const MoeBenchRow& r) {
-  std::ostringstream os;
-  os.precision(10);
-  os << r.point.mode << ',' << r.point.ep << ',' << r.point.tokens << ',' << r.variant << ',' << r.simulated_tokens
-     << ',' << (r.scaled ? 1 : 0) << ',' << r.dispatch_us << ',' << r.combine_us << ',' << r.compute_us << ','
-     << r.total_us << ',' << r.dispatch_gbs() << ',' << r.combine_gbs() << ',' << r.dispatch_logical_bytes << ','
-     << r.dispatch_wire_bytes << ',' << r.combine_logical_bytes << ',' << r.combine_wire_bytes << ','
-     << r.fallback_chunks << ',' << r.max_rel_error << ',' << r.tolerance << ',' << (r.ok() ? 1 : 0) << ','
-     << r.wall_seconds;
-  return os.str();
-}
-
-std::string moe_row_json(const MoeBenchRow& r, const std::string& topology) {
+common::JsonObject moe_row_record(const MoeBenchRow& r, const std::string& topology) {
   common::JsonObject o;
   o.add("driver", "sim").add("topology", topology).add("mode", r.point.mode).add("ep", r.point.ep);
   o.add("tokens", r.point.tokens).add("variant", r.variant).add("simulated_tokens", r.simulated_tokens);
@@ -173,7 +155,7 @@ std::string moe_row_json(const MoeBenchRow& r, const std::string& topology) {
   o.add("dispatch_wire_per_plane", r.dispatch_wire_per_plane).add("combine_wire_per_plane", r.combine_wire_per_plane);
   o.add("fallback_chunks", r.fallback_chunks).add("max_rel_error", r.max_rel_error).add("tolerance", r.tolerance);
   o.add("ok", r.ok()).add("faults", r.faults).add("wall_seconds", r.wall_seconds);
-  return o.str();
+  return o;
 }
 
 }  // namespace ifec::testbed

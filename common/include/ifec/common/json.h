@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ifec::common {
@@ -40,12 +42,13 @@ inline std::string json_strings(const std::vector<std::string>& v) {
 // rows, the raw-traffic report) that the CLI prints and the Python package parses.
 class JsonObject {
  public:
-  JsonObject& add(const std::string& key, const std::string& v) { return raw(key, json_quote(v)); }
-  JsonObject& add(const std::string& key, const char* v) { return raw(key, json_quote(v)); }
-  JsonObject& add(const std::string& key, bool v) { return raw(key, v ? "true" : "false"); }
+  JsonObject& add(const std::string& key, const std::string& v) { return put(key, json_quote(v), csv_quote(v)); }
+  JsonObject& add(const std::string& key, const char* v) { return add(key, std::string(v)); }
+  JsonObject& add(const std::string& key, bool v) { return put(key, v ? "true" : "false", v ? "true" : "false"); }
   template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
   JsonObject& add(const std::string& key, T v) {
-    return raw(key, number(v));
+    const std::string n = number(v);
+    return put(key, n, n);
   }
   template <typename T>
   JsonObject& add(const std::string& key, const std::vector<T>& v) {
@@ -56,14 +59,42 @@ class JsonObject {
     return raw(key, out + "]");
   }
   JsonObject& add(const std::string& key, const JsonObject& v) { return raw(key, v.str()); }
-  // A value already in JSON.
-  JsonObject& raw(const std::string& key, const std::string& json) {
-    body_ += (body_.empty() ? "" : ",") + json_quote(key) + ":" + json;
-    return *this;
-  }
+  // A value already in JSON (not a CSV column).
+  JsonObject& raw(const std::string& key, const std::string& json) { return put(key, json, std::nullopt); }
   std::string str() const { return "{" + body_ + "}"; }
 
+  // The row as CSV, the one rule of every report file (the Python package's reports.write_csv follows it too):
+  // the scalar fields in the order added (lists and objects are JSON-only), numbers as in the JSON, booleans as
+  // true/false, strings quoted (RFC 4180) when they hold a comma, quote or line break.
+  std::string csv_header() const { return join(true); }
+  std::string csv_row() const { return join(false); }
+
+  static std::string csv_quote(const std::string& s) {
+    if (s.find_first_of(",\"\r\n") == std::string::npos) {
+      return s;
+    }
+    std::string out = "\"";
+    for (char c : s) {
+      out += c == '"' ? "\"\"" : std::string(1, c);
+    }
+    return out + "\"";
+  }
+
  private:
+  JsonObject& put(const std::string& key, const std::string& json, std::optional<std::string> csv) {
+    body_ += (body_.empty() ? "" : ",") + json_quote(key) + ":" + json;
+    if (csv) {
+      columns_.emplace_back(csv_quote(key), std::move(*csv));
+    }
+    return *this;
+  }
+  std::string join(bool keys) const {
+    std::string out;
+    for (size_t i = 0; i < columns_.size(); ++i) {
+      out += (i ? "," : "") + (keys ? columns_[i].first : columns_[i].second);
+    }
+    return out;
+  }
   template <typename T>
   static std::string number(T v) {
     std::ostringstream os;
@@ -78,6 +109,7 @@ class JsonObject {
     return number(v);
   }
   std::string body_;
+  std::vector<std::pair<std::string, std::string>> columns_;  // scalar fields: (key, value) as CSV text
 };
 
 }  // namespace ifec::common

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ifec/common/json.h"
 #include "ifec/routing/topology.h"
 #include "ifec/testbed/moe_fabric.h"
 #include "ifec/workloads/moe.h"
@@ -68,8 +69,7 @@ std::vector<MoeBenchRow> run_moe_point(const MoeBenchConfig& cfg, const MoePoint
 
 std::string moe_rows_header();
 std::string moe_row_text(const MoeBenchRow& r);
-std::string moe_csv_header();
-std::string moe_row_csv(const MoeBenchRow& r);
-std::string moe_row_json(const MoeBenchRow& r, const std::string& topology);
+// The row as a report record: its JSON (.str(), what the Python package parses) and CSV (.csv_row()) forms.
+common::JsonObject moe_row_record(const MoeBenchRow& r, const std::string& topology);
 
 }  // namespace ifec::testbed
