@@ -112,10 +112,15 @@ class IfecReduceOp : public CommOp {
 
   // Stores this rank cannot place yet are held: with ranks on their own clocks, a faster rank resolves a round
   // (and copies results here, or starts the endpoint path, or its next range) before this rank has.
-  void on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) override {
-    if (!claim(peer, window, offset, len)) {
-      held_.push_back({peer, window, offset, len});
+  bool on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) override {
+    if (claim(peer, window, offset, len)) {
+      return true;
     }
+    if (window != a_.window && window != a_.scratch_window) {
+      return false;  // not this operation's buffers: the next operation's
+    }
+    held_.push_back({peer, window, offset, len});
+    return true;
   }
 
   void on_routes_changed() override {
@@ -630,6 +635,10 @@ class IfecReduceOp : public CommOp {
 
   void succeed_with_stats() {
     res_.fell_back = res_.fell_back || res_.fallback_chunks > 0;
+    for (const Held& h : held_) {
+      pass_on(h.peer, h.window, h.offset, h.len);  // a peer already in the next operation on the same buffers
+    }
+    held_.clear();
     succeed();
   }
 

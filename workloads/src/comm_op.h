@@ -12,6 +12,11 @@ namespace ifec::workloads {
 
 // One rank's part of one operation: started by the communicator, finished exactly once (ok or with the reason),
 // fed this rank's arrivals (remote writes) and route changes while it runs.
+//
+// Ranks on their own clocks do not start an operation together: a peer may already be in the next one, and its
+// stores land here while this rank still runs the last. So every arrival is offered to the running operation,
+// which says whether it belongs to it; those it does not claim (and those landing between operations) are kept by
+// the communicator and offered to the next operation when it begins (once: a peer is at most one operation ahead).
 class CommOp : public std::enable_shared_from_this<CommOp> {
  public:
   CommOp(Communicator& comm, Communicator::Done done);
@@ -19,8 +24,9 @@ class CommOp : public std::enable_shared_from_this<CommOp> {
   CommOp(const CommOp&) = delete;
   CommOp& operator=(const CommOp&) = delete;
 
-  void begin();  // arms the time limit, then start()
-  virtual void on_remote_write(int peer_gpu, uint16_t window, uint64_t offset, uint64_t len) {}
+  void begin();  // arms the time limit, start(), then offers the arrivals kept for it (unless fenced_)
+  // True when the store belongs to this operation (counted, or held by it until it knows what it is for).
+  virtual bool on_remote_write(int peer_gpu, uint16_t window, uint64_t offset, uint64_t len) { return false; }
   virtual void on_routes_changed() {}
   bool finished() const { return finished_; }
   bool ok() const { return res_.ok; }
@@ -40,9 +46,12 @@ class CommOp : public std::enable_shared_from_this<CommOp> {
   // The bootstrap's allgather; `fn` runs only while this operation is unfinished (it may have timed out and gone),
   // and only when the gather worked (else the operation fails, naming the bootstrap's reason).
   void gather(std::vector<uint8_t> mine, std::function<void(Gathered)> fn);
+  // Hands a store this operation held but never claimed to the communicator, for the next operation.
+  void pass_on(int peer_gpu, uint16_t window, uint64_t offset, uint64_t len);
 
   Communicator& comm_;
   CollectiveResult res_;
+  bool fenced_ = false;  // start() deals with the kept arrivals itself (after a failure: see ScheduleOp)
 
  private:
   void finish();

@@ -48,11 +48,13 @@ class PutRowsOp : public CommOp {
     check_done();
   }
 
-  void on_remote_write(int, uint16_t window, uint64_t offset, uint64_t len) override {
-    if (window == a_.dest_window) {
-      landed_.insert(offset, len);
-      check_done();
+  bool on_remote_write(int, uint16_t window, uint64_t offset, uint64_t len) override {
+    if (window != a_.dest_window) {
+      return false;
     }
+    landed_.insert(offset, len);
+    check_done();
+    return true;
   }
 
   std::string describe_stuck() const override {

@@ -91,11 +91,13 @@ class MulticastRowsOp : public CommOp {
     });
   }
 
-  void on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) override {
-    if (window == a_.window) {
-      landed_.insert(offset, len);
-      check_done();
+  bool on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) override {
+    if (window != a_.window) {
+      return false;
     }
+    landed_.insert(offset, len);
+    check_done();
+    return true;
   }
 
   void on_routes_changed() override {
@@ -341,13 +343,15 @@ class ReduceRowsOp : public CommOp {
     gather(w.take(), [this](Gathered g) { learn_rows(g); });
   }
 
-  void on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) override {
-    if (window == scratch_ && collecting_) {
-      pieces_in_.insert(offset, len);
-      if (pieces_in_.bytes() >= pieces_expected_) {
-        defer([this] { maybe_sum(); });
-      }
+  bool on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) override {
+    if (window != scratch_ || !collecting_) {
+      return false;
     }
+    pieces_in_.insert(offset, len);
+    if (pieces_in_.bytes() >= pieces_expected_) {
+      defer([this] { maybe_sum(); });
+    }
+    return true;
   }
 
   void on_routes_changed() override {

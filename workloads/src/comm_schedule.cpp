@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include "comm_op.h"
 #include "ifec/common/checks.h"
@@ -689,30 +690,42 @@ class ScheduleOp : public CommOp {
   // operation existed were kept by the communicator and count here. But bytes cannot tell a late store of an earlier,
   // failed operation from one of this one: after a failure, every rank first waits until its own earlier stores
   // completed (landed or failed), then meets the others at a bootstrap barrier, and drops what landed before it
-  // (every rank sees the failure: the time limit fires everywhere). The barrier costs no simulated time.
+  // (every rank sees the failure: the time limit fires everywhere); what lands after it is this operation's. The
+  // barrier costs no simulated time.
   void start() override {
     if (!comm_.take_fence()) {
-      begin_run(comm_.take_early_arrivals());
+      begin_run();  // the communicator offers the kept arrivals next
       return;
     }
+    fenced_ = true;
     watch(comm_.endpoint().quiet(), [this](bool, const std::string&) {
       gather({}, [this](Gathered g) {
         comm_.take_early_arrivals();
-        defer([this] { begin_run({}); });
+        past_barrier_ = true;
+        defer([this] {
+          begin_run();
+          for (const Communicator::Arrival& a : std::exchange(after_barrier_, {})) {
+            run_.on_remote_write(a.peer, a.window, a.offset, a.len);
+          }
+        });
       });
     });
   }
-  void on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) override {
+  bool on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) override {
     if (started_) {
-      run_.on_remote_write(peer, window, offset, len);
+      return run_.on_remote_write(peer, window, offset, len);
     }
+    if (past_barrier_) {
+      after_barrier_.push_back({peer, window, offset, len});  // a peer that passed the barrier first
+    }
+    return true;  // before the barrier: a failed operation's late store, dropped
   }
   std::string describe_stuck() const override {
     return started_ ? run_.describe_stuck() : "waiting for the other ranks at the entry barrier";
   }
 
  private:
-  void begin_run(const std::vector<Communicator::Arrival>& early) {
+  void begin_run() {
     started_ = true;
     run_.start([this](bool ok, const std::string& error) {
       if (ok) {
@@ -721,13 +734,12 @@ class ScheduleOp : public CommOp {
         fail(error);
       }
     });
-    for (const Communicator::Arrival& a : early) {
-      run_.on_remote_write(a.peer, a.window, a.offset, a.len);
-    }
   }
 
   schedule::Run run_;
   bool started_ = false;
+  bool past_barrier_ = false;
+  std::vector<Communicator::Arrival> after_barrier_;
 };
 
 }  // namespace

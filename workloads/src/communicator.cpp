@@ -55,6 +55,15 @@ void CommOp::begin() {
     }
   });
   start();
+  if (!fenced_ && !finished_) {
+    for (const Communicator::Arrival& a : comm_.take_early_arrivals()) {
+      on_remote_write(a.peer, a.window, a.offset, a.len);  // unclaimed now: not for this rank's operations
+    }
+  }
+}
+
+void CommOp::pass_on(int peer_gpu, uint16_t window, uint64_t offset, uint64_t len) {
+  comm_.keep_early({peer_gpu, window, offset, len});
 }
 
 void CommOp::succeed() {
@@ -136,10 +145,8 @@ Communicator::Communicator(endpoint::Endpoint& ep, Bootstrap& boot, common::Cont
     if (auto a = alive.lock(); !a || !*a) {
       return;
     }
-    if (op_ && !op_->finished()) {
-      op_->on_remote_write(peer, window, offset, len);
-    } else if (opts_.keep_early_arrivals && early_.size() < kMaxEarly) {
-      early_.push_back({peer, window, offset, len});  // a peer that started the next operation before this rank
+    if (!op_ || op_->finished() || !op_->on_remote_write(peer, window, offset, len)) {
+      keep_early({peer, window, offset, len});  // a peer that started the next operation before this rank
     }
   });
 }
@@ -304,6 +311,12 @@ void Communicator::finished(CommOp* op) {
 }
 
 std::vector<Communicator::Arrival> Communicator::take_early_arrivals() { return std::exchange(early_, {}); }
+
+void Communicator::keep_early(const Arrival& a) {
+  if (opts_.keep_early_arrivals && early_.size() < kMaxEarly) {
+    early_.push_back(a);
+  }
+}
 
 bool Communicator::take_fence() { return std::exchange(fence_next_, false); }
 

@@ -41,8 +41,9 @@ struct IfecOptions {
 struct CommOptions {
   IfecOptions ifec;
   common::TimeNs limit_ns = 10'000'000'000ULL;  // an operation that has not finished after this fails, saying why
-  // Keep stores that land while no operation runs for the next one (a peer started first). Drivers that start
-  // every rank in the same event (the simulated harness) turn it off: nothing can be early there.
+  // Keep stores that land while no operation runs, or that the running one does not claim, for the next one (a
+  // peer started it first). Drivers that start every operation on every rank in one event and wait for all of
+  // them (the simulated harness) turn it off: nothing can be early there.
   bool keep_early_arrivals = true;
 };
 
@@ -151,8 +152,8 @@ class Communicator {
   common::Clock& clock() { return ep_.clock(); }
   uint16_t next_group() { return next_group_++; }
 
-  // Stores that landed here while no operation ran (a peer started the next one first), oldest first; the next
-  // operation takes them (CommOptions::keep_early_arrivals).
+  // Stores that landed here while no operation ran, or that the running one did not claim (a peer started the
+  // next one first), oldest first; the next operation is offered them (CommOptions::keep_early_arrivals).
   struct Arrival {
     int peer;
     uint16_t window;
@@ -160,6 +161,7 @@ class Communicator {
     uint64_t len;
   };
   std::vector<Arrival> take_early_arrivals();
+  void keep_early(const Arrival& a);
   // True once after an operation failed here: the next one must wait out the failed one's stores (see ScheduleOp).
   bool take_fence();
 
