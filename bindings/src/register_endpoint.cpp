@@ -215,7 +215,7 @@ void register_endpoint(py::module_& m) {
              const std::string& dtype, const std::string& algo) {
             IFEC_CHECK(!members.empty(), "scratch_bytes: members is empty");
             return testbed::ring_scratch_bytes(make_spec(kind, members, members.at(0), 1, 0, count, dtype, "sum", 2),
-                                               workloads::parse_algo(algo));
+                                               workloads::parse_algo(algo), &c.fabric().topology());
           },
           py::arg("kind"), py::arg("members"), py::arg("count"), py::arg("dtype"), py::arg("algo") = "ring")
       .def(

@@ -320,7 +320,11 @@ void Communicator::keep_early(const Arrival& a) {
 
 bool Communicator::take_fence() { return std::exchange(fence_next_, false); }
 
-uint64_t Communicator::scratch_bytes(const CollArgs& a, int ranks, Algo algo) {
+uint64_t Communicator::scratch_bytes(const CollArgs& a, int ranks, Algo algo, const routing::Topology* topo,
+                                     int first_gpu) {
+  if (algo == Algo::kBest && topo != nullptr) {
+    algo = choose_algorithm(a, ranks, *topo, first_gpu);
+  }
   if (algo == Algo::kBest) {  // whatever the cost model may choose
     uint64_t need = 0;
     for (Algo x : {Algo::kRing, Algo::kTree, Algo::kRd, Algo::kOneShot}) {
@@ -338,19 +342,22 @@ uint64_t Communicator::scratch_bytes(const CollArgs& a, int ranks, Algo algo) {
 // whole-buffer steps; one-shot: one hop and n-1 copies. The crossovers this gives are measured against the
 // simulated algorithms by `./ifec bench collectives`.
 Algo Communicator::choose_algorithm(const CollArgs& a) const {
+  return choose_algorithm(a, size(), topo_, gpus_.empty() ? 0 : gpus_[0]);
+}
+
+Algo Communicator::choose_algorithm(const CollArgs& a, int n, const routing::Topology& topo, int first_gpu) {
   if (a.kind != Collective::kAllReduce) {
     return Algo::kRing;
   }
-  const int n = size();
   const double bytes = static_cast<double>(a.count * element_size(a.dtype));
   double delay = 0;
   double rate_bytes_per_ns = 0;
-  const int node = topo_.gpu_node(gpus_.empty() ? 0 : gpus_[0]);
-  for (int l : topo_.links_of(node)) {
-    delay = std::max(delay, static_cast<double>(topo_.links[l].delay_ns));
-    rate_bytes_per_ns += topo_.links[l].rate_gbps / 8;
+  const int node = topo.gpu_node(first_gpu);
+  for (int l : topo.links_of(node)) {
+    delay = std::max(delay, static_cast<double>(topo.links[l].delay_ns));
+    rate_bytes_per_ns += topo.links[l].rate_gbps / 8;
   }
-  const double alpha = 2 * delay + 4096 / std::max(1e-9, rate_bytes_per_ns / topo_.links_of(node).size()) + 200;
+  const double alpha = 2 * delay + 4096 / std::max(1e-9, rate_bytes_per_ns / topo.links_of(node).size()) + 200;
   const double beta = 1 / std::max(1e-9, rate_bytes_per_ns);
   const double logn = std::ceil(std::log2(std::max(2, n)));
   const double slices = std::max(1.0, std::ceil(bytes / n / 65536));

@@ -145,7 +145,7 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   s.op = p.op;
   s.scratch_window = kScratch;
   const uint64_t buf = std::max<uint64_t>(64, row.count * es);
-  const uint64_t scratch = std::max<uint64_t>(4096, ring_scratch_bytes(s, p.algo));
+  const uint64_t scratch = std::max<uint64_t>(4096, ring_scratch_bytes(s, p.algo, &c.fabric().topology()));
   IFEC_CHECK((buf + scratch) * c.size() <= kMemoryBudget,
              "size " << p.bytes << " B on " << c.size() << " GPUs needs " << ((buf + scratch) * c.size() >> 20)
                      << " MiB of host memory for the simulated windows; the limit is " << (kMemoryBudget >> 20)

@@ -27,8 +27,9 @@ workloads::CollArgs coll_args(const CollectiveSpec& spec) {
   return a;
 }
 
-uint64_t ring_scratch_bytes(const CollectiveSpec& spec, Algo algo) {
-  return workloads::Communicator::scratch_bytes(coll_args(spec), static_cast<int>(spec.members.size()), algo);
+uint64_t ring_scratch_bytes(const CollectiveSpec& spec, Algo algo, const routing::Topology* topo) {
+  return workloads::Communicator::scratch_bytes(coll_args(spec), static_cast<int>(spec.members.size()), algo, topo,
+                                                spec.members.empty() ? 0 : spec.members[0]);
 }
 
 void validate_spec(Cluster& cluster, const CollectiveSpec& spec, Algo algo) {
@@ -59,7 +60,7 @@ void validate_spec(Cluster& cluster, const CollectiveSpec& spec, Algo algo) {
     }
   }
   // The algorithm's scratch (the in-fabric path falls back to the ring; best may choose any).
-  const uint64_t need = ring_scratch_bytes(spec, algo);
+  const uint64_t need = ring_scratch_bytes(spec, algo, &cluster.fabric().topology());
   for (int g : spec.members) {
     const endpoint::WindowInfo* w = cluster.ep(g).memory().window(spec.scratch_window);
     IFEC_CHECK(w != nullptr, kind << ": GPU " << g << " has no scratch window " << spec.scratch_window);

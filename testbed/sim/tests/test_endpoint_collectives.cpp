@@ -587,6 +587,19 @@ TEST(EndpointCollectives, NamesAndSizes) {
   EXPECT_LT(small, large);
   s.kind = Collective::kBarrier;
   EXPECT_LT(testbed::ring_scratch_bytes(s), 4096u);
+  // best on a known fabric needs only its choice's staging at 4 MiB on 64 GPUs, not one-shot's 63 copies of the
+  // buffer (which the demo could not allocate).
+  const routing::Topology topo = routing::make_superpod(64, 4);
+  CollectiveSpec big;
+  for (int g = 0; g < 64; ++g) {
+    big.members.push_back(g);
+  }
+  big.count = 1 << 20;
+  const workloads::Algo choice = workloads::Communicator::choose_algorithm(testbed::coll_args(big), 64, topo, 0);
+  EXPECT_NE(choice, workloads::Algo::kOneShot);
+  EXPECT_EQ(testbed::ring_scratch_bytes(big, workloads::Algo::kBest, &topo), testbed::ring_scratch_bytes(big, choice));
+  EXPECT_GE(testbed::ring_scratch_bytes(big, workloads::Algo::kBest), 63ull * 4 * big.count);
+  EXPECT_LT(testbed::ring_scratch_bytes(big, workloads::Algo::kBest, &topo), 16ull * 4 * big.count);
 }
 
 namespace {

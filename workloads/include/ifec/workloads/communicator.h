@@ -165,11 +165,15 @@ class Communicator {
   // True once after an operation failed here: the next one must wait out the failed one's stores (see ScheduleOp).
   bool take_fence();
 
-  // Scratch bytes the endpoint-based algorithm `algo` needs (ifec: the ring's, its fallback; best: any choice's) for
-  // `a` (every rank, in a.scratch_window).
-  static uint64_t scratch_bytes(const CollArgs& a, int ranks, Algo algo);
+  // Scratch bytes the endpoint-based algorithm `algo` needs (ifec: the ring's, its fallback; best: the choice's on
+  // `topo` from `first_gpu`, or without a topology whatever any choice needs) for `a` (every rank, in
+  // a.scratch_window).
+  static uint64_t scratch_bytes(const CollArgs& a, int ranks, Algo algo, const routing::Topology* topo = nullptr,
+                                int first_gpu = 0);
   // The endpoint algorithm `best` runs for `a` on this fabric, from its cost model (latency per hop vs bandwidth).
   Algo choose_algorithm(const CollArgs& a) const;
+  // The same model for `ranks` ranks whose first is GPU `first_gpu` of `topo` (every rank reaches the same choice).
+  static Algo choose_algorithm(const CollArgs& a, int ranks, const routing::Topology& topo, int first_gpu);
 
   // The switch this rank's GPU meets on `plane` (one tier: the plane's; two tier: its leaf), or -1.
   int switch_node_of(int rank, int plane) const;

@@ -33,8 +33,10 @@ struct CollectiveSpec {
 
 // The communicator's arguments for `spec` (root as a rank).
 workloads::CollArgs coll_args(const CollectiveSpec& spec);
-// Scratch bytes `algo` needs in spec.scratch_window on every member (best: the largest any choice needs).
-uint64_t ring_scratch_bytes(const CollectiveSpec& spec, Algo algo = Algo::kRing);
+// Scratch bytes `algo` needs in spec.scratch_window on every member (best: what its choice on `topo` needs, or
+// without a topology the largest any choice needs).
+uint64_t ring_scratch_bytes(const CollectiveSpec& spec, Algo algo = Algo::kRing,
+                            const routing::Topology* topo = nullptr);
 // Validates a spec against the cluster (members, root, windows and sizes, the scratch `algo` needs; ifec: the
 // ring's, its fallback); throws Error naming the bad value.
 void validate_spec(Cluster& cluster, const CollectiveSpec& spec, Algo algo = Algo::kRing);
