@@ -1,0 +1,84 @@
+// A common::Port on a Linux network interface: AF_PACKET with a memory-mapped receive ring (TPACKET_V2: each frame
+// is handed over as it arrives; TPACKET_V3's block retire timer would add up to its timeout in latency at low load)
+// and sendto() for transmission. A classic BPF filter in the kernel passes only fabric traffic: RoCEv2 (UDP 4791),
+// ECH (UDP 4793), PFC (MAC control 0x8808) and the FARE speaker's ethertype; the kernel's own traffic (ARP, IPv6 ND,
+// the control plane's TCP) never reaches the daemon. Frames this socket sends are not looped back to it.
+//
+// Link state is the interface's carrier (IFF_RUNNING), read with refresh_link() (the daemon polls it and reacts to
+// changes). Link rates are honoured by a tc tbf qdisc the bring-up installs, not here: sendto() goes through the
+// qdisc, and a full queue (ENOBUFS/EAGAIN) makes the port busy until the socket is writable again.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ifec/common/interfaces.h"
+#include "ifec/live/epoll_loop.h"
+
+namespace ifec::live {
+
+inline constexpr uint16_t kFareEthertype = 0x88B5;  // IEEE 802 local experimental: FARE advertisements
+
+struct AfPacketCounters {
+  uint64_t rx_frames = 0;
+  uint64_t rx_bytes = 0;
+  uint64_t tx_frames = 0;
+  uint64_t tx_bytes = 0;
+  uint64_t tx_refused = 0;    // send() while down or busy
+  uint64_t tx_errors = 0;     // sendto() failed for another reason
+  uint64_t rx_dropped = 0;    // the kernel dropped frames for want of ring space (PACKET_STATISTICS)
+  uint64_t rx_truncated = 0;  // frames longer than a ring slot
+};
+
+class AfPacketPort : public common::Port {
+ public:
+  // Opens `ifname` in the calling thread's network namespace, or in `netns` (a name under /var/run/netns) when
+  // given. Throws common::Error naming the interface and the reason (no such interface, no permission, ...).
+  AfPacketPort(EpollLoop& loop, const std::string& ifname, uint64_t rate_bps, const std::string& netns = "");
+  ~AfPacketPort() override;
+  AfPacketPort(const AfPacketPort&) = delete;
+  AfPacketPort& operator=(const AfPacketPort&) = delete;
+
+  bool send(std::vector<uint8_t>&& frame) override;
+  bool busy() const override { return busy_; }
+  bool link_up() const override { return up_; }
+  uint64_t rate_bps() const override { return rate_bps_; }
+  void set_receiver(Receiver rx) override { rx_ = std::move(rx); }
+  void set_tx_ready(TxReady ready) override { ready_ = std::move(ready); }
+
+  // Re-reads the carrier; true when it changed.
+  bool refresh_link();
+  const std::string& name() const { return ifname_; }
+  const uint8_t* mac() const { return mac_; }
+  int ifindex() const { return ifindex_; }
+  AfPacketCounters counters() const;
+
+ private:
+  void open_socket();
+  void drain();
+  void writable();
+
+  EpollLoop& loop_;
+  std::string ifname_;
+  uint64_t rate_bps_;
+  int fd_ = -1;
+  int ifindex_ = 0;
+  uint8_t mac_[6] = {};
+  uint8_t* ring_ = nullptr;
+  size_t ring_bytes_ = 0;
+  uint32_t frame_size_ = 0;
+  uint32_t frames_ = 0;
+  uint32_t next_ = 0;
+  bool up_ = false;
+  bool busy_ = false;
+  std::vector<uint8_t> pending_;  // a frame the full qdisc refused, sent when it has room
+  Receiver rx_;
+  TxReady ready_;
+  mutable AfPacketCounters counters_;
+};
+
+// The names of the fabric interface for topology port `port` of a node (inside the node's own namespace).
+std::string fabric_ifname(int port);
+
+}  // namespace ifec::live

@@ -1,0 +1,63 @@
+// The live driver's event loop: wall-clock time, timers and file descriptors on one thread (a daemon's switch or
+// endpoint and everything above it run here), with schedule() callable from any thread (gRPC handlers post their
+// work into it). The same Clock the simulator's EventLoop is, so the code above the seams does not change.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <vector>
+
+#include "ifec/common/interfaces.h"
+
+namespace ifec::live {
+
+class EpollLoop : public common::Clock {
+ public:
+  EpollLoop();
+  ~EpollLoop() override;
+  EpollLoop(const EpollLoop&) = delete;
+  EpollLoop& operator=(const EpollLoop&) = delete;
+
+  // Nanoseconds since this loop was made (steady clock).
+  common::TimeNs now() const override;
+  // Any thread: runs `fn` on the loop's thread once now() >= at.
+  void schedule(common::TimeNs at, std::function<void()> fn) override;
+  // Loop thread only: calls `fn` whenever `fd` is readable (level-triggered) until unwatch(fd).
+  void watch(int fd, std::function<void()> fn);
+  void unwatch(int fd);
+  // Runs timers and fd callbacks until stop() or the deadline (ns since start) passes; returns callbacks run.
+  uint64_t serve(common::TimeNs deadline = common::kForever);
+  // Runs what is due and what the fds have ready, without waiting; returns callbacks run.
+  uint64_t poll();
+  void stop();  // any thread
+
+ private:
+  struct Timer {
+    common::TimeNs at;
+    uint64_t seq;
+    std::function<void()> fn;
+    bool operator>(const Timer& o) const { return at != o.at ? at > o.at : seq > o.seq; }
+  };
+  uint64_t run_once(int timeout_ms);
+  uint64_t run_due();
+  void wake();
+  void arm(common::TimeNs at);
+
+  int epfd_ = -1;
+  int eventfd_ = -1;
+  int timerfd_ = -1;
+  common::TimeNs armed_ = common::kForever;
+  std::chrono::steady_clock::time_point start_;
+  std::mutex mu_;  // guards timers_, seq_, stopped_
+  std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers_;
+  uint64_t seq_ = 0;
+  bool stopped_ = false;
+  std::map<int, std::function<void()>> watched_;
+};
+
+}  // namespace ifec::live

@@ -1,0 +1,35 @@
+// Network namespaces and veth pairs for tests and benches that build their own small wiring (the bring-up of whole
+// topologies is Mininet's, from Python). Everything made here is removed by the destructor, failure or not.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ifec::live {
+
+// Runs a command (argv, no shell); returns its exit status and puts its stdout+stderr into *out when given.
+int run_command(const std::vector<std::string>& argv, std::string* out = nullptr);
+
+// Why this process cannot make namespaces and veths here ("" when it can): tests skip with this reason.
+std::string netns_unavailable();
+
+class ScopedNetns {
+ public:
+  // Creates /var/run/netns/<name> (a name unique to this process is the caller's job); throws Error naming it.
+  explicit ScopedNetns(std::string name);
+  ~ScopedNetns();  // deletes the namespace, and with it every interface inside
+  ScopedNetns(const ScopedNetns&) = delete;
+  ScopedNetns& operator=(const ScopedNetns&) = delete;
+  const std::string& name() const { return name_; }
+  // Runs `ip <args>` inside the namespace; throws Error with ip's message when it fails.
+  void ip(const std::vector<std::string>& args) const;
+
+ private:
+  std::string name_;
+};
+
+// A veth pair between two namespaces: `a_if` in `a`, `b_if` in `b`, both up with the given MTU.
+void make_veth(const ScopedNetns& a, const std::string& a_if, const ScopedNetns& b, const std::string& b_if,
+               int mtu = 9216);
+
+}  // namespace ifec::live

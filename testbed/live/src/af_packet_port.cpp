@@ -1,0 +1,248 @@
+// AF_PACKET port: TPACKET_V2 receive ring, a classic BPF filter for fabric traffic, sendto() transmission.
+#include "ifec/live/af_packet_port.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/if_packet.h>
+#include <net/ethernet.h>
+#include <net/if.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "ifec/common/checks.h"
+#include "ifec/common/ech.h"
+
+#ifndef PACKET_IGNORE_OUTGOING
+#define PACKET_IGNORE_OUTGOING 23
+#endif
+
+namespace ifec::live {
+
+namespace {
+
+constexpr uint32_t kFrameSize = 16384;  // one ring slot: a 9216-byte jumbo frame and the TPACKET_V2 header
+constexpr uint32_t kBlockSize = 1 << 20;
+constexpr uint32_t kBlocks = 4;
+constexpr common::TimeNs kBusyRetryNs = 20'000;
+
+// ethertype PFC or FARE: accept; IPv4 UDP (not a fragment) to 4791 (RoCEv2) or 4793 (ECH): accept; else drop.
+std::vector<sock_filter> fabric_filter() {
+  return {
+      BPF_STMT(BPF_LD | BPF_H | BPF_ABS, 12),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x8808, 11, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kFareEthertype, 10, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x0800, 0, 8),
+      BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 23),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 17, 0, 6),
+      BPF_STMT(BPF_LD | BPF_H | BPF_ABS, 20),
+      BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, 0x1fff, 4, 0),
+      BPF_STMT(BPF_LDX | BPF_B | BPF_MSH, 14),
+      BPF_STMT(BPF_LD | BPF_H | BPF_IND, 16),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 4791, 2, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, common::kEchUdpPort, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, 0),
+      BPF_STMT(BPF_RET | BPF_K, 0x40000),
+  };
+}
+
+// Enters network namespace `name` on this thread for its lifetime, then returns to the one it came from.
+class NetnsGuard {
+ public:
+  explicit NetnsGuard(const std::string& name) {
+    if (name.empty()) {
+      return;
+    }
+    self_ = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    const int target = open(("/var/run/netns/" + name).c_str(), O_RDONLY | O_CLOEXEC);
+    IFEC_CHECK(self_ >= 0 && target >= 0, "network namespace '" << name << "': " << std::strerror(errno));
+    const int rc = setns(target, CLONE_NEWNET);
+    const int err = errno;
+    close(target);
+    IFEC_CHECK(rc == 0, "network namespace '" << name << "': setns: " << std::strerror(err));
+  }
+  ~NetnsGuard() {
+    if (self_ >= 0) {
+      setns(self_, CLONE_NEWNET);
+      close(self_);
+    }
+  }
+
+ private:
+  int self_ = -1;
+};
+
+}  // namespace
+
+std::string fabric_ifname(int port) { return "f" + std::to_string(port); }
+
+AfPacketPort::AfPacketPort(EpollLoop& loop, const std::string& ifname, uint64_t rate_bps, const std::string& netns)
+    : loop_(loop), ifname_(ifname), rate_bps_(rate_bps) {
+  IFEC_CHECK(!ifname.empty() && ifname.size() < IFNAMSIZ,
+             "interface name '" << ifname << "' is not 1.." << IFNAMSIZ - 1 << " characters");
+  {
+    NetnsGuard in(netns);
+    open_socket();
+  }
+  refresh_link();
+  loop_.watch(fd_, [this] { drain(); });
+}
+
+AfPacketPort::~AfPacketPort() {
+  if (fd_ >= 0) {
+    loop_.unwatch(fd_);
+    close(fd_);
+  }
+  if (ring_ != nullptr) {
+    munmap(ring_, ring_bytes_);
+  }
+}
+
+void AfPacketPort::open_socket() {
+  auto fail = [this](const char* what) {
+    const int err = errno;
+    if (fd_ >= 0) {
+      close(fd_);
+      fd_ = -1;
+    }
+    IFEC_FAIL("interface " << ifname_ << ": " << what << ": " << std::strerror(err)
+                           << (err == EPERM ? " (raw sockets need CAP_NET_RAW)" : ""));
+  };
+  fd_ = socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, htons(ETH_P_ALL));
+  if (fd_ < 0) {
+    fail("AF_PACKET socket");
+  }
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, ifname_.c_str(), IFNAMSIZ - 1);
+  if (ioctl(fd_, SIOCGIFINDEX, &ifr) != 0) {
+    fail("no such interface");
+  }
+  ifindex_ = ifr.ifr_ifindex;
+  if (ioctl(fd_, SIOCGIFHWADDR, &ifr) != 0) {
+    fail("reading its MAC address");
+  }
+  std::memcpy(mac_, ifr.ifr_hwaddr.sa_data, 6);
+  const std::vector<sock_filter> code = fabric_filter();
+  sock_fprog prog{static_cast<unsigned short>(code.size()), const_cast<sock_filter*>(code.data())};
+  if (setsockopt(fd_, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog) != 0) {
+    fail("attaching the fabric filter");
+  }
+  const int one = 1;
+  setsockopt(fd_, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one);  // best effort (Linux >= 4.20)
+  const int v2 = TPACKET_V2;
+  if (setsockopt(fd_, SOL_PACKET, PACKET_VERSION, &v2, sizeof v2) != 0) {
+    fail("TPACKET_V2");
+  }
+  tpacket_req req{kBlockSize, kBlocks, kFrameSize, kBlocks * (kBlockSize / kFrameSize)};
+  if (setsockopt(fd_, SOL_PACKET, PACKET_RX_RING, &req, sizeof req) != 0) {
+    fail("receive ring");
+  }
+  ring_bytes_ = static_cast<size_t>(kBlockSize) * kBlocks;
+  void* m = mmap(nullptr, ring_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (m == MAP_FAILED) {
+    fail("mapping the receive ring");
+  }
+  ring_ = static_cast<uint8_t*>(m);
+  frame_size_ = kFrameSize;
+  frames_ = req.tp_frame_nr;
+  sockaddr_ll sll{};
+  sll.sll_family = AF_PACKET;
+  sll.sll_protocol = htons(ETH_P_ALL);
+  sll.sll_ifindex = ifindex_;
+  if (bind(fd_, reinterpret_cast<sockaddr*>(&sll), sizeof sll) != 0) {
+    fail("bind");
+  }
+}
+
+bool AfPacketPort::refresh_link() {
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, ifname_.c_str(), IFNAMSIZ - 1);
+  const bool up = ioctl(fd_, SIOCGIFFLAGS, &ifr) == 0 && (ifr.ifr_flags & IFF_UP) && (ifr.ifr_flags & IFF_RUNNING);
+  const bool changed = up != up_;
+  up_ = up;
+  return changed;
+}
+
+void AfPacketPort::drain() {
+  for (;;) {
+    auto* hdr = reinterpret_cast<tpacket2_hdr*>(ring_ + static_cast<size_t>(next_) * frame_size_);
+    if (!(__atomic_load_n(&hdr->tp_status, __ATOMIC_ACQUIRE) & TP_STATUS_USER)) {
+      return;
+    }
+    if (hdr->tp_len > hdr->tp_snaplen) {
+      counters_.rx_truncated++;
+    } else {
+      const uint8_t* data = reinterpret_cast<const uint8_t*>(hdr) + hdr->tp_mac;
+      std::vector<uint8_t> frame(data, data + hdr->tp_snaplen);
+      counters_.rx_frames++;
+      counters_.rx_bytes += frame.size();
+      __atomic_store_n(&hdr->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
+      next_ = (next_ + 1) % frames_;
+      if (up_ && rx_) {
+        rx_(std::move(frame));
+      }
+      continue;
+    }
+    __atomic_store_n(&hdr->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
+    next_ = (next_ + 1) % frames_;
+  }
+}
+
+bool AfPacketPort::send(std::vector<uint8_t>&& frame) {
+  if (!up_ || busy_) {
+    counters_.tx_refused++;
+    return false;
+  }
+  const ssize_t n = ::send(fd_, frame.data(), frame.size(), MSG_DONTWAIT);
+  if (n == static_cast<ssize_t>(frame.size())) {
+    counters_.tx_frames++;
+    counters_.tx_bytes += frame.size();
+    return true;
+  }
+  if (n < 0 && (errno == EAGAIN || errno == ENOBUFS)) {
+    // The qdisc (tbf pacing) is full: keep this frame and try again shortly; the owner waits for tx_ready.
+    pending_ = std::move(frame);
+    busy_ = true;
+    loop_.schedule(loop_.now() + kBusyRetryNs, [this] { writable(); });
+    return true;
+  }
+  counters_.tx_errors++;
+  return false;
+}
+
+void AfPacketPort::writable() {
+  const ssize_t n = ::send(fd_, pending_.data(), pending_.size(), MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == ENOBUFS)) {
+    loop_.schedule(loop_.now() + kBusyRetryNs, [this] { writable(); });
+    return;
+  }
+  if (n == static_cast<ssize_t>(pending_.size())) {
+    counters_.tx_frames++;
+    counters_.tx_bytes += pending_.size();
+  } else {
+    counters_.tx_errors++;
+  }
+  pending_.clear();
+  busy_ = false;
+  if (ready_) {
+    ready_();
+  }
+}
+
+AfPacketCounters AfPacketPort::counters() const {
+  tpacket_stats st{};
+  socklen_t len = sizeof st;
+  if (getsockopt(fd_, SOL_PACKET, PACKET_STATISTICS, &st, &len) == 0) {
+    counters_.rx_dropped += st.tp_drops;  // the kernel resets its counts on every read
+  }
+  return counters_;
+}
+
+}  // namespace ifec::live

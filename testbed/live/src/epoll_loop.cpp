@@ -1,0 +1,159 @@
+// epoll + eventfd + a timer heap: the live daemons' single-threaded driver.
+#include "ifec/live/epoll_loop.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ifec/common/checks.h"
+
+namespace ifec::live {
+
+EpollLoop::EpollLoop() : start_(std::chrono::steady_clock::now()) {
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  eventfd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  timerfd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  IFEC_CHECK(epfd_ >= 0 && eventfd_ >= 0 && timerfd_ >= 0,
+             "event loop: epoll/eventfd/timerfd: " << std::strerror(errno));
+  for (int fd : {eventfd_, timerfd_}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    IFEC_CHECK(epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) == 0, "event loop: epoll_ctl: " << std::strerror(errno));
+  }
+}
+
+EpollLoop::~EpollLoop() {
+  close(timerfd_);
+  close(eventfd_);
+  close(epfd_);
+}
+
+// Arms the timer fd at `at` (ns since start; steady_clock is CLOCK_MONOTONIC), or disarms it.
+void EpollLoop::arm(common::TimeNs at) {
+  if (at == armed_) {
+    return;
+  }
+  armed_ = at;
+  itimerspec its{};
+  if (at != common::kForever) {
+    const auto abs = std::chrono::duration_cast<std::chrono::nanoseconds>(start_.time_since_epoch()).count() +
+                     static_cast<int64_t>(std::max<common::TimeNs>(at, 1));
+    its.it_value.tv_sec = abs / 1'000'000'000;
+    its.it_value.tv_nsec = abs % 1'000'000'000;
+  }
+  timerfd_settime(timerfd_, TFD_TIMER_ABSTIME, &its, nullptr);
+}
+
+common::TimeNs EpollLoop::now() const {
+  return static_cast<common::TimeNs>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count());
+}
+
+void EpollLoop::schedule(common::TimeNs at, std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    timers_.push(Timer{at, seq_++, std::move(fn)});
+  }
+  wake();
+}
+
+void EpollLoop::wake() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(eventfd_, &one, sizeof one);
+}
+
+void EpollLoop::watch(int fd, std::function<void()> fn) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  const bool known = watched_.count(fd) > 0;
+  IFEC_CHECK(epoll_ctl(epfd_, known ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev) == 0,
+             "event loop: cannot watch fd " << fd << ": " << std::strerror(errno));
+  watched_[fd] = std::move(fn);
+}
+
+void EpollLoop::unwatch(int fd) {
+  if (watched_.erase(fd) > 0) {
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+  }
+}
+
+void EpollLoop::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+  }
+  wake();
+}
+
+uint64_t EpollLoop::run_due() {
+  uint64_t n = 0;
+  for (;;) {
+    std::function<void()> fn;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (timers_.empty() || timers_.top().at > now()) {
+        return n;
+      }
+      fn = std::move(const_cast<Timer&>(timers_.top()).fn);
+      timers_.pop();
+    }
+    fn();
+    ++n;
+  }
+}
+
+uint64_t EpollLoop::run_once(int timeout_ms) {
+  epoll_event evs[64];
+  const int k = epoll_wait(epfd_, evs, 64, timeout_ms);
+  uint64_t n = 0;
+  for (int i = 0; i < k; ++i) {
+    const int fd = evs[i].data.fd;
+    if (fd == eventfd_ || fd == timerfd_) {
+      uint64_t v;
+      [[maybe_unused]] ssize_t r = read(fd, &v, sizeof v);
+      if (fd == timerfd_) {
+        armed_ = common::kForever;
+      }
+      continue;
+    }
+    auto it = watched_.find(fd);
+    if (it != watched_.end()) {
+      auto fn = it->second;  // the callback may unwatch its own fd
+      fn();
+      ++n;
+    }
+  }
+  return n + run_due();
+}
+
+uint64_t EpollLoop::poll() { return run_due() + run_once(0); }
+
+uint64_t EpollLoop::serve(common::TimeNs deadline) {
+  uint64_t n = 0;
+  for (;;) {
+    common::TimeNs next;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) {
+        stopped_ = false;
+        return n;
+      }
+      next = timers_.empty() ? common::kForever : timers_.top().at;
+    }
+    const common::TimeNs t = now();
+    if (t > deadline) {
+      return n;
+    }
+    arm(std::min(next, deadline == common::kForever ? common::kForever : deadline + 1));
+    const int timeout_ms = next <= t ? 0 : -1;
+    n += run_once(timeout_ms);
+  }
+}
+
+}  // namespace ifec::live

@@ -1,0 +1,93 @@
+// Namespaces and veths through iproute2 (the same commands a user would type).
+#include "ifec/live/netns.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "ifec/common/checks.h"
+
+namespace ifec::live {
+
+int run_command(const std::vector<std::string>& argv, std::string* out) {
+  IFEC_CHECK(!argv.empty(), "run_command: no program");
+  int pipefd[2];
+  IFEC_CHECK(pipe2(pipefd, O_CLOEXEC) == 0, "pipe: " << std::strerror(errno));
+  const pid_t pid = fork();
+  IFEC_CHECK(pid >= 0, "fork: " << std::strerror(errno));
+  if (pid == 0) {
+    dup2(pipefd[1], 1);
+    dup2(pipefd[1], 2);
+    std::vector<char*> args;
+    for (const std::string& a : argv) {
+      args.push_back(const_cast<char*>(a.c_str()));
+    }
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    std::fprintf(stderr, "%s: %s\n", argv[0].c_str(), std::strerror(errno));
+    _exit(127);
+  }
+  close(pipefd[1]);
+  std::string text;
+  std::array<char, 4096> buf;
+  ssize_t n;
+  while ((n = read(pipefd[0], buf.data(), buf.size())) > 0 || (n < 0 && errno == EINTR)) {
+    text.append(buf.data(), n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  close(pipefd[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (out != nullptr) {
+    *out = text;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string netns_unavailable() {
+  if (geteuid() != 0) {
+    return "needs root (network namespaces and veths)";
+  }
+  std::string out;
+  const std::string probe = "ifec-probe-" + std::to_string(getpid());
+  if (run_command({"ip", "netns", "add", probe}, &out) != 0) {
+    return "cannot create a network namespace: " + out;
+  }
+  run_command({"ip", "netns", "del", probe});
+  return "";
+}
+
+ScopedNetns::ScopedNetns(std::string name) : name_(std::move(name)) {
+  std::string out;
+  IFEC_CHECK(run_command({"ip", "netns", "add", name_}, &out) == 0, "network namespace " << name_ << ": " << out);
+  ip({"link", "set", "lo", "up"});
+}
+
+ScopedNetns::~ScopedNetns() { run_command({"ip", "netns", "del", name_}); }
+
+void ScopedNetns::ip(const std::vector<std::string>& args) const {
+  std::vector<std::string> argv = {"ip", "-n", name_};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::string out;
+  if (run_command(argv, &out) != 0) {
+    std::string cmd;
+    for (const std::string& a : argv) {
+      cmd += (cmd.empty() ? "" : " ") + a;
+    }
+    IFEC_FAIL(cmd << ": " << out);
+  }
+}
+
+void make_veth(const ScopedNetns& a, const std::string& a_if, const ScopedNetns& b, const std::string& b_if, int mtu) {
+  a.ip({"link", "add", a_if, "mtu", std::to_string(mtu), "type", "veth", "peer", "name", b_if, "netns", b.name(), "mtu",
+        std::to_string(mtu)});
+  a.ip({"link", "set", a_if, "up"});
+  b.ip({"link", "set", b_if, "up"});
+}
+
+}  // namespace ifec::live

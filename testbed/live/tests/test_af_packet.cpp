@@ -1,0 +1,183 @@
+// The live driver's seams on real interfaces: the epoll loop's timers and cross-thread posting, and AfPacketPort
+// on a veth pair between two namespaces this test makes (and removes): fabric frames cross byte for byte, the
+// kernel-side filter passes RoCEv2, ECH, PFC and FARE frames and nothing else, and the carrier follows the peer.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <thread>
+#include <vector>
+
+#include "ifec/common/checks.h"
+#include "ifec/common/frame.h"
+#include "ifec/common/pfc.h"
+#include "ifec/live/af_packet_port.h"
+#include "ifec/live/epoll_loop.h"
+#include "ifec/live/netns.h"
+
+using namespace ifec;
+
+namespace {
+
+// Runs the loop until `done` or `limit_ns` of wall time; false on timeout.
+bool run_until(live::EpollLoop& loop, const std::function<bool()>& done, common::TimeNs limit_ns = 2'000'000'000ULL) {
+  const common::TimeNs deadline = loop.now() + limit_ns;
+  while (!done()) {
+    if (loop.now() > deadline) {
+      return false;
+    }
+    loop.schedule(loop.now() + 1'000'000, [] {});
+    loop.serve(loop.now() + 1'000'000);
+  }
+  return true;
+}
+
+std::vector<uint8_t> roce_frame(const uint8_t* src, const uint8_t* dst, uint16_t udp_dst_ech, size_t payload) {
+  common::FrameHeaders h;
+  std::copy(src, src + 6, h.eth.src.begin());
+  std::copy(dst, dst + 6, h.eth.dst.begin());
+  h.ip.src = 0x0A000001;
+  h.ip.dst = 0x0A000002;
+  h.udp.src_port = 0xC001;
+  h.bth.opcode = static_cast<uint8_t>(common::Opcode::kWriteOnly);
+  h.bth.dest_qp = 0x102;
+  h.reth = common::Reth{0x1000, 7, static_cast<uint32_t>(payload)};
+  if (udp_dst_ech) {
+    common::Ech e;
+    e.format = common::EchFormat::kStandard;
+    e.op = common::EchOp::kAllReduce;
+    e.element_count = static_cast<uint32_t>(payload / 4);
+    h.ech = e;
+  }
+  std::vector<uint8_t> data(payload);
+  for (size_t i = 0; i < payload; ++i) {
+    data[i] = static_cast<uint8_t>(i * 13);
+  }
+  return common::encode_frame(h, data.data(), data.size());
+}
+
+class Veth : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (const std::string why = live::netns_unavailable(); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
+    const std::string tag = "ifec-t" + std::to_string(getpid());
+    a_ = std::make_unique<live::ScopedNetns>(tag + "-a");
+    b_ = std::make_unique<live::ScopedNetns>(tag + "-b");
+    live::make_veth(*a_, "f0", *b_, "f0");
+    pa_ = std::make_unique<live::AfPacketPort>(loop_, "f0", 10'000'000'000ULL, a_->name());
+    pb_ = std::make_unique<live::AfPacketPort>(loop_, "f0", 10'000'000'000ULL, b_->name());
+    pb_->set_receiver([this](std::vector<uint8_t>&& f) { got_.push_back(std::move(f)); });
+    ASSERT_TRUE(run_until(loop_, [&] {
+      pa_->refresh_link();
+      pb_->refresh_link();
+      return pa_->link_up() && pb_->link_up();
+    })) << "veth carrier never came up";
+  }
+  void TearDown() override {
+    pa_.reset();
+    pb_.reset();
+    a_.reset();
+    b_.reset();
+  }
+
+  live::EpollLoop loop_;
+  std::unique_ptr<live::ScopedNetns> a_, b_;
+  std::unique_ptr<live::AfPacketPort> pa_, pb_;
+  std::vector<std::vector<uint8_t>> got_;
+};
+
+}  // namespace
+
+TEST(EpollLoop, TimersRunInTimeOrderAndOtherThreadsWakeIt) {
+  live::EpollLoop loop;
+  std::vector<int> order;
+  const common::TimeNs t0 = loop.now();
+  std::vector<common::TimeNs> ran_at(3);
+  loop.schedule(t0 + 3'000'000, [&] { order.push_back(3), ran_at[2] = loop.now(); });
+  loop.schedule(t0 + 1'000'000, [&] { order.push_back(1), ran_at[0] = loop.now(); });
+  loop.schedule(t0 + 2'000'000, [&] { order.push_back(2), ran_at[1] = loop.now(); });
+  loop.serve(t0 + 5'000'000);
+  ASSERT_EQ(order, (std::vector<int>{1, 2, 3}));
+  EXPECT_GE(ran_at[0], t0 + 1'000'000) << "never early";
+  EXPECT_GE(ran_at[2], t0 + 3'000'000);
+  bool posted = false;
+  std::thread other([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    loop.schedule(0, [&] {
+      posted = true;
+      loop.stop();
+    });
+  });
+  const common::TimeNs before = loop.now();
+  loop.serve();  // waits with nothing due until the other thread posts
+  other.join();
+  EXPECT_TRUE(posted);
+  EXPECT_GE(loop.now() - before, 15'000'000u);
+}
+
+TEST_F(Veth, FabricFramesCrossByteForByteAndOtherTrafficIsFiltered) {
+  const auto roce = roce_frame(pa_->mac(), pb_->mac(), 0, 4096);  // a jumbo frame: the veth MTU is 9216
+  const auto ech = roce_frame(pa_->mac(), pb_->mac(), 1, 256);
+  common::PfcFrame pfc;
+  std::copy(pa_->mac(), pa_->mac() + 6, pfc.src.begin());
+  pfc.class_enable = 1 << 3;
+  pfc.quanta[3] = 0xFFFF;
+  const std::vector<uint8_t> pause = pfc.encode();
+  std::vector<uint8_t> fare(64, 0);
+  std::copy(pb_->mac(), pb_->mac() + 6, fare.begin());
+  std::copy(pa_->mac(), pa_->mac() + 6, fare.begin() + 6);
+  fare[12] = live::kFareEthertype >> 8;
+  fare[13] = live::kFareEthertype & 0xFF;
+  // Not fabric traffic: an ARP ethertype, and IPv4 UDP to port 53 (the same frame as RoCE, another port).
+  std::vector<uint8_t> arp = fare;
+  arp[12] = 0x08;
+  arp[13] = 0x06;
+  std::vector<uint8_t> dns = roce;
+  dns[14 + 20 + 2] = 0;
+  dns[14 + 20 + 3] = 53;
+  for (const auto& f : {arp, roce, dns, ech, pause, fare}) {
+    ASSERT_TRUE(pa_->send(std::vector<uint8_t>(f)));
+  }
+  ASSERT_TRUE(run_until(loop_, [&] { return got_.size() >= 4; })) << got_.size() << " of 4 frames arrived";
+  run_until(loop_, [] { return false; }, 200'000'000);  // anything else that would arrive has time to
+  ASSERT_EQ(got_.size(), 4u) << "ARP and UDP 53 must be filtered in the kernel";
+  EXPECT_EQ(got_[0], roce);
+  EXPECT_EQ(got_[1], ech);
+  EXPECT_EQ(got_[2], pause);
+  EXPECT_EQ(got_[3], fare);
+  EXPECT_EQ(pa_->counters().tx_frames, 6u);
+  EXPECT_EQ(pb_->counters().rx_frames, 4u);
+}
+
+TEST_F(Veth, CarrierFollowsThePeerAndADownPortRefusesFrames) {
+  b_->ip({"link", "set", "f0", "down"});
+  ASSERT_TRUE(run_until(loop_, [&] {
+    pa_->refresh_link();
+    return !pa_->link_up();
+  })) << "A still sees a carrier";
+  EXPECT_FALSE(pa_->send(roce_frame(pa_->mac(), pb_->mac(), 0, 64)));
+  EXPECT_EQ(pa_->counters().tx_refused, 1u);
+  b_->ip({"link", "set", "f0", "up"});
+  ASSERT_TRUE(run_until(loop_, [&] {
+    pa_->refresh_link();
+    pb_->refresh_link();
+    return pa_->link_up() && pb_->link_up();
+  }));
+  ASSERT_TRUE(pa_->send(roce_frame(pa_->mac(), pb_->mac(), 0, 64)));
+  EXPECT_TRUE(run_until(loop_, [&] { return got_.size() == 1; }));
+}
+
+TEST(AfPacketPort, ErrorsNameTheInterface) {
+  if (const std::string why = live::netns_unavailable(); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
+  live::EpollLoop loop;
+  try {
+    live::AfPacketPort p(loop, "nosuchif0", 1'000'000'000);
+    FAIL() << "opened an interface that does not exist";
+  } catch (const common::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("interface nosuchif0: no such interface"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(live::AfPacketPort(loop, "a-name-far-too-long-for-linux", 1), common::Error);
+}
