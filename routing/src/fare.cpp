@@ -23,6 +23,86 @@ bool same_group(const std::vector<NextHop>& x, const std::vector<NextHop>& y) {
 
 }  // namespace
 
+std::vector<FareBundle> fare_bundles(const Topology& topo, int node) {
+  std::vector<FareBundle> out;
+  std::map<int, size_t> of_peer;
+  for (int l : topo.links_of(node)) {
+    const Link& link = topo.links[l];
+    const auto [peer, peer_port] = topo.peer(l, node);
+    auto [it, fresh] = of_peer.emplace(peer, out.size());
+    if (fresh) {
+      out.push_back(FareBundle{peer, {}, {}});
+    }
+    out[it->second].links.push_back(l);
+    out[it->second].ports.push_back(link.a == node ? link.a_port : link.b_port);
+  }
+  for (FareBundle& b : out) {  // link id order within a bundle
+    std::vector<size_t> idx(b.links.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return b.links[x] < b.links[y]; });
+    FareBundle sorted{b.peer, {}, {}};
+    for (size_t i : idx) {
+      sorted.links.push_back(b.links[i]);
+      sorted.ports.push_back(b.ports[i]);
+    }
+    b = std::move(sorted);
+  }
+  return out;
+}
+
+int fare_path_words(const Topology& topo) { return (static_cast<int>(topo.nodes.size()) + 63) / 64; }
+
+std::pair<double, int> fare_decide(const Topology& topo, int x, int dest, const std::vector<FareBundle>& bundles,
+                                   const std::vector<double>& bundle_gbps, const std::vector<char>& link_up,
+                                   const std::function<FareAdvert(size_t bundle)>& advert, uint64_t* out,
+                                   std::vector<NextHop>* group) {
+  const size_t words = static_cast<size_t>(fare_path_words(topo));
+  const uint64_t self_bit = uint64_t{1} << (x % 64);
+  const size_t self_word = static_cast<size_t>(x / 64);
+  std::fill(out, out + words, 0);
+  group->clear();
+  if (x == dest) {
+    out[self_word] |= self_bit;
+    return {kUnlimited, 0};
+  }
+  std::vector<FareAdvert> adv(bundles.size());
+  // A usable neighbor: bundle up, not a transit GPU, reaches d, and its paths do not already go through x.
+  auto usable = [&](size_t i) {
+    const int n = bundles[i].peer;
+    if (bundle_gbps[i] <= 0) return false;
+    if (topo.nodes[n].kind == NodeKind::kGpu && n != dest) return false;
+    if (adv[i].hops < 0) return false;
+    return adv[i].path == nullptr || (adv[i].path[self_word] & self_bit) == 0;
+  };
+  int best = INT_MAX;
+  for (size_t i = 0; i < bundles.size(); ++i) {
+    adv[i] = advert(i);
+    if (usable(i)) best = std::min(best, adv[i].hops);
+  }
+  double total = 0;
+  if (best != INT_MAX) {
+    for (size_t i = 0; i < bundles.size(); ++i) {
+      if (!usable(i) || adv[i].hops != best) continue;
+      const double bw = bundle_gbps[i];
+      const double pb = std::min(bw, adv[i].gbps);
+      if (!(pb > 0)) continue;
+      total += pb;
+      for (size_t w = 0; adv[i].path != nullptr && w < words; ++w) out[w] |= adv[i].path[w];
+      for (size_t k = 0; k < bundles[i].links.size(); ++k) {
+        const int l = bundles[i].links[k];
+        if (link_up[l]) group->push_back(NextHop{l, bundles[i].ports[k], pb * topo.links[l].rate_gbps / bw});
+      }
+    }
+  }
+  std::sort(group->begin(), group->end(), [](const NextHop& a, const NextHop& b) { return a.link < b.link; });
+  if (total > 0) {
+    out[self_word] |= self_bit;
+    return {total, best + 1};
+  }
+  std::fill(out, out + words, 0);
+  return {0.0, -1};
+}
+
 FareRib::FareRib(const Topology& topo) : topo_(topo) {
   validate(topo_);
   const int num_nodes = static_cast<int>(topo_.nodes.size());
@@ -30,20 +110,11 @@ FareRib::FareRib(const Topology& topo) : topo_(topo) {
   link_up_.assign(topo_.links.size(), 1);
   gpu_node_.resize(gpus);
   for (int g = 0; g < gpus; ++g) gpu_node_[g] = topo_.gpu_node(g);
-
   bundles_.resize(num_nodes);
-  std::vector<std::map<int, int>> bundle_of(num_nodes);  // peer -> index into bundles_[node]
-  for (const Link& l : topo_.links) {                    // link id order, so each bundle's links come out sorted
-    for (auto [self, port, peer] : {std::tuple{l.a, l.a_port, l.b}, std::tuple{l.b, l.b_port, l.a}}) {
-      auto [it, fresh] = bundle_of[self].emplace(peer, static_cast<int>(bundles_[self].size()));
-      if (fresh) bundles_[self].push_back(Bundle{peer, {}, {}});
-      bundles_[self][it->second].links.push_back(l.id);
-      bundles_[self][it->second].ports.push_back(port);
-    }
-  }
+  for (int x = 0; x < num_nodes; ++x) bundles_[x] = fare_bundles(topo_, x);
 
   // Initial state: only each GPU knows (and advertises) itself; everything else is learned round by round.
-  words_ = (num_nodes + 63) / 64;
+  words_ = fare_path_words(topo_);
   adv_.assign(num_nodes, std::vector<double>(gpus, 0.0));
   hops_.assign(num_nodes, std::vector<int>(gpus, -1));
   groups_.assign(num_nodes, std::vector<std::vector<NextHop>>(gpus));
@@ -77,7 +148,7 @@ bool FareRib::step() {
   const size_t words = static_cast<size_t>(words_);
   std::vector<std::vector<double>> bundle_bw(num_nodes);
   for (int x = 0; x < num_nodes; ++x) {
-    for (const Bundle& b : bundles_[x]) {
+    for (const FareBundle& b : bundles_[x]) {
       double bw = 0;
       for (int l : b.links) bw += link_up_[l] ? topo_.links[l].rate_gbps : 0.0;
       bundle_bw[x].push_back(bw);
@@ -86,58 +157,17 @@ bool FareRib::step() {
 
   bool changed = false;
   for (int x = 0; x < num_nodes; ++x) {
-    const uint64_t self_bit = uint64_t{1} << (x % 64);
-    const size_t self_word = static_cast<size_t>(x / 64);
-    const std::vector<Bundle>& bundles = bundles_[x];
+    const std::vector<FareBundle>& bundles = bundles_[x];
     for (int d = 0; d < gpus; ++d) {
-      const int dest = gpu_node_[d];
-      uint64_t* out = &next_paths_[(static_cast<size_t>(x) * gpus + d) * words];
-      std::fill(out, out + words, 0);
-      if (x == dest) {
-        next_hops_count_[x][d] = 0;
-        next_adv_[x][d] = kUnlimited;
-        out[self_word] |= self_bit;
-        continue;
-      }
-      // A usable neighbor: bundle up, not a transit GPU, reaches d, and its paths do not already go through x.
-      auto usable = [&](size_t i) {
-        const int n = bundles[i].peer;
-        if (bundle_bw[x][i] <= 0) return false;
-        if (topo_.nodes[n].kind == NodeKind::kGpu && n != dest) return false;
-        if (hops_[n][d] < 0) return false;
-        return (paths_[(static_cast<size_t>(n) * gpus + d) * words + self_word] & self_bit) == 0;
-      };
-      int best = INT_MAX;
-      for (size_t i = 0; i < bundles.size(); ++i) {
-        if (usable(i)) best = std::min(best, hops_[bundles[i].peer][d]);
-      }
-      scratch_.clear();
-      double total = 0;
-      if (best != INT_MAX) {
-        for (size_t i = 0; i < bundles.size(); ++i) {
-          const int n = bundles[i].peer;
-          if (!usable(i) || hops_[n][d] != best) continue;
-          const double bw = bundle_bw[x][i];
-          const double pb = std::min(bw, adv_[n][d]);
-          if (!(pb > 0)) continue;
-          total += pb;
-          const uint64_t* in = &paths_[(static_cast<size_t>(n) * gpus + d) * words];
-          for (size_t w = 0; w < words; ++w) out[w] |= in[w];
-          for (size_t k = 0; k < bundles[i].links.size(); ++k) {
-            const int l = bundles[i].links[k];
-            if (link_up_[l]) scratch_.push_back(NextHop{l, bundles[i].ports[k], pb * topo_.links[l].rate_gbps / bw});
-          }
-        }
-      }
-      if (total > 0) {
-        out[self_word] |= self_bit;
-        next_hops_count_[x][d] = best + 1;
-        next_adv_[x][d] = total;
-      } else {
-        next_hops_count_[x][d] = -1;
-        next_adv_[x][d] = 0;
-      }
-      std::sort(scratch_.begin(), scratch_.end(), [](const NextHop& a, const NextHop& b) { return a.link < b.link; });
+      const auto [gbps, hops] = fare_decide(
+          topo_, x, gpu_node_[d], bundles, bundle_bw[x], link_up_,
+          [&](size_t i) {
+            const int n = bundles[i].peer;
+            return FareAdvert{adv_[n][d], hops_[n][d], &paths_[(static_cast<size_t>(n) * gpus + d) * words]};
+          },
+          &next_paths_[(static_cast<size_t>(x) * gpus + d) * words], &scratch_);
+      next_adv_[x][d] = gbps;
+      next_hops_count_[x][d] = hops;
       std::vector<NextHop>& group = groups_[x][d];
       if (!same_group(group, scratch_)) {
         group = scratch_;

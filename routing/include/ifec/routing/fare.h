@@ -14,6 +14,8 @@
 //    t_event + i * control_plane_delay models hop-by-hop propagation.
 #pragma once
 
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "ifec/routing/topology.h"
@@ -25,6 +27,35 @@ struct NextHop {
   int port = 0;       // local port of that link at this node
   double weight = 0;  // Gb/s of path bandwidth assigned to this sub-link; weights need not sum to 1
 };
+
+// Parallel links between a node and one neighbour (Y-cable sub-links, LAG members), from the node's side, in link
+// id order.
+struct FareBundle {
+  int peer = 0;
+  std::vector<int> links;
+  std::vector<int> ports;  // local port of each link
+};
+std::vector<FareBundle> fare_bundles(const Topology& topo, int node);
+// 64-bit words of a path set (one bit per topology node).
+int fare_path_words(const Topology& topo);
+
+// What a node advertises toward one destination GPU: path bandwidth (0: unreachable), shortest hop count (-1:
+// unreachable) and the set of nodes on its chosen paths (fare_path_words() words; loop prevention).
+struct FareAdvert {
+  double gbps = 0;
+  int hops = -1;
+  const uint64_t* path = nullptr;
+};
+
+// FARE's decision at `node` toward the GPU at node `dest`, from its bundles' live bandwidth (`bundle_gbps`, per
+// bundle), its links' state (`link_up`, by link id) and each bundle peer's latest advertisement toward `dest`
+// (`advert(i)` for bundles[i]): writes the node's own path set to `path` and its WECMP group to `group`, and
+// returns its own advertisement's (gbps, hops). The one computation the simulator's synchronous rounds (FareRib)
+// and the live daemons' speakers share.
+std::pair<double, int> fare_decide(const Topology& topo, int node, int dest, const std::vector<FareBundle>& bundles,
+                                   const std::vector<double>& bundle_gbps, const std::vector<char>& link_up,
+                                   const std::function<FareAdvert(size_t bundle)>& advert, uint64_t* path,
+                                   std::vector<NextHop>* group);
 
 class FareRib {
  public:
@@ -55,13 +86,7 @@ class FareRib {
   std::vector<std::vector<std::vector<NextHop>>> groups_;  // [node][dest_gpu]
   std::vector<std::vector<int>> hops_;                     // [node][dest_gpu], shortest hop count (-1 unreachable)
 
-  // Parallel links to one neighbor, in link id order.
-  struct Bundle {
-    int peer = 0;
-    std::vector<int> links;
-    std::vector<int> ports;  // local port of each link
-  };
-  std::vector<std::vector<Bundle>> bundles_;  // [node]
+  std::vector<std::vector<FareBundle>> bundles_;  // [node]
   std::vector<int> gpu_node_;                 // [dest_gpu] -> node index
   // Loop prevention like BGP's AS_PATH: the set of nodes on node X's chosen paths toward d (union over its ECMP
   // next hops), a bitset of words_ words at [(X * num_gpus + d) * words_]. X ignores a neighbor whose set holds X.
