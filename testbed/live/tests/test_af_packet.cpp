@@ -140,7 +140,8 @@ TEST_F(Veth, FabricFramesCrossByteForByteAndOtherTrafficIsFiltered) {
     ASSERT_TRUE(pa_->send(std::vector<uint8_t>(f)));
   }
   ASSERT_TRUE(run_until(loop_, [&] { return got_.size() >= 4; })) << got_.size() << " of 4 frames arrived";
-  run_until(loop_, [] { return false; }, 200'000'000);  // anything else that would arrive has time to
+  run_until(
+      loop_, [] { return false; }, 200'000'000);  // anything else that would arrive has time to
   ASSERT_EQ(got_.size(), 4u) << "ARP and UDP 53 must be filtered in the kernel";
   EXPECT_EQ(got_[0], roce);
   EXPECT_EQ(got_[1], ech);

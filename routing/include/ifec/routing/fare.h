@@ -87,7 +87,7 @@ class FareRib {
   std::vector<std::vector<int>> hops_;                     // [node][dest_gpu], shortest hop count (-1 unreachable)
 
   std::vector<std::vector<FareBundle>> bundles_;  // [node]
-  std::vector<int> gpu_node_;                 // [dest_gpu] -> node index
+  std::vector<int> gpu_node_;                     // [dest_gpu] -> node index
   // Loop prevention like BGP's AS_PATH: the set of nodes on node X's chosen paths toward d (union over its ECMP
   // next hops), a bitset of words_ words at [(X * num_gpus + d) * words_]. X ignores a neighbor whose set holds X.
   int words_ = 0;
