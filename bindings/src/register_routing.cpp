@@ -45,6 +45,32 @@ void register_routing(py::module_& m) {
       .def_property_readonly("num_links", [](const Topology& t) { return t.links.size(); })
       .def_property_readonly("num_nodes", [](const Topology& t) { return t.nodes.size(); })
       .def("gpu_access_gbps", &Topology::gpu_access_gbps, py::arg("gpu"))
+      .def_property_readonly("nodes",
+                             [](const Topology& t) {
+                               py::list out;
+                               for (size_t i = 0; i < t.nodes.size(); ++i) {
+                                 const Node& n = t.nodes[i];
+                                 out.append(py::dict(py::arg("index") = i, py::arg("name") = n.name,
+                                                     py::arg("kind") = n.kind == NodeKind::kGpu ? "gpu" : "switch",
+                                                     py::arg("plane") = n.plane, py::arg("gpu") = n.gpu_index,
+                                                     py::arg("loopback") = n.loopback));
+                               }
+                               return out;
+                             })
+      .def_property_readonly("links",
+                             [](const Topology& t) {
+                               py::list out;
+                               for (const Link& l : t.links) {
+                                 out.append(py::dict(py::arg("id") = l.id, py::arg("a") = t.nodes[l.a].name,
+                                                     py::arg("a_port") = l.a_port, py::arg("b") = t.nodes[l.b].name,
+                                                     py::arg("b_port") = l.b_port, py::arg("plane") = l.plane,
+                                                     py::arg("rate_gbps") = l.rate_gbps,
+                                                     py::arg("delay_ns") = l.delay_ns, py::arg("cable") = l.cable,
+                                                     py::arg("subport") = l.subport));
+                               }
+                               return out;
+                             },
+                             "every link (Y-cable sub-links expanded) with its ends' nodes and ports")
       .def("to_yaml", [](const Topology& t) { return to_yaml(t); });
   m.def("load_topology", &load_topology, py::arg("path"));
   m.def("parse_topology", &parse_topology, py::arg("yaml_text"), py::arg("source_name") = "<string>");

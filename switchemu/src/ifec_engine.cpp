@@ -24,6 +24,14 @@ uint64_t group_key(uint32_t job, uint16_t group) { return (uint64_t{job} << 16) 
 
 }  // namespace
 
+std::vector<GroupReservation> IfecEngine::reservations() const {
+  std::vector<GroupReservation> out;
+  for (const auto& [key, g] : groups_) {
+    out.push_back(g.r);
+  }
+  return out;
+}
+
 IfecEngine::IfecEngine(common::Clock& clock, routing::IfecParams params, uint64_t port_rate_bps, uint32_t switch_ip,
                        Emit emit)
     : clock_(clock),

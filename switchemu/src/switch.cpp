@@ -75,6 +75,9 @@ void Switch::inject(std::vector<uint8_t>&& frame) {
 }
 
 common::MacAddress Switch::port_mac(int port) const {
+  if (port >= 0 && port < static_cast<int>(cfg_.port_macs.size())) {
+    return cfg_.port_macs[port];
+  }
   common::MacAddress m = cfg_.base_mac;
   m[4] = static_cast<uint8_t>(port >> 8);
   m[5] = static_cast<uint8_t>(port);

@@ -19,6 +19,7 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/common/ech.h"
+#include "ifec/live/netns.h"
 
 #ifndef PACKET_IGNORE_OUTGOING
 #define PACKET_IGNORE_OUTGOING 23
@@ -53,31 +54,6 @@ std::vector<sock_filter> fabric_filter() {
   };
 }
 
-// Enters network namespace `name` on this thread for its lifetime, then returns to the one it came from.
-class NetnsGuard {
- public:
-  explicit NetnsGuard(const std::string& name) {
-    if (name.empty()) {
-      return;
-    }
-    self_ = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
-    const int target = open(("/var/run/netns/" + name).c_str(), O_RDONLY | O_CLOEXEC);
-    IFEC_CHECK(self_ >= 0 && target >= 0, "network namespace '" << name << "': " << std::strerror(errno));
-    const int rc = setns(target, CLONE_NEWNET);
-    const int err = errno;
-    close(target);
-    IFEC_CHECK(rc == 0, "network namespace '" << name << "': setns: " << std::strerror(err));
-  }
-  ~NetnsGuard() {
-    if (self_ >= 0) {
-      setns(self_, CLONE_NEWNET);
-      close(self_);
-    }
-  }
-
- private:
-  int self_ = -1;
-};
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 #include "ifec/live/netns.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,6 +61,43 @@ std::string netns_unavailable() {
   }
   run_command({"ip", "netns", "del", probe});
   return "";
+}
+
+std::string mgmt_ip(int node) {
+  const int host = node + 2;
+  return "172.31." + std::to_string(host / 256) + "." + std::to_string(host % 256);
+}
+
+std::string mgmt_address(int node, int grpc_port) { return mgmt_ip(node) + ":" + std::to_string(grpc_port); }
+
+NetnsGuard::NetnsGuard(const std::string& name) {
+  if (name.empty()) {
+    return;
+  }
+  self_ = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+  const int target = open(("/var/run/netns/" + name).c_str(), O_RDONLY | O_CLOEXEC);
+  if (self_ < 0 || target < 0) {
+    const int err = errno;
+    if (self_ >= 0) close(self_);
+    if (target >= 0) close(target);
+    self_ = -1;
+    IFEC_FAIL("network namespace '" << name << "': " << std::strerror(err));
+  }
+  const int rc = setns(target, CLONE_NEWNET);
+  const int err = errno;
+  close(target);
+  if (rc != 0) {
+    close(self_);
+    self_ = -1;
+    IFEC_FAIL("network namespace '" << name << "': setns: " << std::strerror(err));
+  }
+}
+
+NetnsGuard::~NetnsGuard() {
+  if (self_ >= 0) {
+    setns(self_, CLONE_NEWNET);
+    close(self_);
+  }
 }
 
 ScopedNetns::ScopedNetns(std::string name) : name_(std::move(name)) {

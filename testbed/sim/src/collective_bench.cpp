@@ -104,6 +104,45 @@ Reference reference_of(const CollectivePoint& p, const std::vector<std::vector<u
 
 }  // namespace
 
+std::vector<std::vector<uint8_t>> collective_inputs(const CollectivePoint& p, int n, uint64_t count) {
+  // Normal floats, or small integers for int32 so sums stay meaningful.
+  const size_t es = element_size(p.dtype);
+  std::vector<std::vector<uint8_t>> inputs(n);
+  std::mt19937 rng(static_cast<uint32_t>(p.seed * 7919));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int g = 0; g < n; ++g) {
+    inputs[g].resize(count * es);
+    for (uint64_t i = 0; i < count; ++i) {
+      common::Acc a;
+      if (p.dtype == EchDtype::kInt32) {
+        a.i = static_cast<int32_t>(rng() % 2001) - 1000;
+      } else {
+        a.f = normal(rng);
+      }
+      common::store_element(p.dtype, a, inputs[g].data(), i);
+    }
+  }
+  return inputs;
+}
+
+OutputCheck check_outputs(const CollectivePoint& p, const std::vector<std::vector<uint8_t>>& inputs,
+                          bool rounds_per_step, const std::vector<const uint8_t*>& outputs) {
+  OutputCheck c;
+  if (p.kind == Collective::kBarrier || inputs.empty() || inputs[0].empty()) {
+    return c;
+  }
+  const Reference ref = reference_of(p, inputs, static_cast<int>(inputs.size()), rounds_per_step);
+  for (const uint8_t* out : outputs) {
+    for (uint64_t i = 0; i < ref.value.size(); ++i) {
+      const common::Acc a = common::load_element(p.dtype, out, i);
+      const double err = std::fabs((p.dtype == EchDtype::kInt32 ? a.i : a.f) - ref.value[i]);
+      c.max_rel_error = std::max(c.max_rel_error, err / std::max(1.0, std::fabs(ref.value[i])));
+      c.wrong += !(err <= ref.bound[i]);  // NaN or Inf where the reference is finite counts as wrong
+    }
+  }
+  return c;
+}
+
 CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const CollectivePoint& p) {
   routing::Topology topo = fabric_topo;
   topo.params.ifec.reproducible = topo.params.ifec.reproducible || p.reproducible;
@@ -152,21 +191,8 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
                      << " MiB");
   c.allocate_window(kBuf, buf);
   c.allocate_window(kScratch, scratch);
-  // Inputs: normal floats, or small integers for int32 so sums stay meaningful.
-  std::vector<std::vector<uint8_t>> inputs(n);
-  std::mt19937 rng(static_cast<uint32_t>(p.seed * 7919));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::vector<std::vector<uint8_t>> inputs = collective_inputs(p, n, row.count);
   for (int g = 0; g < n; ++g) {
-    inputs[g].resize(row.count * es);
-    for (uint64_t i = 0; i < row.count; ++i) {
-      common::Acc a;
-      if (p.dtype == EchDtype::kInt32) {
-        a.i = static_cast<int32_t>(rng() % 2001) - 1000;
-      } else {
-        a.f = normal(rng);
-      }
-      common::store_element(p.dtype, a, inputs[g].data(), i);
-    }
     if (!inputs[g].empty()) {
       std::memcpy(c.window_data(g, kBuf), inputs[g].data(), inputs[g].size());
     }
@@ -238,20 +264,13 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
     out[(row.count / 2) * es + es - 1] ^= 0x40;  // a high bit of the middle element
   }
   if (row.ok && p.kind != Collective::kBarrier) {
-    const Reference ref = reference_of(p, inputs, n, p.algo != Algo::kIfec || row.fell_back);
-    std::vector<int> holders = s.members;
-    if (p.kind == Collective::kReduce) {
-      holders = {s.root};
+    std::vector<const uint8_t*> outs;
+    for (int g : p.kind == Collective::kReduce ? std::vector<int>{s.root} : s.members) {
+      outs.push_back(c.window_data(g, kBuf));
     }
-    for (int g : holders) {
-      const uint8_t* out = c.window_data(g, kBuf);
-      for (uint64_t i = 0; i < row.count; ++i) {
-        const common::Acc a = common::load_element(p.dtype, out, i);
-        const double err = std::fabs((p.dtype == EchDtype::kInt32 ? a.i : a.f) - ref.value[i]);
-        row.max_rel_error = std::max(row.max_rel_error, err / std::max(1.0, std::fabs(ref.value[i])));
-        row.wrong += !(err <= ref.bound[i]);  // NaN or Inf where the reference is finite counts as wrong
-      }
-    }
+    const OutputCheck chk = check_outputs(p, inputs, p.algo != Algo::kIfec || row.fell_back, outs);
+    row.wrong = chk.wrong;
+    row.max_rel_error = chk.max_rel_error;
     if (row.wrong > 0) {
       row.ok = false;  // a wrong result is never reported as ok
       row.error = std::to_string(row.wrong) + " elements differ from the fp64 reference beyond the rounding bound";
@@ -301,9 +320,9 @@ std::string row_text(const CollectiveRow& r) {
   return out;
 }
 
-std::string row_json(const CollectiveRow& r, const std::string& topology) {
+std::string row_json(const CollectiveRow& r, const std::string& topology, const std::string& driver) {
   common::JsonObject o;
-  o.add("driver", "sim").add("topology", topology).add("collective", collective_name(r.point.kind));
+  o.add("driver", driver).add("topology", topology).add("collective", collective_name(r.point.kind));
   o.add("algo", workloads::algo_name(r.point.algo)).add("ran", r.ran).add("size", r.point.bytes).add("count", r.count);
   o.add("type", common::ech_dtype_name(r.point.dtype)).add("redop", common::ech_redop_name(r.point.op));
   o.add("ok", r.ok).add("time_us", r.time_us).add("algbw_gbs", r.algbw_gbs).add("busbw_gbs", r.busbw_gbs);

@@ -67,6 +67,8 @@ class IfecEngine {
 
   const IfecCounters& counters() const { return counters_; }
   uint32_t free_slots() const { return free_slots_; }
+  // The groups reserved now (the control plane's `groups` listing).
+  std::vector<GroupReservation> reservations() const;
   uint32_t ip() const { return ip_; }
 
  private:

@@ -46,6 +46,7 @@ struct SwitchConfig {
   LoadBalance lb = LoadBalance::kPerPacket;
   routing::FabricParams params;
   common::MacAddress base_mac = {0x02, 0x53, 0x57, 0x00, 0x00, 0x00};  // port p: last two bytes = p
+  std::vector<common::MacAddress> port_macs;  // when given (live: the interfaces' own), port p's MAC is port_macs[p]
 };
 
 struct NextHopPort {

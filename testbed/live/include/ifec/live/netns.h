@@ -7,11 +7,29 @@
 
 namespace ifec::live {
 
+// The management (control-plane) address of topology node `node`: 172.31.0.0/16, node i at host i + 2
+// (the bridge is .1), gRPC on `grpc_port`.
+std::string mgmt_ip(int node);
+std::string mgmt_address(int node, int grpc_port = 50051);
+
 // Runs a command (argv, no shell); returns its exit status and puts its stdout+stderr into *out when given.
 int run_command(const std::vector<std::string>& argv, std::string* out = nullptr);
 
 // Why this process cannot make namespaces and veths here ("" when it can): tests skip with this reason.
 std::string netns_unavailable();
+
+// Enters network namespace `name` (under /var/run/netns) on this thread for its lifetime, then returns to the one
+// it came from; "" enters nothing. Sockets made meanwhile stay in `name`. Throws Error naming it.
+class NetnsGuard {
+ public:
+  explicit NetnsGuard(const std::string& name);
+  ~NetnsGuard();
+  NetnsGuard(const NetnsGuard&) = delete;
+  NetnsGuard& operator=(const NetnsGuard&) = delete;
+
+ private:
+  int self_ = -1;
+};
 
 class ScopedNetns {
  public:

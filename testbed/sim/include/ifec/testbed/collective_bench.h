@@ -59,9 +59,21 @@ struct CollectiveRow {
 
 CollectiveRow run_collective_point(const routing::Topology& topo, const CollectivePoint& p);
 
+// The inputs of a point's members (member m starts with inputs[m]): a function of (seed, dtype, n, count) only, so
+// live ranks regenerate every member's to check their own result.
+std::vector<std::vector<uint8_t>> collective_inputs(const CollectivePoint& p, int n, uint64_t count);
+// Elements of the result buffers `outputs` outside the rounding bound of the fp64 reference of `inputs`
+// (rounds_per_step: the endpoint path rounds once per ring step; the switch once).
+struct OutputCheck {
+  uint64_t wrong = 0;
+  double max_rel_error = 0;
+};
+OutputCheck check_outputs(const CollectivePoint& p, const std::vector<std::vector<uint8_t>>& inputs,
+                          bool rounds_per_step, const std::vector<const uint8_t*>& outputs);
+
 std::string rows_header();
 // The row, then one indented "#   fault: ..." line per fault it met.
 std::string row_text(const CollectiveRow& r);
-std::string row_json(const CollectiveRow& r, const std::string& topology);
+std::string row_json(const CollectiveRow& r, const std::string& topology, const std::string& driver = "sim");
 
 }  // namespace ifec::testbed

@@ -1,0 +1,120 @@
+// What every live daemon (switchd, hostd) runs under its switch or endpoint: the topology node it is, its fabric
+// interfaces (one AfPacketPort per topology port, named f<port> in its namespace), the FARE speaker on them (periodic
+// and triggered advertisements, neighbour MACs learned from the neighbours' own frames, a hold time for silent
+// neighbours, carrier polling), and a log of events the control plane streams.
+//
+// Frames reach the runtime first: FARE advertisements go to the speaker, everything else to the switch or endpoint
+// that set the port's receiver (NodePort), so those see exactly the Port they see in the simulator.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ifec/common/ethernet.h"
+#include "ifec/live/af_packet_port.h"
+#include "ifec/live/epoll_loop.h"
+#include "ifec/live/netns.h"
+#include "ifec/routing/fare_speaker.h"
+#include "ifec/routing/topology.h"
+
+namespace ifec::live {
+
+struct RuntimeOptions {
+  common::TimeNs fare_interval_ns = 100'000'000;  // periodic advertisements
+  common::TimeNs fare_hold_ns = 500'000'000;      // a neighbour silent this long counts as gone
+  common::TimeNs carrier_poll_ns = 20'000'000;
+  std::string netns;  // open the interfaces in this namespace (tests); "" = the daemon's own
+};
+
+struct RuntimeEvent {
+  common::TimeNs at = 0;
+  std::string kind;
+  std::string detail;
+};
+
+class NodeRuntime;
+
+// One fabric port as the switch or endpoint sees it: an AfPacketPort minus the FARE frames.
+class NodePort : public common::Port {
+ public:
+  NodePort(NodeRuntime& rt, int port, std::unique_ptr<AfPacketPort> dev);
+  bool send(std::vector<uint8_t>&& frame) override { return dev_->send(std::move(frame)); }
+  bool busy() const override { return dev_->busy(); }
+  bool link_up() const override { return dev_->link_up(); }
+  uint64_t rate_bps() const override { return dev_->rate_bps(); }
+  void set_receiver(Receiver rx) override { rx_ = std::move(rx); }
+  void set_tx_ready(TxReady ready) override { dev_->set_tx_ready(std::move(ready)); }
+  AfPacketPort& device() { return *dev_; }
+  int port() const { return port_; }
+
+ private:
+  friend class NodeRuntime;
+  NodeRuntime& rt_;
+  int port_;
+  std::unique_ptr<AfPacketPort> dev_;
+  Receiver rx_;
+};
+
+class NodeRuntime {
+ public:
+  // Opens every fabric interface of `node_name` (throws Error naming the node, or the interface and why).
+  NodeRuntime(const routing::Topology& topo, const std::string& node_name, RuntimeOptions opts = {});
+  ~NodeRuntime();
+
+  EpollLoop& loop() { return loop_; }
+  const routing::Topology& topology() const { return topo_; }
+  int node() const { return node_; }
+  const routing::Node& info() const { return topo_.nodes[node_]; }
+  // Ports by topology port number (every port of the node).
+  const std::vector<std::unique_ptr<NodePort>>& ports() const { return ports_; }
+  std::vector<common::Port*> port_ptrs() const;
+  routing::FareSpeaker& fare() { return speaker_; }
+  // The MAC of the neighbour on `port`, learned from its FARE frames (all zero until heard).
+  common::MacAddress peer_mac(int port) const { return peer_macs_.at(port); }
+  common::MacAddress mac(int port) const;
+  // The topology's (node, port) on the other end of `port`.
+  std::pair<int, int> peer_of(int port) const;
+  bool all_heard() const;  // every port with a carrier has heard its neighbour
+
+  // Called on the loop after FARE's decision changed (install routes, reweigh QPs).
+  void on_fare_change(std::function<void()> fn) { fare_listeners_.push_back(std::move(fn)); }
+  // Brings interface f<port> administratively up or down (its peer loses carrier too); throws Error naming it.
+  void set_admin(int port, bool up);
+  bool admin_up(int port) const { return admin_.at(port) != 0; }
+  // Starts speaking FARE (call once the owner set its receivers).
+  void start();
+  void note(const std::string& kind, const std::string& detail);  // any thread
+  std::vector<RuntimeEvent> events_since(common::TimeNs since) const;
+  uint64_t fare_changes() const { return fare_changes_; }
+  common::TimeNs fare_last_change() const { return fare_last_change_; }
+
+ private:
+  friend class NodePort;
+  void frame_in(int port, std::vector<uint8_t>&& frame);
+  void advertise(int port);
+  void advertise_all();
+  void tick();
+  void decided();
+
+  const routing::Topology& topo_;
+  int node_ = -1;
+  RuntimeOptions opts_;
+  EpollLoop loop_;
+  std::vector<std::unique_ptr<NodePort>> ports_;
+  std::vector<int> link_of_port_;
+  routing::FareSpeaker speaker_;
+  std::vector<common::MacAddress> peer_macs_;
+  std::vector<char> admin_;
+  std::vector<std::function<void()>> fare_listeners_;
+  uint64_t fare_changes_ = 0;
+  common::TimeNs fare_last_change_ = 0;
+  mutable std::mutex events_mu_;
+  std::deque<RuntimeEvent> events_;
+  bool started_ = false;
+};
+
+}  // namespace ifec::live

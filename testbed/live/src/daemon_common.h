@@ -1,0 +1,98 @@
+// Private to the live daemons: running work on the daemon's loop from a gRPC thread, status and events.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+#include <string>
+
+#include "ifec/common/checks.h"
+#include "ifec/live/node_runtime.h"
+#include "ifec/v1/control.grpc.pb.h"
+
+namespace ifec::live {
+
+// Runs fn() (returning grpc::Status) on the loop's thread and waits for it (an error if the loop does not get to it
+// within `wait`: a daemon stuck in a long operation answers that, rather than hanging its caller).
+template <typename F>
+grpc::Status on_loop(EpollLoop& loop, const std::string& node, F fn, std::chrono::milliseconds wait = std::chrono::seconds(5)) {
+  auto p = std::make_shared<std::promise<grpc::Status>>();
+  auto f = p->get_future();
+  loop.schedule(0, [p, fn]() mutable {
+    try {
+      p->set_value(fn());
+    } catch (const std::exception& e) {
+      p->set_value(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e.what()));
+    }
+  });
+  if (f.wait_for(wait) != std::future_status::ready) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, node + ": busy (its event loop did not answer in time)");
+  }
+  return f.get();
+}
+
+inline std::string mac_text(const uint8_t* m) {
+  char b[18];
+  std::snprintf(b, sizeof b, "%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5]);
+  return b;
+}
+
+// The node's status (loop thread).
+inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
+  const routing::Topology& topo = rt.topology();
+  s->set_node(rt.info().name);
+  s->set_kind(rt.info().kind == routing::NodeKind::kGpu ? "gpu" : "switch");
+  s->set_gpu(rt.info().gpu_index);
+  s->set_uptime_ns(rt.loop().now());
+  s->set_fare_changes(rt.fare_changes());
+  s->set_fare_last_change_ns(rt.fare_last_change());
+  s->set_driver("af_packet (TPACKET_V2 receive ring, sendto)");
+  s->set_ready(ready);
+  for (const auto& p : rt.ports()) {
+    v1::PortStatus* ps = s->add_ports();
+    ps->set_port(p->port());
+    ps->set_ifname(p->device().name());
+    const auto [peer, peer_port] = rt.peer_of(p->port());
+    ps->set_peer(topo.nodes[peer].name);
+    ps->set_peer_port(peer_port);
+    ps->set_carrier(p->link_up());
+    ps->set_admin_up(rt.admin_up(p->port()));
+    ps->set_fare_heard(rt.fare().heard(p->port()));
+    ps->set_mac(mac_text(p->device().mac()));
+    const AfPacketCounters c = p->device().counters();
+    auto& v = *ps->mutable_counters()->mutable_values();
+    v["rx_frames"] = c.rx_frames;
+    v["rx_bytes"] = c.rx_bytes;
+    v["tx_frames"] = c.tx_frames;
+    v["tx_bytes"] = c.tx_bytes;
+    v["tx_refused"] = c.tx_refused;
+    v["tx_errors"] = c.tx_errors;
+    v["rx_dropped"] = c.rx_dropped;
+    v["rx_truncated"] = c.rx_truncated;
+  }
+}
+
+// Streams the runtime's events from `since` until the client goes away.
+inline grpc::Status stream_events(NodeRuntime& rt, grpc::ServerContext* ctx, const v1::EventsRequest* req,
+                                  grpc::ServerWriter<v1::Event>* out) {
+  common::TimeNs since = req->since_uptime_ns();
+  while (!ctx->IsCancelled()) {
+    for (const RuntimeEvent& e : rt.events_since(since)) {
+      v1::Event ev;
+      ev.set_uptime_ns(e.at);
+      ev.set_node(rt.info().name);
+      ev.set_kind(e.kind);
+      ev.set_detail(e.detail);
+      if (!out->Write(ev)) {
+        return grpc::Status::OK;
+      }
+      since = e.at + 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace ifec::live

@@ -1,0 +1,94 @@
+// The daemons' command lines: ifec-switchd / ifec-hostd --topo FILE --node NAME [--listen ADDR] [--netns NAME]
+// [--loopback-mgmt]. One clear line per problem on stderr and exit status 1; SIGTERM/SIGINT shut down cleanly.
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "ifec/common/checks.h"
+#include "ifec/live/daemons.h"
+
+namespace ifec::live {
+
+namespace {
+
+const char* kUsage =
+    "usage: %s --topo FILE --node NAME [--listen ADDR] [--netns NAME] [--loopback-mgmt]\n"
+    "  --topo FILE       the topology (YAML) every daemon of the fabric runs from\n"
+    "  --node NAME       the topology node this daemon is (%s)\n"
+    "  --listen ADDR     gRPC address (default: the node's management address 172.31.x.y:50051)\n"
+    "  --netns NAME      open the fabric interfaces (f<port>) in this network namespace\n"
+    "  --loopback-mgmt   every daemon on 127.0.0.1, port 50051 + node index (tests)\n";
+
+bool parse(int argc, char** argv, DaemonOptions* o, const char* what) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](std::string* out) {
+      IFEC_CHECK(i + 1 < argc, a << " needs a value");
+      *out = argv[++i];
+    };
+    if (a == "--topo") {
+      value(&o->topology_file);
+    } else if (a == "--node") {
+      value(&o->node);
+    } else if (a == "--listen") {
+      value(&o->listen);
+    } else if (a == "--netns") {
+      value(&o->netns);
+    } else if (a == "--loopback-mgmt") {
+      o->mgmt_loopback = true;
+    } else if (a == "--help" || a == "-h") {
+      std::printf(kUsage, argv[0], what);
+      return false;
+    } else {
+      IFEC_FAIL("unknown option '" << a << "' (--help lists them)");
+    }
+  }
+  IFEC_CHECK(!o->topology_file.empty(), "--topo FILE is required");
+  IFEC_CHECK(!o->node.empty(), "--node NAME is required");
+  return true;
+}
+
+// Runs the daemon until SIGTERM or SIGINT, which a thread waits for on a signalfd.
+template <typename Daemon>
+int serve(int argc, char** argv, const char* what) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before any thread starts: all inherit the mask
+  try {
+    DaemonOptions o;
+    if (!parse(argc, argv, &o, what)) {
+      return 0;
+    }
+    Daemon d(o);
+    const int sfd = signalfd(-1, &set, SFD_CLOEXEC);
+    std::thread waiter([&d, sfd] {
+      signalfd_siginfo si;
+      if (read(sfd, &si, sizeof si) > 0) {
+        d.stop();
+      }
+    });
+    std::fprintf(stderr, "%s %s: running\n", argv[0], o.node.c_str());
+    d.run();
+    std::fprintf(stderr, "%s %s: stopped\n", argv[0], o.node.c_str());
+    pthread_kill(waiter.native_handle(), SIGTERM);  // wakes the waiter if the daemon stopped on its own
+    waiter.detach();
+    close(sfd);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+int switchd_main(int argc, char** argv) { return serve<SwitchDaemon>(argc, argv, "a switch"); }
+int hostd_main(int argc, char** argv) { return serve<HostDaemon>(argc, argv, "a GPU"); }
+
+}  // namespace ifec::live

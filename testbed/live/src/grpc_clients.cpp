@@ -1,0 +1,294 @@
+// GrpcControl and GrpcBootstrap: gRPC's callback client API; every answer is posted to the rank's loop.
+#include "ifec/live/grpc_clients.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+
+#include "ifec/common/checks.h"
+#include "ifec/live/node_runtime.h"
+#include "proto_convert.h"
+
+namespace ifec::live {
+
+#define IFEC_IFEC_COUNTERS(X)                                                                                      \
+  X(reservations)                                                                                                  \
+  X(reservation_failures) X(contributions) X(duplicate_contributions) X(results_sent) X(result_resends)           \
+      X(implicit_acks) X(late_notices) X(slots_reclaimed) X(chunks_skipped) X(acks_received) X(slots_completed)    \
+          X(slot_busy_drops) X(unreserved_drops) X(malformed_drops) X(anomalies) X(non_finite_inputs)             \
+              X(multicast_packets) X(multicast_replicas) X(multicast_repairs) X(multicast_completions)             \
+                  X(multicast_unknown_window) X(partials_sent) X(partial_bytes) X(upstream_results)               \
+                      X(partial_resends)
+
+std::map<std::string, uint64_t> counter_map(const common::IfecCounters& c) {
+  std::map<std::string, uint64_t> m;
+#define X(f) m[#f] = c.f;
+  IFEC_IFEC_COUNTERS(X)
+#undef X
+  return m;
+}
+
+common::IfecCounters counters_from_map(const std::map<std::string, uint64_t>& m) {
+  common::IfecCounters c;
+#define X(f)                  \
+  if (auto it = m.find(#f); it != m.end()) { \
+    c.f = it->second;         \
+  }
+  IFEC_IFEC_COUNTERS(X)
+#undef X
+  return c;
+}
+
+namespace {
+
+std::chrono::system_clock::time_point deadline_after(common::TimeNs ns) {
+  return std::chrono::system_clock::now() + std::chrono::nanoseconds(ns);
+}
+
+// "p0-sw (172.31.0.4:50051): unreachable: ..." from a failed call's status.
+std::string describe(const std::string& who, const std::string& addr, const grpc::Status& st) {
+  const std::string where = addr.empty() ? who : who + " (" + addr + ")";
+  switch (st.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+      return where + ": unreachable: " + st.error_message();
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return where + ": no answer before the deadline";
+    default:
+      return st.error_message().empty() ? who + ": error " + std::to_string(st.error_code()) : st.error_message();
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------ control --
+
+struct GrpcControl::Impl {
+  EpollLoop& loop;
+  const routing::Topology& topo;
+  AddressOf address;
+  common::TimeNs deadline_ns;
+  std::map<int, std::unique_ptr<v1::Switch::Stub>> stubs;  // loop thread only
+  std::shared_ptr<bool> alive = std::make_shared<bool>(true);
+
+  // The stub of switch `sw`, or an error naming it.
+  v1::Switch::Stub* stub(const std::string& sw, std::string* addr, std::string* why) {
+    const int n = topo.find_node(sw);
+    if (n < 0 || topo.nodes[n].kind != routing::NodeKind::kSwitch) {
+      *why = sw + ": no such switch in topology " + topo.name;
+      return nullptr;
+    }
+    *addr = address(n);
+    auto& s = stubs[n];
+    if (!s) {
+      s = v1::Switch::NewStub(grpc::CreateChannel(*addr, grpc::InsecureChannelCredentials()));
+    }
+    return s.get();
+  }
+
+  // One unary call: `start(stub, ctx, req, reply, callback)`; `finish(status, reply)` runs on the loop.
+  template <typename Req, typename Reply, typename Start, typename Finish>
+  void call(const std::string& sw, Req req, Start start, Finish finish) {
+    std::string addr, why;
+    v1::Switch::Stub* s = stub(sw, &addr, &why);
+    if (s == nullptr) {
+      loop.schedule(0, [finish, why] { finish(common::ControlError{"", why}, Reply{}); });
+      return;
+    }
+    struct Call {
+      grpc::ClientContext ctx;
+      Req req;
+      Reply reply;
+    };
+    auto c = std::make_shared<Call>();
+    c->req = std::move(req);
+    c->ctx.set_deadline(deadline_after(deadline_ns));
+    std::weak_ptr<bool> live = alive;
+    EpollLoop* lp = &loop;
+    start(s, &c->ctx, &c->req, &c->reply, [c, live, lp, finish, sw, addr](grpc::Status st) {
+      if (live.expired()) {
+        return;
+      }
+      std::optional<common::ControlError> err;
+      if (!st.ok()) {
+        err = common::ControlError{sw, describe(sw, addr, st)};
+      }
+      lp->schedule(0, [c, finish, err, live] {
+        if (!live.expired()) {
+          finish(err, c->reply);
+        }
+      });
+    });
+  }
+};
+
+GrpcControl::GrpcControl(EpollLoop& loop, const routing::Topology& topo, AddressOf address, common::TimeNs deadline_ns)
+    : impl_(std::make_unique<Impl>(Impl{loop, topo, std::move(address), deadline_ns, {}})) {}
+
+GrpcControl::~GrpcControl() { *impl_->alive = false; }
+
+namespace {
+
+common::ControlStatus status_of(const std::optional<common::ControlError>& e) { return e; }
+
+}  // namespace
+
+void GrpcControl::reserve(const std::string& sw, const common::GroupReservation& r, Done done) {
+  impl_->call<v1::GroupReservation, v1::Empty>(
+      sw, to_proto(r),
+      [](v1::Switch::Stub* s, grpc::ClientContext* ctx, const v1::GroupReservation* q, v1::Empty* a, auto cb) {
+        s->async()->Reserve(ctx, q, a, cb);
+      },
+      [done](const std::optional<common::ControlError>& e, const v1::Empty&) { done(status_of(e)); });
+}
+
+void GrpcControl::release(const std::string& sw, uint32_t job, uint16_t group, Done done) {
+  v1::ReleaseRequest q;
+  q.set_job(job);
+  q.set_group(group);
+  impl_->call<v1::ReleaseRequest, v1::Empty>(
+      sw, q,
+      [](v1::Switch::Stub* s, grpc::ClientContext* ctx, const v1::ReleaseRequest* q, v1::Empty* a, auto cb) {
+        s->async()->Release(ctx, q, a, cb);
+      },
+      [done](const std::optional<common::ControlError>& e, const v1::Empty&) { done(status_of(e)); });
+}
+
+void GrpcControl::register_window(const std::string& sw, const common::WindowRegistration& w, Done done) {
+  impl_->call<v1::WindowRegistration, v1::Empty>(
+      sw, to_proto(w),
+      [](v1::Switch::Stub* s, grpc::ClientContext* ctx, const v1::WindowRegistration* q, v1::Empty* a, auto cb) {
+        s->async()->RegisterWindow(ctx, q, a, cb);
+      },
+      [done](const std::optional<common::ControlError>& e, const v1::Empty&) { done(status_of(e)); });
+}
+
+void GrpcControl::free_slots(const std::string& sw, std::function<void(const common::ControlReply<uint32_t>&)> done) {
+  impl_->call<v1::Empty, v1::FreeSlotsReply>(
+      sw, v1::Empty{},
+      [](v1::Switch::Stub* s, grpc::ClientContext* ctx, const v1::Empty* q, v1::FreeSlotsReply* a, auto cb) {
+        s->async()->FreeSlots(ctx, q, a, cb);
+      },
+      [done](const std::optional<common::ControlError>& e, const v1::FreeSlotsReply& a) {
+        common::ControlReply<uint32_t> r;
+        r.error = e;
+        r.value = a.slots();
+        done(r);
+      });
+}
+
+void GrpcControl::counters(const std::string& sw,
+                           std::function<void(const common::ControlReply<common::IfecCounters>&)> done) {
+  impl_->call<v1::Empty, v1::CounterSet>(
+      sw, v1::Empty{},
+      [](v1::Switch::Stub* s, grpc::ClientContext* ctx, const v1::Empty* q, v1::CounterSet* a, auto cb) {
+        s->async()->IfecCounters(ctx, q, a, cb);
+      },
+      [done](const std::optional<common::ControlError>& e, const v1::CounterSet& a) {
+        common::ControlReply<common::IfecCounters> r;
+        r.error = e;
+        r.value = counters_from_map(std::map<std::string, uint64_t>(a.values().begin(), a.values().end()));
+        done(r);
+      });
+}
+
+void GrpcControl::set_link_state(int link, bool up, Done done) {
+  const routing::Topology& topo = impl_->topo;
+  if (link < 0 || link >= static_cast<int>(topo.links.size())) {
+    impl_->loop.schedule(0, [done, link] {
+      done(common::ControlError{"link " + std::to_string(link), "no such link"});
+    });
+    return;
+  }
+  // The switch end takes its interface down: the veth peer (the other end) loses carrier with it.
+  const routing::Link& l = topo.links[link];
+  const bool a_switch = topo.nodes[l.a].kind == routing::NodeKind::kSwitch;
+  const int node = a_switch ? l.a : l.b;
+  v1::SetLinkRequest q;
+  q.set_port(a_switch ? l.a_port : l.b_port);
+  q.set_up(up);
+  impl_->call<v1::SetLinkRequest, v1::Empty>(
+      topo.nodes[node].name, q,
+      [](v1::Switch::Stub* s, grpc::ClientContext* ctx, const v1::SetLinkRequest* q, v1::Empty* a, auto cb) {
+        s->async()->SetLink(ctx, q, a, cb);
+      },
+      [done](const std::optional<common::ControlError>& e, const v1::Empty&) { done(status_of(e)); });
+}
+
+void GrpcControl::fare_weights(
+    const std::string& sw, int dest_gpu,
+    std::function<void(const common::ControlReply<std::vector<common::PortWeight>>&)> done) {
+  v1::FareWeightsRequest q;
+  q.set_dest_gpu(dest_gpu);
+  impl_->call<v1::FareWeightsRequest, v1::FareWeightsReply>(
+      sw, q,
+      [](v1::Switch::Stub* s, grpc::ClientContext* ctx, const v1::FareWeightsRequest* q, v1::FareWeightsReply* a,
+         auto cb) { s->async()->FareWeights(ctx, q, a, cb); },
+      [done](const std::optional<common::ControlError>& e, const v1::FareWeightsReply& a) {
+        common::ControlReply<std::vector<common::PortWeight>> r;
+        r.error = e;
+        for (const v1::PortWeight& w : a.weights()) {
+          r.value.push_back({w.port(), w.gbps()});
+        }
+        done(r);
+      });
+}
+
+// ---------------------------------------------------------------------------------------------- bootstrap --
+
+GrpcBootstrap::GrpcBootstrap(EpollLoop& loop, const routing::Topology& topo, AddressOf address, int rank,
+                             std::vector<int> gpus, common::TimeNs deadline_ns)
+    : loop_(loop), rank_(rank), gpus_(std::move(gpus)), deadline_ns_(deadline_ns), alive_(std::make_shared<bool>(true)) {
+  IFEC_CHECK(rank_ >= 0 && rank_ < static_cast<int>(gpus_.size()),
+             "bootstrap: rank " << rank_ << " outside 0.." << gpus_.size() - 1);
+  const int root_node = topo.gpu_node(gpus_.at(0));
+  root_ = "rank 0's hostd " + topo.nodes[root_node].name + " (" + address(root_node) + ")";
+  channel_ = grpc::CreateChannel(address(root_node), grpc::InsecureChannelCredentials());
+}
+
+GrpcBootstrap::~GrpcBootstrap() { *alive_ = false; }
+
+void GrpcBootstrap::allgather(std::vector<uint8_t> mine, std::function<void(workloads::Gathered)> done) {
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::AllgatherRequest req;
+    v1::AllgatherReply reply;
+    std::unique_ptr<v1::Host::Stub> stub;
+  };
+  auto c = std::make_shared<Call>();
+  c->req.set_rank(rank_);
+  c->req.set_seq(seq_++);
+  c->req.set_part(std::string(mine.begin(), mine.end()));
+  c->ctx.set_deadline(deadline_after(deadline_ns_));
+  c->ctx.set_wait_for_ready(true);  // rank 0 may still be starting: wait for it, up to the deadline
+  c->stub = v1::Host::NewStub(channel_);
+  std::weak_ptr<bool> live = alive_;
+  EpollLoop* lp = &loop_;
+  const std::string root = root_;
+  const size_t n = gpus_.size();
+  c->stub->async()->Allgather(&c->ctx, &c->req, &c->reply, [c, live, lp, done, root, n](grpc::Status st) {
+    workloads::Gathered g;
+    if (!st.ok()) {
+      g.ok = false;
+      g.error = st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? root + ": no answer before the deadline"
+                                                                        : describe(root, "", st);
+    } else if (static_cast<size_t>(c->reply.parts_size()) != n) {
+      g.ok = false;
+      g.error = root + " answered " + std::to_string(c->reply.parts_size()) + " parts for " + std::to_string(n) +
+                " ranks";
+    } else {
+      for (const std::string& p : c->reply.parts()) {
+        g.parts.emplace_back(p.begin(), p.end());
+      }
+    }
+    if (live.expired()) {
+      return;
+    }
+    lp->schedule(0, [live, done, g = std::move(g)]() mutable {
+      if (!live.expired()) {
+        done(std::move(g));
+      }
+    });
+  });
+}
+
+}  // namespace ifec::live

@@ -1,0 +1,372 @@
+// ifec-hostd: one GPU of the topology: its Endpoint on its interfaces, its rank's Communicator over the gRPC
+// bootstrap (rank 0's hostd is the hub) and control plane, serving the gRPC Host service.
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <map>
+
+#include "daemon_common.h"
+#include "ifec/common/json.h"
+#include "ifec/endpoint/endpoint.h"
+#include "ifec/live/daemons.h"
+#include "ifec/live/grpc_clients.h"
+#include "ifec/testbed/collective_bench.h"
+#include "ifec/workloads/communicator.h"
+
+namespace ifec::live {
+
+namespace {
+
+constexpr uint16_t kBuf = 1;
+constexpr uint16_t kScratch = 2;
+constexpr auto kAllgatherWait = std::chrono::seconds(30);
+
+// Rank 0's hub: the k-th allgather of every rank meets the others' k-th (waits on gRPC threads).
+class Hub {
+ public:
+  explicit Hub(int n) : n_(n) {}
+  grpc::Status gather(const std::string& node, int rank, uint64_t seq, const std::string& part,
+                      v1::AllgatherReply* out) {
+    if (rank < 0 || rank >= n_) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          node + ": allgather from rank " + std::to_string(rank) + " outside 0.." + std::to_string(n_ - 1));
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    Round& r = rounds_[seq];
+    if (r.parts.empty()) {
+      r.parts.resize(n_);
+      r.in.assign(n_, 0);
+    }
+    r.parts[rank] = part;
+    if (!r.in[rank]) {
+      r.in[rank] = 1;
+      ++r.arrived;
+    }
+    cv_.notify_all();
+    if (!cv_.wait_for(lock, kAllgatherWait, [&] { return r.arrived == n_; })) {
+      std::string missing;
+      for (int k = 0; k < n_; ++k) {
+        missing += r.in[k] ? "" : (missing.empty() ? "" : ", ") + std::to_string(k);
+      }
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          node + ": allgather " + std::to_string(seq) + ": rank(s) " + missing + " did not arrive in " +
+                              std::to_string(kAllgatherWait.count()) + " s");
+    }
+    for (const std::string& p : r.parts) {
+      out->add_parts(p);
+    }
+    if (++r.served == n_) {
+      rounds_.erase(seq);
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  struct Round {
+    std::vector<std::string> parts;
+    std::vector<char> in;
+    int arrived = 0;
+    int served = 0;
+  };
+  int n_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Round> rounds_;
+};
+
+}  // namespace
+
+struct HostDaemon::Impl {
+  DaemonOptions o;
+  routing::Topology topo;
+  std::unique_ptr<NodeRuntime> rt;
+  std::unique_ptr<endpoint::Endpoint> ep;
+  std::unique_ptr<GrpcBootstrap> boot;
+  std::unique_ptr<GrpcControl> control;
+  std::unique_ptr<workloads::Communicator> comm;
+  std::unique_ptr<Hub> hub;
+  std::unique_ptr<v1::Host::Service> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string ready_error = "starting";  // "" once bootstrapped (loop thread)
+  int gpu = -1;
+
+  void start_endpoint();
+  void run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+};
+
+namespace {
+
+class HostService final : public v1::Host::Service {
+ public:
+  explicit HostService(HostDaemon::Impl& d) : d_(d), name_(d.rt->info().name) {}
+
+  grpc::Status Status(grpc::ServerContext*, const v1::Empty*, v1::NodeStatus* out) override {
+    return on_loop(d_.rt->loop(), name_, [&] {
+      fill_status(*d_.rt, out, d_.ready_error.empty());
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status Allgather(grpc::ServerContext*, const v1::AllgatherRequest* q, v1::AllgatherReply* out) override {
+    if (!d_.hub) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, name_ + ": not rank 0, the bootstrap's hub");
+    }
+    return d_.hub->gather(name_, q->rank(), q->seq(), q->part(), out);
+  }
+  grpc::Status Run(grpc::ServerContext* ctx, const v1::RunRequest* q, v1::RunReply* out) override {
+    auto p = std::make_shared<std::promise<v1::RunReply>>();
+    auto f = p->get_future();
+    const v1::RunRequest req = *q;
+    d_.rt->loop().schedule(0, [this, req, p] {
+      try {
+        d_.run(req, [p](v1::RunReply r) { p->set_value(std::move(r)); });
+      } catch (const std::exception& e) {
+        v1::RunReply r;
+        r.set_error(e.what());
+        p->set_value(r);
+      }
+    });
+    while (f.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+      if (ctx->IsCancelled()) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, name_ + ": the caller went away");
+      }
+    }
+    *out = f.get();
+    return grpc::Status::OK;
+  }
+  grpc::Status Counters(grpc::ServerContext*, const v1::Empty*, v1::CounterSet* out) override {
+    return on_loop(d_.rt->loop(), name_, [&] {
+      if (d_.ep) {
+        const endpoint::EchCounters& c = d_.ep->ech().counters();
+        auto& v = *out->mutable_values();
+        v["ech_contributions_sent"] = c.contributions_sent;
+        v["ech_retransmissions"] = c.retransmissions;
+        v["ech_results_written"] = c.results_written;
+        v["ech_multicast_sent"] = c.multicast_sent;
+        v["ech_protection_drops"] = c.protection_drops;
+      }
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status FareWeights(grpc::ServerContext*, const v1::FareWeightsRequest* q, v1::FareWeightsReply* out) override {
+    return on_loop(d_.rt->loop(), name_, [&] {
+      const int n = d_.rt->topology().num_gpus();
+      if (q->dest_gpu() < 0 || q->dest_gpu() >= n) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, name_ + ": destination GPU " +
+                                                                    std::to_string(q->dest_gpu()) + " outside 0.." +
+                                                                    std::to_string(n - 1));
+      }
+      for (const routing::NextHop& h : d_.rt->fare().next_hops(q->dest_gpu())) {
+        v1::PortWeight* w = out->add_weights();
+        w->set_port(h.port);
+        w->set_gbps(h.weight);
+      }
+      for (double g : d_.rt->fare().plane_gbps(q->dest_gpu())) {
+        out->add_plane_gbps(g);
+      }
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status SetLink(grpc::ServerContext*, const v1::SetLinkRequest* q, v1::Empty*) override {
+    return on_loop(d_.rt->loop(), name_, [&] {
+      d_.rt->set_admin(q->port(), q->up());
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status Events(grpc::ServerContext* ctx, const v1::EventsRequest* q, grpc::ServerWriter<v1::Event>* out) override {
+    return stream_events(*d_.rt, ctx, q, out);
+  }
+
+ private:
+  HostDaemon::Impl& d_;
+  std::string name_;
+};
+
+}  // namespace
+
+// Once every port with a carrier heard its switch (their MACs are known), the endpoint and the rank start.
+void HostDaemon::Impl::start_endpoint() {
+  const routing::Topology& t = topo;
+  endpoint::EndpointConfig ec;
+  ec.index = gpu;
+  ec.ip = rt->info().loopback;
+  ec.ordering = endpoint::Ordering::kWeak;
+  ec.mtu = t.params.mtu;
+  ec.rto_ns = 10'000'000;  // wall clock through software switches: milliseconds, not microseconds
+  ec.rto_max_ns = 200'000'000;
+  ec.max_retries = 12;
+  std::vector<endpoint::EndpointPort> ports;
+  for (const auto& p : rt->ports()) {
+    int plane = 0;
+    for (int link : t.links_of(rt->node())) {
+      const routing::Link& lk = t.links[link];
+      if ((lk.a == rt->node() ? lk.a_port : lk.b_port) == p->port()) {
+        plane = lk.plane;
+      }
+    }
+    ports.push_back({p.get(), plane, rt->mac(p->port()), rt->peer_mac(p->port())});
+  }
+  std::vector<uint32_t> ips;
+  for (int g = 0; g < t.num_gpus(); ++g) {
+    ips.push_back(t.nodes[t.gpu_node(g)].loopback);
+  }
+  ep = std::make_unique<endpoint::Endpoint>(rt->loop(), ec, ports, ips);
+  ep->set_weight_source([this](int peer, std::vector<double>* w) {
+    w->assign(rt->ports().size(), 0.0);
+    if (peer == gpu) {
+      return;
+    }
+    for (const routing::NextHop& h : rt->fare().next_hops(peer)) {
+      (*w)[h.port] += h.weight;
+    }
+  });
+  ep->routes_changed();
+  rt->on_fare_change([this] { ep->routes_changed(); });
+  ep->set_connection_manager([this](int peer, int q, uint32_t psn) {
+    rt->note("reconnect", "QP " + std::to_string(q) + " toward GPU " + std::to_string(peer) + " restarts at PSN " +
+                              std::to_string(psn) + " (its responder is not reset remotely yet)");
+  });
+  std::vector<int> gpus(t.num_gpus());
+  for (int g = 0; g < t.num_gpus(); ++g) {
+    gpus[g] = g;
+  }
+  AddressOf addr = [this](int node) { return daemon_address(o, node); };
+  boot = std::make_unique<GrpcBootstrap>(rt->loop(), t, addr, gpu, gpus, o.rpc_deadline_ns * 8);
+  control = std::make_unique<GrpcControl>(rt->loop(), t, addr, o.rpc_deadline_ns);
+  workloads::CommOptions co;
+  co.limit_ns = 60'000'000'000ULL;
+  co.ifec.timing.initial_rto_ns = 20'000'000;
+  co.ifec.timing.min_rto_ns = 10'000'000;
+  co.ifec.timing.max_rto_ns = 200'000'000;
+  co.ifec.timing.busy_retry_ns = 1'000'000;
+  comm = std::make_unique<workloads::Communicator>(*ep, *boot, *control, t, co);
+  comm->init([this](const std::string& err) {
+    ready_error = err;
+    rt->note("bootstrap", err.empty() ? "rank " + std::to_string(gpu) + " of " + std::to_string(topo.num_gpus()) +
+                                            " bootstrapped"
+                                      : "bootstrap failed: " + err);
+  });
+}
+
+// One measurement, this rank's part: windows, inputs, the collective, the check against the reference.
+void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
+  IFEC_CHECK(ready_error.empty(), rt->info().name << ": not bootstrapped: " << ready_error);
+  testbed::CollectivePoint p;
+  p.kind = workloads::parse_collective(q.what());
+  p.algo = workloads::parse_algo(q.algo().empty() ? "ifec" : q.algo());
+  p.dtype = testbed::parse_dtype(q.dtype().empty() ? "fp32" : q.dtype());
+  p.op = testbed::parse_redop(q.op().empty() ? "sum" : q.op());
+  p.bytes = q.bytes();
+  p.seed = q.seed() == 0 ? 1 : q.seed();
+  const size_t es = workloads::element_size(p.dtype);
+  IFEC_CHECK(p.kind == workloads::Collective::kBarrier || (p.bytes > 0 && p.bytes % es == 0),
+             "size " << p.bytes << " B is not a positive whole number of " << es << "-byte elements");
+  workloads::CollArgs a;
+  a.kind = p.kind;
+  a.root = q.root();
+  a.window = kBuf;
+  a.scratch_window = kScratch;
+  a.count = p.kind == workloads::Collective::kBarrier ? 0 : p.bytes / es;
+  a.dtype = p.dtype;
+  a.op = p.op;
+  const int n = comm->size();
+  const uint64_t scratch = std::max<uint64_t>(
+      4096, workloads::Communicator::scratch_bytes(a, n, p.algo, &topo, 0));
+  comm->allocate_window(kBuf, std::max<uint64_t>(64, a.count * es), [this, a, p, scratch, reply, n](const std::string& e1) {
+    if (!e1.empty()) {
+      v1::RunReply r;
+      r.set_error(e1);
+      reply(r);
+      return;
+    }
+    comm->allocate_window(kScratch, scratch, [this, a, p, reply, n](const std::string& e2) {
+      if (!e2.empty()) {
+        v1::RunReply r;
+        r.set_error(e2);
+        reply(r);
+        return;
+      }
+      auto inputs = std::make_shared<std::vector<std::vector<uint8_t>>>(testbed::collective_inputs(p, n, a.count));
+      if (a.count > 0) {
+        std::memcpy(ep->memory().window(kBuf)->data, (*inputs)[comm->rank()].data(), (*inputs)[comm->rank()].size());
+      }
+      comm->run(a, p.algo, [this, a, p, inputs, reply, n](workloads::CollectiveResult res) {
+        testbed::CollectiveRow row;
+        row.point = p;
+        row.ok = res.ok;
+        row.ran = res.algo;
+        row.error = res.error;
+        row.count = a.count;
+        row.time_us = (res.end_ns - res.start_ns) / 1e3;
+        row.algbw_gbs = row.time_us > 0 ? p.bytes / (row.time_us * 1e3) : 0;
+        row.busbw_gbs = row.algbw_gbs * (p.kind == workloads::Collective::kAllReduce ? 2.0 * (n - 1) / n : 1.0);
+        row.fell_back = res.fell_back;
+        row.fallback_chunks = res.fallback_chunks;
+        row.anomalies = res.anomalies;
+        row.faults = res.faults;
+        const bool holds = p.kind != workloads::Collective::kReduce || comm->rank() == a.root;
+        if (res.ok && holds && p.kind != workloads::Collective::kReduceScatter &&
+            p.kind != workloads::Collective::kAllGather) {
+          const testbed::OutputCheck chk = testbed::check_outputs(p, *inputs, p.algo != workloads::Algo::kIfec || res.fell_back,
+                                                                  {ep->memory().window(kBuf)->data});
+          row.wrong = chk.wrong;
+          row.max_rel_error = chk.max_rel_error;
+          row.ok = row.wrong == 0;
+        }
+        v1::RunReply r;
+        r.set_ok(row.ok);
+        r.set_error(row.error);
+        r.set_wrong(row.wrong);
+        r.set_row_json(testbed::row_json(row, topo.name, "live"));
+        reply(r);
+      });
+    });
+  });
+}
+
+HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
+  Impl& d = *impl_;
+  d.o = std::move(o);
+  d.topo = routing::load_topology(d.o.topology_file);
+  RuntimeOptions ro;
+  ro.netns = d.o.netns;
+  d.rt = std::make_unique<NodeRuntime>(d.topo, d.o.node, ro);
+  IFEC_CHECK(d.rt->info().kind == routing::NodeKind::kGpu,
+             "node " << d.o.node << " is a switch: run ifec-switchd for it, not ifec-hostd");
+  d.gpu = d.rt->info().gpu_index;
+  if (d.gpu == 0) {
+    d.hub = std::make_unique<Hub>(d.topo.num_gpus());
+  }
+  d.service = std::make_unique<HostService>(d);
+  const std::string listen = d.o.listen.empty() ? daemon_address(d.o, d.rt->node()) : d.o.listen;
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(d.service.get());
+  d.server = b.BuildAndStart();
+  IFEC_CHECK(d.server != nullptr && port != 0,
+             "node " << d.o.node << ": cannot listen on " << listen << " (address in use, or not on this host?)");
+  d.rt->start();
+  d.rt->note("start", "hostd " + d.o.node + " (GPU " + std::to_string(d.gpu) + ") serving on " + listen);
+  // Wait (on the loop) until every live port heard its switch, at most 10 s, then start the endpoint.
+  auto wait = std::make_shared<std::function<void(int)>>();
+  *wait = [&d, wait](int left) {
+    if (d.rt->all_heard() || left == 0) {
+      d.start_endpoint();
+      return;
+    }
+    d.rt->loop().schedule(d.rt->loop().now() + 50'000'000, [wait, left] { (*wait)(left - 1); });
+  };
+  d.rt->loop().schedule(0, [wait] { (*wait)(200); });
+}
+
+HostDaemon::~HostDaemon() {
+  if (impl_->server) {
+    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+}
+
+void HostDaemon::run() { impl_->rt->loop().serve(); }
+void HostDaemon::stop() { impl_->rt->loop().stop(); }
+
+}  // namespace ifec::live

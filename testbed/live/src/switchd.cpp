@@ -1,0 +1,248 @@
+// ifec-switchd: one switch of the topology on its interfaces, FARE-routed, serving the gRPC Switch service.
+#include <grpcpp/grpcpp.h>
+
+#include <csignal>
+#include <map>
+#include <set>
+
+#include "daemon_common.h"
+#include "ifec/live/daemons.h"
+#include "ifec/live/grpc_clients.h"
+#include "ifec/switchemu/switch.h"
+#include "proto_convert.h"
+
+namespace ifec::live {
+
+std::string daemon_address(const DaemonOptions& o, int node) {
+  return o.mgmt_loopback ? "127.0.0.1:" + std::to_string(50051 + node) : mgmt_address(node);
+}
+
+namespace {
+
+grpc::Status error(grpc::StatusCode code, const std::string& node, const std::string& why) {
+  return grpc::Status(code, node + ": " + why);
+}
+
+// FARE's groups toward every GPU, and routes to the other switches' loopbacks (their IFEC engines talk to each
+// other on two-tier planes): neighbours over live links, farther ones along shortest paths of the topology.
+void install_routes(NodeRuntime& rt, switchemu::Switch& sw) {
+  const routing::Topology& topo = rt.topology();
+  for (int d = 0; d < topo.num_gpus(); ++d) {
+    std::vector<switchemu::NextHopPort> group;
+    for (const routing::NextHop& h : rt.fare().next_hops(d)) {
+      const common::MacAddress mac = rt.peer_mac(h.port);
+      if (h.weight > 0 && mac != common::MacAddress{}) {
+        group.push_back({h.port, h.weight, mac});
+      }
+    }
+    sw.set_route(topo.nodes[topo.gpu_node(d)].loopback, std::move(group));
+  }
+  // Switch loopbacks: breadth-first over switch-to-switch links from each target.
+  const int self = rt.node();
+  for (size_t t = 0; t < topo.nodes.size(); ++t) {
+    if (topo.nodes[t].kind != routing::NodeKind::kSwitch || static_cast<int>(t) == self) {
+      continue;
+    }
+    std::vector<int> dist(topo.nodes.size(), -1);
+    std::vector<int> frontier = {static_cast<int>(t)};
+    dist[t] = 0;
+    while (!frontier.empty() && dist[self] < 0) {
+      std::vector<int> next;
+      for (int n : frontier) {
+        for (int l : topo.links_of(n)) {
+          const int peer = topo.peer(l, n).first;
+          if (topo.nodes[peer].kind == routing::NodeKind::kSwitch && dist[peer] < 0) {
+            dist[peer] = dist[n] + 1;
+            next.push_back(peer);
+          }
+        }
+      }
+      frontier = std::move(next);
+    }
+    std::vector<switchemu::NextHopPort> group;
+    for (int l : topo.links_of(self)) {
+      const auto [peer, peer_port] = topo.peer(l, self);
+      const int port = topo.links[l].a == self ? topo.links[l].a_port : topo.links[l].b_port;
+      if (dist[self] > 0 && dist[peer] == dist[self] - 1 && rt.ports()[port]->link_up() &&
+          rt.peer_mac(port) != common::MacAddress{}) {
+        group.push_back({port, topo.links[l].rate_gbps, rt.peer_mac(port)});
+      }
+    }
+    sw.set_route(topo.nodes[t].loopback, std::move(group));
+  }
+}
+
+class SwitchService final : public v1::Switch::Service {
+ public:
+  SwitchService(NodeRuntime& rt, switchemu::Switch& sw) : rt_(rt), sw_(sw), name_(rt.info().name) {}
+
+  grpc::Status Status(grpc::ServerContext*, const v1::Empty*, v1::NodeStatus* out) override {
+    return on_loop(rt_.loop(), name_, [&] {
+      fill_status(rt_, out, rt_.all_heard());
+      for (auto& ps : *out->mutable_ports()) {
+        const switchemu::SwitchPortCounters& c = sw_.counters(ps.port());
+        auto& v = *ps.mutable_counters()->mutable_values();
+        v["switch_rx_frames"] = c.rx_frames;
+        v["switch_tx_frames"] = c.tx_frames;
+        v["switch_tx_bytes"] = c.tx_bytes;
+        v["malformed_drops"] = c.malformed_drops;
+        v["no_route_drops"] = c.no_route_drops;
+        v["link_down_drops"] = c.link_down_drops;
+        v["pause_sent"] = c.pause_sent;
+        v["pause_received"] = c.pause_received;
+      }
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status Reserve(grpc::ServerContext*, const v1::GroupReservation* r, v1::Empty*) override {
+    return on_loop(rt_.loop(), name_, [&] {
+      std::string why;
+      return engine()->reserve(from_proto(*r), &why) ? grpc::Status::OK
+                                                     : error(grpc::StatusCode::RESOURCE_EXHAUSTED, name_, why);
+    });
+  }
+  grpc::Status Release(grpc::ServerContext*, const v1::ReleaseRequest* r, v1::Empty*) override {
+    return on_loop(rt_.loop(), name_, [&] {
+      engine()->release(r->job(), static_cast<uint16_t>(r->group()));
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status RegisterWindow(grpc::ServerContext*, const v1::WindowRegistration* w, v1::Empty*) override {
+    return on_loop(rt_.loop(), name_, [&] {
+      engine()->register_window(from_proto(*w));
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status FreeSlots(grpc::ServerContext*, const v1::Empty*, v1::FreeSlotsReply* out) override {
+    return on_loop(rt_.loop(), name_, [&] {
+      out->set_slots(engine()->free_slots());
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status IfecCounters(grpc::ServerContext*, const v1::Empty*, v1::CounterSet* out) override {
+    return on_loop(rt_.loop(), name_, [&] {
+      for (const auto& [k, v] : counter_map(engine()->counters())) {
+        (*out->mutable_values())[k] = v;
+      }
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status Groups(grpc::ServerContext*, const v1::Empty*, v1::GroupsReply* out) override {
+    return on_loop(rt_.loop(), name_, [&] {
+      for (const common::GroupReservation& r : engine()->reservations()) {
+        *out->add_groups() = to_proto(r);
+      }
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status Routes(grpc::ServerContext*, const v1::Empty*, v1::RoutesReply* out) override {
+    return on_loop(rt_.loop(), name_, [&] {
+      const routing::Topology& topo = rt_.topology();
+      for (const routing::Node& n : topo.nodes) {
+        if (const auto* group = sw_.route(n.loopback)) {
+          v1::Route* r = out->add_routes();
+          r->set_dst_ip(n.loopback);
+          for (const switchemu::NextHopPort& h : *group) {
+            v1::PortWeight* w = r->add_group();
+            w->set_port(h.port);
+            w->set_gbps(h.weight);
+          }
+        }
+      }
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status FareWeights(grpc::ServerContext*, const v1::FareWeightsRequest* q, v1::FareWeightsReply* out) override {
+    return on_loop(rt_.loop(), name_, [&] {
+      if (q->dest_gpu() < 0 || q->dest_gpu() >= rt_.topology().num_gpus()) {
+        return error(grpc::StatusCode::INVALID_ARGUMENT, name_,
+                     "destination GPU " + std::to_string(q->dest_gpu()) + " outside 0.." +
+                         std::to_string(rt_.topology().num_gpus() - 1));
+      }
+      for (const routing::NextHop& h : rt_.fare().next_hops(q->dest_gpu())) {
+        v1::PortWeight* w = out->add_weights();
+        w->set_port(h.port);
+        w->set_gbps(h.weight);
+      }
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status SetLink(grpc::ServerContext*, const v1::SetLinkRequest* q, v1::Empty*) override {
+    return on_loop(rt_.loop(), name_, [&] {
+      rt_.set_admin(q->port(), q->up());
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status Events(grpc::ServerContext* ctx, const v1::EventsRequest* q, grpc::ServerWriter<v1::Event>* out) override {
+    return stream_events(rt_, ctx, q, out);
+  }
+
+ private:
+  switchemu::IfecEngine* engine() {
+    IFEC_CHECK(sw_.ifec() != nullptr, name_ << ": runs no IFEC engine");
+    return sw_.ifec();
+  }
+  NodeRuntime& rt_;
+  switchemu::Switch& sw_;
+  std::string name_;
+};
+
+}  // namespace
+
+struct SwitchDaemon::Impl {
+  DaemonOptions o;
+  routing::Topology topo;
+  std::unique_ptr<NodeRuntime> rt;
+  std::unique_ptr<switchemu::Switch> sw;
+  std::unique_ptr<SwitchService> service;
+  std::unique_ptr<grpc::Server> server;
+};
+
+SwitchDaemon::SwitchDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
+  Impl& d = *impl_;
+  d.o = std::move(o);
+  d.topo = routing::load_topology(d.o.topology_file);
+  RuntimeOptions ro;
+  ro.netns = d.o.netns;
+  d.rt = std::make_unique<NodeRuntime>(d.topo, d.o.node, ro);
+  IFEC_CHECK(d.rt->info().kind == routing::NodeKind::kSwitch,
+             "node " << d.o.node << " is a GPU: run ifec-hostd for it, not ifec-switchd");
+  switchemu::SwitchConfig cfg;
+  cfg.name = d.o.node;
+  cfg.ip = d.rt->info().loopback;
+  cfg.params = d.topo.params;
+  // The topology's timers are for simulated links (microseconds); software switches on the wall clock answer in
+  // milliseconds under load, so the engine waits at least these long (stated at start).
+  cfg.params.ifec.slot_timeout_ns = std::max<common::TimeNs>(cfg.params.ifec.slot_timeout_ns, 500'000'000);
+  cfg.params.ifec.result_retransmit_ns = std::max<common::TimeNs>(cfg.params.ifec.result_retransmit_ns, 20'000'000);
+  cfg.seed = static_cast<uint64_t>(d.rt->node()) + 1;
+  for (size_t p = 0; p < d.rt->ports().size(); ++p) {
+    cfg.port_macs.push_back(d.rt->mac(static_cast<int>(p)));
+  }
+  d.sw = std::make_unique<switchemu::Switch>(d.rt->loop(), cfg, d.rt->port_ptrs());
+  d.rt->on_fare_change([&d] { install_routes(*d.rt, *d.sw); });
+  d.service = std::make_unique<SwitchService>(*d.rt, *d.sw);
+  const std::string listen = d.o.listen.empty() ? daemon_address(d.o, d.rt->node()) : d.o.listen;
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(d.service.get());
+  d.server = b.BuildAndStart();
+  IFEC_CHECK(d.server != nullptr && port != 0,
+             "node " << d.o.node << ": cannot listen on " << listen << " (address in use, or not on this host?)");
+  d.rt->start();
+  d.rt->note("start", "switchd " + d.o.node + " serving on " + listen + "; IFEC slot timeout " +
+                          std::to_string(cfg.params.ifec.slot_timeout_ns / 1'000'000) + " ms, result retransmit " +
+                          std::to_string(cfg.params.ifec.result_retransmit_ns / 1'000'000) + " ms (wall clock)");
+}
+
+SwitchDaemon::~SwitchDaemon() {
+  if (impl_->server) {
+    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+}
+
+void SwitchDaemon::run() { impl_->rt->loop().serve(); }
+void SwitchDaemon::stop() { impl_->rt->loop().stop(); }
+
+}  // namespace ifec::live
