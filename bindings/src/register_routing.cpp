@@ -57,20 +57,20 @@ void register_routing(py::module_& m) {
                                }
                                return out;
                              })
-      .def_property_readonly("links",
-                             [](const Topology& t) {
-                               py::list out;
-                               for (const Link& l : t.links) {
-                                 out.append(py::dict(py::arg("id") = l.id, py::arg("a") = t.nodes[l.a].name,
-                                                     py::arg("a_port") = l.a_port, py::arg("b") = t.nodes[l.b].name,
-                                                     py::arg("b_port") = l.b_port, py::arg("plane") = l.plane,
-                                                     py::arg("rate_gbps") = l.rate_gbps,
-                                                     py::arg("delay_ns") = l.delay_ns, py::arg("cable") = l.cable,
-                                                     py::arg("subport") = l.subport));
-                               }
-                               return out;
-                             },
-                             "every link (Y-cable sub-links expanded) with its ends' nodes and ports")
+      .def_property_readonly(
+          "links",
+          [](const Topology& t) {
+            py::list out;
+            for (const Link& l : t.links) {
+              out.append(py::dict(py::arg("id") = l.id, py::arg("a") = t.nodes[l.a].name, py::arg("a_port") = l.a_port,
+                                  py::arg("b") = t.nodes[l.b].name, py::arg("b_port") = l.b_port,
+                                  py::arg("plane") = l.plane, py::arg("rate_gbps") = l.rate_gbps,
+                                  py::arg("delay_ns") = l.delay_ns, py::arg("cable") = l.cable,
+                                  py::arg("subport") = l.subport));
+            }
+            return out;
+          },
+          "every link (Y-cable sub-links expanded) with its ends' nodes and ports")
       .def("to_yaml", [](const Topology& t) { return to_yaml(t); });
   m.def("load_topology", &load_topology, py::arg("path"));
   m.def("parse_topology", &parse_topology, py::arg("yaml_text"), py::arg("source_name") = "<string>");

@@ -54,7 +54,6 @@ std::vector<sock_filter> fabric_filter() {
   };
 }
 
-
 }  // namespace
 
 std::string fabric_ifname(int port) { return "f" + std::to_string(port); }

@@ -5,8 +5,8 @@
 
 #include <chrono>
 #include <future>
-#include <thread>
 #include <string>
+#include <thread>
 
 #include "ifec/common/checks.h"
 #include "ifec/live/node_runtime.h"
@@ -17,7 +17,8 @@ namespace ifec::live {
 // Runs fn() (returning grpc::Status) on the loop's thread and waits for it (an error if the loop does not get to it
 // within `wait`: a daemon stuck in a long operation answers that, rather than hanging its caller).
 template <typename F>
-grpc::Status on_loop(EpollLoop& loop, const std::string& node, F fn, std::chrono::milliseconds wait = std::chrono::seconds(5)) {
+grpc::Status on_loop(EpollLoop& loop, const std::string& node, F fn,
+                     std::chrono::milliseconds wait = std::chrono::seconds(5)) {
   auto p = std::make_shared<std::promise<grpc::Status>>();
   auto f = p->get_future();
   loop.schedule(0, [p, fn]() mutable {

@@ -11,14 +11,14 @@
 
 namespace ifec::live {
 
-#define IFEC_IFEC_COUNTERS(X)                                                                                      \
-  X(reservations)                                                                                                  \
-  X(reservation_failures) X(contributions) X(duplicate_contributions) X(results_sent) X(result_resends)           \
-      X(implicit_acks) X(late_notices) X(slots_reclaimed) X(chunks_skipped) X(acks_received) X(slots_completed)    \
-          X(slot_busy_drops) X(unreserved_drops) X(malformed_drops) X(anomalies) X(non_finite_inputs)             \
-              X(multicast_packets) X(multicast_replicas) X(multicast_repairs) X(multicast_completions)             \
-                  X(multicast_unknown_window) X(partials_sent) X(partial_bytes) X(upstream_results)               \
-                      X(partial_resends)
+#define IFEC_IFEC_COUNTERS(X)                                                                                         \
+  X(reservations)                                                                                                     \
+  X(reservation_failures)                                                                                             \
+  X(contributions) X(duplicate_contributions) X(results_sent) X(result_resends) X(implicit_acks) X(late_notices)      \
+      X(slots_reclaimed) X(chunks_skipped) X(acks_received) X(slots_completed) X(slot_busy_drops) X(unreserved_drops) \
+          X(malformed_drops) X(anomalies) X(non_finite_inputs) X(multicast_packets) X(multicast_replicas)             \
+              X(multicast_repairs) X(multicast_completions) X(multicast_unknown_window) X(partials_sent)              \
+                  X(partial_bytes) X(upstream_results) X(partial_resends)
 
 std::map<std::string, uint64_t> counter_map(const common::IfecCounters& c) {
   std::map<std::string, uint64_t> m;
@@ -30,9 +30,9 @@ std::map<std::string, uint64_t> counter_map(const common::IfecCounters& c) {
 
 common::IfecCounters counters_from_map(const std::map<std::string, uint64_t>& m) {
   common::IfecCounters c;
-#define X(f)                  \
+#define X(f)                                 \
   if (auto it = m.find(#f); it != m.end()) { \
-    c.f = it->second;         \
+    c.f = it->second;                        \
   }
   IFEC_IFEC_COUNTERS(X)
 #undef X
@@ -214,9 +214,8 @@ void GrpcControl::set_link_state(int link, bool up, Done done) {
       [done](const std::optional<common::ControlError>& e, const v1::Empty&) { done(status_of(e)); });
 }
 
-void GrpcControl::fare_weights(
-    const std::string& sw, int dest_gpu,
-    std::function<void(const common::ControlReply<std::vector<common::PortWeight>>&)> done) {
+void GrpcControl::fare_weights(const std::string& sw, int dest_gpu,
+                               std::function<void(const common::ControlReply<std::vector<common::PortWeight>>&)> done) {
   v1::FareWeightsRequest q;
   q.set_dest_gpu(dest_gpu);
   impl_->call<v1::FareWeightsRequest, v1::FareWeightsReply>(
@@ -237,7 +236,11 @@ void GrpcControl::fare_weights(
 
 GrpcBootstrap::GrpcBootstrap(EpollLoop& loop, const routing::Topology& topo, AddressOf address, int rank,
                              std::vector<int> gpus, common::TimeNs deadline_ns)
-    : loop_(loop), rank_(rank), gpus_(std::move(gpus)), deadline_ns_(deadline_ns), alive_(std::make_shared<bool>(true)) {
+    : loop_(loop),
+      rank_(rank),
+      gpus_(std::move(gpus)),
+      deadline_ns_(deadline_ns),
+      alive_(std::make_shared<bool>(true)) {
   IFEC_CHECK(rank_ >= 0 && rank_ < static_cast<int>(gpus_.size()),
              "bootstrap: rank " << rank_ << " outside 0.." << gpus_.size() - 1);
   const int root_node = topo.gpu_node(gpus_.at(0));
@@ -270,11 +273,11 @@ void GrpcBootstrap::allgather(std::vector<uint8_t> mine, std::function<void(work
     if (!st.ok()) {
       g.ok = false;
       g.error = st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? root + ": no answer before the deadline"
-                                                                        : describe(root, "", st);
+                                                                       : describe(root, "", st);
     } else if (static_cast<size_t>(c->reply.parts_size()) != n) {
       g.ok = false;
-      g.error = root + " answered " + std::to_string(c->reply.parts_size()) + " parts for " + std::to_string(n) +
-                " ranks";
+      g.error =
+          root + " answered " + std::to_string(c->reply.parts_size()) + " parts for " + std::to_string(n) + " ranks";
     } else {
       for (const std::string& p : c->reply.parts()) {
         g.parts.emplace_back(p.begin(), p.end());

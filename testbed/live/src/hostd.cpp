@@ -29,8 +29,8 @@ class Hub {
   grpc::Status gather(const std::string& node, int rank, uint64_t seq, const std::string& part,
                       v1::AllgatherReply* out) {
     if (rank < 0 || rank >= n_) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          node + ": allgather from rank " + std::to_string(rank) + " outside 0.." + std::to_string(n_ - 1));
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, node + ": allgather from rank " + std::to_string(rank) +
+                                                                  " outside 0.." + std::to_string(n_ - 1));
     }
     std::unique_lock<std::mutex> lock(mu_);
     Round& r = rounds_[seq];
@@ -49,9 +49,9 @@ class Hub {
       for (int k = 0; k < n_; ++k) {
         missing += r.in[k] ? "" : (missing.empty() ? "" : ", ") + std::to_string(k);
       }
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          node + ": allgather " + std::to_string(seq) + ": rank(s) " + missing + " did not arrive in " +
-                              std::to_string(kAllgatherWait.count()) + " s");
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, node + ": allgather " + std::to_string(seq) +
+                                                                   ": rank(s) " + missing + " did not arrive in " +
+                                                                   std::to_string(kAllgatherWait.count()) + " s");
     }
     for (const std::string& p : r.parts) {
       out->add_parts(p);
@@ -152,9 +152,9 @@ class HostService final : public v1::Host::Service {
     return on_loop(d_.rt->loop(), name_, [&] {
       const int n = d_.rt->topology().num_gpus();
       if (q->dest_gpu() < 0 || q->dest_gpu() >= n) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, name_ + ": destination GPU " +
-                                                                    std::to_string(q->dest_gpu()) + " outside 0.." +
-                                                                    std::to_string(n - 1));
+        return grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            name_ + ": destination GPU " + std::to_string(q->dest_gpu()) + " outside 0.." + std::to_string(n - 1));
       }
       for (const routing::NextHop& h : d_.rt->fare().next_hops(q->dest_gpu())) {
         v1::PortWeight* w = out->add_weights();
@@ -173,7 +173,8 @@ class HostService final : public v1::Host::Service {
       return grpc::Status::OK;
     });
   }
-  grpc::Status Events(grpc::ServerContext* ctx, const v1::EventsRequest* q, grpc::ServerWriter<v1::Event>* out) override {
+  grpc::Status Events(grpc::ServerContext* ctx, const v1::EventsRequest* q,
+                      grpc::ServerWriter<v1::Event>* out) override {
     return stream_events(*d_.rt, ctx, q, out);
   }
 
@@ -242,9 +243,9 @@ void HostDaemon::Impl::start_endpoint() {
   comm = std::make_unique<workloads::Communicator>(*ep, *boot, *control, t, co);
   comm->init([this](const std::string& err) {
     ready_error = err;
-    rt->note("bootstrap", err.empty() ? "rank " + std::to_string(gpu) + " of " + std::to_string(topo.num_gpus()) +
-                                            " bootstrapped"
-                                      : "bootstrap failed: " + err);
+    rt->note("bootstrap",
+             err.empty() ? "rank " + std::to_string(gpu) + " of " + std::to_string(topo.num_gpus()) + " bootstrapped"
+                         : "bootstrap failed: " + err);
   });
 }
 
@@ -270,58 +271,64 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
   a.dtype = p.dtype;
   a.op = p.op;
   const int n = comm->size();
-  const uint64_t scratch = std::max<uint64_t>(
-      4096, workloads::Communicator::scratch_bytes(a, n, p.algo, &topo, 0));
-  comm->allocate_window(kBuf, std::max<uint64_t>(64, a.count * es), [this, a, p, scratch, reply, n](const std::string& e1) {
-    if (!e1.empty()) {
-      v1::RunReply r;
-      r.set_error(e1);
-      reply(r);
-      return;
-    }
-    comm->allocate_window(kScratch, scratch, [this, a, p, reply, n](const std::string& e2) {
-      if (!e2.empty()) {
-        v1::RunReply r;
-        r.set_error(e2);
-        reply(r);
-        return;
-      }
-      auto inputs = std::make_shared<std::vector<std::vector<uint8_t>>>(testbed::collective_inputs(p, n, a.count));
-      if (a.count > 0) {
-        std::memcpy(ep->memory().window(kBuf)->data, (*inputs)[comm->rank()].data(), (*inputs)[comm->rank()].size());
-      }
-      comm->run(a, p.algo, [this, a, p, inputs, reply, n](workloads::CollectiveResult res) {
-        testbed::CollectiveRow row;
-        row.point = p;
-        row.ok = res.ok;
-        row.ran = res.algo;
-        row.error = res.error;
-        row.count = a.count;
-        row.time_us = (res.end_ns - res.start_ns) / 1e3;
-        row.algbw_gbs = row.time_us > 0 ? p.bytes / (row.time_us * 1e3) : 0;
-        row.busbw_gbs = row.algbw_gbs * (p.kind == workloads::Collective::kAllReduce ? 2.0 * (n - 1) / n : 1.0);
-        row.fell_back = res.fell_back;
-        row.fallback_chunks = res.fallback_chunks;
-        row.anomalies = res.anomalies;
-        row.faults = res.faults;
-        const bool holds = p.kind != workloads::Collective::kReduce || comm->rank() == a.root;
-        if (res.ok && holds && p.kind != workloads::Collective::kReduceScatter &&
-            p.kind != workloads::Collective::kAllGather) {
-          const testbed::OutputCheck chk = testbed::check_outputs(p, *inputs, p.algo != workloads::Algo::kIfec || res.fell_back,
-                                                                  {ep->memory().window(kBuf)->data});
-          row.wrong = chk.wrong;
-          row.max_rel_error = chk.max_rel_error;
-          row.ok = row.wrong == 0;
+  const uint64_t scratch = std::max<uint64_t>(4096, workloads::Communicator::scratch_bytes(a, n, p.algo, &topo, 0));
+  comm->allocate_window(
+      kBuf, std::max<uint64_t>(64, a.count * es), [this, a, p, scratch, reply, n](const std::string& e1) {
+        if (!e1.empty()) {
+          v1::RunReply r;
+          r.set_error(e1);
+          reply(r);
+          return;
         }
-        v1::RunReply r;
-        r.set_ok(row.ok);
-        r.set_error(row.error);
-        r.set_wrong(row.wrong);
-        r.set_row_json(testbed::row_json(row, topo.name, "live"));
-        reply(r);
+        comm->allocate_window(kScratch, scratch, [this, a, p, reply, n](const std::string& e2) {
+          if (!e2.empty()) {
+            v1::RunReply r;
+            r.set_error(e2);
+            reply(r);
+            return;
+          }
+          auto inputs = std::make_shared<std::vector<std::vector<uint8_t>>>(testbed::collective_inputs(p, n, a.count));
+          if (a.count > 0) {
+            std::memcpy(ep->memory().window(kBuf)->data, (*inputs)[comm->rank()].data(),
+                        (*inputs)[comm->rank()].size());
+          }
+          comm->run(a, p.algo, [this, a, p, inputs, reply, n](workloads::CollectiveResult res) {
+            testbed::CollectiveRow row;
+            row.point = p;
+            row.ok = res.ok;
+            row.ran = res.algo;
+            row.error = res.error;
+            row.count = a.count;
+            row.time_us = (res.end_ns - res.start_ns) / 1e3;
+            row.algbw_gbs = row.time_us > 0 ? p.bytes / (row.time_us * 1e3) : 0;
+            row.busbw_gbs = row.algbw_gbs * (p.kind == workloads::Collective::kAllReduce ? 2.0 * (n - 1) / n : 1.0);
+            row.fell_back = res.fell_back;
+            row.fallback_chunks = res.fallback_chunks;
+            row.anomalies = res.anomalies;
+            row.faults = res.faults;
+            const bool holds = p.kind != workloads::Collective::kReduce || comm->rank() == a.root;
+            if (res.ok && holds && p.kind != workloads::Collective::kReduceScatter &&
+                p.kind != workloads::Collective::kAllGather) {
+              // Broadcast: the reference is the root's input (the check takes the source first).
+              std::vector<std::vector<uint8_t>> in = *inputs;
+              if (p.kind == workloads::Collective::kMulticast) {
+                std::swap(in[0], in[a.root]);
+              }
+              const testbed::OutputCheck chk = testbed::check_outputs(
+                  p, in, p.algo != workloads::Algo::kIfec || res.fell_back, {ep->memory().window(kBuf)->data});
+              row.wrong = chk.wrong;
+              row.max_rel_error = chk.max_rel_error;
+              row.ok = row.wrong == 0;
+            }
+            v1::RunReply r;
+            r.set_ok(row.ok);
+            r.set_error(row.error);
+            r.set_wrong(row.wrong);
+            r.set_row_json(testbed::row_json(row, topo.name, "live"));
+            reply(r);
+          });
+        });
       });
-    });
-  });
 }
 
 HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {

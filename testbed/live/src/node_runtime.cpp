@@ -34,7 +34,6 @@ int node_index(const routing::Topology& topo, const std::string& name) {
 
 }  // namespace
 
-
 NodePort::NodePort(NodeRuntime& rt, int port, std::unique_ptr<AfPacketPort> dev)
     : rt_(rt), port_(port), dev_(std::move(dev)) {
   dev_->set_receiver([this](std::vector<uint8_t>&& f) { rt_.frame_in(port_, std::move(f)); });

@@ -173,7 +173,8 @@ class SwitchService final : public v1::Switch::Service {
       return grpc::Status::OK;
     });
   }
-  grpc::Status Events(grpc::ServerContext* ctx, const v1::EventsRequest* q, grpc::ServerWriter<v1::Event>* out) override {
+  grpc::Status Events(grpc::ServerContext* ctx, const v1::EventsRequest* q,
+                      grpc::ServerWriter<v1::Event>* out) override {
     return stream_events(rt_, ctx, q, out);
   }
 

@@ -15,9 +15,9 @@ namespace ifec::live {
 struct DaemonOptions {
   std::string topology_file;
   std::string node;
-  std::string listen;                  // gRPC address; default: this node's management address
-  std::string netns;                   // open interfaces in this namespace (tests); "" = the daemon's own
-  bool mgmt_loopback = false;          // tests: every daemon on 127.0.0.1 at port 50051 + node index
+  std::string listen;          // gRPC address; default: this node's management address
+  std::string netns;           // open interfaces in this namespace (tests); "" = the daemon's own
+  bool mgmt_loopback = false;  // tests: every daemon on 127.0.0.1 at port 50051 + node index
   common::TimeNs rpc_deadline_ns = 5'000'000'000ULL;
 };
 

@@ -63,7 +63,8 @@ CollectiveRow run_collective_point(const routing::Topology& topo, const Collecti
 // live ranks regenerate every member's to check their own result.
 std::vector<std::vector<uint8_t>> collective_inputs(const CollectivePoint& p, int n, uint64_t count);
 // Elements of the result buffers `outputs` outside the rounding bound of the fp64 reference of `inputs`
-// (rounds_per_step: the endpoint path rounds once per ring step; the switch once).
+// (rounds_per_step: the endpoint path rounds once per ring step; the switch once; broadcast: inputs[0] is the
+// source's).
 struct OutputCheck {
   uint64_t wrong = 0;
   double max_rel_error = 0;

@@ -1,0 +1,301 @@
+"""The live testbed: a topology as real processes on real interfaces.
+
+Every node of the topology becomes a Mininet host (a network namespace; hosts only, no Open vSwitch): every link a
+veth pair named f<port> on both ends (MTU 9216, paced at the link's rate by tc tbf), plus one management interface
+m0 on a Linux bridge (172.31.0.0/16, the root namespace at 172.31.0.1) for the gRPC control plane. Each switch runs
+ifec-switchd, each GPU ifec-hostd; `up()` returns once every daemon answers, every hostd is bootstrapped and FARE
+has converged.
+
+    with LiveFabric("testbed/topologies/superpod-4x2.yaml") as fab:
+        row = fab.run("allreduce", algo="ifec", bytes=1 << 20)
+
+From the shell: ./ifec live up|status|run|fail|restore|capture|down (python -m ifec.live --help).
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+from . import _native
+
+MGMT_BRIDGE = "ifecmgmt0"
+MGMT_ROOT_IP = "172.31.0.1"
+GRPC_PORT = 50051
+STATE_DIR = pathlib.Path(os.environ.get("IFEC_LIVE_STATE", "/run/ifec-live"))
+
+
+class LiveError(RuntimeError):
+    """A live-testbed problem, naming the node, link or daemon concerned."""
+
+
+def mgmt_ip(node_index):
+    """The management address of topology node `node_index` (the daemons' own rule: node i at host i + 2)."""
+    host = node_index + 2
+    return f"172.31.{host // 256}.{host % 256}"
+
+
+def _grpc():
+    try:
+        import grpc
+        from .v1 import control_pb2, control_pb2_grpc
+    except ImportError as e:  # pragma: no cover - the project's setup installs them
+        raise LiveError(f"the live testbed needs python3-grpcio and python3-protobuf ({e}); run ./ifec setup")
+    return grpc, control_pb2, control_pb2_grpc
+
+
+def _bin_dir():
+    here = pathlib.Path(__file__).resolve().parent  # build/python/ifec
+    return pathlib.Path(os.environ.get("IFEC_BIN_DIR", here.parent.parent / "bin"))
+
+
+class LiveFabric:
+    """Brings a topology up as live daemons in Mininet hosts, runs measurements on it, and takes it down again."""
+
+    def __init__(self, topology_file, log_dir=None, ready_timeout=60.0):
+        self.topology_file = str(pathlib.Path(topology_file).resolve())
+        self.topo = _native.load_topology(self.topology_file)
+        self.nodes = self.topo.nodes
+        self.links = self.topo.links
+        self.log_dir = pathlib.Path(log_dir or f"/tmp/ifec-live-{os.getpid()}")
+        self.ready_timeout = ready_timeout
+        self.net = None
+        self.hosts = {}
+        self.procs = {}
+        self._stubs = {}
+
+    # ------------------------------------------------------------------------------------------- bring-up --
+
+    def up(self, progress=print):
+        from mininet.log import setLogLevel
+        from mininet.net import Mininet
+        from mininet.nodelib import LinuxBridge
+
+        setLogLevel("error")
+        missing = [p for p in ("ifec-switchd", "ifec-hostd") if not (_bin_dir() / p).exists()]
+        if missing:
+            raise LiveError(f"{', '.join(missing)} not built in {_bin_dir()}: run ./ifec build")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        self.net = Mininet(topo=None, controller=None, build=False, autoSetMacs=False, waitConnected=False)
+        try:
+            for nd in self.nodes:
+                self.hosts[nd["name"]] = self.net.addHost(nd["name"], ip=None)
+            bridge = self.net.addSwitch(MGMT_BRIDGE, cls=LinuxBridge, stp=False)
+            for nd in self.nodes:
+                self.net.addLink(self.hosts[nd["name"]], bridge, intfName1="m0")
+            for l in self.links:
+                self.net.addLink(self.hosts[l["a"]], self.hosts[l["b"]],
+                                 intfName1=f"f{l['a_port']}", intfName2=f"f{l['b_port']}")
+            self.net.build()
+            self.net.start()
+            self._configure()
+            progress(f"live: {len(self.nodes)} hosts, {len(self.links)} links, management bridge {MGMT_BRIDGE} "
+                     f"({time.time() - t0:.1f} s)")
+            self._start_daemons()
+            self._wait_ready(progress)
+            progress(f"live: every daemon ready, FARE converged ({time.time() - t0:.1f} s)")
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _configure(self):
+        _sh(["ip", "addr", "replace", f"{MGMT_ROOT_IP}/16", "dev", MGMT_BRIDGE])
+        _sh(["ip", "link", "set", MGMT_BRIDGE, "up"])
+        for nd in self.nodes:
+            h = self.hosts[nd["name"]]
+            _host_sh(h, f"ip addr add {mgmt_ip(nd['index'])}/16 dev m0 && ip link set m0 up && ip link set lo up")
+        for l in self.links:
+            for end in ("a", "b"):
+                h = self.hosts[l[end]]
+                intf = f"f{l[end + '_port']}"
+                # tbf pacing at the link's rate (veths have none of their own); the burst holds a few jumbo frames.
+                rate = f"{int(l['rate_gbps'] * 1000)}mbit"
+                _host_sh(h, f"ip link set {intf} mtu 9216 up && tc qdisc replace dev {intf} root tbf rate {rate} "
+                            f"burst 262144 latency 50ms")
+
+    def _start_daemons(self):
+        for nd in self.nodes:
+            prog = "ifec-hostd" if nd["kind"] == "gpu" else "ifec-switchd"
+            log = open(self.log_dir / f"{nd['name']}.log", "w")
+            self.procs[nd["name"]] = self.hosts[nd["name"]].popen(
+                [str(_bin_dir() / prog), "--topo", self.topology_file, "--node", nd["name"]],
+                stdout=log, stderr=subprocess.STDOUT)
+
+    def _wait_ready(self, progress):
+        deadline = time.time() + self.ready_timeout
+        last = None
+        while True:
+            dead = [n for n, p in self.procs.items() if p.poll() is not None]
+            if dead:
+                raise LiveError(f"daemon(s) exited during bring-up: " + "; ".join(
+                    f"{n}: {self.log_tail(n)}" for n in dead))
+            status = self.status(timeout=2.0)
+            waiting = [n for n, s in status.items() if not s.get("ready")]
+            if not waiting:
+                return
+            if waiting != last:
+                progress(f"live: waiting for {len(waiting)} of {len(status)} daemons ({', '.join(waiting[:6])}"
+                         f"{', ...' if len(waiting) > 6 else ''})")
+                last = waiting
+            if time.time() > deadline:
+                raise LiveError(f"not ready after {self.ready_timeout:.0f} s: " + "; ".join(
+                    f"{n}: {status[n].get('error') or 'not ready'}" for n in waiting[:8]))
+            time.sleep(0.2)
+
+    def log_tail(self, node, lines=5):
+        try:
+            return " | ".join((self.log_dir / f"{node}.log").read_text().strip().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    # ------------------------------------------------------------------------------------------ control --
+
+    def stub(self, node):
+        grpc, pb, rpc = _grpc()
+        if node not in self._stubs:
+            nd = next((n for n in self.nodes if n["name"] == node), None)
+            if nd is None:
+                raise LiveError(f"no node '{node}' in {self.topo.name}")
+            ch = grpc.insecure_channel(f"{mgmt_ip(nd['index'])}:{GRPC_PORT}")
+            self._stubs[node] = (rpc.HostStub(ch) if nd["kind"] == "gpu" else rpc.SwitchStub(ch))
+        return self._stubs[node]
+
+    def status(self, timeout=5.0):
+        """node -> dict(ready, ports, fare_changes, ...) or dict(ready=False, error=...) for a daemon that does not answer."""
+        grpc, pb, _ = _grpc()
+        from google.protobuf.json_format import MessageToDict
+        out = {}
+        for nd in self.nodes:
+            try:
+                out[nd["name"]] = MessageToDict(self.stub(nd["name"]).Status(pb.Empty(), timeout=timeout),
+                                                preserving_proto_field_name=True)
+            except grpc.RpcError as e:
+                out[nd["name"]] = dict(ready=False, error=f"{e.code().name}: {e.details()}")
+        return out
+
+    def run(self, what="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32", op="sum", root=0, seed=1,
+            timeout=120.0):
+        """Runs one measurement on every rank at once; returns the merged row (the sim's row keys, driver "live").
+        Raises LiveError naming every rank that failed or did not answer."""
+        grpc, pb, _ = _grpc()
+        gpus = [n for n in self.nodes if n["kind"] == "gpu"]
+        req = pb.RunRequest(what=what, algo=algo, bytes=int(bytes), dtype=dtype, op=op, root=int(root),
+                            seed=int(seed))
+        with concurrent.futures.ThreadPoolExecutor(len(gpus)) as ex:
+            futs = {g["name"]: ex.submit(self.stub(g["name"]).Run, req, timeout=timeout) for g in gpus}
+            replies, errors = {}, []
+            for name, f in futs.items():
+                try:
+                    replies[name] = f.result()
+                except grpc.RpcError as e:
+                    errors.append(f"{name}: {e.code().name}: {e.details()}")
+        rows = {n: json.loads(r.row_json) for n, r in replies.items() if r.row_json}
+        errors += [f"{n}: {r.error}" for n, r in replies.items() if not r.ok]
+        if not rows:
+            raise LiveError("no rank answered: " + "; ".join(errors))
+        merged = dict(next(iter(rows.values())))
+        merged["time_us"] = max(r["time_us"] for r in rows.values())
+        merged["wrong"] = sum(r["wrong"] for r in rows.values())
+        merged["ok"] = not errors and all(r["ok"] for r in rows.values())
+        merged["faults"] = sorted({f for r in rows.values() for f in r.get("faults", [])})
+        merged["ranks"] = len(rows)
+        if merged["time_us"] > 0:
+            merged["algbw_gbs"] = merged["size"] / (merged["time_us"] * 1e3)
+        if errors:
+            merged["error"] = "; ".join(errors)
+        return merged
+
+    def link(self, selector):
+        """A link by id or as "NODE:PORT" (either end)."""
+        if isinstance(selector, int) or str(selector).isdigit():
+            return self.links[int(selector)]
+        node, _, port = str(selector).partition(":")
+        for l in self.links:
+            if (l["a"] == node and str(l["a_port"]) == port) or (l["b"] == node and str(l["b_port"]) == port):
+                return l
+        raise LiveError(f"no link '{selector}' (give a link id or NODE:PORT)")
+
+    def set_link(self, selector, up):
+        """Takes a link down or up at its switch end (the other end loses carrier with it)."""
+        grpc, pb, _ = _grpc()
+        l = self.link(selector)
+        sw_end = "a" if next(n for n in self.nodes if n["name"] == l["a"])["kind"] == "switch" else "b"
+        try:
+            self.stub(l[sw_end]).SetLink(pb.SetLinkRequest(port=l[sw_end + "_port"], up=up), timeout=5)
+        except grpc.RpcError as e:
+            raise LiveError(f"{l[sw_end]}: {e.code().name}: {e.details()}")
+        return l
+
+    def plane_gbps(self, gpu, dest):
+        """FARE's path bandwidth from GPU `gpu` toward GPU `dest` per plane, as that hostd sees it now."""
+        _, pb, _ = _grpc()
+        r = self.stub(f"gpu{gpu}").FareWeights(pb.FareWeightsRequest(dest_gpu=dest), timeout=5)
+        return list(r.plane_gbps)
+
+    def kill(self, node):
+        """Kills a daemon (SIGKILL): its interfaces stay up, it just stops answering and forwarding."""
+        p = self.procs.get(node)
+        if p is None:
+            raise LiveError(f"no daemon for node '{node}'")
+        p.kill()
+        p.wait(5)
+
+    # ---------------------------------------------------------------------------------------- teardown --
+
+    def down(self):
+        for name, p in self.procs.items():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for name, p in self.procs.items():
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        self.procs = {}
+        if self.net is not None:
+            self.net.stop()
+            self.net = None
+        subprocess.run(["ip", "link", "del", MGMT_BRIDGE], capture_output=True)
+        self._stubs = {}
+
+    def __enter__(self):
+        return self.up()
+
+    def __exit__(self, *exc):
+        self.down()
+
+
+def _sh(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise LiveError(f"{' '.join(cmd)}: {r.stderr.strip() or r.stdout.strip()}")
+
+
+def _host_sh(host, cmd):
+    out = host.cmd(cmd + "; echo __rc=$?")
+    rc = out.strip().rsplit("__rc=", 1)[-1]
+    if rc != "0":
+        raise LiveError(f"{host.name}: {cmd}: {out.rsplit('__rc=', 1)[0].strip()}")
+
+
+def unavailable():
+    """Why the live testbed cannot run here ("" when it can): tests skip with this reason."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, veths, raw sockets)"
+    try:
+        import mininet.net  # noqa: F401
+    except ImportError as e:
+        return f"Mininet is not installed ({e}); run ./ifec setup"
+    try:
+        _grpc()
+    except LiveError as e:
+        return str(e)
+    return ""
