@@ -94,3 +94,33 @@ def test_a_control_plane_error_names_the_daemon_and_the_value(fab):
     _ok(row)
     with pytest.raises(live.LiveError, match="not a positive whole number"):
         fab.run("allreduce", algo="ifec", bytes=1001)
+
+
+def test_a_killed_switchd_leaves_its_plane_and_the_operation_finishes_then_it_rejoins(fab):
+    # Last but one: kills and restarts p1-sw. Its interfaces stay up; its neighbours stop hearing it, FARE takes
+    # plane 1 out after the hold time, and the in-fabric AllReduce runs on plane 0 (or the endpoint path).
+    fab.kill("p1-sw")
+    try:
+        gone = _wait_for(lambda: fab.plane_gbps(0, 1)[1] == 0, timeout=5)
+        assert gone is not None, f"plane 1 still weighted {fab.plane_gbps(0, 1)} with its switch dead"
+        row = _ok(fab.run("allreduce", algo="ifec", bytes=256 * 1024, seed=13))
+        assert any("plane 1" in f for f in row["faults"]) or row["fell_back"], row["faults"]
+    finally:
+        fab.start("p1-sw")
+    back = _wait_for(lambda: fab.status(timeout=1)["p1-sw"].get("ready") and fab.plane_gbps(0, 1)[1] > 0,
+                     timeout=15)
+    assert back is not None, "p1-sw did not rejoin"
+    row = _ok(fab.run("allreduce", algo="ifec", bytes=256 * 1024, seed=14))
+    assert not row["faults"], row["faults"]
+
+
+def test_a_killed_hostd_is_named_within_a_bounded_time(fab):
+    # Last: the fabric is not usable for more operations afterwards (a restarted rank would need a new bootstrap).
+    fab.kill("gpu7")
+    t0 = time.time()
+    with pytest.raises(live.LiveError) as e:
+        row = fab.run("allreduce", algo="ifec", bytes=64 * 1024, timeout=40)
+        if not row["ok"]:
+            raise live.LiveError(row.get("error"))
+    assert "gpu7" in str(e.value)
+    assert time.time() - t0 < 40

@@ -358,6 +358,9 @@ class IfecReduceOp : public CommOp {
                                                     : plan.no_plane);
       return;
     }
+    if (!plan.no_plane.empty()) {
+      res_.faults.push_back("round " + std::to_string(round_) + ": not in the fabric on " + plan.no_plane);
+    }
     if (round_ > 1) {
       std::string planes;
       for (const PlanePlan& pp : plan.planes) {

@@ -122,11 +122,22 @@ class LiveFabric:
 
     def _start_daemons(self):
         for nd in self.nodes:
-            prog = "ifec-hostd" if nd["kind"] == "gpu" else "ifec-switchd"
-            log = open(self.log_dir / f"{nd['name']}.log", "w")
-            self.procs[nd["name"]] = self.hosts[nd["name"]].popen(
-                [str(_bin_dir() / prog), "--topo", self.topology_file, "--node", nd["name"]],
-                stdout=log, stderr=subprocess.STDOUT)
+            self.start(nd["name"])
+
+    def start(self, node):
+        """Starts (or restarts) the daemon of `node` in its host; its log goes to log_dir/NODE.log."""
+        nd = next((n for n in self.nodes if n["name"] == node), None)
+        if nd is None:
+            raise LiveError(f"no node '{node}' in {self.topo.name}")
+        old = self.procs.get(node)
+        if old is not None and old.poll() is None:
+            raise LiveError(f"{node}: its daemon is still running (pid {old.pid})")
+        prog = "ifec-hostd" if nd["kind"] == "gpu" else "ifec-switchd"
+        log = open(self.log_dir / f"{node}.log", "a")
+        self.procs[node] = self.hosts[node].popen(
+            [str(_bin_dir() / prog), "--topo", self.topology_file, "--node", node],
+            stdout=log, stderr=subprocess.STDOUT)
+        self._stubs.pop(node, None)
 
     def _wait_ready(self, progress):
         deadline = time.time() + self.ready_timeout
