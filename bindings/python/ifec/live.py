@@ -310,3 +310,211 @@ def unavailable():
     except LiveError as e:
         return str(e)
     return ""
+
+
+# ----------------------------------------------------------------------------------------------- command line --
+#
+# `up` starts a supervisor (this module's `_serve`, in its own session) that holds the Mininet hosts and the
+# daemons until `down` sends it SIGTERM; it records itself in STATE_DIR/state.json. The other commands reach the
+# daemons over the management bridge from the root namespace.
+
+def _state_file():
+    return STATE_DIR / "state.json"
+
+
+def _read_state():
+    try:
+        return json.loads(_state_file().read_text())
+    except (OSError, ValueError):
+        raise LiveError(f"no live testbed is up (no {_state_file()}); ./ifec live up FILE first")
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def attach():
+    """A LiveFabric for the testbed `up` started (control only: no Mininet objects in this process)."""
+    st = _read_state()
+    fab = LiveFabric(st["topology"], log_dir=st["log_dir"])
+    fab.host_pids = st.get("host_pids", {})
+    return fab
+
+
+def _serve(topology_file, log_dir):
+    fab = LiveFabric(topology_file, log_dir=log_dir)
+    progress_file = pathlib.Path(log_dir) / "progress.log"
+    prog = open(progress_file, "a", buffering=1)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *a: stop.append(1))
+    try:
+        fab.up(progress=lambda line: prog.write(line + "\n"))
+    except Exception as e:
+        prog.write(f"FAILED: {e}\n")
+        return 1
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    _state_file().write_text(json.dumps(dict(
+        topology=fab.topology_file, log_dir=str(fab.log_dir), supervisor=os.getpid(),
+        host_pids={n: h.pid for n, h in fab.hosts.items()},
+        daemon_pids={n: p.pid for n, p in fab.procs.items()})))
+    prog.write("READY\n")
+    while not stop:
+        time.sleep(0.2)
+    fab.down()
+    _state_file().unlink(missing_ok=True)
+    prog.write("DOWN\n")
+    return 0
+
+
+def _cmd_up(args):
+    if _state_file().exists() and _alive(json.loads(_state_file().read_text()).get("supervisor", 0)):
+        raise LiveError(f"a live testbed is already up ({_state_file()}); ./ifec live down first")
+    if why := unavailable():
+        raise LiveError(why)
+    log_dir = pathlib.Path(args.logs or f"/tmp/ifec-live")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    progress = log_dir / "progress.log"
+    progress.write_text("")
+    sup = subprocess.Popen([sys.executable, "-m", "ifec.live", "_serve", str(pathlib.Path(args.file).resolve()),
+                            str(log_dir)], start_new_session=True, stdout=open(log_dir / "supervisor.log", "w"),
+                           stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parent.parent)))
+    shown, t0 = 0, time.time()
+    while True:
+        lines = progress.read_text().splitlines()
+        for line in lines[shown:]:
+            if line not in ("READY", "DOWN"):
+                print(line, flush=True)
+        shown = len(lines)
+        if "READY" in lines:
+            st = _read_state()
+            print(f"live: up ({time.time() - t0:.1f} s); daemons' logs in {st['log_dir']}; "
+                  f"./ifec live status | run | fail | restore | capture | down")
+            return 0
+        if any(l.startswith("FAILED") for l in lines) or sup.poll() is not None:
+            raise LiveError(f"bring-up failed (see {log_dir}/supervisor.log and {log_dir}/NODE.log)")
+        if time.time() - t0 > args.timeout:
+            sup.terminate()
+            raise LiveError(f"not up after {args.timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def _cmd_down(args):
+    try:
+        st = _read_state()
+    except LiveError:
+        print("live: nothing is up")
+        return 0
+    pid = st["supervisor"]
+    if _alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        t0 = time.time()
+        while _alive(pid) and time.time() - t0 < 30:
+            time.sleep(0.1)
+    leftovers = [n for n, p in st.get("daemon_pids", {}).items() if _alive(p)]
+    _state_file().unlink(missing_ok=True)
+    if leftovers:
+        raise LiveError(f"daemons still running after down: {', '.join(leftovers)}")
+    print("live: down (no hosts, links, bridge or daemons left)")
+    return 0
+
+
+def _cmd_status(args):
+    fab = attach()
+    for name, s in fab.status(timeout=3).items():
+        if "error" in s:
+            print(f"{name:<10} DOWN  {s['error']}")
+            continue
+        ports = s.get("ports", [])
+        up = sum(1 for p in ports if p.get("carrier"))
+        heard = sum(1 for p in ports if p.get("fare_heard"))
+        print(f"{name:<10} {'ready' if s.get('ready') else 'not ready':<9} ports {up}/{len(ports)} up, "
+              f"FARE heard on {heard}, {int(s.get('fare_changes', 0))} FARE changes, up "
+              f"{int(s.get('uptime_ns', 0)) / 1e9:.1f} s")
+    return 0
+
+
+def _cmd_run(args):
+    fab = attach()
+    sizes = [int(_native.parse_size(s)) if hasattr(_native, "parse_size") else int(s) for s in args.bytes.split(",")]
+    status = 0
+    print(f"# {args.collective} on {fab.topo.name} [driver: live; times are wall clock through software switches]")
+    print(f"#{'size(B)':>13} {'algo':>8} {'time(us)':>11} {'algbw GB/s':>11} {'#wrong':>7}  faults")
+    for size in sizes:
+        row = fab.run(args.collective, algo=args.algo, bytes=size, dtype=args.dtype, op=args.op, root=args.root,
+                      seed=args.seed)
+        print(f" {size:>13} {row['ran']:>8} {row['time_us']:>11.1f} {row.get('algbw_gbs', 0):>11.3f} "
+              f"{row['wrong']:>7}  {'; '.join(row['faults'])}")
+        if not row["ok"]:
+            print(f"#   FAILED: {row.get('error')}")
+            status = 1
+    return status
+
+
+def _cmd_link(args, up):
+    fab = attach()
+    l = fab.set_link(args.link, up)
+    print(f"live: link {l['id']} ({l['a']}:{l['a_port']} - {l['b']}:{l['b_port']}) {'up' if up else 'down'}")
+    return 0
+
+
+def _cmd_capture(args):
+    fab = attach()
+    l = fab.link(args.link)
+    pid = fab.host_pids[l["a"]]
+    cmd = ["nsenter", "-t", str(pid), "-n", "dumpcap", "-q", "-i", f"f{l['a_port']}", "-w", args.file,
+           "-a", f"duration:{args.seconds}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise LiveError(f"capture on {l['a']}:f{l['a_port']}: {r.stderr.strip()}")
+    print(f"live: {args.seconds} s of {l['a']}:f{l['a_port']} in {args.file}; decode with "
+          f"tshark -X lua_script:testbed/wireshark/ech.lua -r {args.file}")
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="./ifec live", description="The live testbed: daemons on real interfaces.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="bring a topology up (Mininet hosts, veths, daemons)")
+    up.add_argument("file")
+    up.add_argument("--logs", help="daemon logs here (default /tmp/ifec-live)")
+    up.add_argument("--timeout", type=float, default=120)
+    sub.add_parser("status", help="every daemon: ready, ports, FARE")
+    run = sub.add_parser("run", help="run a collective on every rank (the rows of ifec sim, driver live)")
+    run.add_argument("collective", choices=["allreduce", "reduce", "multicast", "barrier", "reduce-scatter",
+                                            "all-gather"])
+    run.add_argument("--algo", default="ifec")
+    run.add_argument("--bytes", default="1048576", help="SIZE[,SIZE...] in bytes")
+    run.add_argument("--dtype", default="fp32")
+    run.add_argument("--op", default="sum")
+    run.add_argument("--root", type=int, default=0)
+    run.add_argument("--seed", type=int, default=1)
+    for name in ("fail", "restore"):
+        s = sub.add_parser(name, help=f"{'take a link down' if name == 'fail' else 'bring a link back'} (id or NODE:PORT)")
+        s.add_argument("link")
+    cap = sub.add_parser("capture", help="capture a link to a pcap")
+    cap.add_argument("link")
+    cap.add_argument("file")
+    cap.add_argument("--seconds", type=int, default=5)
+    sub.add_parser("down", help="take everything down")
+    serve = sub.add_parser("_serve")
+    serve.add_argument("file")
+    serve.add_argument("logs")
+    a = p.parse_args(argv)
+    try:
+        if a.cmd == "_serve":
+            return _serve(a.file, a.logs)
+        return {"up": _cmd_up, "down": _cmd_down, "status": _cmd_status, "run": _cmd_run,
+                "fail": lambda x: _cmd_link(x, False), "restore": lambda x: _cmd_link(x, True),
+                "capture": _cmd_capture}[a.cmd](a)
+    except LiveError as e:
+        print(f"live: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
