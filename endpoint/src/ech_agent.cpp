@@ -384,6 +384,7 @@ void EchAgent::prune() {
 
 void EchAgent::accept_multicast(uint16_t window, int source, uint32_t psn_from) {
   accept_from_[{window, source}] = psn_from & kPsnMask;
+  replicas_seen_[{window, source}].clear();
 }
 
 void EchAgent::pump(EchMulticast& m) {
@@ -555,7 +556,11 @@ void EchAgent::on_compact_frame(int port, const common::ParsedFrame& pf, const u
     return;
   }
   counters_.replicas_written++;
-  ep_.remote_written(ech.source_id, pf.h.reth->rkey, pf.h.reth->virtual_address, pf.payload_size);
+  if (replicas_seen_[{ech.window_id, ech.source_id}].insert(psn).second) {
+    ep_.remote_written(ech.source_id, pf.h.reth->rkey, pf.h.reth->virtual_address, pf.payload_size);
+  } else {
+    counters_.duplicate_replicas++;
+  }
   send_ack(port, pf, 1ULL << ep_.index());
 }
 

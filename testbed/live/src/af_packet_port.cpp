@@ -179,6 +179,7 @@ bool AfPacketPort::send(std::vector<uint8_t>&& frame) {
   if (n == static_cast<ssize_t>(frame.size())) {
     counters_.tx_frames++;
     counters_.tx_bytes += frame.size();
+    ready_soon();
     return true;
   }
   if (n < 0 && (errno == EAGAIN || errno == ENOBUFS)) {
@@ -206,9 +207,21 @@ void AfPacketPort::writable() {
   }
   pending_.clear();
   busy_ = false;
-  if (ready_) {
-    ready_();
+  ready_soon();
+}
+
+// The Port contract: tx_ready after every transmission (the owner sends one frame per call), as its own event.
+void AfPacketPort::ready_soon() {
+  if (ready_pending_ || !ready_) {
+    return;
   }
+  ready_pending_ = true;
+  loop_.schedule(0, [this] {
+    ready_pending_ = false;
+    if (!busy_ && ready_) {
+      ready_();
+    }
+  });
 }
 
 AfPacketCounters AfPacketPort::counters() const {

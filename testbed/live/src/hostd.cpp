@@ -18,8 +18,11 @@ namespace ifec::live {
 
 namespace {
 
-constexpr uint16_t kBuf = 1;
-constexpr uint16_t kScratch = 2;
+// Consecutive operations use different windows (three in turn): a late duplicate of one operation's bytes (a
+// repaired multicast replica, a fallback store of a row the fabric had delivered) cannot be taken for the next
+// one's. Stores carry no operation tag yet; see docs/architecture.md.
+constexpr uint16_t kBufs[3] = {1, 3, 5};
+constexpr uint16_t kScratches[3] = {2, 4, 6};
 constexpr auto kAllgatherWait = std::chrono::seconds(30);
 
 // Rank 0's hub: the k-th allgather of every rank meets the others' k-th (waits on gRPC threads).
@@ -90,6 +93,7 @@ struct HostDaemon::Impl {
   std::unique_ptr<grpc::Server> server;
   std::string ready_error = "starting";  // "" once bootstrapped (loop thread)
   int gpu = -1;
+  uint64_t runs = 0;  // operations run (every rank counts the same: the driver starts each on all)
 
   void start_endpoint();
   void run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
@@ -262,6 +266,9 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
   const size_t es = workloads::element_size(p.dtype);
   IFEC_CHECK(p.kind == workloads::Collective::kBarrier || (p.bytes > 0 && p.bytes % es == 0),
              "size " << p.bytes << " B is not a positive whole number of " << es << "-byte elements");
+  const uint16_t kBuf = kBufs[runs % 3];
+  const uint16_t kScratch = kScratches[runs % 3];
+  ++runs;
   workloads::CollArgs a;
   a.kind = p.kind;
   a.root = q.root();
@@ -273,14 +280,15 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
   const int n = comm->size();
   const uint64_t scratch = std::max<uint64_t>(4096, workloads::Communicator::scratch_bytes(a, n, p.algo, &topo, 0));
   comm->allocate_window(
-      kBuf, std::max<uint64_t>(64, a.count * es), [this, a, p, scratch, reply, n](const std::string& e1) {
+      kBuf, std::max<uint64_t>(64, a.count * es),
+      [this, a, p, scratch, reply, n, kBuf, kScratch](const std::string& e1) {
         if (!e1.empty()) {
           v1::RunReply r;
           r.set_error(e1);
           reply(r);
           return;
         }
-        comm->allocate_window(kScratch, scratch, [this, a, p, reply, n](const std::string& e2) {
+        comm->allocate_window(kScratch, scratch, [this, a, p, reply, n, kBuf](const std::string& e2) {
           if (!e2.empty()) {
             v1::RunReply r;
             r.set_error(e2);
@@ -292,40 +300,50 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
             std::memcpy(ep->memory().window(kBuf)->data, (*inputs)[comm->rank()].data(),
                         (*inputs)[comm->rank()].size());
           }
-          comm->run(a, p.algo, [this, a, p, inputs, reply, n](workloads::CollectiveResult res) {
-            testbed::CollectiveRow row;
-            row.point = p;
-            row.ok = res.ok;
-            row.ran = res.algo;
-            row.error = res.error;
-            row.count = a.count;
-            row.time_us = (res.end_ns - res.start_ns) / 1e3;
-            row.algbw_gbs = row.time_us > 0 ? p.bytes / (row.time_us * 1e3) : 0;
-            row.busbw_gbs = row.algbw_gbs * (p.kind == workloads::Collective::kAllReduce ? 2.0 * (n - 1) / n : 1.0);
-            row.fell_back = res.fell_back;
-            row.fallback_chunks = res.fallback_chunks;
-            row.anomalies = res.anomalies;
-            row.faults = res.faults;
-            const bool holds = p.kind != workloads::Collective::kReduce || comm->rank() == a.root;
-            if (res.ok && holds && p.kind != workloads::Collective::kReduceScatter &&
-                p.kind != workloads::Collective::kAllGather) {
-              // Broadcast: the reference is the root's input (the check takes the source first).
-              std::vector<std::vector<uint8_t>> in = *inputs;
-              if (p.kind == workloads::Collective::kMulticast) {
-                std::swap(in[0], in[a.root]);
-              }
-              const testbed::OutputCheck chk = testbed::check_outputs(
-                  p, in, p.algo != workloads::Algo::kIfec || res.fell_back, {ep->memory().window(kBuf)->data});
-              row.wrong = chk.wrong;
-              row.max_rel_error = chk.max_rel_error;
-              row.ok = row.wrong == 0;
+          // Every rank holds its input before any rank starts (a peer's first store must not land before this
+          // rank's own input is written, which would overwrite it).
+          comm->bootstrap().barrier([this, a, p, inputs, reply, n, kBuf](workloads::Gathered g) {
+            if (!g.ok) {
+              v1::RunReply r;
+              r.set_error("entry barrier: " + g.error);
+              reply(r);
+              return;
             }
-            v1::RunReply r;
-            r.set_ok(row.ok);
-            r.set_error(row.error);
-            r.set_wrong(row.wrong);
-            r.set_row_json(testbed::row_json(row, topo.name, "live"));
-            reply(r);
+            comm->run(a, p.algo, [this, a, p, inputs, reply, n, kBuf](workloads::CollectiveResult res) {
+              testbed::CollectiveRow row;
+              row.point = p;
+              row.ok = res.ok;
+              row.ran = res.algo;
+              row.error = res.error;
+              row.count = a.count;
+              row.time_us = (res.end_ns - res.start_ns) / 1e3;
+              row.algbw_gbs = row.time_us > 0 ? p.bytes / (row.time_us * 1e3) : 0;
+              row.busbw_gbs = row.algbw_gbs * (p.kind == workloads::Collective::kAllReduce ? 2.0 * (n - 1) / n : 1.0);
+              row.fell_back = res.fell_back;
+              row.fallback_chunks = res.fallback_chunks;
+              row.anomalies = res.anomalies;
+              row.faults = res.faults;
+              const bool holds = p.kind != workloads::Collective::kReduce || comm->rank() == a.root;
+              if (res.ok && holds && p.kind != workloads::Collective::kReduceScatter &&
+                  p.kind != workloads::Collective::kAllGather) {
+                // Broadcast: the reference is the root's input (the check takes the source first).
+                std::vector<std::vector<uint8_t>> in = *inputs;
+                if (p.kind == workloads::Collective::kMulticast) {
+                  std::swap(in[0], in[a.root]);
+                }
+                const testbed::OutputCheck chk = testbed::check_outputs(
+                    p, in, p.algo != workloads::Algo::kIfec || res.fell_back, {ep->memory().window(kBuf)->data});
+                row.wrong = chk.wrong;
+                row.max_rel_error = chk.max_rel_error;
+                row.ok = row.wrong == 0;
+              }
+              v1::RunReply r;
+              r.set_ok(row.ok);
+              r.set_error(row.error);
+              r.set_wrong(row.wrong);
+              r.set_row_json(testbed::row_json(row, topo.name, "live"));
+              reply(r);
+            });
           });
         });
       });

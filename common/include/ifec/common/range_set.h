@@ -33,6 +33,11 @@ class RangeSet {
     return len - covered;
   }
   uint64_t bytes() const { return total_; }
+  // True when every byte of [begin, begin + len) is in the set.
+  bool contains(uint64_t begin, uint64_t len) const {
+    auto it = ranges_.upper_bound(begin);
+    return it != ranges_.begin() && std::prev(it)->second >= begin + len;
+  }
   void clear() {
     ranges_.clear();
     total_ = 0;

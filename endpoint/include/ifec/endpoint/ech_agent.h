@@ -13,6 +13,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "ifec/common/ech.h"
@@ -199,8 +200,9 @@ struct EchCounters {
   uint64_t busy_naks = 0;
   uint64_t multicast_sent = 0;
   uint64_t replicas_written = 0;
-  uint64_t stale_replicas = 0;  // replicas from an earlier multicast of their source (acknowledged, not written)
-  uint64_t unmatched = 0;       // ECH for no reduction or multicast in progress here (late copies)
+  uint64_t stale_replicas = 0;      // replicas from an earlier multicast of their source (acknowledged, not written)
+  uint64_t duplicate_replicas = 0;  // replicas of the current multicast written again (a repair): not new arrivals
+  uint64_t unmatched = 0;           // ECH for no reduction or multicast in progress here (late copies)
 };
 
 class EchAgent {
@@ -262,6 +264,10 @@ class EchAgent {
   std::map<uint32_t, std::pair<uint64_t, uint32_t>> packet_of_psn_;  // psn -> (multicast id, packet)
   std::map<uint64_t, std::pair<uint32_t, uint32_t>> psn_range_;      // multicast id -> (first psn, packets)
   std::map<std::pair<uint16_t, int>, uint32_t> accept_from_;         // (window, source) -> oldest current PSN
+  // (window, source) -> PSNs of the current multicast already written here: a repaired (duplicate) replica is
+  // written and acknowledged again but not reported as a new arrival (it could land after the operation ended and
+  // be taken for the next one's bytes).
+  std::map<std::pair<uint16_t, int>, std::unordered_set<uint32_t>> replicas_seen_;
   bool suppress_contributions_ = false;
   std::shared_ptr<bool> alive_;
 };

@@ -58,6 +58,7 @@ class AfPacketPort : public common::Port {
   void open_socket();
   void drain();
   void writable();
+  void ready_soon();
 
   EpollLoop& loop_;
   std::string ifname_;
@@ -72,6 +73,7 @@ class AfPacketPort : public common::Port {
   uint32_t next_ = 0;
   bool up_ = false;
   bool busy_ = false;
+  bool ready_pending_ = false;
   std::vector<uint8_t> pending_;  // a frame the full qdisc refused, sent when it has room
   Receiver rx_;
   TxReady ready_;
