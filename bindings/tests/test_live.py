@@ -5,6 +5,7 @@ faults are real: a link taken down at its switch, a switchd killed. The fabric c
 torn down even when a test fails; a test that breaks it restores what it broke.
 """
 
+import subprocess
 import time
 
 import pytest
@@ -13,7 +14,9 @@ from ifec import live
 
 TOPO = "testbed/topologies/superpod-8x2.yaml"
 
-pytestmark = pytest.mark.skipif(bool(live.unavailable()), reason=live.unavailable() or "available")
+# Every test is bounded: a hang raises in the test (signal method), so the fixture still tears the fabric down.
+pytestmark = [pytest.mark.skipif(bool(live.unavailable()), reason=live.unavailable() or "available"),
+              pytest.mark.timeout(150, method="signal")]
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +99,61 @@ def test_a_control_plane_error_names_the_daemon_and_the_value(fab):
         fab.run("allreduce", algo="ifec", bytes=1001)
 
 
+def _inject(fab, node, intf, frames, tmp_path):
+    """Sends raw frames out of `intf` inside `node`'s namespace (an AF_PACKET socket there), bounded in time."""
+    path = tmp_path / "frames.bin"
+    path.write_bytes(b"".join(len(f).to_bytes(2, "big") + f for f in frames))
+    code = ("import socket,sys; d=open(sys.argv[1],'rb').read(); s=socket.socket(socket.AF_PACKET, socket.SOCK_RAW); "
+            "s.bind((sys.argv[2], 0)); i=0\n"
+            "while i < len(d): n=int.from_bytes(d[i:i+2],'big'); s.send(d[i+2:i+2+n]); i+=2+n\n"
+            "print('sent')")
+    p = fab.hosts[node].popen(["python3", "-c", code, str(path), intf], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)
+    out, _ = p.communicate(timeout=20)
+    assert b"sent" in out, out
+
+
+def _ipv4_checksum(hdr):
+    s = sum(int.from_bytes(hdr[i:i + 2], "big") for i in range(0, len(hdr), 2))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return (~s) & 0xFFFF
+
+
+def test_malformed_frames_on_a_link_are_counted_and_dropped(fab, tmp_path):
+    from ifec import _native
+    from ifec.v1 import control_pb2 as pb
+    write = dict(_native.sample_frames())["rdma_write_only"]
+
+    def frame(dst_ip, total_length=None, corrupt_icrc=False):
+        f = bytearray(write)
+        ip = bytearray(f[14:34])
+        ip[16:20] = dst_ip.to_bytes(4, "big")
+        if total_length is not None:
+            ip[2:4] = total_length.to_bytes(2, "big")
+        ip[10:12] = b"\0\0"
+        ip[10:12] = _ipv4_checksum(bytes(ip)).to_bytes(2, "big")
+        f[14:34] = ip
+        if corrupt_icrc:
+            f[-1] ^= 0xFF
+        return bytes(f)
+
+    def switch_malformed():
+        st = fab.stub("p0-sw").Status(pb.Empty(), timeout=5)
+        return sum(p.counters.values["malformed_drops"] for p in st.ports)
+
+    def gpu1(name):
+        return fab.stub("gpu1").Counters(pb.Empty(), timeout=5).values[name]
+
+    sw0, ep0 = switch_malformed(), gpu1("rx_malformed")
+    gpu1_ip = 0x0A000002  # 10.0.0.2: GPU 1's loopback
+    _inject(fab, "gpu0", "f0", [frame(gpu1_ip, total_length=9000)] * 20, tmp_path)  # IPv4 length beyond the frame
+    _inject(fab, "gpu0", "f0", [frame(gpu1_ip, corrupt_icrc=True)] * 20, tmp_path)  # forwarded, refused by GPU 1
+    assert _wait_for(lambda: switch_malformed() - sw0 == 20 and gpu1("rx_malformed") - ep0 == 20, timeout=5), \
+        (switch_malformed() - sw0, gpu1("rx_malformed") - ep0)
+    _ok(fab.run("allreduce", algo="ifec", bytes=64 * 1024, seed=17))  # nothing else disturbed
+
+
 def test_a_killed_switchd_leaves_its_plane_and_the_operation_finishes_then_it_rejoins(fab):
     # Last but one: kills and restarts p1-sw. Its interfaces stay up; its neighbours stop hearing it, FARE takes
     # plane 1 out after the hold time, and the in-fabric AllReduce runs on plane 0 (or the endpoint path).
@@ -124,3 +182,4 @@ def test_a_killed_hostd_is_named_within_a_bounded_time(fab):
             raise live.LiveError(row.get("error"))
     assert "gpu7" in str(e.value)
     assert time.time() - t0 < 40
+

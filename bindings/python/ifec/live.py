@@ -81,6 +81,7 @@ class LiveFabric:
         if missing:
             raise LiveError(f"{', '.join(missing)} not built in {_bin_dir()}: run ./ifec build")
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        reap_leftovers()
         t0 = time.time()
         self.net = Mininet(topo=None, controller=None, build=False, autoSetMacs=False, waitConnected=False)
         try:
@@ -124,6 +125,13 @@ class LiveFabric:
         for nd in self.nodes:
             self.start(nd["name"])
 
+    def _record(self):
+        """What this process started, by PID, so a later run can end it if this one dies without down()."""
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        (STATE_DIR / f"fabric-{os.getpid()}.json").write_text(json.dumps(dict(
+            owner=os.getpid(), daemons={n: p.pid for n, p in self.procs.items()},
+            hosts={n: h.pid for n, h in self.hosts.items()})))
+
     def start(self, node):
         """Starts (or restarts) the daemon of `node` in its host; its log goes to log_dir/NODE.log."""
         nd = next((n for n in self.nodes if n["name"] == node), None)
@@ -138,6 +146,7 @@ class LiveFabric:
             [str(_bin_dir() / prog), "--topo", self.topology_file, "--node", node],
             stdout=log, stderr=subprocess.STDOUT)
         self._stubs.pop(node, None)
+        self._record()
 
     def _wait_ready(self, progress):
         deadline = time.time() + self.ready_timeout
@@ -276,6 +285,7 @@ class LiveFabric:
             self.net = None
         subprocess.run(["ip", "link", "del", MGMT_BRIDGE], capture_output=True)
         self._stubs = {}
+        (STATE_DIR / f"fabric-{os.getpid()}.json").unlink(missing_ok=True)
 
     def __enter__(self):
         return self.up()
@@ -295,6 +305,29 @@ def _host_sh(host, cmd):
     rc = out.strip().rsplit("__rc=", 1)[-1]
     if rc != "0":
         raise LiveError(f"{host.name}: {cmd}: {out.rsplit('__rc=', 1)[0].strip()}")
+
+
+def reap_leftovers():
+    """Ends what an earlier fabric started and left behind when its process died without down(): its daemons and
+    Mininet hosts by the PIDs it recorded (nothing else), then the management bridge's ports."""
+    for f in STATE_DIR.glob("fabric-*.json") if STATE_DIR.exists() else []:
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(rec.get("owner", 0)):
+            continue  # its owner still runs: not ours to end
+        for pid in list(rec.get("daemons", {}).values()) + list(rec.get("hosts", {}).values()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        f.unlink(missing_ok=True)
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    for line in links.splitlines():
+        name = line.split(": ")[1].split("@")[0] if ": " in line else ""
+        if name == MGMT_BRIDGE or name.startswith(MGMT_BRIDGE + "-eth"):
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
 
 
 def unavailable():

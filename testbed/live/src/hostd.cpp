@@ -142,7 +142,18 @@ class HostService final : public v1::Host::Service {
     return on_loop(d_.rt->loop(), name_, [&] {
       if (d_.ep) {
         const endpoint::EchCounters& c = d_.ep->ech().counters();
+        const endpoint::EndpointCounters& e = d_.ep->counters();
         auto& v = *out->mutable_values();
+        v["rx_frames"] = e.rx_frames;
+        v["tx_frames"] = e.tx_frames;
+        v["rx_malformed"] = e.rx_malformed;
+        v["rx_misaddressed"] = e.rx_misaddressed;
+        v["rx_unknown_qp"] = e.rx_unknown_qp;
+        v["rx_unsupported"] = e.rx_unsupported;
+        v["ops_ok"] = e.ops_ok;
+        v["ops_failed"] = e.ops_failed;
+        v["retransmits"] = e.qp.retransmits;
+        v["timeouts"] = e.qp.timeouts;
         v["ech_contributions_sent"] = c.contributions_sent;
         v["ech_retransmissions"] = c.retransmissions;
         v["ech_results_written"] = c.results_written;
