@@ -1,0 +1,150 @@
+// The gRPC control plane from C++, against a real ifec-switchd: the rank-side GrpcControl reserves and releases
+// groups, reads slots, counters and FARE weights, gets errors that name the switch and the reason, and a stopped
+// daemon is an error naming it within the deadline, never a hang. The switch runs in this process (its own loop
+// thread) on veths in namespaces this test makes and removes.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <optional>
+#include <thread>
+
+#include "ifec/common/checks.h"
+#include "ifec/live/af_packet_port.h"
+#include "ifec/live/daemons.h"
+#include "ifec/live/grpc_clients.h"
+#include "ifec/live/netns.h"
+
+using namespace ifec;
+
+namespace {
+
+// Runs the loop until `done` or 10 s; false on timeout.
+bool run_until(live::EpollLoop& loop, const std::function<bool()>& done) {
+  const common::TimeNs deadline = loop.now() + 10'000'000'000ULL;
+  while (!done() && loop.now() < deadline) {
+    loop.schedule(loop.now() + 1'000'000, [] {});
+    loop.serve(loop.now() + 1'000'000);
+  }
+  return done();
+}
+
+class SwitchdTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (const std::string why = live::netns_unavailable(); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
+    topo_ = routing::make_superpod(2, 1, 400, 1);
+    file_ = "/tmp/ifec-test-topo-" + std::to_string(getpid()) + ".yaml";
+    std::ofstream(file_) << routing::to_yaml(topo_);
+    const std::string tag = "ifec-d" + std::to_string(getpid());
+    sw_ns_ = std::make_unique<live::ScopedNetns>(tag + "-sw");
+    for (int g = 0; g < 2; ++g) {
+      gpu_ns_.push_back(std::make_unique<live::ScopedNetns>(tag + "-g" + std::to_string(g)));
+    }
+    for (const routing::Link& l : topo_.links) {
+      live::make_veth(*gpu_ns_[topo_.nodes[l.a].gpu_index], live::fabric_ifname(l.a_port), *sw_ns_,
+                      live::fabric_ifname(l.b_port));
+    }
+    opts_.topology_file = file_;
+    opts_.node = "p0-sw";
+    opts_.netns = sw_ns_->name();
+    opts_.mgmt_loopback = true;
+    daemon_ = std::make_unique<live::SwitchDaemon>(opts_);
+    thread_ = std::thread([this] { daemon_->run(); });
+    control_ = std::make_unique<live::GrpcControl>(
+        loop_, topo_, [this](int node) { return live::daemon_address(opts_, node); }, 1'000'000'000);
+  }
+  void TearDown() override {
+    stop_daemon();
+    control_.reset();
+    gpu_ns_.clear();
+    sw_ns_.reset();
+    std::remove(file_.c_str());
+  }
+  void stop_daemon() {
+    if (daemon_) {
+      daemon_->stop();
+      thread_.join();
+      daemon_.reset();
+    }
+  }
+  template <typename T>
+  common::ControlReply<T> wait(const std::function<void(std::function<void(const common::ControlReply<T>&)>)>& call) {
+    std::optional<common::ControlReply<T>> got;
+    call([&](const common::ControlReply<T>& r) { got = r; });
+    EXPECT_FALSE(got.has_value()) << "answers come as events on the loop, never inside the call";
+    EXPECT_TRUE(run_until(loop_, [&] { return got.has_value(); })) << "no answer within 10 s";
+    return got.value_or(common::ControlReply<T>{});
+  }
+  common::ControlStatus status(const std::function<void(common::ControlPlane::Done)>& call) {
+    std::optional<common::ControlStatus> got;
+    call([&](const common::ControlStatus& s) { got = s; });
+    EXPECT_TRUE(run_until(loop_, [&] { return got.has_value(); })) << "no answer within 10 s";
+    return got.value_or(common::ControlError{"?", "no answer"});
+  }
+
+  routing::Topology topo_;
+  std::string file_;
+  std::unique_ptr<live::ScopedNetns> sw_ns_;
+  std::vector<std::unique_ptr<live::ScopedNetns>> gpu_ns_;
+  live::DaemonOptions opts_;
+  std::unique_ptr<live::SwitchDaemon> daemon_;
+  std::thread thread_;
+  live::EpollLoop loop_;
+  std::unique_ptr<live::GrpcControl> control_;
+};
+
+common::GroupReservation group(uint16_t id, uint32_t slots) {
+  common::GroupReservation r;
+  r.group = id;
+  r.slots = slots;
+  r.members = {{true, 0x0A000001, 0, 1, true}, {true, 0x0A000002, 0, 2, true}};
+  return r;
+}
+
+}  // namespace
+
+TEST_F(SwitchdTest, ReserveReleaseSlotsCountersAndWeightsOverGrpc) {
+  const auto slots = wait<uint32_t>([&](auto done) { control_->free_slots("p0-sw", done); });
+  ASSERT_TRUE(slots.ok()) << slots.error->message();
+  EXPECT_EQ(slots.value, topo_.params.ifec.slot_pool);
+  EXPECT_FALSE(status([&](auto done) { control_->reserve("p0-sw", group(7, 64), done); }).has_value());
+  const auto after = wait<uint32_t>([&](auto done) { control_->free_slots("p0-sw", done); });
+  EXPECT_EQ(after.value, slots.value - 64);
+  const auto counters = wait<common::IfecCounters>([&](auto done) { control_->counters("p0-sw", done); });
+  ASSERT_TRUE(counters.ok());
+  EXPECT_EQ(counters.value.reservations, 1u);
+  // More slots than the switch has: refused, naming the switch.
+  const common::ControlStatus big =
+      status([&](auto done) { control_->reserve("p0-sw", group(8, slots.value * 2), done); });
+  ASSERT_TRUE(big.has_value());
+  EXPECT_EQ(big->target, "p0-sw");
+  EXPECT_NE(big->message().find("p0-sw"), std::string::npos) << big->message();
+  EXPECT_FALSE(status([&](auto done) { control_->release("p0-sw", 1, 7, done); }).has_value());
+  EXPECT_EQ(wait<uint32_t>([&](auto done) { control_->free_slots("p0-sw", done); }).value, slots.value);
+  // FARE: the GPUs' daemons are not running, so the switch has no route toward them (an empty group, not an error).
+  const auto w = wait<std::vector<common::PortWeight>>([&](auto done) { control_->fare_weights("p0-sw", 1, done); });
+  ASSERT_TRUE(w.ok());
+  EXPECT_TRUE(w.value.empty());
+  const auto bad = wait<std::vector<common::PortWeight>>([&](auto done) { control_->fare_weights("p0-sw", 9, done); });
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error->message().find("destination GPU 9 outside 0..1"), std::string::npos) << bad.error->message();
+  const auto nobody = wait<uint32_t>([&](auto done) { control_->free_slots("p9-sw", done); });
+  ASSERT_FALSE(nobody.ok());
+  EXPECT_NE(nobody.error->message().find("p9-sw: no such switch"), std::string::npos) << nobody.error->message();
+}
+
+TEST_F(SwitchdTest, AStoppedDaemonIsAnErrorNamingItWithinTheDeadline) {
+  ASSERT_TRUE(wait<uint32_t>([&](auto done) { control_->free_slots("p0-sw", done); }).ok());
+  stop_daemon();
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = wait<uint32_t>([&](auto done) { control_->free_slots("p0-sw", done); });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error->target, "p0-sw");
+  EXPECT_NE(r.error->message().find("p0-sw (127.0.0.1:"), std::string::npos) << r.error->message();
+  EXPECT_LT(s, 3.0) << "the 1 s deadline bounds the wait";
+}
