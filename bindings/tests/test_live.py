@@ -99,6 +99,36 @@ def test_a_control_plane_error_names_the_daemon_and_the_value(fab):
         fab.run("allreduce", algo="ifec", bytes=1001)
 
 
+def _scrape(fab, node):
+    import urllib.request
+    idx = next(n["index"] for n in fab.nodes if n["name"] == node)
+    with urllib.request.urlopen(f"http://{live.mgmt_ip(idx)}:9400/metrics", timeout=5) as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def test_every_daemon_serves_prometheus_metrics_that_count_the_traffic(fab):
+    sw = _scrape(fab, "p0-sw")
+    assert sw['ifec_ready{node="p0-sw"}'] == 1
+    key = 'ifec_port_bytes_total{node="p0-sw",port="0",plane="0",peer="gpu0",dir="tx"}'
+    assert key in sw, sorted(sw)[:5]
+    before = sum(v for k, v in sw.items() if k.startswith("ifec_port_bytes_total") and 'dir="tx"' in k)
+    _ok(fab.run("allreduce", algo="ifec", bytes=1 << 20, seed=19))
+    sw2 = _scrape(fab, "p0-sw")
+    after = sum(v for k, v in sw2.items() if k.startswith("ifec_port_bytes_total") and 'dir="tx"' in k)
+    assert after - before > (1 << 20), "a 1 MiB in-fabric AllReduce sends results out of plane 0's switch"
+    assert sw2['ifec_switch_ifec_total{node="p0-sw",counter="results_sent"}'] > \
+        sw['ifec_switch_ifec_total{node="p0-sw",counter="results_sent"}']
+    g = _scrape(fab, "gpu3")
+    assert g['ifec_ready{node="gpu3"}'] == 1 and g['ifec_endpoint_total{node="gpu3",counter="ech_contributions"}'] > 0
+
+
 def _inject(fab, node, intf, frames, tmp_path):
     """Sends raw frames out of `intf` inside `node`'s namespace (an AF_PACKET socket there), bounded in time."""
     path = tmp_path / "frames.bin"

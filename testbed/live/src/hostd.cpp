@@ -11,6 +11,7 @@
 #include "ifec/endpoint/endpoint.h"
 #include "ifec/live/daemons.h"
 #include "ifec/live/grpc_clients.h"
+#include "ifec/live/metrics.h"
 #include "ifec/testbed/collective_bench.h"
 #include "ifec/workloads/communicator.h"
 
@@ -91,6 +92,7 @@ struct HostDaemon::Impl {
   std::unique_ptr<Hub> hub;
   std::unique_ptr<v1::Host::Service> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<MetricsServer> metrics;
   std::string ready_error = "starting";  // "" once bootstrapped (loop thread)
   int gpu = -1;
   uint64_t runs = 0;  // operations run (every rank counts the same: the driver starts each on all)
@@ -382,6 +384,31 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   d.server = b.BuildAndStart();
   IFEC_CHECK(d.server != nullptr && port != 0,
              "node " << d.o.node << ": cannot listen on " << listen << " (address in use, or not on this host?)");
+  d.metrics = std::make_unique<MetricsServer>(d.rt->loop(), metrics_address(d.o, d.rt->node()), [&d] {
+    return d.rt->render_metrics(d.ready_error.empty(), [&d](const std::string& node) {
+      if (!d.ep) {
+        return std::string();
+      }
+      const endpoint::EndpointCounters e = d.ep->counters();
+      const endpoint::EchCounters& c = d.ep->ech().counters();
+      std::string out = "# TYPE ifec_endpoint_total counter\n";
+      for (const auto& [k, v] :
+           std::vector<std::pair<const char*, uint64_t>>{{"tx_frames", e.tx_frames},
+                                                         {"rx_frames", e.rx_frames},
+                                                         {"rx_malformed", e.rx_malformed},
+                                                         {"ops_ok", e.ops_ok},
+                                                         {"ops_failed", e.ops_failed},
+                                                         {"retransmits", e.qp.retransmits},
+                                                         {"timeouts", e.qp.timeouts},
+                                                         {"ech_contributions", c.contributions_sent},
+                                                         {"ech_retransmissions", c.retransmissions},
+                                                         {"ech_results", c.results_written},
+                                                         {"ech_multicast_packets", c.multicast_sent}}) {
+        out += metric("ifec_endpoint_total", node + ",counter=\"" + k + "\"", static_cast<double>(v));
+      }
+      return out;
+    });
+  });
   d.rt->start();
   d.rt->note("start", "hostd " + d.o.node + " (GPU " + std::to_string(d.gpu) + ") serving on " + listen);
   // Wait (on the loop) until every live port heard its switch, at most 10 s, then start the endpoint.

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "ifec/common/checks.h"
+#include "ifec/live/metrics.h"
 #include "ifec/live/netns.h"
 
 namespace ifec::live {
@@ -200,6 +201,32 @@ void NodeRuntime::set_admin(int port, bool up) {
   admin_[port] = up ? 1 : 0;
   note("link", fabric_ifname(port) + " set " + (up ? "up" : "down") + " through the control plane");
   tick();
+}
+
+std::string NodeRuntime::render_metrics(bool ready,
+                                        const std::function<std::string(const std::string& labels)>& extra) const {
+  const std::string node = "node=\"" + info().name + "\"";
+  std::string out =
+      "# HELP ifec_port_bytes_total Frame bytes through a fabric interface (AF_PACKET), by direction.\n"
+      "# TYPE ifec_port_bytes_total counter\n";
+  for (const auto& p : ports_) {
+    const AfPacketCounters c = p->dev_->counters();
+    const auto [peer, peer_port] = peer_of(p->port());
+    const int link = link_of_port_[p->port()];
+    const std::string l = node + ",port=\"" + std::to_string(p->port()) + "\",plane=\"" +
+                          std::to_string(topo_.links[link].plane) + "\",peer=\"" + topo_.nodes[peer].name + "\"";
+    out += metric("ifec_port_bytes_total", l + ",dir=\"tx\"", static_cast<double>(c.tx_bytes));
+    out += metric("ifec_port_bytes_total", l + ",dir=\"rx\"", static_cast<double>(c.rx_bytes));
+    out += metric("ifec_port_frames_total", l + ",dir=\"tx\"", static_cast<double>(c.tx_frames));
+    out += metric("ifec_port_frames_total", l + ",dir=\"rx\"", static_cast<double>(c.rx_frames));
+    out += metric("ifec_port_dropped_total", l + ",reason=\"ring\"", static_cast<double>(c.rx_dropped));
+    out += metric("ifec_port_dropped_total", l + ",reason=\"tx_error\"", static_cast<double>(c.tx_errors));
+    out += metric("ifec_port_up", l, p->link_up() ? 1 : 0);
+  }
+  out += "# TYPE ifec_fare_changes_total counter\n" + metric("ifec_fare_changes_total", node, fare_changes_);
+  out += "# TYPE ifec_ready gauge\n" + metric("ifec_ready", node, ready ? 1 : 0);
+  out += "# TYPE ifec_uptime_seconds gauge\n" + metric("ifec_uptime_seconds", node, loop_.now() / 1e9);
+  return extra ? out + extra(node) : out;
 }
 
 void NodeRuntime::note(const std::string& kind, const std::string& detail) {

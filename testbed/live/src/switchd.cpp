@@ -8,6 +8,7 @@
 #include "daemon_common.h"
 #include "ifec/live/daemons.h"
 #include "ifec/live/grpc_clients.h"
+#include "ifec/live/metrics.h"
 #include "ifec/switchemu/switch.h"
 #include "proto_convert.h"
 
@@ -15,6 +16,10 @@ namespace ifec::live {
 
 std::string daemon_address(const DaemonOptions& o, int node) {
   return o.mgmt_loopback ? "127.0.0.1:" + std::to_string(50051 + node) : mgmt_address(node);
+}
+
+std::string metrics_address(const DaemonOptions& o, int node) {
+  return o.mgmt_loopback ? "127.0.0.1:" + std::to_string(9400 + node) : mgmt_ip(node) + ":9400";
 }
 
 namespace {
@@ -197,6 +202,7 @@ struct SwitchDaemon::Impl {
   std::unique_ptr<switchemu::Switch> sw;
   std::unique_ptr<SwitchService> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<MetricsServer> metrics;
 };
 
 SwitchDaemon::SwitchDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
@@ -231,6 +237,24 @@ SwitchDaemon::SwitchDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   d.server = b.BuildAndStart();
   IFEC_CHECK(d.server != nullptr && port != 0,
              "node " << d.o.node << ": cannot listen on " << listen << " (address in use, or not on this host?)");
+  d.metrics = std::make_unique<MetricsServer>(d.rt->loop(), metrics_address(d.o, d.rt->node()), [&d] {
+    return d.rt->render_metrics(d.rt->all_heard(), [&d](const std::string& node) {
+      std::string out = "# TYPE ifec_switch_ifec_total counter\n";
+      for (const auto& [k, v] : counter_map(d.sw->ifec()->counters())) {
+        out += metric("ifec_switch_ifec_total", node + ",counter=\"" + k + "\"", static_cast<double>(v));
+      }
+      out += "# TYPE ifec_switch_drops_total counter\n";
+      for (const auto& p : d.rt->ports()) {
+        const switchemu::SwitchPortCounters& c = d.sw->counters(p->port());
+        const std::string l = node + ",port=\"" + std::to_string(p->port()) + "\"";
+        out += metric("ifec_switch_drops_total", l + ",reason=\"malformed\"", static_cast<double>(c.malformed_drops));
+        out += metric("ifec_switch_drops_total", l + ",reason=\"no_route\"", static_cast<double>(c.no_route_drops));
+        out += metric("ifec_switch_drops_total", l + ",reason=\"link_down\"", static_cast<double>(c.link_down_drops));
+        out += metric("ifec_switch_pfc_pauses_total", l, static_cast<double>(c.pause_sent));
+      }
+      return out;
+    });
+  });
   d.rt->start();
   d.rt->note("start", "switchd " + d.o.node + " serving on " + listen + "; IFEC slot timeout " +
                           std::to_string(cfg.params.ifec.slot_timeout_ns / 1'000'000) + " ms, result retransmit " +

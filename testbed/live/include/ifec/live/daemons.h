@@ -21,8 +21,10 @@ struct DaemonOptions {
   common::TimeNs rpc_deadline_ns = 5'000'000'000ULL;
 };
 
-// Where a daemon of `node` listens under `o` (the management plan, or loopback ports for tests).
+// Where a daemon of `node` listens under `o` (the management plan, or loopback ports for tests): gRPC, and the
+// Prometheus metrics (HTTP GET /metrics, port 9400 on the management address).
 std::string daemon_address(const DaemonOptions& o, int node);
+std::string metrics_address(const DaemonOptions& o, int node);
 
 // Runs a daemon until SIGTERM/SIGINT (or stop()); throws common::Error naming what is wrong before it serves.
 class SwitchDaemon {

@@ -90,6 +90,8 @@ class NodeRuntime {
   void note(const std::string& kind, const std::string& detail);  // any thread
   std::vector<RuntimeEvent> events_since(common::TimeNs since) const;
   uint64_t fare_changes() const { return fare_changes_; }
+  // Prometheus text for this node's ports and FARE state, plus what `extra` adds (the switch's or endpoint's own).
+  std::string render_metrics(bool ready, const std::function<std::string(const std::string& labels)>& extra) const;
   common::TimeNs fare_last_change() const { return fare_last_change_; }
 
  private:
