@@ -294,6 +294,16 @@ class LiveFabric:
         self.down()
 
 
+def parse_size(text):
+    """'65536', '64KiB', '1MiB', '2GiB' (or K/M/G) -> bytes; LiveError naming the value otherwise."""
+    t = text.strip()
+    for suffix, mult in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("K", 1 << 10), ("M", 1 << 20),
+                         ("G", 1 << 30), ("B", 1), ("", 1)):
+        if t.endswith(suffix) and t[:len(t) - len(suffix)].isdigit():
+            return int(t[:len(t) - len(suffix)]) * mult
+    raise LiveError(f"size '{text}' is not a number of bytes (like 65536, 64KiB or 1MiB)")
+
+
 def _sh(cmd):
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
@@ -473,7 +483,7 @@ def _cmd_status(args):
 
 def _cmd_run(args):
     fab = attach()
-    sizes = [int(_native.parse_size(s)) if hasattr(_native, "parse_size") else int(s) for s in args.bytes.split(",")]
+    sizes = [parse_size(s) for s in args.bytes.split(",")]
     status = 0
     print(f"# {args.collective} on {fab.topo.name} [driver: live; times are wall clock through software switches]")
     print(f"#{'size(B)':>13} {'algo':>8} {'time(us)':>11} {'algbw GB/s':>11} {'#wrong':>7}  faults")
