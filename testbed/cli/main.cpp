@@ -1,6 +1,7 @@
 // ifec-cli: the native program behind `./ifec pcap|frames|sim|bench`. Each command is an option table (args.h)
 // and one function; errors go to stderr naming the bad value, exit 1 (bad input or a failed run) or 2 (usage).
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include "ifec/common/frame.h"
 #include "ifec/common/samples.h"
 #include "ifec/endpoint/ring_bench.h"
+#include "ifec/live/bench.h"
 #include "ifec/routing/topology.h"
 #include "ifec/testbed/collective_bench.h"
 #include "ifec/testbed/endpoint_bench.h"
@@ -234,6 +236,29 @@ int run_sim(const Args& a) {
 }
 
 // ---------------------------------------------------------------------------------------------------- bench --
+
+int run_bench_live(const Args& a) {
+  const double seconds = a.has("--quick") ? 0.5 : 2.0;
+  std::printf(
+      "# switchd forwarding on veths (AF_PACKET, TPACKET_V2 rx ring, sendto tx) [driver: live; wall clock on "
+      "this machine, %ld cores]\n",
+      sysconf(_SC_NPROCESSORS_ONLN));
+  std::printf("# sender (ns a) -> switch pipeline on its own thread (ns s) -> receiver (ns b); %.1f s per size\n",
+              seconds);
+  std::printf("#%9s %12s %12s %12s %10s %14s %10s %10s\n", "frame(B)", "offered", "delivered", "frames/s", "Gb/s",
+              "frames/s/core", "sw user s", "sw sys s");
+  for (const auto& r : ifec::live::bench_forwarding({64, 1024, 4096}, seconds)) {
+    std::printf(" %9zu %12llu %12llu %12.0f %10.3f %14.0f %10.2f %10.2f\n", r.frame_bytes,
+                static_cast<unsigned long long>(r.sent), static_cast<unsigned long long>(r.delivered), r.delivered_pps,
+                r.delivered_gbps, r.pps_per_core, r.switch_user_s, r.switch_sys_s);
+  }
+  const auto l = ifec::live::bench_hop_latency(a.has("--quick") ? 200 : 2000);
+  std::printf(
+      "# hop latency (128-byte frames, one in flight, median of %d round trips): direct veth %.1f us, through "
+      "the switch %.1f us: %.1f us added per hop\n",
+      l.round_trips, l.direct_rtt_us, l.switch_rtt_us, l.added_per_hop_us);
+  return 0;
+}
 
 int run_bench_endpoint(const Args& a) {
   const bool quick = a.has("--quick");
@@ -528,6 +553,13 @@ std::vector<Command> commands() {
         {{"--quick", "", "fewer descriptors and stores"}, kTopoOption},
         0},
        run_bench_endpoint});
+  cs.push_back({{"bench live",
+                 "[--quick]",
+                 "switchd's pipeline forwarding on veths between namespaces (needs root): frames/s and Gb/s for\n"
+                 "64 B, 1 KiB and 4 KiB frames, per switch CPU second, and the latency one hop adds.",
+                 {{"--quick", "", "0.5 s per size, 200 round trips"}},
+                 0},
+                run_bench_live});
   cs.push_back({{"bench collectives",
                  "[--quick] [--max-sim SIZE] [--topo FILE]",
                  "In-switch AllReduce vs the best endpoint algorithm measured at each size (ring, tree, recursive\n"
@@ -589,7 +621,7 @@ int main(int argc, char** argv) {
   int skip = 2;
   if (name == "bench") {
     if (argc < 3 || std::string(argv[2]).rfind("-", 0) == 0) {
-      std::fprintf(stderr, "ifec bench: name a benchmark: endpoint, collectives, property%s\n",
+      std::fprintf(stderr, "ifec bench: name a benchmark: endpoint, collectives, live, property%s\n",
 #ifdef IFEC_HAVE_MOE
                    ", moe"
 #else
