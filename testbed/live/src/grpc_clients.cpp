@@ -11,21 +11,35 @@
 
 namespace ifec::live {
 
-#define IFEC_IFEC_COUNTERS(X)                                                                                    \
-  X(reservations)                                                                                                \
-  X(reservation_failures)                                                                                        \
-  X(contributions)                                                                                               \
-  X(duplicate_contributions)                                                                                     \
-  X(results_sent)                                                                                                \
-  X(result_resends)                                                                                              \
-  X(implicit_acks)                                                                                               \
-  X(late_notices)                                                                                                \
-  X(slots_reclaimed)                                                                                             \
-  X(chunks_skipped)                                                                                              \
-  X(acks_received)                                                                                               \
-  X(slots_completed) X(slot_busy_drops) X(unreserved_drops) X(malformed_drops) X(anomalies) X(non_finite_inputs) \
-      X(multicast_packets) X(multicast_replicas) X(multicast_repairs) X(multicast_completions)                   \
-          X(multicast_unknown_window) X(partials_sent) X(partial_bytes) X(upstream_results) X(partial_resends)
+// clang-format off
+#define IFEC_IFEC_COUNTERS(X) \
+  X(reservations) \
+  X(reservation_failures) \
+  X(contributions) \
+  X(duplicate_contributions) \
+  X(results_sent) \
+  X(result_resends) \
+  X(implicit_acks) \
+  X(late_notices) \
+  X(slots_reclaimed) \
+  X(chunks_skipped) \
+  X(acks_received) \
+  X(slots_completed) \
+  X(slot_busy_drops) \
+  X(unreserved_drops) \
+  X(malformed_drops) \
+  X(anomalies) \
+  X(non_finite_inputs) \
+  X(multicast_packets) \
+  X(multicast_replicas) \
+  X(multicast_repairs) \
+  X(multicast_completions) \
+  X(multicast_unknown_window) \
+  X(partials_sent) \
+  X(partial_bytes) \
+  X(upstream_results) \
+  X(partial_resends)
+// clang-format on
 
 std::map<std::string, uint64_t> counter_map(const common::IfecCounters& c) {
   std::map<std::string, uint64_t> m;
