@@ -35,6 +35,23 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
         assert all(r[1] != "best" for r in rows), "the row names the algorithm best chose"
         assert "down" in cli("fail", "gpu5:2").stdout
         assert "up" in cli("restore", "gpu5:2").stdout
+        counters = cli("ctl", "counters", "p0-sw").stdout
+        assert "reservations" in counters and "port0.rx_frames" in counters, counters
+        assert "plane 1) down" in cli("ctl", "link", "gpu5:plane1:sub0", "down").stdout
+        import time
+        for _ in range(50):  # FARE halves plane 1's share toward GPU 5 (its sub-link 0 is down)
+            weights = cli("ctl", "weights", "gpu0", "5").stdout
+            if "plane 1: 400 Gb/s" in weights:
+                break
+            time.sleep(0.1)
+        assert "plane 0: 800 Gb/s" in weights and "plane 1: 400 Gb/s" in weights, weights
+        cli("ctl", "link", "gpu5:plane1:sub0", "up")
+        cli("ctl", "groups", "p1-sw")
+        assert "10.0.0.6" in cli("ctl", "routes", "p1-sw").stdout  # GPU 5's loopback
+        events = cli("ctl", "events", "p1-sw", "1").stdout
+        assert "link" in events, events
+        nosuch = cli("ctl", "counters", "p9-sw", ok=False)
+        assert nosuch.returncode != 0 and "p9-sw" in nosuch.stderr
         cap = cli("capture", "p0-sw:0", str(tmp_path / "p0.pcap"), "--seconds", "1").stdout
         assert (tmp_path / "p0.pcap").stat().st_size > 24, cap  # at least FARE advertisements
         bad = cli("run", "allreduce", "--bytes", "1.5MB", ok=False)

@@ -54,10 +54,12 @@ def allreduce(cluster, arrays, algo="ifec", dtype="fp32", op="sum", engine=None)
 
 
 def prepare(cluster, count, dtype="fp32", members=None):
-    """Allocates the buffer and scratch windows a collective of `count` elements needs on every GPU."""
+    """Allocates the buffer and scratch windows a collective of `count` elements needs on every GPU (whichever
+    algorithm runs: the largest scratch of them all)."""
     members = members or list(range(cluster.size))
     cluster.allocate_window(BUF, max(64, count * np.dtype(_DTYPES[dtype]).itemsize))
-    cluster.allocate_window(SCRATCH, max(4096, cluster.scratch_bytes("allreduce", members, count, dtype, algo="best")))
+    need = max(cluster.scratch_bytes("allreduce", members, count, dtype, algo=a) for a in ENDPOINT_ALGOS)
+    cluster.allocate_window(SCRATCH, max(4096, need))
 
 
 def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32", op="sum", loss=0.0, seed=1,

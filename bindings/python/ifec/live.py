@@ -233,14 +233,23 @@ class LiveFabric:
         return merged
 
     def link(self, selector):
-        """A link by id or as "NODE:PORT" (either end)."""
+        """A link by id, as "NODE:PORT" (either end), or as "GPU:planeP[:subS]" (the sim's syntax)."""
         if isinstance(selector, int) or str(selector).isdigit():
+            if int(selector) >= len(self.links):
+                raise LiveError(f"no link '{selector}' (ids 0..{len(self.links) - 1})")
             return self.links[int(selector)]
-        node, _, port = str(selector).partition(":")
-        for l in self.links:
-            if (l["a"] == node and str(l["a_port"]) == port) or (l["b"] == node and str(l["b_port"]) == port):
-                return l
-        raise LiveError(f"no link '{selector}' (give a link id or NODE:PORT)")
+        parts = str(selector).split(":")
+        if len(parts) >= 2 and parts[1].startswith("plane"):
+            sub = int(parts[2][3:]) if len(parts) > 2 and parts[2].startswith("sub") else 0
+            for l in self.links:
+                if parts[0] in (l["a"], l["b"]) and f"plane{l['plane']}" == parts[1] and l["subport"] == sub:
+                    return l
+        elif len(parts) == 2:
+            node, port = parts
+            for l in self.links:
+                if (l["a"] == node and str(l["a_port"]) == port) or (l["b"] == node and str(l["b_port"]) == port):
+                    return l
+        raise LiveError(f"no link '{selector}' (give a link id, NODE:PORT or GPU:planeP[:subS])")
 
     def set_link(self, selector, up):
         """Takes a link down or up at its switch end (the other end loses carrier with it)."""
@@ -519,6 +528,54 @@ def _cmd_capture(args):
     return 0
 
 
+def _cmd_ctl(args):
+    """A gRPC client for one daemon: counters, groups, routes, FARE weights, link state, events."""
+    grpc, pb, _ = _grpc()
+    from google.protobuf.json_format import MessageToDict
+    fab = attach()
+    try:
+        if args.what == "link":
+            l = fab.set_link(args.target, args.arg == "up")
+            print(f"{l['a']}:{l['a_port']} - {l['b']}:{l['b_port']} (link {l['id']}, plane {l['plane']}) {args.arg}")
+            return 0
+        stub = fab.stub(args.target)
+        if args.what == "counters":
+            if hasattr(stub, "IfecCounters"):
+                values = dict(stub.IfecCounters(pb.Empty(), timeout=5).values)
+                st = stub.Status(pb.Empty(), timeout=5)
+                for p in st.ports:
+                    for k, v in p.counters.values.items():
+                        values[f"port{p.port}.{k}"] = v
+            else:
+                values = dict(stub.Counters(pb.Empty(), timeout=5).values)
+            for k in sorted(values):
+                print(f"{k:<40} {values[k]}")
+        elif args.what == "groups":
+            for g in stub.Groups(pb.Empty(), timeout=5).groups:
+                print(f"job {g.job} group {g.group}: op {g.op} dtype {g.dtype} {len(g.members)} members, "
+                      f"{g.slots} slots, window {g.window}" + (f", upstream {g.upstream_ip:#x}" if g.upstream_ip else ""))
+        elif args.what == "routes":
+            for r in stub.Routes(pb.Empty(), timeout=5).routes:
+                ip = ".".join(str((r.dst_ip >> s) & 255) for s in (24, 16, 8, 0))
+                print(f"{ip:<16} " + ", ".join(f"port {w.port} {w.gbps:g} Gb/s" for w in r.group))
+        elif args.what == "weights":
+            r = stub.FareWeights(pb.FareWeightsRequest(dest_gpu=int(args.arg)), timeout=5)
+            print(", ".join(f"port {w.port}: {w.gbps:g} Gb/s" for w in r.weights) or "no route")
+            if r.plane_gbps:
+                print("per plane: " + ", ".join(f"plane {i}: {g:g} Gb/s" for i, g in enumerate(r.plane_gbps)))
+        elif args.what == "events":
+            for e in stub.Events(pb.EventsRequest(since_uptime_ns=0), timeout=float(args.arg or 1)):
+                print(f"{e.uptime_ns / 1e9:10.3f} s  {e.node:<8} {e.kind:<10} {e.detail}")
+        elif args.what == "status":
+            print(json.dumps(MessageToDict(stub.Status(pb.Empty(), timeout=5), preserving_proto_field_name=True),
+                             indent=1))
+    except grpc.RpcError as e:
+        if args.what == "events" and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return 0  # events stream until the given seconds pass
+        raise LiveError(f"{args.target}: {e.code().name}: {e.details()}")
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="./ifec live", description="The live testbed: daemons on real interfaces.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -537,12 +594,18 @@ def main(argv=None):
     run.add_argument("--root", type=int, default=0)
     run.add_argument("--seed", type=int, default=1)
     for name in ("fail", "restore"):
-        s = sub.add_parser(name, help=f"{'take a link down' if name == 'fail' else 'bring a link back'} (id or NODE:PORT)")
+        s = sub.add_parser(name, help=f"{'take a link down' if name == 'fail' else 'bring a link back'} "
+                                      "(id, NODE:PORT or GPU:planeP[:subS])")
         s.add_argument("link")
     cap = sub.add_parser("capture", help="capture a link to a pcap")
     cap.add_argument("link")
     cap.add_argument("file")
     cap.add_argument("--seconds", type=int, default=5)
+    ctl = sub.add_parser("ctl", help="ask one daemon: counters|groups|routes|status NODE, weights GPU DEST, "
+                                     "link LINK up|down, events NODE [SECONDS]")
+    ctl.add_argument("what", choices=["counters", "groups", "routes", "status", "weights", "link", "events"])
+    ctl.add_argument("target", help="a node (p0-sw, gpu3) or, for link, a link (gpu5:plane1:sub0, NODE:PORT, id)")
+    ctl.add_argument("arg", nargs="?", help="link: up|down; weights: the destination GPU; events: seconds")
     sub.add_parser("down", help="take everything down")
     serve = sub.add_parser("_serve")
     serve.add_argument("file")
@@ -553,7 +616,7 @@ def main(argv=None):
             return _serve(a.file, a.logs)
         return {"up": _cmd_up, "down": _cmd_down, "status": _cmd_status, "run": _cmd_run,
                 "fail": lambda x: _cmd_link(x, False), "restore": lambda x: _cmd_link(x, True),
-                "capture": _cmd_capture}[a.cmd](a)
+                "capture": _cmd_capture, "ctl": _cmd_ctl}[a.cmd](a)
     except LiveError as e:
         print(f"live: {e}", file=sys.stderr)
         return 1
