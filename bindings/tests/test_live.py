@@ -90,6 +90,22 @@ def test_a_sub_link_failed_mid_operation_completes_correctly(fab):
         _wait_for(lambda: fab.plane_gbps(0, 2)[0] == fab.plane_gbps(0, 1)[0])
 
 
+def test_one_percent_loss_at_the_switches_is_repaired(fab):
+    for sw in ("p0-sw", "p1-sw"):
+        fab.set_loss(sw, 0.01, seed=3)
+    try:
+        for algo in ("ifec", "ring"):
+            _ok(fab.run("allreduce", algo=algo, bytes=1 << 20, seed=21))
+        from ifec.v1 import control_pb2 as pb
+        st = fab.stub("p0-sw").Status(pb.Empty(), timeout=5)
+        assert sum(p.counters.values["injected_drops"] for p in st.ports) > 0, "the loss must have hit something"
+    finally:
+        for sw in ("p0-sw", "p1-sw"):
+            fab.set_loss(sw, 0.0)
+    with pytest.raises(live.LiveError, match="outside"):
+        fab.set_loss("p0-sw", 0.01, port=99)
+
+
 def test_a_control_plane_error_names_the_daemon_and_the_value(fab):
     with pytest.raises(live.LiveError, match="no link 'gpu9:0'"):
         fab.set_link("gpu9:0", False)

@@ -262,6 +262,14 @@ class LiveFabric:
             raise LiveError(f"{l[sw_end]}: {e.code().name}: {e.details()}")
         return l
 
+    def set_loss(self, switch, probability, port=-1, seed=1):
+        """Drops frames `switch` forwards out of `port` (-1: all) with `probability` (no netem here)."""
+        grpc, pb, _ = _grpc()
+        try:
+            self.stub(switch).SetLoss(pb.SetLossRequest(port=port, probability=probability, seed=seed), timeout=5)
+        except grpc.RpcError as e:
+            raise LiveError(f"{switch}: {e.code().name}: {e.details()}")
+
     def plane_gbps(self, gpu, dest):
         """FARE's path bandwidth from GPU `gpu` toward GPU `dest` per plane, as that hostd sees it now."""
         _, pb, _ = _grpc()

@@ -72,6 +72,7 @@ inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
     v["tx_errors"] = c.tx_errors;
     v["rx_dropped"] = c.rx_dropped;
     v["rx_truncated"] = c.rx_truncated;
+    v["injected_drops"] = p->injected_drops();
   }
 }
 

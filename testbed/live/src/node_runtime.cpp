@@ -40,6 +40,20 @@ NodePort::NodePort(NodeRuntime& rt, int port, std::unique_ptr<AfPacketPort> dev)
   dev_->set_receiver([this](std::vector<uint8_t>&& f) { rt_.frame_in(port_, std::move(f)); });
 }
 
+bool NodePort::send(std::vector<uint8_t>&& frame) {
+  if (loss_ > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < loss_) {
+    ++injected_drops_;
+    return true;  // taken, then lost on the wire
+  }
+  return dev_->send(std::move(frame));
+}
+
+void NodePort::set_loss(double p, uint64_t seed) {
+  IFEC_CHECK(p >= 0 && p < 1, "loss probability " << p << " outside [0, 1)");
+  loss_ = p;
+  rng_.seed(seed * 7919 + static_cast<uint64_t>(port_));
+}
+
 NodeRuntime::NodeRuntime(const routing::Topology& topo, const std::string& node_name, RuntimeOptions opts)
     : topo_(topo), node_(node_index(topo, node_name)), opts_(opts), speaker_(topo, node_) {
   int max_port = -1;
@@ -222,6 +236,7 @@ std::string NodeRuntime::render_metrics(bool ready,
     out += metric("ifec_port_dropped_total", l + ",reason=\"ring\"", static_cast<double>(c.rx_dropped));
     out += metric("ifec_port_dropped_total", l + ",reason=\"tx_error\"", static_cast<double>(c.tx_errors));
     out += metric("ifec_port_up", l, p->link_up() ? 1 : 0);
+    out += metric("ifec_port_dropped_total", l + ",reason=\"injected\"", static_cast<double>(p->injected_drops()));
   }
   out += "# TYPE ifec_fare_changes_total counter\n" + metric("ifec_fare_changes_total", node, fare_changes_);
   out += "# TYPE ifec_ready gauge\n" + metric("ifec_ready", node, ready ? 1 : 0);

@@ -178,6 +178,20 @@ class SwitchService final : public v1::Switch::Service {
       return grpc::Status::OK;
     });
   }
+  grpc::Status SetLoss(grpc::ServerContext*, const v1::SetLossRequest* q, v1::Empty*) override {
+    return on_loop(rt_.loop(), name_, [&] {
+      IFEC_CHECK(q->port() >= -1 && q->port() < static_cast<int>(rt_.ports().size()),
+                 "port " << q->port() << " outside -1.." << rt_.ports().size() - 1);
+      for (const auto& p : rt_.ports()) {
+        if (q->port() < 0 || q->port() == p->port()) {
+          p->set_loss(q->probability(), q->seed());
+        }
+      }
+      rt_.note("fault", "loss " + std::to_string(q->probability()) + " on " +
+                            (q->port() < 0 ? std::string("every port") : "port " + std::to_string(q->port())));
+      return grpc::Status::OK;
+    });
+  }
   grpc::Status Events(grpc::ServerContext* ctx, const v1::EventsRequest* q,
                       grpc::ServerWriter<v1::Event>* out) override {
     return stream_events(rt_, ctx, q, out);

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,7 @@ class NodeRuntime;
 class NodePort : public common::Port {
  public:
   NodePort(NodeRuntime& rt, int port, std::unique_ptr<AfPacketPort> dev);
-  bool send(std::vector<uint8_t>&& frame) override { return dev_->send(std::move(frame)); }
+  bool send(std::vector<uint8_t>&& frame) override;
   bool busy() const override { return dev_->busy(); }
   bool link_up() const override { return dev_->link_up(); }
   uint64_t rate_bps() const override { return dev_->rate_bps(); }
@@ -50,6 +51,9 @@ class NodePort : public common::Port {
   void set_tx_ready(TxReady ready) override { dev_->set_tx_ready(std::move(ready)); }
   AfPacketPort& device() { return *dev_; }
   int port() const { return port_; }
+  // Drops what the owner sends with probability p (fault injection); FARE frames bypass it.
+  void set_loss(double p, uint64_t seed);
+  uint64_t injected_drops() const { return injected_drops_; }
 
  private:
   friend class NodeRuntime;
@@ -57,6 +61,9 @@ class NodePort : public common::Port {
   int port_;
   std::unique_ptr<AfPacketPort> dev_;
   Receiver rx_;
+  double loss_ = 0;
+  std::mt19937_64 rng_;
+  uint64_t injected_drops_ = 0;
 };
 
 class NodeRuntime {
