@@ -226,6 +226,8 @@ class LiveFabric:
         merged["ok"] = not errors and all(r["ok"] for r in rows.values())
         merged["faults"] = sorted({f for r in rows.values() for f in r.get("faults", [])})
         merged["ranks"] = len(rows)
+        merged["plane_tx_bytes"] = [sum(r["plane_tx_bytes"][q] for r in rows.values())
+                                    for q in range(len(merged.get("plane_tx_bytes", [])))]
         if merged["time_us"] > 0:
             merged["algbw_gbs"] = merged["size"] / (merged["time_us"] * 1e3)
         if errors:

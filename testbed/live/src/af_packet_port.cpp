@@ -29,9 +29,12 @@ namespace ifec::live {
 
 namespace {
 
-constexpr uint32_t kFrameSize = 16384;  // one ring slot: a 9216-byte jumbo frame and the TPACKET_V2 header
+// The receive ring: 8 MiB of slots, each a power of two holding the largest frame and the TPACKET_V2 header
+// (8 KiB for RoCE's 4096-byte MTU: 1024 frames; 16 KiB for jumbo frames: 512). A full ring drops in the kernel
+// (counted: rx_dropped), and a burst through a software switch is thousands of frames.
 constexpr uint32_t kBlockSize = 1 << 20;
-constexpr uint32_t kBlocks = 4;
+constexpr uint32_t kBlocks = 8;
+uint32_t slot_for(size_t max_frame) { return max_frame + 128 <= 8192 ? 8192 : 16384; }
 constexpr common::TimeNs kBusyRetryNs = 20'000;
 
 // ethertype PFC or FARE: accept; IPv4 UDP (not a fragment) to 4791 (RoCEv2) or 4793 (ECH): accept; else drop.
@@ -58,8 +61,9 @@ std::vector<sock_filter> fabric_filter() {
 
 std::string fabric_ifname(int port) { return "f" + std::to_string(port); }
 
-AfPacketPort::AfPacketPort(EpollLoop& loop, const std::string& ifname, uint64_t rate_bps, const std::string& netns)
-    : loop_(loop), ifname_(ifname), rate_bps_(rate_bps) {
+AfPacketPort::AfPacketPort(EpollLoop& loop, const std::string& ifname, uint64_t rate_bps, const std::string& netns,
+                           size_t max_frame)
+    : loop_(loop), ifname_(ifname), rate_bps_(rate_bps), max_frame_(max_frame) {
   IFEC_CHECK(!ifname.empty() && ifname.size() < IFNAMSIZ,
              "interface name '" << ifname << "' is not 1.." << IFNAMSIZ - 1 << " characters");
   {
@@ -115,7 +119,8 @@ void AfPacketPort::open_socket() {
   if (setsockopt(fd_, SOL_PACKET, PACKET_VERSION, &v2, sizeof v2) != 0) {
     fail("TPACKET_V2");
   }
-  tpacket_req req{kBlockSize, kBlocks, kFrameSize, kBlocks * (kBlockSize / kFrameSize)};
+  const uint32_t slot = slot_for(max_frame_);
+  tpacket_req req{kBlockSize, kBlocks, slot, kBlocks * (kBlockSize / slot)};
   if (setsockopt(fd_, SOL_PACKET, PACKET_RX_RING, &req, sizeof req) != 0) {
     fail("receive ring");
   }
@@ -125,7 +130,7 @@ void AfPacketPort::open_socket() {
     fail("mapping the receive ring");
   }
   ring_ = static_cast<uint8_t*>(m);
-  frame_size_ = kFrameSize;
+  frame_size_ = slot;
   frames_ = req.tp_frame_nr;
   sockaddr_ll sll{};
   sll.sll_family = AF_PACKET;

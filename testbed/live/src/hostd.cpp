@@ -98,6 +98,15 @@ struct HostDaemon::Impl {
   uint64_t runs = 0;  // operations run (every rank counts the same: the driver starts each on all)
 
   void start_endpoint();
+  // Frame bytes this GPU's interfaces sent so far, per plane.
+  std::vector<uint64_t> plane_tx_bytes() const {
+    std::vector<uint64_t> out(topo.num_planes, 0);
+    for (const auto& p : rt->ports()) {
+      const auto [peer, peer_port] = rt->peer_of(p->port());
+      out[topo.nodes[peer].plane] += p->device().counters().tx_bytes;
+    }
+    return out;
+  }
   void run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
 };
 
@@ -322,7 +331,8 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
               reply(r);
               return;
             }
-            comm->run(a, p.algo, [this, a, p, inputs, reply, n, kBuf](workloads::CollectiveResult res) {
+            auto tx0 = std::make_shared<std::vector<uint64_t>>(plane_tx_bytes());
+            comm->run(a, p.algo, [this, a, p, inputs, reply, n, kBuf, tx0](workloads::CollectiveResult res) {
               testbed::CollectiveRow row;
               row.point = p;
               row.ok = res.ok;
@@ -336,6 +346,10 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
               row.fallback_chunks = res.fallback_chunks;
               row.anomalies = res.anomalies;
               row.faults = res.faults;
+              const std::vector<uint64_t> tx1 = plane_tx_bytes();
+              for (size_t q = 0; q < tx1.size(); ++q) {
+                row.plane_tx_bytes.push_back(tx1[q] - (*tx0)[q]);  // this rank's frames, FARE's included
+              }
               const bool holds = p.kind != workloads::Collective::kReduce || comm->rank() == a.root;
               if (res.ok && holds && p.kind != workloads::Collective::kReduceScatter &&
                   p.kind != workloads::Collective::kAllGather) {

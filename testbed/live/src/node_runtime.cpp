@@ -67,8 +67,9 @@ NodeRuntime::NodeRuntime(const routing::Topology& topo, const std::string& node_
     const routing::Link& link = topo_.links[l];
     const int p = link.a == node_ ? link.a_port : link.b_port;
     link_of_port_[p] = l;
+    // Slots for the largest RoCE/ECH frame of this MTU (headers are under 128 bytes).
     auto dev = std::make_unique<AfPacketPort>(loop_, fabric_ifname(p), static_cast<uint64_t>(link.rate_gbps * 1e9),
-                                              opts_.netns);
+                                              opts_.netns, topo_.params.mtu + 128);
     ports_[p] = std::make_unique<NodePort>(*this, p, std::move(dev));
   }
   for (size_t p = 0; p < ports_.size(); ++p) {

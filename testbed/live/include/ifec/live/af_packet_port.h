@@ -34,8 +34,10 @@ struct AfPacketCounters {
 class AfPacketPort : public common::Port {
  public:
   // Opens `ifname` in the calling thread's network namespace, or in `netns` (a name under /var/run/netns) when
-  // given. Throws common::Error naming the interface and the reason (no such interface, no permission, ...).
-  AfPacketPort(EpollLoop& loop, const std::string& ifname, uint64_t rate_bps, const std::string& netns = "");
+  // given; receive-ring slots hold frames up to `max_frame` bytes (longer ones are counted as truncated). Throws
+  // common::Error naming the interface and the reason (no such interface, no permission, ...).
+  AfPacketPort(EpollLoop& loop, const std::string& ifname, uint64_t rate_bps, const std::string& netns = "",
+               size_t max_frame = 9216);
   ~AfPacketPort() override;
   AfPacketPort(const AfPacketPort&) = delete;
   AfPacketPort& operator=(const AfPacketPort&) = delete;
@@ -63,6 +65,7 @@ class AfPacketPort : public common::Port {
   EpollLoop& loop_;
   std::string ifname_;
   uint64_t rate_bps_;
+  size_t max_frame_;
   int fd_ = -1;
   int ifindex_ = 0;
   uint8_t mac_[6] = {};
