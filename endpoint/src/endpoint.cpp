@@ -94,6 +94,7 @@ Endpoint::Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<Endpoin
       qc.weak = cfg_.ordering == Ordering::kWeak;
       qc.rto_ns = cfg_.rto_ns;
       qc.rto_max_ns = cfg_.rto_max_ns;
+      qc.adaptive_rto = cfg_.adaptive_rto;
       qc.max_retries = cfg_.max_retries;
       qc.max_outstanding = cfg_.max_outstanding;
       qc.ack_every = cfg_.ack_every;

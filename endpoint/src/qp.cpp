@@ -31,6 +31,7 @@ QueuePair::QueuePair(common::Clock& clock, QpConfig cfg, SymmetricMemory& memory
       memory_(memory),
       wake_(std::move(wake)),
       rto_(cfg_.rto_ns),
+      rtt_(cfg_.rto_ns),
       alive_(std::make_shared<bool>(true)) {
   IFEC_CHECK(cfg_.mtu >= 256 && cfg_.mtu <= 4096, "QP MTU " << cfg_.mtu << " outside 256..4096");
   IFEC_CHECK(cfg_.max_outstanding >= 1 && cfg_.max_outstanding < cfg_.responder_window,
@@ -209,6 +210,14 @@ std::vector<uint8_t> QueuePair::request_frame() {
       send_psn_ = psn_add(psn, 1);
     }
     counters_.tx_packets++;
+    if (cfg_.adaptive_rto) {
+      if (sent_at_.empty()) {
+        sent_psn_.assign(kSentRing, 0);
+        sent_at_.assign(kSentRing, 0);
+      }
+      sent_psn_[psn % kSentRing] = psn;
+      sent_at_[psn % kSentRing] = retransmit ? 0 : clock_.now();
+    }
     if (retransmit) {
       counters_.retransmits++;
     } else {
@@ -257,7 +266,15 @@ void QueuePair::acknowledge_through(uint32_t psn) {
     }
   }
   retries_ = 0;
-  rto_ = cfg_.rto_ns;
+  const bool sampled =
+      cfg_.adaptive_rto && !sent_at_.empty() && sent_psn_[psn % kSentRing] == psn && sent_at_[psn % kSentRing] != 0;
+  if (sampled) {
+    rtt_.sample(clock_.now() - sent_at_[psn % kSentRing]);
+  }
+  // Karn: an ACK of a retransmitted packet is no sample, and the backed-off timeout stays until a valid one.
+  if (!cfg_.adaptive_rto || sampled) {
+    rto_ = base_rto();
+  }
   last_progress_ = clock_.now();
   complete_in_order();
 }
@@ -325,7 +342,7 @@ void QueuePair::reconnect_after(uint32_t failed_psn) {
   acked_ = psn_add(base, -1);
   max_sent_ = psn_add(base, -1);
   retries_ = 0;
-  rto_ = cfg_.rto_ns;
+  rto_ = base_rto();
   last_progress_ = clock_.now();
   timer_armed_ = false;
   ++timer_generation_;

@@ -243,3 +243,52 @@ TEST(QueuePairAlone, ReadResponsesArePlacedAndABadRkeyIsNakedWithoutTouchingMemo
   w.a.port.inject(std::move(replies[0].second));
   EXPECT_EQ(st, OpStatus::kRemoteAccessError);
 }
+
+TEST(QueuePairAlone, AdaptiveTimeoutLearnsASlowPathAndStopsRetransmitting) {
+  // ACKs come back 120 us after each write, more than the configured 50 us timeout. A fixed timeout retransmits
+  // every write; an adaptive one (Jacobson/Karels, Karn's rule, backed-off until a valid sample) learns the path
+  // after a few writes and then waits it out.
+  for (bool adaptive : {false, true}) {
+    common::EventLoop loop;
+    endpoint::SymmetricMemory ma(0), mb(1);
+    mb.allocate_window(kWin, 64 * 1024, 1);
+    auto cfg = [&](uint32_t l, uint32_t r) {
+      endpoint::QpConfig c;
+      c.local_qpn = l;
+      c.remote_qpn = r;
+      c.pkey = common::pkey_of_job(1);
+      c.rto_ns = 50'000;
+      c.rto_max_ns = 10'000'000;
+      c.max_retries = 30;
+      c.ack_every = 1;
+      c.adaptive_rto = adaptive;
+      return c;
+    };
+    endpoint::QueuePair a(loop, cfg(0x101, 0x102), ma, [] {}), b(loop, cfg(0x102, 0x101), mb, [] {});
+    auto deliver = [](endpoint::QueuePair& from, endpoint::QueuePair& to) {
+      while (from.has_frame()) {
+        std::vector<uint8_t> f = from.next_frame();
+        if (f.empty()) break;
+        common::ParsedFrame pf;
+        ASSERT_TRUE(common::parse_frame(f.data(), f.size(), &pf).ok());
+        to.receive(pf, f.data());
+      }
+    };
+    const auto data = pattern(256);
+    int done = 0;
+    for (int i = 0; i < 20; ++i) {
+      a.post_write(mb.window(kWin)->va, mb.window(kWin)->rkey, data, 0, 256, [&](OpStatus, uint64_t) { ++done; });
+      deliver(a, b);                   // the write reaches B at once
+      loop.run(loop.now() + 120'000);  // B's ACK takes 120 us to come back (timers may fire meanwhile)
+      deliver(a, b);                   // retransmissions the timer made (B acknowledges them again)
+      deliver(b, a);
+      loop.run(loop.now() + 1'000);
+    }
+    EXPECT_EQ(done, 20);
+    if (adaptive) {
+      EXPECT_LE(a.counters().timeouts, 4u) << "learned after a few writes";
+    } else {
+      EXPECT_GE(a.counters().timeouts, 19u) << "a fixed 50 us timeout fires on every write";
+    }
+  }
+}

@@ -221,6 +221,7 @@ void HostDaemon::Impl::start_endpoint() {
   ec.mtu = t.params.mtu;
   ec.rto_ns = 10'000'000;  // wall clock through software switches: milliseconds, not microseconds
   ec.rto_max_ns = 200'000'000;
+  ec.adaptive_rto = true;
   ec.max_retries = 12;
   std::vector<endpoint::EndpointPort> ports;
   for (const auto& p : rt->ports()) {

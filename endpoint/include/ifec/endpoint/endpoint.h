@@ -43,6 +43,7 @@ struct EndpointConfig {
   uint32_t mtu = 4096;
   common::TimeNs rto_ns = 100'000;
   common::TimeNs rto_max_ns = 4'000'000;
+  bool adaptive_rto = false;  // QpConfig::adaptive_rto (the live testbed turns it on)
   int max_retries = 10;
   uint32_t max_outstanding = 512;
   uint32_t ack_every = 32;

@@ -28,6 +28,7 @@
 
 #include "ifec/common/frame.h"
 #include "ifec/common/interfaces.h"
+#include "ifec/common/rtt.h"
 #include "ifec/endpoint/memory.h"
 #include "ifec/endpoint/sink.h"
 
@@ -41,6 +42,9 @@ struct QpConfig {
   bool weak = false;
   common::TimeNs rto_ns = 100'000;
   common::TimeNs rto_max_ns = 4'000'000;
+  // Measure round trips (Jacobson/Karels, packets sent once only) and wait srtt + 4 rttvar when that is longer than
+  // rto_ns: the live testbed's software switches queue for milliseconds. Off in the simulator (its figures).
+  bool adaptive_rto = false;
   int max_retries = 10;
   uint32_t max_outstanding = 512;    // PSNs in flight before the requester waits for ACKs
   uint32_t ack_every = 32;           // AckReq at least every this many packets
@@ -171,6 +175,11 @@ class QueuePair {
   bool error_ = false;
   int retries_ = 0;
   common::TimeNs rto_;
+  common::TimeNs base_rto() const { return std::min(rtt_.rto(cfg_.rto_ns), cfg_.rto_max_ns); }
+  common::RttEstimator rtt_;
+  static constexpr uint32_t kSentRing = 8192;  // send times of recent PSNs (Karn: 0 once retransmitted)
+  std::vector<uint32_t> sent_psn_;
+  std::vector<common::TimeNs> sent_at_;
   common::TimeNs last_progress_ = 0;
   uint64_t timer_generation_ = 0;
   bool timer_armed_ = false;
