@@ -49,6 +49,11 @@ def test_other_collectives_equal_the_reference(fab, what, algo):
     _ok(fab.run(what, algo=algo, bytes=0 if what == "barrier" else 64 * 1024, root=3, seed=7))
 
 
+def test_alltoall_delivers_every_block_to_every_rank(fab):
+    row = _ok(fab.run("alltoall", bytes=64 * 1024, seed=23))
+    assert row["collective"] == "alltoall" and row["time_us"] > 0
+
+
 def test_bf16_and_int32_sums(fab):
     _ok(fab.run("allreduce", algo="ifec", bytes=128 * 1024, dtype="bf16", seed=2))
     _ok(fab.run("allreduce", algo="ifec", bytes=128 * 1024, dtype="int32", seed=2))

@@ -596,7 +596,7 @@ def main(argv=None):
     sub.add_parser("status", help="every daemon: ready, ports, FARE")
     run = sub.add_parser("run", help="run a collective on every rank (the rows of ifec sim, driver live)")
     run.add_argument("collective", choices=["allreduce", "reduce", "multicast", "barrier", "reduce-scatter",
-                                            "all-gather"])
+                                            "all-gather", "alltoall"])
     run.add_argument("--algo", default="ifec")
     run.add_argument("--bytes", default="1048576", help="SIZE[,SIZE...] in bytes")
     run.add_argument("--dtype", default="fp32")

@@ -108,6 +108,7 @@ struct HostDaemon::Impl {
     return out;
   }
   void run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  void run_alltoall(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
 };
 
 namespace {
@@ -277,8 +278,85 @@ void HostDaemon::Impl::start_endpoint() {
 }
 
 // One measurement, this rank's part: windows, inputs, the collective, the check against the reference.
+// Byte i of the block rank `from` sends rank `to` in an all-to-all (every rank can check what it received).
+uint8_t alltoall_byte(uint64_t seed, int from, int to, uint64_t i) {
+  return static_cast<uint8_t>((seed * 131 + static_cast<uint64_t>(from) * 31 + static_cast<uint64_t>(to) * 7 + i * 13) ^
+                              (i >> 8));
+}
+
+// All-to-all: every rank stores `bytes` to every other rank with RC WRITEs (one row per peer), then checks the block
+// each peer sent it.
+void HostDaemon::Impl::run_alltoall(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
+  const uint64_t bytes = q.bytes();
+  const uint64_t seed = q.seed() == 0 ? 1 : q.seed();
+  IFEC_CHECK(bytes > 0, "all-to-all: size " << bytes << " B per peer must be > 0");
+  const int n = comm->size();
+  const int me = comm->rank();
+  const uint16_t src = kBufs[runs % 3];
+  const uint16_t dst = kScratches[runs % 3];
+  ++runs;
+  comm->allocate_window(src, bytes * n, [=](const std::string& e1) {
+    comm->allocate_window(dst, bytes * n, [=](const std::string& e2) {
+      if (!e1.empty() || !e2.empty()) {
+        v1::RunReply r;
+        r.set_error(e1.empty() ? e2 : e1);
+        reply(r);
+        return;
+      }
+      uint8_t* out = ep->memory().window(src)->data;
+      workloads::BatchPutArgs a;
+      a.source_window = src;
+      a.dest_window = dst;
+      a.row_bytes = bytes;
+      for (int d = 0; d < n; ++d) {
+        for (uint64_t i = 0; i < bytes; ++i) {
+          out[d * bytes + i] = alltoall_byte(seed, me, d, i);
+        }
+        if (d != me) {
+          a.rows.push_back({d * bytes, d, me * bytes});
+          a.incoming.emplace_back(d * bytes, bytes);
+        }
+      }
+      comm->bootstrap().barrier([=](workloads::Gathered g) mutable {
+        const std::vector<uint64_t> tx0 = plane_tx_bytes();
+        comm->put_rows(std::move(a), [=](workloads::CollectiveResult res) {
+          uint64_t wrong = 0;
+          const uint8_t* in = ep->memory().window(dst)->data;
+          for (int s = 0; s < n && res.ok; ++s) {
+            for (uint64_t i = 0; s != me && i < bytes; ++i) {
+              wrong += in[s * bytes + i] != alltoall_byte(seed, s, me, i);
+            }
+          }
+          common::JsonObject o;
+          const double us = (res.end_ns - res.start_ns) / 1e3;
+          o.add("driver", "live").add("topology", topo.name).add("collective", "alltoall").add("algo", "stores");
+          o.add("ran", "point-to-point stores").add("size", bytes).add("count", bytes).add("ok", res.ok && wrong == 0);
+          o.add("time_us", us).add("algbw_gbs", us > 0 ? bytes * (n - 1) / (us * 1e3) : 0.0).add("wrong", wrong);
+          o.add("fallback_chunks", uint64_t{0}).add("fell_back", false).add("faults", res.faults);
+          std::vector<uint64_t> planes = plane_tx_bytes();
+          for (size_t k = 0; k < planes.size(); ++k) {
+            planes[k] -= tx0[k];
+          }
+          o.add("plane_tx_bytes", planes);
+          v1::RunReply r;
+          r.set_ok(res.ok && wrong == 0);
+          r.set_error(res.ok ? (wrong ? std::to_string(wrong) + " bytes differ from what their sender wrote" : "")
+                             : res.error);
+          r.set_wrong(wrong);
+          r.set_row_json(o.str());
+          reply(r);
+        });
+      });
+    });
+  });
+}
+
 void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
   IFEC_CHECK(ready_error.empty(), rt->info().name << ": not bootstrapped: " << ready_error);
+  if (q.what() == "alltoall") {
+    run_alltoall(q, std::move(reply));
+    return;
+  }
   testbed::CollectivePoint p;
   p.kind = workloads::parse_collective(q.what());
   p.algo = workloads::parse_algo(q.algo().empty() ? "ifec" : q.algo());
