@@ -33,6 +33,9 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
         rows = [l.split() for l in run.splitlines() if l and not l.startswith("#")]
         assert [r[0] for r in rows] == ["65536", "262144"] and all(r[4] == "0" for r in rows), run
         assert all(r[1] != "best" for r in rows), "the row names the algorithm best chose"
+        cmp = cli("compare", "allreduce", "--algo", "ring", "--bytes", "256KiB").stdout
+        row = [l.split() for l in cmp.splitlines() if l and not l.startswith("#")][0]
+        assert row[0] == "262144" and float(row[2]) > 0 and float(row[3]) > 0, cmp
         assert "down" in cli("fail", "gpu5:2").stdout
         assert "up" in cli("restore", "gpu5:2").stdout
         counters = cli("ctl", "counters", "p0-sw").stdout

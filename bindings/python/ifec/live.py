@@ -517,6 +517,30 @@ def _cmd_run(args):
     return status
 
 
+def compare(fab, what="allreduce", algo="ifec", bytes=1 << 20, seed=1):
+    """The same measurement on the simulator (this topology, its link rates) and on the live fabric: (sim, live)."""
+    from . import collectives
+    sim = collectives.measure(fab.topo, kind=what, algo=algo, bytes=int(bytes), seed=seed)
+    return sim, fab.run(what, algo=algo, bytes=int(bytes), seed=seed)
+
+
+def _cmd_compare(args):
+    fab = attach()
+    print(f"# {args.collective} on {fab.topo.name}: sim (simulated time at the topology's link rates) vs live (wall "
+          f"clock through software switches on veths)")
+    print(f"#{'size(B)':>13} {'algo':>8} {'sim us':>10} {'live us':>12} {'live/sim':>9}  bytes per plane live/sim")
+    status = 0
+    for size in [parse_size(s) for s in args.bytes.split(",")]:
+        sim, lv = compare(fab, args.collective, args.algo, size, args.seed)
+        ratio = [round(l / s, 3) if s else None for l, s in zip(lv["plane_tx_bytes"], sim["plane_tx_bytes"])]
+        print(f" {size:>13} {lv['ran']:>8} {sim['time_us']:>10.1f} {lv['time_us']:>12.1f} "
+              f"{lv['time_us'] / max(sim['time_us'], 1e-9):>9.0f}  {ratio}")
+        if not (sim["ok"] and lv["ok"]):
+            print(f"#   FAILED: sim {sim.get('error')}; live {lv.get('error')}")
+            status = 1
+    return status
+
+
 def _cmd_link(args, up):
     fab = attach()
     l = fab.set_link(args.link, up)
@@ -603,6 +627,11 @@ def main(argv=None):
     run.add_argument("--op", default="sum")
     run.add_argument("--root", type=int, default=0)
     run.add_argument("--seed", type=int, default=1)
+    cmp = sub.add_parser("compare", help="the same collective on the simulator and the live fabric, side by side")
+    cmp.add_argument("collective", choices=["allreduce", "reduce", "multicast", "barrier"])
+    cmp.add_argument("--algo", default="ifec")
+    cmp.add_argument("--bytes", default="1048576", help="SIZE[,SIZE...]")
+    cmp.add_argument("--seed", type=int, default=1)
     for name in ("fail", "restore"):
         s = sub.add_parser(name, help=f"{'take a link down' if name == 'fail' else 'bring a link back'} "
                                       "(id, NODE:PORT or GPU:planeP[:subS])")
@@ -626,7 +655,7 @@ def main(argv=None):
             return _serve(a.file, a.logs)
         return {"up": _cmd_up, "down": _cmd_down, "status": _cmd_status, "run": _cmd_run,
                 "fail": lambda x: _cmd_link(x, False), "restore": lambda x: _cmd_link(x, True),
-                "capture": _cmd_capture, "ctl": _cmd_ctl}[a.cmd](a)
+                "capture": _cmd_capture, "ctl": _cmd_ctl, "compare": _cmd_compare}[a.cmd](a)
     except LiveError as e:
         print(f"live: {e}", file=sys.stderr)
         return 1
