@@ -264,9 +264,9 @@ void HostDaemon::Impl::start_endpoint() {
   control = std::make_unique<GrpcControl>(rt->loop(), t, addr, o.rpc_deadline_ns);
   workloads::CommOptions co;
   co.limit_ns = 60'000'000'000ULL;
-  co.ifec.timing.initial_rto_ns = 20'000'000;
-  co.ifec.timing.min_rto_ns = 10'000'000;
-  co.ifec.timing.max_rto_ns = 200'000'000;
+  co.ifec.timing.initial_rto_ns = 100'000'000;
+  co.ifec.timing.min_rto_ns = 20'000'000;
+  co.ifec.timing.max_rto_ns = 800'000'000;
   co.ifec.timing.busy_retry_ns = 1'000'000;
   comm = std::make_unique<workloads::Communicator>(*ep, *boot, *control, t, co);
   comm->init([this](const std::string& err) {
