@@ -26,7 +26,8 @@ namespace ifec::live {
 
 struct RuntimeOptions {
   common::TimeNs fare_interval_ns = 100'000'000;  // periodic advertisements
-  common::TimeNs fare_hold_ns = 500'000'000;      // a neighbour silent this long counts as gone
+  common::TimeNs fare_hold_ns = 2'000'000'000;    // a neighbour silent this long counts as gone (a busy daemon's
+                                                  // advertisements can be late by hundreds of ms)
   common::TimeNs carrier_poll_ns = 20'000'000;
   std::string netns;  // open the interfaces in this namespace (tests); "" = the daemon's own
 };
