@@ -3,10 +3,12 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -50,10 +52,39 @@ int run_command(const std::vector<std::string>& argv, std::string* out) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// Namespaces this project's tests and benches name "ifec-<letter><pid>-..." whose process is gone (it crashed before
+// its destructors ran): removed, so a crash leaves nothing behind for long. Others' namespaces are not touched.
+void reap_stale_namespaces() {
+  std::string list;
+  if (run_command({"ip", "netns", "list"}, &list) != 0) {
+    return;
+  }
+  size_t pos = 0;
+  while (pos < list.size()) {
+    const size_t end = list.find('\n', pos);
+    const std::string line = list.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+    pos = end == std::string::npos ? list.size() : end + 1;
+    const std::string name = line.substr(0, line.find(' '));
+    if (name.size() < 8 || name.compare(0, 5, "ifec-") != 0 || !std::isalpha(static_cast<unsigned char>(name[5]))) {
+      continue;
+    }
+    const size_t dash = name.find('-', 6);
+    const std::string digits = name.substr(6, dash == std::string::npos ? std::string::npos : dash - 6);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (kill(pid, 0) != 0 && errno == ESRCH) {
+      run_command({"ip", "netns", "del", name});
+    }
+  }
+}
+
 std::string netns_unavailable() {
   if (geteuid() != 0) {
     return "needs root (network namespaces and veths)";
   }
+  reap_stale_namespaces();
   std::string out;
   const std::string probe = "ifec-probe-" + std::to_string(getpid());
   if (run_command({"ip", "netns", "add", probe}, &out) != 0) {
