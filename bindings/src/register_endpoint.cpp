@@ -45,23 +45,10 @@ endpoint::Endpoint& ep(testbed::Cluster& c, int gpu) {
 }
 
 py::dict counters(testbed::Cluster& c, int gpu) {
-  const endpoint::EndpointCounters k = ep(c, gpu).counters();
   py::dict d;
-  d["ops_posted"] = k.ops_posted;
-  d["ops_ok"] = k.ops_ok;
-  d["ops_failed"] = k.ops_failed;
-  d["tx_frames"] = k.tx_frames;
-  d["rx_frames"] = k.rx_frames;
-  d["rx_malformed"] = k.rx_malformed;
-  d["rx_unknown_qp"] = k.rx_unknown_qp;
-  d["retransmits"] = k.qp.retransmits;
-  d["timeouts"] = k.qp.timeouts;
-  d["duplicates"] = k.qp.duplicates;
-  d["out_of_order"] = k.qp.out_of_order;
-  d["access_naks_sent"] = k.qp.access_naks_sent;
-  d["atomic_replays"] = k.qp.atomic_replays;
-  d["path_migrations"] = k.path_migrations;
-  d["reconnects"] = k.reconnects;
+  for (const auto& [k, v] : ep(c, gpu).named_counters()) {
+    d[py::str(k)] = v;
+  }
   return d;
 }
 

@@ -247,6 +247,36 @@ void Endpoint::remote_written(int peer, uint32_t rkey, uint64_t va, uint64_t len
   }
 }
 
+std::vector<std::pair<std::string, uint64_t>> Endpoint::named_counters() const {
+  const EndpointCounters k = counters();
+  const EchCounters& e = ech_->counters();
+  return {{"ops_posted", k.ops_posted},
+          {"ops_ok", k.ops_ok},
+          {"ops_failed", k.ops_failed},
+          {"tx_frames", k.tx_frames},
+          {"rx_frames", k.rx_frames},
+          {"rx_malformed", k.rx_malformed},
+          {"rx_misaddressed", k.rx_misaddressed},
+          {"rx_unknown_qp", k.rx_unknown_qp},
+          {"rx_wrong_source", k.rx_wrong_source},
+          {"rx_unsupported", k.rx_unsupported},
+          {"pfc_pauses", k.pfc_pauses},
+          {"path_migrations", k.path_migrations},
+          {"reconnects", k.reconnects},
+          {"retransmits", k.qp.retransmits},
+          {"timeouts", k.qp.timeouts},
+          {"duplicates", k.qp.duplicates},
+          {"out_of_order", k.qp.out_of_order},
+          {"access_naks_sent", k.qp.access_naks_sent},
+          {"atomic_replays", k.qp.atomic_replays},
+          {"ech_contributions_sent", e.contributions_sent},
+          {"ech_retransmissions", e.retransmissions},
+          {"ech_results_written", e.results_written},
+          {"ech_multicast_sent", e.multicast_sent},
+          {"ech_protection_drops", e.protection_drops},
+          {"ech_busy_naks", e.busy_naks}};
+}
+
 // ------------------------------------------------------------------------------------------ op bookkeeping --
 
 OpHandle Endpoint::new_op(uint64_t* id) {

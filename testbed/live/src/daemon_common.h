@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -74,6 +75,46 @@ inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
     v["rx_truncated"] = c.rx_truncated;
     v["injected_drops"] = p->injected_drops();
   }
+}
+
+// Starts a gRPC server for `service` on `listen`; throws Error naming the node and address when it cannot.
+inline std::unique_ptr<grpc::Server> start_server(const std::string& node, const std::string& listen,
+                                                  grpc::Service* service) {
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(service);
+  std::unique_ptr<grpc::Server> s = b.BuildAndStart();
+  IFEC_CHECK(s != nullptr && port != 0,
+             "node " << node << ": cannot listen on " << listen << " (address in use, or not on this host?)");
+  return s;
+}
+
+// The handlers both daemons serve alike (loop thread): FARE's group toward a GPU (and, for a GPU, its path
+// bandwidth per plane), and a port's admin state.
+inline grpc::Status fare_weights(NodeRuntime& rt, const v1::FareWeightsRequest* q, v1::FareWeightsReply* out) {
+  const int n = rt.topology().num_gpus();
+  if (q->dest_gpu() < 0 || q->dest_gpu() >= n) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        rt.info().name + ": destination GPU " + std::to_string(q->dest_gpu()) + " outside 0.." + std::to_string(n - 1));
+  }
+  for (const routing::NextHop& h : rt.fare().next_hops(q->dest_gpu())) {
+    v1::PortWeight* w = out->add_weights();
+    w->set_port(h.port);
+    w->set_gbps(h.weight);
+  }
+  if (rt.info().kind == routing::NodeKind::kGpu) {
+    for (double g : rt.fare().plane_gbps(q->dest_gpu())) {
+      out->add_plane_gbps(g);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+inline grpc::Status set_link(NodeRuntime& rt, const v1::SetLinkRequest* q) {
+  rt.set_admin(q->port(), q->up());
+  return grpc::Status::OK;
 }
 
 // Streams the runtime's events from `since` until the client goes away.

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "ifec/common/checks.h"
 
@@ -59,7 +60,11 @@ void EpollLoop::schedule(common::TimeNs at, std::function<void()> fn) {
     std::lock_guard<std::mutex> lock(mu_);
     timers_.push(Timer{at, seq_++, std::move(fn)});
   }
-  wake();
+  // The loop's own thread re-arms the timer before it waits again: only other threads need to wake it (an eventfd
+  // write per frame sent was a syscall on the hot path).
+  if (std::this_thread::get_id() != serving_.load(std::memory_order_relaxed)) {
+    wake();
+  }
 }
 
 void EpollLoop::wake() {
@@ -135,6 +140,11 @@ uint64_t EpollLoop::run_once(int timeout_ms) {
 uint64_t EpollLoop::poll() { return run_due() + run_once(0); }
 
 uint64_t EpollLoop::serve(common::TimeNs deadline) {
+  serving_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  struct Clear {
+    std::atomic<std::thread::id>& id;
+    ~Clear() { id.store(std::thread::id(), std::memory_order_relaxed); }
+  } clear{serving_};
   uint64_t n = 0;
   for (;;) {
     common::TimeNs next;

@@ -153,52 +153,18 @@ class HostService final : public v1::Host::Service {
   grpc::Status Counters(grpc::ServerContext*, const v1::Empty*, v1::CounterSet* out) override {
     return on_loop(d_.rt->loop(), name_, [&] {
       if (d_.ep) {
-        const endpoint::EchCounters& c = d_.ep->ech().counters();
-        const endpoint::EndpointCounters& e = d_.ep->counters();
-        auto& v = *out->mutable_values();
-        v["rx_frames"] = e.rx_frames;
-        v["tx_frames"] = e.tx_frames;
-        v["rx_malformed"] = e.rx_malformed;
-        v["rx_misaddressed"] = e.rx_misaddressed;
-        v["rx_unknown_qp"] = e.rx_unknown_qp;
-        v["rx_unsupported"] = e.rx_unsupported;
-        v["ops_ok"] = e.ops_ok;
-        v["ops_failed"] = e.ops_failed;
-        v["retransmits"] = e.qp.retransmits;
-        v["timeouts"] = e.qp.timeouts;
-        v["ech_contributions_sent"] = c.contributions_sent;
-        v["ech_retransmissions"] = c.retransmissions;
-        v["ech_results_written"] = c.results_written;
-        v["ech_multicast_sent"] = c.multicast_sent;
-        v["ech_protection_drops"] = c.protection_drops;
+        for (const auto& [k, v] : d_.ep->named_counters()) {
+          (*out->mutable_values())[k] = v;
+        }
       }
       return grpc::Status::OK;
     });
   }
   grpc::Status FareWeights(grpc::ServerContext*, const v1::FareWeightsRequest* q, v1::FareWeightsReply* out) override {
-    return on_loop(d_.rt->loop(), name_, [&] {
-      const int n = d_.rt->topology().num_gpus();
-      if (q->dest_gpu() < 0 || q->dest_gpu() >= n) {
-        return grpc::Status(
-            grpc::StatusCode::INVALID_ARGUMENT,
-            name_ + ": destination GPU " + std::to_string(q->dest_gpu()) + " outside 0.." + std::to_string(n - 1));
-      }
-      for (const routing::NextHop& h : d_.rt->fare().next_hops(q->dest_gpu())) {
-        v1::PortWeight* w = out->add_weights();
-        w->set_port(h.port);
-        w->set_gbps(h.weight);
-      }
-      for (double g : d_.rt->fare().plane_gbps(q->dest_gpu())) {
-        out->add_plane_gbps(g);
-      }
-      return grpc::Status::OK;
-    });
+    return on_loop(d_.rt->loop(), name_, [&] { return fare_weights(*d_.rt, q, out); });
   }
   grpc::Status SetLink(grpc::ServerContext*, const v1::SetLinkRequest* q, v1::Empty*) override {
-    return on_loop(d_.rt->loop(), name_, [&] {
-      d_.rt->set_admin(q->port(), q->up());
-      return grpc::Status::OK;
-    });
+    return on_loop(d_.rt->loop(), name_, [&] { return set_link(*d_.rt, q); });
   }
   grpc::Status Events(grpc::ServerContext* ctx, const v1::EventsRequest* q,
                       grpc::ServerWriter<v1::Event>* out) override {
@@ -470,33 +436,14 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   }
   d.service = std::make_unique<HostService>(d);
   const std::string listen = d.o.listen.empty() ? daemon_address(d.o, d.rt->node()) : d.o.listen;
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(d.service.get());
-  d.server = b.BuildAndStart();
-  IFEC_CHECK(d.server != nullptr && port != 0,
-             "node " << d.o.node << ": cannot listen on " << listen << " (address in use, or not on this host?)");
+  d.server = start_server(d.o.node, listen, d.service.get());
   d.metrics = std::make_unique<MetricsServer>(d.rt->loop(), metrics_address(d.o, d.rt->node()), [&d] {
     return d.rt->render_metrics(d.ready_error.empty(), [&d](const std::string& node) {
       if (!d.ep) {
         return std::string();
       }
-      const endpoint::EndpointCounters e = d.ep->counters();
-      const endpoint::EchCounters& c = d.ep->ech().counters();
       std::string out = "# TYPE ifec_endpoint_total counter\n";
-      for (const auto& [k, v] :
-           std::vector<std::pair<const char*, uint64_t>>{{"tx_frames", e.tx_frames},
-                                                         {"rx_frames", e.rx_frames},
-                                                         {"rx_malformed", e.rx_malformed},
-                                                         {"ops_ok", e.ops_ok},
-                                                         {"ops_failed", e.ops_failed},
-                                                         {"retransmits", e.qp.retransmits},
-                                                         {"timeouts", e.qp.timeouts},
-                                                         {"ech_contributions", c.contributions_sent},
-                                                         {"ech_retransmissions", c.retransmissions},
-                                                         {"ech_results", c.results_written},
-                                                         {"ech_multicast_packets", c.multicast_sent}}) {
+      for (const auto& [k, v] : d.ep->named_counters()) {
         out += metric("ifec_endpoint_total", node + ",counter=\"" + k + "\"", static_cast<double>(v));
       }
       return out;

@@ -158,25 +158,10 @@ class SwitchService final : public v1::Switch::Service {
     });
   }
   grpc::Status FareWeights(grpc::ServerContext*, const v1::FareWeightsRequest* q, v1::FareWeightsReply* out) override {
-    return on_loop(rt_.loop(), name_, [&] {
-      if (q->dest_gpu() < 0 || q->dest_gpu() >= rt_.topology().num_gpus()) {
-        return error(grpc::StatusCode::INVALID_ARGUMENT, name_,
-                     "destination GPU " + std::to_string(q->dest_gpu()) + " outside 0.." +
-                         std::to_string(rt_.topology().num_gpus() - 1));
-      }
-      for (const routing::NextHop& h : rt_.fare().next_hops(q->dest_gpu())) {
-        v1::PortWeight* w = out->add_weights();
-        w->set_port(h.port);
-        w->set_gbps(h.weight);
-      }
-      return grpc::Status::OK;
-    });
+    return on_loop(rt_.loop(), name_, [&] { return fare_weights(rt_, q, out); });
   }
   grpc::Status SetLink(grpc::ServerContext*, const v1::SetLinkRequest* q, v1::Empty*) override {
-    return on_loop(rt_.loop(), name_, [&] {
-      rt_.set_admin(q->port(), q->up());
-      return grpc::Status::OK;
-    });
+    return on_loop(rt_.loop(), name_, [&] { return set_link(rt_, q); });
   }
   grpc::Status SetLoss(grpc::ServerContext*, const v1::SetLossRequest* q, v1::Empty*) override {
     return on_loop(rt_.loop(), name_, [&] {
@@ -244,13 +229,7 @@ SwitchDaemon::SwitchDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   d.rt->on_fare_change([&d] { install_routes(*d.rt, *d.sw); });
   d.service = std::make_unique<SwitchService>(*d.rt, *d.sw);
   const std::string listen = d.o.listen.empty() ? daemon_address(d.o, d.rt->node()) : d.o.listen;
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(d.service.get());
-  d.server = b.BuildAndStart();
-  IFEC_CHECK(d.server != nullptr && port != 0,
-             "node " << d.o.node << ": cannot listen on " << listen << " (address in use, or not on this host?)");
+  d.server = start_server(d.o.node, listen, d.service.get());
   d.metrics = std::make_unique<MetricsServer>(d.rt->loop(), metrics_address(d.o, d.rt->node()), [&d] {
     return d.rt->render_metrics(d.rt->all_heard(), [&d](const std::string& node) {
       std::string out = "# TYPE ifec_switch_ifec_total counter\n";

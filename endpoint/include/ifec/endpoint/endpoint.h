@@ -151,6 +151,9 @@ class Endpoint {
 
   bool idle() const;
   EndpointCounters counters() const;
+  // Every counter by name (transport, the QPs summed, the ECH agent's prefixed ech_): the one list the Python
+  // bindings, the live daemons' control plane and their Prometheus metrics report.
+  std::vector<std::pair<std::string, uint64_t>> named_counters() const;
   int qps_per_peer() const { return static_cast<int>(ports_.size()); }
   QueuePair& qp(int peer, int index) { return *qps_.at(static_cast<size_t>(peer) * ports_.size() + index); }
   // Port a QP currently sends on (its own sub-port unless migrated).

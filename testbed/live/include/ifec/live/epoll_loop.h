@@ -4,12 +4,14 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <queue>
+#include <thread>
 #include <vector>
 
 #include "ifec/common/interfaces.h"
@@ -57,6 +59,7 @@ class EpollLoop : public common::Clock {
   std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers_;
   uint64_t seq_ = 0;
   bool stopped_ = false;
+  std::atomic<std::thread::id> serving_{};  // the thread in serve(), if any
   std::map<int, std::function<void()>> watched_;
 };
 
