@@ -235,7 +235,15 @@ std::shared_ptr<EchReduction> EchAgent::reduce(EchReduceSpec spec) {
   std::shared_ptr<EchReduction> r(new EchReduction(*this, std::move(spec), id));
   reductions_[id] = r;
   for (const EchLane& l : r->spec_.lanes) {
-    reduction_of_group_[{l.switch_ip, r->spec_.job, l.group}] = id;
+    const GroupKey k{l.switch_ip, r->spec_.job, l.group};
+    reduction_of_group_[k] = id;
+    if (groups_seen_.insert(k).second) {
+      groups_seen_order_.push_back(k);
+      if (groups_seen_order_.size() > kGroupsRemembered) {
+        groups_seen_.erase(groups_seen_order_.front());
+        groups_seen_order_.pop_front();
+      }
+    }
   }
   pump(*r);
   return r;
@@ -470,6 +478,12 @@ void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const ui
     i = found ? c->second : 0;
   }
   if (!found) {
+    if (write && !groups_seen_.count({pf.h.ip.src, ech.job_id, ech.group_id})) {
+      // A result for a group this endpoint has not started yet (its peers began the operation first): not
+      // acknowledged, so the switch sends it again once this side is there.
+      counters_.early_results++;
+      return;
+    }
     counters_.unmatched++;
     if (write) {
       send_ack(port, pf, 0);  // a late result or notice: quiet the switch, write nothing

@@ -274,7 +274,14 @@ std::vector<std::pair<std::string, uint64_t>> Endpoint::named_counters() const {
           {"ech_results_written", e.results_written},
           {"ech_multicast_sent", e.multicast_sent},
           {"ech_protection_drops", e.protection_drops},
-          {"ech_busy_naks", e.busy_naks}};
+          {"ech_busy_naks", e.busy_naks},
+          {"ech_duplicate_results", e.duplicate_results},
+          {"ech_anomaly_notices", e.anomaly_notices},
+          {"ech_replicas_written", e.replicas_written},
+          {"ech_stale_replicas", e.stale_replicas},
+          {"ech_duplicate_replicas", e.duplicate_replicas},
+          {"ech_unmatched", e.unmatched},
+          {"ech_early_results", e.early_results}};
 }
 
 // ------------------------------------------------------------------------------------------ op bookkeeping --

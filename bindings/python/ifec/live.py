@@ -201,13 +201,15 @@ class LiveFabric:
         return out
 
     def run(self, what="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32", op="sum", root=0, seed=1,
-            timeout=120.0):
+            timeout=120.0, moe=None):
         """Runs one measurement on every rank at once; returns the merged row (the sim's row keys, driver "live").
+        what="moe": one MoE layer, algo the variant (per_expert, per_rank, ifec), dtype bf16 or fp32, `moe` a dict of
+        MoeShape fields (tokens per rank, hidden, inter, experts, topk, groups, topk_groups; defaults in the .proto).
         Raises LiveError naming every rank that failed or did not answer."""
         grpc, pb, _ = _grpc()
         gpus = [n for n in self.nodes if n["kind"] == "gpu"]
         req = pb.RunRequest(what=what, algo=algo, bytes=int(bytes), dtype=dtype, op=op, root=int(root),
-                            seed=int(seed))
+                            seed=int(seed), moe=pb.MoeShape(**(moe or {})))
         with concurrent.futures.ThreadPoolExecutor(len(gpus)) as ex:
             futs = {g["name"]: ex.submit(self.stub(g["name"]).Run, req, timeout=timeout) for g in gpus}
             replies, errors = {}, []
@@ -220,16 +222,9 @@ class LiveFabric:
         errors += [f"{n}: {r.error}" for n, r in replies.items() if not r.ok]
         if not rows:
             raise LiveError("no rank answered: " + "; ".join(errors))
-        merged = dict(next(iter(rows.values())))
-        merged["time_us"] = max(r["time_us"] for r in rows.values())
-        merged["wrong"] = sum(r["wrong"] for r in rows.values())
-        merged["ok"] = not errors and all(r["ok"] for r in rows.values())
-        merged["faults"] = sorted({f for r in rows.values() for f in r.get("faults", [])})
+        merged = (_merge_moe if what == "moe" else _merge_collective)(list(rows.values()))
+        merged["ok"] = not errors and merged["ok"]
         merged["ranks"] = len(rows)
-        merged["plane_tx_bytes"] = [sum(r["plane_tx_bytes"][q] for r in rows.values())
-                                    for q in range(len(merged.get("plane_tx_bytes", [])))]
-        if merged["time_us"] > 0:
-            merged["algbw_gbs"] = merged["size"] / (merged["time_us"] * 1e3)
         if errors:
             merged["error"] = "; ".join(errors)
         return merged
@@ -311,6 +306,58 @@ class LiveFabric:
 
     def __exit__(self, *exc):
         self.down()
+
+
+def _sum_lists(rows, key):
+    return [sum(r[key][q] for r in rows) for q in range(len(rows[0].get(key, [])))]
+
+
+def _merge_collective(rows):
+    """The ranks' rows of one collective as one: the slowest rank's time, every rank's wrong elements and frames."""
+    merged = dict(rows[0])
+    merged["time_us"] = max(r["time_us"] for r in rows)
+    merged["wrong"] = sum(r["wrong"] for r in rows)
+    merged["ok"] = all(r["ok"] for r in rows)
+    merged["faults"] = sorted({f for r in rows for f in r.get("faults", [])})
+    merged["plane_tx_bytes"] = _sum_lists(rows, "plane_tx_bytes")
+    if merged["time_us"] > 0:
+        merged["algbw_gbs"] = merged["size"] / (merged["time_us"] * 1e3)
+    return merged
+
+
+def _merge_moe(rows):
+    """The ranks' MoE rows as the sim's one row per variant: phases take the slowest rank, bytes add up."""
+    merged = dict(rows[0])
+    for k in ("dispatch_us", "combine_us", "compute_us", "max_rel_error"):
+        merged[k] = max(r[k] for r in rows)
+    merged["total_us"] = merged["dispatch_us"] + merged["compute_us"] + merged["combine_us"]
+    for k in ("dispatch_logical_bytes", "combine_logical_bytes", "dispatch_wire_bytes", "combine_wire_bytes",
+              "fallback_chunks", "wrong"):
+        merged[k] = sum(r[k] for r in rows)
+    for k in ("dispatch_wire_per_plane", "combine_wire_per_plane"):
+        merged[k] = _sum_lists(rows, k)
+    ep = merged["ep"]
+    for phase in ("dispatch", "combine"):
+        us = merged[f"{phase}_us"]
+        merged[f"{phase}_gbs"] = merged[f"{phase}_logical_bytes"] / ep / (us * 1e3) if us > 0 else 0.0
+    merged["ok"] = all(r["ok"] for r in rows)
+    merged["faults"] = sorted({f for r in rows for f in r.get("faults", [])})
+    merged.pop("rank", None)
+    return merged
+
+
+MOE_HEADER = (f"#{'variant':<10} {'EP':>3} {'tokens':>6} {'dispatch(us)':>13} {'disp GB/s':>9} {'combine(us)':>12} "
+              f"{'comb GB/s':>9} {'experts(us)':>12} {'disp log MB':>11} {'disp wire MB':>12} {'comb log MB':>11} "
+              f"{'comb wire MB':>12} {'max err':>9}")
+
+
+def moe_row_text(r):
+    """One merged MoE row as the terminal shows it (the columns of MOE_HEADER)."""
+    return (f" {r['variant']:<10} {r['ep']:>3} {r['tokens']:>6} {r['dispatch_us']:>13.1f} {r['dispatch_gbs']:>9.3f} "
+            f"{r['combine_us']:>12.1f} {r['combine_gbs']:>9.3f} {r['compute_us']:>12.1f} "
+            f"{r['dispatch_logical_bytes'] / 1e6:>11.3f} {r['dispatch_wire_bytes'] / 1e6:>12.3f} "
+            f"{r['combine_logical_bytes'] / 1e6:>11.3f} {r['combine_wire_bytes'] / 1e6:>12.3f} "
+            f"{r['max_rel_error']:>9.2e}")
 
 
 def parse_size(text):
@@ -500,14 +547,38 @@ def _cmd_status(args):
     return 0
 
 
+def _cmd_run_moe(fab, args):
+    variants = ["per_expert", "per_rank", "ifec"] if args.algo == "all" else args.algo.split(",")
+    shape = dict(tokens=args.tokens, hidden=args.hidden, inter=args.inter, experts=args.experts, topk=args.topk)
+    print(f"# MoE layer on {fab.topo.name} [driver: live; dispatch/combine wall clock through software switches; "
+          f"experts measured on the hosts' CPUs (LibTorch), not modelled]")
+    print(f"# DeepSeek-V3 routing: top-{args.topk} of {args.experts} experts in 8 groups (4 used), hidden "
+          f"{args.hidden}, expert width {args.inter}, {args.dtype or 'bf16'} rows; each rank checks its outputs against the "
+          f"single-process reference")
+    print(MOE_HEADER)
+    status = 0
+    for v in variants:
+        row = fab.run("moe", algo=v, dtype=args.dtype or "bf16", seed=args.seed,
+                      moe=shape, timeout=300)
+        print(moe_row_text(row))
+        for f in row["faults"]:
+            print(f"#   {v} fault: {f}")
+        if not row["ok"]:
+            print(f"#   FAILED: {row.get('error')}")
+            status = 1
+    return status
+
+
 def _cmd_run(args):
     fab = attach()
+    if args.collective == "moe":
+        return _cmd_run_moe(fab, args)
     sizes = [parse_size(s) for s in args.bytes.split(",")]
     status = 0
     print(f"# {args.collective} on {fab.topo.name} [driver: live; times are wall clock through software switches]")
     print(f"#{'size(B)':>13} {'algo':>8} {'time(us)':>11} {'algbw GB/s':>11} {'#wrong':>7}  faults")
     for size in sizes:
-        row = fab.run(args.collective, algo=args.algo, bytes=size, dtype=args.dtype, op=args.op, root=args.root,
+        row = fab.run(args.collective, algo=args.algo, bytes=size, dtype=args.dtype or "fp32", op=args.op, root=args.root,
                       seed=args.seed)
         print(f" {size:>13} {row['ran']:>8} {row['time_us']:>11.1f} {row.get('algbw_gbs', 0):>11.3f} "
               f"{row['wrong']:>7}  {'; '.join(row['faults'])}")
@@ -620,13 +691,15 @@ def main(argv=None):
     sub.add_parser("status", help="every daemon: ready, ports, FARE")
     run = sub.add_parser("run", help="run a collective on every rank (the rows of ifec sim, driver live)")
     run.add_argument("collective", choices=["allreduce", "reduce", "multicast", "barrier", "reduce-scatter",
-                                            "all-gather", "alltoall"])
-    run.add_argument("--algo", default="ifec")
+                                            "all-gather", "alltoall", "moe"])
+    run.add_argument("--algo", default="ifec", help="the algorithm; moe: per_expert|per_rank|ifec[,...] or all")
     run.add_argument("--bytes", default="1048576", help="SIZE[,SIZE...] in bytes")
-    run.add_argument("--dtype", default="fp32")
+    run.add_argument("--dtype", help="fp32|bf16|fp16|int32 (default fp32; moe: bf16)")
     run.add_argument("--op", default="sum")
     run.add_argument("--root", type=int, default=0)
     run.add_argument("--seed", type=int, default=1)
+    for flag, default in (("--tokens", 32), ("--hidden", 512), ("--inter", 16), ("--experts", 32), ("--topk", 8)):
+        run.add_argument(flag, type=int, default=default, help=f"moe: default {default}")
     cmp = sub.add_parser("compare", help="the same collective on the simulator and the live fabric, side by side")
     cmp.add_argument("collective", choices=["allreduce", "reduce", "multicast", "barrier"])
     cmp.add_argument("--algo", default="ifec")

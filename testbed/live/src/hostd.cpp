@@ -7,6 +7,7 @@
 #include <map>
 
 #include "daemon_common.h"
+#include "hostd_moe.h"
 #include "ifec/common/json.h"
 #include "ifec/endpoint/endpoint.h"
 #include "ifec/live/daemons.h"
@@ -24,6 +25,7 @@ namespace {
 // one's. Stores carry no operation tag yet; see docs/architecture.md.
 constexpr uint16_t kBufs[3] = {1, 3, 5};
 constexpr uint16_t kScratches[3] = {2, 4, 6};
+constexpr uint16_t kMoeWindows = 40;  // MoE layers: four windows each, in turn 40.., 44.., 48..
 constexpr auto kAllgatherWait = std::chrono::seconds(30);
 
 // Rank 0's hub: the k-th allgather of every rank meets the others' k-th (waits on gRPC threads).
@@ -322,6 +324,15 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
   if (q.what() == "alltoall") {
     run_alltoall(q, std::move(reply));
     return;
+  }
+  if (q.what() == "moe") {
+#ifdef IFEC_HAVE_MOE
+    const auto first = static_cast<uint16_t>(kMoeWindows + 4 * (runs++ % 3));
+    run_moe({*comm, topo, first, [this] { return plane_tx_bytes(); }}, q, std::move(reply));
+    return;
+#else
+    IFEC_FAIL(rt->info().name << ": built without LibTorch: the MoE layer is not available here");
+#endif
   }
   testbed::CollectivePoint p;
   p.kind = workloads::parse_collective(q.what());

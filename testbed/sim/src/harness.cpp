@@ -267,6 +267,8 @@ std::vector<int> all_gpus(Cluster& c) {
 template <typename Args, typename Start>
 CollectiveResult run_batch(Cluster& cluster, std::vector<Args> args, const workloads::CommOptions& o, Start start) {
   const std::vector<int> gpus = all_gpus(cluster);
+  IFEC_CHECK(args.size() == gpus.size(),
+             "batch operation: " << args.size() << " ranks' parts for " << gpus.size() << " GPUs");
   auto comms = cluster.communicators(gpus, o);
   auto res = cluster.run_ranks(
       static_cast<int>(comms.size()),
@@ -279,9 +281,13 @@ CollectiveResult run_batch(Cluster& cluster, std::vector<Args> args, const workl
 
 CollectiveResult run_put_rows(Cluster& cluster, const BatchPutSpec& spec, TimeNs limit) {
   validate_rows(cluster, spec);
+  return run_put_rows(cluster, split_rows(spec, cluster.size()), limit);
+}
+
+CollectiveResult run_put_rows(Cluster& cluster, std::vector<workloads::BatchPutArgs> per_gpu, TimeNs limit) {
   workloads::CommOptions o;
   o.limit_ns = limit;
-  return run_batch(cluster, split_rows(spec, cluster.size()), o,
+  return run_batch(cluster, std::move(per_gpu), o,
                    [](workloads::Communicator& c, workloads::BatchPutArgs a, workloads::Communicator::Done d) {
                      c.put_rows(std::move(a), d);
                    });
@@ -322,14 +328,22 @@ CollectiveResult IfecCollectives::run(const CollectiveSpec& spec, TimeNs limit) 
 
 CollectiveResult IfecCollectives::multicast_rows(const BatchMulticastSpec& spec, TimeNs limit) {
   validate_rows(cluster_, spec);
-  return account(run_batch(cluster_, split_rows(spec, cluster_.size()), comm_options(limit),
+  return multicast_rows(split_rows(spec, cluster_.size()), limit);
+}
+
+CollectiveResult IfecCollectives::multicast_rows(std::vector<workloads::BatchMulticastArgs> per_gpu, TimeNs limit) {
+  return account(run_batch(cluster_, std::move(per_gpu), comm_options(limit),
                            [](workloads::Communicator& c, workloads::BatchMulticastArgs a,
                               workloads::Communicator::Done d) { c.multicast_rows(std::move(a), d); }));
 }
 
 CollectiveResult IfecCollectives::reduce_rows(const BatchReduceSpec& spec, TimeNs limit) {
   validate_rows(cluster_, spec);
-  return account(run_batch(cluster_, split_rows(spec, cluster_.size()), comm_options(limit),
+  return reduce_rows(split_rows(spec, cluster_.size()), limit);
+}
+
+CollectiveResult IfecCollectives::reduce_rows(std::vector<workloads::BatchReduceArgs> per_gpu, TimeNs limit) {
+  return account(run_batch(cluster_, std::move(per_gpu), comm_options(limit),
                            [](workloads::Communicator& c, workloads::BatchReduceArgs a,
                               workloads::Communicator::Done d) { c.reduce_rows(std::move(a), d); }));
 }

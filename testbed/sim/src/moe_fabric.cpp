@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "ifec/common/checks.h"
 #include "ifec/testbed/harness.h"
@@ -15,11 +16,6 @@ namespace ifec::testbed {
 using namespace workloads;  // the MoE layer math (moe.h) this driver moves through the fabric
 
 namespace {
-
-constexpr uint16_t kRecv = 40;     // dispatch receive rows (IFEC: [source rank][token] rows, a symmetric layout)
-constexpr uint16_t kCombine = 41;  // combine rows at the source: [token][slot] (stores) or [token] (IFEC)
-constexpr uint16_t kInput = 42;    // each rank's own tokens (stores)
-constexpr uint16_t kOutput = 43;   // each expert rank's output rows (stores: sent back; IFEC: the contributions)
 
 // Frame bytes the first `ranks` GPUs have sent, per plane.
 std::vector<uint64_t> gpu_tx_bytes(Cluster& c, int ranks) {
@@ -50,28 +46,20 @@ struct PhaseMeter {
   }
 };
 
+// A part with the same windows and nothing to send or receive (a GPU outside the EP ranks).
+template <typename Args>
+Args idle_part(Args a) {
+  if constexpr (std::is_same_v<Args, BatchReduceArgs>) {
+    a.mine.clear();
+    a.contribute.clear();
+  } else {
+    a.rows.clear();
+    a.incoming.clear();
+  }
+  return a;
+}
+
 }  // namespace
-
-const char* moe_variant_name(MoeVariant v) {
-  switch (v) {
-    case MoeVariant::kPerExpert:
-      return "per_expert";
-    case MoeVariant::kPerRank:
-      return "per_rank";
-    case MoeVariant::kIfec:
-      return "ifec";
-  }
-  return "?";
-}
-
-MoeVariant parse_moe_variant(const std::string& name) {
-  for (MoeVariant v : {MoeVariant::kPerExpert, MoeVariant::kPerRank, MoeVariant::kIfec}) {
-    if (name == moe_variant_name(v)) {
-      return v;
-    }
-  }
-  IFEC_FAIL("unknown MoE variant '" << name << "' (per_expert, per_rank or ifec)");
-}
 
 MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w,
                                const at::Tensor& x_in, int ranks, const GpuProfile& profile,
@@ -92,43 +80,27 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
   const common::TimeNs limit = opts.phase_limit_ns;
   MoeFabricResult res;
 
-  // Routing happens where the tokens are; every rank then knows its deliveries (DeepEP's notify step).
+  // Routing happens where the tokens are; every rank then knows its deliveries (DeepEP's notify step) and plans
+  // its own part (moe_plan.h).
   const RoutingPlan plan = gate(x.to(torch::kFloat32), w, cfg);
   const RouteTable table = to_route_table(plan);
   const DispatchLists lists = build_dispatch_lists(table, cfg.experts, ranks);
   res.routed_pairs = table.tokens * table.topk;
-  const bool per_expert = variant == MoeVariant::kPerExpert;
   const bool ifec = variant == MoeVariant::kIfec;
-  auto list_size = [&](int d) { return per_expert ? lists.per_expert[d].size() : lists.per_rank[d].size(); };
-  auto list_token = [&](int d, size_t i) {
-    return per_expert ? lists.per_expert[d][i].token : lists.per_rank[d][i].token;
-  };
-  size_t max_recv = 1;
-  for (int d = 0; d < ranks; ++d) {
-    max_recv = std::max(max_recv, list_size(d));
+  const auto row_type = x.scalar_type();
+  const common::EchDtype dtype = row_type == torch::kBFloat16 ? common::EchDtype::kBf16 : common::EchDtype::kFp32;
+  std::vector<MoeRankPlan> plans;
+  for (int r = 0; r < ranks; ++r) {
+    plans.push_back(plan_moe_rank(variant, table, lists, r, tokens, static_cast<uint64_t>(row), dtype));
+    res.dispatch_logical_bytes += plans.back().dispatch_logical_bytes;
+    res.combine_logical_bytes += plans.back().combine_logical_bytes;
   }
-  // Where rank d finds delivery i's row after dispatch.
-  auto recv_offset = [&](int d, size_t i) -> uint64_t {
-    return ifec ? static_cast<uint64_t>(list_token(d, i) * row) : static_cast<uint64_t>(i * row);
-  };
-
-  // ---- Dispatch ----
-  if (ifec) {
-    c.allocate_window(kRecv, static_cast<uint64_t>(ranks * tokens * row));  // sparse: only routed rows are touched
-    c.allocate_window(kCombine, static_cast<uint64_t>(tokens * row));
-    c.allocate_window(kOutput, static_cast<uint64_t>(max_recv * row));
-    for (int r = 0; r < ranks; ++r) {
-      std::memcpy(c.window_data(r, kRecv) + r * tokens * row,
-                  static_cast<const uint8_t*>(x.data_ptr()) + r * tokens * row, tokens * row);
-    }
-  } else {
-    c.allocate_window(kInput, static_cast<uint64_t>(tokens * row));
-    c.allocate_window(kRecv, static_cast<uint64_t>(max_recv * row));
-    c.allocate_window(kCombine, static_cast<uint64_t>(tokens * cfg.topk * row));
-    c.allocate_window(kOutput, static_cast<uint64_t>(max_recv * row));
-    for (int r = 0; r < ranks; ++r) {
-      std::memcpy(c.window_data(r, kInput), static_cast<const uint8_t*>(x.data_ptr()) + r * tokens * row, tokens * row);
-    }
+  for (const auto& [id, bytes] : plans[0].windows) {
+    c.allocate_window(id, bytes);
+  }
+  for (int r = 0; r < ranks; ++r) {
+    std::memcpy(c.window_data(r, plans[r].input_window) + plans[r].input_offset,
+                static_cast<const uint8_t*>(x.data_ptr()) + r * tokens * row, tokens * row);
   }
   std::unique_ptr<IfecCollectives> coll;
   if (ifec) {
@@ -136,61 +108,38 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
   }
   auto cleanup = [&] {
     coll.reset();
-    for (uint16_t id : {kRecv, kCombine, kInput, kOutput}) {
+    for (const auto& [id, bytes] : plans[0].windows) {
       c.free_window(id);
     }
   };
-  // The endpoint-based phases: every rank stores its rows (its own rows are copied, not sent), in the order listed.
-  auto put_rows = [&](uint16_t from_window, uint16_t to_window, std::vector<RowPutSpec> rows, int64_t* logical) {
-    BatchPutSpec ps{from_window, to_window, static_cast<uint64_t>(row), std::move(rows)};
-    for (const RowPutSpec& r : ps.rows) {
-      *logical += r.source == r.destination ? 0 : row;
+  // Each phase: every GPU's part (GPUs past the EP ranks take part with nothing to do).
+  auto parts = [&](auto pick) {
+    using Args = std::decay_t<decltype(pick(plans[0]))>;
+    std::vector<Args> out;
+    for (const MoeRankPlan& p : plans) {
+      out.push_back(pick(p));
     }
-    const CollectiveResult r = run_put_rows(c, ps, limit);
-    return r.ok ? std::string() : r.error;
+    out.resize(c.size(), idle_part(out[0]));
+    return out;
   };
+  auto note = [&res](const char* phase, const CollectiveResult& r) {
+    res.fallback_chunks += r.fallback_chunks;
+    if (r.fell_back) {
+      res.fallback_reason += (res.fallback_reason.empty() ? "" : "; ") + (phase + (": " + r.fallback_reason));
+    }
+    for (const std::string& f : r.faults) {
+      res.faults.push_back(phase + (": " + f));
+    }
+    return r.ok ? std::string() : phase + (": " + r.error);
+  };
+
+  // ---- Dispatch ----
   {
     PhaseMeter meter(c, ranks);
-    std::string err;
-    if (ifec) {
-      BatchMulticastSpec mc;
-      mc.window = kRecv;
-      mc.row_bytes = static_cast<uint64_t>(row);
-      for (int64_t token = 0; token < table.tokens; ++token) {
-        RowMulticast rm;
-        rm.source = static_cast<int>(token / tokens);
-        rm.offset = static_cast<uint64_t>(token * row);
-        for (int d : ranks_of_token(table.row(token), cfg.experts, ranks)) {
-          if (d != rm.source) {
-            rm.destinations.push_back(d);
-          }
-        }
-        res.dispatch_logical_bytes += static_cast<int64_t>(rm.destinations.size()) * row;
-        if (!rm.destinations.empty()) {
-          mc.rows.push_back(std::move(rm));
-        }
-      }
-      const CollectiveResult r = coll->multicast_rows(mc, limit);
-      err = r.ok ? "" : "dispatch: " + r.error;
-      res.fallback_chunks += r.fallback_chunks;
-      if (r.fell_back) {
-        res.fallback_reason = "dispatch: " + r.fallback_reason;
-      }
-      for (const std::string& f : r.faults) {
-        res.faults.push_back("dispatch: " + f);
-      }
-    } else {
-      std::vector<RowPutSpec> rows;
-      for (int d = 0; d < ranks; ++d) {
-        for (size_t i = 0; i < list_size(d); ++i) {
-          const int64_t token = list_token(d, i);
-          rows.push_back({static_cast<int>(token / tokens), static_cast<uint64_t>((token % tokens) * row), d,
-                          static_cast<uint64_t>(i * row)});
-        }
-      }
-      err = put_rows(kInput, kRecv, std::move(rows), &res.dispatch_logical_bytes);
-      err = err.empty() ? "" : "dispatch: " + err;
-    }
+    const std::string err =
+        ifec ? note("dispatch",
+                    coll->multicast_rows(parts([](const MoeRankPlan& p) { return p.dispatch_multicast; }), limit))
+             : note("dispatch", run_put_rows(c, parts([](const MoeRankPlan& p) { return p.dispatch_put; }), limit));
     if (!err.empty()) {
       res.error = err;
       cleanup();
@@ -204,18 +153,10 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
   res.tokens_per_expert = per_expert_tokens;
   std::vector<at::Tensor> out_rows(ranks);
   for (int d = 0; d < ranks; ++d) {
-    const size_t n = list_size(d);
-    if (opts.compute) {
-      at::Tensor recv = torch::empty({static_cast<int64_t>(n), H}, x.options());
-      for (size_t i = 0; i < n; ++i) {
-        std::memcpy(static_cast<uint8_t*>(recv.data_ptr()) + i * row, c.window_data(d, kRecv) + recv_offset(d, i), row);
-      }
-      const at::Tensor out = per_expert ? expert_outputs_for_rank(recv, lists.per_expert[d], w, cfg)
-                                        : expert_outputs_for_rank(recv, lists.per_rank[d], w, cfg);
-      out_rows[d] = out.to(x.scalar_type()).contiguous();  // combine moves rows in the element type, as DeepEP's
-    } else {
-      out_rows[d] = torch::zeros({static_cast<int64_t>(n), H}, x.options());
-    }
+    const auto n = static_cast<int64_t>(plans[d].recv_offsets.size());
+    out_rows[d] = opts.compute ? moe_expert_rows(plans[d], c.window_data(d, plans[d].ids.recv), lists, w, cfg, row_type)
+                               : torch::zeros({n, H}, x.options());
+    std::memcpy(c.window_data(d, plans[d].ids.output), out_rows[d].data_ptr(), n * row);
     const int64_t experts_per_rank = cfg.experts / ranks;
     std::vector<int64_t> mine(per_expert_tokens.begin() + d * experts_per_rank,
                               per_expert_tokens.begin() + (d + 1) * experts_per_rank);
@@ -223,93 +164,27 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
   }
 
   // ---- Combine ----
-  at::Tensor local;                  // IFEC: each source's own rank's part, added locally [ranks * tokens, H] fp32
-  for (int d = 0; d < ranks; ++d) {  // every rank's expert outputs, the rows it sends back
-    std::memcpy(c.window_data(d, kOutput), out_rows[d].data_ptr(), list_size(d) * row);
-  }
   {
-    std::string err;
-    if (ifec) {
-      if (opts.compute) {
-        local = torch::zeros({ranks * tokens, H}, torch::kFloat32);  // timing mode: nothing to add up
-      }
-      BatchReduceSpec rs;
-      rs.source_window = kOutput;
-      rs.result_window = kCombine;
-      rs.dtype = x.scalar_type() == torch::kBFloat16 ? common::EchDtype::kBf16 : common::EchDtype::kFp32;
-      rs.row_elements = static_cast<uint32_t>(H);
-      std::vector<RowReduce> by_token(static_cast<size_t>(table.tokens));
-      for (int d = 0; d < ranks; ++d) {
-        for (size_t i = 0; i < list_size(d); ++i) {
-          const int64_t token = list_token(d, i);
-          const int src = static_cast<int>(token / tokens);
-          if (src == d) {
-            if (opts.compute) {
-              local[token].copy_(out_rows[d][static_cast<int64_t>(i)].to(torch::kFloat32));
-            }
-            continue;
-          }
-          by_token[token].destination = src;
-          by_token[token].index = static_cast<uint32_t>(token % tokens);
-          by_token[token].contributions.push_back({d, static_cast<uint64_t>(i * row)});
-          res.combine_logical_bytes += row;
-        }
-      }
-      for (auto& rr : by_token) {
-        if (!rr.contributions.empty()) {
-          rs.rows.push_back(std::move(rr));
-        }
-      }
-      PhaseMeter meter(c, ranks);
-      const CollectiveResult r = coll->reduce_rows(rs, limit);
-      err = r.ok ? "" : "combine: " + r.error;
-      res.fallback_chunks += r.fallback_chunks;
-      if (r.fell_back) {
-        res.fallback_reason += (res.fallback_reason.empty() ? "" : "; ") + ("combine: " + r.fallback_reason);
-      }
-      for (const std::string& f : r.faults) {
-        res.faults.push_back("combine: " + f);
-      }
-      meter.finish(&res.combine_us, &res.combine_wire_bytes, &res.combine_wire_per_plane);
-    } else {
-      // Every output row goes back to its token's source, into the [token][slot] row of the first slot it covers
-      // (per-rank rows already summed that rank's experts).
-      std::vector<RowPutSpec> rows;
-      for (int d = 0; d < ranks; ++d) {
-        for (size_t i = 0; i < list_size(d); ++i) {
-          const int64_t token = list_token(d, i);
-          const int64_t slot = per_expert ? lists.per_expert[d][i].slot : lists.per_rank[d][i].slots.front();
-          rows.push_back({d, static_cast<uint64_t>(i * row), static_cast<int>(token / tokens),
-                          static_cast<uint64_t>(((token % tokens) * cfg.topk + slot) * row)});
-        }
-      }
-      PhaseMeter meter(c, ranks);
-      err = put_rows(kOutput, kCombine, std::move(rows), &res.combine_logical_bytes);
-      err = err.empty() ? "" : "combine: " + err;
-      meter.finish(&res.combine_us, &res.combine_wire_bytes, &res.combine_wire_per_plane);
-    }
+    PhaseMeter meter(c, ranks);
+    const std::string err =
+        ifec ? note("combine", coll->reduce_rows(parts([](const MoeRankPlan& p) { return p.combine_reduce; }), limit))
+             : note("combine", run_put_rows(c, parts([](const MoeRankPlan& p) { return p.combine_put; }), limit));
     if (!err.empty()) {
       res.error = err;
       cleanup();
       return res;
     }
+    meter.finish(&res.combine_us, &res.combine_wire_bytes, &res.combine_wire_per_plane);
   }
 
-  // Each source sums its tokens' rows (unused slots are zero) and adds the shared expert.
+  // Each source sums its tokens' rows (unused slots are zero; IFEC: plus its own rank's part) and adds the shared
+  // expert.
   if (opts.compute) {
     std::vector<at::Tensor> ys;
     for (int s = 0; s < ranks; ++s) {
-      at::Tensor xs = x.narrow(0, s * tokens, tokens);
-      at::Tensor routed;
-      if (ifec) {
-        routed = torch::from_blob(c.window_data(s, kCombine), {tokens, H}, x.scalar_type()).to(torch::kFloat32) +
-                 local.narrow(0, s * tokens, tokens);
-      } else {
-        routed = torch::from_blob(c.window_data(s, kCombine), {tokens, cfg.topk, H}, x.scalar_type())
-                     .to(torch::kFloat32)
-                     .sum(1);
-      }
-      ys.push_back(shared_expert_forward(xs, w) + routed);
+      const at::Tensor routed =
+          moe_routed_output(plans[s], c.window_data(s, plans[s].ids.combine), out_rows[s], H, row_type);
+      ys.push_back(shared_expert_forward(x.narrow(0, s * tokens, tokens), w) + routed);
     }
     res.output = torch::cat(ys, 0);
   }

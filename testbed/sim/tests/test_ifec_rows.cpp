@@ -115,7 +115,8 @@ struct ReduceCase {
   EchDtype dtype;
   double loss;
   uint32_t slots;
-  int suppressed;  // a contributor that never arrives, or -1
+  int suppressed;              // a contributor that never arrives, or -1
+  common::TimeNs skew_ns = 0;  // rank r learns the batch r x skew late (results reach it before it expects them)
 };
 
 class BatchReduce : public testing::TestWithParam<ReduceCase> {};
@@ -126,7 +127,9 @@ TEST_P(BatchReduce, EachRowIsTheSumOfItsContributors) {
   const uint32_t elems = 3000;  // 2 chunks in bf16, 3 in fp32
   const size_t es = workloads::element_size(pc.dtype);
   std::mt19937 rng(11);
-  testbed::Cluster c(routing::make_superpod(n, 2), options(pc.loss, 5));
+  testbed::ClusterOptions co = options(pc.loss, 5);
+  co.bootstrap_skew_ns = pc.skew_ns;
+  testbed::Cluster c(routing::make_superpod(n, 2), co);
   workloads::IfecOptions io;
   io.slots_per_plane = pc.slots;
   testbed::IfecCollectives ifec(c, io);
@@ -196,6 +199,14 @@ TEST_P(BatchReduce, EachRowIsTheSumOfItsContributors) {
   } else if (pc.loss == 0) {
     EXPECT_FALSE(res.fell_back) << res.fallback_reason;
   }
+  if (pc.skew_ns > 0) {
+    // Results that reached a destination before it started were left unacknowledged and came again.
+    uint64_t early = 0;
+    for (int g = 0; g < n; ++g) {
+      early += c.ep(g).ech().counters().early_results;
+    }
+    EXPECT_GT(early, 0u) << "the case must exercise early results";
+  }
   for (int sw = 0; sw < c.fabric().num_switches(); ++sw) {
     EXPECT_EQ(c.fabric().switch_at(sw).ifec()->free_slots(), 8192u) << "every slot released";
   }
@@ -205,7 +216,8 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, BatchReduce,
     testing::Values(ReduceCase{EchDtype::kFp32, 0, 128, -1}, ReduceCase{EchDtype::kBf16, 0, 128, -1},
                     ReduceCase{EchDtype::kBf16, 0.01, 128, -1}, ReduceCase{EchDtype::kFp32, 0, 4, -1},
-                    ReduceCase{EchDtype::kFp32, 0.01, 4, -1}, ReduceCase{EchDtype::kFp32, 0, 128, 3}));
+                    ReduceCase{EchDtype::kFp32, 0.01, 4, -1}, ReduceCase{EchDtype::kFp32, 0, 128, 3},
+                    ReduceCase{EchDtype::kFp32, 0, 128, -1, 100'000}));
 
 TEST(BatchReduce, RejectsBadSpecsNamingTheValue) {
   testbed::Cluster c(routing::make_superpod(4, 1), options(0, 1));

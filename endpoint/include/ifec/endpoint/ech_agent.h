@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -203,6 +204,7 @@ struct EchCounters {
   uint64_t stale_replicas = 0;      // replicas from an earlier multicast of their source (acknowledged, not written)
   uint64_t duplicate_replicas = 0;  // replicas of the current multicast written again (a repair): not new arrivals
   uint64_t unmatched = 0;           // ECH for no reduction or multicast in progress here (late copies)
+  uint64_t early_results = 0;       // results of a group not started here yet: left unacknowledged (resent)
 };
 
 class EchAgent {
@@ -259,7 +261,13 @@ class EchAgent {
   uint32_t next_psn_ = 0;
   // Live operations by id (weak: the caller owns them); lookups from (switch ip, job, group) and from PSN.
   std::map<uint64_t, std::weak_ptr<EchReduction>> reductions_;
-  std::map<std::tuple<uint32_t, uint32_t, uint16_t>, uint64_t> reduction_of_group_;  // (switch ip, job, group)
+  using GroupKey = std::tuple<uint32_t, uint32_t, uint16_t>;  // (switch ip, job, group)
+  std::map<GroupKey, uint64_t> reduction_of_group_;
+  // Groups reductions here have used (the last kGroupsRemembered): a result for one of them that matches nothing is
+  // late; for any other group it is early.
+  static constexpr size_t kGroupsRemembered = 1 << 16;
+  std::set<GroupKey> groups_seen_;
+  std::deque<GroupKey> groups_seen_order_;
   std::map<uint64_t, std::weak_ptr<EchMulticast>> multicasts_;
   std::map<uint32_t, std::pair<uint64_t, uint32_t>> packet_of_psn_;  // psn -> (multicast id, packet)
   std::map<uint64_t, std::pair<uint32_t, uint32_t>> psn_range_;      // multicast id -> (first psn, packets)

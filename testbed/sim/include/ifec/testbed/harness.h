@@ -107,6 +107,9 @@ std::vector<workloads::BatchPutArgs> split_rows(const BatchPutSpec& spec, int gp
 
 // Every GPU's communicator runs its part of the batch of row stores (validated first).
 CollectiveResult run_put_rows(Cluster& cluster, const BatchPutSpec& spec, common::TimeNs limit = 10'000'000'000ULL);
+// The same from each rank's own part (per_gpu[g]: rank = GPU g; one per GPU of the cluster), as ranks plan it.
+CollectiveResult run_put_rows(Cluster& cluster, std::vector<workloads::BatchPutArgs> per_gpu,
+                              common::TimeNs limit = 10'000'000'000ULL);
 
 struct IfecStats {
   uint64_t operations = 0;
@@ -130,6 +133,11 @@ class IfecCollectives {
   CollectiveResult run(const CollectiveSpec& spec, common::TimeNs limit = 10'000'000'000ULL);
   CollectiveResult multicast_rows(const BatchMulticastSpec& spec, common::TimeNs limit = 10'000'000'000ULL);
   CollectiveResult reduce_rows(const BatchReduceSpec& spec, common::TimeNs limit = 10'000'000'000ULL);
+  // The same from each rank's own part (one per GPU of the cluster, rank = GPU), as ranks plan it.
+  CollectiveResult multicast_rows(std::vector<workloads::BatchMulticastArgs> per_gpu,
+                                  common::TimeNs limit = 10'000'000'000ULL);
+  CollectiveResult reduce_rows(std::vector<workloads::BatchReduceArgs> per_gpu,
+                               common::TimeNs limit = 10'000'000'000ULL);
 
   // Fault injection for tests: contributions from `gpu` never leave it (a contributor that never arrives).
   void suppress_contributions(int gpu, bool on = true);

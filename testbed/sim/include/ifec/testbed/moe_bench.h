@@ -42,8 +42,9 @@ struct MoeBenchRow {
   bool scaled = false;           // times and bytes scaled from simulated_tokens (bandwidth-bound assumption)
   double dispatch_us = 0;
   double combine_us = 0;
-  double compute_us = 0;  // modelled: the slowest rank's routed experts at the costed width
-  double total_us = 0;    // dispatch + compute + combine (no overlap assumed)
+  double compute_us = 0;                 // modelled: the slowest rank's routed experts at the costed width
+  std::string compute_source = "model";  // or how it was measured (the live driver: LibTorch on the host's CPU)
+  double total_us = 0;                   // dispatch + compute + combine (no overlap assumed)
   int64_t dispatch_logical_bytes = 0;
   int64_t combine_logical_bytes = 0;
   uint64_t dispatch_wire_bytes = 0;
@@ -70,6 +71,6 @@ std::vector<MoeBenchRow> run_moe_point(const MoeBenchConfig& cfg, const MoePoint
 std::string moe_rows_header();
 std::string moe_row_text(const MoeBenchRow& r);
 // The row as a report record: its JSON (.str(), what the Python package parses) and CSV (.csv_row()) forms.
-common::JsonObject moe_row_record(const MoeBenchRow& r, const std::string& topology);
+common::JsonObject moe_row_record(const MoeBenchRow& r, const std::string& topology, const std::string& driver = "sim");
 
 }  // namespace ifec::testbed

@@ -15,6 +15,7 @@
 
 #include "ifec/testbed/cluster.h"
 #include "ifec/workloads/moe.h"
+#include "ifec/workloads/moe_plan.h"
 
 namespace ifec::testbed {
 
@@ -22,10 +23,9 @@ using workloads::GpuProfile;
 using workloads::MoeConfig;
 using workloads::MoeWeights;
 
-enum class MoeVariant : uint8_t { kPerExpert, kPerRank, kIfec };
-const char* moe_variant_name(MoeVariant v);  // "per_expert", "per_rank", "ifec"
-// Parses a name as above; throws ifec::common::Error naming the bad value.
-MoeVariant parse_moe_variant(const std::string& name);
+using workloads::moe_variant_name;
+using workloads::MoeVariant;
+using workloads::parse_moe_variant;
 
 struct MoeFabricOptions {
   // false: the timing mode for large points. Tokens are routed and every row crosses the fabric as usual, but the

@@ -1,0 +1,258 @@
+// ifec-hostd's MoE layer: this rank gates its own tokens, the ranks exchange routing tables (DeepEP's notify step,
+// over the bootstrap), and each runs its part of dispatch, experts (LibTorch on the CPU) and combine as
+// workloads::plan_moe_rank plans it, the same plan the simulator's ranks follow.
+#include "hostd_moe.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+
+#include "ifec/common/checks.h"
+#include "ifec/testbed/moe_bench.h"
+#include "ifec/workloads/moe_plan.h"
+
+namespace ifec::live {
+
+namespace {
+
+using namespace workloads;
+
+int64_t or_default(uint32_t v, int64_t d) { return v == 0 ? d : static_cast<int64_t>(v); }
+
+MoeConfig moe_config(const v1::MoeShape& s, int ranks) {
+  MoeConfig c;
+  c.hidden = or_default(s.hidden(), 512);
+  c.inter = or_default(s.inter(), 16);
+  c.experts = or_default(s.experts(), 32);
+  c.topk = or_default(s.topk(), 8);
+  c.groups = or_default(s.groups(), 8);
+  c.topk_groups = or_default(s.topk_groups(), 4);
+  c.validate();
+  IFEC_CHECK(c.experts % ranks == 0, "moe: " << c.experts << " experts do not split over " << ranks << " ranks");
+  IFEC_CHECK(c.hidden <= 8192 && c.inter <= 4096,
+             "moe: hidden " << c.hidden << " / inter " << c.inter << " above 8192 / 4096 (the experts run on CPUs)");
+  return c;
+}
+
+class MoeRun : public std::enable_shared_from_this<MoeRun> {
+ public:
+  MoeRun(MoeRunContext ctx, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply)
+      : ctx_(std::move(ctx)), reply_(std::move(reply)) {
+    const int n = ctx_.comm.size();
+    cfg_ = moe_config(q.moe(), n);
+    tokens_ = or_default(q.moe().tokens(), 32);
+    IFEC_CHECK(tokens_ <= 65536, "moe: " << tokens_ << " tokens per rank (at most 65536)");
+    const std::string dt = q.dtype().empty() ? "bf16" : q.dtype();
+    IFEC_CHECK(dt == "bf16" || dt == "fp32", "moe: dtype '" << dt << "' (rows travel in bf16 or fp32)");
+    row_type_ = dt == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+    dtype_ = dt == "bf16" ? common::EchDtype::kBf16 : common::EchDtype::kFp32;
+    variant_ = parse_moe_variant(q.algo().empty() ? "ifec" : q.algo());
+    IFEC_CHECK(variant_ != MoeVariant::kIfec || n <= 64,
+               "moe: the IFEC variant's ECH bitmaps hold 64 ranks, not " << n);
+    const uint64_t seed = q.seed() == 0 ? 1 : q.seed();
+    torch::set_num_threads(1);  // a daemon per GPU on a few cores
+    w_ = make_weights(cfg_, seed, row_type_);
+    torch::manual_seed(seed * 7919 + 17 + 1000003ULL * static_cast<uint64_t>(ctx_.comm.rank()));
+    x_ = torch::randn({tokens_, cfg_.hidden}).to(row_type_);
+    row_.point.mode = "live";
+    row_.point.ep = n;
+    row_.point.tokens = tokens_;
+    row_.simulated_tokens = tokens_;
+    row_.variant = moe_variant_name(variant_);
+    row_.compute_source = "measured: LibTorch on this host's CPU, one thread";
+    row_.tolerance = moe_tolerance(row_type_);
+  }
+
+  // Routing happens where the tokens are; the ranks then swap their tables.
+  void start() {
+    mine_ = gate(x_.to(torch::kFloat32), w_, cfg_);
+    const RouteTable t = to_route_table(mine_);
+    std::vector<uint8_t> blob(t.expert_ids.size() * 8 + t.weights.size() * 4);
+    std::memcpy(blob.data(), t.expert_ids.data(), t.expert_ids.size() * 8);
+    std::memcpy(blob.data() + t.expert_ids.size() * 8, t.weights.data(), t.weights.size() * 4);
+    auto self = shared_from_this();
+    ctx_.comm.bootstrap().allgather(std::move(blob), [self](Gathered g) { self->planned(g); });
+  }
+
+ private:
+  void fail(const std::string& why) {
+    v1::RunReply r;
+    r.set_error("moe " + row_.variant + ": " + why);
+    reply_(r);
+  }
+
+  void planned(const Gathered& g) {
+    if (!g.ok) {
+      fail("notify (routing tables): " + g.error);
+      return;
+    }
+    const int n = ctx_.comm.size();
+    const size_t pairs = static_cast<size_t>(tokens_ * cfg_.topk);
+    RouteTable table;
+    table.tokens = tokens_ * n;
+    table.topk = cfg_.topk;
+    for (int r = 0; r < n; ++r) {
+      const std::vector<uint8_t>& p = g.parts.at(r);
+      if (p.size() != pairs * 12) {
+        fail("rank " + std::to_string(r) + " sent a routing table of " + std::to_string(p.size()) + " B, not " +
+             std::to_string(pairs * 12) + " (another layer shape?)");
+        return;
+      }
+      const size_t at = table.expert_ids.size();
+      table.expert_ids.resize(at + pairs);
+      table.weights.resize(at + pairs);
+      std::memcpy(table.expert_ids.data() + at, p.data(), pairs * 8);
+      std::memcpy(table.weights.data() + at, p.data() + pairs * 8, pairs * 4);
+    }
+    try {
+      lists_ = build_dispatch_lists(table, cfg_.experts, n);
+      MoeWindows ids{ctx_.first_window, static_cast<uint16_t>(ctx_.first_window + 1),
+                     static_cast<uint16_t>(ctx_.first_window + 2), static_cast<uint16_t>(ctx_.first_window + 3)};
+      plan_ = plan_moe_rank(variant_, table, lists_, ctx_.comm.rank(), tokens_,
+                            static_cast<uint64_t>(cfg_.hidden * x_.element_size()), dtype_, ids);
+    } catch (const std::exception& e) {
+      fail(e.what());
+      return;
+    }
+    allocate(0);
+  }
+
+  void allocate(size_t k) {
+    auto self = shared_from_this();
+    if (k == plan_.windows.size()) {
+      std::memcpy(window(plan_.input_window) + plan_.input_offset, x_.data_ptr(), plan_.row_bytes * tokens_);
+      // Every rank holds its input before any rank's first row lands.
+      ctx_.comm.bootstrap().barrier(
+          [self](Gathered g) { g.ok ? self->dispatch() : self->fail("barrier: " + g.error); });
+      return;
+    }
+    ctx_.comm.allocate_window(plan_.windows[k].first, plan_.windows[k].second,
+                              [self, k](const std::string& e) { e.empty() ? self->allocate(k + 1) : self->fail(e); });
+  }
+
+  uint8_t* window(uint16_t id) { return ctx_.comm.endpoint().memory().window(id)->data; }
+
+  // Records one phase's time, this GPU's frame bytes per plane and what the operation met.
+  bool phase(const char* name, const CollectiveResult& r, double* us, uint64_t* wire, std::vector<uint64_t>* planes) {
+    *us = (r.end_ns - r.start_ns) / 1e3;
+    const std::vector<uint64_t> tx = ctx_.plane_tx();
+    planes->assign(tx.size(), 0);
+    *wire = 0;
+    for (size_t p = 0; p < tx.size(); ++p) {
+      (*planes)[p] = tx[p] - tx0_[p];
+      *wire += (*planes)[p];
+    }
+    row_.fallback_chunks += r.fallback_chunks;
+    for (const std::string& f : r.faults) {
+      row_.faults.push_back(std::string(name) + ": " + f);
+    }
+    if (!r.ok) {
+      fail(std::string(name) + ": " + r.error);
+    }
+    return r.ok;
+  }
+
+  void dispatch() {
+    auto self = shared_from_this();
+    tx0_ = ctx_.plane_tx();
+    auto done = [self](CollectiveResult r) {
+      if (self->phase("dispatch", r, &self->row_.dispatch_us, &self->row_.dispatch_wire_bytes,
+                      &self->row_.dispatch_wire_per_plane)) {
+        self->experts();
+      }
+    };
+    if (variant_ == MoeVariant::kIfec) {
+      ctx_.comm.multicast_rows(plan_.dispatch_multicast, done);
+    } else {
+      ctx_.comm.put_rows(plan_.dispatch_put, done);
+    }
+  }
+
+  void experts() {
+    try {
+      run_experts();
+    } catch (const std::exception& e) {
+      fail(std::string("experts: ") + e.what());
+    }
+  }
+
+  void run_experts() {
+    const auto t0 = std::chrono::steady_clock::now();
+    expert_rows_ = moe_expert_rows(plan_, window(plan_.ids.recv), lists_, w_, cfg_, row_type_);
+    std::memcpy(window(plan_.ids.output), expert_rows_.data_ptr(), expert_rows_.numel() * expert_rows_.element_size());
+    row_.compute_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    auto self = shared_from_this();
+    // Every rank's outputs are in place before the first contribution or store of combine.
+    ctx_.comm.bootstrap().barrier([self](Gathered g) { g.ok ? self->combine() : self->fail("barrier: " + g.error); });
+  }
+
+  void combine() {
+    auto self = shared_from_this();
+    tx0_ = ctx_.plane_tx();
+    auto done = [self](CollectiveResult r) {
+      if (self->phase("combine", r, &self->row_.combine_us, &self->row_.combine_wire_bytes,
+                      &self->row_.combine_wire_per_plane)) {
+        try {
+          self->finish();
+        } catch (const std::exception& e) {
+          self->fail(std::string("check: ") + e.what());
+        }
+      }
+    };
+    if (variant_ == MoeVariant::kIfec) {
+      ctx_.comm.reduce_rows(plan_.combine_reduce, done);
+    } else {
+      ctx_.comm.put_rows(plan_.combine_put, done);
+    }
+  }
+
+  // This rank's outputs against the single-process layer on its tokens (same routing decision).
+  void finish() {
+    const at::Tensor y = shared_expert_forward(x_, w_) +
+                         moe_routed_output(plan_, window(plan_.ids.combine), expert_rows_, cfg_.hidden, row_type_);
+    const at::Tensor ref = reference_forward(x_, w_, cfg_, mine_);
+    row_.max_rel_error = moe_max_rel_error(y, ref);
+    const double bound = row_.tolerance * ref.abs().max().item<double>();
+    const auto wrong = (y - ref).abs().gt(bound).sum().item<int64_t>();
+    row_.total_us = row_.dispatch_us + row_.compute_us + row_.combine_us;
+    row_.dispatch_logical_bytes = plan_.dispatch_logical_bytes;
+    row_.combine_logical_bytes = plan_.combine_logical_bytes;
+    common::JsonObject o = testbed::moe_row_record(row_, ctx_.topo.name, "live");
+    o.add("rank", ctx_.comm.rank()).add("wrong", wrong);
+    v1::RunReply r;
+    r.set_ok(row_.ok() && wrong == 0);
+    r.set_wrong(static_cast<uint64_t>(wrong));
+    if (!r.ok()) {
+      r.set_error("moe " + row_.variant + ": " + std::to_string(wrong) + " outputs differ from the reference (max " +
+                  "relative error " + std::to_string(row_.max_rel_error) + ")");
+    }
+    r.set_row_json(o.str());
+    reply_(r);
+  }
+
+  MoeRunContext ctx_;
+  std::function<void(v1::RunReply)> reply_;
+  MoeConfig cfg_;
+  int64_t tokens_ = 0;
+  at::ScalarType row_type_ = torch::kBFloat16;
+  common::EchDtype dtype_ = common::EchDtype::kBf16;
+  MoeVariant variant_ = MoeVariant::kIfec;
+  MoeWeights w_;
+  at::Tensor x_;
+  RoutingPlan mine_;
+  DispatchLists lists_;
+  MoeRankPlan plan_;
+  at::Tensor expert_rows_;
+  std::vector<uint64_t> tx0_;
+  testbed::MoeBenchRow row_;
+};
+
+}  // namespace
+
+void run_moe(MoeRunContext ctx, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
+  std::make_shared<MoeRun>(std::move(ctx), q, std::move(reply))->start();
+}
+
+}  // namespace ifec::live

@@ -1,0 +1,224 @@
+// One rank's MoE dispatch/combine plan (moe_plan.h): which rows it sends and receives in each phase, and the local
+// steps around them.
+#include "ifec/workloads/moe_plan.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "ifec/common/checks.h"
+
+namespace ifec::workloads {
+
+const char* moe_variant_name(MoeVariant v) {
+  switch (v) {
+    case MoeVariant::kPerExpert:
+      return "per_expert";
+    case MoeVariant::kPerRank:
+      return "per_rank";
+    case MoeVariant::kIfec:
+      return "ifec";
+  }
+  return "?";
+}
+
+MoeVariant parse_moe_variant(const std::string& name) {
+  for (MoeVariant v : {MoeVariant::kPerExpert, MoeVariant::kPerRank, MoeVariant::kIfec}) {
+    if (name == moe_variant_name(v)) {
+      return v;
+    }
+  }
+  IFEC_FAIL("unknown MoE variant '" << name << "' (per_expert, per_rank or ifec)");
+}
+
+namespace {
+
+// A rank's dispatch list in the plan's granularity (per expert for that variant, per rank otherwise).
+struct ListView {
+  const DispatchLists& lists;
+  bool per_expert;
+  size_t size(int d) const { return per_expert ? lists.per_expert[d].size() : lists.per_rank[d].size(); }
+  int64_t token(int d, size_t i) const {
+    return per_expert ? lists.per_expert[d][i].token : lists.per_rank[d][i].token;
+  }
+  // Plan column of the first slot the delivery covers (where a stored combine row lands at the source).
+  int64_t slot(int d, size_t i) const {
+    return per_expert ? lists.per_expert[d][i].slot : lists.per_rank[d][i].slots.front();
+  }
+};
+
+// For every token, the ranks that hold it after dispatch (ascending) and its index in each one's per-rank list.
+std::vector<std::vector<std::pair<int, size_t>>> holders_of_tokens(const DispatchLists& lists, int64_t tokens) {
+  std::vector<std::vector<std::pair<int, size_t>>> h(static_cast<size_t>(tokens));
+  for (int d = 0; d < lists.ranks; ++d) {
+    for (size_t i = 0; i < lists.per_rank[d].size(); ++i) {
+      const int64_t t = lists.per_rank[d][i].token;
+      IFEC_CHECK(t >= 0 && t < tokens, "MoE plan: delivery of token " << t << " outside the table's " << tokens);
+      h[static_cast<size_t>(t)].emplace_back(d, i);
+    }
+  }
+  return h;
+}
+
+// IFEC: each of this rank's token rows leaves once as multicast to the other ranks holding it (at the same offset
+// of the receive window everywhere); each output row it computed for another rank's token is a contribution to
+// that token's in-switch sum, delivered to the source.
+void plan_ifec(MoeRankPlan& p, const RouteTable& table, const DispatchLists& lists, common::EchDtype dtype) {
+  const int me = p.rank;
+  const uint64_t row = p.row_bytes;
+  p.input_window = p.ids.recv;
+  p.input_offset = static_cast<uint64_t>(me * p.tokens) * row;
+  p.dispatch_multicast.window = p.ids.recv;
+  p.dispatch_multicast.row_bytes = row;
+  BatchReduceArgs& rd = p.combine_reduce;
+  rd.source_window = p.ids.output;
+  rd.result_window = p.ids.combine;
+  rd.scratch_window = common::kRowScratchWindow;
+  rd.dtype = dtype;
+  rd.row_elements = static_cast<uint32_t>(row / element_size(dtype));
+  const auto holders = holders_of_tokens(lists, table.tokens);
+  for (int64_t token = 0; token < table.tokens; ++token) {
+    const int src = static_cast<int>(token / p.tokens);
+    const uint64_t at = static_cast<uint64_t>(token) * row;
+    const auto index = static_cast<uint32_t>(token % p.tokens);
+    RowsOut out{at, {}};
+    RowIn in{index, {}};
+    for (const auto& [d, i] : holders[static_cast<size_t>(token)]) {
+      if (d == src) {
+        continue;
+      }
+      out.destinations.push_back(d);
+      in.contributors.push_back(d);
+      if (d == me) {
+        p.dispatch_multicast.incoming.emplace_back(at, row);
+        rd.contribute.push_back({src, index, static_cast<uint64_t>(i) * row});
+        p.combine_logical_bytes += static_cast<int64_t>(row);
+      }
+    }
+    if (src == me && !out.destinations.empty()) {
+      p.dispatch_logical_bytes += static_cast<int64_t>(out.destinations.size() * row);
+      p.dispatch_multicast.rows.push_back(std::move(out));
+      rd.mine.push_back(std::move(in));
+    }
+  }
+  for (size_t i = 0; i < lists.per_rank[me].size(); ++i) {
+    const int64_t token = lists.per_rank[me][i].token;
+    p.recv_offsets.push_back(static_cast<uint64_t>(token) * row);
+    p.own_token.push_back(token / p.tokens == me ? token % p.tokens : -1);
+  }
+}
+
+// The baselines: every delivery is a row store from the token's source into the next row of the expert rank's
+// receive window, and its output row a store back into the source's [token][slot] combine row (the first slot it
+// covers; per-rank rows already summed that rank's experts). Own rows are copied, not sent.
+void plan_stores(MoeRankPlan& p, const ListView& l) {
+  const int me = p.rank;
+  const uint64_t row = p.row_bytes;
+  p.input_window = p.ids.input;
+  p.dispatch_put = {p.ids.input, p.ids.recv, row, {}, {}};
+  p.combine_put = {p.ids.output, p.ids.combine, row, {}, {}};
+  for (int d = 0; d < p.ranks; ++d) {
+    for (size_t i = 0; i < l.size(d); ++i) {
+      const int64_t token = l.token(d, i);
+      const int src = static_cast<int>(token / p.tokens);
+      const uint64_t recv_at = static_cast<uint64_t>(i) * row;
+      const uint64_t combine_at = static_cast<uint64_t>((token % p.tokens) * p.topk + l.slot(d, i)) * row;
+      if (src == me) {
+        p.dispatch_put.rows.push_back({static_cast<uint64_t>(token % p.tokens) * row, d, recv_at});
+        p.dispatch_logical_bytes += d == me ? 0 : static_cast<int64_t>(row);
+        if (d != me) {
+          p.combine_put.incoming.emplace_back(combine_at, row);
+        }
+      }
+      if (d == me) {
+        p.combine_put.rows.push_back({recv_at, src, combine_at});
+        p.combine_logical_bytes += src == me ? 0 : static_cast<int64_t>(row);
+        if (src != me) {
+          p.dispatch_put.incoming.emplace_back(recv_at, row);
+        }
+        p.recv_offsets.push_back(recv_at);
+        p.own_token.push_back(-1);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+MoeRankPlan plan_moe_rank(MoeVariant v, const RouteTable& table, const DispatchLists& lists, int rank,
+                          int64_t tokens_per_rank, uint64_t row_bytes, common::EchDtype dtype, const MoeWindows& ids) {
+  IFEC_CHECK(lists.ranks >= 1 && rank >= 0 && rank < lists.ranks,
+             "MoE plan: rank " << rank << " outside 0.." << lists.ranks - 1);
+  IFEC_CHECK(
+      tokens_per_rank >= 1 && table.tokens == tokens_per_rank * lists.ranks && lists.tokens == table.tokens,
+      "MoE plan: " << table.tokens << " routed tokens are not " << lists.ranks << " ranks x " << tokens_per_rank);
+  IFEC_CHECK(row_bytes > 0 && row_bytes % element_size(dtype) == 0,
+             "MoE plan: row of " << row_bytes << " B is not a whole number of elements");
+  MoeRankPlan p;
+  p.variant = v;
+  p.rank = rank;
+  p.ranks = lists.ranks;
+  p.tokens = tokens_per_rank;
+  p.topk = table.topk;
+  p.row_bytes = row_bytes;
+  p.ids = ids;
+  const ListView l{lists, v == MoeVariant::kPerExpert};
+  size_t max_recv = 1;
+  for (int d = 0; d < p.ranks; ++d) {
+    max_recv = std::max(max_recv, l.size(d));
+  }
+  const uint64_t T = static_cast<uint64_t>(tokens_per_rank);
+  if (v == MoeVariant::kIfec) {
+    // The receive window is sparse: only routed rows are touched.
+    p.windows = {{ids.recv, p.ranks * T * row_bytes}, {ids.combine, T * row_bytes}, {ids.output, max_recv * row_bytes}};
+    plan_ifec(p, table, lists, dtype);
+  } else {
+    p.windows = {{ids.input, T * row_bytes},
+                 {ids.recv, max_recv * row_bytes},
+                 {ids.combine, T * p.topk * row_bytes},
+                 {ids.output, max_recv * row_bytes}};
+    plan_stores(p, l);
+  }
+  return p;
+}
+
+at::Tensor moe_expert_rows(const MoeRankPlan& p, const uint8_t* recv, const DispatchLists& lists, const MoeWeights& w,
+                           const MoeConfig& cfg, at::ScalarType row_type) {
+  const auto n = static_cast<int64_t>(p.recv_offsets.size());
+  at::Tensor in = torch::empty({n, cfg.hidden}, torch::TensorOptions().dtype(row_type));
+  IFEC_CHECK(static_cast<uint64_t>(cfg.hidden * in.element_size()) == p.row_bytes,
+             "MoE expert rows: hidden " << cfg.hidden << " in " << row_type << " is not the plan's row of "
+                                        << p.row_bytes << " B");
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(static_cast<uint8_t*>(in.data_ptr()) + i * p.row_bytes, recv + p.recv_offsets[i], p.row_bytes);
+  }
+  const at::Tensor out = p.variant == MoeVariant::kPerExpert
+                             ? expert_outputs_for_rank(in, lists.per_expert[p.rank], w, cfg)
+                             : expert_outputs_for_rank(in, lists.per_rank[p.rank], w, cfg);
+  return out.to(row_type).contiguous();  // combine moves rows in the element type, as DeepEP's
+}
+
+at::Tensor moe_routed_output(const MoeRankPlan& p, const uint8_t* combined, const at::Tensor& expert_rows,
+                             int64_t hidden, at::ScalarType row_type) {
+  // from_blob views the window; the conversion to fp32 copies it.
+  auto* data = const_cast<uint8_t*>(combined);
+  if (p.variant != MoeVariant::kIfec) {
+    return torch::from_blob(data, {p.tokens, p.topk, hidden}, row_type).to(torch::kFloat32).sum(1);
+  }
+  at::Tensor routed = torch::from_blob(data, {p.tokens, hidden}, row_type).to(torch::kFloat32);
+  for (size_t i = 0; i < p.own_token.size(); ++i) {
+    if (p.own_token[i] >= 0) {
+      routed[p.own_token[i]] += expert_rows[static_cast<int64_t>(i)].to(torch::kFloat32);
+    }
+  }
+  return routed;
+}
+
+double moe_tolerance(at::ScalarType row_type) { return row_type == torch::kBFloat16 ? 2e-2 : 1e-5; }
+
+double moe_max_rel_error(const at::Tensor& out, const at::Tensor& ref) {
+  return ((out - ref).abs().max() / ref.abs().max()).item<double>();
+}
+
+}  // namespace ifec::workloads
