@@ -45,6 +45,10 @@ void register_routing(py::module_& m) {
       .def_property_readonly("num_links", [](const Topology& t) { return t.links.size(); })
       .def_property_readonly("num_nodes", [](const Topology& t) { return t.nodes.size(); })
       .def("gpu_access_gbps", &Topology::gpu_access_gbps, py::arg("gpu"))
+      .def_property_readonly("mtu", [](const Topology& t) { return t.params.mtu; })
+      .def_property_readonly(
+          "buffer_bytes", [](const Topology& t) { return t.params.buffer_bytes; },
+          "egress buffer per port and priority")
       .def_property_readonly("nodes",
                              [](const Topology& t) {
                                py::list out;

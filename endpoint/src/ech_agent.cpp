@@ -237,13 +237,7 @@ std::shared_ptr<EchReduction> EchAgent::reduce(EchReduceSpec spec) {
   for (const EchLane& l : r->spec_.lanes) {
     const GroupKey k{l.switch_ip, r->spec_.job, l.group};
     reduction_of_group_[k] = id;
-    if (groups_seen_.insert(k).second) {
-      groups_seen_order_.push_back(k);
-      if (groups_seen_order_.size() > kGroupsRemembered) {
-        groups_seen_.erase(groups_seen_order_.front());
-        groups_seen_order_.pop_front();
-      }
-    }
+    note_group(k, r->spec_.timing.max_rto_ns);
   }
   pump(*r);
   return r;
@@ -452,6 +446,23 @@ void EchAgent::send_packet(EchMulticast& m, size_t i, bool retransmit) {
 
 // -------------------------------------------------------------------------------------------------- receive --
 
+// A group's last activity here. Group ids come back (a communicator cycles through them): a result for a group that
+// matches no running reduction is a late copy only while the group's last reduction could still be answered by
+// its switch (a few of its longest timeouts); after that, or for a group never used, it is early.
+void EchAgent::note_group(const GroupKey& k, common::TimeNs max_rto_ns) {
+  group_activity_[k] = {clock().now(), 4 * max_rto_ns};
+  if (group_activity_.size() > kGroupsRemembered) {
+    for (auto it = group_activity_.begin(); it != group_activity_.end();) {
+      it = clock().now() - it->second.first > it->second.second ? group_activity_.erase(it) : std::next(it);
+    }
+  }
+}
+
+bool EchAgent::recently_used(const GroupKey& k) {
+  auto it = group_activity_.find(k);
+  return it != group_activity_.end() && clock().now() - it->second.first <= it->second.second;
+}
+
 void EchAgent::receive(int port, const common::ParsedFrame& pf, const uint8_t* frame) {
   if (pf.h.ech->format == EchFormat::kCompact) {
     on_compact_frame(port, pf, frame);
@@ -478,7 +489,7 @@ void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const ui
     i = found ? c->second : 0;
   }
   if (!found) {
-    if (write && !groups_seen_.count({pf.h.ip.src, ech.job_id, ech.group_id})) {
+    if (write && !recently_used({pf.h.ip.src, ech.job_id, ech.group_id})) {
       // A result for a group this endpoint has not started yet (its peers began the operation first): not
       // acknowledged, so the switch sends it again once this side is there.
       counters_.early_results++;
@@ -492,6 +503,7 @@ void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const ui
   }
   const EchChunk& c = r->spec_.chunks[i];
   const bool pending = r->outcome_[i] == EchOutcome::kPending;
+  note_group({pf.h.ip.src, ech.job_id, ech.group_id}, r->spec_.timing.max_rto_ns);
   auto sample = [&] {
     if (c.contribute && r->tries_[i] == 0 && r->busy_[i] == 0 && r->sent_[i]) {
       r->rtt_.sample(clock().now() - r->sent_ns_[i]);

@@ -458,6 +458,13 @@ Topology make_superpod(int gpus, int planes, double port_gbps, int subports, uin
   return t;
 }
 
+Topology make_paced_superpod() {
+  Topology t = make_superpod(4, 2, 0.1, 2);
+  t.name = "paced-4x2";
+  t.source = "generator:make_paced_superpod() = " + t.source.substr(std::string("generator:").size());
+  return t;
+}
+
 Topology make_fat_tree(int gpus, int planes, int leaves, int spines, double nic_gbps, double fabric_gbps,
                        uint64_t delay_ns) {
   IFEC_CHECK(gpus >= 1, "make_fat_tree: gpus must be >= 1, got " << gpus);

@@ -331,6 +331,7 @@ TEST(ShippedTopologies, MatchTheGenerators) {
       {"superpod-64x4.yaml", make_superpod(64, 4, 800, 2)},
       {"fat-tree-64x4.yaml", make_fat_tree(64, 4, 8, 4, 400, 800)},
       {"superpod-8x2.yaml", make_superpod(8, 2, 800, 2)},
+      {"paced-4x2.yaml", make_paced_superpod()},
   };
   for (const auto& [file, expected] : cases) {
     SCOPED_TRACE(file);

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
       make_superpod(64, 4, 800, 2),
       make_fat_tree(64, 4, 8, 4, 400, 800),
       make_superpod(8, 2, 800, 2),
+      make_paced_superpod(),
   };
   for (const Topology& t : topologies) {
     const std::string path = dir + "/" + t.name + ".yaml";

@@ -400,8 +400,8 @@ class IfecReduceOp : public CommOp {
     }
     // Every rank contributes and receives at its own rate (no fan-in): four windows' drain time is a safe first
     // timeout here, before round trips are measured.
-    const double window_ns = plan.planes[0].budget * static_cast<double>(epc_ * esize_ + 100) * 8 / slowest;
-    s.timing.initial_rto_ns = std::max<TimeNs>(s.timing.min_rto_ns, static_cast<TimeNs>(4 * window_ns));
+    fit_ech_timing(s.timing, plan.planes[0].budget * static_cast<double>(epc_ * esize_ + 100), slowest,
+                   s.timing.min_rto_ns);
     common::SmoothWrr wrr(weights);
     std::vector<uint32_t> next_seq(plan.planes.size(), 0);
     chunk_index_.assign(todo_.size(), 0);

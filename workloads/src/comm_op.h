@@ -2,6 +2,7 @@
 // kind (endpoint schedules, in-fabric reduction, multicast, batch rows).
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -71,6 +72,16 @@ std::shared_ptr<CommOp> make_reduce_rows_op(Communicator& c, BatchReduceArgs a, 
 std::shared_ptr<CommOp> make_put_rows_op(Communicator& c, BatchPutArgs a, Communicator::Done done);
 
 // First element of block b when `count` elements are split into n nearly equal blocks.
+// ECH timers for a window of `window_bytes` in flight per plane at `gbps` (the plane's slowest weight): the first
+// timeout at least four drains of the window (at least `floor_first`), and never below one and a half drains after
+// round trips are measured (a contribution can wait behind a full window at its sender, its result behind one at
+// the switch; early samples, taken before the queues built up, would otherwise pull the timeout under that).
+inline void fit_ech_timing(endpoint::EchTiming& t, double window_bytes, double gbps, common::TimeNs floor_first) {
+  const double drain_ns = window_bytes * 8 / gbps;
+  t.initial_rto_ns = std::max<common::TimeNs>(floor_first, static_cast<common::TimeNs>(4 * drain_ns));
+  t.min_rto_ns = std::max<common::TimeNs>(t.min_rto_ns, static_cast<common::TimeNs>(1.5 * drain_ns));
+}
+
 inline uint64_t block_begin(uint64_t count, uint64_t n, uint64_t b) { return count / n * b + count % n * b / n; }
 
 }  // namespace ifec::workloads

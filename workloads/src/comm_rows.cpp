@@ -228,8 +228,8 @@ class MulticastRowsOp : public CommOp {
         slowest = std::min(slowest, pw.second);
       }
       // Many sources may share a destination (fan-in): never below the configured first timeout.
-      spec.timing.initial_rto_ns = std::max<TimeNs>(
-          spec.timing.initial_rto_ns, static_cast<TimeNs>(4.0 * spec.window_per_plane * (mtu + 100) * 8 / slowest));
+      fit_ech_timing(spec.timing, static_cast<double>(spec.window_per_plane) * (mtu + 100), slowest,
+                     spec.timing.initial_rto_ns);
     }
     if (spec.packets.empty()) {
       stores_for_direct();
@@ -448,7 +448,10 @@ class ReduceRowsOp : public CommOp {
   // The leader: one-tier planes every rank shares, one group per destination on each, budgets from the free pool.
   void make_plan(std::function<void(std::vector<uint8_t>)> share) {
     const routing::Topology& topo = comm_.topology();
-    group_base_ = static_cast<uint16_t>(((comm_.gpu(0) & 0x3F) << 8) | ((comm_.next_group() & 0x3) << 6));
+    // [15:14] and [7:6]: 16 operations in turn (a late result of one is not taken for the next's); [13:8]: the
+    // first rank's GPU; [5:0]: the destination rank.
+    const unsigned turn = comm_.next_group() & 0xF;
+    group_base_ = static_cast<uint16_t>(((turn >> 2) << 14) | ((comm_.gpu(0) & 0x3F) << 8) | ((turn & 0x3) << 6));
     std::vector<int> dests;
     for (int d = 0; d < comm_.size(); ++d) {
       if (!rows_[d].empty()) {
@@ -624,9 +627,8 @@ class ReduceRowsOp : public CommOp {
     base.source_window = a_.source_window;
     base.result_window = a_.result_window;
     base.timing = comm_.options().ifec.timing;
-    base.timing.initial_rto_ns = std::max<TimeNs>(
-        base.timing.initial_rto_ns,
-        static_cast<TimeNs>(4.0 * comm_.options().ifec.row_window * (chunk_elems_ * esize_ + 100) * 8 / slowest));
+    fit_ech_timing(base.timing, static_cast<double>(comm_.options().ifec.row_window) * (chunk_elems_ * esize_ + 100),
+                   slowest, base.timing.initial_rto_ns);
     rto_ = base.timing.initial_rto_ns;
     endpoint::EchReduceSpec out = base;
     out.shared_window = comm_.options().ifec.row_window;

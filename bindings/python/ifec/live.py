@@ -116,10 +116,8 @@ class LiveFabric:
             for end in ("a", "b"):
                 h = self.hosts[l[end]]
                 intf = f"f{l[end + '_port']}"
-                # tbf pacing at the link's rate (veths have none of their own); the burst holds a few jumbo frames.
-                rate = f"{int(l['rate_gbps'] * 1000)}mbit"
-                _host_sh(h, f"ip link set {intf} mtu 9216 up && tc qdisc replace dev {intf} root tbf rate {rate} "
-                            f"burst 262144 latency 50ms")
+                _host_sh(h, f"ip link set {intf} mtu 9216 up && " + tbf_command(intf, l["rate_gbps"],
+                                                                                self.topo.buffer_bytes))
 
     def _start_daemons(self):
         for nd in self.nodes:
@@ -360,6 +358,16 @@ def moe_row_text(r):
             f"{r['max_rel_error']:>9.2e}")
 
 
+def tbf_command(intf, rate_gbps, buffer_bytes):
+    """tc pacing a veth at the link's rate (veths have none of their own). The bucket holds 0.5 ms at the rate (at
+    least two jumbo frames), so a transfer is paced from its first bytes; the queue holds the topology's egress
+    buffer, as the simulator's switches do, so bursts wait rather than drop."""
+    bits = rate_gbps * 1e9
+    burst = max(2 * 9216 + 1024, int(bits / 8 * 0.0005))
+    return (f"tc qdisc replace dev {intf} root tbf rate {int(bits / 1e3)}kbit burst {burst} "
+            f"limit {max(int(buffer_bytes), 4 * burst)}")
+
+
 def parse_size(text):
     """'65536', '64KiB', '1MiB', '2GiB' (or K/M/G) -> bytes; LiveError naming the value otherwise."""
     t = text.strip()
@@ -591,7 +599,7 @@ def _cmd_run(args):
 def compare(fab, what="allreduce", algo="ifec", bytes=1 << 20, seed=1):
     """The same measurement on the simulator (this topology, its link rates) and on the live fabric: (sim, live)."""
     from . import collectives
-    sim = collectives.measure(fab.topo, kind=what, algo=algo, bytes=int(bytes), seed=seed)
+    sim = collectives.measure(fab.topo, kind=what, algo=algo, bytes=int(bytes), seed=seed, live_timing=True)
     return sim, fab.run(what, algo=algo, bytes=int(bytes), seed=seed)
 
 
@@ -605,7 +613,7 @@ def _cmd_compare(args):
         sim, lv = compare(fab, args.collective, args.algo, size, args.seed)
         ratio = [round(l / s, 3) if s else None for l, s in zip(lv["plane_tx_bytes"], sim["plane_tx_bytes"])]
         print(f" {size:>13} {lv['ran']:>8} {sim['time_us']:>10.1f} {lv['time_us']:>12.1f} "
-              f"{lv['time_us'] / max(sim['time_us'], 1e-9):>9.0f}  {ratio}")
+              f"{lv['time_us'] / max(sim['time_us'], 1e-9):>9.2f}  {ratio}")
         if not (sim["ok"] and lv["ok"]):
             print(f"#   FAILED: sim {sim.get('error')}; live {lv.get('error')}")
             status = 1

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -36,6 +37,9 @@ constexpr uint32_t kBlockSize = 1 << 20;
 constexpr uint32_t kBlocks = 8;
 uint32_t slot_for(size_t max_frame) { return max_frame + 128 <= 8192 ? 8192 : 16384; }
 constexpr common::TimeNs kBusyRetryNs = 20'000;
+constexpr common::TimeNs kPacingSlackNs = 50'000;     // a port may run this far ahead of its rate (a small burst)
+constexpr common::TimeNs kPacingCatchUpNs = 200'000;  // ... and make up this much time an idle or late loop lost
+constexpr size_t kWireOverheadBytes = 24;             // preamble + SFD, FCS, inter-frame gap
 
 // ethertype PFC or FARE: accept; IPv4 UDP (not a fragment) to 4791 (RoCEv2) or 4793 (ECH): accept; else drop.
 std::vector<sock_filter> fabric_filter() {
@@ -184,7 +188,7 @@ bool AfPacketPort::send(std::vector<uint8_t>&& frame) {
   if (n == static_cast<ssize_t>(frame.size())) {
     counters_.tx_frames++;
     counters_.tx_bytes += frame.size();
-    ready_soon();
+    pace(frame.size());
     return true;
   }
   if (n < 0 && (errno == EAGAIN || errno == ENOBUFS)) {
@@ -198,20 +202,63 @@ bool AfPacketPort::send(std::vector<uint8_t>&& frame) {
   return false;
 }
 
+bool AfPacketPort::send_control(std::vector<uint8_t>&& frame) {
+  if (!up_) {
+    counters_.tx_refused++;
+    return false;
+  }
+  if (::send(fd_, frame.data(), frame.size(), MSG_DONTWAIT) != static_cast<ssize_t>(frame.size())) {
+    counters_.tx_errors++;
+    return false;
+  }
+  counters_.tx_frames++;
+  counters_.tx_bytes += frame.size();
+  if (rate_bps_ > 0) {  // it used the link: later frames wait for it, but the owner is not told anything
+    next_free_ns_ = std::max(next_free_ns_, loop_.now()) +
+                    static_cast<common::TimeNs>((frame.size() + kWireOverheadBytes) * 8e9 / rate_bps_);
+  }
+  return true;
+}
+
 void AfPacketPort::writable() {
   const ssize_t n = ::send(fd_, pending_.data(), pending_.size(), MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == ENOBUFS)) {
     loop_.schedule(loop_.now() + kBusyRetryNs, [this] { writable(); });
     return;
   }
-  if (n == static_cast<ssize_t>(pending_.size())) {
-    counters_.tx_frames++;
-    counters_.tx_bytes += pending_.size();
-  } else {
-    counters_.tx_errors++;
-  }
+  const size_t bytes = pending_.size();
   pending_.clear();
   busy_ = false;
+  if (n == static_cast<ssize_t>(bytes)) {
+    counters_.tx_frames++;
+    counters_.tx_bytes += bytes;
+    pace(bytes);
+  } else {
+    counters_.tx_errors++;
+    ready_soon();
+  }
+}
+
+// The link's rate, as a NIC or a switch port serializes: each frame (plus preamble, FCS and gap) takes its time at
+// rate_bps, and the port stays busy while it is more than kPacingSlackNs ahead of the wall clock, so frames wait in
+// their owner's queues (where PFC, ECN and the retransmission timers see them), not in the kernel's.
+void AfPacketPort::pace(size_t frame_bytes) {
+  const common::TimeNs now = loop_.now();
+  if (rate_bps_ > 0) {
+    const auto cost = static_cast<common::TimeNs>((frame_bytes + kWireOverheadBytes) * 8e9 / rate_bps_);
+    // A late wake-up (the loop had other work) is made up for, up to kPacingCatchUpNs: the long-run rate is the
+    // link's, not the link's minus the scheduler's latency.
+    next_free_ns_ = std::max(next_free_ns_, now - std::min(now, kPacingCatchUpNs)) + cost;
+  }
+  if (next_free_ns_ > now + kPacingSlackNs) {
+    busy_ = true;
+    counters_.paced++;
+    loop_.schedule(next_free_ns_ - kPacingSlackNs, [this] {
+      busy_ = false;
+      ready_soon();
+    });
+    return;
+  }
   ready_soon();
 }
 

@@ -14,6 +14,7 @@
 #include "ifec/live/grpc_clients.h"
 #include "ifec/live/metrics.h"
 #include "ifec/testbed/collective_bench.h"
+#include "ifec/testbed/live_timing.h"
 #include "ifec/workloads/communicator.h"
 
 namespace ifec::live {
@@ -188,10 +189,7 @@ void HostDaemon::Impl::start_endpoint() {
   ec.ip = rt->info().loopback;
   ec.ordering = endpoint::Ordering::kWeak;
   ec.mtu = t.params.mtu;
-  ec.rto_ns = 10'000'000;  // wall clock through software switches: milliseconds, not microseconds
-  ec.rto_max_ns = 200'000'000;
-  ec.adaptive_rto = true;
-  ec.max_retries = 12;
+  testbed::apply_live_timing(ec);  // wall clock through software switches: milliseconds, not microseconds
   std::vector<endpoint::EndpointPort> ports;
   for (const auto& p : rt->ports()) {
     int plane = 0;
@@ -232,10 +230,7 @@ void HostDaemon::Impl::start_endpoint() {
   control = std::make_unique<GrpcControl>(rt->loop(), t, addr, o.rpc_deadline_ns);
   workloads::CommOptions co;
   co.limit_ns = 60'000'000'000ULL;
-  co.ifec.timing.initial_rto_ns = 100'000'000;
-  co.ifec.timing.min_rto_ns = 20'000'000;
-  co.ifec.timing.max_rto_ns = 800'000'000;
-  co.ifec.timing.busy_retry_ns = 1'000'000;
+  testbed::apply_live_timing(co.ifec);
   comm = std::make_unique<workloads::Communicator>(*ep, *boot, *control, t, co);
   comm->init([this](const std::string& err) {
     ready_error = err;

@@ -118,9 +118,15 @@ void NodeRuntime::frame_in(int port, std::vector<uint8_t>&& frame) {
       note("fare", "port " + std::to_string(port) + ": " + why);
       return;
     }
+    const bool new_mac = !std::equal(frame.begin() + 6, frame.begin() + 12, peer_macs_[port].begin());
     std::copy(frame.begin() + 6, frame.begin() + 12, peer_macs_[port].begin());
     if (speaker_.recompute()) {
       decided();
+    } else if (new_mac) {
+      // The same decision, but a next hop's address is known only now: routes built before it left it out.
+      for (auto& fn : fare_listeners_) {
+        fn();
+      }
     }
     return;
   }
@@ -135,7 +141,7 @@ void NodeRuntime::advertise(int port) {
     return;
   }
   for (const routing::FareMessage& m : speaker_.advert(port)) {
-    p.dev_->send(routing::encode_fare(m, p.dev_->mac()));
+    p.dev_->send_control(routing::encode_fare(m, p.dev_->mac()));
   }
 }
 

@@ -10,6 +10,7 @@
 #include "ifec/live/grpc_clients.h"
 #include "ifec/live/metrics.h"
 #include "ifec/switchemu/switch.h"
+#include "ifec/testbed/live_timing.h"
 #include "proto_convert.h"
 
 namespace ifec::live {
@@ -219,8 +220,7 @@ SwitchDaemon::SwitchDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   cfg.params = d.topo.params;
   // The topology's timers are for simulated links (microseconds); software switches on the wall clock answer in
   // milliseconds under load, so the engine waits at least these long (stated at start).
-  cfg.params.ifec.slot_timeout_ns = std::max<common::TimeNs>(cfg.params.ifec.slot_timeout_ns, 500'000'000);
-  cfg.params.ifec.result_retransmit_ns = std::max<common::TimeNs>(cfg.params.ifec.result_retransmit_ns, 20'000'000);
+  testbed::apply_live_timing(cfg.params.ifec);
   cfg.seed = static_cast<uint64_t>(d.rt->node()) + 1;
   for (size_t p = 0; p < d.rt->ports().size(); ++p) {
     cfg.port_macs.push_back(d.rt->mac(static_cast<int>(p)));

@@ -13,6 +13,7 @@
 #include "ifec/common/numeric.h"
 #include "ifec/testbed/cluster.h"
 #include "ifec/testbed/harness.h"
+#include "ifec/testbed/live_timing.h"
 
 namespace ifec::testbed {
 
@@ -168,6 +169,10 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   o.fabric.seed = p.seed;
   o.fabric.lb = switchemu::LoadBalance::kPerPacket;
   o.endpoint.ordering = endpoint::Ordering::kWeak;
+  if (p.live_timing) {
+    apply_live_timing(o.endpoint);
+    apply_live_timing(topo.params.ifec);
+  }
   Cluster c(topo, o);
   CollectiveSpec s;
   s.kind = p.kind;
@@ -231,6 +236,9 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   } else {
     IfecOptions io;
     io.slots_per_plane = p.slot_budget;
+    if (p.live_timing) {
+      apply_live_timing(io);
+    }
     IfecCollectives ifec(c, io);
     res = ifec.run(s);
   }

@@ -8,11 +8,9 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -263,11 +261,12 @@ class EchAgent {
   std::map<uint64_t, std::weak_ptr<EchReduction>> reductions_;
   using GroupKey = std::tuple<uint32_t, uint32_t, uint16_t>;  // (switch ip, job, group)
   std::map<GroupKey, uint64_t> reduction_of_group_;
-  // Groups reductions here have used (the last kGroupsRemembered): a result for one of them that matches nothing is
-  // late; for any other group it is early.
-  static constexpr size_t kGroupsRemembered = 1 << 16;
-  std::set<GroupKey> groups_seen_;
-  std::deque<GroupKey> groups_seen_order_;
+  // When each group was last active here and how long a late copy of its results can still come (see
+  // note_group); pruned of stale entries once it holds kGroupsRemembered.
+  static constexpr size_t kGroupsRemembered = 4096;
+  std::map<GroupKey, std::pair<common::TimeNs, common::TimeNs>> group_activity_;
+  void note_group(const GroupKey& k, common::TimeNs max_rto_ns);
+  bool recently_used(const GroupKey& k);
   std::map<uint64_t, std::weak_ptr<EchMulticast>> multicasts_;
   std::map<uint32_t, std::pair<uint64_t, uint32_t>> packet_of_psn_;  // psn -> (multicast id, packet)
   std::map<uint64_t, std::pair<uint32_t, uint32_t>> psn_range_;      // multicast id -> (first psn, packets)

@@ -5,8 +5,10 @@
 // the control plane's TCP) never reaches the daemon. Frames this socket sends are not looped back to it.
 //
 // Link state is the interface's carrier (IFF_RUNNING), read with refresh_link() (the daemon polls it and reacts to
-// changes). Link rates are honoured by a tc tbf qdisc the bring-up installs, not here: sendto() goes through the
-// qdisc, and a full queue (ENOBUFS/EAGAIN) makes the port busy until the socket is writable again.
+// changes). The port paces itself at the link's rate (a NIC's or switch port's serialization), so frames queue in
+// their owner (the switch's egress queues with their PFC and ECN thresholds, the endpoint's QPs) rather than in
+// the kernel; the bring-up's tc tbf qdisc is a second limit at the same rate. A full qdisc (ENOBUFS/EAGAIN) makes
+// the port busy until the socket is writable again.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +31,7 @@ struct AfPacketCounters {
   uint64_t tx_errors = 0;     // sendto() failed for another reason
   uint64_t rx_dropped = 0;    // the kernel dropped frames for want of ring space (PACKET_STATISTICS)
   uint64_t rx_truncated = 0;  // frames longer than a ring slot
+  uint64_t paced = 0;         // times the port held its owner back to keep to the link's rate
 };
 
 class AfPacketPort : public common::Port {
@@ -43,6 +46,9 @@ class AfPacketPort : public common::Port {
   AfPacketPort& operator=(const AfPacketPort&) = delete;
 
   bool send(std::vector<uint8_t>&& frame) override;
+  // A control frame (a FARE advertisement) sent now, ahead of the paced queue (it still uses the link's time);
+  // false when the link is down or the kernel refused it.
+  bool send_control(std::vector<uint8_t>&& frame);
   bool busy() const override { return busy_; }
   bool link_up() const override { return up_; }
   uint64_t rate_bps() const override { return rate_bps_; }
@@ -61,6 +67,7 @@ class AfPacketPort : public common::Port {
   void drain();
   void writable();
   void ready_soon();
+  void pace(size_t frame_bytes);
 
   EpollLoop& loop_;
   std::string ifname_;
@@ -77,7 +84,8 @@ class AfPacketPort : public common::Port {
   bool up_ = false;
   bool busy_ = false;
   bool ready_pending_ = false;
-  std::vector<uint8_t> pending_;  // a frame the full qdisc refused, sent when it has room
+  common::TimeNs next_free_ns_ = 0;  // when the link has serialized everything sent so far
+  std::vector<uint8_t> pending_;     // a frame the full qdisc refused, sent when it has room
   Receiver rx_;
   TxReady ready_;
   mutable AfPacketCounters counters_;

@@ -30,6 +30,7 @@ struct CollectivePoint {
   uint32_t slot_budget = 128;   // slots per group asked of each switch (in-fabric path)
   int members = 0;              // 0: every GPU of the topology
   bool corrupt_output = false;  // checks the checker: one output element is changed before the comparison
+  bool live_timing = false;     // the live daemons' timers (live_timing.h): to compare with a live fabric
 };
 
 struct CollectiveRow {

@@ -1,0 +1,20 @@
+// The timers of the live testbed's daemons. Software switches and hosts sharing a machine's cores queue for
+// milliseconds, so their retransmission timers are milliseconds and adaptive (Jacobson/Karn), not the microseconds
+// of the simulated links. ifec-hostd and ifec-switchd apply them; the simulator applies them too when it runs a
+// scenario to compare with a live fabric (`./ifec live compare`), so both sides run the same protocol.
+#pragma once
+
+#include "ifec/endpoint/endpoint.h"
+#include "ifec/routing/topology.h"
+#include "ifec/workloads/communicator.h"
+
+namespace ifec::testbed {
+
+// RC queue pairs: a 10 ms first timeout (adaptive, at most 200 ms), 12 retries.
+void apply_live_timing(endpoint::EndpointConfig& ec);
+// Contributions and multicast packets: 100 ms first timeout (20..800 ms adaptive), 1 ms back-off on a busy slot.
+void apply_live_timing(workloads::IfecOptions& io);
+// The switch's IFEC engine: slots wait at least 500 ms for contributors, results are resent after 20 ms or more.
+void apply_live_timing(routing::IfecParams& p);
+
+}  // namespace ifec::testbed

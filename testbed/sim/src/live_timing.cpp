@@ -1,0 +1,27 @@
+// The live daemons' timers (live_timing.h).
+#include "ifec/testbed/live_timing.h"
+
+#include <algorithm>
+
+namespace ifec::testbed {
+
+void apply_live_timing(endpoint::EndpointConfig& ec) {
+  ec.rto_ns = 10'000'000;
+  ec.rto_max_ns = 200'000'000;
+  ec.adaptive_rto = true;
+  ec.max_retries = 12;
+}
+
+void apply_live_timing(workloads::IfecOptions& io) {
+  io.timing.initial_rto_ns = 100'000'000;
+  io.timing.min_rto_ns = 20'000'000;
+  io.timing.max_rto_ns = 800'000'000;
+  io.timing.busy_retry_ns = 1'000'000;
+}
+
+void apply_live_timing(routing::IfecParams& p) {
+  p.slot_timeout_ns = std::max<uint64_t>(p.slot_timeout_ns, 500'000'000);
+  p.result_retransmit_ns = std::max<uint64_t>(p.result_retransmit_ns, 20'000'000);
+}
+
+}  // namespace ifec::testbed
