@@ -15,6 +15,7 @@
 
 #include "ifec/common/sim.h"
 #include "ifec/endpoint/endpoint.h"
+#include "ifec/endpoint/endpoint_sink.h"
 #include "ifec/endpoint/sink.h"
 #include "ifec/routing/topology.h"
 #include "ifec/testbed/fabric.h"
@@ -89,25 +90,18 @@ class Cluster {
   std::map<std::vector<int>, RankSet> rank_sets_;  // after endpoints_: communicators go first
 };
 
-// Drives a Cluster from descriptor-ring proxies (CPU backend or GPU). Single-threaded: every proxy feeding it
+// Drives a Cluster from descriptor-ring proxies (CPU backend or GPU): an EndpointSink over the cluster's
+// endpoints that runs the simulation `slice_ns` further on each progress(). Single-threaded: every proxy feeding it
 // must run on the thread that calls progress().
-class ClusterSink : public endpoint::TransactionSink {
+class ClusterSink : public endpoint::EndpointSink {
  public:
-  explicit ClusterSink(Cluster& cluster, common::TimeNs slice_ns = 2'000) : cluster_(cluster), slice_ns_(slice_ns) {}
-  void submit(int source, const endpoint::Descriptor& d, endpoint::LocalMemory& mem, Done done) override;
-  bool progress() override;
-  uint64_t submitted() const { return submitted_; }
-
- private:
-  struct Pending {
-    endpoint::OpHandle handle;
-    Done done;
-    std::function<void()> on_ok;  // copy fetched data / results back to the initiator's memory
-  };
-  Cluster& cluster_;
-  common::TimeNs slice_ns_;
-  std::vector<Pending> pending_;
-  uint64_t submitted_ = 0;
+  explicit ClusterSink(Cluster& cluster, common::TimeNs slice_ns = 2'000)
+      : EndpointSink([&cluster](int source) -> endpoint::Endpoint& { return cluster.ep(source); },
+                     [&cluster, slice_ns] {
+                       if (!cluster.loop().idle()) {
+                         cluster.loop().run(cluster.loop().now() + slice_ns);
+                       }
+                     }) {}
 };
 
 }  // namespace ifec::testbed
