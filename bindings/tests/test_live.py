@@ -5,6 +5,7 @@ faults are real: a link taken down at its switch, a switchd killed. The fabric c
 torn down even when a test fails; a test that breaks it restores what it broke.
 """
 
+import struct
 import subprocess
 import time
 
@@ -81,6 +82,54 @@ def test_a_bad_moe_request_names_the_value(fab):
         fab.run("moe", algo="ifec", dtype="bf16", moe=dict(experts=30, groups=6, topk_groups=3, topk=4))
     with pytest.raises(live.LiveError, match="unknown MoE variant 'sharp'"):
         fab.run("moe", algo="sharp", dtype="bf16")
+
+
+def _pattern(seed, rows, row_bytes):
+    return bytes(((seed * 29 + i * 131 + k * 7) ^ (k >> 8)) & 0xFF for i in range(rows) for k in range(row_bytes))
+
+
+def test_a_local_programs_stores_and_fetch_adds_reach_another_hostd_once_through_the_ring(fab):
+    """A CPU program posts through gpu0's descriptor ring (shared memory): its stores land in gpu5's memory through
+    the switches, and each of its fetch-adds runs exactly once (the fetched values are consecutive and the counter
+    grew by their number), read back from gpu5 itself over gRPC."""
+    counter = 8192
+    before = struct.unpack("<Q", fab.read_window("gpu5", 100, counter, 8))[0]
+    rc, r, err = fab.ring("gpu0", "exercise", 5, "--puts", 24, "--bytes", 4096, "--fetch-adds", 3000, "--threads", 4,
+                          "--counter", counter, "--seed", 7)
+    assert rc == 0 and r is not None, err
+    assert r["completed"] and r["errors"] == 0 and r["wrong_bytes"] == 0 and r["fetched_consecutive"]
+    assert r["first_fetched"] == before
+    assert struct.unpack("<Q", fab.read_window("gpu5", 100, counter, 8))[0] == before + 3000
+    assert fab.read_window("gpu5", 100, counter + 64, 24 * 4096) == _pattern(7, 24, 4096)
+
+
+def test_a_cuda_kernels_stores_and_fetch_adds_reach_another_hostd_once(fab):
+    """The gpu case of the ring: a CUDA kernel posts into gpu1's ring (its shared region registered as mapped host
+    memory); its stores land in gpu4's memory through the switches and its fetch-adds run exactly once. Skips,
+    saying why, where no CUDA device (or no CUDA build) is there."""
+    counter = 16384
+    before = struct.unpack("<Q", fab.read_window("gpu4", 100, counter, 8))[0]
+    rc, r, err = fab.ring("gpu1", "exercise", 4, "--gpu", "--puts", 16, "--bytes", 4096, "--fetch-adds", 2048,
+                          "--counter", counter, "--seed", 3)
+    if rc != 0 and ("no usable CUDA device" in err or "built without CUDA" in err):
+        pytest.skip(err)
+    assert rc == 0 and r is not None, err
+    assert r["producer"] == "cuda kernel"
+    assert r["completed"] and r["errors"] == 0 and r["wrong_bytes"] == 0 and r["fetched_consecutive"]
+    assert struct.unpack("<Q", fab.read_window("gpu4", 100, counter, 8))[0] == before + 2048
+    assert fab.read_window("gpu4", 100, counter + 64, 16 * 4096) == _pattern(3, 16, 4096)
+
+
+def test_bad_descriptors_complete_with_errors_and_the_ring_goes_on(fab):
+    rc, r, err = fab.ring("gpu2", "bad")
+    assert rc == 0 and r == {"posted": 4, "completed": True, "errors": 4, "then_ok": True}, (r, err)
+    assert fab.status()["gpu2"]["ready"]
+    with pytest.raises(live.LiveError, match="no window 7777"):
+        fab.read_window("gpu2", 7777, 0, 8)
+    with pytest.raises(live.LiveError, match="at most 1 MiB"):
+        fab.read_window("gpu2", 100, 0, 2 << 20)
+    rc, r, err = fab.ring("gpu9", "info")
+    assert rc == 1 and "no descriptor ring of hostd 'gpu9'" in err
 
 
 def test_bf16_and_int32_sums(fab):

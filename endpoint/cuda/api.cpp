@@ -72,6 +72,36 @@ PinnedRing::PinnedRing(size_t capacity, int device) {
   }
 }
 
+MappedHostRegion::MappedHostRegion(void* host, size_t bytes, int device)
+    : host_(static_cast<uint8_t*>(host)), bytes_(bytes) {
+  IFEC_CUDA_CHECK(cudaSetDevice(device));
+  IFEC_CUDA_CHECK(cudaHostRegister(host, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+  void* d = nullptr;
+  const cudaError_t e = cudaHostGetDevicePointer(&d, host, 0);
+  if (e != cudaSuccess) {
+    cudaHostUnregister(host);
+    IFEC_FAIL("cudaHostGetDevicePointer of a registered region: " << cudaGetErrorString(e));
+  }
+  device_ = static_cast<uint8_t*>(d);
+}
+
+MappedHostRegion::~MappedHostRegion() { cudaHostUnregister(host_); }
+
+void* MappedHostRegion::device_ptr(const void* host_ptr) const {
+  const auto* p = static_cast<const uint8_t*>(host_ptr);
+  IFEC_CHECK(p >= host_ && p < host_ + bytes_, "address outside the registered region");
+  return device_ + (p - host_);
+}
+
+DeviceRingView MappedHostRegion::ring_view(const DescriptorRing& ring, uint64_t timeout_ns) const {
+  DeviceRingView v;
+  v.header = static_cast<RingHeader*>(device_ptr(ring.header()));
+  v.slots = static_cast<Descriptor*>(device_ptr(ring.slots()));
+  v.capacity = ring.capacity();
+  v.timeout_ns = timeout_ns;
+  return v;
+}
+
 PinnedRing::~PinnedRing() {
   ring_.reset();
   cudaFreeHost(host_);

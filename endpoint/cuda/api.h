@@ -9,6 +9,7 @@
 
 #include "ifec/endpoint/descriptor.h"
 #include "ifec/endpoint/ring.h"
+#include "ifec/endpoint/ring_exercise.h"
 #include "ifec/endpoint/sink.h"
 
 // Marks the few helpers kernels share with host code; expands to nothing outside nvcc.
@@ -134,6 +135,31 @@ struct GpuRingBenchResult {
 // completes immediately. Needs cuda_available(); throws ifec::common::Error otherwise.
 GpuRingBenchResult bench_descriptor_rate_gpu(int blocks, int threads, int per_thread, size_t capacity = 4096,
                                              int device = 0);
+
+// Host memory someone else allocated (a hostd's shared-memory ring and data area) registered with CUDA as mapped,
+// so kernels reach it; unregistered on destruction. Throws ifec::common::Error on CUDA failures.
+class MappedHostRegion {
+ public:
+  MappedHostRegion(void* host, size_t bytes, int device = 0);
+  ~MappedHostRegion();
+  MappedHostRegion(const MappedHostRegion&) = delete;
+  MappedHostRegion& operator=(const MappedHostRegion&) = delete;
+  // The device address of a host address inside the region.
+  void* device_ptr(const void* host_ptr) const;
+  // A view of a DescriptorRing that lives inside the region.
+  DeviceRingView ring_view(const DescriptorRing& ring, uint64_t timeout_ns = 0) const;
+
+ private:
+  uint8_t* host_;
+  size_t bytes_;
+  uint8_t* device_ = nullptr;
+};
+
+// The ring exercise (ring_exercise.h) from a kernel: `blocks` x `threads` threads write the rows' payloads into the
+// data area (`data`: its device address) and post the stores and fetch-adds, then each block quiets. Returns the
+// kernel time in ms; device waits that gave up are counted in *timeouts.
+double launch_ring_exercise(const DeviceRingView& ring, uint8_t* data, const RingExercise& ex, int blocks, int threads,
+                            uint32_t* timeouts, int device = 0);
 
 // Launches an empty kernel: checks the build's GPU code loads on `device`. Returns "" or the CUDA error.
 std::string probe_kernel(int device = 0);

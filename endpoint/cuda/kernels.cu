@@ -78,6 +78,21 @@ __global__ void rate_kernel(DeviceRingView r, int per_thread, unsigned int* time
   if (threadIdx.x == 0 && !ifec_quiet(r)) atomicAdd(timeouts, 1u);
 }
 
+__global__ void ring_exercise_kernel(DeviceRingView r, uint8_t* data, RingExercise ex, unsigned int* timeouts) {
+  const uint64_t tid = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  bool ok = true;
+  for (uint64_t i = tid; i < ex.puts && ok; i += stride) {
+    uint8_t* row = data + ex.rows_at + i * ex.row_bytes;
+    for (uint64_t k = 0; k < ex.row_bytes; ++k) row[k] = RingExercise::byte(ex.seed, i, k);
+    ok = ifec_post(r, ex.put(i));  // its system fence orders the payload before the publish
+  }
+  for (uint64_t i = tid; i < ex.fetch_adds && ok; i += stride) ok = ifec_post(r, ex.fetch_add(i));
+  if (!ok) atomicAdd(timeouts, 1u);
+  __syncthreads();
+  if (threadIdx.x == 0 && !ifec_quiet(r)) atomicAdd(timeouts, 1u);
+}
+
 // Device allocation, stream and events that release themselves when a launcher returns or throws.
 struct DeviceAlloc {
   void* p = nullptr;
@@ -197,6 +212,23 @@ double launch_rate_kernel(const DeviceRingView& ring, int blocks, int threads, i
   IFEC_CUDA_CHECK(cudaMemsetAsync(dev_timeouts.p, 0, sizeof(unsigned int), ts.stream));
   IFEC_CUDA_CHECK(cudaEventRecord(ts.start, ts.stream));
   rate_kernel<<<blocks, threads, 0, ts.stream>>>(ring, per_thread, dev_timeouts.as<unsigned int>());
+  const double ms = ts.finish();
+  const unsigned int t = copy_out(dev_timeouts.as<unsigned int>(), 1, ts.stream)[0];
+  if (timeouts != nullptr) *timeouts = t;
+  return ms;
+}
+
+double launch_ring_exercise(const DeviceRingView& ring, uint8_t* data, const RingExercise& ex, int blocks, int threads,
+                            uint32_t* timeouts, int device) {
+  check_view(ring);
+  IFEC_CHECK(blocks >= 1 && threads >= 1 && threads <= 1024,
+             "ring exercise shape " << blocks << " x " << threads << " is invalid");
+  IFEC_CUDA_CHECK(cudaSetDevice(device));
+  DeviceAlloc dev_timeouts(sizeof(unsigned int));
+  TimedStream ts;
+  IFEC_CUDA_CHECK(cudaMemsetAsync(dev_timeouts.p, 0, sizeof(unsigned int), ts.stream));
+  IFEC_CUDA_CHECK(cudaEventRecord(ts.start, ts.stream));
+  ring_exercise_kernel<<<blocks, threads, 0, ts.stream>>>(ring, data, ex, dev_timeouts.as<unsigned int>());
   const double ms = ts.finish();
   const unsigned int t = copy_out(dev_timeouts.as<unsigned int>(), 1, ts.stream)[0];
   if (timeouts != nullptr) *timeouts = t;

@@ -13,7 +13,14 @@ void EndpointSink::submit(int source, const Descriptor& d, LocalMemory& mem, Don
   Endpoint& e = endpoint_of_(source);
   Pending p;
   p.done = std::move(done);
-  switch (static_cast<DescOp>(d.op)) {
+  const auto op = static_cast<DescOp>(d.op);
+  const bool local_data = op == DescOp::kPut || op == DescOp::kPutSignal || op == DescOp::kGet;
+  const bool result = (op == DescOp::kFetchAdd || op == DescOp::kCompareSwap) && d.result_addr != 0;
+  if ((local_data && d.length > 0 && !mem.valid(d.local_addr, d.length)) || (result && !mem.valid(d.result_addr, 8))) {
+    p.done(OpStatus::kInvalidArgument);  // the initiator's buffer is not where it may be read or written
+    return;
+  }
+  switch (op) {
     case DescOp::kNop:
       p.done(OpStatus::kOk);
       return;

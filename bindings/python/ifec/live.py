@@ -271,6 +271,23 @@ class LiveFabric:
         r = self.stub(f"gpu{gpu}").FareWeights(pb.FareWeightsRequest(dest_gpu=dest), timeout=5)
         return list(r.plane_gbps)
 
+    def read_window(self, node, window, offset, length):
+        """Bytes of window `window` of hostd `node` (what remote stores and atomics left there), at most 1 MiB."""
+        grpc, pb, _ = _grpc()
+        try:
+            return self.stub(node).ReadWindow(pb.ReadWindowRequest(window=window, offset=offset, length=length),
+                                              timeout=5).data
+        except grpc.RpcError as e:
+            raise LiveError(f"{node}: {e.code().name}: {e.details()}")
+
+    def ring(self, node, *args, timeout=60):
+        """Runs `ifec-ring NODE ARGS...` (a local program posting through hostd `node`'s descriptor ring); returns
+        (exit status, the JSON line it printed or None, stderr)."""
+        p = subprocess.run([str(_bin_dir() / "ifec-ring"), node, *map(str, args)], capture_output=True, text=True,
+                           timeout=timeout)
+        line = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
+        return p.returncode, json.loads(line) if line.startswith("{") else None, p.stderr.strip()
+
     def kill(self, node):
         """Kills a daemon (SIGKILL): its interfaces stay up, it just stops answering and forwarding."""
         p = self.procs.get(node)

@@ -10,8 +10,11 @@
 #include "hostd_moe.h"
 #include "ifec/common/json.h"
 #include "ifec/endpoint/endpoint.h"
+#include "ifec/endpoint/endpoint_sink.h"
+#include "ifec/endpoint/proxy.h"
 #include "ifec/live/daemons.h"
 #include "ifec/live/grpc_clients.h"
+#include "ifec/live/host_ring.h"
 #include "ifec/live/metrics.h"
 #include "ifec/testbed/collective_bench.h"
 #include "ifec/testbed/live_timing.h"
@@ -28,6 +31,12 @@ constexpr uint16_t kBufs[3] = {1, 3, 5};
 constexpr uint16_t kScratches[3] = {2, 4, 6};
 constexpr uint16_t kMoeWindows = 40;  // MoE layers: four windows each, in turn 40.., 44.., 48..
 constexpr auto kAllgatherWait = std::chrono::seconds(30);
+// The descriptor ring local programs post into (host_ring.h).
+constexpr size_t kRingSlots = 4096;
+constexpr size_t kRingDataBytes = size_t{16} << 20;
+constexpr uint64_t kRingWindowBytes = uint64_t{1} << 20;
+constexpr common::TimeNs kRingPollBusyNs = 50'000;   // while descriptors are in flight
+constexpr common::TimeNs kRingPollIdleNs = 1'000'000;  // otherwise
 
 // Rank 0's hub: the k-th allgather of every rank meets the others' k-th (waits on gRPC threads).
 class Hub {
@@ -96,6 +105,10 @@ struct HostDaemon::Impl {
   std::unique_ptr<v1::Host::Service> service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<MetricsServer> metrics;
+  std::unique_ptr<HostRing> ring;
+  std::unique_ptr<RingDataMemory> ring_mem;
+  std::unique_ptr<endpoint::EndpointSink> sink;
+  std::unique_ptr<endpoint::Proxy> proxy;
   std::string ready_error = "starting";  // "" once bootstrapped (loop thread)
   int gpu = -1;
   uint64_t runs = 0;  // operations run (every rank counts the same: the driver starts each on all)
@@ -111,6 +124,8 @@ struct HostDaemon::Impl {
     return out;
   }
   void run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  void start_ring();
+  void poll_ring();
   void run_alltoall(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
 };
 
@@ -123,6 +138,22 @@ class HostService final : public v1::Host::Service {
   grpc::Status Status(grpc::ServerContext*, const v1::Empty*, v1::NodeStatus* out) override {
     return on_loop(d_.rt->loop(), name_, [&] {
       fill_status(*d_.rt, out, d_.ready_error.empty());
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status ReadWindow(grpc::ServerContext*, const v1::ReadWindowRequest* q, v1::ReadWindowReply* out) override {
+    return on_loop(d_.rt->loop(), name_, [&] {
+      const endpoint::WindowInfo* w = d_.ep ? d_.ep->memory().window(static_cast<uint16_t>(q->window())) : nullptr;
+      if (w == nullptr) {
+        return grpc::Status(grpc::StatusCode::NOT_FOUND, name_ + ": no window " + std::to_string(q->window()));
+      }
+      if (q->length() > (1u << 20) || q->offset() > w->size || q->length() > w->size - q->offset()) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            name_ + ": " + std::to_string(q->length()) + " B at offset " + std::to_string(q->offset()) +
+                                " of window " + std::to_string(q->window()) + " (" + std::to_string(w->size) +
+                                " B; at most 1 MiB per read)");
+      }
+      out->set_data(w->data + q->offset(), q->length());
       return grpc::Status::OK;
     });
   }
@@ -233,11 +264,40 @@ void HostDaemon::Impl::start_endpoint() {
   testbed::apply_live_timing(co.ifec);
   comm = std::make_unique<workloads::Communicator>(*ep, *boot, *control, t, co);
   comm->init([this](const std::string& err) {
-    ready_error = err;
-    rt->note("bootstrap",
-             err.empty() ? "rank " + std::to_string(gpu) + " of " + std::to_string(topo.num_gpus()) + " bootstrapped"
-                         : "bootstrap failed: " + err);
+    if (!err.empty()) {
+      ready_error = err;
+      rt->note("bootstrap", "bootstrap failed: " + err);
+      return;
+    }
+    rt->note("bootstrap", "rank " + std::to_string(gpu) + " of " + std::to_string(topo.num_gpus()) + " bootstrapped");
+    // Every rank keeps the ring's window (a collective: each allocates it and learns the others' keys).
+    comm->allocate_window(kHostRingWindow, kRingWindowBytes, [this](const std::string& e) {
+      ready_error = e.empty() ? "" : "ring window: " + e;
+      if (e.empty()) {
+        start_ring();
+      }
+    });
   });
+}
+
+// Local programs' descriptors become this endpoint's operations: the proxy drains the ring on the loop, busy
+// polling while descriptors are in flight and every millisecond otherwise.
+void HostDaemon::Impl::start_ring() {
+  ring_mem = std::make_unique<RingDataMemory>(ring->data(), ring->info().data_bytes);
+  sink = std::make_unique<endpoint::EndpointSink>([this](int) -> endpoint::Endpoint& { return *ep; });
+  proxy = std::make_unique<endpoint::Proxy>(ring->ring(), *sink, *ring_mem, gpu);
+  __atomic_store_n(&ring->info().ready, 1, __ATOMIC_RELEASE);
+  rt->note("ring", host_ring_path(o.node) + ": " + std::to_string(kRingSlots) + " descriptor slots, " +
+                       std::to_string(kRingDataBytes >> 20) + " MiB of data, window " +
+                       std::to_string(kHostRingWindow) + " of " + std::to_string(kRingWindowBytes >> 10) +
+                       " KiB on every rank");
+  poll_ring();
+}
+
+void HostDaemon::Impl::poll_ring() {
+  const size_t popped = proxy->poll_once();
+  const bool busy = popped > 0 || proxy->outstanding() > 0;
+  rt->loop().schedule(rt->loop().now() + (busy ? kRingPollBusyNs : kRingPollIdleNs), [this] { poll_ring(); });
 }
 
 // One measurement, this rank's part: windows, inputs, the collective, the check against the reference.
@@ -440,6 +500,8 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   if (d.gpu == 0) {
     d.hub = std::make_unique<Hub>(d.topo.num_gpus());
   }
+  d.ring = HostRing::create(d.o.node, static_cast<uint32_t>(d.gpu), static_cast<uint32_t>(d.topo.num_gpus()),
+                            kRingSlots, kRingDataBytes, kRingWindowBytes);
   d.service = std::make_unique<HostService>(d);
   const std::string listen = d.o.listen.empty() ? daemon_address(d.o, d.rt->node()) : d.o.listen;
   d.server = start_server(d.o.node, listen, d.service.get());

@@ -25,6 +25,12 @@ class LocalMemory {
   virtual ~LocalMemory() = default;
   virtual void read(uint64_t addr, void* dst, size_t len) = 0;
   virtual void write(uint64_t addr, const void* src, size_t len) = 0;
+  // Whether [addr, addr + len) may be read and written (a bounded region says no to what lies outside it).
+  virtual bool valid(uint64_t addr, size_t len) const {
+    (void)addr;
+    (void)len;
+    return true;
+  }
 };
 
 // Host pointers used as addresses (the CPU backend).
