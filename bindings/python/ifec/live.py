@@ -335,6 +335,8 @@ def _merge_collective(rows):
     merged["ok"] = all(r["ok"] for r in rows)
     merged["faults"] = sorted({f for r in rows for f in r.get("faults", [])})
     merged["plane_tx_bytes"] = _sum_lists(rows, "plane_tx_bytes")
+    for k in ("gpu_link_ids", "gpu_link_up_bytes", "gpu_link_down_bytes"):  # each rank's own links, in rank order
+        merged[k] = [v for r in rows for v in r.get(k, [])]
     if merged["time_us"] > 0:
         merged["algbw_gbs"] = merged["size"] / (merged["time_us"] * 1e3)
     return merged
@@ -620,17 +622,25 @@ def compare(fab, what="allreduce", algo="ifec", bytes=1 << 20, seed=1):
     return sim, fab.run(what, algo=algo, bytes=int(bytes), seed=seed)
 
 
+def link_deviation(sim, lv):
+    """The largest relative difference of live from sim bytes over every GPU link and direction."""
+    s = dict(zip(sim["gpu_link_ids"], zip(sim["gpu_link_up_bytes"], sim["gpu_link_down_bytes"])))
+    l = dict(zip(lv["gpu_link_ids"], zip(lv["gpu_link_up_bytes"], lv["gpu_link_down_bytes"])))
+    return max((abs(a - b) / b for k in s if k in l for a, b in zip(l[k], s[k]) if b), default=0.0)
+
+
 def _cmd_compare(args):
     fab = attach()
     print(f"# {args.collective} on {fab.topo.name}: sim (simulated time at the topology's link rates) vs live (wall "
           f"clock through software switches on veths)")
-    print(f"#{'size(B)':>13} {'algo':>8} {'sim us':>10} {'live us':>12} {'live/sim':>9}  bytes per plane live/sim")
+    print(f"#{'size(B)':>13} {'algo':>8} {'sim us':>10} {'live us':>12} {'live/sim':>9} {'links max dev':>14}  "
+          f"bytes per plane live/sim")
     status = 0
     for size in [parse_size(s) for s in args.bytes.split(",")]:
         sim, lv = compare(fab, args.collective, args.algo, size, args.seed)
         ratio = [round(l / s, 3) if s else None for l, s in zip(lv["plane_tx_bytes"], sim["plane_tx_bytes"])]
         print(f" {size:>13} {lv['ran']:>8} {sim['time_us']:>10.1f} {lv['time_us']:>12.1f} "
-              f"{lv['time_us'] / max(sim['time_us'], 1e-9):>9.2f}  {ratio}")
+              f"{lv['time_us'] / max(sim['time_us'], 1e-9):>9.2f} {link_deviation(sim, lv):>13.1%}  {ratio}")
         if not (sim["ok"] and lv["ok"]):
             print(f"#   FAILED: sim {sim.get('error')}; live {lv.get('error')}")
             status = 1

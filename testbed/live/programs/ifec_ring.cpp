@@ -93,9 +93,9 @@ int run_exercise(ifec::live::HostRing& hr, Options o) {
   ex.results_at = 64;
   ex.rows_at = ex.results_at + (ex.fetch_adds * 8 + 63) / 64 * 64;
   const uint64_t back_at = ex.rows_at + ex.puts * ex.row_bytes;
-  IFEC_CHECK(back_at + ex.puts * ex.row_bytes <= info.data_bytes,
-             "the exercise needs " << back_at + ex.puts * ex.row_bytes << " B of ring data; it has "
-                                   << info.data_bytes);
+  IFEC_CHECK(back_at + ex.puts * ex.row_bytes <= info.data_bytes, "the exercise needs "
+                                                                      << back_at + ex.puts * ex.row_bytes
+                                                                      << " B of ring data; it has " << info.data_bytes);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (__atomic_load_n(&info.ready, __ATOMIC_ACQUIRE) == 0) {
     IFEC_CHECK(std::chrono::steady_clock::now() < deadline, "hostd of GPU " << info.gpu << " never drained its ring");

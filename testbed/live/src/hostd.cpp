@@ -2,6 +2,7 @@
 // bootstrap (rank 0's hostd is the hub) and control plane, serving the gRPC Host service.
 #include <grpcpp/grpcpp.h>
 
+#include <array>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -35,7 +36,7 @@ constexpr auto kAllgatherWait = std::chrono::seconds(30);
 constexpr size_t kRingSlots = 4096;
 constexpr size_t kRingDataBytes = size_t{16} << 20;
 constexpr uint64_t kRingWindowBytes = uint64_t{1} << 20;
-constexpr common::TimeNs kRingPollBusyNs = 50'000;   // while descriptors are in flight
+constexpr common::TimeNs kRingPollBusyNs = 50'000;     // while descriptors are in flight
 constexpr common::TimeNs kRingPollIdleNs = 1'000'000;  // otherwise
 
 // Rank 0's hub: the k-th allgather of every rank meets the others' k-th (waits on gRPC threads).
@@ -115,6 +116,20 @@ struct HostDaemon::Impl {
 
   void start_endpoint();
   // Frame bytes this GPU's interfaces sent so far, per plane.
+  // Per fabric port: (topology link id, frame bytes sent, received) so far.
+  std::vector<std::array<uint64_t, 3>> link_bytes() const {
+    std::vector<std::array<uint64_t, 3>> out;
+    for (const auto& p : rt->ports()) {
+      for (int link : topo.links_of(rt->node())) {
+        const routing::Link& lk = topo.links[link];
+        if ((lk.a == rt->node() ? lk.a_port : lk.b_port) == p->port()) {
+          const AfPacketCounters k = p->device().counters();
+          out.push_back({static_cast<uint64_t>(link), k.tx_bytes, k.rx_bytes});
+        }
+      }
+    }
+    return out;
+  }
   std::vector<uint64_t> plane_tx_bytes() const {
     std::vector<uint64_t> out(topo.num_planes, 0);
     for (const auto& p : rt->ports()) {
@@ -443,7 +458,8 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
               return;
             }
             auto tx0 = std::make_shared<std::vector<uint64_t>>(plane_tx_bytes());
-            comm->run(a, p.algo, [this, a, p, inputs, reply, n, kBuf, tx0](workloads::CollectiveResult res) {
+            auto links0 = std::make_shared<std::vector<std::array<uint64_t, 3>>>(link_bytes());
+            comm->run(a, p.algo, [this, a, p, inputs, reply, n, kBuf, tx0, links0](workloads::CollectiveResult res) {
               testbed::CollectiveRow row;
               row.point = p;
               row.ok = res.ok;
@@ -460,6 +476,11 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
               const std::vector<uint64_t> tx1 = plane_tx_bytes();
               for (size_t q = 0; q < tx1.size(); ++q) {
                 row.plane_tx_bytes.push_back(tx1[q] - (*tx0)[q]);  // this rank's frames, FARE's included
+              }
+              row.gpu_links = link_bytes();
+              for (size_t i = 0; i < row.gpu_links.size(); ++i) {
+                row.gpu_links[i][1] -= (*links0)[i][1];
+                row.gpu_links[i][2] -= (*links0)[i][2];
               }
               const bool holds = p.kind != workloads::Collective::kReduce || comm->rank() == a.root;
               if (res.ok && holds && p.kind != workloads::Collective::kReduceScatter &&

@@ -230,6 +230,16 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   };
   const auto tx0 = link_bytes(true);
   const auto rx0 = link_bytes(false);
+  auto per_link = [&] {
+    std::vector<std::array<uint64_t, 3>> v;
+    for (int g = 0; g < n; ++g) {
+      for (const auto& port : c.fabric().gpu_ports(g)) {
+        v.push_back({static_cast<uint64_t>(port.link), port.io->counters().tx_bytes, port.io->counters().rx_bytes});
+      }
+    }
+    return v;
+  };
+  const auto links0 = per_link();
   CollectiveResult res;
   if (p.algo != Algo::kIfec) {
     res = run_endpoint_collective(c, s, 10'000'000'000ULL, p.algo);
@@ -266,6 +276,11 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   for (int q = 0; q < topo.num_planes; ++q) {
     row.plane_tx_bytes.push_back(tx1[q] - tx0[q]);
     row.plane_rx_bytes.push_back(rx1[q] - rx0[q]);
+  }
+  row.gpu_links = per_link();
+  for (size_t i = 0; i < row.gpu_links.size(); ++i) {
+    row.gpu_links[i][1] -= links0[i][1];
+    row.gpu_links[i][2] -= links0[i][2];
   }
   if (p.corrupt_output && row.count > 0) {
     uint8_t* out = c.window_data(p.kind == Collective::kReduce ? s.root : s.members.back(), kBuf);
@@ -337,6 +352,13 @@ std::string row_json(const CollectiveRow& r, const std::string& topology, const 
   o.add("wrong", r.wrong).add("max_rel_error", r.max_rel_error).add("fallback_chunks", r.fallback_chunks);
   o.add("fell_back", r.fell_back).add("anomalies", r.anomalies).add("modelled", r.modelled).add("loss", r.point.loss);
   o.add("plane_tx_bytes", r.plane_tx_bytes).add("plane_rx_bytes", r.plane_rx_bytes);
+  std::vector<uint64_t> ids, up, down;  // per member link: topology id, bytes the GPU sent, bytes it received
+  for (const auto& l : r.gpu_links) {
+    ids.push_back(l[0]);
+    up.push_back(l[1]);
+    down.push_back(l[2]);
+  }
+  o.add("gpu_link_ids", ids).add("gpu_link_up_bytes", up).add("gpu_link_down_bytes", down);
   o.add("frames_lost", r.frames_lost).add("frames_lost_link_down", r.frames_lost_link_down);
   o.add("faults", r.faults).add("wall_seconds", r.wall_seconds);
   if (!r.ok) {

@@ -19,7 +19,7 @@ namespace ifec::endpoint {
 struct RingExercise {
   uint16_t target = 0;
   uint16_t window = 0;
-  uint64_t counter = 0;     // the counter's offset in the window; row i lands at counter + 64 + i * row_bytes
+  uint64_t counter = 0;  // the counter's offset in the window; row i lands at counter + 64 + i * row_bytes
   uint64_t puts = 0;
   uint64_t row_bytes = 0;
   uint64_t fetch_adds = 0;

@@ -21,16 +21,16 @@ namespace ifec::live {
 inline constexpr uint16_t kHostRingWindow = 100;  // every hostd's standing window for ring traffic
 
 struct HostRingInfo {
-  char magic[8];             // "IFECRNG1"
-  uint32_t gpu;              // the owning hostd's GPU
-  uint32_t ranks;            // GPUs of the fabric
-  uint64_t ring_offset;      // from the start of the region (64-byte aligned)
-  uint64_t ring_capacity;    // descriptor slots
-  uint64_t data_offset;      // (4096-byte aligned)
+  char magic[8];           // "IFECRNG1"
+  uint32_t gpu;            // the owning hostd's GPU
+  uint32_t ranks;          // GPUs of the fabric
+  uint64_t ring_offset;    // from the start of the region (64-byte aligned)
+  uint64_t ring_capacity;  // descriptor slots
+  uint64_t data_offset;    // (4096-byte aligned)
   uint64_t data_bytes;
-  uint16_t window;           // kHostRingWindow
-  uint64_t window_bytes;     // its size on every rank
-  uint64_t ready;            // 1 once hostd drains the ring (after the fabric bootstrapped)
+  uint16_t window;        // kHostRingWindow
+  uint64_t window_bytes;  // its size on every rank
+  uint64_t ready;         // 1 once hostd drains the ring (after the fabric bootstrapped)
 };
 
 // The shared-memory path of hostd `node`.

@@ -3,6 +3,7 @@
 // reference. Rows print in the nccl-tests layout.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -46,6 +47,8 @@ struct CollectiveRow {
   double max_rel_error = 0;              // against the fp64 reference
   std::vector<uint64_t> plane_tx_bytes;  // frame bytes the members sent, per plane
   std::vector<uint64_t> plane_rx_bytes;  // frame bytes the members received, per plane
+  // Per link of the members: (topology link id, bytes the GPU sent on it, bytes it received on it).
+  std::vector<std::array<uint64_t, 3>> gpu_links;
   uint64_t fallback_chunks = 0;
   bool fell_back = false;
   uint64_t anomalies = 0;
