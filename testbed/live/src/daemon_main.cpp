@@ -1,5 +1,6 @@
 // The daemons' command lines: ifec-switchd / ifec-hostd --topo FILE --node NAME [--listen ADDR] [--netns NAME]
 // [--loopback-mgmt]. One clear line per problem on stderr and exit status 1; SIGTERM/SIGINT shut down cleanly.
+#include <arpa/inet.h>
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
@@ -17,11 +18,15 @@ namespace {
 
 const char* kUsage =
     "usage: %s --topo FILE --node NAME [--listen ADDR] [--netns NAME] [--loopback-mgmt]\n"
+    "          [--mgmt-names] [--links-by-subnet BASE]\n"
     "  --topo FILE       the topology (YAML) every daemon of the fabric runs from\n"
     "  --node NAME       the topology node this daemon is (%s)\n"
     "  --listen ADDR     gRPC address (default: the node's management address 172.31.x.y:50051)\n"
     "  --netns NAME      open the fabric interfaces (f<port>) in this network namespace\n"
-    "  --loopback-mgmt   every daemon on 127.0.0.1, port 50051 + node index (tests)\n";
+    "  --loopback-mgmt   every daemon on 127.0.0.1, port 50051 + node index (tests)\n"
+    "  --mgmt-names      every daemon at its node name (containers: DNS), gRPC :50051, metrics :9400\n"
+    "  --links-by-subnet BASE  link L's interface is the one with an address in BASE + 8 L /29 (containers,\n"
+    "                    whose interfaces Docker names; BASE an IPv4 address, e.g. 10.64.0.0)\n";
 
 bool parse(int argc, char** argv, DaemonOptions* o, const char* what) {
   for (int i = 1; i < argc; ++i) {
@@ -40,6 +45,15 @@ bool parse(int argc, char** argv, DaemonOptions* o, const char* what) {
       value(&o->netns);
     } else if (a == "--loopback-mgmt") {
       o->mgmt_loopback = true;
+    } else if (a == "--mgmt-names") {
+      o->mgmt_names = true;
+    } else if (a == "--links-by-subnet") {
+      std::string v;
+      value(&v);
+      in_addr addr{};
+      IFEC_CHECK(inet_pton(AF_INET, v.c_str(), &addr) == 1 && (ntohl(addr.s_addr) & 7) == 0,
+                 "--links-by-subnet '" << v << "' is not an IPv4 address on an 8-address boundary");
+      o->links_base = ntohl(addr.s_addr);
     } else if (a == "--help" || a == "-h") {
       std::printf(kUsage, argv[0], what);
       return false;

@@ -512,9 +512,10 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
   d.o = std::move(o);
   d.topo = routing::load_topology(d.o.topology_file);
-  RuntimeOptions ro;
-  ro.netns = d.o.netns;
-  d.rt = std::make_unique<NodeRuntime>(d.topo, d.o.node, ro);
+  for (const routing::Node& n : d.topo.nodes) {
+    d.o.node_names.push_back(n.name);
+  }
+  d.rt = std::make_unique<NodeRuntime>(d.topo, d.o.node, runtime_options(d.o, d.topo));
   IFEC_CHECK(d.rt->info().kind == routing::NodeKind::kGpu,
              "node " << d.o.node << " is a switch: run ifec-switchd for it, not ifec-hostd");
   d.gpu = d.rt->info().gpu_index;
@@ -524,7 +525,7 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   d.ring = HostRing::create(d.o.node, static_cast<uint32_t>(d.gpu), static_cast<uint32_t>(d.topo.num_gpus()),
                             kRingSlots, kRingDataBytes, kRingWindowBytes);
   d.service = std::make_unique<HostService>(d);
-  const std::string listen = d.o.listen.empty() ? daemon_address(d.o, d.rt->node()) : d.o.listen;
+  const std::string listen = listen_address(d.o, d.rt->node());
   d.server = start_server(d.o.node, listen, d.service.get());
   d.metrics = std::make_unique<MetricsServer>(d.rt->loop(), metrics_address(d.o, d.rt->node()), [&d] {
     return d.rt->render_metrics(d.ready_error.empty(), [&d](const std::string& node) {

@@ -1,7 +1,10 @@
 // A live node: its interfaces, the FARE speaker on them, carrier polling, events.
 #include "ifec/live/node_runtime.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -68,7 +71,7 @@ NodeRuntime::NodeRuntime(const routing::Topology& topo, const std::string& node_
     const int p = link.a == node_ ? link.a_port : link.b_port;
     link_of_port_[p] = l;
     // Slots for the largest RoCE/ECH frame of this MTU (headers are under 128 bytes).
-    auto dev = std::make_unique<AfPacketPort>(loop_, fabric_ifname(p), static_cast<uint64_t>(link.rate_gbps * 1e9),
+    auto dev = std::make_unique<AfPacketPort>(loop_, ifname(p), static_cast<uint64_t>(link.rate_gbps * 1e9),
                                               opts_.netns, topo_.params.mtu + 128);
     ports_[p] = std::make_unique<NodePort>(*this, p, std::move(dev));
   }
@@ -151,6 +154,36 @@ void NodeRuntime::advertise_all() {
   }
 }
 
+std::string NodeRuntime::ifname(int port) const {
+  auto it = opts_.ifnames.find(port);
+  return it != opts_.ifnames.end() ? it->second : fabric_ifname(port);
+}
+
+std::map<int, std::string> interfaces_by_subnet(const routing::Topology& topo, int node, uint32_t base) {
+  std::map<uint32_t, std::string> by_net;  // /29 network -> interface
+  ifaddrs* ifs = nullptr;
+  IFEC_CHECK(getifaddrs(&ifs) == 0, "getifaddrs: " << std::strerror(errno));
+  for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET) {
+      const uint32_t ip = ntohl(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr);
+      by_net[ip & ~uint32_t{7}] = i->ifa_name;
+    }
+  }
+  freeifaddrs(ifs);
+  std::map<int, std::string> out;
+  for (int l : topo.links_of(node)) {
+    const routing::Link& link = topo.links[l];
+    const uint32_t net = base + 8 * static_cast<uint32_t>(l);
+    auto it = by_net.find(net);
+    IFEC_CHECK(it != by_net.end(), "node " << topo.nodes[node].name << ": no interface in link " << l << "'s network "
+                                           << (net >> 24) << "." << ((net >> 16) & 255) << "." << ((net >> 8) & 255)
+                                           << "." << (net & 255) << "/29 (to "
+                                           << topo.nodes[link.a == node ? link.b : link.a].name << ")");
+    out[link.a == node ? link.a_port : link.b_port] = it->second;
+  }
+  return out;
+}
+
 void NodeRuntime::decided() {
   ++fare_changes_;
   fare_last_change_ = loop_.now();
@@ -166,7 +199,7 @@ void NodeRuntime::tick() {
     if (p->dev_->refresh_link()) {
       links = true;
       speaker_.set_port_up(p->port(), p->link_up());
-      note("link", fabric_ifname(p->port()) + (p->link_up() ? " up" : " down"));
+      note("link", ifname(p->port()) + (p->link_up() ? " up" : " down"));
     }
   }
   const bool expired = speaker_.expire(loop_.now(), opts_.fare_hold_ns);
@@ -207,7 +240,7 @@ void NodeRuntime::set_admin(int port, bool up) {
     fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   }
   ifreq ifr{};
-  std::strncpy(ifr.ifr_name, fabric_ifname(port).c_str(), IFNAMSIZ - 1);
+  std::strncpy(ifr.ifr_name, ifname(port).c_str(), IFNAMSIZ - 1);
   bool ok = fd >= 0 && ioctl(fd, SIOCGIFFLAGS, &ifr) == 0;
   if (ok) {
     ifr.ifr_flags = static_cast<short>(up ? (ifr.ifr_flags | IFF_UP) : (ifr.ifr_flags & ~IFF_UP));
@@ -217,10 +250,10 @@ void NodeRuntime::set_admin(int port, bool up) {
   if (fd >= 0) {
     close(fd);
   }
-  IFEC_CHECK(ok, info().name << ": cannot set " << fabric_ifname(port) << (up ? " up" : " down") << ": "
-                             << std::strerror(err));
+  IFEC_CHECK(ok,
+             info().name << ": cannot set " << ifname(port) << (up ? " up" : " down") << ": " << std::strerror(err));
   admin_[port] = up ? 1 : 0;
-  note("link", fabric_ifname(port) + " set " + (up ? "up" : "down") + " through the control plane");
+  note("link", ifname(port) + " set " + (up ? "up" : "down") + " through the control plane");
   tick();
 }
 

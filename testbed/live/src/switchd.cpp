@@ -16,11 +16,36 @@
 namespace ifec::live {
 
 std::string daemon_address(const DaemonOptions& o, int node) {
+  if (o.mgmt_names) {
+    IFEC_CHECK(node >= 0 && static_cast<size_t>(node) < o.node_names.size(), "no node " << node << " to address");
+    return o.node_names[static_cast<size_t>(node)] + ":50051";
+  }
   return o.mgmt_loopback ? "127.0.0.1:" + std::to_string(50051 + node) : mgmt_address(node);
 }
 
 std::string metrics_address(const DaemonOptions& o, int node) {
+  if (o.mgmt_names) {
+    return "0.0.0.0:9400";
+  }
   return o.mgmt_loopback ? "127.0.0.1:" + std::to_string(9400 + node) : mgmt_ip(node) + ":9400";
+}
+
+std::string listen_address(const DaemonOptions& o, int node) {
+  if (!o.listen.empty()) {
+    return o.listen;
+  }
+  return o.mgmt_names ? "0.0.0.0:50051" : daemon_address(o, node);
+}
+
+RuntimeOptions runtime_options(const DaemonOptions& o, const routing::Topology& topo) {
+  RuntimeOptions ro;
+  ro.netns = o.netns;
+  if (o.links_base != 0) {
+    const int node = topo.find_node(o.node);
+    IFEC_CHECK(node >= 0, "no node '" << o.node << "' in topology " << topo.name);
+    ro.ifnames = interfaces_by_subnet(topo, node, o.links_base);
+  }
+  return ro;
 }
 
 namespace {
@@ -209,9 +234,10 @@ SwitchDaemon::SwitchDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
   d.o = std::move(o);
   d.topo = routing::load_topology(d.o.topology_file);
-  RuntimeOptions ro;
-  ro.netns = d.o.netns;
-  d.rt = std::make_unique<NodeRuntime>(d.topo, d.o.node, ro);
+  for (const routing::Node& n : d.topo.nodes) {
+    d.o.node_names.push_back(n.name);
+  }
+  d.rt = std::make_unique<NodeRuntime>(d.topo, d.o.node, runtime_options(d.o, d.topo));
   IFEC_CHECK(d.rt->info().kind == routing::NodeKind::kSwitch,
              "node " << d.o.node << " is a GPU: run ifec-hostd for it, not ifec-switchd");
   switchemu::SwitchConfig cfg;
@@ -228,7 +254,7 @@ SwitchDaemon::SwitchDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   d.sw = std::make_unique<switchemu::Switch>(d.rt->loop(), cfg, d.rt->port_ptrs());
   d.rt->on_fare_change([&d] { install_routes(*d.rt, *d.sw); });
   d.service = std::make_unique<SwitchService>(*d.rt, *d.sw);
-  const std::string listen = d.o.listen.empty() ? daemon_address(d.o, d.rt->node()) : d.o.listen;
+  const std::string listen = listen_address(d.o, d.rt->node());
   d.server = start_server(d.o.node, listen, d.service.get());
   d.metrics = std::make_unique<MetricsServer>(d.rt->loop(), metrics_address(d.o, d.rt->node()), [&d] {
     return d.rt->render_metrics(d.rt->all_heard(), [&d](const std::string& node) {

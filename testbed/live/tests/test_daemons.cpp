@@ -15,6 +15,7 @@
 #include "ifec/live/daemons.h"
 #include "ifec/live/grpc_clients.h"
 #include "ifec/live/netns.h"
+#include "ifec/live/node_runtime.h"
 
 using namespace ifec;
 
@@ -147,4 +148,50 @@ TEST_F(SwitchdTest, AStoppedDaemonIsAnErrorNamingItWithinTheDeadline) {
   EXPECT_EQ(r.error->target, "p0-sw");
   EXPECT_NE(r.error->message().find("p0-sw (127.0.0.1:"), std::string::npos) << r.error->message();
   EXPECT_LT(s, 3.0) << "the 1 s deadline bounds the wait";
+}
+
+// Containers: Docker names a container's interfaces; the daemons find their end of link L by its address in the
+// compose file's /29 for L (ifec.containers), whatever the interface is called.
+TEST(InterfacesBySubnet, EachLinksInterfaceIsFoundByItsAddress) {
+  if (const std::string why = live::netns_unavailable(); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
+  const routing::Topology topo = routing::make_superpod(2, 1, 800, 2);  // gpu0: two sub-links to p0-sw
+  const int gpu0 = topo.find_node("gpu0");
+  const std::vector<int> links = topo.links_of(gpu0);
+  ASSERT_EQ(links.size(), 2u);
+  const std::string tag = "ifec-c" + std::to_string(getpid());
+  live::ScopedNetns a(tag + "-a"), b(tag + "-b");
+  live::make_veth(a, "eth7", b, "x0");
+  live::make_veth(a, "eth3", b, "x1");
+  const uint32_t base = 0x0A400000;  // 10.64.0.0
+  auto addr_in = [&](int link, int host) {
+    const uint32_t ip = base + 8 * static_cast<uint32_t>(link) + static_cast<uint32_t>(host);
+    return std::to_string(ip >> 24) + "." + std::to_string((ip >> 16) & 255) + "." + std::to_string((ip >> 8) & 255) +
+           "." + std::to_string(ip & 255) + "/29";
+  };
+  // The second link on the interface Docker happened to call eth3, the first on eth7.
+  a.ip({"addr", "add", addr_in(links[1], 2), "dev", "eth3"});
+  a.ip({"addr", "add", addr_in(links[0], 3), "dev", "eth7"});
+  auto port_of = [&](int link) {
+    const routing::Link& l = topo.links[link];
+    return l.a == gpu0 ? l.a_port : l.b_port;
+  };
+  {
+    live::NetnsGuard in(a.name());
+    const std::map<int, std::string> m = live::interfaces_by_subnet(topo, gpu0, base);
+    EXPECT_EQ(m.size(), 2u);
+    EXPECT_EQ(m.at(port_of(links[0])), "eth7");
+    EXPECT_EQ(m.at(port_of(links[1])), "eth3");
+  }
+  a.ip({"addr", "flush", "dev", "eth3"});
+  live::NetnsGuard in(a.name());
+  try {
+    live::interfaces_by_subnet(topo, gpu0, base);
+    FAIL() << "a link without an interface must be an error";
+  } catch (const common::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no interface in link " + std::to_string(links[1]) + "'s network"),
+              std::string::npos)
+        << e.what();
+  }
 }

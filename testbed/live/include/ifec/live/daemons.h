@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ifec/common/interfaces.h"
 #include "ifec/routing/topology.h"
@@ -18,13 +19,20 @@ struct DaemonOptions {
   std::string listen;          // gRPC address; default: this node's management address
   std::string netns;           // open interfaces in this namespace (tests); "" = the daemon's own
   bool mgmt_loopback = false;  // tests: every daemon on 127.0.0.1 at port 50051 + node index
+  bool mgmt_names = false;     // containers: every daemon at its node name (DNS), ports 50051 and 9400
+  uint32_t links_base = 0;     // containers: find link L's interface by its address in base + 8 L /29 (0: f<port>)
+  std::vector<std::string> node_names;  // the topology's, by node index (the daemons fill it: mgmt_names uses it)
   common::TimeNs rpc_deadline_ns = 5'000'000'000ULL;
 };
 
-// Where a daemon of `node` listens under `o` (the management plan, or loopback ports for tests): gRPC, and the
-// Prometheus metrics (HTTP GET /metrics, port 9400 on the management address).
+// Where a daemon of `node` is reached under `o` (the management plan, loopback ports for tests, or its node name
+// in containers): gRPC, and the Prometheus metrics (HTTP GET /metrics, port 9400); and where a daemon listens.
 std::string daemon_address(const DaemonOptions& o, int node);
 std::string metrics_address(const DaemonOptions& o, int node);
+std::string listen_address(const DaemonOptions& o, int node);
+// The node runtime's options under `o` (namespace, and the interfaces when found by address).
+struct RuntimeOptions;
+RuntimeOptions runtime_options(const DaemonOptions& o, const routing::Topology& topo);
 
 // Runs a daemon until SIGTERM/SIGINT (or stop()); throws common::Error naming what is wrong before it serves.
 class SwitchDaemon {

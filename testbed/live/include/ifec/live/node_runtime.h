@@ -9,6 +9,7 @@
 
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -30,7 +31,15 @@ struct RuntimeOptions {
                                                   // advertisements can be late by hundreds of ms)
   common::TimeNs carrier_poll_ns = 20'000'000;
   std::string netns;  // open the interfaces in this namespace (tests); "" = the daemon's own
+  // Interface of each topology port; ports not in it are f<port> (the namespaces' naming). Containers, whose
+  // interfaces Docker names, fill it with interfaces_by_subnet().
+  std::map<int, std::string> ifnames;
 };
+
+// The interfaces of `node` found by address: link L's network is the /29 at `base` + 8 L (the compose file's
+// plan), so an interface with an IPv4 address there is the node's end of link L. Throws common::Error naming a
+// link of the node that has no such interface.
+std::map<int, std::string> interfaces_by_subnet(const routing::Topology& topo, int node, uint32_t base);
 
 struct RuntimeEvent {
   common::TimeNs at = 0;
@@ -109,6 +118,7 @@ class NodeRuntime {
   void advertise_all();
   void tick();
   void decided();
+  std::string ifname(int port) const;
 
   const routing::Topology& topo_;
   int node_ = -1;
