@@ -21,3 +21,26 @@ def build_dir():
     if not (BUILD / "bin" / "ifec-cli").exists():
         pytest.fail(f"no build at {BUILD}: run ./ifec build first (or set IFEC_BUILD_DIR)")
     return BUILD
+
+
+def live_marks(timeout):
+    """Marks of a live-testbed module: skip (saying why) where namespaces and daemons cannot run; bound every test
+    (a hang raises in the test, so a module's fixture still takes the fabric down)."""
+    from ifec import live
+    return [pytest.mark.skipif(bool(live.unavailable()), reason=live.unavailable() or "available"),
+            pytest.mark.timeout(timeout, method="signal")]
+
+
+def live_fabric(topology, ready_timeout):
+    """A module-scoped fixture: `topology` (relative to the repository) brought up once for the module and taken
+    down after it, even when a test fails."""
+    @pytest.fixture(scope="module")
+    def fab(repo):
+        from ifec import live
+        f = live.LiveFabric(repo / topology, ready_timeout=ready_timeout)
+        f.up(progress=lambda line: None)
+        try:
+            yield f
+        finally:
+            f.down()
+    return fab

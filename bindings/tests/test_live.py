@@ -11,23 +11,16 @@ import time
 
 import pytest
 
+from conftest import live_fabric, live_marks
 from ifec import live
 
 TOPO = "testbed/topologies/superpod-8x2.yaml"
 
 # Every test is bounded: a hang raises in the test (signal method), so the fixture still tears the fabric down.
-pytestmark = [pytest.mark.skipif(bool(live.unavailable()), reason=live.unavailable() or "available"),
-              pytest.mark.timeout(150, method="signal")]
+pytestmark = live_marks(150)
 
 
-@pytest.fixture(scope="module")
-def fab(repo):
-    f = live.LiveFabric(repo / TOPO, ready_timeout=90)
-    f.up(progress=lambda line: None)
-    try:
-        yield f
-    finally:
-        f.down()
+fab = live_fabric(TOPO, ready_timeout=90)
 
 
 def _ok(row):

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
+from conftest import live_marks
 from ifec import live
 
-pytestmark = [pytest.mark.skipif(bool(live.unavailable()), reason=live.unavailable() or "available"),
-              pytest.mark.timeout(180, method="signal")]
+pytestmark = live_marks(180)
 
 
 def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):

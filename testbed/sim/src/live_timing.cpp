@@ -6,7 +6,7 @@
 namespace ifec::testbed {
 
 void apply_live_timing(endpoint::EndpointConfig& ec) {
-  ec.rto_ns = 10'000'000;
+  ec.rto_ns = 25'000'000;
   ec.rto_max_ns = 200'000'000;
   ec.adaptive_rto = true;
   ec.max_retries = 12;

@@ -10,7 +10,8 @@
 
 namespace ifec::testbed {
 
-// RC queue pairs: a 10 ms first timeout (adaptive, at most 200 ms), 12 retries.
+// RC queue pairs: timeouts of at least 25 ms (adaptive above that, at most 200 ms; a loaded two-core machine can
+// leave a daemon unscheduled for over 10 ms), 12 retries.
 void apply_live_timing(endpoint::EndpointConfig& ec);
 // Contributions and multicast packets: 100 ms first timeout (20..800 ms adaptive), 1 ms back-off on a busy slot.
 void apply_live_timing(workloads::IfecOptions& io);
