@@ -181,9 +181,13 @@ class LiveFabric:
             nd = next((n for n in self.nodes if n["name"] == node), None)
             if nd is None:
                 raise LiveError(f"no node '{node}' in {self.topo.name}")
-            ch = grpc.insecure_channel(f"{mgmt_ip(nd['index'])}:{GRPC_PORT}")
+            ch = grpc.insecure_channel(self.address(nd))
             self._stubs[node] = (rpc.HostStub(ch) if nd["kind"] == "gpu" else rpc.SwitchStub(ch))
         return self._stubs[node]
+
+    def address(self, nd):
+        """Where node `nd`'s daemon serves gRPC (its management address)."""
+        return f"{mgmt_ip(nd['index'])}:{GRPC_PORT}"
 
     def status(self, timeout=5.0):
         """node -> dict(ready, ports, fare_changes, ...) or dict(ready=False, error=...) for a daemon that does not answer."""

@@ -19,7 +19,8 @@ namespace {
 const char* kUsage =
     "usage: %s --topo FILE --node NAME [--listen ADDR] [--netns NAME] [--loopback-mgmt]\n"
     "          [--mgmt-names] [--links-by-subnet BASE]\n"
-    "  --topo FILE       the topology (YAML) every daemon of the fabric runs from\n"
+    "  --topo FILE       the topology (YAML) every daemon of the fabric runs from; env:NAME reads it from\n"
+    "                    environment variable NAME (containers)\n"
     "  --node NAME       the topology node this daemon is (%s)\n"
     "  --listen ADDR     gRPC address (default: the node's management address 172.31.x.y:50051)\n"
     "  --netns NAME      open the fabric interfaces (f<port>) in this network namespace\n"

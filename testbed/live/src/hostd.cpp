@@ -511,7 +511,7 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
 HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
   d.o = std::move(o);
-  d.topo = routing::load_topology(d.o.topology_file);
+  d.topo = load_daemon_topology(d.o);
   for (const routing::Node& n : d.topo.nodes) {
     d.o.node_names.push_back(n.name);
   }

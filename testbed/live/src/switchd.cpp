@@ -2,6 +2,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -35,6 +36,17 @@ std::string listen_address(const DaemonOptions& o, int node) {
     return o.listen;
   }
   return o.mgmt_names ? "0.0.0.0:50051" : daemon_address(o, node);
+}
+
+routing::Topology load_daemon_topology(const DaemonOptions& o) {
+  const std::string env = "env:";
+  if (o.topology_file.rfind(env, 0) != 0) {
+    return routing::load_topology(o.topology_file);
+  }
+  const std::string var = o.topology_file.substr(env.size());
+  const char* text = std::getenv(var.c_str());
+  IFEC_CHECK(text != nullptr && *text != '\0', "--topo " << o.topology_file << ": the environment has no " << var);
+  return routing::parse_topology(text, "$" + var);
 }
 
 RuntimeOptions runtime_options(const DaemonOptions& o, const routing::Topology& topo) {
@@ -233,7 +245,7 @@ struct SwitchDaemon::Impl {
 SwitchDaemon::SwitchDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
   d.o = std::move(o);
-  d.topo = routing::load_topology(d.o.topology_file);
+  d.topo = load_daemon_topology(d.o);
   for (const routing::Node& n : d.topo.nodes) {
     d.o.node_names.push_back(n.name);
   }

@@ -14,7 +14,7 @@
 namespace ifec::live {
 
 struct DaemonOptions {
-  std::string topology_file;
+  std::string topology_file;  // a path, or env:NAME for YAML text in environment variable NAME (containers)
   std::string node;
   std::string listen;          // gRPC address; default: this node's management address
   std::string netns;           // open interfaces in this namespace (tests); "" = the daemon's own
@@ -30,6 +30,8 @@ struct DaemonOptions {
 std::string daemon_address(const DaemonOptions& o, int node);
 std::string metrics_address(const DaemonOptions& o, int node);
 std::string listen_address(const DaemonOptions& o, int node);
+// The topology `o` names (a file, or env:NAME); throws common::Error naming it and what is wrong.
+routing::Topology load_daemon_topology(const DaemonOptions& o);
 // The node runtime's options under `o` (namespace, and the interfaces when found by address).
 struct RuntimeOptions;
 RuntimeOptions runtime_options(const DaemonOptions& o, const routing::Topology& topo);
