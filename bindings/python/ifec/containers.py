@@ -10,6 +10,14 @@ checked against the generator.
 """
 
 import ipaddress
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from ifec import _native, images, live
 
 IMAGE = "ifec-testbed:latest"
 PROMETHEUS_IMAGE = "ifec-prometheus:latest"
@@ -183,7 +191,6 @@ def header(topo, cmd):
 
 def write_compose(topo, out_dir):
     """Writes OUT_DIR/docker-compose.yml for a topology; returns its path."""
-    import os
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "docker-compose.yml")
     with open(path, "w") as f:
@@ -191,10 +198,25 @@ def write_compose(topo, out_dir):
     return path
 
 
+def _cmd_up(a):
+    import pathlib
+    topo = _native.load_topology(a.file)
+    images.Dockerd()
+    images.build_all(live._bin_dir())
+    out = tempfile.mkdtemp(prefix=f"ifec-compose-{topo.name}-")
+    write_compose(topo, out)
+    fab = ContainerFabric(a.file, a.project, out)
+    fab.up()
+    pathlib.Path(STATE).parent.mkdir(parents=True, exist_ok=True)
+    with open(STATE, "w") as f:
+        json.dump(dict(topology=str(pathlib.Path(a.file).resolve()), project=a.project, compose_dir=out), f)
+    print("testbed: Prometheus at http://127.0.0.1:9090; bytes per plane the GPUs send: "
+          "sum by (plane) (rate(ifec_port_bytes_total{dir=\"tx\",node=~\"gpu.*\"}[10s]))")
+    print("testbed: ./ifec testbed status | run | fail | restore | kill | start | capture | ctl | down")
+    return 0
+
+
 def _cmd_image():
-    import sys
-    import time
-    from ifec import images, live
     t0 = time.time()
     try:
         images.Dockerd()  # left running: the testbed's containers need it (./ifec testbed down stops nothing else)
@@ -210,9 +232,6 @@ def _cmd_image():
 
 def main(argv=None):
     import argparse
-    import os
-    import sys
-    from ifec import _native
     p = argparse.ArgumentParser(prog="./ifec testbed", description="The live testbed as containers.")
     sub = p.add_subparsers(dest="cmd", required=True)
     for name, what in (("compose", "docker-compose file and Prometheus configuration"),
@@ -222,9 +241,34 @@ def main(argv=None):
         s.add_argument("--out", help="directory (default testbed/compose/<topology name>)")
     sub.add_parser("image", help="build the images (ifec-testbed, ifec-prometheus) here: Debian base by debootstrap, "
                                   "cached; the daemons with their runtime libraries")
+    up = sub.add_parser("up", help="build the images if needed, bring a topology up as containers, wait for it")
+    up.add_argument("file")
+    up.add_argument("--project", default="ifec")
+    sub.add_parser("down", help="take the containers, networks and volumes down")
+    for name in ("kill", "start"):
+        sub.add_parser(name, help=f"{name} one node's container").add_argument("node")
+    handlers = live.add_fabric_commands(sub, "live (containers)")
     a = p.parse_args(argv)
-    if a.cmd == "image":
-        return _cmd_image()
+    a.attach = attach
+    try:
+        if a.cmd == "image":
+            return _cmd_image()
+        if a.cmd == "up":
+            return _cmd_up(a)
+        if a.cmd == "down":
+            attach().down()
+            os.remove(STATE)
+            print("testbed: down (no containers, networks or volumes left)")
+            return 0
+        if a.cmd in ("kill", "start"):
+            getattr(attach(), a.cmd)(a.node)
+            print(f"testbed: {a.cmd} {a.node}")
+            return 0
+        if a.cmd in handlers:
+            return handlers[a.cmd](a)
+    except (live.LiveError, images.ImageError, RuntimeError, ValueError) as e:
+        print(f"testbed: {e}", file=sys.stderr)
+        return 1
     try:
         topo = _native.load_topology(a.file)
     except Exception as e:  # a bad topology file: say which and why
@@ -242,83 +286,92 @@ def main(argv=None):
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+STATE = "/run/ifec-testbed/state.json"
 
 
-class ContainerFabric:
-    """A generated compose file brought up with docker-compose: the same measurements and controls as
-    ifec.live.LiveFabric (run, status, set_link, read_window, ...) over the containers' management network, plus
-    kill/start of a node's container."""
+class ContainerFabric(live.LiveFabric):
+    """A compose file brought up with docker-compose (project `project`): the measurements and controls of
+    ifec.live.LiveFabric (run, status, set_link, set_loss, read_window, ...) over the containers' management
+    network, plus kill/start of a node's container and captures on the links' bridges."""
 
-    def __new__(cls, topology_file, project="ifec", compose_dir=None, ready_timeout=120.0):
-        from ifec import live
+    driver = "live (containers)"
 
-        class _Fabric(live.LiveFabric):
-            def address(self, nd):
-                return f"{self._ip(nd['name'])}:{live.GRPC_PORT}"
+    def __init__(self, topology_file, project="ifec", compose_dir=None, ready_timeout=120.0):
+        super().__init__(topology_file, ready_timeout=ready_timeout)
+        self.project = project
+        self.compose_dir = compose_dir
 
-            def _ip(self, name):
-                out = _docker(["inspect", "-f", "{{json .NetworkSettings.Networks}}", self.container(name)])
-                import json
-                nets = json.loads(out)
-                return nets[f"{self.project}_mgmt"]["IPAddress"]
+    def container(self, name):
+        return f"{self.project}_{name}_1"
 
-            def container(self, name):
-                return f"{self.project}_{name}_1"
+    def address(self, nd):
+        nets = json.loads(_docker(["inspect", "-f", "{{json .NetworkSettings.Networks}}", self.container(nd["name"])]))
+        return f"{nets[f'{self.project}_mgmt']['IPAddress']}:{live.GRPC_PORT}"
 
-        f = _Fabric(topology_file, ready_timeout=ready_timeout)
-        f.project = project
-        f.compose_dir = compose_dir
-        f.__class__.up = _up
-        f.__class__.down = _down
-        f.__class__.kill = lambda self, node: (_docker(["kill", self.container(node)]), self._stubs.pop(node, None))
-        f.__class__.start = lambda self, node: (_docker(["start", self.container(node)]), self._stubs.pop(node, None))
-        return f
+    def up(self, progress=print):
+        if self.compose_dir is None:
+            self.compose_dir = tempfile.mkdtemp(prefix="ifec-compose-")
+            write_compose(self.topo, self.compose_dir)
+        t0 = time.time()
+        self._compose(["up", "-d"])
+        progress(f"testbed: {len(self.nodes)} containers started ({time.time() - t0:.1f} s); waiting for the daemons")
+        while True:
+            waiting = [n for n, st in self.status(timeout=2).items() if not st.get("ready")]
+            if not waiting:
+                break
+            if time.time() - t0 > self.ready_timeout:
+                raise live.LiveError(f"not ready after {self.ready_timeout:.0f} s: {', '.join(waiting)}")
+            time.sleep(1)
+        progress(f"testbed: up ({time.time() - t0:.1f} s)")
+        return self
+
+    def down(self):
+        self._compose(["down", "-v", "--remove-orphans"])
+        self._stubs.clear()
+
+    def kill(self, node):
+        _docker(["kill", self.container(node)])
+        self._stubs.pop(node, None)
+
+    def start(self, node):
+        _docker(["start", self.container(node)])
+        self._stubs.pop(node, None)
+
+    def capture(self, selector, file, seconds=5):
+        """Captures link `selector` on its Docker bridge (both ends' frames) into pcap `file`."""
+        l = self.link(selector)
+        net = _docker(["network", "inspect", "-f", "{{.Id}}", f"{self.project}_{link_network(l)}"]).strip()
+        bridge = f"br-{net[:12]}"
+        r = subprocess.run(["dumpcap", "-q", "-i", bridge, "-w", str(file), "-a", f"duration:{seconds}"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise live.LiveError(f"capture on {bridge} (link {l['id']}): {r.stderr.strip()}")
+        return f"link {l['id']} ({l['a']}:{l['a_port']} - {l['b']}:{l['b_port']}, bridge {bridge})"
+
+    def _compose(self, args, timeout=300):
+        p = subprocess.run(["docker-compose", "-p", self.project, "-f", f"{self.compose_dir}/docker-compose.yml"] +
+                           args, capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            raise live.LiveError(f"docker-compose {' '.join(args)}: {(p.stderr or p.stdout).strip()[-600:]}")
+        return p.stdout + p.stderr
 
 
 def _docker(args, timeout=120):
-    import subprocess
-    from ifec import images
     p = subprocess.run([images.DOCKER] + args, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
-        from ifec import live
         raise live.LiveError(f"docker {' '.join(args[:3])}: {(p.stderr or p.stdout).strip()}")
     return p.stdout
 
 
-def _compose(fab, args, timeout=300):
-    import subprocess
-    p = subprocess.run(["docker-compose", "-p", fab.project, "-f", f"{fab.compose_dir}/docker-compose.yml"] + args,
-                       capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        from ifec import live
-        raise live.LiveError(f"docker-compose {' '.join(args)}: {(p.stderr or p.stdout).strip()[-600:]}")
-    return p.stdout + p.stderr
+def attach():
+    """The ContainerFabric `./ifec testbed up` started."""
+    try:
+        with open(STATE) as f:
+            st = json.load(f)
+    except FileNotFoundError:
+        raise live.LiveError("no containerized testbed is up (./ifec testbed up FILE)")
+    return ContainerFabric(st["topology"], st["project"], st["compose_dir"])
 
 
-def _up(self, progress=print):
-    import time
-    if self.compose_dir is None:
-        import tempfile
-        self.compose_dir = tempfile.mkdtemp(prefix="ifec-compose-")
-        write_compose(self.topo, self.compose_dir)
-    t0 = time.time()
-    _compose(self, ["up", "-d"])
-    progress(f"testbed: {len(self.nodes)} containers started ({time.time() - t0:.1f} s); waiting for every daemon")
-    while True:
-        st = self.status(timeout=2)
-        waiting = [n for n, s in st.items() if not s.get("ready")]
-        if not waiting:
-            break
-        if time.time() - t0 > self.ready_timeout:
-            from ifec import live
-            raise live.LiveError(f"not ready after {self.ready_timeout:.0f} s: {', '.join(waiting)}")
-        time.sleep(1)
-    progress(f"testbed: up ({time.time() - t0:.1f} s)")
-    return self
-
-
-def _down(self):
-    _compose(self, ["down", "-v", "--remove-orphans"])
-    self._stubs.clear()
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -57,6 +57,8 @@ def _bin_dir():
 class LiveFabric:
     """Brings a topology up as live daemons in Mininet hosts, runs measurements on it, and takes it down again."""
 
+    driver = "live"  # what its rows say produced them
+
     def __init__(self, topology_file, log_dir=None, ready_timeout=60.0):
         self.topology_file = str(pathlib.Path(topology_file).resolve())
         self.topo = _native.load_topology(self.topology_file)
@@ -227,6 +229,7 @@ class LiveFabric:
         merged = (_merge_moe if what == "moe" else _merge_collective)(list(rows.values()))
         merged["ok"] = not errors and merged["ok"]
         merged["ranks"] = len(rows)
+        merged["driver"] = self.driver
         if errors:
             merged["error"] = "; ".join(errors)
         return merged
@@ -274,6 +277,17 @@ class LiveFabric:
         _, pb, _ = _grpc()
         r = self.stub(f"gpu{gpu}").FareWeights(pb.FareWeightsRequest(dest_gpu=dest), timeout=5)
         return list(r.plane_gbps)
+
+    def capture(self, selector, file, seconds=5):
+        """Captures link `selector` at its `a` end for `seconds` into pcap `file`; returns what it captured."""
+        l = self.link(selector)
+        pid = self.host_pids[l["a"]]
+        cmd = ["nsenter", "-t", str(pid), "-n", "dumpcap", "-q", "-i", f"f{l['a_port']}", "-w", str(file),
+               "-a", f"duration:{seconds}"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise LiveError(f"capture on {l['a']}:f{l['a_port']}: {r.stderr.strip()}")
+        return f"{l['a']}:f{l['a_port']}"
 
     def read_window(self, node, window, offset, length):
         """Bytes of window `window` of hostd `node` (what remote stores and atomics left there), at most 1 MiB."""
@@ -564,7 +578,7 @@ def _cmd_down(args):
 
 
 def _cmd_status(args):
-    fab = attach()
+    fab = args.attach()
     for name, s in fab.status(timeout=3).items():
         if "error" in s:
             print(f"{name:<10} DOWN  {s['error']}")
@@ -581,7 +595,7 @@ def _cmd_status(args):
 def _cmd_run_moe(fab, args):
     variants = ["per_expert", "per_rank", "ifec"] if args.algo == "all" else args.algo.split(",")
     shape = dict(tokens=args.tokens, hidden=args.hidden, inter=args.inter, experts=args.experts, topk=args.topk)
-    print(f"# MoE layer on {fab.topo.name} [driver: live; dispatch/combine wall clock through software switches; "
+    print(f"# MoE layer on {fab.topo.name} [driver: {fab.driver}; dispatch/combine wall clock through software switches; "
           f"experts measured on the hosts' CPUs (LibTorch), not modelled]")
     print(f"# DeepSeek-V3 routing: top-{args.topk} of {args.experts} experts in 8 groups (4 used), hidden "
           f"{args.hidden}, expert width {args.inter}, {args.dtype or 'bf16'} rows; each rank checks its outputs against the "
@@ -601,12 +615,12 @@ def _cmd_run_moe(fab, args):
 
 
 def _cmd_run(args):
-    fab = attach()
+    fab = args.attach()
     if args.collective == "moe":
         return _cmd_run_moe(fab, args)
     sizes = [parse_size(s) for s in args.bytes.split(",")]
     status = 0
-    print(f"# {args.collective} on {fab.topo.name} [driver: live; times are wall clock through software switches]")
+    print(f"# {args.collective} on {fab.topo.name} [driver: {fab.driver}; times are wall clock through software switches]")
     print(f"#{'size(B)':>13} {'algo':>8} {'time(us)':>11} {'algbw GB/s':>11} {'#wrong':>7}  faults")
     for size in sizes:
         row = fab.run(args.collective, algo=args.algo, bytes=size, dtype=args.dtype or "fp32", op=args.op, root=args.root,
@@ -634,7 +648,7 @@ def link_deviation(sim, lv):
 
 
 def _cmd_compare(args):
-    fab = attach()
+    fab = args.attach()
     print(f"# {args.collective} on {fab.topo.name}: sim (simulated time at the topology's link rates) vs live (wall "
           f"clock through software switches on veths)")
     print(f"#{'size(B)':>13} {'algo':>8} {'sim us':>10} {'live us':>12} {'live/sim':>9} {'links max dev':>14}  "
@@ -652,22 +666,16 @@ def _cmd_compare(args):
 
 
 def _cmd_link(args, up):
-    fab = attach()
+    fab = args.attach()
     l = fab.set_link(args.link, up)
     print(f"live: link {l['id']} ({l['a']}:{l['a_port']} - {l['b']}:{l['b_port']}) {'up' if up else 'down'}")
     return 0
 
 
 def _cmd_capture(args):
-    fab = attach()
-    l = fab.link(args.link)
-    pid = fab.host_pids[l["a"]]
-    cmd = ["nsenter", "-t", str(pid), "-n", "dumpcap", "-q", "-i", f"f{l['a_port']}", "-w", args.file,
-           "-a", f"duration:{args.seconds}"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise LiveError(f"capture on {l['a']}:f{l['a_port']}: {r.stderr.strip()}")
-    print(f"live: {args.seconds} s of {l['a']}:f{l['a_port']} in {args.file}; decode with "
+    fab = args.attach()
+    where = fab.capture(args.link, args.file, args.seconds)
+    print(f"{args.seconds} s of {where} in {args.file}; decode with "
           f"tshark -X lua_script:testbed/wireshark/ech.lua -r {args.file}")
     return 0
 
@@ -676,7 +684,7 @@ def _cmd_ctl(args):
     """A gRPC client for one daemon: counters, groups, routes, FARE weights, link state, events."""
     grpc, pb, _ = _grpc()
     from google.protobuf.json_format import MessageToDict
-    fab = attach()
+    fab = args.attach()
     try:
         if args.what == "link":
             l = fab.set_link(args.target, args.arg == "up")
@@ -720,15 +728,11 @@ def _cmd_ctl(args):
     return 0
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="./ifec live", description="The live testbed: daemons on real interfaces.")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="bring a topology up (Mininet hosts, veths, daemons)")
-    up.add_argument("file")
-    up.add_argument("--logs", help="daemon logs here (default /tmp/ifec-live)")
-    up.add_argument("--timeout", type=float, default=120)
+def add_fabric_commands(sub, driver="live"):
+    """The commands every running fabric answers (Mininet's or containers'): status, run, compare, fail, restore,
+    capture, ctl. Each handler takes the parsed args, whose `attach` gives the fabric."""
     sub.add_parser("status", help="every daemon: ready, ports, FARE")
-    run = sub.add_parser("run", help="run a collective on every rank (the rows of ifec sim, driver live)")
+    run = sub.add_parser("run", help=f"run a collective on every rank (the rows of ifec sim, driver {driver})")
     run.add_argument("collective", choices=["allreduce", "reduce", "multicast", "barrier", "reduce-scatter",
                                             "all-gather", "alltoall", "moe"])
     run.add_argument("--algo", default="ifec", help="the algorithm; moe: per_expert|per_rank|ifec[,...] or all")
@@ -757,17 +761,29 @@ def main(argv=None):
     ctl.add_argument("what", choices=["counters", "groups", "routes", "status", "weights", "link", "events"])
     ctl.add_argument("target", help="a node (p0-sw, gpu3) or, for link, a link (gpu5:plane1:sub0, NODE:PORT, id)")
     ctl.add_argument("arg", nargs="?", help="link: up|down; weights: the destination GPU; events: seconds")
+    return {"status": _cmd_status, "run": _cmd_run, "fail": lambda x: _cmd_link(x, False),
+            "restore": lambda x: _cmd_link(x, True), "capture": _cmd_capture, "ctl": _cmd_ctl,
+            "compare": _cmd_compare}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="./ifec live", description="The live testbed: daemons on real interfaces.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="bring a topology up (Mininet hosts, veths, daemons)")
+    up.add_argument("file")
+    up.add_argument("--logs", help="daemon logs here (default /tmp/ifec-live)")
+    up.add_argument("--timeout", type=float, default=120)
+    handlers = add_fabric_commands(sub)
     sub.add_parser("down", help="take everything down")
     serve = sub.add_parser("_serve")
     serve.add_argument("file")
     serve.add_argument("logs")
     a = p.parse_args(argv)
+    a.attach = attach
     try:
         if a.cmd == "_serve":
             return _serve(a.file, a.logs)
-        return {"up": _cmd_up, "down": _cmd_down, "status": _cmd_status, "run": _cmd_run,
-                "fail": lambda x: _cmd_link(x, False), "restore": lambda x: _cmd_link(x, True),
-                "capture": _cmd_capture, "ctl": _cmd_ctl, "compare": _cmd_compare}[a.cmd](a)
+        return dict(handlers, up=_cmd_up, down=_cmd_down)[a.cmd](a)
     except LiveError as e:
         print(f"live: {e}", file=sys.stderr)
         return 1
