@@ -17,6 +17,7 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,6 +112,7 @@ class LiveFabric:
     def _configure(self):
         _sh(["ip", "addr", "replace", f"{MGMT_ROOT_IP}/16", "dev", MGMT_BRIDGE])
         _sh(["ip", "link", "set", MGMT_BRIDGE, "up"])
+        _mgmt_forwarding(True)
         for nd in self.nodes:
             h = self.hosts[nd["name"]]
             _host_sh(h, f"ip addr add {mgmt_ip(nd['index'])}/16 dev m0 && ip link set m0 up && ip link set lo up")
@@ -331,6 +333,7 @@ class LiveFabric:
             self.net.stop()
             self.net = None
         subprocess.run(["ip", "link", "del", MGMT_BRIDGE], capture_output=True)
+        _mgmt_forwarding(False)
         self._stubs = {}
         (STATE_DIR / f"fabric-{os.getpid()}.json").unlink(missing_ok=True)
 
@@ -415,6 +418,21 @@ def parse_size(text):
     raise LiveError(f"size '{text}' is not a number of bytes (like 65536, 64KiB or 1MiB)")
 
 
+def _mgmt_forwarding(on):
+    """Lets the management bridge forward between its hosts where a firewall would not (dockerd sets the FORWARD
+    policy to DROP, and with br_netfilter loaded bridged packets go through it): one ACCEPT rule for the bridge,
+    added at bring-up and removed at take-down. Nothing to do without iptables."""
+    if not shutil.which("iptables"):
+        return
+    rule = ["FORWARD", "-i", MGMT_BRIDGE, "-o", MGMT_BRIDGE, "-j", "ACCEPT"]
+    present = subprocess.run(["iptables", "-C"] + rule, capture_output=True).returncode == 0
+    if on and not present:
+        subprocess.run(["iptables", "-I"] + rule, capture_output=True)
+    elif not on:
+        while subprocess.run(["iptables", "-D"] + rule, capture_output=True).returncode == 0:
+            pass
+
+
 def _sh(cmd):
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
@@ -449,6 +467,8 @@ def reap_leftovers():
         name = line.split(": ")[1].split("@")[0] if ": " in line else ""
         if name == MGMT_BRIDGE or name.startswith(MGMT_BRIDGE + "-eth"):
             subprocess.run(["ip", "link", "del", name], capture_output=True)
+    if not any(_alive(int(f.stem.split("-")[1])) for f in STATE_DIR.glob("fabric-*.json") if f.stem.split("-")[1].isdigit()):
+        _mgmt_forwarding(False)
 
 
 def unavailable():
