@@ -79,6 +79,42 @@ def test_a_killed_switch_container_is_worked_around_and_rejoins(fab):
     assert r["plane_tx_bytes"][1] > 0.9 * 8 * (256 << 10) / 2, f"plane 1 idle: {r['plane_tx_bytes']}"
 
 
+def test_a_link_taken_down_inside_a_container_reweights_like_the_simulator(fab):
+    before = fab.plane_gbps(0, 5)
+    assert before[0] == before[1] > 0
+    fab.set_link("gpu5:2", False)  # one sub-link of GPU 5's plane-1 Y-cable, down inside the switch's container
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 10 and fab.plane_gbps(0, 5)[1] != before[1] / 2:
+            time.sleep(0.1)
+        assert fab.plane_gbps(0, 5) == [before[0], before[1] / 2], "half of plane 1's share toward GPU 5"
+        r = fab.run("allreduce", algo="ifec", bytes=128 << 10, seed=8)
+        assert r["ok"] and r["wrong"] == 0, r.get("error")
+    finally:
+        fab.set_link("gpu5:2", True)
+    t0 = time.time()
+    while time.time() - t0 < 10 and fab.plane_gbps(0, 5) != before:
+        time.sleep(0.1)
+    assert fab.plane_gbps(0, 5) == before
+
+
+def test_a_host_container_killed_mid_operation_is_named_within_a_bounded_time(fab):
+    # After this the fabric is not usable for more operations (a restarted rank would need a new bootstrap).
+    import threading
+    killer = threading.Timer(0.3, lambda: fab.kill("gpu7"))
+    killer.start()
+    t0 = time.time()
+    try:
+        with pytest.raises(live.LiveError) as e:
+            row = fab.run("allreduce", algo="ifec", bytes=4 << 20, seed=9, timeout=60)
+            if not row["ok"]:
+                raise live.LiveError(row.get("error"))
+    finally:
+        killer.join()
+    assert "gpu7" in str(e.value) or "peer 7" in str(e.value), str(e.value)
+    assert time.time() - t0 < 90
+
+
 def test_down_leaves_no_containers_or_networks(fab):
     fab.down()
     ps = subprocess.run(["docker", "ps", "-aq", "--filter", f"name={fab.project}_"], capture_output=True, text=True)
