@@ -24,6 +24,7 @@ PROMETHEUS_IMAGE = "ifec-prometheus:latest"
 LINKS_BASE = ipaddress.IPv4Address("10.64.0.0")
 TOPOLOGY_IN_CONTAINER = "/etc/ifec/topology.yaml"
 CAPABILITIES = ("NET_ADMIN", "NET_RAW")
+GRPC_HOST_PORT = 50100  # node i's gRPC is published on the host at GRPC_HOST_PORT + i (compose and swarm alike)
 FABRIC_MTU = 9216
 
 
@@ -82,13 +83,15 @@ def compose(topo, header=""):
                 "    networks:",
                 "      mgmt: {}"]
         out += [f"      {link_network(l)}: {{}}" for l in _links_of(topo, name)]
-        out += ["    healthcheck:",
+        out += [f"    ports: [{{target: 50051, published: {GRPC_HOST_PORT + node['index']}, mode: host}}]",
+                "    healthcheck:",
                 "      test: [\"CMD\", \"bash\", \"-c\", \"exec 3<>/dev/tcp/127.0.0.1/9400\"]",
                 "      interval: 5s",
                 "      timeout: 3s",
                 "      retries: 24",
                 "    restart: on-failure",
                 "    deploy:",
+                "      endpoint_mode: dnsrr",
                 "      restart_policy: {condition: on-failure}"]
     out += ["  prometheus:",
             f"    image: {PROMETHEUS_IMAGE}",
@@ -97,9 +100,10 @@ def compose(topo, header=""):
             "    environment: {PROMETHEUS_CONFIG: *prometheus}",
             "    networks:",
             "      mgmt: {}",
-            "    ports: [\"9090:9090\"]",
+            "    ports: [{target: 9090, published: 9090, mode: host}]",
             "    restart: on-failure",
             "    deploy:",
+            "      endpoint_mode: dnsrr",
             "      restart_policy: {condition: on-failure}",
             "",
             "networks:",
@@ -300,21 +304,23 @@ class ContainerFabric(live.LiveFabric):
         super().__init__(topology_file, ready_timeout=ready_timeout)
         self.project = project
         self.compose_dir = compose_dir
+        if self.compose_dir is None:
+            self.compose_dir = tempfile.mkdtemp(prefix="ifec-compose-")
+            write_compose(self.topo, self.compose_dir)
 
     def container(self, name):
         return f"{self.project}_{name}_1"
 
     def address(self, nd):
-        nets = json.loads(_docker(["inspect", "-f", "{{json .NetworkSettings.Networks}}", self.container(nd["name"])]))
-        return f"{nets[f'{self.project}_mgmt']['IPAddress']}:{live.GRPC_PORT}"
+        return f"127.0.0.1:{GRPC_HOST_PORT + nd['index']}"  # published on the host
 
     def up(self, progress=print):
-        if self.compose_dir is None:
-            self.compose_dir = tempfile.mkdtemp(prefix="ifec-compose-")
-            write_compose(self.topo, self.compose_dir)
         t0 = time.time()
         self._compose(["up", "-d"])
         progress(f"testbed: {len(self.nodes)} containers started ({time.time() - t0:.1f} s); waiting for the daemons")
+        return self._wait_ready(t0, progress)
+
+    def _wait_ready(self, t0, progress):
         while True:
             waiting = [n for n, st in self.status(timeout=2).items() if not st.get("ready")]
             if not waiting:
@@ -354,6 +360,36 @@ class ContainerFabric(live.LiveFabric):
         if p.returncode != 0:
             raise live.LiveError(f"docker-compose {' '.join(args)}: {(p.stderr or p.stdout).strip()[-600:]}")
         return p.stdout + p.stderr
+
+
+class SwarmFabric(ContainerFabric):
+    """The same compose file deployed as a stack on a Docker swarm (`docker stack deploy`): services placed by the
+    swarm, link networks overlays (VXLAN between machines), every node's gRPC published on its machine."""
+
+    driver = "live (swarm)"
+
+    def up(self, progress=print):
+        t0 = time.time()
+        _docker(["stack", "deploy", "-c", f"{self.compose_dir}/docker-compose.yml", self.project])
+        progress(f"testbed: stack {self.project} deployed ({time.time() - t0:.1f} s); waiting for the daemons")
+        return self._wait_ready(t0, progress)
+
+    def down(self, timeout=60):
+        """Removes the stack and waits until its services, containers and networks are gone."""
+        _docker(["stack", "rm", self.project])
+        t0 = time.time()
+        while self.leftovers():
+            if time.time() - t0 > timeout:
+                raise live.LiveError(f"stack {self.project} still has {self.leftovers()} after {timeout} s")
+            time.sleep(1)
+        self._stubs.clear()
+
+    def leftovers(self):
+        out = []
+        for what in (["service", "ls"], ["ps", "-a"], ["network", "ls"]):
+            ids = _docker(what + ["-q", "--filter", f"name={self.project}_"]).split()
+            out += [f"{len(ids)} {what[0] if what[0] != 'ps' else 'container'}(s)"] if ids else []
+        return ", ".join(out)
 
 
 def _docker(args, timeout=120):
