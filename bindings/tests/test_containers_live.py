@@ -56,11 +56,18 @@ def test_allreduce_and_moe_equal_the_reference(fab):
     assert m["ok"] and m["wrong"] == 0 and m["max_rel_error"] <= m["tolerance"], m.get("error")
 
 
-def test_a_killed_switch_container_is_worked_around_and_rejoins(fab):
-    fab.kill("p1-sw")
-    r = fab.run("allreduce", algo="ifec", bytes=256 << 10, seed=6, timeout=120)
+def test_a_switch_container_killed_during_an_allreduce_and_an_moe_step_is_worked_around_and_rejoins(fab):
+    import threading
+    killer = threading.Timer(0.2, lambda: fab.kill("p1-sw"))  # the 4 MiB AllReduce takes seconds here
+    killer.start()
+    try:
+        r = fab.run("allreduce", algo="ifec", bytes=4 << 20, seed=6, timeout=120)
+    finally:
+        killer.join()
     assert r["ok"] and r["wrong"] == 0, r.get("error")
     assert any("plane 1" in f for f in r["faults"]), r["faults"]  # the reason is reported
+    m = fab.run("moe", algo="ifec", dtype="bf16", seed=4, moe=dict(tokens=16), timeout=120)
+    assert m["ok"] and m["wrong"] == 0 and m["max_rel_error"] <= m["tolerance"], m.get("error")
     fab.start("p1-sw")
 
     def converged():  # every GPU sees plane 1 toward every other GPU again, as wide as plane 0

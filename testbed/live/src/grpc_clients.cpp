@@ -62,6 +62,18 @@ common::IfecCounters counters_from_map(const std::map<std::string, uint64_t>& m)
 
 namespace {
 
+// A channel to another daemon that reconnects within a second once it is back (a restarted switchd or container):
+// gRPC's default reconnect back-off grows to two minutes, and every call meanwhile fails at once as unreachable;
+// and a name is resolved again after a second, not thirty (a restarted container may come back at new addresses).
+std::shared_ptr<grpc::Channel> daemon_channel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
 std::chrono::system_clock::time_point deadline_after(common::TimeNs ns) {
   return std::chrono::system_clock::now() + std::chrono::nanoseconds(ns);
 }
@@ -101,7 +113,7 @@ struct GrpcControl::Impl {
     *addr = address(n);
     auto& s = stubs[n];
     if (!s) {
-      s = v1::Switch::NewStub(grpc::CreateChannel(*addr, grpc::InsecureChannelCredentials()));
+      s = v1::Switch::NewStub(daemon_channel(*addr));
     }
     return s.get();
   }
@@ -266,7 +278,7 @@ GrpcBootstrap::GrpcBootstrap(EpollLoop& loop, const routing::Topology& topo, Add
              "bootstrap: rank " << rank_ << " outside 0.." << gpus_.size() - 1);
   const int root_node = topo.gpu_node(gpus_.at(0));
   root_ = "rank 0's hostd " + topo.nodes[root_node].name + " (" + address(root_node) + ")";
-  channel_ = grpc::CreateChannel(address(root_node), grpc::InsecureChannelCredentials());
+  channel_ = daemon_channel(address(root_node));
 }
 
 GrpcBootstrap::~GrpcBootstrap() { *alive_ = false; }
