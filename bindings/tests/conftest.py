@@ -1,5 +1,6 @@
 """pytest set-up: import the staged package from the build tree and expose the repository paths."""
 
+import contextlib
 import os
 import pathlib
 import sys
@@ -44,3 +45,25 @@ def live_fabric(topology, ready_timeout):
         finally:
             f.down()
     return fab
+
+
+@contextlib.contextmanager
+def docker_with_images(build_dir):
+    """dockerd answering (started here when none runs, and then stopped) and the testbed's images built; skips,
+    saying why, where Docker cannot run."""
+    import shutil
+    from ifec import images
+    missing = [p for p in ("dockerd", "docker-compose", "debootstrap") if not shutil.which(p)]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed (./ifec setup installs docker.io, docker-compose, debootstrap)")
+    if os.geteuid() != 0:
+        pytest.skip("needs root (dockerd, debootstrap)")
+    try:
+        dockerd = images.Dockerd(progress=lambda line: None)
+    except images.ImageError as e:
+        pytest.skip(f"dockerd cannot start here: {e}")
+    try:
+        images.build_all(build_dir / "bin", progress=lambda line: None)
+        yield
+    finally:
+        dockerd.stop()

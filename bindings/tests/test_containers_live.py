@@ -5,13 +5,13 @@ operation finishes on the other plane, saying why; the restarted switch carries 
 behind."""
 
 import os
-import shutil
 import subprocess
 import time
 
 import pytest
 
-from ifec import containers, images, live
+from conftest import docker_with_images
+from ifec import containers, live
 
 TOPO = "testbed/topologies/superpod-8x2.yaml"
 COMPOSE = "testbed/compose/superpod-8x2"
@@ -19,33 +19,15 @@ COMPOSE = "testbed/compose/superpod-8x2"
 pytestmark = pytest.mark.timeout(900, method="signal")
 
 
-def _unavailable():
-    missing = [p for p in ("dockerd", "docker-compose", "debootstrap") if not shutil.which(p)]
-    if missing:
-        return f"{', '.join(missing)} not installed (./ifec setup installs docker.io, docker-compose, debootstrap)"
-    if os.geteuid() != 0:
-        return "needs root (dockerd, debootstrap)"
-    return ""
-
-
 @pytest.fixture(scope="module")
 def fab(repo, build_dir):
-    if why := _unavailable():
-        pytest.skip(why)
-    try:
-        dockerd = images.Dockerd(progress=lambda line: None)
-    except images.ImageError as e:
-        pytest.skip(f"dockerd cannot start here: {e}")
-    f = None
-    try:
-        images.build_all(build_dir / "bin", progress=lambda line: None)
+    with docker_with_images(build_dir):
         f = containers.ContainerFabric(repo / TOPO, project=f"ifect{os.getpid()}", compose_dir=str(repo / COMPOSE))
-        f.up(progress=lambda line: None)
-        yield f
-    finally:
-        if f is not None:
+        try:
+            f.up(progress=lambda line: None)
+            yield f
+        finally:
             f.down()
-        dockerd.stop()
 
 
 def test_allreduce_and_moe_equal_the_reference(fab):
@@ -56,19 +38,23 @@ def test_allreduce_and_moe_equal_the_reference(fab):
     assert m["ok"] and m["wrong"] == 0 and m["max_rel_error"] <= m["tolerance"], m.get("error")
 
 
-def test_a_switch_container_killed_during_an_allreduce_and_an_moe_step_is_worked_around_and_rejoins(fab):
+def _killed_during(fab, node, delay_s, *run_args, **run_kw):
+    """Runs an operation and kills `node`'s container `delay_s` into it; returns the row."""
     import threading
-    killer = threading.Timer(0.2, lambda: fab.kill("p1-sw"))  # the 4 MiB AllReduce takes seconds here
+    killer = threading.Timer(delay_s, lambda: fab.kill(node))
     killer.start()
     try:
-        r = fab.run("allreduce", algo="ifec", bytes=4 << 20, seed=6, timeout=120)
+        return fab.run(*run_args, timeout=120, **run_kw)
     finally:
         killer.join()
-    assert r["ok"] and r["wrong"] == 0, r.get("error")
-    assert any("plane 1" in f for f in r["faults"]), r["faults"]  # the reason is reported
-    m = fab.run("moe", algo="ifec", dtype="bf16", seed=4, moe=dict(tokens=16), timeout=120)
-    assert m["ok"] and m["wrong"] == 0 and m["max_rel_error"] <= m["tolerance"], m.get("error")
-    fab.start("p1-sw")
+
+
+def _restart_and_rejoin(fab, node):
+    """Starts `node` again; waits until FARE gives its plane back everywhere and an operation uses it without a
+    fault (the hostds' control channels reconnect within a few seconds: 1 s back-off, names resolved again after
+    1 s, the restarted container may have new addresses; until then an operation leaves the plane out and says why).
+    Returns that operation's row."""
+    fab.start(node)
 
     def converged():  # every GPU sees plane 1 toward every other GPU again, as wide as plane 0
         try:
@@ -79,16 +65,23 @@ def test_a_switch_container_killed_during_an_allreduce_and_an_moe_step_is_worked
     t0 = time.time()
     while time.time() - t0 < 60 and not converged():
         time.sleep(0.5)
-    assert converged(), f"FARE never gave plane 1 back: {fab.plane_gbps(0, 1)}"
-    # The hostds' control channels to the switch come back within a few seconds (1 s reconnect back-off, names
-    # resolved again after 1 s: the restarted container may have new addresses); until then an operation leaves
-    # plane 1 out and says why.
+    assert converged(), f"FARE never gave {node}'s plane back: {fab.plane_gbps(0, 1)}"
     t0 = time.time()
     r = fab.run("allreduce", algo="ifec", bytes=256 << 10, seed=7)
     while r["faults"] and time.time() - t0 < 30:
         time.sleep(1)
         r = fab.run("allreduce", algo="ifec", bytes=256 << 10, seed=7)
     assert r["ok"] and not r["faults"], (r.get("error"), r["faults"])
+    return r
+
+
+def test_a_switch_container_killed_during_an_allreduce_is_worked_around_and_rejoins(fab):
+    r = _killed_during(fab, "p1-sw", 0.2, "allreduce", algo="ifec", bytes=4 << 20, seed=6)  # seconds long here
+    assert r["ok"] and r["wrong"] == 0, r.get("error")
+    assert any("plane 1" in f for f in r["faults"]), r["faults"]  # the reason is reported
+    m = fab.run("moe", algo="ifec", dtype="bf16", seed=4, moe=dict(tokens=16), timeout=120)  # without the switch
+    assert m["ok"] and m["wrong"] == 0 and m["max_rel_error"] <= m["tolerance"], m.get("error")
+    r = _restart_and_rejoin(fab, "p1-sw")
     # Plane 1 carries its half of the contributions again (8 GPUs x 256 KiB over 2 planes, headers aside).
     assert r["plane_tx_bytes"][1] > 0.9 * 8 * (256 << 10) / 2, f"plane 1 idle: {r['plane_tx_bytes']}"
 
@@ -110,6 +103,17 @@ def test_a_link_taken_down_inside_a_container_reweights_like_the_simulator(fab):
     while time.time() - t0 < 10 and fab.plane_gbps(0, 5) != before:
         time.sleep(0.1)
     assert fab.plane_gbps(0, 5) == before
+
+
+@pytest.mark.xfail(reason="known bug, open: a switch killed during an in-fabric MoE dispatch (256 tokens) fails the "
+                          "layer: rank 0's hostd stops answering and the other ranks' fallback stores to it exceed "
+                          "their retries", raises=(AssertionError, live.LiveError), strict=False)
+def test_a_switch_container_killed_during_an_moe_step_is_worked_around(fab):
+    try:
+        m = _killed_during(fab, "p1-sw", 0.3, "moe", algo="ifec", dtype="bf16", seed=4, moe=dict(tokens=256))
+        assert m["ok"] and m["wrong"] == 0 and m["max_rel_error"] <= m["tolerance"], m.get("error")
+    finally:
+        _restart_and_rejoin(fab, "p1-sw")
 
 
 def test_a_host_container_killed_mid_operation_is_named_within_a_bounded_time(fab):

@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from ifec import containers, images
-
-from test_containers_live import COMPOSE, TOPO, _unavailable
+from conftest import docker_with_images
+from ifec import containers
+from test_containers_live import COMPOSE, TOPO
 
 pytestmark = pytest.mark.timeout(600, method="signal")
 
@@ -21,30 +21,23 @@ def _swarm_state():
 
 @pytest.fixture(scope="module")
 def stack(repo, build_dir):
-    if why := _unavailable():
-        pytest.skip(why)
-    try:
-        dockerd = images.Dockerd(progress=lambda line: None)
-    except images.ImageError as e:
-        pytest.skip(f"dockerd cannot start here: {e}")
-    joined = False
-    f = None
-    try:
-        images.build_all(build_dir / "bin", progress=lambda line: None)
-        if _swarm_state() != "active":
-            r = subprocess.run(["docker", "swarm", "init", "--advertise-addr", "127.0.0.1"], capture_output=True,
-                               text=True)
-            assert r.returncode == 0, f"docker swarm init: {r.stderr}"
-            joined = True
-        f = containers.SwarmFabric(repo / TOPO, project=f"ifecs{os.getpid()}", compose_dir=str(repo / COMPOSE))
-        f.up(progress=lambda line: None)
-        yield f
-    finally:
-        if f is not None:
-            f.down()
-        if joined:
-            subprocess.run(["docker", "swarm", "leave", "--force"], capture_output=True)
-        dockerd.stop()
+    with docker_with_images(build_dir):
+        joined = False
+        f = None
+        try:
+            if _swarm_state() != "active":
+                r = subprocess.run(["docker", "swarm", "init", "--advertise-addr", "127.0.0.1"], capture_output=True,
+                                   text=True)
+                assert r.returncode == 0, f"docker swarm init: {r.stderr}"
+                joined = True
+            f = containers.SwarmFabric(repo / TOPO, project=f"ifecs{os.getpid()}", compose_dir=str(repo / COMPOSE))
+            f.up(progress=lambda line: None)
+            yield f
+        finally:
+            if f is not None and f.leftovers():
+                f.down()
+            if joined:
+                subprocess.run(["docker", "swarm", "leave", "--force"], capture_output=True)
 
 
 def test_the_stack_runs_an_allreduce_and_is_removed(stack):

@@ -450,11 +450,16 @@ void EchAgent::send_packet(EchMulticast& m, size_t i, bool retransmit) {
 // matches no running reduction is a late copy only while the group's last reduction could still be answered by
 // its switch (a few of its longest timeouts); after that, or for a group never used, it is early.
 void EchAgent::note_group(const GroupKey& k, common::TimeNs max_rto_ns) {
-  group_activity_[k] = {clock().now(), 4 * max_rto_ns};
-  if (group_activity_.size() > kGroupsRemembered) {
-    for (auto it = group_activity_.begin(); it != group_activity_.end();) {
-      it = clock().now() - it->second.first > it->second.second ? group_activity_.erase(it) : std::next(it);
+  const common::TimeNs now = clock().now();
+  auto [it, added] = group_activity_.insert_or_assign(k, std::make_pair(now, 4 * max_rto_ns));
+  (void)it;
+  // Stale entries go when the map has doubled since the last sweep: amortised O(1) per result frame, even when
+  // every remembered group is still recent.
+  if (added && group_activity_.size() >= next_group_sweep_) {
+    for (auto g = group_activity_.begin(); g != group_activity_.end();) {
+      g = now - g->second.first > g->second.second ? group_activity_.erase(g) : std::next(g);
     }
+    next_group_sweep_ = std::max(kGroupsRemembered, 2 * group_activity_.size());
   }
 }
 

@@ -262,9 +262,10 @@ class EchAgent {
   using GroupKey = std::tuple<uint32_t, uint32_t, uint16_t>;  // (switch ip, job, group)
   std::map<GroupKey, uint64_t> reduction_of_group_;
   // When each group was last active here and how long a late copy of its results can still come (see
-  // note_group); pruned of stale entries once it holds kGroupsRemembered.
+  // note_group); swept of stale entries whenever it has doubled since the last sweep (at least kGroupsRemembered).
   static constexpr size_t kGroupsRemembered = 4096;
   std::map<GroupKey, std::pair<common::TimeNs, common::TimeNs>> group_activity_;
+  size_t next_group_sweep_ = kGroupsRemembered;
   void note_group(const GroupKey& k, common::TimeNs max_rto_ns);
   bool recently_used(const GroupKey& k);
   std::map<uint64_t, std::weak_ptr<EchMulticast>> multicasts_;
