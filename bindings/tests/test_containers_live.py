@@ -105,9 +105,6 @@ def test_a_link_taken_down_inside_a_container_reweights_like_the_simulator(fab):
     assert fab.plane_gbps(0, 5) == before
 
 
-@pytest.mark.xfail(reason="known bug, open: a switch killed during an in-fabric MoE dispatch (256 tokens) fails the "
-                          "layer: rank 0's hostd stops answering and the other ranks' fallback stores to it exceed "
-                          "their retries", raises=(AssertionError, live.LiveError), strict=False)
 def test_a_switch_container_killed_during_an_moe_step_is_worked_around(fab):
     try:
         m = _killed_during(fab, "p1-sw", 0.3, "moe", algo="ifec", dtype="bf16", seed=4, moe=dict(tokens=256))

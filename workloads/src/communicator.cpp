@@ -183,21 +183,33 @@ void Communicator::allocate_window(uint16_t id, uint64_t bytes, Ready done) {
   const endpoint::WindowInfo& w = mem.allocate_window(id, bytes, opts_.ifec.job);
   common::BlobWriter out;
   out.put(w.id).put(w.va).put(w.size).put(w.rkey).put(w.job);
-  boot_.allgather(out.take(), [this, done](Gathered g) {
+  boot_.allgather(out.take(), [this, id, done](Gathered g) {
     if (!g.ok) {
       done("bootstrap: " + g.error);
       return;
     }
+    // A part that is not a window, or another window's, means the ranks are not in the same allgather (a bootstrap
+    // out of step): the operation fails, saying so, and nothing is installed.
+    std::vector<endpoint::WindowInfo> infos(g.parts.size());
+    try {
+      for (size_t r = 0; r < g.parts.size(); ++r) {
+        common::BlobReader rd(g.parts[r], "rank " + std::to_string(r) + "'s window");
+        endpoint::WindowInfo& info = infos[r];
+        info.id = rd.get<uint16_t>();
+        info.va = rd.get<uint64_t>();
+        info.size = rd.get<uint64_t>();
+        info.rkey = rd.get<uint32_t>();
+        info.job = rd.get<uint32_t>();
+        IFEC_CHECK(info.id == id, "rank " << r << " sent window " << info.id << " for window " << id
+                                          << " (the ranks' allgathers are out of step)");
+      }
+    } catch (const std::exception& e) {
+      done(std::string("window exchange: ") + e.what());
+      return;
+    }
     for (size_t r = 0; r < g.parts.size(); ++r) {
-      common::BlobReader rd(g.parts[r], "rank " + std::to_string(r) + "'s window");
-      endpoint::WindowInfo info;
-      info.id = rd.get<uint16_t>();
-      info.va = rd.get<uint64_t>();
-      info.size = rd.get<uint64_t>();
-      info.rkey = rd.get<uint32_t>();
-      info.job = rd.get<uint32_t>();
       if (static_cast<int>(r) != rank()) {
-        ep_.set_remote_window(gpus_.at(r), info);
+        ep_.set_remote_window(gpus_.at(r), infos[r]);
       }
     }
     done("");

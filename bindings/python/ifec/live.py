@@ -214,8 +214,11 @@ class LiveFabric:
         Raises LiveError naming every rank that failed or did not answer."""
         grpc, pb, _ = _grpc()
         gpus = [n for n in self.nodes if n["kind"] == "gpu"]
+        # Operations are numbered alike on every rank and upward across drivers (microseconds since the epoch): one
+        # that a failed operation left some rank behind in starts clean (RunRequest.run_id).
+        self._run_id = max(getattr(self, "_run_id", 0) + 1, time.time_ns() // 1000)
         req = pb.RunRequest(what=what, algo=algo, bytes=int(bytes), dtype=dtype, op=op, root=int(root),
-                            seed=int(seed), moe=pb.MoeShape(**(moe or {})))
+                            seed=int(seed), moe=pb.MoeShape(**(moe or {})), run_id=self._run_id)
         with concurrent.futures.ThreadPoolExecutor(len(gpus)) as ex:
             futs = {g["name"]: ex.submit(self.stub(g["name"]).Run, req, timeout=timeout) for g in gpus}
             replies, errors = {}, []

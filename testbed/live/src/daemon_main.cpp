@@ -89,11 +89,20 @@ int serve(int argc, char** argv, const char* what) {
       }
     });
     std::fprintf(stderr, "%s %s: running\n", argv[0], o.node.c_str());
-    d.run();
-    std::fprintf(stderr, "%s %s: stopped\n", argv[0], o.node.c_str());
+    std::string failure;
+    try {
+      d.run();
+    } catch (const std::exception& e) {  // the waiter must be joined before this frame unwinds
+      failure = e.what();
+    }
     pthread_kill(waiter.native_handle(), SIGTERM);  // wakes the waiter if the daemon stopped on its own
-    waiter.detach();
+    waiter.join();
     close(sfd);
+    if (!failure.empty()) {
+      std::fprintf(stderr, "%s %s: stopped on an error: %s\n", argv[0], o.node.c_str(), failure.c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "%s %s: stopped\n", argv[0], o.node.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", argv[0], e.what());

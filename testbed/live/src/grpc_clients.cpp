@@ -292,6 +292,7 @@ void GrpcBootstrap::allgather(std::vector<uint8_t> mine, std::function<void(work
   };
   auto c = std::make_shared<Call>();
   c->req.set_rank(rank_);
+  c->req.set_epoch(epoch_);
   c->req.set_seq(seq_++);
   c->req.set_part(std::string(mine.begin(), mine.end()));
   c->ctx.set_deadline(deadline_after(deadline_ns_));

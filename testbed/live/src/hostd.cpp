@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <map>
+#include <memory>
 
 #include "daemon_common.h"
 #include "hostd_moe.h"
@@ -39,42 +40,66 @@ constexpr uint64_t kRingWindowBytes = uint64_t{1} << 20;
 constexpr common::TimeNs kRingPollBusyNs = 50'000;     // while descriptors are in flight
 constexpr common::TimeNs kRingPollIdleNs = 1'000'000;  // otherwise
 
-// Rank 0's hub: the k-th allgather of every rank meets the others' k-th (waits on gRPC threads).
+// Rank 0's hub: the k-th allgather of every rank in an epoch (an operation) meets the others' k-th (waits on gRPC
+// threads). A part of a later epoch ends the waits of earlier ones: the ranks that were waiting there are told their
+// operation was left by some rank, instead of holding a thread until the timeout.
 class Hub {
  public:
   explicit Hub(int n) : n_(n) {}
-  grpc::Status gather(const std::string& node, int rank, uint64_t seq, const std::string& part,
-                      v1::AllgatherReply* out) {
+  grpc::Status gather(const std::string& node, const v1::AllgatherRequest& q, v1::AllgatherReply* out) {
+    const int rank = q.rank();
     if (rank < 0 || rank >= n_) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, node + ": allgather from rank " + std::to_string(rank) +
                                                                   " outside 0.." + std::to_string(n_ - 1));
     }
     std::unique_lock<std::mutex> lock(mu_);
-    Round& r = rounds_[seq];
-    if (r.parts.empty()) {
-      r.parts.resize(n_);
-      r.in.assign(n_, 0);
+    const std::string what =
+        node + ": allgather " + std::to_string(q.seq()) + " of operation " + std::to_string(q.epoch());
+    if (q.epoch() < newest_) {
+      return grpc::Status(grpc::StatusCode::ABORTED,
+                          what + ": operation " + std::to_string(newest_) + " has started since");
     }
-    r.parts[rank] = part;
-    if (!r.in[rank]) {
-      r.in[rank] = 1;
-      ++r.arrived;
+    if (q.epoch() > newest_) {
+      newest_ = q.epoch();
+      for (auto it = rounds_.begin(); it != rounds_.end();) {  // earlier operations' rounds: their waiters leave
+        if (it->first.first < newest_) {
+          it->second->superseded = true;
+          it = rounds_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    std::shared_ptr<Round>& slot = rounds_[{q.epoch(), q.seq()}];
+    if (!slot) {
+      slot = std::make_shared<Round>();
+      slot->parts.resize(n_);
+      slot->in.assign(n_, 0);
+    }
+    std::shared_ptr<Round> r = slot;
+    r->parts[rank] = q.part();
+    if (!r->in[rank]) {
+      r->in[rank] = 1;
+      ++r->arrived;
     }
     cv_.notify_all();
-    if (!cv_.wait_for(lock, kAllgatherWait, [&] { return r.arrived == n_; })) {
+    if (!cv_.wait_for(lock, kAllgatherWait, [&] { return r->arrived == n_ || r->superseded; })) {
       std::string missing;
       for (int k = 0; k < n_; ++k) {
-        missing += r.in[k] ? "" : (missing.empty() ? "" : ", ") + std::to_string(k);
+        missing += r->in[k] ? "" : (missing.empty() ? "" : ", ") + std::to_string(k);
       }
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, node + ": allgather " + std::to_string(seq) +
-                                                                   ": rank(s) " + missing + " did not arrive in " +
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, what + ": rank(s) " + missing + " did not arrive in " +
                                                                    std::to_string(kAllgatherWait.count()) + " s");
     }
-    for (const std::string& p : r.parts) {
+    if (r->arrived < n_) {
+      return grpc::Status(grpc::StatusCode::ABORTED,
+                          what + ": operation " + std::to_string(newest_) + " started before every rank arrived");
+    }
+    for (const std::string& p : r->parts) {
       out->add_parts(p);
     }
-    if (++r.served == n_) {
-      rounds_.erase(seq);
+    if (++r->served == n_) {
+      rounds_.erase({q.epoch(), q.seq()});
     }
     return grpc::Status::OK;
   }
@@ -85,11 +110,13 @@ class Hub {
     std::vector<char> in;
     int arrived = 0;
     int served = 0;
+    bool superseded = false;
   };
   int n_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::map<uint64_t, Round> rounds_;
+  uint64_t newest_ = 0;
+  std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<Round>> rounds_;  // (epoch, seq)
 };
 
 }  // namespace
@@ -176,7 +203,7 @@ class HostService final : public v1::Host::Service {
     if (!d_.hub) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, name_ + ": not rank 0, the bootstrap's hub");
     }
-    return d_.hub->gather(name_, q->rank(), q->seq(), q->part(), out);
+    return d_.hub->gather(name_, *q, out);
   }
   grpc::Status Run(grpc::ServerContext* ctx, const v1::RunRequest* q, v1::RunReply* out) override {
     auto p = std::make_shared<std::promise<v1::RunReply>>();
@@ -391,6 +418,9 @@ void HostDaemon::Impl::run_alltoall(const v1::RunRequest& q, std::function<void(
 
 void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
   IFEC_CHECK(ready_error.empty(), rt->info().name << ": not bootstrapped: " << ready_error);
+  if (q.run_id() != 0) {  // the driver numbers operations alike on every rank (see RunRequest.run_id)
+    boot->begin_epoch(q.run_id());
+  }
   if (q.what() == "alltoall") {
     run_alltoall(q, std::move(reply));
     return;
@@ -559,7 +589,7 @@ HostDaemon::~HostDaemon() {
   }
 }
 
-void HostDaemon::run() { impl_->rt->loop().serve(); }
+void HostDaemon::run() { impl_->rt->serve(); }
 void HostDaemon::stop() { impl_->rt->loop().stop(); }
 
 }  // namespace ifec::live

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "ifec/common/checks.h"
@@ -289,6 +290,18 @@ void NodeRuntime::note(const std::string& kind, const std::string& detail) {
   events_.push_back({loop_.now(), kind, detail});
   if (events_.size() > 10000) {
     events_.pop_front();
+  }
+}
+
+void NodeRuntime::serve() {
+  for (;;) {
+    try {
+      loop_.serve();
+      return;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s: error on the event loop (going on): %s\n", info().name.c_str(), e.what());
+      note("error", e.what());
+    }
   }
 }
 

@@ -298,7 +298,7 @@ SwitchDaemon::~SwitchDaemon() {
   }
 }
 
-void SwitchDaemon::run() { impl_->rt->loop().serve(); }
+void SwitchDaemon::run() { impl_->rt->serve(); }
 void SwitchDaemon::stop() { impl_->rt->loop().stop(); }
 
 }  // namespace ifec::live

@@ -9,7 +9,13 @@ void apply_live_timing(endpoint::EndpointConfig& ec) {
   ec.rto_ns = 25'000'000;
   ec.rto_max_ns = 200'000'000;
   ec.adaptive_rto = true;
-  ec.max_retries = 12;
+  common::TimeNs budget = 0;
+  int retries = 0;
+  for (common::TimeNs rto = ec.rto_ns; budget < 2 * kLiveFareHoldNs; rto = std::min(2 * rto, ec.rto_max_ns)) {
+    budget += rto;
+    ++retries;
+  }
+  ec.max_retries = retries;
 }
 
 void apply_live_timing(workloads::IfecOptions& io) {

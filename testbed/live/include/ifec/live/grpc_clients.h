@@ -51,12 +51,18 @@ class GrpcBootstrap : public workloads::Bootstrap {
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(gpus_.size()); }
   void allgather(std::vector<uint8_t> mine, std::function<void(workloads::Gathered)> done) override;
+  // Starts an operation's allgathers: they are numbered from 0 again under `epoch` (the same on every rank).
+  void begin_epoch(uint64_t epoch) {
+    epoch_ = epoch;
+    seq_ = 0;
+  }
 
  private:
   EpollLoop& loop_;
   int rank_;
   std::vector<int> gpus_;
   common::TimeNs deadline_ns_;
+  uint64_t epoch_ = 0;
   uint64_t seq_ = 0;
   std::string root_;  // rank 0's hostd, for errors
   std::shared_ptr<grpc::Channel> channel_;

@@ -22,13 +22,13 @@
 #include "ifec/live/netns.h"
 #include "ifec/routing/fare_speaker.h"
 #include "ifec/routing/topology.h"
+#include "ifec/testbed/live_timing.h"
 
 namespace ifec::live {
 
 struct RuntimeOptions {
-  common::TimeNs fare_interval_ns = 100'000'000;  // periodic advertisements
-  common::TimeNs fare_hold_ns = 2'000'000'000;    // a neighbour silent this long counts as gone (a busy daemon's
-                                                  // advertisements can be late by hundreds of ms)
+  common::TimeNs fare_interval_ns = 100'000'000;           // periodic advertisements
+  common::TimeNs fare_hold_ns = testbed::kLiveFareHoldNs;  // a neighbour silent this long counts as gone
   common::TimeNs carrier_poll_ns = 20'000'000;
   std::string netns;  // open the interfaces in this namespace (tests); "" = the daemon's own
   // Interface of each topology port; ports not in it are f<port> (the namespaces' naming). Containers, whose
@@ -105,6 +105,9 @@ class NodeRuntime {
   // Starts speaking FARE (call once the owner set its receivers).
   void start();
   void note(const std::string& kind, const std::string& detail);  // any thread
+  // Serves the loop until stop(). A callback that throws is reported (stderr and an "error" event) and the loop goes
+  // on: one operation's failure must not take the daemon, and every other rank's operations, down with it.
+  void serve();
   std::vector<RuntimeEvent> events_since(common::TimeNs since) const;
   uint64_t fare_changes() const { return fare_changes_; }
   // Prometheus text for this node's ports and FARE state, plus what `extra` adds (the switch's or endpoint's own).
