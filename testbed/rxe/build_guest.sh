@@ -8,7 +8,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 CACHE="${IFEC_RXE_CACHE:-/var/cache/ifec/rxe}"
 KVER="${IFEC_RXE_KERNEL:-6.1.0-50-amd64}"
 DEBS=(linux-image-$KVER-unsigned rdma-core ibverbs-providers ibverbs-utils perftest libibverbs1 librdmacm1
-      libnl-3-200 libnl-route-3-200)
+      libnl-3-200 libnl-route-3-200 libibumad3 libpci3)
 HERE="$(cd "$(dirname "$0")" && pwd)"
 KERNEL="$CACHE/vmlinuz-$KVER"
 INITRD="$CACHE/initrd-$KVER.cpio.gz"
@@ -46,6 +46,7 @@ progs=(/usr/bin/rdma "$X/usr/bin/ibv_devices" "$X/usr/bin/ibv_devinfo" "$X/usr/b
 export LD_LIBRARY_PATH="$X/usr/lib/x86_64-linux-gnu:$X/lib/x86_64-linux-gnu"
 for p in "${progs[@]}"; do
   cp "$p" "$R/bin/"
+  if ldd "$p" | grep -q "not found"; then echo "build_guest: $(basename "$p") lacks $(ldd "$p" | grep "not found" | tr -s '\t\n' ' ')" >&2; exit 1; fi
   ldd "$p" | awk '/=> \// {print $3} /^\t\// {print $1}' | while read -r lib; do
     mkdir -p "$R$(dirname "$lib")"; cp -L "$lib" "$R$lib" 2>/dev/null || true
     base=$(basename "$lib"); [[ -e "$R/usr/lib/x86_64-linux-gnu/$base" ]] || cp -L "$lib" "$R/usr/lib/x86_64-linux-gnu/$base"

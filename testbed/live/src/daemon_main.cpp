@@ -18,7 +18,7 @@ namespace {
 
 const char* kUsage =
     "usage: %s --topo FILE --node NAME [--listen ADDR] [--netns NAME] [--loopback-mgmt]\n"
-    "          [--mgmt-names] [--links-by-subnet BASE]\n"
+    "          [--mgmt-names] [--links-by-subnet BASE] [--guest-mac MAC]\n"
     "  --topo FILE       the topology (YAML) every daemon of the fabric runs from; env:NAME reads it from\n"
     "                    environment variable NAME (containers)\n"
     "  --node NAME       the topology node this daemon is (%s)\n"
@@ -27,7 +27,9 @@ const char* kUsage =
     "  --loopback-mgmt   every daemon on 127.0.0.1, port 50051 + node index (tests)\n"
     "  --mgmt-names      every daemon at its node name (containers: DNS), gRPC :50051, metrics :9400\n"
     "  --links-by-subnet BASE  link L's interface is the one with an address in BASE + 8 L /29 (containers,\n"
-    "                    whose interfaces Docker names; BASE an IPv4 address, e.g. 10.64.0.0)\n";
+    "                    whose interfaces Docker names; BASE an IPv4 address, e.g. 10.64.0.0)\n"
+    "  --guest-mac MAC   hostd: the GPU is an external RDMA peer (a Soft-RoCE guest) sharing the node's\n"
+    "                    interface: speak FARE for it under MAC, run no endpoint (testbed/rxe)\n";
 
 bool parse(int argc, char** argv, DaemonOptions* o, const char* what) {
   for (int i = 1; i < argc; ++i) {
@@ -46,6 +48,8 @@ bool parse(int argc, char** argv, DaemonOptions* o, const char* what) {
       value(&o->netns);
     } else if (a == "--loopback-mgmt") {
       o->mgmt_loopback = true;
+    } else if (a == "--guest-mac") {
+      value(&o->guest_mac);
     } else if (a == "--mgmt-names") {
       o->mgmt_names = true;
     } else if (a == "--links-by-subnet") {

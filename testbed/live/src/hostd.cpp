@@ -417,6 +417,8 @@ void HostDaemon::Impl::run_alltoall(const v1::RunRequest& q, std::function<void(
 }
 
 void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
+  IFEC_CHECK(o.guest_mac.empty(),
+             rt->info().name << ": an external peer (" << o.guest_mac << ") is this GPU: its hostd runs no operations");
   IFEC_CHECK(ready_error.empty(), rt->info().name << ": not bootstrapped: " << ready_error);
   if (q.run_id() != 0) {  // the driver numbers operations alike on every rank (see RunRequest.run_id)
     boot->begin_epoch(q.run_id());
@@ -549,11 +551,14 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   IFEC_CHECK(d.rt->info().kind == routing::NodeKind::kGpu,
              "node " << d.o.node << " is a switch: run ifec-switchd for it, not ifec-hostd");
   d.gpu = d.rt->info().gpu_index;
-  if (d.gpu == 0) {
+  const bool guest = !d.o.guest_mac.empty();
+  if (d.gpu == 0 && !guest) {
     d.hub = std::make_unique<Hub>(d.topo.num_gpus());
   }
-  d.ring = HostRing::create(d.o.node, static_cast<uint32_t>(d.gpu), static_cast<uint32_t>(d.topo.num_gpus()),
-                            kRingSlots, kRingDataBytes, kRingWindowBytes);
+  if (!guest) {
+    d.ring = HostRing::create(d.o.node, static_cast<uint32_t>(d.gpu), static_cast<uint32_t>(d.topo.num_gpus()),
+                              kRingSlots, kRingDataBytes, kRingWindowBytes);
+  }
   d.service = std::make_unique<HostService>(d);
   const std::string listen = listen_address(d.o, d.rt->node());
   d.server = start_server(d.o.node, listen, d.service.get());
@@ -573,8 +578,13 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   d.rt->note("start", "hostd " + d.o.node + " (GPU " + std::to_string(d.gpu) + ") serving on " + listen);
   // Wait (on the loop) until every live port heard its switch, at most 10 s, then start the endpoint.
   auto wait = std::make_shared<std::function<void(int)>>();
-  *wait = [&d, wait](int left) {
-    if (d.rt->all_heard() || left == 0) {
+  *wait = [&d, wait, guest](int left) {
+    if (guest && d.rt->all_heard()) {  // an external peer: FARE is all this daemon does for it
+      d.ready_error = "";
+      d.rt->note("guest", "speaking FARE for the external peer " + d.o.guest_mac + " (no endpoint here)");
+      return;
+    }
+    if (!guest && (d.rt->all_heard() || left == 0)) {
       d.start_endpoint();
       return;
     }

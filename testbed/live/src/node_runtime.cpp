@@ -145,7 +145,7 @@ void NodeRuntime::advertise(int port) {
     return;
   }
   for (const routing::FareMessage& m : speaker_.advert(port)) {
-    p.dev_->send_control(routing::encode_fare(m, p.dev_->mac()));
+    p.dev_->send_control(routing::encode_fare(m, opts_.fare_mac ? opts_.fare_mac->data() : p.dev_->mac()));
   }
 }
 

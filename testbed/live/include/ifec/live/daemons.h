@@ -21,6 +21,9 @@ struct DaemonOptions {
   bool mgmt_loopback = false;  // tests: every daemon on 127.0.0.1 at port 50051 + node index
   bool mgmt_names = false;     // containers: every daemon at its node name (DNS), ports 50051 and 9400
   uint32_t links_base = 0;     // containers: find link L's interface by its address in base + 8 L /29 (0: f<port>)
+  // hostd only: the GPU is an external RDMA peer (a Soft-RoCE guest) whose NIC shares this node's interface; hostd
+  // speaks FARE for it under this MAC and runs no endpoint of its own ("" = none).
+  std::string guest_mac;
   std::vector<std::string> node_names;  // the topology's, by node index (the daemons fill it: mgmt_names uses it)
   common::TimeNs rpc_deadline_ns = 5'000'000'000ULL;
 };

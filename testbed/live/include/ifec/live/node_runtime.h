@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,6 +35,9 @@ struct RuntimeOptions {
   // Interface of each topology port; ports not in it are f<port> (the namespaces' naming). Containers, whose
   // interfaces Docker names, fill it with interfaces_by_subnet().
   std::map<int, std::string> ifnames;
+  // FARE frames carry this source MAC instead of the port's (a hostd speaking for an external peer: neighbours
+  // learn the peer's MAC as this node's). Unset: the port's own.
+  std::optional<common::MacAddress> fare_mac;
 };
 
 // The interfaces of `node` found by address: link L's network is the /29 at `base` + 8 L (the compose file's
