@@ -233,6 +233,19 @@ double Endpoint::plane_weight(int peer, int plane) const {
 
 void Endpoint::reset_responder(int peer, int qp_index, uint32_t psn) { qp(peer, qp_index).reset_responder(psn); }
 
+std::pair<uint32_t, uint32_t> Endpoint::attach_external(int peer, int qp_index, uint32_t remote_qpn,
+                                                        uint32_t first_request_psn, uint16_t pkey) {
+  IFEC_CHECK(peer >= 0 && peer < num_endpoints() && peer != cfg_.index,
+             "external peer " << peer << ": not another endpoint (0.." << num_endpoints() - 1 << ")");
+  IFEC_CHECK(qp_index >= 0 && qp_index < num_ports(),
+             "external peer " << peer << ": QP " << qp_index << " outside 0.." << num_ports() - 1);
+  IFEC_CHECK(remote_qpn > 1 && remote_qpn < 0xFFFFFF,
+             "external peer " << peer << ": QP number " << remote_qpn << " is reserved or out of range");
+  QueuePair& q = qp(peer, qp_index);
+  q.attach_external(remote_qpn, first_request_psn, pkey);
+  return {q.config().local_qpn, q.next_psn()};
+}
+
 void Endpoint::remote_written(int peer, uint32_t rkey, uint64_t va, uint64_t len) {
   if (remote_write_hooks_.empty()) {
     return;
@@ -268,6 +281,8 @@ std::vector<std::pair<std::string, uint64_t>> Endpoint::named_counters() const {
           {"duplicates", k.qp.duplicates},
           {"out_of_order", k.qp.out_of_order},
           {"access_naks_sent", k.qp.access_naks_sent},
+          {"invalid_naks_sent", k.qp.invalid_naks_sent},
+          {"seq_naks_sent", k.qp.seq_naks_sent},
           {"atomic_replays", k.qp.atomic_replays},
           {"ech_contributions_sent", e.contributions_sent},
           {"ech_retransmissions", e.retransmissions},
@@ -926,6 +941,9 @@ void Endpoint::receive(int port, std::vector<uint8_t>&& frame) {
   if (opcode <= static_cast<uint8_t>(common::Opcode::kSendOnlyImm) ||
       opcode == static_cast<uint8_t>(common::Opcode::kCnp)) {
     counters_.rx_unsupported++;
+    if (opcode != static_cast<uint8_t>(common::Opcode::kCnp)) {
+      qp(peer, q).reject_unsupported(pf.h.bth.psn);  // a real peer's SEND: NAK Invalid Request, not silence
+    }
     return;
   }
   qp(peer, q).receive(pf, frame.data());

@@ -532,6 +532,26 @@ void QueuePair::receive(const common::ParsedFrame& pf, const uint8_t* frame) {
   }
 }
 
+void QueuePair::attach_external(uint32_t remote_qpn, uint32_t first_request_psn, uint16_t pkey) {
+  cfg_.remote_qpn = remote_qpn & 0xFFFFFF;
+  cfg_.pkey = pkey;
+  cfg_.weak = false;
+  external_ = true;
+  reset_responder(first_request_psn & 0xFFFFFF);
+}
+
+void QueuePair::reject_unsupported(uint32_t psn) {
+  if (!external_) {
+    return;
+  }
+  counters_.rx_requests++;
+  if (fatal_) {
+    send_nak(fatal_code_, fatal_psn_);
+  } else if (psn_diff(psn, epsn_) == 0) {
+    fatal(NakCode::kInvalidRequest, psn);
+  }
+}
+
 void QueuePair::reset_responder(uint32_t psn) {
   epsn_ = psn;
   nak_pending_ = false;

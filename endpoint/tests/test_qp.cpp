@@ -260,6 +260,7 @@ TEST(Endpoint, MalformedAndUnexpectedFramesAreCountedAndDropped) {
   EXPECT_EQ(c.rx_unknown_qp, 1u);
   EXPECT_EQ(c.qp.far_psn_drops, 1u);
   EXPECT_EQ(c.rx_unsupported, 1u);
+  EXPECT_EQ(c.qp.invalid_naks_sent, 0u) << "between the project's endpoints a SEND is a stray frame: counted only";
   EXPECT_EQ(c.rx_wrong_source, 1u);
   EXPECT_EQ(c.rx_malformed, 1u);
   EXPECT_EQ(u64(p.mem(1, kFlag)), 0u) << "nothing was written";

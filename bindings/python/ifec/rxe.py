@@ -114,16 +114,20 @@ class RxeFabric:
         self.driver = "live (rxe guests)"
         base_start, base_configure = fab.start, fab._configure
 
-        def start(node):
-            if node not in self.guests:
-                return base_start(node)
-            nd = self.node(node)
+        def hostd(node, *extra):
             log = open(fab.log_dir / f"{node}.log", "a")
             fab.procs[node] = fab.hosts[node].popen(
-                [str(live._bin_dir() / "ifec-hostd"), "--topo", fab.topology_file, "--node", node,
-                 "--guest-mac", self.mac(node)], stdout=log, stderr=subprocess.STDOUT)
+                [str(live._bin_dir() / "ifec-hostd"), "--topo", fab.topology_file, "--node", node, *extra],
+                stdout=log, stderr=subprocess.STDOUT)
             fab._stubs.pop(node, None)
             fab._record()
+
+        def start(node):
+            if node in self.guests:  # hostd only speaks FARE for the guest
+                return hostd(node, "--guest-mac", self.mac(node))
+            if self.node(node)["kind"] == "gpu" and self.guests:  # a hostd among guests: its external peers
+                return hostd(node, "--external-peers", ",".join(self.guests))
+            return base_start(node)
 
         def configure():
             base_configure()
@@ -260,11 +264,11 @@ def client_script(server_mgmt_ip, tools=TOOLS, extra="", limit_s=90):
     return "\n".join(lines) + "\n"
 
 
-def results(lines):
+def results(lines, tools=TOOLS):
     """{tool: dict(rc, gbps, mpps, usec, text)} from a guest's output (perftest's result row, or ibv_rc_pingpong's
     summary lines)."""
     out = {}
-    for name, _ in TOOLS:
+    for name, _ in tools:
         tag = _tag(name)
         mine = [l.split("] ", 1)[1] for l in lines if l.startswith(f"[{tag}] ")]
         rc = next((int(l.rsplit("rc=", 1)[1]) for l in lines if l.startswith(f"IFEC-RESULT {tag} rc=")), None)
@@ -425,3 +429,397 @@ def table(rows):
                      f"{fmt(r['mpps'] and r['mpps'], '%.4f'):>8} {fmt(r['usec'], '%.0f'):>8}"
                      + (f"  ({r['detail']})" if r.get("detail") else ""))
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ perftest's connection exchange, for hostd --
+# perftest 4.5 (Debian 12: 4.5+0.17, version string "6.06") exchanges connection data over TCP before and after
+# a test, without rdma_cm: the client writes each message first and the server answers with its own of the same
+# size (src/perftest_communication.c). In order: the version (16 bytes), the page size and the cache line size
+# (4 bytes each, big-endian; both sides keep the larger), the path MTU as an ASCII digit + NUL (both keep the
+# smaller), the QP's key message three times (108 bytes: "lid:out_reads:qpn:psn:rkey:vaddr:" in hex, the GID as 16
+# "%02x:" and "srqn:", NUL), the test, the key message again, five 8-byte report values (size, iterations, peak,
+# average, message rate), the key message a last time, and "done\0" from both sides. The client's first request
+# carries the PSN of its own key message; it takes the rkey and address from the third. The shim below is that
+# exchange for ifec-hostd, which pairs its QP with the guest's through AttachPeer.
+
+PERFTEST_VERSION = b"6.06".ljust(16, b"\0")
+MTU_CODE = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
+KEY_BYTES = 108
+
+
+def key_message(qpn, psn, rkey, vaddr, ip, out_reads=1, lid=0, srqn=0):
+    gid = bytes(10) + b"\xff\xff" + int(ip).to_bytes(4, "big")  # ::ffff:a.b.c.d, RoCEv2 over IPv4
+    text = "%04x:%04x:%06x:%06x:%08x:%016x:" % (lid, out_reads, qpn, psn, rkey, vaddr) + \
+        "".join("%02x:" % b for b in gid) + "%08x:" % srqn
+    msg = text.encode() + b"\0"
+    assert len(msg) == KEY_BYTES, len(msg)
+    return msg
+
+
+def parse_key(msg):
+    """The fields of a key message; GuestError naming what is wrong with a malformed one."""
+    try:
+        f = msg[:KEY_BYTES - 1].decode("ascii").split(":")
+        lid, out_reads, qpn, psn, rkey, vaddr = (int(x, 16) for x in f[:6])
+        gid = bytes(int(x, 16) for x in f[6:22])
+    except (UnicodeDecodeError, ValueError) as e:
+        raise GuestError(f"perftest key message {msg[:KEY_BYTES]!r}: {e}")
+    if len(gid) != 16 or msg[KEY_BYTES - 1:KEY_BYTES] != b"\0":
+        raise GuestError(f"perftest key message {msg[:KEY_BYTES]!r}: not 107 characters and a NUL")
+    return dict(lid=lid, out_reads=out_reads, qpn=qpn, psn=psn, rkey=rkey, vaddr=vaddr, gid=gid,
+                ip=int.from_bytes(gid[12:], "big") if gid[:12] == bytes(10) + b"\xff\xff" else None)
+
+
+def _recv(sock, n, step):
+    buf = b""
+    while len(buf) < n:
+        got = sock.recv(n - len(buf))
+        if not got:
+            raise GuestError(f"perftest exchange, {step}: the peer closed after {len(buf)} of {n} bytes")
+        buf += got
+    return buf
+
+
+class PerftestPeer:
+    """ifec-hostd's side of perftest's exchange, as the server (the guest runs the client) or as the client (the
+    guest runs the server). `attach(peer_key) -> AttachPeerReply` pairs hostd's QP with the guest's; as the client,
+    `traffic(peer_key)` runs between the third and the fourth key messages (hostd's requests to the guest)."""
+
+    def __init__(self, attach, mtu=1024, out_reads=16, traffic=None, timeout=120):
+        self.attach, self.mtu, self.out_reads, self.traffic, self.timeout = attach, mtu, out_reads, traffic, timeout
+        self.peer_key, self.reports, self.mine, self.attached = None, None, None, None
+
+    def _step(self, sock, mine, n, step, client):
+        if client:
+            sock.sendall(mine)
+            return _recv(sock, n, step)
+        theirs = _recv(sock, n, step)
+        sock.sendall(mine)
+        return theirs
+
+    def _session(self, sock, client):
+        import struct
+        sock.settimeout(self.timeout)
+        v = self._step(sock, PERFTEST_VERSION, 16, "version", client)
+        if float(v.rstrip(b"\0").decode(errors="replace") or 0) < 5.70:
+            raise GuestError(f"perftest exchange: the peer's version {v!r} is older than 5.70")
+        self._step(sock, struct.pack(">i", 4096), 4, "page size", client)
+        self._step(sock, struct.pack(">i", 64), 4, "cache line", client)
+        peer_mtu = self._step(sock, b"%d\0" % MTU_CODE[self.mtu], 2, "MTU", client)
+        if client:  # our key goes first: hostd's QP and PSN do not depend on the peer's
+            first = self.attach(dict(qpn=2, psn=0))
+            self.mine = key_message(first.qpn, first.psn, first.rkey, first.vaddr, first.ip, self.out_reads)
+            self.peer_key = parse_key(self._step(sock, self.mine, KEY_BYTES, "key 1", client))
+            self.attach(self.peer_key)
+        else:
+            self.peer_key = parse_key(_recv(sock, KEY_BYTES, "key 1"))
+            r = self.attached = self.attach(self.peer_key)
+            self.mine = key_message(r.qpn, r.psn, r.rkey, r.vaddr, r.ip, self.out_reads)
+            sock.sendall(self.mine)
+        self.peer_mtu = peer_mtu
+        for k in (2, 3):
+            self.peer_key.update({x: y for x, y in parse_key(self._step(sock, self.mine, KEY_BYTES, f"key {k}",
+                                                                        client)).items() if x in ("rkey", "vaddr")})
+        if client and self.traffic:
+            self.traffic(self.peer_key)
+        self._step(sock, self.mine, KEY_BYTES, "key 4 (after the test)", client)
+        vals = []
+        for i, name in enumerate(("size", "iterations", "peak", "average", "message rate")):
+            mine = struct.pack(">Q", 0) if i < 2 else struct.pack(">d", 0.0)
+            vals.append(self._step(sock, mine, 8, f"report {name}", client))
+        self.reports = dict(size=struct.unpack(">Q", vals[0])[0], iterations=struct.unpack(">Q", vals[1])[0],
+                            average=struct.unpack(">d", vals[3])[0])
+        self._step(sock, self.mine, KEY_BYTES, "key 5", client)
+        sock.sendall(b"done\0")
+
+    def serve(self, address):
+        """Accepts one perftest client at `address` (host, port) and runs the exchange; returns self."""
+        import socket
+        with socket.create_server(address, reuse_port=False) as srv:
+            srv.settimeout(self.timeout)
+            conn, _ = srv.accept()
+            with conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._session(conn, client=False)
+        return self
+
+    def connect(self, address, tries=120):
+        """Connects to a perftest server at `address` (retried while it is not listening yet: QEMU's user network
+        accepts for the guest and closes again while nothing listens there); returns self."""
+        import socket
+        for i in range(tries):
+            try:
+                with socket.create_connection(address, timeout=self.timeout) as sock:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    self._session(sock, client=True)
+                return self
+            except (OSError, GuestError) as e:
+                if i + 1 == tries or (isinstance(e, GuestError) and "version" not in str(e)):
+                    raise
+                time.sleep(0.5)
+
+
+# ------------------------------------------------------------------------------- against the project's endpoint --
+
+# BTH opcodes (RC) the checks read from the captures.
+WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_ONLY = 6, 7, 8, 10
+READ_RESPONSE_FIRST, READ_RESPONSE_MIDDLE, READ_RESPONSE_LAST, READ_RESPONSE_ONLY = 13, 14, 15, 16
+ATOMIC_ACK = 18
+EXCHANGE_BASE_PORT = 18600  # the shim's ports on the management bridge's root address
+
+
+def roce_packets(paths, src_ip=None):
+    """[(opcode, psn, headers dict, payload)] of the RoCEv2 frames in pcaps (each frame once: the first file that
+    has it), from `src_ip` if given; payload excludes RETH/AETH/AtomicAckETH, pad and ICRC."""
+    out, seen = [], set()
+    for p in paths:
+        for fr in pcap_frames(p):
+            if roce_icrc(fr) is None:
+                continue
+            key = bytes(fr[26:])  # from the IP source on: the same frame on both links (MACs, TTL differ)
+            if key in seen:
+                continue
+            seen.add(key)
+            ihl = (fr[14] & 0x0F) * 4
+            if src_ip is not None and int.from_bytes(fr[26:30], "big") != src_ip:
+                continue
+            bth = 14 + ihl + 8
+            opcode, pad = fr[bth], (fr[bth + 1] >> 4) & 3
+            psn = int.from_bytes(fr[bth + 9:bth + 12], "big")
+            ip_end = 14 + int.from_bytes(fr[16:18], "big")
+            at, h = bth + 12, {}
+            if opcode in (WRITE_FIRST, WRITE_ONLY, 12):  # RETH
+                h.update(va=int.from_bytes(fr[at:at + 8], "big"), rkey=int.from_bytes(fr[at + 8:at + 12], "big"),
+                         length=int.from_bytes(fr[at + 12:at + 16], "big"))
+                at += 16
+            if opcode in (READ_RESPONSE_FIRST, READ_RESPONSE_LAST, READ_RESPONSE_ONLY, 17, ATOMIC_ACK):  # AETH
+                at += 4
+            if opcode == ATOMIC_ACK:
+                h["original"] = int.from_bytes(fr[at:at + 8], "big")
+                at += 8
+            h.update(sport=int.from_bytes(fr[14 + ihl:14 + ihl + 2], "big"),
+                     dest_qp=int.from_bytes(fr[bth + 5:bth + 8], "big"))
+            out.append((opcode, psn, h, bytes(fr[at:ip_end - 4 - pad])))
+    return out
+
+
+def written_image(packets, base_va, size):
+    """The bytes RDMA WRITE messages left in [base_va, base_va + size), applied in PSN order (each PSN once)."""
+    img, va, done = bytearray(size), None, set()
+    first = packets[0][1] if packets else 0
+    for opcode, psn, h, payload in sorted(packets, key=lambda x: (x[1] - first) % (1 << 24)):  # PSNs wrap
+        if opcode not in (WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_ONLY) or psn in done:
+            continue
+        done.add(psn)
+        if opcode in (WRITE_FIRST, WRITE_ONLY):
+            va = h["va"]
+        if va is None:
+            continue
+        off = va - base_va
+        if 0 <= off and off + len(payload) <= size:
+            img[off:off + len(payload)] = payload
+        va += len(payload)
+    return bytes(img)
+
+
+def _unique_psn(packets):
+    """The first packet of each PSN (a retransmission carries the same bytes)."""
+    seen, out = set(), []
+    for x in packets:
+        if x[1] not in seen:
+            seen.add(x[1])
+            out.append(x)
+    return out
+
+
+def _u64s(data):
+    return [int.from_bytes(data[i:i + 8], "little") for i in range(0, len(data), 8)]
+
+
+class EndpointInterop:
+    """An rxe guest's unmodified perftest against ifec-hostd (RxeFabric with the guest among `guests` and the hostd
+    not): hostd answers perftest's exchange through PerftestPeer and AttachPeer; the bytes and atomic results in its
+    memory are checked against what the captured frames carried. And the reverse: hostd's requests (PeerOps) into
+    the memory a guest's perftest server registered."""
+
+    WINDOWS = dict(write=200, fetch_add=201, cmp_swap=202, again=203)
+    SIZE, ITERS, ATOMICS = 8192, 200, 500
+
+    def __init__(self, rf, hostd, guest):
+        self.rf, self.hostd, self.guest = rf, hostd, guest
+        self.peer_gpu = rf.node(guest)["gpu"]
+        self.stub = rf.fab.stub(hostd)
+
+    def attach(self, window, nbytes):
+        from .v1 import control_pb2 as pb
+        return lambda key: self.stub.AttachPeer(pb.AttachPeerRequest(
+            peer_gpu=self.peer_gpu, peer_qpn=key["qpn"], peer_psn=key["psn"], window=window, window_bytes=nbytes),
+            timeout=10)
+
+    def window(self, name, length, offset=0):
+        return self.rf.fab.read_window(self.hostd, self.WINDOWS[name], offset, length)
+
+    def counters(self):
+        from .v1 import control_pb2 as pb
+        return {k: int(v) for k, v in self.stub.Counters(pb.Empty(), timeout=5).values.items()}
+
+    # (name, window, window bytes, client command without -p/server): the guest runs them in this order.
+    def plan(self):
+        n, s, a = self.ITERS, self.SIZE, self.ATOMICS
+        return [("ib_write_bw", "write", 1 << 20, f"ib_write_bw -d rxe0 -x 1 -F -n {n} -s {s}"),
+                ("ib_read_bw", "write", 1 << 20, f"ib_read_bw -d rxe0 -x 1 -F -n {n} -s {s}"),
+                ("ib_atomic_bw fetch_add", "fetch_add", 4096, f"ib_atomic_bw -d rxe0 -x 1 -F -n {a} -A FETCH_AND_ADD"),
+                ("ib_atomic_bw cmp_swap", "cmp_swap", 4096, f"ib_atomic_bw -d rxe0 -x 1 -F -n {a} -A CMP_AND_SWAP"),
+                ("ib_send_bw", "again", 1 << 20, f"ib_send_bw -d rxe0 -x 1 -F -n {n} -s {s}"),
+                ("ib_write_bw again", "again", 1 << 20, f"ib_write_bw -d rxe0 -x 1 -F -n {n} -s {s}")]
+
+    def guest_to_hostd(self, capture_dir):
+        """The guest's clients against hostd, one shim per tool; returns (rows, facts)."""
+        import threading
+        from . import live
+        plan = self.plan()
+        peers, threads, errors = [], [], {}
+        for i, (name, win, nbytes, _) in enumerate(plan):
+            peer = PerftestPeer(self.attach(self.WINDOWS[win], nbytes), timeout=90)
+
+            def serve(peer=peer, port=EXCHANGE_BASE_PORT + i, name=name):
+                try:
+                    peer.serve((live.MGMT_ROOT_IP, port))
+                except Exception as e:  # noqa: BLE001 - reported in the row
+                    errors[name] = str(e)
+            peers.append(peer)
+            threads.append(threading.Thread(target=serve, daemon=True))
+        for t in threads:
+            t.start()
+        tools = [(name, f"{cmd} -p {EXCHANGE_BASE_PORT + i}") for i, (name, _, _, cmd) in enumerate(plan)]
+        before = self.counters()
+        with Captures(self.rf, capture_dir) as cap:
+            p = self.rf.start_guest(self.guest, client_script(live.MGMT_ROOT_IP, tools))
+            try:
+                so, se = p.communicate(timeout=300)
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        for t in threads:
+            t.join(5)
+        st, lines = report(so, se, p.returncode)
+        got = results(lines, tools)
+        packets = roce_packets(cap.files)
+        after = self.counters()
+        rows = []
+        for i, (name, win, nbytes, _) in enumerate(plan):
+            ok, check = self.check(name, win, got[name], peers[i], packets, errors.get(name), before, after)
+            rows.append(dict(tool=name, direction=f"{self.guest} -> {self.hostd}", path="against ifec-hostd",
+                             loss=0.0, ok=ok, gbps=got[name].get("gbps"), mpps=got[name].get("mpps"), usec=None,
+                             detail=check))
+        return rows, dict(icrc=icrc_report(cap.files), counters={k: after[k] - before.get(k, 0) for k in after})
+
+    def check(self, name, win, res, peer, packets, shim_error, before, after):
+        """(passed, what was checked) for one tool against hostd."""
+        if name == "ib_send_bw":
+            naks = after.get("invalid_naks_sent", 0) - before.get("invalid_naks_sent", 0)
+            why = next((l.strip() for l in res["text"] if "error" in l.lower()), "")
+            ok = res["rc"] not in (0, None) and naks > 0
+            return ok, f"not supported: NAK Invalid Request x{naks}, the client stops ({why or 'rc ' + str(res['rc'])})"
+        if res["rc"] != 0 or shim_error:
+            return False, shim_error or " | ".join(res["text"][-4:])
+        key = peer.peer_key
+        if name.startswith("ib_write_bw"):
+            first = next((x for x in packets if x[1] == key["psn"] and x[0] in (WRITE_FIRST, WRITE_ONLY)), None)
+            reqs = [x for x in packets if first and x[2]["sport"] == first[2]["sport"] and
+                    x[2]["dest_qp"] == first[2]["dest_qp"]]
+            want = written_image(reqs, peer.attached.vaddr, self.SIZE)
+            got = self.window(win, self.SIZE)
+            ok = got == want and any(want)
+            return ok, (f"{self.SIZE} B in hostd's window = the captured WRITE payloads" if ok else
+                        "hostd's window differs from the captured WRITE payloads")
+        if name == "ib_read_bw":
+            resp = sorted([x for x in packets if x[2]["dest_qp"] == key["qpn"] and
+                           x[0] in (READ_RESPONSE_FIRST, READ_RESPONSE_MIDDLE, READ_RESPONSE_LAST, READ_RESPONSE_ONLY)],
+                          key=lambda x: x[1])
+            data = b"".join(x[3] for x in _unique_psn(resp))
+            want = self.window(win, self.SIZE)
+            msgs = [data[i:i + self.SIZE] for i in range(0, len(data), self.SIZE)]
+            ok = len(msgs) >= self.ITERS and all(m == want for m in msgs)
+            return ok, f"{len(msgs)} READ responses of {self.SIZE} B = hostd's window"
+        if name == "ib_atomic_bw fetch_add":
+            got = _u64s(self.window(win, 4096))
+            want = [0] * 512
+            for k in range(self.ATOMICS):
+                want[(k % 64) * 8] += 1
+            acks = [x[2]["original"] for x in _unique_psn([x for x in packets if x[0] == ATOMIC_ACK and
+                                                           x[2]["dest_qp"] == key["qpn"]])]
+            ok = got == want and sorted(acks) == sorted(v for j in range(64) for v in range(want[j * 8]))
+            return ok, f"{self.ATOMICS} fetch-adds of 1 over 64 words: each word = its count, each original once"
+        if name == "ib_atomic_bw cmp_swap":
+            got = _u64s(self.window(win, 4096))
+            acks = [x[2]["original"] for x in _unique_psn([x for x in packets if x[0] == ATOMIC_ACK and
+                                                           x[2]["dest_qp"] == key["qpn"]])]
+            ok = not any(got) and len(acks) == self.ATOMICS and not any(acks)
+            return ok, f"{len(acks)} compare(0)-and-swap(0): originals 0, memory still 0"
+        return False, "no check"
+
+    def hostd_to_guest(self):
+        """hostd's requests into the memory of the guest's perftest servers (write, read, fetch-and-add), through
+        PerftestPeer as the client; returns rows. perftest's server keeps no record of what reached its memory,
+        so the checks are what the guest's RDMA stack answers: the write is acknowledged, two reads of the same
+        region agree, and fetch-and-adds return the guest's word advancing by the amount added."""
+        import threading
+        from .v1 import control_pb2 as pb
+        n, s = self.ITERS, self.SIZE
+        servers = [("ib_write_bw", f"ib_write_bw -d rxe0 -x 1 -F -n {n} -s {s}"),
+                   ("ib_read_bw", f"ib_read_bw -d rxe0 -x 1 -F -n {n} -s {s}"),
+                   ("ib_atomic_bw fetch_add", f"ib_atomic_bw -d rxe0 -x 1 -F -n {n} -A FETCH_AND_ADD")]
+        pattern = bytes((i * 7 + 3) & 0xFF for i in range(s))
+        outcome = {}
+
+        def ops(name):
+            def run(key):
+                t0 = time.time()
+                q = pb.PeerOpsRequest(peer_gpu=self.peer_gpu, rkey=key["rkey"], vaddr=key["vaddr"], size=s)
+                if name == "ib_write_bw":
+                    q.write = pattern
+                    self.stub.PeerOps(q, timeout=60)
+                    outcome[name] = (True, f"{s} B RDMA WRITE into the guest's MR, acknowledged", s, t0)
+                elif name == "ib_read_bw":
+                    q.read = s
+                    a, b = self.stub.PeerOps(q, timeout=60).read, self.stub.PeerOps(q, timeout=60).read
+                    outcome[name] = (a == b and len(a) == s, f"two {s} B RDMA READs of the guest's MR agree", 2 * s,
+                                     t0)
+                else:
+                    q.fetch_adds, q.add = 64, 3
+                    got = list(self.stub.PeerOps(q, timeout=60).fetched)
+                    ok = len(got) == 64 and all((got[i] - got[0]) % (1 << 64) == 3 * i for i in range(64))
+                    outcome[name] = (ok, "64 fetch-adds of 3 on the guest's word: originals v, v+3, v+6, ...", 64 * 8,
+                                     t0)
+                outcome[name] += (time.time(),)
+            return run
+
+        def client():
+            for name, _ in servers:
+                try:
+                    PerftestPeer(self.attach(0, 0), traffic=ops(name), timeout=90).connect(
+                        (self.rf.mgmt_ip(self.guest), EXCHANGE_PORT))
+                except Exception as e:  # noqa: BLE001 - reported in the row
+                    outcome.setdefault(name, (False, str(e), 0, 0, 0))
+        t = threading.Thread(target=client, daemon=True)
+        t.start()
+        p = self.rf.start_guest(self.guest, server_script(servers))
+        try:
+            so, se = p.communicate(timeout=300)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        t.join(10)
+        got = results(report(so, se, p.returncode)[1], servers)
+        rows = []
+        for name, _ in servers:
+            ok, what, nbytes, t0, t1 = outcome.get(name, (False, "no exchange", 0, 0, 0))
+            ok = ok and got[name]["rc"] == 0
+            rows.append(dict(tool=name + " (server)", direction=f"{self.hostd} -> {self.guest}",
+                             path="against ifec-hostd", loss=0.0, ok=ok,
+                             gbps=None, mpps=None, usec=None,
+                             detail=what if ok else f"{what} | {' | '.join(got[name]['text'][-3:])}"))
+        return rows

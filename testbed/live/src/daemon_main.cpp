@@ -5,6 +5,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -19,6 +20,7 @@ namespace {
 const char* kUsage =
     "usage: %s --topo FILE --node NAME [--listen ADDR] [--netns NAME] [--loopback-mgmt]\n"
     "          [--mgmt-names] [--links-by-subnet BASE] [--guest-mac MAC]\n"
+    "          [--external-peers GPU[,GPU...]]\n"
     "  --topo FILE       the topology (YAML) every daemon of the fabric runs from; env:NAME reads it from\n"
     "                    environment variable NAME (containers)\n"
     "  --node NAME       the topology node this daemon is (%s)\n"
@@ -29,7 +31,8 @@ const char* kUsage =
     "  --links-by-subnet BASE  link L's interface is the one with an address in BASE + 8 L /29 (containers,\n"
     "                    whose interfaces Docker names; BASE an IPv4 address, e.g. 10.64.0.0)\n"
     "  --guest-mac MAC   hostd: the GPU is an external RDMA peer (a Soft-RoCE guest) sharing the node's\n"
-    "                    interface: speak FARE for it under MAC, run no endpoint (testbed/rxe)\n";
+    "                    interface: speak FARE for it under MAC, run no endpoint (testbed/rxe)\n"
+    "  --external-peers GPU[,GPU...]  hostd: these GPUs are external RDMA peers, not ranks (testbed/rxe)\n";
 
 bool parse(int argc, char** argv, DaemonOptions* o, const char* what) {
   for (int i = 1; i < argc; ++i) {
@@ -50,6 +53,15 @@ bool parse(int argc, char** argv, DaemonOptions* o, const char* what) {
       o->mgmt_loopback = true;
     } else if (a == "--guest-mac") {
       value(&o->guest_mac);
+    } else if (a == "--external-peers") {
+      std::string v;
+      value(&v);
+      for (size_t at = 0; at <= v.size();) {
+        const size_t comma = std::min(v.find(',', at), v.size());
+        IFEC_CHECK(comma > at, "--external-peers '" << v << "': an empty GPU name");
+        o->external_peers.push_back(v.substr(at, comma - at));
+        at = comma + 1;
+      }
     } else if (a == "--mgmt-names") {
       o->mgmt_names = true;
     } else if (a == "--links-by-subnet") {

@@ -139,6 +139,9 @@ struct HostDaemon::Impl {
   std::unique_ptr<endpoint::Proxy> proxy;
   std::string ready_error = "starting";  // "" once bootstrapped (loop thread)
   int gpu = -1;
+  std::vector<int> ranks;      // the GPUs that are ranks (the topology's, less --external-peers), in order
+  std::vector<char> external;  // per GPU: an external RDMA peer (testbed/rxe)
+  int rank = -1;
   uint64_t runs = 0;  // operations run (every rank counts the same: the driver starts each on all)
 
   void start_endpoint();
@@ -166,6 +169,9 @@ struct HostDaemon::Impl {
     return out;
   }
   void run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  grpc::Status attach_peer(const v1::AttachPeerRequest& q, v1::AttachPeerReply* out);
+  void peer_ops(const v1::PeerOpsRequest& q, std::shared_ptr<v1::PeerOpsReply> out,
+                std::function<void(grpc::Status)> done);
   void start_ring();
   void poll_ring();
   void run_alltoall(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
@@ -198,6 +204,30 @@ class HostService final : public v1::Host::Service {
       out->set_data(w->data + q->offset(), q->length());
       return grpc::Status::OK;
     });
+  }
+  grpc::Status AttachPeer(grpc::ServerContext*, const v1::AttachPeerRequest* q, v1::AttachPeerReply* out) override {
+    return on_loop(d_.rt->loop(), name_, [&] { return d_.attach_peer(*q, out); });
+  }
+  grpc::Status PeerOps(grpc::ServerContext* ctx, const v1::PeerOpsRequest* q, v1::PeerOpsReply* out) override {
+    auto p = std::make_shared<std::promise<grpc::Status>>();
+    auto f = p->get_future();
+    const v1::PeerOpsRequest req = *q;
+    auto reply = std::make_shared<v1::PeerOpsReply>();
+    d_.rt->loop().schedule(0, [this, req, p, reply] {
+      try {
+        d_.peer_ops(req, reply, [p](grpc::Status st) { p->set_value(st); });
+      } catch (const std::exception& e) {
+        p->set_value(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, name_ + ": " + e.what()));
+      }
+    });
+    while (f.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+      if (ctx->IsCancelled()) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, name_ + ": the caller went away");
+      }
+    }
+    const grpc::Status st = f.get();
+    *out = *reply;  // the loop is done with it
+    return st;
   }
   grpc::Status Allgather(grpc::ServerContext*, const v1::AllgatherRequest* q, v1::AllgatherReply* out) override {
     if (!d_.hub) {
@@ -294,12 +324,8 @@ void HostDaemon::Impl::start_endpoint() {
     rt->note("reconnect", "QP " + std::to_string(q) + " toward GPU " + std::to_string(peer) + " restarts at PSN " +
                               std::to_string(psn) + " (its responder is not reset remotely yet)");
   });
-  std::vector<int> gpus(t.num_gpus());
-  for (int g = 0; g < t.num_gpus(); ++g) {
-    gpus[g] = g;
-  }
   AddressOf addr = [this](int node) { return daemon_address(o, node); };
-  boot = std::make_unique<GrpcBootstrap>(rt->loop(), t, addr, gpu, gpus, o.rpc_deadline_ns * 8);
+  boot = std::make_unique<GrpcBootstrap>(rt->loop(), t, addr, rank, ranks, o.rpc_deadline_ns * 8);
   control = std::make_unique<GrpcControl>(rt->loop(), t, addr, o.rpc_deadline_ns);
   workloads::CommOptions co;
   co.limit_ns = 60'000'000'000ULL;
@@ -334,6 +360,143 @@ void HostDaemon::Impl::start_ring() {
                        std::to_string(kHostRingWindow) + " of " + std::to_string(kRingWindowBytes >> 10) +
                        " KiB on every rank");
   poll_ring();
+}
+
+// ------------------------------------------------------------------------------ external RDMA peers (rxe) --
+
+constexpr uint16_t kFirstPeerWindow = 200;     // AttachPeer's windows: 200 and up (the operations use fewer)
+constexpr uint16_t kPeerRegion = 0xFFF0;       // PeerOps: the peer's registered memory, as a window of that peer
+constexpr uint64_t kMaxPeerBytes = 64u << 20;  // per window or request
+
+std::string external_problem(const HostDaemon::Impl& d, int peer) {
+  if (!d.ep) {
+    return "the endpoint is not started yet";
+  }
+  if (peer < 0 || peer >= d.topo.num_gpus() || !d.external[peer]) {
+    return "GPU " + std::to_string(peer) + " is not an external peer of this hostd (--external-peers)";
+  }
+  return "";
+}
+
+grpc::Status HostDaemon::Impl::attach_peer(const v1::AttachPeerRequest& q, v1::AttachPeerReply* out) {
+  const std::string me = rt->info().name + ": attach peer: ";
+  if (std::string why = external_problem(*this, q.peer_gpu()); !why.empty()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, me + why);
+  }
+  if (q.window_bytes() > 0 &&
+      (q.window() < kFirstPeerWindow || q.window() >= kPeerRegion || q.window_bytes() > kMaxPeerBytes)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        me + "window " + std::to_string(q.window()) + " of " + std::to_string(q.window_bytes()) +
+                            " B: the id must be " + std::to_string(kFirstPeerWindow) + ".." +
+                            std::to_string(kPeerRegion - 1) + ", the size at most 64 MiB");
+  }
+  try {
+    if (q.window_bytes() > 0) {  // kept when it exists with that size (a later test reads what an earlier wrote)
+      const auto id = static_cast<uint16_t>(q.window());
+      const endpoint::WindowInfo* had = ep->memory().window(id);
+      if (had != nullptr && had->size != q.window_bytes()) {
+        ep->memory().free_window(id);
+        had = nullptr;
+      }
+      const endpoint::WindowInfo& w =
+          had ? *had : ep->memory().allocate_window(id, q.window_bytes(), common::job_of_pkey(0xFFFF));
+      out->set_rkey(w.rkey);
+      out->set_vaddr(w.va);
+    }
+    const auto [qpn, psn] = ep->attach_external(q.peer_gpu(), 0, q.peer_qpn(), q.peer_psn(), 0xFFFF);
+    out->set_qpn(qpn);
+    out->set_psn(psn);
+  } catch (const std::exception& e) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, me + e.what());
+  }
+  out->set_ip(ep->config().ip);
+  out->set_mtu(ep->config().mtu);
+  rt->note("peer", "GPU " + std::to_string(q.peer_gpu()) + " is an external peer: its QP " +
+                       std::to_string(q.peer_qpn()) + " meets QP " + std::to_string(out->qpn()));
+  return grpc::Status::OK;
+}
+
+namespace {
+
+void when_done(const endpoint::OpHandle& h, std::function<void(const endpoint::OpState&)> fn) {
+  if (h->done()) {
+    fn(*h);
+  } else {
+    h->on_done = std::move(fn);
+  }
+}
+
+}  // namespace
+
+// Store `write` at the peer's address, read `read` bytes there, then the fetch-and-adds one after another (each
+// returns the value the one before left); each step once the last completed.
+void HostDaemon::Impl::peer_ops(const v1::PeerOpsRequest& q, std::shared_ptr<v1::PeerOpsReply> out,
+                                std::function<void(grpc::Status)> done) {
+  const std::string me = rt->info().name + ": peer ops: ";
+  const int peer = q.peer_gpu();
+  const std::string why = external_problem(*this, peer);
+  IFEC_CHECK(why.empty(), why);
+  IFEC_CHECK(q.size() <= kMaxPeerBytes && q.write().size() <= q.size() && q.read() <= q.size() &&
+                 (q.fetch_adds() == 0 || (q.size() >= 8 && q.vaddr() % 8 == 0)),
+             "the peer's region of " << q.size() << " B at " << q.vaddr() << " holds neither a " << q.write().size()
+                                     << " B write, a " << q.read() << " B read nor an aligned 8-byte atomic "
+                                     << "(at most 64 MiB)");
+  endpoint::WindowInfo w;
+  w.id = kPeerRegion;
+  w.va = q.vaddr();
+  w.size = q.size();
+  w.rkey = q.rkey();
+  w.job = common::job_of_pkey(0xFFFF);
+  ep->set_remote_window(peer, w);
+  auto fail = [done, me](const std::string& what, const endpoint::OpState& s) {
+    done(grpc::Status(grpc::StatusCode::ABORTED, me + what + ": " + endpoint::op_status_name(s.status) +
+                                                     (s.error.empty() ? "" : " (" + s.error + ")")));
+  };
+  auto adds = std::make_shared<std::function<void(uint32_t)>>();
+  std::weak_ptr<std::function<void(uint32_t)>> self = adds;  // the pending operation holds it, not itself
+  *adds = [this, q, out, done, fail, peer, self](uint32_t i) {
+    if (i == q.fetch_adds()) {
+      done(grpc::Status::OK);
+      return;
+    }
+    auto adds = self.lock();
+    when_done(ep->fetch_add(peer, kPeerRegion, 0, q.add()), [out, fail, adds, i](const endpoint::OpState& s) {
+      if (!s.ok()) {
+        fail("fetch-and-add " + std::to_string(i), s);
+        return;
+      }
+      out->add_fetched(s.result);
+      (*adds)(i + 1);
+    });
+  };
+  auto read = [this, q, out, fail, adds, peer] {
+    if (q.read() == 0) {
+      (*adds)(0);
+      return;
+    }
+    auto buf = std::make_shared<std::vector<uint8_t>>(q.read());
+    when_done(ep->load(buf->data(), peer, kPeerRegion, 0, buf->size()),
+              [out, fail, adds, buf](const endpoint::OpState& r) {
+                if (!r.ok()) {
+                  fail("read", r);
+                  return;
+                }
+                out->set_read(buf->data(), buf->size());
+                (*adds)(0);
+              });
+  };
+  if (q.write().empty()) {
+    read();
+    return;
+  }
+  when_done(ep->store(peer, kPeerRegion, 0, q.write().data(), q.write().size()),
+            [fail, read](const endpoint::OpState& s) {
+              if (!s.ok()) {
+                fail("write", s);
+                return;
+              }
+              read();
+            });
 }
 
 void HostDaemon::Impl::poll_ring() {
@@ -551,9 +714,22 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   IFEC_CHECK(d.rt->info().kind == routing::NodeKind::kGpu,
              "node " << d.o.node << " is a switch: run ifec-switchd for it, not ifec-hostd");
   d.gpu = d.rt->info().gpu_index;
+  d.external.assign(d.topo.num_gpus(), 0);
+  for (const std::string& name : d.o.external_peers) {
+    const int n = d.topo.find_node(name);
+    IFEC_CHECK(n >= 0 && d.topo.nodes[n].kind == routing::NodeKind::kGpu && n != d.rt->node(),
+               "--external-peers: '" << name << "' is not another GPU of topology " << d.topo.name);
+    d.external[d.topo.nodes[n].gpu_index] = 1;
+  }
+  for (int g = 0; g < d.topo.num_gpus(); ++g) {
+    if (!d.external[g]) {
+      d.rank = g == d.gpu ? static_cast<int>(d.ranks.size()) : d.rank;
+      d.ranks.push_back(g);
+    }
+  }
   const bool guest = !d.o.guest_mac.empty();
-  if (d.gpu == 0 && !guest) {
-    d.hub = std::make_unique<Hub>(d.topo.num_gpus());
+  if (d.rank == 0 && !guest) {
+    d.hub = std::make_unique<Hub>(static_cast<int>(d.ranks.size()));
   }
   if (!guest) {
     d.ring = HostRing::create(d.o.node, static_cast<uint32_t>(d.gpu), static_cast<uint32_t>(d.topo.num_gpus()),

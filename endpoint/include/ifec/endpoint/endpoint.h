@@ -131,6 +131,11 @@ class Endpoint {
   // The endpoint half of ECH: every ECH frame this endpoint receives goes to it (see ech_agent.h).
   EchAgent& ech() { return *ech_; }
   void reset_responder(int peer, int qp, uint32_t psn);
+  // Endpoint `peer` is a real RDMA stack (a Soft-RoCE guest at that GPU's address, testbed/rxe), reached by QP
+  // (peer, qp) of this endpoint: see QueuePair::attach_external. Returns this side's QP number and the PSN its
+  // own first request will carry.
+  std::pair<uint32_t, uint32_t> attach_external(int peer, int qp, uint32_t remote_qpn, uint32_t first_request_psn,
+                                                uint16_t pkey);
 
   OpHandle store(int peer, uint16_t window, uint64_t offset, const void* src, size_t len);
   // `dst` must stay valid until the handle completes.

@@ -107,6 +107,16 @@ class QueuePair {
   const QpCounters& counters() const { return counters_; }
   const QpConfig& config() const { return cfg_; }
   uint32_t expected_psn() const { return epsn_; }
+  uint32_t next_psn() const { return next_psn_; }
+  // Pairs this QP with a peer that is not one of the project's endpoints (a real RDMA stack: testbed/rxe): the
+  // peer's QP number, the PSN of its first request, the partition key both use; messages go in order
+  // (WRITE FIRST/MIDDLE/LAST, as a real peer sends and expects), not self-placed.
+  void attach_external(uint32_t remote_qpn, uint32_t first_request_psn, uint16_t pkey);
+  // A request this responder does not implement (SEND: it has no receive queue). Toward an external peer: NAK
+  // Invalid Request for the expected PSN, as an RC responder must (the QP is in error until the peer reconnects).
+  // The project's own endpoints never send one: there it is only counted (a stray frame must not break the QP).
+  void reject_unsupported(uint32_t psn);
+  bool external() const { return external_; }
 
  private:
   struct Wqe {
@@ -169,6 +179,7 @@ class QueuePair {
   std::deque<Wqe> sq_;
   size_t send_idx_ = 0;
   uint32_t next_psn_ = 0;      // next PSN to assign
+  bool external_ = false;      // attach_external(): a real RDMA peer
   uint32_t send_psn_ = 0;      // next PSN to transmit
   uint32_t acked_ = 0xFFFFFF;  // last PSN the responder acknowledged (cumulative)
   uint32_t max_sent_ = 0xFFFFFF;

@@ -24,6 +24,9 @@ struct DaemonOptions {
   // hostd only: the GPU is an external RDMA peer (a Soft-RoCE guest) whose NIC shares this node's interface; hostd
   // speaks FARE for it under this MAC and runs no endpoint of its own ("" = none).
   std::string guest_mac;
+  // hostd only: GPUs that are external RDMA peers (Soft-RoCE guests), not ranks: the bootstrap leaves them out and
+  // AttachPeer pairs a QP with them.
+  std::vector<std::string> external_peers;
   std::vector<std::string> node_names;  // the topology's, by node index (the daemons fill it: mgmt_names uses it)
   common::TimeNs rpc_deadline_ns = 5'000'000'000ULL;
 };
