@@ -292,3 +292,49 @@ TEST(QueuePairAlone, AdaptiveTimeoutLearnsASlowPathAndStopsRetransmitting) {
     }
   }
 }
+
+// A real RDMA peer (a Soft-RoCE guest, testbed/rxe) writes as a NIC does: WRITE FIRST/LAST, its own QP number and
+// PSNs (here across the 24-bit wrap), the default partition 0xFFFF. After attach_external the responder places the
+// message, acknowledges it under the peer's QP number and P_Key, and refuses a SEND (it has no receive queue) with
+// NAK Invalid Request instead of dropping it silently.
+TEST(QueuePairAlone, AnExternalPeersWriteIsAckedUnderItsQpnAndSendIsRefused) {
+  Wire w;
+  const uint16_t kPeerWin = 2;
+  const endpoint::WindowInfo& win = w.b.mem.allocate_window(kPeerWin, 4096, common::job_of_pkey(0xFFFF));
+  w.b.qp->attach_external(0x11, 0xFFFFFE, 0xFFFF);
+  EXPECT_TRUE(w.b.qp->external());
+  const auto data = pattern(2048);
+  auto request = [&](Opcode op, uint32_t psn, const uint8_t* payload, size_t len, bool ack_req) {
+    common::FrameHeaders h;
+    h.ip.src = 0x0A000001;  // the peer's address (what its GID says)
+    h.ip.dst = 0x0A000002;
+    h.udp.src_port = 0xD00D;
+    h.bth.opcode = uint8_t(op);
+    h.bth.pkey = 0xFFFF;
+    h.bth.dest_qp = 0x102;
+    h.bth.psn = psn;
+    h.bth.ack_req = ack_req;
+    if (op == Opcode::kWriteFirst) {
+      h.reth = common::Reth{win.va + 8, win.rkey, 2048};
+    }
+    w.b.port.inject(common::encode_frame(h, payload, len));
+  };
+  request(Opcode::kWriteFirst, 0xFFFFFE, data->data(), 1024, false);
+  request(Opcode::kWriteLast, 0xFFFFFF, data->data() + 1024, 1024, true);
+  EXPECT_EQ(std::memcmp(win.data + 8, data->data(), 2048), 0) << "the message landed where its RETH said";
+  auto acks = w.sent(w.b);
+  ASSERT_FALSE(acks.empty());
+  const common::ParsedFrame& ack = acks.back().first;
+  EXPECT_EQ(ack.h.bth.opcode, uint8_t(Opcode::kAcknowledge));
+  EXPECT_EQ(ack.h.bth.dest_qp, 0x11u) << "responses go to the peer's QP";
+  EXPECT_EQ(ack.h.bth.pkey, 0xFFFF);
+  EXPECT_EQ(ack.h.bth.psn, 0xFFFFFFu);
+  EXPECT_EQ(ack.h.aeth->kind(), common::AethKind::kAck);
+  // A SEND at the next PSN (0 after the wrap): what the endpoint does with any SEND from an external peer.
+  w.b.qp->reject_unsupported(0);
+  auto nak = w.sent(w.b);
+  ASSERT_EQ(nak.size(), 1u);
+  EXPECT_EQ(nak[0].first.h.bth.psn, 0u);
+  EXPECT_EQ(nak[0].first.h.aeth->syndrome, common::Aeth::nak(common::NakCode::kInvalidRequest, 0).syndrome);
+  EXPECT_EQ(w.b.qp->counters().invalid_naks_sent, 1u);
+}
