@@ -204,6 +204,19 @@ class RxeFabric:
         cmd = guest_command(self.prologue(name) + script, ip=f"{self.ip(name)}/32", nic=nic, memory_mb=memory_mb)
         return self.fab.hosts[name].popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
+    def run_guest(self, name, script, timeout=300):
+        """Boots the guest of `name`, waits for it (ended by PID at `timeout`); returns (exit status, lines)."""
+        p = self.start_guest(name, script)
+        try:
+            so, se = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise GuestError(f"{name}'s guest did not finish in {timeout} s")
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        return report(so, se, p.returncode)
+
     def run_pair(self, server, server_script, client, client_script, timeout=300):
         """Runs two guests at once; returns {name: (exit status, lines)}. Both are ended (by PID) at `timeout`."""
         procs = {server: self.start_guest(server, server_script), client: self.start_guest(client, client_script)}
@@ -711,16 +724,9 @@ class EndpointInterop:
         tools = [(name, f"{cmd} -p {EXCHANGE_BASE_PORT + i}") for i, (name, _, _, cmd) in enumerate(plan)]
         before = self.counters()
         with Captures(self.rf, capture_dir) as cap:
-            p = self.rf.start_guest(self.guest, client_script(live.MGMT_ROOT_IP, tools))
-            try:
-                so, se = p.communicate(timeout=300)
-            finally:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+            st, lines = self.rf.run_guest(self.guest, client_script(live.MGMT_ROOT_IP, tools))
         for t in threads:
             t.join(5)
-        st, lines = report(so, se, p.returncode)
         got = results(lines, tools)
         packets = roce_packets(cap.files)
         after = self.counters()
@@ -822,15 +828,9 @@ class EndpointInterop:
                     outcome.setdefault(name, (False, str(e), 0, 0, 0))
         t = threading.Thread(target=client, daemon=True)
         t.start()
-        p = self.rf.start_guest(self.guest, server_script(servers))
-        try:
-            so, se = p.communicate(timeout=300)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        lines = self.rf.run_guest(self.guest, server_script(servers))[1]
         t.join(10)
-        got = results(report(so, se, p.returncode)[1], servers)
+        got = results(lines, servers)
         rows = []
         for name, _ in servers:
             ok, what, nbytes, t0, t1 = outcome.get(name, (False, "no exchange", 0, 0, 0))
