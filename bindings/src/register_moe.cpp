@@ -15,7 +15,8 @@ namespace {
 
 std::string run_moe_json(const routing::Topology& topo, const std::string& mode, int ep, int64_t tokens,
                          const std::vector<std::string>& variants, int64_t hidden, int64_t experts, int64_t topk,
-                         int64_t inter, int64_t run_inter, bool bf16, bool compute, int64_t token_cap, uint64_t seed) {
+                         int64_t inter, int64_t run_inter, bool bf16, bool compute, int64_t token_cap, uint64_t seed,
+                         const std::string& gpu_profile) {
   testbed::MoeBenchConfig cfg;
   cfg.topo = topo;
   cfg.topology_name = topo.name;
@@ -28,6 +29,9 @@ std::string run_moe_json(const routing::Topology& topo, const std::string& mode,
   cfg.compute = compute;
   cfg.token_cap = token_cap;
   cfg.seed = seed;
+  if (!gpu_profile.empty()) {
+    cfg.profile = workloads::load_gpu_profile(gpu_profile);
+  }
   std::vector<testbed::MoeVariant> vs;
   for (const auto& v : variants) {
     vs.push_back(testbed::parse_moe_variant(v));
@@ -45,6 +49,25 @@ std::string run_moe_json(const routing::Topology& topo, const std::string& mode,
   return json + "]";
 }
 
+workloads::GpuProfile profile_at(const std::string& path) {
+  return path.empty() ? workloads::GpuProfile() : workloads::load_gpu_profile(path);
+}
+
+std::string gpu_profile_summary(const std::string& path) { return profile_at(path).summary(); }
+
+// The model's microseconds for one rank: routed experts (tokens per local expert) under `kernel`, or one FFN chain
+// (the shared expert) when tokens_per_expert has one entry and kernel is "chain".
+double gpu_model_us(const std::string& path, const std::string& kernel, const std::vector<int64_t>& tokens_per_expert,
+                    int64_t hidden, int64_t inter) {
+  const workloads::GpuProfile p = profile_at(path);
+  if (kernel == "chain") {
+    IFEC_CHECK(tokens_per_expert.size() == 1, "gpu_model_us: a chain takes one row count");
+    return 1e6 * workloads::ffn_chain_seconds(tokens_per_expert[0], hidden, inter, p, 2);
+  }
+  return 1e6 * workloads::routed_experts_seconds(tokens_per_expert, hidden, inter, p, 2,
+                                                 workloads::parse_expert_kernel(kernel));
+}
+
 }  // namespace
 
 void register_moe(py::module_& m) {
@@ -52,8 +75,13 @@ void register_moe(py::module_& m) {
   m.def("run_moe_json", &run_moe_json, py::arg("topology"), py::arg("mode"), py::arg("ep"), py::arg("tokens"),
         py::arg("variants"), py::arg("hidden") = 7168, py::arg("experts") = 256, py::arg("topk") = 8,
         py::arg("inter") = 2048, py::arg("run_inter") = 8, py::arg("bf16") = true, py::arg("compute") = false,
-        py::arg("token_cap") = 0, py::arg("seed") = 1,
+        py::arg("token_cap") = 0, py::arg("seed") = 1, py::arg("gpu_profile") = "",
         "One MoE point (DeepSeek-V3 routing) in each variant over the simulated fabric; rows as JSON text");
+  m.def("gpu_profile_summary", &gpu_profile_summary, py::arg("path") = "",
+        "One line naming the experts' GPU model (the built-in fitted H100, or the profile file at `path`)");
+  m.def("gpu_model_us", &gpu_model_us, py::arg("path"), py::arg("kernel"), py::arg("tokens_per_expert"),
+        py::arg("hidden") = 7168, py::arg("inter") = 2048,
+        "The GPU model's time (us, bf16) of a rank's routed experts (kernel grouped|loop) or of one chain");
 }
 
 }  // namespace ifec::bindings

@@ -448,15 +448,16 @@ int run_bench_moe(const Args& a) {
     make_dirs(out);  // before the run, not after it
   }
   cfg.token_cap = static_cast<int64_t>(cap);
+  if (a.has("--gpu-profile")) {
+    cfg.profile = ifec::workloads::load_gpu_profile(a.get("--gpu-profile"));
+  }
   cfg.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   std::printf(
       "# MoE dispatch/combine, DeepSeek-V3 routing (hidden %lld, top-%lld of %lld, bf16 rows) on %s [driver: sim]\n",
       static_cast<long long>(cfg.model.hidden), static_cast<long long>(cfg.model.topk),
       static_cast<long long>(cfg.model.experts), cfg.topology_name.c_str());
-  std::printf(
-      "# dispatch/combine simulated; experts(us) modelled: H100 %.0f TFLOP/s, %.0f GB/s HBM, efficiency %.2f, "
-      "expert width %lld\n",
-      cfg.profile.tflops, cfg.profile.hbm_gbs, cfg.profile.efficiency, static_cast<long long>(cfg.model.inter));
+  std::printf("# dispatch/combine simulated; experts(us) modelled at expert width %lld: %s\n",
+              static_cast<long long>(cfg.model.inter), cfg.profile.summary().c_str());
   if (cap > 0) {
     std::printf(
         "# points above %llu tokens per rank simulate %llu and scale times and bytes by the token ratio "
@@ -584,13 +585,16 @@ std::vector<Command> commands() {
 #ifdef IFEC_HAVE_MOE
   cs.push_back(
       {{"bench moe",
-        "[--quick] [--ep LIST] [--mode normal|ll|both] [--token-cap N] [--out DIR] [--topo FILE]",
+        "[--quick] [--ep LIST] [--mode normal|ll|both] [--token-cap N] [--gpu-profile FILE] [--out DIR] [--topo FILE]",
         "MoE dispatch/combine at DeepEP's points (4096 tokens normal, 128 low latency, hidden 7168, top-8 of 256)\n"
         "per variant (per_expert, per_rank, ifec): simulated times, modelled expert compute, logical vs wire bytes.",
         {{"--quick", "", "EP 8 and 16, 32 tokens simulated"},
          {"--ep", "LIST", "EP sizes (default 8,16,32,64)"},
          {"--mode", "MODE", "normal, ll or both (default both)"},
          {"--token-cap", "N", "simulate at most N tokens per rank and scale (default 256; 0: none)"},
+         {"--gpu-profile", "FILE",
+          "the experts' GPU model (YAML/JSON; default the fitted H100, "
+          "testbed/gpu-profiles/h100-sxm.yaml; python3 -m ifec.gpu_profile writes one)"},
          {"--out", "DIR", "also write DIR/moe_bench.csv and .json (DIR is created first)"},
          kTopoOption},
         0},

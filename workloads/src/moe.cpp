@@ -99,14 +99,8 @@ std::vector<int64_t> rows_tokens(const DispatchLists& lists, Granularity g, int 
 
 void check_cost_args(const MoeConfig& cfg, const GpuProfile& p, double bytes_per_element) {
   cfg.validate();
-  IFEC_CHECK(p.tflops > 0, "GpuProfile.tflops must be > 0, got " << p.tflops);
-  IFEC_CHECK(p.hbm_gbs > 0, "GpuProfile.hbm_gbs must be > 0, got " << p.hbm_gbs);
-  IFEC_CHECK(p.efficiency > 0 && p.efficiency <= 1, "GpuProfile.efficiency must be in (0, 1], got " << p.efficiency);
+  p.validate();
   IFEC_CHECK(bytes_per_element > 0, "bytes_per_element must be > 0, got " << bytes_per_element);
-}
-
-double roofline(double flops, double bytes, const GpuProfile& p) {
-  return std::max(flops / (p.tflops * 1e12 * p.efficiency), bytes / (p.hbm_gbs * 1e9 * p.efficiency));
 }
 
 }  // namespace
@@ -417,14 +411,7 @@ at::Tensor combine(const std::vector<at::Tensor>& rank_outputs, const DispatchLi
 double expert_compute_seconds(const std::vector<int64_t>& tokens_per_expert, const MoeConfig& cfg,
                               const GpuProfile& profile, double bytes_per_element) {
   check_cost_args(cfg, profile, bytes_per_element);
-  int64_t pairs = 0;
-  int64_t active = 0;
-  for (size_t e = 0; e < tokens_per_expert.size(); ++e) {
-    IFEC_CHECK(tokens_per_expert[e] >= 0, "tokens_per_expert[" << e << "]=" << tokens_per_expert[e] << " < 0");
-    pairs += tokens_per_expert[e];
-    active += tokens_per_expert[e] > 0 ? 1 : 0;
-  }
-  return expert_compute_seconds(pairs, active, cfg, profile, bytes_per_element);
+  return routed_experts_seconds(tokens_per_expert, cfg.hidden, cfg.inter, profile, bytes_per_element);
 }
 
 double expert_compute_seconds(int64_t pairs, int64_t active_experts, const MoeConfig& cfg, const GpuProfile& profile,
@@ -434,12 +421,7 @@ double expert_compute_seconds(int64_t pairs, int64_t active_experts, const MoeCo
   IFEC_CHECK(
       active_experts >= (pairs > 0 ? 1 : 0) && active_experts <= pairs,
       "active_experts=" << active_experts << " must be in [" << (pairs > 0 ? 1 : 0) << ", pairs=" << pairs << "]");
-  const double h = static_cast<double>(cfg.hidden);
-  const double i = static_cast<double>(cfg.inter);
-  const double flops = 6.0 * h * i * static_cast<double>(pairs);
-  const double bytes =
-      (3.0 * h * i * static_cast<double>(active_experts) + (2.0 * h + 2.0 * i) * pairs) * bytes_per_element;
-  return roofline(flops, bytes, profile);
+  return routed_experts_seconds(even_spread(pairs, active_experts), cfg.hidden, cfg.inter, profile, bytes_per_element);
 }
 
 double shared_expert_compute_seconds(int64_t tokens, const MoeConfig& cfg, const GpuProfile& profile,
@@ -447,11 +429,7 @@ double shared_expert_compute_seconds(int64_t tokens, const MoeConfig& cfg, const
   check_cost_args(cfg, profile, bytes_per_element);
   IFEC_CHECK(tokens >= 0, "tokens must be >= 0, got " << tokens);
   if (tokens == 0 || cfg.shared_inter() == 0) return 0;
-  const double h = static_cast<double>(cfg.hidden);
-  const double i = static_cast<double>(cfg.shared_inter());
-  const double flops = 6.0 * h * i * static_cast<double>(tokens);
-  const double bytes = (3.0 * h * i + (2.0 * h + 2.0 * i) * static_cast<double>(tokens)) * bytes_per_element;
-  return roofline(flops, bytes, profile);
+  return ffn_chain_seconds(tokens, cfg.hidden, cfg.shared_inter(), profile, bytes_per_element);
 }
 
 std::vector<int64_t> tokens_per_expert(const RouteTable& table, int64_t experts) {

@@ -43,6 +43,7 @@ def main(argv=None):
     ap.add_argument("--moe-sweep-tokens", type=int, default=64, help="tokens per GPU of the EP x top-k sweep")
     ap.add_argument("--moe-hidden", type=int, default=7168)
     ap.add_argument("--no-moe", action="store_true")
+    ap.add_argument("--gpu-profile", default="", help="the experts' GPU model (YAML/JSON; default: the fitted H100)")
     args = ap.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     topo = ifec.make_superpod(args.gpus, args.planes)
@@ -109,13 +110,15 @@ def moe_section(args):
         return
     topo = ifec.make_superpod(args.gpus, args.planes)
     ep, tokens, hidden = args.gpus, args.moe_tokens, args.moe_hidden
+    profile = getattr(args, "gpu_profile", "") or ""
     print(f"\nMoE layer, DeepSeek-V3 routing (hidden {hidden}, top-8 of 256 experts, bf16 rows), EP {ep}, "
           f"{tokens} tokens per GPU, {args.gpus} GPUs x {args.planes} planes [dispatch/combine: sim; experts: "
-          f"modelled H100 at width 2048; outputs checked against the LibTorch reference at width 8]", flush=True)
+          f"modelled at width 2048 by {moe._native.gpu_profile_summary(profile)}; outputs checked against the "
+          f"LibTorch reference at width 8]", flush=True)
     rows = []
     for variant in moe.VARIANTS:
         t0 = time.time()
-        (row,) = moe.measure(topo, ep, tokens, variants=[variant], hidden=hidden, compute=True)
+        (row,) = moe.measure(topo, ep, tokens, variants=[variant], hidden=hidden, compute=True, gpu_profile=profile)
         rows.append(row)
         print(f"  {variant}: dispatch {row['dispatch_us']:.1f} us, combine {row['combine_us']:.1f} us, "
               f"max error vs reference {row['max_rel_error']:.2e} ({time.time() - t0:.0f} s wall)", flush=True)
@@ -170,7 +173,8 @@ def moe_section(args):
     for topk in (2, 4, 8):
         for e in eps:
             t0 = time.time()
-            pr = moe.measure(topo, e, args.moe_sweep_tokens, mode="sweep", hidden=hidden, topk=topk)
+            pr = moe.measure(topo, e, args.moe_sweep_tokens, mode="sweep", hidden=hidden, topk=topk,
+                             gpu_profile=getattr(args, "gpu_profile", ""))
             for r in pr:
                 r["topk"] = topk
             sweep.extend(pr)

@@ -19,13 +19,14 @@ def available():
 
 
 def measure(topology, ep, tokens, variants=VARIANTS, mode="scaled", hidden=7168, experts=256, topk=8, inter=2048,
-            run_inter=8, bf16=True, compute=False, token_cap=0, seed=1):
-    """Runs one point; returns one dict per variant (see `./ifec bench moe` for the columns)."""
+            run_inter=8, bf16=True, compute=False, token_cap=0, seed=1, gpu_profile=""):
+    """Runs one point; returns one dict per variant (see `./ifec bench moe` for the columns). The experts' time
+    comes from the GPU model: the fitted H100 built in, or the profile file `gpu_profile` (YAML/JSON)."""
     if not available():
         raise RuntimeError("ifec was built without LibTorch: the MoE layer is not available")
     return json.loads(_native.run_moe_json(topology, mode, int(ep), int(tokens), list(variants), int(hidden),
                                            int(experts), int(topk), int(inter), int(run_inter), bool(bf16),
-                                           bool(compute), int(token_cap), int(seed)))
+                                           bool(compute), int(token_cap), int(seed), str(gpu_profile or "")))
 
 
 def speedup_rows(rows, topk):

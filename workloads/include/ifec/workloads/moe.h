@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "ifec/workloads/gpu_model.h"
+
 namespace ifec::workloads {
 
 // Defaults are DeepSeek-V3 (671B): 256 routed experts + 1 shared, 8 active per token, node-limited routing over
@@ -162,26 +164,15 @@ at::Tensor combine(const std::vector<at::Tensor>& rank_outputs, const DispatchLi
 
 // ---- Compute-cost model ----
 
-// Defaults: H100 SXM, dense bf16 tensor-core peak and HBM3 bandwidth, derated by one achieved-fraction.
-struct GpuProfile {
-  double tflops = 989;      // peak dense TFLOP/s at the element type used
-  double hbm_gbs = 3350;    // HBM GB/s (1e9 bytes)
-  double efficiency = 0.6;  // achieved fraction of both peaks
-};
-
-// Roofline time of one rank's routed experts: max(flops / (tflops * eff), bytes / (hbm * eff)), where
-//   flops = 6 * hidden * inter per (token, expert) pair (three GEMMs of 2 * hidden * inter),
-//   bytes = 3 * hidden * inter * elem per expert with at least one token (its weights read once)
-//         + (2 * hidden + 2 * inter) * elem per pair (read x, write y, and the gated product silu(w1 x) * w3 x
-//           written once and read once: the gate/up GEMM with a fused SwiGLU epilogue, then the down GEMM).
-// Per rank: ranks run in parallel, so a layer's expert time is the max over ranks.
-// tokens_per_expert holds the counts of the rank's experts (any order; zeros cost nothing).
+// The experts' time on a GPU comes from gpu_model.h (a fitted per-launch model; GpuProfile). Per rank: ranks run in
+// parallel, so a layer's expert time is the max over ranks. tokens_per_expert holds the counts of the rank's experts
+// (any order; zeros cost nothing); the routed experts run as the profile's kernel (grouped or a loop).
 double expert_compute_seconds(const std::vector<int64_t>& tokens_per_expert, const MoeConfig& cfg,
                               const GpuProfile& profile, double bytes_per_element);
-// Same with only totals known: `pairs` (token, expert) pairs spread over `active_experts` experts.
+// Same with only totals known: `pairs` (token, expert) pairs spread evenly over `active_experts` experts.
 double expert_compute_seconds(int64_t pairs, int64_t active_experts, const MoeConfig& cfg, const GpuProfile& profile,
                               double bytes_per_element);
-// The shared expert on `tokens` tokens of one rank (width shared_inter, its weights read once).
+// The shared expert on `tokens` tokens of one rank (width shared_inter): one GEMM chain.
 double shared_expert_compute_seconds(int64_t tokens, const MoeConfig& cfg, const GpuProfile& profile,
                                      double bytes_per_element);
 // Tokens routed to each expert [experts] (a histogram of the plan); slice a rank's block for expert_compute_seconds.

@@ -1,0 +1,244 @@
+"""A GPU profile from a measurement: times DeepSeek-V3's expert kernels with PyTorch on whatever CUDA GPU it finds
+(routed experts as one GEMM chain per expert and as torch._grouped_mm, and the shared expert, at EP 8/16/32 and
+128..4096 tokens per GPU: the table docs/gpu-model.md was fitted to), fits the GPU model's constants
+(workloads/include/ifec/workloads/gpu_model.h) to them and writes the profile file `--gpu-profile` reads.
+
+    python3 -m ifec.gpu_profile --out my-gpu.yaml          # measure, fit, write, print measured vs model
+    python3 -m ifec.gpu_profile --fit-only TABLE.json      # fit a table measured elsewhere
+
+The model is evaluated here in PyTorch (differentiable, for the fit) exactly as in C++; a test checks the two agree.
+"""
+
+import argparse
+import json
+import math
+import sys
+
+HIDDEN, INTER, EXPERTS, TOPK = 7168, 2048, 256, 8
+# Peak dense bf16 TFLOP/s and HBM GB/s by device name (the fractions are fitted against these).
+PEAKS = {"H100": (989.0, 3350.0), "H200": (989.0, 4800.0), "H800": (989.0, 3350.0), "A100": (312.0, 2039.0),
+         "B200": (2250.0, 8000.0)}
+# The fitted constants (GpuProfile's fields); chain_gemm_us is pinned: the measurements cannot tell it from
+# mem_fraction_chain (every chain GEMM streams the same weights).
+FITTED = ("mma_fraction", "mem_fraction_grouped", "mem_fraction_chain", "grouped_launch_us", "loop_call_us",
+          "overlap_p")
+DEFAULTS = dict(mma_fraction=0.664, mem_fraction_grouped=0.84, mem_fraction_chain=0.43, grouped_launch_us=25.0,
+                chain_gemm_us=5.0, loop_call_us=136.0, overlap_p=3.9, l2_bytes=50e6, tile_m=64)
+# The H100 measurements the built-in profile was fitted to (../shared/references/h100-expert-timings.md):
+# (ep, tokens per GPU, routed loop us, routed grouped us, shared us).
+H100_TABLE = [(8, 128, 2691.4, 1061.7, 81.1), (8, 256, 2816.2, 1094.3, 71.1), (8, 512, 2818.4, 1131.3, 94.9),
+              (8, 4096, 4780.6, 4603.8, 591.8), (16, 128, 1431.8, 570.6, 79.3), (16, 256, 1369.4, 590.1, 70.5),
+              (16, 512, 1261.8, 680.5, 94.5), (16, 4096, 4150.7, 4536.0, 578.9), (32, 128, 785.7, 326.0, 83.0),
+              (32, 256, 722.3, 371.4, 72.7), (32, 512, 771.8, 561.2, 93.8), (32, 4096, 4471.6, 4699.8, 562.8)]
+
+
+def even_spread(pairs, experts):
+    return [pairs // experts + (1 if e < pairs % experts else 0) for e in range(experts)]
+
+
+# --------------------------------------------------------------------------------------------- the model --
+
+def _launch(torch, c, rows, n, k, grouped, peaks, elem=2):
+    """One GEMM launch (gpu_model.cpp gemm_launch_seconds), microseconds; c holds tensors or floats."""
+    rows = [m for m in rows if m > 0]
+    if not rows:
+        return torch.tensor(0.0, dtype=torch.float64)
+    tile = c["tile_m"]
+    flops = sum(2.0 * math.ceil(m / tile) * tile * n * k for m in rows)
+    weights = len(rows) * n * k * elem
+    act = sum(m * (k + n) * elem for m in rows)
+    nbytes = weights + max(0.0, act - c["l2_bytes"])
+    tc = flops / (peaks[0] * 1e12 * c["mma_fraction"]) * 1e6
+    tm = (c["grouped_launch_us"] if grouped else c["chain_gemm_us"]) + \
+        nbytes / (peaks[1] * 1e9 * (c["mem_fraction_grouped"] if grouped else c["mem_fraction_chain"])) * 1e6
+    tc, tm = torch.as_tensor(tc, dtype=torch.float64), torch.as_tensor(tm, dtype=torch.float64)
+    hi = torch.maximum(tc, tm)
+    p = torch.as_tensor(c["overlap_p"], dtype=torch.float64)
+    return hi * ((tc / hi) ** p + (tm / hi) ** p) ** (1 / p)
+
+
+def _swiglu(c, rows, inter, peaks, elem=2):
+    return max(0.0, 3.0 * rows * inter * elem - c["l2_bytes"]) / (peaks[1] * 1e9 * c["mem_fraction_grouped"]) * 1e6
+
+
+def model_us(torch, c, kind, per_expert, peaks, hidden=HIDDEN, inter=INTER):
+    """The model's time (us) of `kind`: "loop" / "grouped" (routed, tokens per local expert) or "chain" (one FFN on
+    per_expert[0] rows)."""
+    if kind == "grouped":
+        return 2 * _launch(torch, c, per_expert, inter, hidden, True, peaks) + \
+            _launch(torch, c, per_expert, hidden, inter, True, peaks) + _swiglu(c, sum(per_expert), inter, peaks)
+    from collections import Counter  # experts with the same rows cost the same: each size once
+    t = sum(n * (2 * _launch(torch, c, [m], inter, hidden, False, peaks) +
+                 _launch(torch, c, [m], hidden, inter, False, peaks) + _swiglu(c, m, inter, peaks))
+            for m, n in Counter(m for m in per_expert if m > 0).items())
+    return t + (c["loop_call_us"] if kind == "loop" else 0.0)
+
+
+def cases(table):
+    """(kind, tokens per local expert, measured us) from (ep, tokens, loop, grouped, shared) rows."""
+    out = []
+    for ep, tokens, loop, grouped, shared in table:
+        per = even_spread(tokens * TOPK, EXPERTS // ep)
+        out += [("loop", per, loop), ("grouped", per, grouped), ("chain", [tokens], shared)]
+    return out
+
+
+def fit(table, peaks, steps=400, start=None):
+    """The constants (FITTED) minimising the worst log errors over the table, from `start` (default: the H100
+    fit)."""
+    import torch
+    start = dict({k: DEFAULTS[k] for k in FITTED}, **(start or {}))
+    # Unconstrained parameters: fractions through a sigmoid, the rest through exp (all stay in range).
+    raw = {k: torch.tensor(math.log(v / (1 - v)) if "fraction" in k else math.log(v), dtype=torch.float64,
+                           requires_grad=True) for k, v in start.items()}
+
+    def constants():
+        c = dict(DEFAULTS)
+        for k, r in raw.items():
+            c[k] = torch.sigmoid(r) if "fraction" in k else torch.exp(r)
+        c["overlap_p"] = 1 + c["overlap_p"]  # p >= 1
+        return c
+    raw["overlap_p"] = torch.tensor(math.log(start["overlap_p"] - 1), dtype=torch.float64, requires_grad=True)
+    cs = cases(table)
+    opt = torch.optim.Adam(list(raw.values()), lr=0.05)
+    for _ in range(steps):
+        opt.zero_grad()
+        c = constants()
+        # The worst rows matter (the goal is every row within 10%): a 16-norm of the log errors, close to the max.
+        loss = sum((torch.log(model_us(torch, c, kind, per, peaks)) - math.log(meas)) ** 16
+                   for kind, per, meas in cs) ** 0.0625
+        loss.backward()
+        opt.step()
+    c = constants()
+    return {k: float(c[k]) for k in FITTED}
+
+
+def report(table, constants, peaks):
+    """[(ep, tokens, kind, measured, model, ratio)] and the worst |ratio - 1|."""
+    import torch
+    c = dict(DEFAULTS, **constants)
+    rows = []
+    for (ep, tokens, *_), (kind, per, meas) in zip([r for r in table for _ in range(3)], cases(table)):
+        m = float(model_us(torch, c, kind, per, peaks))
+        rows.append((ep, tokens, "shared" if kind == "chain" else kind, meas, m, m / meas))
+    return rows, max(abs(r[5] - 1) for r in rows)
+
+
+def profile_yaml(name, peaks, constants, comment):
+    c = dict(DEFAULTS, **constants)
+    lines = [f"# {comment}", f'name: "{name}"', f"tflops: {peaks[0]:g}", f"hbm_gbs: {peaks[1]:g}"]
+    lines += [f"{k}: {c[k]:.4g}" for k in ("mma_fraction", "mem_fraction_grouped", "mem_fraction_chain",
+                                          "grouped_launch_us", "chain_gemm_us", "loop_call_us", "overlap_p")]
+    lines += [f"l2_bytes: {c['l2_bytes']:g}", f"tile_m: {int(c['tile_m'])}", "kernel: grouped"]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------- measuring --
+
+def measure(eps=(8, 16, 32), tokens=(128, 256, 512, 4096), iters=20, warmup=3, progress=print):
+    """The table on this machine's CUDA GPU: (ep, tokens, loop us, grouped us, shared us) rows (CUDA events, mean of
+    `iters` after `warmup`); grouped is None where torch._grouped_mm is missing."""
+    import torch
+    import torch.nn.functional as F
+    dev = torch.device("cuda")
+    dt = torch.bfloat16
+    grouped_mm = getattr(torch, "_grouped_mm", None)
+
+    def timed(fn):
+        for _ in range(warmup):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1000 / iters
+
+    rows = []
+    for ep in eps:
+        local = EXPERTS // ep
+        w13 = torch.randn(local, 2 * INTER, HIDDEN, device=dev, dtype=dt) * 0.02
+        w2 = torch.randn(local, HIDDEN, INTER, device=dev, dtype=dt) * 0.02
+        for t in tokens:
+            per = even_spread(t * TOPK, local)
+            x = torch.randn(sum(per), HIDDEN, device=dev, dtype=dt)
+            offs = torch.tensor(per, device=dev, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+            def loop():
+                outs, at = [], 0
+                for e, m in enumerate(per):
+                    h = x[at:at + m] @ w13[e].t()
+                    outs.append((F.silu(h[:, :INTER]) * h[:, INTER:]) @ w2[e].t())
+                    at += m
+                return torch.cat(outs)
+
+            def grouped():
+                h = grouped_mm(x, w13.transpose(1, 2), offs=offs)
+                return grouped_mm(F.silu(h[:, :INTER]) * h[:, INTER:], w2.transpose(1, 2), offs=offs)
+
+            xs = torch.randn(t, HIDDEN, device=dev, dtype=dt)
+
+            def shared():
+                h = xs @ w13[0].t()
+                return (F.silu(h[:, :INTER]) * h[:, INTER:]) @ w2[0].t()
+            row = (ep, t, timed(loop), timed(grouped) if grouped_mm else None, timed(shared))
+            progress(f"gpu_profile: EP {ep}, {t} tokens/GPU: loop {row[2]:.1f} us, grouped "
+                     f"{row[3] if row[3] is None else round(row[3], 1)} us, shared {row[4]:.1f} us")
+            rows.append(row)
+        del w13, w2
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python3 -m ifec.gpu_profile", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="write the profile here (YAML)")
+    ap.add_argument("--fit-only", metavar="TABLE", help="fit a JSON table [[ep, tokens, loop, grouped, shared], ...] "
+                                                        "instead of measuring; 'h100' for the built-in table")
+    ap.add_argument("--tflops", type=float, help="peak dense bf16 TFLOP/s (default: by device name)")
+    ap.add_argument("--hbm-gbs", type=float, help="peak HBM GB/s (default: by device name)")
+    ap.add_argument("--quick", action="store_true", help="EP 8 and 32, 128 and 4096 tokens, 5 iterations")
+    args = ap.parse_args(argv)
+    name = "NVIDIA H100 (the reference table)"
+    if args.fit_only:
+        table = H100_TABLE if args.fit_only == "h100" else [tuple(r) for r in json.load(open(args.fit_only))]
+        peaks = (args.tflops or PEAKS["H100"][0], args.hbm_gbs or PEAKS["H100"][1])
+        how = f"fitted to {'the H100 reference table' if args.fit_only == 'h100' else args.fit_only}"
+    else:
+        try:
+            import torch
+        except ImportError:
+            print("gpu_profile: PyTorch is not installed", file=sys.stderr)
+            return 2
+        if not torch.cuda.is_available():
+            print("gpu_profile: no CUDA GPU here (torch.cuda.is_available() is False)", file=sys.stderr)
+            return 2
+        name = torch.cuda.get_device_name(0)
+        known = next((v for k, v in PEAKS.items() if k in name), None)
+        if known is None and not (args.tflops and args.hbm_gbs):
+            print(f"gpu_profile: no peaks known for '{name}': give --tflops and --hbm-gbs", file=sys.stderr)
+            return 2
+        peaks = (args.tflops or known[0], args.hbm_gbs or known[1])
+        q = dict(eps=(8, 32), tokens=(128, 4096), iters=5) if args.quick else {}
+        table = [r for r in measure(**q) if r[3] is not None] or []
+        if not table:
+            print("gpu_profile: torch._grouped_mm is missing: the grouped kernel cannot be measured", file=sys.stderr)
+            return 2
+        how = f"measured with PyTorch {torch.__version__} (bf16, CUDA events) and fitted"
+    constants = fit(table, peaks)
+    rows, worst = report(table, constants, peaks)
+    print(f"{'EP':>3} {'tokens':>6} {'kind':>8} {'measured us':>12} {'model us':>10} {'ratio':>6}")
+    for ep, t, kind, meas, model, ratio in rows:
+        print(f"{ep:>3} {t:>6} {kind:>8} {meas:>12.1f} {model:>10.1f} {ratio:>6.3f}")
+    print("fitted: " + ", ".join(f"{k} {v:.4g}" for k, v in constants.items()) + f"; worst deviation {worst:.1%}")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(profile_yaml(name, peaks, constants, f"GPU profile of {name}, {how}; worst model/measured "
+                                                         f"deviation {worst:.1%} over {len(rows)} numbers"))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+// The GPU compute-cost model (gpu_model.h, docs/gpu-model.md).
+#include "ifec/workloads/gpu_model.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "ifec/common/checks.h"
+
+namespace ifec::workloads {
+
+const char* expert_kernel_name(ExpertKernel k) { return k == ExpertKernel::kLoop ? "loop" : "grouped"; }
+
+ExpertKernel parse_expert_kernel(const std::string& name) {
+  if (name == "grouped") return ExpertKernel::kGrouped;
+  if (name == "loop") return ExpertKernel::kLoop;
+  IFEC_FAIL("expert kernel '" << name << "' is not grouped or loop");
+}
+
+void GpuProfile::validate() const {
+  auto positive = [&](const char* field, double v) {
+    IFEC_CHECK(std::isfinite(v) && v > 0, "GPU profile '" << name << "': " << field << " must be > 0, got " << v);
+  };
+  auto fraction = [&](const char* field, double v) {
+    IFEC_CHECK(v > 0 && v <= 1, "GPU profile '" << name << "': " << field << " must be in (0, 1], got " << v);
+  };
+  auto non_negative = [&](const char* field, double v) {
+    IFEC_CHECK(std::isfinite(v) && v >= 0, "GPU profile '" << name << "': " << field << " must be >= 0, got " << v);
+  };
+  positive("tflops", tflops);
+  positive("hbm_gbs", hbm_gbs);
+  fraction("mma_fraction", mma_fraction);
+  fraction("mem_fraction_grouped", mem_fraction_grouped);
+  fraction("mem_fraction_chain", mem_fraction_chain);
+  non_negative("grouped_launch_us", grouped_launch_us);
+  non_negative("chain_gemm_us", chain_gemm_us);
+  non_negative("loop_call_us", loop_call_us);
+  IFEC_CHECK(std::isfinite(overlap_p) && overlap_p >= 1,
+             "GPU profile '" << name << "': overlap_p must be >= 1, got " << overlap_p);
+  non_negative("l2_bytes", l2_bytes);
+  IFEC_CHECK(tile_m >= 1, "GPU profile '" << name << "': tile_m must be >= 1, got " << tile_m);
+}
+
+std::string GpuProfile::summary() const {
+  std::ostringstream os;
+  os << name << ": " << tflops << " TFLOP/s x " << mma_fraction << ", " << hbm_gbs << " GB/s x " << mem_fraction_grouped
+     << " grouped / " << mem_fraction_chain << " per-expert GEMM, " << expert_kernel_name(kernel) << " experts ["
+     << source << "]";
+  return os.str();
+}
+
+namespace {
+
+// The fields as name -> member, one list for the loader and the writer.
+template <typename F>
+void for_each_number(GpuProfile& p, F fn) {
+  fn("tflops", p.tflops);
+  fn("hbm_gbs", p.hbm_gbs);
+  fn("mma_fraction", p.mma_fraction);
+  fn("mem_fraction_grouped", p.mem_fraction_grouped);
+  fn("mem_fraction_chain", p.mem_fraction_chain);
+  fn("grouped_launch_us", p.grouped_launch_us);
+  fn("chain_gemm_us", p.chain_gemm_us);
+  fn("loop_call_us", p.loop_call_us);
+  fn("overlap_p", p.overlap_p);
+  fn("l2_bytes", p.l2_bytes);
+}
+
+}  // namespace
+
+GpuProfile load_gpu_profile(const std::string& path) {
+  std::ifstream in(path);
+  IFEC_CHECK(in.good(), "GPU profile " << path << ": cannot be read");
+  YAML::Node root;
+  try {
+    root = YAML::Load(in);
+  } catch (const YAML::Exception& e) {
+    IFEC_FAIL("GPU profile " << path << ": line " << e.mark.line + 1 << ": " << e.msg);
+  }
+  IFEC_CHECK(root.IsMap(), "GPU profile " << path << ": expected a map of fields (tflops: 989, ...)");
+  GpuProfile p;
+  p.source = path;
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    bool known = false;
+    try {
+      if (key == "name") {
+        p.name = kv.second.as<std::string>();
+        known = true;
+      } else if (key == "kernel") {
+        p.kernel = parse_expert_kernel(kv.second.as<std::string>());
+        known = true;
+      } else if (key == "tile_m") {
+        p.tile_m = kv.second.as<int64_t>();
+        known = true;
+      } else {
+        for_each_number(p, [&](const char* name, double& v) {
+          if (key == name) {
+            v = kv.second.as<double>();
+            known = true;
+          }
+        });
+      }
+    } catch (const YAML::Exception&) {
+      IFEC_FAIL("GPU profile " << path << ": " << key << ": '" << kv.second.as<std::string>("?")
+                               << "' is not a valid value");
+    }
+    IFEC_CHECK(known, "GPU profile " << path << ": unknown field '" << key << "'");
+  }
+  try {
+    p.validate();
+  } catch (const std::exception& e) {
+    IFEC_FAIL(path << ": " << e.what());
+  }
+  return p;
+}
+
+std::string gpu_profile_yaml(const GpuProfile& p, const std::string& comment) {
+  std::ostringstream os;
+  os.precision(6);
+  if (!comment.empty()) {
+    os << "# " << comment << "\n";
+  }
+  os << "name: \"" << p.name << "\"\n";
+  GpuProfile copy = p;
+  for_each_number(copy, [&](const char* name, double& v) { os << name << ": " << v << "\n"; });
+  os << "tile_m: " << p.tile_m << "\nkernel: " << expert_kernel_name(p.kernel) << "\n";
+  return os.str();
+}
+
+double gemm_launch_seconds(const std::vector<int64_t>& rows, int64_t n, int64_t k, bool grouped, const GpuProfile& p,
+                           double bytes_per_element) {
+  double flops = 0;
+  double weights = 0;
+  double activations = 0;
+  for (int64_t m : rows) {
+    IFEC_CHECK(m >= 0, "a GEMM problem of " << m << " rows");
+    if (m == 0) continue;
+    const double tiled = static_cast<double>((m + p.tile_m - 1) / p.tile_m * p.tile_m);
+    flops += 2.0 * tiled * static_cast<double>(n) * static_cast<double>(k);
+    weights += static_cast<double>(n) * static_cast<double>(k) * bytes_per_element;
+    activations += static_cast<double>(m) * static_cast<double>(k + n) * bytes_per_element;
+  }
+  if (flops == 0) return 0;
+  const double bytes = weights + std::max(0.0, activations - p.l2_bytes);
+  const double tc = flops / (p.tflops * 1e12 * p.mma_fraction);
+  const double tm = (grouped ? p.grouped_launch_us : p.chain_gemm_us) * 1e-6 +
+                    bytes / (p.hbm_gbs * 1e9 * (grouped ? p.mem_fraction_grouped : p.mem_fraction_chain));
+  const double hi = std::max(tc, tm);  // (tc^p + tm^p)^(1/p), scaled so that no power underflows
+  return hi * std::pow(std::pow(tc / hi, p.overlap_p) + std::pow(tm / hi, p.overlap_p), 1.0 / p.overlap_p);
+}
+
+namespace {
+
+// The gated product silu(gate) * up: written and read once beyond L2, streamed at the grouped rate.
+double swiglu_seconds(int64_t rows, int64_t inter, const GpuProfile& p, double bytes_per_element) {
+  const double bytes = 3.0 * static_cast<double>(rows) * static_cast<double>(inter) * bytes_per_element;
+  return std::max(0.0, bytes - p.l2_bytes) / (p.hbm_gbs * 1e9 * p.mem_fraction_grouped);
+}
+
+}  // namespace
+
+double ffn_chain_seconds(int64_t rows, int64_t hidden, int64_t inter, const GpuProfile& p, double bytes_per_element) {
+  if (rows == 0) return 0;
+  const std::vector<int64_t> m{rows};
+  return 2 * gemm_launch_seconds(m, inter, hidden, false, p, bytes_per_element) +
+         gemm_launch_seconds(m, hidden, inter, false, p, bytes_per_element) +
+         swiglu_seconds(rows, inter, p, bytes_per_element);
+}
+
+double routed_experts_seconds(const std::vector<int64_t>& tokens_per_expert, int64_t hidden, int64_t inter,
+                              const GpuProfile& p, double bytes_per_element, ExpertKernel kernel) {
+  int64_t rows = 0;
+  for (size_t e = 0; e < tokens_per_expert.size(); ++e) {
+    IFEC_CHECK(tokens_per_expert[e] >= 0, "tokens_per_expert[" << e << "]=" << tokens_per_expert[e] << " < 0");
+    rows += tokens_per_expert[e];
+  }
+  if (rows == 0) return 0;
+  if (kernel == ExpertKernel::kLoop) {
+    double t = p.loop_call_us * 1e-6;
+    for (int64_t m : tokens_per_expert) {
+      t += ffn_chain_seconds(m, hidden, inter, p, bytes_per_element);
+    }
+    return t;
+  }
+  return 2 * gemm_launch_seconds(tokens_per_expert, inter, hidden, true, p, bytes_per_element) +
+         gemm_launch_seconds(tokens_per_expert, hidden, inter, true, p, bytes_per_element) +
+         swiglu_seconds(rows, inter, p, bytes_per_element);
+}
+
+double routed_experts_seconds(const std::vector<int64_t>& tokens_per_expert, int64_t hidden, int64_t inter,
+                              const GpuProfile& p, double bytes_per_element) {
+  return routed_experts_seconds(tokens_per_expert, hidden, inter, p, bytes_per_element, p.kernel);
+}
+
+std::vector<int64_t> even_spread(int64_t pairs, int64_t experts) {
+  IFEC_CHECK(experts >= (pairs > 0 ? 1 : 0) && pairs >= 0,
+             "cannot spread " << pairs << " pairs over " << experts << " experts");
+  std::vector<int64_t> out(static_cast<size_t>(experts), experts > 0 ? pairs / experts : 0);
+  for (int64_t e = 0; e < (experts > 0 ? pairs % experts : 0); ++e) {
+    ++out[static_cast<size_t>(e)];
+  }
+  return out;
+}
+
+}  // namespace ifec::workloads
