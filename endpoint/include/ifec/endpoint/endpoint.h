@@ -179,7 +179,6 @@ class Endpoint {
     std::vector<int> table;       // partial mode: granule -> QP
     common::SmoothWrr swrr;       // weak mode small ops: QP by the weights
     int strong_qp = -1;
-    size_t stripe_rotor = 0;
     std::map<uint16_t, WindowInfo> windows;
   };
   struct PortState {
@@ -231,6 +230,9 @@ class Endpoint {
   std::vector<std::unique_ptr<QueuePair>> qps_;  // [peer * ports + k]
   std::vector<int> qp_port_;
   std::vector<PeerState> peers_;
+  // Weak mode: where a multi-packet store's stripes start, advanced by one per store across all peers (a rotor per
+  // peer started every peer's first store on the first QPs: few rows per peer then favoured the low planes).
+  size_t stripe_rotor_ = 0;
   std::vector<PortState> port_state_;
   std::function<void(int, std::vector<double>*)> weight_source_;
   std::function<void(int, int, uint32_t)> cm_;
