@@ -3,15 +3,87 @@
 
 #include <zlib.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstring>
 
 namespace ifec::common {
 
+#if defined(__x86_64__)
+namespace {
+
+// CRC-32 by carry-less multiplication (Gopal et al., "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ",
+// Intel 2009, with the reflected 0x04C11DB7 constants): four 128-bit lanes folded 64 bytes at a time, then into one
+// lane, then 16 bytes at a time, reduced to 64 bits and Barrett-reduced to 32. `crc` is the raw register in and out;
+// len >= 64 and a multiple of 16.
+#define IFEC_PCLMUL __attribute__((target("pclmul,sse4.1")))
+
+IFEC_PCLMUL inline __m128i load(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+
+// One fold: the lane times x^(distance + 32) and x^(distance - 32), added to the next block.
+IFEC_PCLMUL inline __m128i fold(__m128i x, __m128i k, __m128i next) {
+  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x11), _mm_clmulepi64_si128(x, k, 0x00)), next);
+}
+
+IFEC_PCLMUL uint32_t crc32_pclmul(uint32_t crc, const uint8_t* buf, size_t len) {
+  alignas(16) static const uint64_t k1k2[] = {0x0154442bd4, 0x01c6e41596};  // x^(512+32), x^(512-32) mod P
+  alignas(16) static const uint64_t k3k4[] = {0x01751997d0, 0x00ccaa009e};  // x^(128+32), x^(128-32) mod P
+  alignas(16) static const uint64_t k5k0[] = {0x0163cd6124, 0x0000000000};  // x^64 mod P
+  alignas(16) static const uint64_t poly[] = {0x01db710641, 0x01f7011641};  // P(x)' and Barrett's mu
+  __m128i x1 = _mm_xor_si128(load(buf), _mm_cvtsi32_si128(static_cast<int>(crc)));
+  __m128i x2 = load(buf + 16);
+  __m128i x3 = load(buf + 32);
+  __m128i x4 = load(buf + 48);
+  buf += 64;
+  len -= 64;
+  __m128i k = _mm_load_si128(reinterpret_cast<const __m128i*>(k1k2));
+  for (; len >= 64; buf += 64, len -= 64) {
+    x1 = fold(x1, k, load(buf));
+    x2 = fold(x2, k, load(buf + 16));
+    x3 = fold(x3, k, load(buf + 32));
+    x4 = fold(x4, k, load(buf + 48));
+  }
+  k = _mm_load_si128(reinterpret_cast<const __m128i*>(k3k4));
+  x1 = fold(fold(fold(x1, k, x2), k, x3), k, x4);
+  for (; len >= 16; buf += 16, len -= 16) {
+    x1 = fold(x1, k, load(buf));
+  }
+  // 128 -> 64 bits.
+  const __m128i mask32 = _mm_setr_epi32(~0, 0, ~0, 0);
+  x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), _mm_clmulepi64_si128(x1, k, 0x10));
+  const __m128i k5 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(k5k0));
+  x1 = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, mask32), k5, 0x00), _mm_srli_si128(x1, 4));
+  // Barrett reduction to 32 bits.
+  const __m128i p = _mm_load_si128(reinterpret_cast<const __m128i*>(poly));
+  __m128i t = _mm_and_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, mask32), p, 0x10), mask32);
+  x1 = _mm_xor_si128(x1, _mm_clmulepi64_si128(t, p, 0x00));
+  return static_cast<uint32_t>(_mm_extract_epi32(x1, 1));
+}
+
+bool have_pclmul() {
+  static const bool ok = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+  return ok;
+}
+
+}  // namespace
+#endif
+
 uint32_t crc32_update(uint32_t crc, const uint8_t* data, size_t len) {
-  // zlib's CRC-32 is the same reflected 0x04C11DB7 CRC, braided (several bytes per step); it takes and returns the
-  // finalised value, so the raw register is complemented on the way in and out. The simulator computes an ICRC
-  // for every frame it puts on a link, so this is its hottest loop.
+  // The simulator computes an ICRC for every frame it puts on a link and checks it at every receiver: this is its
+  // hottest loop (37% of the instructions of a 64 x 4 all-to-all with zlib alone). Bulk 16-byte blocks go through
+  // carry-less multiplication where the CPU has it; the rest through zlib's CRC-32 (the same reflected 0x04C11DB7
+  // CRC, which takes and returns the finalised value, so the raw register is complemented on the way in and out).
+#if defined(__x86_64__)
+  if (len >= 64 && have_pclmul()) {
+    const size_t bulk = len & ~size_t{15};
+    crc = crc32_pclmul(crc, data, bulk);
+    data += bulk;
+    len -= bulk;
+  }
+#endif
   while (len > 0) {
     const size_t n = std::min<size_t>(len, 1u << 30);
     crc = ~static_cast<uint32_t>(::crc32(~crc & 0xFFFFFFFFul, data, static_cast<uInt>(n)));

@@ -30,6 +30,37 @@ TEST(Crc32, StandardCheckValue) {
   EXPECT_EQ(crc32_update(0xFFFFFFFF, reinterpret_cast<const uint8_t*>(s), 9) ^ 0xFFFFFFFF, 0xCBF43926u);
 }
 
+// The bulk path (carry-less multiplication where the CPU has it) against a bit-at-a-time CRC-32 written from the
+// polynomial alone: every length from 0 to 600 bytes (the 64-byte folds, the 16-byte folds and the byte tail),
+// larger ones, odd alignments and register values other than the initial one.
+TEST(Crc32, EveryLengthAndAlignmentEqualsTheBitwiseDefinition) {
+  auto bitwise = [](uint32_t crc, const uint8_t* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      crc ^= p[i];
+      for (int b = 0; b < 8; ++b) {
+        crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+      }
+    }
+    return crc;
+  };
+  std::vector<uint8_t> data(10000 + 16);
+  uint32_t x = 12345;
+  for (uint8_t& b : data) {
+    x = x * 1103515245u + 12345u;
+    b = static_cast<uint8_t>(x >> 16);
+  }
+  for (size_t len = 0; len <= 600; ++len) {
+    for (size_t align : {size_t{0}, size_t{3}}) {
+      const uint32_t seed = len % 2 ? 0xFFFFFFFFu : 0x12345678u;
+      ASSERT_EQ(crc32_update(seed, data.data() + align, len), bitwise(seed, data.data() + align, len))
+          << len << " bytes at offset " << align;
+    }
+  }
+  for (size_t len : {4096, 4177, 9000, 10000}) {
+    ASSERT_EQ(crc32_update(0xFFFFFFFFu, data.data() + 7, len), bitwise(0xFFFFFFFFu, data.data() + 7, len)) << len;
+  }
+}
+
 TEST(Icrc, MatchesHandComputedFrame) { EXPECT_EQ(icrc_of(kWriteOnly), kExpectedIcrc); }
 
 TEST(Icrc, SeedEqualsCrcOfMaskedLrh) {
