@@ -114,6 +114,33 @@ Acc load_element(EchDtype t, const uint8_t* data, size_t i) {
   return a;
 }
 
+void load_elements(EchDtype t, const uint8_t* data, size_t count, double* out) {
+  switch (t) {
+    case EchDtype::kFp32:
+      for (size_t i = 0; i < count; ++i) {
+        float f;
+        std::memcpy(&f, data + 4 * i, 4);
+        out[i] = f;
+      }
+      return;
+    case EchDtype::kInt32:
+      for (size_t i = 0; i < count; ++i) {
+        int32_t v;
+        std::memcpy(&v, data + 4 * i, 4);
+        out[i] = v;
+      }
+      return;
+    case EchDtype::kFp16:
+    case EchDtype::kBf16:
+      for (size_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, data + 2 * i, 2);
+        out[i] = t == EchDtype::kFp16 ? fp16_to_float(h) : bf16_to_float(h);
+      }
+      return;
+  }
+}
+
 void store_element(EchDtype t, Acc v, uint8_t* data, size_t i) {
   switch (t) {
     case EchDtype::kFp32:

@@ -26,6 +26,9 @@ union Acc {
 Acc load_element(EchDtype t, const uint8_t* data, size_t i);
 // Writes an accumulator lane back as dtype `t` (the single cast on the way out).
 void store_element(EchDtype t, Acc v, uint8_t* data, size_t i);
+// Elements [0, count) of `data` as doubles (int32 exactly), the type switch outside the loop: what checks of whole
+// buffers use.
+void load_elements(EchDtype t, const uint8_t* data, size_t count, double* out);
 // a <- op(a, b) in the accumulator domain.
 Acc combine(EchDtype t, EchRedOp op, Acc a, Acc b);
 
