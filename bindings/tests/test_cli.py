@@ -37,6 +37,18 @@ def test_in_fabric_allreduce_under_loss_is_right(build_dir, repo, topo, size, lo
     assert "frames lost:" in out.stdout  # the faults it met are printed, not only counted
 
 
+def test_a_sweep_on_two_workers_prints_the_serial_runs_rows(build_dir, repo):
+    # Independent points of `bench collectives` run in parallel; the table must not depend on it.
+    args = ("bench", "collectives", "--quick", "--max-sim", "64KiB", "--topo", TOPO_8x2)
+    serial = cli(build_dir, repo, *args, "--jobs", "1")
+    parallel = cli(build_dir, repo, *args, "--jobs", "2")
+    assert serial.returncode == 0 and parallel.returncode == 0, parallel.stderr
+    assert parallel.stdout == serial.stdout and len(rows(serial.stdout)) >= 5
+    assert "points done" in parallel.stderr  # progress, on stderr
+    bad = cli(build_dir, repo, *args, "--jobs", "0")
+    assert bad.returncode != 0 and "--jobs 0 must be 1..256" in bad.stderr
+
+
 def test_json_ok_is_false_exactly_when_something_is_wrong(build_dir, repo):
     out = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--collective", "allreduce", "--algo", "ifec", "--bytes",
               "8MiB", "--loss", "0.05", "--json")

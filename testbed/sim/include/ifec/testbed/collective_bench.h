@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,12 @@ struct CollectiveRow {
 };
 
 CollectiveRow run_collective_point(const routing::Topology& topo, const CollectivePoint& p);
+// Independent points on `jobs` threads, the largest first; a point whose windows and inputs (about 3 x bytes x
+// GPUs) would not fit beside the running ones' waits for them. Rows in the order of `points`, each what a serial
+// run_collective_point gives (a point's failure is its row's error). `progress(done, total, running)` after each.
+std::vector<CollectiveRow> run_collective_points(
+    const routing::Topology& topo, const std::vector<CollectivePoint>& points, unsigned jobs,
+    const std::function<void(size_t done, size_t total, const std::string& running)>& progress = {});
 
 // The inputs of a point's members (member m starts with inputs[m]): a function of (seed, dtype, n, count) only, so
 // live ranks regenerate every member's to check their own result.
