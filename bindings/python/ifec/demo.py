@@ -82,7 +82,7 @@ def main(argv=None):
     rows.extend(point.values())
     amdahl = reports.plot_amdahl(f"{args.out}/amdahl.png", measured=dict(
         ring_time_s=ring["time_us"] * 1e-6, ifec_time_s=inc["time_us"] * 1e-6,
-        label=f"this testbed (sim): {amdahl_size >> 20} MiB on {args.amdahl_gpus} GPUs, best ({ring['ran']}) "
+        label=f"this testbed [driver: sim]: {amdahl_size >> 20} MiB on {args.amdahl_gpus} GPUs, best ({ring['ran']}) "
               f"{ring['time_us']:.0f} us vs in-switch {inc['time_us']:.0f} us"))
     reports.write_json(f"{args.out}/allreduce.json", rows)
     reports.write_csv(f"{args.out}/allreduce.csv", rows)
@@ -91,7 +91,8 @@ def main(argv=None):
     wire = reports.plot_wire_bytes(
         f"{args.out}/allreduce_wire_bytes.png", wire_rows,
         context=f"AllReduce of {max(sizes) >> 20} MiB fp32 on {args.gpus} GPUs x {args.planes} planes: frames sent by "
-                f"all GPUs (headers, ACKs included); baseline = the best endpoint algorithm; simulated")
+                f"all GPUs (headers, ACKs included); baseline = the best endpoint algorithm [driver: sim; no expert "
+                f"compute, so no GPU profile]")
     for path in (amdahl, wire):
         if not reports.is_png(path):
             sys.exit(f"{path} is not a valid PNG")
@@ -164,7 +165,9 @@ def moe_section(args):
     print("(AllReduce: the best endpoint algorithm for the baselines, in-switch for ifec; MB: all GPUs together; wire = frames the GPUs "
           "sent, headers and ACKs included)", flush=True)
     reports.write_csv(f"{args.out}/moe_layer.csv", table)
-    reports.write_json(f"{args.out}/moe_layer.json", dict(layer=table, moe_rows=rows, allreduce_rows=list(ar.values())))
+    reports.write_json(f"{args.out}/moe_layer.json", dict(layer=table, moe_rows=rows, allreduce_rows=list(ar.values()),
+                                                          driver="sim", gpu_profile=moe._native.gpu_profile_summary(
+                                                              profile)))
 
     # Sweep for plot (b): dispatch/combine speedup against EP size and top-k.
     eps = [e for e in (8, 16, 32, 64) if e <= args.gpus] or [args.gpus]
@@ -191,11 +194,11 @@ def moe_section(args):
     plot_b = reports.plot_dispatch_combine(
         f"{args.out}/moe_speedup.png", speed,
         context=f"{args.moe_sweep_tokens} tokens per rank, hidden {hidden}, bf16 rows; dispatch/combine times "
-                f"simulated on {args.gpus} GPUs x {args.planes} planes")
+                f"on {args.gpus} GPUs x {args.planes} planes [driver: sim; communication only, no GPU profile]")
     plot_c = reports.plot_wire_bytes(
         f"{args.out}/moe_wire_bytes.png", moe.wire_rows(rows),
         context=f"MoE dispatch + combine, EP {ep}, {tokens} tokens per rank, top-8: frames sent by all GPUs; "
-                f"baseline = per_rank; simulated")
+                f"baseline = per_rank [driver: sim; communication only, no GPU profile]")
     for path in (plot_b, plot_c):
         if not reports.is_png(path):
             sys.exit(f"{path} is not a valid PNG")
