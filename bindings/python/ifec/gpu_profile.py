@@ -88,17 +88,17 @@ def fit(table, peaks, steps=400, start=None):
     fit)."""
     import torch
     start = dict({k: DEFAULTS[k] for k in FITTED}, **(start or {}))
-    # Unconstrained parameters: fractions through a sigmoid, the rest through exp (all stay in range).
-    raw = {k: torch.tensor(math.log(v / (1 - v)) if "fraction" in k else math.log(v), dtype=torch.float64,
-                           requires_grad=True) for k, v in start.items()}
+    # Unconstrained parameters, so every constant stays in range: fractions through a sigmoid, overlap_p as 1 + exp,
+    # the fixed costs through exp.
+    def to_raw(k, v):
+        return math.log(v / (1 - v)) if "fraction" in k else math.log(v - 1 if k == "overlap_p" else v)
+
+    def from_raw(k, r):
+        return torch.sigmoid(r) if "fraction" in k else torch.exp(r) + (1 if k == "overlap_p" else 0)
+    raw = {k: torch.tensor(to_raw(k, v), dtype=torch.float64, requires_grad=True) for k, v in start.items()}
 
     def constants():
-        c = dict(DEFAULTS)
-        for k, r in raw.items():
-            c[k] = torch.sigmoid(r) if "fraction" in k else torch.exp(r)
-        c["overlap_p"] = 1 + c["overlap_p"]  # p >= 1
-        return c
-    raw["overlap_p"] = torch.tensor(math.log(start["overlap_p"] - 1), dtype=torch.float64, requires_grad=True)
+        return dict(DEFAULTS, **{k: from_raw(k, r) for k, r in raw.items()})
     cs = cases(table)
     opt = torch.optim.Adam(list(raw.values()), lr=0.05)
     for _ in range(steps):

@@ -145,10 +145,14 @@ class LiveFabric:
         prog = "ifec-hostd" if nd["kind"] == "gpu" else "ifec-switchd"
         log = open(self.log_dir / f"{node}.log", "a")
         self.procs[node] = self.hosts[node].popen(
-            [str(_bin_dir() / prog), "--topo", self.topology_file, "--node", node],
+            [str(_bin_dir() / prog), "--topo", self.topology_file, "--node", node, *self.daemon_args(nd)],
             stdout=log, stderr=subprocess.STDOUT)
         self._stubs.pop(node, None)
         self._record()
+
+    def daemon_args(self, nd):
+        """Extra command-line arguments of node `nd`'s daemon (none here; ifec.rxe's guests add theirs)."""
+        return []
 
     def _wait_ready(self, progress):
         deadline = time.time() + self.ready_timeout

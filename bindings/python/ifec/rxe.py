@@ -3,6 +3,8 @@ rxe modules from a small initramfs (testbed/rxe/build_guest.sh), an rxe device o
 the guest, its output and exit status back. The real RDMA stack the project's RoCEv2 is checked against."""
 
 import base64
+import contextlib
+import ipaddress
 import os
 import pathlib
 import re
@@ -10,6 +12,9 @@ import shutil
 import subprocess
 import sys
 import time
+
+from . import live
+from .pcap import read_pcap
 
 HERE = pathlib.Path(__file__).resolve()
 
@@ -43,8 +48,27 @@ def build():
     return kernel, initrd
 
 
-def kvm_works():
-    return os.access("/dev/kvm", os.R_OK | os.W_OK) and os.environ.get("IFEC_RXE_KVM", "0") == "1"
+def kvm_works(kernel, initrd):
+    """Whether guests run under KVM here: IFEC_RXE_KVM=0/1 decides; otherwise one short guest is booted with KVM
+    the first time and the answer is kept beside the cached kernel (on some machines /dev/kvm exists but a Debian
+    guest never comes up under it: software emulation, TCG, then)."""
+    forced = os.environ.get("IFEC_RXE_KVM")
+    if forced in ("0", "1"):
+        return forced == "1"
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return False
+    verdict = pathlib.Path(kernel).with_name("kvm-" + pathlib.Path(kernel).name)
+    if not verdict.exists():
+        cmd = ["qemu-system-x86_64", "-enable-kvm", "-cpu", "host", "-m", "256", "-smp", "1", "-nographic",
+               "-no-reboot", "-kernel", kernel, "-initrd", initrd, "-append",
+               "console=ttyS0 quiet panic=-1 ifec.ip=10.0.0.1/24", "-nic", "none"]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+            ok = "IFEC-GUEST exit 0" in p.stdout
+        except subprocess.TimeoutExpired:
+            ok = False
+        verdict.write_text("yes\n" if ok else "no\n")
+    return verdict.read_text().strip() == "yes"
 
 
 def guest_command(script, ip="10.0.0.1/24", nic=("-nic", "user,model=virtio-net-pci"), memory_mb=256):
@@ -53,7 +77,7 @@ def guest_command(script, ip="10.0.0.1/24", nic=("-nic", "user,model=virtio-net-
     run = base64.b64encode(script.encode()).decode()
     cmd = ["qemu-system-x86_64", "-m", str(memory_mb), "-smp", "1", "-nographic", "-no-reboot", "-kernel", kernel,
            "-initrd", initrd, "-append", f"console=ttyS0 quiet panic=-1 ifec.ip={ip} ifec.run={run}", *nic]
-    if kvm_works():
+    if kvm_works(kernel, initrd):
         cmd[1:1] = ["-enable-kvm", "-cpu", "host"]
     return cmd
 
@@ -89,64 +113,52 @@ EXCHANGE_PORT = 18515  # perftest's and ibv_rc_pingpong's default
 
 
 def _ip(n):
-    return ".".join(str((n >> s) & 255) for s in (24, 16, 8, 0))
+    return str(ipaddress.IPv4Address(int(n)))
 
 
-class RxeFabric:
+class RxeFabric(live.LiveFabric):
     """A live topology (ifec.live) whose GPUs named in `guests` are Soft-RoCE guests instead of hostds: each guest's
     fabric NIC is a tap in its GPU's namespace joined to the GPU's link interface f<port> by tc mirred (every frame,
     PFC included, both ways), the GPU's hostd runs with --guest-mac and only speaks FARE for it (so the switch learns
     the guest's MAC and routes to its address), and a second NIC on QEMU's user network reaches the other guests'
-    management addresses for perftest's TCP exchange (forwarded to port 18515 of the guest)."""
+    management addresses for perftest's TCP exchange (forwarded to port 18515 of the guest). The other GPUs' hostds
+    treat the guests as external RDMA peers (--external-peers)."""
+
+    driver = "live (rxe guests)"
 
     def __init__(self, topology_file, guests=None, log_dir=None):
-        from . import live
-        self.live = live
-        fab = self.fab = live.LiveFabric(topology_file, log_dir=log_dir)
-        gpus = [n for n in fab.nodes if n["kind"] == "gpu"]
+        super().__init__(topology_file, log_dir=log_dir)
+        gpus = [n for n in self.nodes if n["kind"] == "gpu"]
         self.guests = list(guests) if guests is not None else [g["name"] for g in gpus]
         for g in self.guests:
-            nd = next((n for n in gpus if n["name"] == g), None)
-            if nd is None:
-                raise GuestError(f"no GPU '{g}' in {fab.topo.name}")
-            links = [l for l in fab.links if g in (l["a"], l["b"])]
+            if not any(n["name"] == g for n in gpus):
+                raise GuestError(f"no GPU '{g}' in {self.topo.name}")
+            links = [l for l in self.links if g in (l["a"], l["b"])]
             if len(links) != 1:
                 raise GuestError(f"{g}: a guest has one NIC on the fabric; {g} has {len(links)} links")
-        self.driver = "live (rxe guests)"
-        base_start, base_configure = fab.start, fab._configure
 
-        def hostd(node, *extra):
-            log = open(fab.log_dir / f"{node}.log", "a")
-            fab.procs[node] = fab.hosts[node].popen(
-                [str(live._bin_dir() / "ifec-hostd"), "--topo", fab.topology_file, "--node", node, *extra],
-                stdout=log, stderr=subprocess.STDOUT)
-            fab._stubs.pop(node, None)
-            fab._record()
+    def daemon_args(self, nd):
+        if nd["name"] in self.guests:  # hostd only speaks FARE for the guest
+            return ["--guest-mac", self.mac(nd["name"])]
+        if nd["kind"] == "gpu" and self.guests:  # a hostd among guests: they are its external peers
+            return ["--external-peers", ",".join(self.guests)]
+        return []
 
-        def start(node):
-            if node in self.guests:  # hostd only speaks FARE for the guest
-                return hostd(node, "--guest-mac", self.mac(node))
-            if self.node(node)["kind"] == "gpu" and self.guests:  # a hostd among guests: its external peers
-                return hostd(node, "--external-peers", ",".join(self.guests))
-            return base_start(node)
-
-        def configure():
-            base_configure()
-            for g in self.guests:
-                intf = self.fabric_intf(g)
-                live._host_sh(fab.hosts[g], " && ".join([
-                    "ip tuntap add g0 mode tap", "ip link set g0 mtu 9216 up",
-                    f"tc qdisc add dev {intf} ingress",
-                    f"tc filter add dev {intf} parent ffff: protocol all u32 match u32 0 0 action mirred egress redirect dev g0",
-                    "tc qdisc add dev g0 ingress",
-                    f"tc filter add dev g0 parent ffff: protocol all u32 match u32 0 0 action mirred egress redirect dev {intf}"]))
-        fab.start, fab._configure = start, configure
+    def _configure(self):
+        super()._configure()
+        for g in self.guests:
+            intf = self.fabric_intf(g)
+            redirect = "parent ffff: protocol all u32 match u32 0 0 action mirred egress redirect dev"
+            live._host_sh(self.hosts[g], " && ".join([
+                "ip tuntap add g0 mode tap", "ip link set g0 mtu 9216 up",
+                f"tc qdisc add dev {intf} ingress", f"tc filter add dev {intf} {redirect} g0",
+                "tc qdisc add dev g0 ingress", f"tc filter add dev g0 {redirect} {intf}"]))
 
     def node(self, name):
-        return next(n for n in self.fab.nodes if n["name"] == name)
+        return next(n for n in self.nodes if n["name"] == name)
 
     def link_of(self, name):
-        return next(l for l in self.fab.links if name in (l["a"], l["b"]))
+        return next(l for l in self.links if name in (l["a"], l["b"]))
 
     def fabric_intf(self, name):
         l = self.link_of(name)
@@ -159,36 +171,23 @@ class RxeFabric:
         return _ip(self.node(name)["loopback"])
 
     def mgmt_ip(self, name):
-        return self.live.mgmt_ip(self.node(name)["index"])
+        return live.mgmt_ip(self.node(name)["index"])
 
     def switch_mac(self, name):
         """The MAC of the switch port facing guest `name` (the guests' next hop for every fabric address)."""
         l = self.link_of(name)
         sw, port = (l["b"], l["b_port"]) if l["a"] == name else (l["a"], l["a_port"])
-        out = self.fab.hosts[sw].cmd(f"cat /sys/class/net/f{port}/address").strip()
+        out = self.hosts[sw].cmd(f"cat /sys/class/net/f{port}/address").strip()
         if not re.fullmatch(r"[0-9a-f:]{17}", out):
             raise GuestError(f"{sw}: no MAC for f{port}: {out}")
         return out
-
-    def up(self, progress=print):
-        self.fab.up(progress=progress)
-        return self
-
-    def down(self):
-        self.fab.down()
-
-    def __enter__(self):
-        return self if self.fab.net is not None else self.up()
-
-    def __exit__(self, *exc):
-        self.down()
 
     def prologue(self, name):
         """Guest shell lines: the user-network NIC for the connection exchange, and every other guest's fabric
         address reached on eth0 through the switch port's MAC (the switch routes; it answers no ARP)."""
         lines = [f"ip addr add {SLIRP_IP} dev eth1", "ip link set eth1 up", f"ip route add default via {SLIRP_GW}"]
         sw = self.switch_mac(name)
-        for n in self.fab.nodes:
+        for n in self.nodes:
             if n["kind"] == "gpu" and n["name"] != name:
                 peer = _ip(n["loopback"])
                 lines += [f"ip route add {peer}/32 dev eth0", f"arp -i eth0 -s {peer} {sw}"]
@@ -202,7 +201,7 @@ class RxeFabric:
                "-netdev", f"user,id=u,hostfwd=tcp:{self.mgmt_ip(name)}:{EXCHANGE_PORT}-:{EXCHANGE_PORT}",
                "-device", "virtio-net-pci,netdev=u"]
         cmd = guest_command(self.prologue(name) + script, ip=f"{self.ip(name)}/32", nic=nic, memory_mb=memory_mb)
-        return self.fab.hosts[name].popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return self.hosts[name].popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def run_guest(self, name, script, timeout=300):
         """Boots the guest of `name`, waits for it (ended by PID at `timeout`); returns (exit status, lines)."""
@@ -318,27 +317,13 @@ def results(lines, tools=TOOLS):
 # ----------------------------------------------------------------------------------------------- wire checks --
 
 def pcap_records(path):
-    """[(seconds, frame)] of a classic pcap file (dumpcap -P), Ethernet link type."""
-    import struct
-    data = pathlib.Path(path).read_bytes()
-    if len(data) < 24:
-        raise GuestError(f"{path}: {len(data)} bytes, not a pcap file")
-    magic = data[:4]
-    endian, scale = {b"\xd4\xc3\xb2\xa1": ("<", 1e-6), b"\xa1\xb2\xc3\xd4": (">", 1e-6),
-                     b"\x4d\x3c\xb2\xa1": ("<", 1e-9), b"\xa1\xb2\x3c\x4d": (">", 1e-9)}.get(magic, (None, 0))
-    if endian is None:
-        raise GuestError(f"{path}: not a classic pcap file (magic {magic.hex()})")
-    out, at = [], 24
-    while at + 16 <= len(data):
-        sec, frac, incl, _ = struct.unpack(endian + "IIII", data[at:at + 16])
-        out.append((sec + frac * scale, data[at + 16:at + 16 + incl]))
-        at += 16 + incl
-    return out
+    """[(seconds, frame)] of a classic pcap file (dumpcap -P)."""
+    return [(ns * 1e-9, f) for ns, f in read_pcap(path)]
 
 
 def pcap_frames(path):
     """The frames of a classic pcap file."""
-    return [f for _, f in pcap_records(path)]
+    return [f for _, f in read_pcap(path)]
 
 
 def roce_icrc(frame):
@@ -378,7 +363,7 @@ class Captures:
         for g in self.rf.guests:
             f = self.dir / f"{g}-{self.rf.fabric_intf(g)}.pcap"
             self.files.append(f)
-            self.procs.append(self.rf.fab.hosts[g].popen(
+            self.procs.append(self.rf.hosts[g].popen(
                 ["dumpcap", "-q", "-P", "-i", self.rf.fabric_intf(g), "-w", str(f), "-a", "duration:600"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         deadline = time.time() + 10
@@ -405,8 +390,8 @@ class Captures:
 def switch_counters(rf):
     """Sum over every switch port of the fabric's switch counters (ifec-switchd's own)."""
     tot = {}
-    for name, st in rf.fab.status().items():
-        if next(n for n in rf.fab.nodes if n["name"] == name)["kind"] != "switch":
+    for name, st in rf.status().items():
+        if next(n for n in rf.nodes if n["name"] == name)["kind"] != "switch":
             continue
         for p in st.get("ports", []):
             for k, v in p.get("counters", {}).get("values", {}).items():
@@ -418,10 +403,9 @@ def run_matrix(rf, server, client, loss=0.0, tools=TOOLS, capture_dir=None, extr
     """Every tool of `tools` between guest `client` (requester) and guest `server`, through the fabric's switch,
     with `loss` injected there. Returns (rows, facts): a row per tool, and the switch's counter deltas, the pcaps'
     ICRC report and the guests' exit statuses."""
-    import contextlib
-    sw = [n["name"] for n in rf.fab.nodes if n["kind"] == "switch"]
+    sw = [n["name"] for n in rf.nodes if n["kind"] == "switch"]
     for s in sw:
-        rf.fab.set_loss(s, loss)
+        rf.set_loss(s, loss)
     before = switch_counters(rf)
     cap = Captures(rf, capture_dir) if capture_dir else contextlib.nullcontext()
     t0 = time.time()
@@ -431,7 +415,7 @@ def run_matrix(rf, server, client, loss=0.0, tools=TOOLS, capture_dir=None, extr
                               client_script(rf.mgmt_ip(server), tools, extra))
     finally:
         for s in sw:
-            rf.fab.set_loss(s, 0.0)
+            rf.set_loss(s, 0.0)
     after = switch_counters(rf)
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     got_s, got_c = results(out[server][1]), results(out[client][1])
@@ -678,7 +662,7 @@ class EndpointInterop:
     def __init__(self, rf, hostd, guest):
         self.rf, self.hostd, self.guest = rf, hostd, guest
         self.peer_gpu = rf.node(guest)["gpu"]
-        self.stub = rf.fab.stub(hostd)
+        self.stub = rf.stub(hostd)
 
     def attach(self, window, nbytes):
         from .v1 import control_pb2 as pb
@@ -687,7 +671,7 @@ class EndpointInterop:
             timeout=10)
 
     def window(self, name, length, offset=0):
-        return self.rf.fab.read_window(self.hostd, self.WINDOWS[name], offset, length)
+        return self.rf.read_window(self.hostd, self.WINDOWS[name], offset, length)
 
     def counters(self):
         from .v1 import control_pb2 as pb
@@ -706,7 +690,6 @@ class EndpointInterop:
     def guest_to_hostd(self, capture_dir):
         """The guest's clients against hostd, one shim per tool; returns (rows, facts)."""
         import threading
-        from . import live
         plan = self.plan()
         peers, threads, errors = [], [], {}
         for i, (name, win, nbytes, _) in enumerate(plan):
@@ -868,7 +851,7 @@ def pfc_probe(rf, sender, receiver, capture_dir, lossless_priority=3, link_gbps=
     recs = pcap_records(next(f for f in cap.files if f.name.startswith(sender + "-")))
     pauses = pfc_frames(recs)
     quantum_s = 512 / (link_gbps * 1e9)
-    windows, t_end = [], None
+    windows = []
     for t, q in pauses:
         if lossless_priority in q:
             if q[lossless_priority] > 0:
@@ -892,21 +875,36 @@ def _topology(name):
     return _repo() / "testbed" / "rxe" / name
 
 
+@contextlib.contextmanager
+def _quietly_up(rf):
+    rf.up(progress=lambda line: None)
+    try:
+        yield rf
+    finally:
+        rf.down()
+
+
 def interop(progress=print, capture_root=None):
     """The whole interop matrix: (rows, facts). Three fabrics in turn: two guests through ifec-switchd (no loss,
-    1% loss), a guest and ifec-hostd (both directions), and the PFC probe."""
-    import tempfile
-    root = pathlib.Path(capture_root or tempfile.mkdtemp(prefix="ifec-rxe-"))
+    1% loss), a guest and ifec-hostd (both directions), and the PFC probe. The captures (about 300 MB) stay in
+    `capture_root` when given, else in a temporary directory removed at the end."""
+    if capture_root is None:
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="ifec-rxe-") as tmp:
+            rows, facts = interop(progress, tmp)
+        facts["captures"] = "removed (--captures DIR keeps them)"
+        return rows, facts
+    root = pathlib.Path(capture_root)
     rows, facts = [], {}
     t0 = time.time()
-    with RxeFabric(_topology("rxe-2x1.yaml")).up(progress=lambda l: None) as rf:
+    with _quietly_up(RxeFabric(_topology("rxe-2x1.yaml"))) as rf:
         for loss in (0.0, 0.01):
             progress(f"interop: ibv_rc_pingpong and perftest, gpu0 -> gpu1 through ifec-switchd, {loss:.0%} loss "
                      f"({time.time() - t0:.0f} s)")
             r, f = run_matrix(rf, "gpu1", "gpu0", loss=loss, capture_dir=root / f"switch-loss{int(loss * 100)}")
             rows += r
             facts[f"switch, {loss:.0%} loss"] = f
-    with RxeFabric(_topology("rxe-2x1.yaml"), guests=["gpu1"]).up(progress=lambda l: None) as rf:
+    with _quietly_up(RxeFabric(_topology("rxe-2x1.yaml"), guests=["gpu1"])) as rf:
         e = EndpointInterop(rf, "gpu0", "gpu1")
         progress(f"interop: perftest clients in the guest against ifec-hostd ({time.time() - t0:.0f} s)")
         r, f = e.guest_to_hostd(root / "hostd")
@@ -914,7 +912,7 @@ def interop(progress=print, capture_root=None):
         facts["against ifec-hostd"] = f
         progress(f"interop: ifec-hostd against perftest servers in the guest ({time.time() - t0:.0f} s)")
         rows += e.hostd_to_guest()
-    with RxeFabric(_topology("rxe-2x1-pfc.yaml")).up(progress=lambda l: None) as rf:
+    with _quietly_up(RxeFabric(_topology("rxe-2x1-pfc.yaml"))) as rf:
         progress(f"interop: PFC, gpu0 -> gpu1 behind a 50 Mb/s link, lossless class ({time.time() - t0:.0f} s)")
         facts["pfc"] = pfc_probe(rf, "gpu0", "gpu1", root / "pfc")
     facts["seconds"] = time.time() - t0
@@ -936,7 +934,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="./ifec interop", description="Interop with real RDMA stacks.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("rxe", help="Soft-RoCE guests (QEMU) through ifec-switchd and against ifec-hostd: the matrix")
-    r.add_argument("--captures", help="keep the pcaps here (default: a new /tmp directory)")
+    r.add_argument("--captures", help="keep the pcaps here (about 300 MB; default: none kept)")
     r.add_argument("--json", action="store_true", help="rows and facts as JSON")
     args = ap.parse_args(argv)
     why = unavailable()
@@ -955,7 +953,7 @@ def main(argv=None):
                 for path, (n, bad) in f["icrc"].items():
                     print(f"# ICRC, {name}: {n} RoCEv2 frames in {pathlib.Path(path).name}, {bad} wrong")
         print("# " + pfc_line(facts["pfc"]))
-        print(f"# {facts['seconds']:.0f} s; captures in {facts['captures']}")
+        print(f"# {facts['seconds']:.0f} s; captures: {facts['captures']}")
     return 0 if all(x["ok"] for x in rows) and facts["pfc"]["transfer_ok"] else 1
 
 
