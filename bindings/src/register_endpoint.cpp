@@ -120,7 +120,8 @@ void register_endpoint(py::module_& m) {
            py::arg("lb") = "packet", py::arg("planes") = 0, py::arg("seed") = 1)
       .def_property_readonly("size", &testbed::Cluster::size)
       .def_property_readonly("now_ns", [](testbed::Cluster& c) { return c.loop().now(); })
-      .def("allocate_window", &testbed::Cluster::allocate_window, py::arg("id"), py::arg("bytes"), py::arg("job") = 1)
+      .def("allocate_window", &testbed::Cluster::allocate_window, py::arg("id"), py::arg("bytes"), py::arg("job") = 1,
+           py::arg("shared") = false)
       .def("window_bytes",
            [](testbed::Cluster& c, int gpu, uint16_t id, uint64_t offset, uint64_t length) {
              const endpoint::WindowInfo* w = ep(c, gpu).memory().window(id);

@@ -1,7 +1,9 @@
-// fp16 / bf16 conversions and element-wise reductions.
+// fp16 / bf16 / FP8 E4M3 conversions and element-wise reductions.
 #include "ifec/common/numeric.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace ifec::common {
 
@@ -87,6 +89,43 @@ uint16_t float_to_bf16(float f) {
   }
   const uint32_t rounding = 0x7FFF + ((u >> 16) & 1);
   return static_cast<uint16_t>((u + rounding) >> 16);
+}
+
+float fp8_e4m3_to_float(uint8_t b) {
+  const int exp = (b >> 3) & 0xF;
+  const int mant = b & 7;
+  const float sign = (b & 0x80) ? -1.0f : 1.0f;
+  if (exp == 0xF && mant == 7) {
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  // Subnormals: m/8 x 2^-6; normals: (8 + m)/8 x 2^(exp - 7).
+  return sign * (exp == 0 ? std::ldexp(static_cast<float>(mant), -9) : std::ldexp(static_cast<float>(8 + mant), exp - 10));
+}
+
+uint8_t float_to_fp8_e4m3(float f) {
+  const auto sign = static_cast<uint8_t>((bits(f) >> 24) & 0x80);
+  if (std::isnan(f)) {
+    return static_cast<uint8_t>(sign | 0x7F);
+  }
+  const float a = std::fabs(f);
+  if (a >= kFp8E4m3Max) {
+    return static_cast<uint8_t>(sign | 0x7E);
+  }
+  if (a < std::ldexp(1.0f, -6)) {
+    // Subnormal range, quantum 2^-9 (exact scaling; nearbyint rounds half to even). 8 quanta is the smallest
+    // normal, whose code is 8 as well.
+    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::nearbyint(std::ldexp(a, 9))));
+  }
+  int e = 0;
+  std::frexp(a, &e);  // a = [0.5, 1) x 2^e, so a = 1.m x 2^(e - 1)
+  int exp = e - 1;
+  auto q = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - exp)));  // 8..16 eighths
+  if (q == 16) {
+    q = 8;
+    ++exp;
+  }
+  const int code = ((exp + 7) << 3) | (q - 8);
+  return static_cast<uint8_t>(sign | std::min(code, 0x7E));  // 480 would be the NaN code: saturate to 448
 }
 
 Acc load_element(EchDtype t, const uint8_t* data, size_t i) {

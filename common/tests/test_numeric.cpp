@@ -44,6 +44,62 @@ TEST(Bf16, KnownEncodingsAndRoundTrips) {
   }
 }
 
+// E4M3 by its definition (OCP FP8): the value of every code, computed without the conversion under test.
+double e4m3_value(int code) {
+  const int exp = (code >> 3) & 0xF;
+  const int mant = code & 7;
+  const double mag = exp == 0 ? mant / 8.0 * std::pow(2.0, -6) : (1 + mant / 8.0) * std::pow(2.0, exp - 7);
+  return (code & 0x80) ? -mag : mag;
+}
+
+TEST(Fp8E4m3, KnownEncodings) {
+  EXPECT_EQ(float_to_fp8_e4m3(1.0f), 0x38);
+  EXPECT_EQ(float_to_fp8_e4m3(-2.0f), 0xC0);
+  EXPECT_EQ(float_to_fp8_e4m3(448.0f), 0x7E) << "largest finite";
+  EXPECT_EQ(float_to_fp8_e4m3(1e6f), 0x7E) << "saturates";
+  EXPECT_EQ(float_to_fp8_e4m3(-INFINITY), 0xFE) << "saturates";
+  EXPECT_EQ(float_to_fp8_e4m3(0.001953125f), 0x01) << "smallest subnormal, 2^-9";
+  EXPECT_EQ(float_to_fp8_e4m3(1.0625f), 0x38) << "halfway rounds to even";
+  EXPECT_EQ(float_to_fp8_e4m3(1.1875f), 0x3A) << "halfway rounds to even (up)";
+  EXPECT_FLOAT_EQ(fp8_e4m3_to_float(0x3B), 1.375f);
+  EXPECT_TRUE(std::isnan(fp8_e4m3_to_float(0x7F)));
+  EXPECT_TRUE(std::isnan(fp8_e4m3_to_float(float_to_fp8_e4m3(NAN))));
+}
+
+TEST(Fp8E4m3, EveryCodeDecodesByDefinitionAndRoundTrips) {
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7F) == 0x7F) {
+      continue;  // NaN
+    }
+    EXPECT_EQ(static_cast<double>(fp8_e4m3_to_float(static_cast<uint8_t>(c))), e4m3_value(c)) << std::hex << c;
+    if (c != 0x80) {  // -0 encodes as itself too, but compares equal to +0 above
+      EXPECT_EQ(float_to_fp8_e4m3(fp8_e4m3_to_float(static_cast<uint8_t>(c))), c) << std::hex << c;
+    }
+  }
+}
+
+TEST(Fp8E4m3, EncodesTheNearestCodeTiesToEven) {
+  // Every float on a fine grid over the finite range: the nearest code by brute force over all finite codes, ties
+  // to the even code (even mantissa).
+  for (double x = -460; x <= 460; x += 0.0078125 * (std::fabs(x) < 1 ? 0.0625 : 1)) {
+    const auto f = static_cast<float>(x);
+    int best = -1;
+    double dist = 1e300;
+    for (int c = 0; c < 256; ++c) {
+      if ((c & 0x7F) == 0x7F || c == 0x80) {
+        continue;
+      }
+      const double d = std::fabs(e4m3_value(c) - f);
+      if (d < dist || (d == dist && (c & 1) == 0)) {
+        best = c;
+        dist = d;
+      }
+    }
+    const uint8_t got = float_to_fp8_e4m3(f);
+    EXPECT_EQ(fp8_e4m3_to_float(got), static_cast<float>(e4m3_value(best))) << "x = " << x;
+  }
+}
+
 TEST(Reduce, Int32SumWrapsLikeTwosComplement) {
   const std::vector<int32_t> a = {std::numeric_limits<int32_t>::max(), -5, 7};
   const std::vector<int32_t> b = {1, -7, std::numeric_limits<int32_t>::min()};

@@ -458,10 +458,9 @@ int Endpoint::pick_small(int peer, uint16_t window, uint64_t offset) {
   return 0;
 }
 
-void Endpoint::post_store_parts(int peer, uint64_t epoch, uint64_t va, uint32_t rkey,
-                                std::shared_ptr<const std::vector<uint8_t>> data, uint16_t window, uint64_t offset,
-                                const std::shared_ptr<Op>& op) {
-  const uint64_t len = data->size();
+void Endpoint::post_store_parts(int peer, uint64_t epoch, uint64_t va, uint32_t rkey, const Payload& data,
+                                uint16_t window, uint64_t offset, const std::shared_ptr<Op>& op) {
+  const uint64_t len = data.size;
   auto post = [&](int q, uint64_t from, uint64_t n) {
     for (uint64_t done = 0; done < n; done += kMaxWqeBytes) {
       const uint64_t part = std::min(kMaxWqeBytes, n - done);
@@ -573,26 +572,43 @@ void Endpoint::post_load_parts(int peer, uint64_t epoch, uint8_t* dst, uint64_t 
 // -------------------------------------------------------------------------------------------- transactions --
 
 OpHandle Endpoint::store(int peer, uint16_t window, uint64_t offset, const void* src, size_t len) {
+  if (len == 0 || peer == cfg_.index) {
+    return store_payload(peer, window, offset, Payload::view(src, len), "store");
+  }
+  return store_payload(peer, window, offset, Payload::copy_of(src, len), "store");
+}
+
+OpHandle Endpoint::store_from_window(int peer, uint16_t window, uint64_t offset, uint16_t src_window,
+                                     uint64_t src_offset, size_t len) {
+  const WindowInfo* src = memory_.window(src_window);
+  if (src == nullptr || src_offset > src->size || len > src->size - src_offset) {
+    return fail_now(OpStatus::kInvalidArgument,
+                    "store from window " + std::to_string(src_window) + ": bytes [" + std::to_string(src_offset) +
+                        ", +" + std::to_string(len) + ") are not in a registered window of this endpoint");
+  }
+  return store_payload(peer, window, offset, Payload::view(src->data + src_offset, len), "store");
+}
+
+OpHandle Endpoint::store_payload(int peer, uint16_t window, uint64_t offset, Payload data, const char* what) {
+  const size_t len = data.size;
   const WindowInfo* w = nullptr;
   std::string err = check_remote(peer, window, offset, len, false, &w);
   if (!err.empty()) {
-    return fail_now(OpStatus::kInvalidArgument, "store: " + err);
+    return fail_now(OpStatus::kInvalidArgument, std::string(what) + ": " + err);
   }
   uint64_t id;
   OpHandle h = new_op(&id);
   if (len == 0 || peer == cfg_.index) {
     if (len > 0) {
-      std::memcpy(memory_.window(window)->data + offset, src, len);
+      std::memmove(memory_.window(window)->data + offset, data.bytes, len);
     }
     finish_op(id, h);
     return h;
   }
   auto op = track(id, h);
-  auto data = std::make_shared<const std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
-                                                           static_cast<const uint8_t*>(src) + len);
   const uint64_t va = w->va + offset;
   const uint32_t rkey = w->rkey;
-  submit(peer, [this, peer, va, rkey, data, window, offset, op] {
+  submit(peer, [this, peer, va, rkey, data = std::move(data), window, offset, op] {
     post_store_parts(peer, peers_[peer].epoch, va, rkey, data, window, offset, op);
   });
   return h;
@@ -691,8 +707,7 @@ OpHandle Endpoint::put_signal(int peer, uint16_t window, uint64_t offset, const 
     return h;
   }
   auto op = track(id, h);
-  auto data = std::make_shared<const std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
-                                                           static_cast<const uint8_t*>(src) + len);
+  const Payload data = Payload::copy_of(src, len);
   const uint64_t va = w->va + offset;
   const uint64_t sva = sw->va + sig_offset;
   const uint32_t rkey = w->rkey;

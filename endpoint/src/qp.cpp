@@ -69,8 +69,22 @@ void QueuePair::post(Wqe w) {
   wake_();
 }
 
+Payload Payload::copy_of(const void* src, size_t n) {
+  auto v = std::make_shared<const std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
+                                                        static_cast<const uint8_t*>(src) + n);
+  return {v, v->data(), n};
+}
+
 void QueuePair::post_write(uint64_t va, uint32_t rkey, std::shared_ptr<const std::vector<uint8_t>> data, size_t offset,
                            uint32_t len, WqeDone done) {
+  const uint8_t* bytes = data->data();
+  const size_t size = data->size();
+  post_write(va, rkey, Payload{std::move(data), bytes, size}, offset, len, std::move(done));
+}
+
+void QueuePair::post_write(uint64_t va, uint32_t rkey, Payload data, size_t offset, uint32_t len, WqeDone done) {
+  IFEC_CHECK(offset + len <= data.size, "post_write: bytes [" << offset << ", +" << len << ") outside a payload of "
+                                                              << data.size);
   Wqe w;
   w.kind = Wqe::kWrite;
   w.va = va;
@@ -176,7 +190,7 @@ std::vector<uint8_t> QueuePair::request_frame() {
     if (w.kind == Wqe::kWrite) {
       const uint32_t off = static_cast<uint32_t>(k) * cfg_.mtu;
       const uint32_t len = std::min(cfg_.mtu, w.len - std::min(w.len, off));
-      const uint8_t* payload = w.data->data() + w.data_offset + off;
+      const uint8_t* payload = w.data.bytes + w.data_offset + off;
       const bool last = static_cast<uint32_t>(k) + 1 == w.npkts;
       const bool ack_req = last || retransmit || psn % cfg_.ack_every == 0;
       uint8_t opcode;

@@ -316,6 +316,21 @@ std::vector<wl::Algo> candidates(uint64_t size, int n) {
   return v;
 }
 
+unsigned parse_jobs(const Args& a) {
+  const auto jobs = static_cast<unsigned>(ifec::cli::parse_uint(
+      a.get("--jobs", std::to_string(std::max(1u, std::thread::hardware_concurrency()))), "--jobs"));
+  IFEC_CHECK(jobs >= 1 && jobs <= 256, "--jobs " << jobs << " must be 1..256");
+  return jobs;
+}
+
+void print_progress(size_t done, size_t total, const std::string& running) {
+  std::fprintf(stderr, "\rbench: %zu/%zu runs done%s%s      ", done, total, running.empty() ? "" : ", running ",
+               running.c_str());
+  if (done == total) {
+    std::fprintf(stderr, "\n");
+  }
+}
+
 int run_bench_collectives(const Args& a) {
   const bool quick = a.has("--quick");
   const uint64_t max_sim = ifec::cli::parse_size(a.get("--max-sim", quick ? "1MiB" : "64MiB"), "--max-sim");
@@ -361,17 +376,7 @@ int run_bench_collectives(const Args& a) {
     p.bytes = size;
     points.push_back(p);
   }
-  const unsigned jobs = static_cast<unsigned>(ifec::cli::parse_uint(
-      a.get("--jobs", std::to_string(std::max(1u, std::thread::hardware_concurrency()))), "--jobs"));
-  IFEC_CHECK(jobs >= 1 && jobs <= 256, "--jobs " << jobs << " must be 1..256");
-  const std::vector<tb::CollectiveRow> rows =
-      tb::run_collective_points(topo, points, jobs, [&](size_t done, size_t total, const std::string& running) {
-        std::fprintf(stderr, "\rbench: %zu/%zu points done%s%s      ", done, total, running.empty() ? "" : ", running ",
-                     running.c_str());
-        if (done == total) {
-          std::fprintf(stderr, "\n");
-        }
-      });
+  const std::vector<tb::CollectiveRow> rows = tb::run_collective_points(topo, points, parse_jobs(a), print_progress);
   std::map<std::pair<uint64_t, wl::Algo>, double> time_of;
   for (const tb::CollectiveRow& r : rows) {
     IFEC_CHECK(r.ok, "bench " << wl::algo_name(r.point.algo) << " at " << r.point.bytes << " B: " << r.error);
@@ -470,10 +475,13 @@ int run_bench_moe(const Args& a) {
   const bool quick = a.has("--quick");
   std::vector<uint64_t> eps = ifec::cli::parse_uints(a.get("--ep", quick ? "8,16" : "8,16,32,64"), "--ep", 2,
                                                      static_cast<uint64_t>(cfg.topo.num_gpus()));
-  const uint64_t cap = ifec::cli::parse_uint(a.get("--token-cap", quick ? "32" : "256"), "--token-cap");
+  const uint64_t cap = ifec::cli::parse_uint(a.get("--token-cap", quick ? "32" : "0"), "--token-cap");
   const std::string mode = ifec::cli::parse_choice(a.get("--mode", "both"), "--mode", {"normal", "ll", "both"});
   const std::vector<std::string> modes =
       mode == "both" ? std::vector<std::string>{"normal", "ll"} : std::vector<std::string>{mode};
+  cfg.fp8_dispatch = ifec::cli::parse_choice(a.get("--dispatch", "fp8"), "--dispatch", {"fp8", "bf16"}) == "fp8";
+  cfg.overlap = a.has("--overlap");
+  const unsigned jobs = parse_jobs(a);
   const std::string out = a.get("--out");
   if (!out.empty()) {
     make_dirs(out);  // before the run, not after it
@@ -482,12 +490,14 @@ int run_bench_moe(const Args& a) {
   if (a.has("--gpu-profile")) {
     cfg.profile = ifec::workloads::load_gpu_profile(a.get("--gpu-profile"));
   }
-  cfg.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   std::printf(
-      "# MoE dispatch/combine, DeepSeek-V3 routing (hidden %lld, top-%lld of %lld, bf16 rows) on %s [driver: sim]\n",
+      "# MoE dispatch/combine, DeepSeek-V3 routing (hidden %lld, top-%lld of %lld) on %s [driver: sim]; dispatch "
+      "%s, combine bf16 rows (the IFEC sum in fp32)\n",
       static_cast<long long>(cfg.model.hidden), static_cast<long long>(cfg.model.topk),
-      static_cast<long long>(cfg.model.experts), cfg.topology_name.c_str());
-  std::printf("# dispatch/combine simulated; experts(us) modelled at expert width %lld: %s\n",
+      static_cast<long long>(cfg.model.experts), cfg.topology_name.c_str(),
+      cfg.fp8_dispatch ? "FP8 (E4M3 + an fp32 scale per 128 channels)" : "bf16 rows");
+  std::printf("# dispatch/combine simulated (timing mode: every row crosses the fabric, values not kept); experts(us) "
+              "modelled at expert width %lld: %s\n",
               static_cast<long long>(cfg.model.inter), cfg.profile.summary().c_str());
   if (cap > 0) {
     std::printf(
@@ -495,34 +505,48 @@ int run_bench_moe(const Args& a) {
         "(bandwidth-bound), marked (scaled from N)\n",
         static_cast<unsigned long long>(cap), static_cast<unsigned long long>(cap));
   }
-  std::printf("# GB/s: logical bytes per rank / time (DeepEP's convention); MB: all ranks together\n%s\n",
-              tb::moe_rows_header().c_str());
+  std::printf(
+      "# GB/s: logical bytes per rank / time (DeepEP's convention); line: that / the GPU's access rate (%.0f GB/s); "
+      "bound: the phase's line-rate bound (busiest GPU's wire bytes one way at its rate) / time; overlap: two "
+      "micro-batches (--overlap); MB: all ranks together\n%s\n",
+      cfg.topo.gpu_access_gbps(0) / 8, tb::moe_rows_header().c_str());
   std::fflush(stdout);
-  std::string csv;
-  std::string json = "[";
-  int wrong = 0;
+  std::vector<tb::MoePoint> points;
   for (const std::string& m : modes) {
     for (uint64_t ep : eps) {
       tb::MoePoint p;
       p.mode = m;
       p.ep = static_cast<int>(ep);
       p.tokens = m == "normal" ? 4096 : 128;
-      const auto rows =
-          tb::run_moe_point(cfg, p, {tb::MoeVariant::kPerExpert, tb::MoeVariant::kPerRank, tb::MoeVariant::kIfec});
-      for (const auto& r : rows) {
-        std::printf("%s\n", tb::moe_row_text(r).c_str());
-        const ifec::common::JsonObject rec = tb::moe_row_record(r, cfg.topology_name);
-        csv += (csv.empty() ? rec.csv_header() + "\n" : "") + rec.csv_row() + "\n";
-        json += (json.size() > 1 ? ",\n" : "") + rec.str();
-        wrong += !r.ok();
-      }
-      const double base = std::min(rows[0].dispatch_us + rows[0].combine_us, rows[1].dispatch_us + rows[1].combine_us);
-      std::printf("#   EP %llu %s: IFEC dispatch+combine %.2fx the best baseline, layer %.2fx\n",
-                  static_cast<unsigned long long>(ep), m.c_str(), base / (rows[2].dispatch_us + rows[2].combine_us),
-                  std::min(rows[0].total_us, rows[1].total_us) / rows[2].total_us);
-      std::fflush(stdout);
+      points.push_back(p);
     }
   }
+  const std::vector<tb::MoeVariant> variants = {tb::MoeVariant::kPerExpert, tb::MoeVariant::kPerRank,
+                                                tb::MoeVariant::kIfec};
+  const auto rows = tb::run_moe_points(cfg, points, variants, jobs, print_progress);
+  std::string csv;
+  std::string json = "[";
+  int wrong = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const tb::MoeBenchRow& r = rows[i];
+    std::printf("%s\n", tb::moe_row_text(r).c_str());
+    const ifec::common::JsonObject rec = tb::moe_row_record(r, cfg.topology_name);
+    csv += (csv.empty() ? rec.csv_header() + "\n" : "") + rec.csv_row() + "\n";
+    json += (json.size() > 1 ? ",\n" : "") + rec.str();
+    wrong += !r.ok();
+    if (i % variants.size() + 1 == variants.size()) {
+      const tb::MoeBenchRow* v = &rows[i + 1 - variants.size()];  // per_expert, per_rank, ifec
+      const double base = std::min(v[0].dispatch_us + v[0].combine_us, v[1].dispatch_us + v[1].combine_us);
+      std::printf("#   EP %d %s: IFEC dispatch+combine %.2fx the best baseline, layer %.2fx", r.point.ep,
+                  r.point.mode.c_str(), base / (v[2].dispatch_us + v[2].combine_us),
+                  std::min(v[0].total_us, v[1].total_us) / v[2].total_us);
+      if (cfg.overlap) {
+        std::printf(", overlapped layer %.2fx", std::min(v[0].overlap_us, v[1].overlap_us) / v[2].overlap_us);
+      }
+      std::printf("\n");
+    }
+  }
+  std::fflush(stdout);
   if (!out.empty()) {
     write_file(out + "/moe_bench.csv", csv);
     write_file(out + "/moe_bench.json", json + "]\n");
@@ -617,13 +641,18 @@ std::vector<Command> commands() {
 #ifdef IFEC_HAVE_MOE
   cs.push_back(
       {{"bench moe",
-        "[--quick] [--ep LIST] [--mode normal|ll|both] [--token-cap N] [--gpu-profile FILE] [--out DIR] [--topo FILE]",
-        "MoE dispatch/combine at DeepEP's points (4096 tokens normal, 128 low latency, hidden 7168, top-8 of 256)\n"
-        "per variant (per_expert, per_rank, ifec): simulated times, modelled expert compute, logical vs wire bytes.",
+        "[--quick] [--ep LIST] [--mode normal|ll|both] [--dispatch fp8|bf16] [--overlap] [--token-cap N] "
+        "[--jobs N] [--gpu-profile FILE] [--out DIR] [--topo FILE]",
+        "MoE dispatch/combine at DeepEP's points (4096 tokens normal, 128 low latency, hidden 7168, top-8 of 256,\n"
+        "FP8 dispatch, bf16 combine), simulated directly, per variant (per_expert, per_rank, ifec): times, GB/s per\n"
+        "GPU, fractions of line rate and of the line-rate bound, modelled expert compute, wire bytes per plane.",
         {{"--quick", "", "EP 8 and 16, 32 tokens simulated"},
          {"--ep", "LIST", "EP sizes (default 8,16,32,64)"},
          {"--mode", "MODE", "normal, ll or both (default both)"},
-         {"--token-cap", "N", "simulate at most N tokens per rank and scale (default 256; 0: none)"},
+         {"--dispatch", "TYPE", "dispatch rows: fp8 (E4M3 + a scale per 128 channels, DeepEP's; default) or bf16"},
+         {"--overlap", "", "also the layer as two overlapped micro-batches (DeepEP's schedule; twice the runs)"},
+         {"--token-cap", "N", "simulate at most N tokens per rank and scale (default 0: none, every token simulated)"},
+         {"--jobs", "N", "runs at once (default: every core; the rows equal a serial run's)"},
          {"--gpu-profile", "FILE",
           "the experts' GPU model (YAML/JSON; default the fitted H100, "
           "testbed/gpu-profiles/h100-sxm.yaml; python3 -m ifec.gpu_profile writes one)"},

@@ -34,7 +34,9 @@ class PutRowsOp : public CommOp {
         continue;
       }
       ++stores_out_;
-      watch(ep.store(comm_.gpu(r.destination), a_.dest_window, r.to, src + r.from, a_.row_bytes),
+      // From the window itself (RDMA WRITE): the rows are not copied while they queue behind each other.
+      watch(ep.store_from_window(comm_.gpu(r.destination), a_.dest_window, r.to, a_.source_window, r.from,
+                                 a_.row_bytes),
             [this](bool ok, const std::string& error) {
               if (!ok) {
                 fail("row store: " + error);

@@ -4,6 +4,7 @@
 // Per-op headers instead of <ATen/ATen.h>: this TU compiles in about half the time.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -19,6 +21,7 @@
 #include <utility>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/numeric.h"
 
 namespace ifec::workloads {
 
@@ -210,9 +213,12 @@ at::Tensor reference_forward(const at::Tensor& x, const MoeWeights& w, const Moe
   return reference_forward(x, w, cfg, gate(x, w, cfg));
 }
 
-at::Tensor reference_forward(const at::Tensor& x, const MoeWeights& w, const MoeConfig& cfg, const RoutingPlan& plan) {
+at::Tensor reference_forward(const at::Tensor& x, const MoeWeights& w, const MoeConfig& cfg, const RoutingPlan& plan,
+                             const at::Tensor& expert_x) {
   cfg.validate();
   check_tokens(x, cfg, "x");
+  const at::Tensor& xe = expert_x.defined() ? expert_x : x;
+  IFEC_CHECK(xe.sizes() == x.sizes(), "expert_x must be the shape of x " << shape_str(x) << ", got " << shape_str(xe));
   check_weights(w, cfg);
   IFEC_CHECK(plan.expert_ids.sizes() == at::IntArrayRef({x.size(0), cfg.topk}) &&
                  plan.weights.sizes() == plan.expert_ids.sizes(),
@@ -228,10 +234,65 @@ at::Tensor reference_forward(const at::Tensor& x, const MoeWeights& w, const Moe
     if (where.size(0) == 0) continue;
     const at::Tensor tok = where.select(1, 0).contiguous();
     const at::Tensor slot = where.select(1, 1).contiguous();
-    const at::Tensor out = swiglu(x.index_select(0, tok), w.w1[e], w.w2[e], w.w3[e]).to(at::kFloat);
+    const at::Tensor out = swiglu(xe.index_select(0, tok), w.w1[e], w.w2[e], w.w3[e]).to(at::kFloat);
     y.index_add_(0, tok, out * wts.view(-1).index_select(0, tok * cfg.topk + slot).unsqueeze(1));
   }
   return shared_expert_forward(x, w) + y;
+}
+
+int64_t fp8_row_bytes(int64_t hidden) {
+  IFEC_CHECK(hidden > 0 && hidden % kFp8Block == 0,
+             "FP8 rows: hidden " << hidden << " is not a positive multiple of " << kFp8Block << " (one scale per block)");
+  return hidden + 4 * (hidden / kFp8Block);
+}
+
+at::Tensor quantize_fp8_rows(const at::Tensor& x) {
+  IFEC_CHECK(x.dim() == 2, "FP8 rows: x must be [n, hidden], got " << shape_str(x));
+  const int64_t n = x.size(0);
+  const int64_t hidden = x.size(1);
+  const int64_t bytes = fp8_row_bytes(hidden);
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({n, bytes}, at::TensorOptions().dtype(at::kByte));
+  const float* src = xf.data_ptr<float>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = src + r * hidden;
+    uint8_t* q = dst + r * bytes;
+    for (int64_t b = 0; b < hidden / kFp8Block; ++b) {
+      float amax = 1e-4f;
+      for (int64_t i = b * kFp8Block; i < (b + 1) * kFp8Block; ++i) {
+        amax = std::max(amax, std::fabs(row[i]));
+      }
+      const float scale = amax / common::kFp8E4m3Max;
+      for (int64_t i = b * kFp8Block; i < (b + 1) * kFp8Block; ++i) {
+        q[i] = common::float_to_fp8_e4m3(row[i] / scale);
+      }
+      std::memcpy(q + hidden + 4 * b, &scale, 4);
+    }
+  }
+  return out;
+}
+
+at::Tensor dequantize_fp8_rows(const at::Tensor& packed, int64_t hidden) {
+  const int64_t bytes = fp8_row_bytes(hidden);
+  IFEC_CHECK(packed.dim() == 2 && packed.size(1) == bytes && packed.scalar_type() == at::kByte,
+             "FP8 rows: packed rows must be uint8 [n, " << bytes << "], got " << shape_str(packed));
+  const at::Tensor p = packed.contiguous();
+  const int64_t n = p.size(0);
+  at::Tensor out = at::empty({n, hidden}, at::TensorOptions().dtype(at::kFloat));
+  const uint8_t* src = p.data_ptr<uint8_t>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t r = 0; r < n; ++r) {
+    const uint8_t* q = src + r * bytes;
+    for (int64_t b = 0; b < hidden / kFp8Block; ++b) {
+      float scale = 0;
+      std::memcpy(&scale, q + hidden + 4 * b, 4);
+      for (int64_t i = b * kFp8Block; i < (b + 1) * kFp8Block; ++i) {
+        dst[r * hidden + i] = common::fp8_e4m3_to_float(q[i]) * scale;
+      }
+    }
+  }
+  return out;
 }
 
 std::vector<int64_t> RouteTable::row(int64_t token) const {
@@ -430,6 +491,15 @@ double shared_expert_compute_seconds(int64_t tokens, const MoeConfig& cfg, const
   IFEC_CHECK(tokens >= 0, "tokens must be >= 0, got " << tokens);
   if (tokens == 0 || cfg.shared_inter() == 0) return 0;
   return ffn_chain_seconds(tokens, cfg.hidden, cfg.shared_inter(), profile, bytes_per_element);
+}
+
+double two_micro_batch_time(const double dispatch[2], const double experts[2], const double combine[2]) {
+  const double d1 = dispatch[0];                  // comm: D1
+  const double d2 = d1 + dispatch[1];             // comm: D2 right after
+  const double e1 = d1 + experts[0];              // compute: E1 once D1 is in
+  const double c1 = std::max(d2, e1) + combine[0];  // comm: C1 after D2 (the stream) and E1 (its input)
+  const double e2 = std::max(e1, d2) + experts[1];  // compute: E2 after E1 (the stream) and D2 (its input)
+  return std::max(c1, e2) + combine[1];             // comm: C2 after C1 and E2
 }
 
 std::vector<int64_t> tokens_per_expert(const RouteTable& table, int64_t experts) {

@@ -67,10 +67,11 @@ std::vector<std::vector<std::pair<int, size_t>>> holders_of_tokens(const Dispatc
 void plan_ifec(MoeRankPlan& p, const RouteTable& table, const DispatchLists& lists, common::EchDtype dtype) {
   const int me = p.rank;
   const uint64_t row = p.row_bytes;
+  const uint64_t drow = p.dispatch_row_bytes;
   p.input_window = p.ids.recv;
-  p.input_offset = static_cast<uint64_t>(me * p.tokens) * row;
+  p.input_offset = static_cast<uint64_t>(me * p.tokens) * drow;
   p.dispatch_multicast.window = p.ids.recv;
-  p.dispatch_multicast.row_bytes = row;
+  p.dispatch_multicast.row_bytes = drow;
   BatchReduceArgs& rd = p.combine_reduce;
   rd.source_window = p.ids.output;
   rd.result_window = p.ids.combine;
@@ -80,7 +81,7 @@ void plan_ifec(MoeRankPlan& p, const RouteTable& table, const DispatchLists& lis
   const auto holders = holders_of_tokens(lists, table.tokens);
   for (int64_t token = 0; token < table.tokens; ++token) {
     const int src = static_cast<int>(token / p.tokens);
-    const uint64_t at = static_cast<uint64_t>(token) * row;
+    const uint64_t at = static_cast<uint64_t>(token) * drow;
     const auto index = static_cast<uint32_t>(token % p.tokens);
     RowsOut out{at, {}};
     RowIn in{index, {}};
@@ -91,51 +92,54 @@ void plan_ifec(MoeRankPlan& p, const RouteTable& table, const DispatchLists& lis
       out.destinations.push_back(d);
       in.contributors.push_back(d);
       if (d == me) {
-        p.dispatch_multicast.incoming.emplace_back(at, row);
+        p.dispatch_multicast.incoming.emplace_back(at, drow);
         rd.contribute.push_back({src, index, static_cast<uint64_t>(i) * row});
         p.combine_logical_bytes += static_cast<int64_t>(row);
       }
     }
     if (src == me && !out.destinations.empty()) {
-      p.dispatch_logical_bytes += static_cast<int64_t>(out.destinations.size() * row);
+      p.dispatch_logical_bytes += static_cast<int64_t>(out.destinations.size() * drow);
       p.dispatch_multicast.rows.push_back(std::move(out));
       rd.mine.push_back(std::move(in));
     }
   }
   for (size_t i = 0; i < lists.per_rank[me].size(); ++i) {
     const int64_t token = lists.per_rank[me][i].token;
-    p.recv_offsets.push_back(static_cast<uint64_t>(token) * row);
+    p.recv_offsets.push_back(static_cast<uint64_t>(token) * drow);
     p.own_token.push_back(token / p.tokens == me ? token % p.tokens : -1);
   }
 }
 
 // The baselines: every delivery is a row store from the token's source into the next row of the expert rank's
-// receive window, and its output row a store back into the source's [token][slot] combine row (the first slot it
-// covers; per-rank rows already summed that rank's experts). Own rows are copied, not sent.
+// receive window, and its output row (the same index of the output window) a store back into the source's
+// [token][slot] combine row (the first slot it covers; per-rank rows already summed that rank's experts). Own rows
+// are copied, not sent.
 void plan_stores(MoeRankPlan& p, const ListView& l) {
   const int me = p.rank;
   const uint64_t row = p.row_bytes;
+  const uint64_t drow = p.dispatch_row_bytes;
   p.input_window = p.ids.input;
-  p.dispatch_put = {p.ids.input, p.ids.recv, row, {}, {}};
+  p.dispatch_put = {p.ids.input, p.ids.recv, drow, {}, {}};
   p.combine_put = {p.ids.output, p.ids.combine, row, {}, {}};
   for (int d = 0; d < p.ranks; ++d) {
     for (size_t i = 0; i < l.size(d); ++i) {
       const int64_t token = l.token(d, i);
       const int src = static_cast<int>(token / p.tokens);
-      const uint64_t recv_at = static_cast<uint64_t>(i) * row;
+      const uint64_t recv_at = static_cast<uint64_t>(i) * drow;
+      const uint64_t out_at = static_cast<uint64_t>(i) * row;
       const uint64_t combine_at = static_cast<uint64_t>((token % p.tokens) * p.topk + l.slot(d, i)) * row;
       if (src == me) {
-        p.dispatch_put.rows.push_back({static_cast<uint64_t>(token % p.tokens) * row, d, recv_at});
-        p.dispatch_logical_bytes += d == me ? 0 : static_cast<int64_t>(row);
+        p.dispatch_put.rows.push_back({static_cast<uint64_t>(token % p.tokens) * drow, d, recv_at});
+        p.dispatch_logical_bytes += d == me ? 0 : static_cast<int64_t>(drow);
         if (d != me) {
           p.combine_put.incoming.emplace_back(combine_at, row);
         }
       }
       if (d == me) {
-        p.combine_put.rows.push_back({recv_at, src, combine_at});
+        p.combine_put.rows.push_back({out_at, src, combine_at});
         p.combine_logical_bytes += src == me ? 0 : static_cast<int64_t>(row);
         if (src != me) {
-          p.dispatch_put.incoming.emplace_back(recv_at, row);
+          p.dispatch_put.incoming.emplace_back(recv_at, drow);
         }
         p.recv_offsets.push_back(recv_at);
         p.own_token.push_back(-1);
@@ -147,7 +151,8 @@ void plan_stores(MoeRankPlan& p, const ListView& l) {
 }  // namespace
 
 MoeRankPlan plan_moe_rank(MoeVariant v, const RouteTable& table, const DispatchLists& lists, int rank,
-                          int64_t tokens_per_rank, uint64_t row_bytes, common::EchDtype dtype, const MoeWindows& ids) {
+                          int64_t tokens_per_rank, uint64_t row_bytes, common::EchDtype dtype, const MoeWindows& ids,
+                          bool fp8_dispatch) {
   IFEC_CHECK(lists.ranks >= 1 && rank >= 0 && rank < lists.ranks,
              "MoE plan: rank " << rank << " outside 0.." << lists.ranks - 1);
   IFEC_CHECK(
@@ -162,6 +167,10 @@ MoeRankPlan plan_moe_rank(MoeVariant v, const RouteTable& table, const DispatchL
   p.tokens = tokens_per_rank;
   p.topk = table.topk;
   p.row_bytes = row_bytes;
+  p.fp8_dispatch = fp8_dispatch;
+  p.dispatch_row_bytes =
+      fp8_dispatch ? static_cast<uint64_t>(fp8_row_bytes(static_cast<int64_t>(row_bytes / element_size(dtype))))
+                   : row_bytes;
   p.ids = ids;
   const ListView l{lists, v == MoeVariant::kPerExpert};
   size_t max_recv = 1;
@@ -169,13 +178,14 @@ MoeRankPlan plan_moe_rank(MoeVariant v, const RouteTable& table, const DispatchL
     max_recv = std::max(max_recv, l.size(d));
   }
   const uint64_t T = static_cast<uint64_t>(tokens_per_rank);
+  const uint64_t drow = p.dispatch_row_bytes;
   if (v == MoeVariant::kIfec) {
     // The receive window is sparse: only routed rows are touched.
-    p.windows = {{ids.recv, p.ranks * T * row_bytes}, {ids.combine, T * row_bytes}, {ids.output, max_recv * row_bytes}};
+    p.windows = {{ids.recv, p.ranks * T * drow}, {ids.combine, T * row_bytes}, {ids.output, max_recv * row_bytes}};
     plan_ifec(p, table, lists, dtype);
   } else {
-    p.windows = {{ids.input, T * row_bytes},
-                 {ids.recv, max_recv * row_bytes},
+    p.windows = {{ids.input, T * drow},
+                 {ids.recv, max_recv * drow},
                  {ids.combine, T * p.topk * row_bytes},
                  {ids.output, max_recv * row_bytes}};
     plan_stores(p, l);
@@ -186,13 +196,15 @@ MoeRankPlan plan_moe_rank(MoeVariant v, const RouteTable& table, const DispatchL
 at::Tensor moe_expert_rows(const MoeRankPlan& p, const uint8_t* recv, const DispatchLists& lists, const MoeWeights& w,
                            const MoeConfig& cfg, at::ScalarType row_type) {
   const auto n = static_cast<int64_t>(p.recv_offsets.size());
-  at::Tensor in = torch::empty({n, cfg.hidden}, torch::TensorOptions().dtype(row_type));
-  IFEC_CHECK(static_cast<uint64_t>(cfg.hidden * in.element_size()) == p.row_bytes,
+  IFEC_CHECK(static_cast<uint64_t>(cfg.hidden * c10::elementSize(row_type)) == p.row_bytes,
              "MoE expert rows: hidden " << cfg.hidden << " in " << row_type << " is not the plan's row of "
                                         << p.row_bytes << " B");
+  const uint64_t drow = p.dispatch_row_bytes;
+  at::Tensor in = torch::empty({n, static_cast<int64_t>(drow)}, torch::TensorOptions().dtype(torch::kByte));
   for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(static_cast<uint8_t*>(in.data_ptr()) + i * p.row_bytes, recv + p.recv_offsets[i], p.row_bytes);
+    std::memcpy(in.data_ptr<uint8_t>() + i * drow, recv + p.recv_offsets[i], drow);
   }
+  in = p.fp8_dispatch ? dequantize_fp8_rows(in, cfg.hidden).to(row_type) : in.view(row_type);
   const at::Tensor out = p.variant == MoeVariant::kPerExpert
                              ? expert_outputs_for_rank(in, lists.per_expert[p.rank], w, cfg)
                              : expert_outputs_for_rank(in, lists.per_rank[p.rank], w, cfg);

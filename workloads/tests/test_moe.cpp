@@ -408,6 +408,21 @@ TEST(MoeDistributed, ComposeEqualsReferenceBf16) {
   }
 }
 
+TEST(MoeCost, TwoMicroBatchScheduleOverlapsOnlyCommunicationWithCompute) {
+  // Compute-bound: D1 + E1 + E2 + C2 (dispatch 2 and combine 1 hide under the experts).
+  const double d[2] = {10, 10}, e[2] = {50, 50}, c[2] = {10, 10};
+  EXPECT_DOUBLE_EQ(two_micro_batch_time(d, e, c), 10 + 50 + 50 + 10);
+  // Communication-bound: the comm stream never idles: D1 + D2 + C1 + C2 when the experts fit in between.
+  const double d2[2] = {40, 40}, e2[2] = {5, 5}, c2[2] = {30, 30};
+  EXPECT_DOUBLE_EQ(two_micro_batch_time(d2, e2, c2), 40 + 40 + 30 + 30);
+  // Mixed, by hand: D1 [0,20], D2 [20,50], E1 [20,60], C1 [60,85], E2 [60,70], C2 [85,100].
+  const double d3[2] = {20, 30}, e3[2] = {40, 10}, c3[2] = {25, 15};
+  EXPECT_DOUBLE_EQ(two_micro_batch_time(d3, e3, c3), 100);
+  // Never worse than running the halves back to back, never better than the busier stream.
+  EXPECT_LE(two_micro_batch_time(d3, e3, c3), 20 + 30 + 40 + 10 + 25 + 15);
+  EXPECT_GE(two_micro_batch_time(d3, e3, c3), std::max(20 + 30 + 25 + 15, 40 + 10));
+}
+
 TEST(MoeCost, TheMoeConfigWrappersAreTheGpuModel) {
   const MoeConfig cfg;  // DeepSeek-V3: h 7168, i 2048
   const GpuProfile p;   // the fitted H100 profile (gpu_model.h; its own tests check it against measurements)

@@ -1,7 +1,10 @@
 // Cluster: endpoints over a simulated Fabric, FARE-driven weights, window exchange, wait and barrier.
 #include "ifec/testbed/cluster.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "ifec/common/checks.h"
@@ -147,12 +150,21 @@ std::vector<workloads::CollectiveResult> Cluster::run_ranks(int ranks, const Ran
 
 Cluster::~Cluster() = default;
 
-void Cluster::allocate_window(uint16_t id, uint64_t bytes, uint32_t job) {
-  for (auto& e : endpoints_) {
-    if (e->memory().window(id) != nullptr) {
-      e->memory().free_window(id);  // re-allocation: a fresh zeroed window under the same id
+void Cluster::allocate_window(uint16_t id, uint64_t bytes, uint32_t job, bool shared) {
+  free_window(id);  // re-allocation: a fresh zeroed window under the same id
+  if (shared) {
+    IFEC_CHECK(bytes > 0 && bytes <= (uint64_t{1} << 32),
+               "shared window " << id << " size " << bytes << " outside 1..4 GiB");
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    IFEC_CHECK(p != MAP_FAILED, "shared window " << id << " of " << bytes << " bytes: " << std::strerror(errno));
+    auto& mem = shared_windows_[id] = std::unique_ptr<uint8_t, Unmap>(static_cast<uint8_t*>(p), Unmap{bytes});
+    for (auto& e : endpoints_) {
+      e->memory().register_window(id, mem.get(), bytes, job);
     }
-    e->memory().allocate_window(id, bytes, job);
+  } else {
+    for (auto& e : endpoints_) {
+      e->memory().allocate_window(id, bytes, job);
+    }
   }
   for (auto& e : endpoints_) {
     for (auto& peer : endpoints_) {
@@ -169,7 +181,10 @@ void Cluster::free_window(uint16_t id) {
       e->memory().free_window(id);
     }
   }
+  shared_windows_.erase(id);  // after every endpoint let go of it
 }
+
+void Cluster::Unmap::operator()(uint8_t* p) const { munmap(p, size); }
 
 std::string Cluster::wait_ok(const std::vector<endpoint::OpHandle>& handles, TimeNs limit, const std::string& what) {
   if (!wait(handles, limit)) {

@@ -4,13 +4,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
 #include <random>
 #include <sstream>
-#include <thread>
 
 #include "ifec/common/checks.h"
 #include "ifec/common/json.h"
@@ -18,6 +15,7 @@
 #include "ifec/testbed/cluster.h"
 #include "ifec/testbed/harness.h"
 #include "ifec/testbed/live_timing.h"
+#include "ifec/testbed/parallel.h"
 
 namespace ifec::testbed {
 
@@ -392,67 +390,31 @@ std::vector<CollectiveRow> run_collective_points(
     const routing::Topology& topo, const std::vector<CollectivePoint>& points, unsigned jobs,
     const std::function<void(size_t done, size_t total, const std::string& running)>& progress) {
   std::vector<CollectiveRow> rows(points.size());
-  std::vector<size_t> order(points.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    order[i] = i;
+  ParallelJobs pj;
+  for (size_t i = 0; i < points.size(); ++i) {
+    pj.order.push_back(i);
   }
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return points[a].bytes > points[b].bytes; });
+  std::stable_sort(pj.order.begin(), pj.order.end(),
+                   [&](size_t a, size_t b) { return points[a].bytes > points[b].bytes; });
   const uint64_t gpus = static_cast<uint64_t>(topo.num_gpus());
-  auto need = [&](size_t i) { return 3 * std::max<uint64_t>(points[i].bytes, 4096) * gpus; };
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t next = 0;  // order[next..] not started; a point that does not fit waits (the next one does not pass it)
-  size_t done = 0;
-  uint64_t in_use = 0;
-  std::vector<std::string> running;
-  auto label = [&](size_t i) {
+  pj.need = [&](size_t i) { return 3 * std::max<uint64_t>(points[i].bytes, 4096) * gpus; };
+  pj.budget = kMemoryBudget;
+  pj.label = [&](size_t i) {
     std::ostringstream os;
     os << points[i].bytes << " B " << workloads::algo_name(points[i].algo);
     return os.str();
   };
-  auto worker = [&] {
-    std::unique_lock<std::mutex> lock(mu);
-    for (;;) {
-      cv.wait(lock,
-              [&] { return next == order.size() || running.empty() || in_use + need(order[next]) <= kMemoryBudget; });
-      if (next == order.size()) {
-        return;
-      }
-      const size_t i = order[next++];
-      in_use += need(i);
-      running.push_back(label(i));
-      lock.unlock();
-      CollectiveRow r;
-      try {
-        r = run_collective_point(topo, points[i]);
-      } catch (const std::exception& e) {
-        r.point = points[i];
-        r.ok = false;
-        r.error = e.what();
-      }
-      lock.lock();
-      rows[i] = std::move(r);
-      in_use -= need(i);
-      running.erase(std::find(running.begin(), running.end(), label(i)));
-      ++done;
-      if (progress) {
-        std::string now;
-        for (const std::string& l : running) {
-          now += (now.empty() ? "" : ", ") + l;
-        }
-        progress(done, points.size(), now);
-      }
-      cv.notify_all();
+  pj.run = [&](size_t i) {
+    try {
+      rows[i] = run_collective_point(topo, points[i]);
+    } catch (const std::exception& e) {
+      rows[i].point = points[i];
+      rows[i].ok = false;
+      rows[i].error = e.what();
     }
   };
-  std::vector<std::thread> threads;
-  for (unsigned t = 1; t < std::max(1u, jobs); ++t) {
-    threads.emplace_back(worker);
-  }
-  worker();
-  for (std::thread& t : threads) {
-    t.join();
-  }
+  pj.progress = progress;
+  run_parallel(pj, jobs);
   return rows;
 }
 

@@ -17,31 +17,54 @@ using namespace workloads;  // the MoE layer math (moe.h) this driver moves thro
 
 namespace {
 
-// Frame bytes the first `ranks` GPUs have sent, per plane.
-std::vector<uint64_t> gpu_tx_bytes(Cluster& c, int ranks) {
-  std::vector<uint64_t> b(c.fabric().topology().num_planes, 0);
+// What the first `ranks` GPUs' ports have carried: frame bytes sent per plane, and per GPU the bytes each way on
+// the wire (frame bytes + the per-frame overhead) for the line-rate bound.
+struct PortTotals {
+  std::vector<uint64_t> tx_per_plane;
+  std::vector<uint64_t> tx_wire, rx_wire;  // per GPU
+};
+PortTotals gpu_totals(Cluster& c, int ranks) {
+  PortTotals t;
+  t.tx_per_plane.assign(c.fabric().topology().num_planes, 0);
   for (int g = 0; g < ranks; ++g) {
+    uint64_t tx = 0;
+    uint64_t rx = 0;
     for (const auto& p : c.fabric().gpu_ports(g)) {
-      b.at(p.plane) += p.io->counters().tx_bytes;
+      const common::PortCounters& k = p.io->counters();
+      const uint64_t overhead = p.io->overhead_bytes();
+      t.tx_per_plane.at(p.plane) += k.tx_bytes;
+      tx += k.tx_bytes + overhead * k.tx_frames;
+      rx += k.rx_bytes + overhead * k.rx_frames;
     }
+    t.tx_wire.push_back(tx);
+    t.rx_wire.push_back(rx);
   }
-  return b;
+  return t;
 }
 
 struct PhaseMeter {
   Cluster& c;
   int ranks;
   common::TimeNs t0;
-  std::vector<uint64_t> tx0;
-  PhaseMeter(Cluster& cluster, int n) : c(cluster), ranks(n), t0(cluster.loop().now()), tx0(gpu_tx_bytes(cluster, n)) {}
-  void finish(double* us, uint64_t* wire, std::vector<uint64_t>* per_plane) const {
-    *us = (c.loop().now() - t0) / 1e3;
-    const std::vector<uint64_t> tx1 = gpu_tx_bytes(c, ranks);
-    per_plane->assign(tx1.size(), 0);
-    *wire = 0;
-    for (size_t p = 0; p < tx1.size(); ++p) {
-      (*per_plane)[p] = tx1[p] - tx0[p];
-      *wire += (*per_plane)[p];
+  PortTotals before;
+  PhaseMeter(Cluster& cluster, int n) : c(cluster), ranks(n), t0(cluster.loop().now()), before(gpu_totals(cluster, n)) {}
+  void finish(MoePhase* out) const {
+    out->us = (c.loop().now() - t0) / 1e3;
+    const PortTotals after = gpu_totals(c, ranks);
+    out->wire_per_plane.assign(after.tx_per_plane.size(), 0);
+    out->wire_bytes = 0;
+    for (size_t p = 0; p < after.tx_per_plane.size(); ++p) {
+      out->wire_per_plane[p] = after.tx_per_plane[p] - before.tx_per_plane[p];
+      out->wire_bytes += out->wire_per_plane[p];
+    }
+    out->bound_us = 0;
+    for (int g = 0; g < ranks; ++g) {
+      const uint64_t busiest = std::max(after.tx_wire[g] - before.tx_wire[g], after.rx_wire[g] - before.rx_wire[g]);
+      const double us = busiest * 8.0 / (c.fabric().topology().gpu_access_gbps(g) * 1e3);
+      if (us > out->bound_us) {
+        out->bound_us = us;
+        out->bound_gpu = g;
+      }
     }
   }
 };
@@ -72,9 +95,11 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
              "x must be [ranks * tokens, " << cfg.hidden << "], got " << x_in.sizes());
   IFEC_CHECK(x_in.scalar_type() == torch::kFloat32 || x_in.scalar_type() == torch::kBFloat16,
              "x must be fp32 or bf16, got " << x_in.scalar_type());
+  IFEC_CHECK(opts.row_hidden == 0 || !opts.compute,
+             "MoE: rows of width " << opts.row_hidden << " wider than x's " << cfg.hidden << " need the timing mode");
   const at::Tensor x = x_in.contiguous();
   const int64_t tokens = x.size(0) / ranks;
-  const int64_t H = cfg.hidden;
+  const int64_t H = opts.row_hidden > 0 ? opts.row_hidden : cfg.hidden;
   const int64_t esize = x.element_size();
   const int64_t row = H * esize;
   const common::TimeNs limit = opts.phase_limit_ns;
@@ -91,16 +116,22 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
   const common::EchDtype dtype = row_type == torch::kBFloat16 ? common::EchDtype::kBf16 : common::EchDtype::kFp32;
   std::vector<MoeRankPlan> plans;
   for (int r = 0; r < ranks; ++r) {
-    plans.push_back(plan_moe_rank(variant, table, lists, r, tokens, static_cast<uint64_t>(row), dtype));
+    plans.push_back(
+        plan_moe_rank(variant, table, lists, r, tokens, static_cast<uint64_t>(row), dtype, {}, opts.fp8_dispatch));
     res.dispatch_logical_bytes += plans.back().dispatch_logical_bytes;
     res.combine_logical_bytes += plans.back().combine_logical_bytes;
   }
   for (const auto& [id, bytes] : plans[0].windows) {
-    c.allocate_window(id, bytes);
+    c.allocate_window(id, bytes, 1, !opts.compute);
   }
-  for (int r = 0; r < ranks; ++r) {
-    std::memcpy(c.window_data(r, plans[r].input_window) + plans[r].input_offset,
-                static_cast<const uint8_t*>(x.data_ptr()) + r * tokens * row, tokens * row);
+  if (opts.compute) {
+    // Each rank's own rows as they leave it: x's type, or FP8 rows with their scales.
+    const at::Tensor sent = opts.fp8_dispatch ? quantize_fp8_rows(x) : x;
+    const auto drow = static_cast<int64_t>(plans[0].dispatch_row_bytes);
+    for (int r = 0; r < ranks; ++r) {
+      std::memcpy(c.window_data(r, plans[r].input_window) + plans[r].input_offset,
+                  static_cast<const uint8_t*>(sent.data_ptr()) + r * tokens * drow, tokens * drow);
+    }
   }
   std::unique_ptr<IfecCollectives> coll;
   if (ifec) {
@@ -145,7 +176,7 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
       cleanup();
       return res;
     }
-    meter.finish(&res.dispatch_us, &res.dispatch_wire_bytes, &res.dispatch_wire_per_plane);
+    meter.finish(&res.dispatch);
   }
 
   // ---- Expert compute on every rank (LibTorch); its time comes from the GPU profile, the slowest rank's ----
@@ -153,10 +184,11 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
   res.tokens_per_expert = per_expert_tokens;
   std::vector<at::Tensor> out_rows(ranks);
   for (int d = 0; d < ranks; ++d) {
-    const auto n = static_cast<int64_t>(plans[d].recv_offsets.size());
-    out_rows[d] = opts.compute ? moe_expert_rows(plans[d], c.window_data(d, plans[d].ids.recv), lists, w, cfg, row_type)
-                               : torch::zeros({n, H}, x.options());
-    std::memcpy(c.window_data(d, plans[d].ids.output), out_rows[d].data_ptr(), n * row);
+    if (opts.compute) {  // (timing mode: the shared output window is zeros already)
+      const auto n = static_cast<int64_t>(plans[d].recv_offsets.size());
+      out_rows[d] = moe_expert_rows(plans[d], c.window_data(d, plans[d].ids.recv), lists, w, cfg, row_type);
+      std::memcpy(c.window_data(d, plans[d].ids.output), out_rows[d].data_ptr(), n * row);
+    }
     const int64_t experts_per_rank = cfg.experts / ranks;
     std::vector<int64_t> mine(per_expert_tokens.begin() + d * experts_per_rank,
                               per_expert_tokens.begin() + (d + 1) * experts_per_rank);
@@ -174,7 +206,7 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
       cleanup();
       return res;
     }
-    meter.finish(&res.combine_us, &res.combine_wire_bytes, &res.combine_wire_per_plane);
+    meter.finish(&res.combine);
   }
 
   // Each source sums its tokens' rows (unused slots are zero; IFEC: plus its own rank's part) and adds the shared

@@ -44,10 +44,10 @@ TEST_P(MoeFabric, EqualsTheReference) {
   // bf16 for the combine rows, as DeepEP does, so one bf16 rounding per row (2e-2 of the largest output); IFEC
   // adds one more rounding when the switch casts its fp32 sum back to bf16, still well inside 2e-2.
   EXPECT_LT(max_rel_error(r.output, ref), bf16 ? 2e-2 : 1e-5);
-  EXPECT_GT(r.dispatch_us, 0);
-  EXPECT_GT(r.combine_us, 0);
+  EXPECT_GT(r.dispatch.us, 0);
+  EXPECT_GT(r.combine.us, 0);
   if (variant != MoeVariant::kIfec) {
-    EXPECT_GT(r.dispatch_wire_bytes, static_cast<uint64_t>(r.dispatch_logical_bytes)) << "headers and ACKs on top";
+    EXPECT_GT(r.dispatch.wire_bytes, static_cast<uint64_t>(r.dispatch_logical_bytes)) << "headers and ACKs on top";
   }  // IFEC's source sends a row once for all its ranks: compared in IfecSendsEachTokenOnceAndSumsInTheSwitches
 }
 
@@ -92,11 +92,11 @@ TEST(MoeFabric, IfecSendsEachTokenOnceAndSumsInTheSwitches) {
   // each rank's combine row is one contribution into the switch instead of a store to the source.
   EXPECT_EQ(r[0].dispatch_logical_bytes, r[1].dispatch_logical_bytes);
   EXPECT_EQ(r[0].combine_logical_bytes, r[1].combine_logical_bytes);
-  EXPECT_LT(r[1].dispatch_wire_bytes * 2, r[0].dispatch_wire_bytes);
-  EXPECT_LT(r[1].dispatch_us, r[0].dispatch_us);
+  EXPECT_LT(r[1].dispatch.wire_bytes * 2, r[0].dispatch.wire_bytes);
+  EXPECT_LT(r[1].dispatch.us, r[0].dispatch.us);
   EXPECT_LT(max_rel_error(r[1].output, r[0].output), 1e-5);
-  ASSERT_EQ(r[1].dispatch_wire_per_plane.size(), 2u);
-  EXPECT_EQ(r[1].dispatch_wire_per_plane[0] + r[1].dispatch_wire_per_plane[1], r[1].dispatch_wire_bytes);
+  ASSERT_EQ(r[1].dispatch.wire_per_plane.size(), 2u);
+  EXPECT_EQ(r[1].dispatch.wire_per_plane[0] + r[1].dispatch.wire_per_plane[1], r[1].dispatch.wire_bytes);
 }
 
 TEST(MoeFabric, RejectsBadArgumentsNamingThem) {

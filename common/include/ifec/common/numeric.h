@@ -1,5 +1,5 @@
-// Element types of collectives (ECH dtypes) and the reductions every party applies: IEEE fp16 and bfloat16
-// conversions (round to nearest even), and accumulate/finalize helpers that reduce in fp32 (floats) or with
+// Element types of collectives (ECH dtypes) and the reductions every party applies: IEEE fp16, bfloat16 and FP8
+// E4M3 conversions (round to nearest even), and accumulate/finalize helpers that reduce in fp32 (floats) or with
 // two's-complement wrap-around (int32), so the switch, the endpoints and the tests agree bit for bit.
 #pragma once
 
@@ -15,6 +15,11 @@ float fp16_to_float(uint16_t h);
 uint16_t float_to_fp16(float f);
 float bf16_to_float(uint16_t b);
 uint16_t float_to_bf16(float f);
+// OCP FP8 E4M3 ("e4m3fn": bias 7, no infinities, S.1111.111 is NaN, largest finite 448), what DeepEP dispatches.
+// Round to nearest even; finite values beyond 448 (and infinities) saturate to +-448, NaN stays NaN.
+float fp8_e4m3_to_float(uint8_t b);
+uint8_t float_to_fp8_e4m3(float f);
+inline constexpr float kFp8E4m3Max = 448.0f;
 
 // Accumulator lane: fp32 for the float types, int32 (stored in the same 4 bytes) for int32.
 union Acc {

@@ -132,6 +132,7 @@ class LinkPort : public Port {
   bool busy() const override;
   bool link_up() const override { return link_.up_; }
   uint64_t rate_bps() const override { return link_.cfg_.rate_bps; }
+  uint32_t overhead_bytes() const { return link_.cfg_.overhead_bytes; }
   void set_receiver(Receiver rx) override { rx_ = std::move(rx); }
   void set_tx_ready(TxReady ready) override { ready_ = std::move(ready); }
   const PortCounters& counters() const { return counters_; }

@@ -138,6 +138,11 @@ class Endpoint {
                                                 uint16_t pkey);
 
   OpHandle store(int peer, uint16_t window, uint64_t offset, const void* src, size_t len);
+  // RDMA WRITE from this endpoint's own window `src_window` at `src_offset`: no copy is taken; the bytes are read as
+  // frames are built (retransmissions too), so they must stay unchanged and the window registered until the handle
+  // completes. What batch row stores use: a rank's rows are not duplicated while they queue.
+  OpHandle store_from_window(int peer, uint16_t window, uint64_t offset, uint16_t src_window, uint64_t src_offset,
+                             size_t len);
   // `dst` must stay valid until the handle completes.
   OpHandle load(void* dst, int peer, uint16_t window, uint64_t offset, size_t len);
   OpHandle fetch_add(int peer, uint16_t window, uint64_t offset, uint64_t add);
@@ -208,9 +213,9 @@ class Endpoint {
   void wr_started(int peer, uint64_t epoch);
   void wr_done(int peer, uint64_t epoch);
   void drain_waiting(int peer);
-  void post_store_parts(int peer, uint64_t epoch, uint64_t va, uint32_t rkey,
-                        std::shared_ptr<const std::vector<uint8_t>> data, uint16_t window, uint64_t offset,
-                        const std::shared_ptr<Op>& op);
+  void post_store_parts(int peer, uint64_t epoch, uint64_t va, uint32_t rkey, const Payload& data, uint16_t window,
+                        uint64_t offset, const std::shared_ptr<Op>& op);
+  OpHandle store_payload(int peer, uint16_t window, uint64_t offset, Payload data, const char* what);
   void post_load_parts(int peer, uint64_t epoch, uint8_t* dst, uint64_t va, uint32_t rkey, uint64_t len,
                        uint16_t window, uint64_t offset, const std::shared_ptr<Op>& op);
   WqeDone part_done(int peer, uint64_t epoch, const std::shared_ptr<Op>& op);

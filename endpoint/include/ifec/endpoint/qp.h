@@ -74,6 +74,18 @@ struct QpCounters {
 // Called once per work request when it completes; `result` is the fetched value for atomics.
 using WqeDone = std::function<void(OpStatus status, uint64_t result)>;
 
+// The bytes a write sends: `bytes[0..size)`, valid while `keep` lives. A copy owns them (store: a GPU store's value
+// is taken when it is issued); a view does not (RDMA WRITE from registered memory: the NIC reads the source as it
+// builds frames, so the caller leaves it unchanged, and registered, until the write completes).
+struct Payload {
+  std::shared_ptr<const void> keep;
+  const uint8_t* bytes = nullptr;
+  size_t size = 0;
+
+  static Payload copy_of(const void* src, size_t n);
+  static Payload view(const void* src, size_t n) { return {nullptr, static_cast<const uint8_t*>(src), n}; }
+};
+
 class QueuePair {
  public:
   QueuePair(common::Clock& clock, QpConfig cfg, SymmetricMemory& memory, std::function<void()> wake);
@@ -81,7 +93,9 @@ class QueuePair {
   QueuePair& operator=(const QueuePair&) = delete;
   ~QueuePair();
 
-  // Requester side. `data` is shared so a striped store can hand slices of one buffer to several QPs.
+  // Requester side. `data` is shared so a striped store can hand slices of one buffer to several QPs; the write
+  // sends data[offset, offset + len).
+  void post_write(uint64_t va, uint32_t rkey, Payload data, size_t offset, uint32_t len, WqeDone done);
   void post_write(uint64_t va, uint32_t rkey, std::shared_ptr<const std::vector<uint8_t>> data, size_t offset,
                   uint32_t len, WqeDone done);
   void post_read(uint64_t va, uint32_t rkey, uint8_t* dst, uint32_t len, WqeDone done);
@@ -126,7 +140,7 @@ class QueuePair {
     uint64_t va = 0;
     uint32_t rkey = 0;
     uint32_t len = 0;
-    std::shared_ptr<const std::vector<uint8_t>> data;
+    Payload data;
     size_t data_offset = 0;
     uint8_t* read_dst = nullptr;
     std::vector<uint8_t> read_got;

@@ -79,8 +79,23 @@ at::Tensor shared_expert_forward(const at::Tensor& x, const MoeWeights& w);
 // Single-process layer, y = shared(x) + sum_k weight_k * expert_{id_k}(x), returned as fp32 [T, hidden]:
 // experts run in the dtype of x and the weights, contributions are accumulated in fp32.
 at::Tensor reference_forward(const at::Tensor& x, const MoeWeights& w, const MoeConfig& cfg);
-// The same for a given plan (so a distributed run and the reference share one routing decision).
-at::Tensor reference_forward(const at::Tensor& x, const MoeWeights& w, const MoeConfig& cfg, const RoutingPlan& plan);
+// The same for a given plan (so a distributed run and the reference share one routing decision). `expert_x`, when
+// defined, is what the routed experts see instead of x (FP8 dispatch: the dequantised rows); the shared expert and
+// the gate always see x.
+at::Tensor reference_forward(const at::Tensor& x, const MoeWeights& w, const MoeConfig& cfg, const RoutingPlan& plan,
+                             const at::Tensor& expert_x = {});
+
+// ---- FP8 dispatch (DeepEP's): rows travel as E4M3 with one fp32 scale per 128 channels ----
+
+inline constexpr int64_t kFp8Block = 128;
+// Bytes of one FP8 row on the wire: `hidden` E4M3 bytes, then hidden / 128 fp32 scales (little endian). Throws
+// ifec::common::Error unless hidden is a positive multiple of 128.
+int64_t fp8_row_bytes(int64_t hidden);
+// x [n, hidden] (any float type) -> uint8 [n, fp8_row_bytes(hidden)]. Block b of a row is stored as
+// e4m3(x / s_b) with s_b = max(max |x| over the block, 1e-4) / 448, DeepEP's per-token cast.
+at::Tensor quantize_fp8_rows(const at::Tensor& x);
+// uint8 [n, fp8_row_bytes(hidden)] -> fp32 [n, hidden]: e4m3 value x its block's scale.
+at::Tensor dequantize_fp8_rows(const at::Tensor& packed, int64_t hidden);
 
 // ---- Plain C++: routing table, sharding, dispatch lists (no tensor ops needed by callers) ----
 
@@ -175,6 +190,12 @@ double expert_compute_seconds(int64_t pairs, int64_t active_experts, const MoeCo
 // The shared expert on `tokens` tokens of one rank (width shared_inter): one GEMM chain.
 double shared_expert_compute_seconds(int64_t tokens, const MoeConfig& cfg, const GpuProfile& profile,
                                      double bytes_per_element);
+// DeepEP's production schedule of two micro-batches (halves of a rank's tokens), one communication stream and one
+// compute stream: dispatch 1, dispatch 2 while experts 1 run, combine 1 once both are done while experts 2 run,
+// combine 2. Phases of one stream never overlap each other, so communication overlaps only compute. Returns the
+// layer's time from the phases' own times (any unit): index 0 is the first micro-batch.
+double two_micro_batch_time(const double dispatch[2], const double experts[2], const double combine[2]);
+
 // Tokens routed to each expert [experts] (a histogram of the plan); slice a rank's block for expert_compute_seconds.
 std::vector<int64_t> tokens_per_expert(const RouteTable& table, int64_t experts);
 

@@ -42,7 +42,9 @@ struct MoeRankPlan {
   int ranks = 1;
   int64_t tokens = 0;  // per rank
   int64_t topk = 1;
-  uint64_t row_bytes = 0;
+  uint64_t row_bytes = 0;           // a combine row (and a dispatch row unless FP8): hidden elements of the row type
+  bool fp8_dispatch = false;         // dispatch rows are FP8 (fp8_row_bytes), dequantised before the experts
+  uint64_t dispatch_row_bytes = 0;   // row_bytes, or fp8_row_bytes(hidden)
   MoeWindows ids;
   // (window, bytes) to allocate: the same sizes on every rank (symmetric windows, sized for the busiest rank).
   std::vector<std::pair<uint16_t, uint64_t>> windows;
@@ -63,15 +65,16 @@ struct MoeRankPlan {
 
 // Plans rank `rank`'s part of the layer whose routing is `table` ([ranks * tokens_per_rank] tokens, rank r's tokens
 // at rows r*T..) and whose dispatch lists are `lists` (build_dispatch_lists(table, experts, ranks)). Rows are
-// `row_bytes` long, elements `dtype` (IFEC reduces them in the switches). Throws ifec::common::Error on a rank
-// outside the lists or a table that does not match them.
+// `row_bytes` long, elements `dtype` (IFEC reduces them in the switches); with `fp8_dispatch` the dispatched rows
+// are FP8 instead (quantize_fp8_rows: the hidden elements in E4M3 plus their scales). Throws ifec::common::Error on
+// a rank outside the lists or a table that does not match them.
 MoeRankPlan plan_moe_rank(MoeVariant v, const RouteTable& table, const DispatchLists& lists, int rank,
                           int64_t tokens_per_rank, uint64_t row_bytes, common::EchDtype dtype,
-                          const MoeWindows& ids = {});
+                          const MoeWindows& ids = {}, bool fp8_dispatch = false);
 
-// This rank's expert outputs, one row per delivery in list order, in `row_type` (the type rows travel in):
+// This rank's expert outputs, one row per delivery in list order, in `row_type` (the type combine rows travel in):
 // per-expert rows are weighted single-expert outputs, per-rank and IFEC rows the rank-local sum over its experts.
-// `recv` points at the receive window.
+// `recv` points at the receive window; FP8 rows are dequantised to `row_type` first (the experts run in it).
 at::Tensor moe_expert_rows(const MoeRankPlan& plan, const uint8_t* recv, const DispatchLists& lists,
                            const MoeWeights& w, const MoeConfig& cfg, at::ScalarType row_type);
 // The routed part of this rank's layer output, fp32 [tokens, hidden], from its combine window (`combined`) and, for

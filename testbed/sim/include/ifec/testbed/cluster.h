@@ -47,8 +47,10 @@ class Cluster {
   int size() const { return static_cast<int>(endpoints_.size()); }
 
   // Collective: every endpoint allocates window `id` of `bytes` (zeroed) for `job`; all learn each other's rkeys.
-  // An existing window `id` is replaced by a fresh one.
-  void allocate_window(uint16_t id, uint64_t bytes, uint32_t job = 1);
+  // An existing window `id` is replaced by a fresh one. `shared`: every endpoint's window `id` is the same memory
+  // (the timing mode of large runs: stores and sums still cross the fabric, byte for byte, but the values they leave
+  // are meaningless, and the memory is one window's, not one per GPU).
+  void allocate_window(uint16_t id, uint64_t bytes, uint32_t job = 1, bool shared = false);
   void free_window(uint16_t id);  // every endpoint's window `id`, where it has one
   uint8_t* window_data(int gpu, uint16_t id);
 
@@ -79,10 +81,16 @@ class Cluster {
     std::vector<std::unique_ptr<workloads::Communicator>> comms;
   };
 
+  struct Unmap {
+    uint64_t size = 0;
+    void operator()(uint8_t* p) const;
+  };
+
   common::EventLoop loop_;
   routing::Topology topo_;
   ClusterOptions opts_;
   std::unique_ptr<testbed::Fabric> fabric_;
+  std::map<uint16_t, std::unique_ptr<uint8_t, Unmap>> shared_windows_;  // before endpoints_: they point into it
   std::vector<std::unique_ptr<endpoint::Endpoint>> endpoints_;
   std::vector<std::vector<int>> used_ports_;  // per GPU: fabric port indices its endpoint owns
   uint64_t barrier_epoch_ = 0;

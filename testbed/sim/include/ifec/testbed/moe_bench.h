@@ -29,6 +29,8 @@ struct MoeBenchConfig {
   int64_t run_inter = 8;      // expert width actually run on the CPU when `compute` (the costed one is model.inter)
   bool bf16 = true;           // rows travel in bf16 (else fp32)
   bool compute = false;       // run the experts and check the output against the reference (else timing mode)
+  bool fp8_dispatch = false;  // dispatch rows in FP8 (E4M3 + a scale per 128 channels), combine in the row type
+  bool overlap = false;       // also the layer as two overlapped micro-batches (MoeBenchRow::overlap_us)
   int64_t token_cap = 0;      // simulate at most this many tokens per rank, scaling times and bytes (0: none)
   GpuProfile profile;
   uint64_t seed = 1;
@@ -42,9 +44,17 @@ struct MoeBenchRow {
   bool scaled = false;           // times and bytes scaled from simulated_tokens (bandwidth-bound assumption)
   double dispatch_us = 0;
   double combine_us = 0;
+  // The line-rate bound of each phase (MoePhase::bound_us): the busiest GPU's bytes one way at its access rate
+  // (0: not measured, e.g. the live driver).
+  double dispatch_bound_us = 0;
+  double combine_bound_us = 0;
   double compute_us = 0;                 // modelled: the slowest rank's routed experts at the costed width
   std::string compute_source = "model";  // or how it was measured (the live driver: LibTorch on the host's CPU)
-  double total_us = 0;                   // dispatch + compute + combine (no overlap assumed)
+  double total_us = 0;                   // dispatch + compute + combine (no overlap)
+  // Two micro-batches overlapped (workloads::two_micro_batch_time on each half's simulated phases); -1: not run.
+  double overlap_us = -1;
+  bool fp8_dispatch = false;
+  double line_gbs = 0;  // a GPU's access rate, GB/s (all planes): what the fractions of line rate are of
   int64_t dispatch_logical_bytes = 0;
   int64_t combine_logical_bytes = 0;
   uint64_t dispatch_wire_bytes = 0;
@@ -61,12 +71,22 @@ struct MoeBenchRow {
   // Logical bytes per rank / time, GB/s (1e9): DeepEP's per-GPU bandwidth convention.
   double dispatch_gbs() const;
   double combine_gbs() const;
+  // Those as fractions of line_gbs (0 when it is unknown).
+  double dispatch_line_fraction() const { return line_gbs > 0 ? dispatch_gbs() / line_gbs : 0; }
+  double combine_line_fraction() const { return line_gbs > 0 ? combine_gbs() / line_gbs : 0; }
 };
 
 // Runs `variants` at `p` (same tokens, routing and weights for each). Throws ifec::common::Error on bad input
 // (EP size above the topology's GPUs or not dividing the experts, tokens < 1) or a phase that fails.
 std::vector<MoeBenchRow> run_moe_point(const MoeBenchConfig& cfg, const MoePoint& p,
                                        const std::vector<MoeVariant>& variants);
+
+// Every point in every variant as independent runs on `jobs` threads (parallel.h), largest first: rows in
+// (point, variant) order, each what run_moe_point gives serially. progress(done, total, running) after each run.
+// Throws the first run's error once all have finished.
+std::vector<MoeBenchRow> run_moe_points(const MoeBenchConfig& cfg, const std::vector<MoePoint>& points,
+                                        const std::vector<MoeVariant>& variants, unsigned jobs,
+                                        const std::function<void(size_t, size_t, const std::string&)>& progress);
 
 std::string moe_rows_header();
 std::string moe_row_text(const MoeBenchRow& r);

@@ -29,24 +29,38 @@ using workloads::parse_moe_variant;
 
 struct MoeFabricOptions {
   // false: the timing mode for large points. Tokens are routed and every row crosses the fabric as usual, but the
-  // experts do not run (the rows carried back are zeros) and `output` is left undefined; times and bytes are the
-  // same because the simulated fabric does not depend on payload values.
+  // experts do not run and `output` is left undefined; times and bytes are the same because the simulated fabric
+  // does not depend on payload values. Each window is then one memory every GPU shares (Cluster::allocate_window
+  // `shared`), so a 64-rank point at 4096 tokens fits in memory; the values rows carry are meaningless.
   bool compute = true;
+  // Timing mode only: the width of a row on the wire when x is narrower (x then only feeds the gate: routing
+  // statistics do not depend on the model width, the bytes moved do). 0: x's width, cfg.hidden.
+  int64_t row_hidden = 0;
+  // Dispatch rows travel as FP8 (E4M3 + a scale per 128 channels, quantize_fp8_rows) and are dequantised before the
+  // experts; combine rows stay in x's type.
+  bool fp8_dispatch = false;
   common::TimeNs phase_limit_ns = 10'000'000'000ULL;  // simulated time a phase may take before it is an error
+};
+
+// One phase (dispatch or combine) as the fabric saw it.
+struct MoePhase {
+  double us = 0;                         // simulated: first store posted to the last one acknowledged
+  uint64_t wire_bytes = 0;               // frame bytes the GPUs sent during the phase (headers, ACKs included)
+  std::vector<uint64_t> wire_per_plane;  // the GPUs' frame bytes per plane
+  // The line-rate bound: the busiest GPU's bytes one way (sent or received, with the per-frame wire overhead) over
+  // its access rate, i.e. the phase's time if that GPU's ports ran at line rate the whole time, every plane alike.
+  double bound_us = 0;
+  int bound_gpu = 0;  // that GPU
 };
 
 struct MoeFabricResult {
   bool ok = false;
   std::string error;
-  double dispatch_us = 0;              // simulated: first store posted to the last one acknowledged
-  double combine_us = 0;               // simulated, likewise
+  MoePhase dispatch;
+  MoePhase combine;
   double compute_us = 0;               // modelled from the GPU profile (the slowest rank), not measured
   int64_t dispatch_logical_bytes = 0;  // token rows that cross the fabric (rank-local copies excluded)
   int64_t combine_logical_bytes = 0;
-  uint64_t dispatch_wire_bytes = 0;  // frame bytes the GPUs sent during the phase (headers, ACKs included)
-  uint64_t combine_wire_bytes = 0;
-  std::vector<uint64_t> dispatch_wire_per_plane;  // the GPUs' frame bytes per plane
-  std::vector<uint64_t> combine_wire_per_plane;
   uint64_t fallback_chunks = 0;  // IFEC: chunks/packets the fabric did not serve, finished point to point
   std::string fallback_reason;
   std::vector<std::string>
@@ -57,7 +71,7 @@ struct MoeFabricResult {
 };
 
 // Runs one MoE layer over `cluster`'s first `ranks` GPUs (EP size), each holding tokens_per_rank rows of x
-// (x: [ranks * tokens_per_rank, hidden], fp32 or bf16; rows travel in x's dtype). The IFEC variant needs
+// (x: [ranks * tokens_per_rank, hidden], fp32 or bf16; rows travel in x's dtype, dispatch rows in FP8 if asked). The IFEC variant needs
 // ranks <= 64 (compact ECH bitmaps) and falls back to point-to-point where the fabric cannot serve. Expert e lives on
 // rank owner_rank(e). Results are returned, not written back into x.
 MoeFabricResult run_moe_fabric(Cluster& cluster, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w,
