@@ -16,7 +16,7 @@ namespace {
 std::string run_moe_json(const routing::Topology& topo, const std::string& mode, int ep, int64_t tokens,
                          const std::vector<std::string>& variants, int64_t hidden, int64_t experts, int64_t topk,
                          int64_t inter, int64_t run_inter, bool bf16, bool compute, int64_t token_cap, uint64_t seed,
-                         const std::string& gpu_profile) {
+                         const std::string& gpu_profile, bool fp8_dispatch, bool overlap) {
   testbed::MoeBenchConfig cfg;
   cfg.topo = topo;
   cfg.topology_name = topo.name;
@@ -29,6 +29,8 @@ std::string run_moe_json(const routing::Topology& topo, const std::string& mode,
   cfg.compute = compute;
   cfg.token_cap = token_cap;
   cfg.seed = seed;
+  cfg.fp8_dispatch = fp8_dispatch;
+  cfg.overlap = overlap;
   if (!gpu_profile.empty()) {
     cfg.profile = workloads::load_gpu_profile(gpu_profile);
   }
@@ -75,7 +77,8 @@ void register_moe(py::module_& m) {
   m.def("run_moe_json", &run_moe_json, py::arg("topology"), py::arg("mode"), py::arg("ep"), py::arg("tokens"),
         py::arg("variants"), py::arg("hidden") = 7168, py::arg("experts") = 256, py::arg("topk") = 8,
         py::arg("inter") = 2048, py::arg("run_inter") = 8, py::arg("bf16") = true, py::arg("compute") = false,
-        py::arg("token_cap") = 0, py::arg("seed") = 1, py::arg("gpu_profile") = "",
+        py::arg("token_cap") = 0, py::arg("seed") = 1, py::arg("gpu_profile") = "", py::arg("fp8_dispatch") = false,
+        py::arg("overlap") = false,
         "One MoE point (DeepSeek-V3 routing) in each variant over the simulated fabric; rows as JSON text");
   m.def("gpu_profile_summary", &gpu_profile_summary, py::arg("path") = "",
         "One line naming the experts' GPU model (the built-in fitted H100, or the profile file at `path`)");

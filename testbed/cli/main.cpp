@@ -543,7 +543,15 @@ int run_bench_moe(const Args& a) {
       if (cfg.overlap) {
         std::printf(", overlapped layer %.2fx", std::min(v[0].overlap_us, v[1].overlap_us) / v[2].overlap_us);
       }
-      std::printf("\n");
+      // What bounds the baselines: the busiest GPU's bytes against the mean (the routing's imbalance), and how
+      // close each phase came to that GPU's line rate.
+      const tb::MoeBenchRow& pr = v[1];
+      const double mean_d = pr.dispatch_wire_bytes / static_cast<double>(pr.point.ep);
+      const double mean_c = pr.combine_wire_bytes / static_cast<double>(pr.point.ep);
+      std::printf("\n#   per_rank: busiest GPU's wire bytes %.2fx the mean in dispatch, %.2fx in combine (routing); "
+                  "phases at %.0f%% and %.0f%% of that GPU's line-rate bound\n",
+                  pr.dispatch_bound_us * pr.line_gbs * 1e3 / mean_d, pr.combine_bound_us * pr.line_gbs * 1e3 / mean_c,
+                  100 * pr.dispatch_bound_us / pr.dispatch_us, 100 * pr.combine_bound_us / pr.combine_us);
     }
   }
   std::fflush(stdout);

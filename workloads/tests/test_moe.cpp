@@ -7,6 +7,8 @@
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -404,6 +406,45 @@ TEST(MoeDistributed, ComposeEqualsReferenceBf16) {
       EXPECT_LT(rel_err(y, ref), 2e-2) << "ranks " << ranks << " granularity " << static_cast<int>(g);
       // Against the bf16 reference only the fp32 accumulation order differs.
       EXPECT_LT(rel_err(y, ref_b), 1e-5) << "ranks " << ranks << " granularity " << static_cast<int>(g);
+    }
+  }
+}
+
+// FP8 rows against the definition: scale = block amax / 448, each element the nearest E4M3 value of x / scale
+// (relative error at most 2^-4 for normals, 2^-10 x scale below them), the block maximum exact.
+TEST(MoeFp8, RowsQuantiseAndDequantiseWithinE4m3Rounding) {
+  EXPECT_EQ(fp8_row_bytes(7168), 7168 + 56 * 4);
+  EXPECT_THROW(fp8_row_bytes(100), ifec::common::Error);
+  const int64_t rows = 5, H = 384;
+  const float mags[rows] = {1e-3f, 0.1f, 1.0f, 30.0f, 1e3f};  // row r's values are N(0, 1) x mags[r]
+  std::mt19937 gen(11);
+  std::normal_distribution<float> nd;
+  std::vector<float> xs(rows * H);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    xs[i] = nd(gen) * mags[i / H];
+  }
+  const at::Tensor x = at::from_blob(xs.data(), {rows, H}, at::kFloat).clone();
+  const at::Tensor q = quantize_fp8_rows(x);
+  ASSERT_EQ(q.sizes(), at::IntArrayRef({rows, H + 12}));
+  const at::Tensor dq = dequantize_fp8_rows(q, H).contiguous();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < 3; ++b) {
+      float amax = 0;
+      for (int64_t i = b * 128; i < (b + 1) * 128; ++i) {
+        amax = std::max(amax, std::fabs(xs[r * H + i]));
+      }
+      float scale = 0;
+      std::memcpy(&scale, q.data_ptr<uint8_t>() + r * (H + 12) + H + 4 * b, 4);
+      EXPECT_FLOAT_EQ(scale, std::max(amax, 1e-4f) / 448.0f);
+      for (int64_t i = b * 128; i < (b + 1) * 128; ++i) {
+        const float v = xs[r * H + i];
+        const float got = dq.data_ptr<float>()[r * H + i];
+        EXPECT_LE(std::fabs(got - v), std::max(std::fabs(v) / 16, scale / 1024) * 1.0001f)
+            << "row " << r << " element " << i << ": " << v << " -> " << got;
+        if (std::fabs(v) == amax) {
+          EXPECT_NEAR(std::fabs(got), amax, amax * 1e-6) << "the block maximum maps to 448 exactly";
+        }
+      }
     }
   }
 }

@@ -1,10 +1,13 @@
 """The part of `./ifec demo` that measures collectives and draws the paper-style plots (run with /usr/bin/python3).
 
 Usage: python3 -m ifec.demo OUT_DIR [--sizes 1MiB,4MiB] [--gpus 64] [--planes 4] [--amdahl-size 64MiB]
-                              [--amdahl-gpus 16] [--moe-tokens 256] [--moe-sweep-tokens 64] [--no-moe]
+                              [--amdahl-gpus 16] [--moe-tokens 256] [--moe-sweep-tokens 64] [--deepep-ep 16]
+                              [--no-moe]
 Writes OUT_DIR/allreduce.{csv,json}, OUT_DIR/amdahl.png, OUT_DIR/allreduce_wire_bytes.png, and for the MoE layer
 OUT_DIR/moe_layer.{csv,json}, OUT_DIR/moe_sweep.{csv,json}, OUT_DIR/moe_speedup.png, OUT_DIR/moe_wire_bytes.png,
-and prints the tables. Fabric times are simulated (driver: sim); expert compute is modelled from the GPU profile.
+and prints the tables: the MoE layer at the demo point (computed and checked) and at DeepEP's normal point (4096
+tokens per GPU, timing mode), each with and without two overlapped micro-batches. Fabric times are simulated
+(driver: sim); expert compute is modelled from the GPU profile.
 """
 
 import argparse
@@ -43,6 +46,7 @@ def main(argv=None):
     ap.add_argument("--moe-sweep-tokens", type=int, default=64, help="tokens per GPU of the EP x top-k sweep")
     ap.add_argument("--moe-hidden", type=int, default=7168)
     ap.add_argument("--no-moe", action="store_true")
+    ap.add_argument("--deepep-ep", type=int, default=16, help="EP size of DeepEP's normal point (4096 tokens per GPU)")
     ap.add_argument("--gpu-profile", default="", help="the experts' GPU model (YAML/JSON; default: the fitted H100)")
     args = ap.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
@@ -104,6 +108,30 @@ def main(argv=None):
         moe_section(args)
 
 
+def deepep_point(args, topo, hidden, profile, fp8):
+    """DeepEP's normal point (4096 tokens per GPU, FP8 dispatch), simulated directly in timing mode, each variant
+    with and without the two-micro-batch overlap; returns its rows."""
+    ep = min(args.deepep_ep, args.gpus)
+    print(f"\nDeepEP normal point: EP {ep}, 4096 tokens per GPU, every row simulated (timing mode), dispatch "
+          f"{'FP8' if fp8 else 'bf16'}, combine bf16; layer = dispatch + experts (modelled) + combine", flush=True)
+    rows = []
+    for variant in moe.VARIANTS:
+        t0 = time.time()
+        (r,) = moe.measure(topo, ep, 4096, variants=[variant], mode="normal", hidden=hidden, gpu_profile=profile,
+                           fp8_dispatch=fp8, overlap=True)
+        rows.append(r)
+        print(f"  {variant:<10}: dispatch {r['dispatch_us']:7.1f} us ({100 * r['dispatch_line_fraction']:.0f}% of "
+              f"line rate), combine {r['combine_us']:7.1f} us ({100 * r['combine_line_fraction']:.0f}%), experts "
+              f"{r['compute_us']:7.1f} us; layer {r['total_us']:7.1f} us, overlapped {r['overlap_us']:7.1f} us "
+              f"({time.time() - t0:.0f} s wall)", flush=True)
+    base = min(rows[:2], key=lambda r: r["total_us"])
+    base_o = min(rows[:2], key=lambda r: r["overlap_us"])
+    print(f"  IFEC layer: {base['total_us'] / rows[2]['total_us']:.2f}x the best baseline, overlapped "
+          f"{base_o['overlap_us'] / rows[2]['overlap_us']:.2f}x; overlap saves "
+          + ", ".join(f"{r['variant']} {100 * (1 - r['overlap_us'] / r['total_us']):.0f}%" for r in rows), flush=True)
+    return rows
+
+
 def moe_section(args):
     """The MoE layer at the scaled point in all three variants, the TP AllReduce beside it, and the sweeps."""
     if not moe.available():
@@ -112,14 +140,18 @@ def moe_section(args):
     topo = ifec.make_superpod(args.gpus, args.planes)
     ep, tokens, hidden = args.gpus, args.moe_tokens, args.moe_hidden
     profile = getattr(args, "gpu_profile", "") or ""
-    print(f"\nMoE layer, DeepSeek-V3 routing (hidden {hidden}, top-8 of 256 experts, bf16 rows), EP {ep}, "
+    fp8 = hidden % 128 == 0  # DeepEP's FP8 dispatch needs whole 128-channel blocks
+    print(f"\nMoE layer, DeepSeek-V3 routing (hidden {hidden}, top-8 of 256 experts; dispatch "
+          f"{'FP8 E4M3 + a scale per 128 channels' if fp8 else 'bf16'}, combine bf16), EP {ep}, "
           f"{tokens} tokens per GPU, {args.gpus} GPUs x {args.planes} planes [dispatch/combine: sim; experts: "
           f"modelled at width 2048 by {moe._native.gpu_profile_summary(profile)}; outputs checked against the "
-          f"LibTorch reference at width 8]", flush=True)
+          f"LibTorch reference at width 8 on the same dequantised rows, tolerance 2e-2; overlap: two micro-batches, "
+          f"DeepEP's schedule]", flush=True)
     rows = []
     for variant in moe.VARIANTS:
         t0 = time.time()
-        (row,) = moe.measure(topo, ep, tokens, variants=[variant], hidden=hidden, compute=True, gpu_profile=profile)
+        (row,) = moe.measure(topo, ep, tokens, variants=[variant], hidden=hidden, compute=True, gpu_profile=profile,
+                             fp8_dispatch=fp8, overlap=True)
         rows.append(row)
         print(f"  {variant}: dispatch {row['dispatch_us']:.1f} us, combine {row['combine_us']:.1f} us, "
               f"max error vs reference {row['max_rel_error']:.2e} ({time.time() - t0:.0f} s wall)", flush=True)
@@ -142,18 +174,21 @@ def moe_section(args):
         total = ar_of[v]["time_us"] + r["total_us"]
         table.append(dict(variant=v, allreduce_us=ar_of[v]["time_us"], allreduce_algo=ar_of[v]["ran"],
                           dispatch_us=r["dispatch_us"], compute_us=r["compute_us"], combine_us=r["combine_us"],
-                          end_to_end_us=total, dispatch_gbs=r["dispatch_gbs"], combine_gbs=r["combine_gbs"],
+                          end_to_end_us=total, overlapped_end_to_end_us=ar_of[v]["time_us"] + r["overlap_us"],
+                          dispatch_gbs=r["dispatch_gbs"], combine_gbs=r["combine_gbs"],
                           dispatch_logical_MB=r["dispatch_logical_bytes"] / 1e6,
                           dispatch_wire_MB=r["dispatch_wire_bytes"] / 1e6,
                           combine_logical_MB=r["combine_logical_bytes"] / 1e6,
                           combine_wire_MB=r["combine_wire_bytes"] / 1e6, max_rel_error=r["max_rel_error"]))
     best = min((t for t in table if t["variant"] != "ifec"), key=lambda t: t["end_to_end_us"])
+    best_o = min((t for t in table if t["variant"] != "ifec"), key=lambda t: t["overlapped_end_to_end_us"])
     for t in table:
         t["speedup_vs_best_baseline"] = best["end_to_end_us"] / t["end_to_end_us"]
+        t["overlapped_speedup_vs_best_baseline"] = best_o["overlapped_end_to_end_us"] / t["overlapped_end_to_end_us"]
     print(f"\n{'phase (us)':<28}" + "".join(f"{v:>14}" for v in cols))
     lines = [("TP AllReduce (" + f"{ar_bytes / 2**20:.1f} MiB, {tp} GPUs)", "allreduce_us"),
              ("dispatch", "dispatch_us"), ("experts (modelled)", "compute_us"), ("combine", "combine_us"),
-             ("end to end", "end_to_end_us")]
+             ("end to end", "end_to_end_us"), ("end to end, overlapped", "overlapped_end_to_end_us")]
     for label, key in lines:
         print(f"{label:<28}" + "".join(f"{t[key]:>14.1f}" for t in table))
     print(f"{'dispatch GB/s per GPU':<28}" + "".join(f"{t['dispatch_gbs']:>14.1f}" for t in table))
@@ -162,12 +197,15 @@ def moe_section(args):
                        ("combine logical MB", "combine_logical_MB"), ("combine wire MB", "combine_wire_MB")):
         print(f"{label:<28}" + "".join(f"{t[key]:>14.1f}" for t in table))
     print(f"{'speedup vs best baseline':<28}" + "".join(f"{t['speedup_vs_best_baseline']:>13.2f}x" for t in table))
+    print(f"{'  overlapped':<28}" + "".join(f"{t['overlapped_speedup_vs_best_baseline']:>13.2f}x" for t in table))
     print("(AllReduce: the best endpoint algorithm for the baselines, in-switch for ifec; MB: all GPUs together; wire = frames the GPUs "
-          "sent, headers and ACKs included)", flush=True)
+          "sent, headers and ACKs included; overlapped: the AllReduce, then two micro-batches of half the tokens each, "
+          "one's communication under the other's experts)", flush=True)
     reports.write_csv(f"{args.out}/moe_layer.csv", table)
+    deepep = deepep_point(args, topo, hidden, profile, fp8)
     reports.write_json(f"{args.out}/moe_layer.json", dict(layer=table, moe_rows=rows, allreduce_rows=list(ar.values()),
-                                                          driver="sim", gpu_profile=moe._native.gpu_profile_summary(
-                                                              profile)))
+                                                          deepep_normal_rows=deepep, driver="sim",
+                                                          gpu_profile=moe._native.gpu_profile_summary(profile)))
 
     # Sweep for plot (b): dispatch/combine speedup against EP size and top-k.
     eps = [e for e in (8, 16, 32, 64) if e <= args.gpus] or [args.gpus]

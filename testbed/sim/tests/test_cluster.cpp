@@ -72,6 +72,10 @@ TEST_P(FabricTransactions, EveryTypeMatchesTheReference) {
     sent.push_back(pattern(600'000 + dst * 1000, dst));
     hs.push_back(c.ep(0).store(dst, kData, 8192, sent.back().data(), sent.back().size()));
   }
+  // An RDMA WRITE straight from GPU 3's own window (no copy taken: retransmissions read the window again).
+  const auto from_window = pattern(300'000, 77);
+  std::memcpy(c.window_data(3, kData) + (3 << 20), from_window.data(), from_window.size());
+  hs.push_back(c.ep(3).store_from_window(1, kData, 1 << 20, kData, 3 << 20, from_window.size()));
   // Every GPU adds to a counter on GPU 2 (the one whose plane fails): exactly-once across the failure.
   for (int src = 0; src < 4; ++src) {
     for (int i = 0; i < 25; ++i) {
@@ -86,6 +90,8 @@ TEST_P(FabricTransactions, EveryTypeMatchesTheReference) {
     EXPECT_EQ(std::memcmp(c.window_data(dst, kData) + 8192, sent[dst - 1].data(), sent[dst - 1].size()), 0)
         << "GPU " << dst;
   }
+  EXPECT_EQ(std::memcmp(c.window_data(1, kData) + (1 << 20), from_window.data(), from_window.size()), 0)
+      << "store from GPU 3's window";
   EXPECT_EQ(u64(c.window_data(2, kCounters)), 25u * (1 + 2 + 3 + 4)) << "adds applied exactly once";
   // Loads back from every peer, CAS, put_signal.
   std::vector<std::vector<uint8_t>> got(3);
@@ -123,6 +129,32 @@ INSTANTIATE_TEST_SUITE_P(SuperPod, FabricTransactions,
                                   std::to_string(static_cast<int>(std::get<1>(info.param) * 100)) +
                                   (std::get<2>(info.param) ? "_planefail" : "");
                          });
+
+TEST(Cluster, StoreFromWindowChecksItsSourceAndSharedWindowsAreOneMemory) {
+  testbed::Cluster c(routing::make_superpod(4, 2), {});
+  c.allocate_window(kData, 4096);
+  OpHandle bad = c.ep(0).store_from_window(1, kData, 0, kData, 4000, 200);
+  ASSERT_TRUE(bad->done());
+  EXPECT_FALSE(bad->ok());
+  EXPECT_NE(bad->error.find("[4000, +200)"), std::string::npos) << bad->error;
+  OpHandle none = c.ep(0).store_from_window(1, kData, 0, 77, 0, 8);
+  EXPECT_NE(none->error.find("window 77"), std::string::npos) << none->error;
+  // Shared (the timing mode): every GPU's window is the same bytes; a store still crosses the fabric.
+  c.allocate_window(kCounters, 4096, 1, true);
+  EXPECT_EQ(c.window_data(0, kCounters), c.window_data(3, kCounters));
+  auto sent = [&] {
+    uint64_t n = 0;
+    for (const auto& p : c.fabric().gpu_ports(0)) {
+      n += p.io->counters().tx_frames;
+    }
+    return n;
+  };
+  const uint64_t tx = sent();
+  ASSERT_TRUE(c.wait({c.ep(0).store_from_window(2, kCounters, 64, kData, 0, 1024)}));
+  EXPECT_GT(sent(), tx);
+  c.free_window(kCounters);
+  EXPECT_EQ(c.ep(1).memory().window(kCounters), nullptr);
+}
 
 TEST(Cluster, TrafficFollowsFareWeightsAcrossPlanes) {
   // A Y-cable sub-link of GPU 1 on plane 3 is down: GPU 0's weak-mode stripes to GPU 1 put 1/7 on plane 3.

@@ -99,6 +99,72 @@ TEST(MoeFabric, IfecSendsEachTokenOnceAndSumsInTheSwitches) {
   EXPECT_EQ(r[1].dispatch.wire_per_plane[0] + r[1].dispatch.wire_per_plane[1], r[1].dispatch.wire_bytes);
 }
 
+// DeepEP's FP8 dispatch: rows leave as E4M3 + scales, are dequantised before the experts, and combine stays bf16.
+// Reference: the single-process layer whose experts see the same dequantised rows (the gate and the shared expert
+// see x), within the bf16 tolerance; the quantisation itself is what separates it from the plain bf16 layer.
+TEST(MoeFabric, Fp8DispatchEqualsTheReferenceOnTheDequantisedRows) {
+  workloads::MoeConfig cfg = small_config();
+  cfg.hidden = 256;  // two 128-channel blocks per row
+  const workloads::MoeWeights w = workloads::make_weights(cfg, 3, torch::kBFloat16);
+  torch::manual_seed(8);
+  const at::Tensor x = (torch::randn({8 * 16, cfg.hidden}) * torch::rand({8 * 16, 1}) * 4).to(torch::kBFloat16);
+  const at::Tensor xq = workloads::dequantize_fp8_rows(workloads::quantize_fp8_rows(x), cfg.hidden).to(torch::kBFloat16);
+  const at::Tensor ref = workloads::reference_forward(x, w, cfg, workloads::gate(x, w, cfg), xq);
+  const at::Tensor plain = workloads::reference_forward(x, w, cfg);
+  testbed::MoeFabricOptions fo;
+  fo.fp8_dispatch = true;
+  for (MoeVariant v : {MoeVariant::kPerExpert, MoeVariant::kPerRank, MoeVariant::kIfec}) {
+    testbed::ClusterOptions o;
+    o.endpoint.ordering = endpoint::Ordering::kWeak;
+    testbed::Cluster c(routing::make_superpod(8, 2), o);
+    const auto r = testbed::run_moe_fabric(c, v, cfg, w, x, 8, {}, fo);
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_LT(max_rel_error(r.output, ref), 2e-2) << testbed::moe_variant_name(v);
+    EXPECT_LT(max_rel_error(r.output, plain), 0.1) << "E4M3 keeps 3 mantissa bits: a few % of the bf16 layer";
+    // Each dispatched row is 256 E4M3 bytes + 2 fp32 scales; combine rows stay 256 bf16 elements.
+    EXPECT_EQ(r.dispatch_logical_bytes % (256 + 8), 0);
+    EXPECT_EQ(r.dispatch_logical_bytes / (256 + 8), r.combine_logical_bytes / 512) << testbed::moe_variant_name(v);
+  }
+  testbed::Cluster c(routing::make_superpod(8, 2), {});
+  cfg.hidden = 64;  // not a whole block: refused, naming it
+  const workloads::MoeWeights w64 = workloads::make_weights(cfg, 3, torch::kBFloat16);
+  try {
+    testbed::run_moe_fabric(c, MoeVariant::kPerRank, cfg, w64, torch::randn({8 * 4, 64}).to(torch::kBFloat16), 8, {},
+                            fo);
+    ADD_FAILURE() << "hidden 64 accepted for FP8 rows";
+  } catch (const common::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("hidden 64"), std::string::npos) << e.what();
+  }
+}
+
+// The timing mode (no experts run, one shared window per id, rows as wide as asked) moves the same frames at the
+// same simulated times as the computed run: the fabric never looks at payload values.
+TEST(MoeFabric, TimingModeTakesTheComputedRunsTimesAndBytes) {
+  const workloads::MoeConfig cfg = small_config();
+  const workloads::MoeWeights w = workloads::make_weights(cfg, 4, torch::kBFloat16);
+  torch::manual_seed(9);
+  const at::Tensor x = torch::randn({8 * 32, cfg.hidden}).to(torch::kBFloat16);
+  for (MoeVariant v : {MoeVariant::kPerRank, MoeVariant::kIfec}) {
+    testbed::MoeFabricResult r[2];
+    for (int timing = 0; timing < 2; ++timing) {
+      testbed::Cluster c(routing::make_superpod(8, 2), {});
+      testbed::MoeFabricOptions fo;
+      fo.compute = timing == 0;
+      r[timing] = testbed::run_moe_fabric(c, v, cfg, w, x, 8, {}, fo);
+      ASSERT_TRUE(r[timing].ok) << r[timing].error;
+    }
+    EXPECT_EQ(r[0].dispatch.us, r[1].dispatch.us) << testbed::moe_variant_name(v);
+    EXPECT_EQ(r[0].combine.us, r[1].combine.us) << testbed::moe_variant_name(v);
+    EXPECT_EQ(r[0].dispatch.wire_per_plane, r[1].dispatch.wire_per_plane);
+    EXPECT_EQ(r[0].combine.wire_per_plane, r[1].combine.wire_per_plane);
+    EXPECT_FALSE(r[1].output.defined());
+    // The bound is a lower bound: no phase beats its busiest GPU's bytes at line rate.
+    EXPECT_GT(r[0].dispatch.bound_us, 0);
+    EXPECT_LE(r[0].dispatch.bound_us, r[0].dispatch.us);
+    EXPECT_LE(r[0].combine.bound_us, r[0].combine.us);
+  }
+}
+
 TEST(MoeFabric, RejectsBadArgumentsNamingThem) {
   const workloads::MoeConfig cfg = small_config();
   const workloads::MoeWeights w = workloads::make_weights(cfg, 4);
