@@ -99,7 +99,8 @@ float fp8_e4m3_to_float(uint8_t b) {
     return std::numeric_limits<float>::quiet_NaN();
   }
   // Subnormals: m/8 x 2^-6; normals: (8 + m)/8 x 2^(exp - 7).
-  return sign * (exp == 0 ? std::ldexp(static_cast<float>(mant), -9) : std::ldexp(static_cast<float>(8 + mant), exp - 10));
+  return sign *
+         (exp == 0 ? std::ldexp(static_cast<float>(mant), -9) : std::ldexp(static_cast<float>(8 + mant), exp - 10));
 }
 
 uint8_t float_to_fp8_e4m3(float f) {

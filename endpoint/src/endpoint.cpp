@@ -582,9 +582,9 @@ OpHandle Endpoint::store_from_window(int peer, uint16_t window, uint64_t offset,
                                      uint64_t src_offset, size_t len) {
   const WindowInfo* src = memory_.window(src_window);
   if (src == nullptr || src_offset > src->size || len > src->size - src_offset) {
-    return fail_now(OpStatus::kInvalidArgument,
-                    "store from window " + std::to_string(src_window) + ": bytes [" + std::to_string(src_offset) +
-                        ", +" + std::to_string(len) + ") are not in a registered window of this endpoint");
+    return fail_now(OpStatus::kInvalidArgument, "store from window " + std::to_string(src_window) + ": bytes [" +
+                                                    std::to_string(src_offset) + ", +" + std::to_string(len) +
+                                                    ") are not in a registered window of this endpoint");
   }
   return store_payload(peer, window, offset, Payload::view(src->data + src_offset, len), "store");
 }

@@ -83,8 +83,8 @@ void QueuePair::post_write(uint64_t va, uint32_t rkey, std::shared_ptr<const std
 }
 
 void QueuePair::post_write(uint64_t va, uint32_t rkey, Payload data, size_t offset, uint32_t len, WqeDone done) {
-  IFEC_CHECK(offset + len <= data.size, "post_write: bytes [" << offset << ", +" << len << ") outside a payload of "
-                                                              << data.size);
+  IFEC_CHECK(offset + len <= data.size,
+             "post_write: bytes [" << offset << ", +" << len << ") outside a payload of " << data.size);
   Wqe w;
   w.kind = Wqe::kWrite;
   w.va = va;

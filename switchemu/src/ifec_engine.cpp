@@ -602,9 +602,16 @@ void IfecEngine::multicast(const common::ParsedFrame& pf, const uint8_t* frame) 
   }
   auto it = mcast_.find(key);
   if (it != mcast_.end()) {
-    // Retransmission: repair only toward destinations that have not acknowledged (no second write elsewhere).
+    // Retransmission: repair only toward destinations that have not acknowledged (no second write elsewhere), and
+    // only once their earlier replica has had time to be acknowledged: a copy behind one still queued toward a
+    // congested GPU would double that GPU's backlog (a collapse at 64 ranks x 4096 tokens).
+    const common::TimeNs now = clock_.now();
     for (int d = 0; d < 64; ++d) {
       if (it->second.pending & (1ULL << d)) {
+        if (now < it->second.due[d]) {
+          counters_.multicast_repairs_held++;
+          continue;
+        }
         counters_.multicast_repairs++;
         send_replica(it->second, d);
       }
@@ -643,8 +650,9 @@ void IfecEngine::multicast(const common::ParsedFrame& pf, const uint8_t* frame) 
   }
 }
 
-void IfecEngine::send_replica(const Multicast& m, int dest) {
+void IfecEngine::send_replica(Multicast& m, int dest) {
   const Window& w = windows_.at({dest, m.window});
+  m.due[dest] = backlog_ ? clock_.now() + backlog_(w.ip) + kRepairSlackNs : 0;
   Ech e;
   e.format = EchFormat::kCompact;
   e.op = EchOp::kMulticast;

@@ -62,7 +62,25 @@ Switch::Switch(common::Clock& clock, SwitchConfig cfg, std::vector<common::Port*
     }
     ifec_ = std::make_unique<IfecEngine>(clock_, cfg_.params.ifec, slowest, cfg_.ip,
                                          [this](std::vector<uint8_t>&& f) { inject(std::move(f)); });
+    ifec_->set_backlog([this](uint32_t ip) { return backlog_ns(ip); });
   }
+}
+
+common::TimeNs Switch::backlog_ns(uint32_t dst_ip) const {
+  auto it = fib_.find(dst_ip);
+  if (it == fib_.end()) {
+    return 0;
+  }
+  common::TimeNs longest = 0;  // the member a frame may take with the most queued ahead of it
+  for (const NextHopPort& hop : it->second.hops) {
+    uint64_t bytes = 0;
+    for (const QueueCounters& q : state_[hop.port].counters.queues) {
+      bytes += q.bytes_now;
+    }
+    const uint64_t rate = std::max<uint64_t>(1, ports_[hop.port]->rate_bps());
+    longest = std::max<common::TimeNs>(longest, static_cast<common::TimeNs>(bytes * 8'000'000'000ULL / rate));
+  }
+  return longest;
 }
 
 void Switch::inject(std::vector<uint8_t>&& frame) {

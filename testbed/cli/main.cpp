@@ -496,9 +496,10 @@ int run_bench_moe(const Args& a) {
       static_cast<long long>(cfg.model.hidden), static_cast<long long>(cfg.model.topk),
       static_cast<long long>(cfg.model.experts), cfg.topology_name.c_str(),
       cfg.fp8_dispatch ? "FP8 (E4M3 + an fp32 scale per 128 channels)" : "bf16 rows");
-  std::printf("# dispatch/combine simulated (timing mode: every row crosses the fabric, values not kept); experts(us) "
-              "modelled at expert width %lld: %s\n",
-              static_cast<long long>(cfg.model.inter), cfg.profile.summary().c_str());
+  std::printf(
+      "# dispatch/combine simulated (timing mode: every row crosses the fabric, values not kept); experts(us) "
+      "modelled at expert width %lld: %s\n",
+      static_cast<long long>(cfg.model.inter), cfg.profile.summary().c_str());
   if (cap > 0) {
     std::printf(
         "# points above %llu tokens per rank simulate %llu and scale times and bytes by the token ratio "
@@ -548,10 +549,11 @@ int run_bench_moe(const Args& a) {
       const tb::MoeBenchRow& pr = v[1];
       const double mean_d = pr.dispatch_wire_bytes / static_cast<double>(pr.point.ep);
       const double mean_c = pr.combine_wire_bytes / static_cast<double>(pr.point.ep);
-      std::printf("\n#   per_rank: busiest GPU's wire bytes %.2fx the mean in dispatch, %.2fx in combine (routing); "
-                  "phases at %.0f%% and %.0f%% of that GPU's line-rate bound\n",
-                  pr.dispatch_bound_us * pr.line_gbs * 1e3 / mean_d, pr.combine_bound_us * pr.line_gbs * 1e3 / mean_c,
-                  100 * pr.dispatch_bound_us / pr.dispatch_us, 100 * pr.combine_bound_us / pr.combine_us);
+      std::printf(
+          "\n#   per_rank: busiest GPU's wire bytes %.2fx the mean in dispatch, %.2fx in combine (routing); "
+          "phases at %.0f%% and %.0f%% of that GPU's line-rate bound\n",
+          pr.dispatch_bound_us * pr.line_gbs * 1e3 / mean_d, pr.combine_bound_us * pr.line_gbs * 1e3 / mean_c,
+          100 * pr.dispatch_bound_us / pr.dispatch_us, 100 * pr.combine_bound_us / pr.combine_us);
     }
   }
   std::fflush(stdout);

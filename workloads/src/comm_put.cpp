@@ -35,16 +35,16 @@ class PutRowsOp : public CommOp {
       }
       ++stores_out_;
       // From the window itself (RDMA WRITE): the rows are not copied while they queue behind each other.
-      watch(ep.store_from_window(comm_.gpu(r.destination), a_.dest_window, r.to, a_.source_window, r.from,
-                                 a_.row_bytes),
-            [this](bool ok, const std::string& error) {
-              if (!ok) {
-                fail("row store: " + error);
-                return;
-              }
-              --stores_out_;
-              check_done();
-            });
+      watch(
+          ep.store_from_window(comm_.gpu(r.destination), a_.dest_window, r.to, a_.source_window, r.from, a_.row_bytes),
+          [this](bool ok, const std::string& error) {
+            if (!ok) {
+              fail("row store: " + error);
+              return;
+            }
+            --stores_out_;
+            check_done();
+          });
     }
     sent_ = true;
     check_done();

@@ -241,8 +241,8 @@ at::Tensor reference_forward(const at::Tensor& x, const MoeWeights& w, const Moe
 }
 
 int64_t fp8_row_bytes(int64_t hidden) {
-  IFEC_CHECK(hidden > 0 && hidden % kFp8Block == 0,
-             "FP8 rows: hidden " << hidden << " is not a positive multiple of " << kFp8Block << " (one scale per block)");
+  IFEC_CHECK(hidden > 0 && hidden % kFp8Block == 0, "FP8 rows: hidden " << hidden << " is not a positive multiple of "
+                                                                        << kFp8Block << " (one scale per block)");
   return hidden + 4 * (hidden / kFp8Block);
 }
 
@@ -494,9 +494,9 @@ double shared_expert_compute_seconds(int64_t tokens, const MoeConfig& cfg, const
 }
 
 double two_micro_batch_time(const double dispatch[2], const double experts[2], const double combine[2]) {
-  const double d1 = dispatch[0];                  // comm: D1
-  const double d2 = d1 + dispatch[1];             // comm: D2 right after
-  const double e1 = d1 + experts[0];              // compute: E1 once D1 is in
+  const double d1 = dispatch[0];                    // comm: D1
+  const double d2 = d1 + dispatch[1];               // comm: D2 right after
+  const double e1 = d1 + experts[0];                // compute: E1 once D1 is in
   const double c1 = std::max(d2, e1) + combine[0];  // comm: C1 after D2 (the stream) and E1 (its input)
   const double e2 = std::max(e1, d2) + experts[1];  // compute: E2 after E1 (the stream) and D2 (its input)
   return std::max(c1, e2) + combine[1];             // comm: C2 after C1 and E2

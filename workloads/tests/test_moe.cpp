@@ -7,10 +7,9 @@
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <set>

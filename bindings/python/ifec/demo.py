@@ -1,7 +1,7 @@
 """The part of `./ifec demo` that measures collectives and draws the paper-style plots (run with /usr/bin/python3).
 
 Usage: python3 -m ifec.demo OUT_DIR [--sizes 1MiB,4MiB] [--gpus 64] [--planes 4] [--amdahl-size 64MiB]
-                              [--amdahl-gpus 16] [--moe-tokens 256] [--moe-sweep-tokens 64] [--deepep-ep 16]
+                              [--amdahl-gpus 16] [--moe-tokens 256] [--moe-sweep-tokens 64] [--deepep-ep 8]
                               [--no-moe]
 Writes OUT_DIR/allreduce.{csv,json}, OUT_DIR/amdahl.png, OUT_DIR/allreduce_wire_bytes.png, and for the MoE layer
 OUT_DIR/moe_layer.{csv,json}, OUT_DIR/moe_sweep.{csv,json}, OUT_DIR/moe_speedup.png, OUT_DIR/moe_wire_bytes.png,
@@ -46,7 +46,8 @@ def main(argv=None):
     ap.add_argument("--moe-sweep-tokens", type=int, default=64, help="tokens per GPU of the EP x top-k sweep")
     ap.add_argument("--moe-hidden", type=int, default=7168)
     ap.add_argument("--no-moe", action="store_true")
-    ap.add_argument("--deepep-ep", type=int, default=16, help="EP size of DeepEP's normal point (4096 tokens per GPU)")
+    ap.add_argument("--deepep-ep", type=int, default=8,
+                    help="EP size of DeepEP's normal point (4096 tokens per GPU; 8: its intranode benchmark)")
     ap.add_argument("--gpu-profile", default="", help="the experts' GPU model (YAML/JSON; default: the fitted H100)")
     args = ap.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]

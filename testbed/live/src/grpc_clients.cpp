@@ -33,6 +33,7 @@ namespace ifec::live {
   X(multicast_packets) \
   X(multicast_replicas) \
   X(multicast_repairs) \
+  X(multicast_repairs_held) \
   X(multicast_completions) \
   X(multicast_unknown_window) \
   X(partials_sent) \

@@ -57,8 +57,8 @@ PointInputs make_inputs(const MoeBenchConfig& cfg, const MoePoint& p, int64_t to
   in.x = torch::randn({p.ep * tokens, in.run.hidden}).to(in.dtype);
   if (cfg.compute) {
     // FP8: the experts see the dequantised rows the sources sent; the gate and the shared expert see x.
-    const at::Tensor expert_x = cfg.fp8_dispatch ? dequantize_fp8_rows(quantize_fp8_rows(in.x), in.run.hidden).to(in.dtype)
-                                                 : at::Tensor();
+    const at::Tensor expert_x =
+        cfg.fp8_dispatch ? dequantize_fp8_rows(quantize_fp8_rows(in.x), in.run.hidden).to(in.dtype) : at::Tensor();
     in.ref = reference_forward(in.x, in.w, in.run, gate(in.x, in.w, in.run), expert_x);
   }
   return in;
@@ -168,6 +168,9 @@ std::vector<MoeBenchRow> run_moe_point(const MoeBenchConfig& cfg, const MoePoint
     }
     row.fallback_chunks = r.fallback_chunks;
     row.faults = r.faults;
+    row.ifec_retransmissions = r.ifec.retransmissions;
+    row.ifec_busy_naks = r.ifec.busy_naks;
+    row.ifec_duplicate_results = r.ifec.duplicate_results;
     if (cfg.compute) {
       row.max_rel_error = moe_max_rel_error(r.output, in.ref);
       row.tolerance = moe_tolerance(in.dtype);
@@ -227,10 +230,10 @@ std::vector<MoeBenchRow> run_moe_points(const MoeBenchConfig& cfg, const std::ve
 
 std::string moe_rows_header() {
   char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "#%-7s %4s %6s %-10s %12s %7s %5s %5s %12s %7s %5s %5s %11s %11s %11s %9s %9s  %s", "mode", "EP",
-                "tokens", "variant", "dispatch(us)", "GB/s", "line", "bound", "combine(us)", "GB/s", "line", "bound",
-                "experts(us)", "total(us)", "overlap(us)", "disp MB", "comb MB", "wire MB per plane (disp+comb)");
+  std::snprintf(buf, sizeof buf, "#%-7s %4s %6s %-10s %12s %7s %5s %5s %12s %7s %5s %5s %11s %11s %11s %9s %9s  %s",
+                "mode", "EP", "tokens", "variant", "dispatch(us)", "GB/s", "line", "bound", "combine(us)", "GB/s",
+                "line", "bound", "experts(us)", "total(us)", "overlap(us)", "disp MB", "comb MB",
+                "wire MB per plane (disp+comb)");
   return buf;
 }
 
@@ -283,6 +286,8 @@ common::JsonObject moe_row_record(const MoeBenchRow& r, const std::string& topol
   o.add("dispatch_logical_bytes", r.dispatch_logical_bytes).add("dispatch_wire_bytes", r.dispatch_wire_bytes);
   o.add("combine_logical_bytes", r.combine_logical_bytes).add("combine_wire_bytes", r.combine_wire_bytes);
   o.add("dispatch_wire_per_plane", r.dispatch_wire_per_plane).add("combine_wire_per_plane", r.combine_wire_per_plane);
+  o.add("ifec_retransmissions", r.ifec_retransmissions).add("ifec_busy_naks", r.ifec_busy_naks);
+  o.add("ifec_duplicate_results", r.ifec_duplicate_results);
   o.add("fallback_chunks", r.fallback_chunks).add("max_rel_error", r.max_rel_error).add("tolerance", r.tolerance);
   o.add("ok", r.ok()).add("faults", r.faults).add("wall_seconds", r.wall_seconds);
   return o;

@@ -47,7 +47,8 @@ struct PhaseMeter {
   int ranks;
   common::TimeNs t0;
   PortTotals before;
-  PhaseMeter(Cluster& cluster, int n) : c(cluster), ranks(n), t0(cluster.loop().now()), before(gpu_totals(cluster, n)) {}
+  PhaseMeter(Cluster& cluster, int n)
+      : c(cluster), ranks(n), t0(cluster.loop().now()), before(gpu_totals(cluster, n)) {}
   void finish(MoePhase* out) const {
     out->us = (c.loop().now() - t0) / 1e3;
     const PortTotals after = gpu_totals(c, ranks);
@@ -138,6 +139,9 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
     coll = std::make_unique<IfecCollectives>(c);
   }
   auto cleanup = [&] {
+    if (coll) {
+      res.ifec = coll->stats();
+    }
     coll.reset();
     for (const auto& [id, bytes] : plans[0].windows) {
       c.free_window(id);

@@ -108,7 +108,8 @@ TEST(MoeFabric, Fp8DispatchEqualsTheReferenceOnTheDequantisedRows) {
   const workloads::MoeWeights w = workloads::make_weights(cfg, 3, torch::kBFloat16);
   torch::manual_seed(8);
   const at::Tensor x = (torch::randn({8 * 16, cfg.hidden}) * torch::rand({8 * 16, 1}) * 4).to(torch::kBFloat16);
-  const at::Tensor xq = workloads::dequantize_fp8_rows(workloads::quantize_fp8_rows(x), cfg.hidden).to(torch::kBFloat16);
+  const at::Tensor xq =
+      workloads::dequantize_fp8_rows(workloads::quantize_fp8_rows(x), cfg.hidden).to(torch::kBFloat16);
   const at::Tensor ref = workloads::reference_forward(x, w, cfg, workloads::gate(x, w, cfg), xq);
   const at::Tensor plain = workloads::reference_forward(x, w, cfg);
   testbed::MoeFabricOptions fo;

@@ -72,6 +72,9 @@ struct IfecCounters {
   uint64_t multicast_packets = 0;
   uint64_t multicast_replicas = 0;
   uint64_t multicast_repairs = 0;  // replicas re-sent to destinations that had not acknowledged
+  // Repairs not sent: the earlier replica to that destination was still queued here (or had only just left), so
+  // the source's timeout came from the queue, not a loss; a copy would only lengthen that queue.
+  uint64_t multicast_repairs_held = 0;
   uint64_t multicast_completions = 0;
   uint64_t multicast_unknown_window = 0;
   uint64_t partials_sent = 0;     // leaf -> spine partial sums (two-tier planes)

@@ -22,6 +22,7 @@
 // Frames from the wrong job, for an unreserved group, or inconsistent with the reservation are dropped and counted.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -54,6 +55,13 @@ class IfecEngine {
   // timers are at least a few times what its budget of chunks takes to cross it (slow links do not time out or
   // resend what is merely queued).
   IfecEngine(common::Clock& clock, routing::IfecParams params, uint64_t port_rate_bps, uint32_t switch_ip, Emit emit);
+  // How long a frame toward `dst_ip` queued now waits before it leaves this switch (its egress backlog at line
+  // rate). Without it a multicast repair is always sent; with it, a repair toward a destination whose earlier
+  // replica is still queued is held (the source timed out on the queue, not on a loss).
+  using Backlog = std::function<common::TimeNs(uint32_t dst_ip)>;
+  void set_backlog(Backlog backlog) { backlog_ = std::move(backlog); }
+  // Margin after a replica leaves the queue for it to reach its GPU and the acknowledgement to come back.
+  static constexpr common::TimeNs kRepairSlackNs = 5'000;
 
   // Control API (the testbed's stand-in for the switch's gRPC control plane).
   // Reserves `r.slots` slots for the group; false with `why` naming the problem (pool exhausted, bad member list).
@@ -121,6 +129,9 @@ class IfecEngine {
     uint32_t job = 0;
     uint64_t pending = 0;  // destinations not yet acknowledged
     std::vector<uint8_t> payload;
+    // Per destination: when its replica should have been acknowledged at the earliest (left this switch's queue,
+    // plus a round trip to the GPU); a repair before then is held.
+    std::array<common::TimeNs, 64> due{};
   };
 
   void contribute(Group& g, const common::ParsedFrame& pf, const uint8_t* frame);
@@ -146,7 +157,7 @@ class IfecEngine {
   Slot* find_slot(uint64_t key, size_t index, uint64_t generation);
   void multicast(const common::ParsedFrame& pf, const uint8_t* frame);
   void multicast_ack(const common::ParsedFrame& pf);
-  void send_replica(const Multicast& m, int dest);
+  void send_replica(Multicast& m, int dest);
   std::vector<uint8_t> build(uint32_t dst_ip, const common::Ech& ech, uint8_t opcode, uint32_t psn, uint16_t pkey,
                              const std::optional<common::Reth>& reth, const uint8_t* payload, size_t len,
                              common::Aeth aeth = common::Aeth::ack(0));
@@ -156,6 +167,7 @@ class IfecEngine {
   uint64_t port_rate_bps_;
   uint32_t ip_;
   Emit emit_;
+  Backlog backlog_;
   IfecCounters counters_;
   uint32_t free_slots_;
   std::map<uint64_t, Group> groups_;               // key: job << 16 | group

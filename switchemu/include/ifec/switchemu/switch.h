@@ -139,6 +139,8 @@ class Switch {
   };
 
   void receive(int in_port, std::vector<uint8_t>&& frame);
+  // Time a frame toward `dst_ip` queued now waits here before it leaves (the busiest next-hop port's backlog).
+  common::TimeNs backlog_ns(uint32_t dst_ip) const;
   // Forwarding from FIB lookup on; in_port -1 for frames the switch originates (no PFC ingress accounting).
   void forward(int in_port, std::vector<uint8_t>&& frame, const common::L3View& l3);
   void handle_pfc(int in_port, const std::vector<uint8_t>& frame);

@@ -43,8 +43,8 @@ struct MoeRankPlan {
   int64_t tokens = 0;  // per rank
   int64_t topk = 1;
   uint64_t row_bytes = 0;           // a combine row (and a dispatch row unless FP8): hidden elements of the row type
-  bool fp8_dispatch = false;         // dispatch rows are FP8 (fp8_row_bytes), dequantised before the experts
-  uint64_t dispatch_row_bytes = 0;   // row_bytes, or fp8_row_bytes(hidden)
+  bool fp8_dispatch = false;        // dispatch rows are FP8 (fp8_row_bytes), dequantised before the experts
+  uint64_t dispatch_row_bytes = 0;  // row_bytes, or fp8_row_bytes(hidden)
   MoeWindows ids;
   // (window, bytes) to allocate: the same sizes on every rank (symmetric windows, sized for the busiest rank).
   std::vector<std::pair<uint16_t, uint64_t>> windows;

@@ -62,6 +62,10 @@ struct MoeBenchRow {
   std::vector<uint64_t> dispatch_wire_per_plane;
   std::vector<uint64_t> combine_wire_per_plane;
   uint64_t fallback_chunks = 0;
+  // IFEC: contributions/packets sent again after a timeout, refused by a busy switch slot, results seen twice.
+  uint64_t ifec_retransmissions = 0;
+  uint64_t ifec_busy_naks = 0;
+  uint64_t ifec_duplicate_results = 0;
   std::vector<std::string> faults;  // what the variant's batch operations met, one line each
   double max_rel_error = -1;        // against the single-process reference when computed (else -1)
   double tolerance = 0;             // the largest max_rel_error that is right: one rounding of the row type per sum

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ifec/testbed/cluster.h"
+#include "ifec/testbed/harness.h"
 #include "ifec/workloads/moe.h"
 #include "ifec/workloads/moe_plan.h"
 
@@ -65,15 +66,16 @@ struct MoeFabricResult {
   std::string fallback_reason;
   std::vector<std::string>
       faults;                // IFEC: what the batch operations met (planes given up, rows finished point to point)
+  IfecStats ifec;            // IFEC: the in-fabric operations' counters (retransmissions, busy NAKs, duplicates)
   int64_t routed_pairs = 0;  // (token, expert) pairs
   std::vector<int64_t> tokens_per_expert;  // the plan's histogram, for cost models with other shapes
   at::Tensor output;  // fp32 [ranks * tokens_per_rank, hidden]: the layer output, rank r's tokens at rows r*T..
 };
 
 // Runs one MoE layer over `cluster`'s first `ranks` GPUs (EP size), each holding tokens_per_rank rows of x
-// (x: [ranks * tokens_per_rank, hidden], fp32 or bf16; rows travel in x's dtype, dispatch rows in FP8 if asked). The IFEC variant needs
-// ranks <= 64 (compact ECH bitmaps) and falls back to point-to-point where the fabric cannot serve. Expert e lives on
-// rank owner_rank(e). Results are returned, not written back into x.
+// (x: [ranks * tokens_per_rank, hidden], fp32 or bf16; rows travel in x's dtype, dispatch rows in FP8 if asked). The
+// IFEC variant needs ranks <= 64 (compact ECH bitmaps) and falls back to point-to-point where the fabric cannot serve.
+// Expert e lives on rank owner_rank(e). Results are returned, not written back into x.
 MoeFabricResult run_moe_fabric(Cluster& cluster, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w,
                                const at::Tensor& x, int ranks, const GpuProfile& profile = {},
                                const MoeFabricOptions& opts = {});

@@ -12,11 +12,11 @@
 namespace ifec::testbed {
 
 struct ParallelJobs {
-  std::vector<size_t> order;                // job indices, in the order to start them
-  std::function<uint64_t(size_t)> need;     // host bytes a job takes while it runs
-  uint64_t budget = 12ULL << 30;            // what the running jobs may take together (one always runs)
+  std::vector<size_t> order;                 // job indices, in the order to start them
+  std::function<uint64_t(size_t)> need;      // host bytes a job takes while it runs
+  uint64_t budget = 12ULL << 30;             // what the running jobs may take together (one always runs)
   std::function<std::string(size_t)> label;  // for the progress line
-  std::function<void(size_t)> run;          // runs job i; must not throw
+  std::function<void(size_t)> run;           // runs job i; must not throw
   // After each job: (done, total, the labels of those still running).
   std::function<void(size_t, size_t, const std::string&)> progress;
 };
