@@ -46,6 +46,28 @@ def test_every_variant_spreads_its_bytes_over_the_planes_by_the_fare_weights(ep)
             assert max(abs(b / mean - 1) for b in planes) <= 0.02, (r["variant"], phase, planes)
 
 
+def test_fp8_dispatch_rows_are_e4m3_plus_scales_and_equal_the_reference():
+    # hidden 256: two 128-channel blocks, so a dispatched row is 256 E4M3 bytes + 2 fp32 scales; combine rows stay
+    # 256 bf16 elements. The reference's experts see the same dequantised rows (tolerance as bf16).
+    rows = moe.measure(ifec.make_superpod(8, 2), 8, 16, hidden=256, run_inter=16, compute=True, fp8_dispatch=True)
+    for r in rows:
+        assert r["fp8_dispatch"] and 0 <= r["max_rel_error"] < 2e-2, r
+        assert r["dispatch_logical_bytes"] % 264 == 0
+        assert r["dispatch_logical_bytes"] // 264 == r["combine_logical_bytes"] // 512, r["variant"]
+    with pytest.raises(Exception, match="hidden 64"):
+        moe.measure(ifec.make_superpod(8, 2), 8, 4, hidden=64, fp8_dispatch=True)
+
+
+def test_rows_give_line_rate_fractions_their_bound_and_the_overlapped_layer():
+    for r in moe.measure(ifec.make_superpod(16, 4), 16, 64, hidden=7168, fp8_dispatch=True, overlap=True):
+        assert r["line_gbs"] == pytest.approx(4 * 800 / 8)  # 4 planes x 800 Gb/s
+        assert r["dispatch_line_fraction"] == pytest.approx(r["dispatch_gbs"] / r["line_gbs"])
+        # The bound is a lower bound on each phase's time (the busiest GPU's bytes at line rate).
+        assert 0 < r["dispatch_bound_us"] <= r["dispatch_us"] and 0 < r["combine_bound_us"] <= r["combine_us"]
+        # The overlapped layer: at least its experts (the compute stream never overlaps itself).
+        assert r["overlap_us"] >= 0.9 * r["compute_us"]
+
+
 def test_scaled_points_say_so():
     (r,) = moe.measure(ifec.make_superpod(8, 2), 8, 64, variants=["ifec"], hidden=256, token_cap=16)
     assert r["scaled"] and r["simulated_tokens"] == 16 and r["tokens"] == 64

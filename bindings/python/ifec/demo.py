@@ -1,7 +1,7 @@
 """The part of `./ifec demo` that measures collectives and draws the paper-style plots (run with /usr/bin/python3).
 
 Usage: python3 -m ifec.demo OUT_DIR [--sizes 1MiB,4MiB] [--gpus 64] [--planes 4] [--amdahl-size 64MiB]
-                              [--amdahl-gpus 16] [--moe-tokens 256] [--moe-sweep-tokens 64] [--deepep-ep 8]
+                              [--amdahl-gpus 16] [--moe-tokens 256] [--moe-sweep-tokens 64] [--deepep-ep 8] [--deepep-tokens 4096]
                               [--no-moe]
 Writes OUT_DIR/allreduce.{csv,json}, OUT_DIR/amdahl.png, OUT_DIR/allreduce_wire_bytes.png, and for the MoE layer
 OUT_DIR/moe_layer.{csv,json}, OUT_DIR/moe_sweep.{csv,json}, OUT_DIR/moe_speedup.png, OUT_DIR/moe_wire_bytes.png,
@@ -47,7 +47,8 @@ def main(argv=None):
     ap.add_argument("--moe-hidden", type=int, default=7168)
     ap.add_argument("--no-moe", action="store_true")
     ap.add_argument("--deepep-ep", type=int, default=8,
-                    help="EP size of DeepEP's normal point (4096 tokens per GPU; 8: its intranode benchmark)")
+                    help="EP size of DeepEP's normal point (8: its intranode benchmark)")
+    ap.add_argument("--deepep-tokens", type=int, default=4096, help="tokens per GPU of DeepEP's normal point")
     ap.add_argument("--gpu-profile", default="", help="the experts' GPU model (YAML/JSON; default: the fitted H100)")
     args = ap.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
@@ -112,13 +113,13 @@ def main(argv=None):
 def deepep_point(args, topo, hidden, profile, fp8):
     """DeepEP's normal point (4096 tokens per GPU, FP8 dispatch), simulated directly in timing mode, each variant
     with and without the two-micro-batch overlap; returns its rows."""
-    ep = min(args.deepep_ep, args.gpus)
-    print(f"\nDeepEP normal point: EP {ep}, 4096 tokens per GPU, every row simulated (timing mode), dispatch "
+    ep, tokens = min(args.deepep_ep, args.gpus), args.deepep_tokens
+    print(f"\nDeepEP normal point: EP {ep}, {tokens} tokens per GPU, every row simulated (timing mode), dispatch "
           f"{'FP8' if fp8 else 'bf16'}, combine bf16; layer = dispatch + experts (modelled) + combine", flush=True)
     rows = []
     for variant in moe.VARIANTS:
         t0 = time.time()
-        (r,) = moe.measure(topo, ep, 4096, variants=[variant], mode="normal", hidden=hidden, gpu_profile=profile,
+        (r,) = moe.measure(topo, ep, tokens, variants=[variant], mode="normal", hidden=hidden, gpu_profile=profile,
                            fp8_dispatch=fp8, overlap=True)
         rows.append(r)
         print(f"  {variant:<10}: dispatch {r['dispatch_us']:7.1f} us ({100 * r['dispatch_line_fraction']:.0f}% of "
