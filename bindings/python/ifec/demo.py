@@ -202,7 +202,8 @@ def moe_section(args):
     print(f"{'  overlapped':<28}" + "".join(f"{t['overlapped_speedup_vs_best_baseline']:>13.2f}x" for t in table))
     print("(AllReduce: the best endpoint algorithm for the baselines, in-switch for ifec; MB: all GPUs together; wire = frames the GPUs "
           "sent, headers and ACKs included; overlapped: the AllReduce, then two micro-batches of half the tokens each, "
-          "one's communication under the other's experts)", flush=True)
+          "one's communication under the other's experts; with few tokens per GPU the experts are bound by streaming "
+          "their weights, once per micro-batch, so the overlapped layer can be the slower one)", flush=True)
     reports.write_csv(f"{args.out}/moe_layer.csv", table)
     deepep = deepep_point(args, topo, hidden, profile, fp8)
     reports.write_json(f"{args.out}/moe_layer.json", dict(layer=table, moe_rows=rows, allreduce_rows=list(ar.values()),
