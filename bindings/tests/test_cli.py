@@ -44,7 +44,18 @@ def test_a_sweep_on_two_workers_prints_the_serial_runs_rows(build_dir, repo):
     parallel = cli(build_dir, repo, *args, "--jobs", "2")
     assert serial.returncode == 0 and parallel.returncode == 0, parallel.stderr
     assert parallel.stdout == serial.stdout and len(rows(serial.stdout)) >= 5
-    assert "points done" in parallel.stderr  # progress, on stderr
+    assert "runs done" in parallel.stderr  # progress, on stderr
+
+
+def test_bench_moe_on_two_workers_prints_the_serial_runs_rows(build_dir, repo):
+    if "bench moe" not in cli(build_dir, repo, "help").stdout:
+        pytest.skip("built without LibTorch")
+    args = ("bench", "moe", "--quick", "--ep", "8", "--topo", TOPO_8x2)
+    serial = cli(build_dir, repo, *args, "--jobs", "1")
+    parallel = cli(build_dir, repo, *args, "--jobs", "2")
+    assert serial.returncode == 0 and parallel.returncode == 0, parallel.stderr
+    assert parallel.stdout == serial.stdout and len(re.findall(r"^ (normal|ll) ", serial.stdout, re.M)) == 6
+    assert "FP8" in serial.stdout and "6/6 runs done" in parallel.stderr
     bad = cli(build_dir, repo, *args, "--jobs", "0")
     assert bad.returncode != 0 and "--jobs 0 must be 1..256" in bad.stderr
 
