@@ -2,6 +2,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "ifec/common/checks.h"
 #include "ifec/testbed/moe_bench.h"
 #include "register.h"
@@ -13,10 +16,9 @@ namespace ifec::bindings {
 
 namespace {
 
-std::string run_moe_json(const routing::Topology& topo, const std::string& mode, int ep, int64_t tokens,
-                         const std::vector<std::string>& variants, int64_t hidden, int64_t experts, int64_t topk,
-                         int64_t inter, int64_t run_inter, bool bf16, bool compute, int64_t token_cap, uint64_t seed,
-                         const std::string& gpu_profile, bool fp8_dispatch, bool overlap) {
+testbed::MoeBenchConfig moe_config(const routing::Topology& topo, int64_t hidden, int64_t experts, int64_t topk,
+                                   int64_t inter, int64_t run_inter, bool bf16, bool compute, int64_t token_cap,
+                                   uint64_t seed, const std::string& gpu_profile, bool fp8_dispatch, bool overlap) {
   testbed::MoeBenchConfig cfg;
   cfg.topo = topo;
   cfg.topology_name = topo.name;
@@ -34,21 +36,55 @@ std::string run_moe_json(const routing::Topology& topo, const std::string& mode,
   if (!gpu_profile.empty()) {
     cfg.profile = workloads::load_gpu_profile(gpu_profile);
   }
+  return cfg;
+}
+
+std::vector<testbed::MoeVariant> moe_variants(const std::vector<std::string>& variants) {
   std::vector<testbed::MoeVariant> vs;
   for (const auto& v : variants) {
     vs.push_back(testbed::parse_moe_variant(v));
   }
   IFEC_CHECK(!vs.empty(), "run_moe: no variants");
+  return vs;
+}
+
+std::string rows_json(const std::vector<testbed::MoeBenchRow>& rows, const std::string& topology) {
+  std::string json = "[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    json += (i ? "," : "") + testbed::moe_row_record(rows[i], topology).str();
+  }
+  return json + "]";
+}
+
+std::string run_moe_json(const routing::Topology& topo, const std::string& mode, int ep, int64_t tokens,
+                         const std::vector<std::string>& variants, int64_t hidden, int64_t experts, int64_t topk,
+                         int64_t inter, int64_t run_inter, bool bf16, bool compute, int64_t token_cap, uint64_t seed,
+                         const std::string& gpu_profile, bool fp8_dispatch, bool overlap) {
+  const testbed::MoeBenchConfig cfg = moe_config(topo, hidden, experts, topk, inter, run_inter, bf16, compute,
+                                                 token_cap, seed, gpu_profile, fp8_dispatch, overlap);
+  const std::vector<testbed::MoeVariant> vs = moe_variants(variants);
   testbed::MoePoint p;
   p.mode = mode;
   p.ep = ep;
   p.tokens = tokens;
-  const std::vector<testbed::MoeBenchRow> rows = interruptible([&] { return testbed::run_moe_point(cfg, p, vs); });
-  std::string json = "[";
-  for (size_t i = 0; i < rows.size(); ++i) {
-    json += (i ? "," : "") + testbed::moe_row_record(rows[i], cfg.topology_name).str();
+  return rows_json(interruptible([&] { return testbed::run_moe_point(cfg, p, vs); }), cfg.topology_name);
+}
+
+// Several EP sizes at once on `jobs` threads (0: every core): rows in (EP, variant) order, as a serial run's.
+std::string run_moe_points_json(const routing::Topology& topo, const std::string& mode, const std::vector<int>& eps,
+                                int64_t tokens, const std::vector<std::string>& variants, int64_t hidden,
+                                int64_t experts, int64_t topk, int64_t inter, uint64_t seed,
+                                const std::string& gpu_profile, bool fp8_dispatch, unsigned jobs) {
+  const testbed::MoeBenchConfig cfg =
+      moe_config(topo, hidden, experts, topk, inter, 8, true, false, 0, seed, gpu_profile, fp8_dispatch, false);
+  std::vector<testbed::MoePoint> points;
+  for (int ep : eps) {
+    points.push_back({mode, ep, tokens});
   }
-  return json + "]";
+  const unsigned threads = jobs > 0 ? jobs : std::max(1u, std::thread::hardware_concurrency());
+  // No interrupt check here: the event loop's check is one per process, and these loops run on several threads.
+  pybind11::gil_scoped_release release;
+  return rows_json(testbed::run_moe_points(cfg, points, moe_variants(variants), threads, nullptr), cfg.topology_name);
 }
 
 workloads::GpuProfile profile_at(const std::string& path) {
@@ -80,6 +116,11 @@ void register_moe(py::module_& m) {
         py::arg("token_cap") = 0, py::arg("seed") = 1, py::arg("gpu_profile") = "", py::arg("fp8_dispatch") = false,
         py::arg("overlap") = false,
         "One MoE point (DeepSeek-V3 routing) in each variant over the simulated fabric; rows as JSON text");
+  m.def("run_moe_points_json", &run_moe_points_json, py::arg("topology"), py::arg("mode"), py::arg("eps"),
+        py::arg("tokens"), py::arg("variants"), py::arg("hidden") = 7168, py::arg("experts") = 256, py::arg("topk") = 8,
+        py::arg("inter") = 2048, py::arg("seed") = 1, py::arg("gpu_profile") = "", py::arg("fp8_dispatch") = false,
+        py::arg("jobs") = 0,
+        "MoE points at several EP sizes in timing mode, run on `jobs` threads (0: every core); rows as JSON text");
   m.def("gpu_profile_summary", &gpu_profile_summary, py::arg("path") = "",
         "One line naming the experts' GPU model (the built-in fitted H100, or the profile file at `path`)");
   m.def("gpu_model_us", &gpu_model_us, py::arg("path"), py::arg("kernel"), py::arg("tokens_per_expert"),

@@ -68,6 +68,16 @@ def test_rows_give_line_rate_fractions_their_bound_and_the_overlapped_layer():
         assert r["overlap_us"] >= 0.9 * r["compute_us"]
 
 
+def test_ep_sizes_at_once_give_the_serial_rows():
+    topo = ifec.make_superpod(16, 2)
+    parallel = moe.measure_eps(topo, [8, 16], 16, hidden=512, topk=4, jobs=2)
+    serial = [r for e in (8, 16) for r in moe.measure(topo, e, 16, mode="sweep", hidden=512, topk=4)]
+    assert [(r["ep"], r["variant"]) for r in parallel] == [(r["ep"], r["variant"]) for r in serial]
+    for a, b in zip(parallel, serial):
+        assert {k: v for k, v in a.items() if k != "wall_seconds"} == {k: v for k, v in b.items()
+                                                                        if k != "wall_seconds"}
+
+
 def test_scaled_points_say_so():
     (r,) = moe.measure(ifec.make_superpod(8, 2), 8, 64, variants=["ifec"], hidden=256, token_cap=16)
     assert r["scaled"] and r["simulated_tokens"] == 16 and r["tokens"] == 64

@@ -33,6 +33,17 @@ def measure(topology, ep, tokens, variants=VARIANTS, mode="scaled", hidden=7168,
                                            bool(fp8_dispatch), bool(overlap)))
 
 
+def measure_eps(topology, eps, tokens, variants=VARIANTS, mode="sweep", hidden=7168, experts=256, topk=8, inter=2048,
+                seed=1, gpu_profile="", fp8_dispatch=False, jobs=0):
+    """Timing-mode points at several EP sizes, run at once on `jobs` threads (0: every core); the rows, in (EP,
+    variant) order, are those measure() gives one point at a time."""
+    if not available():
+        raise RuntimeError("ifec was built without LibTorch: the MoE layer is not available")
+    return json.loads(_native.run_moe_points_json(topology, mode, [int(e) for e in eps], int(tokens), list(variants),
+                                                  int(hidden), int(experts), int(topk), int(inter), int(seed),
+                                                  str(gpu_profile or ""), bool(fp8_dispatch), int(jobs)))
+
+
 def speedup_rows(rows, topk):
     """Rows for reports.plot_dispatch_combine: (ep, topk, phase, variant, time_us) per phase."""
     return [dict(ep=r["ep"], topk=topk, phase=phase, variant=r["variant"], time_us=r[f"{phase}_us"])
