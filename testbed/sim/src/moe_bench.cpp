@@ -1,6 +1,7 @@
 // MoE points: each variant on a fresh simulated fabric, per-phase times and bytes, and their printed forms.
 #include "ifec/testbed/moe_bench.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -53,8 +54,9 @@ PointInputs make_inputs(const MoeBenchConfig& cfg, const MoePoint& p, int64_t to
   }
   in.dtype = cfg.bf16 ? torch::kBFloat16 : torch::kFloat32;
   in.w = make_weights(in.run, cfg.seed, in.dtype);
-  torch::manual_seed(static_cast<uint64_t>(cfg.seed) * 7919 + 17);
-  in.x = torch::randn({p.ep * tokens, in.run.hidden}).to(in.dtype);
+  // A generator of its own, not the global one: runs of a sweep draw their x on several threads at once.
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(cfg.seed) * 7919 + 17);
+  in.x = torch::randn({p.ep * tokens, in.run.hidden}, gen).to(in.dtype);
   if (cfg.compute) {
     // FP8: the experts see the dequantised rows the sources sent; the gate and the shared expert see x.
     const at::Tensor expert_x =
