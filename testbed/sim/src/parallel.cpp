@@ -1,12 +1,23 @@
 // Independent runs on several threads under a memory budget (parallel.h).
 #include "ifec/testbed/parallel.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 
 namespace ifec::testbed {
+
+uint64_t host_memory_budget() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) {
+    return 12ULL << 30;
+  }
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 4 * 3;
+}
 
 void run_parallel(const ParallelJobs& jobs, unsigned threads) {
   std::mutex mu;

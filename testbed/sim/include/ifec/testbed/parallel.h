@@ -21,6 +21,9 @@ struct ParallelJobs {
   std::function<void(size_t, size_t, const std::string&)> progress;
 };
 
+// 75% of this machine's physical memory: what a sweep's running jobs may take together by default.
+uint64_t host_memory_budget();
+
 // Runs every job on `threads` threads (the calling one included); returns when all are done. A job that does not
 // fit beside the running ones waits for them, and the jobs after it wait behind it.
 void run_parallel(const ParallelJobs& jobs, unsigned threads);
