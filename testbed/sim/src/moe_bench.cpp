@@ -75,10 +75,7 @@ MoeFabricResult run_variant(const MoeBenchConfig& cfg, const MoePoint& p, const 
   Cluster c(cfg.topo, o);
   MoeFabricOptions fo = in.opts;
   fo.compute = compute;
-  if (!compute && fo.row_hidden == 0) {
-    fo.row_hidden = in.run.hidden;
-  }
-  MoeFabricResult r = run_moe_fabric(c, v, in.run, in.w, x, p.ep, cfg.profile, fo);
+  MoeFabricResult r = run_moe_fabric(c, v, in.run, in.w, x, p.ep, fo);
   IFEC_CHECK(r.ok, "MoE " << moe_variant_name(v) << " at EP " << p.ep << ", " << x.size(0) / p.ep
                           << " tokens per rank: " << r.error);
   return r;

@@ -61,11 +61,7 @@ struct PhaseMeter {
     out->bound_us = 0;
     for (int g = 0; g < ranks; ++g) {
       const uint64_t busiest = std::max(after.tx_wire[g] - before.tx_wire[g], after.rx_wire[g] - before.rx_wire[g]);
-      const double us = busiest * 8.0 / (c.fabric().topology().gpu_access_gbps(g) * 1e3);
-      if (us > out->bound_us) {
-        out->bound_us = us;
-        out->bound_gpu = g;
-      }
+      out->bound_us = std::max(out->bound_us, busiest * 8.0 / (c.fabric().topology().gpu_access_gbps(g) * 1e3));
     }
   }
 };
@@ -86,8 +82,7 @@ Args idle_part(Args a) {
 }  // namespace
 
 MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w,
-                               const at::Tensor& x_in, int ranks, const GpuProfile& profile,
-                               const MoeFabricOptions& opts) {
+                               const at::Tensor& x_in, int ranks, const MoeFabricOptions& opts) {
   cfg.validate();
   IFEC_CHECK(ranks >= 1 && ranks <= c.size(), "EP size " << ranks << " outside 1.." << c.size());
   IFEC_CHECK(variant != MoeVariant::kIfec || ranks <= 64,
@@ -183,20 +178,15 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
     meter.finish(&res.dispatch);
   }
 
-  // ---- Expert compute on every rank (LibTorch); its time comes from the GPU profile, the slowest rank's ----
-  const std::vector<int64_t> per_expert_tokens = tokens_per_expert(table, cfg.experts);
-  res.tokens_per_expert = per_expert_tokens;
+  // ---- Expert compute on every rank (LibTorch; its time is the caller's to model from tokens_per_expert) ----
+  res.tokens_per_expert = tokens_per_expert(table, cfg.experts);
   std::vector<at::Tensor> out_rows(ranks);
-  for (int d = 0; d < ranks; ++d) {
-    if (opts.compute) {  // (timing mode: the shared output window is zeros already)
+  if (opts.compute) {  // (timing mode: the shared output window is zeros already)
+    for (int d = 0; d < ranks; ++d) {
       const auto n = static_cast<int64_t>(plans[d].recv_offsets.size());
       out_rows[d] = moe_expert_rows(plans[d], c.window_data(d, plans[d].ids.recv), lists, w, cfg, row_type);
       std::memcpy(c.window_data(d, plans[d].ids.output), out_rows[d].data_ptr(), n * row);
     }
-    const int64_t experts_per_rank = cfg.experts / ranks;
-    std::vector<int64_t> mine(per_expert_tokens.begin() + d * experts_per_rank,
-                              per_expert_tokens.begin() + (d + 1) * experts_per_rank);
-    res.compute_us = std::max(res.compute_us, 1e6 * expert_compute_seconds(mine, cfg, profile, esize));
   }
 
   // ---- Combine ----

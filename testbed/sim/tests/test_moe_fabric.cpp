@@ -118,7 +118,7 @@ TEST(MoeFabric, Fp8DispatchEqualsTheReferenceOnTheDequantisedRows) {
     testbed::ClusterOptions o;
     o.endpoint.ordering = endpoint::Ordering::kWeak;
     testbed::Cluster c(routing::make_superpod(8, 2), o);
-    const auto r = testbed::run_moe_fabric(c, v, cfg, w, x, 8, {}, fo);
+    const auto r = testbed::run_moe_fabric(c, v, cfg, w, x, 8, fo);
     ASSERT_TRUE(r.ok) << r.error;
     EXPECT_LT(max_rel_error(r.output, ref), 2e-2) << testbed::moe_variant_name(v);
     EXPECT_LT(max_rel_error(r.output, plain), 0.1) << "E4M3 keeps 3 mantissa bits: a few % of the bf16 layer";
@@ -130,8 +130,7 @@ TEST(MoeFabric, Fp8DispatchEqualsTheReferenceOnTheDequantisedRows) {
   cfg.hidden = 64;  // not a whole block: refused, naming it
   const workloads::MoeWeights w64 = workloads::make_weights(cfg, 3, torch::kBFloat16);
   try {
-    testbed::run_moe_fabric(c, MoeVariant::kPerRank, cfg, w64, torch::randn({8 * 4, 64}).to(torch::kBFloat16), 8, {},
-                            fo);
+    testbed::run_moe_fabric(c, MoeVariant::kPerRank, cfg, w64, torch::randn({8 * 4, 64}).to(torch::kBFloat16), 8, fo);
     ADD_FAILURE() << "hidden 64 accepted for FP8 rows";
   } catch (const common::Error& e) {
     EXPECT_NE(std::string(e.what()).find("hidden 64"), std::string::npos) << e.what();
@@ -151,7 +150,7 @@ TEST(MoeFabric, TimingModeTakesTheComputedRunsTimesAndBytes) {
       testbed::Cluster c(routing::make_superpod(8, 2), {});
       testbed::MoeFabricOptions fo;
       fo.compute = timing == 0;
-      r[timing] = testbed::run_moe_fabric(c, v, cfg, w, x, 8, {}, fo);
+      r[timing] = testbed::run_moe_fabric(c, v, cfg, w, x, 8, fo);
       ASSERT_TRUE(r[timing].ok) << r[timing].error;
     }
     EXPECT_EQ(r[0].dispatch.us, r[1].dispatch.us) << testbed::moe_variant_name(v);

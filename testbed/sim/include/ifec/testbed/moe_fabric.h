@@ -51,7 +51,6 @@ struct MoePhase {
   // The line-rate bound: the busiest GPU's bytes one way (sent or received, with the per-frame wire overhead) over
   // its access rate, i.e. the phase's time if that GPU's ports ran at line rate the whole time, every plane alike.
   double bound_us = 0;
-  int bound_gpu = 0;  // that GPU
 };
 
 struct MoeFabricResult {
@@ -59,7 +58,6 @@ struct MoeFabricResult {
   std::string error;
   MoePhase dispatch;
   MoePhase combine;
-  double compute_us = 0;               // modelled from the GPU profile (the slowest rank), not measured
   int64_t dispatch_logical_bytes = 0;  // token rows that cross the fabric (rank-local copies excluded)
   int64_t combine_logical_bytes = 0;
   uint64_t fallback_chunks = 0;  // IFEC: chunks/packets the fabric did not serve, finished point to point
@@ -77,7 +75,6 @@ struct MoeFabricResult {
 // IFEC variant needs ranks <= 64 (compact ECH bitmaps) and falls back to point-to-point where the fabric cannot serve.
 // Expert e lives on rank owner_rank(e). Results are returned, not written back into x.
 MoeFabricResult run_moe_fabric(Cluster& cluster, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w,
-                               const at::Tensor& x, int ranks, const GpuProfile& profile = {},
-                               const MoeFabricOptions& opts = {});
+                               const at::Tensor& x, int ranks, const MoeFabricOptions& opts = {});
 
 }  // namespace ifec::testbed
