@@ -823,12 +823,15 @@ class ReduceRowsOp : public CommOp {
         }
       }
     }
+    pieces_sent_ = true;
     maybe_sum();
   }
 
-  // Every piece here and every store of ours done: sum each undelivered chunk (fp32, one rounding, as the switch).
+  // Every piece here and every store of ours posted and done (peers that learned the scratch keys first may fill
+  // this rank's scratch before it posts its own pieces): sum each undelivered chunk (fp32, one rounding, as the
+  // switch).
   void maybe_sum() {
-    if (stores_out_ > 0 || pieces_in_.bytes() < pieces_expected_ || summed_) {
+    if (!pieces_sent_ || stores_out_ > 0 || pieces_in_.bytes() < pieces_expected_ || summed_) {
       return;
     }
     summed_ = true;
@@ -878,6 +881,7 @@ class ReduceRowsOp : public CommOp {
   bool fallback_started_ = false;
   std::vector<std::vector<std::pair<uint32_t, uint32_t>>> failed_;  // [destination] (row index, chunk)
   size_t stores_out_ = 0;
+  bool pieces_sent_ = false;
   common::RangeSet pieces_in_;
   uint64_t pieces_expected_ = 0;
   bool collecting_ = false;
