@@ -8,16 +8,93 @@
 
 namespace ifec::common {
 
-void EventLoop::schedule(TimeNs at, std::function<void()> fn) {
-  events_.push_back(Event{std::max(at, now_), seq_++, std::move(fn)});
+void EventLoop::schedule(TimeNs at, std::function<void()> fn) { push(std::max(at, now_), std::move(fn)); }
+
+void EventLoop::push(TimeNs at, std::function<void()> fn) {
+  uint32_t slot;
+  if (free_slots_.empty()) {
+    slot = static_cast<uint32_t>(slots_.size());
+    slots_.push_back(std::move(fn));
+  } else {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+    slots_[slot] = std::move(fn);
+  }
+  const Key k{at, seq_++, slot};
+  if (at >= base_ && at - base_ < kWheel) {
+    if (wheel_.empty()) {
+      wheel_.resize(kWheel);
+      occupied_.assign(kWheel / 64, 0);
+    }
+    const uint32_t b = static_cast<uint32_t>(at % kWheel);
+    wheel_[b].keys.push_back(k);
+    occupied_[b / 64] |= uint64_t{1} << (b % 64);
+    ++in_wheel_;
+    return;
+  }
+  events_.push_back(k);
   std::push_heap(events_.begin(), events_.end(), Later{});
 }
 
-EventLoop::Event EventLoop::pop() {
-  std::pop_heap(events_.begin(), events_.end(), Later{});
-  Event e = std::move(events_.back());
-  events_.pop_back();
-  return e;
+const EventLoop::Key* EventLoop::earliest_in_wheel() const {
+  if (in_wheel_ == 0) {
+    return nullptr;
+  }
+  // The first occupied bucket at or after base_'s, going round once.
+  const uint32_t start = static_cast<uint32_t>(base_ % kWheel);
+  const uint32_t words = kWheel / 64;
+  for (uint32_t i = 0; i <= words; ++i) {
+    const uint32_t w = (start / 64 + i) % words;
+    uint64_t bits = occupied_[w];
+    if (i == 0) {
+      bits &= ~uint64_t{0} << (start % 64);  // buckets before base_'s in its word hold later times: next round
+    }
+    if (bits != 0) {
+      const Bucket& b = wheel_[w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits))];
+      return &b.keys[b.head];
+    }
+  }
+  return nullptr;  // not reached: in_wheel_ > 0
+}
+
+const EventLoop::Key* EventLoop::earliest() const {
+  const Key* w = earliest_in_wheel();
+  if (events_.empty()) {
+    return w;
+  }
+  return w == nullptr || Later{}(*w, events_.front()) ? &events_.front() : w;
+}
+
+TimeNs EventLoop::next_event_time() const {
+  const Key* k = earliest();
+  return k == nullptr ? kForever : k->at;
+}
+
+std::function<void()> EventLoop::pop() {
+  const Key* w = earliest_in_wheel();
+  uint32_t slot;
+  TimeNs at;
+  if (w != nullptr && (events_.empty() || Later{}(events_.front(), *w))) {
+    slot = w->slot;
+    at = w->at;
+    Bucket& b = wheel_[at % kWheel];
+    if (++b.head == b.keys.size()) {
+      b.keys.clear();
+      b.head = 0;
+      occupied_[(at % kWheel) / 64] &= ~(uint64_t{1} << ((at % kWheel) % 64));
+    }
+    --in_wheel_;
+  } else {
+    std::pop_heap(events_.begin(), events_.end(), Later{});
+    slot = events_.back().slot;
+    at = events_.back().at;
+    events_.pop_back();
+  }
+  base_ = std::max(base_, at);  // every event still in the wheel is at or after it
+  std::function<void()> fn = std::move(slots_[slot]);
+  slots_[slot] = nullptr;
+  free_slots_.push_back(slot);
+  return fn;
 }
 
 namespace {
@@ -30,10 +107,9 @@ void EventLoop::set_interrupt_check(std::function<bool()> check) { t_interrupt_c
 
 uint64_t EventLoop::run(TimeNs until) {
   uint64_t n = 0;
-  while (!events_.empty() && events_.front().at <= until) {
-    Event e = pop();
-    now_ = e.at;
-    e.fn();
+  for (const Key* k = earliest(); k != nullptr && k->at <= until; k = earliest()) {
+    now_ = k->at;
+    pop()();
     ++n;
     if ((++interrupt_tick_ & 0xFFFF) == 0 && t_interrupt_check && t_interrupt_check()) {
       events_run_ += n;
@@ -59,8 +135,7 @@ TimeNs RealtimeLoop::now() const {
 void RealtimeLoop::schedule(TimeNs at, std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.events_.push_back(EventLoop::Event{at, queue_.seq_++, std::move(fn)});
-    std::push_heap(queue_.events_.begin(), queue_.events_.end(), EventLoop::Later{});
+    queue_.push(at, std::move(fn));
   }
   wake_.notify_one();
 }
@@ -93,14 +168,15 @@ uint64_t RealtimeLoop::loop(TimeNs deadline, bool wait_for_more) {
     if (t > deadline) {
       break;
     }
-    if (queue_.events_.empty()) {
+    const EventLoop::Key* next = queue_.earliest();
+    if (next == nullptr) {
       if (!wait_for_more) {
         break;
       }
       sleep(deadline);
       continue;
     }
-    const TimeNs at = queue_.events_.front().at;
+    const TimeNs at = next->at;
     if (at > deadline && !wait_for_more) {
       break;
     }
@@ -108,9 +184,9 @@ uint64_t RealtimeLoop::loop(TimeNs deadline, bool wait_for_more) {
       sleep(std::min(at, deadline));
       continue;
     }
-    EventLoop::Event e = queue_.pop();
+    std::function<void()> fn = queue_.pop();
     lock.unlock();  // the event may schedule more, on this loop or another
-    e.fn();
+    fn();
     ++n;
     lock.lock();
   }
@@ -193,8 +269,12 @@ bool LinkPort::send(std::vector<uint8_t>&& frame) {
       return true;  // the sender cannot tell: the frame is lost on the wire
     }
   }
-  clock.schedule(done + link_.cfg_.delay_ns,
-                 [peer, f = std::move(frame), epoch = link_.epoch_]() mutable { peer->deliver(std::move(f), epoch); });
+  in_flight_.push_back({std::move(frame), link_.epoch_});
+  clock.schedule(done + link_.cfg_.delay_ns, [this, peer] {
+    InFlight f = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    peer->deliver(std::move(f.frame), f.epoch);
+  });
   return true;
 }
 

@@ -1,7 +1,9 @@
 // Drivers: event ordering, exact link timing against the analytic formula, link failure, wall-clock loop, PFC frames.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "ifec/common/pfc.h"
@@ -32,6 +34,55 @@ TEST(EventLoop, RunUntilStopsAtTheLimit) {
   loop.run(150);
   EXPECT_EQ(ran, 1);
   EXPECT_EQ(loop.next_event_time(), 200u);
+}
+
+// Near events (the wheel), far ones (the heap) and ones that cross from one to the other as time moves, scheduled
+// before and during the run, in slices: every event runs at its time, equal times in scheduling order, against a
+// reference that sorts (time, scheduling number).
+TEST(EventLoop, ManyEventsNearAndFarRunInTimeThenSchedulingOrder) {
+  EventLoop loop;
+  uint64_t x = 88172645463325252ull;
+  auto rnd = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  struct Planned {
+    TimeNs at;
+    uint64_t seq;
+  };
+  std::vector<Planned> planned;
+  std::vector<std::pair<TimeNs, uint64_t>> ran;
+  uint64_t seq = 0;
+  std::function<void(TimeNs, int)> add = [&](TimeNs at, int depth) {
+    const uint64_t s = seq++;
+    planned.push_back({at, s});
+    loop.schedule(at, [&, at, s, depth] {
+      EXPECT_EQ(loop.now(), at);
+      ran.push_back({at, s});
+      if (depth < 3) {
+        for (int k = static_cast<int>(rnd() % 3); k > 0; --k) {
+          const uint64_t r = rnd() % 10;  // same ns, near (within the wheel), or far (tens of microseconds on)
+          add(loop.now() + (r < 3 ? 0 : r < 8 ? rnd() % 3000 : 4096 + rnd() % 60000), depth + 1);
+        }
+      }
+    });
+  };
+  for (int i = 0; i < 3000; ++i) {
+    add(rnd() % 200000, 0);
+  }
+  while (!loop.idle()) {
+    loop.run(loop.now() + 1 + rnd() % 5000);
+  }
+  std::sort(planned.begin(), planned.end(),
+            [](const Planned& a, const Planned& b) { return a.at != b.at ? a.at < b.at : a.seq < b.seq; });
+  ASSERT_EQ(ran.size(), planned.size());
+  for (size_t i = 0; i < ran.size(); ++i) {
+    ASSERT_EQ(ran[i].first, planned[i].at) << i;
+    ASSERT_EQ(ran[i].second, planned[i].seq) << i;
+  }
+  EXPECT_GT(ran.size(), 6000u);
 }
 
 TEST(Link, OneFrameArrivesAfterSerializationPlusPropagation) {

@@ -93,6 +93,7 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
   flow_of_.assign(gpus, std::vector<int>(gpus, -1));
   nics_.resize(gpus);
   for (int g = 0; g < gpus; ++g) {
+    gpu_of_ip_[fabric_.gpu_ip(g)] = g;
     nics_[g].ports.resize(fabric_.gpu_ports(g).size());
     for (auto& p : nics_[g].ports) {
       p.paused_until.assign(topo.params.priorities, 0);
@@ -312,14 +313,10 @@ void RawTraffic::receive(int gpu, int pi, std::vector<uint8_t>&& frame) {
     return;
   }
   // Source GPU from the loopback: the fabric assigns them, so look it up rather than decode the scheme.
-  int src = -1;
-  for (int g = 0; g < static_cast<int>(nics_.size()); ++g) {
-    if (fabric_.gpu_ip(g) == pf.h.ip.src) {
-      src = g;
-      break;
-    }
-  }
-  if (src < 0 || pf.h.ip.dst != fabric_.gpu_ip(gpu) || flow_of_[src][gpu] < 0) {
+  const auto from = gpu_of_ip_.find(pf.h.ip.src);
+  const auto to = gpu_of_ip_.find(pf.h.ip.dst);
+  const int src = from == gpu_of_ip_.end() ? -1 : from->second;
+  if (src < 0 || to == gpu_of_ip_.end() || to->second != gpu || flow_of_[src][gpu] < 0) {
     stats_.rx_bad_frames++;
     return;
   }

@@ -12,7 +12,12 @@ namespace ifec::common {
 // `bth_offset` is the BTH's offset from `ip` (20 + 8 for plain RoCEv2; more with IP options or ECH).
 uint32_t compute_icrc(const uint8_t* ip, size_t len, size_t bth_offset);
 
-// Plain reflected CRC-32 (IEEE 802.3), for tests and reuse: crc32_update(0xFFFFFFFF, ...) ^ 0xFFFFFFFF.
-uint32_t crc32_update(uint32_t crc, const uint8_t* data, size_t len);
+// How crc32_update computes: the fastest the CPU has (kAuto), or one way only (tests compare them all).
+enum class CrcImpl : uint8_t { kAuto, kZlib, kPclmul, kVpclmul };
+bool crc_impl_available(CrcImpl impl);
+
+// Plain reflected CRC-32 (IEEE 802.3), for tests and reuse: crc32_update(0xFFFFFFFF, ...) ^ 0xFFFFFFFF. `crc` is the
+// raw register in and out.
+uint32_t crc32_update(uint32_t crc, const uint8_t* data, size_t len, CrcImpl impl = CrcImpl::kAuto);
 
 }  // namespace ifec::common

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -23,25 +24,42 @@ class EventLoop : public Clock {
   // Runs events up to and including time `until` (all of them by default), then sets the time to `until` (when
   // finite), so a loop of run(now() + slice) always moves forward; returns how many events ran.
   uint64_t run(TimeNs until = kForever);
-  bool idle() const { return events_.empty(); }
+  bool idle() const { return events_.empty() && in_wheel_ == 0; }
   uint64_t events_run() const { return events_run_; }
   // A check every run() on this thread makes every 2^16 events: when it returns true, run() throws Interrupted
   // (between two events, so the simulation state stays consistent). Python installs one that looks for Ctrl-C.
   static void set_interrupt_check(std::function<bool()> check);
-  TimeNs next_event_time() const { return events_.empty() ? kForever : events_.front().at; }
+  TimeNs next_event_time() const;
 
  private:
-  struct Event {
+  // Events due within kWheel ns of the last one run sit in a wheel of one-nanosecond buckets, each a FIFO (equal
+  // times run in scheduling order); later ones in a heap. Both hold small keys; the callbacks sit in slots reused
+  // through a free list, so ordering never moves a std::function.
+  static constexpr uint32_t kWheel = 4096;
+  struct Key {
     TimeNs at;
     uint64_t seq;
-    std::function<void()> fn;
+    uint32_t slot;
   };
   struct Later {
-    bool operator()(const Event& a, const Event& b) const { return a.at != b.at ? a.at > b.at : a.seq > b.seq; }
+    bool operator()(const Key& a, const Key& b) const { return a.at != b.at ? a.at > b.at : a.seq > b.seq; }
+  };
+  struct Bucket {
+    std::vector<Key> keys;
+    size_t head = 0;
   };
   friend class RealtimeLoop;
-  Event pop();
-  std::vector<Event> events_;  // binary heap ordered by Later
+  void push(TimeNs at, std::function<void()> fn);
+  std::function<void()> pop();           // the earliest event's callback; now_ is not changed
+  const Key* earliest_in_wheel() const;  // null when the wheel is empty
+  const Key* earliest() const;           // null when no event waits
+  std::vector<Key> events_;              // binary heap ordered by Later: the earliest first
+  std::vector<Bucket> wheel_;            // [at % kWheel], for base_ <= at < base_ + kWheel
+  std::vector<uint64_t> occupied_;       // one bit per bucket
+  TimeNs base_ = 0;                      // no event in the wheel is earlier
+  size_t in_wheel_ = 0;
+  std::vector<std::function<void()>> slots_;
+  std::vector<uint32_t> free_slots_;
   TimeNs now_ = 0;
   uint64_t seq_ = 0;
   uint64_t events_run_ = 0;
@@ -143,12 +161,19 @@ class LinkPort : public Port {
   LinkPort(Link& link, int side) : link_(link), side_(side) {}
   void deliver(std::vector<uint8_t>&& frame, uint64_t epoch);
 
+  struct InFlight {
+    std::vector<uint8_t> frame;
+    uint64_t epoch;
+  };
   Link& link_;
   int side_;
   uint64_t busy_until_ps_ = 0;
   Receiver rx_;
   TxReady ready_;
   PortCounters counters_;
+  // Frames on the wire from this end, oldest first: they arrive in the order sent (one serializer, one delay), so
+  // the arrival event needs only the port, not its own copy of the frame.
+  std::deque<InFlight> in_flight_;
 };
 
 }  // namespace ifec::common

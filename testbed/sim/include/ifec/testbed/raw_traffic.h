@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ifec/common/interfaces.h"
@@ -94,7 +95,8 @@ class RawTraffic {
   common::Clock& clock_;
   std::vector<Flow> flows_;
   std::vector<Nic> nics_;
-  std::vector<std::vector<int>> flow_of_;  // [src][dst] -> flow index or -1
+  std::vector<std::vector<int>> flow_of_;        // [src][dst] -> flow index or -1
+  std::unordered_map<uint32_t, int> gpu_of_ip_;  // loopback -> GPU
   bool verify_icrc_;
   common::TimeNs start_ = 0;
   bool started_ = false;
