@@ -61,8 +61,12 @@ void encode_frame_into(const FrameHeaders& h, const uint8_t* payload, size_t pay
   const size_t total = off + ext_header_bytes(info) + payload_size + pad + kIcrcSize;
   IFEC_CHECK(total - ip_off <= 0xFFFF, "encode_frame: IP datagram of " << (total - ip_off) << " bytes exceeds 65535");
 
-  out->assign(total, 0);
-  uint8_t* p = out->data();
+  // Headers into a zeroed local block, then the frame in one pass (the payload is not zeroed first to be overwritten).
+  const size_t headers = off + ext_header_bytes(info);
+  uint8_t head[256];
+  IFEC_CHECK(headers <= sizeof head, "encode_frame: " << headers << " bytes of headers");
+  std::fill(head, head + headers, uint8_t{0});
+  uint8_t* p = head;
   EthernetHeader eth = h.eth;
   eth.ethertype = EthernetHeader::kEtherTypeIpv4;
   eth.encode(p);
@@ -100,9 +104,12 @@ void encode_frame_into(const FrameHeaders& h, const uint8_t* payload, size_t pay
     h.imm->encode(p + off);
     off += ImmDt::kSize;
   }
-  if (payload_size > 0) {
-    std::copy(payload, payload + payload_size, p + off);
-  }
+  out->clear();
+  out->reserve(total);
+  out->insert(out->end(), head, head + off);
+  out->insert(out->end(), payload, payload + payload_size);
+  out->insert(out->end(), pad + kIcrcSize, uint8_t{0});
+  p = out->data();
   off += payload_size + pad;
   const uint32_t icrc = compute_icrc(p + ip_off, off - ip_off, bth_off - ip_off);
   // Little-endian on the wire, like the Ethernet FCS.

@@ -2,6 +2,7 @@
 #include "ifec/common/ipv4.h"
 
 #include <cstdio>
+#include <cstring>
 
 #include "ifec/common/byte_order.h"
 
@@ -14,17 +15,34 @@ std::string ipv4_to_string(uint32_t addr) {
 }
 
 uint16_t ipv4_checksum(const uint8_t* header, size_t len) {
-  uint32_t sum = 0;
-  for (size_t i = 0; i + 1 < len; i += 2) {
-    sum += load_be16(header + i);
+  // RFC 1071: the one's complement sum does not depend on byte order, so 32-bit words are added in the host's
+  // order into 64 bits, folded, and the 16-bit result put in network order (every parse and hop does this).
+  uint64_t sum = 0;
+  size_t i = 0;
+  for (; i + 4 <= len; i += 4) {
+    uint32_t w;
+    std::memcpy(&w, header + i, 4);
+    sum += w;
   }
-  if (len & 1) {
-    sum += uint32_t{header[len - 1]} << 8;
+  if (i + 2 <= len) {
+    uint16_t w;
+    std::memcpy(&w, header + i, 2);
+    sum += w;
+    i += 2;
+  }
+  if (i < len) {
+    const uint8_t last[2] = {header[i], 0};  // an odd byte is the high byte of a word padded with zero
+    uint16_t w;
+    std::memcpy(&w, last, 2);
+    sum += w;
   }
   while (sum >> 16) {
     sum = (sum & 0xFFFF) + (sum >> 16);
   }
-  return static_cast<uint16_t>(~sum);
+  const uint16_t host = static_cast<uint16_t>(sum);
+  uint8_t bytes[2];  // stored back in the host's order: the sum's bytes as the header holds them
+  std::memcpy(bytes, &host, 2);
+  return static_cast<uint16_t>(~load_be16(bytes));
 }
 
 void Ipv4Header::encode(uint8_t* out) const {

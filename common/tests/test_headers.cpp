@@ -28,6 +28,29 @@ TEST(EthernetHeader, EncodesDstSrcEtherType) {
   EXPECT_EQ(mac_to_string(h.src), "02:aa:bb:cc:dd:ee");
 }
 
+// Every length from 0 to 64 bytes (odd ones too) and random contents, against RFC 1071's definition: 16-bit
+// big-endian words summed with end-around carry, an odd last byte padded with zero, complemented.
+TEST(Ipv4Header, ChecksumEqualsTheDefinitionAtEveryLength) {
+  uint32_t x = 7;
+  std::vector<uint8_t> data(64 + 3);
+  for (int round = 0; round < 50; ++round) {
+    for (uint8_t& b : data) {
+      x = x * 1103515245u + 12345u;
+      b = round == 0 ? 0xFF : static_cast<uint8_t>(x >> 16);
+    }
+    for (size_t len = 0; len <= 64; ++len) {
+      for (size_t at : {size_t{0}, size_t{3}}) {
+        uint32_t sum = 0;
+        for (size_t i = 0; i < len; i += 2) {
+          sum += uint32_t{data[at + i]} << 8 | (i + 1 < len ? data[at + i + 1] : 0);
+          sum = (sum & 0xFFFF) + (sum >> 16);
+        }
+        ASSERT_EQ(ipv4_checksum(data.data() + at, len), static_cast<uint16_t>(~sum)) << len << " at " << at;
+      }
+    }
+  }
+}
+
 TEST(Ipv4Header, ChecksumMatchesTextbookExample) {
   // The worked example from RFC 1071 tutorials: 192.168.0.1 -> 192.168.0.199, checksum 0xB861.
   const uint8_t hdr[] = {0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11,
