@@ -234,6 +234,14 @@ Acc combine(EchDtype t, EchRedOp op, Acc a, Acc b) {
 }
 
 void accumulate(EchDtype t, EchRedOp op, Acc* acc, const uint8_t* src, size_t n, bool first) {
+  if (t == EchDtype::kFp32 && op == EchRedOp::kSum && !first) {
+    for (size_t i = 0; i < n; ++i) {  // the common case, in a loop the compiler vectorizes: the same additions
+      float v;
+      std::memcpy(&v, src + 4 * i, 4);
+      acc[i].f += v;
+    }
+    return;
+  }
   for (size_t i = 0; i < n; ++i) {
     const Acc v = load_element(t, src, i);
     acc[i] = first ? v : combine(t, op, acc[i], v);
@@ -247,6 +255,17 @@ void finalize(EchDtype t, const Acc* acc, uint8_t* dst, size_t n) {
 }
 
 void reduce_into(EchDtype t, EchRedOp op, uint8_t* dst, const uint8_t* src, size_t n) {
+  if (t == EchDtype::kFp32 && op == EchRedOp::kSum) {
+    for (size_t i = 0; i < n; ++i) {  // the common case, in a loop the compiler vectorizes: the same additions
+      float a;
+      float b;
+      std::memcpy(&a, dst + 4 * i, 4);
+      std::memcpy(&b, src + 4 * i, 4);
+      a += b;
+      std::memcpy(dst + 4 * i, &a, 4);
+    }
+    return;
+  }
   for (size_t i = 0; i < n; ++i) {
     store_element(t, combine(t, op, load_element(t, dst, i), load_element(t, src, i)), dst, i);
   }

@@ -158,6 +158,9 @@ int run_sim_collective(const Args& a) {
     const tb::CollectiveRow r = tb::run_collective_point(topo, p);
     failures += !r.ok;
     std::printf("%s", json ? (tb::row_json(r, topo.name) + "\n").c_str() : tb::row_text(r).c_str());
+    if (!json) {
+      std::printf("%s", tb::simulator_text(r).c_str());
+    }
     std::fflush(stdout);
     if (compare && r.ok) {
       p.algo = wl::Algo::kIfec;

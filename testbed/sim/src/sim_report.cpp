@@ -181,6 +181,7 @@ SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
       u.to = side == 0 ? tl.b : tl.a;
       u.utilization = static_cast<double>(c.busy_ps) / 1000.0 / elapsed;
       u.frames = c.tx_frames;
+      run.frame_hops += c.tx_frames;
       run.max_link_utilization = std::max(run.max_link_utilization, u.utilization);
       if (topo.nodes[u.from].kind == routing::NodeKind::kGpu) {
         gpu_util_sum += u.utilization;
@@ -276,6 +277,7 @@ std::string to_json(const SimRun& r) {
   o.add("max_link_utilization", r.max_link_utilization);
   o.add("mean_gpu_link_utilization", r.mean_gpu_link_utilization).add("fare_rounds", r.fare_rounds);
   o.add("fare_converged_ns", r.fare_converged_ns).add("sim_events", r.events).add("wall_seconds", r.wall_seconds);
+  o.add("frame_hops", r.frame_hops);
   std::vector<common::JsonObject> links, gpus, ports;
   for (const LinkUtilization& u : r.links) {
     links.push_back(
@@ -344,7 +346,9 @@ std::string to_text(const SimRun& r) {
     }
     o << "  (whole run, events included)\n";
   }
-  o << "simulator         " << r.events << " events in " << r.wall_seconds << " s wall\n";
+  o << "simulator         " << r.events << " events, " << r.frame_hops << " frame-hops in " << r.wall_seconds
+    << " s wall (" << (r.wall_seconds > 0 ? r.frame_hops / r.wall_seconds / 1e6 : 0.0)
+    << " M frame-hops/s on one core)\n";
   return o.str();
 }
 

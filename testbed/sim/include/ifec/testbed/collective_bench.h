@@ -58,7 +58,11 @@ struct CollectiveRow {
   uint64_t frames_lost = 0;
   uint64_t frames_lost_link_down = 0;
   std::vector<std::string> faults;
-  double wall_seconds = 0;
+  double wall_seconds = 0;  // the whole point: windows, inputs, the simulation, the fp64 reference and checks
+  // The simulation alone: its wall time, events run, and frame-hops (frames sent on any link, GPU or switch end).
+  double sim_seconds = 0;
+  uint64_t sim_events = 0;
+  uint64_t frame_hops = 0;
   bool modelled = false;  // extrapolated from simulated rows, not simulated
 };
 
@@ -86,6 +90,9 @@ OutputCheck check_outputs(const CollectivePoint& p, const std::vector<std::vecto
 std::string rows_header();
 // The row, then one indented "#   fault: ..." line per fault it met.
 std::string row_text(const CollectiveRow& r);
+// One comment line on how fast the simulator ran the point (wall times vary: kept out of row_text, which a
+// serial and a parallel sweep must print alike).
+std::string simulator_text(const CollectiveRow& r);
 std::string row_json(const CollectiveRow& r, const std::string& topology, const std::string& driver = "sim");
 
 }  // namespace ifec::testbed

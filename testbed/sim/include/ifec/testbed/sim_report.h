@@ -76,6 +76,7 @@ struct SimRun {
   common::TimeNs fare_converged_ns = 0;
   int fare_rounds = 0;
   uint64_t events = 0;
+  uint64_t frame_hops = 0;  // frames sent on any link, from a GPU or a switch
   double wall_seconds = 0;
 };
 
