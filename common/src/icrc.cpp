@@ -16,9 +16,9 @@ namespace ifec::common {
 namespace {
 
 // CRC-32 by carry-less multiplication (Gopal et al., "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ",
-// Intel 2009, with the reflected 0x04C11DB7 constants): four 128-bit lanes folded 64 bytes at a time, then into one
-// lane, then 16 bytes at a time, reduced to 64 bits and Barrett-reduced to 32. `crc` is the raw register in and out;
-// len >= 64 and a multiple of 16.
+// Intel 2009, with the reflected 0x04C11DB7 constants): four 128-bit lanes folded 64 bytes at a time (sixteen, 256
+// bytes at a time, with 512-bit VPCLMULQDQ), then into one lane, then 16 bytes at a time, reduced to 64 bits and
+// Barrett-reduced to 32. `crc` is the raw register in and out; len >= 64 and a multiple of 16.
 #define IFEC_PCLMUL __attribute__((target("pclmul,sse4.1")))
 
 IFEC_PCLMUL inline __m128i load(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
@@ -27,6 +27,13 @@ IFEC_PCLMUL inline __m128i load(const uint8_t* p) { return _mm_loadu_si128(reint
 IFEC_PCLMUL inline __m128i fold(__m128i x, __m128i k, __m128i next) {
   return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x11), _mm_clmulepi64_si128(x, k, 0x00)), next);
 }
+
+// Fold constants: x^(D+32) and x^(D-32) mod P, bit-reflected and shifted left by one, for a fold over D bits.
+constexpr int64_t kFold128Lo = 0x01751997d0, kFold128Hi = 0x00ccaa009e;    // D = 128
+constexpr int64_t kFold512Lo = 0x0154442bd4, kFold512Hi = 0x01c6e41596;    // D = 512
+constexpr int64_t kFold2048Lo = 0x011542778a, kFold2048Hi = 0x01322d1430;  // D = 2048
+
+IFEC_PCLMUL inline __m128i fold128_constants() { return _mm_set_epi64x(kFold128Hi, kFold128Lo); }
 
 // Four 512-bit registers (sixteen 128-bit lanes) folded 256 bytes at a time, then into one register, then its four
 // lanes into one: the 128-bit state that stands for every byte consumed (a multiple of 64, len >= 256 on entry).
@@ -49,52 +56,49 @@ IFEC_VPCLMUL __m128i fold_bulk_avx512(uint32_t crc, const uint8_t*& buf, size_t&
   __m512i x4 = load512(buf + 192);
   buf += 256;
   len -= 256;
-  // x^(2048+32), x^(2048-32) mod P, reflected, in every lane; then the 512-bit distance of the 128-bit loop's four
-  // lanes.
-  __m512i k = lanes(0x011542778a, 0x01322d1430);
+  // Each lane moves 2048 bits per step; then registers 512 bits apart are folded together.
+  __m512i k = lanes(kFold2048Lo, kFold2048Hi);
   for (; len >= 256; buf += 256, len -= 256) {
     x1 = fold512(x1, k, load512(buf));
     x2 = fold512(x2, k, load512(buf + 64));
     x3 = fold512(x3, k, load512(buf + 128));
     x4 = fold512(x4, k, load512(buf + 192));
   }
-  k = lanes(0x0154442bd4, 0x01c6e41596);
+  k = lanes(kFold512Lo, kFold512Hi);
   x1 = fold512(fold512(fold512(x1, k, x2), k, x3), k, x4);
   for (; len >= 64; buf += 64, len -= 64) {
     x1 = fold512(x1, k, load512(buf));
   }
   alignas(64) __m128i lane[4];
   _mm512_store_si512(reinterpret_cast<void*>(lane), x1);
-  const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
-  return fold(fold(fold(lane[0], k3k4, lane[1]), k3k4, lane[2]), k3k4, lane[3]);
+  const __m128i k128 = fold128_constants();
+  return fold(fold(fold(lane[0], k128, lane[1]), k128, lane[2]), k128, lane[3]);
 }
 
 // The same with four 128-bit lanes, 64 bytes at a time (len >= 64 on entry).
 IFEC_PCLMUL __m128i fold_bulk_sse(uint32_t crc, const uint8_t*& buf, size_t& len) {
-  alignas(16) static const uint64_t k1k2[] = {0x0154442bd4, 0x01c6e41596};  // x^(512+32), x^(512-32) mod P
   __m128i x1 = _mm_xor_si128(load(buf), _mm_cvtsi32_si128(static_cast<int>(crc)));
   __m128i x2 = load(buf + 16);
   __m128i x3 = load(buf + 32);
   __m128i x4 = load(buf + 48);
   buf += 64;
   len -= 64;
-  const __m128i k = _mm_load_si128(reinterpret_cast<const __m128i*>(k1k2));
+  const __m128i k = _mm_set_epi64x(kFold512Hi, kFold512Lo);
   for (; len >= 64; buf += 64, len -= 64) {
     x1 = fold(x1, k, load(buf));
     x2 = fold(x2, k, load(buf + 16));
     x3 = fold(x3, k, load(buf + 32));
     x4 = fold(x4, k, load(buf + 48));
   }
-  const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
-  return fold(fold(fold(x1, k3k4, x2), k3k4, x3), k3k4, x4);
+  const __m128i k128 = fold128_constants();
+  return fold(fold(fold(x1, k128, x2), k128, x3), k128, x4);
 }
 
 IFEC_PCLMUL uint32_t crc32_pclmul(uint32_t crc, const uint8_t* buf, size_t len, bool wide) {
-  alignas(16) static const uint64_t k3k4[] = {0x01751997d0, 0x00ccaa009e};  // x^(128+32), x^(128-32) mod P
   alignas(16) static const uint64_t k5k0[] = {0x0163cd6124, 0x0000000000};  // x^64 mod P
   alignas(16) static const uint64_t poly[] = {0x01db710641, 0x01f7011641};  // P(x)' and Barrett's mu
   __m128i x1 = wide ? fold_bulk_avx512(crc, buf, len) : fold_bulk_sse(crc, buf, len);
-  const __m128i k = _mm_load_si128(reinterpret_cast<const __m128i*>(k3k4));
+  const __m128i k = fold128_constants();
   for (; len >= 16; buf += 16, len -= 16) {
     x1 = fold(x1, k, load(buf));
   }

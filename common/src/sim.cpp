@@ -70,13 +70,13 @@ TimeNs EventLoop::next_event_time() const {
   return k == nullptr ? kForever : k->at;
 }
 
-std::function<void()> EventLoop::pop() {
-  const Key* w = earliest_in_wheel();
-  uint32_t slot;
-  TimeNs at;
-  if (w != nullptr && (events_.empty() || Later{}(events_.front(), *w))) {
-    slot = w->slot;
-    at = w->at;
+std::function<void()> EventLoop::pop(const Key* k) {
+  const uint32_t slot = k->slot;
+  const TimeNs at = k->at;
+  if (!events_.empty() && k == &events_.front()) {
+    std::pop_heap(events_.begin(), events_.end(), Later{});
+    events_.pop_back();
+  } else {
     Bucket& b = wheel_[at % kWheel];
     if (++b.head == b.keys.size()) {
       b.keys.clear();
@@ -84,11 +84,6 @@ std::function<void()> EventLoop::pop() {
       occupied_[(at % kWheel) / 64] &= ~(uint64_t{1} << ((at % kWheel) % 64));
     }
     --in_wheel_;
-  } else {
-    std::pop_heap(events_.begin(), events_.end(), Later{});
-    slot = events_.back().slot;
-    at = events_.back().at;
-    events_.pop_back();
   }
   base_ = std::max(base_, at);  // every event still in the wheel is at or after it
   std::function<void()> fn = std::move(slots_[slot]);
@@ -109,7 +104,7 @@ uint64_t EventLoop::run(TimeNs until) {
   uint64_t n = 0;
   for (const Key* k = earliest(); k != nullptr && k->at <= until; k = earliest()) {
     now_ = k->at;
-    pop()();
+    pop(k)();
     ++n;
     if ((++interrupt_tick_ & 0xFFFF) == 0 && t_interrupt_check && t_interrupt_check()) {
       events_run_ += n;
@@ -184,7 +179,7 @@ uint64_t RealtimeLoop::loop(TimeNs deadline, bool wait_for_more) {
       sleep(std::min(at, deadline));
       continue;
     }
-    std::function<void()> fn = queue_.pop();
+    std::function<void()> fn = queue_.pop(next);
     lock.unlock();  // the event may schedule more, on this loop or another
     fn();
     ++n;

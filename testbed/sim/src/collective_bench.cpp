@@ -233,12 +233,12 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
       c.fabric().schedule_link_state(l, false, c.loop().now() + e.at);
     }
   }
-  auto lost = [&](bool link_down) {
+  // One counter summed over both ends of every link.
+  auto over_links = [&](uint64_t common::PortCounters::*counter) {
     uint64_t total = 0;
     for (size_t l = 0; l < topo.links.size(); ++l) {
       for (int side = 0; side < 2; ++side) {
-        const auto& k = c.fabric().link(static_cast<int>(l)).end(side).counters();
-        total += link_down ? k.dropped_link_down : k.dropped_injected;
+        total += c.fabric().link(static_cast<int>(l)).end(side).counters().*counter;
       }
     }
     return total;
@@ -265,16 +265,7 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
     return v;
   };
   const auto links0 = per_link();
-  auto hops = [&] {
-    uint64_t total = 0;
-    for (size_t l = 0; l < topo.links.size(); ++l) {
-      for (int side = 0; side < 2; ++side) {
-        total += c.fabric().link(static_cast<int>(l)).end(side).counters().tx_frames;
-      }
-    }
-    return total;
-  };
-  const uint64_t hops0 = hops();
+  const uint64_t hops0 = over_links(&common::PortCounters::tx_frames);
   const uint64_t events0 = c.loop().events_run();
   const auto sim0 = std::chrono::steady_clock::now();
   CollectiveResult res;
@@ -291,12 +282,12 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   }
   row.sim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sim0).count();
   row.sim_events = c.loop().events_run() - events0;
-  row.frame_hops = hops() - hops0;
+  row.frame_hops = over_links(&common::PortCounters::tx_frames) - hops0;
   row.ok = res.ok;
   row.ran = res.algo;
   row.error = res.error.empty() && res.fell_back ? res.fallback_reason : res.error;
-  row.frames_lost = lost(false);
-  row.frames_lost_link_down = lost(true);
+  row.frames_lost = over_links(&common::PortCounters::dropped_injected);
+  row.frames_lost_link_down = over_links(&common::PortCounters::dropped_link_down);
   for (const std::string& f : p.fail) {
     row.faults.push_back("link down: " + f);
   }

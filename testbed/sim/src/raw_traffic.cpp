@@ -314,9 +314,8 @@ void RawTraffic::receive(int gpu, int pi, std::vector<uint8_t>&& frame) {
   }
   // Source GPU from the loopback: the fabric assigns them, so look it up rather than decode the scheme.
   const auto from = gpu_of_ip_.find(pf.h.ip.src);
-  const auto to = gpu_of_ip_.find(pf.h.ip.dst);
   const int src = from == gpu_of_ip_.end() ? -1 : from->second;
-  if (src < 0 || to == gpu_of_ip_.end() || to->second != gpu || flow_of_[src][gpu] < 0) {
+  if (src < 0 || pf.h.ip.dst != fabric_.gpu_ip(gpu) || flow_of_[src][gpu] < 0) {
     stats_.rx_bad_frames++;
     return;
   }

@@ -50,13 +50,13 @@ class EventLoop : public Clock {
   };
   friend class RealtimeLoop;
   void push(TimeNs at, std::function<void()> fn);
-  std::function<void()> pop();           // the earliest event's callback; now_ is not changed
-  const Key* earliest_in_wheel() const;  // null when the wheel is empty
-  const Key* earliest() const;           // null when no event waits
-  std::vector<Key> events_;              // binary heap ordered by Later: the earliest first
-  std::vector<Bucket> wheel_;            // [at % kWheel], for base_ <= at < base_ + kWheel
-  std::vector<uint64_t> occupied_;       // one bit per bucket
-  TimeNs base_ = 0;                      // no event in the wheel is earlier
+  std::function<void()> pop(const Key* k);  // takes out earliest()'s event, returns its callback; now_ unchanged
+  const Key* earliest_in_wheel() const;     // null when the wheel is empty
+  const Key* earliest() const;              // null when no event waits
+  std::vector<Key> events_;                 // binary heap ordered by Later: the earliest first
+  std::vector<Bucket> wheel_;               // [at % kWheel], for base_ <= at < base_ + kWheel
+  std::vector<uint64_t> occupied_;          // one bit per bucket
+  TimeNs base_ = 0;                         // no event in the wheel is earlier
   size_t in_wheel_ = 0;
   std::vector<std::function<void()>> slots_;
   std::vector<uint32_t> free_slots_;
