@@ -8,7 +8,9 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <utility>
 
 namespace ifec::common {
 
@@ -49,13 +51,13 @@ IFEC_VPCLMUL inline __m512i fold512(__m512i x, __m512i k, __m512i next) {
                                    0x96);  // a ^ b ^ c
 }
 
-IFEC_VPCLMUL __m128i fold_bulk_avx512(uint32_t crc, const uint8_t*& buf, size_t& len) {
-  __m512i x1 = _mm512_xor_si512(load512(buf), _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(crc))));
-  __m512i x2 = load512(buf + 64);
-  __m512i x3 = load512(buf + 128);
-  __m512i x4 = load512(buf + 192);
-  buf += 256;
-  len -= 256;
+// `first` holds the first 256 bytes (len >= 256 in all); `buf` and `len` what follows them, advanced past what is
+// folded here. Most calls pass first == buf - 256; the ICRC passes its masked head there, read in the same pass.
+IFEC_VPCLMUL __m128i fold_bulk_avx512(uint32_t crc, const uint8_t* first, const uint8_t*& buf, size_t& len) {
+  __m512i x1 = _mm512_xor_si512(load512(first), _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(crc))));
+  __m512i x2 = load512(first + 64);
+  __m512i x3 = load512(first + 128);
+  __m512i x4 = load512(first + 192);
   // Each lane moves 2048 bits per step; then registers 512 bits apart are folded together.
   __m512i k = lanes(kFold2048Lo, kFold2048Hi);
   for (; len >= 256; buf += 256, len -= 256) {
@@ -94,10 +96,10 @@ IFEC_PCLMUL __m128i fold_bulk_sse(uint32_t crc, const uint8_t*& buf, size_t& len
   return fold(fold(fold(x1, k128, x2), k128, x3), k128, x4);
 }
 
-IFEC_PCLMUL uint32_t crc32_pclmul(uint32_t crc, const uint8_t* buf, size_t len, bool wide) {
+// The 128-bit state folded on over the 16-byte blocks left (len a multiple of 16), then reduced to the register.
+IFEC_PCLMUL uint32_t fold_rest_and_reduce(__m128i x1, const uint8_t* buf, size_t len) {
   alignas(16) static const uint64_t k5k0[] = {0x0163cd6124, 0x0000000000};  // x^64 mod P
   alignas(16) static const uint64_t poly[] = {0x01db710641, 0x01f7011641};  // P(x)' and Barrett's mu
-  __m128i x1 = wide ? fold_bulk_avx512(crc, buf, len) : fold_bulk_sse(crc, buf, len);
   const __m128i k = fold128_constants();
   for (; len >= 16; buf += 16, len -= 16) {
     x1 = fold(x1, k, load(buf));
@@ -112,6 +114,19 @@ IFEC_PCLMUL uint32_t crc32_pclmul(uint32_t crc, const uint8_t* buf, size_t len, 
   __m128i t = _mm_and_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, mask32), p, 0x10), mask32);
   x1 = _mm_xor_si128(x1, _mm_clmulepi64_si128(t, p, 0x00));
   return static_cast<uint32_t>(_mm_extract_epi32(x1, 1));
+}
+
+IFEC_PCLMUL uint32_t crc32_pclmul(uint32_t crc, const uint8_t* buf, size_t len, bool wide) {
+  __m128i x1;
+  if (wide) {
+    const uint8_t* first = buf;
+    buf += 256;
+    len -= 256;
+    x1 = fold_bulk_avx512(crc, first, buf, len);
+  } else {
+    x1 = fold_bulk_sse(crc, buf, len);
+  }
+  return fold_rest_and_reduce(x1, buf, len);
 }
 
 bool have_pclmul() {
@@ -168,30 +183,74 @@ uint32_t crc32_update(uint32_t crc, const uint8_t* data, size_t len, CrcImpl imp
   return crc;
 }
 
-uint32_t compute_icrc(const uint8_t* ip, size_t len, size_t bth_offset) {
+namespace {
+
+constexpr uint32_t kLrhRegister = 0xDEBB20E3;  // the register after the masked LRH, 8 bytes of 0xFF
+
+// The register that `n` zero bytes turn into `crc`: the CRC's steps run backwards (x is invertible mod P, so each
+// step has exactly one predecessor). Prepending n zero bytes to data read from it gives the same CRC.
+constexpr uint32_t before_zeros(uint32_t crc, size_t n) {
+  for (size_t i = 0; i < 8 * n; ++i) {
+    crc = (crc & 0x80000000u) != 0 ? ((crc ^ 0xEDB88320u) << 1) | 1u : crc << 1;
+  }
+  return crc;
+}
+
+template <size_t... N>
+constexpr std::array<uint32_t, sizeof...(N)> lrh_registers(std::index_sequence<N...>) {
+  return {before_zeros(kLrhRegister, N)...};
+}
+
+// [pad]: the start register for an ICRC read after `pad` zero bytes.
+constexpr std::array<uint32_t, 16> kPaddedLrhRegister = lrh_registers(std::make_index_sequence<16>{});
+
+// Sets the variant fields of a copy of the headers to ones.
+void mask_variant_fields(uint8_t* h, size_t ihl_bytes, size_t bth_offset) {
+  h[1] = 0xFF;              // TOS: DSCP + ECN
+  h[8] = 0xFF;              // TTL
+  h[10] = h[11] = 0xFF;     // header checksum
+  h[ihl_bytes + 6] = 0xFF;  // UDP checksum
+  h[ihl_bytes + 7] = 0xFF;
+  h[bth_offset + 4] = 0xFF;  // BTH FECN, BECN, reserved
+}
+
+}  // namespace
+
+uint32_t compute_icrc(const uint8_t* ip, size_t len, size_t bth_offset, CrcImpl impl) {
   // The masked prefix: IP header (TOS, TTL, checksum), UDP header (checksum) and, for ECH frames, the ECH,
   // up to and including BTH byte 4. Everything after it is invariant and is read in place.
   constexpr size_t kMaxMasked = 60 + 8 + 24 + 12;  // IPv4 with options + UDP + ECH + BTH
   const size_t masked_len = bth_offset + 5;
-  uint32_t crc = 0xDEBB20E3;  // the register after the masked LRH, 8 bytes of 0xFF
   const size_t ihl_bytes = len > 0 ? size_t{static_cast<uint8_t>(ip[0] & 0x0F)} * 4 : 0;
   if (masked_len > len || masked_len > kMaxMasked || ihl_bytes < 20 || ihl_bytes + 8 > bth_offset) {
     return 0;  // callers validate lengths first; this keeps a bad call in bounds
   }
-  // The copy runs on past the masked fields to a multiple of 16 bytes, at least 64 (when the frame has them), so
-  // carry-less multiplication takes it in one piece.
+#if defined(__x86_64__)
+  // Frames of 256 bytes and more, in one pass of 512-bit folds: zero bytes in front bring the length to a multiple
+  // of 16 (so no byte tail), the start register is moved back over them, and the first 256 bytes are read from a
+  // masked copy.
+  if ((impl == CrcImpl::kAuto || impl == CrcImpl::kVpclmul) && len >= 256 && have_vpclmul()) {
+    const size_t pad = (16 - len % 16) % 16;
+    alignas(64) uint8_t first[256];
+    std::memset(first, 0, 16);
+    std::memcpy(first + pad, ip, 256 - pad);
+    mask_variant_fields(first + pad, ihl_bytes, bth_offset);
+    const uint8_t* rest = ip + (256 - pad);
+    size_t rest_len = len - (256 - pad);
+    const __m128i x1 = fold_bulk_avx512(kPaddedLrhRegister[pad], first, rest, rest_len);
+    return fold_rest_and_reduce(x1, rest, rest_len) ^ 0xFFFFFFFF;
+  }
+#endif
+  // Otherwise in two pieces: the copy runs on past the masked fields to a multiple of 16 bytes, at least 64 (when the
+  // frame has them), so carry-less multiplication takes it in one piece; then the rest in place.
   const size_t whole = std::max<size_t>(64, (masked_len + 15) & ~size_t{15});
   const size_t head = whole <= len ? whole : masked_len;
   uint8_t buf[kMaxMasked + 16];
   std::memcpy(buf, ip, head);
-  buf[1] = 0xFF;              // TOS: DSCP + ECN
-  buf[8] = 0xFF;              // TTL
-  buf[10] = buf[11] = 0xFF;   // header checksum
-  buf[ihl_bytes + 6] = 0xFF;  // UDP checksum
-  buf[ihl_bytes + 7] = 0xFF;
-  buf[bth_offset + 4] = 0xFF;  // BTH FECN, BECN, reserved
-  crc = crc32_update(crc, buf, head);
-  crc = crc32_update(crc, ip + head, len - head);
+  mask_variant_fields(buf, ihl_bytes, bth_offset);
+  const CrcImpl rest_impl = impl == CrcImpl::kVpclmul ? CrcImpl::kAuto : impl;
+  uint32_t crc = crc32_update(kLrhRegister, buf, head, rest_impl);
+  crc = crc32_update(crc, ip + head, len - head, rest_impl);
   return crc ^ 0xFFFFFFFF;
 }
 

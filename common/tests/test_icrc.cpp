@@ -71,6 +71,54 @@ TEST(Crc32, EveryLengthAndAlignmentEqualsTheBitwiseDefinition) {
   EXPECT_GE(tried, 2);
 }
 
+// The ICRC's own definition, bit by bit: CRC-32 over 8 bytes of 0xFF, then a copy of the frame with the variant
+// fields set to ones. Against it, every implementation at every length from the masked prefix up (one-pass path
+// from 256 bytes on, with each of the 16 front paddings), for plain RoCEv2 and ECH-sized BTH offsets.
+TEST(Icrc, EveryLengthEqualsTheBitwiseDefinition) {
+  auto bitwise = [](uint32_t crc, const uint8_t* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      crc ^= p[i];
+      for (int b = 0; b < 8; ++b) {
+        crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+      }
+    }
+    return crc;
+  };
+  std::vector<uint8_t> frame(4200);
+  uint32_t x = 777;
+  for (uint8_t& b : frame) {
+    x = x * 1103515245u + 12345u;
+    b = static_cast<uint8_t>(x >> 16);
+  }
+  frame[0] = 0x45;  // IPv4, 20-byte header
+  const uint8_t ff[8] = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
+  std::vector<size_t> lengths;
+  for (size_t len = 33; len <= 700; ++len) {
+    lengths.push_back(len);
+  }
+  for (size_t len = 4080; len <= 4200; ++len) {
+    lengths.push_back(len);
+  }
+  for (size_t bth : {size_t{28}, size_t{52}}) {  // UDP then BTH; UDP, a 24-byte ECH, then BTH
+    for (size_t len : lengths) {
+      if (len < bth + 5) {
+        continue;
+      }
+      std::vector<uint8_t> masked(frame.begin(), frame.begin() + static_cast<long>(len));
+      for (size_t off : {size_t{1}, size_t{8}, size_t{10}, size_t{11}, size_t{26}, size_t{27}, bth + 4}) {
+        masked[off] = 0xFF;
+      }
+      const uint32_t want = bitwise(bitwise(0xFFFFFFFFu, ff, 8), masked.data(), len) ^ 0xFFFFFFFFu;
+      for (CrcImpl impl : {CrcImpl::kAuto, CrcImpl::kZlib, CrcImpl::kPclmul, CrcImpl::kVpclmul}) {
+        if (crc_impl_available(impl)) {
+          ASSERT_EQ(compute_icrc(frame.data(), len, bth, impl), want)
+              << len << " bytes, BTH at " << bth << ", implementation " << static_cast<int>(impl);
+        }
+      }
+    }
+  }
+}
+
 TEST(Icrc, MatchesHandComputedFrame) { EXPECT_EQ(icrc_of(kWriteOnly), kExpectedIcrc); }
 
 TEST(Icrc, SeedEqualsCrcOfMaskedLrh) {

@@ -8,13 +8,13 @@
 
 namespace ifec::common {
 
-// `ip` points at the IPv4 header; `len` counts bytes from there up to (not including) the ICRC;
-// `bth_offset` is the BTH's offset from `ip` (20 + 8 for plain RoCEv2; more with IP options or ECH).
-uint32_t compute_icrc(const uint8_t* ip, size_t len, size_t bth_offset);
-
-// How crc32_update computes: the fastest the CPU has (kAuto), or one way only (tests compare them all).
+// How a CRC is computed: the fastest the CPU has (kAuto), or one way only (tests compare them all).
 enum class CrcImpl : uint8_t { kAuto, kZlib, kPclmul, kVpclmul };
 bool crc_impl_available(CrcImpl impl);
+
+// `ip` points at the IPv4 header; `len` counts bytes from there up to (not including) the ICRC;
+// `bth_offset` is the BTH's offset from `ip` (20 + 8 for plain RoCEv2; more with IP options or ECH).
+uint32_t compute_icrc(const uint8_t* ip, size_t len, size_t bth_offset, CrcImpl impl = CrcImpl::kAuto);
 
 // Plain reflected CRC-32 (IEEE 802.3), for tests and reuse: crc32_update(0xFFFFFFFF, ...) ^ 0xFFFFFFFF. `crc` is the
 // raw register in and out.
