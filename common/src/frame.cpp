@@ -28,8 +28,39 @@ size_t header_bytes(const FrameHeaders& h) {
          ext_header_bytes(info);
 }
 
+namespace {
+
+// Buffers of frames that ended, kept for the next ones built on this thread (last in, first out: the buffer a
+// receiver just read is still in the cache). Two sizes, so that a small frame does not take a full-sized buffer.
+constexpr size_t kSmallFrame = 512;
+constexpr size_t kPoolBuffers = 512;
+thread_local std::vector<std::vector<uint8_t>> t_pool[2];
+
+std::vector<uint8_t> take_buffer(size_t bytes) {
+  std::vector<std::vector<uint8_t>>& pool = t_pool[bytes > kSmallFrame];
+  if (pool.empty()) {
+    return {};
+  }
+  std::vector<uint8_t> out = std::move(pool.back());
+  pool.pop_back();
+  return out;
+}
+
+}  // namespace
+
+void recycle_frame(std::vector<uint8_t>&& frame) {
+  if (frame.capacity() == 0) {
+    return;
+  }
+  std::vector<std::vector<uint8_t>>& pool = t_pool[frame.capacity() > kSmallFrame];
+  if (pool.size() < kPoolBuffers) {
+    frame.clear();
+    pool.push_back(std::move(frame));
+  }
+}
+
 std::vector<uint8_t> encode_frame(const FrameHeaders& h, const uint8_t* payload, size_t payload_size) {
-  std::vector<uint8_t> out;
+  std::vector<uint8_t> out = take_buffer(header_bytes(h) + payload_size + 8);
   encode_frame_into(h, payload, payload_size, &out);
   return out;
 }

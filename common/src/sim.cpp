@@ -5,21 +5,26 @@
 #include <thread>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/frame.h"
 
 namespace ifec::common {
 
 void EventLoop::schedule(TimeNs at, std::function<void()> fn) { push(std::max(at, now_), std::move(fn)); }
 
-void EventLoop::push(TimeNs at, std::function<void()> fn) {
+void EventLoop::schedule_reading(TimeNs at, std::function<void()> fn, const void* data, size_t bytes) {
+  push(std::max(at, now_), std::move(fn), data, bytes);
+}
+
+void EventLoop::push(TimeNs at, std::function<void()> fn, const void* reads, size_t read_bytes) {
   uint32_t slot;
   if (free_slots_.empty()) {
     slot = static_cast<uint32_t>(slots_.size());
-    slots_.push_back(std::move(fn));
+    slots_.emplace_back();
   } else {
     slot = free_slots_.back();
     free_slots_.pop_back();
-    slots_[slot] = std::move(fn);
   }
+  slots_[slot] = Slot{std::move(fn), static_cast<const uint8_t*>(reads), read_bytes};
   const Key k{at, seq_++, slot};
   if (at >= base_ && at - base_ < kWheel) {
     if (wheel_.empty()) {
@@ -86,10 +91,21 @@ std::function<void()> EventLoop::pop(const Key* k) {
     --in_wheel_;
   }
   base_ = std::max(base_, at);  // every event still in the wheel is at or after it
-  std::function<void()> fn = std::move(slots_[slot]);
-  slots_[slot] = nullptr;
+  std::function<void()> fn = std::move(slots_[slot].fn);
+  slots_[slot].fn = nullptr;
   free_slots_.push_back(slot);
   return fn;
+}
+
+void EventLoop::prefetch_next() const {
+  const Key* k = earliest();
+  if (k == nullptr) {
+    return;
+  }
+  const Slot& s = slots_[k->slot];
+  for (size_t off = 0; off < s.read_bytes; off += 64) {
+    __builtin_prefetch(s.reads + off, 0, 3);
+  }
 }
 
 namespace {
@@ -104,7 +120,9 @@ uint64_t EventLoop::run(TimeNs until) {
   uint64_t n = 0;
   for (const Key* k = earliest(); k != nullptr && k->at <= until; k = earliest()) {
     now_ = k->at;
-    pop(k)();
+    std::function<void()> fn = pop(k);
+    prefetch_next();
+    fn();
     ++n;
     if ((++interrupt_tick_ & 0xFFFF) == 0 && t_interrupt_check && t_interrupt_check()) {
       events_run_ += n;
@@ -265,11 +283,15 @@ bool LinkPort::send(std::vector<uint8_t>&& frame) {
     }
   }
   in_flight_.push_back({std::move(frame), link_.epoch_});
-  clock.schedule(done + link_.cfg_.delay_ns, [this, peer] {
+  const std::vector<uint8_t>& sent = in_flight_.back().frame;
+  auto arrive = [this, peer] {
     InFlight f = std::move(in_flight_.front());
     in_flight_.pop_front();
     peer->deliver(std::move(f.frame), f.epoch);
-  });
+    recycle_frame(std::move(f.frame));  // unless its receiver kept it (a switch queued it, say)
+  };
+  clock.schedule_reading(done + link_.cfg_.delay_ns, std::move(arrive), sent.data(),
+                         std::min(sent.size(), peer->read_on_arrival_));
   return true;
 }
 

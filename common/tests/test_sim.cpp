@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "ifec/common/pfc.h"
@@ -83,6 +84,27 @@ TEST(EventLoop, ManyEventsNearAndFarRunInTimeThenSchedulingOrder) {
     ASSERT_EQ(ran[i].second, planned[i].seq) << i;
   }
   EXPECT_GT(ran.size(), 6000u);
+}
+
+// A prefetch hint changes nothing but the cache: events scheduled with one run in the same time and scheduling
+// order as plain ones, and a hint at memory that is gone by then (a freed frame, a null pointer) is harmless.
+TEST(EventLoop, EventsThatSayWhatTheyReadRunInTheSameOrder) {
+  EventLoop loop;
+  std::vector<int> order;
+  auto gone = std::make_unique<std::vector<uint8_t>>(4096, 1);
+  const uint8_t* stale = gone->data();
+  gone.reset();
+  loop.schedule_reading(
+      10, [&] { order.push_back(1); }, stale, 4096);
+  loop.schedule(10, [&] { order.push_back(2); });
+  loop.schedule_reading(
+      5, [&] { order.push_back(0); }, nullptr, 0);
+  loop.schedule_reading(
+      9000, [&] { order.push_back(4); }, stale, 64);  // beyond the wheel: in the heap
+  loop.schedule_reading(
+      10, [&] { order.push_back(3); }, stale, 100000);
+  EXPECT_EQ(loop.run(), 5u);
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
 }
 
 TEST(Link, OneFrameArrivesAfterSerializationPlusPropagation) {

@@ -52,6 +52,7 @@ Fabric::Fabric(common::Clock& clock, const routing::Topology& topo, FabricOption
         gp.link = l.id;
         gp.plane = l.plane;
         gp.io = &link.end(side);
+        link.end(side).set_read_on_arrival(SIZE_MAX);  // the NIC checks the ICRC: it reads every byte
         gp.mac = node_port_mac(topo_, node, port);
         gp.peer_mac = node_port_mac(topo_, ends[1 - side][0], ends[1 - side][1]);
         gpu_ports_[nd.gpu_index].push_back(gp);

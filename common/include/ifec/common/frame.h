@@ -58,8 +58,13 @@ size_t header_bytes(const FrameHeaders& h);
 // Encodes a frame. The opcode decides which extension headers are written; those must be present in `h`
 // (an error naming the missing header is thrown otherwise). Fills ip.total_length, the IP checksum,
 // udp.length, udp.dst_port (4791, or kEchUdpPort when h.ech is set), bth.pad_count and the ICRC.
+// encode_frame builds into a buffer recycle_frame gave back on this thread when there is one.
 std::vector<uint8_t> encode_frame(const FrameHeaders& h, const uint8_t* payload, size_t payload_size);
 void encode_frame_into(const FrameHeaders& h, const uint8_t* payload, size_t payload_size, std::vector<uint8_t>* out);
+
+// Gives the buffer of a frame that has ended back for encode_frame to reuse (a bounded pool per thread); an
+// empty or moved-from vector is ignored.
+void recycle_frame(std::vector<uint8_t>&& frame);
 
 // What a switch needs from a frame to forward it, read without trusting the buffer: IPv4 addresses, DSCP/ECN,
 // TTL and the UDP ports (flow hash). Only Ethernet + IPv4 (+ UDP ports when present) are checked.

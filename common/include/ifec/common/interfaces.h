@@ -22,6 +22,13 @@ class Clock {
   virtual TimeNs now() const = 0;
   // Runs `fn` at time `at` (or as soon as possible if `at` has passed). Callbacks run one at a time.
   virtual void schedule(TimeNs at, std::function<void()> fn) = 0;
+  // The same for an event that will read `bytes` at `data` first (a frame arriving): a loop may fetch them into the
+  // cache while the event before it runs. Only a hint: loops may ignore it, and `data` may be gone by then.
+  virtual void schedule_reading(TimeNs at, std::function<void()> fn, const void* data, size_t bytes) {
+    (void)data;
+    (void)bytes;
+    schedule(at, std::move(fn));
+  }
 };
 
 class Port {
