@@ -146,3 +146,51 @@ TEST(Reduce, MinMaxAndNonFinite) {
   EXPECT_EQ(mx[1], 5);
   EXPECT_EQ(count_non_finite(EchDtype::kFp32, reinterpret_cast<const uint8_t*>(b.data()), 3), 1u);
 }
+
+// The vectorizable loops of accumulate, finalize and count_non_finite against the element-by-element definition
+// (load_element, combine, store_element, std::isfinite), for every dtype, op and first/not first, on inputs with
+// Inf, NaN, negative zero, subnormals and the largest finite values among ordinary ones.
+TEST(Reduce, FastLoopsEqualTheElementwiseDefinition) {
+  const std::vector<float> special = {INFINITY, -INFINITY, NAN, -0.0f, 1e-40f, -1e-40f, 3.4e38f, -3.4e38f, 65504.0f};
+  for (EchDtype t : {EchDtype::kFp32, EchDtype::kInt32, EchDtype::kFp16, EchDtype::kBf16}) {
+    const size_t n = 301;
+    const size_t es = ech_dtype_size(t);
+    std::vector<uint8_t> a(n * es);
+    std::vector<uint8_t> b(n * es);
+    uint32_t x = 99;
+    for (size_t i = 0; i < n; ++i) {
+      x = x * 1103515245u + 12345u;
+      Acc va;
+      Acc vb;
+      if (t == EchDtype::kInt32) {
+        va.i = static_cast<int32_t>(x);
+        vb.i = static_cast<int32_t>(x * 7u + 3u);
+      } else {
+        va.f = i % 7 == 0 ? special[(i / 7) % special.size()] : static_cast<float>(x % 2001) / 64.0f - 15.0f;
+        vb.f = i % 11 == 0 ? special[(i / 11) % special.size()] : static_cast<float>((x >> 8) % 999) / 32.0f;
+      }
+      store_element(t, va, a.data(), i);
+      store_element(t, vb, b.data(), i);
+    }
+    size_t want_bad = 0;
+    for (size_t i = 0; i < n && t != EchDtype::kInt32; ++i) {
+      want_bad += !std::isfinite(load_element(t, a.data(), i).f);
+    }
+    EXPECT_EQ(count_non_finite(t, a.data(), n), want_bad) << ech_dtype_name(t);
+    if (t != EchDtype::kInt32) {
+      EXPECT_GT(want_bad, 0u) << ech_dtype_name(t);
+    }
+    for (EchRedOp op : {EchRedOp::kSum, EchRedOp::kMin, EchRedOp::kMax}) {
+      std::vector<Acc> acc(n);
+      accumulate(t, op, acc.data(), a.data(), n, true);
+      accumulate(t, op, acc.data(), b.data(), n, false);
+      std::vector<uint8_t> got(n * es);
+      finalize(t, acc.data(), got.data(), n);
+      std::vector<uint8_t> want(n * es);
+      for (size_t i = 0; i < n; ++i) {
+        store_element(t, combine(t, op, load_element(t, a.data(), i), load_element(t, b.data(), i)), want.data(), i);
+      }
+      EXPECT_EQ(got, want) << ech_dtype_name(t) << " " << ech_redop_name(op);
+    }
+  }
+}
