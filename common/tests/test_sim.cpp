@@ -1,5 +1,6 @@
 // Drivers: event ordering, exact link timing against the analytic formula, link failure, wall-clock loop, PFC frames.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -91,9 +92,10 @@ TEST(EventLoop, ManyEventsNearAndFarRunInTimeThenSchedulingOrder) {
 TEST(EventLoop, EventsThatSayWhatTheyReadRunInTheSameOrder) {
   EventLoop loop;
   std::vector<int> order;
-  auto gone = std::make_unique<std::vector<uint8_t>>(4096, 1);
-  const uint8_t* stale = gone->data();
-  gone.reset();
+  void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(page, MAP_FAILED);
+  munmap(page, 4096);
+  const auto* stale = static_cast<const uint8_t*>(page);  // unmapped by now
   loop.schedule_reading(
       10, [&] { order.push_back(1); }, stale, 4096);
   loop.schedule(10, [&] { order.push_back(2); });

@@ -16,10 +16,6 @@ using common::TimeNs;
 
 namespace {
 
-common::TimeNs wall_ns(std::chrono::milliseconds ms) {
-  return static_cast<TimeNs>(std::chrono::duration_cast<std::chrono::nanoseconds>(ms).count());
-}
-
 Poster post_to(common::RealtimeLoop& loop) {
   common::RealtimeLoop* l = &loop;
   return [l](std::function<void()> fn) { l->schedule(l->now(), std::move(fn)); };
