@@ -638,14 +638,10 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
             reply(r);
             return;
           }
-          auto inputs = std::make_shared<std::vector<std::vector<uint8_t>>>(testbed::collective_inputs(p, n, a.count));
-          if (a.count > 0) {
-            std::memcpy(ep->memory().window(kBuf)->data, (*inputs)[comm->rank()].data(),
-                        (*inputs)[comm->rank()].size());
-          }
+          testbed::collective_input(p, comm->rank(), a.count, ep->memory().window(kBuf)->data);
           // Every rank holds its input before any rank starts (a peer's first store must not land before this
           // rank's own input is written, which would overwrite it).
-          comm->bootstrap().barrier([this, a, p, inputs, reply, n, kBuf](workloads::Gathered g) {
+          comm->bootstrap().barrier([this, a, p, reply, n, kBuf](workloads::Gathered g) {
             if (!g.ok) {
               v1::RunReply r;
               r.set_error("entry barrier: " + g.error);
@@ -654,7 +650,7 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
             }
             auto tx0 = std::make_shared<std::vector<uint64_t>>(plane_tx_bytes());
             auto links0 = std::make_shared<std::vector<std::array<uint64_t, 3>>>(link_bytes());
-            comm->run(a, p.algo, [this, a, p, inputs, reply, n, kBuf, tx0, links0](workloads::CollectiveResult res) {
+            comm->run(a, p.algo, [this, a, p, reply, n, kBuf, tx0, links0](workloads::CollectiveResult res) {
               testbed::CollectiveRow row;
               row.point = p;
               row.ok = res.ok;
@@ -680,13 +676,10 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
               const bool holds = p.kind != workloads::Collective::kReduce || comm->rank() == a.root;
               if (res.ok && holds && p.kind != workloads::Collective::kReduceScatter &&
                   p.kind != workloads::Collective::kAllGather) {
-                // Broadcast: the reference is the root's input (the check takes the source first).
-                std::vector<std::vector<uint8_t>> in = *inputs;
-                if (p.kind == workloads::Collective::kMulticast) {
-                  std::swap(in[0], in[a.root]);
-                }
-                const testbed::OutputCheck chk = testbed::check_outputs(
-                    p, in, p.algo != workloads::Algo::kIfec || res.fell_back, {ep->memory().window(kBuf)->data});
+                // Broadcast: the reference is the root's input.
+                const testbed::OutputCheck chk =
+                    testbed::check_outputs(p, n, a.count, p.algo != workloads::Algo::kIfec || res.fell_back,
+                                           {ep->memory().window(kBuf)->data}, a.root);
                 row.wrong = chk.wrong;
                 row.max_rel_error = chk.max_rel_error;
                 row.ok = row.wrong == 0;

@@ -70,26 +70,26 @@ struct Reference {
 // The reference of every element, computed once for all members that hold a result. Bound per element: every fp32
 // accumulation step may round (n steps), and the output type rounds once in the switch or once per ring step:
 // |err| <= (n * 2^-24 + steps * unit) * sum |x_i| (min/max: one rounding of the result).
-Reference reference_of(const CollectivePoint& p, const std::vector<std::vector<uint8_t>>& inputs, int n,
-                       bool rounds_per_step) {
-  const uint64_t count = inputs[0].size() / element_size(p.dtype);
+Reference reference_of(const CollectivePoint& p, int n, uint64_t count, bool rounds_per_step, int source) {
   const double unit = p.dtype == EchDtype::kBf16   ? 1.0 / 256
                       : p.dtype == EchDtype::kFp16 ? 1.0 / 2048
                       : p.dtype == EchDtype::kFp32 ? 1.0 / 16777216
                                                    : 0;
   const double steps = rounds_per_step ? n : 1;
   const double fp32_steps = p.dtype == EchDtype::kInt32 ? 0 : n / 16777216.0;
-  const int sources = p.kind == Collective::kMulticast ? 1 : n;  // multicast: the root's (member 0's) bytes
+  const bool multicast = p.kind == Collective::kMulticast;  // the source's bytes alone
   const bool sum = p.op == EchRedOp::kSum;
   Reference r;
   r.value.resize(count);
   r.bound.assign(count, 0);  // sum |x_i| first, then the bound
   std::vector<double> v(count);
-  for (int m = 0; m < sources; ++m) {  // member by member: the same order of additions as element by element
-    common::load_elements(p.dtype, inputs[m].data(), count, v.data());
+  std::vector<uint8_t> input(count * element_size(p.dtype));
+  for (int k = 0; k < (multicast ? 1 : n); ++k) {  // member by member: the same additions as element by element
+    collective_input(p, multicast ? source : k, count, input.data());
+    common::load_elements(p.dtype, input.data(), count, v.data());
     for (uint64_t i = 0; i < count; ++i) {
       r.bound[i] += std::fabs(v[i]);
-      r.value[i] = m == 0                   ? v[i]
+      r.value[i] = k == 0                   ? v[i]
                    : sum                    ? r.value[i] + v[i]
                    : p.op == EchRedOp::kMin ? std::min(r.value[i], v[i])
                                             : std::max(r.value[i], v[i]);
@@ -97,11 +97,11 @@ Reference reference_of(const CollectivePoint& p, const std::vector<std::vector<u
   }
   for (uint64_t i = 0; i < count; ++i) {
     double& ref = r.value[i];
-    const double magnitude = !sum || p.kind == Collective::kMulticast ? std::fabs(ref) : r.bound[i];
+    const double magnitude = !sum || multicast ? std::fabs(ref) : r.bound[i];
     if (p.dtype == EchDtype::kInt32 && sum) {
       ref = static_cast<double>(static_cast<int32_t>(static_cast<uint32_t>(static_cast<int64_t>(ref))));
     }
-    r.bound[i] = (p.kind == Collective::kMulticast ? 0 : fp32_steps + steps * unit) * magnitude + 1e-30;
+    r.bound[i] = (multicast ? 0 : fp32_steps + steps * unit) * magnitude + 1e-30;
   }
   return r;
 }
@@ -117,36 +117,30 @@ uint64_t mix(uint64_t x) {
 
 }  // namespace
 
-std::vector<std::vector<uint8_t>> collective_inputs(const CollectivePoint& p, int n, uint64_t count) {
+void collective_input(const CollectivePoint& p, int member, uint64_t count, uint8_t* out) {
   // Bell-shaped floats of mean 0 and variance 1 (the sum of four uniforms, Irwin-Hall, scaled), or small integers
-  // for int32 so that sums stay meaningful; element i of member g from (seed, g, i) alone.
-  const size_t es = element_size(p.dtype);
-  std::vector<std::vector<uint8_t>> inputs(n);
-  for (int g = 0; g < n; ++g) {
-    inputs[g].resize(count * es);
-    const uint64_t stream = mix(p.seed * 7919 + static_cast<uint64_t>(g));
-    for (uint64_t i = 0; i < count; ++i) {
-      const uint64_t r = mix(stream ^ (i * 0xD1B54A32D192ED03ull));
-      common::Acc a;
-      if (p.dtype == EchDtype::kInt32) {
-        a.i = static_cast<int32_t>(r % 2001) - 1000;
-      } else {
-        const double u = static_cast<double>((r & 0xFFFF) + ((r >> 16) & 0xFFFF) + ((r >> 32) & 0xFFFF) + (r >> 48));
-        a.f = static_cast<float>((u / 65536.0 - 2.0) * 1.7320508075688772);  // sqrt(3): variance 1
-      }
-      common::store_element(p.dtype, a, inputs[g].data(), i);
+  // for int32 so that sums stay meaningful; element i of the member from (seed, member, i) alone.
+  const uint64_t stream = mix(p.seed * 7919 + static_cast<uint64_t>(member));
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t r = mix(stream ^ (i * 0xD1B54A32D192ED03ull));
+    common::Acc a;
+    if (p.dtype == EchDtype::kInt32) {
+      a.i = static_cast<int32_t>(r % 2001) - 1000;
+    } else {
+      const double u = static_cast<double>((r & 0xFFFF) + ((r >> 16) & 0xFFFF) + ((r >> 32) & 0xFFFF) + (r >> 48));
+      a.f = static_cast<float>((u / 65536.0 - 2.0) * 1.7320508075688772);  // sqrt(3): variance 1
     }
+    common::store_element(p.dtype, a, out, i);
   }
-  return inputs;
 }
 
-OutputCheck check_outputs(const CollectivePoint& p, const std::vector<std::vector<uint8_t>>& inputs,
-                          bool rounds_per_step, const std::vector<const uint8_t*>& outputs) {
+OutputCheck check_outputs(const CollectivePoint& p, int n, uint64_t count, bool rounds_per_step,
+                          const std::vector<const uint8_t*>& outputs, int source) {
   OutputCheck c;
-  if (p.kind == Collective::kBarrier || inputs.empty() || inputs[0].empty()) {
+  if (p.kind == Collective::kBarrier || n <= 0 || count == 0) {
     return c;
   }
-  const Reference ref = reference_of(p, inputs, static_cast<int>(inputs.size()), rounds_per_step);
+  const Reference ref = reference_of(p, n, count, rounds_per_step, source);
   std::vector<double> got(ref.value.size());
   std::vector<double> scale(ref.value.size());  // what an error is relative to
   for (uint64_t i = 0; i < ref.value.size(); ++i) {
@@ -221,11 +215,8 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
                      << " MiB");
   c.allocate_window(kBuf, buf);
   c.allocate_window(kScratch, scratch);
-  const std::vector<std::vector<uint8_t>> inputs = collective_inputs(p, n, row.count);
   for (int g = 0; g < n; ++g) {
-    if (!inputs[g].empty()) {
-      std::memcpy(c.window_data(g, kBuf), inputs[g].data(), inputs[g].size());
-    }
+    collective_input(p, g, row.count, c.window_data(g, kBuf));  // straight into the window: no copy kept
   }
   for (const std::string& f : p.fail) {
     LinkEvent e = parse_link_event(topo, f, false);
@@ -322,7 +313,7 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
     for (int g : p.kind == Collective::kReduce ? std::vector<int>{s.root} : s.members) {
       outs.push_back(c.window_data(g, kBuf));
     }
-    const OutputCheck chk = check_outputs(p, inputs, p.algo != Algo::kIfec || row.fell_back, outs);
+    const OutputCheck chk = check_outputs(p, n, row.count, p.algo != Algo::kIfec || row.fell_back, outs, s.root);
     row.wrong = chk.wrong;
     row.max_rel_error = chk.max_rel_error;
     if (row.wrong > 0) {

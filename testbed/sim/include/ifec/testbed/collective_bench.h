@@ -74,18 +74,19 @@ std::vector<CollectiveRow> run_collective_points(
     const routing::Topology& topo, const std::vector<CollectivePoint>& points, unsigned jobs,
     const std::function<void(size_t done, size_t total, const std::string& running)>& progress = {});
 
-// The inputs of a point's members (member m starts with inputs[m]): a function of (seed, dtype, n, count) only, so
-// live ranks regenerate every member's to check their own result.
-std::vector<std::vector<uint8_t>> collective_inputs(const CollectivePoint& p, int n, uint64_t count);
-// Elements of the result buffers `outputs` outside the rounding bound of the fp64 reference of `inputs`
-// (rounds_per_step: the endpoint path rounds once per ring step; the switch once; broadcast: inputs[0] is the
-// source's).
+// Writes the input member `member` of a point starts with (count elements) to `out`: a function of (seed, dtype,
+// member, count) only, so the check regenerates every member's rather than keeping copies, and live ranks check
+// their own result the same way.
+void collective_input(const CollectivePoint& p, int member, uint64_t count, uint8_t* out);
+// Elements of the result buffers `outputs` (count elements each) outside the rounding bound of the fp64 reference
+// of members 0..n-1's inputs (rounds_per_step: the endpoint path rounds once per ring step; the switch once;
+// broadcast: the reference is member `source`'s input).
 struct OutputCheck {
   uint64_t wrong = 0;
   double max_rel_error = 0;
 };
-OutputCheck check_outputs(const CollectivePoint& p, const std::vector<std::vector<uint8_t>>& inputs,
-                          bool rounds_per_step, const std::vector<const uint8_t*>& outputs);
+OutputCheck check_outputs(const CollectivePoint& p, int n, uint64_t count, bool rounds_per_step,
+                          const std::vector<const uint8_t*>& outputs, int source = 0);
 
 std::string rows_header();
 // The row, then one indented "#   fault: ..." line per fault it met.
