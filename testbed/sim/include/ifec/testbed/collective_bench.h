@@ -67,7 +67,7 @@ struct CollectiveRow {
 };
 
 CollectiveRow run_collective_point(const routing::Topology& topo, const CollectivePoint& p);
-// Independent points on `jobs` threads, the largest first; a point whose windows and inputs (about 3 x bytes x
+// Independent points on `jobs` threads, the largest first; a point whose windows and check (about 2 x bytes x
 // GPUs) would not fit beside the running ones' waits for them. Rows in the order of `points`, each what a serial
 // run_collective_point gives (a point's failure is its row's error). `progress(done, total, running)` after each.
 std::vector<CollectiveRow> run_collective_points(
