@@ -175,6 +175,7 @@ def test_collective_arguments_are_checked(build_dir, repo, args, message):
      "unknown option '--frobnicate'"),
     (["bench", "collectives", "--max-sim", "abc"], "--max-sim 'abc' is not a size"),
     (["bench", "property", "--cases", "0"], "--cases '0' outside 1.."),
+    (["bench", "sim", "--runs", "0"], "--runs '0' outside 1.."),
     (["pcap"], "expected 1 argument(s), got 0"),
 ])
 def test_other_arguments_are_checked(build_dir, repo, args, message):

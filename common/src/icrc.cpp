@@ -159,6 +159,26 @@ bool crc_impl_available(CrcImpl impl) {
   return true;
 }
 
+CrcImpl crc_impl_in_use() {
+  return crc_impl_available(CrcImpl::kVpclmul)  ? CrcImpl::kVpclmul
+         : crc_impl_available(CrcImpl::kPclmul) ? CrcImpl::kPclmul
+                                                : CrcImpl::kZlib;
+}
+
+const char* crc_impl_name(CrcImpl impl) {
+  switch (impl) {
+    case CrcImpl::kAuto:
+      return crc_impl_name(crc_impl_in_use());
+    case CrcImpl::kZlib:
+      return "zlib (table)";
+    case CrcImpl::kPclmul:
+      return "PCLMULQDQ (128-bit)";
+    case CrcImpl::kVpclmul:
+      return "VPCLMULQDQ (512-bit)";
+  }
+  return "?";
+}
+
 uint32_t crc32_update(uint32_t crc, const uint8_t* data, size_t len, CrcImpl impl) {
   // The simulator computes an ICRC for every frame it puts on a link and checks it at every receiver: this is its
   // hottest loop (37% of the instructions of a 64 x 4 all-to-all with zlib alone). Bulk 16-byte blocks go through

@@ -15,6 +15,7 @@
 #include "args.h"
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
+#include "ifec/common/icrc.h"
 #include "ifec/common/samples.h"
 #include "ifec/endpoint/ring_bench.h"
 #include "ifec/live/bench.h"
@@ -26,6 +27,7 @@
 #include "ifec/testbed/moe_bench.h"
 #endif
 #include "ifec/testbed/sim_report.h"
+#include "ifec/testbed/sim_speed.h"
 
 namespace {
 
@@ -430,6 +432,48 @@ int run_bench_collectives(const Args& a) {
   return 0;
 }
 
+// The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none).
+std::string cpu_model() {
+  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+  std::string model = "unknown CPU";
+  if (f == nullptr) {
+    return model;
+  }
+  char line[512];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    const std::string l = line;
+    if (l.rfind("model name", 0) == 0 && l.find(':') != std::string::npos) {
+      model = l.substr(l.find(':') + 2);
+      model.erase(model.find_last_not_of(" \n") + 1);
+      break;
+    }
+  }
+  std::fclose(f);
+  return model;
+}
+
+int run_bench_sim(const Args& a) {
+  const bool quick = a.has("--quick");
+  const int runs = static_cast<int>(ifec::cli::parse_uint(a.get("--runs", quick ? "3" : "5"), "--runs", 1, 100));
+  std::printf("# simulator speed: frame-hops (frames sent on any link) per wall-second of the simulation, one core\n");
+  std::printf("# CPU: %s; ICRC by %s; goal: 5 M frame-hops/s\n", cpu_model().c_str(),
+              ifec::common::crc_impl_name(ifec::common::CrcImpl::kAuto));
+  std::fflush(stdout);
+  std::vector<tb::SpeedRow> rows;
+  for (const tb::SpeedScenario& s : tb::speed_scenarios(IFEC_TOPOLOGY_DIR, quick, runs)) {
+    std::fprintf(stderr, "bench sim: %s %s of %llu B on %s, %d run(s)...\n", s.allreduce ? "AllReduce" : "all-to-all",
+                 s.allreduce ? wl::algo_name(s.algo) : "", static_cast<unsigned long long>(s.bytes),
+                 s.topo_path.c_str(), s.runs);
+    rows.push_back(tb::measure_speed(ifec::routing::load_topology(s.topo_path), s));
+  }
+  std::printf("%s", tb::speed_table(rows).c_str());
+  std::printf(
+      "# best: the fastest run (the machine's noise only slows runs down); AllReduce: the simulation alone, apart\n"
+      "# from inputs, fp64 reference and checks. On wires: bytes the fabric holds at line rate (rate x delay, both\n"
+      "# directions); more than a core's cache share means arriving frames are read from memory.\n");
+  return 0;
+}
+
 int run_bench_property(const Args& a) {
   if (a.has("--case")) {
     const tb::PropertyCase c = tb::random_case(ifec::cli::parse_uint(a.get("--case"), "--case"));
@@ -640,6 +684,15 @@ std::vector<Command> commands() {
                   kTopoOption},
                  0},
                 run_bench_collectives});
+  cs.push_back({{"bench sim",
+                 "[--quick] [--runs N]",
+                 "The simulator's own speed: frame-hops per wall-second on one core for the 64 x 4 all-to-all, the\n"
+                 "same code on 8 x 2, and the 64 MiB AllReduce (ring and in-fabric), with the bytes each fabric\n"
+                 "holds on its wires and the ICRC implementation this CPU allows.",
+                 {{"--quick", "", "smaller sizes (256 KiB per pair, 16 MiB AllReduce), 3 runs"},
+                  {"--runs", "N", "runs of each all-to-all (default 5; the AllReduce runs once)"}},
+                 0},
+                run_bench_sim});
   cs.push_back({{"bench property",
                  "[--cases N] [--seconds S] [--seed S] [--case SEED] [--verbose]",
                  "Randomized property check: in-fabric AllReduce, reduce, multicast, MoE combine and dispatch on\n"
@@ -699,7 +752,7 @@ int main(int argc, char** argv) {
   int skip = 2;
   if (name == "bench") {
     if (argc < 3 || std::string(argv[2]).rfind("-", 0) == 0) {
-      std::fprintf(stderr, "ifec bench: name a benchmark: endpoint, collectives, live, property%s\n",
+      std::fprintf(stderr, "ifec bench: name a benchmark: endpoint, collectives, live, property, sim%s\n",
 #ifdef IFEC_HAVE_MOE
                    ", moe"
 #else

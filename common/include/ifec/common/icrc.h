@@ -11,6 +11,9 @@ namespace ifec::common {
 // How a CRC is computed: the fastest the CPU has (kAuto), or one way only (tests compare them all).
 enum class CrcImpl : uint8_t { kAuto, kZlib, kPclmul, kVpclmul };
 bool crc_impl_available(CrcImpl impl);
+// The implementation kAuto takes for a frame-sized buffer on this CPU, and a name for reports.
+CrcImpl crc_impl_in_use();
+const char* crc_impl_name(CrcImpl impl);
 
 // `ip` points at the IPv4 header; `len` counts bytes from there up to (not including) the ICRC;
 // `bth_offset` is the BTH's offset from `ip` (20 + 8 for plain RoCEv2; more with IP options or ECH).

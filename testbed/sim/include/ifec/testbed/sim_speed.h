@@ -1,0 +1,50 @@
+// The simulator's own speed: frame-hops (frames sent on any link, by a GPU or a switch) per wall-second of the
+// simulation on one core, for raw all-to-all traffic and for AllReduce, best and median of several runs (these
+// machines are noisy), beside what bounds it: the bytes the fabric holds on its wires at line rate (a frame that
+// arrives after more than a core's cache share of newer frames is read from memory) and the CPU's ICRC path.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ifec/routing/topology.h"
+#include "ifec/workloads/communicator.h"
+
+namespace ifec::testbed {
+
+struct SpeedScenario {
+  std::string topo_path;
+  bool allreduce = false;  // false: raw all-to-all, `bytes` per ordered pair; true: AllReduce of `bytes`
+  workloads::Algo algo = workloads::Algo::kRing;
+  uint64_t bytes = 0;
+  int runs = 1;
+};
+
+struct SpeedRow {
+  SpeedScenario scenario;
+  std::string topology;
+  uint64_t frame_hops = 0;  // the same in every run (the simulation is deterministic; checked)
+  uint64_t events = 0;
+  std::vector<double> seconds;  // each run's simulation, wall-clock
+  double point_seconds = 0;     // AllReduce: the last run's whole point (windows, inputs, fp64 reference, checks)
+  double wire_bytes = 0;        // wire_bytes_in_flight(topology)
+  double best() const;
+  double median() const;
+  double best_rate() const { return best() > 0 ? frame_hops / best() : 0; }  // frame-hops per second
+};
+
+// Bytes on all the fabric's wires at once when every link direction runs at line rate: sum of rate x delay.
+double wire_bytes_in_flight(const routing::Topology& topo);
+
+// 64 x 4 all-to-all (1 MiB per pair; 256 KiB quick), the same code on 8 x 2 (64 MiB; 16 MiB quick), and the 64 x 4
+// AllReduce, ring and in-fabric (64 MiB; 16 MiB quick); topologies from `topo_dir`.
+std::vector<SpeedScenario> speed_scenarios(const std::string& topo_dir, bool quick, int runs);
+
+// Runs `s` on `topo` s.runs times. Throws Error when a run fails or two runs disagree on the frame-hops.
+SpeedRow measure_speed(const routing::Topology& topo, const SpeedScenario& s);
+
+// One line per row, under a header naming the columns.
+std::string speed_table(const std::vector<SpeedRow>& rows);
+
+}  // namespace ifec::testbed

@@ -1,0 +1,50 @@
+// The speed bench's counts against hand-computed ones: bytes on the wires, frame-hops of an all-to-all.
+#include <gtest/gtest.h>
+
+#include "ifec/common/checks.h"
+#include "ifec/common/icrc.h"
+#include "ifec/testbed/sim_speed.h"
+
+using namespace ifec;
+
+// 8 GPUs x 2 planes x 2 sub-links of 400 Gb/s (800 Gb/s ports split in two), 500 ns each way: 32 links, 2
+// directions, 25,000 bytes each.
+TEST(SimSpeed, WireBytesAreRateTimesDelayOverEveryLinkDirection) {
+  EXPECT_DOUBLE_EQ(testbed::wire_bytes_in_flight(routing::make_superpod(8, 2, 800, 2, 500)), 1'600'000.0);
+  EXPECT_DOUBLE_EQ(testbed::wire_bytes_in_flight(routing::make_superpod(8, 2, 800, 2, 50)), 160'000.0);
+}
+
+// Every ordered pair sends bytes / MTU frames, each crossing GPU -> switch -> GPU: two frame-hops. The same count
+// in every run (the runs are compared inside measure_speed), and each run's time recorded.
+TEST(SimSpeed, AllToAllFrameHopsAreTwoPerFrameAndEqualInEveryRun) {
+  const routing::Topology topo = routing::make_superpod(8, 2);
+  testbed::SpeedScenario s;
+  s.bytes = 64 * 1024;
+  s.runs = 2;
+  const testbed::SpeedRow r = testbed::measure_speed(topo, s);
+  const uint64_t frames = 8 * 7 * (s.bytes / topo.params.mtu);
+  EXPECT_EQ(r.frame_hops, 2 * frames);
+  EXPECT_GE(r.events, r.frame_hops);  // a transmission's end and an arrival per frame-hop, at least
+  ASSERT_EQ(r.seconds.size(), 2u);
+  EXPECT_GT(r.best(), 0);
+  EXPECT_LE(r.best(), r.median());
+  EXPECT_GT(r.best_rate(), 0);
+}
+
+TEST(SimSpeed, AllReduceRunsAndBadRunCountsAreRefused) {
+  const routing::Topology topo = routing::make_superpod(8, 2);
+  testbed::SpeedScenario s;
+  s.allreduce = true;
+  s.algo = workloads::Algo::kIfec;
+  s.bytes = 256 * 1024;
+  const testbed::SpeedRow r = testbed::measure_speed(topo, s);
+  EXPECT_GT(r.frame_hops, 0u);
+  EXPECT_GE(r.point_seconds, r.best());
+  s.runs = 0;
+  EXPECT_THROW(testbed::measure_speed(topo, s), common::Error);
+}
+
+TEST(SimSpeed, IcrcImplementationIsNamed) {
+  EXPECT_TRUE(common::crc_impl_available(common::crc_impl_in_use()));
+  EXPECT_STRNE(common::crc_impl_name(common::CrcImpl::kAuto), "?");
+}
