@@ -130,7 +130,7 @@ uint8_t float_to_fp8_e4m3(float f) {
 }
 
 Acc load_element(EchDtype t, const uint8_t* data, size_t i) {
-  Acc a;
+  Acc a{};
   switch (t) {
     case EchDtype::kFp32:
       std::memcpy(&a.f, data + 4 * i, 4);
@@ -203,7 +203,7 @@ void store_element(EchDtype t, Acc v, uint8_t* data, size_t i) {
 }
 
 Acc combine(EchDtype t, EchRedOp op, Acc a, Acc b) {
-  Acc r;
+  Acc r{};
   if (t == EchDtype::kInt32) {
     switch (op) {
       case EchRedOp::kSum:
@@ -236,6 +236,9 @@ Acc combine(EchDtype t, EchRedOp op, Acc a, Acc b) {
 void accumulate(EchDtype t, EchRedOp op, Acc* acc, const uint8_t* src, size_t n, bool first) {
   static_assert(sizeof(Acc) == 4, "an accumulator lane holds one fp32 or int32");
   // The common cases in loops the compiler vectorizes (the same additions, in the same order).
+  if (n == 0) {
+    return;  // (and no null pointer reaches memcpy)
+  }
   if (first && (t == EchDtype::kFp32 || t == EchDtype::kInt32)) {
     std::memcpy(acc, src, 4 * n);
     return;
@@ -264,7 +267,7 @@ void accumulate(EchDtype t, EchRedOp op, Acc* acc, const uint8_t* src, size_t n,
 }
 
 void finalize(EchDtype t, const Acc* acc, uint8_t* dst, size_t n) {
-  if (t == EchDtype::kFp32 || t == EchDtype::kInt32) {
+  if (n > 0 && (t == EchDtype::kFp32 || t == EchDtype::kInt32)) {
     std::memcpy(dst, acc, 4 * n);
     return;
   }

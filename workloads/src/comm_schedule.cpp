@@ -518,10 +518,13 @@ void Run::post(uint32_t x) {
   endpoint::OpHandle h = ep.store(xf.peer, xf.dst_window, xf.dst_offset, src, xf.len);
   xfer_posted_[x] = 1;
   std::weak_ptr<bool> alive = alive_;
-  auto done = [this, alive, x](const endpoint::OpState& st) {
+  common::Clock& clock = comm_.clock();
+  auto done = [this, &clock, alive, x](const endpoint::OpState& st) {
+    // A store may complete after its run was abandoned and destroyed: touch nothing of the run until `alive` says
+    // it is still there (the clock outlives every run).
     const bool ok = st.ok();
     const std::string error = st.error;
-    comm_.clock().schedule(comm_.clock().now(), [this, alive, x, ok, error] {
+    clock.schedule(clock.now(), [this, alive, x, ok, error] {
       if (auto a = alive.lock(); a && *a && !over_) {
         xfer_done(x, ok, error);
       }
