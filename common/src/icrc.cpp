@@ -37,8 +37,7 @@ constexpr int64_t kFold2048Lo = 0x011542778a, kFold2048Hi = 0x01322d1430;  // D 
 
 IFEC_PCLMUL inline __m128i fold128_constants() { return _mm_set_epi64x(kFold128Hi, kFold128Lo); }
 
-// Four 512-bit registers (sixteen 128-bit lanes) folded 256 bytes at a time, then into one register, then its four
-// lanes into one: the 128-bit state that stands for every byte consumed (a multiple of 64, len >= 256 on entry).
+// 512-bit VPCLMULQDQ: sixteen 128-bit lanes in four registers.
 #define IFEC_VPCLMUL __attribute__((target("vpclmulqdq,avx512f,avx512vl,pclmul,sse4.1")))
 
 IFEC_VPCLMUL inline __m512i load512(const uint8_t* p) { return _mm512_loadu_si512(reinterpret_cast<const void*>(p)); }
@@ -51,8 +50,10 @@ IFEC_VPCLMUL inline __m512i fold512(__m512i x, __m512i k, __m512i next) {
                                    0x96);  // a ^ b ^ c
 }
 
-// `first` holds the first 256 bytes (len >= 256 in all); `buf` and `len` what follows them, advanced past what is
-// folded here. Most calls pass first == buf - 256; the ICRC passes its masked head there, read in the same pass.
+// Four 512-bit registers folded 256 bytes at a time, then into one register, then its four lanes into one: the
+// 128-bit state that stands for every byte consumed. `first` holds the first 256 bytes; `buf` and `len` what follows
+// them, advanced past the multiples of 64 folded here. Most calls pass first == buf - 256; the ICRC passes its
+// masked head there, read in the same pass.
 IFEC_VPCLMUL __m128i fold_bulk_avx512(uint32_t crc, const uint8_t* first, const uint8_t*& buf, size_t& len) {
   __m512i x1 = _mm512_xor_si512(load512(first), _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(crc))));
   __m512i x2 = load512(first + 64);

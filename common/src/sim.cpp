@@ -24,7 +24,10 @@ void EventLoop::push(TimeNs at, std::function<void()> fn, const void* reads, siz
     slot = free_slots_.back();
     free_slots_.pop_back();
   }
-  slots_[slot] = Slot{std::move(fn), static_cast<const uint8_t*>(reads), read_bytes};
+  Slot& s = slots_[slot];
+  s.fn = std::move(fn);
+  s.reads = static_cast<const uint8_t*>(reads);
+  s.read_bytes = read_bytes;
   const Key k{at, seq_++, slot};
   if (at >= base_ && at - base_ < kWheel) {
     if (wheel_.empty()) {

@@ -444,10 +444,10 @@ std::vector<CollectiveRow> run_collective_points(
   std::stable_sort(pj.order.begin(), pj.order.end(),
                    [&](size_t a, size_t b) { return points[a].bytes > points[b].bytes; });
   const uint64_t gpus = static_cast<uint64_t>(topo.num_gpus());
-  // Two windows per GPU (buffer, scratch), and the check's fp64 reference beside one member's regenerated input:
-  // five doubles per element, 20 bytes per byte of bf16.
+  // Two windows per GPU (buffer, scratch), and the check: five doubles per element (at most 20 bytes per byte, for
+  // bf16) beside one member's regenerated input.
   pj.need = [&](size_t i) { return (2 * gpus + 21) * std::max<uint64_t>(points[i].bytes, 4096); };
-  pj.budget = kMemoryBudget;
+  pj.budget = std::min(kMemoryBudget, host_memory_budget());  // a smaller machine runs fewer points at once
   pj.label = [&](size_t i) {
     std::ostringstream os;
     os << points[i].bytes << " B " << workloads::algo_name(points[i].algo);
