@@ -140,6 +140,20 @@ def test_amdahl_legend_says_how_much_faster_and_covers_no_label():
         assert not box.overlaps(a.get_window_extent(renderer)), a.get_text()
 
 
+def test_wire_bytes_legend_covers_no_bar():
+    rows = [dict(variant="baseline (best: tree)", plane=p, bytes=129 * 2**20) for p in range(4)] + \
+           [dict(variant="ifec", plane=p, bytes=67 * 2**20) for p in range(4)]
+    fig = reports.wire_bytes_figure(rows, context="AllReduce of 4 MiB on 64 GPUs")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    box = ax.get_legend().get_window_extent(renderer)
+    bars = [p for p in ax.patches if p.get_height() > 0]
+    assert len(bars) == 8
+    for bar in bars:
+        assert not box.overlaps(bar.get_window_extent(renderer)), bar
+
+
 def test_wire_and_speedup_plots_say_what_was_measured():
     rows = [dict(variant="baseline (ring)", plane=p, bytes=2e6) for p in range(2)] + \
            [dict(variant="ifec", plane=p, bytes=1e6) for p in range(2)]

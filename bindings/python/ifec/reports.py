@@ -363,7 +363,10 @@ def wire_bytes_figure(rows, context=None):
     ax.set_title(_wire_title(variants, planes, table) + ("\n" + textwrap.fill(context, 90) if context else ""),
                  fontsize="medium")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend()
+    # The legend in a band of headroom above the tallest bar, one row, so it covers no bar.
+    tallest = max(table.values()) / 2**20
+    ax.set_ylim(0, max(1e-9, 1.25 * tallest))
+    ax.legend(loc="upper center", ncol=len(variants), fontsize="small")
     return fig
 
 
