@@ -88,7 +88,8 @@ def main(argv=None):
     rows.extend(point.values())
     amdahl = reports.plot_amdahl(f"{args.out}/amdahl.png", measured=dict(
         ring_time_s=ring["time_us"] * 1e-6, ifec_time_s=inc["time_us"] * 1e-6,
-        label=f"this testbed [driver: sim; communication only, no GPU profile]: {amdahl_size >> 20} MiB on {args.amdahl_gpus} GPUs, best ({ring['ran']}) "
+        label=f"this testbed [driver: sim; communication only, no GPU profile]:\n"
+              f"{amdahl_size >> 20} MiB on {args.amdahl_gpus} GPUs, best ({ring['ran']}) "
               f"{ring['time_us']:.0f} us vs in-switch {inc['time_us']:.0f} us"))
     reports.write_json(f"{args.out}/allreduce.json", rows)
     reports.write_csv(f"{args.out}/allreduce.csv", rows)
