@@ -74,10 +74,10 @@ std::vector<CollectiveRow> run_collective_points(
     const routing::Topology& topo, const std::vector<CollectivePoint>& points, unsigned jobs,
     const std::function<void(size_t done, size_t total, const std::string& running)>& progress = {});
 
-// Writes the input member `member` of a point starts with (count elements) to `out`: a function of (seed, dtype,
-// member, count) only, so the check regenerates every member's rather than keeping copies, and live ranks check
-// their own result the same way.
-void collective_input(const CollectivePoint& p, int member, uint64_t count, uint8_t* out);
+// Writes elements first..first+count-1 of the input member `member` of a point starts with to `out`: each element a
+// function of (seed, dtype, member, element index) only, so the check regenerates every member's rather than
+// keeping copies, and live ranks check their own result the same way.
+void collective_input(const CollectivePoint& p, int member, uint64_t count, uint8_t* out, uint64_t first = 0);
 // Elements of the result buffers `outputs` (count elements each) outside the rounding bound of the fp64 reference
 // of members 0..n-1's inputs (rounds_per_step: the endpoint path rounds once per ring step; the switch once;
 // broadcast: the reference is member `source`'s input).
