@@ -125,6 +125,33 @@ def test_bad_descriptors_complete_with_errors_and_the_ring_goes_on(fab):
     assert rc == 1 and "no descriptor ring of hostd 'gpu9'" in err
 
 
+def test_a_wrong_rkey_between_hostds_is_naked_and_the_qp_pair_reconnects(fab):
+    """A store from gpu0 into gpu1 under a wrong rkey (raw, as ibv_post_send takes it) is NAKed with a remote access
+    error, which puts gpu1's responder of that QP into the error state. gpu0 renumbers the QP's work, asks gpu1's
+    hostd to reset its responder (Host.ResetResponder) and sends nothing new until it has: operations between the
+    two GPUs then complete, and a second wrong rkey fails the same way (not by a timeout)."""
+    import grpc
+    _, pb, _ = live._grpc()
+
+    def counters(node):
+        return fab.stub(node).Counters(pb.Empty(), timeout=5).values
+
+    bad = pb.PeerOpsRequest(peer_gpu=1, rkey=0x0BAD0BAD, vaddr=0x1000, size=64, write=b"\x55" * 64)
+    before0, before1 = counters("gpu0"), counters("gpu1")
+    for attempt in (1, 2):
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            fab.stub("gpu0").PeerOps(bad, timeout=30)
+        assert e.value.code() == grpc.StatusCode.ABORTED and "remote_access_error" in e.value.details(), \
+            e.value.details()
+        assert time.monotonic() - t0 < 5, "the NAK came back late: a retransmission timeout, not the NAK"
+        _ok(fab.run("allreduce", algo="ring", bytes=256 * 1024, seed=30 + attempt))
+    after0, after1 = counters("gpu0"), counters("gpu1")
+    assert after1["access_naks_sent"] - before1["access_naks_sent"] >= 2
+    assert after0["reconnects"] - before0["reconnects"] == 2
+    assert after0["reconnects_refused"] == before0["reconnects_refused"]
+
+
 def test_bf16_and_int32_sums(fab):
     _ok(fab.run("allreduce", algo="ifec", bytes=128 * 1024, dtype="bf16", seed=2))
     _ok(fab.run("allreduce", algo="ifec", bytes=128 * 1024, dtype="int32", seed=2))

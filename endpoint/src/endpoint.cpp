@@ -104,10 +104,21 @@ Endpoint::Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<Endpoin
       qps_.push_back(std::make_unique<QueuePair>(clock_, qc, memory_, [this, id] { wake_qp(id); }));
       qps_.back()->on_write(
           [this, peer](uint32_t rkey, uint64_t va, uint64_t len) { remote_written(peer, rkey, va, len); });
-      qps_.back()->on_reconnect([this, peer, q](uint32_t psn) {
+      qps_.back()->on_reconnect([this, peer, q, id](uint32_t psn) {
         counters_.reconnects++;
+        std::weak_ptr<bool> alive = alive_;
+        ResetDone done = [this, alive, id, psn](const std::string& error) {
+          const auto a = alive.lock();
+          if (!a || !*a) {
+            return;  // the endpoint is gone
+          }
+          counters_.reconnects_refused += error.empty() ? 0 : 1;
+          qps_[id]->peer_reset(psn, error.empty());
+        };
         if (cm_) {
-          cm_(peer, static_cast<int>(q), psn);
+          cm_(peer, static_cast<int>(q), psn, std::move(done));
+        } else {
+          done("");
         }
       });
     }
@@ -276,6 +287,7 @@ std::vector<std::pair<std::string, uint64_t>> Endpoint::named_counters() const {
           {"pfc_pauses", k.pfc_pauses},
           {"path_migrations", k.path_migrations},
           {"reconnects", k.reconnects},
+          {"reconnects_refused", k.reconnects_refused},
           {"retransmits", k.qp.retransmits},
           {"timeouts", k.qp.timeouts},
           {"duplicates", k.qp.duplicates},

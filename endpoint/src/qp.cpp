@@ -128,8 +128,11 @@ bool QueuePair::has_frame() const {
   if (!out_.empty()) {
     return true;
   }
-  if (send_idx_ >= sq_.size()) {
-    return false;
+  if (send_idx_ >= sq_.size() || awaiting_peer_) {
+    return false;  // peer_reset() wakes us
+  }
+  if (reconnect_pending_ && psn_diff(sq_[send_idx_].psn, reconnect_psn_) >= 0) {
+    return false;  // the reconnect wakes us
   }
   if (psn_diff(send_psn_, go_back_psn()) >= static_cast<int32_t>(cfg_.max_outstanding)) {
     return false;
@@ -183,6 +186,9 @@ std::vector<uint8_t> QueuePair::request_frame() {
     }
     if (reconnect_pending_ && psn_diff(w.psn, reconnect_psn_) >= 0) {
       return {};  // after a fatal NAK only work before the failure may still go out
+    }
+    if (awaiting_peer_) {
+      return {};  // renumbered: the peer's responder does not expect these PSNs yet
     }
     const uint32_t psn = send_psn_;
     const bool retransmit = max_sent_ != 0xFFFFFF && psn_diff(psn, max_sent_) <= 0;
@@ -360,15 +366,37 @@ void QueuePair::reconnect_after(uint32_t failed_psn) {
   last_progress_ = clock_.now();
   timer_armed_ = false;
   ++timer_generation_;
-  if (reconnect_) {
-    reconnect_(base);
-  }
+  // Nothing goes out under the new numbering until the peer's responder expects it (peer_reset); the retransmit
+  // timer still runs over the waiting work, so a peer that never answers ends in kRetryExceeded, not a hang.
+  awaiting_peer_ = static_cast<bool>(reconnect_);
+  awaited_psn_ = base;
   complete_in_order();  // reports the failed request (it is at or near the front) and resets the send cursor
   send_idx_ = 0;
   while (send_idx_ < sq_.size() && sq_[send_idx_].finished) {
     ++send_idx_;
   }
   send_psn_ = send_idx_ < sq_.size() ? sq_[send_idx_].psn : next_psn_;
+  if (!timer_armed_ && outstanding()) {
+    arm_timer();
+  }
+  if (reconnect_) {
+    reconnect_(base);  // may answer peer_reset at once (an in-process peer)
+  }
+  wake_();
+}
+
+void QueuePair::peer_reset(uint32_t psn, bool ok) {
+  if (!awaiting_peer_ || psn != awaited_psn_ || error_) {
+    return;  // a late answer to an earlier reconnect, or the QP already gave up
+  }
+  awaiting_peer_ = false;
+  if (!ok) {
+    fail_all(OpStatus::kRetryExceeded);  // the peer could not be reached to reset its responder
+    return;
+  }
+  retries_ = 0;  // time spent waiting for the peer is not the new requests' retry budget
+  rto_ = base_rto();
+  last_progress_ = clock_.now();
   wake_();
 }
 

@@ -55,7 +55,11 @@ struct Pair {
     for (int i = 0; i < 2; ++i) {
       ep[i]->memory().allocate_window(kData, kWindow, i == 1 ? job_b : 1);
       ep[i]->memory().allocate_window(kFlag, 4096, i == 1 ? job_b : 1);
-      ep[i]->set_connection_manager([this, i](int peer, int q, uint32_t psn) { ep[peer]->reset_responder(i, q, psn); });
+      ep[i]->set_connection_manager(
+          [this, i](int peer, int q, uint32_t psn, const endpoint::Endpoint::ResetDone& done) {
+            ep[peer]->reset_responder(i, q, psn);
+            done("");
+          });
     }
     for (int i = 0; i < 2; ++i) {
       for (uint16_t w : {kData, kFlag}) {
@@ -210,6 +214,69 @@ TEST(Endpoint, ProtectionViolationsAreNakedMemoryUnchangedAndTheQpRecovers) {
   EXPECT_EQ(std::memcmp(p.mem(1, kData) + 100'000, good.data(), good.size()), 0);
   EXPECT_GE(p.ep[1]->counters().qp.access_naks_sent, 4u);
   EXPECT_GE(p.ep[0]->counters().reconnects, 4u);
+}
+
+// A connection manager that answers later (a live peer reached over the control network): nothing of the new
+// numbering may reach the peer's responder before it is reset, or it would meet the error state and fail too.
+TEST(Endpoint, AfterAFatalNakNothingIsSentUntilThePeerConfirmsItsReset) {
+  Pair p(Ordering::kPartial, 1, 0);
+  int resets = 0;
+  TimeNs reset_at = 0;
+  uint64_t requests_before_reset = 0;
+  p.ep[0]->set_connection_manager([&](int peer, int q, uint32_t psn, const endpoint::Endpoint::ResetDone& done) {
+    p.loop.schedule(p.loop.now() + 50'000, [&p, &resets, &reset_at, &requests_before_reset, peer, q, psn, done] {
+      requests_before_reset = p.ep[peer]->counters().qp.rx_requests;
+      p.ep[peer]->reset_responder(0, q, psn);
+      ++resets;
+      reset_at = p.loop.now();
+      done("");
+    });
+  });
+  const endpoint::WindowInfo& w = *p.ep[1]->memory().window(kData);
+  const auto junk = pattern(3000, 5);
+  OpHandle bad = p.ep[0]->store_raw(1, 0, w.va, w.rkey ^ 0x10, junk.data(), junk.size());
+  const auto good = pattern(5000, 6);
+  OpHandle after = p.ep[0]->store(1, kData, 4096, good.data(), good.size());
+  TimeNs after_done_at = 0;
+  ASSERT_FALSE(after->done());
+  after->on_done = [&](const endpoint::OpState&) { after_done_at = p.loop.now(); };
+  ASSERT_TRUE(p.wait({bad, after}));
+  EXPECT_EQ(bad->status, OpStatus::kRemoteAccessError);
+  EXPECT_TRUE(after->ok()) << after->error;
+  EXPECT_EQ(resets, 1);
+  // The bad store and `after`'s two packets (5000 B at a 4096 B MTU), sent under the old numbering before the NAK
+  // came back; nothing under the new one.
+  EXPECT_EQ(p.ep[0]->config().mtu, 4096u);
+  EXPECT_EQ(requests_before_reset, 3u) << "requests of the new numbering reached the responder before its reset";
+  EXPECT_GE(after_done_at, reset_at + 1'000) << "the store completed before the peer was reset";
+  EXPECT_EQ(std::memcmp(p.mem(1, kData) + 4096, good.data(), good.size()), 0);
+  EXPECT_EQ(p.ep[1]->counters().qp.access_naks_sent, 1u) << "a request met the responder still in error";
+}
+
+// A manager that cannot reach the peer fails the waiting work at once; one that never answers lets the retransmit
+// timer end it. Either way nothing hangs, and later work fails fast instead of queueing forever.
+TEST(Endpoint, AReconnectThePeerNeverConfirmsEndsInRetryExceeded) {
+  for (const bool refuse : {true, false}) {
+    Pair p(Ordering::kPartial, 1, 0);
+    p.ep[0]->set_connection_manager([refuse](int, int, uint32_t, const endpoint::Endpoint::ResetDone& done) {
+      if (refuse) {
+        done("peer 1's daemon is unreachable");
+      }
+    });
+    const endpoint::WindowInfo& w = *p.ep[1]->memory().window(kData);
+    const auto junk = pattern(3000, 5);
+    OpHandle bad = p.ep[0]->store_raw(1, 0, w.va, w.rkey ^ 0x10, junk.data(), junk.size());
+    const auto good = pattern(5000, 6);
+    OpHandle after = p.ep[0]->store(1, kData, 4096, good.data(), good.size());
+    ASSERT_TRUE(p.wait({bad, after})) << (refuse ? "refused" : "never answered") << ": the QP hung";
+    EXPECT_EQ(bad->status, OpStatus::kRemoteAccessError);
+    EXPECT_EQ(after->status, OpStatus::kRetryExceeded) << (refuse ? "refused" : "never answered");
+    EXPECT_EQ(p.ep[0]->counters().reconnects_refused, refuse ? 1u : 0u);
+    EXPECT_EQ(p.ep[1]->counters().qp.access_naks_sent, 1u);
+    OpHandle later = p.ep[0]->store(1, kData, 0, good.data(), 64);
+    ASSERT_TRUE(p.wait({later}));
+    EXPECT_EQ(later->status, OpStatus::kRetryExceeded);
+  }
 }
 
 TEST(Endpoint, WrongJobIsNaked) {

@@ -329,4 +329,48 @@ void GrpcBootstrap::allgather(std::vector<uint8_t> mine, std::function<void(work
   });
 }
 
+// --------------------------------------------------------------------------------------- responder reset --
+
+void reset_peer_responder(EpollLoop& loop, std::weak_ptr<bool> alive, const std::string& who,
+                          const std::string& address, int requester_gpu, int qp, uint32_t psn,
+                          common::TimeNs deadline_ns, int attempts,
+                          std::function<void(const std::string& error)> done) {
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::ResetResponderRequest req;
+    v1::Empty reply;
+    std::unique_ptr<v1::Host::Stub> stub;
+  };
+  auto c = std::make_shared<Call>();
+  c->req.set_requester_gpu(requester_gpu);
+  c->req.set_qp(static_cast<uint32_t>(qp));
+  c->req.set_psn(psn);
+  c->stub = v1::Host::NewStub(daemon_channel(address));
+  c->ctx.set_deadline(deadline_after(deadline_ns));
+  EpollLoop* lp = &loop;
+  c->stub->async()->ResetResponder(&c->ctx, &c->req, &c->reply, [=](grpc::Status st) {
+    if (alive.expired()) {
+      return;  // the loop may be gone
+    }
+    const bool retry =
+        !st.ok() && attempts > 1 &&
+        (st.error_code() == grpc::StatusCode::UNAVAILABLE || st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+    const std::string error = st.ok() ? "" : describe(who, address, st);
+    lp->schedule(0, [c, lp, alive, retry, error, who, address, requester_gpu, qp, psn, deadline_ns, attempts, done] {
+      if (alive.expired()) {
+        return;
+      }
+      if (!retry) {
+        done(error);
+        return;
+      }
+      lp->schedule(lp->now() + 200'000'000, [=] {
+        if (!alive.expired()) {
+          reset_peer_responder(*lp, alive, who, address, requester_gpu, qp, psn, deadline_ns, attempts - 1, done);
+        }
+      });
+    });
+  });
+}
+
 }  // namespace ifec::live

@@ -142,6 +142,7 @@ struct HostDaemon::Impl {
   std::vector<int> ranks;      // the GPUs that are ranks (the topology's, less --external-peers), in order
   std::vector<char> external;  // per GPU: an external RDMA peer (testbed/rxe)
   int rank = -1;
+  std::shared_ptr<bool> alive = std::make_shared<bool>(true);  // answers that arrive after shutdown are dropped
   uint64_t runs = 0;  // operations run (every rank counts the same: the driver starts each on all)
 
   void start_endpoint();
@@ -170,6 +171,7 @@ struct HostDaemon::Impl {
   }
   void run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
   grpc::Status attach_peer(const v1::AttachPeerRequest& q, v1::AttachPeerReply* out);
+  grpc::Status reset_responder(const v1::ResetResponderRequest& q);
   void peer_ops(const v1::PeerOpsRequest& q, std::shared_ptr<v1::PeerOpsReply> out,
                 std::function<void(grpc::Status)> done);
   void start_ring();
@@ -204,6 +206,9 @@ class HostService final : public v1::Host::Service {
       out->set_data(w->data + q->offset(), q->length());
       return grpc::Status::OK;
     });
+  }
+  grpc::Status ResetResponder(grpc::ServerContext*, const v1::ResetResponderRequest* q, v1::Empty*) override {
+    return on_loop(d_.rt->loop(), name_, [&] { return d_.reset_responder(*q); });
   }
   grpc::Status AttachPeer(grpc::ServerContext*, const v1::AttachPeerRequest* q, v1::AttachPeerReply* out) override {
     return on_loop(d_.rt->loop(), name_, [&] { return d_.attach_peer(*q, out); });
@@ -320,9 +325,21 @@ void HostDaemon::Impl::start_endpoint() {
   });
   ep->routes_changed();
   rt->on_fare_change([this] { ep->routes_changed(); });
-  ep->set_connection_manager([this](int peer, int q, uint32_t psn) {
-    rt->note("reconnect", "QP " + std::to_string(q) + " toward GPU " + std::to_string(peer) + " restarts at PSN " +
-                              std::to_string(psn) + " (its responder is not reset remotely yet)");
+  ep->set_connection_manager([this](int peer, int q, uint32_t psn, endpoint::Endpoint::ResetDone done) {
+    const std::string what =
+        "QP " + std::to_string(q) + " toward GPU " + std::to_string(peer) + " restarts at PSN " + std::to_string(psn);
+    if (external[peer]) {  // a real RDMA stack's QP is in error until it is attached again
+      rt->note("reconnect", what + ": GPU " + std::to_string(peer) + " is an external peer, attach it again");
+      done("GPU " + std::to_string(peer) + " is an external peer: its QP stays in error until attached again");
+      return;
+    }
+    rt->note("reconnect", what + ": asking its hostd to reset its responder");
+    const int node = topo.gpu_node(peer);
+    reset_peer_responder(rt->loop(), alive, topo.nodes[node].name, daemon_address(o, node), gpu, q, psn,
+                         o.rpc_deadline_ns, 3, [this, what, done](const std::string& error) {
+                           rt->note("reconnect", what + (error.empty() ? ": reset" : ": not reset: " + error));
+                           done(error);
+                         });
   });
   AddressOf addr = [this](int node) { return daemon_address(o, node); };
   boot = std::make_unique<GrpcBootstrap>(rt->loop(), t, addr, rank, ranks, o.rpc_deadline_ns * 8);
@@ -360,6 +377,29 @@ void HostDaemon::Impl::start_ring() {
                        std::to_string(kHostRingWindow) + " of " + std::to_string(kRingWindowBytes >> 10) +
                        " KiB on every rank");
   poll_ring();
+}
+
+// A peer hostd's requester reconnected after a fatal NAK: this side's responder of that QP expects its new PSN.
+grpc::Status HostDaemon::Impl::reset_responder(const v1::ResetResponderRequest& q) {
+  const std::string me = rt->info().name + ": reset responder: ";
+  if (!ep) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, me + "the endpoint is not started yet");
+  }
+  const int peer = q.requester_gpu();
+  if (peer < 0 || peer >= topo.num_gpus() || peer == gpu || external[peer]) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        me + "GPU " + std::to_string(peer) + " is not another hostd's GPU (0.." +
+                            std::to_string(topo.num_gpus() - 1) + ", not " + std::to_string(gpu) + ")");
+  }
+  if (q.qp() >= static_cast<uint32_t>(ep->num_ports()) || q.psn() > 0xFFFFFF) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, me + "QP " + std::to_string(q.qp()) + " (0.." +
+                                                                std::to_string(ep->num_ports() - 1) + ") or PSN " +
+                                                                std::to_string(q.psn()) + " (24 bits) out of range");
+  }
+  ep->reset_responder(peer, static_cast<int>(q.qp()), q.psn());
+  rt->note("reconnect", "the responder of QP " + std::to_string(q.qp()) + " toward GPU " + std::to_string(peer) +
+                            " expects PSN " + std::to_string(q.psn()));
+  return grpc::Status::OK;
 }
 
 // ------------------------------------------------------------------------------ external RDMA peers (rxe) --
@@ -434,8 +474,9 @@ void HostDaemon::Impl::peer_ops(const v1::PeerOpsRequest& q, std::shared_ptr<v1:
                                 std::function<void(grpc::Status)> done) {
   const std::string me = rt->info().name + ": peer ops: ";
   const int peer = q.peer_gpu();
-  const std::string why = external_problem(*this, peer);
-  IFEC_CHECK(why.empty(), why);
+  IFEC_CHECK(ep, "the endpoint is not started yet");
+  IFEC_CHECK(peer >= 0 && peer < topo.num_gpus() && peer != gpu,
+             "GPU " << peer << " is not a peer of this hostd (0.." << topo.num_gpus() - 1 << ", not " << gpu << ")");
   IFEC_CHECK(q.size() <= kMaxPeerBytes && q.write().size() <= q.size() && q.read() <= q.size() &&
                  (q.fetch_adds() == 0 || (q.size() >= 8 && q.vaddr() % 8 == 0)),
              "the peer's region of " << q.size() << " B at " << q.vaddr() << " holds neither a " << q.write().size()

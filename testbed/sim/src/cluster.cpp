@@ -45,8 +45,10 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
   }
   for (int g = 0; g < n; ++g) {
     endpoint::Endpoint& e = *endpoints_[g];
-    e.set_connection_manager(
-        [this, g](int peer, int q, uint32_t psn) { endpoints_[peer]->reset_responder(g, q, psn); });
+    e.set_connection_manager([this, g](int peer, int q, uint32_t psn, const endpoint::Endpoint::ResetDone& done) {
+      endpoints_[peer]->reset_responder(g, q, psn);  // one clock: the peer's responder is reset at once
+      done("");
+    });
     // FARE's WECMP group at this GPU toward `peer`, as a weight per endpoint port.
     e.set_weight_source([this, g](int peer, std::vector<double>* w) {
       const auto& ports = used_ports_[g];

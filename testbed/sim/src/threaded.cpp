@@ -136,10 +136,16 @@ ThreadedCluster::ThreadedCluster(const routing::Topology& topo, ClusterOptions o
     r.comm = std::make_unique<workloads::Communicator>(*r.ep, boot_.rank(g, post_to(*r.loop)), *r.control, topo_, comm);
   }
   for (int g = 0; g < n; ++g) {
-    ranks_[g].ep->set_connection_manager([this, g](int peer, int q, uint32_t psn) {
-      Rank& p = ranks_.at(peer);
-      p.loop->schedule(p.loop->now(), [&p, g, q, psn] { p.ep->reset_responder(g, q, psn); });
-    });
+    ranks_[g].ep->set_connection_manager(
+        [this, g](int peer, int q, uint32_t psn, const endpoint::Endpoint::ResetDone& done) {
+          // The peer's responder is reset on the peer's thread; the answer comes back on this rank's.
+          Rank& p = ranks_.at(peer);
+          common::RealtimeLoop* mine = ranks_.at(g).loop.get();
+          p.loop->schedule(p.loop->now(), [&p, mine, g, q, psn, done] {
+            p.ep->reset_responder(g, q, psn);
+            mine->schedule(mine->now(), [done] { done(""); });
+          });
+        });
   }
   fabric_thread_ = std::thread([this] { fabric_loop_.serve(common::kForever); });
   for (Rank& r : ranks_) {

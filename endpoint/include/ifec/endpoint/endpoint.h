@@ -86,7 +86,8 @@ struct EndpointCounters {
   uint64_t pfc_pauses = 0;
   uint64_t path_migrations = 0;
   uint64_t reconnects = 0;
-  QpCounters qp;  // summed over all QPs
+  uint64_t reconnects_refused = 0;  // the connection manager could not reset the peer (the work failed)
+  QpCounters qp;                    // summed over all QPs
 };
 
 class Endpoint {
@@ -117,8 +118,12 @@ class Endpoint {
   double plane_weight(int peer, int plane) const;
   // Called at the end of every routes_changed() (in-fabric operations move work off planes that lost a path).
   void set_routes_listener(std::function<void()> fn) { routes_listener_ = std::move(fn); }
-  // How a fatal NAK reconnects: tell endpoint `peer` to reset its responder of QP `qp` to `psn`.
-  void set_connection_manager(std::function<void(int peer, int qp, uint32_t psn)> fn) { cm_ = std::move(fn); }
+  // How a fatal NAK reconnects: tell endpoint `peer` to reset its responder of QP `qp` to `psn`, then call `done`
+  // on this endpoint's clock ("" once the peer has, else why not: the QP's waiting work then fails). The QP sends
+  // nothing new until then. Without a manager the QP goes on at once (the peer is never reset).
+  using ResetDone = std::function<void(const std::string& error)>;
+  using ConnectionManager = std::function<void(int peer, int qp, uint32_t psn, ResetDone done)>;
+  void set_connection_manager(ConnectionManager fn) { cm_ = std::move(fn); }
   // Called after a remote store or atomic landed in this endpoint's memory, or a multicast replica was written:
   // (peer, window, offset, length). Lets collectives count arrivals and wait for signal words without polling.
   using RemoteWriteHook = std::function<void(int peer, uint16_t window, uint64_t offset, uint64_t len)>;
@@ -240,7 +245,7 @@ class Endpoint {
   size_t stripe_rotor_ = 0;
   std::vector<PortState> port_state_;
   std::function<void(int, std::vector<double>*)> weight_source_;
-  std::function<void(int, int, uint32_t)> cm_;
+  ConnectionManager cm_;
   std::vector<RemoteWriteHook> remote_write_hooks_;
   std::unique_ptr<EchAgent> ech_;
   std::function<void()> routes_listener_;

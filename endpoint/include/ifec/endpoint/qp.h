@@ -14,10 +14,10 @@
 // Errors follow IBTA: a remote access (or invalid request) NAK puts the responder half into an error state that
 // NAKs every later request with the same PSN, so no later ACK can hide the failure. The requester fails that one
 // work request, renumbers the ones after it (none of which executed) from a fresh PSN far from the old ones, and
-// asks its connection manager to reset the peer's responder half to that PSN: the A->B direction reconnects,
-// B->A is untouched. Paths are not part of the QP: the endpoint may move a QP to another port (as IB's
-// automatic path migration does) when its port loses its route, and PSNs, caches and exactly-once semantics
-// carry over.
+// asks its connection manager to reset the peer's responder half to that PSN, sending nothing new until the
+// manager confirms: the A->B direction reconnects, B->A is untouched. Paths are not part of the QP: the endpoint may
+// move a QP to another port (as IB's automatic path migration does) when its port loses its route, and PSNs, caches and
+// exactly-once semantics carry over.
 #pragma once
 
 #include <cstdint>
@@ -111,8 +111,12 @@ class QueuePair {
   void reset_responder(uint32_t psn);
   // Replaces the Ethernet/IP/UDP template (path migration to another port).
   void set_headers(const common::FrameHeaders& h) { cfg_.headers = h; }
-  // Called when the requester renumbered after a fatal NAK: the peer's responder must expect `psn` next.
+  // Called when the requester renumbered after a fatal NAK: the peer's responder must expect `psn` next. Until
+  // peer_reset(psn, true) says it does, no request goes out (the timer still runs: no answer ends in
+  // kRetryExceeded); peer_reset(psn, false) fails the waiting work at once. Without a handler nothing waits.
   void on_reconnect(std::function<void(uint32_t psn)> fn) { reconnect_ = std::move(fn); }
+  void peer_reset(uint32_t psn, bool ok);
+  bool awaiting_peer() const { return awaiting_peer_; }
   // Called after a request wrote into local memory (WRITE payload or atomic result): rkey, VA, length.
   void on_write(std::function<void(uint32_t rkey, uint64_t va, uint64_t len)> fn) { on_write_ = std::move(fn); }
 
@@ -213,6 +217,8 @@ class QueuePair {
   std::function<void(uint32_t, uint64_t, uint64_t)> on_write_;
   bool reconnect_pending_ = false;
   uint32_t reconnect_psn_ = 0;
+  bool awaiting_peer_ = false;  // renumbered, the peer's responder not yet reset to awaited_psn_
+  uint32_t awaited_psn_ = 0;
 
   // responder state
   uint32_t epsn_ = 0;

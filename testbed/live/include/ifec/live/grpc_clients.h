@@ -69,6 +69,14 @@ class GrpcBootstrap : public workloads::Bootstrap {
   std::shared_ptr<bool> alive_;
 };
 
+// Asks the hostd at `address` (`who`, for errors) to reset its responder of QP `qp` toward GPU `requester_gpu` to
+// expect `psn` (Host.ResetResponder), trying `attempts` times, each within `deadline_ns`, 200 ms apart while the
+// daemon is unreachable. `done` runs on `loop`: "" once reset, else the last error naming the daemon; never once
+// `alive` has expired (the caller and its loop are gone).
+void reset_peer_responder(EpollLoop& loop, std::weak_ptr<bool> alive, const std::string& who,
+                          const std::string& address, int requester_gpu, int qp, uint32_t psn,
+                          common::TimeNs deadline_ns, int attempts, std::function<void(const std::string& error)> done);
+
 // IfecCounters as name -> value (the struct's field names) and back: the one list the gRPC services, ifec ctl and
 // the Prometheus metrics use.
 std::map<std::string, uint64_t> counter_map(const common::IfecCounters& c);
