@@ -216,6 +216,19 @@ TEST(Endpoint, ProtectionViolationsAreNakedMemoryUnchangedAndTheQpRecovers) {
   EXPECT_GE(p.ep[0]->counters().reconnects, 4u);
 }
 
+namespace {
+
+// A store under a wrong rkey (NAKed: the responder goes into error), then a good one of `good` at offset 4096
+// posted right behind it on the same QP.
+std::pair<OpHandle, OpHandle> wrong_rkey_then_store(Pair& p, const std::vector<uint8_t>& good) {
+  const endpoint::WindowInfo& w = *p.ep[1]->memory().window(kData);
+  const auto junk = pattern(3000, 5);
+  OpHandle bad = p.ep[0]->store_raw(1, 0, w.va, w.rkey ^ 0x10, junk.data(), junk.size());
+  return {bad, p.ep[0]->store(1, kData, 4096, good.data(), good.size())};
+}
+
+}  // namespace
+
 // A connection manager that answers later (a live peer reached over the control network): nothing of the new
 // numbering may reach the peer's responder before it is reset, or it would meet the error state and fail too.
 TEST(Endpoint, AfterAFatalNakNothingIsSentUntilThePeerConfirmsItsReset) {
@@ -232,11 +245,8 @@ TEST(Endpoint, AfterAFatalNakNothingIsSentUntilThePeerConfirmsItsReset) {
       done("");
     });
   });
-  const endpoint::WindowInfo& w = *p.ep[1]->memory().window(kData);
-  const auto junk = pattern(3000, 5);
-  OpHandle bad = p.ep[0]->store_raw(1, 0, w.va, w.rkey ^ 0x10, junk.data(), junk.size());
   const auto good = pattern(5000, 6);
-  OpHandle after = p.ep[0]->store(1, kData, 4096, good.data(), good.size());
+  const auto [bad, after] = wrong_rkey_then_store(p, good);
   TimeNs after_done_at = 0;
   ASSERT_FALSE(after->done());
   after->on_done = [&](const endpoint::OpState&) { after_done_at = p.loop.now(); };
@@ -263,11 +273,8 @@ TEST(Endpoint, AReconnectThePeerNeverConfirmsEndsInRetryExceeded) {
         done("peer 1's daemon is unreachable");
       }
     });
-    const endpoint::WindowInfo& w = *p.ep[1]->memory().window(kData);
-    const auto junk = pattern(3000, 5);
-    OpHandle bad = p.ep[0]->store_raw(1, 0, w.va, w.rkey ^ 0x10, junk.data(), junk.size());
     const auto good = pattern(5000, 6);
-    OpHandle after = p.ep[0]->store(1, kData, 4096, good.data(), good.size());
+    const auto [bad, after] = wrong_rkey_then_store(p, good);
     ASSERT_TRUE(p.wait({bad, after})) << (refuse ? "refused" : "never answered") << ": the QP hung";
     EXPECT_EQ(bad->status, OpStatus::kRemoteAccessError);
     EXPECT_EQ(after->status, OpStatus::kRetryExceeded) << (refuse ? "refused" : "never answered");

@@ -92,6 +92,15 @@ std::string describe(const std::string& who, const std::string& addr, const grpc
   }
 }
 
+// One unary call to a hostd: what gRPC's callback API needs to outlive the call.
+template <typename Req, typename Reply>
+struct HostCall {
+  grpc::ClientContext ctx;
+  Req req;
+  Reply reply;
+  std::unique_ptr<v1::Host::Stub> stub;
+};
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------ control --
@@ -285,13 +294,7 @@ GrpcBootstrap::GrpcBootstrap(EpollLoop& loop, const routing::Topology& topo, Add
 GrpcBootstrap::~GrpcBootstrap() { *alive_ = false; }
 
 void GrpcBootstrap::allgather(std::vector<uint8_t> mine, std::function<void(workloads::Gathered)> done) {
-  struct Call {
-    grpc::ClientContext ctx;
-    v1::AllgatherRequest req;
-    v1::AllgatherReply reply;
-    std::unique_ptr<v1::Host::Stub> stub;
-  };
-  auto c = std::make_shared<Call>();
+  auto c = std::make_shared<HostCall<v1::AllgatherRequest, v1::AllgatherReply>>();
   c->req.set_rank(rank_);
   c->req.set_epoch(epoch_);
   c->req.set_seq(seq_++);
@@ -335,13 +338,7 @@ void reset_peer_responder(EpollLoop& loop, std::weak_ptr<bool> alive, const std:
                           const std::string& address, int requester_gpu, int qp, uint32_t psn,
                           common::TimeNs deadline_ns, int attempts,
                           std::function<void(const std::string& error)> done) {
-  struct Call {
-    grpc::ClientContext ctx;
-    v1::ResetResponderRequest req;
-    v1::Empty reply;
-    std::unique_ptr<v1::Host::Stub> stub;
-  };
-  auto c = std::make_shared<Call>();
+  auto c = std::make_shared<HostCall<v1::ResetResponderRequest, v1::Empty>>();
   c->req.set_requester_gpu(requester_gpu);
   c->req.set_qp(static_cast<uint32_t>(qp));
   c->req.set_psn(psn);
