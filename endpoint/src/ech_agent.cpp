@@ -56,15 +56,29 @@ EchReduction::EchReduction(EchAgent& agent, EchReduceSpec spec, uint64_t id)
   for (uint32_t l = 0; l < spec_.lanes.size(); ++l) {
     lane_of_[{spec_.lanes[l].switch_ip, spec_.lanes[l].group}] = l;
   }
+  chunk_of_seq_.resize(spec_.lanes.size());
   for (uint32_t i = 0; i < n; ++i) {
     const EchChunk& c = spec_.chunks[i];
     lanes_[c.lane].chunks.push_back(i);
-    chunk_of_[{c.lane, c.seq}] = i;
+    std::vector<uint32_t>& by_seq = chunk_of_seq_[c.lane];
+    if (c.seq == by_seq.size()) {
+      by_seq.push_back(i);
+    } else {
+      chunk_of_other_[uint64_t{c.lane} << 32 | c.seq] = i;
+    }
     if (spec_.shared_window > 0 && c.contribute) {
       plane_queue_[spec_.lanes[c.lane].plane].push_back(i);
     }
   }
   pending_ = n;
+}
+
+uint32_t EchReduction::chunk_of(uint32_t lane, uint32_t seq) const {
+  if (lane < chunk_of_seq_.size() && seq < chunk_of_seq_[lane].size()) {
+    return chunk_of_seq_[lane][seq];
+  }
+  auto it = chunk_of_other_.find(uint64_t{lane} << 32 | seq);
+  return it == chunk_of_other_.end() ? kNoChunk : it->second;
 }
 
 void EchReduction::finish(size_t i, EchOutcome o) {
@@ -489,9 +503,9 @@ void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const ui
   bool found = false;
   if (r) {
     auto l = r->lane_of_.find({pf.h.ip.src, ech.group_id});
-    auto c = l == r->lane_of_.end() ? r->chunk_of_.end() : r->chunk_of_.find({l->second, ech.chunk_index});
-    found = c != r->chunk_of_.end();
-    i = found ? c->second : 0;
+    const uint32_t c = l == r->lane_of_.end() ? EchReduction::kNoChunk : r->chunk_of(l->second, ech.chunk_index);
+    found = c != EchReduction::kNoChunk;
+    i = found ? c : 0;
   }
   if (!found) {
     if (write && !recently_used({pf.h.ip.src, ech.job_id, ech.group_id})) {

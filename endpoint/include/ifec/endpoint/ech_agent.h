@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -125,8 +126,13 @@ class EchReduction {
   std::map<int, std::vector<uint32_t>> plane_queue_;  // shared_window: per plane, chunks to send in listed order
   std::map<int, size_t> plane_next_;
   std::map<int, uint32_t> plane_inflight_;
-  std::map<std::pair<uint32_t, uint32_t>, uint32_t> chunk_of_;  // (lane, seq) -> chunk
-  std::map<std::pair<uint32_t, uint16_t>, uint32_t> lane_of_;   // (switch ip, group) -> lane
+  // (lane, seq) -> chunk, looked up for every result frame: a flat vector per lane indexed by seq (seqs are the
+  // chunk's position in its lane in every plan the communicator makes), a hash map for any other numbering.
+  std::vector<std::vector<uint32_t>> chunk_of_seq_;
+  std::unordered_map<uint64_t, uint32_t> chunk_of_other_;
+  static constexpr uint32_t kNoChunk = ~0u;
+  uint32_t chunk_of(uint32_t lane, uint32_t seq) const;        // kNoChunk when none
+  std::map<std::pair<uint32_t, uint16_t>, uint32_t> lane_of_;  // (switch ip, group) -> lane
   size_t pending_ = 0;
   uint64_t anomalies_ = 0;
   uint64_t flagged_results_ = 0;
