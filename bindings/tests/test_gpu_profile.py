@@ -46,6 +46,27 @@ def test_the_written_profile_is_what_gpu_profile_reads(tmp_path):
         assert _native.gpu_model_us(str(out), "chain", [tokens]) == pytest.approx(shared, rel=0.10)
 
 
+def test_the_measurement_runs_small_on_the_cpu():
+    """measure()'s own code (the per-expert loop, the shared expert, the timer, the grouped check where PyTorch has
+    torch._grouped_mm) at toy sizes on the CPU, so a GPU run does not meet its bugs first."""
+    lines = []
+    rows = g.measure(eps=(128, 64), tokens=(2, 5), iters=2, warmup=1, progress=lines.append, device="cpu",
+                     hidden=64, inter=32, dtype=torch.float32)
+    assert [r[:2] for r in rows] == [(128, 2), (128, 5), (64, 2), (64, 5)]
+    for ep, t, loop, grouped, shared in rows:
+        assert loop > 0 and shared > 0 and (grouped is None or grouped > 0)
+    assert len(lines) == 4 and lines[0].startswith("gpu_profile: EP 128, 2 tokens/GPU: loop ")
+
+
+def test_a_grouped_kernel_that_computes_something_else_is_refused():
+    loop = torch.ones(16, 8)
+    g.same_as_loop(torch, loop * (1 + 1e-3), loop, "EP 8, 2 tokens")  # bf16-sized differences pass
+    with pytest.raises(RuntimeError, match="at EP 8, 2 tokens torch._grouped_mm gave .* relative error"):
+        g.same_as_loop(torch, loop.roll(1, 0) * 2, loop, "EP 8, 2 tokens")
+    with pytest.raises(RuntimeError, match=r"gave \(8, 8\)"):
+        g.same_as_loop(torch, loop[:8], loop, "EP 8, 2 tokens")
+
+
 def test_on_a_cuda_gpu_it_measures_and_writes_that_gpus_profile(tmp_path, capsys):
     """The gpu case: the same kernels timed on this machine's GPU, fitted, written and readable."""
     if not torch.cuda.is_available():

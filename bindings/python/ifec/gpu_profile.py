@@ -135,18 +135,28 @@ def profile_yaml(name, peaks, constants, comment):
 
 # --------------------------------------------------------------------------------------------- measuring --
 
-def measure(eps=(8, 16, 32), tokens=(128, 256, 512, 4096), iters=20, warmup=3, progress=print):
-    """The table on this machine's CUDA GPU: (ep, tokens, loop us, grouped us, shared us) rows (CUDA events, mean of
-    `iters` after `warmup`); grouped is None where torch._grouped_mm is missing."""
+def measure(eps=(8, 16, 32), tokens=(128, 256, 512, 4096), iters=20, warmup=3, progress=print, device="cuda",
+            hidden=HIDDEN, inter=INTER, dtype=None):
+    """The table on this machine's GPU: (ep, tokens, loop us, grouped us, shared us) rows (CUDA events, mean of
+    `iters` after `warmup`; wall time on the CPU, where the tests run it small); grouped is None where
+    torch._grouped_mm is missing. Before timing, the grouped kernel's output is checked against the loop's: a
+    grouped call that computed something else would time the wrong work."""
+    import time
+
     import torch
     import torch.nn.functional as F
-    dev = torch.device("cuda")
-    dt = torch.bfloat16
+    dev = torch.device(device)
+    dt = dtype or torch.bfloat16
     grouped_mm = getattr(torch, "_grouped_mm", None)
 
     def timed(fn):
         for _ in range(warmup):
             fn()
+        if dev.type != "cuda":
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            return (time.perf_counter() - t0) * 1e6 / iters
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(iters):
@@ -158,37 +168,51 @@ def measure(eps=(8, 16, 32), tokens=(128, 256, 512, 4096), iters=20, warmup=3, p
     rows = []
     for ep in eps:
         local = EXPERTS // ep
-        w13 = torch.randn(local, 2 * INTER, HIDDEN, device=dev, dtype=dt) * 0.02
-        w2 = torch.randn(local, HIDDEN, INTER, device=dev, dtype=dt) * 0.02
+        w13 = torch.randn(local, 2 * inter, hidden, device=dev, dtype=dt) * 0.02
+        w2 = torch.randn(local, hidden, inter, device=dev, dtype=dt) * 0.02
         for t in tokens:
             per = even_spread(t * TOPK, local)
-            x = torch.randn(sum(per), HIDDEN, device=dev, dtype=dt)
+            x = torch.randn(sum(per), hidden, device=dev, dtype=dt)
             offs = torch.tensor(per, device=dev, dtype=torch.int32).cumsum(0, dtype=torch.int32)
 
             def loop():
                 outs, at = [], 0
                 for e, m in enumerate(per):
                     h = x[at:at + m] @ w13[e].t()
-                    outs.append((F.silu(h[:, :INTER]) * h[:, INTER:]) @ w2[e].t())
+                    outs.append((F.silu(h[:, :inter]) * h[:, inter:]) @ w2[e].t())
                     at += m
                 return torch.cat(outs)
 
             def grouped():
                 h = grouped_mm(x, w13.transpose(1, 2), offs=offs)
-                return grouped_mm(F.silu(h[:, :INTER]) * h[:, INTER:], w2.transpose(1, 2), offs=offs)
+                return grouped_mm(F.silu(h[:, :inter]) * h[:, inter:], w2.transpose(1, 2), offs=offs)
 
-            xs = torch.randn(t, HIDDEN, device=dev, dtype=dt)
+            xs = torch.randn(t, hidden, device=dev, dtype=dt)
 
             def shared():
                 h = xs @ w13[0].t()
-                return (F.silu(h[:, :INTER]) * h[:, INTER:]) @ w2[0].t()
+                return (F.silu(h[:, :inter]) * h[:, inter:]) @ w2[0].t()
+            if grouped_mm:
+                same_as_loop(torch, grouped(), loop(), f"EP {ep}, {t} tokens")
             row = (ep, t, timed(loop), timed(grouped) if grouped_mm else None, timed(shared))
             progress(f"gpu_profile: EP {ep}, {t} tokens/GPU: loop {row[2]:.1f} us, grouped "
                      f"{row[3] if row[3] is None else round(row[3], 1)} us, shared {row[4]:.1f} us")
             rows.append(row)
         del w13, w2
-        torch.cuda.empty_cache()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
+
+
+def same_as_loop(torch, grouped, loop, where):
+    """The grouped kernel's output against the per-expert loop's: bf16 rounding of two GEMMs apart (relative to
+    the output's scale), else a clear error naming the point."""
+    same_shape = tuple(grouped.shape) == tuple(loop.shape)
+    scale = loop.float().abs().max().item() or 1.0
+    worst = (grouped.float() - loop.float()).abs().max().item() / scale if same_shape else float("nan")
+    if not worst <= 0.05:
+        raise RuntimeError(f"gpu_profile: at {where} torch._grouped_mm gave {tuple(grouped.shape)} with relative "
+                           f"error {worst:.3g} against the per-expert loop {tuple(loop.shape)}: not timing it")
 
 
 def main(argv=None):
