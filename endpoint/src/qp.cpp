@@ -575,6 +575,21 @@ void QueuePair::receive(const common::ParsedFrame& pf, const uint8_t* frame) {
 }
 
 void QueuePair::attach_external(uint32_t remote_qpn, uint32_t first_request_psn, uint16_t pkey) {
+  // A new peer QP (or the same peer attached again after an error): work still queued for the old one fails,
+  // and the requester starts clean at next_psn(), which the caller hands the peer as this side's first PSN.
+  fail_all(OpStatus::kRetryExceeded);
+  sq_.clear();
+  error_ = false;
+  awaiting_peer_ = false;
+  reconnect_pending_ = false;
+  send_idx_ = 0;
+  send_psn_ = next_psn_;
+  acked_ = psn_add(next_psn_, -1);
+  max_sent_ = acked_;
+  retries_ = 0;
+  rto_ = base_rto();
+  timer_armed_ = false;
+  ++timer_generation_;
   cfg_.remote_qpn = remote_qpn & 0xFFFFFF;
   cfg_.pkey = pkey;
   cfg_.weak = false;

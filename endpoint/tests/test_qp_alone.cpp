@@ -338,3 +338,36 @@ TEST(QueuePairAlone, AnExternalPeersWriteIsAckedUnderItsQpnAndSendIsRefused) {
   EXPECT_EQ(nak[0].first.h.aeth->syndrome, common::Aeth::nak(common::NakCode::kInvalidRequest, 0).syndrome);
   EXPECT_EQ(w.b.qp->counters().invalid_naks_sent, 1u);
 }
+
+// A peer that cannot be reset (an external RDMA stack whose QP went into error, say) leaves the requester in error:
+// new work fails at once. Attaching the peer again (its new QP) starts the requester clean at next_psn(): the next
+// write goes out at that PSN and completes.
+TEST(QueuePairAlone, AttachingAgainAfterAnErrorStartsTheRequesterClean) {
+  Wire w;
+  w.a.qp->on_reconnect([&](uint32_t psn) { w.a.qp->peer_reset(psn, false); });  // the peer refuses: it is gone
+  const endpoint::WindowInfo* dst = w.b.mem.window(kWin);
+  const auto data = pattern(1500);
+  OpStatus bad = OpStatus::kPending;
+  w.a.qp->post_write(dst->va, dst->rkey ^ 0x55, data, 0, 64, [&](OpStatus s, uint64_t) { bad = s; });
+  w.exchange();
+  EXPECT_EQ(bad, OpStatus::kRemoteAccessError);
+  ASSERT_TRUE(w.a.qp->failed());
+  OpStatus refused = OpStatus::kPending;
+  w.a.qp->post_write(dst->va, dst->rkey, data, 0, 64, [&](OpStatus s, uint64_t) { refused = s; });
+  EXPECT_EQ(refused, OpStatus::kRetryExceeded) << "in error, new work fails at once";
+
+  w.a.qp->attach_external(0x102, w.b.qp->next_psn(), common::pkey_of_job(1));
+  EXPECT_FALSE(w.a.qp->failed());
+  w.b.qp->reset_responder(w.a.qp->next_psn());  // the peer's new QP expects the PSN the attach handed it
+  OpStatus good = OpStatus::kPending;
+  w.a.qp->post_write(dst->va + 100, dst->rkey, data, 0, 1500, [&](OpStatus s, uint64_t) { good = s; });
+  const auto first = w.sent(w.a);
+  ASSERT_EQ(first.size(), 2u);  // 1500 B at a 1024 B MTU
+  EXPECT_EQ(first[0].first.h.bth.psn, w.b.qp->expected_psn());
+  for (auto [pf, f] : first) {
+    w.b.port.inject(std::move(f));
+  }
+  w.exchange();
+  EXPECT_EQ(good, OpStatus::kOk);
+  EXPECT_EQ(std::memcmp(dst->data + 100, data->data(), 1500), 0);
+}
