@@ -150,6 +150,14 @@ def test_a_wrong_rkey_between_hostds_is_naked_and_the_qp_pair_reconnects(fab):
     assert after1["access_naks_sent"] - before1["access_naks_sent"] >= 2
     assert after0["reconnects"] - before0["reconnects"] == 2
     assert after0["reconnects_refused"] == before0["reconnects_refused"]
+    # A bad reset request is refused naming the value (gpu1 itself; a QP beyond its ports; a PSN beyond 24 bits).
+    bad_resets = [((99, 0, 5), "GPU 99"), ((1, 0, 5), "GPU 1 is not another"), ((0, 7, 5), "QP 7"),
+                  ((0, 0, 1 << 24), "PSN 16777216")]
+    for (gpu, qp, psn), named in bad_resets:
+        with pytest.raises(grpc.RpcError) as e:
+            req = pb.ResetResponderRequest(requester_gpu=gpu, qp=qp, psn=psn)
+            fab.stub("gpu1").ResetResponder(req, timeout=5)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and named in e.value.details(), e.value.details()
 
 
 def test_bf16_and_int32_sums(fab):

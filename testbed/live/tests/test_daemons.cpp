@@ -150,6 +150,23 @@ TEST_F(SwitchdTest, AStoppedDaemonIsAnErrorNamingItWithinTheDeadline) {
   EXPECT_LT(s, 3.0) << "the 1 s deadline bounds the wait";
 }
 
+// A reconnect whose peer hostd is gone: every try is refused at once (nothing listens on the loopback port), the
+// tries are 200 ms apart, and the answer names the daemon and its address: the QP's waiting work then fails with
+// that, not a hang.
+TEST(ResetPeerResponder, ADeadPeerIsNamedAfterItsTries) {
+  live::EpollLoop loop;
+  auto alive = std::make_shared<bool>(true);
+  std::optional<std::string> error;
+  const auto t0 = std::chrono::steady_clock::now();
+  live::reset_peer_responder(loop, alive, "gpu1", "127.0.0.1:1", 0, 0, 77, 500'000'000, 3,
+                             [&](const std::string& e) { error = e; });
+  ASSERT_TRUE(run_until(loop, [&] { return error.has_value(); })) << "no answer within 10 s";
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(error->find("gpu1 (127.0.0.1:1): unreachable"), std::string::npos) << *error;
+  EXPECT_GE(s, 0.4) << "3 tries, 200 ms apart";
+  EXPECT_LT(s, 3.0);
+}
+
 // Containers: Docker names a container's interfaces; the daemons find their end of link L by its address in the
 // compose file's /29 for L (ifec.containers), whatever the interface is called.
 TEST(InterfacesBySubnet, EachLinksInterfaceIsFoundByItsAddress) {
