@@ -577,8 +577,7 @@ void QueuePair::receive(const common::ParsedFrame& pf, const uint8_t* frame) {
 void QueuePair::attach_external(uint32_t remote_qpn, uint32_t first_request_psn, uint16_t pkey) {
   // A new peer QP (or the same peer attached again after an error): work still queued for the old one fails,
   // and the requester starts clean at next_psn(), which the caller hands the peer as this side's first PSN.
-  fail_all(OpStatus::kRetryExceeded);
-  sq_.clear();
+  fail_all(OpStatus::kRetryExceeded);  // completes and removes every queued request
   error_ = false;
   awaiting_peer_ = false;
   reconnect_pending_ = false;

@@ -345,7 +345,9 @@ void reset_peer_responder(EpollLoop& loop, std::weak_ptr<bool> alive, const std:
   c->stub = v1::Host::NewStub(daemon_channel(address));
   c->ctx.set_deadline(deadline_after(deadline_ns));
   EpollLoop* lp = &loop;
-  c->stub->async()->ResetResponder(&c->ctx, &c->req, &c->reply, [=](grpc::Status st) {
+  // `keep` holds the call's context, request, reply and stub until gRPC has called back; the loop lets go of them
+  // (`call`), never gRPC's own thread, which must not destroy the stub it is calling back from.
+  c->stub->async()->ResetResponder(&c->ctx, &c->req, &c->reply, [=, keep = c](grpc::Status st) {
     if (alive.expired()) {
       return;  // the loop may be gone
     }
@@ -353,19 +355,15 @@ void reset_peer_responder(EpollLoop& loop, std::weak_ptr<bool> alive, const std:
         !st.ok() && attempts > 1 &&
         (st.error_code() == grpc::StatusCode::UNAVAILABLE || st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
     const std::string error = st.ok() ? "" : describe(who, address, st);
-    lp->schedule(0, [c, lp, alive, retry, error, who, address, requester_gpu, qp, psn, deadline_ns, attempts, done] {
+    lp->schedule(retry ? lp->now() + 200'000'000 : 0, [=, call = keep] {  // on the loop; a retry 200 ms later
       if (alive.expired()) {
         return;
       }
-      if (!retry) {
+      if (retry) {
+        reset_peer_responder(*lp, alive, who, address, requester_gpu, qp, psn, deadline_ns, attempts - 1, done);
+      } else {
         done(error);
-        return;
       }
-      lp->schedule(lp->now() + 200'000'000, [=] {
-        if (!alive.expired()) {
-          reset_peer_responder(*lp, alive, who, address, requester_gpu, qp, psn, deadline_ns, attempts - 1, done);
-        }
-      });
     });
   });
 }
