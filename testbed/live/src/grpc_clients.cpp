@@ -345,9 +345,9 @@ void reset_peer_responder(EpollLoop& loop, std::weak_ptr<bool> alive, const std:
   c->stub = v1::Host::NewStub(daemon_channel(address));
   c->ctx.set_deadline(deadline_after(deadline_ns));
   EpollLoop* lp = &loop;
-  // `keep` holds the call's context, request, reply and stub until gRPC has called back; the loop lets go of them
-  // (`call`), never gRPC's own thread, which must not destroy the stub it is calling back from.
-  c->stub->async()->ResetResponder(&c->ctx, &c->req, &c->reply, [=, keep = c](grpc::Status st) {
+  // `keep` holds the call's context, request, reply, stub and channel until gRPC has called back, then moves to the
+  // loop (`call`): the last reference must not die on gRPC's own thread, inside the channel it is calling back from.
+  c->stub->async()->ResetResponder(&c->ctx, &c->req, &c->reply, [=, keep = c](grpc::Status st) mutable {
     if (alive.expired()) {
       return;  // the loop may be gone
     }
@@ -355,16 +355,17 @@ void reset_peer_responder(EpollLoop& loop, std::weak_ptr<bool> alive, const std:
         !st.ok() && attempts > 1 &&
         (st.error_code() == grpc::StatusCode::UNAVAILABLE || st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
     const std::string error = st.ok() ? "" : describe(who, address, st);
-    lp->schedule(retry ? lp->now() + 200'000'000 : 0, [=, call = keep] {  // on the loop; a retry 200 ms later
-      if (alive.expired()) {
-        return;
-      }
-      if (retry) {
-        reset_peer_responder(*lp, alive, who, address, requester_gpu, qp, psn, deadline_ns, attempts - 1, done);
-      } else {
-        done(error);
-      }
-    });
+    lp->schedule(
+        retry ? lp->now() + 200'000'000 : 0, [=, call = std::move(keep)] {  // on the loop; a retry 200 ms later
+          if (alive.expired()) {
+            return;
+          }
+          if (retry) {
+            reset_peer_responder(*lp, alive, who, address, requester_gpu, qp, psn, deadline_ns, attempts - 1, done);
+          } else {
+            done(error);
+          }
+        });
   });
 }
 
