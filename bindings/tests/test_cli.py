@@ -205,6 +205,21 @@ def test_bench_moe_creates_its_output_directory_first(build_dir, repo, tmp_path)
     assert out.returncode == 1 and "is not a directory" in out.stderr  # refused before any point runs
 
 
+def test_only_the_moe_build_loads_libtorch_and_a_missing_one_is_named(build_dir, repo, tmp_path):
+    """ifec-cli starts without LibTorch and hands `bench moe` to ifec-cli-moe beside it."""
+    if "bench moe" not in cli(build_dir, repo, "help").stdout:
+        pytest.skip("built without LibTorch")
+    libs = {name: subprocess.run(["ldd", str(build_dir / "bin" / name)], capture_output=True, text=True).stdout
+            for name in ("ifec-cli", "ifec-cli-moe")}
+    assert "libtorch" not in libs["ifec-cli"] and "libtorch" in libs["ifec-cli-moe"]
+    alone = tmp_path / "ifec-cli"
+    alone.write_bytes((build_dir / "bin" / "ifec-cli").read_bytes())
+    alone.chmod(0o755)
+    out = subprocess.run([str(alone), "bench", "moe", "--ep", "8"], capture_output=True, text=True, timeout=10,
+                         cwd=repo)
+    assert out.returncode == 1 and f"cannot run {tmp_path}/ifec-cli-moe" in out.stderr, out.stderr
+
+
 # ------------------------------------------------------------------------------------------------ help --
 
 def commands(build_dir, repo):

@@ -1,10 +1,14 @@
 // ifec-cli: the native program behind `./ifec pcap|frames|sim|bench`. Each command is an option table (args.h)
 // and one function; errors go to stderr naming the bad value, exit 1 (bad input or a failed run) or 2 (usage).
+// Built twice: ifec-cli without LibTorch (starts in milliseconds) hands `bench moe`, once its options are checked,
+// to ifec-cli-moe beside it (IFEC_MOE_BY_EXEC), the same program with the MoE layer (IFEC_HAVE_MOE).
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -29,6 +33,10 @@
 #include "ifec/testbed/sim_report.h"
 #include "ifec/testbed/sim_speed.h"
 
+#if defined(IFEC_HAVE_MOE) || defined(IFEC_MOE_BY_EXEC)
+#define IFEC_CLI_MOE 1
+#endif
+
 namespace {
 
 using ifec::cli::Args;
@@ -49,6 +57,7 @@ ifec::routing::Topology topology(const Args& a) {
   return ifec::routing::load_topology(a.get("--topo", kDefaultTopology));
 }
 
+#ifdef IFEC_HAVE_MOE
 // Creates DIR (and its parents) before a long run writes into it; throws naming DIR when that is impossible.
 void make_dirs(const std::string& dir) {
   std::string path;
@@ -72,6 +81,7 @@ void write_file(const std::string& path, const std::string& text) {
   std::fclose(f);
   std::printf("# wrote %s\n", path.c_str());
 }
+#endif
 
 // ---------------------------------------------------------------------------------------------- pcap, frames --
 
@@ -514,6 +524,22 @@ int run_bench_property(const Args& a) {
   return summary.failed ? 1 : 0;
 }
 
+#ifdef IFEC_MOE_BY_EXEC
+char** g_argv = nullptr;  // main's, for the hand-over
+
+// Replaces this process with ifec-cli-moe (in this program's folder) on the same command line.
+int run_bench_moe(const Args&) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  IFEC_CHECK(n > 0, "cannot find this program's folder (/proc/self/exe: " << std::strerror(errno) << ")");
+  std::string path(self, static_cast<size_t>(n));
+  path = path.substr(0, path.rfind('/') + 1) + "ifec-cli-moe";
+  std::fflush(stdout);
+  execv(path.c_str(), g_argv);
+  IFEC_FAIL("cannot run " << path << " (the MoE layer's build of this program): " << std::strerror(errno));
+}
+#endif
+
 #ifdef IFEC_HAVE_MOE
 int run_bench_moe(const Args& a) {
   tb::MoeBenchConfig cfg;
@@ -704,7 +730,7 @@ std::vector<Command> commands() {
                   {"--verbose", "", "one line per case"}},
                  0},
                 run_bench_property});
-#ifdef IFEC_HAVE_MOE
+#ifdef IFEC_CLI_MOE
   cs.push_back(
       {{"bench moe",
         "[--quick] [--ep LIST] [--mode normal|ll|both] [--dispatch fp8|bf16] [--overlap] [--token-cap N] "
@@ -741,6 +767,9 @@ int usage(std::FILE* to, const std::vector<Command>& cs) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef IFEC_MOE_BY_EXEC
+  g_argv = argv;
+#endif
   const std::vector<Command> cs = commands();
   if (argc < 2) {
     return usage(stderr, cs);
@@ -753,7 +782,7 @@ int main(int argc, char** argv) {
   if (name == "bench") {
     if (argc < 3 || std::string(argv[2]).rfind("-", 0) == 0) {
       std::fprintf(stderr, "ifec bench: name a benchmark: endpoint, collectives, live, property, sim%s\n",
-#ifdef IFEC_HAVE_MOE
+#ifdef IFEC_CLI_MOE
                    ", moe"
 #else
                    ""

@@ -1,17 +1,13 @@
-// The daemons' command lines: ifec-switchd / ifec-hostd --topo FILE --node NAME [--listen ADDR] [--netns NAME]
-// [--loopback-mgmt]. One clear line per problem on stderr and exit status 1; SIGTERM/SIGINT shut down cleanly.
+// The daemons' command line: ifec-switchd / ifec-hostd --topo FILE --node NAME [--listen ADDR] [--netns NAME]
+// [--loopback-mgmt] ... One clear line per problem on stderr and exit status 1 (serve() in daemon_serve.h).
 #include <arpa/inet.h>
-#include <signal.h>
-#include <sys/signalfd.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <thread>
 
+#include "daemon_serve.h"
 #include "ifec/common/checks.h"
-#include "ifec/live/daemons.h"
 
 namespace ifec::live {
 
@@ -34,7 +30,9 @@ const char* kUsage =
     "                    interface: speak FARE for it under MAC, run no endpoint (testbed/rxe)\n"
     "  --external-peers GPU[,GPU...]  hostd: these GPUs are external RDMA peers, not ranks (testbed/rxe)\n";
 
-bool parse(int argc, char** argv, DaemonOptions* o, const char* what) {
+}  // namespace
+
+bool parse_daemon_options(int argc, char** argv, DaemonOptions* o, const char* what) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](std::string* out) {
@@ -82,53 +80,5 @@ bool parse(int argc, char** argv, DaemonOptions* o, const char* what) {
   IFEC_CHECK(!o->node.empty(), "--node NAME is required");
   return true;
 }
-
-// Runs the daemon until SIGTERM or SIGINT, which a thread waits for on a signalfd.
-template <typename Daemon>
-int serve(int argc, char** argv, const char* what) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before any thread starts: all inherit the mask
-  try {
-    DaemonOptions o;
-    if (!parse(argc, argv, &o, what)) {
-      return 0;
-    }
-    Daemon d(o);
-    const int sfd = signalfd(-1, &set, SFD_CLOEXEC);
-    std::thread waiter([&d, sfd] {
-      signalfd_siginfo si;
-      if (read(sfd, &si, sizeof si) > 0) {
-        d.stop();
-      }
-    });
-    std::fprintf(stderr, "%s %s: running\n", argv[0], o.node.c_str());
-    std::string failure;
-    try {
-      d.run();
-    } catch (const std::exception& e) {  // the waiter must be joined before this frame unwinds
-      failure = e.what();
-    }
-    pthread_kill(waiter.native_handle(), SIGTERM);  // wakes the waiter if the daemon stopped on its own
-    waiter.join();
-    close(sfd);
-    if (!failure.empty()) {
-      std::fprintf(stderr, "%s %s: stopped on an error: %s\n", argv[0], o.node.c_str(), failure.c_str());
-      return 1;
-    }
-    std::fprintf(stderr, "%s %s: stopped\n", argv[0], o.node.c_str());
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
-    return 1;
-  }
-}
-
-}  // namespace
-
-int switchd_main(int argc, char** argv) { return serve<SwitchDaemon>(argc, argv, "a switch"); }
-int hostd_main(int argc, char** argv) { return serve<HostDaemon>(argc, argv, "a GPU"); }
 
 }  // namespace ifec::live

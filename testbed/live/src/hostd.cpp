@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "daemon_common.h"
+#include "daemon_serve.h"
 #include "hostd_moe.h"
 #include "ifec/common/json.h"
 #include "ifec/endpoint/endpoint.h"
@@ -811,5 +812,7 @@ HostDaemon::~HostDaemon() {
 
 void HostDaemon::run() { impl_->rt->serve(); }
 void HostDaemon::stop() { impl_->rt->loop().stop(); }
+
+int hostd_main(int argc, char** argv) { return serve<HostDaemon>(argc, argv, "a GPU"); }
 
 }  // namespace ifec::live

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "daemon_common.h"
+#include "daemon_serve.h"
 #include "ifec/live/daemons.h"
 #include "ifec/live/grpc_clients.h"
 #include "ifec/live/metrics.h"
@@ -313,5 +314,7 @@ SwitchDaemon::~SwitchDaemon() {
 
 void SwitchDaemon::run() { impl_->rt->serve(); }
 void SwitchDaemon::stop() { impl_->rt->loop().stop(); }
+
+int switchd_main(int argc, char** argv) { return serve<SwitchDaemon>(argc, argv, "a switch"); }
 
 }  // namespace ifec::live
