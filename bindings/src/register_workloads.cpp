@@ -41,6 +41,9 @@ void register_workloads(py::module_& m) {
         py::arg("lb") = "packet", py::arg("pfc") = true, py::arg("seed") = 1,
         py::arg("fail") = std::vector<std::string>{}, py::arg("restore") = std::vector<std::string>{},
         py::arg("incast_target") = 0, "Raw traffic over the simulated fabric; returns the report as JSON text");
+  m.def("resolve_links", &testbed::resolve_links, py::arg("topology"), py::arg("selector"),
+        "link ids a selector names: ID, NODE:NODE[:SUB] or GPU:planeP[:subS] (the sim's --fail syntax); "
+        "IfecError naming the selector when it is malformed or matches nothing");
 }
 
 }  // namespace ifec::bindings

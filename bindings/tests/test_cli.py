@@ -205,6 +205,14 @@ def test_bench_moe_creates_its_output_directory_first(build_dir, repo, tmp_path)
     assert out.returncode == 1 and "is not a directory" in out.stderr  # refused before any point runs
 
 
+def test_bench_moe_refuses_a_bad_ep_before_any_point_runs(build_dir, repo):
+    if "bench moe" not in cli(build_dir, repo, "help").stdout:
+        pytest.skip("built without LibTorch")
+    out = cli(build_dir, repo, "bench", "moe", "--ep", "8,6", "--mode", "ll", "--topo", TOPO_8x2, timeout=10)
+    assert out.returncode == 1 and "EP size 6 does not divide 256 experts" in out.stderr, out.stderr
+    assert "runs done" not in out.stderr  # EP 8's runs did not go first
+
+
 def test_only_the_moe_build_loads_libtorch_and_a_missing_one_is_named(build_dir, repo, tmp_path):
     """ifec-cli starts without LibTorch and hands `bench moe` to ifec-cli-moe beside it."""
     if "bench moe" not in cli(build_dir, repo, "help").stdout:

@@ -13,7 +13,8 @@ from ifec import live
 pytestmark = live_marks(180)
 
 
-def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
+def _cli(repo, build_dir, tmp_path):
+    """`./ifec live ARGS` in its own process, its state under tmp_path."""
     env = dict(os.environ, PYTHONPATH=str(build_dir / "python"), IFEC_BIN_DIR=str(build_dir / "bin"),
                IFEC_LIVE_STATE=str(tmp_path / "state"))
 
@@ -23,6 +24,11 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
         if ok:
             assert r.returncode == 0, r.stdout + r.stderr
         return r
+    return cli
+
+
+def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
+    cli = _cli(repo, build_dir, tmp_path)
 
     try:
         up = cli("up", "testbed/topologies/superpod-8x2.yaml", "--logs", str(tmp_path / "logs"))
@@ -38,6 +44,17 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
         assert row[0] == "262144" and float(row[2]) > 0 and float(row[3]) > 0, cmp
         assert "down" in cli("fail", "gpu5:2").stdout
         assert "up" in cli("restore", "gpu5:2").stdout
+        # The sim's selectors mean the same here: GPU:planeP is the GPU's whole Y-cable on that plane.
+        both = cli("fail", "gpu5:plane1").stdout
+        assert "gpu5:2 - p1-sw:10" in both and "gpu5:3 - p1-sw:11" in both, both
+        cli("restore", "gpu5:plane1")
+        for args, why in ((("fail", "gpu5:plane1:sub"), "expected 'subN', got 'sub'"),
+                          (("ctl", "link", "gpu5:plane1:sub0"), "expected up or down, got None"),
+                          (("ctl", "weights", "gpu0", "x"), "expected a whole number, got 'x'"),
+                          (("run", "moe", "--tokens", "0"), "'0' is not a whole number >= 1"),
+                          (("capture", "gpu5:plane1", str(tmp_path / "x.pcap")), "names 2 links (22, 23)")):
+            r = cli(*args, ok=False)
+            assert r.returncode != 0 and why in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
         counters = cli("ctl", "counters", "p0-sw").stdout
         assert "reservations" in counters and "port0.rx_frames" in counters, counters
         assert "plane 1) down" in cli("ctl", "link", "gpu5:plane1:sub0", "down").stdout
@@ -65,3 +82,18 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert live.MGMT_BRIDGE not in links
     assert "nothing is up" in cli("down").stdout
+
+
+def test_a_bad_file_is_named_and_an_up_that_times_out_is_taken_down_again(repo, build_dir, tmp_path):
+    cli = _cli(repo, build_dir, tmp_path)
+    missing = cli("up", str(tmp_path / "no.yaml"), ok=False)
+    assert missing.returncode == 1 and f"{tmp_path}/no.yaml: cannot open topology file" in missing.stderr
+    try:
+        slow = cli("up", "testbed/topologies/superpod-8x2.yaml", "--logs", str(tmp_path / "logs"), "--timeout", "3",
+                   ok=False)
+        assert slow.returncode == 1 and "not up after 3 s (taken down again" in slow.stderr, slow.stderr
+        assert not (tmp_path / "state" / "state.json").exists()
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+        assert live.MGMT_BRIDGE not in links
+    finally:
+        cli("down", ok=False)

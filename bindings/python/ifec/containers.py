@@ -278,15 +278,20 @@ def main(argv=None):
     except Exception as e:  # a bad topology file: say which and why
         print(f"testbed: {e}", file=sys.stderr)
         return 1
-    out = a.out or os.path.join("testbed", "compose", topo.name)
-    if a.cmd == "compose":
-        print(f"wrote {write_compose(topo, out)}")
-    else:
-        os.makedirs(out, exist_ok=True)
-        path = os.path.join(out, "k8s.yaml")
-        with open(path, "w") as f:
-            f.write(k8s(topo, header(topo, "k8s")))
-        print(f"wrote {path}")
+    # ./ifec names the repository (IFEC_ROOT), so the default lands there whatever the current directory.
+    out = a.out or os.path.join(os.environ.get("IFEC_ROOT", "."), "testbed", "compose", topo.name)
+    try:
+        if a.cmd == "compose":
+            print(f"wrote {write_compose(topo, out)}")
+        else:
+            os.makedirs(out, exist_ok=True)
+            path = os.path.join(out, "k8s.yaml")
+            with open(path, "w") as f:
+                f.write(k8s(topo, header(topo, "k8s")))
+            print(f"wrote {path}")
+    except OSError as e:
+        print(f"testbed {a.cmd}: --out {out}: {e.strerror}: {e.filename}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -243,35 +243,43 @@ class LiveFabric:
             merged["error"] = "; ".join(errors)
         return merged
 
-    def link(self, selector):
-        """A link by id, as "NODE:PORT" (either end), or as "GPU:planeP[:subS]" (the sim's syntax)."""
-        if isinstance(selector, int) or str(selector).isdigit():
-            if int(selector) >= len(self.links):
-                raise LiveError(f"no link '{selector}' (ids 0..{len(self.links) - 1})")
-            return self.links[int(selector)]
+    def select_links(self, selector):
+        """The links a selector names: the sim's (a link id, NODE:NODE[:SUB] for every link between two nodes or one
+        sub-link, GPU:planeP for the GPU's whole Y-cable on plane P, GPU:planeP:subS for one sub-link) or NODE:PORT
+        (the link on that port of either end)."""
         parts = str(selector).split(":")
-        if len(parts) >= 2 and parts[1].startswith("plane"):
-            sub = int(parts[2][3:]) if len(parts) > 2 and parts[2].startswith("sub") else 0
-            for l in self.links:
-                if parts[0] in (l["a"], l["b"]) and f"plane{l['plane']}" == parts[1] and l["subport"] == sub:
-                    return l
-        elif len(parts) == 2:
+        if len(parts) == 2 and parts[1].isdigit():
             node, port = parts
             for l in self.links:
                 if (l["a"] == node and str(l["a_port"]) == port) or (l["b"] == node and str(l["b_port"]) == port):
-                    return l
-        raise LiveError(f"no link '{selector}' (give a link id, NODE:PORT or GPU:planeP[:subS])")
+                    return [l]
+            raise LiveError(f"link selector '{selector}': {node} has no link on port {port}")
+        try:
+            return [self.links[i] for i in _native.resolve_links(self.topo, str(selector))]
+        except ValueError as e:  # IfecError names the selector and what is wrong with it
+            raise LiveError(f"{e} (or NODE:PORT)")
+
+    def link(self, selector):
+        """The one link a selector names (a Y-cable's two sub-links are two links: add :subS)."""
+        ls = self.select_links(selector)
+        if len(ls) != 1:
+            ids = ", ".join(str(l["id"]) for l in ls)
+            raise LiveError(f"link selector '{selector}' names {len(ls)} links ({ids}); "
+                            "name one (a link id, NODE:PORT or GPU:planeP:subS)")
+        return ls[0]
 
     def set_link(self, selector, up):
-        """Takes a link down or up at its switch end (the other end loses carrier with it)."""
+        """Takes the links `selector` names down or up at their switch ends (the other ends lose carrier with them);
+        returns them."""
         grpc, pb, _ = _grpc()
-        l = self.link(selector)
-        sw_end = "a" if next(n for n in self.nodes if n["name"] == l["a"])["kind"] == "switch" else "b"
-        try:
-            self.stub(l[sw_end]).SetLink(pb.SetLinkRequest(port=l[sw_end + "_port"], up=up), timeout=5)
-        except grpc.RpcError as e:
-            raise LiveError(f"{l[sw_end]}: {e.code().name}: {e.details()}")
-        return l
+        ls = self.select_links(selector)
+        for l in ls:
+            sw_end = "a" if next(n for n in self.nodes if n["name"] == l["a"])["kind"] == "switch" else "b"
+            try:
+                self.stub(l[sw_end]).SetLink(pb.SetLinkRequest(port=l[sw_end + "_port"], up=up), timeout=5)
+            except grpc.RpcError as e:
+                raise LiveError(f"{l[sw_end]}: {e.code().name}: {e.details()}")
+        return ls
 
     def set_loss(self, switch, probability, port=-1, seed=1):
         """Drops frames `switch` forwards out of `port` (-1: all) with `probability` (no netem here)."""
@@ -521,28 +529,53 @@ def _alive(pid):
 def attach():
     """A LiveFabric for the testbed `up` started (control only: no Mininet objects in this process)."""
     st = _read_state()
+    if not st.get("ready", True):
+        raise LiveError(f"the live testbed is still coming up (supervisor {st['supervisor']}); wait for ./ifec live up, "
+                        "or ./ifec live down")
     fab = LiveFabric(st["topology"], log_dir=st["log_dir"])
     fab.host_pids = st.get("host_pids", {})
     return fab
 
 
+class _Stopped(Exception):
+    """SIGTERM/SIGINT during a bring-up: unwinds LiveFabric.up, which takes down what it made."""
+
+
+def _write_state(**state):
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = _state_file().with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(_state_file())
+
+
 def _serve(topology_file, log_dir):
-    fab = LiveFabric(topology_file, log_dir=log_dir)
     progress_file = pathlib.Path(log_dir) / "progress.log"
     prog = open(progress_file, "a", buffering=1)
     stop = []
-    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
-    signal.signal(signal.SIGINT, lambda *a: stop.append(1))
+
+    def interrupt(*_):
+        raise _Stopped()
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     try:
+        # The state names this supervisor from the start, so `down` finds a bring-up still under way.
+        _write_state(topology=str(topology_file), log_dir=str(log_dir), supervisor=os.getpid(), ready=False)
+        fab = LiveFabric(topology_file, log_dir=log_dir)
         fab.up(progress=lambda line: prog.write(line + "\n"))
+    except _Stopped:
+        _state_file().unlink(missing_ok=True)
+        prog.write("FAILED: stopped during the bring-up (everything it made is down again)\n")
+        return 1
     except Exception as e:
+        _state_file().unlink(missing_ok=True)
         prog.write(f"FAILED: {e}\n")
         return 1
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    _state_file().write_text(json.dumps(dict(
-        topology=fab.topology_file, log_dir=str(fab.log_dir), supervisor=os.getpid(),
-        host_pids={n: h.pid for n, h in fab.hosts.items()},
-        daemon_pids={n: p.pid for n, p in fab.procs.items()})))
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *a: stop.append(1))
+    _write_state(topology=fab.topology_file, log_dir=str(fab.log_dir), supervisor=os.getpid(), ready=True,
+                 host_pids={n: h.pid for n, h in fab.hosts.items()},
+                 daemon_pids={n: p.pid for n, p in fab.procs.items()})
     prog.write("READY\n")
     while not stop:
         time.sleep(0.2)
@@ -557,18 +590,23 @@ def _cmd_up(args):
         raise LiveError(f"a live testbed is already up ({_state_file()}); ./ifec live down first")
     if why := unavailable():
         raise LiveError(why)
+    if not args.timeout > 0:
+        raise LiveError(f"--timeout {args.timeout}: expected a positive number of seconds")
+    topo_file = pathlib.Path(args.file).resolve()
+    _native.load_topology(str(topo_file))  # a bad file is named here, not in the supervisor's log
     log_dir = pathlib.Path(args.logs or f"/tmp/ifec-live")
     log_dir.mkdir(parents=True, exist_ok=True)
     progress = log_dir / "progress.log"
     progress.write_text("")
-    sup = subprocess.Popen([sys.executable, "-m", "ifec.live", "_serve", str(pathlib.Path(args.file).resolve()),
-                            str(log_dir)], start_new_session=True, stdout=open(log_dir / "supervisor.log", "w"),
-                           stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parent.parent)))
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parent.parent))
+    sup = subprocess.Popen([sys.executable, "-m", "ifec.live", "_serve", str(topo_file), str(log_dir)],
+                           start_new_session=True, stdout=open(log_dir / "supervisor.log", "w"),
+                           stderr=subprocess.STDOUT, env=env)
     shown, t0 = 0, time.time()
     while True:
         lines = progress.read_text().splitlines()
         for line in lines[shown:]:
-            if line not in ("READY", "DOWN"):
+            if line not in ("READY", "DOWN") and not line.startswith("FAILED"):
                 print(line, flush=True)
         shown = len(lines)
         if "READY" in lines:
@@ -576,11 +614,18 @@ def _cmd_up(args):
             print(f"live: up ({time.time() - t0:.1f} s); daemons' logs in {st['log_dir']}; "
                   f"./ifec live status | run | fail | restore | capture | down")
             return 0
-        if any(l.startswith("FAILED") for l in lines) or sup.poll() is not None:
-            raise LiveError(f"bring-up failed (see {log_dir}/supervisor.log and {log_dir}/NODE.log)")
+        failed = [l[len("FAILED: "):] for l in lines if l.startswith("FAILED")]
+        if failed or sup.poll() is not None:
+            why = failed[0] if failed else f"the supervisor exited with status {sup.poll()}"
+            raise LiveError(f"bring-up failed: {why} (logs: {log_dir}/supervisor.log, {log_dir}/NODE.log)")
         if time.time() - t0 > args.timeout:
-            sup.terminate()
-            raise LiveError(f"not up after {args.timeout:.0f} s")
+            sup.terminate()  # the supervisor unwinds the bring-up and takes down what it made
+            try:
+                sup.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                raise LiveError(f"not up after {args.timeout:g} s, and its supervisor (pid {sup.pid}) did not stop "
+                                "within 120 s; ./ifec live down")
+            raise LiveError(f"not up after {args.timeout:g} s (taken down again; logs in {log_dir})")
         time.sleep(0.2)
 
 
@@ -592,10 +637,12 @@ def _cmd_down(args):
         return 0
     pid = st["supervisor"]
     if _alive(pid):
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)  # a bring-up under way unwinds; a testbed that is up goes down
         t0 = time.time()
-        while _alive(pid) and time.time() - t0 < 30:
+        while _alive(pid) and time.time() - t0 < 120:
             time.sleep(0.1)
+        if _alive(pid):
+            raise LiveError(f"the supervisor (pid {pid}) is still taking the testbed down after 120 s")
     leftovers = [n for n, p in st.get("daemon_pids", {}).items() if _alive(p)]
     _state_file().unlink(missing_ok=True)
     if leftovers:
@@ -692,11 +739,49 @@ def _cmd_compare(args):
     return status
 
 
+def _link_text(l):
+    return f"link {l['id']} ({l['a']}:{l['a_port']} - {l['b']}:{l['b_port']}, plane {l['plane']})"
+
+
 def _cmd_link(args, up):
     fab = args.attach()
-    l = fab.set_link(args.link, up)
-    print(f"live: link {l['id']} ({l['a']}:{l['a_port']} - {l['b']}:{l['b_port']}) {'up' if up else 'down'}")
+    for l in fab.set_link(args.link, up):
+        print(f"live: {_link_text(l)} {'up' if up else 'down'}")
     return 0
+
+
+def _bounded_int(text, what, lo, hi=None):
+    """int(text) within lo..hi, or LiveError naming `what` and the text."""
+    try:
+        v = int(text)
+    except (TypeError, ValueError):
+        raise LiveError(f"{what}: expected a whole number, got {text!r}")
+    if v < lo or (hi is not None and v > hi):
+        raise LiveError(f"{what}: {v} outside {lo}..{'' if hi is None else hi}")
+    return v
+
+
+def _positive_float(text, what):
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if not v > 0 or v == float("inf"):
+        raise LiveError(f"{what}: expected a positive number, got {text!r}")
+    return v
+
+
+def _at_least(lo):
+    """An argparse type: a whole number >= lo (protobuf takes 0 for "the default", so 0 must not slip through)."""
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            v = lo - 1
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {lo}")
+        return v
+    return parse
 
 
 def _cmd_capture(args):
@@ -714,8 +799,10 @@ def _cmd_ctl(args):
     fab = args.attach()
     try:
         if args.what == "link":
-            l = fab.set_link(args.target, args.arg == "up")
-            print(f"{l['a']}:{l['a_port']} - {l['b']}:{l['b_port']} (link {l['id']}, plane {l['plane']}) {args.arg}")
+            if args.arg not in ("up", "down"):
+                raise LiveError(f"ctl link {args.target}: expected up or down, got {args.arg!r}")
+            for l in fab.set_link(args.target, args.arg == "up"):
+                print(f"{_link_text(l)} {args.arg}")
             return 0
         stub = fab.stub(args.target)
         if args.what == "counters":
@@ -738,12 +825,14 @@ def _cmd_ctl(args):
                 ip = ".".join(str((r.dst_ip >> s) & 255) for s in (24, 16, 8, 0))
                 print(f"{ip:<16} " + ", ".join(f"port {w.port} {w.gbps:g} Gb/s" for w in r.group))
         elif args.what == "weights":
-            r = stub.FareWeights(pb.FareWeightsRequest(dest_gpu=int(args.arg)), timeout=5)
+            dest = _bounded_int(args.arg, f"ctl weights {args.target}: the destination GPU", 0, fab.topo.num_gpus - 1)
+            r = stub.FareWeights(pb.FareWeightsRequest(dest_gpu=dest), timeout=5)
             print(", ".join(f"port {w.port}: {w.gbps:g} Gb/s" for w in r.weights) or "no route")
             if r.plane_gbps:
                 print("per plane: " + ", ".join(f"plane {i}: {g:g} Gb/s" for i, g in enumerate(r.plane_gbps)))
         elif args.what == "events":
-            for e in stub.Events(pb.EventsRequest(since_uptime_ns=0), timeout=float(args.arg or 1)):
+            seconds = _positive_float(args.arg or "1", f"ctl events {args.target}: seconds")
+            for e in stub.Events(pb.EventsRequest(since_uptime_ns=0), timeout=seconds):
                 print(f"{e.uptime_ns / 1e9:10.3f} s  {e.node:<8} {e.kind:<10} {e.detail}")
         elif args.what == "status":
             print(json.dumps(MessageToDict(stub.Status(pb.Empty(), timeout=5), preserving_proto_field_name=True),
@@ -766,27 +855,27 @@ def add_fabric_commands(sub, driver="live"):
     run.add_argument("--bytes", default="1048576", help="SIZE[,SIZE...] in bytes")
     run.add_argument("--dtype", help="fp32|bf16|fp16|int32 (default fp32; moe: bf16)")
     run.add_argument("--op", default="sum")
-    run.add_argument("--root", type=int, default=0)
-    run.add_argument("--seed", type=int, default=1)
+    run.add_argument("--root", type=_at_least(0), default=0)
+    run.add_argument("--seed", type=_at_least(1), default=1)
     for flag, default in (("--tokens", 32), ("--hidden", 512), ("--inter", 16), ("--experts", 32), ("--topk", 8)):
-        run.add_argument(flag, type=int, default=default, help=f"moe: default {default}")
+        run.add_argument(flag, type=_at_least(1), default=default, help=f"moe: default {default}")
     cmp = sub.add_parser("compare", help="the same collective on the simulator and the live fabric, side by side")
     cmp.add_argument("collective", choices=["allreduce", "reduce", "multicast", "barrier"])
     cmp.add_argument("--algo", default="ifec")
     cmp.add_argument("--bytes", default="1048576", help="SIZE[,SIZE...]")
-    cmp.add_argument("--seed", type=int, default=1)
+    cmp.add_argument("--seed", type=_at_least(1), default=1)
     for name in ("fail", "restore"):
-        s = sub.add_parser(name, help=f"{'take a link down' if name == 'fail' else 'bring a link back'} "
-                                      "(id, NODE:PORT or GPU:planeP[:subS])")
+        s = sub.add_parser(name, help=f"{'take links down' if name == 'fail' else 'bring links back'} "
+                                      "(id, NODE:PORT, NODE:NODE[:SUB], GPU:planeP (the Y-cable) or GPU:planeP:subS)")
         s.add_argument("link")
     cap = sub.add_parser("capture", help="capture a link to a pcap")
     cap.add_argument("link")
     cap.add_argument("file")
-    cap.add_argument("--seconds", type=int, default=5)
+    cap.add_argument("--seconds", type=_at_least(1), default=5)
     ctl = sub.add_parser("ctl", help="ask one daemon: counters|groups|routes|status NODE, weights GPU DEST, "
                                      "link LINK up|down, events NODE [SECONDS]")
     ctl.add_argument("what", choices=["counters", "groups", "routes", "status", "weights", "link", "events"])
-    ctl.add_argument("target", help="a node (p0-sw, gpu3) or, for link, a link (gpu5:plane1:sub0, NODE:PORT, id)")
+    ctl.add_argument("target", help="a node (p0-sw, gpu3) or, for link, links (gpu5:plane1[:sub0], NODE:PORT, id)")
     ctl.add_argument("arg", nargs="?", help="link: up|down; weights: the destination GPU; events: seconds")
     return {"status": _cmd_status, "run": _cmd_run, "fail": lambda x: _cmd_link(x, False),
             "restore": lambda x: _cmd_link(x, True), "capture": _cmd_capture, "ctl": _cmd_ctl,
@@ -811,7 +900,7 @@ def main(argv=None):
         if a.cmd == "_serve":
             return _serve(a.file, a.logs)
         return dict(handlers, up=_cmd_up, down=_cmd_down)[a.cmd](a)
-    except LiveError as e:
+    except (LiveError, ValueError) as e:  # ValueError: IfecError from the native side names the bad value
         print(f"live: {e}", file=sys.stderr)
         return 1
 

@@ -99,13 +99,14 @@ int run_exercise(ifec::live::HostRing& hr, Options o) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (__atomic_load_n(&info.ready, __ATOMIC_ACQUIRE) == 0) {
     IFEC_CHECK(std::chrono::steady_clock::now() < deadline, "hostd of GPU " << info.gpu << " never drained its ring");
+    IFEC_CHECK(hr.owner_alive(), "hostd of GPU " << info.gpu << " (pid " << info.owner_pid << ") stopped");
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   uint8_t* data = hr.data();
   const uint64_t errors0 = hr.ring().errors();
   const auto t0 = std::chrono::steady_clock::now();
   o.gpu ? post_from_gpu(hr, o) : post_from_cpu(hr, o);
-  const bool quiet = hr.ring().quiet(std::chrono::seconds(60));
+  const bool quiet = hr.quiet(std::chrono::seconds(60));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Load the rows back through the fabric and compare.
   for (uint64_t i = 0; i < ex.puts; ++i) {
@@ -114,7 +115,7 @@ int run_exercise(ifec::live::HostRing& hr, Options o) {
     d.local_addr = back_at + i * ex.row_bytes;
     hr.ring().post(d);
   }
-  const bool quiet_back = hr.ring().quiet(std::chrono::seconds(60));
+  const bool quiet_back = hr.quiet(std::chrono::seconds(60));
   uint64_t wrong_bytes = 0;
   for (uint64_t i = 0; i < ex.puts; ++i) {
     for (uint64_t k = 0; k < ex.row_bytes; ++k) {

@@ -20,7 +20,9 @@ const char* kUsage =
     "  --topo FILE       the topology (YAML) every daemon of the fabric runs from; env:NAME reads it from\n"
     "                    environment variable NAME (containers)\n"
     "  --node NAME       the topology node this daemon is (%s)\n"
-    "  --listen ADDR     gRPC address (default: the node's management address 172.31.x.y:50051)\n"
+    "  --listen ADDR     gRPC address HOST:PORT (default: the node's management address 172.31.x.y:50051);\n"
+    "                    Prometheus metrics listen apart from it, on the management address :9400 (with\n"
+    "                    --loopback-mgmt 127.0.0.1:9400 + node index, with --mgmt-names 0.0.0.0:9400)\n"
     "  --netns NAME      open the fabric interfaces (f<port>) in this network namespace\n"
     "  --loopback-mgmt   every daemon on 127.0.0.1, port 50051 + node index (tests)\n"
     "  --mgmt-names      every daemon at its node name (containers: DNS), gRPC :50051, metrics :9400\n"
@@ -45,6 +47,13 @@ bool parse_daemon_options(int argc, char** argv, DaemonOptions* o, const char* w
       value(&o->node);
     } else if (a == "--listen") {
       value(&o->listen);
+      const size_t colon = o->listen.rfind(':');
+      const std::string port = colon == std::string::npos ? "" : o->listen.substr(colon + 1);
+      IFEC_CHECK(colon != std::string::npos && colon > 0 && !port.empty() && port.size() <= 5 &&
+                     port.find_first_not_of("0123456789") == std::string::npos,
+                 "--listen '" << o->listen << "': expected HOST:PORT (e.g. 0.0.0.0:50051)");
+      IFEC_CHECK(std::stoi(port) >= 1 && std::stoi(port) <= 65535,
+                 "--listen '" << o->listen << "': port " << std::stoi(port) << " outside 1..65535");
     } else if (a == "--netns") {
       value(&o->netns);
     } else if (a == "--loopback-mgmt") {

@@ -2,6 +2,7 @@
 #include "ifec/live/host_ring.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -75,6 +76,7 @@ std::unique_ptr<HostRing> HostRing::create(const std::string& node, uint32_t gpu
   info->data_bytes = align_up(data_bytes, 4096);
   info->window = kHostRingWindow;
   info->window_bytes = window_bytes;
+  info->owner_pid = static_cast<int32_t>(getpid());
   endpoint::DescriptorRing::init_region(base + ring_offset, data_offset - ring_offset, capacity);
   return std::unique_ptr<HostRing>(new HostRing(base, bytes, true, path));
 }
@@ -98,7 +100,27 @@ std::unique_ptr<HostRing> HostRing::open(const std::string& node) {
     munmap(base, static_cast<size_t>(st.st_size));
     IFEC_FAIL(path << ": not a version-1 ifec descriptor ring");
   }
-  return std::unique_ptr<HostRing>(new HostRing(base, static_cast<size_t>(st.st_size), false, path));
+  std::unique_ptr<HostRing> ring(new HostRing(base, static_cast<size_t>(st.st_size), false, path));
+  IFEC_CHECK(ring->owner_alive(),
+             path << ": a stale ring: the ifec-hostd that made it (pid " << info->owner_pid << ") is not running");
+  return ring;
+}
+
+bool HostRing::owner_alive() const { return kill(info_->owner_pid, 0) == 0 || errno == EPERM; }
+
+bool HostRing::quiet(std::chrono::nanoseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (ring_.quiet(std::min<std::chrono::nanoseconds>(left, std::chrono::milliseconds(200)))) {
+      return true;
+    }
+    IFEC_CHECK(owner_alive(), path_ << ": its ifec-hostd (pid " << info_->owner_pid << ") stopped with "
+                                    << ring_.issued() - ring_.completed() << " descriptors not completed");
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return false;
+    }
+  }
 }
 
 void RingDataMemory::read(uint64_t addr, void* dst, size_t len) {

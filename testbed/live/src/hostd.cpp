@@ -46,7 +46,7 @@ constexpr common::TimeNs kRingPollIdleNs = 1'000'000;  // otherwise
 // operation was left by some rank, instead of holding a thread until the timeout.
 class Hub {
  public:
-  explicit Hub(int n) : n_(n) {}
+  explicit Hub(std::vector<std::string> rank_names) : n_(static_cast<int>(rank_names.size())), names_(rank_names) {}
   grpc::Status gather(const std::string& node, const v1::AllgatherRequest& q, v1::AllgatherReply* out) {
     const int rank = q.rank();
     if (rank < 0 || rank >= n_) {
@@ -84,13 +84,17 @@ class Hub {
       ++r->arrived;
     }
     cv_.notify_all();
-    if (!cv_.wait_for(lock, kAllgatherWait, [&] { return r->arrived == n_ || r->superseded; })) {
+    if (!cv_.wait_for(lock, kAllgatherWait, [&] { return r->arrived == n_ || r->superseded || stopping_; })) {
       std::string missing;
       for (int k = 0; k < n_; ++k) {
-        missing += r->in[k] ? "" : (missing.empty() ? "" : ", ") + std::to_string(k);
+        missing += r->in[k] ? "" : (missing.empty() ? "" : ", ") + std::to_string(k) + " (" + names_[k] + ")";
       }
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, what + ": rank(s) " + missing + " did not arrive in " +
-                                                                   std::to_string(kAllgatherWait.count()) + " s");
+      // Not DEADLINE_EXCEEDED: the callers would read that as the hub's own silence, and lose who is missing.
+      return grpc::Status(grpc::StatusCode::ABORTED, what + ": rank(s) " + missing + " did not arrive in " +
+                                                         std::to_string(kAllgatherWait.count()) + " s");
+    }
+    if (stopping_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, what + ": " + node + " is stopping");
     }
     if (r->arrived < n_) {
       return grpc::Status(grpc::StatusCode::ABORTED,
@@ -104,6 +108,12 @@ class Hub {
     }
     return grpc::Status::OK;
   }
+  // Wakes every waiting gather with an error: the server's shutdown waits for its handlers to return.
+  void stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
 
  private:
   struct Round {
@@ -114,9 +124,11 @@ class Hub {
     bool superseded = false;
   };
   int n_;
+  std::vector<std::string> names_;  // each rank's node, for the errors
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t newest_ = 0;
+  bool stopping_ = false;
   std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<Round>> rounds_;  // (epoch, seq)
 };
 
@@ -764,7 +776,11 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   }
   const bool guest = !d.o.guest_mac.empty();
   if (d.rank == 0 && !guest) {
-    d.hub = std::make_unique<Hub>(static_cast<int>(d.ranks.size()));
+    std::vector<std::string> names;
+    for (int g : d.ranks) {
+      names.push_back(d.topo.nodes[d.topo.gpu_node(g)].name);
+    }
+    d.hub = std::make_unique<Hub>(std::move(names));
   }
   if (!guest) {
     d.ring = HostRing::create(d.o.node, static_cast<uint32_t>(d.gpu), static_cast<uint32_t>(d.topo.num_gpus()),
@@ -805,13 +821,21 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
 }
 
 HostDaemon::~HostDaemon() {
+  if (impl_->hub) {
+    impl_->hub->stop();
+  }
   if (impl_->server) {
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
 }
 
 void HostDaemon::run() { impl_->rt->serve(); }
-void HostDaemon::stop() { impl_->rt->loop().stop(); }
+void HostDaemon::stop() {
+  if (impl_->hub) {
+    impl_->hub->stop();  // any thread: the hub locks
+  }
+  impl_->rt->loop().stop();
+}
 
 int hostd_main(int argc, char** argv) { return serve<HostDaemon>(argc, argv, "a GPU"); }
 

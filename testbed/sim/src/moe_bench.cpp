@@ -117,8 +117,7 @@ double overlapped_us(const MoeBenchConfig& cfg, const MoePoint& p, const PointIn
 
 }  // namespace
 
-std::vector<MoeBenchRow> run_moe_point(const MoeBenchConfig& cfg, const MoePoint& p,
-                                       const std::vector<MoeVariant>& variants) {
+void validate_moe_point(const MoeBenchConfig& cfg, const MoePoint& p) {
   cfg.model.validate();
   IFEC_CHECK(p.ep >= 1 && p.ep <= cfg.topo.num_gpus(),
              "MoE point: EP size " << p.ep << " outside 1.." << cfg.topo.num_gpus() << " (the topology's GPUs)");
@@ -131,6 +130,11 @@ std::vector<MoeBenchRow> run_moe_point(const MoeBenchConfig& cfg, const MoePoint
   if (cfg.fp8_dispatch) {
     fp8_row_bytes(cfg.model.hidden);  // throws naming a hidden that is not a multiple of 128
   }
+}
+
+std::vector<MoeBenchRow> run_moe_point(const MoeBenchConfig& cfg, const MoePoint& p,
+                                       const std::vector<MoeVariant>& variants) {
+  validate_moe_point(cfg, p);
   const int64_t sim_tokens = cfg.token_cap > 0 ? std::min(p.tokens, cfg.token_cap) : p.tokens;
   const double scale = static_cast<double>(p.tokens) / static_cast<double>(sim_tokens);
   const PointInputs in = make_inputs(cfg, p, sim_tokens);
@@ -190,6 +194,9 @@ std::vector<MoeBenchRow> run_moe_point(const MoeBenchConfig& cfg, const MoePoint
 std::vector<MoeBenchRow> run_moe_points(const MoeBenchConfig& cfg, const std::vector<MoePoint>& points,
                                         const std::vector<MoeVariant>& variants, unsigned jobs,
                                         const std::function<void(size_t, size_t, const std::string&)>& progress) {
+  for (const MoePoint& p : points) {
+    validate_moe_point(cfg, p);  // every point before any runs: a bad one costs no minutes of the others
+  }
   const size_t nv = variants.size();
   std::vector<MoeBenchRow> rows(points.size() * nv);
   std::vector<std::string> errors(rows.size());

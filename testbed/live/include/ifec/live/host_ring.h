@@ -8,6 +8,7 @@
 // info.window_bytes on every rank for this).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -31,6 +32,7 @@ struct HostRingInfo {
   uint16_t window;        // kHostRingWindow
   uint64_t window_bytes;  // its size on every rank
   uint64_t ready;         // 1 once hostd drains the ring (after the fabric bootstrapped)
+  int32_t owner_pid;      // the hostd's process: a program sees a ring whose hostd died as stale
 };
 
 // The shared-memory path of hostd `node`.
@@ -42,8 +44,13 @@ class HostRing {
   static std::unique_ptr<HostRing> create(const std::string& node, uint32_t gpu, uint32_t ranks, size_t capacity,
                                           size_t data_bytes, uint64_t window_bytes);
   // A program: opens hostd `node`'s region. Throws common::Error naming the path and why (no such hostd ring, not
-  // a ring, a different version).
+  // a ring, a different version, a stale ring whose hostd is gone).
   static std::unique_ptr<HostRing> open(const std::string& node);
+  // Whether the hostd that made the ring still runs.
+  bool owner_alive() const;
+  // ring().quiet() that gives up, throwing common::Error naming the hostd, as soon as that hostd is gone; false when
+  // `timeout` passes first.
+  bool quiet(std::chrono::nanoseconds timeout);
   ~HostRing();
   HostRing(const HostRing&) = delete;
   HostRing& operator=(const HostRing&) = delete;

@@ -80,6 +80,9 @@ struct MoeBenchRow {
   double combine_line_fraction() const { return line_gbs > 0 ? combine_gbs() / line_gbs : 0; }
 };
 
+// Throws common::Error naming what is wrong with point `p` under `cfg` (EP size, tokens, mode, model shape).
+void validate_moe_point(const MoeBenchConfig& cfg, const MoePoint& p);
+
 // Runs `variants` at `p` (same tokens, routing and weights for each). Throws ifec::common::Error on bad input
 // (EP size above the topology's GPUs or not dividing the experts, tokens < 1) or a phase that fails.
 std::vector<MoeBenchRow> run_moe_point(const MoeBenchConfig& cfg, const MoePoint& p,
