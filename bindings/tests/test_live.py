@@ -218,8 +218,12 @@ def test_one_percent_loss_at_the_switches_is_repaired(fab):
 
 
 def test_a_control_plane_error_names_the_daemon_and_the_value(fab):
-    with pytest.raises(live.LiveError, match="no link 'gpu9:0'"):
+    with pytest.raises(live.LiveError, match="link selector 'gpu9:0': unknown node 'gpu9'"):
         fab.set_link("gpu9:0", False)
+    with pytest.raises(live.LiveError, match="link selector 'gpu1:9': gpu1 has no link on port 9"):
+        fab.set_link("gpu1:9", False)
+    with pytest.raises(live.LiveError, match="link selector 'gpu1:plane7': plane 7 outside"):
+        fab.set_link("gpu1:plane7", False)
     row = fab.run("allreduce", algo="ifec", bytes=1000, dtype="fp32")  # 1000 B is 250 fp32 elements: fine
     _ok(row)
     with pytest.raises(live.LiveError, match="not a positive whole number"):

@@ -250,6 +250,8 @@ class LiveFabric:
         parts = str(selector).split(":")
         if len(parts) == 2 and parts[1].isdigit():
             node, port = parts
+            if not any(n["name"] == node for n in self.nodes):
+                raise LiveError(f"link selector '{selector}': unknown node '{node}'")
             for l in self.links:
                 if (l["a"] == node and str(l["a_port"]) == port) or (l["b"] == node and str(l["b_port"]) == port):
                     return [l]
