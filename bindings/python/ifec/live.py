@@ -35,6 +35,12 @@ class LiveError(RuntimeError):
     """A live-testbed problem, naming the node, link or daemon concerned."""
 
 
+def _check_stop(should_stop):
+    """Between the steps of a bring-up: a stop asked for (SIGTERM/SIGINT to the supervisor) ends it."""
+    if should_stop():
+        raise LiveError("stopped during the bring-up (everything it made is down again)")
+
+
 def mgmt_ip(node_index):
     """The management address of topology node `node_index` (the daemons' own rule: node i at host i + 2)."""
     host = node_index + 2
@@ -74,7 +80,9 @@ class LiveFabric:
 
     # ------------------------------------------------------------------------------------------- bring-up --
 
-    def up(self, progress=print):
+    def up(self, progress=print, should_stop=lambda: False):
+        """Brings the topology up; `should_stop()`, asked between steps, ends the bring-up early (LiveError) with
+        everything it made taken down again."""
         from mininet.log import setLogLevel
         from mininet.net import Mininet
         from mininet.nodelib import LinuxBridge
@@ -97,12 +105,14 @@ class LiveFabric:
                 self.net.addLink(self.hosts[l["a"]], self.hosts[l["b"]],
                                  intfName1=f"f{l['a_port']}", intfName2=f"f{l['b_port']}")
             self.net.build()
+            _check_stop(should_stop)
             self.net.start()
             self._configure()
+            _check_stop(should_stop)
             progress(f"live: {len(self.nodes)} hosts, {len(self.links)} links, management bridge {MGMT_BRIDGE} "
                      f"({time.time() - t0:.1f} s)")
             self._start_daemons()
-            self._wait_ready(progress)
+            self._wait_ready(progress, should_stop)
             progress(f"live: every daemon ready, FARE converged ({time.time() - t0:.1f} s)")
         except BaseException:
             self.down()
@@ -154,10 +164,11 @@ class LiveFabric:
         """Extra command-line arguments of node `nd`'s daemon (none here; ifec.rxe's guests add theirs)."""
         return []
 
-    def _wait_ready(self, progress):
+    def _wait_ready(self, progress, should_stop=lambda: False):
         deadline = time.time() + self.ready_timeout
         last = None
         while True:
+            _check_stop(should_stop)
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
             if dead:
                 raise LiveError(f"daemon(s) exited during bring-up: " + "; ".join(
@@ -258,7 +269,7 @@ class LiveFabric:
             raise LiveError(f"link selector '{selector}': {node} has no link on port {port}")
         try:
             return [self.links[i] for i in _native.resolve_links(self.topo, str(selector))]
-        except ValueError as e:  # IfecError names the selector and what is wrong with it
+        except (ValueError, IndexError) as e:  # IfecError names the selector and what is wrong with it
             raise LiveError(f"{e} (or NODE:PORT)")
 
     def link(self, selector):
@@ -275,12 +286,14 @@ class LiveFabric:
         returns them."""
         grpc, pb, _ = _grpc()
         ls = self.select_links(selector)
-        for l in ls:
+        for i, l in enumerate(ls):
             sw_end = "a" if next(n for n in self.nodes if n["name"] == l["a"])["kind"] == "switch" else "b"
             try:
                 self.stub(l[sw_end]).SetLink(pb.SetLinkRequest(port=l[sw_end + "_port"], up=up), timeout=5)
             except grpc.RpcError as e:
-                raise LiveError(f"{l[sw_end]}: {e.code().name}: {e.details()}")
+                ids = ", ".join(str(x["id"]) for x in ls[:i])
+                done = f" (link(s) {ids} already {'up' if up else 'down'})" if i else ""
+                raise LiveError(f"{l[sw_end]}: {e.code().name}: {e.details()}{done}")
         return ls
 
     def set_loss(self, switch, probability, port=-1, seed=1):
@@ -539,10 +552,6 @@ def attach():
     return fab
 
 
-class _Stopped(Exception):
-    """SIGTERM/SIGINT during a bring-up: unwinds LiveFabric.up, which takes down what it made."""
-
-
 def _write_state(**state):
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     tmp = _state_file().with_suffix(".tmp")
@@ -553,33 +562,27 @@ def _write_state(**state):
 def _serve(topology_file, log_dir):
     progress_file = pathlib.Path(log_dir) / "progress.log"
     prog = open(progress_file, "a", buffering=1)
+    # The handlers only note the stop: the bring-up asks between its steps (an exception raised inside Mininet's
+    # shell I/O would leave its teardown unable to run), and a testbed that is up goes down in the loop below.
     stop = []
-
-    def interrupt(*_):
-        raise _Stopped()
-
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *a: stop.append(1))
     try:
         # The state names this supervisor from the start, so `down` finds a bring-up still under way.
         _write_state(topology=str(topology_file), log_dir=str(log_dir), supervisor=os.getpid(), ready=False)
         fab = LiveFabric(topology_file, log_dir=log_dir)
-        fab.up(progress=lambda line: prog.write(line + "\n"))
-    except _Stopped:
-        _state_file().unlink(missing_ok=True)
-        prog.write("FAILED: stopped during the bring-up (everything it made is down again)\n")
-        return 1
+        fab.up(progress=lambda line: prog.write(line + "\n"), should_stop=lambda: bool(stop))
     except Exception as e:
         _state_file().unlink(missing_ok=True)
         prog.write(f"FAILED: {e}\n")
         return 1
-    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
-    signal.signal(signal.SIGINT, lambda *a: stop.append(1))
     _write_state(topology=fab.topology_file, log_dir=str(fab.log_dir), supervisor=os.getpid(), ready=True,
                  host_pids={n: h.pid for n, h in fab.hosts.items()},
                  daemon_pids={n: p.pid for n, p in fab.procs.items()})
     prog.write("READY\n")
     while not stop:
+        for p in fab.procs.values():
+            p.poll()  # reaps a daemon that died: a zombie would still look alive to kill(pid, 0)
         time.sleep(0.2)
     fab.down()
     _state_file().unlink(missing_ok=True)

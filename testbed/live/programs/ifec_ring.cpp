@@ -52,10 +52,10 @@ void post_from_cpu(ifec::live::HostRing& hr, const Options& o) {
         for (uint64_t k = 0; k < ex.row_bytes; ++k) {
           data[ex.rows_at + i * ex.row_bytes + k] = ifec::endpoint::RingExercise::byte(ex.seed, i, k);
         }
-        hr.ring().post(ex.put(i));
+        hr.post(ex.put(i));
       }
       for (uint64_t i = t; i < ex.fetch_adds; i += o.threads) {
-        hr.ring().post(ex.fetch_add(i));
+        hr.post(ex.fetch_add(i));
       }
     });
   }
@@ -113,7 +113,7 @@ int run_exercise(ifec::live::HostRing& hr, Options o) {
     Descriptor d = ex.put(i);
     d.op = static_cast<uint8_t>(DescOp::kGet);
     d.local_addr = back_at + i * ex.row_bytes;
-    hr.ring().post(d);
+    hr.post(d);
   }
   const bool quiet_back = hr.quiet(std::chrono::seconds(60));
   uint64_t wrong_bytes = 0;
@@ -153,17 +153,17 @@ int run_bad(ifec::live::HostRing& hr) {
   d.length = 64;
   d.target = 9999;
   d.window = info.window;
-  hr.ring().post(d);
+  hr.post(d);
   d.target = static_cast<uint16_t>(target);
   d.window = 7777;
-  hr.ring().post(d);
+  hr.post(d);
   d.window = info.window;
   d.local_addr = info.data_bytes - 8;
-  hr.ring().post(d);
+  hr.post(d);
   d.local_addr = 0;
   d.remote_offset = info.window_bytes - 8;
-  hr.ring().post(d);
-  const bool quiet = hr.ring().quiet(std::chrono::seconds(30));
+  hr.post(d);
+  const bool quiet = hr.quiet(std::chrono::seconds(30));
   const uint64_t errors = hr.ring().errors() - errors0;
   Descriptor ok;
   ok.op = static_cast<uint8_t>(DescOp::kFetchAdd);
@@ -172,8 +172,8 @@ int run_bad(ifec::live::HostRing& hr) {
   ok.remote_offset = info.window_bytes - 8;
   ok.value = 1;
   ok.result_addr = 0;
-  hr.ring().post(ok);
-  const bool then_ok = hr.ring().quiet(std::chrono::seconds(30)) && hr.ring().errors() - errors0 == errors;
+  hr.post(ok);
+  const bool then_ok = hr.quiet(std::chrono::seconds(30)) && hr.ring().errors() - errors0 == errors;
   ifec::common::JsonObject o;
   o.add("posted", uint64_t{4}).add("completed", quiet).add("errors", errors).add("then_ok", then_ok);
   std::printf("%s\n", o.str().c_str());

@@ -2,13 +2,14 @@
 #include "ifec/live/host_ring.h"
 
 #include <fcntl.h>
-#include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "ifec/common/checks.h"
 
@@ -22,10 +23,13 @@ uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 std::string shm_name(const std::string& node) { return "/ifec-ring-" + node; }
 
+// Maps the region; the fd stays open (the owner's lock lives on it), closed here only on failure.
 uint8_t* map_fd(int fd, size_t bytes, const std::string& path) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
-  close(fd);
+  if (p == MAP_FAILED) {
+    close(fd);
+  }
   IFEC_CHECK(p != MAP_FAILED, path << ": mmap of " << bytes << " B failed: " << std::strerror(err));
   return static_cast<uint8_t*>(p);
 }
@@ -34,8 +38,9 @@ uint8_t* map_fd(int fd, size_t bytes, const std::string& path) {
 
 std::string host_ring_path(const std::string& node) { return "/dev/shm" + shm_name(node); }
 
-HostRing::HostRing(uint8_t* base, size_t bytes, bool owner, std::string path)
-    : base_(base),
+HostRing::HostRing(int fd, uint8_t* base, size_t bytes, bool owner, std::string path)
+    : fd_(fd),
+      base_(base),
       bytes_(bytes),
       owner_(owner),
       path_(std::move(path)),
@@ -47,6 +52,7 @@ HostRing::~HostRing() {
   if (owner_) {
     shm_unlink(path_.substr(std::string("/dev/shm").size()).c_str());
   }
+  close(fd_);
 }
 
 std::unique_ptr<HostRing> HostRing::create(const std::string& node, uint32_t gpu, uint32_t ranks, size_t capacity,
@@ -64,6 +70,8 @@ std::unique_ptr<HostRing> HostRing::create(const std::string& node, uint32_t gpu
     shm_unlink(shm_name(node).c_str());
     IFEC_FAIL(path << ": cannot size the descriptor ring to " << bytes << " B: " << std::strerror(err));
   }
+  // The owner's lock: held while hostd lives (the kernel drops it with the process, zombie or not).
+  flock(fd, LOCK_EX);
   uint8_t* base = map_fd(fd, bytes, path);
   auto* info = reinterpret_cast<HostRingInfo*>(base);
   std::memset(info, 0, sizeof *info);
@@ -78,7 +86,7 @@ std::unique_ptr<HostRing> HostRing::create(const std::string& node, uint32_t gpu
   info->window_bytes = window_bytes;
   info->owner_pid = static_cast<int32_t>(getpid());
   endpoint::DescriptorRing::init_region(base + ring_offset, data_offset - ring_offset, capacity);
-  return std::unique_ptr<HostRing>(new HostRing(base, bytes, true, path));
+  return std::unique_ptr<HostRing>(new HostRing(fd, base, bytes, true, path));
 }
 
 std::unique_ptr<HostRing> HostRing::open(const std::string& node) {
@@ -98,15 +106,35 @@ std::unique_ptr<HostRing> HostRing::open(const std::string& node) {
                   info->ring_offset < info->data_offset;
   if (!ok) {
     munmap(base, static_cast<size_t>(st.st_size));
+    close(fd);
     IFEC_FAIL(path << ": not a version-1 ifec descriptor ring");
   }
-  std::unique_ptr<HostRing> ring(new HostRing(base, static_cast<size_t>(st.st_size), false, path));
+  std::unique_ptr<HostRing> ring(new HostRing(fd, base, static_cast<size_t>(st.st_size), false, path));
   IFEC_CHECK(ring->owner_alive(),
              path << ": a stale ring: the ifec-hostd that made it (pid " << info->owner_pid << ") is not running");
   return ring;
 }
 
-bool HostRing::owner_alive() const { return kill(info_->owner_pid, 0) == 0 || errno == EPERM; }
+bool HostRing::owner_alive() const {
+  if (owner_) {
+    return true;
+  }
+  // Anyone may take a shared lock only once the owner's exclusive one is gone.
+  if (flock(fd_, LOCK_SH | LOCK_NB) == 0) {
+    flock(fd_, LOCK_UN);
+    return false;
+  }
+  return errno == EWOULDBLOCK;
+}
+
+void HostRing::post(const endpoint::Descriptor& d) {
+  for (int waits = 0; ring_.issued() - ring_.consumed() >= ring_.capacity(); ++waits) {
+    IFEC_CHECK(waits % 200 != 199 || owner_alive(),
+               path_ << ": its ifec-hostd (pid " << info_->owner_pid << ") stopped with the ring full");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ring_.post(d);
+}
 
 bool HostRing::quiet(std::chrono::nanoseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

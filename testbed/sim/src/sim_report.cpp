@@ -61,17 +61,25 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 bool all_digits(const std::string& s) { return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos; }
 
+// A whole number in a selector, at most 9 digits (std::stoi cannot overflow); throws naming the selector.
+int selector_number(const std::string& digits, const std::string& selector, const char* what) {
+  IFEC_CHECK(all_digits(digits),
+             "link selector '" << selector << "': " << what << " '" << digits << "' is not a number");
+  IFEC_CHECK(digits.size() <= 9, "link selector '" << selector << "': " << what << " " << digits << " is too large");
+  return std::stoi(digits);
+}
+
 int prefixed_number(const std::string& s, const std::string& prefix, const std::string& selector) {
   IFEC_CHECK(s.rfind(prefix, 0) == 0 && all_digits(s.substr(prefix.size())),
              "link selector '" << selector << "': expected '" << prefix << "N', got '" << s << "'");
-  return std::stoi(s.substr(prefix.size()));
+  return selector_number(s.substr(prefix.size()), selector, prefix.c_str());
 }
 
 }  // namespace
 
 std::vector<int> resolve_links(const routing::Topology& topo, const std::string& selector) {
   if (all_digits(selector)) {
-    const int id = std::stoi(selector);
+    const int id = selector_number(selector, selector, "link id");
     IFEC_CHECK(id < static_cast<int>(topo.links.size()), "link id " << id << " outside 0.." << topo.links.size() - 1);
     return {id};
   }
@@ -97,9 +105,7 @@ std::vector<int> resolve_links(const routing::Topology& topo, const std::string&
     IFEC_CHECK(b >= 0, "link selector '" << selector << "': unknown node '" << parts[1] << "'");
     int sub = -1;
     if (parts.size() == 3) {
-      IFEC_CHECK(all_digits(parts[2]),
-                 "link selector '" << selector << "': sub-link '" << parts[2] << "' is not a number");
-      sub = std::stoi(parts[2]);
+      sub = selector_number(parts[2], selector, "sub-link");
     }
     for (int l : topo.links_of(a)) {
       const routing::Link& lk = topo.links[l];

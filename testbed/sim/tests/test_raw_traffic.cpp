@@ -248,6 +248,17 @@ TEST(SimReport, ParsesTimesAndLinkSelectorsWithClearErrors) {
   }
   EXPECT_THROW(testbed::resolve_links(topo, "gpu5:plane9"), common::Error);
   EXPECT_THROW(testbed::parse_link_event(topo, "gpu5:plane2", false), common::Error);
+  // Numbers too large for an int are named, never std::out_of_range from std::stoi.
+  for (const std::string bad :
+       {"99999999999", "gpu5:plane99999999999", "gpu5:plane1:sub99999999999", "gpu5:p1-sw:99999999999"}) {
+    try {
+      testbed::resolve_links(topo, bad);
+      FAIL() << bad;
+    } catch (const common::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + bad + "'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("is too large"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(SimReport, SameSeedSameRunDifferentSeedDifferentHashing) {

@@ -32,7 +32,7 @@ struct HostRingInfo {
   uint16_t window;        // kHostRingWindow
   uint64_t window_bytes;  // its size on every rank
   uint64_t ready;         // 1 once hostd drains the ring (after the fabric bootstrapped)
-  int32_t owner_pid;      // the hostd's process: a program sees a ring whose hostd died as stale
+  int32_t owner_pid;      // the hostd's process (for messages; liveness is its lock on the region)
 };
 
 // The shared-memory path of hostd `node`.
@@ -46,8 +46,11 @@ class HostRing {
   // A program: opens hostd `node`'s region. Throws common::Error naming the path and why (no such hostd ring, not
   // a ring, a different version, a stale ring whose hostd is gone).
   static std::unique_ptr<HostRing> open(const std::string& node);
-  // Whether the hostd that made the ring still runs.
+  // Whether the hostd that made the ring still runs (it holds an exclusive lock on the region while it lives).
   bool owner_alive() const;
+  // ring().post() that waits for a free slot without spinning, throwing common::Error naming the hostd when that
+  // hostd is gone (a full ring would otherwise be waited on forever).
+  void post(const endpoint::Descriptor& d);
   // ring().quiet() that gives up, throwing common::Error naming the hostd, as soon as that hostd is gone; false when
   // `timeout` passes first.
   bool quiet(std::chrono::nanoseconds timeout);
@@ -62,7 +65,8 @@ class HostRing {
   size_t region_bytes() const { return bytes_; }
 
  private:
-  HostRing(uint8_t* base, size_t bytes, bool owner, std::string path);
+  HostRing(int fd, uint8_t* base, size_t bytes, bool owner, std::string path);
+  int fd_;
   uint8_t* base_;
   size_t bytes_;
   bool owner_;
