@@ -12,6 +12,10 @@ BUILD = pathlib.Path(os.environ.get("IFEC_BUILD_DIR", REPO / "build"))
 sys.path.insert(0, str(BUILD / "python"))
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (also ctest -L gpu); skips, saying why, without one")
+
+
 @pytest.fixture(scope="session")
 def repo():
     return REPO

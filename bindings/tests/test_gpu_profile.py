@@ -67,6 +67,7 @@ def test_a_grouped_kernel_that_computes_something_else_is_refused():
         g.same_as_loop(torch, loop[:8], loop, "EP 8, 2 tokens")
 
 
+@pytest.mark.gpu
 def test_on_a_cuda_gpu_it_measures_and_writes_that_gpus_profile(tmp_path, capsys):
     """The gpu case: the same kernels timed on this machine's GPU, fitted, written and readable."""
     if not torch.cuda.is_available():

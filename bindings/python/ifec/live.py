@@ -269,7 +269,7 @@ class LiveFabric:
             raise LiveError(f"link selector '{selector}': {node} has no link on port {port}")
         try:
             return [self.links[i] for i in _native.resolve_links(self.topo, str(selector))]
-        except (ValueError, IndexError) as e:  # IfecError names the selector and what is wrong with it
+        except ValueError as e:  # IfecError names the selector and what is wrong with it
             raise LiveError(f"{e} (or NODE:PORT)")
 
     def link(self, selector):
@@ -545,8 +545,8 @@ def attach():
     """A LiveFabric for the testbed `up` started (control only: no Mininet objects in this process)."""
     st = _read_state()
     if not st.get("ready", True):
-        raise LiveError(f"the live testbed is still coming up (supervisor {st['supervisor']}); wait for ./ifec live up, "
-                        "or ./ifec live down")
+        raise LiveError(f"the live testbed is still coming up (supervisor {st['supervisor']}); wait for "
+                        "./ifec live up, or ./ifec live down")
     fab = LiveFabric(st["topology"], log_dir=st["log_dir"])
     fab.host_pids = st.get("host_pids", {})
     return fab
@@ -780,12 +780,9 @@ def _at_least(lo):
     """An argparse type: a whole number >= lo (protobuf takes 0 for "the default", so 0 must not slip through)."""
     def parse(text):
         try:
-            v = int(text)
-        except ValueError:
-            v = lo - 1
-        if v < lo:
+            return _bounded_int(text, "", lo)
+        except LiveError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {lo}")
-        return v
     return parse
 
 

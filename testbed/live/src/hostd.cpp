@@ -46,7 +46,8 @@ constexpr common::TimeNs kRingPollIdleNs = 1'000'000;  // otherwise
 // operation was left by some rank, instead of holding a thread until the timeout.
 class Hub {
  public:
-  explicit Hub(std::vector<std::string> rank_names) : n_(static_cast<int>(rank_names.size())), names_(rank_names) {}
+  explicit Hub(std::vector<std::string> rank_names)
+      : n_(static_cast<int>(rank_names.size())), names_(std::move(rank_names)) {}
   grpc::Status gather(const std::string& node, const v1::AllgatherRequest& q, v1::AllgatherReply* out) {
     const int rank = q.rank();
     if (rank < 0 || rank >= n_) {
