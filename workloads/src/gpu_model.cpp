@@ -33,22 +33,25 @@ void GpuProfile::validate() const {
   positive("tflops", tflops);
   positive("hbm_gbs", hbm_gbs);
   fraction("mma_fraction", mma_fraction);
+  fraction("mma_fraction_chain", mma_fraction_chain);
   fraction("mem_fraction_grouped", mem_fraction_grouped);
   fraction("mem_fraction_chain", mem_fraction_chain);
   non_negative("grouped_launch_us", grouped_launch_us);
   non_negative("chain_gemm_us", chain_gemm_us);
   non_negative("loop_call_us", loop_call_us);
-  IFEC_CHECK(std::isfinite(overlap_p) && overlap_p >= 1,
-             "GPU profile '" << name << "': overlap_p must be >= 1, got " << overlap_p);
+  for (auto [field, v] : {std::pair{"overlap_p", overlap_p}, std::pair{"overlap_p_chain", overlap_p_chain}}) {
+    IFEC_CHECK(std::isfinite(v) && v >= 1, "GPU profile '" << name << "': " << field << " must be >= 1, got " << v);
+  }
   non_negative("l2_bytes", l2_bytes);
   IFEC_CHECK(tile_m >= 1, "GPU profile '" << name << "': tile_m must be >= 1, got " << tile_m);
 }
 
 std::string GpuProfile::summary() const {
   std::ostringstream os;
-  os << name << ": " << tflops << " TFLOP/s x " << mma_fraction << ", " << hbm_gbs << " GB/s x " << mem_fraction_grouped
-     << " grouped / " << mem_fraction_chain << " per-expert GEMM, " << expert_kernel_name(kernel) << " experts ["
-     << source << "]";
+  os << name << ": " << tflops << " TFLOP/s x " << mma_fraction;
+  if (mma_fraction_chain != mma_fraction) os << " grouped / " << mma_fraction_chain << " per-expert GEMM";
+  os << ", " << hbm_gbs << " GB/s x " << mem_fraction_grouped << " grouped / " << mem_fraction_chain
+     << " per-expert GEMM, " << expert_kernel_name(kernel) << " experts [" << source << "]";
   return os.str();
 }
 
@@ -60,12 +63,14 @@ void for_each_number(GpuProfile& p, F fn) {
   fn("tflops", p.tflops);
   fn("hbm_gbs", p.hbm_gbs);
   fn("mma_fraction", p.mma_fraction);
+  fn("mma_fraction_chain", p.mma_fraction_chain);
   fn("mem_fraction_grouped", p.mem_fraction_grouped);
   fn("mem_fraction_chain", p.mem_fraction_chain);
   fn("grouped_launch_us", p.grouped_launch_us);
   fn("chain_gemm_us", p.chain_gemm_us);
   fn("loop_call_us", p.loop_call_us);
   fn("overlap_p", p.overlap_p);
+  fn("overlap_p_chain", p.overlap_p_chain);
   fn("l2_bytes", p.l2_bytes);
 }
 
@@ -83,6 +88,8 @@ GpuProfile load_gpu_profile(const std::string& path) {
   IFEC_CHECK(root.IsMap(), "GPU profile " << path << ": expected a map of fields (tflops: 989, ...)");
   GpuProfile p;
   p.source = path;
+  const bool chain_own_mma = root["mma_fraction_chain"].IsDefined();
+  const bool chain_own_overlap = root["overlap_p_chain"].IsDefined();
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
     bool known = false;
@@ -110,6 +117,8 @@ GpuProfile load_gpu_profile(const std::string& path) {
     }
     IFEC_CHECK(known, "GPU profile " << path << ": unknown field '" << key << "'");
   }
+  if (!chain_own_mma) p.mma_fraction_chain = p.mma_fraction;  // one kernel-wide value, as before the split
+  if (!chain_own_overlap) p.overlap_p_chain = p.overlap_p;
   try {
     p.validate();
   } catch (const std::exception& e) {
@@ -146,11 +155,12 @@ double gemm_launch_seconds(const std::vector<int64_t>& rows, int64_t n, int64_t 
   }
   if (flops == 0) return 0;
   const double bytes = weights + std::max(0.0, activations - p.l2_bytes);
-  const double tc = flops / (p.tflops * 1e12 * p.mma_fraction);
+  const double tc = flops / (p.tflops * 1e12 * (grouped ? p.mma_fraction : p.mma_fraction_chain));
   const double tm = (grouped ? p.grouped_launch_us : p.chain_gemm_us) * 1e-6 +
                     bytes / (p.hbm_gbs * 1e9 * (grouped ? p.mem_fraction_grouped : p.mem_fraction_chain));
-  const double hi = std::max(tc, tm);  // (tc^p + tm^p)^(1/p), scaled so that no power underflows
-  return hi * std::pow(std::pow(tc / hi, p.overlap_p) + std::pow(tm / hi, p.overlap_p), 1.0 / p.overlap_p);
+  const double q = grouped ? p.overlap_p : p.overlap_p_chain;
+  const double hi = std::max(tc, tm);  // (tc^q + tm^q)^(1/q), scaled so that no power underflows
+  return hi * std::pow(std::pow(tc / hi, q) + std::pow(tm / hi, q), 1.0 / q);
 }
 
 namespace {

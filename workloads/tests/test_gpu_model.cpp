@@ -91,6 +91,31 @@ TEST(GpuModel, OneLaunchByHand) {
   EXPECT_EQ(even_spread(10, 4), (std::vector<int64_t>{3, 3, 2, 2}));
 }
 
+TEST(GpuModel, AChainsGemmHasItsOwnMatrixFractionAndOverlap) {
+  GpuProfile p;
+  p.overlap_p_chain = 1e9;  // a hard max for the chain only
+  p.mma_fraction_chain = 0.5;
+  // One expert, 4096 rows: tensor-core bound. n 2048, k 7168, bf16; activations 4096 x 9216 x 2 = 75 MB spill L2.
+  const double flops = 2 * (4096.0 * 2048 * 7168);
+  const double bytes = 2048.0 * 7168 * 2 + (4096.0 * (7168 + 2048) * 2 - 50e6);
+  const double tc = flops / (989e12 * 0.5);
+  const double tm = 5e-6 + bytes / (3350e9 * 0.43);
+  EXPECT_NEAR(gemm_launch_seconds({4096}, 2048, 7168, false, p, 2), std::max(tc, tm), 1e-12);
+  const double grouped_tc = flops / (989e12 * 0.664);  // the grouped launch keeps mma_fraction and overlap_p
+  EXPECT_GT(gemm_launch_seconds({4096}, 2048, 7168, true, p, 2), grouped_tc);
+  EXPECT_LT(gemm_launch_seconds({4096}, 2048, 7168, true, p, 2), tc);
+
+  const std::string path = ::testing::TempDir() + "/one-fraction.yaml";  // a file with one value sets both
+  std::ofstream(path) << "mma_fraction: 0.7\noverlap_p: 2.5\n";
+  const GpuProfile q = load_gpu_profile(path);
+  EXPECT_EQ(q.mma_fraction_chain, 0.7);
+  EXPECT_EQ(q.overlap_p_chain, 2.5);
+  std::ofstream(path) << "mma_fraction: 0.7\nmma_fraction_chain: 0.6\noverlap_p_chain: 0.5\n";
+  EXPECT_NE(error_of([&] { load_gpu_profile(path); }).find("overlap_p_chain must be >= 1, got 0.5"), std::string::npos);
+  std::ofstream(path) << "mma_fraction: 0.7\nmma_fraction_chain: 0.6\n";
+  EXPECT_EQ(load_gpu_profile(path).mma_fraction_chain, 0.6);
+}
+
 TEST(GpuModel, TheShippedH100ProfileIsTheBuiltInOne) {
   const GpuProfile file = load_gpu_profile(std::string(IFEC_GPU_PROFILE_DIR) + "/h100-sxm.yaml");
   const GpuProfile builtin;

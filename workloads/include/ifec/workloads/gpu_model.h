@@ -3,7 +3,8 @@
 // (a smooth max: streaming weights and tensor-core work overlap imperfectly), where flops count each problem's rows
 // rounded up to the tile, bytes are every participating expert's weights plus the activations that spill out of L2.
 // Routed experts run either as one grouped launch per GEMM over all local experts (torch._grouped_mm, DeepEP's
-// deployments) or as one GEMM chain per expert (a loop); the shared expert is one chain. The defaults are fitted
+// deployments) or as one GEMM chain per expert (a loop); the shared expert is one chain. The two kinds of kernel
+// have their own fractions, fixed costs and overlap exponent. The defaults are fitted
 // to DeepSeek-V3 expert timings measured on an H100 (every measured row within 10%); a profile file (YAML or
 // JSON) replaces them, and `python3 -m ifec.gpu_profile` writes one from a measurement on whatever GPU it finds.
 // Plain C++ (no LibTorch): the simulator's timing layer and the benches use it.
@@ -23,13 +24,15 @@ struct GpuProfile {
   std::string name = "H100 SXM 80GB HBM3 (fitted to measured DeepSeek-V3 expert timings)";
   double tflops = 989;                 // peak dense TFLOP/s at the element type used (bf16)
   double hbm_gbs = 3350;               // HBM GB/s (1e9 bytes)
-  double mma_fraction = 0.664;         // achieved fraction of the tensor-core peak (657 TFLOP/s)
+  double mma_fraction = 0.664;         // achieved fraction of the tensor-core peak (657 TFLOP/s) by a grouped launch
+  double mma_fraction_chain = 0.664;   // ... by a chain's GEMM (a file that sets only mma_fraction sets both)
   double mem_fraction_grouped = 0.84;  // ... of HBM bandwidth by a grouped launch over many experts (2.81 TB/s)
   double mem_fraction_chain = 0.43;    // ... by one expert's small-M GEMM, too few tiles to fill the SMs (1.44 TB/s)
   double grouped_launch_us = 25;       // fixed cost of one grouped launch
   double chain_gemm_us = 5;            // fixed cost of one GEMM of a chain
   double loop_call_us = 136;           // once per routed-experts loop (per-expert bookkeeping)
   double overlap_p = 3.9;              // the smooth max's exponent: at Tc = Tm a launch takes 2^(1/p) x either
+  double overlap_p_chain = 3.9;        // ... of a chain's GEMM (a file that sets only overlap_p sets both)
   double l2_bytes = 50e6;              // activations up to this stay in L2 (no HBM traffic)
   int64_t tile_m = 64;                 // rows of a GEMM tile: a problem's rows are rounded up to it
   ExpertKernel kernel = ExpertKernel::kGrouped;  // how the routed experts run
