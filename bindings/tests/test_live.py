@@ -75,6 +75,8 @@ def test_a_bad_moe_request_names_the_value(fab):
         fab.run("moe", algo="ifec", dtype="bf16", moe=dict(experts=30, groups=6, topk_groups=3, topk=4))
     with pytest.raises(live.LiveError, match="unknown MoE variant 'sharp'"):
         fab.run("moe", algo="sharp", dtype="bf16")
+    with pytest.raises(live.LiveError, match="unknown collective 'gather' .*; a hostd also runs alltoall and moe"):
+        fab.run("gather")
 
 
 def _pattern(seed, rows, row_bytes):

@@ -197,9 +197,8 @@ def measure(eps=(8, 16, 32), tokens=(128, 256, 512, 4096), iters=10, batches=5, 
             torch.cuda.synchronize()
         del a
 
-    rows = []
-    for ep in eps:
-        local = EXPERTS // ep
+    def one_ep(ep):  # this EP's experts' weights live as long as the call
+        rows, local = [], EXPERTS // ep
         w13 = torch.randn(local, 2 * inter, hidden, device=dev, dtype=dt) * 0.02
         w2 = torch.randn(local, hidden, inter, device=dev, dtype=dt) * 0.02
         for t in tokens:
@@ -232,7 +231,11 @@ def measure(eps=(8, 16, 32), tokens=(128, 256, 512, 4096), iters=10, batches=5, 
                      f"{gt if gt is None else round(gt, 1)} us, shared {st:.1f} us (medians of {batches} batches; "
                      f"slowest/fastest batch +{ls:.0%}, +{gs:.0%}, +{ss:.0%})")
             rows.append(row)
-        del w13, w2
+        return rows
+
+    rows = []
+    for ep in eps:
+        rows += one_ep(ep)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return rows

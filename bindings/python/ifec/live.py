@@ -171,7 +171,7 @@ class LiveFabric:
             _check_stop(should_stop)
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
             if dead:
-                raise LiveError(f"daemon(s) exited during bring-up: " + "; ".join(
+                raise LiveError("daemon(s) exited during bring-up: " + "; ".join(
                     f"{n}: {self.log_tail(n)}" for n in dead))
             status = self.status(timeout=2.0)
             waiting = [n for n, s in status.items() if not s.get("ready")]
@@ -599,7 +599,7 @@ def _cmd_up(args):
         raise LiveError(f"--timeout {args.timeout}: expected a positive number of seconds")
     topo_file = pathlib.Path(args.file).resolve()
     _native.load_topology(str(topo_file))  # a bad file is named here, not in the supervisor's log
-    log_dir = pathlib.Path(args.logs or f"/tmp/ifec-live")
+    log_dir = pathlib.Path(args.logs or "/tmp/ifec-live")
     log_dir.mkdir(parents=True, exist_ok=True)
     progress = log_dir / "progress.log"
     progress.write_text("")

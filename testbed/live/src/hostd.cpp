@@ -655,7 +655,11 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
 #endif
   }
   testbed::CollectivePoint p;
-  p.kind = workloads::parse_collective(q.what());
+  try {
+    p.kind = workloads::parse_collective(q.what());
+  } catch (const common::Error& e) {
+    IFEC_FAIL(e.what() << "; a hostd also runs alltoall and moe");
+  }
   p.algo = workloads::parse_algo(q.algo().empty() ? "ifec" : q.algo());
   p.dtype = testbed::parse_dtype(q.dtype().empty() ? "fp32" : q.dtype());
   p.op = testbed::parse_redop(q.op().empty() ? "sum" : q.op());
