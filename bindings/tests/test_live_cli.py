@@ -2,8 +2,10 @@
 left behind (no management bridge, no daemons). Bounded in time; down runs even when a step fails."""
 
 import os
+import re
 import subprocess
 import sys
+import time
 
 from conftest import live_marks
 from ifec import live
@@ -56,7 +58,6 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
         counters = cli("ctl", "counters", "p0-sw").stdout
         assert "reservations" in counters and "port0.rx_frames" in counters, counters
         assert "plane 1) down" in cli("ctl", "link", "gpu5:plane1:sub0", "down").stdout
-        import time
         for _ in range(50):  # FARE halves plane 1's share toward GPU 5 (its sub-link 0 is down)
             weights = cli("ctl", "weights", "gpu0", "5").stdout
             if "plane 1: 400 Gb/s" in weights:
@@ -74,6 +75,24 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
         assert (tmp_path / "p0.pcap").stat().st_size > 24, cap  # at least FARE advertisements
         bad = cli("run", "allreduce", "--bytes", "1.5MB", ok=False)
         assert bad.returncode != 0 and "1.5MB" in bad.stderr
+        # A switch daemon killed and started again from other processes (the supervisor holds the hosts).
+        assert "p1-sw killed" in cli("kill", "p1-sw").stdout
+        assert re.search(r"^p1-sw\s+DOWN", cli("status").stdout, re.M)
+        for args, why in ((("kill", "p1-sw"), "p1-sw: its daemon is not running"),
+                          (("kill", "p9-sw"), "no node 'p9-sw' in superpod-8x2"),
+                          (("start", "gpu3"), "gpu3: a GPU's daemon rejoins only with a new bootstrap"),
+                          (("start", "p1-sw", "--timeout", "0"), "'0' is not a positive number of seconds")):
+            r = cli(*args, ok=False)
+            assert r.returncode != 0 and why in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert "p1-sw started, ready after" in cli("start", "p1-sw").stdout
+        again = cli("start", "p1-sw", ok=False)
+        assert "p1-sw: its daemon is still running (pid" in again.stderr, again.stderr
+        for _ in range(100):  # FARE weights plane 1 again once the restarted switch is heard
+            if "plane 1: 0 Gb/s" not in cli("ctl", "weights", "gpu0", "5").stdout:
+                break
+            time.sleep(0.1)
+        run = cli("run", "allreduce", "--bytes", "64KiB").stdout
+        assert [l.split()[4] for l in run.splitlines() if l and not l.startswith("#")] == ["0"], run
     finally:
         down = cli("down", ok=False)
     assert down.returncode == 0, down.stdout + down.stderr

@@ -249,8 +249,6 @@ def main(argv=None):
     up.add_argument("file")
     up.add_argument("--project", default="ifec")
     sub.add_parser("down", help="take the containers, networks and volumes down")
-    for name in ("kill", "start"):
-        sub.add_parser(name, help=f"{name} one node's container").add_argument("node")
     handlers = live.add_fabric_commands(sub, "live (containers)")
     a = p.parse_args(argv)
     a.attach = attach
@@ -263,10 +261,6 @@ def main(argv=None):
             attach().down()
             os.remove(STATE)
             print("testbed: down (no containers, networks or volumes left)")
-            return 0
-        if a.cmd in ("kill", "start"):
-            getattr(attach(), a.cmd)(a.node)
-            print(f"testbed: {a.cmd} {a.node}")
             return 0
         if a.cmd in handlers:
             return handlers[a.cmd](a)

@@ -9,7 +9,7 @@ has converged.
     with LiveFabric("testbed/topologies/superpod-4x2.yaml") as fab:
         row = fab.run("allreduce", algo="ifec", bytes=1 << 20)
 
-From the shell: ./ifec live up|status|run|fail|restore|capture|down (python -m ifec.live --help).
+From the shell: ./ifec live up|status|run|fail|restore|capture|kill|start|down (python -m ifec.live --help).
 """
 
 import argparse
@@ -17,8 +17,10 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -343,6 +345,8 @@ class LiveFabric:
         p = self.procs.get(node)
         if p is None:
             raise LiveError(f"no daemon for node '{node}'")
+        if p.poll() is not None:
+            raise LiveError(f"{node}: its daemon is not running (it exited with status {p.returncode})")
         p.kill()
         p.wait(5)
 
@@ -547,7 +551,7 @@ def attach():
     if not st.get("ready", True):
         raise LiveError(f"the live testbed is still coming up (supervisor {st['supervisor']}); wait for "
                         "./ifec live up, or ./ifec live down")
-    fab = LiveFabric(st["topology"], log_dir=st["log_dir"])
+    fab = _Attached(st["topology"], log_dir=st["log_dir"])
     fab.host_pids = st.get("host_pids", {})
     return fab
 
@@ -576,18 +580,81 @@ def _serve(topology_file, log_dir):
         _state_file().unlink(missing_ok=True)
         prog.write(f"FAILED: {e}\n")
         return 1
-    _write_state(topology=fab.topology_file, log_dir=str(fab.log_dir), supervisor=os.getpid(), ready=True,
-                 host_pids={n: h.pid for n, h in fab.hosts.items()},
-                 daemon_pids={n: p.pid for n, p in fab.procs.items()})
+    def record():
+        _write_state(topology=fab.topology_file, log_dir=str(fab.log_dir), supervisor=os.getpid(), ready=True,
+                     host_pids={n: h.pid for n, h in fab.hosts.items()},
+                     daemon_pids={n: p.pid for n, p in fab.procs.items()})
+    record()
+    requests = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    _supervisor_socket().unlink(missing_ok=True)
+    requests.bind(str(_supervisor_socket()))
+    requests.listen(4)
     prog.write("READY\n")
     while not stop:
         for p in fab.procs.values():
             p.poll()  # reaps a daemon that died: a zombie would still look alive to kill(pid, 0)
-        time.sleep(0.2)
+        if select.select([requests], [], [], 0.2)[0]:
+            _answer(requests, fab, record)
+    requests.close()
+    _supervisor_socket().unlink(missing_ok=True)
     fab.down()
     _state_file().unlink(missing_ok=True)
     prog.write("DOWN\n")
     return 0
+
+
+# The supervisor's requests (`kill NODE`, `start NODE` from other processes: only it holds the Mininet hosts): one
+# JSON line each way on a Unix socket beside the state file.
+
+def _supervisor_socket():
+    return STATE_DIR / "supervisor.sock"
+
+
+def _answer(requests, fab, record):
+    conn, _ = requests.accept()
+    with conn:
+        conn.settimeout(5)
+        try:
+            req = json.loads(conn.makefile().readline() or "{}")
+            op, node = req.get("op"), req.get("node")
+            if op not in ("kill", "start"):
+                raise LiveError(f"the supervisor does not know the request {req!r}")
+            getattr(fab, op)(node)
+            record()
+            reply = dict(ok=True, pid=fab.procs[node].pid)
+        except (LiveError, ValueError, OSError) as e:
+            reply = dict(ok=False, error=str(e))
+        try:
+            conn.sendall((json.dumps(reply) + "\n").encode())
+        except OSError:
+            pass  # the asking process went away; the change stands and the state says so
+
+
+def _ask_supervisor(op, node, timeout=30):
+    st = _read_state()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(str(_supervisor_socket()))
+            s.sendall((json.dumps(dict(op=op, node=node)) + "\n").encode())
+            line = s.makefile().readline()
+        except OSError as e:
+            raise LiveError(f"the supervisor (pid {st['supervisor']}) did not answer on {_supervisor_socket()}: {e}")
+    reply = json.loads(line) if line else dict(ok=False, error="the supervisor closed the request unanswered")
+    if not reply["ok"]:
+        raise LiveError(reply["error"])
+    return reply["pid"]
+
+
+class _Attached(LiveFabric):
+    """The testbed `up` started, from another process: control over gRPC; daemons killed and started by the
+    supervisor, which holds the hosts."""
+
+    def kill(self, node):
+        return _ask_supervisor("kill", node)
+
+    def start(self, node):
+        return _ask_supervisor("start", node)
 
 
 def _cmd_up(args):
@@ -786,6 +853,14 @@ def _at_least(lo):
     return parse
 
 
+def _positive_seconds(text):
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        return _positive_float(text, "")
+    except LiveError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+
+
 def _cmd_capture(args):
     fab = args.attach()
     where = fab.capture(args.link, args.file, args.seconds)
@@ -874,6 +949,11 @@ def add_fabric_commands(sub, driver="live"):
     cap.add_argument("link")
     cap.add_argument("file")
     cap.add_argument("--seconds", type=_at_least(1), default=5)
+    sub.add_parser("kill", help="kill a node's daemon (SIGKILL: its interfaces stay up; its neighbours count it "
+                                "gone after FARE's 2 s hold time)").add_argument("node")
+    start = sub.add_parser("start", help="start a killed switch's daemon again and wait until it is ready")
+    start.add_argument("node")
+    start.add_argument("--timeout", type=_positive_seconds, default=30.0)
     ctl = sub.add_parser("ctl", help="ask one daemon: counters|groups|routes|status NODE, weights GPU DEST, "
                                      "link LINK up|down, events NODE [SECONDS]")
     ctl.add_argument("what", choices=["counters", "groups", "routes", "status", "weights", "link", "events"])
@@ -881,7 +961,37 @@ def add_fabric_commands(sub, driver="live"):
     ctl.add_argument("arg", nargs="?", help="link: up|down; weights: the destination GPU; events: seconds")
     return {"status": _cmd_status, "run": _cmd_run, "fail": lambda x: _cmd_link(x, False),
             "restore": lambda x: _cmd_link(x, True), "capture": _cmd_capture, "ctl": _cmd_ctl,
-            "compare": _cmd_compare}
+            "compare": _cmd_compare, "kill": lambda x: _cmd_kill(x, driver), "start": lambda x: _cmd_start(x, driver)}
+
+
+def _fabric_node(fab, name):
+    nd = next((n for n in fab.nodes if n["name"] == name), None)
+    if nd is None:
+        raise LiveError(f"no node '{name}' in {fab.topo.name} (nodes: {', '.join(n['name'] for n in fab.nodes)})")
+    return nd
+
+
+def _cmd_kill(args, driver):
+    fab = args.attach()
+    _fabric_node(fab, args.node)
+    fab.kill(args.node)
+    print(f"{driver}: {args.node} killed; its interfaces stay up, and its neighbours count it gone after FARE's 2 s "
+          f"hold time (status shows it DOWN; start brings a switch back)")
+    return 0
+
+
+def _cmd_start(args, driver):
+    fab = args.attach()
+    if _fabric_node(fab, args.node)["kind"] == "gpu":
+        raise LiveError(f"{args.node}: a GPU's daemon rejoins only with a new bootstrap of every rank (down, then up)")
+    fab.start(args.node)
+    t0 = time.time()
+    while time.time() - t0 < args.timeout:
+        if fab.status(timeout=1.0)[args.node].get("ready"):
+            print(f"{driver}: {args.node} started, ready after {time.time() - t0:.1f} s")
+            return 0
+        time.sleep(0.2)
+    raise LiveError(f"{args.node}: started, not ready after {args.timeout:g} s (its log: {args.node}.log)")
 
 
 def main(argv=None):
