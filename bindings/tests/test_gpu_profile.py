@@ -32,7 +32,7 @@ def test_the_python_model_is_the_cpp_model(kind, per, tmp_path):
 
 def test_the_fit_recovers_every_h100_row_within_ten_percent_from_a_poor_start():
     poor = dict(mma_fraction=0.5, mem_fraction_grouped=0.6, mem_fraction_chain=0.6, grouped_launch_us=10,
-                loop_call_us=50, overlap_p=2)
+                loop_call_us=50, overlap_p=2, mma_fraction_chain=0.5, overlap_p_chain=2)
     const = g.fit(g.H100_TABLE, H100, steps=300, start=poor)
     rows, worst = g.report(g.H100_TABLE, const, H100)
     assert len(rows) == 36 and worst < 0.10, [r for r in rows if abs(r[5] - 1) >= 0.10]
@@ -43,7 +43,8 @@ def test_the_fit_recovers_every_h100_row_within_ten_percent_from_a_poor_start():
 
 def test_the_written_profile_is_what_gpu_profile_reads(tmp_path):
     out = tmp_path / "h100-refit.yaml"
-    assert g.main(["--fit-only", "h100", "--out", str(out)]) == 0
+    assert g.main(["--fit-only", "h100", "--out", str(out), "--name", 'the "reference" H100']) == 0
+    assert _native.gpu_profile_summary(str(out)).startswith('the "reference" H100: ')
     text = out.read_text()
     assert text.startswith("# GPU profile of") and "model/measured worst deviation" in text
     assert str(out) in _native.gpu_profile_summary(str(out))
@@ -91,7 +92,11 @@ def test_it_runs_from_a_checkout_without_the_native_module(repo, tmp_path):
 
 @pytest.mark.parametrize("content,says", [("[[8, 128, 1, 2]]", "row 0 is [8, 128, 1, 2]"),
                                           ('{"a": 1}', "holds dict"), ("[[8, 128, 1, 2, -3]]", "positive"),
-                                          ("not json", "cannot read the table")])
+                                          ("not json", "cannot read the table"), ("3", "holds int"),
+                                          ("[[8.5, 128, 1, 2, 3]]", "whole numbers"),
+                                          ("[[true, 128, 1, 2, 3]]", "whole numbers"),
+                                          ("[[8, 128, Infinity, 2, 3]]", "finite"),
+                                          ("[[512, 128, 1, 2, 3]]", "EP 512 does not divide the 256 experts")])
 def test_a_bad_table_is_named(tmp_path, capsys, content, says):
     bad = tmp_path / "bad.json"
     bad.write_text(content)

@@ -1,8 +1,10 @@
 """./ifec live as a user meets it: up, status, run, fail, restore, capture, down, in separate processes, and nothing
 left behind (no management bridge, no daemons). Bounded in time; down runs even when a step fails."""
 
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -75,7 +77,15 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
         assert (tmp_path / "p0.pcap").stat().st_size > 24, cap  # at least FARE advertisements
         bad = cli("run", "allreduce", "--bytes", "1.5MB", ok=False)
         assert bad.returncode != 0 and "1.5MB" in bad.stderr
-        # A switch daemon killed and started again from other processes (the supervisor holds the hosts).
+        # A switch daemon killed and started again from other processes (the supervisor holds the hosts); requests
+        # it cannot read are answered, and it serves on.
+        for bad in (b"[1]\n", b'{"op": "kill", "node": {}}\n', b"not json\n", b'{"op": "reboot", "node": "p1-sw"}\n'):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(10)
+                s.connect(str(tmp_path / "state" / "supervisor.sock"))
+                s.sendall(bad)
+                reply = json.loads(s.makefile().readline())
+            assert reply["ok"] is False and reply["error"], (bad, reply)
         assert "p1-sw killed" in cli("kill", "p1-sw").stdout
         assert re.search(r"^p1-sw\s+DOWN", cli("status").stdout, re.M)
         for args, why in ((("kill", "p1-sw"), "p1-sw: its daemon is not running"),
@@ -97,7 +107,7 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
         down = cli("down", ok=False)
     assert down.returncode == 0, down.stdout + down.stderr
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    assert live.MGMT_BRIDGE not in links
+    assert live.MGMT_BRIDGE not in links and not (tmp_path / "state" / "supervisor.sock").exists()
     assert "nothing is up" in cli("down").stdout
 
 

@@ -143,7 +143,7 @@ def report(table, constants, peaks):
 
 def profile_yaml(name, peaks, constants, comment):
     c = dict(DEFAULTS, **constants)
-    lines = [f"# {comment}", f'name: "{name}"', f"tflops: {peaks[0]:g}", f"hbm_gbs: {peaks[1]:g}"]
+    lines = [f"# {comment}", f"name: {json.dumps(name)}", f"tflops: {peaks[0]:g}", f"hbm_gbs: {peaks[1]:g}"]
     lines += [f"{k}: {c[k]:.4g}" for k in FITTED + ("chain_gemm_us",)]
     lines += [f"l2_bytes: {c['l2_bytes']:g}", f"tile_m: {int(c['tile_m'])}", "kernel: grouped"]
     return "\n".join(lines) + "\n"
@@ -252,6 +252,10 @@ def same_as_loop(torch, grouped, loop, where):
                            f"error {worst:.3g} against the per-expert loop {tuple(loop.shape)}: not timing it")
 
 
+def _whole(v):
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
 def read_table(path):
     """A --fit-only table: a JSON list of [ep, tokens, loop us, grouped us, shared us] rows, positive numbers; None
     (after saying what is wrong) otherwise."""
@@ -265,9 +269,13 @@ def read_table(path):
         print(f"gpu_profile: {path} holds {type(rows).__name__} {str(rows)[:40]}, not a list of rows", file=sys.stderr)
         return None
     for i, r in enumerate(rows):
-        if not (isinstance(r, list) and len(r) == 5 and all(isinstance(v, (int, float)) and v > 0 for v in r)):
-            print(f"gpu_profile: {path}: row {i} is {r!r}, not [ep, tokens, loop us, grouped us, shared us] of "
-                  "positive numbers", file=sys.stderr)
+        if not (isinstance(r, list) and len(r) == 5 and all(_whole(v) for v in r[:2]) and
+                all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in r[2:])):
+            print(f"gpu_profile: {path}: row {i} is {r!r}, not [ep, tokens, loop us, grouped us, shared us] (ep and "
+                  "tokens whole numbers, times positive and finite)", file=sys.stderr)
+            return None
+        if EXPERTS % r[0]:
+            print(f"gpu_profile: {path}: row {i}: EP {r[0]} does not divide the {EXPERTS} experts", file=sys.stderr)
             return None
     return [tuple(r) for r in rows]
 
@@ -318,6 +326,9 @@ def main(argv=None):
         print(f"wrote {args.table_out} (the table fitted: ep, tokens, loop us, grouped us, shared us)")
     name = args.name or name
     constants = fit(table, peaks)
+    if not all(math.isfinite(v) for v in constants.values()):
+        print(f"gpu_profile: the fit did not converge on this table ({constants}); no profile written", file=sys.stderr)
+        return 2
     rows, worst = report(table, constants, peaks)
     print(f"{'EP':>3} {'tokens':>6} {'kind':>8} {'measured us':>12} {'model us':>10} {'ratio':>6}")
     for ep, t, kind, meas, model, ratio in rows:

@@ -580,26 +580,32 @@ def _serve(topology_file, log_dir):
         _state_file().unlink(missing_ok=True)
         prog.write(f"FAILED: {e}\n")
         return 1
+
     def record():
         _write_state(topology=fab.topology_file, log_dir=str(fab.log_dir), supervisor=os.getpid(), ready=True,
                      host_pids={n: h.pid for n, h in fab.hosts.items()},
                      daemon_pids={n: p.pid for n, p in fab.procs.items()})
-    record()
     requests = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    _supervisor_socket().unlink(missing_ok=True)
-    requests.bind(str(_supervisor_socket()))
-    requests.listen(4)
-    prog.write("READY\n")
-    while not stop:
-        for p in fab.procs.values():
-            p.poll()  # reaps a daemon that died: a zombie would still look alive to kill(pid, 0)
-        if select.select([requests], [], [], 0.2)[0]:
-            _answer(requests, fab, record)
-    requests.close()
-    _supervisor_socket().unlink(missing_ok=True)
-    fab.down()
-    _state_file().unlink(missing_ok=True)
-    prog.write("DOWN\n")
+    try:  # whatever happens from here on, the testbed comes down with this process
+        _supervisor_socket().unlink(missing_ok=True)
+        requests.bind(str(_supervisor_socket()))
+        requests.listen(4)
+        record()
+        prog.write("READY\n")
+        while not stop:
+            for p in fab.procs.values():
+                p.poll()  # reaps a daemon that died: a zombie would still look alive to kill(pid, 0)
+            if select.select([requests], [], [], 0.2)[0]:
+                _answer(requests, fab, record)
+    except Exception as e:
+        prog.write(f"FAILED: the supervisor: {e}\n")
+        raise
+    finally:
+        requests.close()
+        _supervisor_socket().unlink(missing_ok=True)
+        fab.down()
+        _state_file().unlink(missing_ok=True)
+        prog.write("DOWN\n")
     return 0
 
 
@@ -616,14 +622,13 @@ def _answer(requests, fab, record):
         conn.settimeout(5)
         try:
             req = json.loads(conn.makefile().readline() or "{}")
-            op, node = req.get("op"), req.get("node")
-            if op not in ("kill", "start"):
-                raise LiveError(f"the supervisor does not know the request {req!r}")
-            getattr(fab, op)(node)
+            if not (isinstance(req, dict) and req.get("op") in ("kill", "start") and isinstance(req.get("node"), str)):
+                raise LiveError(f"the supervisor does not know the request {str(req)[:200]!r}")
+            getattr(fab, req["op"])(req["node"])
             record()
-            reply = dict(ok=True, pid=fab.procs[node].pid)
-        except (LiveError, ValueError, OSError) as e:
-            reply = dict(ok=False, error=str(e))
+            reply = dict(ok=True, pid=fab.procs[req["node"]].pid)
+        except Exception as e:  # a bad request or a failed kill/start is answered; the supervisor serves on
+            reply = dict(ok=False, error=f"{e}" if isinstance(e, LiveError) else f"{type(e).__name__}: {e}")
         try:
             conn.sendall((json.dumps(reply) + "\n").encode())
         except OSError:
@@ -717,6 +722,7 @@ def _cmd_down(args):
             raise LiveError(f"the supervisor (pid {pid}) is still taking the testbed down after 120 s")
     leftovers = [n for n, p in st.get("daemon_pids", {}).items() if _alive(p)]
     _state_file().unlink(missing_ok=True)
+    _supervisor_socket().unlink(missing_ok=True)
     if leftovers:
         raise LiveError(f"daemons still running after down: {', '.join(leftovers)}")
     print("live: down (no hosts, links, bridge or daemons left)")
@@ -975,8 +981,9 @@ def _cmd_kill(args, driver):
     fab = args.attach()
     _fabric_node(fab, args.node)
     fab.kill(args.node)
-    print(f"{driver}: {args.node} killed; its interfaces stay up, and its neighbours count it gone after FARE's 2 s "
-          f"hold time (status shows it DOWN; start brings a switch back)")
+    what = "its container stopped" if "containers" in driver else "its interfaces stay up"
+    print(f"{driver}: {args.node} killed; {what}, and its neighbours count it gone after FARE's 2 s hold time "
+          f"(status shows it DOWN; start brings a switch back)")
     return 0
 
 
