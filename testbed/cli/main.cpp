@@ -23,6 +23,7 @@
 #include "ifec/common/samples.h"
 #include "ifec/endpoint/ring_bench.h"
 #include "ifec/live/bench.h"
+#include "ifec/live/netns.h"
 #include "ifec/routing/topology.h"
 #include "ifec/testbed/collective_bench.h"
 #include "ifec/testbed/endpoint_bench.h"
@@ -104,6 +105,21 @@ int run_frames(const Args&) {
     }
     std::printf("%-26s %6zu  %-26s %#8x %8u %s\n", s.name.c_str(), s.bytes.size(), opcode_name(pf.h.bth.opcode),
                 pf.h.bth.dest_qp, pf.h.bth.psn, ech.c_str());
+  }
+  return 0;
+}
+
+// The live wiring of a topology without Mininet (testbed/live/bare-up.sh reads it): one line per node and per link.
+int run_netns_plan(const Args& a) {
+  const ifec::routing::Topology t = ifec::routing::load_topology(a.positionals()[0]);
+  for (size_t i = 0; i < t.nodes.size(); ++i) {
+    const auto& n = t.nodes[i];
+    std::printf("node %s %zu %s %s\n", n.name.c_str(), i, ifec::live::mgmt_ip(static_cast<int>(i)).c_str(),
+                n.kind == ifec::routing::NodeKind::kGpu ? "gpu" : "switch");
+  }
+  for (const auto& l : t.links) {
+    std::printf("link %s f%d %s f%d %g\n", t.nodes[l.a].name.c_str(), l.a_port, t.nodes[l.b].name.c_str(), l.b_port,
+                l.rate_gbps);
   }
   return 0;
 }
@@ -651,6 +667,13 @@ std::vector<Command> commands() {
                  1},
                 run_pcap});
   cs.push_back({{"frames", "", "Lists the sample frames with their sizes and decoded headers.", {}, 0}, run_frames});
+  cs.push_back({{"netns-plan",
+                 "FILE",
+                 "The live wiring of a topology, for a bring-up without Mininet (testbed/live/bare-up.sh): one line\n"
+                 "per node (node NAME INDEX MGMT_IP gpu|switch) and per link (link A IFACE B IFACE RATE_GBPS).",
+                 {},
+                 1},
+                run_netns_plan});
   cs.push_back(
       {{"sim",
         "--topo FILE (--traffic PATTERN --bytes SIZE | --collective KIND --algo ALGO --bytes SIZE[,SIZE...]) [options]",
