@@ -232,12 +232,12 @@ def test_only_the_moe_build_loads_libtorch_and_a_missing_one_is_named(build_dir,
 
 def commands(build_dir, repo):
     listing = cli(build_dir, repo, "help").stdout
-    return [m.group(1) for m in re.finditer(r"^  (\w+(?: \w+)?)\s", listing, re.M)]
+    return [m.group(1) for m in re.finditer(r"^  ([\w-]+(?: [\w-]+)?)\s", listing, re.M)]
 
 
 def test_every_command_answers_help_with_its_options(build_dir, repo):
     names = commands(build_dir, repo)
-    assert {"pcap", "frames", "sim", "bench endpoint", "bench collectives", "bench property"} <= set(names)
+    assert {"pcap", "frames", "sim", "netns-plan", "bench endpoint", "bench collectives", "bench property"} <= set(names)
     for name in names:
         out = cli(build_dir, repo, *name.split(), "--help")
         assert out.returncode == 0 and out.stdout.startswith(f"usage: ifec {name}"), (name, out.stderr)
@@ -268,3 +268,13 @@ def test_bench_moe_files_follow_the_one_report_rule(build_dir, repo, tmp_path):
     cli_csv = (tmp_path / "cli" / "moe_bench.csv").read_text()
     assert ours.read_text() == cli_csv
     assert "dispatch_wire_per_plane" not in cli_csv.splitlines()[0] and ",true," in cli_csv
+
+
+def test_bench_endpoint_has_a_gpu_row_or_says_why_not(build_dir, repo):
+    out = cli(build_dir, repo, "bench", "endpoint", "--quick")
+    assert out.returncode == 0, out.stderr
+    gpu = [l for l in out.stdout.splitlines() if l.startswith("gpu-kernel")]
+    assert gpu, out.stdout
+    for line in gpu:  # a measured row (threads, descriptors, seconds, rate, the device) or the reason
+        f = line.split()
+        assert (f[1] == "not" and f[2] == "run:" and len(f) > 3) or (int(f[2]) > 0 and float(f[4]) > 0), line

@@ -23,6 +23,11 @@ int device_attribute(cudaDeviceAttr attr, int device) {
 
 }  // namespace
 
+std::string cuda_device_name(int device) {
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, device) == cudaSuccess ? std::string(prop.name) : std::string();
+}
+
 bool cuda_available(std::string* why, int device) {
   auto fail = [why](const std::string& reason) {
     if (why != nullptr) *why = reason;

@@ -24,6 +24,8 @@ namespace ifec::endpoint {
 // True if device `device` can run this build's kernels (present, maps host memory, sm_90 or newer, a probe kernel
 // launches). Otherwise false and, if `why` is set, the reason (e.g. the CUDA error of cudaGetDeviceCount).
 bool cuda_available(std::string* why, int device = 0);
+// The device's name ("NVIDIA H100 80GB HBM3"), for the rows a bench prints; "" when CUDA cannot say.
+std::string cuda_device_name(int device = 0);
 
 // What a kernel needs to post into a ring; plain pointers valid on the device. Passed by value to kernels.
 struct DeviceRingView {

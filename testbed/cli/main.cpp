@@ -23,6 +23,9 @@
 #include "ifec/common/samples.h"
 #include "ifec/endpoint/ring_bench.h"
 #include "ifec/live/bench.h"
+#ifdef IFEC_CLI_CUDA
+#include "endpoint/cuda/api.h"
+#endif
 #include "ifec/live/netns.h"
 #include "ifec/routing/topology.h"
 #include "ifec/testbed/collective_bench.h"
@@ -293,16 +296,38 @@ int run_bench_live(const Args& a) {
   return 0;
 }
 
+// The GPU backend's row of bench endpoint: a kernel's blocks x threads post into a pinned ring a proxy thread drains
+// (descriptors complete at once: the rate of the ring itself), or why there is no such row here.
+void print_gpu_descriptor_rate(bool quick) {
+#ifdef IFEC_CLI_CUDA
+  std::string why;
+  if (!ifec::endpoint::cuda_available(&why)) {
+    std::printf("%-16s not run: %s\n", "gpu-kernel", why.c_str());
+    return;
+  }
+  for (int blocks : {1, 16}) {
+    const auto r = ifec::endpoint::bench_descriptor_rate_gpu(blocks, 128, quick ? 16 : 64, 4096);
+    std::printf("%-16s %8d %12llu %10.3f %14.0f   (%d blocks x %d threads, %s)\n", "gpu-kernel", r.blocks * r.threads,
+                static_cast<unsigned long long>(r.descriptors), r.seconds, r.descriptors_per_s, r.blocks, r.threads,
+                ifec::endpoint::cuda_device_name().c_str());
+  }
+#else
+  (void)quick;
+  std::printf("%-16s not run: this ifec-cli was built without CUDA\n", "gpu-kernel");
+#endif
+}
+
 int run_bench_endpoint(const Args& a) {
   const bool quick = a.has("--quick");
   const ifec::routing::Topology topo = topology(a);
-  std::printf("== descriptor rate: ring + proxy, CPU backend (wall clock on this machine)\n");
+  std::printf("== descriptor rate: ring + proxy, CPU and GPU backends (wall clock on this machine)\n");
   std::printf("%-16s %8s %12s %10s %14s\n", "backend", "threads", "descriptors", "seconds", "descriptors/s");
   for (int threads : {1, 2}) {
     const auto r = ifec::endpoint::bench_descriptor_rate(threads, quick ? 200'000 : 2'000'000, 4096);
     std::printf("%-16s %8d %12llu %10.3f %14.0f\n", "cpu-null-sink", r.producer_threads,
                 static_cast<unsigned long long>(r.descriptors), r.seconds, r.descriptors_per_s);
   }
+  print_gpu_descriptor_rate(quick);
   const auto s = tb::bench_descriptor_rate_sim(topo, quick ? 5'000 : 50'000);
   std::printf("%-16s %8d %12llu %10.3f %14.0f   (8-byte puts, each simulated end to end on %s)\n", s.backend.c_str(),
               s.producer_threads, static_cast<unsigned long long>(s.descriptors), s.seconds, s.per_second,
