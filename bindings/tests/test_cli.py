@@ -3,6 +3,7 @@ exit codes, errors that name the bad value, and --help for every command (kept i
 
 import json
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -275,6 +276,11 @@ def test_bench_endpoint_has_a_gpu_row_or_says_why_not(build_dir, repo):
     assert out.returncode == 0, out.stderr
     gpu = [l for l in out.stdout.splitlines() if l.startswith("gpu-kernel")]
     assert gpu, out.stdout
+    cuda_build = re.search(r"^CMAKE_CUDA_COMPILER:\w+=/", (build_dir / "CMakeCache.txt").read_text(), re.M)
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout if shutil.which(
+        "nvidia-smi") else ""
+    if cuda_build and "GPU 0" in listed:  # a GPU here and kernels built: the rows must be measured
+        assert all(l.split()[1] != "not" for l in gpu), gpu
     for line in gpu:  # a measured row (threads, descriptors, seconds, rate, the device) or the reason
         f = line.split()
         assert (f[1] == "not" and f[2] == "run:" and len(f) > 3) or (int(f[2]) > 0 and float(f[4]) > 0), line

@@ -1,73 +1,106 @@
 #!/bin/bash
 # The live testbed without Mininet or Python, for a machine that has only the daemons (a GPU box, say):
 #   testbed/live/bare-up.sh TOPOLOGY BIN_DIR [COMMAND ARGS...]
+#   testbed/live/bare-up.sh --down          (what a killed run left: its namespaces, their daemons, the bridge)
 # makes every node of TOPOLOGY a network namespace (ifec-NODE), every link a veth pair (f<port> at both ends, MTU
 # 9216; the daemons pace themselves), a management bridge (ifecbare0, 172.31.0.1/16: node i at 172.31.0.(i+2)),
 # starts ifec-switchd / ifec-hostd from BIN_DIR (ifec-cli netns-plan gives the wiring), waits until every hostd's
-# descriptor ring is ready (bootstrapped), runs COMMAND with BIN_DIR first on PATH, and takes everything down again,
-# by PID and by name, whatever happens. Its exit status is COMMAND's (0 without one). Needs root and iproute2
-# (BIN_DIR/ip is used where the machine has none); libraries in BIN_DIR/../lib are found. Daemon logs:
-# ${IFEC_BARE_LOGS:-/tmp/ifec-bare}/NODE.log.
+# descriptor ring is ready (bootstrapped), runs COMMAND with BIN_DIR first on PATH, and takes down what it made, by
+# PID and by name, whatever happens (SIGINT/SIGTERM go to COMMAND first). Its exit status is COMMAND's (0 without
+# one; 128 + the signal's number when one ended it). Needs root and iproute2 (BIN_DIR/ip, with BIN_DIR/../lib, where
+# the machine has none); one run at a time (a lock). Daemon logs: ${IFEC_BARE_LOGS:-/tmp/ifec-bare}/NODE.log.
 set -u
-if [ $# -lt 2 ]; then
-  echo "usage: $0 TOPOLOGY BIN_DIR [COMMAND ARGS...]" >&2
-  exit 2
-fi
-TOPO=$(realpath "$1"); BIN=$(realpath "$2"); shift 2
-[ -d "$BIN/../lib" ] && export LD_LIBRARY_PATH="$(realpath "$BIN/../lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-IP=$(command -v ip || echo "$BIN/ip")
-LOGS=${IFEC_BARE_LOGS:-/tmp/ifec-bare}
 BRIDGE=ifecbare0
+LOCK=${IFEC_BARE_LOCK:-/run/ifec-bare.lock}
+usage() { echo "usage: $0 TOPOLOGY BIN_DIR [COMMAND ARGS...] | $0 --down" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "bare-up: needs root (namespaces, veths)" >&2; exit 2; }
+exec 9>"$LOCK" && flock -n 9 || { echo "bare-up: another run holds $LOCK" >&2; exit 2; }
+
+# iproute2: the machine's, else the bundle's with its libraries (only for it: other programs keep the system's).
+IP=(ip)
+bundle_ip() {
+  command -v ip >/dev/null || IP=(env "LD_LIBRARY_PATH=$(realpath "$1/../lib" 2>/dev/null)" "$1/ip")
+}
+
+if [ "${1:-}" = --down ]; then  # by name: every ifec-* namespace (its processes first) and the bridge
+  [ $# -ge 2 ] && bundle_ip "$2"
+  for ns in $("${IP[@]}" netns list 2>/dev/null | awk '$1 ~ /^ifec-/ {print $1}'); do
+    for p in $("${IP[@]}" netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+    "${IP[@]}" netns del "$ns" && echo "bare-up: removed namespace $ns"
+  done
+  "${IP[@]}" link del $BRIDGE 2>/dev/null && echo "bare-up: removed bridge $BRIDGE"
+  command -v iptables >/dev/null && while iptables -D FORWARD -i $BRIDGE -o $BRIDGE -j ACCEPT 2>/dev/null; do :; done
+  exit 0
+fi
+[ $# -ge 2 ] || usage
+TOPO=$(realpath "$1"); BIN=$(realpath "$2"); shift 2
+bundle_ip "$BIN"
+LOGS=${IFEC_BARE_LOGS:-/tmp/ifec-bare}
 for p in ifec-cli ifec-switchd ifec-hostd ifec-ring; do
   [ -x "$BIN/$p" ] || { echo "bare-up: $BIN/$p: missing (build it: ./ifec build)" >&2; exit 2; }
 done
-[ "$(id -u)" = 0 ] || { echo "bare-up: needs root (namespaces, veths)" >&2; exit 2; }
+"${IP[@]}" -V >/dev/null 2>&1 || { echo "bare-up: no iproute2 (ip) here or in $BIN" >&2; exit 2; }
 PLAN=$("$BIN/ifec-cli" netns-plan "$TOPO") || exit 2
-if "$IP" link show $BRIDGE >/dev/null 2>&1 || "$IP" link show ifecmgmt0 >/dev/null 2>&1; then
-  echo "bare-up: a live testbed is up here (bridge $BRIDGE or ifecmgmt0 exists)" >&2
+if "${IP[@]}" link show $BRIDGE >/dev/null 2>&1 || "${IP[@]}" link show ifecmgmt0 >/dev/null 2>&1 ||
+  "${IP[@]}" netns list 2>/dev/null | grep -q '^ifec-'; then
+  echo "bare-up: a live testbed is up here (bridge $BRIDGE or ifecmgmt0, or ifec-* namespaces): $0 --down" >&2
   exit 2
 fi
 mkdir -p "$LOGS"
-PIDS=(); NSES=()
+
+PIDS=(); NSES=(); MADE_BRIDGE=0; RULE=0; CMD=0
 down() {
+  trap '' INT TERM HUP  # the take-down runs to its end
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
   for _ in 1 2 3 4 5 6 7 8 9 10; do
     alive=0; for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
     [ $alive = 0 ] && break; sleep 0.5
   done
   for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  for n in "${NSES[@]}"; do "$IP" netns del "$n" 2>/dev/null; done
-  "$IP" link del $BRIDGE 2>/dev/null
-  command -v iptables >/dev/null && iptables -D FORWARD -i $BRIDGE -o $BRIDGE -j ACCEPT 2>/dev/null
+  for n in "${NSES[@]}"; do "${IP[@]}" netns del "$n" 2>/dev/null; done
+  [ $MADE_BRIDGE = 1 ] && "${IP[@]}" link del $BRIDGE 2>/dev/null
+  [ $RULE = 1 ] && iptables -D FORWARD -i $BRIDGE -o $BRIDGE -j ACCEPT 2>/dev/null
   return 0
 }
+on_signal() {  # to COMMAND first (it ends, then the take-down runs); before it, straight to the take-down
+  [ $CMD != 0 ] && kill -"$1" $CMD 2>/dev/null
+  SIGNALLED=$2
+  [ $CMD = 0 ] && exit $((128 + $2))
+}
+SIGNALLED=0
 trap down EXIT
-trap 'exit 130' INT TERM
+trap 'on_signal INT 2' INT
+trap 'on_signal TERM 15' TERM
+trap 'on_signal HUP 1' HUP
 fail() { echo "bare-up: $*" >&2; exit 1; }
+
 # A firewall's FORWARD policy (dockerd sets DROP) would drop the bridge's packets under br_netfilter.
-command -v iptables >/dev/null && iptables -I FORWARD -i $BRIDGE -o $BRIDGE -j ACCEPT 2>/dev/null
-"$IP" link add $BRIDGE type bridge && "$IP" addr add 172.31.0.1/16 dev $BRIDGE && "$IP" link set $BRIDGE up ||
-  fail "cannot make the management bridge $BRIDGE"
-while read -r kind a b c d e; do
+command -v iptables >/dev/null && iptables -I FORWARD -i $BRIDGE -o $BRIDGE -j ACCEPT 2>/dev/null && RULE=1
+"${IP[@]}" link add $BRIDGE type bridge || fail "cannot make the management bridge $BRIDGE"
+MADE_BRIDGE=1
+"${IP[@]}" addr add 172.31.0.1/16 dev $BRIDGE && "${IP[@]}" link set $BRIDGE up || fail "cannot set up $BRIDGE"
+while read -r kind a b c d _; do
   if [ "$kind" = node ]; then
+    "${IP[@]}" netns add "ifec-$a" || fail "cannot make namespace ifec-$a"
     NSES+=("ifec-$a")
-    "$IP" netns add "ifec-$a" && "$IP" link add "ifbare$b" type veth peer name m0 netns "ifec-$a" &&
-      "$IP" link set "ifbare$b" master $BRIDGE up && "$IP" -n "ifec-$a" addr add "$c/16" dev m0 &&
-      "$IP" -n "ifec-$a" link set m0 up && "$IP" -n "ifec-$a" link set lo up || fail "cannot make node $a"
+    "${IP[@]}" link add "ifbare$b" type veth peer name m0 netns "ifec-$a" &&
+      "${IP[@]}" link set "ifbare$b" master $BRIDGE up && "${IP[@]}" -n "ifec-$a" addr add "$c/16" dev m0 &&
+      "${IP[@]}" -n "ifec-$a" link set m0 up && "${IP[@]}" -n "ifec-$a" link set lo up || fail "cannot wire node $a"
   else
-    "$IP" link add "$b" netns "ifec-$a" type veth peer name "$d" netns "ifec-$c" &&
-      "$IP" -n "ifec-$a" link set "$b" mtu 9216 up && "$IP" -n "ifec-$c" link set "$d" mtu 9216 up ||
+    "${IP[@]}" link add "$b" netns "ifec-$a" type veth peer name "$d" netns "ifec-$c" &&
+      "${IP[@]}" -n "ifec-$a" link set "$b" mtu 9216 up && "${IP[@]}" -n "ifec-$c" link set "$d" mtu 9216 up ||
       fail "cannot make link $a:$b - $c:$d"
   fi
 done <<< "$PLAN"
 GPUS=()
-while read -r kind a b c d e; do
+while read -r kind a b c d _; do
   [ "$kind" = node ] || continue
   prog=ifec-switchd; [ "$d" = gpu ] && { prog=ifec-hostd; GPUS+=("$a"); }
-  "$IP" netns exec "ifec-$a" "$BIN/$prog" --topo "$TOPO" --node "$a" > "$LOGS/$a.log" 2>&1 &
+  "${IP[@]}" netns exec "ifec-$a" "$BIN/$prog" --topo "$TOPO" --node "$a" > "$LOGS/$a.log" 2>&1 9>&- &
   PIDS+=($!)
 done <<< "$PLAN"
-echo "bare-up: ${#NSES[@]} namespaces, $(grep -c '^link' <<< "$PLAN") links, ${#PIDS[@]} daemons (logs in $LOGS)"
+echo "bare-up: ${#NSES[@]} namespaces, $(grep -c '^link' <<< "$PLAN") links, ${#PIDS[@]} daemons (pids" \
+  "${PIDS[*]}; logs in $LOGS)"
 t0=$SECONDS
 while :; do
   ready=0
@@ -81,7 +114,10 @@ sleep 2  # FARE's advertisements every 100 ms: every plane weighted
 echo "bare-up: every hostd ready ($((SECONDS - t0)) s)"
 status=0
 if [ $# -gt 0 ]; then
-  PATH="$BIN:$PATH" "$@"
-  status=$?
+  PATH="$BIN:$PATH" "$@" 9>&- &
+  CMD=$!
+  wait $CMD; status=$?
+  while kill -0 $CMD 2>/dev/null; do wait $CMD; status=$?; done  # a signal interrupts wait, not COMMAND
 fi
+[ $SIGNALLED != 0 ] && status=$((128 + SIGNALLED))
 exit $status
