@@ -70,9 +70,10 @@ def test_status_signals_and_bad_arguments(bare, repo, tmp_path):
     rc, out, err = finish(start("sh", "-c", "exit 7"))
     assert rc == 7 and _left_behind(out) == [], err
     p = start("sleep", "100")
-    deadline = time.time() + 90
-    while time.time() < deadline and not any("every hostd ready" in l for l in [p.stdout.readline()]):
-        pass
+    line = ""
+    while "every hostd ready" not in line:  # readline returns "" once the script has exited
+        line = p.stdout.readline()
+        assert line or p.poll() is None, p.stderr.read()
     p.send_signal(signal.SIGTERM)
     rc, out, err = finish(p, timeout=60)
     assert rc == 128 + signal.SIGTERM and _left_behind(out) == [], err
@@ -85,20 +86,22 @@ def test_status_signals_and_bad_arguments(bare, repo, tmp_path):
 
 def test_down_removes_what_a_killed_run_left(bare, repo):
     start, finish = bare
+    script = str(repo / "testbed" / "live" / "bare-up.sh")
     p = start("sleep", "100")
-    line = ""
-    while "daemons (pids" not in line:
-        line = p.stdout.readline()
-        assert line or p.poll() is None, p.stderr.read()
-    time.sleep(3)
-    os.kill(p.pid, signal.SIGKILL)  # the script alone: no take-down runs, its daemons and command live on
-    p.wait(10)
-    assert [x for x in _left_behind(line) if x.startswith("daemon")], "the daemons did not outlive the script"
-    again = subprocess.run([str(repo / "testbed" / "live" / "bare-up.sh"), "testbed/topologies/superpod-8x2.yaml",
-                            "build/bin", "true"], cwd=repo, capture_output=True, text=True, timeout=60)
-    assert again.returncode == 2 and "--down" in again.stderr
-    down = subprocess.run([str(repo / "testbed" / "live" / "bare-up.sh"), "--down"], capture_output=True, text=True,
-                          timeout=60)
-    assert down.returncode == 0 and "removed bridge ifecbare0" in down.stdout, down.stderr
-    assert _left_behind(line) == []
-    os.killpg(p.pid, signal.SIGKILL)  # the command (sleep) the killed script left, in its process group
+    try:
+        line = ""
+        while "daemons (pids" not in line:
+            line = p.stdout.readline()
+            assert line or p.poll() is None, p.stderr.read()
+        time.sleep(3)
+        os.kill(p.pid, signal.SIGKILL)  # the script alone: no take-down runs, its daemons and command live on
+        p.wait(10)
+        assert [x for x in _left_behind(line) if x.startswith("daemon")], "the daemons did not outlive the script"
+        again = subprocess.run([script, "testbed/topologies/superpod-8x2.yaml", "build/bin", "true"], cwd=repo,
+                               capture_output=True, text=True, timeout=60)
+        assert again.returncode == 2 and "--down" in again.stderr, again.stderr
+        down = subprocess.run([script, "--down"], capture_output=True, text=True, timeout=60)
+        assert down.returncode == 0 and "removed bridge ifecbare0" in down.stdout, down.stderr
+        assert _left_behind(line) == []
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)  # what is left of its process group: the command (sleep)

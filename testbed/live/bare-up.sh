@@ -8,13 +8,26 @@
 # descriptor ring is ready (bootstrapped), runs COMMAND with BIN_DIR first on PATH, and takes down what it made, by
 # PID and by name, whatever happens (SIGINT/SIGTERM go to COMMAND first). Its exit status is COMMAND's (0 without
 # one; 128 + the signal's number when one ended it). Needs root and iproute2 (BIN_DIR/ip, with BIN_DIR/../lib, where
-# the machine has none); one run at a time (a lock). Daemon logs: ${IFEC_BARE_LOGS:-/tmp/ifec-bare}/NODE.log.
+# the machine has none); one run at a time (its PID in a lock file). Daemon logs:
+# ${IFEC_BARE_LOGS:-/tmp/ifec-bare}/NODE.log.
 set -u
 BRIDGE=ifecbare0
 LOCK=${IFEC_BARE_LOCK:-/run/ifec-bare.lock}
 usage() { echo "usage: $0 TOPOLOGY BIN_DIR [COMMAND ARGS...] | $0 --down" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "bare-up: needs root (namespaces, veths)" >&2; exit 2; }
-exec 9>"$LOCK" && flock -n 9 || { echo "bare-up: another run holds $LOCK" >&2; exit 2; }
+# One run at a time: its PID in $LOCK, claimed under a short flock (no child inherits the lock: a killed run's
+# daemons do not keep the next one out; a PID that is gone, or is no bare-up, is stale).
+{
+  flock -w 10 9 || { echo "bare-up: cannot lock $LOCK.flock" >&2; exit 2; }
+  other=$(cat "$LOCK" 2>/dev/null)
+  if [ -n "$other" ] && [ "$other" != $$ ] && grep -qs bare-up "/proc/$other/cmdline"; then
+    echo "bare-up: another run (pid $other) is under way" >&2
+    exit 2
+  fi
+  echo $$ > "$LOCK"
+} 9>"$LOCK.flock"
+release() { [ "$(cat "$LOCK" 2>/dev/null)" = $$ ] && rm -f "$LOCK"; return 0; }
+trap release EXIT
 
 # iproute2: the machine's, else the bundle's with its libraries (only for it: other programs keep the system's).
 IP=(ip)
@@ -27,6 +40,9 @@ if [ "${1:-}" = --down ]; then  # by name: every ifec-* namespace (its processes
   for ns in $("${IP[@]}" netns list 2>/dev/null | awk '$1 ~ /^ifec-/ {print $1}'); do
     for p in $("${IP[@]}" netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
     "${IP[@]}" netns del "$ns" && echo "bare-up: removed namespace $ns"
+  done
+  for l in $("${IP[@]}" -o link show 2>/dev/null | awk -F': ' '$2 ~ /^ifbare[0-9]+@/ {sub(/@.*/, "", $2); print $2}'); do
+    "${IP[@]}" link del "$l" && echo "bare-up: removed link $l"  # a namespace still held (by a socket, say)
   done
   "${IP[@]}" link del $BRIDGE 2>/dev/null && echo "bare-up: removed bridge $BRIDGE"
   command -v iptables >/dev/null && while iptables -D FORWARD -i $BRIDGE -o $BRIDGE -j ACCEPT 2>/dev/null; do :; done
@@ -42,8 +58,9 @@ done
 "${IP[@]}" -V >/dev/null 2>&1 || { echo "bare-up: no iproute2 (ip) here or in $BIN" >&2; exit 2; }
 PLAN=$("$BIN/ifec-cli" netns-plan "$TOPO") || exit 2
 if "${IP[@]}" link show $BRIDGE >/dev/null 2>&1 || "${IP[@]}" link show ifecmgmt0 >/dev/null 2>&1 ||
-  "${IP[@]}" netns list 2>/dev/null | grep -q '^ifec-'; then
-  echo "bare-up: a live testbed is up here (bridge $BRIDGE or ifecmgmt0, or ifec-* namespaces): $0 --down" >&2
+  "${IP[@]}" netns list 2>/dev/null | grep -q '^ifec-' || "${IP[@]}" -o link show | grep -q ': ifbare[0-9]*@'; then
+  echo "bare-up: a live testbed is up here (bridge $BRIDGE or ifecmgmt0, ifec-* namespaces or ifbare* links): $0" \
+    "--down" >&2
   exit 2
 fi
 mkdir -p "$LOGS"
@@ -60,14 +77,15 @@ down() {
   for n in "${NSES[@]}"; do "${IP[@]}" netns del "$n" 2>/dev/null; done
   [ $MADE_BRIDGE = 1 ] && "${IP[@]}" link del $BRIDGE 2>/dev/null
   [ $RULE = 1 ] && iptables -D FORWARD -i $BRIDGE -o $BRIDGE -j ACCEPT 2>/dev/null
+  release
+}
+on_signal() {  # to COMMAND first (it ends, then the take-down runs); during the bring-up, straight to the take-down
+  SIGNALLED=$2
+  [ $CMD != 0 ] && kill -"$1" $CMD 2>/dev/null
+  [ $RUNNING = 0 ] && exit $((128 + $2))
   return 0
 }
-on_signal() {  # to COMMAND first (it ends, then the take-down runs); before it, straight to the take-down
-  [ $CMD != 0 ] && kill -"$1" $CMD 2>/dev/null
-  SIGNALLED=$2
-  [ $CMD = 0 ] && exit $((128 + $2))
-}
-SIGNALLED=0
+SIGNALLED=0; RUNNING=0
 trap down EXIT
 trap 'on_signal INT 2' INT
 trap 'on_signal TERM 15' TERM
@@ -96,7 +114,7 @@ GPUS=()
 while read -r kind a b c d _; do
   [ "$kind" = node ] || continue
   prog=ifec-switchd; [ "$d" = gpu ] && { prog=ifec-hostd; GPUS+=("$a"); }
-  "${IP[@]}" netns exec "ifec-$a" "$BIN/$prog" --topo "$TOPO" --node "$a" > "$LOGS/$a.log" 2>&1 9>&- &
+  "${IP[@]}" netns exec "ifec-$a" "$BIN/$prog" --topo "$TOPO" --node "$a" > "$LOGS/$a.log" 2>&1 &
   PIDS+=($!)
 done <<< "$PLAN"
 echo "bare-up: ${#NSES[@]} namespaces, $(grep -c '^link' <<< "$PLAN") links, ${#PIDS[@]} daemons (pids" \
@@ -114,8 +132,10 @@ sleep 2  # FARE's advertisements every 100 ms: every plane weighted
 echo "bare-up: every hostd ready ($((SECONDS - t0)) s)"
 status=0
 if [ $# -gt 0 ]; then
-  PATH="$BIN:$PATH" "$@" 9>&- &
+  RUNNING=1  # from here a signal is only noted until COMMAND's PID is known
+  PATH="$BIN:$PATH" "$@" &
   CMD=$!
+  [ $SIGNALLED != 0 ] && kill -TERM $CMD 2>/dev/null
   wait $CMD; status=$?
   while kill -0 $CMD 2>/dev/null; do wait $CMD; status=$?; done  # a signal interrupts wait, not COMMAND
 fi
