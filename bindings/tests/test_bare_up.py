@@ -23,10 +23,14 @@ def bare(repo, build_dir, tmp_path):
     script = str(repo / "testbed" / "live" / "bare-up.sh")
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "IFEC_BARE_LOGS": str(tmp_path)}
 
+    started = []
+
     def start(*command, bin_dir=None):
-        return subprocess.Popen([script, "testbed/topologies/superpod-8x2.yaml", str(bin_dir or build_dir / "bin"),
-                                 *command], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=env, start_new_session=True)
+        started.append(subprocess.Popen([script, "testbed/topologies/superpod-8x2.yaml",
+                                          str(bin_dir or build_dir / "bin"), *command], cwd=repo,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                         start_new_session=True))
+        return started[-1]
 
     def finish(p, timeout=200):
         try:
@@ -36,7 +40,14 @@ def bare(repo, build_dir, tmp_path):
             out, err = p.communicate(timeout=60)
         return p.returncode, out, err
     yield start, finish
-    subprocess.run([script, "--down"], capture_output=True, timeout=60)  # whatever a failed test left
+    for p in started:  # a run a failed test left going: it takes down what it made
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+    subprocess.run([script, "--down"], capture_output=True, timeout=60)  # and whatever a killed one left
 
 
 def _left_behind(out):
@@ -74,6 +85,9 @@ def test_status_signals_and_bad_arguments(bare, repo, tmp_path):
     while "every hostd ready" not in line:  # readline returns "" once the script has exited
         line = p.stdout.readline()
         assert line or p.poll() is None, p.stderr.read()
+    from ifec import live  # the Mininet testbed would share 172.31.0.1/16 with it: refused, saying how to end it
+    with pytest.raises(live.LiveError, match="a bare testbed is up here .*bare-up.sh --down"):
+        live.LiveFabric(repo / "testbed" / "topologies" / "superpod-8x2.yaml").up(progress=lambda line: None)
     p.send_signal(signal.SIGTERM)
     rc, out, err = finish(p, timeout=60)
     assert rc == 128 + signal.SIGTERM and _left_behind(out) == [], err

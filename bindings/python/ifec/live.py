@@ -93,6 +93,9 @@ class LiveFabric:
         missing = [p for p in ("ifec-switchd", "ifec-hostd") if not (_bin_dir() / p).exists()]
         if missing:
             raise LiveError(f"{', '.join(missing)} not built in {_bin_dir()}: run ./ifec build")
+        if subprocess.run(["ip", "link", "show", "ifecbare0"], capture_output=True).returncode == 0:
+            raise LiveError("a bare testbed is up here (bridge ifecbare0 holds 172.31.0.1/16): "
+                            "testbed/live/bare-up.sh --down")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         reap_leftovers()
         t0 = time.time()
