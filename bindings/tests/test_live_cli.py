@@ -86,8 +86,17 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
                 s.sendall(bad)
                 reply = json.loads(s.makefile().readline())
             assert reply["ok"] is False and reply["error"], (bad, reply)
+        def plane1_toward_gpu5(dead):  # FARE's share of plane 1 at gpu0, until it says the switch is (not) heard
+            for _ in range(100):
+                weights = cli("ctl", "weights", "gpu0", "5").stdout
+                if ("plane 1: 0 Gb/s" in weights) == dead:
+                    return weights
+                time.sleep(0.1)
+            raise AssertionError(f"plane 1 {'still' if dead else 'not yet'} weighted: {weights}")
+
         assert "p1-sw killed" in cli("kill", "p1-sw").stdout
         assert re.search(r"^p1-sw\s+DOWN", cli("status").stdout, re.M)
+        plane1_toward_gpu5(dead=True)  # its neighbours stop hearing it: FARE's 2 s hold time
         for args, why in ((("kill", "p1-sw"), "p1-sw: its daemon is not running"),
                           (("kill", "p9-sw"), "no node 'p9-sw' in superpod-8x2"),
                           (("start", "gpu3"), "gpu3: a GPU's daemon rejoins only with a new bootstrap"),
@@ -97,10 +106,7 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
         assert "p1-sw started, ready after" in cli("start", "p1-sw").stdout
         again = cli("start", "p1-sw", ok=False)
         assert "p1-sw: its daemon is still running (pid" in again.stderr, again.stderr
-        for _ in range(100):  # FARE weights plane 1 again once the restarted switch is heard
-            if "plane 1: 0 Gb/s" not in cli("ctl", "weights", "gpu0", "5").stdout:
-                break
-            time.sleep(0.1)
+        plane1_toward_gpu5(dead=False)  # heard again: weighted again
         run = cli("run", "allreduce", "--bytes", "64KiB").stdout
         assert [l.split()[4] for l in run.splitlines() if l and not l.startswith("#")] == ["0"], run
     finally:

@@ -27,6 +27,9 @@ void GpuProfile::validate() const {
   auto fraction = [&](const char* field, double v) {
     IFEC_CHECK(v > 0 && v <= 1, "GPU profile '" << name << "': " << field << " must be in (0, 1], got " << v);
   };
+  auto exponent = [&](const char* field, double v) {
+    IFEC_CHECK(std::isfinite(v) && v >= 1, "GPU profile '" << name << "': " << field << " must be >= 1, got " << v);
+  };
   auto non_negative = [&](const char* field, double v) {
     IFEC_CHECK(std::isfinite(v) && v >= 0, "GPU profile '" << name << "': " << field << " must be >= 0, got " << v);
   };
@@ -39,9 +42,8 @@ void GpuProfile::validate() const {
   non_negative("grouped_launch_us", grouped_launch_us);
   non_negative("chain_gemm_us", chain_gemm_us);
   non_negative("loop_call_us", loop_call_us);
-  for (auto [field, v] : {std::pair{"overlap_p", overlap_p}, std::pair{"overlap_p_chain", overlap_p_chain}}) {
-    IFEC_CHECK(std::isfinite(v) && v >= 1, "GPU profile '" << name << "': " << field << " must be >= 1, got " << v);
-  }
+  exponent("overlap_p", overlap_p);
+  exponent("overlap_p_chain", overlap_p_chain);
   non_negative("l2_bytes", l2_bytes);
   IFEC_CHECK(tile_m >= 1, "GPU profile '" << name << "': tile_m must be >= 1, got " << tile_m);
 }

@@ -130,6 +130,12 @@ def _fit_stage(cs, peaks, steps, consts, names):
     return {k: float(c[k].detach()) for k in names}
 
 
+def worst(rows, grouped=None):
+    """The largest |model/measured - 1| of report()'s rows: all of them, or only the grouped kernel's (True) or only
+    the per-expert chains' (False)."""
+    return max(abs(r[5] - 1) for r in rows if grouped is None or (r[2] == "grouped") == grouped)
+
+
 def report(table, constants, peaks):
     """[(ep, tokens, kind, measured, model, ratio)] and the worst |ratio - 1|."""
     import torch
@@ -138,7 +144,7 @@ def report(table, constants, peaks):
     for (ep, tokens, *_), (kind, per, meas) in zip([r for r in table for _ in range(3)], cases(table)):
         m = float(model_us(torch, c, kind, per, peaks))
         rows.append((ep, tokens, "shared" if kind == "chain" else kind, meas, m, m / meas))
-    return rows, max(abs(r[5] - 1) for r in rows)
+    return rows, worst(rows)
 
 
 def profile_yaml(name, peaks, constants, comment):
@@ -246,10 +252,10 @@ def same_as_loop(torch, grouped, loop, where):
     the output's scale), else a clear error naming the point."""
     same_shape = tuple(grouped.shape) == tuple(loop.shape)
     scale = loop.float().abs().max().item() or 1.0
-    worst = (grouped.float() - loop.float()).abs().max().item() / scale if same_shape else float("nan")
-    if not worst <= 0.05:
+    err = (grouped.float() - loop.float()).abs().max().item() / scale if same_shape else float("nan")
+    if not err <= 0.05:
         raise RuntimeError(f"gpu_profile: at {where} torch._grouped_mm gave {tuple(grouped.shape)} with relative "
-                           f"error {worst:.3g} against the per-expert loop {tuple(loop.shape)}: not timing it")
+                           f"error {err:.3g} against the per-expert loop {tuple(loop.shape)}: not timing it")
 
 
 def _whole(v):
@@ -329,19 +335,16 @@ def main(argv=None):
     if not all(math.isfinite(v) for v in constants.values()):
         print(f"gpu_profile: the fit did not converge on this table ({constants}); no profile written", file=sys.stderr)
         return 2
-    rows, worst = report(table, constants, peaks)
+    rows, _ = report(table, constants, peaks)
     print(f"{'EP':>3} {'tokens':>6} {'kind':>8} {'measured us':>12} {'model us':>10} {'ratio':>6}")
     for ep, t, kind, meas, model, ratio in rows:
         print(f"{ep:>3} {t:>6} {kind:>8} {meas:>12.1f} {model:>10.1f} {ratio:>6.3f}")
-    by_kind = {kind: max(abs(r[5] - 1) for r in rows if (r[2] == "grouped") == (kind == "grouped"))
-               for kind in ("grouped", "chains")}
-    deviation = (f"worst deviation {worst:.1%} (grouped kernel {by_kind['grouped']:.1%}, per-expert chains "
-                 f"{by_kind['chains']:.1%})")
+    deviation = (f"worst deviation {worst(rows):.1%} (grouped kernel {worst(rows, True):.1%}, per-expert chains "
+                 f"{worst(rows, False):.1%})")
     print("fitted: " + ", ".join(f"{k} {v:.4g}" for k, v in constants.items()) + f"; {deviation}")
     builtin = report(table, {k: DEFAULTS[k] for k in FITTED}, peaks)[0]
     print(f"the built-in profile (fitted to the H100 reference table) at these peaks, on this table: grouped kernel "
-          f"within {max(abs(r[5] - 1) for r in builtin if r[2] == 'grouped'):.1%}, all within "
-          f"{max(abs(r[5] - 1) for r in builtin):.1%}")
+          f"within {worst(builtin, True):.1%}, all within {worst(builtin):.1%}")
     if args.out:
         with open(args.out, "w") as f:
             f.write(profile_yaml(name, peaks, constants, f"GPU profile of {name}, {how}; model/measured {deviation} "

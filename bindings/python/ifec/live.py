@@ -151,9 +151,7 @@ class LiveFabric:
 
     def start(self, node):
         """Starts (or restarts) the daemon of `node` in its host; its log goes to log_dir/NODE.log."""
-        nd = next((n for n in self.nodes if n["name"] == node), None)
-        if nd is None:
-            raise LiveError(f"no node '{node}' in {self.topo.name}")
+        nd = self.node(node)
         old = self.procs.get(node)
         if old is not None and old.poll() is None:
             raise LiveError(f"{node}: its daemon is still running (pid {old.pid})")
@@ -164,6 +162,13 @@ class LiveFabric:
             stdout=log, stderr=subprocess.STDOUT)
         self._stubs.pop(node, None)
         self._record()
+
+    def node(self, name):
+        """The topology node called `name`, or a LiveError naming it and the nodes there are."""
+        nd = next((n for n in self.nodes if n["name"] == name), None)
+        if nd is None:
+            raise LiveError(f"no node '{name}' in {self.topo.name} (nodes: {', '.join(n['name'] for n in self.nodes)})")
+        return nd
 
     def daemon_args(self, nd):
         """Extra command-line arguments of node `nd`'s daemon (none here; ifec.rxe's guests add theirs)."""
@@ -202,9 +207,7 @@ class LiveFabric:
     def stub(self, node):
         grpc, pb, rpc = _grpc()
         if node not in self._stubs:
-            nd = next((n for n in self.nodes if n["name"] == node), None)
-            if nd is None:
-                raise LiveError(f"no node '{node}' in {self.topo.name}")
+            nd = self.node(node)
             ch = grpc.insecure_channel(self.address(nd))
             self._stubs[node] = (rpc.HostStub(ch) if nd["kind"] == "gpu" else rpc.SwitchStub(ch))
         return self._stubs[node]
@@ -973,16 +976,9 @@ def add_fabric_commands(sub, driver="live"):
             "compare": _cmd_compare, "kill": lambda x: _cmd_kill(x, driver), "start": lambda x: _cmd_start(x, driver)}
 
 
-def _fabric_node(fab, name):
-    nd = next((n for n in fab.nodes if n["name"] == name), None)
-    if nd is None:
-        raise LiveError(f"no node '{name}' in {fab.topo.name} (nodes: {', '.join(n['name'] for n in fab.nodes)})")
-    return nd
-
-
 def _cmd_kill(args, driver):
     fab = args.attach()
-    _fabric_node(fab, args.node)
+    fab.node(args.node)
     fab.kill(args.node)
     what = "its container stopped" if "containers" in driver else "its interfaces stay up"
     print(f"{driver}: {args.node} killed; {what}, and its neighbours count it gone after FARE's 2 s hold time "
@@ -992,7 +988,7 @@ def _cmd_kill(args, driver):
 
 def _cmd_start(args, driver):
     fab = args.attach()
-    if _fabric_node(fab, args.node)["kind"] == "gpu":
+    if fab.node(args.node)["kind"] == "gpu":
         raise LiveError(f"{args.node}: a GPU's daemon rejoins only with a new bootstrap of every rank (down, then up)")
     fab.start(args.node)
     t0 = time.time()

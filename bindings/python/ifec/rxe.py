@@ -154,9 +154,6 @@ class RxeFabric(live.LiveFabric):
                 f"tc qdisc add dev {intf} ingress", f"tc filter add dev {intf} {redirect} g0",
                 "tc qdisc add dev g0 ingress", f"tc filter add dev g0 {redirect} {intf}"]))
 
-    def node(self, name):
-        return next(n for n in self.nodes if n["name"] == name)
-
     def link_of(self, name):
         return next(l for l in self.links if name in (l["a"], l["b"]))
 
