@@ -32,8 +32,10 @@ namespace {
 
 // Buffers of frames that ended, kept for the next ones built on this thread (last in, first out: the buffer a
 // receiver just read is still in the cache). Two sizes, so that a small frame does not take a full-sized buffer.
+// Up to 4096 (17 MiB of 4 KiB frames): an all-to-all sends and receives in waves a thousand frames long, and a
+// smaller pool went back to malloc in every wave (64 x 4 all-to-all: 512 buffers 1.6 M frame-hops/s, 4096 1.8 M).
 constexpr size_t kSmallFrame = 512;
-constexpr size_t kPoolBuffers = 512;
+constexpr size_t kPoolBuffers = 4096;
 thread_local std::vector<std::vector<uint8_t>> t_pool[2];
 
 std::vector<uint8_t> take_buffer(size_t bytes) {
@@ -135,6 +137,9 @@ void encode_frame_into(const FrameHeaders& h, const uint8_t* payload, size_t pay
     h.imm->encode(p + off);
     off += ImmDt::kSize;
   }
+  // The ICRC from the pieces: reading back the bytes just stored would wait for those stores (a fifth of the time
+  // of a 64 x 4 all-to-all went there).
+  const uint32_t icrc = compute_icrc_parts(head + ip_off, off - ip_off, bth_off - ip_off, payload, payload_size, pad);
   out->clear();
   out->reserve(total);
   out->insert(out->end(), head, head + off);
@@ -142,7 +147,6 @@ void encode_frame_into(const FrameHeaders& h, const uint8_t* payload, size_t pay
   out->insert(out->end(), pad + kIcrcSize, uint8_t{0});
   p = out->data();
   off += payload_size + pad;
-  const uint32_t icrc = compute_icrc(p + ip_off, off - ip_off, bth_off - ip_off);
   // Little-endian on the wire, like the Ethernet FCS.
   p[off] = static_cast<uint8_t>(icrc);
   p[off + 1] = static_cast<uint8_t>(icrc >> 8);

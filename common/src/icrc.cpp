@@ -275,4 +275,26 @@ uint32_t compute_icrc(const uint8_t* ip, size_t len, size_t bth_offset, CrcImpl 
   return crc ^ 0xFFFFFFFF;
 }
 
+uint32_t compute_icrc_parts(const uint8_t* headers, size_t header_len, size_t bth_offset, const uint8_t* payload,
+                            size_t payload_len, size_t pad) {
+  constexpr size_t kMaxHeaders = 60 + 8 + 24 + 12 + 28;  // IPv4 with options, UDP, ECH, BTH, extension headers
+  const size_t ihl_bytes = header_len > 0 ? size_t{static_cast<uint8_t>(headers[0] & 0x0F)} * 4 : 0;
+  if (header_len > kMaxHeaders || pad > 3 || bth_offset + 5 > header_len || ihl_bytes < 20 ||
+      ihl_bytes + 8 > bth_offset) {
+    return 0;  // callers validate lengths first; this keeps a bad call in bounds
+  }
+  // The masked headers behind zero bytes that bring them to a multiple of 16 (the start register moved back over
+  // them), so carry-less multiplication takes them whole; then the payload and pad, read where they are.
+  const size_t front = (16 - header_len % 16) % 16;
+  uint8_t head[16 + kMaxHeaders];
+  std::memset(head, 0, front);
+  std::memcpy(head + front, headers, header_len);
+  mask_variant_fields(head + front, ihl_bytes, bth_offset);
+  uint32_t crc = crc32_update(kPaddedLrhRegister[front], head, front + header_len);
+  crc = crc32_update(crc, payload, payload_len);
+  static constexpr uint8_t kZeros[4] = {0, 0, 0, 0};
+  crc = crc32_update(crc, kZeros, pad);
+  return crc ^ 0xFFFFFFFF;
+}
+
 }  // namespace ifec::common

@@ -19,6 +19,12 @@ const char* crc_impl_name(CrcImpl impl);
 // `bth_offset` is the BTH's offset from `ip` (20 + 8 for plain RoCEv2; more with IP options or ECH).
 uint32_t compute_icrc(const uint8_t* ip, size_t len, size_t bth_offset, CrcImpl impl = CrcImpl::kAuto);
 
+// The same ICRC for a frame still in pieces: `headers` (from the IPv4 header up to the payload, `header_len` bytes),
+// then `payload`, then `pad` zero bytes. Equal to compute_icrc over the assembled frame; an encoder that has the
+// pieces at hand computes it without reading back the bytes it has just stored.
+uint32_t compute_icrc_parts(const uint8_t* headers, size_t header_len, size_t bth_offset, const uint8_t* payload,
+                            size_t payload_len, size_t pad);
+
 // Plain reflected CRC-32 (IEEE 802.3), for tests and reuse: crc32_update(0xFFFFFFFF, ...) ^ 0xFFFFFFFF. `crc` is the
 // raw register in and out.
 uint32_t crc32_update(uint32_t crc, const uint8_t* data, size_t len, CrcImpl impl = CrcImpl::kAuto);
