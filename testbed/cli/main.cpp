@@ -526,6 +526,20 @@ int run_bench_sim(const Args& a) {
       "# best: the fastest run (the machine's noise only slows runs down); AllReduce: the simulation alone, apart\n"
       "# from inputs, fp64 reference and checks. On wires: bytes the fabric holds at line rate (rate x delay, both\n"
       "# directions); more than a core's cache share means arriving frames are read from memory.\n");
+  // The bytes alone, at each all-to-all's bytes on wires: the ceiling no event, link or switch work can beat.
+  std::vector<double> seen;
+  for (const tb::SpeedRow& r : rows) {
+    if (r.scenario.allreduce || std::find(seen.begin(), seen.end(), r.wire_bytes) != seen.end()) {
+      continue;
+    }
+    seen.push_back(r.wire_bytes);
+    const double ns = tb::frame_bytes_ns(r.wire_bytes, 4096, 100000);
+    std::printf(
+        "# bytes alone at %.1f MB on wires (%s): building a 4 KiB frame and verifying one that many bytes older\n"
+        "#   take %.0f ns per frame on this core, a ceiling of %.2f M frame-hops/s at two hops per frame; this\n"
+        "#   all-to-all spends %.0f ns per frame\n",
+        r.wire_bytes / 1e6, r.topology.c_str(), ns, 2e3 / ns, r.best_rate() > 0 ? 2e9 / r.best_rate() : 0.0);
+  }
   return 0;
 }
 

@@ -46,6 +46,19 @@ TEST(SimSpeed, AllReduceCountsAtLeastItsDataFramesAndBadRunCountsAreRefused) {
   EXPECT_THROW(testbed::measure_speed(topo, s), common::Error);
 }
 
+// The bytes-alone figure builds and verifies real frames (a frame failing its ICRC would throw), is positive and
+// finite, and bad arguments are named.
+TEST(SimSpeed, FrameBytesCostIsMeasuredOnRealFramesAndBadArgumentsAreRefused) {
+  const double ns = testbed::frame_bytes_ns(1e6, 4096, 2000);
+  EXPECT_GT(ns, 0);
+  EXPECT_LT(ns, 1e6);  // a millisecond per 4 KiB frame would mean the loop is broken, not slow
+  EXPECT_GT(testbed::frame_bytes_ns(0, 64, 100), 0);  // one frame, built and verified in turn
+  EXPECT_THROW(testbed::frame_bytes_ns(1e6, 0, 100), common::Error);
+  EXPECT_THROW(testbed::frame_bytes_ns(1e6, 5000, 100), common::Error);
+  EXPECT_THROW(testbed::frame_bytes_ns(1e6, 4096, 0), common::Error);
+  EXPECT_THROW(testbed::frame_bytes_ns(-1, 4096, 10), common::Error);
+}
+
 // The report names the fastest implementation this CPU has, which is the one kAuto uses.
 TEST(SimSpeed, TheIcrcImplementationNamedIsTheFastestAvailable) {
   using common::CrcImpl;

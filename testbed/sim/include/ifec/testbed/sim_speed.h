@@ -44,6 +44,13 @@ std::vector<SpeedScenario> speed_scenarios(const std::string& topo_dir, bool qui
 // Runs `s` on `topo` s.runs times. Throws Error when a run fails or two runs disagree on the frame-hops.
 SpeedRow measure_speed(const routing::Topology& topo, const SpeedScenario& s);
 
+// What the bytes alone cost on this core: building one RDMA WRITE frame of `payload` bytes (ICRC included) and
+// verifying one built `bytes_in_flight` bytes of frames earlier (its ICRC read where it lies, out of the cache once
+// that exceeds it), frames visited in a scrambled order as arrivals from many links are. Nanoseconds per frame,
+// the best of three passes of `frames` each; a frame that fails its check throws Error. In an all-to-all each frame
+// makes two hops, so 2e3 / this is the frame-hops per second the simulator could not beat with free events.
+double frame_bytes_ns(double bytes_in_flight, size_t payload, int frames);
+
 // One line per row, under a header naming the columns.
 std::string speed_table(const std::vector<SpeedRow>& rows);
 
