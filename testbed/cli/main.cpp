@@ -780,7 +780,9 @@ std::vector<Command> commands() {
                  "[--quick] [--runs N]",
                  "The simulator's own speed: frame-hops per wall-second on one core for the 64 x 4 all-to-all, the\n"
                  "same code on 8 x 2, and the 64 MiB AllReduce (ring and in-fabric), with the bytes each fabric\n"
-                 "holds on its wires and the ICRC implementation this CPU allows.",
+                 "holds on its wires and the ICRC implementation this CPU allows; then what the bytes alone cost\n"
+                 "per frame at each all-to-all's bytes on wires (building a 4 KiB frame and verifying one that\n"
+                 "many bytes older), the ceiling that puts on frame-hops/s.",
                  {{"--quick", "", "smaller sizes (256 KiB per pair, 16 MiB AllReduce), 3 runs"},
                   {"--runs", "N", "runs of each all-to-all (default 5; the AllReduce runs once)"}},
                  0},
