@@ -16,99 +16,117 @@ void EventLoop::schedule_reading(TimeNs at, std::function<void()> fn, const void
 }
 
 void EventLoop::push(TimeNs at, std::function<void()> fn, const void* reads, size_t read_bytes) {
-  uint32_t slot;
-  if (free_slots_.empty()) {
-    slot = static_cast<uint32_t>(slots_.size());
-    slots_.emplace_back();
+  uint32_t id;
+  if (free_nodes_.empty()) {
+    id = static_cast<uint32_t>(nodes_.size());
+    nodes_.emplace_back();
   } else {
-    slot = free_slots_.back();
-    free_slots_.pop_back();
+    id = free_nodes_.back();
+    free_nodes_.pop_back();
   }
-  Slot& s = slots_[slot];
-  s.fn = std::move(fn);
-  s.reads = static_cast<const uint8_t*>(reads);
-  s.read_bytes = read_bytes;
-  const Key k{at, seq_++, slot};
+  Node& n = nodes_[id];
+  n.at = at;
+  n.seq = seq_++;
+  n.fn = std::move(fn);
+  n.reads = static_cast<const uint8_t*>(reads);
+  n.read_bytes = static_cast<uint32_t>(std::min<size_t>(read_bytes, UINT32_MAX));
+  n.next = kNone;
+  bool in_heap = false;
   if (at >= base_ && at - base_ < kWheel) {
     if (wheel_.empty()) {
       wheel_.resize(kWheel);
       occupied_.assign(kWheel / 64, 0);
     }
     const uint32_t b = static_cast<uint32_t>(at % kWheel);
-    wheel_[b].keys.push_back(k);
-    occupied_[b / 64] |= uint64_t{1} << (b % 64);
+    Bucket& bucket = wheel_[b];
+    if (bucket.head == kNone) {
+      bucket.head = id;
+      occupied_[b / 64] |= uint64_t{1} << (b % 64);
+    } else {
+      nodes_[bucket.tail].next = id;
+    }
+    bucket.tail = id;
     ++in_wheel_;
-    return;
+  } else {
+    events_.push_back({at, n.seq, id});
+    std::push_heap(events_.begin(), events_.end(), Later{});
+    in_heap = true;
   }
-  events_.push_back(k);
-  std::push_heap(events_.begin(), events_.end(), Later{});
+  // A later sequence number never runs first at an equal time, so only an earlier time displaces the earliest.
+  if (next_known_ && next_.node != kNone && at < nodes_[next_.node].at) {
+    // In the heap, the new event is the top only if it went there; in the wheel it is its bucket's head.
+    next_ = {id, in_heap};
+  } else if (next_known_ && next_.node == kNone) {
+    next_ = {id, in_heap};
+  }
 }
 
-const EventLoop::Key* EventLoop::earliest_in_wheel() const {
-  if (in_wheel_ == 0) {
-    return nullptr;
-  }
-  // The first occupied bucket at or after base_'s, going round once.
-  const uint32_t start = static_cast<uint32_t>(base_ % kWheel);
-  const uint32_t words = kWheel / 64;
-  for (uint32_t i = 0; i <= words; ++i) {
-    const uint32_t w = (start / 64 + i) % words;
-    uint64_t bits = occupied_[w];
-    if (i == 0) {
-      bits &= ~uint64_t{0} << (start % 64);  // buckets before base_'s in its word hold later times: next round
+EventLoop::Next EventLoop::scan() const {
+  Next w;
+  if (in_wheel_ > 0) {
+    // The first occupied bucket at or after base_'s, going round once.
+    const uint32_t start = static_cast<uint32_t>(base_ % kWheel);
+    const uint32_t words = kWheel / 64;
+    for (uint32_t i = 0; i <= words; ++i) {
+      const uint32_t word = (start / 64 + i) % words;
+      uint64_t bits = occupied_[word];
+      if (i == 0) {
+        bits &= ~uint64_t{0} << (start % 64);  // buckets before base_'s in its word hold later times: next round
+      }
+      if (bits != 0) {
+        w.node = wheel_[word * 64 + static_cast<uint32_t>(__builtin_ctzll(bits))].head;
+        break;
+      }
     }
-    if (bits != 0) {
-      const Bucket& b = wheel_[w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits))];
-      return &b.keys[b.head];
-    }
   }
-  return nullptr;  // not reached: in_wheel_ > 0
-}
-
-const EventLoop::Key* EventLoop::earliest() const {
-  const Key* w = earliest_in_wheel();
   if (events_.empty()) {
     return w;
   }
-  return w == nullptr || Later{}(*w, events_.front()) ? &events_.front() : w;
+  const Key& top = events_.front();
+  if (w.node == kNone) {
+    return {top.node, true};
+  }
+  const Node& n = nodes_[w.node];
+  return Later{}(Key{n.at, n.seq, w.node}, top) ? Next{top.node, true} : w;
+}
+
+EventLoop::Next EventLoop::earliest() const {
+  if (next_known_) {
+    return next_;
+  }
+  const Next n = scan();  // returned as found: reading it back from next_ would wait on the two stores
+  next_ = n;
+  next_known_ = true;
+  return n;
 }
 
 TimeNs EventLoop::next_event_time() const {
-  const Key* k = earliest();
-  return k == nullptr ? kForever : k->at;
+  const Next n = earliest();
+  return n.node == kNone ? kForever : nodes_[n.node].at;
 }
 
-std::function<void()> EventLoop::pop(const Key* k) {
-  const uint32_t slot = k->slot;
-  const TimeNs at = k->at;
-  if (!events_.empty() && k == &events_.front()) {
+std::function<void()> EventLoop::pop(Next n) {
+  Node& node = nodes_[n.node];
+  const TimeNs at = node.at;
+  if (n.in_heap) {
     std::pop_heap(events_.begin(), events_.end(), Later{});
     events_.pop_back();
   } else {
-    Bucket& b = wheel_[at % kWheel];
-    if (++b.head == b.keys.size()) {
-      b.keys.clear();
-      b.head = 0;
-      occupied_[(at % kWheel) / 64] &= ~(uint64_t{1} << ((at % kWheel) % 64));
+    const uint32_t b = static_cast<uint32_t>(at % kWheel);
+    Bucket& bucket = wheel_[b];
+    bucket.head = node.next;
+    if (bucket.head == kNone) {
+      bucket.tail = kNone;
+      occupied_[b / 64] &= ~(uint64_t{1} << (b % 64));
     }
     --in_wheel_;
   }
   base_ = std::max(base_, at);  // every event still in the wheel is at or after it
-  std::function<void()> fn = std::move(slots_[slot].fn);
-  slots_[slot].fn = nullptr;
-  free_slots_.push_back(slot);
+  next_known_ = false;
+  std::function<void()> fn = std::move(node.fn);
+  node.fn = nullptr;
+  free_nodes_.push_back(n.node);
   return fn;
-}
-
-void EventLoop::prefetch_next() const {
-  const Key* k = earliest();
-  if (k == nullptr) {
-    return;
-  }
-  const Slot& s = slots_[k->slot];
-  for (size_t off = 0; off < s.read_bytes; off += 64) {
-    __builtin_prefetch(s.reads + off, 0, 3);
-  }
 }
 
 namespace {
@@ -121,10 +139,17 @@ void EventLoop::set_interrupt_check(std::function<bool()> check) { t_interrupt_c
 
 uint64_t EventLoop::run(TimeNs until) {
   uint64_t n = 0;
-  for (const Key* k = earliest(); k != nullptr && k->at <= until; k = earliest()) {
-    now_ = k->at;
+  for (Next k = earliest(); k.node != kNone && nodes_[k.node].at <= until; k = earliest()) {
+    now_ = nodes_[k.node].at;
     std::function<void()> fn = pop(k);
-    prefetch_next();
+    // What the next event said it reads, fetched while this one runs.
+    const Next after = earliest();
+    if (after.node != kNone) {
+      const Node& a = nodes_[after.node];
+      for (uint32_t off = 0; off < a.read_bytes; off += 64) {
+        __builtin_prefetch(a.reads + off, 0, 3);
+      }
+    }
     fn();
     ++n;
     if ((++interrupt_tick_ & 0xFFFF) == 0 && t_interrupt_check && t_interrupt_check()) {
@@ -184,15 +209,15 @@ uint64_t RealtimeLoop::loop(TimeNs deadline, bool wait_for_more) {
     if (t > deadline) {
       break;
     }
-    const EventLoop::Key* next = queue_.earliest();
-    if (next == nullptr) {
+    const EventLoop::Next next = queue_.earliest();
+    if (next.node == EventLoop::kNone) {
       if (!wait_for_more) {
         break;
       }
       sleep(deadline);
       continue;
     }
-    const TimeNs at = next->at;
+    const TimeNs at = queue_.nodes_[next.node].at;
     if (at > deadline && !wait_for_more) {
       break;
     }

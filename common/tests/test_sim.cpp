@@ -38,6 +38,37 @@ TEST(EventLoop, RunUntilStopsAtTheLimit) {
   EXPECT_EQ(loop.next_event_time(), 200u);
 }
 
+// The loop remembers its earliest event between calls: an event scheduled earlier than the remembered one, in
+// the wheel or in the heap, takes its place; a later one or one at the same time does not.
+TEST(EventLoop, AnEarlierEventScheduledAfterALookReplacesTheEarliest) {
+  EventLoop loop;
+  std::vector<int> order;
+  loop.schedule(3000, [&] { order.push_back(3); });
+  EXPECT_EQ(loop.next_event_time(), 3000u);
+  loop.schedule(3000, [&] { order.push_back(4); });  // same time: after the first
+  loop.schedule(9000, [&] { order.push_back(5); });  // beyond the wheel: the heap
+  EXPECT_EQ(loop.next_event_time(), 3000u);
+  loop.schedule(200, [&] { order.push_back(1); });  // earlier, in the wheel
+  EXPECT_EQ(loop.next_event_time(), 200u);
+  loop.run(250);  // the time moves past the wheel's last event run: the next one lands in the heap
+  loop.schedule(6000, [&] { order.push_back(6); });
+  loop.schedule(255, [&] { order.push_back(2); });
+  EXPECT_EQ(loop.next_event_time(), 255u);
+  EXPECT_EQ(loop.run(), 5u);
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3, 4, 6, 5}));
+
+  // Only timers, in the heap: an earlier timer becomes the top, and pop takes it from there.
+  EventLoop timers;
+  std::vector<int> fired;
+  timers.schedule(90000, [&] { fired.push_back(2); });
+  EXPECT_EQ(timers.next_event_time(), 90000u);
+  timers.schedule(80000, [&] { fired.push_back(1); });
+  EXPECT_EQ(timers.next_event_time(), 80000u);
+  timers.schedule(95000, [&] { fired.push_back(3); });
+  EXPECT_EQ(timers.run(), 3u);
+  EXPECT_EQ(fired, (std::vector<int>{1, 2, 3}));
+}
+
 // Near events (the wheel), far ones (the heap) and ones that cross from one to the other as time moves, scheduled
 // before and during the run, in slices: every event runs at its time, equal times in scheduling order, against a
 // reference that sorts (time, scheduling number).

@@ -35,40 +35,52 @@ class EventLoop : public Clock {
   TimeNs next_event_time() const;
 
  private:
-  // Events due within kWheel ns of the last one run sit in a wheel of one-nanosecond buckets, each a FIFO (equal
-  // times run in scheduling order); later ones in a heap. Both hold small keys; the callbacks sit in slots reused
-  // through a free list, so ordering never moves a std::function.
+  // Every event is a node in one pool, reused through a free list (last in, first out: the node just run is still
+  // in the cache). Events due within kWheel ns of the last one run are chained, in scheduling order, in a wheel of
+  // one-nanosecond buckets (equal times run in scheduling order); later ones (timers) wait in a heap of small keys.
+  // The earliest event is remembered between a run and the next (a push earlier than it replaces it), so the wheel
+  // is scanned once per event.
   static constexpr uint32_t kWheel = 4096;
+  static constexpr uint32_t kNone = 0xFFFFFFFF;
+  struct Node {
+    TimeNs at = 0;
+    uint64_t seq = 0;
+    std::function<void()> fn;
+    const uint8_t* reads = nullptr;  // what the event reads first (a prefetch hint), read_bytes long
+    uint32_t read_bytes = 0;
+    uint32_t next = kNone;  // the next node in its bucket
+  };
   struct Key {
     TimeNs at;
     uint64_t seq;
-    uint32_t slot;
+    uint32_t node;
   };
   struct Later {
     bool operator()(const Key& a, const Key& b) const { return a.at != b.at ? a.at > b.at : a.seq > b.seq; }
   };
   struct Bucket {
-    std::vector<Key> keys;
-    size_t head = 0;
+    uint32_t head = kNone;
+    uint32_t tail = kNone;
+  };
+  // The earliest event: a node, and whether it is the heap's top (else its bucket's head).
+  struct Next {
+    uint32_t node = kNone;
+    bool in_heap = false;
   };
   friend class RealtimeLoop;
-  struct Slot {
-    std::function<void()> fn;
-    const uint8_t* reads = nullptr;  // what the event reads first (a prefetch hint), read_bytes long
-    size_t read_bytes = 0;
-  };
   void push(TimeNs at, std::function<void()> fn, const void* reads = nullptr, size_t read_bytes = 0);
-  std::function<void()> pop(const Key* k);  // takes out earliest()'s event, returns its callback; now_ unchanged
-  void prefetch_next() const;               // the memory earliest()'s event said it reads
-  const Key* earliest_in_wheel() const;     // null when the wheel is empty
-  const Key* earliest() const;              // null when no event waits
-  std::vector<Key> events_;                 // binary heap ordered by Later: the earliest first
-  std::vector<Bucket> wheel_;               // [at % kWheel], for base_ <= at < base_ + kWheel
-  std::vector<uint64_t> occupied_;          // one bit per bucket
-  TimeNs base_ = 0;                         // no event in the wheel is earlier
+  std::function<void()> pop(Next n);  // takes out earliest()'s event, returns its callback; now_ unchanged
+  Next earliest() const;              // node kNone when no event waits
+  Next scan() const;                  // the same, found afresh
+  std::vector<Node> nodes_;
+  std::vector<uint32_t> free_nodes_;
+  std::vector<Key> events_;         // binary heap ordered by Later: the earliest first
+  std::vector<Bucket> wheel_;       // [at % kWheel], for base_ <= at < base_ + kWheel
+  std::vector<uint64_t> occupied_;  // one bit per bucket
+  TimeNs base_ = 0;                 // no event in the wheel is earlier
   size_t in_wheel_ = 0;
-  std::vector<Slot> slots_;
-  std::vector<uint32_t> free_slots_;
+  mutable Next next_;  // earliest(), when next_known_
+  mutable bool next_known_ = false;
   TimeNs now_ = 0;
   uint64_t seq_ = 0;
   uint64_t events_run_ = 0;
