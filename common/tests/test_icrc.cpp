@@ -34,6 +34,27 @@ uint32_t bitwise(uint32_t crc, const uint8_t* p, size_t n) {
   return crc;
 }
 
+// `n` pseudo-random bytes that start like an IPv4 header with a 20-byte header.
+std::vector<uint8_t> random_ipv4_bytes(size_t n, uint32_t seed) {
+  std::vector<uint8_t> bytes(n);
+  for (uint8_t& b : bytes) {
+    seed = seed * 1103515245u + 12345u;
+    b = static_cast<uint8_t>(seed >> 16);
+  }
+  bytes[0] = 0x45;
+  return bytes;
+}
+
+// The ICRC by its definition: the variant fields of a 20-byte IPv4 header, UDP and the BTH at `bth` set to ones,
+// then the bitwise CRC over 8 bytes of 0xFF and the masked bytes.
+uint32_t icrc_by_definition(std::vector<uint8_t> masked, size_t bth) {
+  for (size_t off : {size_t{1}, size_t{8}, size_t{10}, size_t{11}, size_t{26}, size_t{27}, bth + 4}) {
+    masked[off] = 0xFF;
+  }
+  const uint8_t ff[8] = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
+  return bitwise(bitwise(0xFFFFFFFFu, ff, 8), masked.data(), masked.size()) ^ 0xFFFFFFFFu;
+}
+
 }  // namespace
 
 TEST(Crc32, StandardCheckValue) {
@@ -77,14 +98,7 @@ TEST(Crc32, EveryLengthAndAlignmentEqualsTheBitwiseDefinition) {
 // fields set to ones. Against it, every implementation at every length from the masked prefix up (one-pass path
 // from 256 bytes on, with each of the 16 front paddings), for plain RoCEv2 and ECH-sized BTH offsets.
 TEST(Icrc, EveryLengthEqualsTheBitwiseDefinition) {
-  std::vector<uint8_t> frame(4200);
-  uint32_t x = 777;
-  for (uint8_t& b : frame) {
-    x = x * 1103515245u + 12345u;
-    b = static_cast<uint8_t>(x >> 16);
-  }
-  frame[0] = 0x45;  // IPv4, 20-byte header
-  const uint8_t ff[8] = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
+  const std::vector<uint8_t> frame = random_ipv4_bytes(4200, 777);
   std::vector<size_t> lengths;
   for (size_t len = 33; len <= 700; ++len) {
     lengths.push_back(len);
@@ -97,11 +111,8 @@ TEST(Icrc, EveryLengthEqualsTheBitwiseDefinition) {
       if (len < bth + 5) {
         continue;
       }
-      std::vector<uint8_t> masked(frame.begin(), frame.begin() + static_cast<long>(len));
-      for (size_t off : {size_t{1}, size_t{8}, size_t{10}, size_t{11}, size_t{26}, size_t{27}, bth + 4}) {
-        masked[off] = 0xFF;
-      }
-      const uint32_t want = bitwise(bitwise(0xFFFFFFFFu, ff, 8), masked.data(), len) ^ 0xFFFFFFFFu;
+      const uint32_t want =
+          icrc_by_definition(std::vector<uint8_t>(frame.begin(), frame.begin() + static_cast<long>(len)), bth);
       for (CrcImpl impl : {CrcImpl::kAuto, CrcImpl::kZlib, CrcImpl::kPclmul, CrcImpl::kVpclmul}) {
         if (crc_impl_available(impl)) {
           ASSERT_EQ(compute_icrc(frame.data(), len, bth, impl), want)
@@ -117,14 +128,7 @@ TEST(Icrc, MatchesHandComputedFrame) { EXPECT_EQ(icrc_of(kWriteOnly), kExpectedI
 TEST(Icrc, FromPiecesEqualsTheBitwiseDefinitionOfTheAssembledFrame) {
   // The hand-computed frame: 56 bytes of headers (IPv4, UDP, BTH, RETH), 8 of payload, no pad.
   EXPECT_EQ(compute_icrc_parts(kWriteOnly.data(), 56, kBthOffset, kWriteOnly.data() + 56, 8, 0), kExpectedIcrc);
-  std::vector<uint8_t> frame(4400);
-  uint32_t x = 4242;
-  for (uint8_t& b : frame) {
-    x = x * 1103515245u + 12345u;
-    b = static_cast<uint8_t>(x >> 16);
-  }
-  frame[0] = 0x45;
-  const uint8_t ff[8] = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
+  const std::vector<uint8_t> frame = random_ipv4_bytes(4400, 4242);
   std::vector<size_t> payloads;
   for (size_t n = 0; n <= 300; ++n) {
     payloads.push_back(n);
@@ -138,11 +142,7 @@ TEST(Icrc, FromPiecesEqualsTheBitwiseDefinitionOfTheAssembledFrame) {
       const size_t pad = (4 - n % 4) % 4;
       std::vector<uint8_t> assembled(frame.begin(), frame.begin() + static_cast<long>(headers + n));
       assembled.insert(assembled.end(), pad, 0);
-      std::vector<uint8_t> masked = assembled;
-      for (size_t off : {size_t{1}, size_t{8}, size_t{10}, size_t{11}, size_t{26}, size_t{27}, bth + 4}) {
-        masked[off] = 0xFF;
-      }
-      const uint32_t want = bitwise(bitwise(0xFFFFFFFFu, ff, 8), masked.data(), masked.size()) ^ 0xFFFFFFFFu;
+      const uint32_t want = icrc_by_definition(assembled, bth);
       ASSERT_EQ(compute_icrc_parts(frame.data(), headers, bth, frame.data() + headers, n, pad), want)
           << headers << " header bytes, payload " << n << ", pad " << pad;
       ASSERT_EQ(compute_icrc(assembled.data(), assembled.size(), bth), want);
