@@ -235,16 +235,13 @@ uint64_t RealtimeLoop::loop(TimeNs deadline, bool wait_for_more) {
   return n;
 }
 
-Link::Link(Clock& clock, const LinkConfig& cfg) : clock_(clock), cfg_(cfg) {
+Link::Link(Clock& clock, const LinkConfig& cfg)
+    : clock_(clock), cfg_(cfg), ends_{LinkPort(*this, clock, 0), LinkPort(*this, clock, 1)} {
   IFEC_CHECK(cfg.rate_bps > 0, "link rate must be > 0 bit/s, got " << cfg.rate_bps);
   IFEC_CHECK(cfg.loss_probability >= 0 && cfg.loss_probability < 1,
              "link loss probability must be in [0, 1), got " << cfg.loss_probability);
   loss_state_ = cfg.loss_seed * 0x9E3779B97F4A7C15ULL + 0x2545F4914F6CDD1DULL;
-  ends_[0].reset(new LinkPort(*this, 0));
-  ends_[1].reset(new LinkPort(*this, 1));
 }
-
-Link::~Link() = default;
 
 uint64_t Link::serialization_ps(size_t bytes) const {
   // bits * 1e12 / rate, rounded up to the picosecond; 128-bit to stay exact for any frame size and rate.
@@ -263,8 +260,8 @@ void Link::set_up(bool up) {
     return;
   }
   // Owners may have stopped offering frames while the link was down: tell both ends the wire is free.
-  for (auto& end : ends_) {
-    LinkPort* p = end.get();
+  for (LinkPort& end : ends_) {
+    LinkPort* p = &end;
     clock_.schedule(clock_.now(), [p] {
       if (p->ready_ && !p->busy()) {
         p->ready_();
@@ -273,7 +270,7 @@ void Link::set_up(bool up) {
   }
 }
 
-bool LinkPort::busy() const { return link_.clock_.now() * 1000 < busy_until_ps_; }
+bool LinkPort::busy() const { return clock_.now() * 1000 < busy_until_ps_; }
 
 bool LinkPort::send(std::vector<uint8_t>&& frame) {
   if (!link_.up_) {
@@ -284,22 +281,26 @@ bool LinkPort::send(std::vector<uint8_t>&& frame) {
     ++counters_.refused_busy;
     return false;
   }
-  const uint64_t now_ps = link_.clock_.now() * 1000;
+  const uint64_t now_ps = clock_.now() * 1000;
   // Back to back: if the previous frame ended inside the current nanosecond, continue from its exact end.
   const uint64_t start_ps = busy_until_ps_ + 999 >= now_ps ? busy_until_ps_ : now_ps;
-  const uint64_t ser_ps = link_.serialization_ps(frame.size());
+  if (frame.size() != last_bytes_) {
+    last_bytes_ = frame.size();
+    last_ps_ = link_.serialization_ps(last_bytes_);
+  }
+  const uint64_t ser_ps = last_ps_;
   busy_until_ps_ = start_ps + ser_ps;
   counters_.tx_frames++;
   counters_.tx_bytes += frame.size();
   counters_.busy_ps += ser_ps;
   const TimeNs done = (busy_until_ps_ + 999) / 1000;
-  Clock& clock = link_.clock_;
+  Clock& clock = clock_;
   clock.schedule(done, [this] {
     if (ready_ && !busy()) {
       ready_();
     }
   });
-  LinkPort* peer = link_.ends_[1 - side_].get();
+  LinkPort* peer = &link_.ends_[1 - side_];
   if (link_.cfg_.loss_probability > 0) {
     uint64_t& x = link_.loss_state_;
     x ^= x << 13;

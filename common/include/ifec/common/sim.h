@@ -133,20 +133,62 @@ struct PortCounters {
   uint64_t busy_ps = 0;            // time spent serializing, picoseconds (utilization = busy / elapsed)
 };
 
-class LinkPort;
+class Link;
+
+// One end of a Link: a Port whose frames serialize at the link's rate and arrive at the other end a delay later.
+class LinkPort : public Port {
+ public:
+  bool send(std::vector<uint8_t>&& frame) override;
+  bool busy() const override;
+  bool link_up() const override;
+  uint64_t rate_bps() const override;
+  uint32_t overhead_bytes() const;
+  void set_receiver(Receiver rx) override { rx_ = std::move(rx); }
+  void set_tx_ready(TxReady ready) override { ready_ = std::move(ready); }
+  const PortCounters& counters() const { return counters_; }
+  LinkPort& peer();
+  // How much of each arriving frame its receiver reads at once: the headers (default) for a switch that forwards,
+  // all of it for a NIC that checks the ICRC. Tells the clock what to prefetch; nothing else depends on it.
+  void set_read_on_arrival(size_t bytes) { read_on_arrival_ = bytes; }
+
+ private:
+  friend class Link;
+  LinkPort(Link& link, Clock& clock, int side) : link_(link), clock_(clock), side_(side) {}
+  void deliver(std::vector<uint8_t>&& frame, uint64_t epoch);
+
+  struct InFlight {
+    std::vector<uint8_t> frame;
+    uint64_t epoch;
+  };
+  Link& link_;
+  Clock& clock_;
+  int side_;
+  uint64_t busy_until_ps_ = 0;
+  // The last frame size this end serialized and its time: frames mostly come in one size, and the exact time
+  // takes a 128-bit division (kept per end: the two ends may be driven from two threads).
+  size_t last_bytes_ = SIZE_MAX;
+  uint64_t last_ps_ = 0;
+  size_t read_on_arrival_ = 128;
+  Receiver rx_;
+  TxReady ready_;
+  PortCounters counters_;
+  // Frames on the wire from this end, oldest first: they arrive in the order sent (one serializer, one delay), so
+  // the arrival event needs only the port, not its own copy of the frame.
+  std::deque<InFlight> in_flight_;
+};
 
 // A full-duplex point-to-point link between two LinkPorts, on any Clock. Serialization is exact: the port keeps
 // its transmit time in picoseconds and back-to-back frames start where the previous one ended, so rounding to
-// the clock's nanoseconds never accumulates.
+// the clock's nanoseconds never accumulates. The two ends live inside the link, so what a frame's send and arrival
+// touch (the link's state and both ends) sits together in memory.
 class Link {
  public:
   Link(Clock& clock, const LinkConfig& cfg);
-  ~Link();
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
 
-  LinkPort& end(int i) { return *ends_[i]; }
-  const LinkPort& end(int i) const { return *ends_[i]; }
+  LinkPort& end(int i) { return ends_[i]; }
+  const LinkPort& end(int i) const { return ends_[i]; }
   // Takes the link down (frames in flight are lost and counted at the sender) or brings it back up.
   void set_up(bool up);
   bool up() const { return up_; }
@@ -159,46 +201,14 @@ class Link {
   Clock& clock_;
   LinkConfig cfg_;
   bool up_ = true;
-  uint64_t epoch_ = 0;
-  uint64_t loss_state_ = 0;  // xorshift state for injected loss: deterministic per link  // bumped on every down
-                             // transition: frames sent in an older epoch are lost
-  std::unique_ptr<LinkPort> ends_[2];
+  uint64_t epoch_ = 0;       // bumped on every down transition: frames sent in an older epoch are lost
+  uint64_t loss_state_ = 0;  // xorshift state for injected loss: deterministic per link
+  LinkPort ends_[2];
 };
 
-class LinkPort : public Port {
- public:
-  bool send(std::vector<uint8_t>&& frame) override;
-  bool busy() const override;
-  bool link_up() const override { return link_.up_; }
-  uint64_t rate_bps() const override { return link_.cfg_.rate_bps; }
-  uint32_t overhead_bytes() const { return link_.cfg_.overhead_bytes; }
-  void set_receiver(Receiver rx) override { rx_ = std::move(rx); }
-  void set_tx_ready(TxReady ready) override { ready_ = std::move(ready); }
-  const PortCounters& counters() const { return counters_; }
-  LinkPort& peer() { return *link_.ends_[1 - side_]; }
-  // How much of each arriving frame its receiver reads at once: the headers (default) for a switch that forwards,
-  // all of it for a NIC that checks the ICRC. Tells the clock what to prefetch; nothing else depends on it.
-  void set_read_on_arrival(size_t bytes) { read_on_arrival_ = bytes; }
-
- private:
-  friend class Link;
-  LinkPort(Link& link, int side) : link_(link), side_(side) {}
-  void deliver(std::vector<uint8_t>&& frame, uint64_t epoch);
-
-  struct InFlight {
-    std::vector<uint8_t> frame;
-    uint64_t epoch;
-  };
-  Link& link_;
-  int side_;
-  uint64_t busy_until_ps_ = 0;
-  size_t read_on_arrival_ = 128;
-  Receiver rx_;
-  TxReady ready_;
-  PortCounters counters_;
-  // Frames on the wire from this end, oldest first: they arrive in the order sent (one serializer, one delay), so
-  // the arrival event needs only the port, not its own copy of the frame.
-  std::deque<InFlight> in_flight_;
-};
+inline bool LinkPort::link_up() const { return link_.up_; }
+inline uint64_t LinkPort::rate_bps() const { return link_.cfg_.rate_bps; }
+inline uint32_t LinkPort::overhead_bytes() const { return link_.cfg_.overhead_bytes; }
+inline LinkPort& LinkPort::peer() { return link_.ends_[1 - side_]; }
 
 }  // namespace ifec::common
