@@ -784,7 +784,9 @@ std::vector<Command> commands() {
                  "per frame at each all-to-all's bytes on wires (building a 4 KiB frame and verifying one that\n"
                  "many bytes older), the ceiling that puts on frame-hops/s.",
                  {{"--quick", "", "smaller sizes (256 KiB per pair, 16 MiB AllReduce), 3 runs"},
-                  {"--runs", "N", "runs of each all-to-all (default 5; the AllReduce runs once)"}},
+                  {"--runs", "N",
+                   "runs of each all-to-all (default 5); each AllReduce runs twice (once with --runs 1), as the first "
+                   "run also pays for the process's first touch of its frame memory"}},
                  0},
                 run_bench_sim});
   cs.push_back({{"bench property",

@@ -39,8 +39,8 @@ std::vector<SpeedScenario> speed_scenarios(const std::string& topo_dir, bool qui
   const uint64_t mib = 1 << 20;
   return {{big, false, workloads::Algo::kRing, quick ? mib / 4 : mib, runs},
           {small, false, workloads::Algo::kRing, (quick ? 16 : 64) * mib, runs},
-          {big, true, workloads::Algo::kRing, (quick ? 16 : 64) * mib, 1},
-          {big, true, workloads::Algo::kIfec, (quick ? 16 : 64) * mib, 1}};
+          {big, true, workloads::Algo::kRing, (quick ? 16 : 64) * mib, std::min(runs, 2)},
+          {big, true, workloads::Algo::kIfec, (quick ? 16 : 64) * mib, std::min(runs, 2)}};
 }
 
 SpeedRow measure_speed(const routing::Topology& topo, const SpeedScenario& s) {

@@ -1,6 +1,8 @@
 // The speed bench's counts against hand-computed ones: bytes on the wires, frame-hops of an all-to-all.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "ifec/common/checks.h"
 #include "ifec/common/icrc.h"
 #include "ifec/testbed/sim_speed.h"
@@ -44,6 +46,24 @@ TEST(SimSpeed, AllReduceCountsAtLeastItsDataFramesAndBadRunCountsAreRefused) {
   EXPECT_GE(r.point_seconds, r.best());  // the whole point includes the simulation
   s.runs = 0;
   EXPECT_THROW(testbed::measure_speed(topo, s), common::Error);
+}
+
+// The named scenarios: the all-to-alls run as often as asked, an AllReduce at most twice; quick sizes are smaller.
+TEST(SimSpeed, ScenariosRunTheAllToAllsAsAskedAndEachAllReduceAtMostTwice) {
+  for (int runs : {1, 5}) {
+    for (bool quick : {false, true}) {
+      const std::vector<testbed::SpeedScenario> s = testbed::speed_scenarios("topos", quick, runs);
+      ASSERT_EQ(s.size(), 4u);
+      EXPECT_EQ(s[0].topo_path, "topos/superpod-64x4.yaml");
+      EXPECT_EQ(s[0].bytes, quick ? 256u << 10 : 1u << 20);
+      EXPECT_EQ(s[1].bytes, quick ? 16u << 20 : 64u << 20);
+      for (const testbed::SpeedScenario& x : s) {
+        EXPECT_EQ(x.runs, x.allreduce ? std::min(runs, 2) : runs);
+      }
+      EXPECT_EQ(s[2].algo, workloads::Algo::kRing);
+      EXPECT_EQ(s[3].algo, workloads::Algo::kIfec);
+    }
+  }
 }
 
 // The bytes-alone figure builds and verifies real frames (a frame failing its ICRC would throw), is positive and

@@ -38,7 +38,9 @@ struct SpeedRow {
 double wire_bytes_in_flight(const routing::Topology& topo);
 
 // 64 x 4 all-to-all (1 MiB per pair; 256 KiB quick), the same code on 8 x 2 (64 MiB; 16 MiB quick), and the 64 x 4
-// AllReduce, ring and in-fabric (64 MiB; 16 MiB quick); topologies from `topo_dir`.
+// AllReduce, ring and in-fabric (64 MiB; 16 MiB quick), `runs` times each, but at most twice for an AllReduce
+// (several seconds a run; the first also pays for the process's first touch of its frame memory, up to a third
+// of its time); topologies from `topo_dir`.
 std::vector<SpeedScenario> speed_scenarios(const std::string& topo_dir, bool quick, int runs);
 
 // Runs `s` on `topo` s.runs times. Throws Error when a run fails or two runs disagree on the frame-hops.
