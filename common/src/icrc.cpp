@@ -262,22 +262,18 @@ uint32_t compute_icrc(const uint8_t* ip, size_t len, size_t bth_offset, CrcImpl 
     return fold_rest_and_reduce(x1, rest, rest_len) ^ 0xFFFFFFFF;
   }
 #endif
-  // Otherwise in two pieces: the copy runs on past the masked fields to a multiple of 16 bytes, at least 64 (when the
-  // frame has them), so carry-less multiplication takes it in one piece; then the rest in place.
+  // Otherwise as two pieces: a masked copy that runs on past the masked fields to a multiple of 16 bytes, at least
+  // 64 (when the frame has them), so carry-less multiplication takes it in one piece; then the rest in place.
   const size_t whole = std::max<size_t>(64, (masked_len + 15) & ~size_t{15});
   const size_t head = whole <= len ? whole : masked_len;
-  uint8_t buf[kMaxMasked + 16];
-  std::memcpy(buf, ip, head);
-  mask_variant_fields(buf, ihl_bytes, bth_offset);
   const CrcImpl rest_impl = impl == CrcImpl::kVpclmul ? CrcImpl::kAuto : impl;
-  uint32_t crc = crc32_update(kLrhRegister, buf, head, rest_impl);
-  crc = crc32_update(crc, ip + head, len - head, rest_impl);
-  return crc ^ 0xFFFFFFFF;
+  return compute_icrc_parts(ip, head, bth_offset, ip + head, len - head, 0, rest_impl);
 }
 
 uint32_t compute_icrc_parts(const uint8_t* headers, size_t header_len, size_t bth_offset, const uint8_t* payload,
-                            size_t payload_len, size_t pad) {
-  constexpr size_t kMaxHeaders = 60 + 8 + 24 + 12 + 28;  // IPv4 with options, UDP, ECH, BTH, extension headers
+                            size_t payload_len, size_t pad, CrcImpl impl) {
+  // IPv4 with options, UDP, ECH, BTH and extension headers (compute_icrc passes at most 112 bytes here).
+  constexpr size_t kMaxHeaders = 60 + 8 + 24 + 12 + 28;
   const size_t ihl_bytes = header_len > 0 ? size_t{static_cast<uint8_t>(headers[0] & 0x0F)} * 4 : 0;
   if (header_len > kMaxHeaders || pad > 3 || bth_offset + 5 > header_len || ihl_bytes < 20 ||
       ihl_bytes + 8 > bth_offset) {
@@ -290,10 +286,10 @@ uint32_t compute_icrc_parts(const uint8_t* headers, size_t header_len, size_t bt
   std::memset(head, 0, front);
   std::memcpy(head + front, headers, header_len);
   mask_variant_fields(head + front, ihl_bytes, bth_offset);
-  uint32_t crc = crc32_update(kPaddedLrhRegister[front], head, front + header_len);
-  crc = crc32_update(crc, payload, payload_len);
+  uint32_t crc = crc32_update(kPaddedLrhRegister[front], head, front + header_len, impl);
+  crc = crc32_update(crc, payload, payload_len, impl);
   static constexpr uint8_t kZeros[4] = {0, 0, 0, 0};
-  crc = crc32_update(crc, kZeros, pad);
+  crc = crc32_update(crc, kZeros, pad, impl);
   return crc ^ 0xFFFFFFFF;
 }
 

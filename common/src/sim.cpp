@@ -52,11 +52,9 @@ void EventLoop::push(TimeNs at, std::function<void()> fn, const void* reads, siz
     std::push_heap(events_.begin(), events_.end(), Later{});
     in_heap = true;
   }
-  // A later sequence number never runs first at an equal time, so only an earlier time displaces the earliest.
-  if (next_known_ && next_.node != kNone && at < nodes_[next_.node].at) {
-    // In the heap, the new event is the top only if it went there; in the wheel it is its bucket's head.
-    next_ = {id, in_heap};
-  } else if (next_known_ && next_.node == kNone) {
+  // A later sequence number never runs first at an equal time, so only an earlier time displaces the earliest; the
+  // new earliest is the heap's top if it went there, else its bucket's head (no other event has its time).
+  if (next_known_ && (next_.node == kNone || at < nodes_[next_.node].at)) {
     next_ = {id, in_heap};
   }
 }

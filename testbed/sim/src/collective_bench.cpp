@@ -275,7 +275,7 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   for (int g = 0; g < n; ++g) {
     collective_input(p, g, row.count, c.window_data(g, kBuf));  // straight into the window: no copy kept
     // Every scratch page written once now, as a GPU's memory is mapped before a collective runs: the kernel
-    // zero-fills a page on its first write, and inside the simulation that took a quarter of a 64-GPU ring's time.
+    // zero-fills a page on its first write, which would otherwise land in the simulated time.
     uint8_t* sc = c.window_data(g, kScratch);
     for (uint64_t off = 0; off < scratch; off += 4096) {
       sc[off] = 0;

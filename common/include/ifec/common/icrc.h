@@ -21,9 +21,10 @@ uint32_t compute_icrc(const uint8_t* ip, size_t len, size_t bth_offset, CrcImpl 
 
 // The same ICRC for a frame still in pieces: `headers` (from the IPv4 header up to the payload, `header_len` bytes),
 // then `payload`, then `pad` zero bytes. Equal to compute_icrc over the assembled frame; an encoder that has the
-// pieces at hand computes it without reading back the bytes it has just stored.
+// pieces at hand computes it without reading back the bytes it has just stored. compute_icrc's own path for short
+// frames (and CPUs without VPCLMULQDQ) is this, with the frame's masked head as `headers`.
 uint32_t compute_icrc_parts(const uint8_t* headers, size_t header_len, size_t bth_offset, const uint8_t* payload,
-                            size_t payload_len, size_t pad);
+                            size_t payload_len, size_t pad, CrcImpl impl = CrcImpl::kAuto);
 
 // Plain reflected CRC-32 (IEEE 802.3), for tests and reuse: crc32_update(0xFFFFFFFF, ...) ^ 0xFFFFFFFF. `crc` is the
 // raw register in and out.
