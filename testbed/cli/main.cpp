@@ -540,6 +540,16 @@ int run_bench_sim(const Args& a) {
         "#   all-to-all spends %.0f ns per frame\n",
         r.wire_bytes / 1e6, r.topology.c_str(), ns, 2e3 / ns, r.best_rate() > 0 ? 2e9 / r.best_rate() : 0.0);
   }
+  // The ring AllReduce's bytes alone: its frames built, verified, copied and summed, with nothing else.
+  for (const tb::SpeedRow& r : rows) {
+    if (!r.scenario.allreduce || r.scenario.algo != wl::Algo::kRing) {
+      continue;
+    }
+    std::fprintf(stderr, "bench sim: the ring AllReduce's bytes alone, %d ranks x %llu B, 2 passes...\n", r.gpus,
+                 static_cast<unsigned long long>(r.scenario.bytes));
+    const tb::RingBytes b = tb::ring_bytes(r.gpus, r.scenario.bytes, r.wire_bytes, 2);
+    std::printf("%s", tb::ring_bytes_note(r, b).c_str());
+  }
   return 0;
 }
 
@@ -782,7 +792,8 @@ std::vector<Command> commands() {
                  "same code on 8 x 2, and the 64 MiB AllReduce (ring and in-fabric), with the bytes each fabric\n"
                  "holds on its wires and the ICRC implementation this CPU allows; then what the bytes alone cost\n"
                  "per frame at each all-to-all's bytes on wires (building a 4 KiB frame and verifying one that\n"
-                 "many bytes older), the ceiling that puts on frame-hops/s.",
+                 "many bytes older) and for the ring AllReduce (its frames built, verified, copied and summed over\n"
+                 "buffers as large as its own, the result checked), and the ceiling each puts on frame-hops/s.",
                  {{"--quick", "", "smaller sizes (256 KiB per pair, 16 MiB AllReduce), 3 runs"},
                   {"--runs", "N",
                    "runs of each all-to-all (default 5); each AllReduce runs twice (once with --runs 1), as the first "

@@ -15,13 +15,11 @@ namespace ifec::workloads::schedule {
 
 namespace {
 
-// A slice is the unit one store moves: large buffers stream through in 64 KiB pieces (NCCL-like), so a rank forwards
-// slice k of a block as soon as it arrived instead of waiting for the whole block.
-constexpr uint64_t kSliceBytes = 64 * 1024;
-// Messages in flight per ring link: each has its own staging slot, reused only after the store that last used it
-// completed (by then the receiver reduced it: the reduce runs inside the arrival of its last packet, before the ACK
-// that completes the store is even sent). 64 x 64 KiB covers a round trip plus queueing at 400 GB/s.
-constexpr uint32_t kSlots = 64;
+// A slice (kRingSliceBytes, communicator.h) is the unit one store moves. Each message in flight on a ring link has
+// its own staging slot (kRingSlots of them), reused only after the store that last used it completed: by then the
+// receiver reduced it, as the reduce runs inside the arrival of its last packet, before the ACK that completes the
+// store is even sent.
+
 constexpr uint64_t kSignalWords = 64;  // one per dissemination round
 
 uint64_t align8(uint64_t b) { return (b + 7) / 8 * 8; }
@@ -51,7 +49,7 @@ struct Builder {
   // Slices of elements [first, last).
   std::vector<Slice> slices(uint64_t first, uint64_t last) const {
     std::vector<Slice> out;
-    const uint64_t per = kSliceBytes / esize;
+    const uint64_t per = kRingSliceBytes / esize;
     for (uint64_t e = first; e < last; e += per) {
       out.push_back({e * esize, static_cast<uint32_t>(std::min(per, last - e) * esize)});
     }
@@ -62,11 +60,11 @@ struct Builder {
     return slices(block_begin(a.count, n, b), block_begin(a.count, n, b + 1));
   }
   void use_slots(uint64_t bytes) {
-    slot_bytes = std::min(kSliceBytes, align8(bytes));
+    slot_bytes = std::min(kRingSliceBytes, align8(bytes));
     s.slot_window = a.scratch_window;
     s.slot_base = 0;
     s.slot_bytes = slot_bytes;
-    s.slots = kSlots;
+    s.slots = kRingSlots;
   }
   uint32_t xfer(Xfer x) {
     s.xfers.push_back(std::move(x));
@@ -84,18 +82,18 @@ struct Builder {
     x.src_window = a.window;
     x.src_offset = a.offset + sl.off;
     x.dst_window = staged ? a.scratch_window : a.window;
-    x.dst_offset = staged ? (seq % kSlots) * slot_bytes : a.offset + sl.off;
+    x.dst_offset = staged ? (seq % kRingSlots) * slot_bytes : a.offset + sl.off;
     x.len = sl.len;
-    x.after_xfer = seq >= kSlots ? static_cast<int32_t>(seq - kSlots) : -1;
+    x.after_xfer = seq >= kRingSlots ? static_cast<int32_t>(seq - kRingSlots) : -1;
     return x;
   }
   Recv slice_recv(int from_rank, const Slice& sl, int64_t seq, bool staged) const {
     Recv r;
     r.peer = gpu(from_rank);
     r.window = staged ? a.scratch_window : a.window;
-    r.offset = staged ? (seq % kSlots) * slot_bytes : a.offset + sl.off;
+    r.offset = staged ? (seq % kRingSlots) * slot_bytes : a.offset + sl.off;
     r.len = sl.len;
-    r.slot = staged ? static_cast<int32_t>(seq % kSlots) : -1;
+    r.slot = staged ? static_cast<int32_t>(seq % kRingSlots) : -1;
     r.reduce = staged;
     r.reduce_offset = a.offset + sl.off;
     return r;
@@ -210,7 +208,7 @@ void build_tree(Builder& b) {
   const int n = b.n, p = b.p;
   b.s.name = "tree allreduce";
   const std::vector<Slice> all = b.slices(0, b.a.count);
-  b.use_slots(std::min<uint64_t>(kSliceBytes, b.a.count * b.esize));
+  b.use_slots(std::min<uint64_t>(kRingSliceBytes, b.a.count * b.esize));
   const int parent = p == 0 ? -1 : (p - 1) / 2;
   std::vector<int> kids;
   for (int c : {2 * p + 1, 2 * p + 2}) {
@@ -218,12 +216,12 @@ void build_tree(Builder& b) {
       kids.push_back(c);
     }
   }
-  // Child c's slices land in staging region (c - 2p - 1), slot k % kSlots of it.
+  // Child c's slices land in staging region (c - 2p - 1), slot k % kRingSlots of it.
   auto up_recv = [&](int c, size_t k) {
     Recv r = b.slice_recv(c, all[k], static_cast<int64_t>(k), true);
-    const uint64_t region = static_cast<uint64_t>(c - 2 * p - 1) * kSlots;
-    r.offset = (region + k % kSlots) * b.slot_bytes;
-    r.slot = static_cast<int32_t>(region + k % kSlots);
+    const uint64_t region = static_cast<uint64_t>(c - 2 * p - 1) * kRingSlots;
+    r.offset = (region + k % kRingSlots) * b.slot_bytes;
+    r.slot = static_cast<int32_t>(region + k % kRingSlots);
     return b.recv(r);
   };
   std::vector<std::vector<uint32_t>> from_kids(all.size());
@@ -234,10 +232,10 @@ void build_tree(Builder& b) {
   }
   std::vector<uint32_t> down(all.size(), UINT32_MAX);
   if (parent >= 0) {
-    const uint64_t region = static_cast<uint64_t>(p - 2 * parent - 1) * kSlots;
+    const uint64_t region = static_cast<uint64_t>(p - 2 * parent - 1) * kRingSlots;
     for (size_t k = 0; k < all.size(); ++k) {
       Xfer x = b.slice_xfer(parent, all[k], static_cast<int64_t>(k), true);
-      x.dst_offset = (region + k % kSlots) * b.slot_bytes;
+      x.dst_offset = (region + k % kRingSlots) * b.slot_bytes;
       x.after_recvs = from_kids[k];
       b.xfer(x);
     }
@@ -443,7 +441,7 @@ uint64_t scratch_bytes(const CollArgs& a, int n, Algo algo) {
   }
   switch (algo) {
     case Algo::kTree:
-      return 2 * kSlots * std::min(kSliceBytes, align8(bytes)) + words;
+      return 2 * kRingSlots * std::min(kRingSliceBytes, align8(bytes)) + words;
     case Algo::kRd: {
       int steps = 1;
       for (int d = 1; d * 2 <= n; d *= 2) {
@@ -454,7 +452,7 @@ uint64_t scratch_bytes(const CollArgs& a, int n, Algo algo) {
     case Algo::kOneShot:
       return static_cast<uint64_t>(n) * align8(bytes) + words;
     default:
-      return kSlots * std::min(kSliceBytes, align8(max_block)) + words;
+      return kRingSlots * std::min(kRingSliceBytes, align8(max_block)) + words;
   }
 }
 

@@ -4,10 +4,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <deque>
 #include <numeric>
 
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
+#include "ifec/common/numeric.h"
 #include "ifec/common/protocol.h"
 #include "ifec/testbed/collective_bench.h"
 #include "ifec/testbed/sim_report.h"
@@ -48,6 +51,7 @@ SpeedRow measure_speed(const routing::Topology& topo, const SpeedScenario& s) {
   SpeedRow row;
   row.scenario = s;
   row.topology = topo.name;
+  row.gpus = topo.num_gpus();
   row.wire_bytes = wire_bytes_in_flight(topo);
   for (int i = 0; i < s.runs; ++i) {
     uint64_t hops = 0;
@@ -78,11 +82,10 @@ SpeedRow measure_speed(const routing::Topology& topo, const SpeedScenario& s) {
   return row;
 }
 
-double frame_bytes_ns(double bytes_in_flight, size_t payload, int frames) {
-  IFEC_CHECK(payload > 0 && payload <= common::kDefaultPathMtu,
-             "frame payload " << payload << " B outside 1.." << common::kDefaultPathMtu);
-  IFEC_CHECK(frames > 0, "frames " << frames << " must be > 0");
-  IFEC_CHECK(bytes_in_flight >= 0 && bytes_in_flight <= 64e9, "bytes in flight " << bytes_in_flight << " out of range");
+namespace {
+
+// The headers of a 4 KiB-class RDMA WRITE ONLY frame of `payload` bytes, as the bytes-alone figures build them.
+common::FrameHeaders write_headers(size_t payload) {
   common::FrameHeaders h;
   h.ip.src = 0x0A000001;
   h.ip.dst = 0x0A000002;
@@ -90,6 +93,25 @@ double frame_bytes_ns(double bytes_in_flight, size_t payload, int frames) {
   h.bth.opcode = static_cast<uint8_t>(common::Opcode::kWriteOnly);
   h.bth.dest_qp = 0x100;
   h.reth = common::Reth{0x10000, 0x1001, static_cast<uint32_t>(payload)};
+  return h;
+}
+
+// Parses a frame that arrived, throwing Error when it fails its checks.
+const uint8_t* verified_payload(const std::vector<uint8_t>& frame, uint64_t index) {
+  common::ParsedFrame pf;
+  const common::WireStatus st = common::parse_frame(frame.data(), frame.size(), &pf);
+  IFEC_CHECK(st.ok(), "frame " << index << " failed its check: " << st.message());
+  return frame.data() + pf.payload_offset;
+}
+
+}  // namespace
+
+double frame_bytes_ns(double bytes_in_flight, size_t payload, int frames) {
+  IFEC_CHECK(payload > 0 && payload <= common::kDefaultPathMtu,
+             "frame payload " << payload << " B outside 1.." << common::kDefaultPathMtu);
+  IFEC_CHECK(frames > 0, "frames " << frames << " must be > 0");
+  IFEC_CHECK(bytes_in_flight >= 0 && bytes_in_flight <= 64e9, "bytes in flight " << bytes_in_flight << " out of range");
+  common::FrameHeaders h = write_headers(payload);
   const std::vector<uint8_t> data(payload, 0x5A);
   const size_t frame = common::header_bytes(h) + payload + common::kIcrcSize;
   const size_t n = std::max<size_t>(1, static_cast<size_t>(bytes_in_flight / static_cast<double>(frame)));
@@ -107,9 +129,7 @@ double frame_bytes_ns(double bytes_in_flight, size_t payload, int frames) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < frames; ++i) {
       slot = (slot + stride) % n;
-      common::ParsedFrame pf;
-      const common::WireStatus st = common::parse_frame(ring[slot].data(), ring[slot].size(), &pf);
-      IFEC_CHECK(st.ok(), "frame " << i << " failed its check: " << st.message());
+      verified_payload(ring[slot], static_cast<uint64_t>(i));
       common::recycle_frame(std::move(ring[slot]));
       h.bth.psn = static_cast<uint32_t>(i) & common::Bth::kPsnMask;
       ring[slot] = common::encode_frame(h, data.data(), payload);
@@ -118,6 +138,126 @@ double frame_bytes_ns(double bytes_in_flight, size_t payload, int frames) {
     best = pass == 0 ? ns : std::min(best, ns);
   }
   return best;
+}
+
+double RingBytes::ns_per_frame() const { return frames > 0 ? seconds * 1e9 / static_cast<double>(frames) : 0; }
+
+namespace {
+
+// One ring AllReduce's memory work over `buf` (one buffer per rank) and `slots` (kRingSlots staging slices per
+// rank), frames delivered in order once `queue_frames` newer ones were built, or earlier when the next step needs
+// them. Returns the frames sent.
+uint64_t ring_pass(std::vector<std::vector<float>>& buf, std::vector<std::vector<float>>& slots, size_t queue_frames) {
+  constexpr size_t kFrame = common::kDefaultPathMtu;
+  const int n = static_cast<int>(buf.size());
+  const size_t block = buf[0].size() * sizeof(float) / n;
+  const size_t slice = std::min<size_t>(workloads::kRingSliceBytes, block);
+  const size_t slices = block / slice;
+  struct InFlight {
+    std::vector<uint8_t> frame;
+    uint8_t* dst;
+    uint8_t* reduce_dst;  // set on a slice's last frame during reduce-scatter: the slot is summed into it
+    const uint8_t* slot;
+  };
+  std::deque<InFlight> q;
+  uint64_t built = 0, delivered = 0;
+  const auto deliver = [&] {
+    InFlight& x = q.front();
+    std::memcpy(x.dst, verified_payload(x.frame, delivered), kFrame);
+    if (x.reduce_dst != nullptr) {
+      common::reduce_into(common::EchDtype::kFp32, common::EchRedOp::kSum, x.reduce_dst, x.slot, slice / 4);
+    }
+    common::recycle_frame(std::move(x.frame));
+    q.pop_front();
+    ++delivered;
+  };
+  common::FrameHeaders h = write_headers(kFrame);
+  std::vector<uint64_t> built_after;         // per step and slice: frames built by its end
+  for (int phase = 0; phase < 2; ++phase) {  // reduce-scatter, then all-gather
+    for (int step = 0; step < n - 1; ++step) {
+      for (size_t k = 0; k < slices; ++k) {
+        // What this step sends arrived in the previous step's same slice: deliver it first.
+        const size_t it = built_after.size();
+        while (it >= slices && delivered < built_after[it - slices]) {
+          deliver();
+        }
+        const uint64_t seq = static_cast<uint64_t>(step) * slices + k;  // the reduce-scatter's slot rule
+        for (int p = 0; p < n; ++p) {
+          const int to = (p + 1) % n;
+          const size_t off = static_cast<size_t>((p - step + phase + n) % n) * block + k * slice;
+          uint8_t* src = reinterpret_cast<uint8_t*>(buf[p].data()) + off;
+          uint8_t* dst = reinterpret_cast<uint8_t*>(buf[to].data()) + off;
+          uint8_t* slot = reinterpret_cast<uint8_t*>(slots[to].data()) + (seq % workloads::kRingSlots) * slice;
+          for (size_t f = 0; f < slice; f += kFrame) {
+            h.bth.psn = static_cast<uint32_t>(built) & common::Bth::kPsnMask;
+            const bool last = f + kFrame == slice;
+            q.push_back({common::encode_frame(h, src + f, kFrame), phase == 0 ? slot + f : dst + f,
+                         phase == 0 && last ? dst : nullptr, slot});
+            ++built;
+            if (q.size() > queue_frames) {
+              deliver();
+            }
+          }
+        }
+        built_after.push_back(built);
+      }
+    }
+  }
+  while (!q.empty()) {
+    deliver();
+  }
+  return built;
+}
+
+// Rank r's element e before the AllReduce: small integers, so every sum is exact in fp32.
+float ring_input(int r, size_t e) { return static_cast<float>((static_cast<size_t>(r) * 7 + e) % 16); }
+
+}  // namespace
+
+RingBytes ring_bytes(int ranks, uint64_t bytes, double bytes_in_flight, int passes) {
+  IFEC_CHECK(ranks >= 2 && ranks <= 1024, "ranks " << ranks << " outside 2..1024");
+  IFEC_CHECK(bytes > 0 && bytes % (static_cast<uint64_t>(ranks) * common::kDefaultPathMtu) == 0,
+             "AllReduce of " << bytes << " B: must be a positive multiple of " << ranks << " ranks x "
+                             << common::kDefaultPathMtu << " B");
+  IFEC_CHECK(bytes / ranks <= workloads::kRingSliceBytes || bytes / ranks % workloads::kRingSliceBytes == 0,
+             "AllReduce of " << bytes << " B: a rank's block of " << bytes / ranks << " B is not whole "
+                             << workloads::kRingSliceBytes << " B slices");
+  IFEC_CHECK(bytes * static_cast<uint64_t>(ranks) <= (uint64_t{16} << 30),
+             ranks << " ranks x " << bytes << " B exceeds the 16 GiB this measurement may allocate");
+  IFEC_CHECK(bytes_in_flight >= 0 && bytes_in_flight <= 64e9, "bytes in flight " << bytes_in_flight << " out of range");
+  IFEC_CHECK(passes >= 1, "passes " << passes << " must be >= 1");
+  const size_t count = bytes / sizeof(float);
+  const size_t slice = std::min<uint64_t>(workloads::kRingSliceBytes, bytes / ranks);
+  std::vector<std::vector<float>> buf(ranks, std::vector<float>(count));
+  std::vector<std::vector<float>> slots(ranks, std::vector<float>(workloads::kRingSlots * slice / sizeof(float)));
+  const double frame = static_cast<double>(common::header_bytes(write_headers(common::kDefaultPathMtu)) +
+                                           common::kDefaultPathMtu + common::kIcrcSize);
+  const size_t queue = static_cast<size_t>(bytes_in_flight / frame);
+  float want[16] = {};
+  for (int r = 0; r < ranks; ++r) {
+    for (size_t e = 0; e < 16; ++e) {
+      want[e] += ring_input(r, e);
+    }
+  }
+  RingBytes out;
+  for (int pass = 0; pass < passes; ++pass) {
+    for (int r = 0; r < ranks; ++r) {
+      for (size_t e = 0; e < count; ++e) {
+        buf[r][e] = ring_input(r, e);
+      }
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    out.frames = ring_pass(buf, slots, queue);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out.seconds = pass == 0 ? s : std::min(out.seconds, s);
+    for (int r = 0; r < ranks; ++r) {  // every rank holds the sum, which repeats every 16 elements
+      for (size_t e = 0; e < count; ++e) {
+        IFEC_CHECK(buf[r][e] == want[e % 16], "ring AllReduce: rank " << r << " holds " << buf[r][e] << " at element "
+                                                                      << e << ", not " << want[e % 16]);
+      }
+    }
+  }
+  return out;
 }
 
 namespace {
@@ -147,6 +287,23 @@ std::string speed_table(const std::vector<SpeedRow>& rows) {
                   r.seconds.size(), r.best(), r.median(), r.best_rate() / 1e6, r.wire_bytes / 1e6);
     out += line;
   }
+  return out;
+}
+
+std::string ring_bytes_note(const SpeedRow& row, const RingBytes& b) {
+  IFEC_CHECK(b.frames > 0 && b.seconds > 0, "ring bytes alone: no frames measured");
+  char out[800];
+  std::snprintf(
+      out, sizeof(out),
+      "# bytes alone for the ring AllReduce of %s on %d ranks (%s): building its %llu frames of 4 KiB,\n"
+      "#   verifying each at most %.1f MB of frames later (sooner when the ring's next step needs it) and placing\n"
+      "#   it (staged and summed during reduce-scatter) take %.2f s on this core, %.0f ns per frame; at this row's\n"
+      "#   %.2f frame-hops per data frame (ACKs and switch hops included) a ceiling of %.2f M frame-hops/s; this\n"
+      "#   AllReduce spends %.0f ns per frame\n",
+      size_text(row.scenario.bytes).c_str(), row.gpus, row.topology.c_str(), static_cast<unsigned long long>(b.frames),
+      row.wire_bytes / 1e6, b.seconds, b.ns_per_frame(),
+      static_cast<double>(row.frame_hops) / static_cast<double>(b.frames),
+      static_cast<double>(row.frame_hops) / b.seconds / 1e6, row.best() * 1e9 / static_cast<double>(b.frames));
   return out;
 }
 

@@ -94,3 +94,43 @@ TEST(SimSpeed, TheIcrcImplementationNamedIsTheFastestAvailable) {
   EXPECT_STRNE(common::crc_impl_name(CrcImpl::kZlib), common::crc_impl_name(CrcImpl::kPclmul));
   EXPECT_STRNE(common::crc_impl_name(CrcImpl::kPclmul), common::crc_impl_name(CrcImpl::kVpclmul));
 }
+
+// The ring's bytes alone: every rank ends with the sum (checked inside after each pass, an Error otherwise), with
+// frames delivered at once or 1 MB of frames later; 2 (n - 1) blocks of frames per rank, blocks smaller than a
+// slice included; bad arguments are named.
+TEST(SimSpeed, RingBytesAloneSumEveryBufferAndCountTheRingsFrames) {
+  for (const double in_flight : {0.0, 1e6}) {
+    const testbed::RingBytes r = testbed::ring_bytes(4, 4 * 128 * 1024, in_flight, 2);
+    EXPECT_EQ(r.frames, 2u * 3 * 4 * (128 * 1024 / 4096));
+    EXPECT_GT(r.seconds, 0);
+    EXPECT_NEAR(r.ns_per_frame(), r.seconds * 1e9 / static_cast<double>(r.frames), 1e-6);
+  }
+  EXPECT_EQ(testbed::ring_bytes(8, 8 * 4096, 1e5, 1).frames, 2u * 7 * 8);  // one frame per block
+  EXPECT_THROW(testbed::ring_bytes(1, 4096, 0, 1), common::Error);
+  EXPECT_THROW(testbed::ring_bytes(4, 4 * 4096 + 4, 0, 1), common::Error);            // not whole frames
+  EXPECT_THROW(testbed::ring_bytes(2, 2 * (64 * 1024 + 4096), 0, 1), common::Error);  // not whole slices
+  EXPECT_THROW(testbed::ring_bytes(4, 4 * 4096, -1, 1), common::Error);
+  EXPECT_THROW(testbed::ring_bytes(4, 4 * 4096, 0, 0), common::Error);
+  EXPECT_THROW(testbed::ring_bytes(64, uint64_t{1} << 30, 0, 1), common::Error);  // 64 GiB to allocate
+}
+
+// The note's figures by hand: 3000 frame-hops over 1000 data frames that take 1 ms alone is 3 hops per frame and a
+// ceiling of 3 M frame-hops/s; a best run of 2 ms spends 2000 ns per frame. Nothing measured is refused.
+TEST(SimSpeed, RingBytesNoteComputesTheCeilingFromTheRowsFrameHops) {
+  testbed::SpeedRow row;
+  row.scenario.allreduce = true;
+  row.scenario.bytes = 16 << 20;
+  row.topology = "superpod-64x4";
+  row.gpus = 64;
+  row.frame_hops = 3000;
+  row.seconds = {0.003, 0.002};
+  testbed::RingBytes b;
+  b.frames = 1000;
+  b.seconds = 0.001;
+  const std::string note = testbed::ring_bytes_note(row, b);
+  for (const char* want : {"16 MiB on 64 ranks (superpod-64x4)", "1000 frames", "1000 ns per frame",
+                           "3.00 frame-hops per data frame", "ceiling of 3.00 M frame-hops/s", "spends 2000 ns"}) {
+    EXPECT_NE(note.find(want), std::string::npos) << want << " not in:\n" << note;
+  }
+  EXPECT_THROW(testbed::ring_bytes_note(row, testbed::RingBytes{}), common::Error);
+}

@@ -29,6 +29,13 @@ enum class Algo : uint8_t { kRing, kTree, kRd, kOneShot, kBest, kIfec };
 const char* algo_name(Algo a);
 Algo parse_algo(const std::string& name);  // ring|tree|rd|oneshot|best|ifec; throws Error naming the value
 
+// The ring's unit of transfer and its staging depth: a buffer streams through in slices of kRingSliceBytes
+// (NCCL-like: a rank forwards a slice as soon as it arrived), and each reduce-scatter slice lands in one of
+// kRingSlots staging slots per rank, reused only after the store that last used it completed. 64 x 64 KiB covers a
+// round trip plus queueing at 400 GB/s.
+inline constexpr uint64_t kRingSliceBytes = 64 * 1024;
+inline constexpr uint32_t kRingSlots = 64;
+
 struct IfecOptions {
   uint32_t job = 1;
   uint32_t slots_per_plane = 128;   // slot budget asked of each plane's switch per group

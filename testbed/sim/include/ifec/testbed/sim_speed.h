@@ -24,6 +24,7 @@ struct SpeedScenario {
 struct SpeedRow {
   SpeedScenario scenario;
   std::string topology;
+  int gpus = 0;
   uint64_t frame_hops = 0;  // the same in every run (the simulation is deterministic; checked)
   uint64_t events = 0;
   std::vector<double> seconds;  // each run's simulation, wall-clock
@@ -52,6 +53,25 @@ SpeedRow measure_speed(const routing::Topology& topo, const SpeedScenario& s);
 // the best of three passes of `frames` each; a frame that fails its check throws Error. In an all-to-all each frame
 // makes two hops, so 2e3 / this is the frame-hops per second the simulator could not beat with free events.
 double frame_bytes_ns(double bytes_in_flight, size_t payload, int frames);
+
+// What the ring AllReduce's bytes alone cost on this core: the memory work any simulator that carries the data
+// must do for `ranks` ranks of `bytes` each (fp32 sum), and nothing else (no events, links, switches, transport or
+// ACKs). Each 4 KiB RDMA WRITE frame is built from the sender's buffer (ICRC included), verified once
+// `bytes_in_flight` bytes of newer frames were built (or earlier, when the ring's next step needs its bytes) and
+// copied where the ring schedule puts it: during reduce-scatter into one of the receiver's kRingSlots staging
+// slices, summed into its buffer once the slice is complete; during all-gather into its buffer. The buffers are
+// checked to hold the sum after every pass (Error otherwise). The best of `passes`; the first also pays for the
+// first touch of the memory. `bytes` must be whole 4 KiB frames per rank and whole kRingSliceBytes slices beyond
+// one; bad arguments are named.
+struct RingBytes {
+  uint64_t frames = 0;  // data frames: 2 (ranks - 1) blocks of bytes / ranks per rank
+  double seconds = 0;
+  double ns_per_frame() const;
+};
+RingBytes ring_bytes(int ranks, uint64_t bytes, double bytes_in_flight, int passes);
+// Comment lines putting `b` (measured for `row`'s ring AllReduce) beside the row: the ceiling it sets on
+// frame-hops/s at the row's frame-hops per data frame, and what the row spends per data frame.
+std::string ring_bytes_note(const SpeedRow& row, const RingBytes& b);
 
 // One line per row, under a header naming the columns.
 std::string speed_table(const std::vector<SpeedRow>& rows);
