@@ -223,7 +223,7 @@ constexpr std::array<uint32_t, sizeof...(N)> lrh_registers(std::index_sequence<N
 }
 
 // [pad]: the start register for an ICRC read after `pad` zero bytes.
-constexpr std::array<uint32_t, 16> kPaddedLrhRegister = lrh_registers(std::make_index_sequence<16>{});
+constexpr std::array<uint32_t, 64> kPaddedLrhRegister = lrh_registers(std::make_index_sequence<64>{});
 
 // Sets the variant fields of a copy of the headers to ones.
 void mask_variant_fields(uint8_t* h, size_t ihl_bytes, size_t bth_offset) {
@@ -279,8 +279,25 @@ uint32_t compute_icrc_parts(const uint8_t* headers, size_t header_len, size_t bt
       ihl_bytes + 8 > bth_offset) {
     return 0;  // callers validate lengths first; this keeps a bad call in bounds
   }
-  // The masked headers behind zero bytes that bring them to a multiple of 16 (the start register moved back over
-  // them), so carry-less multiplication takes them whole; then the payload and pad, read where they are.
+  // A short frame (an ACK, a NAK, an atomic, a small store) in one piece: headers, payload and pad copied behind
+  // zero bytes that make at least 64, a multiple of 16, which carry-less multiplication takes whole (zlib's loop on
+  // the ACKs alone was 2-3% of a ring AllReduce's simulation).
+  static constexpr uint8_t kZeros[4] = {0, 0, 0, 0};
+  const size_t body = header_len + payload_len + pad;
+  if (body <= 240) {
+    const size_t lead = body < 64 ? 64 - body : (16 - body % 16) % 16;
+    alignas(16) uint8_t whole[256];
+    std::memset(whole, 0, lead);
+    std::memcpy(whole + lead, headers, header_len);
+    if (payload_len > 0) {  // an ACK has no payload (nullptr)
+      std::memcpy(whole + lead + header_len, payload, payload_len);
+    }
+    std::memcpy(whole + lead + header_len + payload_len, kZeros, pad);
+    mask_variant_fields(whole + lead, ihl_bytes, bth_offset);
+    return crc32_update(kPaddedLrhRegister[lead], whole, lead + body, impl) ^ 0xFFFFFFFF;
+  }
+  // Otherwise the masked headers behind zero bytes that bring them to a multiple of 16 (the start register moved
+  // back over them), so carry-less multiplication takes them whole; then the payload and pad, read where they are.
   const size_t front = (16 - header_len % 16) % 16;
   uint8_t head[16 + kMaxHeaders];
   std::memset(head, 0, front);
@@ -288,7 +305,6 @@ uint32_t compute_icrc_parts(const uint8_t* headers, size_t header_len, size_t bt
   mask_variant_fields(head + front, ihl_bytes, bth_offset);
   uint32_t crc = crc32_update(kPaddedLrhRegister[front], head, front + header_len, impl);
   crc = crc32_update(crc, payload, payload_len, impl);
-  static constexpr uint8_t kZeros[4] = {0, 0, 0, 0};
   crc = crc32_update(crc, kZeros, pad, impl);
   return crc ^ 0xFFFFFFFF;
 }
