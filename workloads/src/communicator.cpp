@@ -140,9 +140,10 @@ void CommOp::watch(const endpoint::OpHandle& h, std::function<void(bool ok, cons
 Communicator::Communicator(endpoint::Endpoint& ep, Bootstrap& boot, common::ControlPlane& control,
                            const routing::Topology& topo, CommOptions opts)
     : ep_(ep), boot_(boot), control_(control), topo_(topo), opts_(opts), alive_(std::make_shared<bool>(true)) {
-  std::weak_ptr<bool> alive = alive_;
-  ep_.on_remote_write([this, alive](int peer, uint16_t window, uint64_t offset, uint64_t len) {
-    if (auto a = alive.lock(); !a || !*a) {
+  // The hook shares the flag (the communicator may go first) and reads it without an atomic: it runs right after
+  // the responder's copy into memory, where a locked instruction waits for every store of that copy to land.
+  ep_.on_remote_write([this, alive = alive_](int peer, uint16_t window, uint64_t offset, uint64_t len) {
+    if (!*alive) {
       return;
     }
     if (!op_ || op_->finished() || !op_->on_remote_write(peer, window, offset, len)) {
