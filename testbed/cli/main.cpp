@@ -527,21 +527,24 @@ int run_bench_sim(const Args& a) {
       "# from inputs, fp64 reference and checks. On wires: bytes the fabric holds at line rate (rate x delay, both\n"
       "# directions); more than a core's cache share means arriving frames are read from memory.\n");
   // The bytes alone, at each all-to-all's bytes on wires: the ceiling no event, link or switch work can beat.
-  std::vector<double> seen;
+  std::map<double, double> frame_ns;  // bytes on wires -> ns per frame
   for (const tb::SpeedRow& r : rows) {
-    if (r.scenario.allreduce || std::find(seen.begin(), seen.end(), r.wire_bytes) != seen.end()) {
+    if (r.scenario.allreduce || frame_ns.count(r.wire_bytes) != 0) {
       continue;
     }
-    seen.push_back(r.wire_bytes);
-    const double ns = tb::frame_bytes_ns(r.wire_bytes, 4096, 100000);
+    const double ns = frame_ns[r.wire_bytes] = tb::frame_bytes_ns(r.wire_bytes, 4096, 100000);
     std::printf(
         "# bytes alone at %.1f MB on wires (%s): building a 4 KiB frame and verifying one that many bytes older\n"
         "#   take %.0f ns per frame on this core, a ceiling of %.2f M frame-hops/s at two hops per frame; this\n"
         "#   all-to-all spends %.0f ns per frame\n",
         r.wire_bytes / 1e6, r.topology.c_str(), ns, 2e3 / ns, r.best_rate() > 0 ? 2e9 / r.best_rate() : 0.0);
   }
-  // The ring AllReduce's bytes alone: its frames built, verified, copied and summed, with nothing else.
+  // The AllReduces' bytes alone: the ring's frames built, verified, copied and summed, with nothing else; the
+  // in-fabric one's frames built and verified.
   for (const tb::SpeedRow& r : rows) {
+    if (r.scenario.allreduce && r.scenario.algo == wl::Algo::kIfec && frame_ns.count(r.wire_bytes) != 0) {
+      std::printf("%s", tb::ifec_bytes_note(r, frame_ns[r.wire_bytes]).c_str());
+    }
     if (!r.scenario.allreduce || r.scenario.algo != wl::Algo::kRing) {
       continue;
     }
@@ -792,8 +795,9 @@ std::vector<Command> commands() {
                  "same code on 8 x 2, and the 64 MiB AllReduce (ring and in-fabric), with the bytes each fabric\n"
                  "holds on its wires and the ICRC implementation this CPU allows; then what the bytes alone cost\n"
                  "per frame at each all-to-all's bytes on wires (building a 4 KiB frame and verifying one that\n"
-                 "many bytes older) and for the ring AllReduce (its frames built, verified, copied and summed over\n"
-                 "buffers as large as its own, the result checked), and the ceiling each puts on frame-hops/s.",
+                 "many bytes older), for the ring AllReduce (its frames built, verified, copied and summed over\n"
+                 "buffers as large as its own, the result checked) and for the in-fabric one (its contributions and\n"
+                 "results at that cost per frame), and the ceiling each puts on frame-hops/s.",
                  {{"--quick", "", "smaller sizes (256 KiB per pair, 16 MiB AllReduce), 3 runs"},
                   {"--runs", "N",
                    "runs of each all-to-all (default 5); each AllReduce runs twice (once with --runs 1), as the first "

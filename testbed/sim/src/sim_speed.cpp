@@ -307,4 +307,22 @@ std::string ring_bytes_note(const SpeedRow& row, const RingBytes& b) {
   return out;
 }
 
+std::string ifec_bytes_note(const SpeedRow& row, double frame_ns) {
+  IFEC_CHECK(frame_ns > 0 && row.gpus > 0, "in-fabric bytes alone: no frame cost or no GPUs");
+  const uint64_t frames = 2 * static_cast<uint64_t>(row.gpus) *
+                          ((row.scenario.bytes + common::kDefaultPathMtu - 1) / common::kDefaultPathMtu);
+  const double seconds = static_cast<double>(frames) * frame_ns * 1e-9;
+  char out[800];
+  std::snprintf(
+      out, sizeof(out),
+      "# bytes alone for the in-fabric AllReduce of %s on %d ranks (%s): its %llu contributions and\n"
+      "#   results are 4 KiB frames built and verified once each (a switch ends the one and starts the other); at\n"
+      "#   the %.0f ns per frame measured above, before any reduction, copy or ACK, and this row's %.2f frame-hops\n"
+      "#   per frame, a ceiling of %.2f M frame-hops/s; this AllReduce spends %.0f ns per frame\n",
+      size_text(row.scenario.bytes).c_str(), row.gpus, row.topology.c_str(), static_cast<unsigned long long>(frames),
+      frame_ns, static_cast<double>(row.frame_hops) / static_cast<double>(frames),
+      static_cast<double>(row.frame_hops) / seconds / 1e6, row.best() * 1e9 / static_cast<double>(frames));
+  return out;
+}
+
 }  // namespace ifec::testbed

@@ -134,3 +134,22 @@ TEST(SimSpeed, RingBytesNoteComputesTheCeilingFromTheRowsFrameHops) {
   }
   EXPECT_THROW(testbed::ring_bytes_note(row, testbed::RingBytes{}), common::Error);
 }
+
+// In-fabric by hand: 4 ranks x 8 KiB are 8 contributions and 8 results, 16 frames; at 1000 ns each they take 16 us,
+// so 24 frame-hops (1.5 per frame) cap the rate at 1.5 M/s; a best run of 32 us spends 2000 ns per frame.
+TEST(SimSpeed, IfecBytesNoteCountsContributionsAndResults) {
+  testbed::SpeedRow row;
+  row.scenario.allreduce = true;
+  row.scenario.algo = workloads::Algo::kIfec;
+  row.scenario.bytes = 8192;
+  row.topology = "t";
+  row.gpus = 4;
+  row.frame_hops = 24;
+  row.seconds = {32e-6};
+  const std::string note = testbed::ifec_bytes_note(row, 1000);
+  for (const char* want : {"8 KiB on 4 ranks (t)", "its 16 contributions and", "1.50 frame-hops",
+                           "ceiling of 1.50 M frame-hops/s", "spends 2000 ns"}) {
+    EXPECT_NE(note.find(want), std::string::npos) << want << " not in:\n" << note;
+  }
+  EXPECT_THROW(testbed::ifec_bytes_note(row, 0), common::Error);
+}

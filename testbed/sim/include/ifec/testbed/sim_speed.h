@@ -72,6 +72,10 @@ RingBytes ring_bytes(int ranks, uint64_t bytes, double bytes_in_flight, int pass
 // Comment lines putting `b` (measured for `row`'s ring AllReduce) beside the row: the ceiling it sets on
 // frame-hops/s at the row's frame-hops per data frame, and what the row spends per data frame.
 std::string ring_bytes_note(const SpeedRow& row, const RingBytes& b);
+// The same for `row`'s in-fabric AllReduce, from frame_bytes_ns at its bytes on wires (`frame_ns`): each rank's
+// contributions and results are 4 KiB frames built and verified once each (a switch ends the one and starts the
+// other), so those frames at `frame_ns` each bound the rate, before any reduction, copy or ACK.
+std::string ifec_bytes_note(const SpeedRow& row, double frame_ns);
 
 // One line per row, under a header naming the columns.
 std::string speed_table(const std::vector<SpeedRow>& rows);
