@@ -262,8 +262,9 @@ uint32_t compute_icrc(const uint8_t* ip, size_t len, size_t bth_offset, CrcImpl 
     return fold_rest_and_reduce(x1, rest, rest_len) ^ 0xFFFFFFFF;
   }
 #endif
-  // Otherwise as two pieces: a masked copy that runs on past the masked fields to a multiple of 16 bytes, at least
-  // 64 (when the frame has them), so carry-less multiplication takes it in one piece; then the rest in place.
+  // Otherwise through compute_icrc_parts, which takes a frame of up to 240 bytes in one piece. A longer one goes as
+  // a masked head that runs on past the masked fields to a multiple of 16 bytes, at least 64, so carry-less
+  // multiplication takes it whole, then the rest in place.
   const size_t whole = std::max<size_t>(64, (masked_len + 15) & ~size_t{15});
   const size_t head = whole <= len ? whole : masked_len;
   const CrcImpl rest_impl = impl == CrcImpl::kVpclmul ? CrcImpl::kAuto : impl;

@@ -292,8 +292,7 @@ bool LinkPort::send(std::vector<uint8_t>&& frame) {
   counters_.tx_bytes += frame.size();
   counters_.busy_ps += ser_ps;
   const TimeNs done = (busy_until_ps_ + 999) / 1000;
-  Clock& clock = clock_;
-  clock.schedule(done, [this] {
+  clock_.schedule(done, [this] {
     if (ready_ && !busy()) {
       ready_();
     }
@@ -317,8 +316,8 @@ bool LinkPort::send(std::vector<uint8_t>&& frame) {
     peer->deliver(std::move(f.frame), f.epoch);
     recycle_frame(std::move(f.frame));  // unless its receiver kept it (a switch queued it, say)
   };
-  clock.schedule_reading(done + link_.cfg_.delay_ns, std::move(arrive), sent.data(),
-                         std::min(sent.size(), peer->read_on_arrival_));
+  clock_.schedule_reading(done + link_.cfg_.delay_ns, std::move(arrive), sent.data(),
+                          std::min(sent.size(), peer->read_on_arrival_));
   return true;
 }
 

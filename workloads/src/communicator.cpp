@@ -306,9 +306,8 @@ void Communicator::set_options(const CommOptions& o) {
 
 void Communicator::start(std::shared_ptr<CommOp> op) {
   // Several communicators may share an endpoint (NCCL's split communicators): the running one hears route changes.
-  std::weak_ptr<bool> alive = alive_;
-  ep_.set_routes_listener([this, alive] {
-    if (auto a = alive.lock(); a && *a && op_ && !op_->finished()) {
+  ep_.set_routes_listener([this, alive = alive_] {
+    if (*alive && op_ && !op_->finished()) {
       op_->on_routes_changed();
     }
   });

@@ -84,7 +84,7 @@ SpeedRow measure_speed(const routing::Topology& topo, const SpeedScenario& s) {
 
 namespace {
 
-// The headers of a 4 KiB-class RDMA WRITE ONLY frame of `payload` bytes, as the bytes-alone figures build them.
+// The headers of an RDMA WRITE ONLY frame of `payload` bytes, as the bytes-alone figures build them.
 common::FrameHeaders write_headers(size_t payload) {
   common::FrameHeaders h;
   h.ip.src = 0x0A000001;

@@ -60,9 +60,8 @@ double frame_bytes_ns(double bytes_in_flight, size_t payload, int frames);
 // `bytes_in_flight` bytes of newer frames were built (or earlier, when the ring's next step needs its bytes) and
 // copied where the ring schedule puts it: during reduce-scatter into one of the receiver's kRingSlots staging
 // slices, summed into its buffer once the slice is complete; during all-gather into its buffer. The buffers are
-// checked to hold the sum after every pass (Error otherwise). The best of `passes`; the first also pays for the
-// first touch of the memory. `bytes` must be whole 4 KiB frames per rank and whole kRingSliceBytes slices beyond
-// one; bad arguments are named.
+// checked to hold the sum after every pass (Error otherwise); the time is the best of `passes`. `bytes` must be
+// whole 4 KiB frames per rank and whole kRingSliceBytes slices beyond one; bad arguments are named.
 struct RingBytes {
   uint64_t frames = 0;  // data frames: 2 (ranks - 1) blocks of bytes / ranks per rank
   double seconds = 0;
