@@ -6,7 +6,7 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/testbed/cluster.h"
-#include "ifec/testbed/collective_bench.h"
+#include "ifec/testbed/collective_run.h"
 #include "ifec/testbed/harness.h"
 #include "ifec/workloads/collectives.h"
 #include "register.h"

@@ -16,10 +16,10 @@ namespace ifec::bindings {
 
 namespace {
 
-testbed::MoeBenchConfig moe_config(const routing::Topology& topo, int64_t hidden, int64_t experts, int64_t topk,
-                                   int64_t inter, int64_t run_inter, bool bf16, bool compute, int64_t token_cap,
-                                   uint64_t seed, const std::string& gpu_profile, bool fp8_dispatch, bool overlap) {
-  testbed::MoeBenchConfig cfg;
+testbed::MoeRunConfig moe_config(const routing::Topology& topo, int64_t hidden, int64_t experts, int64_t topk,
+                                 int64_t inter, int64_t run_inter, bool bf16, bool compute, int64_t token_cap,
+                                 uint64_t seed, const std::string& gpu_profile, bool fp8_dispatch, bool overlap) {
+  testbed::MoeRunConfig cfg;
   cfg.topo = topo;
   cfg.topology_name = topo.name;
   cfg.model.hidden = hidden;
@@ -48,7 +48,7 @@ std::vector<testbed::MoeVariant> moe_variants(const std::vector<std::string>& va
   return vs;
 }
 
-std::string rows_json(const std::vector<testbed::MoeBenchRow>& rows, const std::string& topology) {
+std::string rows_json(const std::vector<testbed::MoeRow>& rows, const std::string& topology) {
   std::string json = "[";
   for (size_t i = 0; i < rows.size(); ++i) {
     json += (i ? "," : "") + testbed::moe_row_record(rows[i], topology).str();
@@ -60,8 +60,8 @@ std::string run_moe_json(const routing::Topology& topo, const std::string& mode,
                          const std::vector<std::string>& variants, int64_t hidden, int64_t experts, int64_t topk,
                          int64_t inter, int64_t run_inter, bool bf16, bool compute, int64_t token_cap, uint64_t seed,
                          const std::string& gpu_profile, bool fp8_dispatch, bool overlap) {
-  const testbed::MoeBenchConfig cfg = moe_config(topo, hidden, experts, topk, inter, run_inter, bf16, compute,
-                                                 token_cap, seed, gpu_profile, fp8_dispatch, overlap);
+  const testbed::MoeRunConfig cfg = moe_config(topo, hidden, experts, topk, inter, run_inter, bf16, compute, token_cap,
+                                               seed, gpu_profile, fp8_dispatch, overlap);
   const std::vector<testbed::MoeVariant> vs = moe_variants(variants);
   testbed::MoePoint p;
   p.mode = mode;
@@ -75,7 +75,7 @@ std::string run_moe_points_json(const routing::Topology& topo, const std::string
                                 int64_t tokens, const std::vector<std::string>& variants, int64_t hidden,
                                 int64_t experts, int64_t topk, int64_t inter, uint64_t seed,
                                 const std::string& gpu_profile, bool fp8_dispatch, unsigned jobs) {
-  const testbed::MoeBenchConfig cfg =
+  const testbed::MoeRunConfig cfg =
       moe_config(topo, hidden, experts, topk, inter, 8, true, false, 0, seed, gpu_profile, fp8_dispatch, false);
   std::vector<testbed::MoePoint> points;
   for (int ep : eps) {

@@ -22,13 +22,14 @@
 #include "ifec/common/icrc.h"
 #include "ifec/common/samples.h"
 #include "ifec/endpoint/ring_bench.h"
-#include "ifec/live/bench.h"
+#include "ifec/testbed/live_bench.h"
 #ifdef IFEC_CLI_CUDA
 #include "endpoint/cuda/api.h"
 #endif
 #include "ifec/live/netns.h"
 #include "ifec/routing/topology.h"
 #include "ifec/testbed/collective_bench.h"
+#include "ifec/testbed/collective_run.h"
 #include "ifec/testbed/endpoint_bench.h"
 #include "ifec/testbed/property.h"
 #ifdef IFEC_HAVE_MOE
@@ -283,12 +284,12 @@ int run_bench_live(const Args& a) {
               seconds);
   std::printf("#%9s %12s %12s %12s %10s %14s %10s %10s\n", "frame(B)", "offered", "delivered", "frames/s", "Gb/s",
               "frames/s/core", "sw user s", "sw sys s");
-  for (const auto& r : ifec::live::bench_forwarding({64, 1024, 4096}, seconds)) {
+  for (const auto& r : tb::bench_forwarding({64, 1024, 4096}, seconds)) {
     std::printf(" %9zu %12llu %12llu %12.0f %10.3f %14.0f %10.2f %10.2f\n", r.frame_bytes,
                 static_cast<unsigned long long>(r.sent), static_cast<unsigned long long>(r.delivered), r.delivered_pps,
                 r.delivered_gbps, r.pps_per_core, r.switch_user_s, r.switch_sys_s);
   }
-  const auto l = ifec::live::bench_hop_latency(a.has("--quick") ? 200 : 2000);
+  const auto l = tb::bench_hop_latency(a.has("--quick") ? 200 : 2000);
   std::printf(
       "# hop latency (128-byte frames, one in flight, median of %d round trips): direct veth %.1f us, through "
       "the switch %.1f us: %.1f us added per hop\n",
@@ -614,7 +615,7 @@ int run_bench_moe(const Args&) {
 
 #ifdef IFEC_HAVE_MOE
 int run_bench_moe(const Args& a) {
-  tb::MoeBenchConfig cfg;
+  tb::MoeRunConfig cfg;
   cfg.topo = topology(a);
   cfg.topology_name = cfg.topo.name;
   const bool quick = a.has("--quick");
@@ -674,14 +675,14 @@ int run_bench_moe(const Args& a) {
   std::string json = "[";
   int wrong = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
-    const tb::MoeBenchRow& r = rows[i];
+    const tb::MoeRow& r = rows[i];
     std::printf("%s\n", tb::moe_row_text(r).c_str());
     const ifec::common::JsonObject rec = tb::moe_row_record(r, cfg.topology_name);
     csv += (csv.empty() ? rec.csv_header() + "\n" : "") + rec.csv_row() + "\n";
     json += (json.size() > 1 ? ",\n" : "") + rec.str();
     wrong += !r.ok();
     if (i % variants.size() + 1 == variants.size()) {
-      const tb::MoeBenchRow* v = &rows[i + 1 - variants.size()];  // per_expert, per_rank, ifec
+      const tb::MoeRow* v = &rows[i + 1 - variants.size()];  // per_expert, per_rank, ifec
       const double base = std::min(v[0].dispatch_us + v[0].combine_us, v[1].dispatch_us + v[1].combine_us);
       std::printf("#   EP %d %s: IFEC dispatch+combine %.2fx the best baseline, layer %.2fx", r.point.ep,
                   r.point.mode.c_str(), base / (v[2].dispatch_us + v[2].combine_us),
@@ -691,7 +692,7 @@ int run_bench_moe(const Args& a) {
       }
       // What bounds the baselines: the busiest GPU's bytes against the mean (the routing's imbalance), and how
       // close each phase came to that GPU's line rate.
-      const tb::MoeBenchRow& pr = v[1];
+      const tb::MoeRow& pr = v[1];
       const double mean_d = pr.dispatch_wire_bytes / static_cast<double>(pr.point.ep);
       const double mean_c = pr.combine_wire_bytes / static_cast<double>(pr.point.ep);
       std::printf(

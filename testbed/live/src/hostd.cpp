@@ -19,7 +19,7 @@
 #include "ifec/live/grpc_clients.h"
 #include "ifec/live/host_ring.h"
 #include "ifec/live/metrics.h"
-#include "ifec/testbed/collective_bench.h"
+#include "ifec/testbed/collective_point.h"
 #include "ifec/testbed/live_timing.h"
 #include "ifec/workloads/communicator.h"
 

@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "ifec/common/checks.h"
-#include "ifec/testbed/moe_bench.h"
+#include "ifec/testbed/moe_rows.h"
 #include "ifec/workloads/moe_plan.h"
 
 namespace ifec::live {
@@ -246,7 +246,7 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
   MoeRankPlan plan_;
   at::Tensor expert_rows_;
   std::vector<uint64_t> tx0_;
-  testbed::MoeBenchRow row_;
+  testbed::MoeRow row_;
 };
 
 }  // namespace

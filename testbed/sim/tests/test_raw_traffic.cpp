@@ -7,7 +7,6 @@
 #include "ifec/common/checks.h"
 #include "ifec/common/sim.h"
 #include "ifec/testbed/raw_traffic.h"
-#include "ifec/testbed/sim_report.h"
 
 using namespace ifec;
 using common::TimeNs;
@@ -230,52 +229,4 @@ TEST(RawTraffic, IncastWithoutPfcDropsAndCountsThem) {
   EXPECT_EQ(sw.pause_sent, 0u);
   EXPECT_FALSE(res.complete);
   EXPECT_EQ(res.packets_delivered + sw.buffer_drops, res.packets_sent) << "every packet arrived or was counted";
-}
-
-TEST(SimReport, ParsesTimesAndLinkSelectorsWithClearErrors) {
-  EXPECT_EQ(testbed::parse_time("20us"), 20'000u);
-  EXPECT_EQ(testbed::parse_time("1.5ms"), 1'500'000u);
-  EXPECT_EQ(testbed::parse_time("42"), 42u);
-  EXPECT_THROW(testbed::parse_time("10 parsecs"), common::Error);
-  const routing::Topology topo = routing::make_superpod(8, 4);
-  EXPECT_EQ(testbed::resolve_links(topo, "gpu5:plane2").size(), 2u);
-  EXPECT_EQ(testbed::resolve_links(topo, "gpu5:plane2:sub1").size(), 1u);
-  try {
-    testbed::resolve_links(topo, "gpu99:plane2");
-    FAIL();
-  } catch (const common::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("gpu99"), std::string::npos) << e.what();
-  }
-  EXPECT_THROW(testbed::resolve_links(topo, "gpu5:plane9"), common::Error);
-  EXPECT_THROW(testbed::parse_link_event(topo, "gpu5:plane2", false), common::Error);
-  // Numbers too large for an int are named, never std::out_of_range from std::stoi.
-  for (const std::string bad :
-       {"99999999999", "gpu5:plane99999999999", "gpu5:plane1:sub99999999999", "gpu5:p1-sw:99999999999"}) {
-    try {
-      testbed::resolve_links(topo, bad);
-      FAIL() << bad;
-    } catch (const common::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("'" + bad + "'"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("is too large"), std::string::npos) << e.what();
-    }
-  }
-}
-
-TEST(SimReport, SameSeedSameRunDifferentSeedDifferentHashing) {
-  const routing::Topology topo = routing::make_superpod(8, 2);
-  testbed::SimOptions o;
-  o.pattern = testbed::Pattern::kAllToAll;
-  o.bytes = 256 * 1024;
-  o.lb = switchemu::LoadBalance::kPerFlow;
-  o.progress = false;
-  auto strip_wall = [](testbed::SimRun r) {
-    r.wall_seconds = 0;
-    return testbed::to_json(r);
-  };
-  o.seed = 3;
-  const std::string a = strip_wall(testbed::run_sim(topo, o));
-  const std::string b = strip_wall(testbed::run_sim(topo, o));
-  EXPECT_EQ(a, b) << "the sim driver is deterministic for a given seed";
-  o.seed = 4;
-  EXPECT_NE(strip_wall(testbed::run_sim(topo, o)), a) << "the seed changes the per-switch flow hashing";
 }

@@ -1,18 +1,14 @@
-// The MoE layer measured at a point (EP size, tokens per rank) in each communication variant on a freshly built
-// simulated fabric: per-phase times (dispatch and combine simulated, expert compute from the GPU profile at the
-// real expert width), logical and wire bytes, bandwidths; rows for the terminal, CSV and JSON. Used by
-// `./ifec bench moe`, `./ifec demo` (through the Python package) and the tests.
+// A MoE point as both drivers run it (EP size, tokens per rank) and the row it gives per communication variant:
+// per-phase times, logical and wire bytes, bandwidths and fractions of line rate, what the in-fabric operations met;
+// printed for the terminal, or as a report record (JSON and CSV). The simulated driver fills rows in
+// testbed/sim (moe_run.h); a live ifec-hostd fills its own.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "ifec/common/json.h"
-#include "ifec/routing/topology.h"
-#include "ifec/testbed/moe_fabric.h"
-#include "ifec/workloads/moe.h"
 
 namespace ifec::testbed {
 
@@ -22,22 +18,7 @@ struct MoePoint {
   int64_t tokens = 4096;        // tokens per rank
 };
 
-struct MoeBenchConfig {
-  routing::Topology topo;     // the fabric (default in callers: the 64 x 4 SuperPoD)
-  std::string topology_name;  // for the records
-  MoeConfig model;            // routing shape (hidden, experts, groups, topk) and the costed expert width (inter)
-  int64_t run_inter = 8;      // expert width actually run on the CPU when `compute` (the costed one is model.inter)
-  bool bf16 = true;           // rows travel in bf16 (else fp32)
-  bool compute = false;       // run the experts and check the output against the reference (else timing mode)
-  bool fp8_dispatch = false;  // dispatch rows in FP8 (E4M3 + a scale per 128 channels), combine in the row type
-  bool overlap = false;       // also the layer as two overlapped micro-batches (MoeBenchRow::overlap_us)
-  int64_t token_cap = 0;      // simulate at most this many tokens per rank, scaling times and bytes (0: none)
-  GpuProfile profile;
-  uint64_t seed = 1;
-  std::function<void(const std::string&)> progress;  // one line per finished variant
-};
-
-struct MoeBenchRow {
+struct MoeRow {
   MoePoint point;
   std::string variant;
   int64_t simulated_tokens = 0;  // per rank; below point.tokens when scaled
@@ -80,24 +61,9 @@ struct MoeBenchRow {
   double combine_line_fraction() const { return line_gbs > 0 ? combine_gbs() / line_gbs : 0; }
 };
 
-// Throws common::Error naming what is wrong with point `p` under `cfg` (EP size, tokens, mode, model shape).
-void validate_moe_point(const MoeBenchConfig& cfg, const MoePoint& p);
-
-// Runs `variants` at `p` (same tokens, routing and weights for each). Throws ifec::common::Error on bad input
-// (EP size above the topology's GPUs or not dividing the experts, tokens < 1) or a phase that fails.
-std::vector<MoeBenchRow> run_moe_point(const MoeBenchConfig& cfg, const MoePoint& p,
-                                       const std::vector<MoeVariant>& variants);
-
-// Every point in every variant as independent runs on `jobs` threads (parallel.h), largest first: rows in
-// (point, variant) order, each what run_moe_point gives serially. progress(done, total, running) after each run.
-// Throws the first run's error once all have finished.
-std::vector<MoeBenchRow> run_moe_points(const MoeBenchConfig& cfg, const std::vector<MoePoint>& points,
-                                        const std::vector<MoeVariant>& variants, unsigned jobs,
-                                        const std::function<void(size_t, size_t, const std::string&)>& progress);
-
 std::string moe_rows_header();
-std::string moe_row_text(const MoeBenchRow& r);
+std::string moe_row_text(const MoeRow& r);
 // The row as a report record: its JSON (.str(), what the Python package parses) and CSV (.csv_row()) forms.
-common::JsonObject moe_row_record(const MoeBenchRow& r, const std::string& topology, const std::string& driver = "sim");
+common::JsonObject moe_row_record(const MoeRow& r, const std::string& topology, const std::string& driver = "sim");
 
 }  // namespace ifec::testbed

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ifec/common/numeric.h"
-#include "ifec/testbed/collective_bench.h"
+#include "ifec/testbed/collective_point.h"
 
 using namespace ifec;
 using common::EchDtype;

@@ -1,4 +1,6 @@
-// `./ifec sim`: options, running raw traffic over a simulated fabric, and the report (text or one JSON object).
+// `./ifec sim --traffic`: raw RoCEv2 flows run over a fresh simulated fabric, with link events, and what the run
+// left in the fabric's counters (per link, per switch port, per GPU that an event touched). The report of a run is
+// the bench library's (sim_report.h).
 #pragma once
 
 #include <cstdint>
@@ -7,16 +9,10 @@
 
 #include "ifec/routing/topology.h"
 #include "ifec/switchemu/switch.h"
+#include "ifec/testbed/link_events.h"
 #include "ifec/testbed/raw_traffic.h"
 
 namespace ifec::testbed {
-
-struct LinkEvent {
-  std::string spec;        // as the user wrote it, for reports
-  std::vector<int> links;  // topology link ids
-  bool up = false;
-  common::TimeNs at = 0;
-};
 
 struct SimOptions {
   std::string topo_path;
@@ -30,14 +26,6 @@ struct SimOptions {
   bool progress = true;  // progress lines on stderr for long runs
   std::vector<LinkEvent> events;
 };
-
-// "10us", "2500ns", "1.5ms", "3s" or a bare number of ns; throws Error naming the text.
-common::TimeNs parse_time(const std::string& text);
-// Link selectors: a link id ("17"), "NODE:NODE" (every link between them), "NODE:NODE:SUB" (one sub-link),
-// "GPU:planeP" (the GPU's links on plane P), "GPU:planeP:subS". Throws Error naming the selector.
-std::vector<int> resolve_links(const routing::Topology& topo, const std::string& selector);
-// "SELECTOR@TIME"
-LinkEvent parse_link_event(const routing::Topology& topo, const std::string& text, bool up);
 
 struct LinkUtilization {
   int link = 0;
@@ -80,10 +68,7 @@ struct SimRun {
   double wall_seconds = 0;
 };
 
+// Runs the flows of `opts` to completion (progress lines on stderr every 2 s of wall time when opts.progress).
 SimRun run_sim(const routing::Topology& topo, const SimOptions& opts);
-std::string to_json(const SimRun& run);
-std::string to_text(const SimRun& run);
-// Per-port and per-queue switch counters as a table (ports that saw no traffic are left out).
-std::string counters_table(const SimRun& run);
 
 }  // namespace ifec::testbed

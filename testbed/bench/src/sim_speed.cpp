@@ -12,8 +12,8 @@
 #include "ifec/common/frame.h"
 #include "ifec/common/numeric.h"
 #include "ifec/common/protocol.h"
-#include "ifec/testbed/collective_bench.h"
-#include "ifec/testbed/sim_report.h"
+#include "ifec/testbed/collective_run.h"
+#include "ifec/testbed/traffic_run.h"
 
 namespace ifec::testbed {
 

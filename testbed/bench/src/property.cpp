@@ -11,7 +11,7 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/common/numeric.h"
-#include "ifec/testbed/collective_bench.h"
+#include "ifec/testbed/collective_run.h"
 #include "ifec/testbed/harness.h"
 
 namespace ifec::testbed {

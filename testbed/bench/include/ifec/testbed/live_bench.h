@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace ifec::live {
+namespace ifec::testbed {
 
 struct ForwardingRow {
   size_t frame_bytes = 0;
@@ -38,4 +38,4 @@ struct LatencyRow {
 std::vector<ForwardingRow> bench_forwarding(const std::vector<size_t>& sizes, double seconds);
 LatencyRow bench_hop_latency(int round_trips);
 
-}  // namespace ifec::live
+}  // namespace ifec::testbed

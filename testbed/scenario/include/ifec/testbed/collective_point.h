@@ -1,19 +1,22 @@
-// One collective measured on a freshly built simulated fabric (`./ifec sim --collective`, `./ifec bench
-// collectives`): time, nccl-tests bandwidths, wire bytes per plane, fallbacks, and the error against an fp64
-// reference. Rows print in the nccl-tests layout.
+// A collective point as both drivers run and check it: what to run (CollectivePoint), every member's input as a
+// pure function of (seed, member, element), the check of the outputs against an fp64 reference, and the row the
+// point gives (time, nccl-tests bandwidths, wire bytes per plane, fallbacks, faults) printed in the nccl-tests
+// layout or as JSON. The simulated driver runs points in testbed/sim (collective_run.h); each live ifec-hostd runs
+// its own rank's part and checks its own result with the same functions.
 #pragma once
 
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
-#include "ifec/routing/topology.h"
-#include "ifec/testbed/harness.h"
-#include "ifec/testbed/sim_report.h"
+#include "ifec/common/ech.h"
+#include "ifec/workloads/communicator.h"
 
 namespace ifec::testbed {
+
+using workloads::Algo;
+using workloads::Collective;
 
 common::EchDtype parse_dtype(const std::string& name);  // fp32|bf16|fp16|int32
 common::EchRedOp parse_redop(const std::string& name);  // sum|min|max
@@ -65,14 +68,6 @@ struct CollectiveRow {
   uint64_t frame_hops = 0;
   bool modelled = false;  // extrapolated from simulated rows, not simulated
 };
-
-CollectiveRow run_collective_point(const routing::Topology& topo, const CollectivePoint& p);
-// Independent points on `jobs` threads, the largest first; a point whose windows and check (about 2 x bytes x
-// GPUs) would not fit beside the running ones' waits for them. Rows in the order of `points`, each what a serial
-// run_collective_point gives (a point's failure is its row's error). `progress(done, total, running)` after each.
-std::vector<CollectiveRow> run_collective_points(
-    const routing::Topology& topo, const std::vector<CollectivePoint>& points, unsigned jobs,
-    const std::function<void(size_t done, size_t total, const std::string& running)>& progress = {});
 
 // Writes elements first..first+count-1 of the input member `member` of a point starts with to `out`: each element a
 // function of (seed, dtype, member, element index) only, so the check regenerates every member's rather than

@@ -1,0 +1,87 @@
+// A collective point's row printed as nccl-tests does (plus wire bytes per plane, fallbacks and faults) and as JSON.
+#include <cstdio>
+#include <sstream>
+
+#include "ifec/common/json.h"
+#include "ifec/testbed/collective_point.h"
+
+namespace ifec::testbed {
+
+using workloads::collective_name;
+
+std::string rows_header() {
+  char line[320];
+  std::snprintf(line, sizeof(line), "#%13s %12s %6s %6s %5s %11s %8s %8s %7s %10s %9s  %s\n", "size(B)", "count",
+                "type", "redop", "algo", "time(us)", "algbw", "busbw", "#wrong", "max_err", "fallback",
+                "wire MB sent per plane (all members)");
+  return std::string(line) +
+         "#                                                   (GB/s)   (GB/s)                    (chunks)  [driver: "
+         "sim]\n";
+}
+
+std::string row_text(const CollectiveRow& r) {
+  std::ostringstream planes;
+  for (size_t q = 0; q < r.plane_tx_bytes.size(); ++q) {
+    planes << (q ? " " : "") << std::fixed;
+    planes.precision(1);
+    planes << r.plane_tx_bytes[q] / 1e6;
+  }
+  char line[400];
+  if (!r.ok && r.wrong == 0) {
+    std::snprintf(line, sizeof(line), " %13llu  FAILED: %s\n", static_cast<unsigned long long>(r.point.bytes),
+                  r.error.c_str());
+    return line;
+  }
+  std::snprintf(line, sizeof(line), " %13llu %12llu %6s %6s %7s %11.2f %8.2f %8.2f %7llu %10.2e %9llu  %s%s\n",
+                static_cast<unsigned long long>(r.point.bytes), static_cast<unsigned long long>(r.count),
+                common::ech_dtype_name(r.point.dtype), common::ech_redop_name(r.point.op),
+                r.ran.empty() ? workloads::algo_name(r.point.algo) : r.ran.c_str(), r.time_us, r.algbw_gbs, r.busbw_gbs,
+                static_cast<unsigned long long>(r.wrong), r.max_rel_error,
+                static_cast<unsigned long long>(r.fallback_chunks), r.modelled ? "(modelled) " : "",
+                r.modelled ? "" : planes.str().c_str());
+  std::string out = line;
+  if (r.wrong > 0) {
+    out += "#   WRONG: " + r.error + "\n";
+  }
+  for (const std::string& f : r.faults) {
+    out += "#   fault: " + f + "\n";
+  }
+  return out;
+}
+
+std::string simulator_text(const CollectiveRow& r) {
+  char line[300];
+  std::snprintf(line, sizeof(line),
+                "#   simulator: %llu frame-hops, %llu events in %.2f s wall (%.2f M frame-hops/s on one core); the "
+                "point took %.2f s with inputs, fp64 reference and checks\n",
+                static_cast<unsigned long long>(r.frame_hops), static_cast<unsigned long long>(r.sim_events),
+                r.sim_seconds, r.sim_seconds > 0 ? r.frame_hops / r.sim_seconds / 1e6 : 0.0, r.wall_seconds);
+  return line;
+}
+
+std::string row_json(const CollectiveRow& r, const std::string& topology, const std::string& driver) {
+  common::JsonObject o;
+  o.add("driver", driver).add("topology", topology).add("collective", collective_name(r.point.kind));
+  o.add("algo", workloads::algo_name(r.point.algo)).add("ran", r.ran).add("size", r.point.bytes).add("count", r.count);
+  o.add("type", common::ech_dtype_name(r.point.dtype)).add("redop", common::ech_redop_name(r.point.op));
+  o.add("ok", r.ok).add("time_us", r.time_us).add("algbw_gbs", r.algbw_gbs).add("busbw_gbs", r.busbw_gbs);
+  o.add("wrong", r.wrong).add("max_rel_error", r.max_rel_error).add("fallback_chunks", r.fallback_chunks);
+  o.add("fell_back", r.fell_back).add("anomalies", r.anomalies).add("modelled", r.modelled).add("loss", r.point.loss);
+  o.add("plane_tx_bytes", r.plane_tx_bytes).add("plane_rx_bytes", r.plane_rx_bytes);
+  std::vector<uint64_t> ids, up, down;  // per member link: topology id, bytes the GPU sent, bytes it received
+  for (const auto& l : r.gpu_links) {
+    ids.push_back(l[0]);
+    up.push_back(l[1]);
+    down.push_back(l[2]);
+  }
+  o.add("gpu_link_ids", ids).add("gpu_link_up_bytes", up).add("gpu_link_down_bytes", down);
+  o.add("frames_lost", r.frames_lost).add("frames_lost_link_down", r.frames_lost_link_down);
+  o.add("faults", r.faults).add("wall_seconds", r.wall_seconds).add("sim_seconds", r.sim_seconds);
+  o.add("sim_events", r.sim_events).add("frame_hops", r.frame_hops);
+  if (!r.ok) {
+    o.add("error", r.error);
+  }
+  return o.str();
+}
+
+}  // namespace ifec::testbed

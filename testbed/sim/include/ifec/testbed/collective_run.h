@@ -1,0 +1,21 @@
+// A collective point run by the simulated driver (`./ifec sim --collective`, the benches, the Python package, the
+// simulated side of `./ifec live compare`): a fresh fabric and cluster from the topology, every member's input
+// written into its window, the point's link failures scheduled, the collective run by every member's
+// communicator, and the row filled from what the fabric counted, its outputs checked against the fp64 reference.
+#pragma once
+
+#include <cstdint>
+
+#include "ifec/routing/topology.h"
+#include "ifec/testbed/collective_point.h"
+
+namespace ifec::testbed {
+
+// Host bytes the simulated GPUs' windows of one point may take together (a buffer and a scratch window per GPU).
+inline constexpr uint64_t kPointMemoryBudget = 12ULL << 30;
+
+// Throws common::Error naming a bad value of `p` (size, dtype, members, loss, slot pool or budget, failures) or a
+// point too large for kPointMemoryBudget; a run that fails or computes a wrong result is a row with ok = false.
+CollectiveRow run_collective_point(const routing::Topology& topo, const CollectivePoint& p);
+
+}  // namespace ifec::testbed

@@ -1,0 +1,30 @@
+// Link failures and restorations as users write them (`--fail gpu5:plane2:sub0@20us`, a point's `fail` list, the
+// Python package): link selectors resolved against a topology, times with units.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ifec/common/interfaces.h"
+#include "ifec/routing/topology.h"
+
+namespace ifec::testbed {
+
+struct LinkEvent {
+  std::string spec;        // as the user wrote it, for reports
+  std::vector<int> links;  // topology link ids
+  bool up = false;
+  common::TimeNs at = 0;
+};
+
+// "10us", "2500ns", "1.5ms", "3s" or a bare number of ns; throws Error naming the text.
+common::TimeNs parse_time(const std::string& text);
+
+// Link selectors: a link id ("17"), "NODE:NODE" (every link between them), "NODE:NODE:SUB" (one sub-link),
+// "GPU:planeP" (the GPU's links on plane P), "GPU:planeP:subS". Throws Error naming the selector.
+std::vector<int> resolve_links(const routing::Topology& topo, const std::string& selector);
+
+// "SELECTOR@TIME"
+LinkEvent parse_link_event(const routing::Topology& topo, const std::string& text, bool up);
+
+}  // namespace ifec::testbed

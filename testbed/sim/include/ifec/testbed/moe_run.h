@@ -1,0 +1,40 @@
+// A MoE point run by the simulated driver: each communication variant on a fresh fabric with the same tokens,
+// routing and weights, the experts' time from the GPU model at the costed width, rows per variant (moe_rows.h).
+// Used by `./ifec bench moe` (through the bench library's sweep), `./ifec demo` (the Python package) and tests.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ifec/routing/topology.h"
+#include "ifec/testbed/moe_fabric.h"
+#include "ifec/testbed/moe_rows.h"
+#include "ifec/workloads/moe.h"
+
+namespace ifec::testbed {
+
+struct MoeRunConfig {
+  routing::Topology topo;     // the fabric (default in callers: the 64 x 4 SuperPoD)
+  std::string topology_name;  // for the records
+  MoeConfig model;            // routing shape (hidden, experts, groups, topk) and the costed expert width (inter)
+  int64_t run_inter = 8;      // expert width actually run on the CPU when `compute` (the costed one is model.inter)
+  bool bf16 = true;           // rows travel in bf16 (else fp32)
+  bool compute = false;       // run the experts and check the output against the reference (else timing mode)
+  bool fp8_dispatch = false;  // dispatch rows in FP8 (E4M3 + a scale per 128 channels), combine in the row type
+  bool overlap = false;       // also the layer as two overlapped micro-batches (MoeRow::overlap_us)
+  int64_t token_cap = 0;      // simulate at most this many tokens per rank, scaling times and bytes (0: none)
+  GpuProfile profile;
+  uint64_t seed = 1;
+  std::function<void(const std::string&)> progress;  // one line per finished variant
+};
+
+// Throws common::Error naming what is wrong with point `p` under `cfg` (EP size, tokens, mode, model shape).
+void validate_moe_point(const MoeRunConfig& cfg, const MoePoint& p);
+
+// Runs `variants` at `p` (same tokens, routing and weights for each). Throws ifec::common::Error on bad input
+// (EP size above the topology's GPUs or not dividing the experts, tokens < 1) or a phase that fails.
+std::vector<MoeRow> run_moe_point(const MoeRunConfig& cfg, const MoePoint& p, const std::vector<MoeVariant>& variants);
+
+}  // namespace ifec::testbed

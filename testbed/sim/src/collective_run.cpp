@@ -1,0 +1,230 @@
+// Runs one collective point on a fresh simulated fabric and fills its row, plus what only a simulator sees (frames
+// lost on links, frame-hops and events per wall-second).
+#include "ifec/testbed/collective_run.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "ifec/common/checks.h"
+#include "ifec/testbed/cluster.h"
+#include "ifec/testbed/harness.h"
+#include "ifec/testbed/link_events.h"
+#include "ifec/testbed/live_timing.h"
+
+namespace ifec::testbed {
+
+using workloads::element_size;
+
+namespace {
+
+constexpr uint16_t kBuf = 1;
+constexpr uint16_t kScratch = 2;
+
+double busbw_factor(Collective k, size_t n) { return k == Collective::kAllReduce ? 2.0 * (n - 1) / n : 1.0; }
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void validate_point(const CollectivePoint& p, uint64_t count, size_t es) {
+  IFEC_CHECK(p.kind != Collective::kBarrier || p.bytes == 0,
+             "a barrier moves no data: size " << p.bytes << " B given (leave --bytes out)");
+  IFEC_CHECK(p.kind == Collective::kBarrier || count > 0,
+             "size " << p.bytes << " B holds no " << common::ech_dtype_name(p.dtype) << " element");
+  IFEC_CHECK(p.kind == Collective::kBarrier || p.bytes % es == 0, "size " << p.bytes << " B is not a whole number of "
+                                                                          << common::ech_dtype_name(p.dtype)
+                                                                          << " elements (" << es << " B each)");
+  IFEC_CHECK(p.members >= 0, "members " << p.members << " must be >= 2 (or 0 for every GPU)");
+  IFEC_CHECK(p.loss >= 0 && p.loss < 1, "loss " << p.loss << " outside [0, 1)");
+  IFEC_CHECK(p.slot_pool > 0, "slot pool " << p.slot_pool << " must be > 0");
+  IFEC_CHECK(p.slot_budget > 0, "slot budget " << p.slot_budget << " must be > 0");
+}
+
+CollectiveSpec spec_for(const CollectivePoint& p, int n, uint64_t count) {
+  CollectiveSpec s;
+  s.kind = p.kind;
+  for (int g = 0; g < n; ++g) {
+    s.members.push_back(g);
+  }
+  s.root = 0;
+  s.window = kBuf;
+  s.offset = 0;
+  s.count = count;
+  s.dtype = p.dtype;
+  s.op = p.op;
+  s.scratch_window = kScratch;
+  return s;
+}
+
+// The buffer and scratch windows on every GPU, each member's input written straight into its buffer (no copy kept).
+void prepare_windows(Cluster& c, const CollectivePoint& p, const CollectiveSpec& s) {
+  const uint64_t buf = std::max<uint64_t>(64, s.count * element_size(p.dtype));
+  const uint64_t scratch = std::max<uint64_t>(4096, ring_scratch_bytes(s, p.algo, &c.fabric().topology()));
+  IFEC_CHECK((buf + scratch) * c.size() <= kPointMemoryBudget,
+             "size " << p.bytes << " B on " << c.size() << " GPUs needs " << ((buf + scratch) * c.size() >> 20)
+                     << " MiB of host memory for the simulated windows; the limit is " << (kPointMemoryBudget >> 20)
+                     << " MiB");
+  c.allocate_window(kBuf, buf);
+  c.allocate_window(kScratch, scratch);
+  for (int g = 0; g < static_cast<int>(s.members.size()); ++g) {
+    collective_input(p, g, s.count, c.window_data(g, kBuf));
+    // Every scratch page written once now, as a GPU's memory is mapped before a collective runs: the kernel
+    // zero-fills a page on its first write, which would otherwise land in the simulated time.
+    uint8_t* sc = c.window_data(g, kScratch);
+    for (uint64_t off = 0; off < scratch; off += 4096) {
+      sc[off] = 0;
+    }
+  }
+}
+
+// What the fabric counted: per plane (the members' ports), per member link, and over every link end.
+struct LinkTally {
+  std::vector<uint64_t> plane_tx, plane_rx;
+  std::vector<std::array<uint64_t, 3>> gpu_links;  // (topology link id, bytes the GPU sent, bytes it received)
+  uint64_t hops = 0;                               // frames sent on any link end
+
+  static LinkTally read(Cluster& c, int members) {
+    LinkTally t;
+    const routing::Topology& topo = c.fabric().topology();
+    t.plane_tx.assign(topo.num_planes, 0);
+    t.plane_rx.assign(topo.num_planes, 0);
+    for (int g = 0; g < members; ++g) {
+      for (const auto& port : c.fabric().gpu_ports(g)) {
+        const auto& k = port.io->counters();
+        t.plane_tx[port.plane] += k.tx_bytes;
+        t.plane_rx[port.plane] += k.rx_bytes;
+        t.gpu_links.push_back({static_cast<uint64_t>(port.link), k.tx_bytes, k.rx_bytes});
+      }
+    }
+    t.hops = over_links(c, &common::PortCounters::tx_frames);
+    return t;
+  }
+  // One counter summed over both ends of every link.
+  static uint64_t over_links(Cluster& c, uint64_t common::PortCounters::*counter) {
+    uint64_t total = 0;
+    for (size_t l = 0; l < c.fabric().topology().links.size(); ++l) {
+      for (int side = 0; side < 2; ++side) {
+        total += c.fabric().link(static_cast<int>(l)).end(side).counters().*counter;
+      }
+    }
+    return total;
+  }
+};
+
+CollectiveResult run_operation(Cluster& c, const CollectiveSpec& s, const CollectivePoint& p) {
+  if (p.algo != Algo::kIfec) {
+    return run_endpoint_collective(c, s, 10'000'000'000ULL, p.algo);
+  }
+  IfecOptions io;
+  io.slots_per_plane = p.slot_budget;
+  if (p.live_timing) {
+    apply_live_timing(io);
+  }
+  IfecCollectives ifec(c, io);
+  return ifec.run(s);
+}
+
+// The row's result, times and bandwidths, wire bytes and faults from the operation and the counters around it.
+void fill_row(CollectiveRow& row, const CollectiveResult& res, Cluster& c, const LinkTally& before, int n) {
+  const CollectivePoint& p = row.point;
+  const LinkTally after = LinkTally::read(c, n);
+  row.frame_hops = after.hops - before.hops;
+  row.ok = res.ok;
+  row.ran = res.algo;
+  row.error = res.error.empty() && res.fell_back ? res.fallback_reason : res.error;
+  row.frames_lost = LinkTally::over_links(c, &common::PortCounters::dropped_injected);
+  row.frames_lost_link_down = LinkTally::over_links(c, &common::PortCounters::dropped_link_down);
+  for (const std::string& f : p.fail) {
+    row.faults.push_back("link down: " + f);
+  }
+  if (row.frames_lost + row.frames_lost_link_down > 0) {
+    row.faults.push_back("frames lost: " + std::to_string(row.frames_lost) + " to injected loss, " +
+                         std::to_string(row.frames_lost_link_down) + " on links that were down");
+  }
+  row.faults.insert(row.faults.end(), res.faults.begin(), res.faults.end());
+  row.fell_back = res.fell_back;
+  row.fallback_chunks = res.fallback_chunks;
+  row.anomalies = res.anomalies;
+  row.time_us = (res.end_ns - res.start_ns) / 1e3;
+  row.algbw_gbs = row.time_us > 0 ? p.bytes / (row.time_us * 1e3) : 0;
+  row.busbw_gbs = row.algbw_gbs * busbw_factor(p.kind, n);
+  for (size_t q = 0; q < after.plane_tx.size(); ++q) {
+    row.plane_tx_bytes.push_back(after.plane_tx[q] - before.plane_tx[q]);
+    row.plane_rx_bytes.push_back(after.plane_rx[q] - before.plane_rx[q]);
+  }
+  row.gpu_links = after.gpu_links;
+  for (size_t i = 0; i < row.gpu_links.size(); ++i) {
+    row.gpu_links[i][1] -= before.gpu_links[i][1];
+    row.gpu_links[i][2] -= before.gpu_links[i][2];
+  }
+}
+
+// Every output against the fp64 reference: a wrong result is never reported as ok.
+void check_row(CollectiveRow& row, Cluster& c, const CollectiveSpec& s) {
+  const CollectivePoint& p = row.point;
+  const size_t es = element_size(p.dtype);
+  if (p.corrupt_output && row.count > 0) {
+    uint8_t* out = c.window_data(p.kind == Collective::kReduce ? s.root : s.members.back(), kBuf);
+    out[(row.count / 2) * es + es - 1] ^= 0x40;  // a high bit of the middle element
+  }
+  if (!row.ok || p.kind == Collective::kBarrier) {
+    return;
+  }
+  std::vector<const uint8_t*> outs;
+  for (int g : p.kind == Collective::kReduce ? std::vector<int>{s.root} : s.members) {
+    outs.push_back(c.window_data(g, kBuf));
+  }
+  const int n = static_cast<int>(s.members.size());
+  const OutputCheck chk = check_outputs(p, n, row.count, p.algo != Algo::kIfec || row.fell_back, outs, s.root);
+  row.wrong = chk.wrong;
+  row.max_rel_error = chk.max_rel_error;
+  if (row.wrong > 0) {
+    row.ok = false;
+    row.error = std::to_string(row.wrong) + " elements differ from the fp64 reference beyond the rounding bound";
+  }
+}
+
+}  // namespace
+
+CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const CollectivePoint& p) {
+  routing::Topology topo = fabric_topo;
+  topo.params.ifec.reproducible = topo.params.ifec.reproducible || p.reproducible;
+  topo.params.ifec.slot_pool = p.slot_pool;
+  const auto wall0 = std::chrono::steady_clock::now();
+  CollectiveRow row;
+  row.point = p;
+  const size_t es = element_size(p.dtype);
+  row.count = p.kind == Collective::kBarrier ? 0 : p.bytes / es;
+  validate_point(p, row.count, es);
+  ClusterOptions o;
+  o.fabric.loss = p.loss;
+  o.fabric.seed = p.seed;
+  o.fabric.lb = switchemu::LoadBalance::kPerPacket;
+  o.endpoint.ordering = endpoint::Ordering::kWeak;
+  if (p.live_timing) {
+    apply_live_timing(o.endpoint);
+    apply_live_timing(topo.params.ifec);
+  }
+  Cluster c(topo, o);
+  const int n = p.members > 0 ? p.members : c.size();
+  IFEC_CHECK(n >= 2 && n <= c.size(), "members " << n << " outside 2.." << c.size());
+  const CollectiveSpec s = spec_for(p, n, row.count);
+  prepare_windows(c, p, s);
+  for (const std::string& f : p.fail) {
+    const LinkEvent e = parse_link_event(topo, f, false);
+    for (int l : e.links) {
+      c.fabric().schedule_link_state(l, false, c.loop().now() + e.at);
+    }
+  }
+  const LinkTally before = LinkTally::read(c, n);
+  const uint64_t events0 = c.loop().events_run();
+  const auto sim0 = std::chrono::steady_clock::now();
+  const CollectiveResult res = run_operation(c, s, p);
+  row.sim_seconds = seconds_since(sim0);
+  row.sim_events = c.loop().events_run() - events0;
+  fill_row(row, res, c, before, n);
+  check_row(row, c, s);
+  row.wall_seconds = seconds_since(wall0);
+  return row;
+}
+
+}  // namespace ifec::testbed

@@ -1,0 +1,125 @@
+// Link selectors and times with units, resolved against a topology.
+#include "ifec/testbed/link_events.h"
+
+#include <cmath>
+
+#include "ifec/common/checks.h"
+
+namespace ifec::testbed {
+
+using common::TimeNs;
+
+TimeNs parse_time(const std::string& text) {
+  size_t idx = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &idx);
+  } catch (const std::exception&) {
+    IFEC_FAIL("bad time '" << text << "': expected a number with ns, us, ms or s");
+  }
+  const std::string unit = text.substr(idx);
+  double scale = 1;
+  if (unit.empty() || unit == "ns") {
+    scale = 1;
+  } else if (unit == "us") {
+    scale = 1e3;
+  } else if (unit == "ms") {
+    scale = 1e6;
+  } else if (unit == "s") {
+    scale = 1e9;
+  } else {
+    IFEC_FAIL("bad time unit '" << unit << "' in '" << text << "': expected ns, us, ms or s");
+  }
+  IFEC_CHECK(v >= 0 && std::isfinite(v), "time '" << text << "' must be >= 0");
+  return static_cast<TimeNs>(std::llround(v * scale));
+}
+
+namespace {
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s) {
+    if (c == sep) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+bool all_digits(const std::string& s) { return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos; }
+
+// A whole number in a selector, at most 9 digits (std::stoi cannot overflow); throws naming the selector.
+int selector_number(const std::string& digits, const std::string& selector, const char* what) {
+  IFEC_CHECK(all_digits(digits),
+             "link selector '" << selector << "': " << what << " '" << digits << "' is not a number");
+  IFEC_CHECK(digits.size() <= 9, "link selector '" << selector << "': " << what << " " << digits << " is too large");
+  return std::stoi(digits);
+}
+
+int prefixed_number(const std::string& s, const std::string& prefix, const std::string& selector) {
+  IFEC_CHECK(s.rfind(prefix, 0) == 0 && all_digits(s.substr(prefix.size())),
+             "link selector '" << selector << "': expected '" << prefix << "N', got '" << s << "'");
+  return selector_number(s.substr(prefix.size()), selector, prefix.c_str());
+}
+
+}  // namespace
+
+std::vector<int> resolve_links(const routing::Topology& topo, const std::string& selector) {
+  if (all_digits(selector)) {
+    const int id = selector_number(selector, selector, "link id");
+    IFEC_CHECK(id < static_cast<int>(topo.links.size()), "link id " << id << " outside 0.." << topo.links.size() - 1);
+    return {id};
+  }
+  const std::vector<std::string> parts = split(selector, ':');
+  IFEC_CHECK(parts.size() == 2 || parts.size() == 3,
+             "link selector '" << selector << "': expected ID, NODE:NODE[:SUB] or GPU:planeP[:subS]");
+  const int a = topo.find_node(parts[0]);
+  IFEC_CHECK(a >= 0, "link selector '" << selector << "': unknown node '" << parts[0] << "'");
+  std::vector<int> out;
+  if (parts[1].rfind("plane", 0) == 0) {
+    const int plane = prefixed_number(parts[1], "plane", selector);
+    IFEC_CHECK(plane < topo.num_planes,
+               "link selector '" << selector << "': plane " << plane << " outside 0.." << topo.num_planes - 1);
+    const int sub = parts.size() == 3 ? prefixed_number(parts[2], "sub", selector) : -1;
+    for (int l : topo.links_of(a)) {
+      const routing::Link& lk = topo.links[l];
+      if (lk.plane == plane && (sub < 0 || lk.subport == sub)) {
+        out.push_back(l);
+      }
+    }
+  } else {
+    const int b = topo.find_node(parts[1]);
+    IFEC_CHECK(b >= 0, "link selector '" << selector << "': unknown node '" << parts[1] << "'");
+    int sub = -1;
+    if (parts.size() == 3) {
+      sub = selector_number(parts[2], selector, "sub-link");
+    }
+    for (int l : topo.links_of(a)) {
+      const routing::Link& lk = topo.links[l];
+      if ((lk.a == b || lk.b == b) && (sub < 0 || lk.subport == sub)) {
+        out.push_back(l);
+      }
+    }
+  }
+  IFEC_CHECK(!out.empty(), "link selector '" << selector << "' matches no link");
+  return out;
+}
+
+LinkEvent parse_link_event(const routing::Topology& topo, const std::string& text, bool up) {
+  const size_t at = text.rfind('@');
+  IFEC_CHECK(at != std::string::npos && at > 0 && at + 1 < text.size(),
+             "link event '" << text << "': expected LINK@TIME, e.g. gpu5:plane2:sub0@10us");
+  LinkEvent e;
+  e.spec = text;
+  e.links = resolve_links(topo, text.substr(0, at));
+  e.at = parse_time(text.substr(at + 1));
+  e.up = up;
+  return e;
+}
+
+}  // namespace ifec::testbed

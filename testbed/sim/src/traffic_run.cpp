@@ -1,0 +1,137 @@
+// Runs raw traffic on the simulated driver and collects what the fabric counted.
+#include "ifec/testbed/traffic_run.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "ifec/common/sim.h"
+#include "ifec/testbed/fabric.h"
+
+namespace ifec::testbed {
+
+using common::TimeNs;
+
+namespace {
+
+// Runs the loop empty in slices, so that long runs report progress; the slices do not change the simulation.
+void run_with_progress(common::EventLoop& loop, const RawTraffic& traffic, const SimOptions& opts, int gpus,
+                       std::chrono::steady_clock::time_point wall0) {
+  const TimeNs slice = 50'000;
+  auto last_print = wall0;
+  uint64_t offered = 0;
+  for (const FlowSpec& f : make_flows(opts.pattern, gpus, opts.bytes, opts.seed, opts.incast_target)) {
+    offered += f.bytes;
+  }
+  while (!loop.idle()) {
+    loop.run(loop.now() + slice);
+    const auto now = std::chrono::steady_clock::now();
+    if (opts.progress && now - last_print > std::chrono::seconds(2)) {
+      last_print = now;
+      const TrafficResult r = traffic.result();
+      std::fprintf(stderr, "sim: t=%.1f us simulated, %.1f%% of %.1f MB delivered, %.1f s wall\n", loop.now() / 1e3,
+                   100.0 * r.payload_bytes_delivered / std::max<uint64_t>(1, offered), offered / 1e6,
+                   std::chrono::duration<double>(now - wall0).count());
+    }
+  }
+}
+
+// Per link direction: utilization over the run, frames; drops on links that went down; frame-hops.
+void collect_links(SimRun& run, const Fabric& fabric, const routing::Topology& topo) {
+  const double elapsed = static_cast<double>(std::max<TimeNs>(1, run.traffic.completion_ns));
+  double gpu_util_sum = 0;
+  int gpu_dirs = 0;
+  for (size_t l = 0; l < topo.links.size(); ++l) {
+    const common::Link& link = fabric.link(static_cast<int>(l));
+    const routing::Link& tl = topo.links[l];
+    for (int side = 0; side < 2; ++side) {
+      const common::PortCounters& c = link.end(side).counters();
+      run.link_drops += c.dropped_link_down;
+      LinkUtilization u;
+      u.link = static_cast<int>(l);
+      u.from = side == 0 ? tl.a : tl.b;
+      u.to = side == 0 ? tl.b : tl.a;
+      u.utilization = static_cast<double>(c.busy_ps) / 1000.0 / elapsed;
+      u.frames = c.tx_frames;
+      run.frame_hops += c.tx_frames;
+      run.max_link_utilization = std::max(run.max_link_utilization, u.utilization);
+      if (topo.nodes[u.from].kind == routing::NodeKind::kGpu) {
+        gpu_util_sum += u.utilization;
+        ++gpu_dirs;
+      }
+      run.links.push_back(u);
+    }
+  }
+  run.mean_gpu_link_utilization = gpu_dirs ? gpu_util_sum / gpu_dirs : 0;
+}
+
+// Bytes per plane each GPU that a link event touched sent and received (FARE's reweighting, seen from the GPU).
+void collect_event_gpus(SimRun& run, const RawTraffic& traffic, const SimOptions& opts, const routing::Topology& topo) {
+  std::vector<int> touched;
+  for (const LinkEvent& e : opts.events) {
+    for (int l : e.links) {
+      for (int node : {topo.links[l].a, topo.links[l].b}) {
+        const int g = topo.nodes[node].gpu_index;
+        if (g >= 0 && std::find(touched.begin(), touched.end(), g) == touched.end()) {
+          touched.push_back(g);
+        }
+      }
+    }
+  }
+  for (int g : touched) {
+    GpuPlaneBytes b;
+    b.gpu = g;
+    b.sent.assign(topo.num_planes, 0);
+    b.received.assign(topo.num_planes, 0);
+    for (int other = 0; other < topo.num_gpus(); ++other) {
+      for (int p = 0; p < topo.num_planes && other != g; ++p) {
+        b.sent[p] += traffic.sent_bytes(g, other, p);
+        b.received[p] += traffic.received_bytes(other, g, p);
+      }
+    }
+    run.event_gpus.push_back(b);
+  }
+}
+
+}  // namespace
+
+SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
+  const auto wall0 = std::chrono::steady_clock::now();
+  common::EventLoop loop;
+  FabricOptions fo;
+  fo.lb = opts.lb;
+  fo.pfc = opts.pfc;
+  fo.seed = opts.seed;
+  Fabric fabric(loop, topo, fo);
+  RawTraffic traffic(fabric, make_flows(opts.pattern, fabric.num_gpus(), opts.bytes, opts.seed, opts.incast_target),
+                     opts.verify_icrc);
+  for (const LinkEvent& e : opts.events) {
+    for (int l : e.links) {
+      fabric.schedule_link_state(l, e.up, e.at);
+    }
+  }
+  traffic.start(0);
+  run_with_progress(loop, traffic, opts, fabric.num_gpus(), wall0);
+  SimRun run;
+  run.topology = topo.name;
+  run.options = opts;
+  run.traffic = traffic.result();
+  run.switches = fabric.switch_totals();
+  run.events = loop.events_run();
+  run.fare_converged_ns = fabric.last_converged_ns();
+  run.fare_rounds = fabric.fare_rounds_run();
+  collect_links(run, fabric, topo);
+  collect_event_gpus(run, traffic, opts, topo);
+  for (int s = 0; s < fabric.num_switches(); ++s) {
+    const switchemu::Switch& sw = fabric.switch_at(s);
+    for (int p = 0; p < sw.num_ports(); ++p) {
+      if (sw.counters(p).rx_frames > 0 || sw.counters(p).tx_frames > 0) {
+        run.ports.push_back(PortReport{sw.config().name, p, sw.counters(p)});
+      }
+    }
+  }
+  run.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return run;
+}
+
+}  // namespace ifec::testbed
