@@ -95,9 +95,8 @@ py::dict result_dict(const workloads::CollectiveResult& r) {
   return d;
 }
 
-}  // namespace
-
-void register_endpoint(py::module_& m) {
+// Transactions' handles: status, result, error; a load's bytes once done.
+void register_handles(py::module_& m) {
   py::enum_<endpoint::OpStatus>(m, "OpStatus")
       .value("PENDING", endpoint::OpStatus::kPending)
       .value("OK", endpoint::OpStatus::kOk)
@@ -115,6 +114,10 @@ void register_endpoint(py::module_& m) {
       .def("data", [](const PendingLoad& p) {
         return py::bytes(reinterpret_cast<const char*>(p.buffer->data()), p.buffer->size());
       });
+}
+
+// A simulated cluster: its GPUs' windows and transactions, waits, link failures, counters, endpoint collectives.
+void register_cluster(py::module_& m) {
   py::class_<testbed::Cluster>(m, "Cluster")
       .def(py::init(&make_cluster), py::arg("topology"), py::arg("ordering") = "partial", py::arg("loss") = 0.0,
            py::arg("lb") = "packet", py::arg("planes") = 0, py::arg("seed") = 1)
@@ -221,6 +224,10 @@ void register_endpoint(py::module_& m) {
           py::arg("kind"), py::arg("members"), py::arg("root"), py::arg("window"), py::arg("offset"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("scratch_window"), py::arg("limit_ns") = 10'000'000'000ULL,
           py::arg("algo") = "ring");
+}
+
+// The in-fabric collectives of a cluster, and one collective point on a fresh fabric as a JSON row.
+void register_collectives(py::module_& m) {
   py::class_<testbed::IfecCollectives>(m, "IfecCollectives")
       .def(py::init<testbed::Cluster&>(), py::arg("cluster"), py::keep_alive<1, 2>())
       .def(
@@ -262,6 +269,14 @@ void register_endpoint(py::module_& m) {
       py::arg("op") = "sum", py::arg("loss") = 0.0, py::arg("seed") = 1, py::arg("reproducible") = false,
       py::arg("members") = 0, py::arg("fail") = std::vector<std::string>{}, py::arg("slot_pool") = 8192,
       py::arg("slot_budget") = 128, py::arg("live_timing") = false);
+}
+
+}  // namespace
+
+void register_endpoint(py::module_& m) {
+  register_handles(m);
+  register_cluster(m);
+  register_collectives(m);
 }
 
 }  // namespace ifec::bindings

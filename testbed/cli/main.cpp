@@ -713,7 +713,8 @@ int run_bench_moe(const Args& a) {
 
 // ------------------------------------------------------------------------------------------------ commands --
 
-std::vector<Command> commands() {
+// The tools and the simulator.
+std::vector<Command> tool_commands() {
   const Option fail{"--fail", "LINK@TIME", "take a link down at a simulated time, e.g. gpu5:plane2:sub0@20us", true};
   std::vector<Command> cs;
   cs.push_back({{"pcap",
@@ -764,6 +765,11 @@ std::vector<Command> commands() {
          {"--json", "", "one JSON object per run or row instead of the tables"}},
         0},
        run_sim});
+  return cs;
+}
+
+std::vector<Command> bench_commands() {
+  std::vector<Command> cs;
   cs.push_back(
       {{"bench endpoint",
         "[--quick] [--topo FILE]",
@@ -839,6 +845,14 @@ std::vector<Command> commands() {
         0},
        run_bench_moe});
 #endif
+  return cs;
+}
+
+std::vector<Command> commands() {
+  std::vector<Command> cs = tool_commands();
+  for (Command& c : bench_commands()) {
+    cs.push_back(std::move(c));
+  }
   return cs;
 }
 

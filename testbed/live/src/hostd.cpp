@@ -184,6 +184,10 @@ struct HostDaemon::Impl {
     return out;
   }
   void run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  void run_collective(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  v1::RunReply collective_reply(const testbed::CollectivePoint& p, const workloads::CollArgs& a,
+                                const workloads::CollectiveResult& res, const std::vector<uint64_t>& tx0,
+                                const std::vector<std::array<uint64_t, 3>>& links0);
   grpc::Status attach_peer(const v1::AttachPeerRequest& q, v1::AttachPeerReply* out);
   grpc::Status reset_responder(const v1::ResetResponderRequest& q);
   void peer_ops(const v1::PeerOpsRequest& q, std::shared_ptr<v1::PeerOpsReply> out,
@@ -654,6 +658,13 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
     IFEC_FAIL(rt->info().name << ": built without LibTorch: the MoE layer is not available here");
 #endif
   }
+  run_collective(q, std::move(reply));
+}
+
+namespace {
+
+// The scenario point a Run request describes (defaults: ifec, fp32, sum, seed 1); throws naming a bad field.
+testbed::CollectivePoint point_of(const v1::RunRequest& q) {
   testbed::CollectivePoint p;
   try {
     p.kind = workloads::parse_collective(q.what());
@@ -668,91 +679,97 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
   const size_t es = workloads::element_size(p.dtype);
   IFEC_CHECK(p.kind == workloads::Collective::kBarrier || (p.bytes > 0 && p.bytes % es == 0),
              "size " << p.bytes << " B is not a positive whole number of " << es << "-byte elements");
-  const uint16_t kBuf = kBufs[runs % 3];
-  const uint16_t kScratch = kScratches[runs % 3];
+  return p;
+}
+
+v1::RunReply error_reply(const std::string& error) {
+  v1::RunReply r;
+  r.set_error(error);
+  return r;
+}
+
+}  // namespace
+
+// One collective, this rank's part: its windows (a fresh pair per run, in turn), its input, an entry barrier, then
+// the operation.
+void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
+  const testbed::CollectivePoint p = point_of(q);
+  const size_t es = workloads::element_size(p.dtype);
+  const uint16_t buf = kBufs[runs % 3];
+  const uint16_t scratch_window = kScratches[runs % 3];
   ++runs;
   workloads::CollArgs a;
   a.kind = p.kind;
   a.root = q.root();
-  a.window = kBuf;
-  a.scratch_window = kScratch;
+  a.window = buf;
+  a.scratch_window = scratch_window;
   a.count = p.kind == workloads::Collective::kBarrier ? 0 : p.bytes / es;
   a.dtype = p.dtype;
   a.op = p.op;
-  const int n = comm->size();
-  const uint64_t scratch = std::max<uint64_t>(4096, workloads::Communicator::scratch_bytes(a, n, p.algo, &topo, 0));
-  comm->allocate_window(
-      kBuf, std::max<uint64_t>(64, a.count * es),
-      [this, a, p, scratch, reply, n, kBuf, kScratch](const std::string& e1) {
-        if (!e1.empty()) {
-          v1::RunReply r;
-          r.set_error(e1);
-          reply(r);
+  const uint64_t scratch =
+      std::max<uint64_t>(4096, workloads::Communicator::scratch_bytes(a, comm->size(), p.algo, &topo, 0));
+  comm->allocate_window(buf, std::max<uint64_t>(64, a.count * es), [this, a, p, scratch, reply](const std::string& e1) {
+    if (!e1.empty()) {
+      reply(error_reply(e1));
+      return;
+    }
+    comm->allocate_window(a.scratch_window, scratch, [this, a, p, reply](const std::string& e2) {
+      if (!e2.empty()) {
+        reply(error_reply(e2));
+        return;
+      }
+      testbed::collective_input(p, comm->rank(), a.count, ep->memory().window(a.window)->data);
+      // Every rank holds its input before any rank starts (a peer's first store must not land before this rank's
+      // own input is written, which would overwrite it).
+      comm->bootstrap().barrier([this, a, p, reply](workloads::Gathered g) {
+        if (!g.ok) {
+          reply(error_reply("entry barrier: " + g.error));
           return;
         }
-        comm->allocate_window(kScratch, scratch, [this, a, p, reply, n, kBuf](const std::string& e2) {
-          if (!e2.empty()) {
-            v1::RunReply r;
-            r.set_error(e2);
-            reply(r);
-            return;
-          }
-          testbed::collective_input(p, comm->rank(), a.count, ep->memory().window(kBuf)->data);
-          // Every rank holds its input before any rank starts (a peer's first store must not land before this
-          // rank's own input is written, which would overwrite it).
-          comm->bootstrap().barrier([this, a, p, reply, n, kBuf](workloads::Gathered g) {
-            if (!g.ok) {
-              v1::RunReply r;
-              r.set_error("entry barrier: " + g.error);
-              reply(r);
-              return;
-            }
-            auto tx0 = std::make_shared<std::vector<uint64_t>>(plane_tx_bytes());
-            auto links0 = std::make_shared<std::vector<std::array<uint64_t, 3>>>(link_bytes());
-            comm->run(a, p.algo, [this, a, p, reply, n, kBuf, tx0, links0](workloads::CollectiveResult res) {
-              testbed::CollectiveRow row;
-              row.point = p;
-              row.ok = res.ok;
-              row.ran = res.algo;
-              row.error = res.error;
-              row.count = a.count;
-              row.time_us = (res.end_ns - res.start_ns) / 1e3;
-              row.algbw_gbs = row.time_us > 0 ? p.bytes / (row.time_us * 1e3) : 0;
-              row.busbw_gbs = row.algbw_gbs * (p.kind == workloads::Collective::kAllReduce ? 2.0 * (n - 1) / n : 1.0);
-              row.fell_back = res.fell_back;
-              row.fallback_chunks = res.fallback_chunks;
-              row.anomalies = res.anomalies;
-              row.faults = res.faults;
-              const std::vector<uint64_t> tx1 = plane_tx_bytes();
-              for (size_t q = 0; q < tx1.size(); ++q) {
-                row.plane_tx_bytes.push_back(tx1[q] - (*tx0)[q]);  // this rank's frames, FARE's included
-              }
-              row.gpu_links = link_bytes();
-              for (size_t i = 0; i < row.gpu_links.size(); ++i) {
-                row.gpu_links[i][1] -= (*links0)[i][1];
-                row.gpu_links[i][2] -= (*links0)[i][2];
-              }
-              const bool holds = p.kind != workloads::Collective::kReduce || comm->rank() == a.root;
-              if (res.ok && holds && p.kind != workloads::Collective::kReduceScatter &&
-                  p.kind != workloads::Collective::kAllGather) {
-                // Broadcast: the reference is the root's input.
-                const testbed::OutputCheck chk =
-                    testbed::check_outputs(p, n, a.count, p.algo != workloads::Algo::kIfec || res.fell_back,
-                                           {ep->memory().window(kBuf)->data}, a.root);
-                row.wrong = chk.wrong;
-                row.max_rel_error = chk.max_rel_error;
-                row.ok = row.wrong == 0;
-              }
-              v1::RunReply r;
-              r.set_ok(row.ok);
-              r.set_error(row.error);
-              r.set_wrong(row.wrong);
-              r.set_row_json(testbed::row_json(row, topo.name, "live"));
-              reply(r);
-            });
-          });
+        const auto tx0 = plane_tx_bytes();
+        const auto links0 = link_bytes();
+        comm->run(a, p.algo, [this, a, p, reply, tx0, links0](workloads::CollectiveResult res) {
+          reply(collective_reply(p, a, res, tx0, links0));
         });
       });
+    });
+  });
+}
+
+// This rank's row of a finished collective: its result, its frame bytes per plane and per link since the start,
+// and its own output checked against the fp64 reference where it holds one.
+v1::RunReply HostDaemon::Impl::collective_reply(const testbed::CollectivePoint& p, const workloads::CollArgs& a,
+                                                const workloads::CollectiveResult& res,
+                                                const std::vector<uint64_t>& tx0,
+                                                const std::vector<std::array<uint64_t, 3>>& links0) {
+  const int n = comm->size();
+  testbed::CollectiveRow row;
+  row.point = p;
+  row.count = a.count;
+  testbed::record_result(row, res, n);
+  row.error = res.error;
+  const std::vector<uint64_t> tx1 = plane_tx_bytes();
+  for (size_t k = 0; k < tx1.size(); ++k) {
+    row.plane_tx_bytes.push_back(tx1[k] - tx0[k]);  // this rank's frames, FARE's included
+  }
+  row.gpu_links = link_bytes();
+  for (size_t i = 0; i < row.gpu_links.size(); ++i) {
+    row.gpu_links[i][1] -= links0[i][1];
+    row.gpu_links[i][2] -= links0[i][2];
+  }
+  const bool holds = p.kind != workloads::Collective::kReduce || comm->rank() == a.root;
+  if (res.ok && holds && p.kind != workloads::Collective::kReduceScatter &&
+      p.kind != workloads::Collective::kAllGather) {
+    // Broadcast: the reference is the root's input.
+    testbed::record_check(row, n, p.algo != workloads::Algo::kIfec || res.fell_back,
+                          {ep->memory().window(a.window)->data}, a.root);
+  }
+  v1::RunReply r;
+  r.set_ok(row.ok);
+  r.set_error(row.error);
+  r.set_wrong(row.wrong);
+  r.set_row_json(testbed::row_json(row, topo.name, "live"));
+  return r;
 }
 
 HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {

@@ -1,4 +1,5 @@
-// A collective point's row printed as nccl-tests does (plus wire bytes per plane, fallbacks and faults) and as JSON.
+// A collective point's row: filled from a result and a check (either driver), printed as nccl-tests does (plus
+// wire bytes per plane, fallbacks and faults) and as JSON.
 #include <cstdio>
 #include <sstream>
 
@@ -8,6 +9,33 @@
 namespace ifec::testbed {
 
 using workloads::collective_name;
+
+double busbw_factor(Collective kind, int members) {
+  return kind == Collective::kAllReduce ? 2.0 * (members - 1) / members : 1.0;
+}
+
+void record_result(CollectiveRow& row, const workloads::CollectiveResult& res, int members) {
+  row.ok = res.ok;
+  row.ran = res.algo;
+  row.fell_back = res.fell_back;
+  row.fallback_chunks = res.fallback_chunks;
+  row.anomalies = res.anomalies;
+  row.faults.insert(row.faults.end(), res.faults.begin(), res.faults.end());
+  row.time_us = (res.end_ns - res.start_ns) / 1e3;
+  row.algbw_gbs = row.time_us > 0 ? row.point.bytes / (row.time_us * 1e3) : 0;
+  row.busbw_gbs = row.algbw_gbs * busbw_factor(row.point.kind, members);
+}
+
+void record_check(CollectiveRow& row, int members, bool rounds_per_step, const std::vector<const uint8_t*>& outputs,
+                  int source) {
+  const OutputCheck chk = check_outputs(row.point, members, row.count, rounds_per_step, outputs, source);
+  row.wrong = chk.wrong;
+  row.max_rel_error = chk.max_rel_error;
+  if (row.wrong > 0) {
+    row.ok = false;  // a wrong result is never reported as ok
+    row.error = std::to_string(row.wrong) + " elements differ from the fp64 reference beyond the rounding bound";
+  }
+}
 
 std::string rows_header() {
   char line[320];

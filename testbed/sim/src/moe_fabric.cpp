@@ -79,144 +79,189 @@ Args idle_part(Args a) {
   return a;
 }
 
-}  // namespace
-
-MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w,
-                               const at::Tensor& x_in, int ranks, const MoeFabricOptions& opts) {
+void validate_moe_args(Cluster& c, MoeVariant variant, const MoeConfig& cfg, const at::Tensor& x, int ranks,
+                       const MoeFabricOptions& opts) {
   cfg.validate();
   IFEC_CHECK(ranks >= 1 && ranks <= c.size(), "EP size " << ranks << " outside 1.." << c.size());
   IFEC_CHECK(variant != MoeVariant::kIfec || ranks <= 64,
              "EP size " << ranks << ": the IFEC variant's compact ECH bitmaps hold 64 ranks");
-  IFEC_CHECK(x_in.dim() == 2 && x_in.size(1) == cfg.hidden && x_in.size(0) % ranks == 0 && x_in.size(0) > 0,
-             "x must be [ranks * tokens, " << cfg.hidden << "], got " << x_in.sizes());
-  IFEC_CHECK(x_in.scalar_type() == torch::kFloat32 || x_in.scalar_type() == torch::kBFloat16,
-             "x must be fp32 or bf16, got " << x_in.scalar_type());
+  IFEC_CHECK(x.dim() == 2 && x.size(1) == cfg.hidden && x.size(0) % ranks == 0 && x.size(0) > 0,
+             "x must be [ranks * tokens, " << cfg.hidden << "], got " << x.sizes());
+  IFEC_CHECK(x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16,
+             "x must be fp32 or bf16, got " << x.scalar_type());
   IFEC_CHECK(opts.row_hidden == 0 || !opts.compute,
              "MoE: rows of width " << opts.row_hidden << " wider than x's " << cfg.hidden << " need the timing mode");
-  const at::Tensor x = x_in.contiguous();
-  const int64_t tokens = x.size(0) / ranks;
-  const int64_t H = opts.row_hidden > 0 ? opts.row_hidden : cfg.hidden;
-  const int64_t esize = x.element_size();
-  const int64_t row = H * esize;
-  const common::TimeNs limit = opts.phase_limit_ns;
-  MoeFabricResult res;
+}
 
+// One MoE layer over the cluster's first `ranks` GPUs: routing and every rank's plan, then dispatch, the experts
+// and combine, each phase measured; the outputs summed at their sources.
+class MoeLayerRun {
+ public:
+  MoeLayerRun(Cluster& c, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w, const at::Tensor& x, int ranks,
+              const MoeFabricOptions& opts)
+      : c_(c),
+        cfg_(cfg),
+        w_(w),
+        opts_(opts),
+        x_(x.contiguous()),
+        ranks_(ranks),
+        tokens_(x_.size(0) / ranks),
+        hidden_(opts.row_hidden > 0 ? opts.row_hidden : cfg.hidden),
+        row_(hidden_ * x_.element_size()),
+        ifec_(variant == MoeVariant::kIfec),
+        row_type_(x_.scalar_type()) {
+    plan(variant);
+  }
+
+  MoeFabricResult run() {
+    const common::TimeNs limit = opts_.phase_limit_ns;
+    const bool dispatched = phase("dispatch", &res_.dispatch, [&] {
+      return ifec_ ? coll_->multicast_rows(parts([](const MoeRankPlan& p) { return p.dispatch_multicast; }), limit)
+                   : run_put_rows(c_, parts([](const MoeRankPlan& p) { return p.dispatch_put; }), limit);
+    });
+    if (dispatched) {
+      experts();
+      const bool combined = phase("combine", &res_.combine, [&] {
+        return ifec_ ? coll_->reduce_rows(parts([](const MoeRankPlan& p) { return p.combine_reduce; }), limit)
+                     : run_put_rows(c_, parts([](const MoeRankPlan& p) { return p.combine_put; }), limit);
+      });
+      if (combined) {
+        outputs();
+        res_.ok = true;
+      }
+    }
+    cleanup();
+    return std::move(res_);
+  }
+
+ private:
   // Routing happens where the tokens are; every rank then knows its deliveries (DeepEP's notify step) and plans
-  // its own part (moe_plan.h).
-  const RoutingPlan plan = gate(x.to(torch::kFloat32), w, cfg);
-  const RouteTable table = to_route_table(plan);
-  const DispatchLists lists = build_dispatch_lists(table, cfg.experts, ranks);
-  res.routed_pairs = table.tokens * table.topk;
-  const bool ifec = variant == MoeVariant::kIfec;
-  const auto row_type = x.scalar_type();
-  const common::EchDtype dtype = row_type == torch::kBFloat16 ? common::EchDtype::kBf16 : common::EchDtype::kFp32;
-  std::vector<MoeRankPlan> plans;
-  for (int r = 0; r < ranks; ++r) {
-    plans.push_back(
-        plan_moe_rank(variant, table, lists, r, tokens, static_cast<uint64_t>(row), dtype, {}, opts.fp8_dispatch));
-    res.dispatch_logical_bytes += plans.back().dispatch_logical_bytes;
-    res.combine_logical_bytes += plans.back().combine_logical_bytes;
-  }
-  for (const auto& [id, bytes] : plans[0].windows) {
-    c.allocate_window(id, bytes, 1, !opts.compute);
-  }
-  if (opts.compute) {
-    // Each rank's own rows as they leave it: x's type, or FP8 rows with their scales.
-    const at::Tensor sent = opts.fp8_dispatch ? quantize_fp8_rows(x) : x;
-    const auto drow = static_cast<int64_t>(plans[0].dispatch_row_bytes);
-    for (int r = 0; r < ranks; ++r) {
-      std::memcpy(c.window_data(r, plans[r].input_window) + plans[r].input_offset,
-                  static_cast<const uint8_t*>(sent.data_ptr()) + r * tokens * drow, tokens * drow);
+  // its own part (moe_plan.h). Windows are allocated and each rank's rows written where its plan reads them.
+  void plan(MoeVariant variant) {
+    const RoutingPlan routing = gate(x_.to(torch::kFloat32), w_, cfg_);
+    table_ = to_route_table(routing);
+    lists_ = build_dispatch_lists(table_, cfg_.experts, ranks_);
+    res_.routed_pairs = table_.tokens * table_.topk;
+    const common::EchDtype dtype = row_type_ == torch::kBFloat16 ? common::EchDtype::kBf16 : common::EchDtype::kFp32;
+    for (int r = 0; r < ranks_; ++r) {
+      plans_.push_back(plan_moe_rank(variant, table_, lists_, r, tokens_, static_cast<uint64_t>(row_), dtype, {},
+                                     opts_.fp8_dispatch));
+      res_.dispatch_logical_bytes += plans_.back().dispatch_logical_bytes;
+      res_.combine_logical_bytes += plans_.back().combine_logical_bytes;
+    }
+    for (const auto& [id, bytes] : plans_[0].windows) {
+      c_.allocate_window(id, bytes, 1, !opts_.compute);
+    }
+    if (opts_.compute) {
+      // Each rank's own rows as they leave it: x's type, or FP8 rows with their scales.
+      const at::Tensor sent = opts_.fp8_dispatch ? quantize_fp8_rows(x_) : x_;
+      const auto drow = static_cast<int64_t>(plans_[0].dispatch_row_bytes);
+      for (int r = 0; r < ranks_; ++r) {
+        std::memcpy(c_.window_data(r, plans_[r].input_window) + plans_[r].input_offset,
+                    static_cast<const uint8_t*>(sent.data_ptr()) + r * tokens_ * drow, tokens_ * drow);
+      }
+    }
+    if (ifec_) {
+      coll_ = std::make_unique<IfecCollectives>(c_);
     }
   }
-  std::unique_ptr<IfecCollectives> coll;
-  if (ifec) {
-    coll = std::make_unique<IfecCollectives>(c);
-  }
-  auto cleanup = [&] {
-    if (coll) {
-      res.ifec = coll->stats();
-    }
-    coll.reset();
-    for (const auto& [id, bytes] : plans[0].windows) {
-      c.free_window(id);
-    }
-  };
-  // Each phase: every GPU's part (GPUs past the EP ranks take part with nothing to do).
-  auto parts = [&](auto pick) {
-    using Args = std::decay_t<decltype(pick(plans[0]))>;
+
+  // Every GPU's part of a phase (GPUs past the EP ranks take part with nothing to do).
+  template <typename Pick, typename Args = std::decay_t<std::invoke_result_t<Pick, const MoeRankPlan&>>>
+  std::vector<Args> parts(Pick pick) {
     std::vector<Args> out;
-    for (const MoeRankPlan& p : plans) {
+    for (const MoeRankPlan& p : plans_) {
       out.push_back(pick(p));
     }
-    out.resize(c.size(), idle_part(out[0]));
+    out.resize(c_.size(), idle_part(out[0]));
     return out;
-  };
-  auto note = [&res](const char* phase, const CollectiveResult& r) {
-    res.fallback_chunks += r.fallback_chunks;
+  }
+
+  // Runs one phase, measured; its fallbacks and faults noted. False (res_.error set) when it failed.
+  template <typename Op>
+  bool phase(const char* name, MoePhase* out, Op op) {
+    PhaseMeter meter(c_, ranks_);
+    const CollectiveResult r = op();
+    res_.fallback_chunks += r.fallback_chunks;
     if (r.fell_back) {
-      res.fallback_reason += (res.fallback_reason.empty() ? "" : "; ") + (phase + (": " + r.fallback_reason));
+      res_.fallback_reason += (res_.fallback_reason.empty() ? "" : "; ") + (name + (": " + r.fallback_reason));
     }
     for (const std::string& f : r.faults) {
-      res.faults.push_back(phase + (": " + f));
+      res_.faults.push_back(name + (": " + f));
     }
-    return r.ok ? std::string() : phase + (": " + r.error);
-  };
-
-  // ---- Dispatch ----
-  {
-    PhaseMeter meter(c, ranks);
-    const std::string err =
-        ifec ? note("dispatch",
-                    coll->multicast_rows(parts([](const MoeRankPlan& p) { return p.dispatch_multicast; }), limit))
-             : note("dispatch", run_put_rows(c, parts([](const MoeRankPlan& p) { return p.dispatch_put; }), limit));
-    if (!err.empty()) {
-      res.error = err;
-      cleanup();
-      return res;
+    if (!r.ok) {
+      res_.error = name + (": " + r.error);
+      return false;
     }
-    meter.finish(&res.dispatch);
+    meter.finish(out);
+    return true;
   }
 
-  // ---- Expert compute on every rank (LibTorch; its time is the caller's to model from tokens_per_expert) ----
-  res.tokens_per_expert = tokens_per_expert(table, cfg.experts);
-  std::vector<at::Tensor> out_rows(ranks);
-  if (opts.compute) {  // (timing mode: the shared output window is zeros already)
-    for (int d = 0; d < ranks; ++d) {
-      const auto n = static_cast<int64_t>(plans[d].recv_offsets.size());
-      out_rows[d] = moe_expert_rows(plans[d], c.window_data(d, plans[d].ids.recv), lists, w, cfg, row_type);
-      std::memcpy(c.window_data(d, plans[d].ids.output), out_rows[d].data_ptr(), n * row);
+  // Expert compute on every rank (LibTorch; its time is the caller's to model from tokens_per_expert). In the
+  // timing mode the shared output window is zeros already.
+  void experts() {
+    res_.tokens_per_expert = tokens_per_expert(table_, cfg_.experts);
+    out_rows_.resize(ranks_);
+    if (!opts_.compute) {
+      return;
     }
-  }
-
-  // ---- Combine ----
-  {
-    PhaseMeter meter(c, ranks);
-    const std::string err =
-        ifec ? note("combine", coll->reduce_rows(parts([](const MoeRankPlan& p) { return p.combine_reduce; }), limit))
-             : note("combine", run_put_rows(c, parts([](const MoeRankPlan& p) { return p.combine_put; }), limit));
-    if (!err.empty()) {
-      res.error = err;
-      cleanup();
-      return res;
+    for (int d = 0; d < ranks_; ++d) {
+      const auto n = static_cast<int64_t>(plans_[d].recv_offsets.size());
+      out_rows_[d] = moe_expert_rows(plans_[d], c_.window_data(d, plans_[d].ids.recv), lists_, w_, cfg_, row_type_);
+      std::memcpy(c_.window_data(d, plans_[d].ids.output), out_rows_[d].data_ptr(), n * row_);
     }
-    meter.finish(&res.combine);
   }
 
   // Each source sums its tokens' rows (unused slots are zero; IFEC: plus its own rank's part) and adds the shared
   // expert.
-  if (opts.compute) {
-    std::vector<at::Tensor> ys;
-    for (int s = 0; s < ranks; ++s) {
-      const at::Tensor routed =
-          moe_routed_output(plans[s], c.window_data(s, plans[s].ids.combine), out_rows[s], H, row_type);
-      ys.push_back(shared_expert_forward(x.narrow(0, s * tokens, tokens), w) + routed);
+  void outputs() {
+    if (!opts_.compute) {
+      return;
     }
-    res.output = torch::cat(ys, 0);
+    std::vector<at::Tensor> ys;
+    for (int s = 0; s < ranks_; ++s) {
+      const at::Tensor routed =
+          moe_routed_output(plans_[s], c_.window_data(s, plans_[s].ids.combine), out_rows_[s], hidden_, row_type_);
+      ys.push_back(shared_expert_forward(x_.narrow(0, s * tokens_, tokens_), w_) + routed);
+    }
+    res_.output = torch::cat(ys, 0);
   }
-  cleanup();
-  res.ok = true;
-  return res;
+
+  void cleanup() {
+    if (coll_) {
+      res_.ifec = coll_->stats();
+    }
+    coll_.reset();
+    for (const auto& [id, bytes] : plans_[0].windows) {
+      c_.free_window(id);
+    }
+  }
+
+  Cluster& c_;
+  const MoeConfig& cfg_;
+  const MoeWeights& w_;
+  const MoeFabricOptions& opts_;
+  const at::Tensor x_;
+  const int ranks_;
+  const int64_t tokens_;
+  const int64_t hidden_;  // of a row on the wire
+  const int64_t row_;     // bytes
+  const bool ifec_;
+  const at::ScalarType row_type_;
+  RouteTable table_;
+  DispatchLists lists_;
+  std::vector<MoeRankPlan> plans_;
+  std::unique_ptr<IfecCollectives> coll_;
+  std::vector<at::Tensor> out_rows_;
+  MoeFabricResult res_;
+};
+
+}  // namespace
+
+MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w,
+                               const at::Tensor& x, int ranks, const MoeFabricOptions& opts) {
+  validate_moe_args(c, variant, cfg, x, ranks, opts);
+  return MoeLayerRun(c, variant, cfg, w, x, ranks, opts).run();
 }
 
 }  // namespace ifec::testbed

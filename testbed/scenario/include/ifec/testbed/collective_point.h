@@ -83,6 +83,16 @@ struct OutputCheck {
 OutputCheck check_outputs(const CollectivePoint& p, int n, uint64_t count, bool rounds_per_step,
                           const std::vector<const uint8_t*>& outputs, int source = 0);
 
+// nccl-tests' bus bandwidth factor: 2 (n - 1) / n for AllReduce, 1 for the others.
+double busbw_factor(Collective kind, int members);
+// The row's fields that come from an operation's result on `members` ranks, whichever driver ran it: ok, the
+// algorithm that ran, fallbacks and anomalies, the operation's faults (appended), its time and bandwidths.
+void record_result(CollectiveRow& row, const workloads::CollectiveResult& res, int members);
+// check_outputs on the row's point into the row: the wrong elements and the largest error; a row with a wrong
+// element is not ok, and its error says so.
+void record_check(CollectiveRow& row, int members, bool rounds_per_step, const std::vector<const uint8_t*>& outputs,
+                  int source = 0);
+
 std::string rows_header();
 // The row, then one indented "#   fault: ..." line per fault it met.
 std::string row_text(const CollectiveRow& r);
