@@ -77,7 +77,7 @@ class IfecReduceOp : public CommOp {
       return;
     }
     share_plan(
-        comm_,
+        comm_, weak_from_this(),
         [this](std::vector<uint8_t> mine, std::function<void(Gathered)> fn) { gather(std::move(mine), std::move(fn)); },
         reserved_, [this](PlanBuilder::Then then) { plan_ifec_round(comm_, a_, chunks_, std::move(then)); },
         "in-fabric plan", [this](const Plan& p) { on_plan(p); });

@@ -85,11 +85,17 @@ class MulticastRowsOp : public CommOp {
       share(w.take());
       return;
     }
-    register_windows(comm_, a_.window, [this, share](const std::vector<int>& bad_planes, const std::string& why) {
-      BlobWriter lw;
-      lw.put<uint32_t>(comm_.endpoint().ech().next_psn()).put_vector(bad_planes).put_string(why);
-      share(lw.take());
-    });
+    // The switches may answer after this operation ended (its time limit): then there is nothing to tell.
+    std::weak_ptr<CommOp> alive = weak_from_this();
+    register_windows(comm_, a_.window,
+                     [this, alive, share](const std::vector<int>& bad_planes, const std::string& why) {
+                       if (alive.expired()) {
+                         return;
+                       }
+                       BlobWriter lw;
+                       lw.put<uint32_t>(comm_.endpoint().ech().next_psn()).put_vector(bad_planes).put_string(why);
+                       share(lw.take());
+                     });
   }
 
   bool on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) override {

@@ -98,7 +98,7 @@ void PlanBuilder::reserve(const PlanePlan& plane, const std::vector<SwitchReserv
   }
 }
 
-void share_plan(Communicator& c, const GatherFn& gather, Reservations& held,
+void share_plan(Communicator& c, std::weak_ptr<const void> owner, const GatherFn& gather, Reservations& held,
                 const std::function<void(PlanBuilder::Then)>& make, const std::string& what,
                 std::function<void(const Plan&)> learned) {
   auto share = [gather, what, learned = std::move(learned)](std::vector<uint8_t> mine) {
@@ -108,7 +108,13 @@ void share_plan(Communicator& c, const GatherFn& gather, Reservations& held,
     share({});
     return;
   }
-  make([&held, share](const Plan& p, const std::vector<ReservedGroup>& groups) {
+  make([&c, owner, &held, share](const Plan& p, const std::vector<ReservedGroup>& groups) {
+    if (owner.expired()) {
+      Reservations orphaned;
+      orphaned.keep(groups);
+      orphaned.release(c);
+      return;
+    }
     held.keep(groups);
     share(encode_plan(p));
   });

@@ -105,7 +105,9 @@ class PlanBuilder : public std::enable_shared_from_this<PlanBuilder> {
 
 // Every rank learns the leader's plan: rank 0 makes it (`make` hands it to the Then it is given; the groups it holds
 // go to `held`), every other rank only waits; `learned` gets the plan on every rank. `what` names it in errors.
-void share_plan(Communicator& c, const GatherFn& gather, Reservations& held,
+// `owner` is the operation that asked (gather and held are its own): when the switches' answers come after it ended
+// (its time limit passed), nothing of it is touched and the groups just reserved are released again.
+void share_plan(Communicator& c, std::weak_ptr<const void> owner, const GatherFn& gather, Reservations& held,
                 const std::function<void(PlanBuilder::Then)>& make, const std::string& what,
                 std::function<void(const Plan&)> learned);
 

@@ -74,7 +74,7 @@ class ReduceRowsOp : public CommOp {
       return;
     }
     share_plan(
-        comm_,
+        comm_, weak_from_this(),
         [this](std::vector<uint8_t> mine, std::function<void(Gathered)> fn) { gather(std::move(mine), std::move(fn)); },
         reserved_, [this](PlanBuilder::Then then) { plan_rows(comm_, a_, rows_, std::move(then)); },
         "batch reduction plan", [this](const Plan& p) { on_plan(p); });
