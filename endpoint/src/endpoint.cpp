@@ -68,6 +68,7 @@ Endpoint::Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<Endpoin
       ports_(std::move(ports)),
       peer_ips_(std::move(peer_ips)),
       memory_(cfg.index),
+      subscribers_(std::make_shared<SubscriberList>()),
       ech_(std::make_unique<EchAgent>(*this)),
       alive_(std::make_shared<bool>(true)) {
   const int n = num_endpoints();
@@ -228,9 +229,41 @@ void Endpoint::routes_changed() {
       peers_[peer].epoch++;  // no address may change QP while transactions to it are in flight
     }
   }
-  if (routes_listener_) {
-    routes_listener_();
+  const std::vector<EndpointSubscriber*>& subs = subscribers_->slots;
+  for (size_t i = 0; i < subs.size(); ++i) {
+    if (subs[i] != nullptr) {
+      subs[i]->on_routes_changed();
+    }
   }
+}
+
+Subscription Endpoint::subscribe(EndpointSubscriber& s) {
+  std::vector<EndpointSubscriber*>& slots = subscribers_->slots;
+  const size_t slot = std::find(slots.begin(), slots.end(), nullptr) - slots.begin();
+  if (slot == slots.size()) {
+    slots.push_back(&s);
+  } else {
+    slots[slot] = &s;
+  }
+  subscribers_->live++;
+  return Subscription(subscribers_, slot);
+}
+
+void Subscription::reset() {
+  if (const std::shared_ptr<SubscriberList> list = list_.lock()) {
+    list->slots[slot_] = nullptr;
+    list->live--;
+  }
+  list_.reset();
+}
+
+Subscription& Subscription::operator=(Subscription&& o) noexcept {
+  if (this != &o) {
+    reset();
+    list_ = std::move(o.list_);  // leaves `o` empty
+    slot_ = o.slot_;
+  }
+  return *this;
 }
 
 double Endpoint::plane_weight(int peer, int plane) const {
@@ -258,7 +291,9 @@ std::pair<uint32_t, uint32_t> Endpoint::attach_external(int peer, int qp_index, 
 }
 
 void Endpoint::remote_written(int peer, uint32_t rkey, uint64_t va, uint64_t len) {
-  if (remote_write_hooks_.empty()) {
+  // Every RDMA WRITE packet that lands comes here: plain loads and a virtual call per subscriber, nothing locked.
+  const SubscriberList& subs = *subscribers_;
+  if (subs.live == 0) {
     return;
   }
   const int window = memory_.window_of_rkey(rkey);
@@ -266,8 +301,10 @@ void Endpoint::remote_written(int peer, uint32_t rkey, uint64_t va, uint64_t len
     return;
   }
   const uint64_t offset = va - window_va(static_cast<uint16_t>(window));
-  for (auto& hook : remote_write_hooks_) {
-    hook(peer, static_cast<uint16_t>(window), offset, len);
+  for (size_t i = 0; i < subs.slots.size(); ++i) {
+    if (EndpointSubscriber* s = subs.slots[i]) {
+      s->on_remote_write(peer, static_cast<uint16_t>(window), offset, len);
+    }
   }
 }
 

@@ -139,20 +139,21 @@ void CommOp::watch(const endpoint::OpHandle& h, std::function<void(bool ok, cons
 
 Communicator::Communicator(endpoint::Endpoint& ep, Bootstrap& boot, common::ControlPlane& control,
                            const routing::Topology& topo, CommOptions opts)
-    : ep_(ep), boot_(boot), control_(control), topo_(topo), opts_(opts), alive_(std::make_shared<bool>(true)) {
-  // The hook shares the flag (the communicator may go first) and reads it without an atomic: it runs right after
-  // the responder's copy into memory, where a locked instruction waits for every store of that copy to land.
-  ep_.on_remote_write([this, alive = alive_](int peer, uint16_t window, uint64_t offset, uint64_t len) {
-    if (!*alive) {
-      return;
-    }
-    if (!op_ || op_->finished() || !op_->on_remote_write(peer, window, offset, len)) {
-      keep_early({peer, window, offset, len});  // a peer that started the next operation before this rank
-    }
-  });
+    : ep_(ep), boot_(boot), control_(control), topo_(topo), opts_(opts), subscription_(ep_.subscribe(*this)) {}
+
+Communicator::~Communicator() = default;
+
+void Communicator::on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) {
+  if (!op_ || op_->finished() || !op_->on_remote_write(peer, window, offset, len)) {
+    keep_early({peer, window, offset, len});  // a peer that started the next operation before this rank
+  }
 }
 
-Communicator::~Communicator() { *alive_ = false; }  // the endpoint's hooks check alive_ before touching this
+void Communicator::on_routes_changed() {
+  if (op_ && !op_->finished()) {
+    op_->on_routes_changed();
+  }
+}
 
 void Communicator::init(Ready done) {
   common::BlobWriter w;
@@ -305,12 +306,6 @@ void Communicator::set_options(const CommOptions& o) {
 }
 
 void Communicator::start(std::shared_ptr<CommOp> op) {
-  // Several communicators may share an endpoint (NCCL's split communicators): the running one hears route changes.
-  ep_.set_routes_listener([this, alive = alive_] {
-    if (*alive && op_ && !op_->finished()) {
-      op_->on_routes_changed();
-    }
-  });
   op_ = std::move(op);
   op_->begin();
 }

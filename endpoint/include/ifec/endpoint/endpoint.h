@@ -90,6 +90,44 @@ struct EndpointCounters {
   QpCounters qp;                    // summed over all QPs
 };
 
+// What a subscriber (a rank's communicator) hears from its endpoint while subscribed (Endpoint::subscribe).
+class EndpointSubscriber {
+ public:
+  virtual ~EndpointSubscriber() = default;
+  // A remote store or atomic landed in this endpoint's memory, or a multicast replica was written: (peer, window,
+  // offset, length). Lets collectives count arrivals and wait for signal words without polling. Runs right after
+  // the responder's copy of the bytes: a locked instruction here would wait for every store of that copy to land.
+  virtual void on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) = 0;
+  // At the end of every Endpoint::routes_changed() (in-fabric operations move work off planes that lost a path).
+  virtual void on_routes_changed() = 0;
+};
+
+// The endpoint's subscribers. A released subscriber leaves a null slot (reused by the next subscribe) rather than
+// being erased, so a subscriber released or added during a delivery neither skips nor repeats another's.
+struct SubscriberList {
+  std::vector<EndpointSubscriber*> slots;
+  size_t live = 0;
+};
+
+// One subscriber's hold on an endpoint: destroying or resetting it stops the deliveries. It refers to the endpoint's
+// list weakly, so it is safe whichever of the endpoint and the subscriber goes first.
+class Subscription {
+ public:
+  Subscription() = default;
+  ~Subscription() { reset(); }
+  Subscription(Subscription&& o) noexcept = default;  // leaves `o` empty
+  Subscription& operator=(Subscription&& o) noexcept;
+  Subscription(const Subscription&) = delete;
+  Subscription& operator=(const Subscription&) = delete;
+  void reset();
+
+ private:
+  friend class Endpoint;
+  Subscription(std::weak_ptr<SubscriberList> list, size_t slot) : list_(std::move(list)), slot_(slot) {}
+  std::weak_ptr<SubscriberList> list_;
+  size_t slot_ = 0;
+};
+
 class Endpoint {
  public:
   // peer_ips[i] is endpoint i's loopback (this endpoint's own included).
@@ -112,22 +150,19 @@ class Endpoint {
   void set_weight_source(std::function<void(int peer, std::vector<double>* per_port)> fn);
   // Re-reads the weights: moves QPs off ports that lost their route, rebuilds the QP tables and, in the
   // ordered modes, fences every peer so no address changes QP with transactions in flight; then tells the
-  // routes listener.
+  // subscribers.
   void routes_changed();
   // FARE's path bandwidth toward `peer` over `plane`: the sum of this endpoint's port weights there (0 = no path).
   double plane_weight(int peer, int plane) const;
-  // Called at the end of every routes_changed() (in-fabric operations move work off planes that lost a path).
-  void set_routes_listener(std::function<void()> fn) { routes_listener_ = std::move(fn); }
+  // Delivers remote writes and route changes to `s` until the returned subscription is destroyed or reset. Several
+  // subscribers may share the endpoint (NCCL's split communicators); each hears everything, in subscription order.
+  [[nodiscard]] Subscription subscribe(EndpointSubscriber& s);
   // How a fatal NAK reconnects: tell endpoint `peer` to reset its responder of QP `qp` to `psn`, then call `done`
   // on this endpoint's clock ("" once the peer has, else why not: the QP's waiting work then fails). The QP sends
   // nothing new until then. Without a manager the QP goes on at once (the peer is never reset).
   using ResetDone = std::function<void(const std::string& error)>;
   using ConnectionManager = std::function<void(int peer, int qp, uint32_t psn, ResetDone done)>;
   void set_connection_manager(ConnectionManager fn) { cm_ = std::move(fn); }
-  // Called after a remote store or atomic landed in this endpoint's memory, or a multicast replica was written:
-  // (peer, window, offset, length). Lets collectives count arrivals and wait for signal words without polling.
-  using RemoteWriteHook = std::function<void(int peer, uint16_t window, uint64_t offset, uint64_t len)>;
-  void on_remote_write(RemoteWriteHook fn) { remote_write_hooks_.push_back(std::move(fn)); }
   // Queues a ready-made frame on `port` (sent before QP traffic); false when the port index is invalid.
   bool send_frame(int port, std::vector<uint8_t>&& frame);
   int num_ports() const { return static_cast<int>(ports_.size()); }
@@ -225,8 +260,8 @@ class Endpoint {
                        uint16_t window, uint64_t offset, const std::shared_ptr<Op>& op);
   WqeDone part_done(int peer, uint64_t epoch, const std::shared_ptr<Op>& op);
   void wake_qp(int qp_id);
-  // Bytes a peer wrote into our memory (an RC request executed, or a multicast replica written): the hooks hear of
-  // them, in window terms.
+  // Bytes a peer wrote into our memory (an RC request executed, or a multicast replica written): the subscribers
+  // hear of them, in window terms.
   void remote_written(int peer, uint32_t rkey, uint64_t va, uint64_t len);
   void kick(int port);
   void receive(int port, std::vector<uint8_t>&& frame);
@@ -246,9 +281,8 @@ class Endpoint {
   std::vector<PortState> port_state_;
   std::function<void(int, std::vector<double>*)> weight_source_;
   ConnectionManager cm_;
-  std::vector<RemoteWriteHook> remote_write_hooks_;
+  std::shared_ptr<SubscriberList> subscribers_;  // shared with the subscriptions, which may outlive the endpoint
   std::unique_ptr<EchAgent> ech_;
-  std::function<void()> routes_listener_;
   uint64_t ech_frames_sent_ = 0;
   uint64_t next_op_id_ = 1;
   std::set<uint64_t> outstanding_ops_;

@@ -122,14 +122,16 @@ struct BatchPutArgs {
 
 class CommOp;
 
-class Communicator {
+// A rank's communicator subscribes once to its endpoint (remote writes, route changes) and hands them to its running
+// operation; several may share an endpoint, each hearing everything.
+class Communicator : private endpoint::EndpointSubscriber {
  public:
   using Done = std::function<void(CollectiveResult)>;
   using Ready = std::function<void(const std::string& error)>;  // "" when it worked
 
   Communicator(endpoint::Endpoint& ep, Bootstrap& boot, common::ControlPlane& control, const routing::Topology& topo,
                CommOptions opts = {});
-  ~Communicator();
+  ~Communicator() override;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -191,6 +193,9 @@ class Communicator {
   friend class CommOp;
   void start(std::shared_ptr<CommOp> op);
   void finished(CommOp* op);
+  // From the endpoint: offered to the running operation; what it does not claim is kept (keep_early).
+  void on_remote_write(int peer, uint16_t window, uint64_t offset, uint64_t len) override;
+  void on_routes_changed() override;
 
   endpoint::Endpoint& ep_;
   Bootstrap& boot_;
@@ -203,7 +208,7 @@ class Communicator {
   static constexpr size_t kMaxEarly = 1 << 20;
   std::vector<Arrival> early_;
   bool fence_next_ = false;
-  std::shared_ptr<bool> alive_;
+  endpoint::Subscription subscription_;  // last: released before anything the deliveries touch goes
 };
 
 }  // namespace ifec::workloads
