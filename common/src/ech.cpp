@@ -2,48 +2,41 @@
 #include "ifec/common/ech.h"
 
 #include "ifec/common/byte_order.h"
+#include "ifec/common/names.h"
 
 namespace ifec::common {
 
-const char* ech_op_name(EchOp op) {
-  switch (op) {
-    case EchOp::kMulticast:
-      return "multicast";
-    case EchOp::kReduce:
-      return "reduce";
-    case EchOp::kAllReduce:
-      return "allreduce";
-    case EchOp::kBarrier:
-      return "barrier";
-  }
-  return "unknown";
-}
+namespace {
 
-const char* ech_dtype_name(EchDtype dtype) {
-  switch (dtype) {
-    case EchDtype::kFp32:
-      return "fp32";
-    case EchDtype::kFp16:
-      return "fp16";
-    case EchDtype::kBf16:
-      return "bf16";
-    case EchDtype::kInt32:
-      return "int32";
-  }
-  return "unknown";
-}
+constexpr Name<EchOp> kEchOpNames[] = {
+    {EchOp::kMulticast, "multicast"},
+    {EchOp::kReduce, "reduce"},
+    {EchOp::kAllReduce, "allreduce"},
+    {EchOp::kBarrier, "barrier"},
+};
+constexpr Vocabulary kEchOps("ECH operation", kEchOpNames, "unknown");
 
-const char* ech_redop_name(EchRedOp op) {
-  switch (op) {
-    case EchRedOp::kSum:
-      return "sum";
-    case EchRedOp::kMin:
-      return "min";
-    case EchRedOp::kMax:
-      return "max";
-  }
-  return "unknown";
-}
+// In the order reports and errors list them; "float" and "half" as C and PyTorch spell them.
+constexpr Name<EchDtype> kEchDtypeNames[] = {
+    {EchDtype::kFp32, "fp32"},   {EchDtype::kBf16, "bf16"},  {EchDtype::kFp16, "fp16"},
+    {EchDtype::kInt32, "int32"}, {EchDtype::kFp32, "float"}, {EchDtype::kFp16, "half"},
+};
+constexpr Vocabulary kEchDtypes("dtype", kEchDtypeNames, "unknown");
+
+constexpr Name<EchRedOp> kEchRedOpNames[] = {
+    {EchRedOp::kSum, "sum"},
+    {EchRedOp::kMin, "min"},
+    {EchRedOp::kMax, "max"},
+};
+constexpr Vocabulary kEchRedOps("reduction op", kEchRedOpNames, "unknown");
+
+}  // namespace
+
+const char* ech_op_name(EchOp op) { return kEchOps.name(op); }
+const char* ech_dtype_name(EchDtype dtype) { return kEchDtypes.name(dtype); }
+const char* ech_redop_name(EchRedOp op) { return kEchRedOps.name(op); }
+EchDtype parse_ech_dtype(std::string_view text) { return kEchDtypes.parse(text); }
+EchRedOp parse_ech_redop(std::string_view text) { return kEchRedOps.parse(text); }
 
 size_t ech_dtype_size(EchDtype dtype) {
   switch (dtype) {

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <utility>
 
+#include "ifec/common/names.h"
+
 namespace ifec::common {
 
 #if defined(__x86_64__)
@@ -166,19 +168,18 @@ CrcImpl crc_impl_in_use() {
                                                 : CrcImpl::kZlib;
 }
 
-const char* crc_impl_name(CrcImpl impl) {
-  switch (impl) {
-    case CrcImpl::kAuto:
-      return crc_impl_name(crc_impl_in_use());
-    case CrcImpl::kZlib:
-      return "zlib (table)";
-    case CrcImpl::kPclmul:
-      return "PCLMULQDQ (128-bit)";
-    case CrcImpl::kVpclmul:
-      return "VPCLMULQDQ (512-bit)";
-  }
-  return "?";
-}
+namespace {
+
+constexpr Name<CrcImpl> kCrcImplNames[] = {
+    {CrcImpl::kZlib, "zlib (table)"},
+    {CrcImpl::kPclmul, "PCLMULQDQ (128-bit)"},
+    {CrcImpl::kVpclmul, "VPCLMULQDQ (512-bit)"},
+};
+constexpr Vocabulary kCrcImpls("ICRC implementation", kCrcImplNames);
+
+}  // namespace
+
+const char* crc_impl_name(CrcImpl impl) { return kCrcImpls.name(impl == CrcImpl::kAuto ? crc_impl_in_use() : impl); }
 
 uint32_t crc32_update(uint32_t crc, const uint8_t* data, size_t len, CrcImpl impl) {
   // The simulator computes an ICRC for every frame it puts on a link and checks it at every receiver: this is its

@@ -3,61 +3,43 @@
 
 #include <cstdio>
 
+#include "ifec/common/names.h"
+
 namespace ifec::common {
 
-const char* wire_error_name(WireError e) {
-  switch (e) {
-    case WireError::kOk:
-      return "ok";
-    case WireError::kTruncated:
-      return "truncated";
-    case WireError::kOversized:
-      return "oversized";
-    case WireError::kBadEtherType:
-      return "bad_ethertype";
-    case WireError::kBadIpVersion:
-      return "bad_ip_version";
-    case WireError::kBadIpHeaderLength:
-      return "bad_ip_header_length";
-    case WireError::kBadIpChecksum:
-      return "bad_ip_checksum";
-    case WireError::kBadIpTotalLength:
-      return "bad_ip_total_length";
-    case WireError::kIpFragment:
-      return "ip_fragment";
-    case WireError::kNotUdp:
-      return "not_udp";
-    case WireError::kBadUdpLength:
-      return "bad_udp_length";
-    case WireError::kNotRoce:
-      return "not_roce";
-    case WireError::kUnknownOpcode:
-      return "unknown_opcode";
-    case WireError::kPayloadNotAllowed:
-      return "payload_not_allowed";
-    case WireError::kPayloadTooLarge:
-      return "payload_too_large";
-    case WireError::kBadPadCount:
-      return "bad_pad_count";
-    case WireError::kBadIcrc:
-      return "bad_icrc";
-    case WireError::kEchBadVersion:
-      return "ech_bad_version";
-    case WireError::kEchBadFormat:
-      return "ech_bad_format";
-    case WireError::kEchBadLength:
-      return "ech_bad_length";
-    case WireError::kEchBadOperation:
-      return "ech_bad_operation";
-    case WireError::kEchBadField:
-      return "ech_bad_field";
-    case WireError::kEchPayloadMismatch:
-      return "ech_payload_mismatch";
-    case WireError::kBadMacControl:
-      return "bad_mac_control";
-  }
-  return "unknown";
-}
+namespace {
+
+constexpr Name<WireError> kWireErrorNames[] = {
+    {WireError::kOk, "ok"},
+    {WireError::kTruncated, "truncated"},
+    {WireError::kOversized, "oversized"},
+    {WireError::kBadEtherType, "bad_ethertype"},
+    {WireError::kBadIpVersion, "bad_ip_version"},
+    {WireError::kBadIpHeaderLength, "bad_ip_header_length"},
+    {WireError::kBadIpChecksum, "bad_ip_checksum"},
+    {WireError::kBadIpTotalLength, "bad_ip_total_length"},
+    {WireError::kIpFragment, "ip_fragment"},
+    {WireError::kNotUdp, "not_udp"},
+    {WireError::kBadUdpLength, "bad_udp_length"},
+    {WireError::kNotRoce, "not_roce"},
+    {WireError::kUnknownOpcode, "unknown_opcode"},
+    {WireError::kPayloadNotAllowed, "payload_not_allowed"},
+    {WireError::kPayloadTooLarge, "payload_too_large"},
+    {WireError::kBadPadCount, "bad_pad_count"},
+    {WireError::kBadIcrc, "bad_icrc"},
+    {WireError::kEchBadVersion, "ech_bad_version"},
+    {WireError::kEchBadFormat, "ech_bad_format"},
+    {WireError::kEchBadLength, "ech_bad_length"},
+    {WireError::kEchBadOperation, "ech_bad_operation"},
+    {WireError::kEchBadField, "ech_bad_field"},
+    {WireError::kEchPayloadMismatch, "ech_payload_mismatch"},
+    {WireError::kBadMacControl, "bad_mac_control"},
+};
+constexpr Vocabulary kWireErrors("wire error", kWireErrorNames, "unknown");
+
+}  // namespace
+
+const char* wire_error_name(WireError e) { return kWireErrors.name(e); }
 
 std::string WireStatus::message() const {
   char buf[128];

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/names.h"
 #include "ifec/common/protocol.h"
 #include "ifec/endpoint/endpoint.h"
 
@@ -25,21 +26,17 @@ bool is_notice(const common::ParsedFrame& pf, common::EchOp op) {
          (op == common::EchOp::kBarrier || pf.h.ech->element_count == 0);
 }
 
+constexpr common::Name<EchOutcome> kEchOutcomeNames[] = {
+    {EchOutcome::kPending, "pending"},
+    {EchOutcome::kDone, "done"},
+    {EchOutcome::kAnomaly, "anomaly"},
+    {EchOutcome::kGivenUp, "given up"},
+};
+constexpr common::Vocabulary kEchOutcomes("ECH outcome", kEchOutcomeNames);
+
 }  // namespace
 
-const char* ech_outcome_name(EchOutcome o) {
-  switch (o) {
-    case EchOutcome::kPending:
-      return "pending";
-    case EchOutcome::kDone:
-      return "done";
-    case EchOutcome::kAnomaly:
-      return "anomaly";
-    case EchOutcome::kGivenUp:
-      return "given up";
-  }
-  return "?";
-}
+const char* ech_outcome_name(EchOutcome o) { return kEchOutcomes.name(o); }
 
 // ----------------------------------------------------------------------------------------- EchReduction --
 

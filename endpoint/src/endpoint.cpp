@@ -10,6 +10,7 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
+#include "ifec/common/names.h"
 #include "ifec/common/pfc.h"
 
 namespace ifec::endpoint {
@@ -27,32 +28,17 @@ std::string describe(const char* what, int peer, uint16_t window, uint64_t offse
   return os.str();
 }
 
+constexpr common::Name<Ordering> kOrderingNames[] = {
+    {Ordering::kWeak, "weak"},
+    {Ordering::kPartial, "partial"},
+    {Ordering::kStrong, "strong"},
+};
+constexpr common::Vocabulary kOrderings("ordering mode", kOrderingNames);
+
 }  // namespace
 
-const char* ordering_name(Ordering o) {
-  switch (o) {
-    case Ordering::kWeak:
-      return "weak";
-    case Ordering::kPartial:
-      return "partial";
-    case Ordering::kStrong:
-      return "strong";
-  }
-  return "?";
-}
-
-Ordering parse_ordering(const std::string& name) {
-  if (name == "weak") {
-    return Ordering::kWeak;
-  }
-  if (name == "partial") {
-    return Ordering::kPartial;
-  }
-  if (name == "strong") {
-    return Ordering::kStrong;
-  }
-  IFEC_FAIL("unknown ordering mode '" << name << "': expected weak, partial or strong");
-}
+const char* ordering_name(Ordering o) { return kOrderings.name(o); }
+Ordering parse_ordering(const std::string& name) { return kOrderings.parse(name); }
 
 struct Endpoint::Op {
   OpHandle handle;

@@ -8,24 +8,24 @@
 #include <cstring>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/names.h"
 
 namespace ifec::endpoint {
 
-const char* access_error_name(AccessError e) {
-  switch (e) {
-    case AccessError::kOk:
-      return "ok";
-    case AccessError::kBadRkey:
-      return "bad_rkey";
-    case AccessError::kOutOfBounds:
-      return "out_of_bounds";
-    case AccessError::kWrongJob:
-      return "wrong_job";
-    case AccessError::kMisaligned:
-      return "misaligned";
-  }
-  return "?";
-}
+namespace {
+
+constexpr common::Name<AccessError> kAccessErrorNames[] = {
+    {AccessError::kOk, "ok"},
+    {AccessError::kBadRkey, "bad_rkey"},
+    {AccessError::kOutOfBounds, "out_of_bounds"},
+    {AccessError::kWrongJob, "wrong_job"},
+    {AccessError::kMisaligned, "misaligned"},
+};
+constexpr common::Vocabulary kAccessErrors("access error", kAccessErrorNames);
+
+}  // namespace
+
+const char* access_error_name(AccessError e) { return kAccessErrors.name(e); }
 
 const WindowInfo& SymmetricMemory::register_window(uint16_t id, void* data, uint64_t size, uint32_t job) {
   IFEC_CHECK(windows_.count(id) == 0, "endpoint " << endpoint_ << ": window " << id << " is already registered");

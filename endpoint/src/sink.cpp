@@ -3,23 +3,24 @@
 
 #include <cstring>
 
+#include "ifec/common/names.h"
+
 namespace ifec::endpoint {
 
-const char* op_status_name(OpStatus s) {
-  switch (s) {
-    case OpStatus::kPending:
-      return "pending";
-    case OpStatus::kOk:
-      return "ok";
-    case OpStatus::kRemoteAccessError:
-      return "remote_access_error";
-    case OpStatus::kRetryExceeded:
-      return "retry_exceeded";
-    case OpStatus::kInvalidArgument:
-      return "invalid_argument";
-  }
-  return "?";
-}
+namespace {
+
+constexpr common::Name<OpStatus> kOpStatusNames[] = {
+    {OpStatus::kPending, "pending"},
+    {OpStatus::kOk, "ok"},
+    {OpStatus::kRemoteAccessError, "remote_access_error"},
+    {OpStatus::kRetryExceeded, "retry_exceeded"},
+    {OpStatus::kInvalidArgument, "invalid_argument"},
+};
+constexpr common::Vocabulary kOpStatuses("operation status", kOpStatusNames);
+
+}  // namespace
+
+const char* op_status_name(OpStatus s) { return kOpStatuses.name(s); }
 
 void HostMemory::read(uint64_t addr, void* dst, size_t len) {
   if (len != 0) std::memcpy(dst, reinterpret_cast<const void*>(static_cast<uintptr_t>(addr)), len);

@@ -6,6 +6,7 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
+#include "ifec/common/names.h"
 #include "ifec/common/pfc.h"
 #include "ifec/common/protocol.h"
 
@@ -25,14 +26,16 @@ uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+constexpr common::Name<LoadBalance> kLoadBalanceNames[] = {
+    {LoadBalance::kPerFlow, "flow"},
+    {LoadBalance::kPerPacket, "packet"},
+};
+constexpr common::Vocabulary kLoadBalances("load-balancing mode", kLoadBalanceNames);
+
 }  // namespace
 
-const char* load_balance_name(LoadBalance lb) { return lb == LoadBalance::kPerFlow ? "flow" : "packet"; }
-
-LoadBalance parse_load_balance(const std::string& name) {
-  IFEC_CHECK(name == "flow" || name == "packet", "load balancing '" << name << "': expected flow or packet");
-  return name == "flow" ? LoadBalance::kPerFlow : LoadBalance::kPerPacket;
-}
+const char* load_balance_name(LoadBalance lb) { return kLoadBalances.name(lb); }
+LoadBalance parse_load_balance(const std::string& name) { return kLoadBalances.parse(name); }
 
 Switch::Switch(common::Clock& clock, SwitchConfig cfg, std::vector<common::Port*> ports)
     : clock_(clock), cfg_(std::move(cfg)), ports_(std::move(ports)), rng_(cfg_.seed) {

@@ -2,42 +2,24 @@
 #include "ifec/workloads/collectives.h"
 
 #include "ifec/common/checks.h"
+#include "ifec/common/names.h"
 
 namespace ifec::workloads {
 
-const char* collective_name(Collective c) {
-  switch (c) {
-    case Collective::kAllReduce:
-      return "allreduce";
-    case Collective::kReduce:
-      return "reduce";
-    case Collective::kMulticast:
-      return "multicast";
-    case Collective::kBarrier:
-      return "barrier";
-    case Collective::kReduceScatter:
-      return "reduce-scatter";
-    case Collective::kAllGather:
-      return "all-gather";
-  }
-  return "unknown";
-}
+namespace {
 
-Collective parse_collective(const std::string& name) {
-  for (Collective c : {Collective::kAllReduce, Collective::kReduce, Collective::kMulticast, Collective::kBarrier,
-                       Collective::kReduceScatter, Collective::kAllGather}) {
-    if (name == collective_name(c)) {
-      return c;
-    }
-  }
-  if (name == "broadcast") {
-    return Collective::kMulticast;
-  }
-  IFEC_FAIL(
-      "unknown collective '" << name
-                             << "' (expected allreduce, reduce, multicast (broadcast), barrier, reduce-scatter or "
-                                "all-gather)");
-}
+constexpr common::Name<Collective> kCollectiveNames[] = {
+    {Collective::kAllReduce, "allreduce"},          {Collective::kReduce, "reduce"},
+    {Collective::kMulticast, "multicast"},          {Collective::kBarrier, "barrier"},
+    {Collective::kReduceScatter, "reduce-scatter"}, {Collective::kAllGather, "all-gather"},
+    {Collective::kMulticast, "broadcast"},
+};
+constexpr common::Vocabulary kCollectives("collective", kCollectiveNames, "unknown");
+
+}  // namespace
+
+const char* collective_name(Collective c) { return kCollectives.name(c); }
+Collective parse_collective(const std::string& name) { return kCollectives.parse(name); }
 
 size_t element_size(common::EchDtype t) {
   const size_t s = common::ech_dtype_size(t);

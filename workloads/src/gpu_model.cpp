@@ -9,16 +9,22 @@
 #include <sstream>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/names.h"
 
 namespace ifec::workloads {
 
-const char* expert_kernel_name(ExpertKernel k) { return k == ExpertKernel::kLoop ? "loop" : "grouped"; }
+namespace {
 
-ExpertKernel parse_expert_kernel(const std::string& name) {
-  if (name == "grouped") return ExpertKernel::kGrouped;
-  if (name == "loop") return ExpertKernel::kLoop;
-  IFEC_FAIL("expert kernel '" << name << "' is not grouped or loop");
-}
+constexpr common::Name<ExpertKernel> kExpertKernelNames[] = {
+    {ExpertKernel::kGrouped, "grouped"},
+    {ExpertKernel::kLoop, "loop"},
+};
+constexpr common::Vocabulary kExpertKernels("expert kernel", kExpertKernelNames);
+
+}  // namespace
+
+const char* expert_kernel_name(ExpertKernel k) { return kExpertKernels.name(k); }
+ExpertKernel parse_expert_kernel(const std::string& name) { return kExpertKernels.parse(name); }
 
 void GpuProfile::validate() const {
   auto positive = [&](const char* field, double v) {

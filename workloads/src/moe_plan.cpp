@@ -8,29 +8,23 @@
 #include <cstring>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/names.h"
 
 namespace ifec::workloads {
 
-const char* moe_variant_name(MoeVariant v) {
-  switch (v) {
-    case MoeVariant::kPerExpert:
-      return "per_expert";
-    case MoeVariant::kPerRank:
-      return "per_rank";
-    case MoeVariant::kIfec:
-      return "ifec";
-  }
-  return "?";
-}
+namespace {
 
-MoeVariant parse_moe_variant(const std::string& name) {
-  for (MoeVariant v : {MoeVariant::kPerExpert, MoeVariant::kPerRank, MoeVariant::kIfec}) {
-    if (name == moe_variant_name(v)) {
-      return v;
-    }
-  }
-  IFEC_FAIL("unknown MoE variant '" << name << "' (per_expert, per_rank or ifec)");
-}
+constexpr common::Name<MoeVariant> kMoeVariantNames[] = {
+    {MoeVariant::kPerExpert, "per_expert"},
+    {MoeVariant::kPerRank, "per_rank"},
+    {MoeVariant::kIfec, "ifec"},
+};
+constexpr common::Vocabulary kMoeVariants("MoE variant", kMoeVariantNames);
+
+}  // namespace
+
+const char* moe_variant_name(MoeVariant v) { return kMoeVariants.name(v); }
+MoeVariant parse_moe_variant(const std::string& name) { return kMoeVariants.parse(name); }
 
 namespace {
 

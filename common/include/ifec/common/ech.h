@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "ifec/common/wire_status.h"
 
@@ -30,6 +31,9 @@ inline constexpr uint8_t kDefined = kStrongOrdering | kRetransmission | kAnomaly
 const char* ech_op_name(EchOp op);
 const char* ech_dtype_name(EchDtype dtype);
 const char* ech_redop_name(EchRedOp op);
+// fp32 (or float) | bf16 | fp16 (or half) | int32; sum | min | max. Throw Error naming the text and the names.
+EchDtype parse_ech_dtype(std::string_view text);
+EchRedOp parse_ech_redop(std::string_view text);
 size_t ech_dtype_size(EchDtype dtype);
 
 // One struct for both formats; `format` says which fields are on the wire.
