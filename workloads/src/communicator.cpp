@@ -11,35 +11,56 @@
 #include "comm_schedule.h"
 #include "ifec/common/blob.h"
 #include "ifec/common/checks.h"
+#include "ifec/common/names.h"
 
 namespace ifec::workloads {
 
-const char* algo_name(Algo a) {
-  switch (a) {
-    case Algo::kRing:
-      return "ring";
-    case Algo::kTree:
-      return "tree";
-    case Algo::kRd:
-      return "rd";
-    case Algo::kOneShot:
-      return "oneshot";
-    case Algo::kBest:
-      return "best";
-    case Algo::kIfec:
-      return "ifec";
-  }
-  return "?";
+namespace {
+
+constexpr uint32_t bit(Collective c) { return 1u << static_cast<unsigned>(c); }
+
+std::shared_ptr<CommOp> make_ifec_op(Communicator& c, const CollArgs& a, Algo, Communicator::Done done) {
+  return a.kind == Collective::kMulticast ? make_ifec_broadcast_op(c, a, std::move(done))
+                                          : make_ifec_reduce_op(c, a, std::move(done));
 }
 
-Algo parse_algo(const std::string& name) {
-  for (Algo a : {Algo::kRing, Algo::kTree, Algo::kRd, Algo::kOneShot, Algo::kBest, Algo::kIfec}) {
-    if (name == algo_name(a)) {
-      return a;
-    }
-  }
-  IFEC_FAIL("unknown algorithm '" << name << "': expected ring, tree, rd, oneshot, best or ifec");
+// The algorithms, one row each: a new algorithm is a row here (and the schedule or operation it makes).
+struct Algorithm {
+  Algo value;
+  const char* name;
+  // The collectives it runs itself; the others run the general endpoint schedule (ring reduce, pipelined chain
+  // broadcast, dissemination barrier), reported as the ring.
+  uint32_t runs;
+  std::shared_ptr<CommOp> (*make)(Communicator&, const CollArgs&, Algo, Communicator::Done);  // null: best
+  // Whose endpoint schedule's scratch it needs (ifec: the ring's, its fallback; best: the one it chooses).
+  Algo scratch;
+  // Checked before it starts (the in-fabric operation touches scratch only when it falls back).
+  bool scratch_checked;
+};
+
+constexpr uint32_t kEveryCollective = ~0u;
+constexpr Algorithm kAlgorithms[] = {
+    {Algo::kRing, "ring", kEveryCollective, make_schedule_op, Algo::kRing, true},
+    {Algo::kTree, "tree", bit(Collective::kAllReduce), make_schedule_op, Algo::kTree, true},
+    {Algo::kRd, "rd", bit(Collective::kAllReduce), make_schedule_op, Algo::kRd, true},
+    {Algo::kOneShot, "oneshot", bit(Collective::kAllReduce), make_schedule_op, Algo::kOneShot, true},
+    {Algo::kBest, "best", 0, nullptr, Algo::kBest, false},
+    {Algo::kIfec, "ifec",
+     bit(Collective::kAllReduce) | bit(Collective::kReduce) | bit(Collective::kBarrier) | bit(Collective::kMulticast),
+     make_ifec_op, Algo::kRing, false},
+};
+constexpr common::Vocabulary kAlgos("algorithm", kAlgorithms);
+
+const Algorithm& algorithm(Algo a) {
+  const Algorithm* row = kAlgos.find(a);
+  IFEC_CHECK(row != nullptr, "unknown algorithm " << static_cast<int>(a));
+  return *row;
 }
+
+}  // namespace
+
+const char* algo_name(Algo a) { return kAlgos.name(a); }
+Algo parse_algo(const std::string& name) { return kAlgos.parse(name); }
 
 // ---------------------------------------------------------------------------------------------------- CommOp --
 
@@ -220,7 +241,7 @@ void Communicator::allocate_window(uint16_t id, uint64_t bytes, Ready done) {
 
 namespace {
 
-std::string check_args(Communicator& c, const CollArgs& a, Algo algo) {
+std::string check_args(Communicator& c, const CollArgs& a, const Algorithm& algo) {
   std::ostringstream os;
   const char* kind = collective_name(a.kind);
   const endpoint::SymmetricMemory& mem = c.endpoint().memory();
@@ -235,8 +256,8 @@ std::string check_args(Communicator& c, const CollArgs& a, Algo algo) {
               a.count > (mem.window(a.window)->size - a.offset) / element_size(a.dtype))) {
     os << kind << ": buffer of " << a.count << " x " << element_size(a.dtype) << " B at offset " << a.offset
        << " exceeds window " << a.window << " (" << mem.window(a.window)->size << " B) on GPU " << c.endpoint().index();
-  } else if (algo != Algo::kIfec || a.kind == Collective::kReduceScatter || a.kind == Collective::kAllGather) {
-    const uint64_t need = Communicator::scratch_bytes(a, c.size(), algo);
+  } else if (algo.scratch_checked) {
+    const uint64_t need = schedule::scratch_bytes(a, c.size(), algo.scratch);
     const endpoint::WindowInfo* s = mem.window(a.scratch_window);
     if (s == nullptr || s->size < need) {
       os << kind << ": scratch window " << a.scratch_window << " on GPU " << c.endpoint().index() << " has "
@@ -254,32 +275,23 @@ void Communicator::run(const CollArgs& a, Algo algo, Done done) {
   if (algo == Algo::kBest) {
     algo = choose_algorithm(a);
   }
-  if ((algo == Algo::kIfec && (a.kind == Collective::kReduceScatter || a.kind == Collective::kAllGather)) ||
-      (algo != Algo::kIfec && a.kind != Collective::kAllReduce)) {
-    // No in-fabric reduce-scatter / all-gather here, and one endpoint schedule for the others (ring reduce,
-    // pipelined chain broadcast, dissemination barrier): reported as the ring.
-    algo = Algo::kRing;
+  const Algorithm* row = &algorithm(algo);
+  if ((row->runs & bit(a.kind)) == 0) {
+    row = &algorithm(Algo::kRing);
   }
   // The result names the algorithm that ran (best: the one chosen).
-  done = [done = std::move(done), algo](CollectiveResult r) {
-    r.algo = algo_name(algo);
+  done = [done = std::move(done), name = row->name](CollectiveResult r) {
+    r.algo = name;
     done(std::move(r));
   };
-  if (const std::string err = check_args(*this, a, algo); !err.empty()) {
+  if (const std::string err = check_args(*this, a, *row); !err.empty()) {
     CollectiveResult r;
     r.error = err;
     r.start_ns = r.end_ns = clock().now();
     clock().schedule(clock().now(), [done, r] { done(r); });
     return;
   }
-  if (algo == Algo::kIfec &&
-      (a.kind == Collective::kAllReduce || a.kind == Collective::kReduce || a.kind == Collective::kBarrier)) {
-    start(make_ifec_reduce_op(*this, a, std::move(done)));
-  } else if (algo == Algo::kIfec && a.kind == Collective::kMulticast) {
-    start(make_ifec_broadcast_op(*this, a, std::move(done)));
-  } else {
-    start(make_schedule_op(*this, a, algo, std::move(done)));
-  }
+  start(row->make(*this, a, row->value, std::move(done)));
 }
 
 void Communicator::multicast_rows(BatchMulticastArgs a, Done done) {
@@ -332,14 +344,17 @@ uint64_t Communicator::scratch_bytes(const CollArgs& a, int ranks, Algo algo, co
   if (algo == Algo::kBest && topo != nullptr) {
     algo = choose_algorithm(a, ranks, *topo, first_gpu);
   }
-  if (algo == Algo::kBest) {  // whatever the cost model may choose
-    uint64_t need = 0;
-    for (Algo x : {Algo::kRing, Algo::kTree, Algo::kRd, Algo::kOneShot}) {
-      need = std::max(need, schedule::scratch_bytes(a, ranks, x));
-    }
-    return need;
+  const Algorithm& row = algorithm(algo);
+  if (row.scratch != Algo::kBest) {
+    return schedule::scratch_bytes(a, ranks, row.scratch);
   }
-  return schedule::scratch_bytes(a, ranks, algo == Algo::kIfec ? Algo::kRing : algo);
+  uint64_t need = 0;  // whatever the cost model may choose
+  for (const Algorithm& r : kAlgorithms) {
+    if (r.scratch != Algo::kBest) {
+      need = std::max(need, schedule::scratch_bytes(a, ranks, r.scratch));
+    }
+  }
+  return need;
 }
 
 // A latency-bandwidth (alpha-beta) model of this fabric: alpha is one hop's one-way time for a small message (two
