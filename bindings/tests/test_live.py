@@ -327,7 +327,7 @@ def test_malformed_frames_on_a_link_are_counted_and_dropped(fab, tmp_path):
 
     def switch_malformed():
         st = fab.stub("p0-sw").Status(pb.Empty(), timeout=5)
-        return sum(p.counters.values["malformed_drops"] for p in st.ports)
+        return sum(p.counters.values["switch_malformed_drops"] for p in st.ports)
 
     def gpu1(name):
         return fab.stub("gpu1").Counters(pb.Empty(), timeout=5).values[name]

@@ -295,43 +295,12 @@ void Endpoint::remote_written(int peer, uint32_t rkey, uint64_t va, uint64_t len
 }
 
 std::vector<std::pair<std::string, uint64_t>> Endpoint::named_counters() const {
+  std::vector<std::pair<std::string, uint64_t>> out;
   const EndpointCounters k = counters();
-  const EchCounters& e = ech_->counters();
-  return {{"ops_posted", k.ops_posted},
-          {"ops_ok", k.ops_ok},
-          {"ops_failed", k.ops_failed},
-          {"tx_frames", k.tx_frames},
-          {"rx_frames", k.rx_frames},
-          {"rx_malformed", k.rx_malformed},
-          {"rx_misaddressed", k.rx_misaddressed},
-          {"rx_unknown_qp", k.rx_unknown_qp},
-          {"rx_wrong_source", k.rx_wrong_source},
-          {"rx_unsupported", k.rx_unsupported},
-          {"pfc_pauses", k.pfc_pauses},
-          {"path_migrations", k.path_migrations},
-          {"reconnects", k.reconnects},
-          {"reconnects_refused", k.reconnects_refused},
-          {"retransmits", k.qp.retransmits},
-          {"timeouts", k.qp.timeouts},
-          {"duplicates", k.qp.duplicates},
-          {"out_of_order", k.qp.out_of_order},
-          {"access_naks_sent", k.qp.access_naks_sent},
-          {"invalid_naks_sent", k.qp.invalid_naks_sent},
-          {"seq_naks_sent", k.qp.seq_naks_sent},
-          {"atomic_replays", k.qp.atomic_replays},
-          {"ech_contributions_sent", e.contributions_sent},
-          {"ech_retransmissions", e.retransmissions},
-          {"ech_results_written", e.results_written},
-          {"ech_multicast_sent", e.multicast_sent},
-          {"ech_protection_drops", e.protection_drops},
-          {"ech_busy_naks", e.busy_naks},
-          {"ech_duplicate_results", e.duplicate_results},
-          {"ech_anomaly_notices", e.anomaly_notices},
-          {"ech_replicas_written", e.replicas_written},
-          {"ech_stale_replicas", e.stale_replicas},
-          {"ech_duplicate_replicas", e.duplicate_replicas},
-          {"ech_unmatched", e.unmatched},
-          {"ech_early_results", e.early_results}};
+  k.for_each([&](const char* name, uint64_t v) { out.emplace_back(name, v); });
+  k.qp.for_each([&](const char* name, uint64_t v) { out.emplace_back(name, v); });
+  ech_->counters().for_each([&](const char* name, uint64_t v) { out.emplace_back(std::string("ech_") + name, v); });
+  return out;
 }
 
 // ------------------------------------------------------------------------------------------ op bookkeeping --
@@ -852,23 +821,7 @@ bool Endpoint::idle() const {
 EndpointCounters Endpoint::counters() const {
   EndpointCounters c = counters_;
   for (const auto& q : qps_) {
-    const QpCounters& x = q->counters();
-    c.qp.tx_packets += x.tx_packets;
-    c.qp.retransmits += x.retransmits;
-    c.qp.timeouts += x.timeouts;
-    c.qp.naks_received += x.naks_received;
-    c.qp.rx_requests += x.rx_requests;
-    c.qp.rx_responses += x.rx_responses;
-    c.qp.acks_sent += x.acks_sent;
-    c.qp.seq_naks_sent += x.seq_naks_sent;
-    c.qp.access_naks_sent += x.access_naks_sent;
-    c.qp.invalid_naks_sent += x.invalid_naks_sent;
-    c.qp.duplicates += x.duplicates;
-    c.qp.out_of_order += x.out_of_order;
-    c.qp.far_psn_drops += x.far_psn_drops;
-    c.qp.atomic_replays += x.atomic_replays;
-    c.qp.read_replays += x.read_replays;
-    c.qp.unexpected_responses += x.unexpected_responses;
+    c.qp += q->counters();
   }
   return c;
 }

@@ -63,16 +63,8 @@ inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
     ps->set_admin_up(rt.admin_up(p->port()));
     ps->set_fare_heard(rt.fare().heard(p->port()));
     ps->set_mac(mac_text(p->device().mac()));
-    const AfPacketCounters c = p->device().counters();
     auto& v = *ps->mutable_counters()->mutable_values();
-    v["rx_frames"] = c.rx_frames;
-    v["rx_bytes"] = c.rx_bytes;
-    v["tx_frames"] = c.tx_frames;
-    v["tx_bytes"] = c.tx_bytes;
-    v["tx_refused"] = c.tx_refused;
-    v["tx_errors"] = c.tx_errors;
-    v["rx_dropped"] = c.rx_dropped;
-    v["rx_truncated"] = c.rx_truncated;
+    p->device().counters().for_each([&v](const char* name, uint64_t value) { v[name] = value; });
     v["injected_drops"] = p->injected_drops();
   }
 }

@@ -11,54 +11,10 @@
 
 namespace ifec::live {
 
-// clang-format off
-#define IFEC_IFEC_COUNTERS(X) \
-  X(reservations) \
-  X(reservation_failures) \
-  X(contributions) \
-  X(duplicate_contributions) \
-  X(results_sent) \
-  X(result_resends) \
-  X(implicit_acks) \
-  X(late_notices) \
-  X(slots_reclaimed) \
-  X(chunks_skipped) \
-  X(acks_received) \
-  X(slots_completed) \
-  X(slot_busy_drops) \
-  X(unreserved_drops) \
-  X(malformed_drops) \
-  X(anomalies) \
-  X(non_finite_inputs) \
-  X(multicast_packets) \
-  X(multicast_replicas) \
-  X(multicast_repairs) \
-  X(multicast_repairs_held) \
-  X(multicast_completions) \
-  X(multicast_unknown_window) \
-  X(partials_sent) \
-  X(partial_bytes) \
-  X(upstream_results) \
-  X(partial_resends)
-// clang-format on
-
-std::map<std::string, uint64_t> counter_map(const common::IfecCounters& c) {
-  std::map<std::string, uint64_t> m;
-#define X(f) m[#f] = c.f;
-  IFEC_IFEC_COUNTERS(X)
-#undef X
-  return m;
-}
+std::map<std::string, uint64_t> counter_map(const common::IfecCounters& c) { return common::counters_to_map(c); }
 
 common::IfecCounters counters_from_map(const std::map<std::string, uint64_t>& m) {
-  common::IfecCounters c;
-#define X(f)                                 \
-  if (auto it = m.find(#f); it != m.end()) { \
-    c.f = it->second;                        \
-  }
-  IFEC_IFEC_COUNTERS(X)
-#undef X
-  return c;
+  return common::counters_from_map<common::IfecCounters>(m);
 }
 
 namespace {

@@ -129,6 +129,27 @@ void install_routes(NodeRuntime& rt, switchemu::Switch& sw) {
   }
 }
 
+// The switch's port counters: every <reason>_drops counter as ifec_switch_drops_total{reason}, the others as
+// ifec_switch_port_total{counter} (each family's lines together, as the exposition format wants).
+std::string switch_port_metrics(const std::string& node, const NodeRuntime& rt, const switchemu::Switch& sw) {
+  std::string out;
+  for (const bool drops : {true, false}) {
+    const std::string family = drops ? "ifec_switch_drops_total" : "ifec_switch_port_total";
+    out += "# TYPE " + family + " counter\n";
+    for (const auto& p : rt.ports()) {
+      const std::string port = node + ",port=\"" + std::to_string(p->port()) + "\"";
+      sw.counters(p->port()).for_each([&](const std::string& name, uint64_t v) {
+        const size_t stem = name.size() - std::min(name.size(), sizeof("_drops") - 1);
+        if (drops == (name.compare(stem, std::string::npos, "_drops") == 0)) {
+          const std::string label = drops ? ",reason=\"" + name.substr(0, stem) : ",counter=\"" + name;
+          out += metric(family, port + label + "\"", static_cast<double>(v));
+        }
+      });
+    }
+  }
+  return out;
+}
+
 class SwitchService final : public v1::Switch::Service {
  public:
   SwitchService(NodeRuntime& rt, switchemu::Switch& sw) : rt_(rt), sw_(sw), name_(rt.info().name) {}
@@ -136,17 +157,11 @@ class SwitchService final : public v1::Switch::Service {
   grpc::Status Status(grpc::ServerContext*, const v1::Empty*, v1::NodeStatus* out) override {
     return on_loop(rt_.loop(), name_, [&] {
       fill_status(rt_, out, rt_.all_heard());
+      // Beside the AF_PACKET device's counters: the switch's own, prefixed.
       for (auto& ps : *out->mutable_ports()) {
-        const switchemu::SwitchPortCounters& c = sw_.counters(ps.port());
         auto& v = *ps.mutable_counters()->mutable_values();
-        v["switch_rx_frames"] = c.rx_frames;
-        v["switch_tx_frames"] = c.tx_frames;
-        v["switch_tx_bytes"] = c.tx_bytes;
-        v["malformed_drops"] = c.malformed_drops;
-        v["no_route_drops"] = c.no_route_drops;
-        v["link_down_drops"] = c.link_down_drops;
-        v["pause_sent"] = c.pause_sent;
-        v["pause_received"] = c.pause_received;
+        sw_.counters(ps.port()).for_each(
+            [&v](const char* name, uint64_t value) { v[std::string("switch_") + name] = value; });
       }
       return grpc::Status::OK;
     });
@@ -288,16 +303,7 @@ SwitchDaemon::SwitchDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
       for (const auto& [k, v] : counter_map(d.sw->ifec()->counters())) {
         out += metric("ifec_switch_ifec_total", node + ",counter=\"" + k + "\"", static_cast<double>(v));
       }
-      out += "# TYPE ifec_switch_drops_total counter\n";
-      for (const auto& p : d.rt->ports()) {
-        const switchemu::SwitchPortCounters& c = d.sw->counters(p->port());
-        const std::string l = node + ",port=\"" + std::to_string(p->port()) + "\"";
-        out += metric("ifec_switch_drops_total", l + ",reason=\"malformed\"", static_cast<double>(c.malformed_drops));
-        out += metric("ifec_switch_drops_total", l + ",reason=\"no_route\"", static_cast<double>(c.no_route_drops));
-        out += metric("ifec_switch_drops_total", l + ",reason=\"link_down\"", static_cast<double>(c.link_down_drops));
-        out += metric("ifec_switch_pfc_pauses_total", l, static_cast<double>(c.pause_sent));
-      }
-      return out;
+      return out + switch_port_metrics(node, *d.rt, *d.sw);
     });
   });
   d.rt->start();

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ifec/common/counters.h"
 #include "ifec/common/ech.h"
 
 namespace ifec::common {
@@ -51,36 +52,41 @@ struct WindowRegistration {
   uint32_t job = 0;
 };
 
+// clang-format off
+#define IFEC_IFEC_COUNTERS(X)                                                                                \
+  X(reservations, "")                                                                                        \
+  X(reservation_failures, "")                                                                                \
+  X(contributions, "")                                                                                       \
+  X(duplicate_contributions, "")                                                                             \
+  X(results_sent, "")                                                                                        \
+  X(result_resends, "results sent again: on a destination's retransmission or the result timer")             \
+  X(implicit_acks, "a destination's next chunk in a slot, standing for its lost acknowledgement")            \
+  X(late_notices, "anomaly notices for contributions to a chunk the slot already closed")                    \
+  X(slots_reclaimed, "results released without every destination's acknowledgement")                         \
+  X(chunks_skipped, "chunks a slot stopped waiting for (never arrived within the slot timeout)")             \
+  X(acks_received, "")                                                                                       \
+  X(slots_completed, "")                                                                                     \
+  X(slot_busy_drops, "contribution for a slot still holding an unacknowledged older chunk (RNR NAKed)")      \
+  X(unreserved_drops, "unknown (job, group): wrong job or never reserved")                                   \
+  X(malformed_drops, "inconsistent with the reservation or not an ECH request at all")                       \
+  X(anomalies, "slots released incomplete after the timeout")                                                \
+  X(non_finite_inputs, "NaN/Inf elements seen in contributions")                                             \
+  X(multicast_packets, "")                                                                                   \
+  X(multicast_replicas, "")                                                                                  \
+  X(multicast_repairs, "replicas re-sent to destinations that had not acknowledged")                         \
+  X(multicast_repairs_held, "repairs not sent: the earlier replica to that destination was still queued "    \
+      "here (or had only just left), so the source's timeout came from the queue, not a loss; a copy would " \
+      "only lengthen that queue")                                                                            \
+  X(multicast_completions, "")                                                                               \
+  X(multicast_unknown_window, "")                                                                            \
+  X(partials_sent, "leaf -> spine partial sums (two-tier planes)")                                           \
+  X(partial_bytes, "their payload bytes")                                                                    \
+  X(upstream_results, "spine results a leaf forwarded down")                                                 \
+  X(partial_resends, "partials a leaf sent again because the spine had not answered")
+// clang-format on
+
 struct IfecCounters {
-  uint64_t reservations = 0;
-  uint64_t reservation_failures = 0;
-  uint64_t contributions = 0;
-  uint64_t duplicate_contributions = 0;
-  uint64_t results_sent = 0;
-  uint64_t result_resends = 0;   // results sent again: on a destination's retransmission or the result timer
-  uint64_t implicit_acks = 0;    // a destination's next chunk in a slot, standing for its lost acknowledgement
-  uint64_t late_notices = 0;     // anomaly notices for contributions to a chunk the slot already closed
-  uint64_t slots_reclaimed = 0;  // results released without every destination's acknowledgement
-  uint64_t chunks_skipped = 0;   // chunks a slot stopped waiting for (never arrived within the slot timeout)
-  uint64_t acks_received = 0;
-  uint64_t slots_completed = 0;
-  uint64_t slot_busy_drops = 0;    // contribution for a slot still holding an unacknowledged older chunk (RNR NAKed)
-  uint64_t unreserved_drops = 0;   // unknown (job, group): wrong job or never reserved
-  uint64_t malformed_drops = 0;    // inconsistent with the reservation or not an ECH request at all
-  uint64_t anomalies = 0;          // slots released incomplete after the timeout
-  uint64_t non_finite_inputs = 0;  // NaN/Inf elements seen in contributions
-  uint64_t multicast_packets = 0;
-  uint64_t multicast_replicas = 0;
-  uint64_t multicast_repairs = 0;  // replicas re-sent to destinations that had not acknowledged
-  // Repairs not sent: the earlier replica to that destination was still queued here (or had only just left), so
-  // the source's timeout came from the queue, not a loss; a copy would only lengthen that queue.
-  uint64_t multicast_repairs_held = 0;
-  uint64_t multicast_completions = 0;
-  uint64_t multicast_unknown_window = 0;
-  uint64_t partials_sent = 0;     // leaf -> spine partial sums (two-tier planes)
-  uint64_t partial_bytes = 0;     // their payload bytes
-  uint64_t upstream_results = 0;  // spine results a leaf forwarded down
-  uint64_t partial_resends = 0;   // partials a leaf sent again because the spine had not answered
+  IFEC_COUNTER_SET(IfecCounters, IFEC_IFEC_COUNTERS)
 };
 
 // One member of a switch's WECMP group toward a destination: the port and its FARE weight (the path bandwidth

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "ifec/common/counters.h"
 #include "ifec/common/interfaces.h"
 
 namespace ifec::common {
@@ -122,15 +123,20 @@ struct LinkConfig {
   uint64_t loss_seed = 1;
 };
 
+// clang-format off
+#define IFEC_PORT_COUNTERS(X)                                                                 \
+  X(tx_frames, "")                                                                            \
+  X(tx_bytes, "frame bytes (without the wire overhead)")                                      \
+  X(rx_frames, "")                                                                            \
+  X(rx_bytes, "")                                                                             \
+  X(dropped_link_down, "refused by send() or lost in flight when the link went down")         \
+  X(refused_busy, "send() while a frame was still serializing (an owner bug; frame dropped)") \
+  X(dropped_injected, "lost to the link's injected random loss")                              \
+  X(busy_ps, "time spent serializing, picoseconds (utilization = busy / elapsed)")
+// clang-format on
+
 struct PortCounters {
-  uint64_t tx_frames = 0;
-  uint64_t tx_bytes = 0;  // frame bytes (without the wire overhead)
-  uint64_t rx_frames = 0;
-  uint64_t rx_bytes = 0;
-  uint64_t dropped_link_down = 0;  // refused by send() or lost in flight when the link went down
-  uint64_t refused_busy = 0;       // send() while a frame was still serializing (an owner bug; frame dropped)
-  uint64_t dropped_injected = 0;   // lost to the link's injected random loss
-  uint64_t busy_ps = 0;            // time spent serializing, picoseconds (utilization = busy / elapsed)
+  IFEC_COUNTER_SET(PortCounters, IFEC_PORT_COUNTERS)
 };
 
 class Link;

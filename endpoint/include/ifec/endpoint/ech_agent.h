@@ -16,6 +16,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "ifec/common/counters.h"
 #include "ifec/common/ech.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/interfaces.h"
@@ -195,20 +196,25 @@ class EchMulticast {
 
 // ------------------------------------------------------------------------------------------------- agent --
 
+// clang-format off
+#define IFEC_ECH_COUNTERS(X)                                                                            \
+  X(contributions_sent, "")                                                                             \
+  X(retransmissions, "")                                                                                \
+  X(results_written, "")                                                                                \
+  X(duplicate_results, "results or replicas that had landed already (acknowledged again)")              \
+  X(protection_drops, "failed the rkey/bounds/job check (or wrong size): never written, never acked")   \
+  X(anomaly_notices, "")                                                                                \
+  X(busy_naks, "")                                                                                      \
+  X(multicast_sent, "")                                                                                 \
+  X(replicas_written, "")                                                                               \
+  X(stale_replicas, "replicas from an earlier multicast of their source (acknowledged, not written)")   \
+  X(duplicate_replicas, "replicas of the current multicast written again (a repair): not new arrivals") \
+  X(unmatched, "ECH for no reduction or multicast in progress here (late copies)")                      \
+  X(early_results, "results of a group not started here yet: left unacknowledged (resent)")
+// clang-format on
+
 struct EchCounters {
-  uint64_t contributions_sent = 0;
-  uint64_t retransmissions = 0;
-  uint64_t results_written = 0;
-  uint64_t duplicate_results = 0;  // results or replicas that had landed already (acknowledged again)
-  uint64_t protection_drops = 0;   // failed the rkey/bounds/job check (or wrong size): never written, never acked
-  uint64_t anomaly_notices = 0;
-  uint64_t busy_naks = 0;
-  uint64_t multicast_sent = 0;
-  uint64_t replicas_written = 0;
-  uint64_t stale_replicas = 0;      // replicas from an earlier multicast of their source (acknowledged, not written)
-  uint64_t duplicate_replicas = 0;  // replicas of the current multicast written again (a repair): not new arrivals
-  uint64_t unmatched = 0;           // ECH for no reduction or multicast in progress here (late copies)
-  uint64_t early_results = 0;       // results of a group not started here yet: left unacknowledged (resent)
+  IFEC_COUNTER_SET(EchCounters, IFEC_ECH_COUNTERS)
 };
 
 class EchAgent {

@@ -72,22 +72,27 @@ struct OpState {
 };
 using OpHandle = std::shared_ptr<OpState>;
 
+// clang-format off
+#define IFEC_ENDPOINT_COUNTERS(X)                                                            \
+  X(ops_posted, "")                                                                          \
+  X(ops_ok, "")                                                                              \
+  X(ops_failed, "")                                                                          \
+  X(tx_frames, "")                                                                           \
+  X(rx_frames, "")                                                                           \
+  X(rx_malformed, "failed parse_frame (checksums, lengths, unknown opcode ...)")             \
+  X(rx_misaddressed, "IPv4 destination is not this endpoint")                                \
+  X(rx_unknown_qp, "destination QP number this endpoint does not have")                      \
+  X(rx_wrong_source, "right QP, wrong peer address")                                         \
+  X(rx_unsupported, "opcodes the runtime does not speak (SEND, CNP)")                        \
+  X(pfc_pauses, "")                                                                          \
+  X(path_migrations, "")                                                                     \
+  X(reconnects, "")                                                                          \
+  X(reconnects_refused, "the connection manager could not reset the peer (the work failed)")
+// clang-format on
+
 struct EndpointCounters {
-  uint64_t ops_posted = 0;
-  uint64_t ops_ok = 0;
-  uint64_t ops_failed = 0;
-  uint64_t tx_frames = 0;
-  uint64_t rx_frames = 0;
-  uint64_t rx_malformed = 0;     // failed parse_frame (checksums, lengths, unknown opcode ...)
-  uint64_t rx_misaddressed = 0;  // IPv4 destination is not this endpoint
-  uint64_t rx_unknown_qp = 0;    // destination QP number this endpoint does not have
-  uint64_t rx_wrong_source = 0;  // right QP, wrong peer address
-  uint64_t rx_unsupported = 0;   // opcodes the runtime does not speak (SEND, CNP)
-  uint64_t pfc_pauses = 0;
-  uint64_t path_migrations = 0;
-  uint64_t reconnects = 0;
-  uint64_t reconnects_refused = 0;  // the connection manager could not reset the peer (the work failed)
-  QpCounters qp;                    // summed over all QPs
+  IFEC_COUNTER_SET(EndpointCounters, IFEC_ENDPOINT_COUNTERS)
+  QpCounters qp;  // summed over all QPs
 };
 
 // What a subscriber (a rank's communicator) hears from its endpoint while subscribed (Endpoint::subscribe).

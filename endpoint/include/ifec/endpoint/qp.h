@@ -26,6 +26,7 @@
 #include <memory>
 #include <vector>
 
+#include "ifec/common/counters.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/interfaces.h"
 #include "ifec/common/rtt.h"
@@ -52,23 +53,28 @@ struct QpConfig {
   common::FrameHeaders headers;      // Ethernet/IPv4/UDP template of this QP's path (its port, its UDP port)
 };
 
+// clang-format off
+#define IFEC_QP_COUNTERS(X)                                            \
+  X(tx_packets, "")                                                    \
+  X(retransmits, "")                                                   \
+  X(timeouts, "")                                                      \
+  X(naks_received, "")                                                 \
+  X(rx_requests, "")                                                   \
+  X(rx_responses, "")                                                  \
+  X(acks_sent, "")                                                     \
+  X(seq_naks_sent, "")                                                 \
+  X(access_naks_sent, "")                                              \
+  X(invalid_naks_sent, "")                                             \
+  X(duplicates, "")                                                    \
+  X(out_of_order, "")                                                  \
+  X(far_psn_drops, "requests too far ahead of ePSN: dropped")          \
+  X(atomic_replays, "duplicate atomics answered from the cache")       \
+  X(read_replays, "")                                                  \
+  X(unexpected_responses, "responses matching no outstanding request")
+// clang-format on
+
 struct QpCounters {
-  uint64_t tx_packets = 0;
-  uint64_t retransmits = 0;
-  uint64_t timeouts = 0;
-  uint64_t naks_received = 0;
-  uint64_t rx_requests = 0;
-  uint64_t rx_responses = 0;
-  uint64_t acks_sent = 0;
-  uint64_t seq_naks_sent = 0;
-  uint64_t access_naks_sent = 0;
-  uint64_t invalid_naks_sent = 0;
-  uint64_t duplicates = 0;
-  uint64_t out_of_order = 0;
-  uint64_t far_psn_drops = 0;   // requests too far ahead of ePSN: dropped
-  uint64_t atomic_replays = 0;  // duplicate atomics answered from the cache
-  uint64_t read_replays = 0;
-  uint64_t unexpected_responses = 0;  // responses matching no outstanding request
+  IFEC_COUNTER_SET(QpCounters, IFEC_QP_COUNTERS)
 };
 
 // Called once per work request when it completes; `result` is the fetched value for atomics.

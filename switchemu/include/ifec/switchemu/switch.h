@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ifec/common/counters.h"
 #include "ifec/common/ethernet.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/interfaces.h"
@@ -55,29 +56,39 @@ struct NextHopPort {
   common::MacAddress next_mac{};
 };
 
+// clang-format off
+#define IFEC_QUEUE_COUNTERS(X) \
+  X(enqueued_frames, "")       \
+  X(tx_frames, "")             \
+  X(tx_bytes, "")              \
+  X(drops, "")                 \
+  X(ecn_marks, "")             \
+  X(bytes_now, "")             \
+  X(high_water_bytes, "")
+// clang-format on
+
 struct QueueCounters {
-  uint64_t enqueued_frames = 0;
-  uint64_t tx_frames = 0;
-  uint64_t tx_bytes = 0;
-  uint64_t drops = 0;
-  uint64_t ecn_marks = 0;
-  uint64_t bytes_now = 0;
-  uint64_t high_water_bytes = 0;
+  IFEC_COUNTER_SET(QueueCounters, IFEC_QUEUE_COUNTERS)
 };
 
+// clang-format off
+#define IFEC_SWITCH_PORT_COUNTERS(X)                                                     \
+  X(rx_frames, "")                                                                       \
+  X(rx_bytes, "")                                                                        \
+  X(tx_frames, "data frames")                                                            \
+  X(tx_bytes, "")                                                                        \
+  X(pause_sent, "XOFF frames sent out of this port (toward the upstream sender)")        \
+  X(resume_sent, "XON frames")                                                           \
+  X(pause_received, "PFC frames received that paused one of our priorities")             \
+  X(malformed_drops, "")                                                                 \
+  X(no_route_drops, "")                                                                  \
+  X(ttl_drops, "")                                                                       \
+  X(link_down_drops, "frames the port refused because its link was down")                \
+  X(failovers, "frames steered off a group member whose link was down (local failover)")
+// clang-format on
+
 struct SwitchPortCounters {
-  uint64_t rx_frames = 0;
-  uint64_t rx_bytes = 0;
-  uint64_t tx_frames = 0;  // data frames
-  uint64_t tx_bytes = 0;
-  uint64_t pause_sent = 0;      // XOFF frames sent out of this port (toward the upstream sender)
-  uint64_t resume_sent = 0;     // XON frames
-  uint64_t pause_received = 0;  // PFC frames received that paused one of our priorities
-  uint64_t malformed_drops = 0;
-  uint64_t no_route_drops = 0;
-  uint64_t ttl_drops = 0;
-  uint64_t link_down_drops = 0;  // frames the port refused because its link was down
-  uint64_t failovers = 0;        // frames steered off a group member whose link was down (local failover)
+  IFEC_COUNTER_SET(SwitchPortCounters, IFEC_SWITCH_PORT_COUNTERS)
   std::vector<QueueCounters> queues;
 };
 

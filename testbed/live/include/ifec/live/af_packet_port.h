@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "ifec/common/counters.h"
 #include "ifec/common/interfaces.h"
 #include "ifec/live/epoll_loop.h"
 
@@ -22,16 +23,21 @@ namespace ifec::live {
 
 inline constexpr uint16_t kFareEthertype = 0x88B5;  // IEEE 802 local experimental: FARE advertisements
 
+// clang-format off
+#define IFEC_AF_PACKET_COUNTERS(X)                                                      \
+  X(rx_frames, "")                                                                      \
+  X(rx_bytes, "")                                                                       \
+  X(tx_frames, "")                                                                      \
+  X(tx_bytes, "")                                                                       \
+  X(tx_refused, "send() while down or busy")                                            \
+  X(tx_errors, "sendto() failed for another reason")                                    \
+  X(rx_dropped, "the kernel dropped frames for want of ring space (PACKET_STATISTICS)") \
+  X(rx_truncated, "frames longer than a ring slot")                                     \
+  X(paced, "times the port held its owner back to keep to the link's rate")
+// clang-format on
+
 struct AfPacketCounters {
-  uint64_t rx_frames = 0;
-  uint64_t rx_bytes = 0;
-  uint64_t tx_frames = 0;
-  uint64_t tx_bytes = 0;
-  uint64_t tx_refused = 0;    // send() while down or busy
-  uint64_t tx_errors = 0;     // sendto() failed for another reason
-  uint64_t rx_dropped = 0;    // the kernel dropped frames for want of ring space (PACKET_STATISTICS)
-  uint64_t rx_truncated = 0;  // frames longer than a ring slot
-  uint64_t paced = 0;         // times the port held its owner back to keep to the link's rate
+  IFEC_COUNTER_SET(AfPacketCounters, IFEC_AF_PACKET_COUNTERS)
 };
 
 class AfPacketPort : public common::Port {
