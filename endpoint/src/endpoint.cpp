@@ -6,12 +6,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/names.h"
 #include "ifec/common/pfc.h"
+#include "ifec/common/protocol.h"
 
 namespace ifec::endpoint {
 
@@ -58,8 +60,8 @@ Endpoint::Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<Endpoin
       ech_(std::make_unique<EchAgent>(*this)),
       alive_(std::make_shared<bool>(true)) {
   const int n = num_endpoints();
-  IFEC_CHECK(!ports_.empty() && ports_.size() <= 64,
-             "endpoint " << cfg_.index << ": " << ports_.size() << " ports, expected 1..64");
+  IFEC_CHECK(!ports_.empty() && ports_.size() <= common::kMaxQpsPerPeer,
+             "endpoint " << cfg_.index << ": " << ports_.size() << " ports, expected 1.." << common::kMaxQpsPerPeer);
   IFEC_CHECK(cfg_.index >= 0 && cfg_.index < n, "endpoint index " << cfg_.index << " outside 0.." << n - 1);
   IFEC_CHECK(cfg_.stripe_bytes >= cfg_.mtu && cfg_.stripe_bytes % cfg_.mtu == 0,
              "stripe_bytes " << cfg_.stripe_bytes << " must be a multiple of the MTU " << cfg_.mtu);
@@ -75,7 +77,7 @@ Endpoint::Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<Endpoin
       const int id = static_cast<int>(peer * k + q);
       QpConfig qc;
       qc.local_qpn = qpn(peer, static_cast<int>(q));
-      qc.remote_qpn = 0x100u + static_cast<uint32_t>(cfg_.index) * 64u + static_cast<uint32_t>(q);
+      qc.remote_qpn = common::rc_qpn(static_cast<uint32_t>(cfg_.index), static_cast<uint32_t>(q));
       qc.pkey = common::pkey_of_job(cfg_.job);
       qc.mtu = cfg_.mtu;
       qc.weak = cfg_.ordering == Ordering::kWeak;
@@ -931,14 +933,13 @@ void Endpoint::receive(int port, std::vector<uint8_t>&& frame) {
     ech_->receive(port, pf, frame.data());
     return;
   }
-  const uint32_t qpn = pf.h.bth.dest_qp;
-  const size_t k = ports_.size();
-  if (qpn < 0x100 || (qpn - 0x100) / 64 >= static_cast<uint32_t>(num_endpoints()) || (qpn - 0x100) % 64 >= k) {
+  const std::optional<common::RcQp> rc = common::decode_rc_qpn(pf.h.bth.dest_qp);
+  if (!rc || rc->peer >= static_cast<uint32_t>(num_endpoints()) || rc->index >= ports_.size()) {
     counters_.rx_unknown_qp++;
     return;
   }
-  const int peer = static_cast<int>((qpn - 0x100) / 64);
-  const int q = static_cast<int>((qpn - 0x100) % 64);
+  const int peer = static_cast<int>(rc->peer);
+  const int q = static_cast<int>(rc->index);
   if (peer == cfg_.index || pf.h.ip.src != peer_ips_[peer]) {
     counters_.rx_wrong_source++;
     return;

@@ -22,6 +22,7 @@
 
 #include "ifec/common/ethernet.h"
 #include "ifec/common/interfaces.h"
+#include "ifec/common/protocol.h"
 #include "ifec/common/swrr.h"
 #include "ifec/endpoint/descriptor.h"
 #include "ifec/endpoint/ech_agent.h"
@@ -213,7 +214,9 @@ class Endpoint {
   QueuePair& qp(int peer, int index) { return *qps_.at(static_cast<size_t>(peer) * ports_.size() + index); }
   // Port a QP currently sends on (its own sub-port unless migrated).
   int qp_port(int peer, int index) const { return qp_port_.at(static_cast<size_t>(peer) * ports_.size() + index); }
-  uint32_t qpn(int peer, int index) const { return 0x100u + static_cast<uint32_t>(peer) * 64u + index; }
+  uint32_t qpn(int peer, int index) const {
+    return common::rc_qpn(static_cast<uint32_t>(peer), static_cast<uint32_t>(index));
+  }
 
  private:
   friend class EchAgent;
