@@ -1,6 +1,8 @@
 // Frame encode and the untrusting frame parser.
 #include "ifec/common/frame.h"
 
+#include <optional>
+
 #include "ifec/common/byte_order.h"
 #include "ifec/common/checks.h"
 #include "ifec/common/icrc.h"
@@ -172,14 +174,19 @@ void encode_frame_into(const FrameHeaders& h, const uint8_t* payload, size_t pay
   p[off + 3] = static_cast<uint8_t>(icrc >> 24);
 }
 
-WireStatus parse_frame(const uint8_t* data, size_t len, ParsedFrame* out, const ParseOptions& opts) {
+namespace {
+
+// parse_frame's steps, outermost header first; each checks every length it uses before reading.
+
+// Ethernet and IPv4 (lengths, checksum, no fragments, UDP): where the UDP header starts and the datagram ends.
+WireStatus parse_ipv4(const uint8_t* data, size_t len, const ParseOptions& opts, FrameHeaders& h, size_t* udp_off,
+                      size_t* ip_end) {
   if (len > opts.max_frame) {
     return WireStatus::fail(WireError::kOversized, opts.max_frame, len);
   }
   if (len < EthernetHeader::kSize) {
     return WireStatus::fail(WireError::kTruncated, len, EthernetHeader::kSize);
   }
-  FrameHeaders& h = out->h;
   h = FrameHeaders{};
   h.eth = EthernetHeader::decode(data);
   if (h.eth.ethertype != EthernetHeader::kEtherTypeIpv4) {
@@ -201,9 +208,9 @@ WireStatus parse_frame(const uint8_t* data, size_t len, ParsedFrame* out, const 
   if (opts.verify_ip_checksum && ipv4_checksum(data + ip_off, ihl_bytes) != 0) {
     return WireStatus::fail(WireError::kBadIpChecksum, ip_off + 10, h.ip.checksum);
   }
-  const size_t ip_end = ip_off + h.ip.total_length;
+  *ip_end = ip_off + h.ip.total_length;
   // Bytes past the IP datagram are only legal as Ethernet padding up to the 60-byte minimum frame.
-  if (h.ip.total_length < ihl_bytes + UdpHeader::kSize || ip_end > len || (ip_end < len && len > 60)) {
+  if (h.ip.total_length < ihl_bytes + UdpHeader::kSize || *ip_end > len || (*ip_end < len && len > 60)) {
     return WireStatus::fail(WireError::kBadIpTotalLength, ip_off + 2, h.ip.total_length);
   }
   if (h.ip.more_fragments || h.ip.fragment_offset != 0) {
@@ -212,8 +219,12 @@ WireStatus parse_frame(const uint8_t* data, size_t len, ParsedFrame* out, const 
   if (h.ip.protocol != Ipv4Header::kProtocolUdp) {
     return WireStatus::fail(WireError::kNotUdp, ip_off + 9, h.ip.protocol);
   }
+  *udp_off = ip_off + ihl_bytes;
+  return {};
+}
 
-  const size_t udp_off = ip_off + ihl_bytes;
+// UDP to RoCEv2's port, or to ECH's with a valid ECH behind it: where the BTH starts.
+WireStatus parse_udp(const uint8_t* data, size_t udp_off, size_t ip_end, FrameHeaders& h, size_t* bth_off) {
   h.udp = UdpHeader::decode(data + udp_off);
   if (udp_off + h.udp.length != ip_end) {
     return WireStatus::fail(WireError::kBadUdpLength, udp_off + 4, h.udp.length);
@@ -231,70 +242,110 @@ WireStatus parse_frame(const uint8_t* data, size_t len, ParsedFrame* out, const 
   } else if (h.udp.dst_port != UdpHeader::kRoceV2Port) {
     return WireStatus::fail(WireError::kNotRoce, udp_off + 2, h.udp.dst_port);
   }
+  *bth_off = off;
+  return {};
+}
 
-  const size_t bth_off = off;
+// The BTH and the extended transport headers its opcode carries: where the payload starts.
+WireStatus parse_transport(const uint8_t* data, size_t bth_off, size_t ip_end, FrameHeaders& h, OpcodeInfo* info,
+                           size_t* payload_off) {
   if (ip_end < bth_off + Bth::kSize) {
     return WireStatus::fail(WireError::kTruncated, ip_end, bth_off + Bth::kSize);
   }
   h.bth = Bth::decode(data + bth_off);
-  auto info_opt = opcode_info(h.bth.opcode);
+  const std::optional<OpcodeInfo> info_opt = opcode_info(h.bth.opcode);
   if (!info_opt) {
     return WireStatus::fail(WireError::kUnknownOpcode, bth_off, h.bth.opcode);
   }
-  const OpcodeInfo& info = *info_opt;
-  off = bth_off + Bth::kSize;
-  if (ip_end < off + ext_header_bytes(info) + kIcrcSize) {
-    return WireStatus::fail(WireError::kTruncated, ip_end, off + ext_header_bytes(info) + kIcrcSize);
+  *info = *info_opt;
+  size_t off = bth_off + Bth::kSize;
+  if (ip_end < off + ext_header_bytes(*info) + kIcrcSize) {
+    return WireStatus::fail(WireError::kTruncated, ip_end, off + ext_header_bytes(*info) + kIcrcSize);
   }
-  if (info.reth) {
+  if (info->reth) {
     h.reth = Reth::decode(data + off);
     off += Reth::kSize;
   }
-  if (info.atomic_eth) {
+  if (info->atomic_eth) {
     h.atomic = AtomicEth::decode(data + off);
     off += AtomicEth::kSize;
   }
-  if (info.aeth) {
+  if (info->aeth) {
     h.aeth = Aeth::decode(data + off);
     off += Aeth::kSize;
   }
-  if (info.atomic_ack_eth) {
+  if (info->atomic_ack_eth) {
     h.atomic_ack = AtomicAckEth::decode(data + off);
     off += AtomicAckEth::kSize;
   }
-  if (info.imm) {
+  if (info->imm) {
     h.imm = ImmDt::decode(data + off);
     off += ImmDt::kSize;
   }
+  *payload_off = off;
+  return {};
+}
 
+// The payload between the headers and the ICRC (pad, opcode, path MTU, a standard ECH's element count): its size
+// without the pad; then the ICRC, read into `icrc` and checked.
+WireStatus parse_payload(const uint8_t* data, const FrameHeaders& h, const OpcodeInfo& info, size_t bth_off, size_t off,
+                         size_t ip_end, const ParseOptions& opts, size_t* payload, uint32_t* icrc) {
   const size_t icrc_off = ip_end - kIcrcSize;
   const size_t padded = icrc_off - off;
   if (h.bth.pad_count > padded || (padded & 3) != 0) {
     return WireStatus::fail(WireError::kBadPadCount, bth_off + 1, h.bth.pad_count);
   }
-  const size_t payload = padded - h.bth.pad_count;
+  *payload = padded - h.bth.pad_count;
   if (!info.payload && padded != 0) {
     return WireStatus::fail(WireError::kPayloadNotAllowed, off, padded);
   }
-  if (payload > opts.path_mtu) {
-    return WireStatus::fail(WireError::kPayloadTooLarge, off, payload);
+  if (*payload > opts.path_mtu) {
+    return WireStatus::fail(WireError::kPayloadTooLarge, off, *payload);
   }
   if (h.ech && h.ech->format == EchFormat::kStandard &&
-      size_t{h.ech->element_count} * ech_dtype_size(h.ech->dtype) != payload) {
-    return WireStatus::fail(WireError::kEchPayloadMismatch, udp_off + UdpHeader::kSize + 18, payload);
+      size_t{h.ech->element_count} * ech_dtype_size(h.ech->dtype) != *payload) {
+    const size_t ech_off = bth_off - h.ech->size();
+    return WireStatus::fail(WireError::kEchPayloadMismatch, ech_off + 18, *payload);
   }
 
-  out->icrc = uint32_t{data[icrc_off]} | (uint32_t{data[icrc_off + 1]} << 8) | (uint32_t{data[icrc_off + 2]} << 16) |
-              (uint32_t{data[icrc_off + 3]} << 24);
+  *icrc = uint32_t{data[icrc_off]} | (uint32_t{data[icrc_off + 1]} << 8) | (uint32_t{data[icrc_off + 2]} << 16) |
+          (uint32_t{data[icrc_off + 3]} << 24);
   if (opts.verify_icrc) {
+    const size_t ip_off = EthernetHeader::kSize;
     const uint32_t expect = compute_icrc(data + ip_off, icrc_off - ip_off, bth_off - ip_off);
-    if (expect != out->icrc) {
-      return WireStatus::fail(WireError::kBadIcrc, icrc_off, out->icrc);
+    if (expect != *icrc) {
+      return WireStatus::fail(WireError::kBadIcrc, icrc_off, *icrc);
     }
   }
-  out->ip_offset = ip_off;
+  return {};
+}
+
+}  // namespace
+
+WireStatus parse_frame(const uint8_t* data, size_t len, ParsedFrame* out, const ParseOptions& opts) {
+  FrameHeaders& h = out->h;
+  size_t udp_off = 0;
+  size_t ip_end = 0;
+  size_t bth_off = 0;
+  size_t payload_off = 0;
+  size_t payload = 0;
+  OpcodeInfo info{};
+  if (WireStatus st = parse_ipv4(data, len, opts, h, &udp_off, &ip_end); !st.ok()) {
+    return st;
+  }
+  if (WireStatus st = parse_udp(data, udp_off, ip_end, h, &bth_off); !st.ok()) {
+    return st;
+  }
+  if (WireStatus st = parse_transport(data, bth_off, ip_end, h, &info, &payload_off); !st.ok()) {
+    return st;
+  }
+  if (WireStatus st = parse_payload(data, h, info, bth_off, payload_off, ip_end, opts, &payload, &out->icrc);
+      !st.ok()) {
+    return st;
+  }
+  out->ip_offset = EthernetHeader::kSize;
   out->bth_offset = bth_off;
-  out->payload_offset = off;
+  out->payload_offset = payload_off;
   out->payload_size = payload;
   return {};
 }

@@ -156,27 +156,14 @@ void IfecEngine::receive(const common::ParsedFrame& pf, const uint8_t* frame) {
   }
 }
 
-void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8_t* frame) {
+bool IfecEngine::slot_takes(Group& g, Slot& s, const common::ParsedFrame& pf, uint64_t bit) {
   const Ech& ech = *pf.h.ech;
-  const size_t esize = common::ech_dtype_size(g.r.dtype);
-  if (ech.dtype != g.r.dtype || ech.redop != g.r.redop || !pf.h.reth ||
-      size_t{ech.element_count} * esize > cfg_.slot_bytes || (g.r.op == EchOp::kBarrier && ech.element_count != 0)) {
-    counters_.malformed_drops++;
-    return;
-  }
-  const int c = ech.contributor_id;
-  const uint64_t bit = 1ULL << c;
-  if (!(g.all & bit)) {
-    counters_.malformed_drops++;  // not one of this switch's contributors
-    return;
-  }
-  const bool is_destination = (g.destinations & bit) != 0;
-  Slot& s = g.slots[ech.chunk_index % g.slots.size()];
   const uint32_t chunk = ech.chunk_index;
   if (s.busy ? chunk < s.chunk : chunk < s.next) {
     late_contribution(g, s, pf);
-    return;
+    return false;
   }
+  const int c = ech.contributor_id;
   if (s.busy && chunk != s.chunk) {
     // A later chunk for this slot. Members send chunk j + budget only once they finished chunk j, so this
     // contribution stands for the member's acknowledgement of the older chunk, which may have been lost.
@@ -188,7 +175,7 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
     if (s.busy) {
       counters_.slot_busy_drops++;  // the older chunk still waits for acknowledgements: the sender retries soon
       send_ech_rnr(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
-      return;
+      return false;
     }
   }
   if (!s.busy && chunk > s.next) {
@@ -202,57 +189,58 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
     if (now + 1 - s.knocked_since < g.slot_timeout_ns) {
       counters_.slot_busy_drops++;
       send_ech_rnr(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
-      return;
+      return false;
     }
     counters_.chunks_skipped += (chunk - s.next) / g.slots.size();
     s.next = chunk;
   }
-  if (!s.busy) {
-    s.busy = true;
-    s.knocked_since = 0;
-    s.timed_out = false;
-    s.resends = 0;
-    s.busy_retries = 0;
-    s.chunk = ech.chunk_index;
-    s.arrived = 0;
-    s.expected = ech.expected;
-    s.acked = 0;
-    s.complete = false;
-    s.anomaly = false;
-    s.elements = ech.element_count;
-    s.offset = pf.h.reth->virtual_address;
-    s.acc.assign(s.elements, common::Acc{});
-    s.parts.assign(cfg_.reproducible ? g.r.members.size() : 0, {});
-    s.result.clear();
-    s.partial.clear();
-    s.forwarded = false;
-    s.generation++;
-    arm_timeout(g, s);
-  }
-  if (s.arrived & bit) {
-    counters_.duplicate_contributions++;
-    if (s.forwarded && !s.complete) {
-      forward_partial(g, s);  // its sender never heard back: the spine may have lost our partial
-      return;
-    }
-    if (s.complete && is_destination) {
-      counters_.result_resends++;
-      send_result(g, s, c);  // its copy of the result was lost
-    } else if (!is_destination) {
-      send_ech_ack(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
-    }
+  return true;
+}
+
+void IfecEngine::open_slot(Group& g, Slot& s, const common::ParsedFrame& pf) {
+  const Ech& ech = *pf.h.ech;
+  s.busy = true;
+  s.knocked_since = 0;
+  s.timed_out = false;
+  s.resends = 0;
+  s.busy_retries = 0;
+  s.chunk = ech.chunk_index;
+  s.arrived = 0;
+  s.expected = ech.expected;
+  s.acked = 0;
+  s.complete = false;
+  s.anomaly = false;
+  s.elements = ech.element_count;
+  s.offset = pf.h.reth->virtual_address;
+  s.acc.assign(s.elements, common::Acc{});
+  s.parts.assign(cfg_.reproducible ? g.r.members.size() : 0, {});
+  s.result.clear();
+  s.partial.clear();
+  s.forwarded = false;
+  s.generation++;
+  arm_timeout(g, s);
+}
+
+void IfecEngine::repeat_contribution(Group& g, Slot& s, const common::ParsedFrame& pf, bool is_destination) {
+  const Ech& ech = *pf.h.ech;
+  const int c = ech.contributor_id;
+  counters_.duplicate_contributions++;
+  if (s.forwarded && !s.complete) {
+    forward_partial(g, s);  // its sender never heard back: the spine may have lost our partial
     return;
   }
-  if (s.complete) {
-    // Completed as an anomaly without this contributor: tell it again.
-    counters_.duplicate_contributions++;
-    send_result(g, s, c);
-    return;
+  if (s.complete && is_destination) {
+    counters_.result_resends++;
+    send_result(g, s, c);  // its copy of the result was lost
+  } else if (!is_destination) {
+    send_ech_ack(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
   }
-  if (ech.element_count != s.elements || pf.h.reth->virtual_address != s.offset) {
-    counters_.malformed_drops++;
-    return;
-  }
+}
+
+void IfecEngine::aggregate(Group& g, Slot& s, const common::ParsedFrame& pf, const uint8_t* frame,
+                           bool is_destination) {
+  const Ech& ech = *pf.h.ech;
+  const int c = ech.contributor_id;
   const uint8_t* payload = frame + pf.payload_offset;
   const size_t non_finite = common::count_non_finite(g.r.dtype, payload, s.elements);
   if (non_finite > 0) {
@@ -261,11 +249,11 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
   }
   counters_.contributions++;
   if (cfg_.reproducible) {
-    s.parts[c].assign(payload, payload + s.elements * esize);
+    s.parts[c].assign(payload, payload + s.elements * common::ech_dtype_size(g.r.dtype));
   } else if (s.elements > 0) {
     common::accumulate(g.r.dtype, g.r.redop, s.acc.data(), payload, s.elements, s.arrived == 0);
   }
-  s.arrived |= bit;
+  s.arrived |= 1ULL << c;
   if (!is_destination) {
     send_ech_ack(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
   }
@@ -279,6 +267,45 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
       complete(g, s, false);
     }
   }
+}
+
+void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8_t* frame) {
+  const Ech& ech = *pf.h.ech;
+  if (ech.dtype != g.r.dtype || ech.redop != g.r.redop || !pf.h.reth ||
+      size_t{ech.element_count} * common::ech_dtype_size(g.r.dtype) > cfg_.slot_bytes ||
+      (g.r.op == EchOp::kBarrier && ech.element_count != 0)) {
+    counters_.malformed_drops++;
+    return;
+  }
+  const int c = ech.contributor_id;
+  const uint64_t bit = 1ULL << c;
+  if (!(g.all & bit)) {
+    counters_.malformed_drops++;  // not one of this switch's contributors
+    return;
+  }
+  const bool is_destination = (g.destinations & bit) != 0;
+  Slot& s = g.slots[ech.chunk_index % g.slots.size()];
+  if (!slot_takes(g, s, pf, bit)) {
+    return;
+  }
+  if (!s.busy) {
+    open_slot(g, s, pf);
+  }
+  if (s.arrived & bit) {
+    repeat_contribution(g, s, pf, is_destination);
+    return;
+  }
+  if (s.complete) {
+    // Completed as an anomaly without this contributor: tell it again.
+    counters_.duplicate_contributions++;
+    send_result(g, s, c);
+    return;
+  }
+  if (ech.element_count != s.elements || pf.h.reth->virtual_address != s.offset) {
+    counters_.malformed_drops++;
+    return;
+  }
+  aggregate(g, s, pf, frame, is_destination);
 }
 
 void IfecEngine::forward_partial(Group& g, Slot& s) {

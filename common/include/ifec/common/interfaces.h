@@ -1,4 +1,4 @@
-// The two seams every driver implements (see DESIGN.md "One data plane, several drivers"):
+// The two seams every driver implements (docs/architecture.md, "Two seams"):
 // a Clock that tells time and runs callbacks later, and a Port that transmits one frame at a time and hands over
 // received ones. Switch and endpoint code sees only these, so it cannot know whether time is simulated or real.
 //

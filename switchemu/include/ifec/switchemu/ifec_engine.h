@@ -135,6 +135,14 @@ class IfecEngine {
   };
 
   void contribute(Group& g, const common::ParsedFrame& pf, const uint8_t* frame);
+  // contribute()'s steps. Whether slot `s` takes the contribution of member `bit` now: not when it is late, when the
+  // slot still holds an older chunk, or when an earlier chunk has not arrived (each answered here).
+  bool slot_takes(Group& g, Slot& s, const common::ParsedFrame& pf, uint64_t bit);
+  void open_slot(Group& g, Slot& s, const common::ParsedFrame& pf);  // for the contribution's chunk, its timer armed
+  // A contribution the slot already holds: its sender missed our answer (ACK, result, or the spine's).
+  void repeat_contribution(Group& g, Slot& s, const common::ParsedFrame& pf, bool is_destination);
+  // Adds a new contribution to the slot; the last one expected completes it (or goes upstream, on a leaf).
+  void aggregate(Group& g, Slot& s, const common::ParsedFrame& pf, const uint8_t* frame, bool is_destination);
   void forward_partial(Group& g, Slot& s);
   void upstream_result(Group& g, const common::ParsedFrame& pf, const uint8_t* frame);
   void result_ack(Group& g, const common::ParsedFrame& pf);

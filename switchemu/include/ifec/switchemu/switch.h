@@ -1,13 +1,15 @@
 // The software switch data plane: the contract every driver (sim, live) feeds frames into.
 //
-// Packet path (one frame, top to bottom):
+// Packet path (one frame, top to bottom; receive() and forward() in switch.cpp):
 //   Port receiver -> parse (MAC control? -> PFC pause/resume of our own egress, done)
-//     -> parse_l3 (malformed: drop, count) -> [ECH -> IFEC engine, issue 5]
-//     -> FIB lookup on the destination /32 (no route: drop, count)
+//     -> parse_l3 (malformed: drop, count)
+//     -> [ECH addressed to this switch: parse_frame, ICRC included (malformed: drop, count) -> IFEC engine, done]
+//     -> FIB lookup on the destination /32 (no route: drop, count) -> TTL check (expiring: drop, count)
 //     -> WECMP choice: per flow (5-tuple hash with the switch's seed) or per packet (smooth weighted round robin);
 //        members whose own link is down are skipped at once (local failover) until FARE reweighs the group
-//     -> TTL decrement, MAC rewrite -> egress admission (shared buffer; lossy queues capped per queue)
-//     -> ECN mark (RED-style between kmin and kmax) -> PFC ingress accounting (XOFF/XON toward the sender)
+//     -> egress admission (shared buffer; lossy queues capped per queue), before any rewrite: a drop costs no more
+//     -> ECN mark (RED-style between kmin and kmax) -> TTL decrement, ECN and MAC rewrite
+//     -> PFC ingress accounting (XOFF/XON toward the sender)
 //     -> egress queue per priority -> strict-priority transmit, skipping paused priorities -> Port::send
 //
 // Buffer model: the switch has one shared packet buffer of params.buffer_bytes x ports. Lossy priorities
