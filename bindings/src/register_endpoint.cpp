@@ -62,8 +62,8 @@ testbed::CollectiveSpec make_spec(const std::string& kind, const std::vector<int
   s.window = window;
   s.offset = offset;
   s.count = count;
-  s.dtype = testbed::parse_dtype(dtype);
-  s.op = testbed::parse_redop(op);
+  s.dtype = common::parse_ech_dtype(dtype);
+  s.op = common::parse_ech_redop(op);
   s.scratch_window = scratch_window;
   return s;
 }
@@ -253,8 +253,8 @@ void register_collectives(py::module_& m) {
         p.kind = workloads::parse_collective(kind);
         p.algo = workloads::parse_algo(algo);
         p.bytes = bytes;
-        p.dtype = testbed::parse_dtype(dtype);
-        p.op = testbed::parse_redop(op);
+        p.dtype = common::parse_ech_dtype(dtype);
+        p.op = common::parse_ech_redop(op);
         p.loss = loss;
         p.seed = seed;
         p.reproducible = reproducible;

@@ -6,6 +6,7 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
+#include "ifec/common/hash.h"
 #include "ifec/common/names.h"
 #include "ifec/common/pfc.h"
 #include "ifec/common/protocol.h"
@@ -17,14 +18,6 @@ using common::TimeNs;
 namespace {
 
 constexpr uint16_t kPauseQuanta = 0xFFFF;
-
-uint64_t mix64(uint64_t x) {
-  // splitmix64 finalizer: a cheap, well-distributed hash for flow spreading.
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 constexpr common::Name<LoadBalance> kLoadBalanceNames[] = {
     {LoadBalance::kPerFlow, "flow"},
@@ -167,7 +160,7 @@ int Switch::choose_live(Group& g, uint64_t flow_hash) {
     }
   }
   // Per flow (or spraying that keeps landing on dead members): rehash over the live members by weight.
-  double x = static_cast<double>(mix64(flow_hash) >> 11) * (1.0 / 9007199254740992.0) * live_total;
+  double x = static_cast<double>(common::splitmix64(flow_hash) >> 11) * (1.0 / 9007199254740992.0) * live_total;
   int last_live = -1;
   for (size_t i = 0; i < g.hops.size(); ++i) {
     if (!ports_[g.hops[i].port]->link_up()) {
@@ -221,9 +214,9 @@ void Switch::forward(int in_port, std::vector<uint8_t>&& frame, const common::L3
     in_counters.ttl_drops++;
     return;
   }
-  const uint64_t flow =
-      mix64(cfg_.seed ^ mix64((uint64_t{l3.src} << 32 | l3.dst) ^
-                              (uint64_t{l3.protocol} << 32 | uint64_t{l3.src_port} << 16 | l3.dst_port)));
+  const uint64_t flow = common::splitmix64(
+      cfg_.seed ^ common::splitmix64((uint64_t{l3.src} << 32 | l3.dst) ^
+                                     (uint64_t{l3.protocol} << 32 | uint64_t{l3.src_port} << 16 | l3.dst_port)));
   int idx = choose(it->second, flow);
   if (!ports_[it->second.hops[idx].port]->link_up()) {
     // Local failover: the data plane sees its own link go down at once and stops using that member, as ECMP

@@ -149,8 +149,8 @@ int run_sim_collective(const Args& a) {
   tb::CollectivePoint base;
   base.kind = wl::parse_collective(a.get("--collective"));
   base.algo = wl::parse_algo(a.get("--algo"));
-  base.dtype = tb::parse_dtype(a.get("--dtype", "fp32"));
-  base.op = tb::parse_redop(a.get("--op", "sum"));
+  base.dtype = ifec::common::parse_ech_dtype(a.get("--dtype", "fp32"));
+  base.op = ifec::common::parse_ech_redop(a.get("--op", "sum"));
   base.loss = ifec::cli::parse_probability(a.get("--loss", "0"), "--loss");
   base.fail = a.all("--fail");
   base.seed = ifec::cli::parse_uint(a.get("--seed", "1"), "--seed");

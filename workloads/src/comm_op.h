@@ -62,16 +62,16 @@ class CommOp : public std::enable_shared_from_this<CommOp> {
 
 // Endpoint-based algorithms (comm_schedule.cpp).
 std::shared_ptr<CommOp> make_schedule_op(Communicator& c, const CollArgs& a, Algo algo, Communicator::Done done);
-// In-fabric reduce / allreduce / barrier (comm_ifec.cpp) and broadcast by compact-ECH multicast.
+// In-fabric reduce / allreduce / barrier (comm_ifec_round.cpp).
 std::shared_ptr<CommOp> make_ifec_reduce_op(Communicator& c, const CollArgs& a, Communicator::Done done);
+// Broadcast by compact-ECH multicast, and batch multicast (comm_multicast.cpp).
 std::shared_ptr<CommOp> make_ifec_broadcast_op(Communicator& c, const CollArgs& a, Communicator::Done done);
-// Batch rows (comm_rows.cpp).
 std::shared_ptr<CommOp> make_multicast_rows_op(Communicator& c, BatchMulticastArgs a, Communicator::Done done);
+// Batch reduction (comm_rows_round.cpp).
 std::shared_ptr<CommOp> make_reduce_rows_op(Communicator& c, BatchReduceArgs a, Communicator::Done done);
 // Point-to-point row stores (comm_put.cpp).
 std::shared_ptr<CommOp> make_put_rows_op(Communicator& c, BatchPutArgs a, Communicator::Done done);
 
-// First element of block b when `count` elements are split into n nearly equal blocks.
 // ECH timers for a window of `window_bytes` in flight per plane at `gbps` (the plane's slowest weight): the first
 // timeout at least four drains of the window (at least `floor_first`), and never below one and a half drains after
 // round trips are measured (a contribution can wait behind a full window at its sender, its result behind one at
@@ -82,6 +82,7 @@ inline void fit_ech_timing(endpoint::EchTiming& t, double window_bytes, double g
   t.min_rto_ns = std::max<common::TimeNs>(t.min_rto_ns, static_cast<common::TimeNs>(1.5 * drain_ns));
 }
 
+// First element of block b when `count` elements are split into n nearly equal blocks.
 inline uint64_t block_begin(uint64_t count, uint64_t n, uint64_t b) { return count / n * b + count % n * b / n; }
 
 }  // namespace ifec::workloads

@@ -859,11 +859,11 @@ def pfc_probe(rf, sender, receiver, capture_dir, lossless_priority=3, link_gbps=
         rf.node(sender)["loopback"])]
     while_paused = sum(1 for t in sent if any(a < t < b for a, b in windows))
     res = results(out[sender][1], tools)["ib_write_bw pfc"]
-    return dict(pauses_sent=delta.get("pause_sent", 0), pause_frames_on_link=sum(1 for _, q in pauses
+    return dict(pauses_sent=delta.get("switch_pause_sent", 0), pause_frames_on_link=sum(1 for _, q in pauses
                                                                                  if q.get(lossless_priority, 0) > 0),
                 frames_sent=len(sent), frames_while_paused=while_paused, honoured=bool(pauses) and while_paused == 0,
                 transfer_ok=res["rc"] == 0 and results(out[receiver][1], tools)["ib_write_bw pfc"]["rc"] == 0,
-                gbps=res.get("gbps"), switch_drops=delta.get("buffer_drops", 0))
+                gbps=res.get("gbps"), switch_drops=delta.get("switch_buffer_drops", 0))
 
 
 # ---------------------------------------------------------------------------------------- the whole suite --

@@ -11,6 +11,7 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
+#include "ifec/common/protocol.h"
 #include "ifec/live/af_packet_port.h"
 #include "ifec/live/netns.h"
 #include "ifec/switchemu/switch.h"
@@ -40,7 +41,7 @@ std::vector<uint8_t> write_frame(size_t bytes, const AfPacketPort& from, const c
   h.ip.dst = dst;
   h.udp.src_port = 0xC001;
   h.bth.opcode = static_cast<uint8_t>(common::Opcode::kWriteOnly);
-  h.bth.dest_qp = 0x101;
+  h.bth.dest_qp = common::rc_qpn(0, 1);
   const size_t headers = common::header_bytes([&] {
                            common::FrameHeaders x = h;
                            x.reth = common::Reth{};

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/names.h"
 #include "ifec/common/numeric.h"
 #include "ifec/testbed/collective_run.h"
 #include "ifec/testbed/harness.h"
@@ -239,21 +240,18 @@ PropertyResult run_dispatch_case(const PropertyCase& c) {
 
 }  // namespace
 
-const char* property_kind_name(PropertyKind k) {
-  switch (k) {
-    case PropertyKind::kAllReduce:
-      return "allreduce";
-    case PropertyKind::kReduce:
-      return "reduce";
-    case PropertyKind::kMulticast:
-      return "multicast";
-    case PropertyKind::kCombine:
-      return "combine";
-    case PropertyKind::kDispatch:
-      return "dispatch";
-  }
-  return "?";
-}
+namespace {
+
+constexpr common::Name<PropertyKind> kKindNames[] = {{PropertyKind::kAllReduce, "allreduce"},
+                                                     {PropertyKind::kReduce, "reduce"},
+                                                     {PropertyKind::kMulticast, "multicast"},
+                                                     {PropertyKind::kCombine, "combine"},
+                                                     {PropertyKind::kDispatch, "dispatch"}};
+constexpr common::Vocabulary kKinds("property case kind", kKindNames);
+
+}  // namespace
+
+const char* property_kind_name(PropertyKind k) { return kKinds.name(k); }
 
 std::string PropertyCase::describe() const {
   std::ostringstream o;

@@ -12,24 +12,20 @@ namespace ifec::testbed {
 
 namespace {
 
+// Every counter of the port (in its list's order), and of each queue that carried traffic.
 common::JsonObject port_json(const PortReport& pr) {
-  const switchemu::SwitchPortCounters& c = pr.counters;
   common::JsonObject o;
-  o.add("switch", pr.switch_name).add("port", pr.port).add("rx_frames", c.rx_frames).add("rx_bytes", c.rx_bytes);
-  o.add("tx_frames", c.tx_frames).add("tx_bytes", c.tx_bytes).add("pause_sent", c.pause_sent);
-  o.add("resume_sent", c.resume_sent).add("pause_received", c.pause_received);
-  o.add("malformed_drops", c.malformed_drops).add("no_route_drops", c.no_route_drops);
-  o.add("link_down_drops", c.link_down_drops);
+  o.add("switch", pr.switch_name).add("port", pr.port);
+  pr.counters.for_each([&o](const char* name, uint64_t v) { o.add(name, v); });
   std::vector<common::JsonObject> queues;
-  for (size_t q = 0; q < c.queues.size(); ++q) {
-    const switchemu::QueueCounters& qc = c.queues[q];
+  for (size_t q = 0; q < pr.counters.queues.size(); ++q) {
+    const switchemu::QueueCounters& qc = pr.counters.queues[q];
     if (qc.enqueued_frames == 0 && qc.drops == 0) {
       continue;
     }
     common::JsonObject j;
-    j.add("priority", q).add("enqueued_frames", qc.enqueued_frames).add("tx_frames", qc.tx_frames);
-    j.add("tx_bytes", qc.tx_bytes).add("drops", qc.drops).add("ecn_marks", qc.ecn_marks);
-    j.add("high_water_bytes", qc.high_water_bytes);
+    j.add("priority", q);
+    qc.for_each([&j](const char* name, uint64_t v) { j.add(name, v); });
     queues.push_back(j);
   }
   return o.add("queues", queues);

@@ -672,8 +672,8 @@ testbed::CollectivePoint point_of(const v1::RunRequest& q) {
     IFEC_FAIL(e.what() << "; a hostd also runs alltoall and moe");
   }
   p.algo = workloads::parse_algo(q.algo().empty() ? "ifec" : q.algo());
-  p.dtype = testbed::parse_dtype(q.dtype().empty() ? "fp32" : q.dtype());
-  p.op = testbed::parse_redop(q.op().empty() ? "sum" : q.op());
+  p.dtype = common::parse_ech_dtype(q.dtype().empty() ? "fp32" : q.dtype());
+  p.op = common::parse_ech_redop(q.op().empty() ? "sum" : q.op());
   p.bytes = q.bytes();
   p.seed = q.seed() == 0 ? 1 : q.seed();
   const size_t es = workloads::element_size(p.dtype);

@@ -160,8 +160,13 @@ class SwitchService final : public v1::Switch::Service {
       // Beside the AF_PACKET device's counters: the switch's own, prefixed.
       for (auto& ps : *out->mutable_ports()) {
         auto& v = *ps.mutable_counters()->mutable_values();
-        sw_.counters(ps.port()).for_each(
-            [&v](const char* name, uint64_t value) { v[std::string("switch_") + name] = value; });
+        const switchemu::SwitchPortCounters& c = sw_.counters(ps.port());
+        c.for_each([&v](const char* name, uint64_t value) { v[std::string("switch_") + name] = value; });
+        uint64_t buffer_drops = 0;  // frames its egress queues refused (admission), over every priority
+        for (const switchemu::QueueCounters& q : c.queues) {
+          buffer_drops += q.drops;
+        }
+        v["switch_buffer_drops"] = buffer_drops;
       }
       return grpc::Status::OK;
     });

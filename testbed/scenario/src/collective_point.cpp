@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/hash.h"
 #include "ifec/common/numeric.h"
 
 namespace ifec::testbed {
@@ -15,35 +16,6 @@ using workloads::element_size;
 
 using common::EchDtype;
 using common::EchRedOp;
-
-EchDtype parse_dtype(const std::string& name) {
-  if (name == "fp32" || name == "float") {
-    return EchDtype::kFp32;
-  }
-  if (name == "bf16") {
-    return EchDtype::kBf16;
-  }
-  if (name == "fp16" || name == "half") {
-    return EchDtype::kFp16;
-  }
-  if (name == "int32") {
-    return EchDtype::kInt32;
-  }
-  IFEC_FAIL("unknown dtype '" << name << "': expected fp32, bf16, fp16 or int32");
-}
-
-EchRedOp parse_redop(const std::string& name) {
-  if (name == "sum") {
-    return EchRedOp::kSum;
-  }
-  if (name == "min") {
-    return EchRedOp::kMin;
-  }
-  if (name == "max") {
-    return EchRedOp::kMax;
-  }
-  IFEC_FAIL("unknown reduction op '" << name << "': expected sum, min or max");
-}
 
 namespace {
 
@@ -121,15 +93,6 @@ struct ReferenceBlock {
   }
 }
 
-// A counter-based generator: 64 well-mixed bits from (seed, member, element), so any member's input is a pure
-// function of those three (splitmix64's finaliser).
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 }  // namespace
 
 // Cloned for AVX-512 where the CPU has it (its 64-bit multiplies vectorize the generator): same bytes either way.
@@ -137,10 +100,14 @@ __attribute__((target_clones("arch=x86-64-v4", "default"))) void collective_inpu
                                                                                   uint64_t count, uint8_t* out,
                                                                                   uint64_t first) {
   // Bell-shaped floats of mean 0 and variance 1 (the sum of four uniforms, Irwin-Hall, scaled), or small integers
-  // for int32 so that sums stay meaningful; element i of the member from (seed, member, i) alone. One loop per
-  // element type: 64 members x 16 M elements are written per 64 MiB point, and regenerated for the reference.
-  const uint64_t stream = mix(p.seed * 7919 + static_cast<uint64_t>(member));
-  auto bits = [stream, first](uint64_t i) { return mix(stream ^ ((first + i) * 0xD1B54A32D192ED03ull)); };
+  // for int32 so that sums stay meaningful; element i of the member from (seed, member, i) alone, 64 well-mixed
+  // bits of them (a counter-based generator on splitmix64), so any member's input is a pure function of the three.
+  // One loop per element type: 64 members x 16 M elements are written per 64 MiB point, and regenerated for the
+  // reference.
+  const uint64_t stream = common::splitmix64(p.seed * 7919 + static_cast<uint64_t>(member));
+  auto bits = [stream, first](uint64_t i) {
+    return common::splitmix64(stream ^ ((first + i) * 0xD1B54A32D192ED03ull));
+  };
   auto bell = [](uint64_t r) {
     const double u = static_cast<double>((r & 0xFFFF) + ((r >> 16) & 0xFFFF) + ((r >> 32) & 0xFFFF) + (r >> 48));
     return static_cast<float>((u / 65536.0 - 2.0) * 1.7320508075688772);  // sqrt(3): variance 1

@@ -8,6 +8,7 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
+#include "ifec/common/names.h"
 #include "ifec/common/pfc.h"
 #include "ifec/common/protocol.h"
 
@@ -21,30 +22,16 @@ constexpr uint64_t kWindowBase = 0x0000100000000000ULL;
 
 }  // namespace
 
-Pattern parse_pattern(const std::string& name) {
-  if (name == "alltoall") {
-    return Pattern::kAllToAll;
-  }
-  if (name == "permutation") {
-    return Pattern::kPermutation;
-  }
-  if (name == "incast") {
-    return Pattern::kIncast;
-  }
-  IFEC_FAIL("unknown traffic pattern '" << name << "': expected alltoall, permutation or incast");
-}
+namespace {
 
-const char* pattern_name(Pattern p) {
-  switch (p) {
-    case Pattern::kAllToAll:
-      return "alltoall";
-    case Pattern::kPermutation:
-      return "permutation";
-    case Pattern::kIncast:
-      return "incast";
-  }
-  return "?";
-}
+constexpr common::Name<Pattern> kPatternNames[] = {
+    {Pattern::kAllToAll, "alltoall"}, {Pattern::kPermutation, "permutation"}, {Pattern::kIncast, "incast"}};
+constexpr common::Vocabulary kPatterns("traffic pattern", kPatternNames);
+
+}  // namespace
+
+Pattern parse_pattern(const std::string& name) { return kPatterns.parse(name); }
+const char* pattern_name(Pattern p) { return kPatterns.name(p); }
 
 std::vector<FlowSpec> make_flows(Pattern p, int gpus, uint64_t bytes, uint64_t seed, int incast_target) {
   IFEC_CHECK(gpus >= 2, "traffic needs at least 2 GPUs, topology has " << gpus);
@@ -266,7 +253,7 @@ void RawTraffic::pump(int gpu, int pi) {
   // One QP per (flow, port): its own UDP source port, so per-flow hashing can spread QPs over paths.
   h.udp.src_port = static_cast<uint16_t>(0xC000 | ((gpu * 131 + f.spec.dst * 31 + pi * 7) & 0x3FFF));
   h.bth.opcode = static_cast<uint8_t>(common::Opcode::kWriteOnly);
-  h.bth.dest_qp = static_cast<uint32_t>(0x100 + gpu * 16 + pi);
+  h.bth.dest_qp = common::rc_qpn(gpu, pi);  // the receiver's QP toward this source on this port
   h.bth.psn = f.psn[pi]++ & common::Bth::kPsnMask;
   h.reth = common::Reth{kWindowBase + offset, 0x1000u + static_cast<uint32_t>(gpu), len};
   static const std::vector<uint8_t> kZeros(65536, 0);

@@ -18,8 +18,6 @@ namespace ifec::testbed {
 using workloads::Algo;
 using workloads::Collective;
 
-common::EchDtype parse_dtype(const std::string& name);  // fp32|bf16|fp16|int32
-common::EchRedOp parse_redop(const std::string& name);  // sum|min|max
 
 struct CollectivePoint {
   Collective kind = Collective::kAllReduce;
