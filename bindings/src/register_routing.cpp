@@ -49,18 +49,18 @@ void register_routing(py::module_& m) {
       .def_property_readonly(
           "buffer_bytes", [](const Topology& t) { return t.params.buffer_bytes; },
           "egress buffer per port and priority")
-      .def_property_readonly("nodes",
-                             [](const Topology& t) {
-                               py::list out;
-                               for (size_t i = 0; i < t.nodes.size(); ++i) {
-                                 const Node& n = t.nodes[i];
-                                 out.append(py::dict(py::arg("index") = i, py::arg("name") = n.name,
-                                                     py::arg("kind") = n.kind == NodeKind::kGpu ? "gpu" : "switch",
-                                                     py::arg("plane") = n.plane, py::arg("gpu") = n.gpu_index,
-                                                     py::arg("loopback") = n.loopback));
-                               }
-                               return out;
-                             })
+      .def_property_readonly(
+          "nodes",
+          [](const Topology& t) {
+            py::list out;
+            for (size_t i = 0; i < t.nodes.size(); ++i) {
+              const Node& n = t.nodes[i];
+              out.append(py::dict(py::arg("index") = i, py::arg("name") = n.name,
+                                  py::arg("kind") = node_kind_name(n.kind), py::arg("plane") = n.plane,
+                                  py::arg("gpu") = n.gpu_index, py::arg("loopback") = n.loopback));
+            }
+            return out;
+          })
       .def_property_readonly(
           "links",
           [](const Topology& t) {

@@ -12,9 +12,17 @@
 #include <unordered_map>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/names.h"
 #include "topology_internal.h"
 
 namespace ifec::routing {
+
+namespace {
+constexpr common::Name<NodeKind> kNodeKindNames[] = {{NodeKind::kGpu, "gpu"}, {NodeKind::kSwitch, "switch"}};
+constexpr common::Vocabulary kNodeKinds("node kind", kNodeKindNames);
+}  // namespace
+
+const char* node_kind_name(NodeKind k) { return kNodeKinds.name(k); }
 
 int Topology::num_gpus() const {
   return static_cast<int>(

@@ -119,7 +119,7 @@ int run_netns_plan(const Args& a) {
   for (size_t i = 0; i < t.nodes.size(); ++i) {
     const auto& n = t.nodes[i];
     std::printf("node %s %zu %s %s\n", n.name.c_str(), i, ifec::live::mgmt_ip(static_cast<int>(i)).c_str(),
-                n.kind == ifec::routing::NodeKind::kGpu ? "gpu" : "switch");
+                ifec::routing::node_kind_name(n.kind));
   }
   for (const auto& l : t.links) {
     std::printf("link %s f%d %s f%d %g\n", t.nodes[l.a].name.c_str(), l.a_port, t.nodes[l.b].name.c_str(), l.b_port,

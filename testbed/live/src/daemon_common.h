@@ -45,7 +45,7 @@ inline std::string mac_text(const uint8_t* m) {
 inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
   const routing::Topology& topo = rt.topology();
   s->set_node(rt.info().name);
-  s->set_kind(rt.info().kind == routing::NodeKind::kGpu ? "gpu" : "switch");
+  s->set_kind(routing::node_kind_name(rt.info().kind));
   s->set_gpu(rt.info().gpu_index);
   s->set_uptime_ns(rt.loop().now());
   s->set_fare_changes(rt.fare_changes());

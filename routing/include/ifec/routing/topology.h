@@ -9,6 +9,7 @@
 namespace ifec::routing {
 
 enum class NodeKind : uint8_t { kGpu, kSwitch };
+const char* node_kind_name(NodeKind k);  // "gpu" | "switch"
 
 struct Node {
   std::string name;

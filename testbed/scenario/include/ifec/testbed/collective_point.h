@@ -18,7 +18,6 @@ namespace ifec::testbed {
 using workloads::Algo;
 using workloads::Collective;
 
-
 struct CollectivePoint {
   Collective kind = Collective::kAllReduce;
   Algo algo = Algo::kIfec;  // ring|tree|rd|oneshot|best (endpoint algorithms) or ifec
