@@ -92,13 +92,25 @@ ClusterOptions cluster_options(const PropertyCase& c) {
   return o;
 }
 
+IfecOptions ifec_options(const PropertyCase& c) {
+  IfecOptions io;
+  io.slots_per_plane = c.slot_budget;
+  return io;
+}
+
+// The cluster a batch case runs on, with its in-fabric collectives at the case's slot budget.
+struct CaseCluster {
+  explicit CaseCluster(const PropertyCase& c) : cl(topology_of(c), cluster_options(c)), ifec(cl, ifec_options(c)) {}
+  Cluster cl;
+  IfecCollectives ifec;
+};
+
 // Batch reduction (MoE combine): random rows, each summed from 1..max_contributors other GPUs into its destination.
 PropertyResult run_combine_case(const PropertyCase& c) {
   std::mt19937_64 rng(c.seed * 31 + 7);
-  Cluster cl(topology_of(c), cluster_options(c));
-  IfecOptions io;
-  io.slots_per_plane = c.slot_budget;
-  IfecCollectives ifec(cl, io);
+  CaseCluster cc(c);
+  Cluster& cl = cc.cl;
+  IfecCollectives& ifec = cc.ifec;
   const size_t es = element_size(c.dtype);
   const uint64_t row_bytes = uint64_t{c.row_elements} * es;
   BatchReduceSpec spec;
@@ -180,10 +192,9 @@ PropertyResult run_combine_case(const PropertyCase& c) {
 // source's bytes exactly, and nobody else may.
 PropertyResult run_dispatch_case(const PropertyCase& c) {
   std::mt19937_64 rng(c.seed * 37 + 11);
-  Cluster cl(topology_of(c), cluster_options(c));
-  IfecOptions io;
-  io.slots_per_plane = c.slot_budget;
-  IfecCollectives ifec(cl, io);
+  CaseCluster cc(c);
+  Cluster& cl = cc.cl;
+  IfecCollectives& ifec = cc.ifec;
   BatchMulticastSpec spec;
   spec.window = kResult;
   spec.row_bytes = c.row_elements;
