@@ -207,7 +207,7 @@ bool FareSpeaker::recompute() {
           return nb.known ? FareAdvert{nb.gbps[d], nb.hops[d], &nb.paths[static_cast<size_t>(d) * words_]}
                           : FareAdvert{};
         },
-        path.data(), &group);
+        fare_path_bits(topo_, node_), path.data(), &group);
     changed = changed || gbps != adv_[d] || hops != hops_[d] ||
               !std::equal(path.begin(), path.end(), paths_.begin() + static_cast<size_t>(d) * words_);
     const bool same_group =

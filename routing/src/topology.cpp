@@ -58,6 +58,18 @@ std::vector<int> Topology::links_of(int node) const {
   return out;
 }
 
+std::vector<std::vector<int>> adjacency(const Topology& t) {
+  std::vector<std::vector<int>> out(t.nodes.size());
+  for (const Link& l : t.links) {
+    IFEC_CHECK(l.a >= 0 && l.a < static_cast<int>(t.nodes.size()) && l.b >= 0 && l.b < static_cast<int>(t.nodes.size()),
+               "topology '" << t.name << "': link " << l.id << " joins nodes " << l.a << " and " << l.b
+                            << ", outside 0.." << t.nodes.size() - 1);
+    out[l.a].push_back(l.id);
+    if (l.b != l.a) out[l.b].push_back(l.id);
+  }
+  return out;
+}
+
 std::pair<int, int> Topology::peer(int link, int node) const {
   IFEC_CHECK(link >= 0 && link < static_cast<int>(links.size()),
              "topology '" << name << "': link id " << link << " out of range [0, " << links.size() << ")");

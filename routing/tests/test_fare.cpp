@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ifec/common/checks.h"
@@ -285,6 +287,159 @@ TEST(FarePerformance, ReferenceFabricsConvergeFromScratchQuickly) {
     EXPECT_LT(ms, 250) << t->name;  // the budget is "well under a second"; Release builds take a few ms
     RecordProperty(t->name + "_converge_ms", std::to_string(ms));
   }
+}
+
+// ------------------------------------------------------------------------- against the per-GPU reference --
+
+// The RIB as it was before destination classes: every node's row toward every GPU, path sets over every node. The
+// class RIB must give the same advertisement, hop-by-hop changes and WECMP group at every node toward every GPU,
+// round by round.
+class PerGpuRib {
+ public:
+  explicit PerGpuRib(const Topology& t) : t_(t), words_(static_cast<size_t>(fare_path_words(t))) {
+    const int nodes = static_cast<int>(t.nodes.size());
+    const int gpus = t.num_gpus();
+    up_.assign(t.links.size(), 1);
+    for (int x = 0; x < nodes; ++x) bundles_.push_back(fare_bundles(t, x));
+    adv_.assign(nodes, std::vector<double>(gpus, 0));
+    hops_.assign(nodes, std::vector<int>(gpus, -1));
+    groups_.assign(nodes, std::vector<std::vector<NextHop>>(gpus));
+    paths_.assign(static_cast<size_t>(nodes) * gpus * words_, 0);
+    for (int g = 0; g < gpus; ++g) {
+      const int n = t.gpu_node(g);
+      adv_[n][g] = INFINITY;
+      hops_[n][g] = 0;
+      paths_[(static_cast<size_t>(n) * gpus + g) * words_ + n / 64] |= uint64_t{1} << (n % 64);
+    }
+  }
+  void set_link_up(int link, bool up) { up_[link] = up; }
+  bool step() {
+    const int nodes = static_cast<int>(t_.nodes.size());
+    const int gpus = t_.num_gpus();
+    auto adv = adv_;
+    auto hops = hops_;
+    auto paths = paths_;
+    bool changed = false;
+    std::vector<NextHop> group;
+    for (int x = 0; x < nodes; ++x) {
+      std::vector<double> bw;
+      for (const FareBundle& b : bundles_[x]) {
+        double sum = 0;
+        for (int l : b.links) sum += up_[l] ? t_.links[l].rate_gbps : 0;
+        bw.push_back(sum);
+      }
+      for (int d = 0; d < gpus; ++d) {
+        const auto [gbps, h] = fare_decide(
+            t_, x, t_.gpu_node(d), bundles_[x], bw, up_,
+            [&](size_t i) {
+              const int n = bundles_[x][i].peer;
+              return FareAdvert{adv_[n][d], hops_[n][d], &paths_[(static_cast<size_t>(n) * gpus + d) * words_]};
+            },
+            fare_path_bits(t_, x), &paths[(static_cast<size_t>(x) * gpus + d) * words_], &group);
+        adv[x][d] = gbps;
+        hops[x][d] = h;
+        changed = changed || group.size() != groups_[x][d].size() ||
+                  !std::equal(group.begin(), group.end(), groups_[x][d].begin(), [](auto& a, auto& b) {
+                    return a.link == b.link && a.port == b.port && a.weight == b.weight;
+                  });
+        groups_[x][d] = group;
+      }
+    }
+    changed = changed || adv != adv_ || hops != hops_ || paths != paths_;
+    adv_ = std::move(adv);
+    hops_ = std::move(hops);
+    paths_ = std::move(paths);
+    return changed;
+  }
+  double adv(int node, int d) const { return adv_[node][d]; }
+  const std::vector<NextHop>& group(int node, int d) const { return groups_[node][d]; }
+
+ private:
+  const Topology& t_;
+  size_t words_;
+  std::vector<char> up_;
+  std::vector<std::vector<FareBundle>> bundles_;
+  std::vector<std::vector<double>> adv_;
+  std::vector<std::vector<int>> hops_;
+  std::vector<std::vector<std::vector<NextHop>>> groups_;
+  std::vector<uint64_t> paths_;
+};
+
+// Steps both until neither changes, comparing every row after every round.
+void expect_same_rounds(const Topology& t, FareRib& rib, PerGpuRib& ref, const std::string& when) {
+  for (int round = 1; round < 64; ++round) {
+    const bool changed = rib.step();
+    ASSERT_EQ(changed, ref.step()) << when << ", round " << round;
+    for (int n = 0; n < static_cast<int>(t.nodes.size()); ++n) {
+      for (int d = 0; d < t.num_gpus(); ++d) {
+        const std::vector<NextHop> got = rib.next_hops(n, d);
+        const std::vector<NextHop>& want = ref.group(n, d);
+        ASSERT_EQ(rib.advertised_gbps(n, d), ref.adv(n, d))
+            << when << ", round " << round << ", " << t.nodes[n].name << " -> GPU " << d;
+        ASSERT_EQ(got.size(), want.size()) << when << ", round " << round << ", " << t.nodes[n].name << " -> GPU " << d;
+        for (size_t k = 0; k < got.size(); ++k) {
+          ASSERT_TRUE(got[k].link == want[k].link && got[k].port == want[k].port && got[k].weight == want[k].weight)
+              << when << ", round " << round << ", " << t.nodes[n].name << " -> GPU " << d << " hop " << k;
+        }
+      }
+    }
+    if (!changed) return;
+  }
+  FAIL() << when << ": no convergence";
+}
+
+// A scenario of link events, each followed by rounds until quiet, on both RIBs.
+void expect_same_as_per_gpu(const Topology& t, const std::vector<std::pair<int, bool>>& events) {
+  FareRib rib(t);
+  PerGpuRib ref(t);
+  expect_same_rounds(t, rib, ref, t.name + " from scratch");
+  for (size_t i = 0; i < events.size(); ++i) {
+    rib.set_link_up(events[i].first, events[i].second);
+    ref.set_link_up(events[i].first, events[i].second);
+    expect_same_rounds(t, rib, ref, t.name + " after event " + std::to_string(i));
+  }
+}
+
+TEST(FareClasses, SuperpodRoundsEqualThePerGpuRibThroughSubLinkAndPlaneFailures) {
+  const Topology t = make_superpod(8, 3);
+  EXPECT_EQ(FareRib(t).num_classes(), 1) << "every GPU hangs from every plane's switch alike";
+  // GPU 5's plane-1 sub-link, then the rest of its plane-1 cable, GPU 0 (the class's representative) loses a
+  // sub-link too, restorations in another order.
+  expect_same_as_per_gpu(t, {{superpod_link(5, 1, 3, 0), false},
+                             {superpod_link(5, 1, 3, 1), false},
+                             {superpod_link(0, 2, 3, 1), false},
+                             {superpod_link(5, 1, 3, 0), true},
+                             {superpod_link(0, 2, 3, 1), true},
+                             {superpod_link(5, 1, 3, 1), true}});
+}
+
+TEST(FareClasses, FatTreeRoundsEqualThePerGpuRibThroughUplinkAndNicFailures) {
+  const Topology t = make_fat_tree(16, 2, 4, 2);
+  EXPECT_EQ(FareRib(t).num_classes(), 4) << "one class per leaf";
+  int uplink = -1;
+  for (const Link& l : t.links) {
+    if (t.nodes[l.a].kind == NodeKind::kSwitch && t.nodes[l.b].kind == NodeKind::kSwitch) uplink = l.id;
+  }
+  const int nic = t.links_of(t.gpu_node(4))[1];  // GPU 4's plane-1 NIC: the first of its leaf's class
+  expect_same_as_per_gpu(t, {{uplink, false},
+                             {nic, false},
+                             {t.links_of(t.gpu_node(6))[0], false},
+                             {uplink, true},
+                             {nic, true},
+                             {t.links_of(t.gpu_node(6))[0], true}});
+}
+
+TEST(FareClasses, StateGrowsWithClassesNotWithGpusSquared) {
+  // Twice the GPUs on the same leaves: the same classes, the same rows; the per-GPU RIB held four times as much.
+  const Topology t256 = make_fat_tree(256, 8, 16, 8);
+  const Topology t512 = make_fat_tree(512, 8, 16, 8);
+  const size_t small = FareRib(t256).memory_bytes();
+  const size_t large = FareRib(t512).memory_bytes();
+  EXPECT_LT(large, small * 5 / 4) << small << " -> " << large << " bytes";
+  const Topology t2048 = make_fat_tree(2048, 8, 64, 32);
+  FareRib rib(t2048);
+  rib.converge();
+  EXPECT_LT(rib.memory_bytes(), 64u << 20) << "2,048 GPUs x 8 planes: " << rib.memory_bytes() << " bytes";
 }
 
 }  // namespace

@@ -63,12 +63,12 @@ Switch::Switch(common::Clock& clock, SwitchConfig cfg, std::vector<common::Port*
 }
 
 common::TimeNs Switch::backlog_ns(uint32_t dst_ip) const {
-  auto it = fib_.find(dst_ip);
-  if (it == fib_.end()) {
+  const std::vector<NextHopPort>* hops = route(dst_ip);
+  if (hops == nullptr) {
     return 0;
   }
   common::TimeNs longest = 0;  // the member a frame may take with the most queued ahead of it
-  for (const NextHopPort& hop : it->second.hops) {
+  for (const NextHopPort& hop : *hops) {
     uint64_t bytes = 0;
     for (const QueueCounters& q : state_[hop.port].counters.queues) {
       bytes += q.bytes_now;
@@ -103,12 +103,37 @@ int Switch::priority_of(uint8_t dscp) const {
 }
 
 void Switch::set_route(uint32_t dst_ip, std::vector<NextHopPort> group) {
+  set_route(std::vector<uint32_t>{dst_ip}, std::move(group));
+}
+
+void Switch::set_route(const std::vector<uint32_t>& dst_ips, std::vector<NextHopPort> group) {
   if (group.empty()) {
-    fib_.erase(dst_ip);
+    for (uint32_t ip : dst_ips) {
+      release_group(fib_.erase(ip));
+    }
     return;
   }
+  const int32_t slot = new_group(std::move(group), static_cast<int>(dst_ips.size()));
+  for (uint32_t ip : dst_ips) {
+    release_group(fib_.set(ip, slot));
+  }
+}
+
+void Switch::set_class_table(std::shared_ptr<const IpMap> classes) { classes_ = std::move(classes); }
+
+void Switch::set_class_route(int cls, std::vector<NextHopPort> group) {
+  IFEC_CHECK(cls >= 0, "switch " << cfg_.name << ": destination class " << cls << " is negative");
+  if (static_cast<size_t>(cls) >= class_groups_.size()) {
+    class_groups_.resize(cls + 1, -1);
+  }
+  release_group(class_groups_[cls]);
+  class_groups_[cls] = group.empty() ? -1 : new_group(std::move(group), 1);
+}
+
+// A validated group in a free slot, routing `refs` destinations.
+int32_t Switch::new_group(std::vector<NextHopPort> hops, int refs) {
   Group g;
-  for (const NextHopPort& h : group) {
+  for (const NextHopPort& h : hops) {
     IFEC_CHECK(h.port >= 0 && h.port < num_ports(),
                "switch " << cfg_.name << ": next hop port " << h.port << " outside 0.." << num_ports() - 1);
     IFEC_CHECK(h.weight >= 0 && std::isfinite(h.weight),
@@ -118,17 +143,49 @@ void Switch::set_route(uint32_t dst_ip, std::vector<NextHopPort> group) {
   }
   IFEC_CHECK(g.total > 0, "switch " << cfg_.name << ": WECMP group weights sum to 0");
   std::vector<double> weights;
-  for (const NextHopPort& h : group) {
+  for (const NextHopPort& h : hops) {
     weights.push_back(h.weight);
   }
   g.swrr.reset(std::move(weights));
-  g.hops = std::move(group);
-  fib_[dst_ip] = std::move(g);
+  g.hops = std::move(hops);
+  g.refs = refs;
+  if (free_groups_.empty()) {
+    groups_.push_back(std::move(g));
+    return static_cast<int32_t>(groups_.size() - 1);
+  }
+  const int32_t slot = free_groups_.back();
+  free_groups_.pop_back();
+  groups_[slot] = std::move(g);
+  return slot;
+}
+
+int32_t Switch::lookup(uint32_t dst_ip) const {
+  const int32_t slot = fib_.find(dst_ip);
+  if (slot >= 0 || !classes_) {
+    return slot;
+  }
+  const int32_t cls = classes_->find(dst_ip);
+  return cls >= 0 && static_cast<size_t>(cls) < class_groups_.size() ? class_groups_[cls] : -1;
+}
+
+void Switch::release_group(int32_t slot) {
+  if (slot >= 0 && --groups_[slot].refs == 0) {
+    groups_[slot] = Group{};
+    free_groups_.push_back(slot);
+  }
 }
 
 const std::vector<NextHopPort>* Switch::route(uint32_t dst_ip) const {
-  auto it = fib_.find(dst_ip);
-  return it == fib_.end() ? nullptr : &it->second.hops;
+  const int32_t slot = lookup(dst_ip);
+  return slot < 0 ? nullptr : &groups_[slot].hops;
+}
+
+size_t Switch::fib_bytes() const {
+  size_t bytes = fib_.memory_bytes() + class_groups_.capacity() * sizeof(int32_t) + groups_.capacity() * sizeof(Group);
+  for (const Group& g : groups_) {
+    bytes += g.hops.capacity() * sizeof(NextHopPort) + g.cumulative.capacity() * sizeof(double) + g.swrr.memory_bytes();
+  }
+  return bytes;
 }
 
 int Switch::choose(Group& g, uint64_t flow_hash) {
@@ -202,14 +259,14 @@ void Switch::receive(int in_port, std::vector<uint8_t>&& frame) {
 }
 
 void Switch::forward(int in_port, std::vector<uint8_t>&& frame, const common::L3View& l3) {
-  SwitchPortCounters dummy;
-  SwitchPortCounters& in_counters = in_port >= 0 ? state_[in_port].counters : dummy;
-  auto it = fib_.find(l3.dst);
-  if (it == fib_.end()) {
+  SwitchPortCounters& in_counters = in_port >= 0 ? state_[in_port].counters : originated_;
+  const int32_t slot = lookup(l3.dst);
+  if (slot < 0) {
     in_counters.no_route_drops++;
     originated_drops_ += in_port < 0;
     return;
   }
+  Group& group = groups_[slot];
   if (l3.ttl <= 1) {
     in_counters.ttl_drops++;
     return;
@@ -217,18 +274,18 @@ void Switch::forward(int in_port, std::vector<uint8_t>&& frame, const common::L3
   const uint64_t flow = common::splitmix64(
       cfg_.seed ^ common::splitmix64((uint64_t{l3.src} << 32 | l3.dst) ^
                                      (uint64_t{l3.protocol} << 32 | uint64_t{l3.src_port} << 16 | l3.dst_port)));
-  int idx = choose(it->second, flow);
-  if (!ports_[it->second.hops[idx].port]->link_up()) {
+  int idx = choose(group, flow);
+  if (!ports_[group.hops[idx].port]->link_up()) {
     // Local failover: the data plane sees its own link go down at once and stops using that member, as ECMP
     // hardware does; FARE reweighs the rest of the fabric one control-plane delay per hop later.
-    idx = choose_live(it->second, flow);
+    idx = choose_live(group, flow);
     if (idx < 0) {
       in_counters.no_route_drops++;
       return;
     }
     in_counters.failovers++;
   }
-  const NextHopPort& hop = it->second.hops[idx];
+  const NextHopPort& hop = group.hops[idx];
   const int prio = priority_of(l3.dscp);
   PortState& out = state_[hop.port];
 

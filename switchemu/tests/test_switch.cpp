@@ -176,6 +176,37 @@ TEST(Switch, PerPacketSprayingFollowsWeightsExactly) {
   EXPECT_EQ(b.received[2].size(), 100u);
 }
 
+TEST(Switch, DestinationsSharingAGroupShareItsSprayingAndLeaveItOneByOne) {
+  common::EventLoop loop;
+  Bench<common::EventLoop> b(loop, {k100G, k100G, k100G}, config());
+  // Two destinations behind one group of ports 1 and 2 (1:1): their frames, interleaved, alternate between the
+  // ports as one stream would (one shared round robin), not each on its own.
+  const uint32_t x = host_ip(98);
+  const uint32_t y = host_ip(99);
+  b.sw->set_route(std::vector<uint32_t>{x, y}, {{1, 1.0, {}}, {2, 1.0, {}}});
+  std::vector<std::vector<uint8_t>> frames;
+  for (uint32_t i = 0; i < 4; ++i) {
+    frames.push_back(roce_frame(0, 98 + static_cast<int>(i % 2), i, 64));
+  }
+  blast(b, 0, frames);
+  loop.run();
+  ASSERT_EQ(b.received[1].size(), 2u);
+  ASSERT_EQ(b.received[2].size(), 2u);
+  common::L3View l3;
+  ASSERT_TRUE(common::parse_l3(b.received[1][0].data(), b.received[1][0].size(), &l3).ok());
+  EXPECT_EQ(l3.dst, x);
+  ASSERT_TRUE(common::parse_l3(b.received[1][1].data(), b.received[1][1].size(), &l3).ok());
+  EXPECT_EQ(l3.dst, x) << "with a round robin each, both destinations' first frames would take port 1";
+  // One destination re-routed alone keeps the other on the group; withdrawing the last one frees it.
+  b.sw->set_route(x, {{1, 1.0, {}}});
+  ASSERT_NE(b.sw->route(y), nullptr);
+  EXPECT_EQ(b.sw->route(y)->size(), 2u);
+  EXPECT_EQ(b.sw->route(x)->size(), 1u);
+  b.sw->set_route(std::vector<uint32_t>{x, y}, {});
+  EXPECT_EQ(b.sw->route(x), nullptr);
+  EXPECT_EQ(b.sw->route(y), nullptr);
+}
+
 TEST(Switch, PerFlowHashingKeepsFlowsOnOnePathAndSplitsFlowsByWeight) {
   common::EventLoop loop;
   switchemu::SwitchConfig cfg = config();

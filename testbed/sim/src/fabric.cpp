@@ -82,7 +82,9 @@ Fabric::Fabric(common::Clock& clock, const routing::Topology& topo, FabricOption
     node_switch_[n] = static_cast<int>(switches_.size());
     switch_nodes_.push_back(static_cast<int>(n));
     switches_.push_back(std::make_unique<Switch>(clock_, cfg, node_ports[n]));
+    switches_.back()->set_class_table(class_table_);
   }
+  adj_ = routing::adjacency(topo_);
   rib_ = std::make_unique<routing::FareRib>(topo_);
   rib_->converge();
   install_routes();
@@ -92,18 +94,17 @@ Fabric::~Fabric() = default;
 
 uint32_t Fabric::gpu_ip(int gpu) const { return topo_.nodes.at(topo_.gpu_node(gpu)).loopback; }
 
-const std::vector<routing::NextHop>& Fabric::gpu_next_hops(int src, int dst) const {
+std::vector<routing::NextHop> Fabric::gpu_next_hops(int src, int dst) const {
   return rib_->next_hops(topo_.gpu_node(src), dst);
 }
 
 void Fabric::install_routes() {
-  const int gpus = topo_.num_gpus();
   // Adjacent switches' loopbacks: the IFEC engines of a two-tier plane (leaf partials to a spine, results back)
   // talk to their neighbours directly, over the up links between them.
   for (size_t s = 0; s < switches_.size(); ++s) {
     const int node = switch_nodes_[s];
     std::map<int, std::vector<NextHopPort>> to_neighbour;
-    for (int l : topo_.links_of(node)) {
+    for (int l : adj_[node]) {
       const auto [peer_node, peer_port] = topo_.peer(l, node);
       if (topo_.nodes[peer_node].kind != routing::NodeKind::kSwitch || !rib_->link_up(l)) {
         continue;
@@ -117,18 +118,37 @@ void Fabric::install_routes() {
     }
   }
   install_loopback_routes();
-  for (size_t s = 0; s < switches_.size(); ++s) {
-    const int node = switch_nodes_[s];
-    for (int d = 0; d < gpus; ++d) {
-      std::vector<NextHopPort> group;
-      for (const routing::NextHop& h : rib_->next_hops(node, d)) {
-        if (h.weight <= 0) {
-          continue;
-        }
+  install_gpu_routes();
+}
+
+// Toward the GPUs, class by class (routing::FareRib): a switch a class hangs from reaches each member over its own
+// links (a /32 each); any other switch sends every member the same way, one route for the class, found through
+// the fabric's one table of GPU address -> class (as a leaf's prefix is, instead of a /32 per GPU per switch).
+void Fabric::install_gpu_routes() {
+  auto group_of = [this](int node, const std::vector<routing::NextHop>& hops) {
+    std::vector<NextHopPort> group;
+    for (const routing::NextHop& h : hops) {
+      if (h.weight > 0) {
         const auto [peer_node, peer_port] = topo_.peer(h.link, node);
         group.push_back(NextHopPort{h.port, h.weight, node_port_mac(topo_, peer_node, peer_port)});
       }
-      switches_[s]->set_route(gpu_ip(d), std::move(group));
+    }
+    return group;
+  };
+  for (int g = 0; g < num_gpus(); ++g) {
+    class_table_->set(gpu_ip(g), rib_->class_of(g));
+  }
+  for (size_t s = 0; s < switches_.size(); ++s) {
+    const int node = switch_nodes_[s];
+    for (int c = 0; c < rib_->num_classes(); ++c) {
+      const std::vector<int>& members = rib_->class_members(c);
+      if (rib_->attached(node, c)) {
+        for (int d : members) {
+          switches_[s]->set_route(gpu_ip(d), group_of(node, rib_->next_hops(node, d)));
+        }
+      } else if (!members.empty()) {
+        switches_[s]->set_class_route(c, group_of(node, rib_->class_hops(node, c)));
+      }
     }
   }
 }
@@ -145,7 +165,7 @@ void Fabric::install_loopback_routes() {
     while (!frontier.empty()) {
       std::vector<int> next;
       for (int node : frontier) {
-        for (int l : topo_.links_of(node)) {
+        for (int l : adj_[node]) {
           const int peer = topo_.peer(l, node).first;
           if (topo_.nodes[peer].kind == routing::NodeKind::kSwitch && rib_->link_up(l) && dist[peer] < 0) {
             dist[peer] = dist[node] + 1;
@@ -161,7 +181,7 @@ void Fabric::install_loopback_routes() {
         continue;  // itself, a neighbour (routed above), or unreachable
       }
       std::vector<NextHopPort> group;
-      for (int l : topo_.links_of(node)) {
+      for (int l : adj_[node]) {
         const auto [peer, peer_port] = topo_.peer(l, node);
         if (rib_->link_up(l) && dist[peer] == dist[node] - 1) {
           const int my_port = topo_.links[l].a == node ? topo_.links[l].a_port : topo_.links[l].b_port;
@@ -210,6 +230,14 @@ int Fabric::switch_of_plane(int gpu, int plane) const {
     }
   }
   return -1;
+}
+
+size_t Fabric::routing_bytes() const {
+  size_t bytes = rib_->memory_bytes() + class_table_->memory_bytes();
+  for (const auto& s : switches_) {
+    bytes += s->fib_bytes();
+  }
+  return bytes;
 }
 
 SwitchTotals Fabric::switch_totals() const {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "ifec/common/checks.h"
@@ -77,10 +78,8 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
   const int gpus = fabric_.num_gpus();
   mtu_ = topo.params.mtu;
   prio_ = topo.params.pfc.lossless_priority;
-  flow_of_.assign(gpus, std::vector<int>(gpus, -1));
   nics_.resize(gpus);
   for (int g = 0; g < gpus; ++g) {
-    gpu_of_ip_[fabric_.gpu_ip(g)] = g;
     nics_[g].ports.resize(fabric_.gpu_ports(g).size());
     for (auto& p : nics_[g].ports) {
       p.paused_until.assign(topo.params.priorities, 0);
@@ -89,21 +88,29 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
   for (const FlowSpec& f : flows) {
     IFEC_CHECK(f.src >= 0 && f.src < gpus && f.dst >= 0 && f.dst < gpus && f.src != f.dst,
                "flow " << f.src << " -> " << f.dst << " is not between two distinct GPUs of 0.." << gpus - 1);
-    IFEC_CHECK(flow_of_[f.src][f.dst] < 0, "duplicate flow " << f.src << " -> " << f.dst);
     Flow fl;
     fl.spec = f;
     fl.packets = (f.bytes + mtu_ - 1) / mtu_;
-    fl.alloc.assign(nics_[f.src].ports.size(), 0);
-    fl.psn.assign(nics_[f.src].ports.size(), 0);
-    flow_of_[f.src][f.dst] = static_cast<int>(flows_.size());
+    fl.port_slot = alloc_.size();
+    alloc_.resize(alloc_.size() + nics_[f.src].ports.size(), 0);
     nics_[f.src].flows.push_back(static_cast<int>(flows_.size()));
+    nics_[f.dst].inflows.push_back({f.src, static_cast<int>(flows_.size())});
     flows_.push_back(std::move(fl));
+  }
+  psn_.assign(alloc_.size(), 0);
+  for (Nic& nic : nics_) {
+    std::sort(nic.inflows.begin(), nic.inflows.end());
+    for (size_t i = 1; i < nic.inflows.size(); ++i) {
+      const Flow& f = flows_[nic.inflows[i].second];
+      IFEC_CHECK(nic.inflows[i].first != nic.inflows[i - 1].first,
+                 "duplicate flow " << f.spec.src << " -> " << f.spec.dst);
+    }
   }
   for (int g = 0; g < gpus; ++g) {
     order_flows(g);
   }
   const size_t planes = static_cast<size_t>(topo.num_planes);
-  rx_by_plane_.assign(static_cast<size_t>(gpus) * gpus * planes, 0);
+  rx_by_plane_.assign(flows_.size() * planes, 0);
   tx_by_plane_.assign(rx_by_plane_.size(), 0);
   stats_.plane_bytes.assign(planes, 0);
   stats_.flows = flows_.size();
@@ -123,6 +130,12 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
       resplit(static_cast<int>(g));
     }
   });
+}
+
+int RawTraffic::flow_between(int src, int dst) const {
+  const std::vector<std::pair<int, int>>& in = nics_[dst].inflows;
+  auto it = std::lower_bound(in.begin(), in.end(), std::make_pair(src, -1));
+  return it != in.end() && it->first == src ? it->second : -1;
 }
 
 int RawTraffic::port_index_of(int gpu, int port) const {
@@ -146,7 +159,8 @@ void RawTraffic::resplit(int gpu) {
   for (int fi : nic.flows) {
     Flow& f = flows_[fi];
     const uint64_t remaining = f.packets - f.next_packet;
-    std::fill(f.alloc.begin(), f.alloc.end(), 0);
+    uint64_t* alloc = &alloc_[f.port_slot];
+    std::fill(alloc, alloc + nports, 0);
     if (remaining == 0) {
       continue;
     }
@@ -167,19 +181,19 @@ void RawTraffic::resplit(int gpu) {
     std::vector<std::pair<double, size_t>> frac;
     for (size_t i = 0; i < nports; ++i) {
       const double exact = static_cast<double>(remaining) * w[i] / total;
-      f.alloc[i] = static_cast<uint64_t>(std::floor(exact));
-      given += f.alloc[i];
+      alloc[i] = static_cast<uint64_t>(std::floor(exact));
+      given += alloc[i];
       frac.push_back({exact - std::floor(exact), i});
     }
     std::stable_sort(frac.begin(), frac.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     for (size_t k = 0; given < remaining && k < frac.size(); ++k) {
       if (w[frac[k].second] > 0) {
-        f.alloc[frac[k].second]++;
+        alloc[frac[k].second]++;
         given++;
       }
     }
     for (size_t i = 0; i < nports; ++i) {
-      if (f.alloc[i] > 0) {
+      if (alloc[i] > 0) {
         nic.ports[i].ring.push_back(fi);
       }
     }
@@ -234,7 +248,7 @@ void RawTraffic::pump(int gpu, int pi) {
   const int fi = np.ring[np.cursor];
   Flow& f = flows_[fi];
   const uint64_t k = f.next_packet++;
-  if (--f.alloc[pi] == 0) {
+  if (--alloc_[f.port_slot + pi] == 0) {
     np.ring.erase(np.ring.begin() + static_cast<long>(np.cursor));
   } else {
     ++np.cursor;
@@ -254,7 +268,7 @@ void RawTraffic::pump(int gpu, int pi) {
   h.udp.src_port = static_cast<uint16_t>(0xC000 | ((gpu * 131 + f.spec.dst * 31 + pi * 7) & 0x3FFF));
   h.bth.opcode = static_cast<uint8_t>(common::Opcode::kWriteOnly);
   h.bth.dest_qp = common::rc_qpn(gpu, pi);  // the receiver's QP toward this source on this port
-  h.bth.psn = f.psn[pi]++ & common::Bth::kPsnMask;
+  h.bth.psn = psn_[f.port_slot + pi]++ & common::Bth::kPsnMask;
   h.reth = common::Reth{kWindowBase + offset, 0x1000u + static_cast<uint32_t>(gpu), len};
   static const std::vector<uint8_t> kZeros(65536, 0);
   std::vector<uint8_t> frame = common::encode_frame(h, kZeros.data(), len);
@@ -270,7 +284,7 @@ void RawTraffic::pump(int gpu, int pi) {
   stats_.wire_bytes_sent += fbytes + fabric_.topology().params.wire_overhead_bytes;
   stats_.plane_bytes[plane] += fbytes;
   const size_t planes = stats_.plane_bytes.size();
-  tx_by_plane_[(static_cast<size_t>(gpu) * nics_.size() + f.spec.dst) * planes + plane] += len;
+  tx_by_plane_[static_cast<size_t>(fi) * planes + plane] += len;
 }
 
 void RawTraffic::receive(int gpu, int pi, std::vector<uint8_t>&& frame) {
@@ -299,14 +313,16 @@ void RawTraffic::receive(int gpu, int pi, std::vector<uint8_t>&& frame) {
     stats_.rx_bad_frames++;
     return;
   }
-  // Source GPU from the loopback: the fabric assigns them, so look it up rather than decode the scheme.
-  const auto from = gpu_of_ip_.find(pf.h.ip.src);
-  const int src = from == gpu_of_ip_.end() ? -1 : from->second;
-  if (src < 0 || pf.h.ip.dst != fabric_.gpu_ip(gpu) || flow_of_[src][gpu] < 0) {
+  // The sender from the destination QP (each of its ports is a QP of ours, numbered by peer and sub-port), checked
+  // against the source address; then its flow among ours.
+  const std::optional<common::RcQp> qp = common::decode_rc_qpn(pf.h.bth.dest_qp);
+  const int src = qp && qp->peer < nics_.size() ? static_cast<int>(qp->peer) : -1;
+  const int fi = src >= 0 && pf.h.ip.src == fabric_.gpu_ip(src) ? flow_between(src, gpu) : -1;
+  if (fi < 0 || pf.h.ip.dst != fabric_.gpu_ip(gpu)) {
     stats_.rx_bad_frames++;
     return;
   }
-  Flow& f = flows_[flow_of_[src][gpu]];
+  Flow& f = flows_[fi];
   f.delivered_packets++;
   f.delivered_bytes += pf.payload_size;
   f.last_rx = clock_.now();
@@ -314,17 +330,30 @@ void RawTraffic::receive(int gpu, int pi, std::vector<uint8_t>&& frame) {
   stats_.payload_bytes_delivered += pf.payload_size;
   const size_t planes = stats_.plane_bytes.size();
   const int plane = fabric_.gpu_ports(gpu)[pi].plane;
-  rx_by_plane_[(static_cast<size_t>(src) * nics_.size() + gpu) * planes + plane] += pf.payload_size;
+  rx_by_plane_[static_cast<size_t>(fi) * planes + plane] += pf.payload_size;
 }
 
 uint64_t RawTraffic::received_bytes(int src, int dst, int plane) const {
-  const size_t planes = stats_.plane_bytes.size();
-  return rx_by_plane_.at((static_cast<size_t>(src) * nics_.size() + dst) * planes + plane);
+  const int fi = flow_between(src, dst);
+  return fi < 0 ? 0 : rx_by_plane_.at(static_cast<size_t>(fi) * stats_.plane_bytes.size() + plane);
 }
 
 uint64_t RawTraffic::sent_bytes(int src, int dst, int plane) const {
-  const size_t planes = stats_.plane_bytes.size();
-  return tx_by_plane_.at((static_cast<size_t>(src) * nics_.size() + dst) * planes + plane);
+  const int fi = flow_between(src, dst);
+  return fi < 0 ? 0 : tx_by_plane_.at(static_cast<size_t>(fi) * stats_.plane_bytes.size() + plane);
+}
+
+size_t RawTraffic::memory_bytes() const {
+  size_t bytes = flows_.capacity() * sizeof(Flow) +
+                 (alloc_.capacity() + rx_by_plane_.capacity() + tx_by_plane_.capacity()) * sizeof(uint64_t) +
+                 psn_.capacity() * sizeof(uint32_t);
+  for (const Nic& n : nics_) {
+    bytes += sizeof n + n.flows.capacity() * sizeof(int) + n.inflows.capacity() * sizeof(std::pair<int, int>);
+    for (const NicPort& p : n.ports) {
+      bytes += sizeof p + p.ring.capacity() * sizeof(int) + p.paused_until.capacity() * sizeof(common::TimeNs);
+    }
+  }
+  return bytes;
 }
 
 TrafficResult RawTraffic::result() const {
@@ -346,7 +375,10 @@ TrafficResult RawTraffic::result() const {
   double send_gbps = 0;
   double recv_gbps = 0;
   for (size_t g = 0; g < nics_.size(); ++g) {
-    const double access = fabric_.topology().gpu_access_gbps(static_cast<int>(g));
+    double access = 0;  // the GPU's access bandwidth (Topology::gpu_access_gbps without its scan of every link)
+    for (const GpuPort& p : fabric_.gpu_ports(static_cast<int>(g))) {
+      access += fabric_.topology().links[p.link].rate_gbps;
+    }
     send_gbps += sender[g] ? access : 0;
     recv_gbps += receiver[g] ? access : 0;
   }

@@ -3,6 +3,7 @@
 
 #include "ifec/common/sim.h"
 #include "ifec/testbed/fabric.h"
+#include "ifec/testbed/raw_traffic.h"
 
 using namespace ifec;
 
@@ -61,4 +62,21 @@ TEST(Fabric, SubLinkFailureReachesSwitchAfterOneRoundAndSourcesAfterTwo) {
   EXPECT_DOUBLE_EQ(fabric.rib().plane_gbps(0, 5)[0], 800);
   loop.run();
   EXPECT_GT(fabric.last_converged_ns(), 1'000u + 20'000u);
+}
+
+// Twice the GPUs on the same switches: routes are per destination class (one per leaf) and per attached GPU, and
+// flows are the traffic, so the state doubles at most; anything kept per GPU pair (per switch per GPU, per source
+// per destination) would quadruple it.
+TEST(Fabric, RoutingAndTrafficStateGrowLinearlyWithGpus) {
+  auto state = [](int gpus) {
+    common::EventLoop loop;
+    testbed::Fabric f(loop, routing::make_fat_tree(gpus, 8, 16, 8), {});
+    testbed::RawTraffic t(f, testbed::make_flows(testbed::Pattern::kPermutation, gpus, 1 << 20, 1), false);
+    return std::make_pair(f.routing_bytes(), t.memory_bytes());
+  };
+  const auto [routes256, flows256] = state(256);
+  const auto [routes512, flows512] = state(512);
+  EXPECT_LT(routes512, routes256 * 5 / 2) << routes256 << " -> " << routes512 << " bytes of routes";
+  EXPECT_LT(flows512, flows256 * 5 / 2) << flows256 << " -> " << flows512 << " bytes of flows";
+  EXPECT_LT(routes512 / 512, size_t{64} << 10) << "bytes of routes per GPU";
 }

@@ -46,6 +46,7 @@ class SmoothWrr {
 
   const std::vector<double>& weights() const { return weights_; }
   double total() const { return total_; }
+  size_t memory_bytes() const { return (weights_.capacity() + current_.capacity()) * sizeof(double); }
 
  private:
   std::vector<double> weights_;

@@ -89,13 +89,17 @@ struct Topology {
   int gpu_node(int gpu_index) const;
   // Node index by name, or -1.
   int find_node(const std::string& name) const;
-  // Links attached to node `n` (ids into `links`).
+  // Links attached to node `n` (ids into `links`). A scan of every link: callers that ask for many nodes of a large
+  // fabric build adjacency() once instead.
   std::vector<int> links_of(int node) const;
   // The far end of link `l` seen from node `n`: (node, port).
   std::pair<int, int> peer(int link, int node) const;
   // Aggregate access bandwidth of one GPU over all planes (sum of its link rates), Gb/s.
   double gpu_access_gbps(int gpu_index) const;
 };
+
+// Every node's links, in link id order (what links_of(n) returns, for all n at once).
+std::vector<std::vector<int>> adjacency(const Topology& t);
 
 // Loads and validates a YAML topology. Errors throw ifec::common::Error with "FILE:LINE: message naming the value".
 Topology load_topology(const std::string& path);

@@ -33,6 +33,7 @@
 #include "ifec/common/swrr.h"
 #include "ifec/routing/topology.h"
 #include "ifec/switchemu/ifec_engine.h"
+#include "ifec/switchemu/ip_map.h"
 
 namespace ifec::switchemu {
 
@@ -115,7 +116,18 @@ class Switch {
   // Installs (or, with an empty group, removes) the WECMP group for a destination /32. Ports must exist and
   // weights be >= 0 with a positive sum; throws ifec::common::Error naming the bad value otherwise.
   void set_route(uint32_t dst_ip, std::vector<NextHopPort> group);
+  // One group for several destinations at once: they share it, its weighted round robin included, as prefixes
+  // share a hardware ECMP group (a fabric's switches route every GPU behind the same far leaf alike). Replaces
+  // what each of them had.
+  void set_route(const std::vector<uint32_t>& dst_ips, std::vector<NextHopPort> group);
   const std::vector<NextHopPort>* route(uint32_t dst_ip) const;
+  // Routes by destination class, as prefixes aggregate destinations: `classes` maps a destination /32 to its class
+  // (one table a whole fabric shares, kept by its builder), and set_class_route gives this switch's group toward a
+  // class. A /32 route of its own (set_route) comes first, as the longer prefix does.
+  void set_class_table(std::shared_ptr<const IpMap> classes);
+  void set_class_route(int cls, std::vector<NextHopPort> group);  // empty: no route toward the class
+  // Bytes the FIB holds (the index and the groups), for the benches.
+  size_t fib_bytes() const;
 
   int num_ports() const { return static_cast<int>(ports_.size()); }
   const SwitchPortCounters& counters(int port) const { return state_.at(port).counters; }
@@ -149,6 +161,7 @@ class Switch {
     std::vector<double> cumulative;  // for per-flow weighted hashing
     common::SmoothWrr swrr;          // per-packet choice
     double total = 0;
+    int refs = 0;  // destinations routed by it
   };
 
   void receive(int in_port, std::vector<uint8_t>&& frame);
@@ -164,12 +177,20 @@ class Switch {
   void send_pfc(int port, int prio, bool pause);
   void schedule_refresh(int port, int prio);
   void release_ingress(int in_port, int prio, size_t bytes);
+  void release_group(int32_t slot);  // one destination fewer on it (-1: none)
+  int32_t new_group(std::vector<NextHopPort> hops, int refs);
+  int32_t lookup(uint32_t dst_ip) const;  // the group slot toward `dst_ip`, or -1
 
   common::Clock& clock_;
   SwitchConfig cfg_;
   std::vector<common::Port*> ports_;
   std::vector<PortState> state_;
-  std::unordered_map<uint32_t, Group> fib_;
+  IpMap fib_;                             // destination -> groups_ slot
+  std::shared_ptr<const IpMap> classes_;  // destination -> class (shared by the fabric's switches)
+  std::vector<int32_t> class_groups_;     // class -> groups_ slot or -1
+  std::vector<Group> groups_;
+  std::vector<int32_t> free_groups_;
+  SwitchPortCounters originated_;  // what frames the switch itself originates count against (no ingress port)
   std::mt19937_64 rng_;
   uint64_t shared_used_ = 0;
   uint64_t shared_capacity_ = 0;

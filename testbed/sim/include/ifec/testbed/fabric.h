@@ -46,11 +46,11 @@ class Fabric {
   const FabricOptions& options() const { return opts_; }
   common::Clock& clock() { return clock_; }
 
-  int num_gpus() const { return topo_.num_gpus(); }
+  int num_gpus() const { return static_cast<int>(gpu_ports_.size()); }
   const std::vector<GpuPort>& gpu_ports(int gpu) const { return gpu_ports_.at(gpu); }
   uint32_t gpu_ip(int gpu) const;
   // FARE's WECMP group at GPU `src` toward GPU `dst`: weights per GPU port (Gb/s of path bandwidth).
-  const std::vector<routing::NextHop>& gpu_next_hops(int src, int dst) const;
+  std::vector<routing::NextHop> gpu_next_hops(int src, int dst) const;
 
   int num_switches() const { return static_cast<int>(switches_.size()); }
   Switch& switch_at(int i) { return *switches_.at(i); }
@@ -69,6 +69,8 @@ class Fabric {
   int fare_rounds_run() const { return rounds_run_; }
 
   SwitchTotals switch_totals() const;
+  // Bytes the routing state holds: the RIB, every switch's FIB and the class table (not the frames in flight).
+  size_t routing_bytes() const;
   // The switch (index) a GPU's port on `plane` attaches to, or -1 (one-tier planes: the plane's switch).
   int switch_of_plane(int gpu, int plane) const;
   uint32_t switch_ip(int i) const { return topo_.nodes.at(switch_nodes_.at(i)).loopback; }
@@ -76,6 +78,7 @@ class Fabric {
  private:
   void install_routes();
   void install_loopback_routes();
+  void install_gpu_routes();
   void fare_round(uint64_t generation);
 
   common::Clock& clock_;
@@ -84,7 +87,10 @@ class Fabric {
   std::vector<std::unique_ptr<common::Link>> links_;
   std::vector<std::unique_ptr<Switch>> switches_;
   std::vector<int> switch_nodes_;
-  std::vector<int> node_switch_;  // node -> switch index or -1
+  std::vector<int> node_switch_;       // node -> switch index or -1
+  std::vector<std::vector<int>> adj_;  // node -> its links (routing::adjacency)
+  // GPU address -> destination class (routing::FareRib), shared by every switch's FIB.
+  std::shared_ptr<switchemu::IpMap> class_table_ = std::make_shared<switchemu::IpMap>();
   std::vector<std::vector<GpuPort>> gpu_ports_;
   std::unique_ptr<routing::FareRib> rib_;
   std::vector<std::function<void(common::TimeNs)>> listeners_;

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 #include <string>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "ifec/common/interfaces.h"
@@ -58,12 +58,16 @@ class RawTraffic {
   void start(common::TimeNs at);
   TrafficResult result() const;
 
-  // Payload bytes GPU `dst` received from GPU `src` through plane `plane` so far.
+  // Payload bytes GPU `dst` received from GPU `src` through plane `plane` so far (0 without such a flow).
   uint64_t received_bytes(int src, int dst, int plane) const;
-  // Payload bytes GPU `src` sent toward GPU `dst` through plane `plane` so far.
+  // Payload bytes GPU `src` sent toward GPU `dst` through plane `plane` so far (0 without such a flow).
   uint64_t sent_bytes(int src, int dst, int plane) const;
+  // Bytes the generator holds for its flows and NICs (what grows with the traffic), for the benches.
+  size_t memory_bytes() const;
 
  private:
+  // State grows with the flows, not with GPUs x GPUs: a flow's per-port and per-plane counters sit in flat arrays
+  // at its own offsets, and a receiver finds the flow among its own incoming ones.
   struct Flow {
     FlowSpec spec;
     uint64_t packets = 0;
@@ -71,8 +75,7 @@ class RawTraffic {
     uint64_t delivered_packets = 0;
     uint64_t delivered_bytes = 0;
     common::TimeNs last_rx = 0;
-    std::vector<uint64_t> alloc;  // per source port: packets assigned, not yet sent
-    std::vector<uint32_t> psn;    // per source port (each port is its own QP)
+    size_t port_slot = 0;  // alloc_ and psn_ [port_slot + source port index]
   };
   struct NicPort {
     std::vector<int> ring;  // flows with packets assigned to this port
@@ -82,7 +85,8 @@ class RawTraffic {
   };
   struct Nic {
     std::vector<NicPort> ports;
-    std::vector<int> flows;  // flows this GPU sends
+    std::vector<int> flows;                    // flows this GPU sends
+    std::vector<std::pair<int, int>> inflows;  // (source GPU, flow) of the flows it receives, by source
   };
 
   void resplit(int gpu);
@@ -90,19 +94,20 @@ class RawTraffic {
   void pump(int gpu, int port_index);
   void receive(int gpu, int port_index, std::vector<uint8_t>&& frame);
   int port_index_of(int gpu, int port) const;
+  int flow_between(int src, int dst) const;  // -1 when there is none
 
   testbed::Fabric& fabric_;
   common::Clock& clock_;
   std::vector<Flow> flows_;
   std::vector<Nic> nics_;
-  std::vector<std::vector<int>> flow_of_;        // [src][dst] -> flow index or -1
-  std::unordered_map<uint32_t, int> gpu_of_ip_;  // loopback -> GPU
+  std::vector<uint64_t> alloc_;  // per flow and source port: packets assigned, not yet sent
+  std::vector<uint32_t> psn_;    // per flow and source port (each port is its own QP)
   bool verify_icrc_;
   common::TimeNs start_ = 0;
   bool started_ = false;
   uint32_t mtu_;
   int prio_;
-  // Per (src, dst, plane) byte counts, flattened.
+  // Payload bytes per (flow, plane), flattened.
   std::vector<uint64_t> rx_by_plane_;
   std::vector<uint64_t> tx_by_plane_;
   TrafficResult stats_;
