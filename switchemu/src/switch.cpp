@@ -33,7 +33,8 @@ LoadBalance parse_load_balance(const std::string& name) { return kLoadBalances.p
 Switch::Switch(common::Clock& clock, SwitchConfig cfg, std::vector<common::Port*> ports)
     : clock_(clock), cfg_(std::move(cfg)), ports_(std::move(ports)), rng_(cfg_.seed) {
   const int prios = cfg_.params.priorities;
-  IFEC_CHECK(prios >= 1 && prios <= 8, "switch " << cfg_.name << ": priorities must be 1..8, got " << prios);
+  IFEC_CHECK(prios >= 1 && prios <= kMaxPriorities,
+             "switch " << cfg_.name << ": priorities must be 1.." << kMaxPriorities << ", got " << prios);
   IFEC_CHECK(cfg_.params.pfc.lossless_priority >= 0 && cfg_.params.pfc.lossless_priority < prios,
              "switch " << cfg_.name << ": lossless priority " << cfg_.params.pfc.lossless_priority << " outside 0.."
                        << prios - 1);
@@ -42,10 +43,6 @@ Switch::Switch(common::Clock& clock, SwitchConfig cfg, std::vector<common::Port*
   for (size_t p = 0; p < ports_.size(); ++p) {
     IFEC_CHECK(ports_[p] != nullptr, "switch " << cfg_.name << ": port " << p << " is null");
     PortState& s = state_[p];
-    s.queues.resize(prios);
-    s.paused_until.assign(prios, 0);
-    s.ingress_bytes.assign(prios, 0);
-    s.xoff_sent.assign(prios, 0);
     s.counters.queues.resize(prios);
     const int port = static_cast<int>(p);
     ports_[p]->set_receiver([this, port](std::vector<uint8_t>&& f) { receive(port, std::move(f)); });

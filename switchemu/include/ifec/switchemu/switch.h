@@ -18,8 +18,8 @@
 // buffer itself runs out, which the counters report.
 #pragma once
 
+#include <array>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <random>
 #include <string>
@@ -28,6 +28,7 @@
 
 #include "ifec/common/counters.h"
 #include "ifec/common/ethernet.h"
+#include "ifec/common/fifo.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/interfaces.h"
 #include "ifec/common/swrr.h"
@@ -147,12 +148,14 @@ class Switch {
     std::vector<uint8_t> bytes;
     int ingress = 0;
   };
+  static constexpr int kMaxPriorities = 8;
+  // Fixed arrays and FIFOs that allocate on first use: a fabric of 50,000 switch ports keeps this for each.
   struct PortState {
-    std::vector<std::deque<Packet>> queues;    // per priority
-    std::deque<std::vector<uint8_t>> control;  // PFC frames: sent before any data, never paused
-    std::vector<common::TimeNs> paused_until;  // per priority, set by PFC frames the peer sends us
-    std::vector<uint64_t> ingress_bytes;       // per priority: bytes received here still buffered
-    std::vector<char> xoff_sent;               // per priority: our PAUSE toward this port's peer is active
+    std::array<common::Fifo<Packet>, kMaxPriorities> queues;
+    common::Fifo<std::vector<uint8_t>> control;                 // PFC frames: sent before any data, never paused
+    std::array<common::TimeNs, kMaxPriorities> paused_until{};  // set by PFC frames the peer sends us
+    std::array<uint64_t, kMaxPriorities> ingress_bytes{};       // bytes received here still buffered
+    std::array<char, kMaxPriorities> xoff_sent{};               // our PAUSE toward this port's peer is active
     bool wakeup_pending = false;
     SwitchPortCounters counters;
   };
