@@ -157,6 +157,10 @@ void encode_frame_into(const FrameHeaders& h, const uint8_t* payload, size_t pay
     h.imm->encode(p + off);
     off += ImmDt::kSize;
   }
+  if (payload == nullptr && payload_size > 0) {  // elided: the headers alone, the lengths of the whole frame
+    out->assign(head, head + off);
+    return;
+  }
   // The ICRC from the pieces: reading back the bytes just stored would wait for those stores (a fifth of the time
   // of a 64 x 4 all-to-all went there).
   const uint32_t icrc = compute_icrc_parts(head + ip_off, off - ip_off, bth_off - ip_off, payload, payload_size, pad);
@@ -179,8 +183,9 @@ namespace {
 // parse_frame's steps, outermost header first; each checks every length it uses before reading.
 
 // Ethernet and IPv4 (lengths, checksum, no fragments, UDP): where the UDP header starts and the datagram ends.
-WireStatus parse_ipv4(const uint8_t* data, size_t len, const ParseOptions& opts, FrameHeaders& h, size_t* udp_off,
-                      size_t* ip_end) {
+// `len` is the frame's length, `avail` the bytes its buffer holds (less than len only for an elided frame).
+WireStatus parse_ipv4(const uint8_t* data, size_t len, size_t avail, const ParseOptions& opts, FrameHeaders& h,
+                      size_t* udp_off, size_t* ip_end) {
   if (len > opts.max_frame) {
     return WireStatus::fail(WireError::kOversized, opts.max_frame, len);
   }
@@ -202,7 +207,7 @@ WireStatus parse_ipv4(const uint8_t* data, size_t len, const ParseOptions& opts,
   }
   h.ip = Ipv4Header::decode(data + ip_off);
   const size_t ihl_bytes = size_t{h.ip.ihl} * 4;
-  if (h.ip.ihl < 5 || ip_off + ihl_bytes > len) {
+  if (h.ip.ihl < 5 || ip_off + ihl_bytes > avail) {
     return WireStatus::fail(WireError::kBadIpHeaderLength, ip_off, h.ip.ihl);
   }
   if (opts.verify_ip_checksum && ipv4_checksum(data + ip_off, ihl_bytes) != 0) {
@@ -224,7 +229,11 @@ WireStatus parse_ipv4(const uint8_t* data, size_t len, const ParseOptions& opts,
 }
 
 // UDP to RoCEv2's port, or to ECH's with a valid ECH behind it: where the BTH starts.
-WireStatus parse_udp(const uint8_t* data, size_t udp_off, size_t ip_end, FrameHeaders& h, size_t* bth_off) {
+WireStatus parse_udp(const uint8_t* data, size_t udp_off, size_t ip_end, size_t avail, FrameHeaders& h,
+                     size_t* bth_off) {
+  if (udp_off + UdpHeader::kSize > avail) {  // an elided frame shorter than its headers (a real one: its length says)
+    return WireStatus::fail(WireError::kTruncated, avail, udp_off + UdpHeader::kSize);
+  }
   h.udp = UdpHeader::decode(data + udp_off);
   if (udp_off + h.udp.length != ip_end) {
     return WireStatus::fail(WireError::kBadUdpLength, udp_off + 4, h.udp.length);
@@ -232,7 +241,7 @@ WireStatus parse_udp(const uint8_t* data, size_t udp_off, size_t ip_end, FrameHe
   size_t off = udp_off + UdpHeader::kSize;
   if (h.udp.dst_port == kEchUdpPort) {
     Ech ech;
-    WireStatus st = Ech::decode(data + off, ip_end - off, &ech);
+    WireStatus st = Ech::decode(data + off, std::min(ip_end, avail) - off, &ech);
     if (!st.ok()) {
       st.offset += static_cast<uint32_t>(off);
       return st;
@@ -247,10 +256,10 @@ WireStatus parse_udp(const uint8_t* data, size_t udp_off, size_t ip_end, FrameHe
 }
 
 // The BTH and the extended transport headers its opcode carries: where the payload starts.
-WireStatus parse_transport(const uint8_t* data, size_t bth_off, size_t ip_end, FrameHeaders& h, OpcodeInfo* info,
-                           size_t* payload_off) {
-  if (ip_end < bth_off + Bth::kSize) {
-    return WireStatus::fail(WireError::kTruncated, ip_end, bth_off + Bth::kSize);
+WireStatus parse_transport(const uint8_t* data, size_t bth_off, size_t ip_end, size_t avail, FrameHeaders& h,
+                           OpcodeInfo* info, size_t* payload_off) {
+  if (std::min(ip_end, avail) < bth_off + Bth::kSize) {
+    return WireStatus::fail(WireError::kTruncated, std::min(ip_end, avail), bth_off + Bth::kSize);
   }
   h.bth = Bth::decode(data + bth_off);
   const std::optional<OpcodeInfo> info_opt = opcode_info(h.bth.opcode);
@@ -259,8 +268,8 @@ WireStatus parse_transport(const uint8_t* data, size_t bth_off, size_t ip_end, F
   }
   *info = *info_opt;
   size_t off = bth_off + Bth::kSize;
-  if (ip_end < off + ext_header_bytes(*info) + kIcrcSize) {
-    return WireStatus::fail(WireError::kTruncated, ip_end, off + ext_header_bytes(*info) + kIcrcSize);
+  if (ip_end < off + ext_header_bytes(*info) + kIcrcSize || avail < off + ext_header_bytes(*info)) {
+    return WireStatus::fail(WireError::kTruncated, std::min(ip_end, avail), off + ext_header_bytes(*info) + kIcrcSize);
   }
   if (info->reth) {
     h.reth = Reth::decode(data + off);
@@ -289,7 +298,7 @@ WireStatus parse_transport(const uint8_t* data, size_t bth_off, size_t ip_end, F
 // The payload between the headers and the ICRC (pad, opcode, path MTU, a standard ECH's element count): its size
 // without the pad; then the ICRC, read into `icrc` and checked.
 WireStatus parse_payload(const uint8_t* data, const FrameHeaders& h, const OpcodeInfo& info, size_t bth_off, size_t off,
-                         size_t ip_end, const ParseOptions& opts, size_t* payload, uint32_t* icrc) {
+                         size_t ip_end, bool elided, const ParseOptions& opts, size_t* payload, uint32_t* icrc) {
   const size_t icrc_off = ip_end - kIcrcSize;
   const size_t padded = icrc_off - off;
   if (h.bth.pad_count > padded || (padded & 3) != 0) {
@@ -308,6 +317,10 @@ WireStatus parse_payload(const uint8_t* data, const FrameHeaders& h, const Opcod
     return WireStatus::fail(WireError::kEchPayloadMismatch, ech_off + 18, *payload);
   }
 
+  if (elided) {
+    *icrc = 0;  // neither the payload nor the ICRC is here
+    return {};
+  }
   *icrc = uint32_t{data[icrc_off]} | (uint32_t{data[icrc_off + 1]} << 8) | (uint32_t{data[icrc_off + 2]} << 16) |
           (uint32_t{data[icrc_off + 3]} << 24);
   if (opts.verify_icrc) {
@@ -320,7 +333,22 @@ WireStatus parse_payload(const uint8_t* data, const FrameHeaders& h, const Opcod
   return {};
 }
 
+// The whole length of an elided frame (its IPv4 total length goes past the buffer), or 0 for any other.
+size_t elided_length(const uint8_t* data, size_t len) {
+  if (len < EthernetHeader::kSize + Ipv4Header::kSize || load_be16(data + 12) != EthernetHeader::kEtherTypeIpv4 ||
+      (data[EthernetHeader::kSize] >> 4) != 4) {
+    return 0;
+  }
+  const size_t whole = EthernetHeader::kSize + load_be16(data + EthernetHeader::kSize + 2);
+  return whole > len ? whole : 0;
+}
+
 }  // namespace
+
+size_t wire_frame_bytes(const uint8_t* data, size_t len) {
+  const size_t whole = elided_length(data, len);
+  return whole > 0 ? std::max<size_t>(60, whole) : len;
+}
 
 WireStatus parse_frame(const uint8_t* data, size_t len, ParsedFrame* out, const ParseOptions& opts) {
   FrameHeaders& h = out->h;
@@ -330,16 +358,21 @@ WireStatus parse_frame(const uint8_t* data, size_t len, ParsedFrame* out, const 
   size_t payload_off = 0;
   size_t payload = 0;
   OpcodeInfo info{};
-  if (WireStatus st = parse_ipv4(data, len, opts, h, &udp_off, &ip_end); !st.ok()) {
+  const size_t whole = opts.allow_elided ? elided_length(data, len) : 0;
+  const size_t frame_len = whole > 0 ? whole : len;
+  if (WireStatus st = parse_ipv4(data, frame_len, len, opts, h, &udp_off, &ip_end); !st.ok()) {
     return st;
   }
-  if (WireStatus st = parse_udp(data, udp_off, ip_end, h, &bth_off); !st.ok()) {
+  if (WireStatus st = parse_udp(data, udp_off, ip_end, len, h, &bth_off); !st.ok()) {
     return st;
   }
-  if (WireStatus st = parse_transport(data, bth_off, ip_end, h, &info, &payload_off); !st.ok()) {
+  if (WireStatus st = parse_transport(data, bth_off, ip_end, len, h, &info, &payload_off); !st.ok()) {
     return st;
   }
-  if (WireStatus st = parse_payload(data, h, info, bth_off, payload_off, ip_end, opts, &payload, &out->icrc);
+  if (whole > 0 && len != payload_off) {
+    return WireStatus::fail(WireError::kTruncated, len, whole);  // an elided frame is its headers, nothing else
+  }
+  if (WireStatus st = parse_payload(data, h, info, bth_off, payload_off, ip_end, whole > 0, opts, &payload, &out->icrc);
       !st.ok()) {
     return st;
   }
@@ -347,10 +380,11 @@ WireStatus parse_frame(const uint8_t* data, size_t len, ParsedFrame* out, const 
   out->bth_offset = bth_off;
   out->payload_offset = payload_off;
   out->payload_size = payload;
+  out->elided = whole > 0;
   return {};
 }
 
-WireStatus parse_l3(const uint8_t* data, size_t len, L3View* out) {
+WireStatus parse_l3(const uint8_t* data, size_t len, L3View* out, bool allow_elided) {
   if (len < EthernetHeader::kSize + Ipv4Header::kSize) {
     return WireStatus::fail(WireError::kTruncated, len, EthernetHeader::kSize + Ipv4Header::kSize);
   }
@@ -367,7 +401,7 @@ WireStatus parse_l3(const uint8_t* data, size_t len, L3View* out) {
     return WireStatus::fail(WireError::kBadIpHeaderLength, EthernetHeader::kSize, ihl / 4);
   }
   const size_t total = load_be16(ip + 2);
-  if (total < ihl || EthernetHeader::kSize + total > len) {
+  if (total < ihl || (EthernetHeader::kSize + total > len && !allow_elided)) {
     return WireStatus::fail(WireError::kBadIpTotalLength, EthernetHeader::kSize + 2, total);
   }
   out->ip_offset = EthernetHeader::kSize;
@@ -378,7 +412,8 @@ WireStatus parse_l3(const uint8_t* data, size_t len, L3View* out) {
   out->src = load_be32(ip + 12);
   out->dst = load_be32(ip + 16);
   out->src_port = out->dst_port = 0;
-  if (out->protocol == Ipv4Header::kProtocolUdp && total >= ihl + UdpHeader::kSize) {
+  if (out->protocol == Ipv4Header::kProtocolUdp && total >= ihl + UdpHeader::kSize &&
+      EthernetHeader::kSize + ihl + UdpHeader::kSize <= len) {
     out->src_port = load_be16(ip + ihl);
     out->dst_port = load_be16(ip + ihl + 2);
   }

@@ -282,14 +282,15 @@ bool LinkPort::send(std::vector<uint8_t>&& frame) {
   const uint64_t now_ps = clock_.now() * 1000;
   // Back to back: if the previous frame ended inside the current nanosecond, continue from its exact end.
   const uint64_t start_ps = busy_until_ps_ + 999 >= now_ps ? busy_until_ps_ : now_ps;
-  if (frame.size() != last_bytes_) {
-    last_bytes_ = frame.size();
+  const size_t bytes = link_.cfg_.elided_payloads ? wire_frame_bytes(frame) : frame.size();
+  if (bytes != last_bytes_) {
+    last_bytes_ = bytes;
     last_ps_ = link_.serialization_ps(last_bytes_);
   }
   const uint64_t ser_ps = last_ps_;
   busy_until_ps_ = start_ps + ser_ps;
   counters_.tx_frames++;
-  counters_.tx_bytes += frame.size();
+  counters_.tx_bytes += bytes;
   counters_.busy_ps += ser_ps;
   const TimeNs done = (busy_until_ps_ + 999) / 1000;
   clock_.schedule(done, [this] {
@@ -327,7 +328,7 @@ void LinkPort::deliver(std::vector<uint8_t>&& frame, uint64_t epoch) {
     return;
   }
   counters_.rx_frames++;
-  counters_.rx_bytes += frame.size();
+  counters_.rx_bytes += link_.cfg_.elided_payloads ? wire_frame_bytes(frame) : frame.size();
   if (rx_) {
     rx_(std::move(frame));
   }

@@ -70,6 +70,45 @@ TEST(Frame, EverySampleRoundTrips) {
   }
 }
 
+// Every sample with a payload, elided: its headers alone, the real frame's headers and lengths once parsed (where
+// the simulation allows it), its whole length on the wire, and refused everywhere else.
+TEST(Frame, ElidedPayloadsKeepHeadersAndLengthsAndAreRefusedUnlessAllowed) {
+  ParseOptions allow;
+  allow.allow_elided = true;
+  int elided = 0;
+  for (const SampleFrame& s : sample_frames()) {
+    if (s.payload.empty()) {
+      continue;
+    }
+    ++elided;
+    const std::vector<uint8_t> f = encode_frame(s.headers, nullptr, s.payload.size());
+    ParsedFrame real;
+    ParsedFrame pf;
+    ASSERT_TRUE(parse(s.bytes, &real).ok()) << s.name;
+    ASSERT_TRUE(parse(f, &pf, allow).ok()) << s.name << ": " << parse(f, &pf, allow).message();
+    EXPECT_EQ(f.size(), real.payload_offset) << s.name << ": the headers and nothing else";
+    EXPECT_TRUE(pf.elided) << s.name;
+    EXPECT_FALSE(real.elided) << s.name;
+    EXPECT_EQ(pf.payload_size, s.payload.size()) << s.name;
+    EXPECT_EQ(pf.payload_offset, real.payload_offset) << s.name;
+    EXPECT_EQ(pf.h.ip.total_length, real.h.ip.total_length) << s.name;
+    EXPECT_EQ(pf.h.udp.length, real.h.udp.length) << s.name;
+    EXPECT_EQ(pf.h.bth.pad_count, real.h.bth.pad_count) << s.name;
+    EXPECT_EQ(wire_frame_bytes(f), s.bytes.size()) << s.name;
+    EXPECT_EQ(wire_frame_bytes(s.bytes), s.bytes.size()) << s.name;
+    EXPECT_FALSE(parse(f).ok()) << s.name << ": elided frames are refused where they are not allowed";
+    L3View l3;
+    EXPECT_FALSE(parse_l3(f.data(), f.size(), &l3).ok()) << s.name;
+    EXPECT_TRUE(parse_l3(f.data(), f.size(), &l3, true).ok()) << s.name;
+    // A frame cut anywhere inside its headers is malformed even where elision is allowed.
+    for (size_t n = 0; n < f.size(); ++n) {
+      EXPECT_FALSE(parse(std::vector<uint8_t>(f.begin(), f.begin() + static_cast<long>(n)), nullptr, allow).ok())
+          << s.name << " cut at " << n;
+    }
+  }
+  EXPECT_GE(elided, 5);
+}
+
 // A recycled buffer is reused by the next frame of its size class on this thread, and what it held before leaks
 // into nothing: every sample encodes to the same bytes as on a fresh buffer, after a larger frame of 0xAA bytes.
 TEST(Frame, RecycledBuffersAreReusedAndLeaveNoStaleBytes) {

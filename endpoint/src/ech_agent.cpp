@@ -317,7 +317,8 @@ void EchAgent::send_contribution(EchReduction& r, size_t i, bool retransmit) {
   h.reth = common::Reth{c.reth_va, 0, static_cast<uint32_t>(bytes)};
   const WindowInfo* w = ep_.memory().window(r.spec_.source_window);
   if (!suppress_contributions_) {
-    ep_.send_frame(port, common::encode_frame(h, w->data + c.source_offset, bytes));
+    ep_.send_frame(port,
+                   common::encode_frame(h, ep_.config().elided_payloads ? nullptr : w->data + c.source_offset, bytes));
   }
   counters_.contributions_sent++;
   counters_.retransmissions += retransmit;
@@ -450,7 +451,8 @@ void EchAgent::send_packet(EchMulticast& m, size_t i, bool retransmit) {
   ech.dest_bitmap = pk.bitmap;
   h.ech = ech;
   h.reth = common::Reth{pk.offset, 0, pk.len};
-  ep_.send_frame(port, common::encode_frame(h, ep_.memory().window(m.spec_.window)->data + pk.offset, pk.len));
+  const uint8_t* bytes = ep_.config().elided_payloads ? nullptr : ep_.memory().window(m.spec_.window)->data + pk.offset;
+  ep_.send_frame(port, common::encode_frame(h, bytes, pk.len));
   counters_.multicast_sent++;
   counters_.retransmissions += retransmit;
 }
@@ -617,7 +619,7 @@ bool EchAgent::write_checked(const common::ParsedFrame& pf, const uint8_t* frame
                                        false) != AccessError::kOk) {
     return false;
   }
-  if (pf.payload_size > 0) {
+  if (pf.payload_size > 0 && !pf.elided) {
     std::memcpy(mem.translate(r.rkey, r.virtual_address), frame + pf.payload_offset, pf.payload_size);
   }
   return true;

@@ -84,6 +84,7 @@ Endpoint::Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<Endpoin
       qc.rto_ns = cfg_.rto_ns;
       qc.rto_max_ns = cfg_.rto_max_ns;
       qc.adaptive_rto = cfg_.adaptive_rto;
+      qc.elided_payloads = cfg_.elided_payloads;
       qc.max_retries = cfg_.max_retries;
       qc.max_outstanding = cfg_.max_outstanding;
       qc.ack_every = cfg_.ack_every;
@@ -577,11 +578,16 @@ void Endpoint::post_load_parts(int peer, uint64_t epoch, uint8_t* dst, uint64_t 
 
 // -------------------------------------------------------------------------------------------- transactions --
 
+Payload Endpoint::payload_of(const void* src, size_t len) const {
+  // The GPU's store takes its bytes at issue; with payloads elided only their length travels.
+  return cfg_.elided_payloads ? Payload{nullptr, nullptr, len} : Payload::copy_of(src, len);
+}
+
 OpHandle Endpoint::store(int peer, uint16_t window, uint64_t offset, const void* src, size_t len) {
   if (len == 0 || peer == cfg_.index) {
     return store_payload(peer, window, offset, Payload::view(src, len), "store");
   }
-  return store_payload(peer, window, offset, Payload::copy_of(src, len), "store");
+  return store_payload(peer, window, offset, payload_of(src, len), "store");
 }
 
 OpHandle Endpoint::store_from_window(int peer, uint16_t window, uint64_t offset, uint16_t src_window,
@@ -713,7 +719,7 @@ OpHandle Endpoint::put_signal(int peer, uint16_t window, uint64_t offset, const 
     return h;
   }
   auto op = track(id, h);
-  const Payload data = Payload::copy_of(src, len);
+  const Payload data = payload_of(src, len);
   const uint64_t va = w->va + offset;
   const uint64_t sva = sw->va + sig_offset;
   const uint32_t rkey = w->rkey;
@@ -920,6 +926,7 @@ void Endpoint::receive(int port, std::vector<uint8_t>&& frame) {
   common::ParsedFrame pf;
   common::ParseOptions opts;
   opts.path_mtu = cfg_.mtu;
+  opts.allow_elided = cfg_.elided_payloads;
   if (!common::parse_frame(frame.data(), frame.size(), &pf, opts).ok()) {
     counters_.rx_malformed++;
     return;

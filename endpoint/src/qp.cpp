@@ -160,7 +160,7 @@ std::vector<uint8_t> QueuePair::frame(uint8_t opcode, uint32_t psn, const uint8_
   if (fill) {
     fill(h);
   }
-  return common::encode_frame(h, payload, len);
+  return common::encode_frame(h, cfg_.elided_payloads ? nullptr : payload, len);
 }
 
 std::vector<uint8_t> QueuePair::request_frame() {
@@ -196,7 +196,7 @@ std::vector<uint8_t> QueuePair::request_frame() {
     if (w.kind == Wqe::kWrite) {
       const uint32_t off = static_cast<uint32_t>(k) * cfg_.mtu;
       const uint32_t len = std::min(cfg_.mtu, w.len - std::min(w.len, off));
-      const uint8_t* payload = w.data.bytes + w.data_offset + off;
+      const uint8_t* payload = w.data.bytes != nullptr ? w.data.bytes + w.data_offset + off : nullptr;
       const bool last = static_cast<uint32_t>(k) + 1 == w.npkts;
       const bool ack_req = last || retransmit || psn % cfg_.ack_every == 0;
       uint8_t opcode;
@@ -546,7 +546,7 @@ void QueuePair::on_response(const common::ParsedFrame& pf, const uint8_t* frame)
   if (!w->read_got[k]) {
     w->read_got[k] = 1;
     w->read_got_count++;
-    if (expect > 0) {
+    if (expect > 0 && !pf.elided) {
       std::memcpy(w->read_dst + off, frame + pf.payload_offset, expect);
     }
   }
@@ -715,7 +715,9 @@ bool QueuePair::execute(const common::ParsedFrame& pf, const uint8_t* frame) {
       fatal(NakCode::kInvalidRequest, psn);  // lengths disagree with the RETH
       return false;
     }
-    std::memcpy(memory_.translate(r.rkey, r.virtual_address), payload, len);
+    if (!pf.elided) {
+      std::memcpy(memory_.translate(r.rkey, r.virtual_address), payload, len);
+    }
     if (on_write_) {
       on_write_(r.rkey, r.virtual_address, len);
     }
@@ -736,7 +738,9 @@ bool QueuePair::execute(const common::ParsedFrame& pf, const uint8_t* frame) {
       fatal(NakCode::kInvalidRequest, psn);  // a middle/last without its first, or the wrong length
       return false;
     }
-    std::memcpy(memory_.translate(msg_.rkey, msg_.va), payload, len);
+    if (!pf.elided) {
+      std::memcpy(memory_.translate(msg_.rkey, msg_.va), payload, len);
+    }
     if (on_write_) {
       on_write_(msg_.rkey, msg_.va, len);
     }

@@ -241,17 +241,19 @@ void IfecEngine::aggregate(Group& g, Slot& s, const common::ParsedFrame& pf, con
                            bool is_destination) {
   const Ech& ech = *pf.h.ech;
   const int c = ech.contributor_id;
-  const uint8_t* payload = frame + pf.payload_offset;
-  const size_t non_finite = common::count_non_finite(g.r.dtype, payload, s.elements);
-  if (non_finite > 0) {
-    counters_.non_finite_inputs += non_finite;
-    s.anomaly = true;  // aggregated anyway (NaN propagates), but the result carries the flag
-  }
   counters_.contributions++;
-  if (cfg_.reproducible) {
-    s.parts[c].assign(payload, payload + s.elements * common::ech_dtype_size(g.r.dtype));
-  } else if (s.elements > 0) {
-    common::accumulate(g.r.dtype, g.r.redop, s.acc.data(), payload, s.elements, s.arrived == 0);
+  if (!pf.elided) {
+    const uint8_t* payload = frame + pf.payload_offset;
+    const size_t non_finite = common::count_non_finite(g.r.dtype, payload, s.elements);
+    if (non_finite > 0) {
+      counters_.non_finite_inputs += non_finite;
+      s.anomaly = true;  // aggregated anyway (NaN propagates), but the result carries the flag
+    }
+    if (cfg_.reproducible) {
+      s.parts[c].assign(payload, payload + s.elements * common::ech_dtype_size(g.r.dtype));
+    } else if (s.elements > 0) {
+      common::accumulate(g.r.dtype, g.r.redop, s.acc.data(), payload, s.elements, s.arrived == 0);
+    }
   }
   s.arrived |= 1ULL << c;
   if (!is_destination) {
@@ -312,7 +314,7 @@ void IfecEngine::forward_partial(Group& g, Slot& s) {
   const bool fp32 = g.r.upstream_fp32 && g.r.dtype != common::EchDtype::kInt32;
   const common::EchDtype up = fp32 ? common::EchDtype::kFp32 : g.r.dtype;
   if (!s.forwarded) {
-    if (cfg_.reproducible && s.elements > 0) {
+    if (cfg_.reproducible && s.elements > 0 && !elided_) {
       bool first = true;
       for (const auto& part : s.parts) {
         if (!part.empty()) {  // only this leaf's members contributed here
@@ -322,7 +324,9 @@ void IfecEngine::forward_partial(Group& g, Slot& s) {
       }
     }
     s.partial.resize(s.elements * common::ech_dtype_size(up));
-    common::finalize(up, s.acc.data(), s.partial.data(), s.elements);
+    if (!elided_) {
+      common::finalize(up, s.acc.data(), s.partial.data(), s.elements);
+    }
     s.forwarded = true;
   }
   Ech e;
@@ -380,7 +384,7 @@ void IfecEngine::upstream_result(Group& g, const common::ParsedFrame& pf, const 
   // The spine's result is in the partials' type: one cast to the element type here, on the way out.
   s.anomaly = s.anomaly || (ech.flags & common::ech_flags::kAnomaly);
   s.acc.assign(s.elements, common::Acc{});
-  if (s.elements > 0) {
+  if (s.elements > 0 && !pf.elided) {
     common::accumulate(ech.dtype, g.r.redop, s.acc.data(), frame + pf.payload_offset, s.elements, true);
   }
   complete(g, s, false, /*acc_ready=*/true);
@@ -396,14 +400,16 @@ void IfecEngine::complete(Group& g, Slot& s, bool timed_out, bool acc_ready) {
     s.result.clear();
     counters_.anomalies++;
   } else {
-    if (cfg_.reproducible && !acc_ready && s.elements > 0) {
+    if (cfg_.reproducible && !acc_ready && s.elements > 0 && !elided_) {
       // Fixed contributor order: bitwise the same result whatever order the contributions arrived in.
       for (size_t c = 0; c < s.parts.size(); ++c) {
         common::accumulate(g.r.dtype, g.r.redop, s.acc.data(), s.parts[c].data(), s.elements, c == 0);
       }
     }
     s.result.resize(s.elements * esize);
-    common::finalize(g.r.dtype, s.acc.data(), s.result.data(), s.elements);
+    if (!elided_) {
+      common::finalize(g.r.dtype, s.acc.data(), s.result.data(), s.elements);
+    }
     counters_.slots_completed++;
   }
   // Who must acknowledge: the destinations; after a timeout every member (all of them redo the chunk).
@@ -613,7 +619,7 @@ std::vector<uint8_t> IfecEngine::build(uint32_t dst_ip, const Ech& ech, uint8_t 
   } else {
     h.reth = reth;
   }
-  return common::encode_frame(h, payload, len);
+  return common::encode_frame(h, elided_ ? nullptr : payload, len);
 }
 
 // ------------------------------------------------------------------------------------------------ multicast --
@@ -667,7 +673,11 @@ void IfecEngine::multicast(const common::ParsedFrame& pf, const uint8_t* frame) 
     }
     m.pending |= 1ULL << d;
   }
-  m.payload.assign(frame + pf.payload_offset, frame + pf.payload_offset + pf.payload_size);
+  if (pf.elided) {
+    m.payload.resize(pf.payload_size);  // its length is all that travels on
+  } else {
+    m.payload.assign(frame + pf.payload_offset, frame + pf.payload_offset + pf.payload_size);
+  }
   counters_.multicast_packets++;
   auto [pos, inserted] = mcast_.emplace(key, std::move(m));
   for (int d = 0; d < 64; ++d) {

@@ -56,6 +56,7 @@ Switch::Switch(common::Clock& clock, SwitchConfig cfg, std::vector<common::Port*
     ifec_ = std::make_unique<IfecEngine>(clock_, cfg_.params.ifec, slowest, cfg_.ip,
                                          [this](std::vector<uint8_t>&& f) { inject(std::move(f)); });
     ifec_->set_backlog([this](uint32_t ip) { return backlog_ns(ip); });
+    ifec_->set_elided_payloads(cfg_.elided_payloads);
   }
 }
 
@@ -78,7 +79,7 @@ common::TimeNs Switch::backlog_ns(uint32_t dst_ip) const {
 
 void Switch::inject(std::vector<uint8_t>&& frame) {
   common::L3View l3;
-  if (!common::parse_l3(frame.data(), frame.size(), &l3).ok()) {
+  if (!common::parse_l3(frame.data(), frame.size(), &l3, cfg_.elided_payloads).ok()) {
     originated_drops_++;
     return;
   }
@@ -232,20 +233,22 @@ int Switch::choose_live(Group& g, uint64_t flow_hash) {
 void Switch::receive(int in_port, std::vector<uint8_t>&& frame) {
   PortState& in = state_[in_port];
   in.counters.rx_frames++;
-  in.counters.rx_bytes += frame.size();
+  in.counters.rx_bytes += wire_size(frame);
   if (common::is_mac_control(frame.data(), frame.size())) {
     handle_pfc(in_port, frame);
     return;
   }
   common::L3View l3;
-  if (!common::parse_l3(frame.data(), frame.size(), &l3).ok()) {
+  if (!common::parse_l3(frame.data(), frame.size(), &l3, cfg_.elided_payloads).ok()) {
     in.counters.malformed_drops++;
     return;
   }
   if (ifec_ && l3.dst == cfg_.ip && l3.dst_port == common::kEchUdpPort) {
     // For the IFEC engine: parse all of it (ICRC included) before it may touch an aggregation slot.
     common::ParsedFrame pf;
-    if (!common::parse_frame(frame.data(), frame.size(), &pf).ok() || !pf.h.ech) {
+    common::ParseOptions opts;
+    opts.allow_elided = cfg_.elided_payloads;
+    if (!common::parse_frame(frame.data(), frame.size(), &pf, opts).ok() || !pf.h.ech) {
       in.counters.malformed_drops++;
       return;
     }
@@ -289,8 +292,8 @@ void Switch::forward(int in_port, std::vector<uint8_t>&& frame, const common::L3
   // Egress admission before any rewrite, so a dropped frame costs nothing more.
   const bool lossless = cfg_.params.pfc.enabled && prio == cfg_.params.pfc.lossless_priority;
   QueueCounters& qc = out.counters.queues[prio];
-  if (shared_used_ + frame.size() > shared_capacity_ ||
-      (!lossless && qc.bytes_now + frame.size() > cfg_.params.buffer_bytes)) {
+  const size_t size = wire_size(frame);
+  if (shared_used_ + size > shared_capacity_ || (!lossless && qc.bytes_now + size > cfg_.params.buffer_bytes)) {
     qc.drops++;
     buffer_drops_++;
     originated_drops_ += in_port < 0;
@@ -318,21 +321,21 @@ void Switch::forward(int in_port, std::vector<uint8_t>&& frame, const common::L3
 
   if (lossless && in_port >= 0) {
     PortState& in = state_[in_port];
-    in.ingress_bytes[prio] += frame.size();
+    in.ingress_bytes[prio] += size;
     if (!in.xoff_sent[prio] && in.ingress_bytes[prio] > cfg_.params.pfc.xoff_bytes) {
       send_pfc(in_port, prio, true);
     }
   }
-  enqueue(hop.port, prio, Packet{std::move(frame), in_port});
+  enqueue(hop.port, prio, Packet{std::move(frame), in_port, size});
 }
 
 void Switch::enqueue(int out_port, int prio, Packet&& pkt) {
   PortState& out = state_[out_port];
   QueueCounters& qc = out.counters.queues[prio];
   qc.enqueued_frames++;
-  qc.bytes_now += pkt.bytes.size();
+  qc.bytes_now += pkt.size;
   qc.high_water_bytes = std::max(qc.high_water_bytes, qc.bytes_now);
-  shared_used_ += pkt.bytes.size();
+  shared_used_ += pkt.size;
   shared_high_water_ = std::max(shared_high_water_, shared_used_);
   out.queues[prio].push_back(std::move(pkt));
   transmit(out_port);
@@ -363,7 +366,7 @@ void Switch::transmit(int port) {
     }
     Packet pkt = std::move(q.front());
     q.pop_front();
-    const size_t len = pkt.bytes.size();
+    const size_t len = pkt.size;
     QueueCounters& qc = s.counters.queues[prio];
     qc.bytes_now -= len;
     shared_used_ -= len;

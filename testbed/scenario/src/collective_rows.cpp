@@ -68,6 +68,9 @@ std::string row_text(const CollectiveRow& r) {
                 static_cast<unsigned long long>(r.fallback_chunks), r.modelled ? "(modelled) " : "",
                 r.modelled ? "" : planes.str().c_str());
   std::string out = line;
+  if (r.point.elided_payloads) {
+    out += "#   timing only: payloads elided, nothing computed or checked (#wrong and max_err do not apply)\n";
+  }
   if (r.wrong > 0) {
     out += "#   WRONG: " + r.error + "\n";
   }
@@ -95,6 +98,7 @@ std::string row_json(const CollectiveRow& r, const std::string& topology, const 
   o.add("ok", r.ok).add("time_us", r.time_us).add("algbw_gbs", r.algbw_gbs).add("busbw_gbs", r.busbw_gbs);
   o.add("wrong", r.wrong).add("max_rel_error", r.max_rel_error).add("fallback_chunks", r.fallback_chunks);
   o.add("fell_back", r.fell_back).add("anomalies", r.anomalies).add("modelled", r.modelled).add("loss", r.point.loss);
+  o.add("timing_only", r.point.elided_payloads);
   o.add("plane_tx_bytes", r.plane_tx_bytes).add("plane_rx_bytes", r.plane_rx_bytes);
   std::vector<uint64_t> ids, up, down;  // per member link: topology id, bytes the GPU sent, bytes it received
   for (const auto& l : r.gpu_links) {

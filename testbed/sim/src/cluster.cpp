@@ -41,6 +41,7 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
     c.ip = ips[g];
     c.mtu = std::min<uint32_t>(c.mtu, topo_.params.mtu);
     c.lossless_priority = topo_.params.pfc.lossless_priority;
+    c.elided_payloads = opts_.fabric.elided_payloads;  // one mode for the whole run
     endpoints_.push_back(std::make_unique<endpoint::Endpoint>(loop_, c, std::move(ports), ips));
   }
   for (int g = 0; g < n; ++g) {

@@ -38,6 +38,7 @@ Fabric::Fabric(common::Clock& clock, const routing::Topology& topo, FabricOption
     cfg.overhead_bytes = topo_.params.wire_overhead_bytes;
     cfg.loss_probability = opts_.loss;
     cfg.loss_seed = opts_.seed * 7919 + static_cast<uint64_t>(l.id);
+    cfg.elided_payloads = opts_.elided_payloads;
     links_.push_back(std::make_unique<common::Link>(clock_, cfg));
     common::Link& link = *links_.back();
     const int ends[2][2] = {{l.a, l.a_port}, {l.b, l.b_port}};
@@ -79,6 +80,7 @@ Fabric::Fabric(common::Clock& clock, const routing::Topology& topo, FabricOption
     cfg.base_mac = node_port_mac(topo_, static_cast<int>(n), 0);
     cfg.ip = nd.loopback;
     cfg.ifec = opts_.ifec;
+    cfg.elided_payloads = opts_.elided_payloads;
     node_switch_[n] = static_cast<int>(switches_.size());
     switch_nodes_.push_back(static_cast<int>(n));
     switches_.push_back(std::make_unique<Switch>(clock_, cfg, node_ports[n]));

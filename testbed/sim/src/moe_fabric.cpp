@@ -89,6 +89,8 @@ void validate_moe_args(Cluster& c, MoeVariant variant, const MoeConfig& cfg, con
              "x must be [ranks * tokens, " << cfg.hidden << "], got " << x.sizes());
   IFEC_CHECK(x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16,
              "x must be fp32 or bf16, got " << x.scalar_type());
+  IFEC_CHECK(!opts.compute || !c.fabric().options().elided_payloads,
+             "MoE: the experts need the rows, and this fabric's payloads are elided: the timing mode only");
   IFEC_CHECK(opts.row_hidden == 0 || !opts.compute,
              "MoE: rows of width " << opts.row_hidden << " wider than x's " << cfg.hidden << " need the timing mode");
 }

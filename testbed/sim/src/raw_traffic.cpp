@@ -271,9 +271,10 @@ void RawTraffic::pump(int gpu, int pi) {
   h.bth.psn = psn_[f.port_slot + pi]++ & common::Bth::kPsnMask;
   h.reth = common::Reth{kWindowBase + offset, 0x1000u + static_cast<uint32_t>(gpu), len};
   static const std::vector<uint8_t> kZeros(65536, 0);
-  std::vector<uint8_t> frame = common::encode_frame(h, kZeros.data(), len);
+  const bool elided = fabric_.options().elided_payloads;
+  std::vector<uint8_t> frame = common::encode_frame(h, elided ? nullptr : kZeros.data(), len);
 
-  const size_t fbytes = frame.size();
+  const size_t fbytes = elided ? common::wire_frame_bytes(frame) : frame.size();
   const int plane = gp.plane;
   if (!gp.io->send(std::move(frame))) {
     stats_.nic_drops++;
@@ -309,6 +310,7 @@ void RawTraffic::receive(int gpu, int pi, std::vector<uint8_t>&& frame) {
   common::ParseOptions opts;
   opts.verify_icrc = verify_icrc_;
   opts.path_mtu = mtu_;
+  opts.allow_elided = fabric_.options().elided_payloads;
   if (!common::parse_frame(frame.data(), frame.size(), &pf, opts).ok() || !pf.h.reth) {
     stats_.rx_bad_frames++;
     return;

@@ -145,18 +145,23 @@ TEST(MoeFabric, TimingModeTakesTheComputedRunsTimesAndBytes) {
   torch::manual_seed(9);
   const at::Tensor x = torch::randn({8 * 32, cfg.hidden}).to(torch::kBFloat16);
   for (MoeVariant v : {MoeVariant::kPerRank, MoeVariant::kIfec}) {
-    testbed::MoeFabricResult r[2];
-    for (int timing = 0; timing < 2; ++timing) {
-      testbed::Cluster c(routing::make_superpod(8, 2), {});
+    // Computed, timing mode, timing mode with the payloads elided (frames of headers and lengths only).
+    testbed::MoeFabricResult r[3];
+    for (int run = 0; run < 3; ++run) {
+      testbed::ClusterOptions co;
+      co.fabric.elided_payloads = run == 2;
+      testbed::Cluster c(routing::make_superpod(8, 2), co);
       testbed::MoeFabricOptions fo;
-      fo.compute = timing == 0;
-      r[timing] = testbed::run_moe_fabric(c, v, cfg, w, x, 8, fo);
-      ASSERT_TRUE(r[timing].ok) << r[timing].error;
+      fo.compute = run == 0;
+      r[run] = testbed::run_moe_fabric(c, v, cfg, w, x, 8, fo);
+      ASSERT_TRUE(r[run].ok) << r[run].error;
     }
-    EXPECT_EQ(r[0].dispatch.us, r[1].dispatch.us) << testbed::moe_variant_name(v);
-    EXPECT_EQ(r[0].combine.us, r[1].combine.us) << testbed::moe_variant_name(v);
-    EXPECT_EQ(r[0].dispatch.wire_per_plane, r[1].dispatch.wire_per_plane);
-    EXPECT_EQ(r[0].combine.wire_per_plane, r[1].combine.wire_per_plane);
+    for (int run = 1; run < 3; ++run) {
+      EXPECT_EQ(r[0].dispatch.us, r[run].dispatch.us) << testbed::moe_variant_name(v) << " run " << run;
+      EXPECT_EQ(r[0].combine.us, r[run].combine.us) << testbed::moe_variant_name(v) << " run " << run;
+      EXPECT_EQ(r[0].dispatch.wire_per_plane, r[run].dispatch.wire_per_plane) << " run " << run;
+      EXPECT_EQ(r[0].combine.wire_per_plane, r[run].combine.wire_per_plane) << " run " << run;
+    }
     EXPECT_FALSE(r[1].output.defined());
     // The bound is a lower bound: no phase beats its busiest GPU's bytes at line rate.
     EXPECT_GT(r[0].dispatch.bound_us, 0);

@@ -41,6 +41,10 @@ struct ParseOptions {
   size_t path_mtu = kDefaultPathMtu;
   bool verify_ip_checksum = true;
   bool verify_icrc = true;
+  // A simulation whose payloads are elided (encode_frame with a null payload): a frame may end where its payload
+  // would start, its lengths the whole frame's; it is parsed, and has no payload and no ICRC to check. Never set
+  // where frames come from outside (the live testbed): a truncated frame would pass for an elided one.
+  bool allow_elided = false;
 };
 
 struct ParsedFrame {
@@ -50,6 +54,7 @@ struct ParsedFrame {
   size_t payload_offset = 0;
   size_t payload_size = 0;  // without pad
   uint32_t icrc = 0;
+  bool elided = false;  // the payload (and the ICRC) are not in the buffer: payload_size is what the frame carries
 };
 
 // Bytes the headers take before the payload, for the opcode and ECH in `h`.
@@ -58,9 +63,18 @@ size_t header_bytes(const FrameHeaders& h);
 // Encodes a frame. The opcode decides which extension headers are written; those must be present in `h`
 // (an error naming the missing header is thrown otherwise). Fills ip.total_length, the IP checksum,
 // udp.length, udp.dst_port (4791, or kEchUdpPort when h.ech is set), bth.pad_count and the ICRC.
+// A null `payload` with a size elides the payload: the frame's buffer ends after its headers, and its lengths
+// (IP total length, UDP length, pad count) are those of the frame with the payload (wire_frame_bytes).
 // encode_frame builds into a buffer recycle_frame gave back on this thread when there is one.
 std::vector<uint8_t> encode_frame(const FrameHeaders& h, const uint8_t* payload, size_t payload_size);
 void encode_frame_into(const FrameHeaders& h, const uint8_t* payload, size_t payload_size, std::vector<uint8_t>* out);
+
+// The frame's length on the wire: its buffer's, or, for a frame whose payload was elided, what its IPv4 total
+// length says the whole frame takes (padded to the 60-byte minimum, as the real frame would be).
+size_t wire_frame_bytes(const uint8_t* data, size_t len);
+inline size_t wire_frame_bytes(const std::vector<uint8_t>& frame) {
+  return wire_frame_bytes(frame.data(), frame.size());
+}
 
 // Gives the buffer of a frame that has ended back for encode_frame to reuse (a bounded pool per thread); an
 // empty or moved-from vector is ignored.
@@ -79,7 +93,8 @@ struct L3View {
   uint16_t src_port = 0;  // 0 when not UDP
   uint16_t dst_port = 0;
 };
-WireStatus parse_l3(const uint8_t* data, size_t len, L3View* out);
+// allow_elided: as ParseOptions::allow_elided (the IPv4 total length may exceed the buffer).
+WireStatus parse_l3(const uint8_t* data, size_t len, L3View* out, bool allow_elided = false);
 
 // Rewrites TTL and ECN of the IPv4 header at `ip` and recomputes its checksum (the ICRC masks both fields).
 void rewrite_ttl_ecn(uint8_t* ip, uint8_t ttl, uint8_t ecn);

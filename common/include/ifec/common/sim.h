@@ -121,6 +121,9 @@ struct LinkConfig {
   uint32_t overhead_bytes = 24;  // per frame on the wire beyond the frame bytes: preamble+SFD, FCS, IFG
   double loss_probability = 0;   // each frame independently lost in flight (fault injection), both directions
   uint64_t loss_seed = 1;
+  // Frames may have their payload elided (encode_frame with a null payload): each is timed and counted at the
+  // length its headers say (wire_frame_bytes), not its buffer's.
+  bool elided_payloads = false;
 };
 
 // clang-format off

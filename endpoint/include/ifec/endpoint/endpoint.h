@@ -52,6 +52,9 @@ struct EndpointConfig {
   uint32_t stripe_bytes = 16384;  // partial mode: the address granule that maps to one QP
   uint8_t dscp = common::kRoceDscp;
   int lossless_priority = 3;
+  // A simulation whose payloads are elided (QpConfig::elided_payloads; the ECH agent likewise): stores take no copy
+  // of their source, frames carry headers and lengths only, and nothing that arrives is written. Timing only.
+  bool elided_payloads = false;
 };
 
 struct EndpointPort {
@@ -264,6 +267,7 @@ class Endpoint {
   void post_store_parts(int peer, uint64_t epoch, uint64_t va, uint32_t rkey, const Payload& data, uint16_t window,
                         uint64_t offset, const std::shared_ptr<Op>& op);
   OpHandle store_payload(int peer, uint16_t window, uint64_t offset, Payload data, const char* what);
+  Payload payload_of(const void* src, size_t len) const;  // a copy of the source (nothing when payloads are elided)
   void post_load_parts(int peer, uint64_t epoch, uint8_t* dst, uint64_t va, uint32_t rkey, uint64_t len,
                        uint16_t window, uint64_t offset, const std::shared_ptr<Op>& op);
   WqeDone part_done(int peer, uint64_t epoch, const std::shared_ptr<Op>& op);

@@ -51,6 +51,9 @@ struct QpConfig {
   uint32_t ack_every = 32;           // AckReq at least every this many packets
   uint32_t responder_window = 4096;  // PSNs ahead of ePSN a responder accepts (weak) or NAKs (in order)
   common::FrameHeaders headers;      // Ethernet/IPv4/UDP template of this QP's path (its port, its UDP port)
+  // A simulation whose payloads are elided (common::encode_frame): frames go out with their headers and lengths
+  // only; what arrives is checked (rkey, bounds, lengths) but not written.
+  bool elided_payloads = false;
 };
 
 // clang-format off

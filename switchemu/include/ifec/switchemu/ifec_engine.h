@@ -60,6 +60,9 @@ class IfecEngine {
   // replica is still queued is held (the source timed out on the queue, not on a loss).
   using Backlog = std::function<common::TimeNs(uint32_t dst_ip)>;
   void set_backlog(Backlog backlog) { backlog_ = std::move(backlog); }
+  // A simulation whose payloads are elided: slots, bitmaps and timers as always, but no arithmetic, and results,
+  // partials and replicas go out elided (at their whole length).
+  void set_elided_payloads(bool on) { elided_ = on; }
   // Margin after a replica leaves the queue for it to reach its GPU and the acknowledgement to come back.
   static constexpr common::TimeNs kRepairSlackNs = 5'000;
 
@@ -176,6 +179,7 @@ class IfecEngine {
   uint32_t ip_;
   Emit emit_;
   Backlog backlog_;
+  bool elided_ = false;
   IfecCounters counters_;
   uint32_t free_slots_;
   std::map<uint64_t, Group> groups_;               // key: job << 16 | group

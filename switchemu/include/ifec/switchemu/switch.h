@@ -52,6 +52,10 @@ struct SwitchConfig {
   routing::FabricParams params;
   common::MacAddress base_mac = {0x02, 0x53, 0x57, 0x00, 0x00, 0x00};  // port p: last two bytes = p
   std::vector<common::MacAddress> port_macs;  // when given (live: the interfaces' own), port p's MAC is port_macs[p]
+  // A simulation whose payloads are elided (common::ParseOptions::allow_elided): frames are parsed and queued at
+  // the length their headers say, and the IFEC engine keeps its slots and timing but does no arithmetic. Never in
+  // the live testbed.
+  bool elided_payloads = false;
 };
 
 struct NextHopPort {
@@ -147,6 +151,7 @@ class Switch {
   struct Packet {
     std::vector<uint8_t> bytes;
     int ingress = 0;
+    size_t size = 0;  // on the wire (the buffer's, or an elided frame's whole length)
   };
   static constexpr int kMaxPriorities = 8;
   // Fixed arrays and FIFOs that allocate on first use: a fabric of 50,000 switch ports keeps this for each.
@@ -180,6 +185,9 @@ class Switch {
   void send_pfc(int port, int prio, bool pause);
   void schedule_refresh(int port, int prio);
   void release_ingress(int in_port, int prio, size_t bytes);
+  size_t wire_size(const std::vector<uint8_t>& frame) const {
+    return cfg_.elided_payloads ? common::wire_frame_bytes(frame) : frame.size();
+  }
   void release_group(int32_t slot);  // one destination fewer on it (-1: none)
   int32_t new_group(std::vector<NextHopPort> hops, int refs);
   int32_t lookup(uint32_t dst_ip) const;  // the group slot toward `dst_ip`, or -1

@@ -33,6 +33,9 @@ struct CollectivePoint {
   int members = 0;              // 0: every GPU of the topology
   bool corrupt_output = false;  // checks the checker: one output element is changed before the comparison
   bool live_timing = false;     // the live daemons' timers (live_timing.h): to compare with a live fabric
+  // Frames carry headers and lengths only (the simulated driver's elided payloads): the same times and bytes as
+  // real payloads, nothing computed or checked; the row says "timing only".
+  bool elided_payloads = false;
 };
 
 struct CollectiveRow {

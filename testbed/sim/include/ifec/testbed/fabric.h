@@ -25,6 +25,11 @@ struct FabricOptions {
   uint64_t seed = 1;
   double loss = 0;   // injected random frame loss on every link, each direction (fault injection)
   bool ifec = true;  // switches run the IFEC engine (its settings: the topology's params.ifec)
+  // Frames carry headers and lengths but no payload (common::encode_frame with a null payload): links time and
+  // count them, switches queue and forward them, at their whole length, and the IFEC engines do no arithmetic.
+  // Simulated times, frame counts and bytes per link are those of real payloads; results are meaningless (timing
+  // only). What lets the largest fabrics fit.
+  bool elided_payloads = false;
 };
 
 // One port of a GPU: which link (sub-link) and plane it is on, and the port to send on.

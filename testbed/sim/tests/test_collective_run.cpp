@@ -1,0 +1,79 @@
+// Collective points on the simulated driver: elided payloads give the run real payloads give (times, bytes per
+// plane and per link, frame-hops, events, faults), whatever the algorithm, under loss and a link failure.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "ifec/routing/topology.h"
+#include "ifec/testbed/collective_run.h"
+
+using namespace ifec;
+
+namespace {
+
+struct Seen {
+  double time_us;
+  std::vector<uint64_t> plane_tx, plane_rx;
+  std::vector<std::array<uint64_t, 3>> gpu_links;
+  uint64_t frame_hops, events, lost, fallback_chunks;
+  std::vector<std::string> faults;
+  bool ok;
+  bool operator==(const Seen& o) const {
+    return time_us == o.time_us && plane_tx == o.plane_tx && plane_rx == o.plane_rx && gpu_links == o.gpu_links &&
+           frame_hops == o.frame_hops && events == o.events && lost == o.lost && fallback_chunks == o.fallback_chunks &&
+           faults == o.faults && ok == o.ok;
+  }
+};
+
+Seen seen(const testbed::CollectiveRow& r) {
+  return {r.time_us,    r.plane_tx_bytes, r.plane_rx_bytes,  r.gpu_links, r.frame_hops,
+          r.sim_events, r.frames_lost,    r.fallback_chunks, r.faults,    r.ok};
+}
+
+TEST(CollectiveRun, ElidedPayloadsGiveTheSameRunAsRealOnes) {
+  const routing::Topology pod8 = routing::make_superpod(8, 2);
+  const routing::Topology pod64 = routing::make_superpod(64, 4);
+  const routing::Topology tree = routing::make_fat_tree(16, 2, 4, 2);
+  struct Case {
+    const routing::Topology* topo;
+    workloads::Collective kind;
+    workloads::Algo algo;
+    uint64_t bytes;
+    double loss;
+    std::vector<std::string> fail;
+  };
+  using workloads::Algo;
+  using workloads::Collective;
+  const std::vector<Case> cases = {
+      {&pod8, Collective::kAllReduce, Algo::kRing, 1 << 20, 0.01, {"gpu5:plane1:sub0@3us"}},
+      {&pod8, Collective::kAllReduce, Algo::kIfec, 1 << 20, 0.01, {"gpu5:plane1@2us"}},
+      {&pod8, Collective::kAllReduce, Algo::kBest, 64 << 10, 0.01, {}},
+      {&pod8, Collective::kReduce, Algo::kIfec, 256 << 10, 0.02, {}},
+      {&pod8, Collective::kMulticast, Algo::kIfec, 256 << 10, 0.02, {}},
+      {&pod64, Collective::kAllReduce, Algo::kIfec, 1 << 20, 0, {}},
+      {&pod64, Collective::kAllReduce, Algo::kRing, 1 << 20, 0, {}},
+      {&tree, Collective::kAllReduce, Algo::kIfec, 256 << 10, 0.01, {}},
+  };
+  for (const Case& c : cases) {
+    testbed::CollectivePoint p;
+    p.kind = c.kind;
+    p.algo = c.algo;
+    p.bytes = c.bytes;
+    p.loss = c.loss;
+    p.fail = c.fail;
+    const testbed::CollectiveRow real = testbed::run_collective_point(*c.topo, p);
+    p.elided_payloads = true;
+    const testbed::CollectiveRow elided = testbed::run_collective_point(*c.topo, p);
+    const std::string what = c.topo->name + " " + workloads::collective_name(c.kind) + " " +
+                             workloads::algo_name(c.algo) + " " + std::to_string(c.bytes);
+    ASSERT_TRUE(real.ok) << what << ": " << real.error;
+    EXPECT_EQ(real.wrong, 0u) << what;
+    EXPECT_TRUE(seen(elided) == seen(real))
+        << what << ": " << real.time_us << " us real, " << elided.time_us << " us elided; frame-hops "
+        << real.frame_hops << " vs " << elided.frame_hops << "; events " << real.sim_events << " vs "
+        << elided.sim_events;
+  }
+}
+
+}  // namespace
