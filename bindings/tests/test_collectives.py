@@ -89,3 +89,15 @@ def test_measure_reports_faults_and_survives_a_lost_plane():
     assert r["ok"] and r["wrong"] == 0
     assert any("plane 1 given up" in f for f in r["faults"]) and any("frames lost" in f for f in r["faults"])
     assert r["time_us"] < 1000
+
+
+def test_elided_payloads_time_the_collective_as_real_ones_and_check_nothing():
+    topo = ifec.make_superpod(8, 2)
+    for algo in ["ifec", "ring"]:
+        real = coll.measure(topo, algo=algo, bytes=1 << 20, loss=0.01)
+        elided = coll.measure(topo, algo=algo, bytes=1 << 20, loss=0.01, payload="elided")
+        assert real["ok"] and elided["ok"] and elided["timing_only"] and not real["timing_only"]
+        for key in ["time_us", "plane_tx_bytes", "gpu_link_up_bytes", "frame_hops", "sim_events", "faults"]:
+            assert elided[key] == real[key], (algo, key)
+    with pytest.raises(ValueError, match="'none'"):
+        coll.measure(topo, payload="none")

@@ -107,3 +107,15 @@ def test_ctrl_c_stops_a_long_run(repo, build_dir):
     finally:
         p.kill()
     assert out.strip() == "interrupted True"
+
+
+def test_elided_payloads_give_the_real_run_and_say_so():
+    topo = ifec.make_superpod(8, 2)
+    real = ifec.sim.run(topo, traffic="alltoall", bytes=64 * 1024, fail=["gpu3:plane1:sub0@2us"])
+    elided = ifec.sim.run(topo, traffic="alltoall", bytes=64 * 1024, fail=["gpu3:plane1:sub0@2us"], payload="elided")
+    assert real["payload"] == "real" and elided["payload"] == "elided"
+    for key in ["completion_ns", "frame_bytes_sent", "wire_bytes_sent", "packets_delivered", "plane_bytes",
+                "link_utilization", "sim_events", "frame_hops", "event_gpus"]:
+        assert elided[key] == real[key], key
+    with pytest.raises(ValueError, match="'fake'"):
+        ifec.sim.run(topo, payload="fake")

@@ -142,6 +142,11 @@ void refuse(const Args& a, const std::vector<std::string>& names, const char* mo
   }
 }
 
+// --payload real (the default) or elided: frames of headers and lengths only, the same times and bytes.
+bool payload_elided(const Args& a) {
+  return ifec::cli::parse_choice(a.get("--payload", "real"), "--payload", {"real", "elided"}) == "elided";
+}
+
 int run_sim_collective(const Args& a) {
   refuse(a, kRawOnly, "--collective");
   IFEC_CHECK(a.has("--topo"), "--topo FILE is required");
@@ -162,6 +167,7 @@ int run_sim_collective(const Args& a) {
   base.slot_budget =
       static_cast<uint32_t>(ifec::cli::parse_uint(a.get("--slot-budget", "128"), "--slot-budget", 1, 1u << 20));
   base.reproducible = a.has("--reproducible");
+  base.elided_payloads = payload_elided(a);
   std::vector<uint64_t> sizes;
   if (base.kind == wl::Collective::kBarrier) {
     IFEC_CHECK(!a.has("--bytes"),
@@ -174,9 +180,10 @@ int run_sim_collective(const Args& a) {
   const ifec::routing::Topology topo = topology(a);
   const bool json = a.has("--json");
   if (!json) {
-    std::printf("# %s %s on %s, %d GPUs, loss %g%s\n", wl::collective_name(base.kind), wl::algo_name(base.algo),
+    std::printf("# %s %s on %s, %d GPUs, loss %g%s%s\n", wl::collective_name(base.kind), wl::algo_name(base.algo),
                 topo.name.c_str(), base.members ? base.members : topo.num_gpus(), base.loss,
-                base.reproducible ? ", reproducible" : "");
+                base.reproducible ? ", reproducible" : "",
+                base.elided_payloads ? ", payloads elided (timing only)" : "");
     std::printf("%s", tb::rows_header().c_str());
   }
   // best: the endpoint algorithm the communicator's cost model picks, then the in-fabric one at the same size.
@@ -238,6 +245,7 @@ int run_sim_raw(const Args& a) {
       static_cast<int>(ifec::cli::parse_uint(a.get("--incast-target", "0"), "--incast-target", 0, 1 << 20));
   opts.verify_icrc = !a.has("--no-verify");
   opts.progress = !a.has("--quiet");
+  opts.elided_payloads = payload_elided(a);
   const ifec::routing::Topology topo = ifec::routing::load_topology(opts.topo_path);
   for (const std::string& f : a.all("--fail")) {
     opts.events.push_back(tb::parse_link_event(topo, f, false));
@@ -760,6 +768,9 @@ std::vector<Command> tool_commands() {
          {"--incast-target", "GPU", "raw incast: the GPU every flow goes to (default 0)"},
          {"--no-verify", "", "raw: receivers skip the ICRC check"},
          {"--seed", "S", "seed of the simulation (default 1)"},
+         {"--payload", "real|elided",
+          "real (default): frames carry their bytes, results are checked; elided: headers and lengths only, the same "
+          "simulated times and bytes per link, nothing computed or checked (timing only; the largest fabrics)"},
          {"--counters", "", "raw: per-port, per-queue switch counters after the report"},
          {"--quiet", "", "no progress lines on stderr"},
          {"--json", "", "one JSON object per run or row instead of the tables"}},

@@ -39,6 +39,7 @@ std::string to_json(const SimRun& r) {
   o.add("driver", r.driver).add("topology", r.topology).add("traffic", pattern_name(r.options.pattern));
   o.add("bytes_per_flow", r.options.bytes).add("lb", switchemu::load_balance_name(r.options.lb));
   o.add("pfc", r.options.pfc).add("seed", r.options.seed).add("flows", t.flows).add("complete", t.complete);
+  o.add("payload", r.options.elided_payloads ? "elided" : "real");
   o.add("incomplete_flows", t.incomplete_flows).add("completion_ns", t.completion_ns);
   o.add("goodput_gbps", t.goodput_gbps).add("line_rate_gbps", t.line_rate_gbps);
   o.add("goodput_fraction", t.line_rate_gbps > 0 ? t.goodput_gbps / t.line_rate_gbps : 0.0);
@@ -77,7 +78,8 @@ std::string to_text(const SimRun& r) {
   o << std::fixed << std::setprecision(2);
   o << "topology " << r.topology << ", traffic " << pattern_name(r.options.pattern) << ", " << r.options.bytes
     << " B per flow x " << t.flows << " flows, lb per-" << switchemu::load_balance_name(r.options.lb) << ", PFC "
-    << (r.options.pfc ? "on" : "off") << ", seed " << r.options.seed << "  [driver: sim; times are simulated]\n";
+    << (r.options.pfc ? "on" : "off") << ", seed " << r.options.seed
+    << (r.options.elided_payloads ? ", payloads elided (timing only)" : "") << "  [driver: sim; times are simulated]\n";
   o << "completion        " << t.completion_ns / 1000.0 << " us" << (t.complete ? "" : "  (INCOMPLETE)") << "\n";
   o << "goodput           " << t.goodput_gbps << " Gb/s of " << t.line_rate_gbps << " Gb/s line rate ("
     << 100.0 * t.goodput_gbps / std::max(1e-9, t.line_rate_gbps) << "%)\n";

@@ -102,6 +102,7 @@ SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
   fo.lb = opts.lb;
   fo.pfc = opts.pfc;
   fo.seed = opts.seed;
+  fo.elided_payloads = opts.elided_payloads;
   Fabric fabric(loop, topo, fo);
   RawTraffic traffic(fabric, make_flows(opts.pattern, fabric.num_gpus(), opts.bytes, opts.seed, opts.incast_target),
                      opts.verify_icrc);

@@ -23,7 +23,8 @@ struct SimOptions {
   uint64_t seed = 1;
   int incast_target = 0;
   bool verify_icrc = true;
-  bool progress = true;  // progress lines on stderr for long runs
+  bool progress = true;          // progress lines on stderr for long runs
+  bool elided_payloads = false;  // FabricOptions::elided_payloads: the same run, frames without their payload bytes
   std::vector<LinkEvent> events;
 };
 
