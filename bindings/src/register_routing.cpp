@@ -81,7 +81,8 @@ void register_routing(py::module_& m) {
   m.def("make_superpod", &make_superpod, py::arg("gpus"), py::arg("planes"), py::arg("port_gbps") = 800,
         py::arg("subports") = 2, py::arg("delay_ns") = 500);
   m.def("make_fat_tree", &make_fat_tree, py::arg("gpus"), py::arg("planes"), py::arg("leaves"), py::arg("spines"),
-        py::arg("nic_gbps") = 400, py::arg("fabric_gbps") = 400, py::arg("delay_ns") = 500);
+        py::arg("nic_gbps") = 400, py::arg("fabric_gbps") = 400, py::arg("delay_ns") = 500,
+        py::arg("nic_subports") = 1);
   m.def("fare_plane_gbps", &plane_gbps, py::arg("topology"), py::arg("down_links") = std::vector<int>{},
         "[src][dst] -> per-plane path bandwidth (Gb/s) after FARE converges");
 }

@@ -486,7 +486,7 @@ Topology make_paced_superpod() {
 }
 
 Topology make_fat_tree(int gpus, int planes, int leaves, int spines, double nic_gbps, double fabric_gbps,
-                       uint64_t delay_ns) {
+                       uint64_t delay_ns, int nic_subports) {
   IFEC_CHECK(gpus >= 1, "make_fat_tree: gpus must be >= 1, got " << gpus);
   IFEC_CHECK(planes >= 1, "make_fat_tree: planes must be >= 1, got " << planes);
   IFEC_CHECK(leaves >= 1 && gpus % leaves == 0,
@@ -494,11 +494,13 @@ Topology make_fat_tree(int gpus, int planes, int leaves, int spines, double nic_
   IFEC_CHECK(spines >= 1, "make_fat_tree: spines must be >= 1, got " << spines);
   IFEC_CHECK(nic_gbps > 0, "make_fat_tree: nic_gbps must be > 0, got " << nic_gbps);
   IFEC_CHECK(fabric_gbps > 0, "make_fat_tree: fabric_gbps must be > 0, got " << fabric_gbps);
+  IFEC_CHECK(nic_subports >= 1 && nic_subports <= 8, "make_fat_tree: nic_subports must be 1..8, got " << nic_subports);
   Topology t;
   t.name = "fat-tree-" + std::to_string(gpus) + "x" + std::to_string(planes);
   std::ostringstream src;
   src << "generator:make_fat_tree(" << gpus << ", " << planes << ", " << leaves << ", " << spines << ", "
-      << detail::format_double(nic_gbps) << ", " << detail::format_double(fabric_gbps) << ", " << delay_ns << ")";
+      << detail::format_double(nic_gbps) << ", " << detail::format_double(fabric_gbps) << ", " << delay_ns
+      << (nic_subports > 1 ? ", " + std::to_string(nic_subports) : std::string()) << ")";
   t.source = src.str();
   t.num_planes = planes;
   add_gpus(t, gpus);
@@ -514,7 +516,7 @@ Topology make_fat_tree(int gpus, int planes, int leaves, int spines, double nic_
   // Access links first, so a leaf's ports 0..per_leaf-1 face its GPUs and the uplinks follow.
   for (int g = 0; g < gpus; ++g) {
     for (int p = 0; p < planes; ++p)
-      add_cable(t, g, leaf[p][g / per_leaf], p, nic_gbps, 1, delay_ns, next_port, cable++);
+      add_cable(t, g, leaf[p][g / per_leaf], p, nic_gbps, nic_subports, delay_ns, next_port, cable++);
   }
   for (int p = 0; p < planes; ++p) {
     for (int i = 0; i < leaves; ++i) {

@@ -77,7 +77,11 @@ class Parser {
       fail(e.mark, "YAML syntax error: " + e.msg);
     }
     if (!root.IsMap()) fail(root.Mark(), "expected a mapping at the top level, got " + describe(root));
-    Fields top(*this, root, "topology", {"name", "planes", "params", "link_defaults", "gpus", "switches", "links"});
+    Fields top(*this, root, "topology",
+               {"name", "planes", "params", "link_defaults", "gpus", "switches", "links", "generator"});
+    if (const YAML::Node* gen = top.get("generator")) {
+      return parse_generated(top, *gen);
+    }
     Topology t;
     t.source = source_;
     t.name = string_value(top.require("name"), "name");
@@ -93,6 +97,65 @@ class Parser {
     detail::assign_derived_fields(t);
     if (auto problem = detail::find_problem(t)) fail_line(problem_line(*problem, top.mark()), problem->message);
     return t;
+  }
+
+  // `generator: {kind: superpod | fat_tree, ...}` in place of gpus/switches/links: the generator's topology under
+  // the file's name and params, validated the same way.
+  Topology parse_generated(const Fields& top, const YAML::Node& gen) {
+    for (const char* key : {"planes", "link_defaults", "gpus", "switches", "links"}) {
+      if (const YAML::Node* n = top.get(key)) {
+        fail(n->Mark(), std::string(key) + " does not go with a generator (it lays out the whole fabric)");
+      }
+    }
+    if (!gen.IsMap()) fail(gen.Mark(), "generator must be a mapping {kind: ..., ...}, got " + describe(gen));
+    Topology t;
+    try {
+      t = generate(gen);
+    } catch (const common::Error& e) {
+      fail(gen.Mark(), std::string("generator: ") + e.what());
+    }
+    t.name = string_value(top.require("name"), "name");
+    t.source = source_ + " (" + t.source + ")";
+    if (const YAML::Node* params = top.get("params")) parse_params(*params, t.params);
+    if (auto problem = detail::find_problem(t)) fail(gen.Mark(), problem->message);
+    return t;
+  }
+
+  Topology generate(const YAML::Node& gen) {
+    const std::string kind = gen["kind"] ? string_value(gen["kind"], "generator kind") : "";
+    constexpr double kRequired = -1;
+    auto num = [&](const char* key, double dflt, double lo, double hi) {
+      const YAML::Node n = gen[key];
+      if (!n && dflt == kRequired) fail(gen.Mark(), std::string("generator ") + key + " is required");
+      if (!n) return dflt;
+      const double v = double_value(n, std::string("generator ") + key);
+      if (!(v >= lo && v <= hi)) {
+        std::ostringstream os;
+        os << "generator " << key << " " << n.Scalar() << " outside [" << lo << ", " << hi << "]";
+        fail(n.Mark(), os.str());
+      }
+      return v;
+    };
+    auto whole = [&](const char* key, double dflt, double lo, double hi) {
+      const double v = num(key, dflt, lo, hi);
+      if (v != std::floor(v)) fail(gen[key].Mark(), std::string("generator ") + key + " must be a whole number");
+      return static_cast<int>(v);
+    };
+    if (kind == "superpod") {
+      Fields(*this, gen, "generator", {"kind", "gpus", "planes", "port_gbps", "subports", "delay_ns"});
+      return make_superpod(whole("gpus", kRequired, 1, 1 << 20), whole("planes", kRequired, 1, 256),
+                           num("port_gbps", 800, 1e-3, 1e6), whole("subports", 2, 1, 8),
+                           static_cast<uint64_t>(whole("delay_ns", 500, 0, 1e9)));
+    }
+    if (kind == "fat_tree") {
+      Fields(*this, gen, "generator",
+             {"kind", "gpus", "planes", "leaves", "spines", "nic_gbps", "fabric_gbps", "delay_ns", "nic_subports"});
+      return make_fat_tree(whole("gpus", kRequired, 1, 1 << 20), whole("planes", kRequired, 1, 256),
+                           whole("leaves", kRequired, 1, 1 << 16), whole("spines", kRequired, 1, 1 << 16),
+                           num("nic_gbps", 400, 1e-3, 1e6), num("fabric_gbps", 400, 1e-3, 1e6),
+                           static_cast<uint64_t>(whole("delay_ns", 500, 0, 1e9)), whole("nic_subports", 1, 1, 8));
+    }
+    fail(gen.Mark(), "generator kind '" + kind + "': expected superpod or fat_tree");
   }
 
   std::string string_value(const YAML::Node& n, const std::string& what) const {

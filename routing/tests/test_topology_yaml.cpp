@@ -325,6 +325,11 @@ TEST(ToYaml, IrregularFileRoundTrips) {
 }
 
 // The shipped files must stay what the generators produce (regenerate with ifec_gen_topologies).
+Topology named(Topology t, const std::string& name) {
+  t.name = name;
+  return t;
+}
+
 TEST(ShippedTopologies, MatchTheGenerators) {
   const std::string dir = IFEC_TOPOLOGY_DIR;
   const std::pair<std::string, Topology> cases[] = {
@@ -332,13 +337,37 @@ TEST(ShippedTopologies, MatchTheGenerators) {
       {"fat-tree-64x4.yaml", make_fat_tree(64, 4, 8, 4, 400, 800)},
       {"superpod-8x2.yaml", make_superpod(8, 2, 800, 2)},
       {"paced-4x2.yaml", make_paced_superpod()},
+      {"sun-1024x8.yaml", named(make_fat_tree(1024, 8, 64, 32, 800, 400, 500, 2), "sun-1024x8")},
+      {"fat-tree-2048x8.yaml", named(make_fat_tree(2048, 8, 64, 32), "fat-tree-2048x8")},
   };
   for (const auto& [file, expected] : cases) {
     SCOPED_TRACE(file);
     const Topology t = load_topology(dir + "/" + file);
-    EXPECT_EQ(t.source, dir + "/" + file);
+    EXPECT_EQ(t.source.rfind(dir + "/" + file, 0), 0u) << t.source;
     expect_same(t, expected);
   }
+}
+
+TEST(ParseTopology, AGeneratorNamesTheFabricAndItsArgumentsAreChecked) {
+  const Topology t = parse_topology(
+      "name: pod\nparams: {mtu: 1024}\ngenerator: {kind: superpod, gpus: 8, planes: 2, port_gbps: 400}\n", "t.yaml");
+  expect_same(t, [] {
+    Topology want = make_superpod(8, 2, 400, 2);
+    want.name = "pod";
+    want.params.mtu = 1024;
+    return want;
+  }());
+  EXPECT_NE(t.source.find("make_superpod(8, 2, 400"), std::string::npos) << t.source;
+  expect_error("name: x\ngenerator: {kind: torus, gpus: 8}\n", 2, {"generator kind 'torus'", "superpod or fat_tree"});
+  expect_error("name: x\ngenerator: {kind: superpod, planes: 2}\n", 2, {"generator gpus is required"});
+  expect_error("name: x\ngenerator: {kind: superpod, gpus: 8, planes: 2, leaves: 4}\n", 2, {"'leaves'"});
+  expect_error("name: x\ngenerator: {kind: fat_tree, gpus: 8.5, planes: 2, leaves: 2, spines: 1}\n", 2,
+               {"gpus must be a whole number"});
+  expect_error("name: x\ngenerator: {kind: fat_tree, gpus: 10, planes: 2, leaves: 4, spines: 1}\n", 2,
+               {"leaves must be >= 1 and divide gpus (10), got 4"});
+  expect_error("name: x\ngpus: 4\ngenerator: {kind: superpod, gpus: 8, planes: 2}\n", 2,
+               {"gpus does not go with a generator"});
+  expect_error("name: x\ngenerator: [superpod]\n", 2, {"generator must be a mapping"});
 }
 
 TEST(ParseTopology, DirectGpuLinkWithPlaneLoadsAndRoundTrips) {

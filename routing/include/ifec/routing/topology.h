@@ -118,8 +118,9 @@ Topology make_superpod(int gpus, int planes, double port_gbps = 800, int subport
 // slow enough that the software switches on two cores keep up, so link rates (not CPUs) bound its transfers.
 Topology make_paced_superpod();
 // (b) multi-plane two-tier fat tree: per plane `leaves` leaves and `spines` spines, full leaf-spine mesh;
-// each GPU has one NIC port per plane on leaf (gpu / (gpus/leaves)).
+// each GPU has one NIC port per plane on leaf (gpu / (gpus/leaves)), a cable of `nic_subports` sub-links (2: the
+// FARE draft's Y-cables, in a two-tier SUN) of nic_gbps / nic_subports each.
 Topology make_fat_tree(int gpus, int planes, int leaves, int spines, double nic_gbps = 400, double fabric_gbps = 400,
-                       uint64_t delay_ns = 500);
+                       uint64_t delay_ns = 500, int nic_subports = 1);
 
 }  // namespace ifec::routing
