@@ -112,8 +112,13 @@ SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
     }
   }
   traffic.start(0);
+  const auto sim0 = std::chrono::steady_clock::now();
   run_with_progress(loop, traffic, opts, fabric.num_gpus(), wall0);
   SimRun run;
+  run.sim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sim0).count();
+  run.setup_seconds = std::chrono::duration<double>(sim0 - wall0).count();
+  run.routing_bytes = fabric.routing_bytes();
+  run.traffic_bytes = traffic.memory_bytes();
   run.topology = topo.name;
   run.options = opts;
   run.traffic = traffic.result();

@@ -66,7 +66,11 @@ struct SimRun {
   int fare_rounds = 0;
   uint64_t events = 0;
   uint64_t frame_hops = 0;  // frames sent on any link, from a GPU or a switch
-  double wall_seconds = 0;
+  double wall_seconds = 0;   // the whole run: setup, simulation and the report's collection
+  double setup_seconds = 0;  // building the fabric (switches, FARE's rounds to convergence) and the flows
+  double sim_seconds = 0;    // the event loop alone, from the first frame to the last byte delivered
+  size_t routing_bytes = 0;  // Fabric::routing_bytes(): the RIB, the class table and every switch's FIB
+  size_t traffic_bytes = 0;  // RawTraffic::memory_bytes(): flows and their counters
 };
 
 // Runs the flows of `opts` to completion (progress lines on stderr every 2 s of wall time when opts.progress).

@@ -1,0 +1,58 @@
+// `./ifec bench scale`: the simulator at thousands of GPUs. Each scenario (a fabric, a traffic pattern, real or
+// elided payloads) runs in a child process of its own, so that its peak memory is its own (the kernel's maximum
+// resident set of the child), and reports what the issue's targets are stated in: GPUs, links, events,
+// frame-hops per second per core, threads and speedup, peak memory and the bytes per GPU of the routing and flow
+// state, and the setup and simulation times apart.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ifec/testbed/raw_traffic.h"
+
+namespace ifec::testbed {
+
+struct ScaleScenario {
+  std::string topo_path;
+  Pattern pattern = Pattern::kPermutation;
+  uint64_t bytes = 2 << 20;  // per GPU (permutation) or per ordered pair (all-to-all)
+  bool elided_payloads = false;
+  // A target this scenario is measured against ("" for none): peak bytes at most and frame-hops/s at least.
+  double target_peak_bytes = 0;
+  double target_rate = 0;
+  std::string describe() const;  // "fat-tree-2048x8.yaml permutation 2 MiB/GPU real"
+};
+
+struct ScaleRow {
+  ScaleScenario scenario;
+  std::string topology;
+  int gpus = 0;
+  int links = 0;
+  int switches = 0;
+  int threads = 1;  // one core: the partitioned simulation (issue 30's second item) is not built yet
+  uint64_t events = 0;
+  uint64_t frame_hops = 0;
+  double setup_seconds = 0;
+  double sim_seconds = 0;
+  uint64_t peak_bytes = 0;     // the child's maximum resident set
+  uint64_t routing_bytes = 0;  // Fabric::routing_bytes()
+  uint64_t traffic_bytes = 0;  // RawTraffic::memory_bytes()
+  bool complete = false;       // every byte delivered
+  std::string error;           // why the child failed ("" when it ran)
+  double rate() const { return sim_seconds > 0 ? frame_hops / sim_seconds : 0; }  // frame-hops/s, one core
+};
+
+// The scenarios, from `topo_dir`: the 64 x 4 all-to-all, the 1,024-GPU SUN and the 2,048-GPU fat tree's
+// permutation of 2 MiB per GPU, real and elided (the 2,048-GPU real one carries the targets), and, unless quick,
+// the 2,048-GPU all-to-all of 4 KiB per pair.
+std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool quick);
+
+// Runs `s` in a child process (progress lines on stderr from the child every 2 s). A child that fails, throws or
+// is killed gives a row with `error` set; the parent goes on.
+ScaleRow measure_scale(const ScaleScenario& s, bool progress);
+
+// One line per row under a header naming the columns, then one line per target: measured, target, met or not.
+std::string scale_table(const std::vector<ScaleRow>& rows);
+
+}  // namespace ifec::testbed

@@ -1,0 +1,67 @@
+// The scale bench's child runs against the same run in this process: the figures come back whole, the peak memory
+// is the child's own, and a child that fails reports why without taking the bench down.
+#include <gtest/gtest.h>
+
+#include "ifec/routing/topology.h"
+#include "ifec/testbed/scale_bench.h"
+#include "ifec/testbed/traffic_run.h"
+
+using namespace ifec;
+
+TEST(ScaleBench, ChildReportsTheSameRunAsThisProcess) {
+  testbed::ScaleScenario s;
+  s.topo_path = IFEC_TOPOLOGY_DIR "/superpod-8x2.yaml";
+  s.pattern = testbed::Pattern::kPermutation;
+  s.bytes = 256 * 1024;
+  const testbed::ScaleRow row = testbed::measure_scale(s, false);
+  ASSERT_EQ(row.error, "");
+  testbed::SimOptions o;
+  o.pattern = s.pattern;
+  o.bytes = s.bytes;
+  o.progress = false;
+  const routing::Topology topo = routing::load_topology(s.topo_path);
+  const testbed::SimRun r = testbed::run_sim(topo, o);
+  EXPECT_TRUE(row.complete);
+  EXPECT_EQ(row.gpus, 8);
+  EXPECT_EQ(row.links, static_cast<int>(topo.links.size()));
+  EXPECT_EQ(row.switches, static_cast<int>(topo.nodes.size()) - 8);
+  EXPECT_EQ(row.frame_hops, r.frame_hops);
+  EXPECT_EQ(row.events, r.events);
+  EXPECT_EQ(row.routing_bytes, r.routing_bytes);
+  EXPECT_EQ(row.traffic_bytes, r.traffic_bytes);
+  EXPECT_GT(row.routing_bytes, 0u);
+  EXPECT_GT(row.peak_bytes, 1u << 20);  // a process's resident set is megabytes at least
+  EXPECT_GT(row.sim_seconds, 0);
+  EXPECT_GT(row.rate(), 0);
+  // The table names the scenario and has no target line for a scenario without one.
+  const std::string t = testbed::scale_table({row});
+  EXPECT_NE(t.find("superpod-8x2.yaml permutation 256 KiB/GPU real"), std::string::npos) << t;
+  EXPECT_EQ(t.find("# target"), std::string::npos) << t;
+}
+
+TEST(ScaleBench, AFailingChildGivesARowNamingWhy) {
+  testbed::ScaleScenario s;
+  s.topo_path = "/nonexistent/fabric.yaml";
+  s.target_rate = 1e6;
+  const testbed::ScaleRow row = testbed::measure_scale(s, false);
+  EXPECT_NE(row.error.find("/nonexistent/fabric.yaml"), std::string::npos) << row.error;
+  const std::string t = testbed::scale_table({row});
+  EXPECT_NE(t.find("FAILED"), std::string::npos) << t;
+  EXPECT_EQ(t.find("# target"), std::string::npos) << t;  // no target judged on a run that did not happen
+}
+
+TEST(ScaleBench, TargetsAreJudgedFromTheFigures) {
+  testbed::ScaleRow r;
+  r.scenario.topo_path = "x/fabric.yaml";
+  r.scenario.target_peak_bytes = 3e9;
+  r.scenario.target_rate = 1.5e6;
+  r.gpus = 2048;
+  r.frame_hops = 4'000'000;
+  r.sim_seconds = 2;  // 2 M frame-hops/s: met
+  r.peak_bytes = 3'500'000'000;  // over 3 GB: not met
+  r.complete = true;
+  const std::string t = testbed::scale_table({r});
+  EXPECT_NE(t.find("peak 3.50 GB (at most 3.0: NOT MET), 2.00 M frame-hops/s (at least 1.5: met)"),
+            std::string::npos)
+      << t;
+}
