@@ -31,8 +31,8 @@
 #include "ifec/testbed/collective_bench.h"
 #include "ifec/testbed/collective_run.h"
 #include "ifec/testbed/endpoint_bench.h"
-#include "ifec/testbed/scale_bench.h"
 #include "ifec/testbed/property.h"
+#include "ifec/testbed/scale_bench.h"
 #ifdef IFEC_HAVE_MOE
 #include "ifec/testbed/moe_bench.h"
 #endif
@@ -576,15 +576,15 @@ int run_bench_scale(const Args& a) {
   const bool quick = a.has("--quick");
   std::printf("# simulator at scale [driver: sim]: each scenario in a process of its own, one core; CPU: %s\n",
               cpu_model().c_str());
-  std::printf("# M hops/s: frame-hops (frames sent on any link) per second of the event loop; setup: the fabric,\n"
-              "# FARE to convergence and the flows; peak: the process's maximum resident set; route B/G and flow\n"
-              "# B/G: bytes per GPU of the routing state (RIB, class table, FIBs) and of the flows\n");
+  std::printf(
+      "# M hops/s: frame-hops (frames sent on any link) per second of the event loop; setup: the fabric,\n"
+      "# FARE to convergence and the flows; peak: the process's maximum resident set; route B/G and flow\n"
+      "# B/G: bytes per GPU of the routing state (RIB, class table, FIBs) and of the flows\n");
   std::fflush(stdout);
   const std::vector<tb::ScaleScenario> scenarios = tb::scale_scenarios(IFEC_TOPOLOGY_DIR, quick);
   std::vector<tb::ScaleRow> rows;
   for (size_t i = 0; i < scenarios.size(); ++i) {
-    std::fprintf(stderr, "bench scale: [%zu/%zu] %s...\n", i + 1, scenarios.size(),
-                 scenarios[i].describe().c_str());
+    std::fprintf(stderr, "bench scale: [%zu/%zu] %s...\n", i + 1, scenarios.size(), scenarios[i].describe().c_str());
     rows.push_back(tb::measure_scale(scenarios[i], true));
   }
   std::printf("%s%s", tb::scale_table(rows).c_str(), kScaleNotBuilt);

@@ -125,7 +125,8 @@ void fill_row(ScaleRow& row, const ChildFigures& f) {
 std::string child_status(int status) {
   std::ostringstream o;
   if (WIFSIGNALED(status)) {
-    o << "the run was killed by signal " << WTERMSIG(status) << (WTERMSIG(status) == SIGKILL ? " (out of memory?)" : "");
+    o << "the run was killed by signal " << WTERMSIG(status)
+      << (WTERMSIG(status) == SIGKILL ? " (out of memory?)" : "");
   } else {
     o << "the run exited with status " << WEXITSTATUS(status) << " before reporting";
   }

@@ -57,11 +57,10 @@ TEST(ScaleBench, TargetsAreJudgedFromTheFigures) {
   r.scenario.target_rate = 1.5e6;
   r.gpus = 2048;
   r.frame_hops = 4'000'000;
-  r.sim_seconds = 2;  // 2 M frame-hops/s: met
+  r.sim_seconds = 2;             // 2 M frame-hops/s: met
   r.peak_bytes = 3'500'000'000;  // over 3 GB: not met
   r.complete = true;
   const std::string t = testbed::scale_table({r});
-  EXPECT_NE(t.find("peak 3.50 GB (at most 3.0: NOT MET), 2.00 M frame-hops/s (at least 1.5: met)"),
-            std::string::npos)
+  EXPECT_NE(t.find("peak 3.50 GB (at most 3.0: NOT MET), 2.00 M frame-hops/s (at least 1.5: met)"), std::string::npos)
       << t;
 }

@@ -65,7 +65,7 @@ struct SimRun {
   common::TimeNs fare_converged_ns = 0;
   int fare_rounds = 0;
   uint64_t events = 0;
-  uint64_t frame_hops = 0;  // frames sent on any link, from a GPU or a switch
+  uint64_t frame_hops = 0;   // frames sent on any link, from a GPU or a switch
   double wall_seconds = 0;   // the whole run: setup, simulation and the report's collection
   double setup_seconds = 0;  // building the fabric (switches, FARE's rounds to convergence) and the flows
   double sim_seconds = 0;    // the event loop alone, from the first frame to the last byte delivered
