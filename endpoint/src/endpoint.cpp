@@ -71,46 +71,11 @@ Endpoint::Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<Endpoin
   for (auto& ps : port_state_) {
     ps.queued.assign(static_cast<size_t>(n) * k, 0);
   }
-  qp_port_.assign(static_cast<size_t>(n) * k, 0);
+  qp_port_.resize(static_cast<size_t>(n) * k);
+  qps_.resize(static_cast<size_t>(n) * k);  // each made on first use (qp()): GPUs x GPUs x sub-ports are too many
   for (int peer = 0; peer < n; ++peer) {
     for (size_t q = 0; q < k; ++q) {
-      const int id = static_cast<int>(peer * k + q);
-      QpConfig qc;
-      qc.local_qpn = qpn(peer, static_cast<int>(q));
-      qc.remote_qpn = common::rc_qpn(static_cast<uint32_t>(cfg_.index), static_cast<uint32_t>(q));
-      qc.pkey = common::pkey_of_job(cfg_.job);
-      qc.mtu = cfg_.mtu;
-      qc.weak = cfg_.ordering == Ordering::kWeak;
-      qc.rto_ns = cfg_.rto_ns;
-      qc.rto_max_ns = cfg_.rto_max_ns;
-      qc.adaptive_rto = cfg_.adaptive_rto;
-      qc.elided_payloads = cfg_.elided_payloads;
-      qc.max_retries = cfg_.max_retries;
-      qc.max_outstanding = cfg_.max_outstanding;
-      qc.ack_every = cfg_.ack_every;
-      qc.responder_window = cfg_.responder_window;
-      qc.headers = headers_for(peer, static_cast<int>(q), static_cast<int>(q));
-      qp_port_[id] = static_cast<int>(q);
-      qps_.push_back(std::make_unique<QueuePair>(clock_, qc, memory_, [this, id] { wake_qp(id); }));
-      qps_.back()->on_write(
-          [this, peer](uint32_t rkey, uint64_t va, uint64_t len) { remote_written(peer, rkey, va, len); });
-      qps_.back()->on_reconnect([this, peer, q, id](uint32_t psn) {
-        counters_.reconnects++;
-        std::weak_ptr<bool> alive = alive_;
-        ResetDone done = [this, alive, id, psn](const std::string& error) {
-          const auto a = alive.lock();
-          if (!a || !*a) {
-            return;  // the endpoint is gone
-          }
-          counters_.reconnects_refused += error.empty() ? 0 : 1;
-          qps_[id]->peer_reset(psn, error.empty());
-        };
-        if (cm_) {
-          cm_(peer, static_cast<int>(q), psn, std::move(done));
-        } else {
-          done("");
-        }
-      });
+      qp_port_[peer * k + q] = static_cast<int>(q);
     }
     refresh_peer(peer);
   }
@@ -122,6 +87,61 @@ Endpoint::Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<Endpoin
 }
 
 Endpoint::~Endpoint() { *alive_ = false; }
+
+QueuePair& Endpoint::qp(int peer, int index) {
+  IFEC_CHECK(peer >= 0 && peer < num_endpoints() && index >= 0 && index < qps_per_peer(),
+             "QP (peer " << peer << ", index " << index << ") outside " << num_endpoints() << " peers x "
+                         << qps_per_peer() << " QPs");
+  const int id = peer * qps_per_peer() + index;
+  if (!qps_[id]) {
+    make_qp(peer, index);
+  }
+  return *qps_[id];
+}
+
+int Endpoint::qps_made() const {
+  return static_cast<int>(std::count_if(qps_.begin(), qps_.end(), [](const auto& q) { return q != nullptr; }));
+}
+
+// A QP starts as it would have at the endpoint's start: its sequence numbers at zero, on the port FARE's weights
+// give it now (refresh_peer moves qp_port_ for QPs not made yet, as for the others).
+void Endpoint::make_qp(int peer, int q) {
+  const int id = peer * qps_per_peer() + q;
+  QpConfig qc;
+  qc.local_qpn = qpn(peer, q);
+  qc.remote_qpn = common::rc_qpn(static_cast<uint32_t>(cfg_.index), static_cast<uint32_t>(q));
+  qc.pkey = common::pkey_of_job(cfg_.job);
+  qc.mtu = cfg_.mtu;
+  qc.weak = cfg_.ordering == Ordering::kWeak;
+  qc.rto_ns = cfg_.rto_ns;
+  qc.rto_max_ns = cfg_.rto_max_ns;
+  qc.adaptive_rto = cfg_.adaptive_rto;
+  qc.elided_payloads = cfg_.elided_payloads;
+  qc.max_retries = cfg_.max_retries;
+  qc.max_outstanding = cfg_.max_outstanding;
+  qc.ack_every = cfg_.ack_every;
+  qc.responder_window = cfg_.responder_window;
+  qc.headers = headers_for(peer, q, qp_port_[id]);
+  qps_[id] = std::make_unique<QueuePair>(clock_, qc, memory_, [this, id] { wake_qp(id); });
+  qps_[id]->on_write([this, peer](uint32_t rkey, uint64_t va, uint64_t len) { remote_written(peer, rkey, va, len); });
+  qps_[id]->on_reconnect([this, peer, q, id](uint32_t psn) {
+    counters_.reconnects++;
+    std::weak_ptr<bool> alive = alive_;
+    ResetDone done = [this, alive, id, psn](const std::string& error) {
+      const auto a = alive.lock();
+      if (!a || !*a) {
+        return;  // the endpoint is gone
+      }
+      counters_.reconnects_refused += error.empty() ? 0 : 1;
+      qps_[id]->peer_reset(psn, error.empty());
+    };
+    if (cm_) {
+      cm_(peer, q, psn, std::move(done));
+    } else {
+      done("");
+    }
+  });
+}
 
 common::FrameHeaders Endpoint::headers_for(int peer, int qp_index, int port) const {
   common::FrameHeaders h;
@@ -165,8 +185,10 @@ void Endpoint::refresh_peer(int peer) {
     total += x > 0 ? x : 0;
   }
   // Partial mode's address table: granules interleaved over live QPs in proportion to weight.
-  ps.table.assign(kTableSize, 0);
-  if (total > 0) {
+  if (cfg_.ordering == Ordering::kPartial) {
+    ps.table.assign(kTableSize, 0);
+  }
+  if (total > 0 && cfg_.ordering == Ordering::kPartial) {
     std::vector<double> cur(k, 0.0);
     for (size_t i = 0; i < kTableSize; ++i) {
       size_t best = k;
@@ -203,7 +225,9 @@ void Endpoint::refresh_peer(int peer) {
     const int want = w[q] > 0 || best_port < 0 ? static_cast<int>(q) : best_port;
     if (qp_port_[id] != want) {
       qp_port_[id] = want;
-      qps_[id]->set_headers(headers_for(peer, static_cast<int>(q), want));
+      if (qps_[id]) {
+        qps_[id]->set_headers(headers_for(peer, static_cast<int>(q), want));
+      }
       counters_.path_migrations++;
       wake_qp(id);
     }
@@ -819,7 +843,7 @@ bool Endpoint::idle() const {
     return false;
   }
   for (const auto& q : qps_) {
-    if (!q->idle()) {
+    if (q && !q->idle()) {
       return false;
     }
   }
@@ -829,7 +853,9 @@ bool Endpoint::idle() const {
 EndpointCounters Endpoint::counters() const {
   EndpointCounters c = counters_;
   for (const auto& q : qps_) {
-    c.qp += q->counters();
+    if (q) {
+      c.qp += q->counters();
+    }
   }
   return c;
 }
@@ -890,6 +916,9 @@ void Endpoint::kick(int port) {
     if (qp_port_[id] != port) {
       wake_qp(id);  // migrated: it belongs to another port's list now
       continue;
+    }
+    if (!qps_[id]) {
+      continue;  // woken by a path migration before its first use: nothing to send
     }
     std::vector<uint8_t> f = qps_[id]->next_frame();
     if (qps_[id]->has_frame()) {

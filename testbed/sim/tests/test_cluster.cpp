@@ -7,6 +7,7 @@
 #include <optional>
 #include <random>
 
+#include "ifec/common/checks.h"
 #include "ifec/endpoint/proxy.h"
 #include "ifec/endpoint/ring.h"
 #include "ifec/testbed/cluster.h"
@@ -178,6 +179,29 @@ TEST(Cluster, TrafficFollowsFareWeightsAcrossPlanes) {
   const double total = plane[0] + plane[1] + plane[2] + plane[3];
   EXPECT_NEAR(plane[3] / total, 1.0 / 7, 0.01);
   EXPECT_NEAR(plane[0] / total, 2.0 / 7, 0.01);
+}
+
+// Queue pairs are made on first use: a store from GPU 0 to GPU 1 makes GPU 0's requesters toward 1 and GPU 1's
+// responders toward 0, nothing else (made eagerly, 8 GPUs would hold 8 x 8 x 4 QPs, a 1,024-GPU SUN 17 million).
+TEST(Cluster, QueuePairsAreMadeOnFirstUse) {
+  const routing::Topology topo = routing::make_superpod(8, 2);
+  testbed::Cluster c(topo, options(Ordering::kWeak, 0, switchemu::LoadBalance::kPerPacket));
+  c.allocate_window(kData, 1 << 20);
+  for (int g = 0; g < 8; ++g) {
+    EXPECT_EQ(c.ep(g).qps_made(), 0) << "GPU " << g;
+  }
+  const auto data = pattern(1 << 20, 3);
+  OpHandle h = c.ep(0).store(1, kData, 0, data.data(), data.size());
+  ASSERT_TRUE(c.wait({h}));
+  ASSERT_TRUE(h->ok());
+  const int k = c.ep(0).qps_per_peer();
+  EXPECT_EQ(c.ep(0).qps_made(), k);  // a 1 MiB weak-mode store stripes over every sub-port
+  EXPECT_EQ(c.ep(1).qps_made(), k);
+  for (int g = 2; g < 8; ++g) {
+    EXPECT_EQ(c.ep(g).qps_made(), 0) << "GPU " << g;
+  }
+  EXPECT_THROW(c.ep(0).qp(8, 0), common::Error);
+  EXPECT_THROW(c.ep(0).qp(1, k), common::Error);
 }
 
 TEST(Cluster, ControlPlaneReadsFareWeightsAndTakesALinkDown) {

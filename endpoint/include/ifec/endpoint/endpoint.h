@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "ifec/common/ethernet.h"
+#include "ifec/common/fifo.h"
 #include "ifec/common/interfaces.h"
 #include "ifec/common/protocol.h"
 #include "ifec/common/swrr.h"
@@ -214,7 +215,9 @@ class Endpoint {
   // bindings, the live daemons' control plane and their Prometheus metrics report.
   std::vector<std::pair<std::string, uint64_t>> named_counters() const;
   int qps_per_peer() const { return static_cast<int>(ports_.size()); }
-  QueuePair& qp(int peer, int index) { return *qps_.at(static_cast<size_t>(peer) * ports_.size() + index); }
+  // The QP toward `peer` on sub-port `index`, made on first use (throws Error naming a bad peer or index).
+  QueuePair& qp(int peer, int index);
+  int qps_made() const;  // QPs made so far (a peer's QPs exist once traffic to or from it used them)
   // Port a QP currently sends on (its own sub-port unless migrated).
   int qp_port(int peer, int index) const { return qp_port_.at(static_cast<size_t>(peer) * ports_.size() + index); }
   uint32_t qpn(int peer, int index) const {
@@ -230,10 +233,10 @@ class Endpoint {
   struct PeerState {
     uint64_t epoch = 0;
     std::map<uint64_t, uint64_t> inflight;  // epoch -> work requests issued, not completed
-    std::deque<Pending> waiting;
-    std::vector<double> weights;  // per port
-    std::vector<int> table;       // partial mode: granule -> QP
-    common::SmoothWrr swrr;       // weak mode small ops: QP by the weights
+    common::Fifo<Pending> waiting;          // allocates nothing until used: one per peer
+    std::vector<double> weights;            // per port
+    std::vector<int> table;                 // partial mode only: granule -> QP
+    common::SmoothWrr swrr;                 // weak mode small ops: QP by the weights
     int strong_qp = -1;
     std::map<uint16_t, WindowInfo> windows;
   };
@@ -272,6 +275,7 @@ class Endpoint {
                        uint16_t window, uint64_t offset, const std::shared_ptr<Op>& op);
   WqeDone part_done(int peer, uint64_t epoch, const std::shared_ptr<Op>& op);
   void wake_qp(int qp_id);
+  void make_qp(int peer, int q);
   // Bytes a peer wrote into our memory (an RC request executed, or a multicast replica written): the subscribers
   // hear of them, in window terms.
   void remote_written(int peer, uint32_t rkey, uint64_t va, uint64_t len);
@@ -284,7 +288,7 @@ class Endpoint {
   std::vector<EndpointPort> ports_;
   std::vector<uint32_t> peer_ips_;
   SymmetricMemory memory_;
-  std::vector<std::unique_ptr<QueuePair>> qps_;  // [peer * ports + k]
+  std::vector<std::unique_ptr<QueuePair>> qps_;  // [peer * ports + k], null until first used
   std::vector<int> qp_port_;
   std::vector<PeerState> peers_;
   // Weak mode: where a multi-packet store's stripes start, advanced by one per store across all peers (a rotor per
