@@ -119,3 +119,18 @@ def test_elided_payloads_give_the_real_run_and_say_so():
         assert elided[key] == real[key], key
     with pytest.raises(ValueError, match="'fake'"):
         ifec.sim.run(topo, payload="fake")
+
+
+def test_expert_parallel_groups(repo, build_dir):
+    topo = ifec.make_superpod(8, 2)
+    grouped = ifec.sim.run(topo, traffic="alltoall", bytes=64 * 1024, group=4)
+    assert grouped["complete"] and grouped["group"] == 4
+    assert grouped["flows"] == 8 * 3
+    assert grouped["payload_bytes_delivered"] == 8 * 3 * 64 * 1024
+    assert "group" not in ifec.sim.run(topo, traffic="alltoall", bytes=4096)
+    with pytest.raises(ValueError, match="--group 3"):
+        ifec.sim.run(topo, traffic="alltoall", group=3)
+    out = subprocess.run([str(build_dir / "bin" / "ifec-cli"), "sim", "--topo",
+                          str(repo / "testbed/topologies/superpod-8x2.yaml"), "--traffic", "permutation",
+                          "--bytes", "64KiB", "--group", "4", "--quiet"], capture_output=True, text=True, check=True)
+    assert "permutation within groups of 4 GPUs" in out.stdout

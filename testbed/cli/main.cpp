@@ -131,8 +131,8 @@ int run_netns_plan(const Args& a) {
 
 // ------------------------------------------------------------------------------------------------------- sim --
 
-const std::vector<std::string> kRawOnly = {"--traffic",       "--lb",        "--pfc",     "--restore",
-                                           "--incast-target", "--no-verify", "--counters"};
+const std::vector<std::string> kRawOnly = {"--traffic",       "--lb",        "--pfc",      "--restore",
+                                           "--incast-target", "--no-verify", "--counters", "--group"};
 const std::vector<std::string> kCollectiveOnly = {"--collective", "--algo",        "--dtype",
                                                   "--op",         "--loss",        "--members",
                                                   "--slot-pool",  "--slot-budget", "--reproducible"};
@@ -244,6 +244,7 @@ int run_sim_raw(const Args& a) {
   opts.seed = ifec::cli::parse_uint(a.get("--seed", "1"), "--seed");
   opts.incast_target =
       static_cast<int>(ifec::cli::parse_uint(a.get("--incast-target", "0"), "--incast-target", 0, 1 << 20));
+  opts.group = static_cast<int>(ifec::cli::parse_uint(a.get("--group", "0"), "--group", 0, 1 << 20));
   opts.verify_icrc = !a.has("--no-verify");
   opts.progress = !a.has("--quiet");
   opts.elided_payloads = payload_elided(a);
@@ -797,6 +798,9 @@ std::vector<Command> tool_commands() {
          {"--lb", "MODE", "raw: switch load balancing per flow or per packet (default packet)"},
          {"--pfc", "on|off", "raw: priority flow control (default on)"},
          {"--incast-target", "GPU", "raw incast: the GPU every flow goes to (default 0)"},
+         {"--group", "N",
+          "raw alltoall or permutation within consecutive groups of N GPUs (expert-parallel groups; N divides "
+          "the GPUs; default: one group of all)"},
          {"--no-verify", "", "raw: receivers skip the ICRC check"},
          {"--seed", "S", "seed of the simulation (default 1)"},
          {"--payload", "real|elided",
@@ -857,7 +861,8 @@ std::vector<Command> bench_commands() {
                  "[--quick]",
                  "The simulator at thousands of GPUs, each scenario in a process of its own: the 64 x 4 all-to-all,\n"
                  "the 1,024-GPU SUN and the 2,048-GPU fat tree's permutation of 2 MiB per GPU with real and elided\n"
-                 "payloads, and the 2,048-GPU all-to-all of 4 KiB per pair: GPUs, links, events, frame-hops per\n"
+                 "payloads, the 2,048-GPU all-to-all of 4 KiB per pair and within expert-parallel groups of 256\n"
+                 "(64 KiB per pair, elided): GPUs, links, events, frame-hops per\n"
                  "second on one core, setup and simulation time, peak memory, routing and flow bytes per GPU,\n"
                  "and each target of issue 30 met or not.",
                  {{"--quick", "", "256 KiB per pair on 64 x 4 and no 2,048-GPU all-to-all (about a minute)"}},

@@ -6,17 +6,20 @@ from ifec import _native
 
 
 def run(topology, traffic="alltoall", bytes=1 << 20, lb="packet", pfc=True, seed=1, fail=(), restore=(),
-        incast_target=0, payload="real"):
+        incast_target=0, payload="real", group=0):
     """Runs raw traffic over the simulated fabric and returns the report (see `./ifec sim --json`).
 
     topology: a path to a YAML file or an ifec.Topology (e.g. ifec.make_superpod(8, 2)).
     fail / restore: link events "SELECTOR@TIME", e.g. "gpu5:plane2:sub0@20us".
     payload: "real" (frames carry their bytes, every ICRC checked) or "elided" (headers and lengths only: the same
     times and bytes per link, for the largest fabrics).
+    group: all-to-all or permutation within consecutive groups of that many GPUs (expert-parallel groups; it
+    divides the GPUs); 0, the default, is one group of every GPU.
     Times in the report are simulated-fabric times (report["driver"] == "sim").
     """
     if payload not in ("real", "elided"):
         raise ValueError(f"payload {payload!r}: expected 'real' or 'elided'")
     topo = _native.load_topology(topology) if isinstance(topology, str) else topology
     return json.loads(_native.run_sim_json(topo, traffic, int(bytes), lb, bool(pfc), int(seed), list(fail),
-                                           list(restore), int(incast_target), payload == "elided"))
+                                           list(restore), int(incast_target), payload == "elided",
+                                           int(group)))

@@ -63,6 +63,7 @@ ChildFigures run_child(const ScaleScenario& s, bool progress) {
     o.pattern = s.pattern;
     o.bytes = s.bytes;
     o.elided_payloads = s.elided_payloads;
+    o.group = s.group;
     o.progress = progress;
     const SimRun r = run_sim(topo, o);
     f.complete = r.traffic.complete ? 1 : 0;
@@ -137,7 +138,8 @@ std::string child_status(int status) {
 
 std::string ScaleScenario::describe() const {
   return base_name(topo_path) + " " + pattern_name(pattern) + " " + size_text(bytes) +
-         (pattern == Pattern::kAllToAll ? "/pair " : "/GPU ") + (elided_payloads ? "elided" : "real");
+         (pattern == Pattern::kAllToAll ? "/pair " : "/GPU ") + (elided_payloads ? "elided" : "real") +
+         (group > 0 ? " in groups of " + std::to_string(group) : "");
 }
 
 std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool quick) {
@@ -145,13 +147,14 @@ std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool qui
   const std::string sun = topo_dir + "/sun-1024x8.yaml";
   const std::string ft = topo_dir + "/fat-tree-2048x8.yaml";
   std::vector<ScaleScenario> v;
-  v.push_back({topo_dir + "/superpod-64x4.yaml", Pattern::kAllToAll, quick ? mib / 4 : mib, false, 0, 0});
-  v.push_back({sun, Pattern::kPermutation, 2 * mib, false, 0, 0});
-  v.push_back({sun, Pattern::kPermutation, 2 * mib, true, 0, 0});
-  v.push_back({ft, Pattern::kPermutation, 2 * mib, false, 3e9, 1.5e6});
-  v.push_back({ft, Pattern::kPermutation, 2 * mib, true, 0, 0});
+  v.push_back({topo_dir + "/superpod-64x4.yaml", Pattern::kAllToAll, quick ? mib / 4 : mib, false, 0, 0, 0});
+  v.push_back({sun, Pattern::kPermutation, 2 * mib, false, 0, 0, 0});
+  v.push_back({sun, Pattern::kPermutation, 2 * mib, true, 0, 0, 0});
+  v.push_back({ft, Pattern::kPermutation, 2 * mib, false, 0, 3e9, 1.5e6});
+  v.push_back({ft, Pattern::kPermutation, 2 * mib, true, 0, 0, 0});
   if (!quick) {
-    v.push_back({ft, Pattern::kAllToAll, 4096, false, 0, 0});
+    v.push_back({ft, Pattern::kAllToAll, 4096, false, 0, 0, 0});
+    v.push_back({ft, Pattern::kAllToAll, 64 * 1024, true, 256, 0, 0});
   }
   return v;
 }
@@ -193,7 +196,7 @@ ScaleRow measure_scale(const ScaleScenario& s, bool progress) {
 std::string scale_table(const std::vector<ScaleRow>& rows) {
   std::ostringstream o;
   char line[512];
-  std::snprintf(line, sizeof(line), "# %-50s %6s %6s %11s %11s %8s %8s %10s %7s %9s %9s %9s\n", "scenario", "GPUs",
+  std::snprintf(line, sizeof(line), "# %-62s %6s %6s %11s %11s %8s %8s %10s %7s %9s %9s %9s\n", "scenario", "GPUs",
                 "links", "events", "frame-hops", "setup s", "sim s", "M hops/s", "threads", "peak GB", "route B/G",
                 "flow B/G");
   o << line;
@@ -202,7 +205,7 @@ std::string scale_table(const std::vector<ScaleRow>& rows) {
       o << "  " << r.scenario.describe() << ": FAILED: " << r.error << "\n";
       continue;
     }
-    std::snprintf(line, sizeof(line), "  %-50s %6d %6d %11llu %11llu %8.2f %8.2f %10.3f %7d %9.2f %9.0f %9.0f%s\n",
+    std::snprintf(line, sizeof(line), "  %-62s %6d %6d %11llu %11llu %8.2f %8.2f %10.3f %7d %9.2f %9.0f %9.0f%s\n",
                   r.scenario.describe().c_str(), r.gpus, r.links, static_cast<unsigned long long>(r.events),
                   static_cast<unsigned long long>(r.frame_hops), r.setup_seconds, r.sim_seconds, r.rate() / 1e6,
                   r.threads, r.peak_bytes / 1e9, static_cast<double>(r.routing_bytes) / std::max(1, r.gpus),

@@ -40,6 +40,9 @@ std::string to_json(const SimRun& r) {
   o.add("bytes_per_flow", r.options.bytes).add("lb", switchemu::load_balance_name(r.options.lb));
   o.add("pfc", r.options.pfc).add("seed", r.options.seed).add("flows", t.flows).add("complete", t.complete);
   o.add("payload", r.options.elided_payloads ? "elided" : "real");
+  if (r.options.group > 0) {
+    o.add("group", r.options.group);
+  }
   o.add("incomplete_flows", t.incomplete_flows).add("completion_ns", t.completion_ns);
   o.add("goodput_gbps", t.goodput_gbps).add("line_rate_gbps", t.line_rate_gbps);
   o.add("goodput_fraction", t.line_rate_gbps > 0 ? t.goodput_gbps / t.line_rate_gbps : 0.0);
@@ -76,9 +79,10 @@ std::string to_text(const SimRun& r) {
   const TrafficResult& t = r.traffic;
   std::ostringstream o;
   o << std::fixed << std::setprecision(2);
-  o << "topology " << r.topology << ", traffic " << pattern_name(r.options.pattern) << ", " << r.options.bytes
-    << " B per flow x " << t.flows << " flows, lb per-" << switchemu::load_balance_name(r.options.lb) << ", PFC "
-    << (r.options.pfc ? "on" : "off") << ", seed " << r.options.seed
+  o << "topology " << r.topology << ", traffic " << pattern_name(r.options.pattern)
+    << (r.options.group > 0 ? " within groups of " + std::to_string(r.options.group) + " GPUs" : "") << ", "
+    << r.options.bytes << " B per flow x " << t.flows << " flows, lb per-" << switchemu::load_balance_name(r.options.lb)
+    << ", PFC " << (r.options.pfc ? "on" : "off") << ", seed " << r.options.seed
     << (r.options.elided_payloads ? ", payloads elided (timing only)" : "") << "  [driver: sim; times are simulated]\n";
   o << "completion        " << t.completion_ns / 1000.0 << " us" << (t.complete ? "" : "  (INCOMPLETE)") << "\n";
   o << "goodput           " << t.goodput_gbps << " Gb/s of " << t.line_rate_gbps << " Gb/s line rate ("

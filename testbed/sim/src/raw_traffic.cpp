@@ -34,40 +34,46 @@ constexpr common::Vocabulary kPatterns("traffic pattern", kPatternNames);
 Pattern parse_pattern(const std::string& name) { return kPatterns.parse(name); }
 const char* pattern_name(Pattern p) { return kPatterns.name(p); }
 
-std::vector<FlowSpec> make_flows(Pattern p, int gpus, uint64_t bytes, uint64_t seed, int incast_target) {
+std::vector<FlowSpec> make_flows(Pattern p, int gpus, uint64_t bytes, uint64_t seed, int incast_target, int group) {
   IFEC_CHECK(gpus >= 2, "traffic needs at least 2 GPUs, topology has " << gpus);
   IFEC_CHECK(bytes > 0, "--bytes must be > 0, got " << bytes);
+  IFEC_CHECK(group == 0 || (group >= 2 && group <= gpus && gpus % group == 0),
+             "--group " << group << " must be 0 (every GPU) or 2.." << gpus << " dividing the " << gpus << " GPUs");
+  IFEC_CHECK(group == 0 || p != Pattern::kIncast, "--group " << group << " does not apply to incast");
+  const int size = group == 0 ? gpus : group;
   std::vector<FlowSpec> flows;
-  switch (p) {
-    case Pattern::kAllToAll:
-      for (int s = 0; s < gpus; ++s) {
-        for (int d = 0; d < gpus; ++d) {
-          if (s != d) {
-            flows.push_back({s, d, bytes});
+  std::mt19937_64 rng(seed);
+  for (int first = 0; first < gpus; first += size) {
+    switch (p) {
+      case Pattern::kAllToAll:
+        for (int s = first; s < first + size; ++s) {
+          for (int d = first; d < first + size; ++d) {
+            if (s != d) {
+              flows.push_back({s, d, bytes});
+            }
           }
         }
-      }
-      break;
-    case Pattern::kPermutation: {
-      // A seeded derangement: every GPU sends to exactly one other and receives from exactly one.
-      std::vector<int> perm(gpus);
-      std::iota(perm.begin(), perm.end(), 0);
-      std::mt19937_64 rng(seed);
-      std::shuffle(perm.begin(), perm.end(), rng);
-      for (int i = 0; i < gpus; ++i) {
-        flows.push_back({perm[i], perm[(i + 1) % gpus], bytes});
-      }
-      break;
-    }
-    case Pattern::kIncast:
-      IFEC_CHECK(incast_target >= 0 && incast_target < gpus,
-                 "incast target GPU " << incast_target << " outside 0.." << gpus - 1);
-      for (int s = 0; s < gpus; ++s) {
-        if (s != incast_target) {
-          flows.push_back({s, incast_target, bytes});
+        break;
+      case Pattern::kPermutation: {
+        // A seeded derangement within the group: every GPU sends to exactly one other and receives from one.
+        std::vector<int> perm(size);
+        std::iota(perm.begin(), perm.end(), first);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int i = 0; i < size; ++i) {
+          flows.push_back({perm[i], perm[(i + 1) % size], bytes});
         }
+        break;
       }
-      break;
+      case Pattern::kIncast:
+        IFEC_CHECK(incast_target >= 0 && incast_target < gpus,
+                   "incast target GPU " << incast_target << " outside 0.." << gpus - 1);
+        for (int s = 0; s < gpus; ++s) {
+          if (s != incast_target) {
+            flows.push_back({s, incast_target, bytes});
+          }
+        }
+        break;
+    }
   }
   return flows;
 }

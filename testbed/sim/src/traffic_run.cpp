@@ -20,7 +20,7 @@ void run_with_progress(common::EventLoop& loop, const RawTraffic& traffic, const
   const TimeNs slice = 50'000;
   auto last_print = wall0;
   uint64_t offered = 0;
-  for (const FlowSpec& f : make_flows(opts.pattern, gpus, opts.bytes, opts.seed, opts.incast_target)) {
+  for (const FlowSpec& f : make_flows(opts.pattern, gpus, opts.bytes, opts.seed, opts.incast_target, opts.group)) {
     offered += f.bytes;
   }
   while (!loop.idle()) {
@@ -104,7 +104,8 @@ SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
   fo.seed = opts.seed;
   fo.elided_payloads = opts.elided_payloads;
   Fabric fabric(loop, topo, fo);
-  RawTraffic traffic(fabric, make_flows(opts.pattern, fabric.num_gpus(), opts.bytes, opts.seed, opts.incast_target),
+  RawTraffic traffic(fabric,
+                     make_flows(opts.pattern, fabric.num_gpus(), opts.bytes, opts.seed, opts.incast_target, opts.group),
                      opts.verify_icrc);
   for (const LinkEvent& e : opts.events) {
     for (int l : e.links) {

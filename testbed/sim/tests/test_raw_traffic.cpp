@@ -269,3 +269,58 @@ TEST(RawTraffic, ElidedPayloadsGiveTheSameRunAsRealOnes) {
     EXPECT_GT(real[real.size() - c.topo.num_planes - 1], 0u) << c.topo.name << ": events ran";
   }
 }
+
+// Expert-parallel groups: all-to-all and permutation stay within consecutive groups; one group of every GPU is the
+// ungrouped pattern exactly (the same seeded derangement); bad group sizes are named.
+TEST(RawTraffic, GroupsKeepFlowsWithinTheirGroup) {
+  const auto a2a = testbed::make_flows(testbed::Pattern::kAllToAll, 16, 4096, 1, 0, 4);
+  EXPECT_EQ(a2a.size(), 16u * 3);
+  for (const auto& f : a2a) {
+    EXPECT_EQ(f.src / 4, f.dst / 4) << f.src << " -> " << f.dst;
+    EXPECT_NE(f.src, f.dst);
+  }
+  const auto perm = testbed::make_flows(testbed::Pattern::kPermutation, 16, 4096, 5, 0, 8);
+  std::vector<int> sends(16, 0);
+  std::vector<int> receives(16, 0);
+  for (const auto& f : perm) {
+    EXPECT_EQ(f.src / 8, f.dst / 8) << f.src << " -> " << f.dst;
+    EXPECT_NE(f.src, f.dst);
+    sends[f.src]++;
+    receives[f.dst]++;
+  }
+  EXPECT_EQ(sends, std::vector<int>(16, 1));
+  EXPECT_EQ(receives, std::vector<int>(16, 1));
+  const auto whole = testbed::make_flows(testbed::Pattern::kPermutation, 16, 4096, 5, 0, 16);
+  const auto plain = testbed::make_flows(testbed::Pattern::kPermutation, 16, 4096, 5);
+  ASSERT_EQ(whole.size(), plain.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_EQ(whole[i].src, plain[i].src);
+    EXPECT_EQ(whole[i].dst, plain[i].dst);
+  }
+  for (int bad : {1, 3, 32}) {
+    try {
+      testbed::make_flows(testbed::Pattern::kAllToAll, 16, 4096, 1, 0, bad);
+      ADD_FAILURE() << "group " << bad << " accepted";
+    } catch (const common::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--group " + std::to_string(bad)), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(testbed::make_flows(testbed::Pattern::kIncast, 16, 4096, 1, 0, 4), common::Error);
+}
+
+// A grouped all-to-all on the fabric delivers every byte, and only within groups.
+TEST(RawTraffic, GroupedAllToAllDeliversWithinGroups) {
+  common::EventLoop loop;
+  testbed::Fabric fabric(loop, routing::make_superpod(8, 2), {});
+  testbed::RawTraffic t(fabric, testbed::make_flows(testbed::Pattern::kAllToAll, 8, 64 * 1024, 1, 0, 4), true);
+  t.start(0);
+  loop.run();
+  ASSERT_TRUE(t.result().complete);
+  EXPECT_EQ(t.result().flows, 8u * 3);
+  for (int s = 0; s < 8; ++s) {
+    for (int d = 0; d < 8; ++d) {
+      const uint64_t got = t.received_bytes(s, d, 0) + t.received_bytes(s, d, 1);
+      EXPECT_EQ(got, s != d && s / 4 == d / 4 ? 64u * 1024 : 0u) << s << " -> " << d;
+    }
+  }
+}

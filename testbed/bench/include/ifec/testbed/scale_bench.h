@@ -18,10 +18,11 @@ struct ScaleScenario {
   Pattern pattern = Pattern::kPermutation;
   uint64_t bytes = 2 << 20;  // per GPU (permutation) or per ordered pair (all-to-all)
   bool elided_payloads = false;
+  int group = 0;  // make_flows' expert-parallel groups (0: one group of every GPU)
   // A target this scenario is measured against ("" for none): peak bytes at most and frame-hops/s at least.
   double target_peak_bytes = 0;
   double target_rate = 0;
-  std::string describe() const;  // "fat-tree-2048x8.yaml permutation 2 MiB/GPU real"
+  std::string describe() const;  // "fat-tree-2048x8.yaml permutation 2 MiB/GPU real", "... in groups of 256"
 };
 
 struct ScaleRow {
@@ -45,7 +46,7 @@ struct ScaleRow {
 
 // The scenarios, from `topo_dir`: the 64 x 4 all-to-all, the 1,024-GPU SUN and the 2,048-GPU fat tree's
 // permutation of 2 MiB per GPU, real and elided (the 2,048-GPU real one carries the targets), and, unless quick,
-// the 2,048-GPU all-to-all of 4 KiB per pair.
+// the 2,048-GPU all-to-all of 4 KiB per pair and within expert-parallel groups of 256 (64 KiB per pair, elided).
 std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool quick);
 
 // Runs `s` in a child process (progress lines on stderr from the child every 2 s). A child that fails, throws or

@@ -26,7 +26,10 @@ struct FlowSpec {
 };
 
 // all-to-all: every ordered pair; permutation: a seeded derangement; incast: every GPU to GPU `incast_target`.
-std::vector<FlowSpec> make_flows(Pattern p, int gpus, uint64_t bytes, uint64_t seed, int incast_target = 0);
+// `group` > 0: all-to-all and permutation within consecutive groups of that many GPUs (expert-parallel groups),
+// which must divide the GPUs; 0: one group of every GPU. Bad values throw Error naming them.
+std::vector<FlowSpec> make_flows(Pattern p, int gpus, uint64_t bytes, uint64_t seed, int incast_target = 0,
+                                 int group = 0);
 
 struct TrafficResult {
   common::TimeNs start_ns = 0;

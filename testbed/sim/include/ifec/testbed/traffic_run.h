@@ -22,6 +22,7 @@ struct SimOptions {
   bool pfc = true;
   uint64_t seed = 1;
   int incast_target = 0;
+  int group = 0;  // make_flows' group: all-to-all or permutation within groups of this many GPUs (0: all)
   bool verify_icrc = true;
   bool progress = true;          // progress lines on stderr for long runs
   bool elided_payloads = false;  // FabricOptions::elided_payloads: the same run, frames without their payload bytes
