@@ -134,3 +134,16 @@ def test_expert_parallel_groups(repo, build_dir):
                           str(repo / "testbed/topologies/superpod-8x2.yaml"), "--traffic", "permutation",
                           "--bytes", "64KiB", "--group", "4", "--quiet"], capture_output=True, text=True, check=True)
     assert "permutation within groups of 4 GPUs" in out.stdout
+
+
+def test_threads_give_the_same_run():
+    topo = ifec.make_superpod(8, 4)
+    runs = [ifec.sim.run(topo, traffic="alltoall", bytes=20000, threads=t, fail=["gpu2:plane1:sub0@3us"])
+            for t in (1, 2, 4)]
+    for r in runs:
+        assert r.pop("wall_seconds") >= 0
+        assert "one per plane" in r.pop("partitions")
+        r.pop("threads")
+    assert runs[0] == runs[1] == runs[2]
+    with pytest.raises(ValueError, match="--threads 5 outside 1..4"):
+        ifec.sim.run(topo, threads=5)

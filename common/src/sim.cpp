@@ -103,6 +103,11 @@ TimeNs EventLoop::next_event_time() const {
   return n.node == kNone ? kForever : nodes_[n.node].at;
 }
 
+void EventLoop::advance_to(TimeNs t) {
+  IFEC_CHECK(next_event_time() >= t, "advance_to(" << t << "): an event waits at " << next_event_time());
+  now_ = std::max(now_, t);
+}
+
 std::function<void()> EventLoop::pop(Next n) {
   Node& node = nodes_[n.node];
   const TimeNs at = node.at;

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iomanip>
 #include <sstream>
 
 #include "ifec/common/checks.h"
@@ -64,6 +65,7 @@ ChildFigures run_child(const ScaleScenario& s, bool progress) {
     o.bytes = s.bytes;
     o.elided_payloads = s.elided_payloads;
     o.group = s.group;
+    o.threads = s.threads;
     o.progress = progress;
     const SimRun r = run_sim(topo, o);
     f.complete = r.traffic.complete ? 1 : 0;
@@ -136,25 +138,54 @@ std::string child_status(int status) {
 
 }  // namespace
 
-std::string ScaleScenario::describe() const {
+std::string ScaleScenario::traffic() const {
   return base_name(topo_path) + " " + pattern_name(pattern) + " " + size_text(bytes) +
          (pattern == Pattern::kAllToAll ? "/pair " : "/GPU ") + (elided_payloads ? "elided" : "real") +
          (group > 0 ? " in groups of " + std::to_string(group) : "");
 }
 
+std::string ScaleScenario::describe() const {
+  return traffic() + (threads > 0 ? ", " + std::to_string(threads) + " thread" + (threads > 1 ? "s" : "") : "");
+}
+
 std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool quick) {
   const uint64_t mib = 1 << 20;
+  const std::string pod = topo_dir + "/superpod-64x4.yaml";
   const std::string sun = topo_dir + "/sun-1024x8.yaml";
   const std::string ft = topo_dir + "/fat-tree-2048x8.yaml";
-  std::vector<ScaleScenario> v;
-  v.push_back({topo_dir + "/superpod-64x4.yaml", Pattern::kAllToAll, quick ? mib / 4 : mib, false, 0, 0, 0});
-  v.push_back({sun, Pattern::kPermutation, 2 * mib, false, 0, 0, 0});
-  v.push_back({sun, Pattern::kPermutation, 2 * mib, true, 0, 0, 0});
-  v.push_back({ft, Pattern::kPermutation, 2 * mib, false, 0, 3e9, 1.5e6});
-  v.push_back({ft, Pattern::kPermutation, 2 * mib, true, 0, 0, 0});
+  auto make = [](std::string topo, Pattern p, uint64_t bytes, bool elided) {
+    ScaleScenario s;
+    s.topo_path = std::move(topo);
+    s.pattern = p;
+    s.bytes = bytes;
+    s.elided_payloads = elided;
+    return s;
+  };
+  auto threaded = [](ScaleScenario s, int threads) {
+    s.threads = threads;
+    s.target_speedup = threads == 2 ? 1.7 : 0;
+    return s;
+  };
+  const ScaleScenario pod_a2a = make(pod, Pattern::kAllToAll, quick ? mib / 4 : mib, false);
+  ScaleScenario ft_perm = make(ft, Pattern::kPermutation, 2 * mib, false);
+  std::vector<ScaleScenario> v = {pod_a2a, make(sun, Pattern::kPermutation, 2 * mib, false),
+                                  make(sun, Pattern::kPermutation, 2 * mib, true)};
+  ScaleScenario target = ft_perm;
+  target.target_peak_bytes = 3e9;
+  target.target_rate = 1.5e6;
+  v.push_back(target);
+  v.push_back(make(ft, Pattern::kPermutation, 2 * mib, true));
+  for (int t : {1, 2}) {
+    v.push_back(threaded(pod_a2a, t));
+  }
+  for (int t : {1, 2}) {
+    v.push_back(threaded(ft_perm, t));
+  }
   if (!quick) {
-    v.push_back({ft, Pattern::kAllToAll, 4096, false, 0, 0, 0});
-    v.push_back({ft, Pattern::kAllToAll, 64 * 1024, true, 256, 0, 0});
+    v.push_back(make(ft, Pattern::kAllToAll, 4096, false));
+    ScaleScenario grouped = make(ft, Pattern::kAllToAll, 64 * 1024, true);
+    grouped.group = 256;
+    v.push_back(grouped);
   }
   return v;
 }
@@ -193,37 +224,73 @@ ScaleRow measure_scale(const ScaleScenario& s, bool progress) {
   return row;
 }
 
-std::string scale_table(const std::vector<ScaleRow>& rows) {
+namespace {
+
+void fill_speedups(std::vector<ScaleRow>& rows) {
+  for (ScaleRow& r : rows) {
+    for (const ScaleRow& one : rows) {
+      if (r.scenario.threads > 1 && one.scenario.threads == 1 && one.error.empty() && one.rate() > 0 &&
+          one.scenario.traffic() == r.scenario.traffic()) {
+        r.speedup = r.rate() / one.rate();
+      }
+    }
+  }
+}
+
+std::string target_line(const ScaleRow& r) {
+  const ScaleScenario& s = r.scenario;
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(2) << "# target, " << s.describe() << ":";
+  if (s.target_peak_bytes > 0) {
+    o << " peak " << r.peak_bytes / 1e9 << " GB (at most " << std::setprecision(1) << s.target_peak_bytes / 1e9 << ": "
+      << (r.peak_bytes <= s.target_peak_bytes ? "met" : "NOT MET") << ")" << std::setprecision(2);
+  }
+  if (s.target_rate > 0) {
+    o << (s.target_peak_bytes > 0 ? "," : "") << " " << r.rate() / 1e6 << " M frame-hops/s (at least "
+      << std::setprecision(1) << s.target_rate / 1e6 << ": " << (r.rate() >= s.target_rate ? "met" : "NOT MET") << ")"
+      << std::setprecision(2);
+  }
+  if (s.target_speedup > 0) {
+    o << " " << r.speedup << "x one thread (at least " << std::setprecision(1) << s.target_speedup
+      << "x: " << (r.speedup >= s.target_speedup ? "met" : "NOT MET") << ")";
+  }
+  o << "\n";
+  return o.str();
+}
+
+}  // namespace
+
+std::string scale_table(std::vector<ScaleRow>& rows) {
+  fill_speedups(rows);
   std::ostringstream o;
   char line[512];
-  std::snprintf(line, sizeof(line), "# %-62s %6s %6s %11s %11s %8s %8s %10s %7s %9s %9s %9s\n", "scenario", "GPUs",
-                "links", "events", "frame-hops", "setup s", "sim s", "M hops/s", "threads", "peak GB", "route B/G",
-                "flow B/G");
+  std::snprintf(line, sizeof(line), "# %-64s %6s %6s %11s %11s %7s %7s %8s %7s %7s %8s %9s %9s\n", "scenario", "GPUs",
+                "links", "events", "frame-hops", "setup s", "sim s", "M hops/s", "threads", "speedup", "peak GB",
+                "route B/G", "flow B/G");
   o << line;
   for (const ScaleRow& r : rows) {
     if (!r.error.empty()) {
       o << "  " << r.scenario.describe() << ": FAILED: " << r.error << "\n";
       continue;
     }
-    std::snprintf(line, sizeof(line), "  %-62s %6d %6d %11llu %11llu %8.2f %8.2f %10.3f %7d %9.2f %9.0f %9.0f%s\n",
+    const std::string threads = r.scenario.threads > 0 ? std::to_string(r.scenario.threads) : "loop";
+    char speedup[32] = "-";
+    if (r.speedup > 0) {
+      std::snprintf(speedup, sizeof(speedup), "%.2fx", r.speedup);
+    }
+    std::snprintf(line, sizeof(line), "  %-64s %6d %6d %11llu %11llu %7.2f %7.2f %8.3f %7s %7s %8.2f %9.0f %9.0f%s\n",
                   r.scenario.describe().c_str(), r.gpus, r.links, static_cast<unsigned long long>(r.events),
                   static_cast<unsigned long long>(r.frame_hops), r.setup_seconds, r.sim_seconds, r.rate() / 1e6,
-                  r.threads, r.peak_bytes / 1e9, static_cast<double>(r.routing_bytes) / std::max(1, r.gpus),
+                  threads.c_str(), speedup, r.peak_bytes / 1e9,
+                  static_cast<double>(r.routing_bytes) / std::max(1, r.gpus),
                   static_cast<double>(r.traffic_bytes) / std::max(1, r.gpus), r.complete ? "" : "  INCOMPLETE");
     o << line;
   }
   for (const ScaleRow& r : rows) {
-    if (!r.error.empty() || (r.scenario.target_peak_bytes <= 0 && r.scenario.target_rate <= 0)) {
-      continue;
+    const ScaleScenario& s = r.scenario;
+    if (r.error.empty() && (s.target_peak_bytes > 0 || s.target_rate > 0 || s.target_speedup > 0)) {
+      o << target_line(r);
     }
-    const bool mem = r.peak_bytes <= r.scenario.target_peak_bytes;
-    const bool rate = r.rate() >= r.scenario.target_rate;
-    std::snprintf(line, sizeof(line),
-                  "# target, %s on one core: peak %.2f GB (at most %.1f: %s), %.2f M frame-hops/s (at least %.1f: "
-                  "%s)\n",
-                  r.scenario.describe().c_str(), r.peak_bytes / 1e9, r.scenario.target_peak_bytes / 1e9,
-                  mem ? "met" : "NOT MET", r.rate() / 1e6, r.scenario.target_rate / 1e6, rate ? "met" : "NOT MET");
-    o << line;
   }
   return o.str();
 }

@@ -43,6 +43,9 @@ std::string to_json(const SimRun& r) {
   if (r.options.group > 0) {
     o.add("group", r.options.group);
   }
+  if (r.options.threads > 0) {
+    o.add("threads", r.options.threads).add("partitions", r.partitions);
+  }
   o.add("incomplete_flows", t.incomplete_flows).add("completion_ns", t.completion_ns);
   o.add("goodput_gbps", t.goodput_gbps).add("line_rate_gbps", t.line_rate_gbps);
   o.add("goodput_fraction", t.line_rate_gbps > 0 ? t.goodput_gbps / t.line_rate_gbps : 0.0);
@@ -130,8 +133,10 @@ std::string to_text(const SimRun& r) {
     o << "  (whole run, events included)\n";
   }
   o << "simulator         " << r.events << " events, " << r.frame_hops << " frame-hops in " << r.wall_seconds
-    << " s wall (" << (r.wall_seconds > 0 ? r.frame_hops / r.wall_seconds / 1e6 : 0.0)
-    << " M frame-hops/s on one core)\n";
+    << " s wall (" << (r.wall_seconds > 0 ? r.frame_hops / r.wall_seconds / 1e6 : 0.0) << " M frame-hops/s "
+    << (r.options.threads > 0 ? "on " + std::to_string(r.options.threads) + " thread(s): " + r.partitions
+                              : std::string("on one core"))
+    << ")\n";
   return o.str();
 }
 

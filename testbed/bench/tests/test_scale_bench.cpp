@@ -34,7 +34,8 @@ TEST(ScaleBench, ChildReportsTheSameRunAsThisProcess) {
   EXPECT_GT(row.sim_seconds, 0);
   EXPECT_GT(row.rate(), 0);
   // The table names the scenario and has no target line for a scenario without one.
-  const std::string t = testbed::scale_table({row});
+  std::vector<testbed::ScaleRow> rows = {row};
+  const std::string t = testbed::scale_table(rows);
   EXPECT_NE(t.find("superpod-8x2.yaml permutation 256 KiB/GPU real"), std::string::npos) << t;
   EXPECT_EQ(t.find("# target"), std::string::npos) << t;
 }
@@ -45,7 +46,8 @@ TEST(ScaleBench, AFailingChildGivesARowNamingWhy) {
   s.target_rate = 1e6;
   const testbed::ScaleRow row = testbed::measure_scale(s, false);
   EXPECT_NE(row.error.find("/nonexistent/fabric.yaml"), std::string::npos) << row.error;
-  const std::string t = testbed::scale_table({row});
+  std::vector<testbed::ScaleRow> rows = {row};
+  const std::string t = testbed::scale_table(rows);
   EXPECT_NE(t.find("FAILED"), std::string::npos) << t;
   EXPECT_EQ(t.find("# target"), std::string::npos) << t;  // no target judged on a run that did not happen
 }
@@ -60,7 +62,33 @@ TEST(ScaleBench, TargetsAreJudgedFromTheFigures) {
   r.sim_seconds = 2;             // 2 M frame-hops/s: met
   r.peak_bytes = 3'500'000'000;  // over 3 GB: not met
   r.complete = true;
-  const std::string t = testbed::scale_table({r});
+  std::vector<testbed::ScaleRow> rows = {r};
+  const std::string t = testbed::scale_table(rows);
   EXPECT_NE(t.find("peak 3.50 GB (at most 3.0: NOT MET), 2.00 M frame-hops/s (at least 1.5: met)"), std::string::npos)
+      << t;
+}
+
+// Two threads against one on the same traffic: the speedup is the ratio of the rates, judged against its target;
+// a row of other traffic is not compared.
+TEST(ScaleBench, SpeedupIsOverTheSameTrafficOnOneThread) {
+  testbed::ScaleRow one;
+  one.scenario.topo_path = "x/fabric.yaml";
+  one.scenario.threads = 1;
+  one.gpus = 64;
+  one.frame_hops = 1'000'000;
+  one.sim_seconds = 1;
+  one.complete = true;
+  testbed::ScaleRow two = one;
+  two.scenario.threads = 2;
+  two.scenario.target_speedup = 1.7;
+  two.sim_seconds = 0.625;  // 1.6x
+  testbed::ScaleRow other = two;
+  other.scenario.bytes = 4096;
+  std::vector<testbed::ScaleRow> rows = {one, two, other};
+  const std::string t = testbed::scale_table(rows);
+  EXPECT_DOUBLE_EQ(rows[1].speedup, 1.6);
+  EXPECT_EQ(rows[2].speedup, 0);
+  EXPECT_NE(t.find("fabric.yaml permutation 2 MiB/GPU real, 2 threads: 1.60x one thread (at least 1.7x: NOT MET)"),
+            std::string::npos)
       << t;
 }

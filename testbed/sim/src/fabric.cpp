@@ -22,8 +22,14 @@ common::MacAddress node_port_mac(const routing::Topology& topo, int node, int po
 }
 
 Fabric::Fabric(common::Clock& clock, const routing::Topology& topo, FabricOptions opts)
-    : clock_(clock), topo_(topo), opts_(opts) {
+    : Fabric(clock, std::vector<common::Clock*>(std::max(topo.num_planes, 1), &clock), topo, opts) {}
+
+Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks, const routing::Topology& topo,
+               FabricOptions opts)
+    : clock_(control), plane_clocks_(std::move(plane_clocks)), topo_(topo), opts_(opts) {
   routing::validate(topo_);
+  IFEC_CHECK(plane_clocks_.size() == static_cast<size_t>(std::max(topo_.num_planes, 1)),
+             plane_clocks_.size() << " plane clocks for " << topo_.num_planes << " planes");
   topo_.params.pfc.enabled = topo_.params.pfc.enabled && opts_.pfc;
   const size_t n_nodes = topo_.nodes.size();
   std::vector<std::vector<common::Port*>> node_ports(n_nodes);
@@ -39,7 +45,7 @@ Fabric::Fabric(common::Clock& clock, const routing::Topology& topo, FabricOption
     cfg.loss_probability = opts_.loss;
     cfg.loss_seed = opts_.seed * 7919 + static_cast<uint64_t>(l.id);
     cfg.elided_payloads = opts_.elided_payloads;
-    links_.push_back(std::make_unique<common::Link>(clock_, cfg));
+    links_.push_back(std::make_unique<common::Link>(*plane_clocks_.at(l.plane), cfg));
     common::Link& link = *links_.back();
     const int ends[2][2] = {{l.a, l.a_port}, {l.b, l.b_port}};
     for (int side = 0; side < 2; ++side) {
@@ -83,7 +89,7 @@ Fabric::Fabric(common::Clock& clock, const routing::Topology& topo, FabricOption
     cfg.elided_payloads = opts_.elided_payloads;
     node_switch_[n] = static_cast<int>(switches_.size());
     switch_nodes_.push_back(static_cast<int>(n));
-    switches_.push_back(std::make_unique<Switch>(clock_, cfg, node_ports[n]));
+    switches_.push_back(std::make_unique<Switch>(*plane_clocks_.at(nd.plane), cfg, node_ports[n]));
     switches_.back()->set_class_table(class_table_);
   }
   adj_ = routing::adjacency(topo_);

@@ -86,9 +86,13 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
   prio_ = topo.params.pfc.lossless_priority;
   nics_.resize(gpus);
   for (int g = 0; g < gpus; ++g) {
-    nics_[g].ports.resize(fabric_.gpu_ports(g).size());
-    for (auto& p : nics_[g].ports) {
+    const std::vector<GpuPort>& gp = fabric_.gpu_ports(g);
+    nics_[g].ports.resize(gp.size());
+    for (size_t i = 0; i < gp.size(); ++i) {
+      NicPort& p = nics_[g].ports[i];
       p.paused_until.assign(topo.params.priorities, 0);
+      p.plane = gp[i].plane;
+      p.clock = &fabric_.plane_clock(gp[i].plane);
     }
   }
   for (const FlowSpec& f : flows) {
@@ -97,13 +101,13 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
     Flow fl;
     fl.spec = f;
     fl.packets = (f.bytes + mtu_ - 1) / mtu_;
-    fl.port_slot = alloc_.size();
-    alloc_.resize(alloc_.size() + nics_[f.src].ports.size(), 0);
+    fl.short_port = f.bytes % mtu_ != 0 ? 0 : -1;  // which port sends it: resplit says
+    max_ports_ = std::max(max_ports_, nics_[f.src].ports.size());
     nics_[f.src].flows.push_back(static_cast<int>(flows_.size()));
     nics_[f.dst].inflows.push_back({f.src, static_cast<int>(flows_.size())});
     flows_.push_back(std::move(fl));
   }
-  psn_.assign(alloc_.size(), 0);
+  ports_.resize(max_ports_ * flows_.size());
   for (Nic& nic : nics_) {
     std::sort(nic.inflows.begin(), nic.inflows.end());
     for (size_t i = 1; i < nic.inflows.size(); ++i) {
@@ -118,8 +122,8 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
   const size_t planes = static_cast<size_t>(topo.num_planes);
   rx_by_plane_.assign(flows_.size() * planes, 0);
   tx_by_plane_.assign(rx_by_plane_.size(), 0);
-  stats_.plane_bytes.assign(planes, 0);
-  stats_.flows = flows_.size();
+  last_rx_.assign(rx_by_plane_.size(), 0);
+  planes_.assign(planes, PlaneCounters{});
   for (int g = 0; g < gpus; ++g) {
     const auto& ports = fabric_.gpu_ports(g);
     for (size_t i = 0; i < ports.size(); ++i) {
@@ -162,14 +166,19 @@ void RawTraffic::resplit(int gpu) {
     p.cursor = 0;
   }
   std::vector<double> w(nports);
+  std::vector<uint64_t> alloc(nports);
   for (int fi : nic.flows) {
     Flow& f = flows_[fi];
-    const uint64_t remaining = f.packets - f.next_packet;
-    uint64_t* alloc = &alloc_[f.port_slot];
-    std::fill(alloc, alloc + nports, 0);
+    uint64_t sent = 0;
+    for (size_t i = 0; i < nports; ++i) {
+      sent += port_of(fi, i).sent;
+      port_of(fi, i).alloc = 0;
+    }
+    const uint64_t remaining = f.packets - sent;
     if (remaining == 0) {
       continue;
     }
+    std::fill(alloc.begin(), alloc.end(), 0);
     std::fill(w.begin(), w.end(), 0.0);
     double total = 0;
     for (const routing::NextHop& h : fabric_.gpu_next_hops(gpu, f.spec.dst)) {
@@ -199,9 +208,14 @@ void RawTraffic::resplit(int gpu) {
       }
     }
     for (size_t i = 0; i < nports; ++i) {
+      port_of(fi, i).alloc = alloc[i];
       if (alloc[i] > 0) {
         nic.ports[i].ring.push_back(fi);
       }
+    }
+    // The short last packet (if still to send) goes as the last packet of the port given the most.
+    if (f.short_port >= 0) {
+      f.short_port = static_cast<int>(std::max_element(alloc.begin(), alloc.end()) - alloc.begin());
     }
   }
   for (size_t i = 0; i < nports; ++i) {
@@ -223,7 +237,6 @@ void RawTraffic::start(TimeNs at) {
   clock_.schedule(at, [this] {
     start_ = clock_.now();
     started_ = true;
-    stats_.start_ns = start_;
     for (size_t g = 0; g < nics_.size(); ++g) {
       resplit(static_cast<int>(g));
     }
@@ -237,11 +250,11 @@ void RawTraffic::pump(int gpu, int pi) {
   if (!started_ || gp.io->busy() || !gp.io->link_up() || np.ring.empty()) {
     return;
   }
-  const TimeNs now = clock_.now();
+  const TimeNs now = np.clock->now();
   if (np.paused_until[prio_] > now) {
     if (!np.wakeup_pending) {
       np.wakeup_pending = true;
-      clock_.schedule(np.paused_until[prio_], [this, gpu, pi] {
+      np.clock->schedule(np.paused_until[prio_], [this, gpu, pi] {
         nics_[gpu].ports[pi].wakeup_pending = false;
         pump(gpu, pi);
       });
@@ -252,15 +265,30 @@ void RawTraffic::pump(int gpu, int pi) {
     np.cursor = 0;
   }
   const int fi = np.ring[np.cursor];
-  Flow& f = flows_[fi];
-  const uint64_t k = f.next_packet++;
-  if (--alloc_[f.port_slot + pi] == 0) {
+  FlowPort& fp = port_of(fi, pi);
+  const bool last = --fp.alloc == 0;
+  if (last) {
     np.ring.erase(np.ring.begin() + static_cast<long>(np.cursor));
   } else {
     ++np.cursor;
   }
-  const uint64_t offset = k * mtu_;
-  const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(mtu_, f.spec.bytes - offset));
+  send_packet(gpu, pi, fi, last);
+}
+
+// One RDMA WRITE of flow `fi` out of port `pi`: a full MTU, or the flow's short remainder when this is the last
+// packet of the port that sends it.
+void RawTraffic::send_packet(int gpu, int pi, int fi, bool last_of_port) {
+  Flow& f = flows_[fi];
+  FlowPort& fp = port_of(fi, pi);
+  const testbed::GpuPort& gp = fabric_.gpu_ports(gpu)[pi];
+  const uint64_t k = fp.sent++;
+  uint32_t len = mtu_;
+  if (last_of_port && f.short_port == pi) {
+    len = static_cast<uint32_t>(f.spec.bytes % mtu_);
+    f.short_port = -1;
+  }
+  // Each port writes its own stretch of the window (the packets a port sends are its own sequence).
+  const uint64_t offset = (static_cast<uint64_t>(pi) << 36) + k * mtu_;
 
   common::FrameHeaders h;
   h.eth.src = gp.mac;
@@ -274,7 +302,7 @@ void RawTraffic::pump(int gpu, int pi) {
   h.udp.src_port = static_cast<uint16_t>(0xC000 | ((gpu * 131 + f.spec.dst * 31 + pi * 7) & 0x3FFF));
   h.bth.opcode = static_cast<uint8_t>(common::Opcode::kWriteOnly);
   h.bth.dest_qp = common::rc_qpn(gpu, pi);  // the receiver's QP toward this source on this port
-  h.bth.psn = psn_[f.port_slot + pi]++ & common::Bth::kPsnMask;
+  h.bth.psn = fp.psn++ & common::Bth::kPsnMask;
   h.reth = common::Reth{kWindowBase + offset, 0x1000u + static_cast<uint32_t>(gpu), len};
   static const std::vector<uint8_t> kZeros(65536, 0);
   const bool elided = fabric_.options().elided_payloads;
@@ -282,43 +310,44 @@ void RawTraffic::pump(int gpu, int pi) {
 
   const size_t fbytes = elided ? common::wire_frame_bytes(frame) : frame.size();
   const int plane = gp.plane;
+  PlaneCounters& pc = planes_[plane];
   if (!gp.io->send(std::move(frame))) {
-    stats_.nic_drops++;
+    pc.nic_drops++;
     return;
   }
-  stats_.packets_sent++;
-  stats_.frame_bytes_sent += fbytes;
-  stats_.wire_bytes_sent += fbytes + fabric_.topology().params.wire_overhead_bytes;
-  stats_.plane_bytes[plane] += fbytes;
-  const size_t planes = stats_.plane_bytes.size();
-  tx_by_plane_[static_cast<size_t>(fi) * planes + plane] += len;
+  pc.packets_sent++;
+  pc.frame_bytes_sent += fbytes;
+  pc.wire_bytes_sent += fbytes + fabric_.topology().params.wire_overhead_bytes;
+  tx_by_plane_[at(fi, plane)] += len;
 }
 
 void RawTraffic::receive(int gpu, int pi, std::vector<uint8_t>&& frame) {
   if (common::is_mac_control(frame.data(), frame.size())) {
     common::PfcFrame pfc;
+    NicPort& np = nics_[gpu].ports[pi];
     if (!common::PfcFrame::decode(frame.data(), frame.size(), &pfc).ok()) {
-      stats_.rx_bad_frames++;
+      planes_[np.plane].rx_bad_frames++;
       return;
     }
-    NicPort& np = nics_[gpu].ports[pi];
     const uint64_t rate = fabric_.gpu_ports(gpu)[pi].io->rate_bps();
     for (size_t p = 0; p < np.paused_until.size(); ++p) {
       if (pfc.class_enable & (1u << p)) {
-        np.paused_until[p] = pfc.quanta[p] == 0 ? 0 : clock_.now() + common::pfc_quanta_ns(pfc.quanta[p], rate);
-        stats_.pfc_pauses_at_nics += pfc.quanta[p] != 0;
+        np.paused_until[p] = pfc.quanta[p] == 0 ? 0 : np.clock->now() + common::pfc_quanta_ns(pfc.quanta[p], rate);
+        planes_[np.plane].pfc_pauses_at_nics += pfc.quanta[p] != 0;
       }
     }
     pump(gpu, pi);
     return;
   }
+  const NicPort& np = nics_[gpu].ports[pi];
+  PlaneCounters& pc = planes_[np.plane];
   common::ParsedFrame pf;
   common::ParseOptions opts;
   opts.verify_icrc = verify_icrc_;
   opts.path_mtu = mtu_;
   opts.allow_elided = fabric_.options().elided_payloads;
   if (!common::parse_frame(frame.data(), frame.size(), &pf, opts).ok() || !pf.h.reth) {
-    stats_.rx_bad_frames++;
+    pc.rx_bad_frames++;
     return;
   }
   // The sender from the destination QP (each of its ports is a QP of ours, numbered by peer and sub-port), checked
@@ -327,34 +356,30 @@ void RawTraffic::receive(int gpu, int pi, std::vector<uint8_t>&& frame) {
   const int src = qp && qp->peer < nics_.size() ? static_cast<int>(qp->peer) : -1;
   const int fi = src >= 0 && pf.h.ip.src == fabric_.gpu_ip(src) ? flow_between(src, gpu) : -1;
   if (fi < 0 || pf.h.ip.dst != fabric_.gpu_ip(gpu)) {
-    stats_.rx_bad_frames++;
+    pc.rx_bad_frames++;
     return;
   }
-  Flow& f = flows_[fi];
-  f.delivered_packets++;
-  f.delivered_bytes += pf.payload_size;
-  f.last_rx = clock_.now();
-  stats_.packets_delivered++;
-  stats_.payload_bytes_delivered += pf.payload_size;
-  const size_t planes = stats_.plane_bytes.size();
-  const int plane = fabric_.gpu_ports(gpu)[pi].plane;
-  rx_by_plane_[static_cast<size_t>(fi) * planes + plane] += pf.payload_size;
+  const size_t i = at(fi, np.plane);
+  rx_by_plane_[i] += pf.payload_size;
+  last_rx_[i] = np.clock->now();
+  pc.packets_delivered++;
+  pc.payload_bytes_delivered += pf.payload_size;
 }
 
 uint64_t RawTraffic::received_bytes(int src, int dst, int plane) const {
   const int fi = flow_between(src, dst);
-  return fi < 0 ? 0 : rx_by_plane_.at(static_cast<size_t>(fi) * stats_.plane_bytes.size() + plane);
+  return fi < 0 || plane < 0 || plane >= static_cast<int>(planes_.size()) ? 0 : rx_by_plane_[at(fi, plane)];
 }
 
 uint64_t RawTraffic::sent_bytes(int src, int dst, int plane) const {
   const int fi = flow_between(src, dst);
-  return fi < 0 ? 0 : tx_by_plane_.at(static_cast<size_t>(fi) * stats_.plane_bytes.size() + plane);
+  return fi < 0 || plane < 0 || plane >= static_cast<int>(planes_.size()) ? 0 : tx_by_plane_[at(fi, plane)];
 }
 
 size_t RawTraffic::memory_bytes() const {
-  size_t bytes = flows_.capacity() * sizeof(Flow) +
-                 (alloc_.capacity() + rx_by_plane_.capacity() + tx_by_plane_.capacity()) * sizeof(uint64_t) +
-                 psn_.capacity() * sizeof(uint32_t);
+  size_t bytes = flows_.capacity() * sizeof(Flow) + ports_.capacity() * sizeof(FlowPort) +
+                 (rx_by_plane_.capacity() + tx_by_plane_.capacity()) * sizeof(uint64_t) +
+                 last_rx_.capacity() * sizeof(TimeNs);
   for (const Nic& n : nics_) {
     bytes += sizeof n + n.flows.capacity() * sizeof(int) + n.inflows.capacity() * sizeof(std::pair<int, int>);
     for (const NicPort& p : n.ports) {
@@ -365,16 +390,36 @@ size_t RawTraffic::memory_bytes() const {
 }
 
 TrafficResult RawTraffic::result() const {
-  TrafficResult r = stats_;
+  TrafficResult r;
+  r.start_ns = start_;
+  r.flows = flows_.size();
+  r.plane_bytes.assign(planes_.size(), 0);
+  for (size_t p = 0; p < planes_.size(); ++p) {
+    const PlaneCounters& c = planes_[p];
+    r.packets_sent += c.packets_sent;
+    r.frame_bytes_sent += c.frame_bytes_sent;
+    r.wire_bytes_sent += c.wire_bytes_sent;
+    r.nic_drops += c.nic_drops;
+    r.packets_delivered += c.packets_delivered;
+    r.payload_bytes_delivered += c.payload_bytes_delivered;
+    r.rx_bad_frames += c.rx_bad_frames;
+    r.pfc_pauses_at_nics += c.pfc_pauses_at_nics;
+    r.plane_bytes[p] = c.frame_bytes_sent;
+  }
   TimeNs last = start_;
   std::vector<char> sender(nics_.size(), 0);
   std::vector<char> receiver(nics_.size(), 0);
-  for (const Flow& f : flows_) {
+  for (size_t fi = 0; fi < flows_.size(); ++fi) {
+    const Flow& f = flows_[fi];
     r.payload_bytes_offered += f.spec.bytes;
-    if (f.delivered_bytes < f.spec.bytes) {
+    uint64_t delivered = 0;
+    for (size_t p = 0; p < planes_.size(); ++p) {
+      delivered += rx_by_plane_[at(static_cast<int>(fi), static_cast<int>(p))];
+      last = std::max(last, last_rx_[at(static_cast<int>(fi), static_cast<int>(p))]);
+    }
+    if (delivered < f.spec.bytes) {
       r.incomplete_flows++;
     }
-    last = std::max(last, f.last_rx);
     sender[f.spec.src] = 1;
     receiver[f.spec.dst] = 1;
   }

@@ -7,6 +7,7 @@
 
 #include "ifec/common/sim.h"
 #include "ifec/testbed/fabric.h"
+#include "ifec/testbed/partitions.h"
 
 namespace ifec::testbed {
 
@@ -14,8 +15,10 @@ using common::TimeNs;
 
 namespace {
 
-// Runs the loop empty in slices, so that long runs report progress; the slices do not change the simulation.
-void run_with_progress(common::EventLoop& loop, const RawTraffic& traffic, const SimOptions& opts, int gpus,
+// Runs the loop (an EventLoop, or a fabric's PlanePartitions) empty in slices, so that long runs report progress;
+// the slices do not change the simulation.
+template <class Loop>
+void run_with_progress(Loop& loop, const RawTraffic& traffic, const SimOptions& opts, int gpus,
                        std::chrono::steady_clock::time_point wall0) {
   const TimeNs slice = 50'000;
   auto last_print = wall0;
@@ -93,17 +96,10 @@ void collect_event_gpus(SimRun& run, const RawTraffic& traffic, const SimOptions
   }
 }
 
-}  // namespace
-
-SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
-  const auto wall0 = std::chrono::steady_clock::now();
-  common::EventLoop loop;
-  FabricOptions fo;
-  fo.lb = opts.lb;
-  fo.pfc = opts.pfc;
-  fo.seed = opts.seed;
-  fo.elided_payloads = opts.elided_payloads;
-  Fabric fabric(loop, topo, fo);
+// The run on a fabric built on `loop` (one event loop, or plane partitions): flows, link events, the run, the report.
+template <class Loop>
+SimRun run_on(Loop& loop, Fabric& fabric, const routing::Topology& topo, const SimOptions& opts,
+              std::chrono::steady_clock::time_point wall0) {
   RawTraffic traffic(fabric,
                      make_flows(opts.pattern, fabric.num_gpus(), opts.bytes, opts.seed, opts.incast_target, opts.group),
                      opts.verify_icrc);
@@ -136,6 +132,36 @@ SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
         run.ports.push_back(PortReport{sw.config().name, p, sw.counters(p)});
       }
     }
+  }
+  return run;
+}
+
+FabricOptions fabric_options(const SimOptions& opts) {
+  FabricOptions fo;
+  fo.lb = opts.lb;
+  fo.pfc = opts.pfc;
+  fo.seed = opts.seed;
+  fo.elided_payloads = opts.elided_payloads;
+  return fo;
+}
+
+}  // namespace
+
+SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
+  const auto wall0 = std::chrono::steady_clock::now();
+  SimRun run;
+  if (opts.threads == 0) {
+    common::EventLoop loop;
+    Fabric fabric(loop, topo, fabric_options(opts));
+    run = run_on(loop, fabric, topo, opts, wall0);
+  } else {
+    PlanePartitions parts(std::max(topo.num_planes, 1), opts.threads);
+    if (opts.progress) {
+      std::fprintf(stderr, "sim: %s\n", parts.describe().c_str());
+    }
+    Fabric fabric(parts.control(), parts.plane_clocks(), topo, fabric_options(opts));
+    run = run_on(parts, fabric, topo, opts, wall0);
+    run.partitions = parts.describe();
   }
   run.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return run;

@@ -34,6 +34,9 @@ class EventLoop : public Clock {
   // (between two events, so the simulation state stays consistent). Python installs one that looks for Ctrl-C.
   static void set_interrupt_check(std::function<bool()> check);
   TimeNs next_event_time() const;
+  // Sets the time to `t` without running anything: no event may wait before `t` (Error otherwise). A partitioned
+  // run moves every partition to the time of a fabric-wide event before that event runs.
+  void advance_to(TimeNs t);
 
  private:
   // Every event is a node in one pool, reused through a free list (last in, first out: the node just run is still

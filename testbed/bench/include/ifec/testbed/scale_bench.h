@@ -18,11 +18,16 @@ struct ScaleScenario {
   Pattern pattern = Pattern::kPermutation;
   uint64_t bytes = 2 << 20;  // per GPU (permutation) or per ordered pair (all-to-all)
   bool elided_payloads = false;
-  int group = 0;  // make_flows' expert-parallel groups (0: one group of every GPU)
-  // A target this scenario is measured against ("" for none): peak bytes at most and frame-hops/s at least.
+  int group = 0;    // make_flows' expert-parallel groups (0: one group of every GPU)
+  int threads = 0;  // SimOptions::threads: 0 one event loop; N one partition per plane on N threads
+  // Targets this scenario is measured against (0: none): peak bytes at most, frame-hops/s at least, and the
+  // speedup over the same scenario on one thread at least.
   double target_peak_bytes = 0;
   double target_rate = 0;
-  std::string describe() const;  // "fat-tree-2048x8.yaml permutation 2 MiB/GPU real", "... in groups of 256"
+  double target_speedup = 0;
+  // "fat-tree-2048x8.yaml permutation 2 MiB/GPU real", "... in groups of 256", "..., 2 threads"
+  std::string describe() const;
+  std::string traffic() const;  // the same without the threads
 };
 
 struct ScaleRow {
@@ -31,7 +36,6 @@ struct ScaleRow {
   int gpus = 0;
   int links = 0;
   int switches = 0;
-  int threads = 1;  // one core: the partitioned simulation (issue 30's second item) is not built yet
   uint64_t events = 0;
   uint64_t frame_hops = 0;
   double setup_seconds = 0;
@@ -41,12 +45,14 @@ struct ScaleRow {
   uint64_t traffic_bytes = 0;  // RawTraffic::memory_bytes()
   bool complete = false;       // every byte delivered
   std::string error;           // why the child failed ("" when it ran)
-  double rate() const { return sim_seconds > 0 ? frame_hops / sim_seconds : 0; }  // frame-hops/s, one core
+  double speedup = 0;          // rate over the same traffic's on one thread (scale_table fills it; 0: none)
+  double rate() const { return sim_seconds > 0 ? frame_hops / sim_seconds : 0; }  // frame-hops/s
 };
 
 // The scenarios, from `topo_dir`: the 64 x 4 all-to-all, the 1,024-GPU SUN and the 2,048-GPU fat tree's
-// permutation of 2 MiB per GPU, real and elided (the 2,048-GPU real one carries the targets), and, unless quick,
-// the 2,048-GPU all-to-all of 4 KiB per pair and within expert-parallel groups of 256 (64 KiB per pair, elided).
+// permutation of 2 MiB per GPU, real and elided (the 2,048-GPU real one carries the memory and rate targets), the
+// 64 x 4 all-to-all and the 2,048-GPU permutation again on one thread and two (the speedup target), and, unless
+// quick, the 2,048-GPU all-to-all of 4 KiB per pair and within expert-parallel groups of 256 (64 KiB, elided).
 std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool quick);
 
 // Runs `s` in a child process (progress lines on stderr from the child every 2 s). A child that fails, throws or
@@ -54,6 +60,7 @@ std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool qui
 ScaleRow measure_scale(const ScaleScenario& s, bool progress);
 
 // One line per row under a header naming the columns, then one line per target: measured, target, met or not.
-std::string scale_table(const std::vector<ScaleRow>& rows);
+// Fills each threaded row's speedup from the one-thread row of the same traffic.
+std::string scale_table(std::vector<ScaleRow>& rows);
 
 }  // namespace ifec::testbed

@@ -45,11 +45,17 @@ struct GpuPort {
 class Fabric {
  public:
   Fabric(common::Clock& clock, const routing::Topology& topo, FabricOptions opts);
+  // A fabric partitioned by plane: plane p's links, switches and GPU ports run on plane_clocks[p] (one per plane),
+  // the control plane (link events, FARE's rounds, route installs) on `control`. A partitioned run (partitions.h)
+  // runs the planes' clocks apart, up to each control event, and the control events between them.
+  Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks, const routing::Topology& topo,
+         FabricOptions opts);
   ~Fabric();
 
   const routing::Topology& topology() const { return topo_; }
   const FabricOptions& options() const { return opts_; }
-  common::Clock& clock() { return clock_; }
+  common::Clock& clock() { return clock_; }  // the control plane's (every plane's, unpartitioned)
+  common::Clock& plane_clock(int plane) { return *plane_clocks_.at(plane); }
 
   int num_gpus() const { return static_cast<int>(gpu_ports_.size()); }
   const std::vector<GpuPort>& gpu_ports(int gpu) const { return gpu_ports_.at(gpu); }
@@ -87,6 +93,7 @@ class Fabric {
   void fare_round(uint64_t generation);
 
   common::Clock& clock_;
+  std::vector<common::Clock*> plane_clocks_;
   routing::Topology topo_;
   FabricOptions opts_;
   std::vector<std::unique_ptr<common::Link>> links_;

@@ -70,21 +70,37 @@ class RawTraffic {
 
  private:
   // State grows with the flows, not with GPUs x GPUs: a flow's per-port and per-plane counters sit in flat arrays
-  // at its own offsets, and a receiver finds the flow among its own incoming ones.
+  // at its own offsets, and a receiver finds the flow among its own incoming ones. Nothing a port's sending or
+  // receiving writes is shared with another plane's ports, so a fabric partitioned by plane (partitions.h) runs
+  // each plane's traffic on its own thread; what the planes share (how many packets of a flow every port sent) is
+  // read only by the control plane's events, between the partitions' runs.
   struct Flow {
     FlowSpec spec;
     uint64_t packets = 0;
-    uint64_t next_packet = 0;  // next packet index to hand to a port
-    uint64_t delivered_packets = 0;
-    uint64_t delivered_bytes = 0;
-    common::TimeNs last_rx = 0;
-    size_t port_slot = 0;  // alloc_ and psn_ [port_slot + source port index]
+    int short_port = -1;  // the port that sends the flow's short last packet (-1: none, or sent)
   };
-  struct NicPort {
-    std::vector<int> ring;  // flows with packets assigned to this port
+  struct FlowPort {      // a flow on one of its source's ports
+    uint64_t alloc = 0;  // packets assigned, not yet sent
+    uint64_t sent = 0;   // packets sent
+    uint32_t psn = 0;    // each port is its own QP
+  };
+  struct alignas(64) PlaneCounters {  // what one plane's NIC ports counted (a cache line of its own)
+    uint64_t packets_sent = 0;
+    uint64_t frame_bytes_sent = 0;
+    uint64_t wire_bytes_sent = 0;
+    uint64_t nic_drops = 0;
+    uint64_t packets_delivered = 0;
+    uint64_t payload_bytes_delivered = 0;
+    uint64_t rx_bad_frames = 0;
+    uint64_t pfc_pauses_at_nics = 0;
+  };
+  struct alignas(64) NicPort {  // cache lines of its own: the ports of one NIC run on different threads
+    std::vector<int> ring;      // flows with packets assigned to this port
     size_t cursor = 0;
     std::vector<common::TimeNs> paused_until;
     bool wakeup_pending = false;
+    int plane = 0;
+    common::Clock* clock = nullptr;  // its plane's
   };
   struct Nic {
     std::vector<NicPort> ports;
@@ -99,21 +115,28 @@ class RawTraffic {
   int port_index_of(int gpu, int port) const;
   int flow_between(int src, int dst) const;  // -1 when there is none
 
+  void send_packet(int gpu, int pi, int fi, bool last_of_port);
+  size_t at(int fi, int plane) const { return static_cast<size_t>(plane) * flows_.size() + fi; }
+  // Flow `fi` on its source's port `pi`: port-major, so that each port's (each plane's) counters lie apart.
+  FlowPort& port_of(int fi, size_t pi) { return ports_[pi * flows_.size() + fi]; }
+
   testbed::Fabric& fabric_;
-  common::Clock& clock_;
+  common::Clock& clock_;  // the control plane's: the start
   std::vector<Flow> flows_;
   std::vector<Nic> nics_;
-  std::vector<uint64_t> alloc_;  // per flow and source port: packets assigned, not yet sent
-  std::vector<uint32_t> psn_;    // per flow and source port (each port is its own QP)
+  std::vector<FlowPort> ports_;  // per source port index and flow (port_of)
+  size_t max_ports_ = 0;         // the most ports a source has
   bool verify_icrc_;
   common::TimeNs start_ = 0;
   bool started_ = false;
   uint32_t mtu_;
   int prio_;
-  // Payload bytes per (flow, plane), flattened.
+  // Per (plane, flow), plane-major (each plane's counters apart from the others'): payload bytes delivered and
+  // sent, the last delivery's time.
   std::vector<uint64_t> rx_by_plane_;
   std::vector<uint64_t> tx_by_plane_;
-  TrafficResult stats_;
+  std::vector<common::TimeNs> last_rx_;
+  std::vector<PlaneCounters> planes_;
 };
 
 }  // namespace ifec::testbed

@@ -26,6 +26,9 @@ struct SimOptions {
   bool verify_icrc = true;
   bool progress = true;          // progress lines on stderr for long runs
   bool elided_payloads = false;  // FabricOptions::elided_payloads: the same run, frames without their payload bytes
+  // 0: one event loop for the whole fabric; N >= 1: one partition per plane on N threads (partitions.h), the same
+  // result whatever N (and the same as one loop but for the order of events at the very time of a link event).
+  int threads = 0;
   std::vector<LinkEvent> events;
 };
 
@@ -72,6 +75,7 @@ struct SimRun {
   double sim_seconds = 0;    // the event loop alone, from the first frame to the last byte delivered
   size_t routing_bytes = 0;  // Fabric::routing_bytes(): the RIB, the class table and every switch's FIB
   size_t traffic_bytes = 0;  // RawTraffic::memory_bytes(): flows and their counters
+  std::string partitions;    // PlanePartitions::describe() when opts.threads > 0
 };
 
 // Runs the flows of `opts` to completion (progress lines on stderr every 2 s of wall time when opts.progress).

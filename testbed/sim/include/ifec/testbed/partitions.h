@@ -1,0 +1,54 @@
+// One simulation on several threads: a fabric partitioned by plane (Fabric's plane-clocks constructor). Each plane
+// is a partition with its own event loop: its links, switches and GPU ports, and whatever its frames do there. No
+// link joins two planes, so between two fabric-wide events the partitions share nothing and run apart; the
+// fabric-wide events (link state changes, FARE's rounds and the route installs they make, the traffic's start and
+// the re-splitting of flows over planes that follows a route change) run on a control loop of their own. The run
+// goes in windows: every partition runs its events before the next control event's time T (the lookahead is the
+// distance to it: nothing in a partition can schedule control events), then every partition's time moves to T
+// and the control events at T run, on the calling thread, before any partition event at T. That order is the
+// one canonical order of equal-time events: the same with one thread or many, so a run gives the same result
+// (times, bytes per link, frame-hops, events) whatever the threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ifec/common/sim.h"
+
+namespace ifec::testbed {
+
+class PlanePartitions {
+ public:
+  // `planes` partitions (>= 1) run by `threads` threads (1..planes; plane p on thread p % threads).
+  PlanePartitions(int planes, int threads);
+  PlanePartitions(const PlanePartitions&) = delete;
+  PlanePartitions& operator=(const PlanePartitions&) = delete;
+
+  common::EventLoop& control() { return control_; }
+  std::vector<common::Clock*> plane_clocks();
+  int threads() const { return threads_; }
+  int partitions() const { return static_cast<int>(planes_.size()); }
+
+  // Runs every event up to and including `until` in windows as above, then sets every time to `until` (when
+  // finite); returns how many events ran. An event a partition puts on the control loop earlier than the window's
+  // end throws Error (the windows would have run past it).
+  uint64_t run(common::TimeNs until = common::kForever);
+  common::TimeNs now() const { return control_.now(); }
+  bool idle() const;
+  uint64_t events_run() const;  // every loop's, the control loop's included
+  uint64_t windows_run() const { return windows_; }
+  std::string describe() const;  // "8 partitions (one per plane) on 2 threads: planes 0 2 4 6 | 1 3 5 7"
+
+ private:
+  common::TimeNs next_partition_event() const;
+  void run_partitions_through(common::TimeNs last);  // every partition's events up to `last`, on the threads
+
+  common::EventLoop control_;
+  std::vector<std::unique_ptr<common::EventLoop>> planes_;
+  int threads_;
+  uint64_t windows_ = 0;
+};
+
+}  // namespace ifec::testbed

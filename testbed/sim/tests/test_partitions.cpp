@@ -1,0 +1,140 @@
+// The fabric partitioned by plane: the windows' order against hand-made events, and raw traffic giving the same run
+// with one thread and two (and, without link events, the same as one event loop for the whole fabric).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "ifec/common/checks.h"
+#include "ifec/routing/topology.h"
+#include "ifec/testbed/partitions.h"
+#include "ifec/testbed/traffic_run.h"
+
+using namespace ifec;
+
+// A control event at T runs after every partition event before T and before any at T, with every partition's
+// time at T; run(until) leaves every clock at `until`.
+TEST(PlanePartitions, ControlEventsRunBetweenWindowsAtTheirTime) {
+  testbed::PlanePartitions parts(3, 2);
+  std::vector<std::vector<std::string>> log(3);  // one per plane: the planes run on different threads
+  auto clocks = parts.plane_clocks();
+  for (int p = 0; p < 3; ++p) {
+    clocks[p]->schedule(10, [&log, p] { log[p].push_back("@10"); });
+    clocks[p]->schedule(20, [&log, p] { log[p].push_back("@20"); });
+  }
+  parts.control().schedule(20, [&] {
+    for (int p = 0; p < 3; ++p) {
+      EXPECT_EQ(clocks[p]->now(), 20u) << "plane " << p;
+      log[p].push_back("control");
+    }
+    clocks[1]->schedule(20, [&log] { log[1].push_back("@20 from control"); });
+  });
+  EXPECT_EQ(parts.run(15), 3u);
+  EXPECT_EQ(parts.now(), 15u);
+  for (auto* c : clocks) {
+    EXPECT_EQ(c->now(), 15u);
+  }
+  EXPECT_EQ(parts.run(), 5u);
+  for (int p = 0; p < 3; ++p) {
+    std::vector<std::string> want = {"@10", "control", "@20"};
+    if (p == 1) {
+      want.push_back("@20 from control");
+    }
+    EXPECT_EQ(log[p], want) << "plane " << p;
+  }
+  EXPECT_TRUE(parts.idle());
+  EXPECT_EQ(parts.events_run(), 8u);
+}
+
+TEST(PlanePartitions, BadThreadCountsAndControlEventsFromAPartitionAreNamed) {
+  EXPECT_THROW(testbed::PlanePartitions(4, 0), common::Error);
+  try {
+    testbed::PlanePartitions(4, 5);
+    ADD_FAILURE() << "5 threads for 4 planes accepted";
+  } catch (const common::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--threads 5 outside 1..4"), std::string::npos) << e.what();
+  }
+  testbed::PlanePartitions parts(2, 1);
+  parts.control().schedule(100, [] {});
+  parts.plane_clocks()[0]->schedule(10, [&parts] { parts.control().schedule(50, [] {}); });
+  EXPECT_THROW(parts.run(), common::Error);
+}
+
+namespace {
+
+testbed::SimRun run(const routing::Topology& topo, testbed::Pattern p, uint64_t bytes, int threads,
+                    const std::vector<testbed::LinkEvent>& events = {}) {
+  testbed::SimOptions o;
+  o.pattern = p;
+  o.bytes = bytes;
+  o.progress = false;
+  o.threads = threads;
+  o.events = events;
+  return testbed::run_sim(topo, o);
+}
+
+// Everything a run reports but its wall-clock figures.
+void expect_same_run(const testbed::SimRun& a, const testbed::SimRun& b, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(a.traffic.complete, b.traffic.complete);
+  EXPECT_EQ(a.traffic.incomplete_flows, b.traffic.incomplete_flows);
+  EXPECT_EQ(a.traffic.completion_ns, b.traffic.completion_ns);
+  EXPECT_EQ(a.traffic.packets_sent, b.traffic.packets_sent);
+  EXPECT_EQ(a.traffic.packets_delivered, b.traffic.packets_delivered);
+  EXPECT_EQ(a.traffic.payload_bytes_delivered, b.traffic.payload_bytes_delivered);
+  EXPECT_EQ(a.traffic.wire_bytes_sent, b.traffic.wire_bytes_sent);
+  EXPECT_EQ(a.traffic.plane_bytes, b.traffic.plane_bytes);
+  EXPECT_EQ(a.traffic.pfc_pauses_at_nics, b.traffic.pfc_pauses_at_nics);
+  EXPECT_EQ(a.events, b.events);
+  EXPECT_EQ(a.frame_hops, b.frame_hops);
+  EXPECT_EQ(a.link_drops, b.link_drops);
+  EXPECT_EQ(a.fare_rounds, b.fare_rounds);
+  EXPECT_EQ(a.fare_converged_ns, b.fare_converged_ns);
+  EXPECT_EQ(a.switches.tx_frames, b.switches.tx_frames);
+  EXPECT_EQ(a.switches.ecn_marks, b.switches.ecn_marks);
+  EXPECT_EQ(a.switches.pause_sent, b.switches.pause_sent);
+  ASSERT_EQ(a.links.size(), b.links.size());
+  for (size_t i = 0; i < a.links.size(); ++i) {
+    EXPECT_EQ(a.links[i].frames, b.links[i].frames) << "link " << a.links[i].link;
+    EXPECT_EQ(a.links[i].utilization, b.links[i].utilization) << "link " << a.links[i].link;
+  }
+  ASSERT_EQ(a.event_gpus.size(), b.event_gpus.size());
+  for (size_t i = 0; i < a.event_gpus.size(); ++i) {
+    EXPECT_EQ(a.event_gpus[i].sent, b.event_gpus[i].sent);
+    EXPECT_EQ(a.event_gpus[i].received, b.event_gpus[i].received);
+  }
+}
+
+}  // namespace
+
+TEST(PartitionedTraffic, AllToAllIsTheSameRunOnOneLoopOneThreadAndTwo) {
+  for (const auto& [topo, bytes] : {std::pair{routing::make_superpod(8, 2), uint64_t{64 * 1024}},
+                                    std::pair{routing::make_superpod(64, 4), uint64_t{16 * 1024}},
+                                    std::pair{routing::make_superpod(8, 4), uint64_t{10'000}}}) {
+    const testbed::SimRun loop = run(topo, testbed::Pattern::kAllToAll, bytes, 0);
+    const testbed::SimRun one = run(topo, testbed::Pattern::kAllToAll, bytes, 1);
+    const testbed::SimRun two = run(topo, testbed::Pattern::kAllToAll, bytes, 2);
+    EXPECT_TRUE(loop.traffic.complete);
+    expect_same_run(one, loop, topo.name + ": one thread vs one loop");
+    expect_same_run(two, one, topo.name + ": two threads vs one");
+    EXPECT_NE(two.partitions.find("on 2 threads"), std::string::npos) << two.partitions;
+  }
+}
+
+// A two-tier fat tree under a permutation whose flows end in a short packet, with an uplink failing and coming back
+// and a GPU's NIC failing: FARE re-splits flows over planes between the windows, the same with one thread or two
+// (raw flows do not retransmit: the frames on the failed links are lost, the same ones in every run).
+TEST(PartitionedTraffic, LinkEventsGiveTheSameRunWithOneThreadAndTwo) {
+  const routing::Topology topo = routing::make_fat_tree(32, 4, 4, 4);
+  std::vector<testbed::LinkEvent> events = {testbed::parse_link_event(topo, "p1-leaf0:p1-spine2@2us", false),
+                                            testbed::parse_link_event(topo, "p1-leaf0:p1-spine2@9us", true),
+                                            testbed::parse_link_event(topo, "gpu5:plane3@3us", false)};
+  const uint64_t bytes = 300'000;  // 73 full packets and a short one
+  const testbed::SimRun one = run(topo, testbed::Pattern::kPermutation, bytes, 1, events);
+  const testbed::SimRun two = run(topo, testbed::Pattern::kPermutation, bytes, 2, events);
+  const testbed::SimRun four = run(topo, testbed::Pattern::kPermutation, bytes, 4, events);
+  EXPECT_GT(one.fare_rounds, 0);
+  EXPECT_FALSE(one.event_gpus.empty());
+  expect_same_run(two, one, "two threads vs one");
+  expect_same_run(four, one, "four threads vs one");
+}
