@@ -44,7 +44,7 @@ void register_workloads(py::module_& m) {
   m.def("run_sim_json", &run_sim_json, py::arg("topology"), py::arg("traffic"), py::arg("bytes"),
         py::arg("lb") = "packet", py::arg("pfc") = true, py::arg("seed") = 1,
         py::arg("fail") = std::vector<std::string>{}, py::arg("restore") = std::vector<std::string>{},
-        py::arg("incast_target") = 0, py::arg("elided_payloads") = false, py::arg("group") = 0, py::arg("threads") = 0,
+        py::arg("incast_target") = 0, py::arg("elided_payloads") = false, py::arg("group") = 0, py::arg("threads") = 1,
         "Raw traffic over the simulated fabric; returns the report as JSON text");
   m.def("resolve_links", &testbed::resolve_links, py::arg("topology"), py::arg("selector"),
         "link ids a selector names: ID, NODE:NODE[:SUB] or GPU:planeP[:subS] (the sim's --fail syntax); "

@@ -1,6 +1,8 @@
 """The simulated fabric from Python and from the CLI: report fields, analytic checks, FARE shares, bad input."""
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import time
@@ -144,6 +146,33 @@ def test_threads_give_the_same_run():
         assert r.pop("wall_seconds") >= 0
         assert "one per plane" in r.pop("partitions")
         r.pop("threads")
+        r.pop("setup_seconds")
+        r.pop("sim_seconds")
     assert runs[0] == runs[1] == runs[2]
     with pytest.raises(ValueError, match="--threads 5 outside 1..4"):
         ifec.sim.run(topo, threads=5)
+
+
+def _sim_json(cmd):
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode in (0, 3), out.stderr  # 3: incomplete (raw flows lose what failed links held)
+    rep = json.loads(out.stdout)
+    for key in ("wall_seconds", "setup_seconds", "sim_seconds"):
+        rep.pop(key)
+    return rep.pop("partitions"), rep.pop("threads"), rep
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (./ifec setup)")
+def test_mpirun_two_processes_give_the_one_process_run(repo, build_dir, tmp_path):
+    topo = tmp_path / "ft32.yaml"
+    topo.write_text("name: ft32\ngenerator: {kind: fat_tree, gpus: 32, planes: 4, leaves: 4, spines: 4}\n")
+    args = ["sim", "--topo", str(topo), "--traffic", "permutation", "--bytes", "300000", "--quiet", "--json",
+            "--fail", "p1-leaf0:p1-spine2@2us", "--restore", "p1-leaf0:p1-spine2@9us", "--fail", "gpu5:plane3@3us"]
+    cli = str(build_dir / "bin" / "ifec-cli")
+    _, _, one = _sim_json([cli] + args + ["--threads", "1"])
+    mpirun = ["mpirun", "--oversubscribe", "-np", "2"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    parts, threads, two = _sim_json(mpirun + [cli] + args)
+    assert parts == "4 partitions (one per plane) on 2 processes x 1 thread: rank 0 planes 0 2 | rank 1 planes 1 3"
+    assert threads == 1
+    assert one["fare_rounds"] > 0 and one["frame_hops"] > 0
+    assert two == one

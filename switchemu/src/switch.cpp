@@ -453,6 +453,18 @@ void Switch::handle_pfc(int in_port, const std::vector<uint8_t>& frame) {
   transmit(in_port);
 }
 
+void Switch::visit_counters(const std::function<void(uint64_t&)>& fn) {
+  for (PortState& s : state_) {
+    s.counters.for_each([&](const char*, uint64_t& v) { fn(v); });
+    for (QueueCounters& q : s.counters.queues) {
+      q.for_each([&](const char*, uint64_t& v) { fn(v); });
+    }
+  }
+  fn(shared_high_water_);
+  fn(buffer_drops_);
+  fn(originated_drops_);
+}
+
 SwitchTotals Switch::totals() const {
   SwitchTotals t;
   for (const PortState& s : state_) {

@@ -33,6 +33,9 @@
 #include "ifec/testbed/endpoint_bench.h"
 #include "ifec/testbed/property.h"
 #include "ifec/testbed/scale_bench.h"
+#ifdef IFEC_HAVE_MPI
+#include "ifec/testbed/mpi_processes.h"
+#endif
 #ifdef IFEC_HAVE_MOE
 #include "ifec/testbed/moe_bench.h"
 #endif
@@ -245,7 +248,7 @@ int run_sim_raw(const Args& a) {
   opts.incast_target =
       static_cast<int>(ifec::cli::parse_uint(a.get("--incast-target", "0"), "--incast-target", 0, 1 << 20));
   opts.group = static_cast<int>(ifec::cli::parse_uint(a.get("--group", "0"), "--group", 0, 1 << 20));
-  opts.threads = static_cast<int>(ifec::cli::parse_uint(a.get("--threads", "0"), "--threads", 0, 1024));
+  opts.threads = static_cast<int>(ifec::cli::parse_uint(a.get("--threads", "1"), "--threads", 0, 1024));
   opts.verify_icrc = !a.has("--no-verify");
   opts.progress = !a.has("--quiet");
   opts.elided_payloads = payload_elided(a);
@@ -256,7 +259,25 @@ int run_sim_raw(const Args& a) {
   for (const std::string& r : a.all("--restore")) {
     opts.events.push_back(tb::parse_link_event(topo, r, true));
   }
+#ifdef IFEC_HAVE_MPI
+  // Started by mpirun: one run spread over the processes, each its share of the planes; rank 0 reports.
+  std::unique_ptr<tb::MpiProcesses> mpi;
+  if (tb::launched_by_mpirun()) {
+    mpi = std::make_unique<tb::MpiProcesses>();
+    if (mpi->processes().size > 1) {
+      opts.processes = &mpi->processes();
+      opts.threads = std::max(opts.threads, 1);
+      opts.progress = opts.progress && mpi->processes().rank == 0;
+    }
+  }
+  const bool reports = mpi == nullptr || mpi->processes().rank == 0;
+#else
+  const bool reports = true;
+#endif
   const tb::SimRun run = tb::run_sim(topo, opts);
+  if (!reports) {
+    return run.traffic.complete ? 0 : 3;
+  }
   if (a.has("--json")) {
     std::printf("%s\n", tb::to_json(run).c_str());
   } else {
@@ -280,6 +301,10 @@ int run_sim_raw(const Args& a) {
 int run_sim(const Args& a) {
   IFEC_CHECK(a.has("--traffic") != a.has("--collective"),
              "give exactly one of --traffic PATTERN (raw flows) or --collective KIND (see ifec sim --help)");
+#ifdef IFEC_HAVE_MPI
+  IFEC_CHECK(!a.has("--collective") || !tb::launched_by_mpirun(),
+             "--collective under mpirun: only raw traffic (--traffic) runs over MPI processes");
+#endif
   return a.has("--collective") ? run_sim_collective(a) : run_sim_raw(a);
 }
 
@@ -571,23 +596,33 @@ int run_bench_sim(const Args& a) {
 // What bench scale does not measure yet, beside the targets it states (issue 30's open items).
 const char* const kScaleNotBuilt =
     "# targets not measured yet (not built): DeepSeek-V3's 16,384-GPU fabric, permutation of 2 MiB per GPU elided\n"
-    "#   (under 5 minutes and 12 GB); mpirun -np 2 (1.6x one process, identical results); MoE at EP 256, 4096\n"
-    "#   tokens per GPU, every variant, elided (under 15 minutes)\n";
+    "#   (under 5 minutes and 12 GB); MoE at EP 256, 4096 tokens per GPU, every variant, elided (under 15\n"
+    "#   minutes); collectives and MoE over threads and processes (raw traffic only so far)\n";
+
+// This program's path (what mpirun starts for bench scale's runs over processes).
+std::string self_path() {
+  char self[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  return std::string(self, n > 0 ? static_cast<size_t>(n) : 0);
+}
 
 int run_bench_scale(const Args& a) {
   const bool quick = a.has("--quick");
   std::printf("# simulator at scale [driver: sim]: each scenario in a process of its own; %u cores; CPU: %s\n",
               std::thread::hardware_concurrency(), cpu_model().c_str());
   std::printf(
-      "# M hops/s: frame-hops (frames sent on any link) per second of the event loop; setup: the fabric,\n"
-      "# FARE to convergence and the flows; peak: the process's maximum resident set; route B/G and flow\n"
-      "# B/G: bytes per GPU of the routing state (RIB, class table, FIBs) and of the flows\n");
+      "# M hops/s: frame-hops (frames sent on any link) per second of the event loop(s); threads: loop = one\n"
+      "# event loop for the whole fabric, N = one partition per plane on N threads, PxN = P MPI processes of N\n"
+      "# (speedup: over the same traffic on 1 thread); setup: the fabric, FARE to convergence and the flows; peak:\n"
+      "# the largest process's maximum resident set (a thread runs its partitions one after another between\n"
+      "# fabric-wide events: only one plane's frames are in flight at once); route B/G and flow B/G: bytes per GPU\n"
+      "# of the routing state (RIB, class table, FIBs) and of the flows (not reported under mpirun)\n");
   std::fflush(stdout);
   const std::vector<tb::ScaleScenario> scenarios = tb::scale_scenarios(IFEC_TOPOLOGY_DIR, quick);
   std::vector<tb::ScaleRow> rows;
   for (size_t i = 0; i < scenarios.size(); ++i) {
     std::fprintf(stderr, "bench scale: [%zu/%zu] %s...\n", i + 1, scenarios.size(), scenarios[i].describe().c_str());
-    rows.push_back(tb::measure_scale(scenarios[i], true));
+    rows.push_back(tb::measure_scale(scenarios[i], true, self_path()));
   }
   std::printf("%s%s", tb::scale_table(rows).c_str(), kScaleNotBuilt);
   for (const tb::ScaleRow& r : rows) {
@@ -800,8 +835,8 @@ std::vector<Command> tool_commands() {
          {"--pfc", "on|off", "raw: priority flow control (default on)"},
          {"--incast-target", "GPU", "raw incast: the GPU every flow goes to (default 0)"},
          {"--threads", "N",
-          "raw: one partition per plane, run by N threads (1..planes); the same result for every N (default: one "
-          "event loop for the whole fabric)"},
+          "raw: one partition per plane, run by N threads (1..planes; default 1), the same result for every N; 0: "
+          "one event loop for the whole fabric (every plane's frames in flight together)"},
          {"--group", "N",
           "raw alltoall or permutation within consecutive groups of N GPUs (expert-parallel groups; N divides "
           "the GPUs; default: one group of all)"},

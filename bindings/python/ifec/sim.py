@@ -6,7 +6,7 @@ from ifec import _native
 
 
 def run(topology, traffic="alltoall", bytes=1 << 20, lb="packet", pfc=True, seed=1, fail=(), restore=(),
-        incast_target=0, payload="real", group=0, threads=0):
+        incast_target=0, payload="real", group=0, threads=1):
     """Runs raw traffic over the simulated fabric and returns the report (see `./ifec sim --json`).
 
     topology: a path to a YAML file or an ifec.Topology (e.g. ifec.make_superpod(8, 2)).
@@ -15,8 +15,8 @@ def run(topology, traffic="alltoall", bytes=1 << 20, lb="packet", pfc=True, seed
     times and bytes per link, for the largest fabrics).
     group: all-to-all or permutation within consecutive groups of that many GPUs (expert-parallel groups; it
     divides the GPUs); 0, the default, is one group of every GPU.
-    threads: 0 (default) runs the whole fabric on one event loop; N >= 1 runs one partition per plane on N threads,
-    the same result for every N (report["partitions"] says how they were laid out).
+    threads: N >= 1 (default 1) runs one partition per plane on N threads, the same result for every N
+    (report["partitions"] says how they were laid out); 0 runs the whole fabric on one event loop.
     Times in the report are simulated-fabric times (report["driver"] == "sim").
     """
     if payload not in ("real", "elided"):

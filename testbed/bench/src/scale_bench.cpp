@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iomanip>
 #include <sstream>
@@ -52,7 +53,47 @@ std::string size_text(uint64_t bytes) {
   return o.str();
 }
 
-ChildFigures run_child(const ScaleScenario& s, bool progress) {
+// A number field of the one-line JSON report ./ifec sim --json prints ("key":value), or -1.
+double json_number(const std::string& text, const std::string& key) {
+  const size_t at = text.find("\"" + key + "\":");
+  return at == std::string::npos ? -1 : std::strtod(text.c_str() + at + key.size() + 3, nullptr);
+}
+
+// The scenario under mpirun: `cli sim` (ifec-cli) on s.processes processes, its JSON report read back.
+ChildFigures run_mpirun(const ScaleScenario& s, bool progress, const std::string& cli) {
+  ChildFigures f;
+  std::ostringstream cmd;
+  cmd << "mpirun --oversubscribe " << (::geteuid() == 0 ? "--allow-run-as-root " : "") << "-np " << s.processes << " '"
+      << cli << "' sim --topo '" << s.topo_path << "' --traffic " << pattern_name(s.pattern) << " --bytes " << s.bytes
+      << " --threads " << std::max(1, s.threads) << " --payload " << (s.elided_payloads ? "elided" : "real")
+      << " --group " << s.group << " --json" << (progress ? "" : " --quiet");
+  std::FILE* out = ::popen(cmd.str().c_str(), "r");
+  if (out == nullptr) {
+    std::snprintf(f.error, sizeof(f.error), "cannot start: %s", cmd.str().c_str());
+    return f;
+  }
+  std::string text;
+  char buf[65536];
+  for (size_t got; (got = std::fread(buf, 1, sizeof(buf), out)) > 0;) {
+    text.append(buf, got);
+  }
+  const int status = ::pclose(out);
+  if (json_number(text, "frame_hops") < 0) {
+    std::snprintf(f.error, sizeof(f.error), "%s exited with status %d and no report", cmd.str().c_str(), status);
+    return f;
+  }
+  f.complete = text.find("\"complete\":true") != std::string::npos ? 1 : 0;
+  f.events = static_cast<uint64_t>(json_number(text, "sim_events"));
+  f.frame_hops = static_cast<uint64_t>(json_number(text, "frame_hops"));
+  f.setup_seconds = json_number(text, "setup_seconds");
+  f.sim_seconds = json_number(text, "sim_seconds");
+  return f;
+}
+
+ChildFigures run_child(const ScaleScenario& s, bool progress, const std::string& cli) {
+  if (s.processes > 1) {
+    return run_mpirun(s, progress, cli);
+  }
   ChildFigures f;
   try {
     const routing::Topology topo = routing::load_topology(s.topo_path);
@@ -145,7 +186,12 @@ std::string ScaleScenario::traffic() const {
 }
 
 std::string ScaleScenario::describe() const {
-  return traffic() + (threads > 0 ? ", " + std::to_string(threads) + " thread" + (threads > 1 ? "s" : "") : "");
+  if (processes > 1) {
+    return traffic() + ", mpirun -np " + std::to_string(processes);
+  }
+  return traffic() + (threads == 0  ? ", one event loop"
+                      : threads > 1 ? ", " + std::to_string(threads) + " threads"
+                                    : "");
 }
 
 std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool quick) {
@@ -167,19 +213,24 @@ std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool qui
     return s;
   };
   const ScaleScenario pod_a2a = make(pod, Pattern::kAllToAll, quick ? mib / 4 : mib, false);
-  ScaleScenario ft_perm = make(ft, Pattern::kPermutation, 2 * mib, false);
-  std::vector<ScaleScenario> v = {pod_a2a, make(sun, Pattern::kPermutation, 2 * mib, false),
-                                  make(sun, Pattern::kPermutation, 2 * mib, true)};
+  const ScaleScenario ft_perm = make(ft, Pattern::kPermutation, 2 * mib, false);
   ScaleScenario target = ft_perm;
   target.target_peak_bytes = 3e9;
   target.target_rate = 1.5e6;
-  v.push_back(target);
-  v.push_back(make(ft, Pattern::kPermutation, 2 * mib, true));
-  for (int t : {1, 2}) {
-    v.push_back(threaded(pod_a2a, t));
-  }
-  for (int t : {1, 2}) {
-    v.push_back(threaded(ft_perm, t));
+  ScaleScenario one_loop = ft_perm;  // for comparison: every plane's frames in flight together
+  one_loop.threads = 0;
+  std::vector<ScaleScenario> v = {pod_a2a,
+                                  make(sun, Pattern::kPermutation, 2 * mib, false),
+                                  make(sun, Pattern::kPermutation, 2 * mib, true),
+                                  target,
+                                  one_loop,
+                                  make(ft, Pattern::kPermutation, 2 * mib, true)};
+  for (const ScaleScenario& base : {pod_a2a, ft_perm}) {
+    v.push_back(threaded(base, 2));
+    ScaleScenario over = base;
+    over.processes = 2;
+    over.target_speedup = 1.6;
+    v.push_back(over);
   }
   if (!quick) {
     v.push_back(make(ft, Pattern::kAllToAll, 4096, false));
@@ -190,7 +241,7 @@ std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool qui
   return v;
 }
 
-ScaleRow measure_scale(const ScaleScenario& s, bool progress) {
+ScaleRow measure_scale(const ScaleScenario& s, bool progress, const std::string& cli) {
   ScaleRow row;
   row.scenario = s;
   row.topology = base_name(s.topo_path);
@@ -202,7 +253,7 @@ ScaleRow measure_scale(const ScaleScenario& s, bool progress) {
   IFEC_CHECK(pid >= 0, "fork: " << std::strerror(errno));
   if (pid == 0) {
     ::close(fds[0]);
-    const ChildFigures f = run_child(s, progress);
+    const ChildFigures f = run_child(s, progress, cli);
     write_all(fds[1], &f, sizeof(f));
     std::fflush(stderr);
     ::_exit(0);
@@ -229,9 +280,12 @@ namespace {
 void fill_speedups(std::vector<ScaleRow>& rows) {
   for (ScaleRow& r : rows) {
     for (const ScaleRow& one : rows) {
-      if (r.scenario.threads > 1 && one.scenario.threads == 1 && one.error.empty() && one.rate() > 0 &&
+      const bool parallel = r.scenario.threads > 1 || r.scenario.processes > 1;
+      if (parallel && one.scenario.threads == 1 && one.scenario.processes <= 1 && one.error.empty() && one.rate() > 0 &&
           one.scenario.traffic() == r.scenario.traffic()) {
         r.speedup = r.rate() / one.rate();
+        r.gpus = r.gpus > 0 ? r.gpus : one.gpus;
+        r.links = r.links > 0 ? r.links : one.links;
       }
     }
   }
@@ -251,8 +305,9 @@ std::string target_line(const ScaleRow& r) {
       << std::setprecision(2);
   }
   if (s.target_speedup > 0) {
-    o << " " << r.speedup << "x one thread (at least " << std::setprecision(1) << s.target_speedup
-      << "x: " << (r.speedup >= s.target_speedup ? "met" : "NOT MET") << ")";
+    o << " " << r.speedup << "x one " << (s.processes > 1 ? "process" : "thread") << " (at least "
+      << std::setprecision(1) << s.target_speedup << "x: " << (r.speedup >= s.target_speedup ? "met" : "NOT MET")
+      << ")";
   }
   o << "\n";
   return o.str();
@@ -273,7 +328,10 @@ std::string scale_table(std::vector<ScaleRow>& rows) {
       o << "  " << r.scenario.describe() << ": FAILED: " << r.error << "\n";
       continue;
     }
-    const std::string threads = r.scenario.threads > 0 ? std::to_string(r.scenario.threads) : "loop";
+    std::string threads = r.scenario.threads > 0 ? std::to_string(r.scenario.threads) : "loop";
+    if (r.scenario.processes > 1) {
+      threads = std::to_string(r.scenario.processes) + "x" + threads;
+    }
     char speedup[32] = "-";
     if (r.speedup > 0) {
       std::snprintf(speedup, sizeof(speedup), "%.2fx", r.speedup);

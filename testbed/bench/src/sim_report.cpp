@@ -45,6 +45,7 @@ std::string to_json(const SimRun& r) {
   }
   if (r.options.threads > 0) {
     o.add("threads", r.options.threads).add("partitions", r.partitions);
+    o.add("setup_seconds", r.setup_seconds).add("sim_seconds", r.sim_seconds);
   }
   o.add("incomplete_flows", t.incomplete_flows).add("completion_ns", t.completion_ns);
   o.add("goodput_gbps", t.goodput_gbps).add("line_rate_gbps", t.line_rate_gbps);

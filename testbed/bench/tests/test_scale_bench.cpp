@@ -2,6 +2,8 @@
 // is the child's own, and a child that fails reports why without taking the bench down.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "ifec/routing/topology.h"
 #include "ifec/testbed/scale_bench.h"
 #include "ifec/testbed/traffic_run.h"
@@ -91,4 +93,27 @@ TEST(ScaleBench, SpeedupIsOverTheSameTrafficOnOneThread) {
   EXPECT_NE(t.find("fabric.yaml permutation 2 MiB/GPU real, 2 threads: 1.60x one thread (at least 1.7x: NOT MET)"),
             std::string::npos)
       << t;
+}
+
+// Over two MPI processes (where Open MPI is installed): the figures come back from ifec-cli's JSON report and are
+// the one-process run's.
+TEST(ScaleBench, MpirunScenarioReportsTheOneProcessRun) {
+  if (std::system("command -v mpirun > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "mpirun is not installed (./ifec setup installs Open MPI)";
+  }
+  testbed::ScaleScenario s;
+  s.topo_path = IFEC_TOPOLOGY_DIR "/superpod-8x2.yaml";
+  s.pattern = testbed::Pattern::kAllToAll;
+  s.bytes = 64 * 1024;
+  s.threads = 1;
+  const testbed::ScaleRow one = testbed::measure_scale(s, false);
+  s.processes = 2;
+  const testbed::ScaleRow two = testbed::measure_scale(s, false, IFEC_CLI);
+  ASSERT_EQ(one.error, "");
+  ASSERT_EQ(two.error, "") << two.error;
+  EXPECT_TRUE(two.complete);
+  EXPECT_EQ(two.frame_hops, one.frame_hops);
+  EXPECT_EQ(two.events, one.events);
+  EXPECT_GT(two.sim_seconds, 0);
+  EXPECT_NE(s.describe().find("mpirun -np 2"), std::string::npos) << s.describe();
 }

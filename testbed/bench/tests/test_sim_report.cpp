@@ -16,7 +16,7 @@ TEST(SimReport, SameSeedSameRunDifferentSeedDifferentHashing) {
   o.lb = switchemu::LoadBalance::kPerFlow;
   o.progress = false;
   auto strip_wall = [](testbed::SimRun r) {
-    r.wall_seconds = 0;
+    r.wall_seconds = r.setup_seconds = r.sim_seconds = 0;
     return testbed::to_json(r);
   };
   o.seed = 3;

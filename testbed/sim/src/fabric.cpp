@@ -248,6 +248,26 @@ size_t Fabric::routing_bytes() const {
   return bytes;
 }
 
+void Fabric::merge_counters(const std::function<void(std::vector<uint64_t>&)>& sum) {
+  std::vector<uint64_t*> fields;
+  for (auto& l : links_) {
+    for (int side = 0; side < 2; ++side) {
+      l->end(side).visit_counters([&](uint64_t& v) { fields.push_back(&v); });
+    }
+  }
+  for (auto& s : switches_) {
+    s->visit_counters([&](uint64_t& v) { fields.push_back(&v); });
+  }
+  std::vector<uint64_t> values(fields.size());
+  for (size_t i = 0; i < fields.size(); ++i) {
+    values[i] = *fields[i];
+  }
+  sum(values);
+  for (size_t i = 0; i < fields.size(); ++i) {
+    *fields[i] = values[i];
+  }
+}
+
 SwitchTotals Fabric::switch_totals() const {
   SwitchTotals t;
   for (const auto& s : switches_) {

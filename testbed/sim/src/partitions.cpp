@@ -12,12 +12,21 @@ namespace ifec::testbed {
 
 using common::TimeNs;
 
-PlanePartitions::PlanePartitions(int planes, int threads) : threads_(threads) {
+PlanePartitions::PlanePartitions(int planes, int threads, int rank, int processes)
+    : threads_(threads), rank_(rank), processes_(processes) {
   IFEC_CHECK(planes >= 1, "partitions: " << planes << " planes, expected at least 1");
-  IFEC_CHECK(threads >= 1 && threads <= planes, "--threads " << threads << " outside 1.." << planes
-                                                             << " (one partition per plane, " << planes << " planes)");
+  IFEC_CHECK(processes >= 1 && processes <= planes,
+             processes << " processes outside 1.." << planes << " (one partition per plane, " << planes << " planes)");
+  IFEC_CHECK(rank >= 0 && rank < processes, "rank " << rank << " outside 0.." << processes - 1);
+  const int mine = (planes - rank + processes - 1) / processes;
+  IFEC_CHECK(threads >= 1 && threads <= mine,
+             "--threads " << threads << " outside 1.." << mine << " (one partition per plane, " << planes << " planes"
+                          << (processes > 1 ? ", " + std::to_string(mine) + " in this process" : "") << ")");
   for (int p = 0; p < planes; ++p) {
     planes_.push_back(std::make_unique<common::EventLoop>());
+    if (owns(p)) {
+      owned_.push_back(planes_.back().get());
+    }
   }
 }
 
@@ -30,12 +39,12 @@ std::vector<common::Clock*> PlanePartitions::plane_clocks() {
 }
 
 bool PlanePartitions::idle() const {
-  return control_.idle() && std::all_of(planes_.begin(), planes_.end(), [](const auto& l) { return l->idle(); });
+  return control_.idle() && std::all_of(owned_.begin(), owned_.end(), [](const auto* l) { return l->idle(); });
 }
 
 uint64_t PlanePartitions::events_run() const {
   uint64_t n = control_.events_run();
-  for (const auto& l : planes_) {
+  for (const auto* l : owned_) {
     n += l->events_run();
   }
   return n;
@@ -43,8 +52,18 @@ uint64_t PlanePartitions::events_run() const {
 
 std::string PlanePartitions::describe() const {
   std::ostringstream o;
-  o << planes_.size() << " partition" << (planes_.size() == 1 ? "" : "s") << " (one per plane) on " << threads_
-    << " thread" << (threads_ == 1 ? "" : "s") << ":";
+  o << planes_.size() << " partition" << (planes_.size() == 1 ? "" : "s") << " (one per plane) on ";
+  if (processes_ > 1) {
+    o << processes_ << " processes x " << threads_ << " thread" << (threads_ == 1 ? "" : "s") << ":";
+    for (int r = 0; r < processes_; ++r) {
+      o << (r == 0 ? "" : " |") << " rank " << r << " planes";
+      for (size_t p = r; p < planes_.size(); p += processes_) {
+        o << " " << p;
+      }
+    }
+    return o.str();
+  }
+  o << threads_ << " thread" << (threads_ == 1 ? "" : "s") << ":";
   for (int t = 0; t < threads_; ++t) {
     o << (t == 0 ? " planes" : " |");
     for (size_t p = t; p < planes_.size(); p += threads_) {
@@ -56,7 +75,7 @@ std::string PlanePartitions::describe() const {
 
 TimeNs PlanePartitions::next_partition_event() const {
   TimeNs t = common::kForever;
-  for (const auto& l : planes_) {
+  for (const auto* l : owned_) {
     t = std::min(t, l->next_event_time());
   }
   return t;
@@ -64,8 +83,8 @@ TimeNs PlanePartitions::next_partition_event() const {
 
 void PlanePartitions::run_partitions_through(TimeNs last) {
   auto work = [this, last](int thread) {
-    for (size_t p = thread; p < planes_.size(); p += threads_) {
-      planes_[p]->run(last);
+    for (size_t p = thread; p < owned_.size(); p += threads_) {
+      owned_[p]->run(last);
     }
   };
   std::vector<std::exception_ptr> errors(threads_);
@@ -112,13 +131,13 @@ uint64_t PlanePartitions::run(TimeNs until) {
     if (tc > until) {
       break;
     }
-    for (auto& l : planes_) {
+    for (auto* l : owned_) {
       l->advance_to(tc);
     }
     control_.run(tc);
   }
   if (until != common::kForever) {
-    for (auto& l : planes_) {
+    for (auto* l : owned_) {
       l->advance_to(std::max(l->now(), until));
     }
     control_.run(until);

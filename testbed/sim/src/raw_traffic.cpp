@@ -124,6 +124,7 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
   tx_by_plane_.assign(rx_by_plane_.size(), 0);
   last_rx_.assign(rx_by_plane_.size(), 0);
   planes_.assign(planes, PlaneCounters{});
+  active_.assign(planes, true);
   for (int g = 0; g < gpus; ++g) {
     const auto& ports = fabric_.gpu_ports(g);
     for (size_t i = 0; i < ports.size(); ++i) {
@@ -136,10 +137,68 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
     if (!started_) {
       return;
     }
+    gather_sent();
     for (size_t g = 0; g < nics_.size(); ++g) {
       resplit(static_cast<int>(g));
     }
   });
+}
+
+void RawTraffic::spread_over_processes(std::vector<bool> active_planes, SumFn sum) {
+  IFEC_CHECK(active_planes.size() == planes_.size(), active_planes.size()
+                                                         << " active-plane flags for " << planes_.size() << " planes");
+  active_ = std::move(active_planes);
+  sum_ = std::move(sum);
+}
+
+// Before a re-split: what every process's ports sent of each flow, and whether its short packet went. Each
+// process gives its own ports' counts (the others' are zero in its sum) and takes the totals.
+void RawTraffic::gather_sent() {
+  if (!sum_) {
+    return;
+  }
+  const size_t nf = flows_.size();
+  std::vector<uint64_t> v(max_ports_ * nf + nf, 0);
+  for (size_t fi = 0; fi < nf; ++fi) {
+    const Nic& nic = nics_[flows_[fi].spec.src];
+    for (size_t pi = 0; pi < nic.ports.size(); ++pi) {
+      v[pi * nf + fi] = active_[nic.ports[pi].plane] ? port_of(static_cast<int>(fi), pi).sent : 0;
+    }
+    v[max_ports_ * nf + fi] = flows_[fi].short_port < 0 ? 1 : 0;
+  }
+  sum_(v);
+  for (size_t fi = 0; fi < nf; ++fi) {
+    for (size_t pi = 0; pi < nics_[flows_[fi].spec.src].ports.size(); ++pi) {
+      port_of(static_cast<int>(fi), pi).sent = v[pi * nf + fi];
+    }
+    if (v[max_ports_ * nf + fi] > 0) {
+      flows_[fi].short_port = -1;  // sent (or none): some process says so
+    }
+  }
+}
+
+void RawTraffic::merge(const SumFn& sum) {
+  std::vector<uint64_t> v;
+  for (const auto* a : {&rx_by_plane_, &tx_by_plane_, &last_rx_}) {
+    v.insert(v.end(), a->begin(), a->end());
+  }
+  for (PlaneCounters& c : planes_) {
+    for (uint64_t* x : c.fields()) {
+      v.push_back(*x);
+    }
+  }
+  sum(v);
+  size_t i = 0;
+  for (auto* a : {&rx_by_plane_, &tx_by_plane_, &last_rx_}) {
+    for (uint64_t& x : *a) {
+      x = v[i++];
+    }
+  }
+  for (PlaneCounters& c : planes_) {
+    for (uint64_t* x : c.fields()) {
+      *x = v[i++];
+    }
+  }
 }
 
 int RawTraffic::flow_between(int src, int dst) const {
@@ -247,8 +306,8 @@ void RawTraffic::pump(int gpu, int pi) {
   Nic& nic = nics_[gpu];
   NicPort& np = nic.ports[pi];
   const testbed::GpuPort& gp = fabric_.gpu_ports(gpu)[pi];
-  if (!started_ || gp.io->busy() || !gp.io->link_up() || np.ring.empty()) {
-    return;
+  if (!started_ || gp.io->busy() || !gp.io->link_up() || np.ring.empty() || !active_[np.plane]) {
+    return;  // (another process sends this plane's traffic)
   }
   const TimeNs now = np.clock->now();
   if (np.paused_until[prio_] > now) {

@@ -99,10 +99,13 @@ void collect_event_gpus(SimRun& run, const RawTraffic& traffic, const SimOptions
 // The run on a fabric built on `loop` (one event loop, or plane partitions): flows, link events, the run, the report.
 template <class Loop>
 SimRun run_on(Loop& loop, Fabric& fabric, const routing::Topology& topo, const SimOptions& opts,
-              std::chrono::steady_clock::time_point wall0) {
+              std::chrono::steady_clock::time_point wall0, std::vector<bool> active_planes = {}) {
   RawTraffic traffic(fabric,
                      make_flows(opts.pattern, fabric.num_gpus(), opts.bytes, opts.seed, opts.incast_target, opts.group),
                      opts.verify_icrc);
+  if (opts.processes != nullptr) {
+    traffic.spread_over_processes(std::move(active_planes), opts.processes->sum);
+  }
   for (const LinkEvent& e : opts.events) {
     for (int l : e.links) {
       fabric.schedule_link_state(l, e.up, e.at);
@@ -111,6 +114,10 @@ SimRun run_on(Loop& loop, Fabric& fabric, const routing::Topology& topo, const S
   traffic.start(0);
   const auto sim0 = std::chrono::steady_clock::now();
   run_with_progress(loop, traffic, opts, fabric.num_gpus(), wall0);
+  if (opts.processes != nullptr) {
+    traffic.merge(opts.processes->sum);
+    fabric.merge_counters(opts.processes->sum);
+  }
   SimRun run;
   run.sim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sim0).count();
   run.setup_seconds = std::chrono::duration<double>(sim0 - wall0).count();
@@ -145,6 +152,35 @@ FabricOptions fabric_options(const SimOptions& opts) {
   return fo;
 }
 
+// One partition per plane on opts.threads threads, in this process or spread over opts.processes.
+SimRun run_partitioned(const routing::Topology& topo, const SimOptions& opts,
+                       std::chrono::steady_clock::time_point wall0) {
+  const Processes solo;
+  const Processes& procs = opts.processes != nullptr ? *opts.processes : solo;
+  const int planes = std::max(topo.num_planes, 1);
+  PlanePartitions parts(planes, opts.threads, procs.rank, procs.size);
+  if (opts.progress) {
+    std::fprintf(stderr, "sim: %s\n", parts.describe().c_str());
+  }
+  Fabric fabric(parts.control(), parts.plane_clocks(), topo, fabric_options(opts));
+  SimRun run;
+  if (opts.processes == nullptr) {
+    run = run_on(parts, fabric, topo, opts, wall0);
+  } else {
+    std::vector<bool> mine(planes);
+    for (int p = 0; p < planes; ++p) {
+      mine[p] = parts.owns(p);
+    }
+    run = run_on(parts, fabric, topo, opts, wall0, std::move(mine));
+    // Every process ran the control events; the partitions' events are each process's own.
+    std::vector<uint64_t> events = {parts.events_run() - parts.control_events()};
+    procs.sum(events);
+    run.events = events[0] + parts.control_events();
+  }
+  run.partitions = parts.describe();
+  return run;
+}
+
 }  // namespace
 
 SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
@@ -155,13 +191,7 @@ SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
     Fabric fabric(loop, topo, fabric_options(opts));
     run = run_on(loop, fabric, topo, opts, wall0);
   } else {
-    PlanePartitions parts(std::max(topo.num_planes, 1), opts.threads);
-    if (opts.progress) {
-      std::fprintf(stderr, "sim: %s\n", parts.describe().c_str());
-    }
-    Fabric fabric(parts.control(), parts.plane_clocks(), topo, fabric_options(opts));
-    run = run_on(parts, fabric, topo, opts, wall0);
-    run.partitions = parts.describe();
+    run = run_partitioned(topo, opts, wall0);
   }
   run.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return run;

@@ -158,6 +158,11 @@ class LinkPort : public Port {
   void set_receiver(Receiver rx) override { rx_ = std::move(rx); }
   void set_tx_ready(TxReady ready) override { ready_ = std::move(ready); }
   const PortCounters& counters() const { return counters_; }
+  // Every counter, writable, in a fixed order: a run spread over processes adds theirs together.
+  template <typename F>
+  void visit_counters(F&& fn) {
+    counters_.for_each([&](const char*, uint64_t& v) { fn(v); });
+  }
   LinkPort& peer();
   // How much of each arriving frame its receiver reads at once: the headers (default) for a switch that forwards,
   // all of it for a NIC that checks the ICRC. Tells the clock what to prefetch; nothing else depends on it.

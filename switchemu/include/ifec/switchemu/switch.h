@@ -20,6 +20,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -136,6 +137,9 @@ class Switch {
 
   int num_ports() const { return static_cast<int>(ports_.size()); }
   const SwitchPortCounters& counters(int port) const { return state_.at(port).counters; }
+  // Every counter (ports, their queues, the buffer's), writable, in a fixed order: a run spread over processes
+  // adds theirs together.
+  void visit_counters(const std::function<void(uint64_t&)>& fn);
   SwitchTotals totals() const;
   // The IFEC engine (null when disabled).
   IfecEngine* ifec() { return ifec_.get(); }

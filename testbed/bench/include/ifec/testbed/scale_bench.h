@@ -18,14 +18,16 @@ struct ScaleScenario {
   Pattern pattern = Pattern::kPermutation;
   uint64_t bytes = 2 << 20;  // per GPU (permutation) or per ordered pair (all-to-all)
   bool elided_payloads = false;
-  int group = 0;    // make_flows' expert-parallel groups (0: one group of every GPU)
-  int threads = 0;  // SimOptions::threads: 0 one event loop; N one partition per plane on N threads
+  int group = 0;      // make_flows' expert-parallel groups (0: one group of every GPU)
+  int threads = 1;    // SimOptions::threads: N one partition per plane on N threads; 0 one event loop
+  int processes = 0;  // > 1: under mpirun -np processes (threads each, at least 1), figures from its JSON report
   // Targets this scenario is measured against (0: none): peak bytes at most, frame-hops/s at least, and the
   // speedup over the same scenario on one thread at least.
   double target_peak_bytes = 0;
   double target_rate = 0;
   double target_speedup = 0;
-  // "fat-tree-2048x8.yaml permutation 2 MiB/GPU real", "... in groups of 256", "..., 2 threads"
+  // "fat-tree-2048x8.yaml permutation 2 MiB/GPU real" (one thread), "... in groups of 256", "..., 2 threads",
+  // "..., one event loop", "..., mpirun -np 2"
   std::string describe() const;
   std::string traffic() const;  // the same without the threads
 };
@@ -51,13 +53,15 @@ struct ScaleRow {
 
 // The scenarios, from `topo_dir`: the 64 x 4 all-to-all, the 1,024-GPU SUN and the 2,048-GPU fat tree's
 // permutation of 2 MiB per GPU, real and elided (the 2,048-GPU real one carries the memory and rate targets), the
-// 64 x 4 all-to-all and the 2,048-GPU permutation again on one thread and two (the speedup target), and, unless
+// 64 x 4 all-to-all and the 2,048-GPU permutation again on one thread, two, and two MPI processes (the speedup
+// targets; under mpirun the peak is the largest process's and the bytes per GPU are not reported), and, unless
 // quick, the 2,048-GPU all-to-all of 4 KiB per pair and within expert-parallel groups of 256 (64 KiB, elided).
 std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool quick);
 
-// Runs `s` in a child process (progress lines on stderr from the child every 2 s). A child that fails, throws or
-// is killed gives a row with `error` set; the parent goes on.
-ScaleRow measure_scale(const ScaleScenario& s, bool progress);
+// Runs `s` in a child process (progress lines on stderr from the child every 2 s); a scenario over processes runs
+// `mpirun -np N cli sim ... --json` there (`cli`: the ifec-cli program). A child that fails, throws or is killed
+// gives a row with `error` set; the parent goes on.
+ScaleRow measure_scale(const ScaleScenario& s, bool progress, const std::string& cli = "");
 
 // One line per row under a header naming the columns, then one line per target: measured, target, met or not.
 // Fills each threaded row's speedup from the one-thread row of the same traffic.

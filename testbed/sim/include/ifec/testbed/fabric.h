@@ -80,6 +80,9 @@ class Fabric {
   int fare_rounds_run() const { return rounds_run_; }
 
   SwitchTotals switch_totals() const;
+  // Adds every process's link and switch counters into this one's: `sum` adds a vector element-wise over the
+  // processes (a collective call), each process contributing its own planes' counters (the others' are zero here).
+  void merge_counters(const std::function<void(std::vector<uint64_t>&)>& sum);
   // Bytes the routing state holds: the RIB, every switch's FIB and the class table (not the frames in flight).
   size_t routing_bytes() const;
   // The switch (index) a GPU's port on `plane` attaches to, or -1 (one-tier planes: the plane's switch).

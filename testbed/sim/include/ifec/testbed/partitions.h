@@ -21,8 +21,10 @@ namespace ifec::testbed {
 
 class PlanePartitions {
  public:
-  // `planes` partitions (>= 1) run by `threads` threads (1..planes; plane p on thread p % threads).
-  PlanePartitions(int planes, int threads);
+  // `planes` partitions (>= 1) run by `threads` threads (1..planes; plane p on thread p % threads). Spread over
+  // `processes` processes (MPI ranks; 1..planes), this one, `rank`, runs the planes p with p % processes == rank
+  // (on its threads) and the control loop, which every process runs alike; the others' partitions stay unrun here.
+  PlanePartitions(int planes, int threads, int rank = 0, int processes = 1);
   PlanePartitions(const PlanePartitions&) = delete;
   PlanePartitions& operator=(const PlanePartitions&) = delete;
 
@@ -37,9 +39,13 @@ class PlanePartitions {
   uint64_t run(common::TimeNs until = common::kForever);
   common::TimeNs now() const { return control_.now(); }
   bool idle() const;
-  uint64_t events_run() const;  // every loop's, the control loop's included
+  uint64_t events_run() const;  // this process's loops', the control loop's included
+  uint64_t control_events() const { return control_.events_run(); }
+  bool owns(int plane) const { return plane % processes_ == rank_; }
   uint64_t windows_run() const { return windows_; }
-  std::string describe() const;  // "8 partitions (one per plane) on 2 threads: planes 0 2 4 6 | 1 3 5 7"
+  // "8 partitions (one per plane) on 2 threads: planes 0 2 4 6 | 1 3 5 7"; over processes: "... on 2 processes
+  // x 1 thread: rank 0 planes 0 2 4 6 | rank 1 planes 1 3 5 7"
+  std::string describe() const;
 
  private:
   common::TimeNs next_partition_event() const;
@@ -47,7 +53,10 @@ class PlanePartitions {
 
   common::EventLoop control_;
   std::vector<std::unique_ptr<common::EventLoop>> planes_;
+  std::vector<common::EventLoop*> owned_;  // this process's partitions
   int threads_;
+  int rank_;
+  int processes_;
   uint64_t windows_ = 0;
 };
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,6 +69,15 @@ class RawTraffic {
   // Bytes the generator holds for its flows and NICs (what grows with the traffic), for the benches.
   size_t memory_bytes() const;
 
+  // Adds a vector element-wise over every process of a run spread over MPI processes (a collective call).
+  using SumFn = std::function<void(std::vector<uint64_t>&)>;
+  // Spread over processes: only the ports of `active_planes` send here; before each re-split of the flows over
+  // planes, `sum` gathers what every process's ports sent (so every process splits alike).
+  void spread_over_processes(std::vector<bool> active_planes, SumFn sum);
+  // After the run: adds every process's deliveries and NIC counters into this one's (each process counted only
+  // its own planes), so that result() and the per-plane bytes are the whole run's.
+  void merge(const SumFn& sum);
+
  private:
   // State grows with the flows, not with GPUs x GPUs: a flow's per-port and per-plane counters sit in flat arrays
   // at its own offsets, and a receiver finds the flow among its own incoming ones. Nothing a port's sending or
@@ -93,6 +103,10 @@ class RawTraffic {
     uint64_t payload_bytes_delivered = 0;
     uint64_t rx_bad_frames = 0;
     uint64_t pfc_pauses_at_nics = 0;
+    std::vector<uint64_t*> fields() {
+      return {&packets_sent,      &frame_bytes_sent,        &wire_bytes_sent, &nic_drops,
+              &packets_delivered, &payload_bytes_delivered, &rx_bad_frames,   &pfc_pauses_at_nics};
+    }
   };
   struct alignas(64) NicPort {  // cache lines of its own: the ports of one NIC run on different threads
     std::vector<int> ring;      // flows with packets assigned to this port
@@ -116,6 +130,7 @@ class RawTraffic {
   int flow_between(int src, int dst) const;  // -1 when there is none
 
   void send_packet(int gpu, int pi, int fi, bool last_of_port);
+  void gather_sent();
   size_t at(int fi, int plane) const { return static_cast<size_t>(plane) * flows_.size() + fi; }
   // Flow `fi` on its source's port `pi`: port-major, so that each port's (each plane's) counters lie apart.
   FlowPort& port_of(int fi, size_t pi) { return ports_[pi * flows_.size() + fi]; }
@@ -137,6 +152,8 @@ class RawTraffic {
   std::vector<uint64_t> tx_by_plane_;
   std::vector<common::TimeNs> last_rx_;
   std::vector<PlaneCounters> planes_;
+  std::vector<bool> active_;  // planes whose ports send in this process (all but in a run over processes)
+  SumFn sum_;                 // set in a run over processes
 };
 
 }  // namespace ifec::testbed

@@ -14,6 +14,14 @@
 
 namespace ifec::testbed {
 
+// The processes one partitioned run spans (MPI ranks: testbed/mpi makes this from MPI_COMM_WORLD). Every process
+// runs the same command; each runs its share of the planes, and rank 0 reports the whole run.
+struct Processes {
+  int rank = 0;
+  int size = 1;
+  RawTraffic::SumFn sum;  // element-wise sum over every process, in place (a collective call)
+};
+
 struct SimOptions {
   std::string topo_path;
   Pattern pattern = Pattern::kAllToAll;
@@ -26,9 +34,12 @@ struct SimOptions {
   bool verify_icrc = true;
   bool progress = true;          // progress lines on stderr for long runs
   bool elided_payloads = false;  // FabricOptions::elided_payloads: the same run, frames without their payload bytes
-  // 0: one event loop for the whole fabric; N >= 1: one partition per plane on N threads (partitions.h), the same
-  // result whatever N (and the same as one loop but for the order of events at the very time of a link event).
-  int threads = 0;
+  // N >= 1: one partition per plane on N threads (partitions.h), the same result whatever N; a thread runs its
+  // partitions one after another between fabric-wide events, so only one plane's frames are in flight at once.
+  // 0: one event loop for the whole fabric (the same result but for the order of events at the very time of a
+  // link event; every frame of every plane in flight together).
+  int threads = 1;
+  const Processes* processes = nullptr;  // spread over MPI processes (threads >= 1 each); null: this process alone
   std::vector<LinkEvent> events;
 };
 
