@@ -306,7 +306,7 @@ void EchAgent::send_contribution(EchReduction& r, size_t i, bool retransmit) {
   ech.flags = retransmit ? common::ech_flags::kRetransmission : 0;
   ech.job_id = r.spec_.job;
   ech.group_id = lane.group;
-  ech.contributor_id = r.spec_.contributor;
+  ech.contributor_id = lane.contributor;
   ech.chunk_index = c.seq;
   ech.dtype = r.spec_.dtype;
   ech.redop = r.spec_.redop;

@@ -46,8 +46,10 @@ bool IfecEngine::reserve(const GroupReservation& r, std::string* why) {
   const uint64_t key = group_key(r.job, r.group);
   if (groups_.count(key)) {
     os << "group " << r.group << " of job " << r.job << " is already reserved";
-  } else if (r.members.size() < 2 || r.members.size() > 64) {
-    os << "group " << r.group << " has " << r.members.size() << " members, expected 2..64";
+  } else if (r.members.size() < (r.upstream_ip != 0 ? 1 : 2) || r.members.size() > common::kMaxGroupMembers) {
+    // A leaf may hold a single member of a two-tier group (it still sends its partial upstream).
+    os << "group " << r.group << " has " << r.members.size() << " members, expected " << (r.upstream_ip != 0 ? 1 : 2)
+       << ".." << common::kMaxGroupMembers;
   } else if (r.slots == 0) {
     os << "group " << r.group << " asks for 0 slots";
   } else if (r.slots > free_slots_) {

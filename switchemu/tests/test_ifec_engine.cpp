@@ -1,7 +1,9 @@
-// The IFEC engine alone (no ports, no fabric): what it emits for a compact-ECH multicast and its retransmissions.
+// The IFEC engine alone (no ports, no fabric): what it emits for a compact-ECH multicast and its retransmissions,
+// and which groups it reserves.
 // Reductions are tested through whole fabrics in testbed/sim/tests (test_ifec_collectives.cpp, test_ifec_rows.cpp).
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "ifec/common/frame.h"
@@ -92,4 +94,30 @@ TEST(IfecEngineMulticast, WithoutABacklogEveryRetransmissionIsRepaired) {
   EXPECT_EQ(s.out.size(), 4u);
   EXPECT_EQ(s.e.counters().multicast_repairs, 2u);
   EXPECT_EQ(s.e.counters().multicast_repairs_held, 0u);
+}
+
+// A group's members are the GPUs contributing at this switch, at most kMaxGroupMembers (bitmaps of 64 bits): more
+// are refused with the count. A two-tier leaf may have a single member (it still sends its partial upstream); a
+// group that is its own root needs two.
+TEST(IfecEngineReserve, MembersAtMost64AndOneOnlyUnderAnUpstream) {
+  Engine s;
+  auto group = [](uint16_t id, size_t members, uint32_t upstream_ip) {
+    common::GroupReservation r;
+    r.group = id;
+    r.slots = 4;
+    r.upstream_ip = upstream_ip;
+    for (size_t m = 0; m < members; ++m) {
+      r.members.push_back({true, gpu_ip(static_cast<int>(m)), 0, 0, true});
+    }
+    return r;
+  };
+  std::string why;
+  EXPECT_FALSE(s.e.reserve(group(1, common::kMaxGroupMembers + 1, 0), &why));
+  EXPECT_NE(why.find("has 65 members, expected 2..64"), std::string::npos) << why;
+  EXPECT_FALSE(s.e.reserve(group(2, 1, 0), &why));
+  EXPECT_NE(why.find("has 1 members, expected 2..64"), std::string::npos) << why;
+  EXPECT_TRUE(s.e.reserve(group(3, 1, 0x0AFF0002), &why)) << why;
+  EXPECT_TRUE(s.e.reserve(group(4, common::kMaxGroupMembers, 0), &why)) << why;
+  EXPECT_EQ(s.e.counters().reservations, 2u);
+  EXPECT_EQ(s.e.counters().reservation_failures, 2u);
 }

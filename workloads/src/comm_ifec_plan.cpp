@@ -66,13 +66,14 @@ int pick_spine(const routing::Topology& topo, int plane, const std::vector<int>&
         std::count(leaves.begin(), leaves.end(), static_cast<int>(s))) {
       continue;
     }
+    std::vector<int> peers;  // links_of scans every link of the fabric: once per switch, not once per leaf
+    for (int link : topo.links_of(static_cast<int>(s))) {
+      peers.push_back(topo.peer(link, static_cast<int>(s)).first);
+    }
+    std::sort(peers.begin(), peers.end());
     bool all = true;
     for (int l : leaves) {
-      bool linked = false;
-      for (int link : topo.links_of(static_cast<int>(s))) {
-        linked = linked || topo.peer(link, static_cast<int>(s)).first == l;
-      }
-      all = all && linked;
+      all = all && std::binary_search(peers.begin(), peers.end(), l);
     }
     if (all) {
       common_spines.push_back(static_cast<int>(s));
@@ -101,29 +102,51 @@ common::GroupReservation spine_group(Communicator& c, const CollArgs& a, const I
   return r;
 }
 
-// The groups plane p needs: on two tier the spine's first, then one per leaf (every rank a member, local on the
-// leaf it hangs from); none when no spine reaches every leaf.
-std::vector<SwitchReservation> plane_groups(Communicator& c, const CollArgs& a, const IfecChunks& ch,
-                                            const std::vector<int>& leaf, int p, uint16_t group) {
+// The groups plane p needs, or why it cannot have them: on two tier the spine's group first, then one per leaf
+// listing the ranks that hang from it in rank order (each rank's member_index); a group holds at most
+// common::kMaxGroupMembers members, so a leaf with more ranks than that, or a spine under more leaves, is refused.
+struct PlaneGroups {
+  std::vector<SwitchReservation> groups;
+  std::string problem;
+};
+
+PlaneGroups plane_groups(Communicator& c, const CollArgs& a, const IfecChunks& ch, const std::vector<int>& leaf, int p,
+                         uint16_t group) {
   const routing::Topology& topo = c.topology();
   std::vector<int> leaves = leaf;
   std::sort(leaves.begin(), leaves.end());
   leaves.erase(std::unique(leaves.begin(), leaves.end()), leaves.end());
-  std::vector<SwitchReservation> todo;
+  std::vector<std::vector<int>> local(leaves.size());  // [leaf] its ranks, in rank order
+  for (int rk = 0; rk < c.size(); ++rk) {
+    local[std::lower_bound(leaves.begin(), leaves.end(), leaf[rk]) - leaves.begin()].push_back(rk);
+  }
+  for (size_t li = 0; li < leaves.size(); ++li) {
+    if (local[li].size() > common::kMaxGroupMembers) {
+      return {{},
+              topo.nodes[leaves[li]].name + " has " + std::to_string(local[li].size()) +
+                  " of the communicator's ranks, more than a group's " + std::to_string(common::kMaxGroupMembers) +
+                  " members"};
+    }
+  }
+  PlaneGroups out;
   const uint16_t spine_id = static_cast<uint16_t>(group | 0x8000);
   int spine = -1;
   if (leaves.size() > 1) {
     spine = pick_spine(topo, p, leaves, group);
     if (spine < 0) {
-      return {};
+      return {{}, "no spine reaches every rank's leaf"};
     }
-    todo.push_back({topo.nodes[spine].name, spine_group(c, a, ch, leaf, leaves, spine_id)});
+    if (leaves.size() > common::kMaxGroupMembers) {
+      return {{},
+              topo.nodes[spine].name + " would have " + std::to_string(leaves.size()) +
+                  " leaves as members, more than a group's " + std::to_string(common::kMaxGroupMembers)};
+    }
+    out.groups.push_back({topo.nodes[spine].name, spine_group(c, a, ch, leaf, leaves, spine_id)});
   }
   for (size_t li = 0; li < leaves.size(); ++li) {
     common::GroupReservation r = group_reservation(c, ifec_group_op(a), group, c.options().ifec.slots_per_plane);
-    for (int rk = 0; rk < c.size(); ++rk) {
+    for (int rk : local[li]) {
       common::GroupMember m = group_member(c, rk, a.window, a.offset);
-      m.local = leaf[rk] == leaves[li];
       m.destination = ch.needs_result(rk);
       r.members.push_back(m);
     }
@@ -133,9 +156,9 @@ std::vector<SwitchReservation> plane_groups(Communicator& c, const CollArgs& a, 
       r.upstream_contributor = static_cast<uint16_t>(li);
       r.upstream_fp32 = topo.params.ifec.upstream_fp32;
     }
-    todo.push_back({topo.nodes[leaves[li]].name, r});
+    out.groups.push_back({topo.nodes[leaves[li]].name, r});
   }
-  return todo;
+  return out;
 }
 
 }  // namespace
@@ -179,12 +202,12 @@ void plan_ifec_round(Communicator& c, const CollArgs& a, const IfecChunks& chunk
       b->skip(p, pr.problem);
       continue;
     }
-    const std::vector<SwitchReservation> groups = plane_groups(c, a, chunks, pr.leaf, p, b->group());
-    if (groups.empty()) {
-      b->skip(p, "no spine reaches every rank's leaf");
+    const PlaneGroups pg = plane_groups(c, a, chunks, pr.leaf, p, b->group());
+    if (!pg.problem.empty()) {
+      b->skip(p, pg.problem);
       continue;
     }
-    b->reserve({p, pr.weight, c.options().ifec.slots_per_plane}, groups);
+    b->reserve({p, pr.weight, c.options().ifec.slots_per_plane}, pg.groups);
   }
   b->close();
 }

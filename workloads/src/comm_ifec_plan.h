@@ -1,6 +1,7 @@
 // Private to the communicator's sources: how an in-fabric reduce / allreduce / barrier is cut into chunks, and the
 // leader's plan of one of its rounds: a group on every plane every rank reaches (one tier: on the plane's switch;
-// two tier: on each leaf the ranks meet, and a spine group above those leaves), all of a plane's groups or none.
+// two tier: on each leaf the ranks meet, its members the ranks under it, and a spine group above those leaves, its
+// members the leaves), all of a plane's groups or none.
 #pragma once
 
 #include <cstdint>

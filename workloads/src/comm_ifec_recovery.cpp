@@ -3,6 +3,7 @@
 #include "comm_ifec_recovery.h"
 
 #include "ifec/common/blob.h"
+#include "ifec/common/checks.h"
 
 namespace ifec::workloads {
 
@@ -27,9 +28,15 @@ RoundReport report_round(const endpoint::EchReduction& red, const IfecChunks& ch
   return r;
 }
 
+// `has` travels as one bit per chunk: every rank receives every rank's report (N x N x chunks), and the simulator's
+// in-process bootstrap hands each rank its own copy (the 1,024-GPU SUN's 4,096 chunks: 4 GB in bytes, 0.5 GB in bits).
 std::vector<uint8_t> encode_report(const RoundReport& r) {
+  std::vector<uint8_t> bits((r.has.size() + 7) / 8, 0);
+  for (size_t t = 0; t < r.has.size(); ++t) {
+    bits[t / 8] |= static_cast<uint8_t>((r.has[t] != 0) << (t % 8));
+  }
   common::BlobWriter w;
-  w.put_vector(r.has).put(r.anomalies).put(r.given_up);
+  w.put<uint32_t>(static_cast<uint32_t>(r.has.size())).put_vector(bits).put(r.anomalies).put(r.given_up);
   w.put<uint32_t>(static_cast<uint32_t>(r.planes_lost.size()));
   for (const auto& [p, why] : r.planes_lost) {
     w.put<int32_t>(p).put_string(why);
@@ -40,7 +47,15 @@ std::vector<uint8_t> encode_report(const RoundReport& r) {
 RoundReport decode_report(const std::vector<uint8_t>& bytes, const std::string& what) {
   common::BlobReader rd(bytes, what);
   RoundReport r;
-  r.has = rd.get_vector<uint8_t>();
+  const uint32_t chunks = rd.get<uint32_t>();
+  const std::vector<uint8_t> bits = rd.get_vector<uint8_t>();
+  IFEC_CHECK(bits.size() == (uint64_t{chunks} + 7) / 8, what << ": " << bits.size() << " bytes of outcomes for "
+                                                             << chunks << " chunks (expected "
+                                                             << (uint64_t{chunks} + 7) / 8 << ")");
+  r.has.resize(chunks);
+  for (uint32_t t = 0; t < chunks; ++t) {
+    r.has[t] = (bits[t / 8] >> (t % 8)) & 1;
+  }
   r.anomalies = rd.get<uint32_t>();
   r.given_up = rd.get<uint32_t>();
   for (uint32_t i = rd.get<uint32_t>(); i > 0; --i) {

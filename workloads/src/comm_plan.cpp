@@ -147,4 +147,13 @@ common::GroupMember group_member(Communicator& c, int rank, uint16_t window, uin
   return m;
 }
 
+uint16_t member_index(const Communicator& c, int rank, int plane) {
+  const int sw = c.switch_node_of(rank, plane);
+  uint16_t index = 0;
+  for (int r = 0; r < rank; ++r) {
+    index += c.switch_node_of(r, plane) == sw;
+  }
+  return index;
+}
+
 }  // namespace ifec::workloads

@@ -127,4 +127,9 @@ common::GroupReservation group_reservation(const Communicator& c, const GroupOp&
 // `rank` as a member whose results land at `offset` of window `window` (VA and rkey 0 where the window is unknown).
 common::GroupMember group_member(Communicator& c, int rank, uint16_t window, uint64_t offset);
 
+// How every group numbers its members (ECH contributor ids): a switch's group lists the ranks that hang from that
+// switch on the plane, in rank order. One tier: every rank, so the index is the rank; two tier: a leaf's own ranks,
+// so a rank's index can differ from plane to plane (the spine's members are the leaves).
+uint16_t member_index(const Communicator& c, int rank, int plane);
+
 }  // namespace ifec::workloads

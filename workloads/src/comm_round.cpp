@@ -25,7 +25,6 @@ endpoint::EchReduceSpec reduce_spec(Communicator& c, const GroupOp& what, uint16
   s.op = what.op;
   s.dtype = what.dtype;
   s.redop = what.redop;
-  s.contributor = static_cast<uint16_t>(c.rank());
   s.source_window = source_window;
   s.result_window = what.window;
   s.timing = c.options().ifec.timing;
@@ -40,6 +39,7 @@ uint32_t Lanes::lane(int plane, uint16_t group, uint32_t window) {
     l.switch_ip = loopback_of_switch(comm_, plane);
     l.group = group;
     l.window = window;
+    l.contributor = member_index(comm_, comm_.rank(), plane);
     spec_.lanes.push_back(l);
   }
   return it->second;

@@ -19,10 +19,11 @@ double my_plane_gbps(Communicator& c, int plane);
 // The loopback of this rank's switch on `plane` (one tier: the plane's; two tier: its leaf), or 0 when it has none.
 uint32_t loopback_of_switch(Communicator& c, int plane);
 
-// This rank's part of a reduction of `what`'s groups (contributor index: its rank), before lanes and chunks.
+// This rank's part of a reduction of `what`'s groups, before lanes and chunks.
 endpoint::EchReduceSpec reduce_spec(Communicator& c, const GroupOp& what, uint16_t source_window);
 
-// The lanes of one spec: one per (plane, group), added the first time a chunk goes there.
+// The lanes of one spec: one per (plane, group), added the first time a chunk goes there, this rank contributing
+// as its member index on that plane (member_index).
 class Lanes {
  public:
   Lanes(Communicator& c, endpoint::EchReduceSpec& spec) : comm_(c), spec_(spec) {}

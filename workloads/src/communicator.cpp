@@ -189,6 +189,7 @@ void Communicator::init(Ready done) {
       common::BlobReader rd(g.parts[r], "rank " + std::to_string(r) + "'s GPU");
       gpus_.push_back(rd.get<int32_t>());
     }
+    index_switches();
     done("");
   });
 }
@@ -393,14 +394,28 @@ Algo Communicator::choose_algorithm(const CollArgs& a, int n, const routing::Top
       ->first;
 }
 
-int Communicator::switch_node_of(int rank, int plane) const {
-  const int node = topo_.gpu_node(gpus_.at(rank));
-  for (int l : topo_.links_of(node)) {
-    if (topo_.links[l].plane == plane) {
-      return topo_.peer(l, node).first;
+void Communicator::index_switches() {
+  const int planes = topo_.num_planes;
+  std::vector<int> first(topo_.nodes.size() * planes, -1);  // [node * planes + plane]: its first link's other end
+  for (const routing::Link& l : topo_.links) {              // in links_of's order
+    for (const auto& [me, other] : {std::pair{l.a, l.b}, std::pair{l.b, l.a}}) {
+      if (l.plane >= 0 && l.plane < planes && first[me * planes + l.plane] < 0) {
+        first[me * planes + l.plane] = other;
+      }
     }
   }
-  return -1;
+  switch_of_.assign(gpus_.size() * planes, -1);
+  for (size_t r = 0; r < gpus_.size(); ++r) {
+    if (gpus_[r] >= 0 && gpus_[r] < topo_.num_gpus()) {  // a bad index throws, naming it, when it is asked about
+      const int node = topo_.gpu_node(gpus_[r]);
+      std::copy_n(first.begin() + node * planes, planes, switch_of_.begin() + r * planes);
+    }
+  }
+}
+
+int Communicator::switch_node_of(int rank, int plane) const {
+  topo_.gpu_node(gpus_.at(rank));  // throws naming a rank or GPU out of range
+  return plane >= 0 && plane < topo_.num_planes ? switch_of_.at(rank * topo_.num_planes + plane) : -1;
 }
 
 std::string Communicator::plane_problem(int plane) const {

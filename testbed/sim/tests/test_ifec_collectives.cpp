@@ -1,10 +1,13 @@
 // In-fabric collectives against references: every dtype and op, N = 2/8/64, loss, a failed plane, an exhausted
-// slot pool, a missing contributor, NaN inputs, reproducible mode, multicast, barrier, and bad ECH frames.
+// slot pool, a missing contributor, NaN inputs, reproducible mode, multicast, barrier, bad ECH frames, and two-tier
+// planes (128 ranks: leaf groups of their own ranks; leaves or spines over 64 members refused by name).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "ifec/common/numeric.h"
 #include "ifec/testbed/harness.h"
@@ -494,5 +497,111 @@ TEST(IfecCollectives, ReduceMulticastBarrierOn64Gpus) {
             << "GPU " << g;
       }
     }
+  }
+}
+
+namespace {
+
+// The sum of one IFEC counter over every switch of the fabric.
+template <typename Field>
+uint64_t switch_counter(testbed::Cluster& c, Field field) {
+  uint64_t n = 0;
+  for (int sw = 0; sw < c.fabric().num_switches(); ++sw) {
+    n += c.fabric().switch_at(sw).ifec()->counters().*field;
+  }
+  return n;
+}
+
+}  // namespace
+
+// 128 ranks on a two-tier fat tree (8 leaves of 16 GPUs x 4 spines per plane): each leaf's group lists only its own
+// 16 GPUs, numbered 0..15 (a rank's ECH contributor id is its index under its leaf), and the spine's lists the 8
+// leaves; a group of every rank (128 members) would be refused. Every chunk is served in the fabric.
+TEST(IfecTwoTier, OperationsOf128RanksGroupOnlyEachLeafsOwnRanks) {
+  const routing::Topology topo = routing::make_fat_tree(128, 2, 8, 4);
+  for (Collective kind : {Collective::kAllReduce, Collective::kReduce, Collective::kBarrier}) {
+    const std::string what = workloads::collective_name(kind);
+    const auto s = spec_for(kind, 128, kind == Collective::kBarrier ? 0 : 6000, EchDtype::kFp32, EchRedOp::kSum, 100);
+    Harness st = make_setup(topo, s, cluster_options(0, 1), 37);
+    const auto r = st.ifec->run(s, 2'000'000'000);
+    ASSERT_TRUE(r.ok) << what << ": " << r.error;
+    EXPECT_FALSE(r.fell_back) << what << ": " << r.fallback_reason;
+    EXPECT_EQ(r.fallback_chunks, 0u) << what;
+    EXPECT_EQ(switch_counter(*st.cluster, &common::IfecCounters::reservation_failures), 0u) << what;
+    EXPECT_EQ(switch_counter(*st.cluster, &common::IfecCounters::malformed_drops), 0u)
+        << what << ": every contributor id names a member of its leaf's group";
+    if (kind == Collective::kAllReduce) {
+      expect_result(st, s, all_members(s));
+      const uint64_t chunks = (6000 + 1023) / 1024;
+      EXPECT_EQ(switch_counter(*st.cluster, &common::IfecCounters::contributions), chunks * (128 + 8))
+          << "each rank's chunk at its leaf, each leaf's partial at its spine, once each";
+    } else if (kind == Collective::kReduce) {
+      expect_result(st, s, {100});
+    }
+  }
+}
+
+// The same 128 ranks under 1% loss everywhere, then with GPU 70's link on plane 1 failing mid-operation, and with
+// a leaf's uplinks on plane 0 failing mid-operation: results and acknowledgements reach the right member of the right
+// leaf when they are repaired, copied between ranks, or redone on the planes left.
+TEST(IfecTwoTier, AllReduceOf128RanksUnderLossAndALinkFailure) {
+  const routing::Topology topo = routing::make_fat_tree(128, 2, 8, 4);
+  struct Case {
+    const char* what;
+    double loss;
+    int gpu;   // its link on plane 1 fails (or -1)
+    int leaf;  // p0-leaf<leaf>'s uplinks fail (or -1)
+  };
+  for (const Case& k : {Case{"1% loss", 0.01, -1, -1}, Case{"GPU 70's link on plane 1", 0, 70, -1},
+                        Case{"p0-leaf5's uplinks", 0.005, -1, 5}}) {
+    const auto s = spec_for(Collective::kAllReduce, 128, 60000, EchDtype::kFp32, EchRedOp::kSum);
+    Harness st = make_setup(topo, s, cluster_options(k.loss, 7), 41);
+    testbed::Cluster& c = *st.cluster;
+    const routing::Topology& t = c.fabric().topology();
+    const std::string leaf = "p0-leaf" + std::to_string(k.leaf);
+    for (const auto& l : t.links) {
+      const bool gpu_link = k.gpu >= 0 && t.nodes[l.a].gpu_index == k.gpu && l.plane == 1;
+      const bool uplink = k.leaf >= 0 && (t.nodes[l.a].name == leaf || t.nodes[l.b].name == leaf) &&
+                          t.nodes[l.a].kind == routing::NodeKind::kSwitch &&
+                          t.nodes[l.b].kind == routing::NodeKind::kSwitch;
+      if (gpu_link || uplink) {
+        c.fabric().schedule_link_state(l.id, false, c.loop().now() + 2'000);  // mid-operation (about 5 us)
+      }
+    }
+    const auto r = st.ifec->run(s, 5'000'000'000);
+    ASSERT_TRUE(r.ok) << k.what << ": " << r.error;
+    expect_result(st, s, all_members(s));
+    if (k.loss > 0) {
+      EXPECT_GT(st.ifec->stats().retransmissions + st.ifec->stats().duplicate_results, 0u) << k.what;
+    }
+    if (k.gpu >= 0 || k.leaf >= 0) {
+      const bool redone = std::any_of(r.faults.begin(), r.faults.end(), [](const std::string& f) {
+        return f.find("redone in the fabric on plane(s)") != std::string::npos;
+      });
+      EXPECT_TRUE(redone) << k.what << ": the failure met the operation, and the plane left finished it";
+      EXPECT_GT(r.fallback_chunks, 0u) << k.what << ": results copied between ranks";
+    }
+  }
+}
+
+// A group holds at most 64 members: a leaf with 80 of the ranks, or a spine above 65 leaves, is refused by name and
+// count, and the operation runs on the endpoint path with the same result.
+TEST(IfecTwoTier, ALeafOrSpineWithMoreThan64MembersIsRefusedByName) {
+  struct Case {
+    routing::Topology topo;
+    std::string why;
+  };
+  for (const Case& k : {Case{routing::make_fat_tree(160, 1, 2, 2), "p0-leaf0 has 80 of the communicator's ranks"},
+                        Case{routing::make_fat_tree(130, 1, 65, 1), "p0-spine0 would have 65 leaves as members"}}) {
+    const int n = k.topo.num_gpus();
+    const auto s = spec_for(Collective::kAllReduce, n, 3000, EchDtype::kFp32, EchRedOp::kSum);
+    Harness st = make_setup(k.topo, s, cluster_options(0, 1), 43);
+    const auto r = st.ifec->run(s, 2'000'000'000);
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_TRUE(r.fell_back);
+    EXPECT_NE(r.fallback_reason.find(k.why), std::string::npos) << r.fallback_reason;
+    EXPECT_NE(r.fallback_reason.find("more than a group's 64"), std::string::npos) << r.fallback_reason;
+    EXPECT_EQ(switch_counter(*st.cluster, &common::IfecCounters::reservations), 0u) << "refused before any reservation";
+    expect_result(st, s, all_members(s), /*ring_rounding=*/true);
   }
 }

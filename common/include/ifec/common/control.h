@@ -4,6 +4,7 @@
 // network hop (the live testbed's gRPC) fits behind the same calls as the simulator's in-process implementation.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -23,15 +24,20 @@ struct GroupMember {
   bool destination = false;  // receives the result
 };
 
+// A group's members at most: switches keep contributors and acknowledgements in 64-bit bitmaps.
+constexpr size_t kMaxGroupMembers = 64;
+
 struct GroupReservation {
   uint32_t job = 1;
   uint16_t group = 0;
   EchOp op = EchOp::kAllReduce;
   EchDtype dtype = EchDtype::kFp32;
   EchRedOp redop = EchRedOp::kSum;
-  uint16_t window = 0;               // the result window id (carried back in the result's ECH)
-  uint32_t slots = 64;               // slot budget: chunks of this group in flight at once on this switch
-  std::vector<GroupMember> members;  // contributor id = index, at most 64
+  uint16_t window = 0;  // the result window id (carried back in the result's ECH)
+  uint32_t slots = 64;  // slot budget: chunks of this group in flight at once on this switch
+  // Contributor id = index, at most kMaxGroupMembers. The communicator lists a switch's own GPUs (two-tier leaf:
+  // the GPUs under it, so a GPU's id differs per plane); members not local stay listed, but do not contribute here.
+  std::vector<GroupMember> members;
   // Two-tier planes: a leaf aggregates its local members, then sends the partial to `upstream_ip` (a spine) as
   // contributor `upstream_contributor` of `upstream_group`, and forwards the spine's result to its local
   // destinations. Partials travel in fp32 (`upstream_fp32`, one rounding at the end) or in the element type

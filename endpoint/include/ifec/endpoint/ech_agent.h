@@ -52,6 +52,9 @@ struct EchLane {
   uint32_t switch_ip = 0;  // the switch this endpoint contributes to (one tier: the plane's; two tier: its leaf)
   uint16_t group = 0;
   uint32_t window = 1;  // chunks in flight on this lane (at most the group's slot budget), when lanes are independent
+  // This endpoint's member index in the lane's group (its ECH contributor id): a group lists only the members that
+  // contribute at its switch, so the index can differ from plane to plane (two tier: the leaf's own GPUs).
+  uint16_t contributor = 0;
 };
 
 struct EchChunk {
@@ -70,7 +73,6 @@ struct EchReduceSpec {
   common::EchOp op = common::EchOp::kAllReduce;
   common::EchDtype dtype = common::EchDtype::kFp32;
   common::EchRedOp redop = common::EchRedOp::kSum;
-  uint16_t contributor = 0;    // this endpoint's index in the groups
   uint16_t source_window = 0;  // where contributions are read
   uint16_t result_window = 0;  // carried in the ECH: where results land (in place: the same window)
   std::vector<EchLane> lanes;

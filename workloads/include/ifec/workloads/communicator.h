@@ -203,6 +203,10 @@ class Communicator : private endpoint::EndpointSubscriber {
   const routing::Topology& topo_;
   CommOptions opts_;
   std::vector<int> gpus_;  // rank -> GPU (endpoint index)
+  // [rank * planes + plane] -> switch_node_of, from one pass over the links at init: plans ask it of every rank on
+  // every plane, and a topology's links_of scans every link (thousands of GPUs: seconds per round otherwise).
+  std::vector<int> switch_of_;
+  void index_switches();
   std::shared_ptr<CommOp> op_;
   uint16_t next_group_ = 1;
   static constexpr size_t kMaxEarly = 1 << 20;
