@@ -146,9 +146,13 @@ FareRib::FareRib(const Topology& topo) : topo_(topo) {
   for (int g = 0; g < gpus; ++g) gpu_node_[g] = topo_.gpu_node(g);
   bundles_.resize(num_nodes);
   switch_index_.assign(num_nodes, -1);
-  const std::vector<std::vector<int>> adj = adjacency(topo_);
+  std::vector<std::vector<int>> adj = adjacency(topo_);
   for (int x = 0; x < num_nodes; ++x) {
-    bundles_[x] = fare_bundles(topo_, x, adj[x]);
+    // NVLink-class links stay out of FARE: the fabric routes to a GPU's node peer on the plane (relay_table).
+    std::vector<int>& links = adj[x];
+    links.erase(std::remove_if(links.begin(), links.end(), [&](int l) { return topo_.links[l].plane == kNvlinkPlane; }),
+                links.end());
+    bundles_[x] = fare_bundles(topo_, x, links);
     if (topo_.nodes[x].kind == NodeKind::kSwitch) {
       switch_index_[x] = static_cast<int>(switches_.size());
       switches_.push_back(x);

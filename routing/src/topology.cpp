@@ -83,9 +83,38 @@ double Topology::gpu_access_gbps(int gpu_index) const {
   const int n = gpu_node(gpu_index);
   double sum = 0;
   for (const Link& l : links) {
-    if (l.a == n || l.b == n) sum += l.rate_gbps;
+    if ((l.a == n || l.b == n) && l.plane != kNvlinkPlane) sum += l.rate_gbps;
   }
   return sum;
+}
+
+bool Topology::gpu_on_plane(int gpu_index, int plane) const {
+  const int p = nodes.at(gpu_node(gpu_index)).plane;
+  return p == -1 || p == plane;
+}
+
+bool Topology::single_plane_gpus() const {
+  return std::any_of(nodes.begin(), nodes.end(),
+                     [](const Node& n) { return n.kind == NodeKind::kGpu && n.plane >= 0; });
+}
+
+std::vector<std::vector<int>> relay_table(const Topology& t) {
+  const int gpus = t.num_gpus();
+  std::vector<std::vector<int>> out(gpus, std::vector<int>(std::max(t.num_planes, 0), -1));
+  for (int g = 0; g < gpus; ++g) {
+    for (int p = 0; p < t.num_planes; ++p) {
+      if (t.gpu_on_plane(g, p)) out[g][p] = g;
+    }
+  }
+  for (const Link& l : t.links) {
+    if (l.plane != kNvlinkPlane) continue;
+    for (auto [x, y] : {std::pair{l.a, l.b}, std::pair{l.b, l.a}}) {
+      const int p = t.nodes[y].plane;  // y carries x's traffic on y's own plane
+      const int gx = t.nodes[x].gpu_index;
+      if (p >= 0 && out[gx][p] < 0) out[gx][p] = t.nodes[y].gpu_index;
+    }
+  }
+  return out;
 }
 
 namespace detail {
@@ -207,7 +236,11 @@ std::optional<Problem> nodes_problem(const Topology& t) {
            << "in index order (expected node " << gpus << ", gpu_index " << gpus << ")";
         return fail(i, os.str());
       }
-      if (n.plane != -1) return fail(i, "GPU '" + n.name + "' has plane " + std::to_string(n.plane) + ", expected -1");
+      if (n.plane < -1 || n.plane >= t.num_planes) {
+        os << "GPU '" << n.name << "' has plane " << n.plane << ", expected -1 (every plane) or 0.."
+           << t.num_planes - 1;
+        return fail(i, os.str());
+      }
       if (n.loopback != gpu_loopback(gpus)) {
         os << "GPU '" << n.name << "' loopback " << ipv4_to_string(n.loopback) << " differs from the scheme's "
            << ipv4_to_string(gpu_loopback(gpus));
@@ -260,7 +293,16 @@ std::optional<Problem> links_problem(const Topology& t) {
     const Node& b = t.nodes[l.b];
     os << "'" << a.name << "' - '" << b.name << "': ";
     if (l.a == l.b) return fail(id, os.str() + "connects a node to itself");
-    if (l.plane < 0 || l.plane >= t.num_planes) {
+    if (l.plane == kNvlinkPlane && (a.kind != NodeKind::kGpu || b.kind != NodeKind::kGpu)) {
+      return fail(id, os.str() + "an NVLink-class link (plane nvlink) joins two GPUs of a server, not a switch");
+    }
+    for (const Node* g : {&a, &b}) {
+      if (l.plane != kNvlinkPlane && g->kind == NodeKind::kGpu && g->plane >= 0 && g->plane != l.plane) {
+        os << "link plane " << l.plane << " but GPU '" << g->name << "' sits on plane " << g->plane << " only";
+        return fail(id, os.str());
+      }
+    }
+    if (l.plane != kNvlinkPlane && (l.plane < 0 || l.plane >= t.num_planes)) {
       os << "plane " << l.plane << " out of range [0, " << t.num_planes << ")";
       return fail(id, os.str());
     }
@@ -335,11 +377,13 @@ std::optional<Problem> links_problem(const Topology& t) {
   return std::nullopt;
 }
 
-// Every GPU pair must be joined on every plane by a path whose interior is switches only (GPUs never transit).
-// Per plane: union-find over switch-switch links, then two GPUs connect iff they touch a common component.
+// Every pair of the GPUs on a plane must be joined on it by a path whose interior is switches only (GPUs never
+// transit), and a GPU not on the plane needs an NVLink-class peer on it. Per plane: union-find over switch-switch
+// links, then two GPUs connect iff they touch a common component.
 std::optional<Problem> reachability_problem(const Topology& t) {
   const int num_nodes = static_cast<int>(t.nodes.size());
   const int gpus = t.num_gpus();
+  const std::vector<std::vector<int>> relays = relay_table(t);
   std::vector<int> parent(num_nodes);
   auto find = [&](int x) {
     while (parent[x] != x) x = parent[x] = parent[parent[x]];
@@ -358,9 +402,20 @@ std::optional<Problem> reachability_problem(const Topology& t) {
       if (t.nodes[l.a].kind == NodeKind::kGpu) comps[l.a].push_back(find(l.b));
       if (t.nodes[l.b].kind == NodeKind::kGpu) comps[l.b].push_back(find(l.a));
     }
+    std::vector<int> on;  // the GPUs with a NIC port on plane p
     for (int g = 0; g < gpus; ++g) {
       std::sort(comps[g].begin(), comps[g].end());
       comps[g].erase(std::unique(comps[g].begin(), comps[g].end()), comps[g].end());
+      if (!t.gpu_on_plane(g, p)) {
+        if (relays[g][p] < 0) {
+          std::ostringstream os;
+          os << "GPU '" << t.nodes[g].name << "' (plane " << t.nodes[g].plane << ") has no NVLink-class peer on plane "
+             << p << " to reach it through";
+          return Problem{os.str(), g, -1, {}};
+        }
+        continue;
+      }
+      on.push_back(g);
       if (comps[g].empty()) {
         std::ostringstream os;
         const int other = g == 0 ? (gpus > 1 ? 1 : 0) : 0;
@@ -375,8 +430,10 @@ std::optional<Problem> reachability_problem(const Topology& t) {
         direct.insert({std::min(l.a, l.b), std::max(l.a, l.b)});
       }
     }
-    for (int x = 0; x < gpus; ++x) {
-      for (int y = x + 1; y < gpus; ++y) {
+    for (size_t i = 0; i < on.size(); ++i) {
+      for (size_t j = i + 1; j < on.size(); ++j) {
+        const int x = on[i];
+        const int y = on[j];
         if (comps[x] == comps[y] || direct.count({x, y})) continue;  // common case first: skip the set walk
         std::vector<int> common;
         std::set_intersection(comps[x].begin(), comps[x].end(), comps[y].begin(), comps[y].end(),
@@ -522,6 +579,64 @@ Topology make_fat_tree(int gpus, int planes, int leaves, int spines, double nic_
     for (int i = 0; i < leaves; ++i) {
       for (int s = 0; s < spines; ++s)
         add_cable(t, leaf[p][i], spine[p][s], p, fabric_gbps, 1, delay_ns, next_port, cable++);
+    }
+  }
+  detail::assign_derived_fields(t);
+  validate(t);
+  return t;
+}
+
+}  // namespace ifec::routing
+
+namespace ifec::routing {
+
+Topology make_deepseek_fabric(int nodes, int gpus_per_node, int leaves, int spines, double nic_gbps, double nvlink_gbps,
+                              uint64_t delay_ns, uint64_t nvlink_delay_ns) {
+  IFEC_CHECK(nodes >= 1, "make_deepseek_fabric: nodes must be >= 1, got " << nodes);
+  IFEC_CHECK(gpus_per_node >= 1 && gpus_per_node <= 256,
+             "make_deepseek_fabric: gpus_per_node (the planes) must be 1..256, got " << gpus_per_node);
+  IFEC_CHECK(leaves >= 1 && nodes % leaves == 0,
+             "make_deepseek_fabric: leaves must be >= 1 and divide nodes (" << nodes << "), got " << leaves);
+  IFEC_CHECK(spines >= 1, "make_deepseek_fabric: spines must be >= 1, got " << spines);
+  IFEC_CHECK(nic_gbps > 0, "make_deepseek_fabric: nic_gbps must be > 0, got " << nic_gbps);
+  IFEC_CHECK(nvlink_gbps > 0, "make_deepseek_fabric: nvlink_gbps must be > 0, got " << nvlink_gbps);
+  const int planes = gpus_per_node;
+  const int gpus = nodes * gpus_per_node;
+  Topology t;
+  t.name = "deepseek-" + std::to_string(gpus) + "x" + std::to_string(planes);
+  std::ostringstream src;
+  src << "generator:make_deepseek_fabric(" << nodes << ", " << gpus_per_node << ", " << leaves << ", " << spines << ", "
+      << detail::format_double(nic_gbps) << ", " << detail::format_double(nvlink_gbps) << ", " << delay_ns << ", "
+      << nvlink_delay_ns << ")";
+  t.source = src.str();
+  t.num_planes = planes;
+  add_gpus(t, gpus);
+  for (int g = 0; g < gpus; ++g) t.nodes[g].plane = g % gpus_per_node;
+  std::vector<std::vector<int>> leaf(planes), spine(planes);
+  for (int p = 0; p < planes; ++p) {
+    const std::string prefix = "p" + std::to_string(p) + "-";
+    for (int i = 0; i < leaves; ++i) leaf[p].push_back(add_switch(t, prefix + "leaf" + std::to_string(i), p));
+    for (int i = 0; i < spines; ++i) spine[p].push_back(add_switch(t, prefix + "spine" + std::to_string(i), p));
+  }
+  std::vector<int> next_port(t.nodes.size(), 0);
+  int cable = 0;
+  const int per_leaf = nodes / leaves;
+  // Per server: each GPU's NIC (its port 0) to its plane's leaf, then the GPUs' NVLink-class mesh.
+  for (int n = 0; n < nodes; ++n) {
+    for (int i = 0; i < gpus_per_node; ++i) {
+      add_cable(t, n * gpus_per_node + i, leaf[i][n / per_leaf], i, nic_gbps, 1, delay_ns, next_port, cable++);
+    }
+    for (int i = 0; i < gpus_per_node; ++i) {
+      for (int j = i + 1; j < gpus_per_node; ++j) {
+        add_cable(t, n * gpus_per_node + i, n * gpus_per_node + j, kNvlinkPlane, nvlink_gbps, 1, nvlink_delay_ns,
+                  next_port, cable++);
+      }
+    }
+  }
+  for (int p = 0; p < planes; ++p) {
+    for (int i = 0; i < leaves; ++i) {
+      for (int s = 0; s < spines; ++s)
+        add_cable(t, leaf[p][i], spine[p][s], p, nic_gbps, 1, delay_ns, next_port, cable++);
     }
   }
   detail::assign_derived_fields(t);

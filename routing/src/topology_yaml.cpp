@@ -99,8 +99,8 @@ class Parser {
     return t;
   }
 
-  // `generator: {kind: superpod | fat_tree, ...}` in place of gpus/switches/links: the generator's topology under
-  // the file's name and params, validated the same way.
+  // `generator: {kind: superpod | fat_tree | deepseek, ...}` in place of gpus/switches/links: the generator's topology
+  // under the file's name and params, validated the same way.
   Topology parse_generated(const Fields& top, const YAML::Node& gen) {
     for (const char* key : {"planes", "link_defaults", "gpus", "switches", "links"}) {
       if (const YAML::Node* n = top.get(key)) {
@@ -155,7 +155,17 @@ class Parser {
                            num("nic_gbps", 400, 1e-3, 1e6), num("fabric_gbps", 400, 1e-3, 1e6),
                            static_cast<uint64_t>(whole("delay_ns", 500, 0, 1e9)), whole("nic_subports", 1, 1, 8));
     }
-    fail(gen.Mark(), "generator kind '" + kind + "': expected superpod or fat_tree");
+    if (kind == "deepseek") {
+      Fields(*this, gen, "generator",
+             {"kind", "nodes", "gpus_per_node", "leaves", "spines", "nic_gbps", "nvlink_gbps", "delay_ns",
+              "nvlink_delay_ns"});
+      return make_deepseek_fabric(whole("nodes", kRequired, 1, 1 << 20), whole("gpus_per_node", 8, 1, 256),
+                                  whole("leaves", kRequired, 1, 1 << 16), whole("spines", kRequired, 1, 1 << 16),
+                                  num("nic_gbps", 400, 1e-3, 1e6), num("nvlink_gbps", 1280, 1e-3, 1e6),
+                                  static_cast<uint64_t>(whole("delay_ns", 500, 0, 1e9)),
+                                  static_cast<uint64_t>(whole("nvlink_delay_ns", 200, 0, 1e9)));
+    }
+    fail(gen.Mark(), "generator kind '" + kind + "': expected superpod, fat_tree or deepseek");
   }
 
   std::string string_value(const YAML::Node& n, const std::string& what) const {
@@ -316,7 +326,13 @@ class Parser {
       if (n.size() == 0) fail(n.Mark(), "gpus must not be empty");
       for (const YAML::Node& e : n) {
         Node g;
-        g.name = string_value(e, "GPU name");
+        if (e.IsMap()) {  // {name, plane}: a GPU whose NIC is on that plane only (peers carry the others)
+          Fields f(*this, e, "GPU", {"name", "plane"});
+          g.name = string_value(f.require("name"), "GPU name");
+          g.plane = static_cast<int>(int_value(f.require("plane"), "GPU plane", 0, t.num_planes - 1));
+        } else {
+          g.name = string_value(e, "GPU name");
+        }
         g.kind = NodeKind::kGpu;
         g.gpu_index = static_cast<int>(t.nodes.size());
         add_node(t, g, e.Mark());
@@ -396,7 +412,13 @@ class Parser {
       }
       const Node& sw = na.kind == NodeKind::kSwitch ? na : nb;
       int plane = sw.plane;
-      if (const YAML::Node* v = f.get("plane")) {
+      const YAML::Node* plane_node = f.get("plane");
+      if (plane_node != nullptr && plane_node->IsScalar() && plane_node->Scalar() == "nvlink") {
+        if (!direct) fail(plane_node->Mark(), "plane nvlink: an NVLink-class link joins two GPUs, not a switch");
+        plane = kNvlinkPlane;
+        plane_node = nullptr;
+      }
+      if (const YAML::Node* v = plane_node) {
         const long long p = int_value(*v, "plane", std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
         if (p < 0 || p >= t.num_planes) {
           std::ostringstream os;
@@ -626,12 +648,21 @@ std::string to_yaml(const Topology& t) {
 
   const int gpus = t.num_gpus();
   bool default_names = true;
-  for (int g = 0; g < gpus; ++g) default_names = default_names && t.nodes[g].name == "gpu" + std::to_string(g);
+  for (int g = 0; g < gpus; ++g) {
+    default_names = default_names && t.nodes[g].name == "gpu" + std::to_string(g) && t.nodes[g].plane < 0;
+  }
   if (default_names) {
     os << "gpus: " << gpus << "\n";
   } else {
     os << "gpus: [";
-    for (int g = 0; g < gpus; ++g) os << (g ? ", " : "") << quote(t.nodes[g].name);
+    for (int g = 0; g < gpus; ++g) {
+      os << (g ? ", " : "");
+      if (t.nodes[g].plane >= 0) {
+        os << "{name: " << quote(t.nodes[g].name) << ", plane: " << t.nodes[g].plane << "}";
+      } else {
+        os << quote(t.nodes[g].name);
+      }
+    }
     os << "]\n";
   }
   const bool any_switch =
@@ -646,7 +677,8 @@ std::string to_yaml(const Topology& t) {
     if (l.subport != 0) continue;
     os << "  - {a: " << quote(t.nodes[l.a].name) << ", b: " << quote(t.nodes[l.b].name);
     if (t.nodes[l.a].kind == NodeKind::kGpu && t.nodes[l.b].kind == NodeKind::kGpu) {
-      os << ", plane: " << l.plane;  // a direct link has no switch to take its plane from
+      // a direct link has no switch to take its plane from
+      os << ", plane: " << (l.plane == kNvlinkPlane ? std::string("nvlink") : std::to_string(l.plane));
     }
     if (l.subports != defaults.subports) os << ", subports: " << l.subports;
     std::string text;

@@ -442,5 +442,20 @@ TEST(FareClasses, StateGrowsWithClassesNotWithGpusSquared) {
   EXPECT_LT(rib.memory_bytes(), 64u << 20) << "2,048 GPUs x 8 planes: " << rib.memory_bytes() << " bytes";
 }
 
+// GPUs on one plane each: FARE routes each plane's GPUs only (NVLink-class links are not in its bundles), a class
+// per leaf and plane; a GPU of another plane is unreachable on this one (the fabric relays through a node peer).
+TEST(FareClasses, DeepseekFabricRoutesEachPlanesGpusByLeaf) {
+  const Topology t = make_deepseek_fabric(8, 4, 2, 2);
+  FareRib rib(t);
+  rib.converge();
+  EXPECT_EQ(rib.num_classes(), 4 * 2);
+  EXPECT_EQ(rib.class_members(rib.class_of(0)), (std::vector<int>{0, 4, 8, 12}));  // plane 0, leaf 0: servers 0-3
+  std::vector<double> on_plane0(4, 0.0);
+  on_plane0[0] = 400;
+  EXPECT_EQ(rib.plane_gbps(0, 28), on_plane0);                   // server 7's GPU 0, over the spines
+  EXPECT_EQ(rib.plane_gbps(0, 1), std::vector<double>(4, 0.0));  // another plane: not FARE's to route
+  for (const NextHop& h : rib.next_hops(t.gpu_node(0), 28)) EXPECT_NE(t.links[h.link].plane, kNvlinkPlane);
+}
+
 }  // namespace
 }  // namespace ifec::routing

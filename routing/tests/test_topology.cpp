@@ -101,6 +101,37 @@ TEST(MakeFatTree, RejectsLeavesThatDoNotDivideGpus) {
   EXPECT_NE(error_of([] { make_fat_tree(10, 1, 4, 2); }).find("got 4"), std::string::npos);
 }
 
+// DeepSeek-V3's fabric: GPU i of a server on plane i, a full NVLink-class mesh in the server, two tiers per plane;
+// a GPU's traffic on another plane goes through its server's GPU there.
+TEST(MakeDeepseekFabric, ServersPlanesAndInNodeLinks) {
+  const Topology t = make_deepseek_fabric(8, 4, 2, 2);  // 32 GPUs, 4 planes of 2 leaves (4 NICs each) + 2 spines
+  EXPECT_EQ(t.num_gpus(), 32);
+  EXPECT_EQ(t.num_planes, 4);
+  EXPECT_EQ(t.name, "deepseek-32x4");
+  const std::vector<std::vector<int>> relays = relay_table(t);
+  int nvlink = 0;
+  for (const Link& l : t.links) {
+    if (l.plane == kNvlinkPlane) {
+      ++nvlink;
+      EXPECT_EQ(t.nodes[l.a].gpu_index / 4, t.nodes[l.b].gpu_index / 4) << "link " << l.id << " leaves its server";
+      EXPECT_DOUBLE_EQ(l.rate_gbps, 1280);
+    }
+  }
+  EXPECT_EQ(nvlink, 8 * 6);                                          // 4 choose 2 per server
+  EXPECT_EQ(static_cast<int>(t.links.size()), 32 + 48 + 4 * 2 * 2);  // NICs, NVLink, leaf-spine
+  for (int g = 0; g < 32; ++g) {
+    EXPECT_EQ(t.nodes[g].plane, g % 4);
+    EXPECT_DOUBLE_EQ(t.gpu_access_gbps(g), 400);
+    for (int p = 0; p < 4; ++p) EXPECT_EQ(relays[g][p], g / 4 * 4 + p) << "GPU " << g << " plane " << p;
+  }
+  EXPECT_EQ(t.nodes[t.find_node("p3-leaf1")].num_ports, 4 + 2);   // servers 4..7's GPU 3, then the spines
+  EXPECT_THROW(make_deepseek_fabric(6, 4, 4, 2), common::Error);  // leaves must divide the servers
+  const Topology full = make_deepseek_fabric(2048, 8, 64, 32);
+  EXPECT_EQ(full.num_gpus(), 16384);
+  EXPECT_EQ(full.nodes[full.find_node("p7-spine31")].num_ports, 64);
+  EXPECT_EQ(full.nodes[full.find_node("p0-leaf63")].num_ports, 64);
+}
+
 TEST(Loopbacks, FollowTheAddressingScheme) {
   const Topology t = make_superpod(300, 2, 800, 1);
   EXPECT_EQ(t.nodes[0].loopback, 0x0A000001u);                     // 10.0.0.1

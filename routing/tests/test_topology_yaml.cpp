@@ -291,7 +291,7 @@ TEST(LoadTopology, MissingFileNamesThePath) {
 
 TEST(ToYaml, GeneratorsRoundTrip) {
   for (const Topology& t : {make_superpod(64, 4), make_superpod(3, 2, 100, 3, 700), make_fat_tree(64, 4, 8, 4),
-                            make_fat_tree(12, 3, 3, 2, 100, 400 / 3.0, 123)}) {
+                            make_fat_tree(12, 3, 3, 2, 100, 400 / 3.0, 123), make_deepseek_fabric(4, 4, 2, 2)}) {
     SCOPED_TRACE(t.source);
     const Topology back = parse_topology(to_yaml(t), "roundtrip.yaml");
     expect_same(t, back);
@@ -339,6 +339,7 @@ TEST(ShippedTopologies, MatchTheGenerators) {
       {"paced-4x2.yaml", make_paced_superpod()},
       {"sun-1024x8.yaml", named(make_fat_tree(1024, 8, 64, 32, 800, 400, 500, 2), "sun-1024x8")},
       {"fat-tree-2048x8.yaml", named(make_fat_tree(2048, 8, 64, 32), "fat-tree-2048x8")},
+      {"deepseek-v3-16k.yaml", named(make_deepseek_fabric(2048, 8, 64, 32), "deepseek-v3-16k")},
   };
   for (const auto& [file, expected] : cases) {
     SCOPED_TRACE(file);
@@ -358,7 +359,8 @@ TEST(ParseTopology, AGeneratorNamesTheFabricAndItsArgumentsAreChecked) {
     return want;
   }());
   EXPECT_NE(t.source.find("make_superpod(8, 2, 400"), std::string::npos) << t.source;
-  expect_error("name: x\ngenerator: {kind: torus, gpus: 8}\n", 2, {"generator kind 'torus'", "superpod or fat_tree"});
+  expect_error("name: x\ngenerator: {kind: torus, gpus: 8}\n", 2,
+               {"generator kind 'torus'", "superpod, fat_tree or deepseek"});
   expect_error("name: x\ngenerator: {kind: superpod, planes: 2}\n", 2, {"generator gpus is required"});
   expect_error("name: x\ngenerator: {kind: superpod, gpus: 8, planes: 2, leaves: 4}\n", 2, {"'leaves'"});
   expect_error("name: x\ngenerator: {kind: fat_tree, gpus: 8.5, planes: 2, leaves: 2, spines: 1}\n", 2,
@@ -381,6 +383,27 @@ TEST(ParseTopology, DirectGpuLinkWithPlaneLoadsAndRoundTrips) {
   const Topology back = parse_topology(to_yaml(t), "again");
   EXPECT_EQ(back.links.size(), 1u);
   EXPECT_EQ(back.links[0].plane, 0);
+}
+
+// GPUs on one plane each and in-node links: the explicit form loads like the generator's, and each rule is named.
+TEST(ParseTopology, SinglePlaneGpusAndNvlinkLinks) {
+  const std::string head =
+      "name: node\nplanes: 2\ngpus: [{name: g0, plane: 0}, {name: g1, plane: 1}, {name: g2, plane: 0}, "
+      "{name: g3, plane: 1}]\nswitches: [{name: s0, plane: 0}, {name: s1, plane: 1}]\nlinks:\n";  // lines 1-5
+  const std::string nics = "  - {a: g0, b: s0}\n  - {a: g1, b: s1}\n  - {a: g2, b: s0}\n  - {a: g3, b: s1}\n";
+  const std::string nvlinks = "  - {a: g0, b: g1, plane: nvlink, rate_gbps: 1280}\n  - {a: g2, b: g3, plane: nvlink}\n";
+  const Topology t = parse_topology(head + nics + nvlinks, "t.yaml");
+  EXPECT_EQ(t.nodes[1].plane, 1);
+  EXPECT_EQ(t.links[4].plane, kNvlinkPlane);
+  EXPECT_TRUE(t.single_plane_gpus());
+  EXPECT_EQ(relay_table(t)[1], (std::vector<int>{0, 1}));  // g1's traffic on plane 0 goes through g0
+  EXPECT_DOUBLE_EQ(t.gpu_access_gbps(0), 400);             // the NIC's, not NVLink's
+  expect_same(t, parse_topology(to_yaml(t), "again"));
+  expect_error(head + nics + "  - {a: g0, b: s1}\n", 10, {"GPU 'g0' sits on plane 0 only"});
+  expect_error(head + nics + "  - {a: g0, b: s0, plane: nvlink}\n", 10, {"plane nvlink", "not a switch"});
+  expect_error(head + nics + nvlinks.substr(0, nvlinks.find('\n') + 1), 3, {"'g3'", "no NVLink-class peer on plane 0"});
+  expect_error("name: n\nplanes: 2\ngpus: [{name: g0, plane: 2}]\nswitches: []\nlinks: []\n", 3,
+               {"GPU plane 2", "[0, 1]"});
 }
 
 }  // namespace

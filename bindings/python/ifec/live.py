@@ -676,7 +676,10 @@ def _cmd_up(args):
     if not args.timeout > 0:
         raise LiveError(f"--timeout {args.timeout}: expected a positive number of seconds")
     topo_file = pathlib.Path(args.file).resolve()
-    _native.load_topology(str(topo_file))  # a bad file is named here, not in the supervisor's log
+    topo = _native.load_topology(str(topo_file))  # a bad file is named here, not in the supervisor's log
+    if any(n["kind"] == "gpu" and n["plane"] >= 0 for n in topo.nodes):
+        raise LiveError(f"{topo_file}: its GPUs sit on one plane each (in-node NVLink forwarding): the live "
+                        "testbed gives every GPU a port on every plane; run it on the simulator (./ifec sim --traffic)")
     log_dir = pathlib.Path(args.logs or "/tmp/ifec-live")
     log_dir.mkdir(parents=True, exist_ok=True)
     progress = log_dir / "progress.log"

@@ -15,7 +15,9 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/routing/topology.h"
+#include "ifec/testbed/collective_run.h"
 #include "ifec/testbed/traffic_run.h"
+#include "ifec/workloads/communicator.h"
 
 namespace ifec::testbed {
 
@@ -27,12 +29,14 @@ struct ChildFigures {
   int links = 0;
   int switches = 0;
   int complete = 0;
+  int one_loop = 0;
   uint64_t events = 0;
   uint64_t frame_hops = 0;
   uint64_t routing_bytes = 0;
   uint64_t traffic_bytes = 0;
   double setup_seconds = 0;
   double sim_seconds = 0;
+  char result[256] = {};
   char error[1024] = {};
 };
 
@@ -90,6 +94,25 @@ ChildFigures run_mpirun(const ScaleScenario& s, bool progress, const std::string
   return f;
 }
 
+// An AllReduce over every GPU of `topo` (run_collective_point: a fresh fabric and cluster, one event loop).
+void run_allreduce(const ScaleScenario& s, const routing::Topology& topo, ChildFigures& f) {
+  CollectivePoint p;
+  p.kind = workloads::Collective::kAllReduce;
+  p.algo = workloads::parse_algo(s.allreduce);
+  p.bytes = s.bytes;
+  p.elided_payloads = s.elided_payloads;
+  const CollectiveRow r = run_collective_point(topo, p);
+  IFEC_CHECK(r.ok, "AllReduce " << s.allreduce << " failed: " << r.error);
+  f.complete = r.fell_back ? 0 : 1;
+  f.one_loop = 1;
+  f.events = r.sim_events;
+  f.frame_hops = r.frame_hops;
+  f.sim_seconds = r.sim_seconds;
+  f.setup_seconds = std::max(0.0, r.wall_seconds - r.sim_seconds);
+  std::snprintf(f.result, sizeof(f.result), "ran %s: %.2f us simulated, busbw %.2f GB/s%s", r.ran.c_str(), r.time_us,
+                r.busbw_gbs, r.fell_back ? ", fell back to the endpoint path" : "");
+}
+
 ChildFigures run_child(const ScaleScenario& s, bool progress, const std::string& cli) {
   if (s.processes > 1) {
     return run_mpirun(s, progress, cli);
@@ -100,6 +123,10 @@ ChildFigures run_child(const ScaleScenario& s, bool progress, const std::string&
     f.gpus = topo.num_gpus();
     f.links = static_cast<int>(topo.links.size());
     f.switches = static_cast<int>(topo.nodes.size()) - f.gpus;
+    if (!s.allreduce.empty()) {
+      run_allreduce(s, topo, f);
+      return f;
+    }
     SimOptions o;
     o.topo_path = s.topo_path;
     o.pattern = s.pattern;
@@ -110,6 +137,7 @@ ChildFigures run_child(const ScaleScenario& s, bool progress, const std::string&
     o.progress = progress;
     const SimRun r = run_sim(topo, o);
     f.complete = r.traffic.complete ? 1 : 0;
+    f.one_loop = r.partitions.empty() ? 1 : 0;
     f.events = r.events;
     f.frame_hops = r.frame_hops;
     f.routing_bytes = r.routing_bytes;
@@ -157,12 +185,14 @@ void fill_row(ScaleRow& row, const ChildFigures& f) {
   row.links = f.links;
   row.switches = f.switches;
   row.complete = f.complete != 0;
+  row.one_loop = f.one_loop != 0;
   row.events = f.events;
   row.frame_hops = f.frame_hops;
   row.routing_bytes = f.routing_bytes;
   row.traffic_bytes = f.traffic_bytes;
   row.setup_seconds = f.setup_seconds;
   row.sim_seconds = f.sim_seconds;
+  row.result = f.result;
   row.error = f.error;
 }
 
@@ -180,12 +210,19 @@ std::string child_status(int status) {
 }  // namespace
 
 std::string ScaleScenario::traffic() const {
+  if (!allreduce.empty()) {
+    return base_name(topo_path) + " allreduce " + allreduce + " " + size_text(bytes) + "/GPU " +
+           (elided_payloads ? "elided" : "real");
+  }
   return base_name(topo_path) + " " + pattern_name(pattern) + " " + size_text(bytes) +
          (pattern == Pattern::kAllToAll ? "/pair " : "/GPU ") + (elided_payloads ? "elided" : "real") +
          (group > 0 ? " in groups of " + std::to_string(group) : "");
 }
 
 std::string ScaleScenario::describe() const {
+  if (!allreduce.empty()) {
+    return traffic();
+  }
   if (processes > 1) {
     return traffic() + ", mpirun -np " + std::to_string(processes);
   }
@@ -237,6 +274,16 @@ std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool qui
     ScaleScenario grouped = make(ft, Pattern::kAllToAll, 64 * 1024, true);
     grouped.group = 256;
     v.push_back(grouped);
+    for (const char* algo : {"ring", "best", "ifec"}) {
+      ScaleScenario ar = make(sun, Pattern::kPermutation, 4 * mib, true);
+      ar.allreduce = algo;
+      ar.threads = 0;
+      v.push_back(ar);
+    }
+    ScaleScenario deepseek = make(topo_dir + "/deepseek-v3-16k.yaml", Pattern::kPermutation, 2 * mib, true);
+    deepseek.target_peak_bytes = 12e9;
+    deepseek.target_seconds = 300;
+    v.push_back(deepseek);
   }
   return v;
 }
@@ -304,6 +351,12 @@ std::string target_line(const ScaleRow& r) {
       << std::setprecision(1) << s.target_rate / 1e6 << ": " << (r.rate() >= s.target_rate ? "met" : "NOT MET") << ")"
       << std::setprecision(2);
   }
+  if (s.target_seconds > 0) {
+    const double seconds = r.setup_seconds + r.sim_seconds;
+    o << (s.target_peak_bytes > 0 || s.target_rate > 0 ? "," : "") << " " << std::setprecision(1) << seconds
+      << " s setup and simulation (at most " << std::setprecision(0) << s.target_seconds << ": "
+      << (seconds <= s.target_seconds ? "met" : "NOT MET") << ")" << std::setprecision(2);
+  }
   if (s.target_speedup > 0) {
     o << " " << r.speedup << "x one " << (s.processes > 1 ? "process" : "thread") << " (at least "
       << std::setprecision(1) << s.target_speedup << "x: " << (r.speedup >= s.target_speedup ? "met" : "NOT MET")
@@ -328,7 +381,7 @@ std::string scale_table(std::vector<ScaleRow>& rows) {
       o << "  " << r.scenario.describe() << ": FAILED: " << r.error << "\n";
       continue;
     }
-    std::string threads = r.scenario.threads > 0 ? std::to_string(r.scenario.threads) : "loop";
+    std::string threads = r.scenario.threads > 0 && !r.one_loop ? std::to_string(r.scenario.threads) : "loop";
     if (r.scenario.processes > 1) {
       threads = std::to_string(r.scenario.processes) + "x" + threads;
     }
@@ -345,8 +398,14 @@ std::string scale_table(std::vector<ScaleRow>& rows) {
     o << line;
   }
   for (const ScaleRow& r : rows) {
+    if (r.error.empty() && !r.result.empty()) {
+      o << "# " << r.scenario.describe() << ": " << r.result << "\n";
+    }
+  }
+  for (const ScaleRow& r : rows) {
     const ScaleScenario& s = r.scenario;
-    if (r.error.empty() && (s.target_peak_bytes > 0 || s.target_rate > 0 || s.target_speedup > 0)) {
+    if (r.error.empty() &&
+        (s.target_peak_bytes > 0 || s.target_rate > 0 || s.target_speedup > 0 || s.target_seconds > 0)) {
       o << target_line(r);
     }
   }

@@ -43,7 +43,7 @@ std::string to_json(const SimRun& r) {
   if (r.options.group > 0) {
     o.add("group", r.options.group);
   }
-  if (r.options.threads > 0) {
+  if (!r.partitions.empty()) {
     o.add("threads", r.options.threads).add("partitions", r.partitions);
     o.add("setup_seconds", r.setup_seconds).add("sim_seconds", r.sim_seconds);
   }
@@ -54,6 +54,9 @@ std::string to_json(const SimRun& r) {
   o.add("payload_bytes_delivered", t.payload_bytes_delivered).add("frame_bytes_sent", t.frame_bytes_sent);
   o.add("wire_bytes_sent", t.wire_bytes_sent).add("packets_sent", t.packets_sent);
   o.add("packets_delivered", t.packets_delivered).add("plane_bytes", t.plane_bytes);
+  if (t.nvlink_bytes > 0) {
+    o.add("nvlink_bytes", t.nvlink_bytes).add("relayed_frames", t.relayed_frames);
+  }
   o.add("drops", r.switches.drops + r.link_drops + t.rx_bad_frames).add("switch_drops", r.switches.drops);
   o.add("buffer_drops", r.switches.buffer_drops).add("link_drops", r.link_drops).add("nic_drops", t.nic_drops);
   o.add("rx_bad_frames", t.rx_bad_frames).add("ecn_marks", r.switches.ecn_marks);
@@ -100,6 +103,10 @@ std::string to_text(const SimRun& r) {
     o << " p" << i << "=" << t.plane_bytes[i];
   }
   o << "\n";
+  if (t.nvlink_bytes > 0) {
+    o << "in-node (NVLink)  " << t.nvlink_bytes << " frame bytes, " << t.relayed_frames
+      << " frames forwarded for a node peer of another plane\n";
+  }
   o << "link utilization  max " << 100.0 * r.max_link_utilization << "%, mean over GPU uplinks "
     << 100.0 * r.mean_gpu_link_utilization << "%\n";
   std::vector<LinkUtilization> top = r.links;
@@ -135,8 +142,8 @@ std::string to_text(const SimRun& r) {
   }
   o << "simulator         " << r.events << " events, " << r.frame_hops << " frame-hops in " << r.wall_seconds
     << " s wall (" << (r.wall_seconds > 0 ? r.frame_hops / r.wall_seconds / 1e6 : 0.0) << " M frame-hops/s "
-    << (r.options.threads > 0 ? "on " + std::to_string(r.options.threads) + " thread(s): " + r.partitions
-                              : std::string("on one core"))
+    << (!r.partitions.empty() ? "on " + std::to_string(r.options.threads) + " thread(s): " + r.partitions
+                              : std::string("on one core, one event loop"))
     << ")\n";
   return o.str();
 }

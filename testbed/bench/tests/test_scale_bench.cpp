@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "ifec/routing/topology.h"
+#include "ifec/testbed/collective_run.h"
 #include "ifec/testbed/scale_bench.h"
 #include "ifec/testbed/traffic_run.h"
 
@@ -68,6 +69,11 @@ TEST(ScaleBench, TargetsAreJudgedFromTheFigures) {
   const std::string t = testbed::scale_table(rows);
   EXPECT_NE(t.find("peak 3.50 GB (at most 3.0: NOT MET), 2.00 M frame-hops/s (at least 1.5: met)"), std::string::npos)
       << t;
+  rows[0].scenario.target_seconds = 300;
+  rows[0].setup_seconds = 100;
+  rows[0].sim_seconds = 250;  // 350 s in all: not met
+  const std::string late = testbed::scale_table(rows);
+  EXPECT_NE(late.find("350.0 s setup and simulation (at most 300: NOT MET)"), std::string::npos) << late;
 }
 
 // Two threads against one on the same traffic: the speedup is the ratio of the rates, judged against its target;
@@ -116,4 +122,32 @@ TEST(ScaleBench, MpirunScenarioReportsTheOneProcessRun) {
   EXPECT_EQ(two.events, one.events);
   EXPECT_GT(two.sim_seconds, 0);
   EXPECT_NE(s.describe().find("mpirun -np 2"), std::string::npos) << s.describe();
+}
+
+// An AllReduce scenario: the child's figures and outcome are the same point run in this process.
+TEST(ScaleBench, AllReduceScenarioReportsTheSamePointAsThisProcess) {
+  testbed::ScaleScenario s;
+  s.topo_path = IFEC_TOPOLOGY_DIR "/superpod-8x2.yaml";
+  s.bytes = 256 * 1024;
+  s.elided_payloads = true;
+  s.allreduce = "ifec";
+  const testbed::ScaleRow row = testbed::measure_scale(s, false);
+  ASSERT_EQ(row.error, "");
+  testbed::CollectivePoint p;
+  p.algo = workloads::Algo::kIfec;
+  p.bytes = s.bytes;
+  p.elided_payloads = true;
+  const testbed::CollectiveRow r = testbed::run_collective_point(routing::load_topology(s.topo_path), p);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(row.complete);
+  EXPECT_EQ(row.frame_hops, r.frame_hops);
+  EXPECT_EQ(row.events, r.sim_events);
+  char want[128];
+  std::snprintf(want, sizeof(want), "ran ifec: %.2f us simulated", r.time_us);
+  EXPECT_EQ(row.result.rfind(want, 0), 0u) << row.result;
+  std::vector<testbed::ScaleRow> rows = {row};
+  const std::string t = testbed::scale_table(rows);
+  EXPECT_NE(t.find("# superpod-8x2.yaml allreduce ifec 256 KiB/GPU elided: " + row.result), std::string::npos) << t;
+  s.allreduce = "spiral";
+  EXPECT_NE(testbed::measure_scale(s, false).error.find("spiral"), std::string::npos);
 }

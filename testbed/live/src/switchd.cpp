@@ -43,13 +43,18 @@ std::string listen_address(const DaemonOptions& o, int node) {
 
 routing::Topology load_daemon_topology(const DaemonOptions& o) {
   const std::string env = "env:";
+  routing::Topology t;
   if (o.topology_file.rfind(env, 0) != 0) {
-    return routing::load_topology(o.topology_file);
+    t = routing::load_topology(o.topology_file);
+  } else {
+    const std::string var = o.topology_file.substr(env.size());
+    const char* text = std::getenv(var.c_str());
+    IFEC_CHECK(text != nullptr && *text != '\0', "--topo " << o.topology_file << ": the environment has no " << var);
+    t = routing::parse_topology(text, "$" + var);
   }
-  const std::string var = o.topology_file.substr(env.size());
-  const char* text = std::getenv(var.c_str());
-  IFEC_CHECK(text != nullptr && *text != '\0', "--topo " << o.topology_file << ": the environment has no " << var);
-  return routing::parse_topology(text, "$" + var);
+  IFEC_CHECK(!t.single_plane_gpus(), "--topo " << o.topology_file << ": its GPUs sit on one plane each (in-node "
+                                               << "NVLink forwarding); the live daemons need a port on every plane");
+  return t;
 }
 
 RuntimeOptions runtime_options(const DaemonOptions& o, const routing::Topology& topo) {

@@ -14,6 +14,10 @@ namespace ifec::testbed {
 using common::TimeNs;
 
 Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(topo), opts_(opts) {
+  IFEC_CHECK(!topo_.single_plane_gpus(),
+             "topology '" << topo_.name << "' has GPUs on one plane each (in-node NVLink forwarding, DeepSeek-V3's "
+                          << "fabric): the endpoint runtime (collectives, MoE) needs every GPU on every plane; raw "
+                          << "traffic (ifec sim --traffic) runs on it");
   if (opts_.ifec) {
     topo_.params.ifec = *opts_.ifec;
   }

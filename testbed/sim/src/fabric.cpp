@@ -37,6 +37,7 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
     node_ports[n].assign(topo_.nodes[n].num_ports, nullptr);
   }
   gpu_ports_.resize(topo_.num_gpus());
+  nvlink_ports_.resize(topo_.num_gpus());
   for (const routing::Link& l : topo_.links) {
     common::LinkConfig cfg;
     cfg.rate_bps = static_cast<uint64_t>(std::llround(l.rate_gbps * 1e9));
@@ -45,7 +46,9 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
     cfg.loss_probability = opts_.loss;
     cfg.loss_seed = opts_.seed * 7919 + static_cast<uint64_t>(l.id);
     cfg.elided_payloads = opts_.elided_payloads;
-    links_.push_back(std::make_unique<common::Link>(*plane_clocks_.at(l.plane), cfg));
+    const bool nvlink = l.plane == routing::kNvlinkPlane;
+    has_nvlink_ = has_nvlink_ || nvlink;
+    links_.push_back(std::make_unique<common::Link>(nvlink ? clock_ : *plane_clocks_.at(l.plane), cfg));
     common::Link& link = *links_.back();
     const int ends[2][2] = {{l.a, l.a_port}, {l.b, l.b_port}};
     for (int side = 0; side < 2; ++side) {
@@ -62,12 +65,34 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
         link.end(side).set_read_on_arrival(SIZE_MAX);  // the NIC checks the ICRC: it reads every byte
         gp.mac = node_port_mac(topo_, node, port);
         gp.peer_mac = node_port_mac(topo_, ends[1 - side][0], ends[1 - side][1]);
-        gpu_ports_[nd.gpu_index].push_back(gp);
+        if (nvlink) {
+          gp.peer_gpu = topo_.nodes[ends[1 - side][0]].gpu_index;
+          nvlink_ports_[nd.gpu_index].push_back(gp);
+        } else {
+          gpu_ports_[nd.gpu_index].push_back(gp);
+        }
       }
     }
   }
-  for (auto& ports : gpu_ports_) {
-    std::sort(ports.begin(), ports.end(), [](const GpuPort& a, const GpuPort& b) { return a.port < b.port; });
+  for (auto* all : {&gpu_ports_, &nvlink_ports_}) {
+    for (auto& ports : *all) {
+      std::sort(ports.begin(), ports.end(), [](const GpuPort& a, const GpuPort& b) { return a.port < b.port; });
+    }
+  }
+  IFEC_CHECK(!has_nvlink_ || std::all_of(plane_clocks_.begin(), plane_clocks_.end(),
+                                         [this](const common::Clock* c) { return c == &clock_; }),
+             "topology '" << topo_.name << "': its NVLink-class links join GPUs of different planes, so its planes "
+                          << "cannot run as separate partitions: run it on one event loop (--threads 0)");
+  relays_ = routing::relay_table(topo_);
+  relayed_.assign(topo_.num_gpus(), {});
+  for (int g = 0; g < topo_.num_gpus(); ++g) {
+    for (int r : relays_[g]) {
+      if (r >= 0 && r != g) relayed_[r].push_back(g);
+    }
+  }
+  const bool per_plane_tables = topo_.single_plane_gpus();
+  for (int p = 0; p < (per_plane_tables ? topo_.num_planes : 1); ++p) {
+    class_tables_.push_back(std::make_shared<switchemu::IpMap>());
   }
   node_switch_.assign(n_nodes, -1);
   for (size_t n = 0; n < n_nodes; ++n) {
@@ -90,7 +115,7 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
     node_switch_[n] = static_cast<int>(switches_.size());
     switch_nodes_.push_back(static_cast<int>(n));
     switches_.push_back(std::make_unique<Switch>(*plane_clocks_.at(nd.plane), cfg, node_ports[n]));
-    switches_.back()->set_class_table(class_table_);
+    switches_.back()->set_class_table(class_tables_[per_plane_tables ? nd.plane : 0]);
   }
   adj_ = routing::adjacency(topo_);
   rib_ = std::make_unique<routing::FareRib>(topo_);
@@ -102,8 +127,34 @@ Fabric::~Fabric() = default;
 
 uint32_t Fabric::gpu_ip(int gpu) const { return topo_.nodes.at(topo_.gpu_node(gpu)).loopback; }
 
+int Fabric::nvlink_port_to(int gpu, int peer) const {
+  const std::vector<GpuPort>& ports = nvlink_ports_.at(gpu);
+  for (size_t i = 0; i < ports.size(); ++i) {
+    if (ports[i].peer_gpu == peer) return static_cast<int>(i);
+  }
+  return -1;
+}
+
 std::vector<routing::NextHop> Fabric::gpu_next_hops(int src, int dst) const {
-  return rib_->next_hops(topo_.gpu_node(src), dst);
+  const int in_node = has_nvlink_ ? nvlink_port_to(src, dst) : -1;
+  if (in_node >= 0) {
+    const GpuPort& p = nvlink_ports_[src][in_node];
+    return {routing::NextHop{p.link, p.port, topo_.links[p.link].rate_gbps}};
+  }
+  if (class_tables_.size() == 1) {
+    return rib_->next_hops(topo_.gpu_node(src), dst);
+  }
+  std::vector<routing::NextHop> out;
+  for (int p = 0; p < topo_.num_planes; ++p) {
+    const int target = topo_.gpu_on_plane(src, p) ? relays_[dst][p] : -1;
+    if (target < 0 || target == src) continue;
+    for (const routing::NextHop& h : rib_->next_hops(topo_.gpu_node(src), target)) {
+      if (topo_.links[h.link].plane == p) out.push_back(h);
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const routing::NextHop& a, const routing::NextHop& b) { return a.link < b.link; });
+  return out;
 }
 
 void Fabric::install_routes() {
@@ -143,8 +194,11 @@ void Fabric::install_gpu_routes() {
     }
     return group;
   };
-  for (int g = 0; g < num_gpus(); ++g) {
-    class_table_->set(gpu_ip(g), rib_->class_of(g));
+  for (size_t p = 0; p < class_tables_.size(); ++p) {
+    for (int g = 0; g < num_gpus(); ++g) {
+      const int carrier = class_tables_.size() == 1 ? g : relays_[g][p];
+      class_tables_[p]->set(gpu_ip(g), rib_->class_of(carrier));
+    }
   }
   for (size_t s = 0; s < switches_.size(); ++s) {
     const int node = switch_nodes_[s];
@@ -152,7 +206,11 @@ void Fabric::install_gpu_routes() {
       const std::vector<int>& members = rib_->class_members(c);
       if (rib_->attached(node, c)) {
         for (int d : members) {
-          switches_[s]->set_route(gpu_ip(d), group_of(node, rib_->next_hops(node, d)));
+          std::vector<NextHopPort> group = group_of(node, rib_->next_hops(node, d));
+          for (int x : relayed_[d]) {  // GPUs of other planes whose frames d forwards inside its node
+            switches_[s]->set_route(gpu_ip(x), group);
+          }
+          switches_[s]->set_route(gpu_ip(d), std::move(group));
         }
       } else if (!members.empty()) {
         switches_[s]->set_class_route(c, group_of(node, rib_->class_hops(node, c)));
@@ -241,7 +299,10 @@ int Fabric::switch_of_plane(int gpu, int plane) const {
 }
 
 size_t Fabric::routing_bytes() const {
-  size_t bytes = rib_->memory_bytes() + class_table_->memory_bytes();
+  size_t bytes = rib_->memory_bytes();
+  for (const auto& t : class_tables_) {
+    bytes += t->memory_bytes();
+  }
   for (const auto& s : switches_) {
     bytes += s->fib_bytes();
   }

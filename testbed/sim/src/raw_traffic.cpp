@@ -21,6 +21,12 @@ namespace {
 
 constexpr uint64_t kWindowBase = 0x0000100000000000ULL;
 
+// The GPU index of a loopback address (routing's scheme: GPU i is 10.0.(i / 250).(i % 250 + 1)), or -1.
+int gpu_of_ip(uint32_t ip) {
+  const int low = static_cast<int>(ip & 0xFF);
+  return (ip >> 16) == (10u << 8) && low >= 1 && low <= 250 ? static_cast<int>((ip >> 8) & 0xFF) * 250 + low - 1 : -1;
+}
+
 }  // namespace
 
 namespace {
@@ -86,13 +92,17 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
   prio_ = topo.params.pfc.lossless_priority;
   nics_.resize(gpus);
   for (int g = 0; g < gpus; ++g) {
+    // Its NIC ports, then its in-node ports (the NVLink lane, after the planes).
     const std::vector<GpuPort>& gp = fabric_.gpu_ports(g);
-    nics_[g].ports.resize(gp.size());
-    for (size_t i = 0; i < gp.size(); ++i) {
+    const std::vector<GpuPort>& nv = fabric_.nvlink_ports(g);
+    nics_[g].ports.resize(gp.size() + nv.size());
+    for (size_t i = 0; i < nics_[g].ports.size(); ++i) {
       NicPort& p = nics_[g].ports[i];
+      p.io = i < gp.size() ? &gp[i] : &nv[i - gp.size()];
       p.paused_until.assign(topo.params.priorities, 0);
-      p.plane = gp[i].plane;
-      p.clock = &fabric_.plane_clock(gp[i].plane);
+      const bool in_node = p.io->plane == routing::kNvlinkPlane;
+      p.plane = in_node ? topo.num_planes : p.io->plane;
+      p.clock = in_node ? &fabric_.clock() : &fabric_.plane_clock(p.io->plane);
     }
   }
   for (const FlowSpec& f : flows) {
@@ -119,18 +129,18 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
   for (int g = 0; g < gpus; ++g) {
     order_flows(g);
   }
-  const size_t planes = static_cast<size_t>(topo.num_planes);
+  const size_t planes = static_cast<size_t>(topo.num_planes) + (fabric_.has_nvlink() ? 1 : 0);  // lanes
   rx_by_plane_.assign(flows_.size() * planes, 0);
   tx_by_plane_.assign(rx_by_plane_.size(), 0);
   last_rx_.assign(rx_by_plane_.size(), 0);
   planes_.assign(planes, PlaneCounters{});
   active_.assign(planes, true);
   for (int g = 0; g < gpus; ++g) {
-    const auto& ports = fabric_.gpu_ports(g);
-    for (size_t i = 0; i < ports.size(); ++i) {
+    for (size_t i = 0; i < nics_[g].ports.size(); ++i) {
       const int pi = static_cast<int>(i);
-      ports[i].io->set_receiver([this, g, pi](std::vector<uint8_t>&& f) { receive(g, pi, std::move(f)); });
-      ports[i].io->set_tx_ready([this, g, pi] { pump(g, pi); });
+      common::LinkPort* io = nics_[g].ports[i].io->io;
+      io->set_receiver([this, g, pi](std::vector<uint8_t>&& f) { receive(g, pi, std::move(f)); });
+      io->set_tx_ready([this, g, pi] { pump(g, pi); });
     }
   }
   fabric_.on_routes_changed([this](TimeNs) {
@@ -145,6 +155,9 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
 }
 
 void RawTraffic::spread_over_processes(std::vector<bool> active_planes, SumFn sum) {
+  IFEC_CHECK(!fabric_.has_nvlink(), "topology '"
+                                        << fabric_.topology().name
+                                        << "': its NVLink-class links join the planes; it runs in one process");
   IFEC_CHECK(active_planes.size() == planes_.size(), active_planes.size()
                                                          << " active-plane flags for " << planes_.size() << " planes");
   active_ = std::move(active_planes);
@@ -208,9 +221,9 @@ int RawTraffic::flow_between(int src, int dst) const {
 }
 
 int RawTraffic::port_index_of(int gpu, int port) const {
-  const auto& ports = fabric_.gpu_ports(gpu);
+  const std::vector<NicPort>& ports = nics_[gpu].ports;
   for (size_t i = 0; i < ports.size(); ++i) {
-    if (ports[i].port == port) {
+    if (ports[i].io->port == port) {
       return static_cast<int>(i);
     }
   }
@@ -305,9 +318,24 @@ void RawTraffic::start(TimeNs at) {
 void RawTraffic::pump(int gpu, int pi) {
   Nic& nic = nics_[gpu];
   NicPort& np = nic.ports[pi];
-  const testbed::GpuPort& gp = fabric_.gpu_ports(gpu)[pi];
-  if (!started_ || gp.io->busy() || !gp.io->link_up() || np.ring.empty() || !active_[np.plane]) {
+  const testbed::GpuPort& gp = *np.io;
+  if (!started_ || gp.io->busy() || !gp.io->link_up() || !active_[np.plane]) {
     return;  // (another process sends this plane's traffic)
+  }
+  if (!np.relay.empty()) {  // forwarded frames first: they have crossed the fabric already
+    std::vector<uint8_t> frame = std::move(np.relay.front());
+    np.relay.pop_front();
+    const size_t fbytes = fabric_.options().elided_payloads ? common::wire_frame_bytes(frame) : frame.size();
+    PlaneCounters& pc = planes_[np.plane];
+    if (!gp.io->send(std::move(frame))) {
+      pc.nic_drops++;
+      return;
+    }
+    pc.relayed_bytes += fbytes;
+    return;
+  }
+  if (np.ring.empty()) {
+    return;
   }
   const TimeNs now = np.clock->now();
   if (np.paused_until[prio_] > now) {
@@ -339,7 +367,7 @@ void RawTraffic::pump(int gpu, int pi) {
 void RawTraffic::send_packet(int gpu, int pi, int fi, bool last_of_port) {
   Flow& f = flows_[fi];
   FlowPort& fp = port_of(fi, pi);
-  const testbed::GpuPort& gp = fabric_.gpu_ports(gpu)[pi];
+  const testbed::GpuPort& gp = *nics_[gpu].ports[pi].io;
   const uint64_t k = fp.sent++;
   uint32_t len = mtu_;
   if (last_of_port && f.short_port == pi) {
@@ -368,7 +396,7 @@ void RawTraffic::send_packet(int gpu, int pi, int fi, bool last_of_port) {
   std::vector<uint8_t> frame = common::encode_frame(h, elided ? nullptr : kZeros.data(), len);
 
   const size_t fbytes = elided ? common::wire_frame_bytes(frame) : frame.size();
-  const int plane = gp.plane;
+  const int plane = nics_[gpu].ports[pi].plane;  // its lane
   PlaneCounters& pc = planes_[plane];
   if (!gp.io->send(std::move(frame))) {
     pc.nic_drops++;
@@ -380,22 +408,41 @@ void RawTraffic::send_packet(int gpu, int pi, int fi, bool last_of_port) {
   tx_by_plane_[at(fi, plane)] += len;
 }
 
+void RawTraffic::receive_pfc(int gpu, int pi, const std::vector<uint8_t>& frame) {
+  common::PfcFrame pfc;
+  NicPort& np = nics_[gpu].ports[pi];
+  if (!common::PfcFrame::decode(frame.data(), frame.size(), &pfc).ok()) {
+    planes_[np.plane].rx_bad_frames++;
+    return;
+  }
+  const uint64_t rate = np.io->io->rate_bps();
+  for (size_t p = 0; p < np.paused_until.size(); ++p) {
+    if (pfc.class_enable & (1u << p)) {
+      np.paused_until[p] = pfc.quanta[p] == 0 ? 0 : np.clock->now() + common::pfc_quanta_ns(pfc.quanta[p], rate);
+      planes_[np.plane].pfc_pauses_at_nics += pfc.quanta[p] != 0;
+    }
+  }
+  pump(gpu, pi);
+}
+
+bool RawTraffic::relay(int gpu, int dst, std::vector<uint8_t>&& frame) {
+  const int k = dst >= 0 && fabric_.has_nvlink() ? fabric_.nvlink_port_to(gpu, dst) : -1;
+  if (k < 0) {
+    return false;
+  }
+  const int pi = static_cast<int>(fabric_.gpu_ports(gpu).size()) + k;
+  NicPort& np = nics_[gpu].ports[pi];
+  std::copy(np.io->peer_mac.begin(), np.io->peer_mac.end(), frame.begin());
+  std::copy(np.io->mac.begin(), np.io->mac.end(), frame.begin() + 6);
+  np.relay.push_back(std::move(frame));
+  planes_[np.plane].relayed_frames++;
+  pump(gpu, pi);
+  return true;
+}
+
 void RawTraffic::receive(int gpu, int pi, std::vector<uint8_t>&& frame) {
   if (common::is_mac_control(frame.data(), frame.size())) {
-    common::PfcFrame pfc;
-    NicPort& np = nics_[gpu].ports[pi];
-    if (!common::PfcFrame::decode(frame.data(), frame.size(), &pfc).ok()) {
-      planes_[np.plane].rx_bad_frames++;
-      return;
-    }
-    const uint64_t rate = fabric_.gpu_ports(gpu)[pi].io->rate_bps();
-    for (size_t p = 0; p < np.paused_until.size(); ++p) {
-      if (pfc.class_enable & (1u << p)) {
-        np.paused_until[p] = pfc.quanta[p] == 0 ? 0 : np.clock->now() + common::pfc_quanta_ns(pfc.quanta[p], rate);
-        planes_[np.plane].pfc_pauses_at_nics += pfc.quanta[p] != 0;
-      }
-    }
-    pump(gpu, pi);
+    receive_pfc(gpu, pi, frame);
     return;
   }
   const NicPort& np = nics_[gpu].ports[pi];
@@ -411,14 +458,21 @@ void RawTraffic::receive(int gpu, int pi, std::vector<uint8_t>&& frame) {
   }
   // The sender from the destination QP (each of its ports is a QP of ours, numbered by peer and sub-port), checked
   // against the source address; then its flow among ours.
+  if (pf.h.ip.dst != fabric_.gpu_ip(gpu)) {  // a node peer's, on another plane (else misrouted)
+    if (!relay(gpu, gpu_of_ip(pf.h.ip.dst), std::move(frame))) {
+      pc.rx_bad_frames++;
+    }
+    return;
+  }
   const std::optional<common::RcQp> qp = common::decode_rc_qpn(pf.h.bth.dest_qp);
   const int src = qp && qp->peer < nics_.size() ? static_cast<int>(qp->peer) : -1;
   const int fi = src >= 0 && pf.h.ip.src == fabric_.gpu_ip(src) ? flow_between(src, gpu) : -1;
-  if (fi < 0 || pf.h.ip.dst != fabric_.gpu_ip(gpu)) {
+  if (fi < 0 || qp->index >= nics_[src].ports.size()) {
     pc.rx_bad_frames++;
     return;
   }
-  const size_t i = at(fi, np.plane);
+  // Counted on the lane the sender sent it on (its port, named by the QP): the plane it crossed the fabric on.
+  const size_t i = at(fi, nics_[src].ports[qp->index].plane);
   rx_by_plane_[i] += pf.payload_size;
   last_rx_[i] = np.clock->now();
   pc.packets_delivered++;
@@ -452,7 +506,8 @@ TrafficResult RawTraffic::result() const {
   TrafficResult r;
   r.start_ns = start_;
   r.flows = flows_.size();
-  r.plane_bytes.assign(planes_.size(), 0);
+  const size_t planes = static_cast<size_t>(fabric_.topology().num_planes);
+  r.plane_bytes.assign(planes, 0);
   for (size_t p = 0; p < planes_.size(); ++p) {
     const PlaneCounters& c = planes_[p];
     r.packets_sent += c.packets_sent;
@@ -463,7 +518,12 @@ TrafficResult RawTraffic::result() const {
     r.payload_bytes_delivered += c.payload_bytes_delivered;
     r.rx_bad_frames += c.rx_bad_frames;
     r.pfc_pauses_at_nics += c.pfc_pauses_at_nics;
-    r.plane_bytes[p] = c.frame_bytes_sent;
+    r.relayed_frames += c.relayed_frames;
+    if (p < planes) {
+      r.plane_bytes[p] = c.frame_bytes_sent;
+    } else {
+      r.nvlink_bytes = c.frame_bytes_sent + c.relayed_bytes;
+    }
   }
   TimeNs last = start_;
   std::vector<char> sender(nics_.size(), 0);

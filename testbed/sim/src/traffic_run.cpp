@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "ifec/common/checks.h"
 #include "ifec/common/sim.h"
 #include "ifec/testbed/fabric.h"
 #include "ifec/testbed/partitions.h"
@@ -186,7 +187,18 @@ SimRun run_partitioned(const routing::Topology& topo, const SimOptions& opts,
 SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
   const auto wall0 = std::chrono::steady_clock::now();
   SimRun run;
-  if (opts.threads == 0) {
+  const bool in_node = std::any_of(topo.links.begin(), topo.links.end(),
+                                   [](const routing::Link& l) { return l.plane == routing::kNvlinkPlane; });
+  // NVLink-class links join the planes: no partition by plane, so one event loop (the one-thread default's result).
+  IFEC_CHECK(!in_node || (opts.threads <= 1 && opts.processes == nullptr),
+             "topology '" << topo.name << "': its NVLink-class links join GPUs of different planes, so its planes "
+                          << "cannot run apart: --threads " << opts.threads
+                          << (opts.processes != nullptr ? " over MPI processes" : "")
+                          << " is not possible (it runs on one event loop)");
+  if (in_node && opts.threads == 1 && opts.progress) {
+    std::fprintf(stderr, "sim: one event loop (NVLink-class links join the planes' partitions)\n");
+  }
+  if (opts.threads == 0 || in_node) {
     common::EventLoop loop;
     Fabric fabric(loop, topo, fabric_options(opts));
     run = run_on(loop, fabric, topo, opts, wall0);

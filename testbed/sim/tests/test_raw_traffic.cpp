@@ -6,7 +6,9 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/common/sim.h"
+#include "ifec/testbed/cluster.h"
 #include "ifec/testbed/raw_traffic.h"
+#include "ifec/testbed/traffic_run.h"
 
 using namespace ifec;
 using common::TimeNs;
@@ -323,4 +325,94 @@ TEST(RawTraffic, GroupedAllToAllDeliversWithinGroups) {
       EXPECT_EQ(got, s != d && s / 4 == d / 4 ? 64u * 1024 : 0u) << s << " -> " << d;
     }
   }
+}
+
+// DeepSeek-V3's fabric (GPU i of a server on plane i, NVLink inside the server): a flow to a server peer goes over
+// their in-node link; a frame for a GPU of another plane crosses the sender's plane to the destination server's GPU
+// there, which forwards it over NVLink. Counted three ways: the generator's lanes, the links' own counters, and the
+// flows' packets worked out by hand.
+TEST(RawTraffic, DeepseekFabricForwardsOtherPlanesTrafficInsideTheServer) {
+  const routing::Topology topo = routing::make_deepseek_fabric(8, 4, 2, 2);  // 32 GPUs, 4 per server and planes
+  const uint64_t bytes = 16 << 10;                                           // 4 packets of 4 KiB per flow
+  auto run = [&](bool elided) {
+    testbed::FabricOptions o;
+    o.elided_payloads = elided;
+    auto r = std::make_unique<SimFabric>(topo, testbed::Pattern::kAllToAll, bytes, o);
+    r->traffic->start(0);
+    r->loop.run();
+    return r;
+  };
+  const std::unique_ptr<SimFabric> r = run(false);
+  const testbed::TrafficResult t = r->traffic->result();
+  ASSERT_TRUE(t.complete);
+  EXPECT_EQ(t.rx_bad_frames, 0u);
+  EXPECT_EQ(r->fabric->switch_totals().drops, 0u);  // no switch met a GPU it has no route to
+  uint64_t in_node = 0, relayed = 0;
+  for (int s = 0; s < 32; ++s) {
+    for (int d = 0; d < 32; ++d) {
+      if (s == d) continue;
+      const bool same_server = s / 4 == d / 4;
+      in_node += same_server ? 4 : 0;
+      relayed += !same_server && s % 4 != d % 4 ? 4 : 0;
+      // Every byte on one lane: the in-node one (lane 4) between server peers, else the sender's plane.
+      const int lane = same_server ? 4 : s % 4;
+      EXPECT_EQ(r->traffic->received_bytes(s, d, lane), bytes) << s << " -> " << d;
+      EXPECT_EQ(r->traffic->sent_bytes(s, d, lane), bytes) << s << " -> " << d;
+    }
+  }
+  EXPECT_EQ(in_node, 8u * 12 * 4);
+  EXPECT_EQ(relayed, 32u * 21 * 4);
+  EXPECT_EQ(t.relayed_frames, relayed);
+  uint64_t nvlink_frames = 0, nvlink_bytes = 0;
+  for (const routing::Link& l : topo.links) {
+    for (int side = 0; side < 2 && l.plane == routing::kNvlinkPlane; ++side) {
+      nvlink_frames += r->fabric->link(l.id).end(side).counters().tx_frames;
+      nvlink_bytes += r->fabric->link(l.id).end(side).counters().tx_bytes;
+    }
+  }
+  EXPECT_EQ(nvlink_frames, in_node + relayed);  // each frame for another plane crossed exactly one in-node link
+  EXPECT_EQ(t.nvlink_bytes, nvlink_bytes);
+  // Every packet a full 4 KiB one, of one frame size: the NICs sent all but the in-node flows' packets.
+  ASSERT_EQ(t.packets_sent, 32u * 31 * 4);
+  const uint64_t frame = t.frame_bytes_sent / t.packets_sent;
+  uint64_t planes = 0;
+  for (uint64_t b : t.plane_bytes) planes += b;
+  EXPECT_EQ(planes, (t.packets_sent - in_node) * frame);
+  EXPECT_EQ(t.nvlink_bytes, (in_node + relayed) * frame);
+  // Elided payloads: the same run.
+  const std::unique_ptr<SimFabric> e = run(true);
+  const testbed::TrafficResult te = e->traffic->result();
+  EXPECT_EQ(te.completion_ns, t.completion_ns);
+  EXPECT_EQ(te.nvlink_bytes, t.nvlink_bytes);
+  EXPECT_EQ(te.plane_bytes, t.plane_bytes);
+  EXPECT_EQ(e->loop.events_run(), r->loop.events_run());
+}
+
+// Its planes are joined inside the servers, so they cannot run as partitions: refused by name, and the default
+// (one thread) runs one event loop; the endpoint runtime is refused too.
+TEST(RawTraffic, DeepseekFabricRunsOnOneEventLoopOnly) {
+  const routing::Topology topo = routing::make_deepseek_fabric(4, 2, 1, 1);
+  testbed::SimOptions o;
+  o.pattern = testbed::Pattern::kPermutation;
+  o.bytes = 64 << 10;
+  o.progress = false;
+  o.threads = 2;
+  const std::string msg = [&] {
+    try {
+      testbed::run_sim(topo, o);
+    } catch (const common::Error& err) {
+      return std::string(err.what());
+    }
+    return std::string("<no error>");
+  }();
+  EXPECT_NE(msg.find("--threads 2"), std::string::npos) << msg;
+  o.threads = 1;
+  const testbed::SimRun one = testbed::run_sim(topo, o);
+  o.threads = 0;
+  const testbed::SimRun loop = testbed::run_sim(topo, o);
+  EXPECT_TRUE(one.traffic.complete);
+  EXPECT_EQ(one.partitions, "");
+  EXPECT_EQ(one.events, loop.events);
+  EXPECT_EQ(one.traffic.completion_ns, loop.traffic.completion_ns);
+  EXPECT_THROW(testbed::Cluster(topo, testbed::ClusterOptions{}), common::Error);
 }

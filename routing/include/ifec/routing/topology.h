@@ -11,10 +11,16 @@ namespace ifec::routing {
 enum class NodeKind : uint8_t { kGpu, kSwitch };
 const char* node_kind_name(NodeKind k);  // "gpu" | "switch"
 
+// A link's plane for an in-node, NVLink-class link between two GPUs of one server: no switch, no plane, never in
+// FARE's routes; a GPU that sits on one plane forwards over it what arrives for a node peer on another plane.
+inline constexpr int kNvlinkPlane = -1;
+
 struct Node {
   std::string name;
   NodeKind kind = NodeKind::kGpu;
-  int plane = -1;         // switches: the plane they belong to; GPUs: -1 (they sit on every plane)
+  // Switches: the plane they belong to. GPUs: -1 (a NIC port on every plane, the FARE draft's SUN) or the one plane
+  // its NIC is on (DeepSeek-V3's fabric: GPU i of a server on plane i; other planes through its node peers).
+  int plane = -1;
   int gpu_index = -1;     // GPUs: 0..num_gpus-1, the index used in ECH bitmaps and loopback addresses
   int num_ports = 0;      // ports used by links (ports are numbered 0..num_ports-1)
   uint32_t loopback = 0;  // host order /32; GPU i: 10.0.(i/250).(i%250+1); n-th switch of plane p: 10.255.p.n
@@ -32,7 +38,7 @@ struct Link {
   int a_port = 0;
   int b = 0;
   int b_port = 0;
-  int plane = 0;
+  int plane = 0;  // kNvlinkPlane: an in-node link between two GPUs
   double rate_gbps = 400;
   uint64_t delay_ns = 500;
   int cable = 0;
@@ -94,9 +100,18 @@ struct Topology {
   std::vector<int> links_of(int node) const;
   // The far end of link `l` seen from node `n`: (node, port).
   std::pair<int, int> peer(int link, int node) const;
-  // Aggregate access bandwidth of one GPU over all planes (sum of its link rates), Gb/s.
+  // Aggregate access bandwidth of one GPU over all planes (sum of its NIC links' rates, NVLink-class ones aside).
   double gpu_access_gbps(int gpu_index) const;
+  // Whether GPU `gpu_index` has a NIC port on `plane` (every plane, or its own one).
+  bool gpu_on_plane(int gpu_index, int plane) const;
+  // Whether some GPU sits on one plane only (then other planes are reached through node peers: relay_table).
+  bool single_plane_gpus() const;
 };
+
+// [gpu][plane]: the GPU whose NIC carries traffic for GPU g on plane p: g itself when it sits on p, else its
+// NVLink-class peer on p (DeepEP's internode path: the fabric delivers to the destination's same-plane node peer,
+// which forwards it inside the node), -1 when none. validate() ensures every entry is set.
+std::vector<std::vector<int>> relay_table(const Topology& t);
 
 // Every node's links, in link id order (what links_of(n) returns, for all n at once).
 std::vector<std::vector<int>> adjacency(const Topology& t);
@@ -122,5 +137,14 @@ Topology make_paced_superpod();
 // FARE draft's Y-cables, in a two-tier SUN) of nic_gbps / nic_subports each.
 Topology make_fat_tree(int gpus, int planes, int leaves, int spines, double nic_gbps = 400, double fabric_gbps = 400,
                        uint64_t delay_ns = 500, int nic_subports = 1);
+// (c) DeepSeek-V3's multi-plane fat tree (its paper's Figure 3): `nodes` servers of `gpus_per_node` GPUs; GPU i of
+// each server has one NIC port on plane i (so planes = gpus_per_node) and every pair of a server's GPUs an
+// NVLink-class link of nvlink_gbps (the paper's 160 GB/s a GPU gets from NVLink; each link has all of it, the
+// budget a GPU shares between peers is not modelled); each plane a two-tier fat tree of `leaves` leaves and `spines`
+// spines, every leaf with nodes/leaves NIC ports down and `spines` up. The paper's full size: 2,048 nodes x 8 GPUs =
+// 16,384 GPUs, 64 leaves and 32 spines of 64-port 400G switches per plane. Traffic for a GPU on another plane crosses
+// the fabric on the sender's plane to the destination's node peer there, and that peer forwards it over NVLink.
+Topology make_deepseek_fabric(int nodes, int gpus_per_node, int leaves, int spines, double nic_gbps = 400,
+                              double nvlink_gbps = 1280, uint64_t delay_ns = 500, uint64_t nvlink_delay_ns = 200);
 
 }  // namespace ifec::routing

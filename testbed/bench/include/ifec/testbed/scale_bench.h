@@ -21,11 +21,15 @@ struct ScaleScenario {
   int group = 0;      // make_flows' expert-parallel groups (0: one group of every GPU)
   int threads = 1;    // SimOptions::threads: N one partition per plane on N threads; 0 one event loop
   int processes = 0;  // > 1: under mpirun -np processes (threads each, at least 1), figures from its JSON report
+  // "ring", "best", "ifec", ...: an AllReduce of `bytes` per GPU with this algorithm (workloads::parse_algo) over
+  // every GPU, on one event loop (collectives are not partitioned yet); "": raw traffic of `pattern`
+  std::string allreduce;
   // Targets this scenario is measured against (0: none): peak bytes at most, frame-hops/s at least, and the
   // speedup over the same scenario on one thread at least.
   double target_peak_bytes = 0;
   double target_rate = 0;
   double target_speedup = 0;
+  double target_seconds = 0;  // setup and simulation together, at most
   // "fat-tree-2048x8.yaml permutation 2 MiB/GPU real" (one thread), "... in groups of 256", "..., 2 threads",
   // "..., one event loop", "..., mpirun -np 2"
   std::string describe() const;
@@ -46,8 +50,11 @@ struct ScaleRow {
   uint64_t routing_bytes = 0;  // Fabric::routing_bytes()
   uint64_t traffic_bytes = 0;  // RawTraffic::memory_bytes()
   bool complete = false;       // every byte delivered
+  bool one_loop = false;       // ran on one event loop (threads 0, or a fabric whose planes cannot run apart)
   std::string error;           // why the child failed ("" when it ran)
   double speedup = 0;          // rate over the same traffic's on one thread (scale_table fills it; 0: none)
+  // An AllReduce scenario's outcome: "ran tree: 57.18 us simulated, busbw 146.7 GB/s" ("" for raw traffic)
+  std::string result;
   double rate() const { return sim_seconds > 0 ? frame_hops / sim_seconds : 0; }  // frame-hops/s
 };
 
@@ -55,7 +62,9 @@ struct ScaleRow {
 // permutation of 2 MiB per GPU, real and elided (the 2,048-GPU real one carries the memory and rate targets), the
 // 64 x 4 all-to-all and the 2,048-GPU permutation again on one thread, two, and two MPI processes (the speedup
 // targets; under mpirun the peak is the largest process's and the bytes per GPU are not reported), and, unless
-// quick, the 2,048-GPU all-to-all of 4 KiB per pair and within expert-parallel groups of 256 (64 KiB, elided).
+// quick, the 2,048-GPU all-to-all of 4 KiB per pair and within expert-parallel groups of 256 (64 KiB, elided), and
+// AllReduce of 4 MiB over the 1,024-GPU SUN, ring, best and in-fabric, elided, and DeepSeek-V3's 16,384-GPU fabric's
+// permutation of 2 MiB per GPU, elided (its targets: 5 minutes, 12 GB).
 std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool quick);
 
 // Runs `s` in a child process (progress lines on stderr from the child every 2 s); a scenario over processes runs
@@ -63,7 +72,8 @@ std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool qui
 // gives a row with `error` set; the parent goes on.
 ScaleRow measure_scale(const ScaleScenario& s, bool progress, const std::string& cli = "");
 
-// One line per row under a header naming the columns, then one line per target: measured, target, met or not.
+// One line per row under a header naming the columns, then the AllReduce rows' outcomes, then one line per target:
+// measured, target, met or not.
 // Fills each threaded row's speedup from the one-thread row of the same traffic.
 std::string scale_table(std::vector<ScaleRow>& rows);
 

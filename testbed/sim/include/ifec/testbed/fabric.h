@@ -34,9 +34,10 @@ struct FabricOptions {
 
 // One port of a GPU: which link (sub-link) and plane it is on, and the port to send on.
 struct GpuPort {
-  int port = 0;  // port number at the GPU node
-  int link = 0;  // topology link id
-  int plane = 0;
+  int port = 0;       // port number at the GPU node
+  int link = 0;       // topology link id
+  int plane = 0;      // routing::kNvlinkPlane for an in-node port
+  int peer_gpu = -1;  // an in-node port's GPU at the other end
   common::LinkPort* io = nullptr;
   common::MacAddress mac{};       // this port's MAC
   common::MacAddress peer_mac{};  // the switch port at the other end
@@ -58,9 +59,20 @@ class Fabric {
   common::Clock& plane_clock(int plane) { return *plane_clocks_.at(plane); }
 
   int num_gpus() const { return static_cast<int>(gpu_ports_.size()); }
+  // A GPU's NIC ports (one per plane and sub-link), by port number.
   const std::vector<GpuPort>& gpu_ports(int gpu) const { return gpu_ports_.at(gpu); }
+  // Its in-node, NVLink-class ports (routing::kNvlinkPlane links), by port number; empty on most fabrics.
+  const std::vector<GpuPort>& nvlink_ports(int gpu) const { return nvlink_ports_.at(gpu); }
+  // The in-node port of `gpu` toward GPU `peer` (an index into nvlink_ports), or -1.
+  int nvlink_port_to(int gpu, int peer) const;
+  // The GPU whose NIC carries traffic for `gpu` on `plane` (routing::relay_table): itself, a node peer, or -1.
+  int relay(int gpu, int plane) const { return relays_.at(gpu).at(plane); }
+  // Whether some link joins two planes' partitions (an NVLink-class link between GPUs on different planes).
+  bool has_nvlink() const { return has_nvlink_; }
   uint32_t gpu_ip(int gpu) const;
-  // FARE's WECMP group at GPU `src` toward GPU `dst`: weights per GPU port (Gb/s of path bandwidth).
+  // FARE's WECMP group at GPU `src` toward GPU `dst`: weights per GPU port (Gb/s of path bandwidth). Toward a GPU
+  // on another plane, the path to its node peer on each of src's planes (which forwards over NVLink); toward a node
+  // peer, the NVLink-class link itself at its rate.
   std::vector<routing::NextHop> gpu_next_hops(int src, int dst) const;
 
   int num_switches() const { return static_cast<int>(switches_.size()); }
@@ -104,9 +116,14 @@ class Fabric {
   std::vector<int> switch_nodes_;
   std::vector<int> node_switch_;       // node -> switch index or -1
   std::vector<std::vector<int>> adj_;  // node -> its links (routing::adjacency)
-  // GPU address -> destination class (routing::FareRib), shared by every switch's FIB.
-  std::shared_ptr<switchemu::IpMap> class_table_ = std::make_shared<switchemu::IpMap>();
+  // GPU address -> destination class (routing::FareRib), shared by every switch's FIB: one table, or one per
+  // plane when GPUs sit on one plane each (a GPU of another plane maps to its node peer's class on this plane).
+  std::vector<std::shared_ptr<switchemu::IpMap>> class_tables_;
   std::vector<std::vector<GpuPort>> gpu_ports_;
+  std::vector<std::vector<GpuPort>> nvlink_ports_;
+  std::vector<std::vector<int>> relays_;   // routing::relay_table
+  std::vector<std::vector<int>> relayed_;  // [gpu]: the GPUs of other planes it carries on its own plane
+  bool has_nvlink_ = false;
   std::unique_ptr<routing::FareRib> rib_;
   std::vector<std::function<void(common::TimeNs)>> listeners_;
   uint64_t generation_ = 0;

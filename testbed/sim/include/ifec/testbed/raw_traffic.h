@@ -2,7 +2,10 @@
 // Each flow's packets are split over the source's ports (planes, sub-ports) in proportion to FARE's weights and
 // re-split whenever FARE changes them; each port drains its share round-robin over destinations. Packets are real
 // RoCEv2 RDMA WRITE ONLY frames (each with its RETH, so any arrival order places correctly); receivers parse
-// and verify them (ICRC included) and honour PFC pauses from their switch.
+// and verify them (ICRC included) and honour PFC pauses from their switch. On a fabric whose GPUs sit on one plane
+// each (routing::make_deepseek_fabric), a flow to a node peer goes over their NVLink-class link, and a frame for a
+// GPU of another plane crosses the fabric to that GPU's node peer on the sender's plane, which forwards it over
+// NVLink ahead of its own in-node flows (DeepEP's internode kernels do the same).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "ifec/common/fifo.h"
 #include "ifec/common/interfaces.h"
 #include "ifec/testbed/fabric.h"
 
@@ -48,6 +52,10 @@ struct TrafficResult {
   uint64_t rx_bad_frames = 0;
   uint64_t pfc_pauses_at_nics = 0;    // PFC frames received by NICs that paused a priority
   std::vector<uint64_t> plane_bytes;  // frame bytes sent by NICs per plane
+  // In-node, NVLink-class links (fabrics whose GPUs sit on one plane each): frame bytes sent on them, and the
+  // frames a GPU forwarded there for a node peer of another plane (DeepEP's internode path).
+  uint64_t nvlink_bytes = 0;
+  uint64_t relayed_frames = 0;
   double goodput_gbps = 0;
   double line_rate_gbps = 0;      // bottleneck aggregate: min(sum of senders' access, sum of receivers')
   double payload_efficiency = 0;  // payload / wire bytes: the ceiling on goodput / line rate
@@ -103,9 +111,13 @@ class RawTraffic {
     uint64_t payload_bytes_delivered = 0;
     uint64_t rx_bad_frames = 0;
     uint64_t pfc_pauses_at_nics = 0;
+    uint64_t relayed_frames = 0;  // forwarded for a node peer (counted on the NVLink lane) ...
+    uint64_t relayed_bytes = 0;   // ... and their frame bytes (not in frame_bytes_sent: no packet of a flow's own)
     std::vector<uint64_t*> fields() {
-      return {&packets_sent,      &frame_bytes_sent,        &wire_bytes_sent, &nic_drops,
-              &packets_delivered, &payload_bytes_delivered, &rx_bad_frames,   &pfc_pauses_at_nics};
+      return {&packets_sent,  &frame_bytes_sent,   &wire_bytes_sent,
+              &nic_drops,     &packets_delivered,  &payload_bytes_delivered,
+              &rx_bad_frames, &pfc_pauses_at_nics, &relayed_frames,
+              &relayed_bytes};
     }
   };
   struct alignas(64) NicPort {  // cache lines of its own: the ports of one NIC run on different threads
@@ -113,8 +125,10 @@ class RawTraffic {
     size_t cursor = 0;
     std::vector<common::TimeNs> paused_until;
     bool wakeup_pending = false;
-    int plane = 0;
-    common::Clock* clock = nullptr;  // its plane's
+    int plane = 0;                             // its lane: a plane, or the NVLink lane (num_planes) in-node
+    common::Clock* clock = nullptr;            // its plane's
+    const GpuPort* io = nullptr;               // the fabric's port (a NIC port or an in-node one)
+    common::Fifo<std::vector<uint8_t>> relay;  // in-node ports: frames forwarded for the peer, sent first
   };
   struct Nic {
     std::vector<NicPort> ports;
@@ -126,6 +140,9 @@ class RawTraffic {
   void order_flows(int gpu);
   void pump(int gpu, int port_index);
   void receive(int gpu, int port_index, std::vector<uint8_t>&& frame);
+  void receive_pfc(int gpu, int port_index, const std::vector<uint8_t>& frame);
+  // A frame for `dst`, a node peer of `gpu` on another plane: out of their in-node port (false: no such peer).
+  bool relay(int gpu, int dst, std::vector<uint8_t>&& frame);
   int port_index_of(int gpu, int port) const;
   int flow_between(int src, int dst) const;  // -1 when there is none
 
