@@ -186,6 +186,17 @@ size_t Switch::fib_bytes() const {
   return bytes;
 }
 
+size_t Switch::port_state_bytes() const {
+  size_t bytes = state_.capacity() * sizeof(PortState);
+  for (const PortState& s : state_) {
+    for (const auto& q : s.queues) {
+      bytes += q.capacity() * sizeof(Packet);
+    }
+    bytes += s.control.capacity() * sizeof(std::vector<uint8_t>);
+  }
+  return bytes;
+}
+
 int Switch::choose(Group& g, uint64_t flow_hash) {
   if (g.hops.size() == 1) {
     return 0;

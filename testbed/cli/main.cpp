@@ -615,7 +615,9 @@ int run_bench_scale(const Args& a) {
       "# (speedup: over the same traffic on 1 thread); setup: the fabric, FARE to convergence and the flows; peak:\n"
       "# the largest process's maximum resident set (a thread runs its partitions one after another between\n"
       "# fabric-wide events: only one plane's frames are in flight at once); route B/G and flow B/G: bytes per GPU\n"
-      "# of the routing state (RIB, class table, FIBs) and of the flows (not reported under mpirun)\n");
+      "# of the routing state (RIB, class table, FIBs) and of the flows (not reported under mpirun); B/link: bytes "
+      "per\n"
+      "# link of the links and switch ports (queue rings at their high water; frames aside)\n");
   std::fflush(stdout);
   const std::vector<tb::ScaleScenario> scenarios = tb::scale_scenarios(IFEC_TOPOLOGY_DIR, quick);
   std::vector<tb::ScaleRow> rows;

@@ -34,6 +34,7 @@ struct ChildFigures {
   uint64_t frame_hops = 0;
   uint64_t routing_bytes = 0;
   uint64_t traffic_bytes = 0;
+  uint64_t link_bytes = 0;
   double setup_seconds = 0;
   double sim_seconds = 0;
   char result[256] = {};
@@ -142,6 +143,7 @@ ChildFigures run_child(const ScaleScenario& s, bool progress, const std::string&
     f.frame_hops = r.frame_hops;
     f.routing_bytes = r.routing_bytes;
     f.traffic_bytes = r.traffic_bytes;
+    f.link_bytes = r.link_bytes;
     f.setup_seconds = r.setup_seconds;
     f.sim_seconds = r.sim_seconds;
   } catch (const std::exception& e) {
@@ -190,6 +192,7 @@ void fill_row(ScaleRow& row, const ChildFigures& f) {
   row.frame_hops = f.frame_hops;
   row.routing_bytes = f.routing_bytes;
   row.traffic_bytes = f.traffic_bytes;
+  row.link_bytes = f.link_bytes;
   row.setup_seconds = f.setup_seconds;
   row.sim_seconds = f.sim_seconds;
   row.result = f.result;
@@ -372,9 +375,9 @@ std::string scale_table(std::vector<ScaleRow>& rows) {
   fill_speedups(rows);
   std::ostringstream o;
   char line[512];
-  std::snprintf(line, sizeof(line), "# %-64s %6s %6s %11s %11s %7s %7s %8s %7s %7s %8s %9s %9s\n", "scenario", "GPUs",
-                "links", "events", "frame-hops", "setup s", "sim s", "M hops/s", "threads", "speedup", "peak GB",
-                "route B/G", "flow B/G");
+  std::snprintf(line, sizeof(line), "# %-64s %6s %6s %11s %11s %7s %7s %8s %7s %7s %8s %9s %9s %8s\n", "scenario",
+                "GPUs", "links", "events", "frame-hops", "setup s", "sim s", "M hops/s", "threads", "speedup",
+                "peak GB", "route B/G", "flow B/G", "B/link");
   o << line;
   for (const ScaleRow& r : rows) {
     if (!r.error.empty()) {
@@ -389,12 +392,13 @@ std::string scale_table(std::vector<ScaleRow>& rows) {
     if (r.speedup > 0) {
       std::snprintf(speedup, sizeof(speedup), "%.2fx", r.speedup);
     }
-    std::snprintf(line, sizeof(line), "  %-64s %6d %6d %11llu %11llu %7.2f %7.2f %8.3f %7s %7s %8.2f %9.0f %9.0f%s\n",
-                  r.scenario.describe().c_str(), r.gpus, r.links, static_cast<unsigned long long>(r.events),
-                  static_cast<unsigned long long>(r.frame_hops), r.setup_seconds, r.sim_seconds, r.rate() / 1e6,
-                  threads.c_str(), speedup, r.peak_bytes / 1e9,
-                  static_cast<double>(r.routing_bytes) / std::max(1, r.gpus),
-                  static_cast<double>(r.traffic_bytes) / std::max(1, r.gpus), r.complete ? "" : "  INCOMPLETE");
+    std::snprintf(
+        line, sizeof(line), "  %-64s %6d %6d %11llu %11llu %7.2f %7.2f %8.3f %7s %7s %8.2f %9.0f %9.0f %8.0f%s\n",
+        r.scenario.describe().c_str(), r.gpus, r.links, static_cast<unsigned long long>(r.events),
+        static_cast<unsigned long long>(r.frame_hops), r.setup_seconds, r.sim_seconds, r.rate() / 1e6, threads.c_str(),
+        speedup, r.peak_bytes / 1e9, static_cast<double>(r.routing_bytes) / std::max(1, r.gpus),
+        static_cast<double>(r.traffic_bytes) / std::max(1, r.gpus),
+        static_cast<double>(r.link_bytes) / std::max(1, r.links), r.complete ? "" : "  INCOMPLETE");
     o << line;
   }
   for (const ScaleRow& r : rows) {

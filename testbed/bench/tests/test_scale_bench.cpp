@@ -32,6 +32,8 @@ TEST(ScaleBench, ChildReportsTheSameRunAsThisProcess) {
   EXPECT_EQ(row.events, r.events);
   EXPECT_EQ(row.routing_bytes, r.routing_bytes);
   EXPECT_EQ(row.traffic_bytes, r.traffic_bytes);
+  EXPECT_EQ(row.link_bytes, r.link_bytes);
+  EXPECT_GT(row.link_bytes, topo.links.size() * sizeof(common::Link));
   EXPECT_GT(row.routing_bytes, 0u);
   EXPECT_GT(row.peak_bytes, 1u << 20);  // a process's resident set is megabytes at least
   EXPECT_GT(row.sim_seconds, 0);

@@ -309,6 +309,14 @@ size_t Fabric::routing_bytes() const {
   return bytes;
 }
 
+size_t Fabric::link_bytes() const {
+  size_t bytes = links_.size() * (sizeof(common::Link) + sizeof(std::unique_ptr<common::Link>));
+  for (const auto& s : switches_) {
+    bytes += s->port_state_bytes();
+  }
+  return bytes;
+}
+
 void Fabric::merge_counters(const std::function<void(std::vector<uint64_t>&)>& sum) {
   std::vector<uint64_t*> fields;
   for (auto& l : links_) {

@@ -123,6 +123,7 @@ SimRun run_on(Loop& loop, Fabric& fabric, const routing::Topology& topo, const S
   run.sim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sim0).count();
   run.setup_seconds = std::chrono::duration<double>(sim0 - wall0).count();
   run.routing_bytes = fabric.routing_bytes();
+  run.link_bytes = fabric.link_bytes();
   run.traffic_bytes = traffic.memory_bytes();
   run.topology = topo.name;
   run.options = opts;

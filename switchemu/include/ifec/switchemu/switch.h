@@ -134,6 +134,8 @@ class Switch {
   void set_class_route(int cls, std::vector<NextHopPort> group);  // empty: no route toward the class
   // Bytes the FIB holds (the index and the groups), for the benches.
   size_t fib_bytes() const;
+  // Bytes of the per-port state (queues' rings, PFC and counters), frames in them aside, for the benches.
+  size_t port_state_bytes() const;
 
   int num_ports() const { return static_cast<int>(ports_.size()); }
   const SwitchPortCounters& counters(int port) const { return state_.at(port).counters; }

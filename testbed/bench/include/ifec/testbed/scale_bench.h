@@ -49,6 +49,7 @@ struct ScaleRow {
   uint64_t peak_bytes = 0;     // the child's maximum resident set
   uint64_t routing_bytes = 0;  // Fabric::routing_bytes()
   uint64_t traffic_bytes = 0;  // RawTraffic::memory_bytes()
+  uint64_t link_bytes = 0;     // Fabric::link_bytes(): links and switch ports
   bool complete = false;       // every byte delivered
   bool one_loop = false;       // ran on one event loop (threads 0, or a fabric whose planes cannot run apart)
   std::string error;           // why the child failed ("" when it ran)

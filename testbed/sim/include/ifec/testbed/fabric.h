@@ -97,6 +97,8 @@ class Fabric {
   void merge_counters(const std::function<void(std::vector<uint64_t>&)>& sum);
   // Bytes the routing state holds: the RIB, every switch's FIB and the class table (not the frames in flight).
   size_t routing_bytes() const;
+  // Bytes of the links and the switches' per-port state (queues' rings, PFC, counters), frames aside.
+  size_t link_bytes() const;
   // The switch (index) a GPU's port on `plane` attaches to, or -1 (one-tier planes: the plane's switch).
   int switch_of_plane(int gpu, int plane) const;
   uint32_t switch_ip(int i) const { return topo_.nodes.at(switch_nodes_.at(i)).loopback; }

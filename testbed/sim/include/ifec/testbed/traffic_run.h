@@ -85,6 +85,7 @@ struct SimRun {
   double setup_seconds = 0;  // building the fabric (switches, FARE's rounds to convergence) and the flows
   double sim_seconds = 0;    // the event loop alone, from the first frame to the last byte delivered
   size_t routing_bytes = 0;  // Fabric::routing_bytes(): the RIB, the class table and every switch's FIB
+  size_t link_bytes = 0;     // Fabric::link_bytes() at the end: links and switch ports (their queues' rings)
   size_t traffic_bytes = 0;  // RawTraffic::memory_bytes(): flows and their counters
   std::string partitions;    // PlanePartitions::describe() when opts.threads > 0
 };
