@@ -238,12 +238,21 @@ uint64_t RealtimeLoop::loop(TimeNs deadline, bool wait_for_more) {
   return n;
 }
 
-Link::Link(Clock& clock, const LinkConfig& cfg)
-    : clock_(clock), cfg_(cfg), ends_{LinkPort(*this, clock, 0), LinkPort(*this, clock, 1)} {
+Link::Link(Clock& clock, const LinkConfig& cfg) : Link(clock, clock, clock, clock, cfg) {}
+
+Link::Link(Clock& clock0, Clock& clock1, Clock& arrivals0, Clock& arrivals1, const LinkConfig& cfg)
+    : cfg_(cfg), ends_{LinkPort(*this, clock0, 0), LinkPort(*this, clock1, 1)} {
   IFEC_CHECK(cfg.rate_bps > 0, "link rate must be > 0 bit/s, got " << cfg.rate_bps);
   IFEC_CHECK(cfg.loss_probability >= 0 && cfg.loss_probability < 1,
              "link loss probability must be in [0, 1), got " << cfg.loss_probability);
   loss_state_ = cfg.loss_seed * 0x9E3779B97F4A7C15ULL + 0x2545F4914F6CDD1DULL;
+  Clock* arrivals[2] = {&arrivals0, &arrivals1};
+  for (int side = 0; side < 2; ++side) {
+    if (&clock0 != &clock1 || arrivals[side] != &clock0) {  // split: each end draws its own losses
+      ends_[side].arrivals_ = arrivals[side];
+      ends_[side].loss_state_ = loss_state_ ^ (0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(side + 1));
+    }
+  }
 }
 
 uint64_t Link::serialization_ps(size_t bytes) const {
@@ -265,7 +274,7 @@ void Link::set_up(bool up) {
   // Owners may have stopped offering frames while the link was down: tell both ends the wire is free.
   for (LinkPort& end : ends_) {
     LinkPort* p = &end;
-    clock_.schedule(clock_.now(), [p] {
+    p->clock_.schedule(p->clock_.now(), [p] {
       if (p->ready_ && !p->busy()) {
         p->ready_();
       }
@@ -304,15 +313,21 @@ bool LinkPort::send(std::vector<uint8_t>&& frame) {
     }
   });
   LinkPort* peer = &link_.ends_[1 - side_];
-  if (link_.cfg_.loss_probability > 0) {
-    uint64_t& x = link_.loss_state_;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    if (static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0) < link_.cfg_.loss_probability) {
-      ++counters_.dropped_injected;
-      return true;  // the sender cannot tell: the frame is lost on the wire
-    }
+  if (link_.cfg_.loss_probability > 0 && lost_in_flight()) {
+    ++counters_.dropped_injected;
+    return true;  // the sender cannot tell: the frame is lost on the wire
+  }
+  if (arrivals_ != nullptr) {  // the far end's partition: the frame travels in its arrival event
+    const size_t reads = std::min(frame.size(), peer->read_on_arrival_);
+    const uint8_t* data = frame.data();
+    arrivals_->schedule_reading(
+        done + link_.cfg_.delay_ns,
+        [peer, f = std::make_shared<InFlight>(InFlight{std::move(frame), link_.epoch_})] {
+          peer->deliver(std::move(f->frame), f->epoch);
+          recycle_frame(std::move(f->frame));
+        },
+        data, reads);
+    return true;
   }
   in_flight_.push_back({std::move(frame), link_.epoch_});
   const std::vector<uint8_t>& sent = in_flight_.back().frame;
@@ -325,6 +340,14 @@ bool LinkPort::send(std::vector<uint8_t>&& frame) {
   clock_.schedule_reading(done + link_.cfg_.delay_ns, std::move(arrive), sent.data(),
                           std::min(sent.size(), peer->read_on_arrival_));
   return true;
+}
+
+bool LinkPort::lost_in_flight() {
+  uint64_t& x = arrivals_ != nullptr ? loss_state_ : link_.loss_state_;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0) < link_.cfg_.loss_probability;
 }
 
 void LinkPort::deliver(std::vector<uint8_t>&& frame, uint64_t epoch) {

@@ -24,8 +24,29 @@ common::MacAddress node_port_mac(const routing::Topology& topo, int node, int po
 Fabric::Fabric(common::Clock& clock, const routing::Topology& topo, FabricOptions opts)
     : Fabric(clock, std::vector<common::Clock*>(std::max(topo.num_planes, 1), &clock), topo, opts) {}
 
+namespace {
+
+// A server's in-node link between GPUs of two planes on a partitioned fabric: each end on its plane's clock, its
+// frames through the far partition's mailbox.
+std::unique_ptr<common::Link> make_in_node_link(const routing::Topology& topo, const routing::Link& l,
+                                                const std::vector<common::Clock*>& clocks,
+                                                const Fabric::MailboxFn& mailbox, const common::LinkConfig& cfg) {
+  const int pa = topo.nodes[l.a].plane;
+  const int pb = topo.nodes[l.b].plane;
+  IFEC_CHECK(pa >= 0 && pb >= 0, "topology '" << topo.name << "': link " << l.id << " joins GPUs on every plane "
+                                              << "over NVLink: it cannot be split between plane partitions");
+  if (pa == pb) {
+    return std::make_unique<common::Link>(*clocks.at(pa), cfg);
+  }
+  IFEC_CHECK(mailbox != nullptr, "topology '" << topo.name << "': its NVLink-class links join GPUs of different "
+                                              << "planes, and this fabric's planes run apart without mailboxes");
+  return std::make_unique<common::Link>(*clocks.at(pa), *clocks.at(pb), *mailbox(pa, pb), *mailbox(pb, pa), cfg);
+}
+
+}  // namespace
+
 Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks, const routing::Topology& topo,
-               FabricOptions opts)
+               FabricOptions opts, MailboxFn mailbox)
     : clock_(control), plane_clocks_(std::move(plane_clocks)), topo_(topo), opts_(opts) {
   routing::validate(topo_);
   IFEC_CHECK(plane_clocks_.size() == static_cast<size_t>(std::max(topo_.num_planes, 1)),
@@ -38,6 +59,8 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
   }
   gpu_ports_.resize(topo_.num_gpus());
   nvlink_ports_.resize(topo_.num_gpus());
+  const bool one_clock =
+      std::all_of(plane_clocks_.begin(), plane_clocks_.end(), [this](const common::Clock* c) { return c == &clock_; });
   for (const routing::Link& l : topo_.links) {
     common::LinkConfig cfg;
     cfg.rate_bps = static_cast<uint64_t>(std::llround(l.rate_gbps * 1e9));
@@ -48,7 +71,12 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
     cfg.elided_payloads = opts_.elided_payloads;
     const bool nvlink = l.plane == routing::kNvlinkPlane;
     has_nvlink_ = has_nvlink_ || nvlink;
-    links_.push_back(std::make_unique<common::Link>(nvlink ? clock_ : *plane_clocks_.at(l.plane), cfg));
+    if (!nvlink || one_clock) {
+      links_.push_back(std::make_unique<common::Link>(nvlink ? clock_ : *plane_clocks_.at(l.plane), cfg));
+    } else {
+      links_.push_back(make_in_node_link(topo_, l, plane_clocks_, mailbox, cfg));
+      if (topo_.nodes[l.a].plane != topo_.nodes[l.b].plane) cross_delay_ = std::min(cross_delay_, l.delay_ns);
+    }
     common::Link& link = *links_.back();
     const int ends[2][2] = {{l.a, l.a_port}, {l.b, l.b_port}};
     for (int side = 0; side < 2; ++side) {
@@ -79,10 +107,6 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
       std::sort(ports.begin(), ports.end(), [](const GpuPort& a, const GpuPort& b) { return a.port < b.port; });
     }
   }
-  IFEC_CHECK(!has_nvlink_ || std::all_of(plane_clocks_.begin(), plane_clocks_.end(),
-                                         [this](const common::Clock* c) { return c == &clock_; }),
-             "topology '" << topo_.name << "': its NVLink-class links join GPUs of different planes, so its planes "
-                          << "cannot run as separate partitions: run it on one event loop (--threads 0)");
   relays_ = routing::relay_table(topo_);
   relayed_.assign(topo_.num_gpus(), {});
   for (int g = 0; g < topo_.num_gpus(); ++g) {

@@ -12,6 +12,30 @@ namespace ifec::testbed {
 
 using common::TimeNs;
 
+// Events one partition schedules for another during a window, in the order scheduled; only the sending partition's
+// thread writes it, and the calling thread empties it between windows.
+class PlanePartitions::Mailbox : public common::Clock {
+ public:
+  explicit Mailbox(common::EventLoop& from) : from_(from) {}
+  TimeNs now() const override { return from_.now(); }
+  void schedule(TimeNs at, std::function<void()> fn) override { events_.push_back({at, std::move(fn), nullptr, 0}); }
+  void schedule_reading(TimeNs at, std::function<void()> fn, const void* data, size_t bytes) override {
+    events_.push_back({at, std::move(fn), data, bytes});
+  }
+  struct Event {
+    TimeNs at;
+    std::function<void()> fn;
+    const void* data;
+    size_t bytes;
+  };
+  std::vector<Event> events_;
+
+ private:
+  common::EventLoop& from_;
+};
+
+PlanePartitions::~PlanePartitions() = default;
+
 PlanePartitions::PlanePartitions(int planes, int threads, int rank, int processes)
     : threads_(threads), rank_(rank), processes_(processes) {
   IFEC_CHECK(planes >= 1, "partitions: " << planes << " planes, expected at least 1");
@@ -36,6 +60,43 @@ std::vector<common::Clock*> PlanePartitions::plane_clocks() {
     v.push_back(l.get());
   }
   return v;
+}
+
+common::Clock* PlanePartitions::mailbox(int from, int to) {
+  const int n = partitions();
+  IFEC_CHECK(from >= 0 && from < n && to >= 0 && to < n && from != to,
+             "mailbox from partition " << from << " to " << to << " (partitions 0.." << n - 1 << ", two different)");
+  IFEC_CHECK(processes_ == 1, "a link between partitions over MPI processes (not built: frames would cross them)");
+  mail_.resize(static_cast<size_t>(n) * n);
+  std::unique_ptr<Mailbox>& m = mail_[static_cast<size_t>(from) * n + to];
+  if (!m) {
+    m = std::make_unique<Mailbox>(*planes_[from]);
+  }
+  return m.get();
+}
+
+void PlanePartitions::set_lookahead(TimeNs ns) {
+  IFEC_CHECK(ns >= 1, "lookahead " << ns << " ns: a link between partitions needs a delay of at least 1 ns");
+  lookahead_ = ns;
+}
+
+void PlanePartitions::deliver_mail() {
+  const size_t n = planes_.size();
+  for (size_t to = 0; to < n && !mail_.empty(); ++to) {
+    std::vector<Mailbox::Event*> in;  // by time; sending partition then order at equal times (a stable sort)
+    for (size_t from = 0; from < n; ++from) {
+      if (const auto& m = mail_[from * n + to]) {
+        for (Mailbox::Event& e : m->events_) in.push_back(&e);
+      }
+    }
+    std::stable_sort(in.begin(), in.end(), [](const auto* a, const auto* b) { return a->at < b->at; });
+    for (Mailbox::Event* e : in) {
+      planes_[to]->schedule_reading(e->at, std::move(e->fn), e->data, e->bytes);
+    }
+    for (size_t from = 0; from < n; ++from) {
+      if (const auto& m = mail_[from * n + to]) m->events_.clear();
+    }
+  }
 }
 
 bool PlanePartitions::idle() const {
@@ -121,12 +182,18 @@ uint64_t PlanePartitions::run(TimeNs until) {
     if (std::min(tc, tp) == common::kForever || std::min(tc, tp) > until) {
       break;
     }
-    if (tp < tc) {  // a window: every partition event before the next control event (or through `until`)
+    if (tp < tc) {  // a window: every partition event before the next control event (or through `until`), and
+                    // within a lookahead of the earliest one
+      const TimeNs end = lookahead_ == common::kForever ? tc : std::min(tc, tp + lookahead_);
       ++windows_;
-      run_partitions_through(tc <= until ? tc - 1 : until);
+      run_partitions_through(std::min(end - 1, until));
+      deliver_mail();
       IFEC_CHECK(control_.next_event_time() >= tc, "a partition scheduled a control event at "
                                                        << control_.next_event_time()
                                                        << " ns, before the window's end at " << tc << " ns");
+      if (end < tc) {
+        continue;
+      }
     }
     if (tc > until) {
       break;

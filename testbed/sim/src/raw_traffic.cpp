@@ -100,9 +100,12 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
       NicPort& p = nics_[g].ports[i];
       p.io = i < gp.size() ? &gp[i] : &nv[i - gp.size()];
       p.paused_until.assign(topo.params.priorities, 0);
+      // An in-node port runs on its GPU's plane's clock and counts on that plane's in-node lane (planes + plane):
+      // the partition that owns the GPU owns it.
+      const int own = std::max(topo.nodes[topo.gpu_node(g)].plane, 0);
       const bool in_node = p.io->plane == routing::kNvlinkPlane;
-      p.plane = in_node ? topo.num_planes : p.io->plane;
-      p.clock = in_node ? &fabric_.clock() : &fabric_.plane_clock(p.io->plane);
+      p.plane = in_node ? topo.num_planes + own : p.io->plane;
+      p.clock = &fabric_.plane_clock(in_node ? own : p.io->plane);
     }
   }
   for (const FlowSpec& f : flows) {
@@ -129,7 +132,7 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
   for (int g = 0; g < gpus; ++g) {
     order_flows(g);
   }
-  const size_t planes = static_cast<size_t>(topo.num_planes) + (fabric_.has_nvlink() ? 1 : 0);  // lanes
+  const size_t planes = static_cast<size_t>(topo.num_planes) * (fabric_.has_nvlink() ? 2 : 1);  // lanes
   rx_by_plane_.assign(flows_.size() * planes, 0);
   tx_by_plane_.assign(rx_by_plane_.size(), 0);
   last_rx_.assign(rx_by_plane_.size(), 0);
@@ -522,7 +525,7 @@ TrafficResult RawTraffic::result() const {
     if (p < planes) {
       r.plane_bytes[p] = c.frame_bytes_sent;
     } else {
-      r.nvlink_bytes = c.frame_bytes_sent + c.relayed_bytes;
+      r.nvlink_bytes += c.frame_bytes_sent + c.relayed_bytes;
     }
   }
   TimeNs last = start_;

@@ -164,7 +164,15 @@ SimRun run_partitioned(const routing::Topology& topo, const SimOptions& opts,
   if (opts.progress) {
     std::fprintf(stderr, "sim: %s\n", parts.describe().c_str());
   }
-  Fabric fabric(parts.control(), parts.plane_clocks(), topo, fabric_options(opts));
+  Fabric fabric(parts.control(), parts.plane_clocks(), topo, fabric_options(opts),
+                [&parts](int from, int to) { return parts.mailbox(from, to); });
+  if (fabric.cross_partition_delay() != common::kForever) {
+    parts.set_lookahead(fabric.cross_partition_delay());
+    if (opts.progress) {
+      std::fprintf(stderr, "sim: links between partitions (in-node): lookahead %llu ns\n",
+                   static_cast<unsigned long long>(fabric.cross_partition_delay()));
+    }
+  }
   SimRun run;
   if (opts.processes == nullptr) {
     run = run_on(parts, fabric, topo, opts, wall0);
@@ -180,6 +188,7 @@ SimRun run_partitioned(const routing::Topology& topo, const SimOptions& opts,
     run.events = events[0] + parts.control_events();
   }
   run.partitions = parts.describe();
+  run.windows = parts.windows_run();
   return run;
 }
 
@@ -188,18 +197,7 @@ SimRun run_partitioned(const routing::Topology& topo, const SimOptions& opts,
 SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
   const auto wall0 = std::chrono::steady_clock::now();
   SimRun run;
-  const bool in_node = std::any_of(topo.links.begin(), topo.links.end(),
-                                   [](const routing::Link& l) { return l.plane == routing::kNvlinkPlane; });
-  // NVLink-class links join the planes: no partition by plane, so one event loop (the one-thread default's result).
-  IFEC_CHECK(!in_node || (opts.threads <= 1 && opts.processes == nullptr),
-             "topology '" << topo.name << "': its NVLink-class links join GPUs of different planes, so its planes "
-                          << "cannot run apart: --threads " << opts.threads
-                          << (opts.processes != nullptr ? " over MPI processes" : "")
-                          << " is not possible (it runs on one event loop)");
-  if (in_node && opts.threads == 1 && opts.progress) {
-    std::fprintf(stderr, "sim: one event loop (NVLink-class links join the planes' partitions)\n");
-  }
-  if (opts.threads == 0 || in_node) {
+  if (opts.threads == 0) {
     common::EventLoop loop;
     Fabric fabric(loop, topo, fabric_options(opts));
     run = run_on(loop, fabric, topo, opts, wall0);

@@ -138,3 +138,30 @@ TEST(PartitionedTraffic, LinkEventsGiveTheSameRunWithOneThreadAndTwo) {
   expect_same_run(two, one, "two threads vs one");
   expect_same_run(four, one, "four threads vs one");
 }
+
+// Events one partition sends another through a mailbox arrive between windows, a lookahead or more later, in one
+// order whatever the threads: by time, then sending partition, then sending order (after the receiver's own
+// events at that time scheduled in an earlier window); windows end a lookahead after the earliest event.
+TEST(PlanePartitions, MailboxesDeliverBetweenWindowsInOneOrder) {
+  for (int threads : {1, 3}) {
+    testbed::PlanePartitions parts(3, threads);
+    parts.set_lookahead(100);
+    auto clocks = parts.plane_clocks();
+    std::vector<std::string> log;  // written by partition 2 only
+    common::Clock* to2_from0 = parts.mailbox(0, 2);
+    common::Clock* to2_from1 = parts.mailbox(1, 2);
+    clocks[1]->schedule(10, [&] {
+      to2_from1->schedule(110, [&] { log.push_back("from 1 @110"); });
+      to2_from1->schedule(105, [&] { log.push_back("from 1 @105"); });
+    });
+    clocks[0]->schedule(10, [&] { to2_from0->schedule(110, [&] { log.push_back("from 0 @110"); }); });
+    clocks[2]->schedule(50, [&] { clocks[2]->schedule(110, [&] { log.push_back("own @110"); }); });
+    parts.run();
+    EXPECT_EQ(log, (std::vector<std::string>{"from 1 @105", "own @110", "from 0 @110", "from 1 @110"}))
+        << threads << " threads";
+    EXPECT_EQ(parts.windows_run(), 2u) << "[10, 110) and [105, 205)";
+  }
+  testbed::PlanePartitions parts(2, 1);
+  EXPECT_THROW(parts.mailbox(1, 1), common::Error);
+  EXPECT_THROW(parts.set_lookahead(0), common::Error);
+}

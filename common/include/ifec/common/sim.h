@@ -172,6 +172,7 @@ class LinkPort : public Port {
   friend class Link;
   LinkPort(Link& link, Clock& clock, int side) : link_(link), clock_(clock), side_(side) {}
   void deliver(std::vector<uint8_t>&& frame, uint64_t epoch);
+  bool lost_in_flight();  // the injected loss's draw for the next frame sent from this end
 
   struct InFlight {
     std::vector<uint8_t> frame;
@@ -180,6 +181,10 @@ class LinkPort : public Port {
   Link& link_;
   Clock& clock_;
   int side_;
+  // Where this end's frames arrive when the far end runs on another clock (a partition's mailbox, see Link's
+  // second constructor; null: this end's clock, which is then the far end's too).
+  Clock* arrivals_ = nullptr;
+  uint64_t loss_state_ = 0;  // injected loss's draws on such a link, per end (each end on its own thread)
   uint64_t busy_until_ps_ = 0;
   // The last frame size this end serialized and its time: frames mostly come in one size, and the exact time
   // takes a 128-bit division (kept per end: the two ends may be driven from two threads).
@@ -201,6 +206,10 @@ class LinkPort : public Port {
 class Link {
  public:
   Link(Clock& clock, const LinkConfig& cfg);
+  // A link whose ends run on different clocks (partitions of one simulation on different threads): end i sends,
+  // times and receives on clock_i; its frames arrive through arrivals_i, a clock that takes events for the far
+  // end's partition (a mailbox delivered between the partitions' windows: the link's delay is their lookahead).
+  Link(Clock& clock0, Clock& clock1, Clock& arrivals0, Clock& arrivals1, const LinkConfig& cfg);
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
 
@@ -215,7 +224,6 @@ class Link {
 
  private:
   friend class LinkPort;
-  Clock& clock_;
   LinkConfig cfg_;
   bool up_ = true;
   uint64_t epoch_ = 0;       // bumped on every down transition: frames sent in an older epoch are lost

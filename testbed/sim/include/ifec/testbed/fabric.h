@@ -49,8 +49,11 @@ class Fabric {
   // A fabric partitioned by plane: plane p's links, switches and GPU ports run on plane_clocks[p] (one per plane),
   // the control plane (link events, FARE's rounds, route installs) on `control`. A partitioned run (partitions.h)
   // runs the planes' clocks apart, up to each control event, and the control events between them.
+  // A link joining two planes (a server's NVLink-class link between GPUs of two planes) sends its frames through
+  // mailbox(from plane, to plane) (PlanePartitions::mailbox); without one such a topology needs a single clock.
+  using MailboxFn = std::function<common::Clock*(int from, int to)>;
   Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks, const routing::Topology& topo,
-         FabricOptions opts);
+         FabricOptions opts, MailboxFn mailbox = nullptr);
   ~Fabric();
 
   const routing::Topology& topology() const { return topo_; }
@@ -69,6 +72,9 @@ class Fabric {
   int relay(int gpu, int plane) const { return relays_.at(gpu).at(plane); }
   // Whether some link joins two planes' partitions (an NVLink-class link between GPUs on different planes).
   bool has_nvlink() const { return has_nvlink_; }
+  // The shortest delay of a link whose ends run on different planes' clocks (the partitions' lookahead), or
+  // common::kForever when none does.
+  common::TimeNs cross_partition_delay() const { return cross_delay_; }
   uint32_t gpu_ip(int gpu) const;
   // FARE's WECMP group at GPU `src` toward GPU `dst`: weights per GPU port (Gb/s of path bandwidth). Toward a GPU
   // on another plane, the path to its node peer on each of src's planes (which forwards over NVLink); toward a node
@@ -126,6 +132,7 @@ class Fabric {
   std::vector<std::vector<int>> relays_;   // routing::relay_table
   std::vector<std::vector<int>> relayed_;  // [gpu]: the GPUs of other planes it carries on its own plane
   bool has_nvlink_ = false;
+  common::TimeNs cross_delay_ = common::kForever;
   std::unique_ptr<routing::FareRib> rib_;
   std::vector<std::function<void(common::TimeNs)>> listeners_;
   uint64_t generation_ = 0;

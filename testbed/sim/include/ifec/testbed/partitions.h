@@ -8,6 +8,12 @@
 // and the control events at T run, on the calling thread, before any partition event at T. That order is the
 // one canonical order of equal-time events: the same with one thread or many, so a run gives the same result
 // (times, bytes per link, frame-hops, events) whatever the threads.
+//
+// Links may also join partitions (a server's NVLink-class links between GPUs of different planes): such a link's
+// frames arrive through a mailbox (mailbox(from, to)), and the link's delay is the lookahead (set_lookahead): a
+// window then also ends a lookahead after the earliest partition event, so nothing a window sends arrives inside
+// it. Between windows each partition takes its mailboxes' events in one order, by time, then sending partition,
+// then sending order: the same whatever the threads.
 #pragma once
 
 #include <cstdint>
@@ -25,11 +31,16 @@ class PlanePartitions {
   // `processes` processes (MPI ranks; 1..planes), this one, `rank`, runs the planes p with p % processes == rank
   // (on its threads) and the control loop, which every process runs alike; the others' partitions stay unrun here.
   PlanePartitions(int planes, int threads, int rank = 0, int processes = 1);
+  ~PlanePartitions();
   PlanePartitions(const PlanePartitions&) = delete;
   PlanePartitions& operator=(const PlanePartitions&) = delete;
 
   common::EventLoop& control() { return control_; }
   std::vector<common::Clock*> plane_clocks();
+  // What partition `from` schedules for partition `to` (a link's arrivals): held until the window ends.
+  common::Clock* mailbox(int from, int to);
+  // The shortest delay of a link that joins two partitions (kForever, the default: none does).
+  void set_lookahead(common::TimeNs ns);
   int threads() const { return threads_; }
   int partitions() const { return static_cast<int>(planes_.size()); }
 
@@ -48,12 +59,16 @@ class PlanePartitions {
   std::string describe() const;
 
  private:
+  class Mailbox;
   common::TimeNs next_partition_event() const;
   void run_partitions_through(common::TimeNs last);  // every partition's events up to `last`, on the threads
+  void deliver_mail();                               // every mailbox's events into their partitions, in order
 
   common::EventLoop control_;
   std::vector<std::unique_ptr<common::EventLoop>> planes_;
-  std::vector<common::EventLoop*> owned_;  // this process's partitions
+  std::vector<common::EventLoop*> owned_;       // this process's partitions
+  std::vector<std::unique_ptr<Mailbox>> mail_;  // [from * planes + to], made on first use
+  common::TimeNs lookahead_ = common::kForever;
   int threads_;
   int rank_;
   int processes_;

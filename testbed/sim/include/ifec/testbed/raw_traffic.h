@@ -125,7 +125,7 @@ class RawTraffic {
     size_t cursor = 0;
     std::vector<common::TimeNs> paused_until;
     bool wakeup_pending = false;
-    int plane = 0;                             // its lane: a plane, or the NVLink lane (num_planes) in-node
+    int plane = 0;                             // its lane: a plane, or in-node num_planes + its GPU's plane
     common::Clock* clock = nullptr;            // its plane's
     const GpuPort* io = nullptr;               // the fabric's port (a NIC port or an in-node one)
     common::Fifo<std::vector<uint8_t>> relay;  // in-node ports: frames forwarded for the peer, sent first

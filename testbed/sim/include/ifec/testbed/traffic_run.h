@@ -88,6 +88,7 @@ struct SimRun {
   size_t link_bytes = 0;     // Fabric::link_bytes() at the end: links and switch ports (their queues' rings)
   size_t traffic_bytes = 0;  // RawTraffic::memory_bytes(): flows and their counters
   std::string partitions;    // PlanePartitions::describe() when opts.threads > 0
+  uint64_t windows = 0;      // the partitions' windows (PlanePartitions::windows_run)
 };
 
 // Runs the flows of `opts` to completion (progress lines on stderr every 2 s of wall time when opts.progress).
