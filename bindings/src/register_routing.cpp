@@ -83,6 +83,10 @@ void register_routing(py::module_& m) {
   m.def("make_fat_tree", &make_fat_tree, py::arg("gpus"), py::arg("planes"), py::arg("leaves"), py::arg("spines"),
         py::arg("nic_gbps") = 400, py::arg("fabric_gbps") = 400, py::arg("delay_ns") = 500,
         py::arg("nic_subports") = 1);
+  m.def("make_deepseek_fabric", &make_deepseek_fabric, py::arg("nodes"), py::arg("gpus_per_node"), py::arg("leaves"),
+        py::arg("spines"), py::arg("nic_gbps") = 400, py::arg("nvlink_gbps") = 1280, py::arg("delay_ns") = 500,
+        py::arg("nvlink_delay_ns") = 200,
+        "DeepSeek-V3's fabric: GPU i of each server on plane i, NVLink-class links inside the server");
   m.def("fare_plane_gbps", &plane_gbps, py::arg("topology"), py::arg("down_links") = std::vector<int>{},
         "[src][dst] -> per-plane path bandwidth (Gb/s) after FARE converges");
 }

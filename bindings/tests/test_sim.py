@@ -153,6 +153,25 @@ def test_threads_give_the_same_run():
         ifec.sim.run(topo, threads=5)
 
 
+def test_deepseek_fabric_forwards_inside_servers_and_gives_the_same_run_on_any_threads():
+    topo = ifec.make_deepseek_fabric(8, 4, 2, 2)  # 32 GPUs, GPU i of each server on plane i
+    assert [n["plane"] for n in topo.nodes[:8]] == [0, 1, 2, 3, 0, 1, 2, 3]
+    runs = [ifec.sim.run(topo, traffic="alltoall", bytes=8192, threads=t) for t in (1, 2)]
+    for r in runs:
+        for key in ("wall_seconds", "threads", "setup_seconds", "sim_seconds", "partitions"):
+            r.pop(key)
+    assert runs[0] == runs[1]
+    r = runs[0]
+    assert r["complete"] and r["incomplete_flows"] == 0
+    # 2 packets per flow; a flow between server peers rides NVLink, one to another plane's GPU off-server is
+    # forwarded there once: 8 servers x 12 peer flows, 32 x 21 forwarded flows.
+    assert r["relayed_frames"] == 32 * 21 * 2
+    frame = r["frame_bytes_sent"] // r["packets_sent"]
+    assert r["nvlink_bytes"] == (8 * 12 + 32 * 21) * 2 * frame
+    with pytest.raises(ValueError, match="needs every GPU on every plane"):
+        ifec.Cluster(topo)
+
+
 def _sim_json(cmd):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode in (0, 3), out.stderr  # 3: incomplete (raw flows lose what failed links held)
