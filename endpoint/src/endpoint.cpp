@@ -66,19 +66,9 @@ Endpoint::Endpoint(common::Clock& clock, EndpointConfig cfg, std::vector<Endpoin
   IFEC_CHECK(cfg_.stripe_bytes >= cfg_.mtu && cfg_.stripe_bytes % cfg_.mtu == 0,
              "stripe_bytes " << cfg_.stripe_bytes << " must be a multiple of the MTU " << cfg_.mtu);
   const size_t k = ports_.size();
-  peers_.resize(n);
+  peers_.resize(n);  // each made on first use (peer()): GPUs x GPUs x sub-ports of state are too many
+  remote_windows_.resize(n);
   port_state_.resize(k);
-  for (auto& ps : port_state_) {
-    ps.queued.assign(static_cast<size_t>(n) * k, 0);
-  }
-  qp_port_.resize(static_cast<size_t>(n) * k);
-  qps_.resize(static_cast<size_t>(n) * k);  // each made on first use (qp()): GPUs x GPUs x sub-ports are too many
-  for (int peer = 0; peer < n; ++peer) {
-    for (size_t q = 0; q < k; ++q) {
-      qp_port_[peer * k + q] = static_cast<int>(q);
-    }
-    refresh_peer(peer);
-  }
   for (size_t p = 0; p < k; ++p) {
     const int port = static_cast<int>(p);
     ports_[p].port->set_receiver([this, port](std::vector<uint8_t>&& f) { receive(port, std::move(f)); });
@@ -92,21 +82,52 @@ QueuePair& Endpoint::qp(int peer, int index) {
   IFEC_CHECK(peer >= 0 && peer < num_endpoints() && index >= 0 && index < qps_per_peer(),
              "QP (peer " << peer << ", index " << index << ") outside " << num_endpoints() << " peers x "
                          << qps_per_peer() << " QPs");
-  const int id = peer * qps_per_peer() + index;
-  if (!qps_[id]) {
+  PeerState& ps = peer_state(peer);
+  if (!ps.qps[index]) {
     make_qp(peer, index);
   }
-  return *qps_[id];
+  return *ps.qps[index];
 }
 
 int Endpoint::qps_made() const {
-  return static_cast<int>(std::count_if(qps_.begin(), qps_.end(), [](const auto& q) { return q != nullptr; }));
+  int n = 0;
+  for (const auto& p : peers_) {
+    n += p ? static_cast<int>(std::count_if(p->qps.begin(), p->qps.end(), [](const auto& q) { return q != nullptr; }))
+           : 0;
+  }
+  return n;
+}
+
+Endpoint::PeerState& Endpoint::peer_state(int p) {
+  std::unique_ptr<PeerState>& ps = peers_[p];
+  if (!ps) {
+    ps = std::make_unique<PeerState>();
+    const size_t k = ports_.size();
+    ps->qps.resize(k);
+    ps->queued.assign(k, 0);
+    ps->qp_port.resize(k);
+    for (size_t q = 0; q < k; ++q) {
+      ps->qp_port[q] = static_cast<int>(q);
+    }
+    refresh_peer(p);
+  }
+  return *ps;
+}
+
+std::vector<double> Endpoint::peer_weights(int p) const {
+  std::vector<double> w(ports_.size(), 1.0);
+  if (weight_source_) {
+    weight_source_(p, &w);
+    w.resize(ports_.size(), 0.0);
+  }
+  return w;
 }
 
 // A QP starts as it would have at the endpoint's start: its sequence numbers at zero, on the port FARE's weights
-// give it now (refresh_peer moves qp_port_ for QPs not made yet, as for the others).
+// give it now (refresh_peer moves the port of QPs not made yet, as for the others).
 void Endpoint::make_qp(int peer, int q) {
   const int id = peer * qps_per_peer() + q;
+  PeerState& ps = peer_state(peer);
   QpConfig qc;
   qc.local_qpn = qpn(peer, q);
   qc.remote_qpn = common::rc_qpn(static_cast<uint32_t>(cfg_.index), static_cast<uint32_t>(q));
@@ -121,19 +142,19 @@ void Endpoint::make_qp(int peer, int q) {
   qc.max_outstanding = cfg_.max_outstanding;
   qc.ack_every = cfg_.ack_every;
   qc.responder_window = cfg_.responder_window;
-  qc.headers = headers_for(peer, q, qp_port_[id]);
-  qps_[id] = std::make_unique<QueuePair>(clock_, qc, memory_, [this, id] { wake_qp(id); });
-  qps_[id]->on_write([this, peer](uint32_t rkey, uint64_t va, uint64_t len) { remote_written(peer, rkey, va, len); });
-  qps_[id]->on_reconnect([this, peer, q, id](uint32_t psn) {
+  qc.headers = headers_for(peer, q, ps.qp_port[q]);
+  ps.qps[q] = std::make_unique<QueuePair>(clock_, qc, memory_, [this, id] { wake_qp(id); });
+  ps.qps[q]->on_write([this, peer](uint32_t rkey, uint64_t va, uint64_t len) { remote_written(peer, rkey, va, len); });
+  ps.qps[q]->on_reconnect([this, peer, q](uint32_t psn) {
     counters_.reconnects++;
     std::weak_ptr<bool> alive = alive_;
-    ResetDone done = [this, alive, id, psn](const std::string& error) {
+    ResetDone done = [this, alive, peer, q, psn](const std::string& error) {
       const auto a = alive.lock();
       if (!a || !*a) {
         return;  // the endpoint is gone
       }
       counters_.reconnects_refused += error.empty() ? 0 : 1;
-      qps_[id]->peer_reset(psn, error.empty());
+      peers_[peer]->qps[q]->peer_reset(psn, error.empty());
     };
     if (cm_) {
       cm_(peer, q, psn, std::move(done));
@@ -160,24 +181,54 @@ void Endpoint::set_remote_window(int peer, const WindowInfo& w) {
   IFEC_CHECK(peer >= 0 && peer < num_endpoints(), "peer " << peer << " outside 0.." << num_endpoints() - 1);
   WindowInfo copy = w;
   copy.data = nullptr;
-  peers_[peer].windows[w.id] = copy;
+  std::vector<WindowInfo>& ws = remote_windows_[peer];
+  auto it = std::find_if(ws.begin(), ws.end(), [&](const WindowInfo& x) { return x.id == w.id; });
+  if (it != ws.end()) {
+    *it = copy;
+  } else {
+    ws.push_back(copy);
+  }
 }
 
 void Endpoint::set_weight_source(std::function<void(int, std::vector<double>*)> fn) {
   weight_source_ = std::move(fn);
   for (int p = 0; p < num_endpoints(); ++p) {
-    refresh_peer(p);
+    if (peers_[p]) {
+      refresh_peer(p);
+    }
   }
 }
 
-void Endpoint::refresh_peer(int peer) {
-  PeerState& ps = peers_[peer];
-  const size_t k = ports_.size();
-  std::vector<double> w(k, 1.0);
-  if (weight_source_) {
-    weight_source_(peer, &w);
-    w.resize(k, 0.0);
+namespace {
+
+// Path migration: a QP whose sub-port has no route to the peer (weight 0) moves to the best live port, and back
+// once its own has a route again.
+int port_for(const std::vector<double>& w, size_t q) {
+  if (w[q] > 0) {
+    return static_cast<int>(q);
   }
+  int best = -1;
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (w[i] > 0 && (best < 0 || w[i] > w[best])) {
+      best = static_cast<int>(i);
+    }
+  }
+  return best < 0 ? static_cast<int>(q) : best;
+}
+
+}  // namespace
+
+int Endpoint::qp_port(int peer, int index) const {
+  IFEC_CHECK(peer >= 0 && peer < num_endpoints() && index >= 0 && index < qps_per_peer(),
+             "QP (peer " << peer << ", index " << index << ") outside " << num_endpoints() << " peers x "
+                         << qps_per_peer() << " QPs");
+  return peers_[peer] ? peers_[peer]->qp_port[index] : port_for(peer_weights(peer), static_cast<size_t>(index));
+}
+
+void Endpoint::refresh_peer(int peer) {
+  PeerState& ps = *peers_[peer];
+  const size_t k = ports_.size();
+  const std::vector<double> w = peer_weights(peer);
   ps.weights = w;
   ps.swrr.reset(w);
   double total = 0;
@@ -213,33 +264,28 @@ void Endpoint::refresh_peer(int peer) {
     }
   }
   ps.strong_qp = strong >= 0 ? strong : std::max(ps.strong_qp, 0);
-  // Path migration: a QP whose sub-port has no route to the peer moves to the best live port and back later.
-  int best_port = -1;
   for (size_t q = 0; q < k; ++q) {
-    if (w[q] > 0 && (best_port < 0 || w[q] > w[best_port])) {
-      best_port = static_cast<int>(q);
-    }
-  }
-  for (size_t q = 0; q < k; ++q) {
-    const int id = static_cast<int>(peer * k + q);
-    const int want = w[q] > 0 || best_port < 0 ? static_cast<int>(q) : best_port;
-    if (qp_port_[id] != want) {
-      qp_port_[id] = want;
-      if (qps_[id]) {
-        qps_[id]->set_headers(headers_for(peer, static_cast<int>(q), want));
+    const int want = port_for(w, q);
+    if (ps.qp_port[q] != want) {
+      ps.qp_port[q] = want;
+      if (ps.qps[q]) {  // (one not made yet starts on this port)
+        ps.qps[q]->set_headers(headers_for(peer, static_cast<int>(q), want));
+        counters_.path_migrations++;
+        wake_qp(static_cast<int>(peer * k + q));
       }
-      counters_.path_migrations++;
-      wake_qp(id);
     }
   }
 }
 
 void Endpoint::routes_changed() {
   for (int peer = 0; peer < num_endpoints(); ++peer) {
-    const std::vector<double> before = peers_[peer].weights;
+    if (!peers_[peer]) {
+      continue;  // made later, from the weights of then
+    }
+    const std::vector<double> before = peers_[peer]->weights;
     refresh_peer(peer);
-    if (cfg_.ordering != Ordering::kWeak && before != peers_[peer].weights) {
-      peers_[peer].epoch++;  // no address may change QP while transactions to it are in flight
+    if (cfg_.ordering != Ordering::kWeak && before != peers_[peer]->weights) {
+      peers_[peer]->epoch++;  // no address may change QP while transactions to it are in flight
     }
   }
   const std::vector<EndpointSubscriber*>& subs = subscribers_->slots;
@@ -280,10 +326,10 @@ Subscription& Subscription::operator=(Subscription&& o) noexcept {
 }
 
 double Endpoint::plane_weight(int peer, int plane) const {
-  const PeerState& ps = peers_.at(peer);
+  const std::vector<double> weights = peers_.at(peer) ? peers_[peer]->weights : peer_weights(peer);
   double w = 0;
-  for (size_t i = 0; i < ports_.size() && i < ps.weights.size(); ++i) {
-    w += ports_[i].plane == plane && ps.weights[i] > 0 ? ps.weights[i] : 0;
+  for (size_t i = 0; i < ports_.size() && i < weights.size(); ++i) {
+    w += ports_[i].plane == plane && weights[i] > 0 ? weights[i] : 0;
   }
   return w;
 }
@@ -387,8 +433,9 @@ const WindowInfo* Endpoint::remote_window(int peer, uint16_t window) const {
   if (peer == cfg_.index) {
     return memory_.window(window);
   }
-  auto it = peers_[peer].windows.find(window);
-  return it == peers_[peer].windows.end() ? nullptr : &it->second;
+  const std::vector<WindowInfo>& ws = remote_windows_[peer];
+  auto it = std::find_if(ws.begin(), ws.end(), [&](const WindowInfo& x) { return x.id == window; });
+  return it == ws.end() ? nullptr : &*it;
 }
 
 std::string Endpoint::check_remote(int peer, uint16_t window, uint64_t offset, uint64_t len, bool atomic,
@@ -414,7 +461,7 @@ std::string Endpoint::check_remote(int peer, uint16_t window, uint64_t offset, u
 }
 
 void Endpoint::submit(int peer, std::function<void()> issue) {
-  PeerState& ps = peers_[peer];
+  PeerState& ps = peer_state(peer);
   const uint64_t epoch = ps.epoch;
   const bool earlier_inflight = !ps.inflight.empty() && ps.inflight.begin()->first < epoch;
   if (ps.waiting.empty() && !earlier_inflight) {
@@ -424,10 +471,10 @@ void Endpoint::submit(int peer, std::function<void()> issue) {
   ps.waiting.push_back(Pending{epoch, std::move(issue)});
 }
 
-void Endpoint::wr_started(int peer, uint64_t epoch) { peers_[peer].inflight[epoch]++; }
+void Endpoint::wr_started(int peer, uint64_t epoch) { peer_state(peer).inflight[epoch]++; }
 
 void Endpoint::wr_done(int peer, uint64_t epoch) {
-  PeerState& ps = peers_[peer];
+  PeerState& ps = peer_state(peer);
   auto it = ps.inflight.find(epoch);
   if (it != ps.inflight.end() && --it->second == 0) {
     ps.inflight.erase(it);
@@ -436,7 +483,7 @@ void Endpoint::wr_done(int peer, uint64_t epoch) {
 }
 
 void Endpoint::drain_waiting(int peer) {
-  PeerState& ps = peers_[peer];
+  PeerState& ps = peer_state(peer);
   while (!ps.waiting.empty()) {
     const uint64_t e = ps.waiting.front().epoch;
     if (!ps.inflight.empty() && ps.inflight.begin()->first < e) {
@@ -475,7 +522,7 @@ WqeDone Endpoint::part_done(int peer, uint64_t epoch, const std::shared_ptr<Op>&
 // ---------------------------------------------------------------------------------------------- QP choice --
 
 int Endpoint::pick_small(int peer, uint16_t window, uint64_t offset) {
-  PeerState& ps = peers_[peer];
+  PeerState& ps = peer_state(peer);
   switch (cfg_.ordering) {
     case Ordering::kStrong:
       return ps.strong_qp;
@@ -501,7 +548,7 @@ void Endpoint::post_store_parts(int peer, uint64_t epoch, uint64_t va, uint32_t 
                              part_done(peer, epoch, op));
     }
   };
-  PeerState& ps = peers_[peer];
+  PeerState& ps = peer_state(peer);
   if (cfg_.ordering == Ordering::kStrong || len <= cfg_.mtu) {
     post(cfg_.ordering == Ordering::kStrong ? ps.strong_qp : pick_small(peer, window, offset), 0, len);
     return;
@@ -583,7 +630,7 @@ void Endpoint::post_load_parts(int peer, uint64_t epoch, uint8_t* dst, uint64_t 
                             part_done(peer, epoch, op));
     }
   };
-  PeerState& ps = peers_[peer];
+  PeerState& ps = peer_state(peer);
   if (cfg_.ordering == Ordering::kStrong || len <= cfg_.mtu) {
     post(cfg_.ordering == Ordering::kStrong ? ps.strong_qp : pick_small(peer, window, offset), 0, len);
     return;
@@ -645,7 +692,7 @@ OpHandle Endpoint::store_payload(int peer, uint16_t window, uint64_t offset, Pay
   const uint64_t va = w->va + offset;
   const uint32_t rkey = w->rkey;
   submit(peer, [this, peer, va, rkey, data = std::move(data), window, offset, op] {
-    post_store_parts(peer, peers_[peer].epoch, va, rkey, data, window, offset, op);
+    post_store_parts(peer, peer_state(peer).epoch, va, rkey, data, window, offset, op);
   });
   return h;
 }
@@ -670,7 +717,7 @@ OpHandle Endpoint::load(void* dst, int peer, uint16_t window, uint64_t offset, s
   const uint32_t rkey = w->rkey;
   auto* d = static_cast<uint8_t*>(dst);
   submit(peer, [this, peer, d, va, rkey, len, window, offset, op] {
-    post_load_parts(peer, peers_[peer].epoch, d, va, rkey, len, window, offset, op);
+    post_load_parts(peer, peer_state(peer).epoch, d, va, rkey, len, window, offset, op);
   });
   return h;
 }
@@ -700,7 +747,7 @@ OpHandle Endpoint::atomic(const char* what, int peer, uint16_t window, uint64_t 
   const uint64_t va = w->va + offset;
   const uint32_t rkey = w->rkey;
   submit(peer, [this, peer, va, rkey, cas, compare, swap_or_add, window, offset, op] {
-    const uint64_t epoch = peers_[peer].epoch;
+    const uint64_t epoch = peer_state(peer).epoch;
     op->parts++;
     wr_started(peer, epoch);
     qp(peer, pick_small(peer, window, offset))
@@ -751,8 +798,8 @@ OpHandle Endpoint::put_signal(int peer, uint16_t window, uint64_t offset, const 
   auto post_signal = [this, peer, sva, srkey, signal, sop, sig_window, sig_offset, op](uint64_t epoch) {
     op->parts++;
     wr_started(peer, epoch);
-    QueuePair& q = qp(
-        peer, cfg_.ordering == Ordering::kStrong ? peers_[peer].strong_qp : pick_small(peer, sig_window, sig_offset));
+    QueuePair& q = qp(peer, cfg_.ordering == Ordering::kStrong ? peer_state(peer).strong_qp
+                                                               : pick_small(peer, sig_window, sig_offset));
     if (sop == SignalOp::kAdd) {
       q.post_atomic(false, sva, srkey, signal, 0, part_done(peer, epoch, op));
     } else {
@@ -762,7 +809,7 @@ OpHandle Endpoint::put_signal(int peer, uint16_t window, uint64_t offset, const 
     }
   };
   submit(peer, [this, peer, va, rkey, data, window, offset, op, post_signal] {
-    const uint64_t epoch = peers_[peer].epoch;
+    const uint64_t epoch = peer_state(peer).epoch;
     if (cfg_.ordering == Ordering::kStrong) {
       // One in-order stream: the signal cannot overtake the data.
       post_store_parts(peer, epoch, va, rkey, data, window, offset, op);
@@ -781,11 +828,13 @@ void Endpoint::fence(int peer) {
   }
   if (peer >= 0) {
     IFEC_CHECK(peer < num_endpoints(), "fence: peer " << peer << " outside 0.." << num_endpoints() - 1);
-    peers_[peer].epoch++;
+    peer_state(peer).epoch++;
     return;
   }
-  for (PeerState& ps : peers_) {
-    ps.epoch++;
+  for (auto& ps : peers_) {
+    if (ps) {
+      ps->epoch++;  // (a peer not talked to yet has nothing in flight to fence)
+    }
   }
 }
 
@@ -809,7 +858,7 @@ OpHandle Endpoint::raw_op(const char* what, int peer, int q, std::function<void(
   OpHandle h = new_op(&id);
   auto op = track(id, h);
   submit(peer, [this, peer, q, post = std::move(post), op] {
-    const uint64_t epoch = peers_[peer].epoch;
+    const uint64_t epoch = peer_state(peer).epoch;
     op->parts++;
     wr_started(peer, epoch);
     post(qp(peer, q), part_done(peer, epoch, op));
@@ -842,9 +891,11 @@ bool Endpoint::idle() const {
   if (!outstanding_ops_.empty()) {
     return false;
   }
-  for (const auto& q : qps_) {
-    if (q && !q->idle()) {
-      return false;
+  for (const auto& p : peers_) {
+    for (size_t q = 0; p && q < p->qps.size(); ++q) {
+      if (p->qps[q] && !p->qps[q]->idle()) {
+        return false;
+      }
     }
   }
   return true;
@@ -852,9 +903,11 @@ bool Endpoint::idle() const {
 
 EndpointCounters Endpoint::counters() const {
   EndpointCounters c = counters_;
-  for (const auto& q : qps_) {
-    if (q) {
-      c.qp += q->counters();
+  for (const auto& p : peers_) {
+    for (size_t q = 0; p && q < p->qps.size(); ++q) {
+      if (p->qps[q]) {
+        c.qp += p->qps[q]->counters();
+      }
     }
   }
   return c;
@@ -872,11 +925,12 @@ bool Endpoint::send_frame(int port, std::vector<uint8_t>&& frame) {
 }
 
 void Endpoint::wake_qp(int id) {
-  const int port = qp_port_[id];
-  PortState& ps = port_state_[port];
-  if (!ps.queued[id]) {
-    ps.queued[id] = 1;
-    ps.active.push_back(id);
+  PeerState& peer = *peers_[id / qps_per_peer()];
+  const int q = id % qps_per_peer();
+  const int port = peer.qp_port[q];
+  if ((peer.queued[q] & (uint64_t{1} << port)) == 0) {
+    peer.queued[q] |= uint64_t{1} << port;
+    port_state_[port].active.push_back(id);
   }
   kick(port);
 }
@@ -912,17 +966,17 @@ void Endpoint::kick(int port) {
   while (!ps.active.empty()) {
     const int id = ps.active.front();
     ps.active.pop_front();
-    ps.queued[id] = 0;
-    if (qp_port_[id] != port) {
+    PeerState& peer = *peers_[id / qps_per_peer()];
+    const int q = id % qps_per_peer();
+    peer.queued[q] &= ~(uint64_t{1} << port);
+    if (peer.qp_port[q] != port) {
       wake_qp(id);  // migrated: it belongs to another port's list now
       continue;
     }
-    if (!qps_[id]) {
-      continue;  // woken by a path migration before its first use: nothing to send
-    }
-    std::vector<uint8_t> f = qps_[id]->next_frame();
-    if (qps_[id]->has_frame()) {
-      ps.queued[id] = 1;
+    QueuePair& qp = *peer.qps[q];  // (only a QP that exists is ever woken)
+    std::vector<uint8_t> f = qp.next_frame();
+    if (qp.has_frame()) {
+      peer.queued[q] |= uint64_t{1} << port;
       ps.active.push_back(id);
     }
     if (f.empty()) {

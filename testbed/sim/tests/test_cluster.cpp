@@ -117,7 +117,7 @@ TEST_P(FabricTransactions, EveryTypeMatchesTheReference) {
   EXPECT_EQ(u64(c.window_data(2, kCounters) + 64), 7u);
   EXPECT_EQ(std::memcmp(c.window_data(2, kData) + (2 << 20), sig.data(), sig.size()), 0);
   ASSERT_TRUE(c.barrier()) << "barrier hung";
-  if (fail_plane) {
+  if (fail_plane && ordering != Ordering::kStrong) {  // (strong: one QP per peer, on plane 0, which stays up)
     EXPECT_GT(c.ep(2).counters().path_migrations + c.ep(0).counters().path_migrations, 0u);
   }
 }

@@ -90,7 +90,7 @@ using OpHandle = std::shared_ptr<OpState>;
   X(rx_wrong_source, "right QP, wrong peer address")                                         \
   X(rx_unsupported, "opcodes the runtime does not speak (SEND, CNP)")                        \
   X(pfc_pauses, "")                                                                          \
-  X(path_migrations, "")                                                                     \
+  X(path_migrations, "QPs moved to another port (their own lost its route) or back")                                                                     \
   X(reconnects, "")                                                                          \
   X(reconnects_refused, "the connection manager could not reset the peer (the work failed)")
 // clang-format on
@@ -219,7 +219,7 @@ class Endpoint {
   QueuePair& qp(int peer, int index);
   int qps_made() const;  // QPs made so far (a peer's QPs exist once traffic to or from it used them)
   // Port a QP currently sends on (its own sub-port unless migrated).
-  int qp_port(int peer, int index) const { return qp_port_.at(static_cast<size_t>(peer) * ports_.size() + index); }
+  int qp_port(int peer, int index) const;
   uint32_t qpn(int peer, int index) const {
     return common::rc_qpn(static_cast<uint32_t>(peer), static_cast<uint32_t>(index));
   }
@@ -230,20 +230,23 @@ class Endpoint {
     uint64_t epoch;
     std::function<void()> issue;
   };
+  // What the endpoint keeps toward one peer, made when it first talks to it (peer()): a rank that talks to a few
+  // peers holds a few of these, not one per GPU of the fabric.
   struct PeerState {
     uint64_t epoch = 0;
     std::map<uint64_t, uint64_t> inflight;  // epoch -> work requests issued, not completed
-    common::Fifo<Pending> waiting;          // allocates nothing until used: one per peer
-    std::vector<double> weights;            // per port
-    std::vector<int> table;                 // partial mode only: granule -> QP
-    common::SmoothWrr swrr;                 // weak mode small ops: QP by the weights
+    common::Fifo<Pending> waiting;
+    std::vector<double> weights;  // per port
+    std::vector<int> table;       // partial mode only: granule -> QP
+    common::SmoothWrr swrr;       // weak mode small ops: QP by the weights
     int strong_qp = -1;
-    std::map<uint16_t, WindowInfo> windows;
+    std::vector<int> qp_port;                     // per QP index: the port it sends on
+    std::vector<std::unique_ptr<QueuePair>> qps;  // per QP index, null until first used
+    std::vector<uint64_t> queued;                 // per QP index: the ports whose active list holds it (bits)
   };
   struct PortState {
     std::deque<std::vector<uint8_t>> raw;  // frames queued by send_frame (ECH), ahead of QP traffic
-    std::deque<int> active;                // QP ids with frames to send
-    std::vector<char> queued;
+    std::deque<int> active;                // QP ids (peer * ports + index) with frames to send
     common::TimeNs paused_until = 0;
     bool wakeup_pending = false;
   };
@@ -260,6 +263,9 @@ class Endpoint {
   const WindowInfo* remote_window(int peer, uint16_t window) const;
   std::string check_remote(int peer, uint16_t window, uint64_t offset, uint64_t len, bool atomic,
                            const WindowInfo** w) const;
+  PeerState& peer_state(int p);  // made (weights, table, QP ports) on first use
+  // FARE's weights toward `p` per port (1 each without a weight source).
+  std::vector<double> peer_weights(int p) const;
   void refresh_peer(int peer);
   int pick_small(int peer, uint16_t window, uint64_t offset);
   // Runs `issue` now or once earlier epochs of `peer` drained; `wrs` work requests will report to done_wr().
@@ -288,9 +294,8 @@ class Endpoint {
   std::vector<EndpointPort> ports_;
   std::vector<uint32_t> peer_ips_;
   SymmetricMemory memory_;
-  std::vector<std::unique_ptr<QueuePair>> qps_;  // [peer * ports + k], null until first used
-  std::vector<int> qp_port_;
-  std::vector<PeerState> peers_;
+  std::vector<std::unique_ptr<PeerState>> peers_;        // [peer], null until first used
+  std::vector<std::vector<WindowInfo>> remote_windows_;  // [peer]: its windows, as the window exchange gave them
   // Weak mode: where a multi-packet store's stripes start, advanced by one per store across all peers (a rotor per
   // peer started every peer's first store on the first QPs: few rows per peer then favoured the low planes).
   size_t stripe_rotor_ = 0;
