@@ -821,7 +821,8 @@ void UpdateDecoder::attribute(uint8_t flags, uint8_t type, const uint8_t* v, siz
       os << "unrecognized well-known attribute type " << int(type) << " at byte " << at;
       error(BgpErrorAction::kSessionReset, kUpdUnrecognizedWellKnown, at, whole, os.str());
     } else if (flags & kAttrTransitive) {
-      out->update.attrs.unknown.push_back(BgpRawAttribute{flags, type, std::vector<uint8_t>(v, v + n)});
+      const uint8_t otp = flags & (kAttrOptional | kAttrTransitive | kAttrPartial);  // not E, not the unused bits
+      out->update.attrs.unknown.push_back(BgpRawAttribute{otp, type, std::vector<uint8_t>(v, v + n)});
     }  // unrecognized optional non-transitive: quietly ignored (RFC 4271 §5)
     return;
   }

@@ -507,6 +507,11 @@ TEST(BgpRfc7606, UnknownOptionalAttributes) {
   const Bytes again = encode_bgp_update(m.update, true);
   const Bytes with_partial = {0xe0, 99, 0x02, 0xab, 0xcd};
   EXPECT_NE(std::search(again.begin(), again.end(), with_partial.begin(), with_partial.end()), again.end());
+  // The unused low flag bits are ignored on receipt and sent as zero (found by fuzz_bgp's round trip).
+  const Bytes odd_flags = {0xcc, 99, 0x01, 0x07};
+  const BgpMessage o = decode(update_msg({}, cat({kOrigin, kAsPath, kNextHop, odd_flags}), kNlri), from_peer());
+  ASSERT_EQ(o.update.attrs.unknown.size(), 1u);
+  EXPECT_EQ(o.update.attrs.unknown[0].flags, 0xc0);
 }
 
 TEST(BgpRfc7606, RepeatedAttributesAfterTheFirstAreDiscarded) {

@@ -180,7 +180,7 @@ struct BgpExtCommunity {
 // An optional transitive attribute this code does not interpret, kept as received. Encoding sets its Partial bit:
 // RFC 4271 §5 asks that of a speaker passing on an attribute it did not recognise.
 struct BgpRawAttribute {
-  uint8_t flags = 0;
+  uint8_t flags = 0;  // Optional, Transitive and Partial bits (the encoder picks the length form)
   uint8_t type = 0;
   std::vector<uint8_t> value;
   bool operator==(const BgpRawAttribute& o) const { return flags == o.flags && type == o.type && value == o.value; }
