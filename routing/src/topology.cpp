@@ -507,6 +507,29 @@ int add_switch(Topology& t, const std::string& name, int plane) {
   return static_cast<int>(t.nodes.size()) - 1;
 }
 
+// Each plane's leaves ("pP-leafI") and spines ("pP-spineS"), as node indices [plane][i].
+void add_two_tier_switches(Topology& t, int planes, int leaves, int spines, std::vector<std::vector<int>>& leaf,
+                           std::vector<std::vector<int>>& spine) {
+  leaf.assign(planes, {});
+  spine.assign(planes, {});
+  for (int p = 0; p < planes; ++p) {
+    const std::string prefix = "p" + std::to_string(p) + "-";
+    for (int i = 0; i < leaves; ++i) leaf[p].push_back(add_switch(t, prefix + "leaf" + std::to_string(i), p));
+    for (int i = 0; i < spines; ++i) spine[p].push_back(add_switch(t, prefix + "spine" + std::to_string(i), p));
+  }
+}
+
+// Every leaf of a plane to every spine of it, plane by plane.
+void add_leaf_spine_mesh(Topology& t, const std::vector<std::vector<int>>& leaf,
+                         const std::vector<std::vector<int>>& spine, double gbps, uint64_t delay_ns,
+                         std::vector<int>& next_port, int& cable) {
+  for (size_t p = 0; p < leaf.size(); ++p) {
+    for (int l : leaf[p]) {
+      for (int s : spine[p]) add_cable(t, l, s, static_cast<int>(p), gbps, 1, delay_ns, next_port, cable++);
+    }
+  }
+}
+
 }  // namespace
 
 Topology make_superpod(int gpus, int planes, double port_gbps, int subports, uint64_t delay_ns) {
@@ -561,12 +584,8 @@ Topology make_fat_tree(int gpus, int planes, int leaves, int spines, double nic_
   t.source = src.str();
   t.num_planes = planes;
   add_gpus(t, gpus);
-  std::vector<std::vector<int>> leaf(planes), spine(planes);
-  for (int p = 0; p < planes; ++p) {
-    const std::string prefix = "p" + std::to_string(p) + "-";
-    for (int i = 0; i < leaves; ++i) leaf[p].push_back(add_switch(t, prefix + "leaf" + std::to_string(i), p));
-    for (int i = 0; i < spines; ++i) spine[p].push_back(add_switch(t, prefix + "spine" + std::to_string(i), p));
-  }
+  std::vector<std::vector<int>> leaf, spine;
+  add_two_tier_switches(t, planes, leaves, spines, leaf, spine);
   std::vector<int> next_port(t.nodes.size(), 0);
   int cable = 0;
   const int per_leaf = gpus / leaves;
@@ -575,20 +594,11 @@ Topology make_fat_tree(int gpus, int planes, int leaves, int spines, double nic_
     for (int p = 0; p < planes; ++p)
       add_cable(t, g, leaf[p][g / per_leaf], p, nic_gbps, nic_subports, delay_ns, next_port, cable++);
   }
-  for (int p = 0; p < planes; ++p) {
-    for (int i = 0; i < leaves; ++i) {
-      for (int s = 0; s < spines; ++s)
-        add_cable(t, leaf[p][i], spine[p][s], p, fabric_gbps, 1, delay_ns, next_port, cable++);
-    }
-  }
+  add_leaf_spine_mesh(t, leaf, spine, fabric_gbps, delay_ns, next_port, cable);
   detail::assign_derived_fields(t);
   validate(t);
   return t;
 }
-
-}  // namespace ifec::routing
-
-namespace ifec::routing {
 
 Topology make_deepseek_fabric(int nodes, int gpus_per_node, int leaves, int spines, double nic_gbps, double nvlink_gbps,
                               uint64_t delay_ns, uint64_t nvlink_delay_ns) {
@@ -612,12 +622,8 @@ Topology make_deepseek_fabric(int nodes, int gpus_per_node, int leaves, int spin
   t.num_planes = planes;
   add_gpus(t, gpus);
   for (int g = 0; g < gpus; ++g) t.nodes[g].plane = g % gpus_per_node;
-  std::vector<std::vector<int>> leaf(planes), spine(planes);
-  for (int p = 0; p < planes; ++p) {
-    const std::string prefix = "p" + std::to_string(p) + "-";
-    for (int i = 0; i < leaves; ++i) leaf[p].push_back(add_switch(t, prefix + "leaf" + std::to_string(i), p));
-    for (int i = 0; i < spines; ++i) spine[p].push_back(add_switch(t, prefix + "spine" + std::to_string(i), p));
-  }
+  std::vector<std::vector<int>> leaf, spine;
+  add_two_tier_switches(t, planes, leaves, spines, leaf, spine);
   std::vector<int> next_port(t.nodes.size(), 0);
   int cable = 0;
   const int per_leaf = nodes / leaves;
@@ -633,12 +639,7 @@ Topology make_deepseek_fabric(int nodes, int gpus_per_node, int leaves, int spin
       }
     }
   }
-  for (int p = 0; p < planes; ++p) {
-    for (int i = 0; i < leaves; ++i) {
-      for (int s = 0; s < spines; ++s)
-        add_cable(t, leaf[p][i], spine[p][s], p, nic_gbps, 1, delay_ns, next_port, cable++);
-    }
-  }
+  add_leaf_spine_mesh(t, leaf, spine, nic_gbps, delay_ns, next_port, cable);
   detail::assign_derived_fields(t);
   validate(t);
   return t;
