@@ -59,6 +59,9 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
   }
   gpu_ports_.resize(topo_.num_gpus());
   nvlink_ports_.resize(topo_.num_gpus());
+  for (int g = 0; g < topo_.num_gpus(); ++g) {
+    gpu_ips_.push_back(topo_.nodes[topo_.gpu_node(g)].loopback);
+  }
   const bool one_clock =
       std::all_of(plane_clocks_.begin(), plane_clocks_.end(), [this](const common::Clock* c) { return c == &clock_; });
   for (const routing::Link& l : topo_.links) {
@@ -149,7 +152,6 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
 
 Fabric::~Fabric() = default;
 
-uint32_t Fabric::gpu_ip(int gpu) const { return topo_.nodes.at(topo_.gpu_node(gpu)).loopback; }
 
 int Fabric::nvlink_port_to(int gpu, int peer) const {
   const std::vector<GpuPort>& ports = nvlink_ports_.at(gpu);

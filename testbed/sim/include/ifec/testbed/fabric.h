@@ -75,7 +75,7 @@ class Fabric {
   // The shortest delay of a link whose ends run on different planes' clocks (the partitions' lookahead), or
   // common::kForever when none does.
   common::TimeNs cross_partition_delay() const { return cross_delay_; }
-  uint32_t gpu_ip(int gpu) const;
+  uint32_t gpu_ip(int gpu) const { return gpu_ips_.at(gpu); }
   // FARE's WECMP group at GPU `src` toward GPU `dst`: weights per GPU port (Gb/s of path bandwidth). Toward a GPU
   // on another plane, the path to its node peer on each of src's planes (which forwards over NVLink); toward a node
   // peer, the NVLink-class link itself at its rate.
@@ -129,6 +129,7 @@ class Fabric {
   std::vector<std::shared_ptr<switchemu::IpMap>> class_tables_;
   std::vector<std::vector<GpuPort>> gpu_ports_;
   std::vector<std::vector<GpuPort>> nvlink_ports_;
+  std::vector<uint32_t> gpu_ips_;  // [gpu]: its loopback (read per frame)
   std::vector<std::vector<int>> relays_;   // routing::relay_table
   std::vector<std::vector<int>> relayed_;  // [gpu]: the GPUs of other planes it carries on its own plane
   bool has_nvlink_ = false;
