@@ -64,8 +64,24 @@ def test_rows_give_line_rate_fractions_their_bound_and_the_overlapped_layer():
         assert r["dispatch_line_fraction"] == pytest.approx(r["dispatch_gbs"] / r["line_gbs"])
         # The bound is a lower bound on each phase's time (the busiest GPU's bytes at line rate).
         assert 0 < r["dispatch_bound_us"] <= r["dispatch_us"] and 0 < r["combine_bound_us"] <= r["combine_us"]
-        # The overlapped layer: at least its experts (the compute stream never overlaps itself).
+        # The overlapped layer: at least its experts (the compute stream never overlaps itself), in either schedule.
         assert r["overlap_us"] >= 0.9 * r["compute_us"]
+        assert r["overlap2_us"] >= 0.9 * r["compute_us"]
+
+
+def test_elided_payloads_give_the_same_rows_and_say_timing_only():
+    topo = ifec.make_superpod(8, 2)
+    real = moe.measure(topo, 8, 16, hidden=512)
+    elided = moe.measure(topo, 8, 16, hidden=512, payload="elided")
+    for a, b in zip(real, elided):
+        assert not a["timing_only"] and a["payload"] == "real"
+        assert b["timing_only"] and b["payload"] == "elided"
+        for key in ("dispatch_us", "combine_us", "dispatch_wire_per_plane", "combine_wire_per_plane"):
+            assert a[key] == b[key], (a["variant"], key)
+    with pytest.raises(Exception, match="elided"):
+        moe.measure(topo, 8, 4, hidden=64, compute=True, payload="elided")
+    with pytest.raises(ValueError, match="'fake'"):
+        moe.measure(topo, 8, 4, payload="fake")
 
 
 def test_ep_sizes_at_once_give_the_serial_rows():

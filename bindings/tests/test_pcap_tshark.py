@@ -31,6 +31,8 @@ EXPECTED = [
     dict(opcode=0x0A, qp=0x123, psn=108, va=9 * 128, rkey=0, dmalen=128,
          ech=dict(version=1, format=1, op=3, job_id=7, group_id=2, contributor_id=4, chunk_index=9, dtype=2, redop=0,
                   element_count=64, window_id=1)),
+    dict(opcode=0x0A, qp=0x123, psn=109, va=0x9000, rkey=0, dmalen=128,
+         ech=dict(version=2, format=0, op=1, source_id=300, window_id=3, bitmap_base=256, dest_bitmap=(1 << 0) | (1 << 7))),
 ]
 
 FIELDS = {
@@ -48,7 +50,7 @@ FIELDS = {
     "icrc": "infiniband.invariant.crc",
     "udp_dport": "udp.dstport",
 }
-ECH_FIELDS = ["version", "format", "op", "source_id", "window_id", "dest_bitmap", "job_id", "group_id",
+ECH_FIELDS = ["version", "format", "op", "source_id", "window_id", "bitmap_base", "dest_bitmap", "job_id", "group_id",
               "contributor_id", "chunk_index", "dtype", "redop", "element_count"]
 
 

@@ -51,14 +51,20 @@ size_t ech_dtype_size(EchDtype dtype) {
 }
 
 void Ech::encode(uint8_t* out) const {
-  out[0] = static_cast<uint8_t>((kEchVersion << 4) | static_cast<uint8_t>(format));
+  out[0] = static_cast<uint8_t>(((compact_v2() ? kEchVersion2 : kEchVersion) << 4) | static_cast<uint8_t>(format));
   out[1] = static_cast<uint8_t>(op);
   out[2] = flags & ech_flags::kDefined;
   out[3] = static_cast<uint8_t>(size() / 4);
   if (format == EchFormat::kCompact) {
     store_be16(out + 4, source_id);
     store_be16(out + 6, window_id);
-    store_be64(out + 8, dest_bitmap);
+    if (compact_v2()) {
+      store_be16(out + 8, bitmap_base);
+      store_be16(out + 10, 0);
+      store_be64(out + 12, dest_bitmap);
+    } else {
+      store_be64(out + 8, dest_bitmap);
+    }
     return;
   }
   store_be32(out + 4, job_id);
@@ -72,22 +78,53 @@ void Ech::encode(uint8_t* out) const {
   store_be16(out + 22, 0);
 }
 
+// The compact header's fields (v1: 16 bytes; v2: 20, with a bitmap base), `e` holding the common prefix.
+// Every header has one encoding: a v2 header that v1 could carry is refused, as is a bitmap past endpoint 65535.
+WireStatus Ech::decode_compact(const uint8_t* in, uint8_t version, Ech e, Ech* out) {
+  e.source_id = load_be16(in + 4);
+  e.window_id = load_be16(in + 6);
+  const size_t bitmap_at = version == kEchVersion2 ? 12 : 8;
+  if (version == kEchVersion2) {
+    e.bitmap_base = load_be16(in + 8);
+    if (load_be16(in + 10) != 0) {
+      return WireStatus::fail(WireError::kEchBadField, 10, load_be16(in + 10));
+    }
+  }
+  e.dest_bitmap = load_be64(in + bitmap_at);
+  if (version == kEchVersion && e.source_id >= 64) {
+    return WireStatus::fail(WireError::kEchBadField, 4, e.source_id);
+  }
+  if (version == kEchVersion2 && !e.compact_v2()) {
+    return WireStatus::fail(WireError::kEchBadField, 8, e.bitmap_base);  // v1's header, sent as v2
+  }
+  if (e.dest_bitmap == 0) {
+    return WireStatus::fail(WireError::kEchBadField, bitmap_at, 0);
+  }
+  if (e.bitmap_base + (63 - __builtin_clzll(e.dest_bitmap)) > 0xFFFF) {
+    return WireStatus::fail(WireError::kEchBadField, 8, e.bitmap_base);
+  }
+  *out = e;
+  return {};
+}
+
 WireStatus Ech::decode(const uint8_t* in, size_t len, Ech* out) {
   if (len < kCommonSize) {
     return WireStatus::fail(WireError::kTruncated, 0, len);
   }
   const uint8_t version = in[0] >> 4;
-  if (version != kEchVersion) {
+  if (version != kEchVersion && version != kEchVersion2) {
     return WireStatus::fail(WireError::kEchBadVersion, 0, version);
   }
   const uint8_t format = in[0] & 0xF;
-  if (format > static_cast<uint8_t>(EchFormat::kStandard)) {
-    return WireStatus::fail(WireError::kEchBadFormat, 0, format);
+  if (format > static_cast<uint8_t>(EchFormat::kStandard) ||
+      (version == kEchVersion2 && format != static_cast<uint8_t>(EchFormat::kCompact))) {
+    return WireStatus::fail(WireError::kEchBadFormat, 0, format);  // v2 defines the compact header only
   }
   Ech e;
   e.format = static_cast<EchFormat>(format);
   const size_t declared = size_t{in[3]} * 4;
-  if (declared != e.size()) {
+  const size_t expected_size = version == kEchVersion2 ? kCompactV2Size : e.size();
+  if (declared != expected_size) {
     return WireStatus::fail(WireError::kEchBadLength, 3, in[3]);
   }
   if (len < declared) {
@@ -104,17 +141,7 @@ WireStatus Ech::decode(const uint8_t* in, size_t len, Ech* out) {
   }
   e.flags = in[2];
   if (e.format == EchFormat::kCompact) {
-    e.source_id = load_be16(in + 4);
-    e.window_id = load_be16(in + 6);
-    e.dest_bitmap = load_be64(in + 8);
-    if (e.source_id >= 64) {
-      return WireStatus::fail(WireError::kEchBadField, 4, e.source_id);
-    }
-    if (e.dest_bitmap == 0) {
-      return WireStatus::fail(WireError::kEchBadField, 8, 0);
-    }
-    *out = e;
-    return {};
+    return decode_compact(in, version, e, out);
   }
   e.job_id = load_be32(in + 4);
   e.group_id = load_be16(in + 8);
@@ -128,10 +155,7 @@ WireStatus Ech::decode(const uint8_t* in, size_t len, Ech* out) {
   if (redop > static_cast<uint8_t>(EchRedOp::kMax)) {
     return WireStatus::fail(WireError::kEchBadField, 16, redop);
   }
-  e.expected = in[17];
-  if (e.expected > 64) {
-    return WireStatus::fail(WireError::kEchBadField, 17, in[17]);  // a group has at most 64 members
-  }
+  e.expected = in[17];  // 1..255, 0: every member (a group has at most kMaxGroupMembers = 256)
   e.dtype = static_cast<EchDtype>(dtype);
   e.redop = static_cast<EchRedOp>(redop);
   e.element_count = load_be16(in + 18);

@@ -143,6 +143,21 @@ std::vector<SampleFrame> sample_frames() {
     h.bth.ack_req = true;
     v.push_back(make("ech_standard_allreduce", h, pattern(128, 7)));
   }
+  {
+    // Compact ECH v2: endpoint 300 multicasts to endpoints 256 and 263 (a bitmap based at 256).
+    FrameHeaders h = base_headers(op(Opcode::kWriteOnly), kQp, 109);
+    Ech e;
+    e.format = EchFormat::kCompact;
+    e.op = EchOp::kMulticast;
+    e.source_id = 300;
+    e.window_id = 3;
+    e.bitmap_base = 256;
+    e.dest_bitmap = (1ULL << 0) | (1ULL << 7);
+    h.ech = e;
+    h.reth = Reth{0x9000, 0, 128};
+    h.bth.ack_req = true;
+    v.push_back(make("ech_compact_v2_multicast", h, pattern(128, 8)));
+  }
   return v;
 }
 

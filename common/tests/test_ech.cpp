@@ -1,6 +1,8 @@
-// ECH v1: both formats against the byte layout in docs/ech-v1.md, and every validation rule.
+// ECH v1 and v2 (compact with a bitmap base): every format against the byte layout in docs/ech-v1.md, and every
+// validation rule.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "ifec/common/ech.h"
@@ -84,7 +86,9 @@ TEST(Ech, RejectsEachMalformedField) {
     WireError expect;
   };
   const Case cases[] = {
-      {"version 2", 0, 0x20, false, WireError::kEchBadVersion},
+      {"version 3", 0, 0x30, false, WireError::kEchBadVersion},
+      {"version 2 standard", 0, 0x21, true, WireError::kEchBadFormat},
+      {"version 2 at v1's length", 0, 0x20, false, WireError::kEchBadLength},
       {"version 0", 0, 0x00, false, WireError::kEchBadVersion},
       {"format 2", 0, 0x12, false, WireError::kEchBadFormat},
       {"compact length 5 words", 3, 5, false, WireError::kEchBadLength},
@@ -96,7 +100,6 @@ TEST(Ech, RejectsEachMalformedField) {
       {"source id 64", 5, 64, false, WireError::kEchBadField},
       {"dtype 4", 16, 0x40, true, WireError::kEchBadField},
       {"redop 3", 16, 0x03, true, WireError::kEchBadField},
-      {"expected contributors 65", 17, 65, true, WireError::kEchBadField},
       {"reserved byte 23", 23, 1, true, WireError::kEchBadField},
   };
   for (const Case& c : cases) {
@@ -105,6 +108,70 @@ TEST(Ech, RejectsEachMalformedField) {
     Ech d;
     WireStatus st = decode(v, &d);
     EXPECT_EQ(st.error, c.expect) << c.what << ": got " << st.message();
+  }
+}
+
+// v2: the compact header with a bitmap base, for sources and destinations past endpoint 63.
+Ech compact_v2() {
+  Ech e = compact();
+  e.source_id = 300;
+  e.bitmap_base = 64;
+  e.dest_bitmap = (1ULL << 2) | (1ULL << 5);
+  return e;
+}
+
+TEST(Ech, CompactV2LayoutByteByByte) {
+  const std::vector<uint8_t> expect = {0x20, 0x01, 0x00, 0x05, 0x01, 0x2C, 0x00, 0x03, 0x00, 0x40,
+                                       0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x24};
+  EXPECT_EQ(bytes_of(compact_v2()), expect);
+  Ech d;
+  ASSERT_TRUE(decode(expect, &d).ok());
+  EXPECT_EQ(d.source_id, 300);
+  EXPECT_EQ(d.bitmap_base, 64);
+  EXPECT_EQ(d.dest_bitmap, compact_v2().dest_bitmap);
+  EXPECT_EQ(d.size(), Ech::kCompactV2Size);
+  EXPECT_TRUE(d.addresses(66));
+  EXPECT_TRUE(d.addresses(69));
+  EXPECT_FALSE(d.addresses(2)) << "bit 2 is endpoint 66, not 2";
+  EXPECT_FALSE(d.addresses(67));
+}
+
+// Senders use v1 whenever it can carry the header, so fabrics of up to 64 GPUs send v1's bytes; each header has one
+// encoding, so a v2 header v1 could carry is refused.
+TEST(Ech, CompactUsesV2OnlyPastEndpoint63) {
+  Ech e = compact();
+  EXPECT_EQ(bytes_of(e).size(), Ech::kCompactSize);
+  e.set_destination(63);
+  EXPECT_EQ(e.bitmap_base, 0);
+  EXPECT_EQ(bytes_of(e).size(), Ech::kCompactSize);
+  e.set_destination(130);
+  EXPECT_EQ(e.bitmap_base, 128);
+  EXPECT_EQ(e.dest_bitmap, 1ULL << 2);
+  EXPECT_EQ(bytes_of(e)[0], 0x20);
+  Ech src64 = compact();
+  src64.source_id = 64;
+  EXPECT_EQ(bytes_of(src64).size(), Ech::kCompactV2Size);
+
+  std::vector<uint8_t> v = bytes_of(compact_v2());
+  Ech d;
+  std::vector<uint8_t> as_v1 = v;
+  as_v1[4] = 0;
+  as_v1[5] = 1;  // source 1
+  as_v1[9] = 0;  // base 0
+  EXPECT_EQ(decode(as_v1, &d).error, WireError::kEchBadField) << "v1's header sent as v2";
+  std::vector<uint8_t> reserved = v;
+  reserved[11] = 1;
+  EXPECT_EQ(decode(reserved, &d).error, WireError::kEchBadField);
+  std::vector<uint8_t> past = v;
+  past[8] = 0xFF;
+  past[9] = 0xFF;  // base 65535 + bit 5
+  EXPECT_EQ(decode(past, &d).error, WireError::kEchBadField);
+  std::vector<uint8_t> empty = v;
+  std::fill(empty.begin() + 12, empty.end(), 0);
+  EXPECT_EQ(decode(empty, &d).error, WireError::kEchBadField);
+  for (size_t n = 0; n < v.size(); ++n) {
+    std::vector<uint8_t> cut(v.begin(), v.begin() + n);
+    EXPECT_EQ(Ech::decode(cut.data(), cut.size(), &d).error, WireError::kTruncated) << "length " << n;
   }
 }
 

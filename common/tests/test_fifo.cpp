@@ -4,6 +4,7 @@
 #include <deque>
 #include <memory>
 #include <random>
+#include <vector>
 
 #include "ifec/common/fifo.h"
 
@@ -33,6 +34,34 @@ TEST(Fifo, KeepsFirstInFirstOutAcrossGrowthAndWrapAround) {
     ref.pop_front();
   }
   EXPECT_TRUE(f.empty());
+}
+
+TEST(Fifo, IndexesAndIteratesFrontToBackAndGivesItsRingBack) {
+  Fifo<int> f;
+  for (int i = 0; i < 6; ++i) {
+    f.push_back(int{i});
+  }
+  f.pop_front();
+  f.pop_front();
+  for (int i = 6; i < 9; ++i) {
+    f.push_back(int{i});  // wraps around the ring of 8
+  }
+  std::vector<int> seen;
+  for (int v : f) {
+    seen.push_back(v);
+  }
+  EXPECT_EQ(seen, (std::vector<int>{2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(f[0], 2);
+  EXPECT_EQ(f[6], 8);
+  f.release_if_empty();
+  EXPECT_EQ(f.capacity(), 8u) << "not empty: kept";
+  while (!f.empty()) {
+    f.pop_front();
+  }
+  f.release_if_empty();
+  EXPECT_EQ(f.capacity(), 0u);
+  f.push_back(9);
+  EXPECT_EQ(f.front(), 9);
 }
 
 }  // namespace

@@ -352,9 +352,10 @@ std::shared_ptr<EchMulticast> EchAgent::multicast(EchMulticastSpec spec) {
     const EchPacket& p = spec.packets[i];
     IFEC_CHECK(p.offset + p.len <= w->size, "ECH multicast: packet " << i << " at " << p.offset << " + " << p.len
                                                                      << " overruns window " << spec.window);
-    IFEC_CHECK(p.bitmap != 0 && !(p.bitmap & (1ULL << ep_.index())), "ECH multicast: packet "
-                                                                         << i << " has destination bitmap " << p.bitmap
-                                                                         << " (must be non-empty, without the source)");
+    const int self = ep_.index() - p.base;
+    IFEC_CHECK(p.bitmap != 0 && !(self >= 0 && self < 64 && (p.bitmap >> self) & 1) && p.base + 63 <= 0xFFFF,
+               "ECH multicast: packet " << i << " has destination bitmap " << p.bitmap << " from endpoint " << p.base
+                                        << " (must be non-empty, without the source, below endpoint 65536)");
   }
   IFEC_CHECK(spec.packets.size() < (1u << 23), "ECH multicast: " << spec.packets.size() << " packets (PSNs repeat)");
   prune();
@@ -449,6 +450,7 @@ void EchAgent::send_packet(EchMulticast& m, size_t i, bool retransmit) {
   ech.source_id = static_cast<uint16_t>(ep_.index());
   ech.window_id = m.spec_.window;
   ech.dest_bitmap = pk.bitmap;
+  ech.bitmap_base = pk.base;
   h.ech = ech;
   h.reth = common::Reth{pk.offset, 0, pk.len};
   const uint8_t* bytes = ep_.config().elided_payloads ? nullptr : ep_.memory().window(m.spec_.window)->data + pk.offset;
@@ -515,7 +517,7 @@ void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const ui
     }
     counters_.unmatched++;
     if (write) {
-      send_ack(port, pf, 0);  // a late result or notice: quiet the switch, write nothing
+      send_ack(port, pf);  // a late result or notice: quiet the switch, write nothing
     }
     return;
   }
@@ -544,7 +546,7 @@ void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const ui
   }
   if (!pending) {
     counters_.duplicate_results++;  // landed already, or given up: acknowledge again, write nothing
-    send_ack(port, pf, 0);
+    send_ack(port, pf);
     return;
   }
   if (is_notice(pf, r->spec_.op)) {
@@ -561,7 +563,7 @@ void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const ui
     sample();
     r->finish(i, EchOutcome::kDone);
   }
-  send_ack(port, pf, 0);
+  send_ack(port, pf);
   pump(*r);
 }
 
@@ -592,10 +594,10 @@ void EchAgent::on_compact_frame(int port, const common::ParsedFrame& pf, const u
   auto from = accept_from_.find({ech.window_id, ech.source_id});
   if (from != accept_from_.end() && ((psn - from->second) & kPsnMask) >= (1u << 23)) {
     counters_.stale_replicas++;
-    send_ack(port, pf, 1ULL << ep_.index());
+    send_ack(port, pf);
     return;
   }
-  if (!(ech.dest_bitmap & (1ULL << ep_.index())) || !write_checked(pf, frame)) {
+  if (!ech.addresses(ep_.index()) || !write_checked(pf, frame)) {
     counters_.protection_drops++;
     return;
   }
@@ -605,7 +607,7 @@ void EchAgent::on_compact_frame(int port, const common::ParsedFrame& pf, const u
   } else {
     counters_.duplicate_replicas++;
   }
-  send_ack(port, pf, 1ULL << ep_.index());
+  send_ack(port, pf);
 }
 
 // The rkey/bounds/job check, then the write: false (nothing written) when the frame may not touch our memory.
@@ -625,14 +627,14 @@ bool EchAgent::write_checked(const common::ParsedFrame& pf, const uint8_t* frame
   return true;
 }
 
-void EchAgent::send_ack(int port, const common::ParsedFrame& pf, uint64_t bitmap) {
+void EchAgent::send_ack(int port, const common::ParsedFrame& pf) {
   common::FrameHeaders h = headers(port, pf.h.ip.src, static_cast<uint16_t>(pf.h.bth.psn),
                                    static_cast<uint8_t>(Opcode::kAcknowledge), pf.h.bth.pkey, pf.h.bth.psn);
   Ech ech = *pf.h.ech;
   ech.element_count = 0;
   ech.flags = 0;
   if (ech.format == EchFormat::kCompact) {
-    ech.dest_bitmap = bitmap;
+    ech.set_destination(ep_.index());
   }
   h.ech = ech;
   h.aeth = common::Aeth::ack(0);

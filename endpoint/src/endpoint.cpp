@@ -400,7 +400,7 @@ void Endpoint::finish_op(uint64_t id, const OpHandle& h) {
     h->on_done = nullptr;
     fn(*h);
   }
-  const uint64_t oldest = outstanding_ops_.empty() ? next_op_id_ : *outstanding_ops_.begin();
+  const uint64_t oldest = outstanding_ops_.empty() ? next_op_id_ : outstanding_ops_.oldest();
   while (!quiet_waiters_.empty() && quiet_waiters_.front().first <= oldest) {
     OpHandle q = quiet_waiters_.front().second;
     quiet_waiters_.pop_front();
@@ -536,8 +536,16 @@ int Endpoint::pick_small(int peer, uint16_t window, uint64_t offset) {
   return 0;
 }
 
+uint64_t Endpoint::take_stripe_turns(uint64_t stores, size_t len) {
+  const uint64_t first = stripe_rotor_;
+  if (cfg_.ordering == Ordering::kWeak && len > cfg_.mtu) {
+    stripe_rotor_ += stores;
+  }
+  return first;
+}
+
 void Endpoint::post_store_parts(int peer, uint64_t epoch, uint64_t va, uint32_t rkey, const Payload& data,
-                                uint16_t window, uint64_t offset, const std::shared_ptr<Op>& op) {
+                                uint16_t window, uint64_t offset, const std::shared_ptr<Op>& op, uint64_t turn) {
   const uint64_t len = data.size;
   auto post = [&](int q, uint64_t from, uint64_t n) {
     for (uint64_t done = 0; done < n; done += kMaxWqeBytes) {
@@ -589,7 +597,7 @@ void Endpoint::post_store_parts(int peer, uint64_t epoch, uint64_t va, uint32_t 
   std::vector<std::pair<double, size_t>> frac;
   // Ties in the remainders rotate per store, so stores of a few packets spread over every QP instead of always
   // landing on the first ones.
-  const size_t rotate = stripe_rotor_++;
+  const size_t rotate = turn == kNextTurn ? stripe_rotor_++ : turn;
   for (size_t i = 0; i < w.size(); ++i) {
     const size_t q = (i + rotate) % w.size();
     const double exact = packets * w[q] / total;
@@ -662,17 +670,18 @@ OpHandle Endpoint::store(int peer, uint16_t window, uint64_t offset, const void*
 }
 
 OpHandle Endpoint::store_from_window(int peer, uint16_t window, uint64_t offset, uint16_t src_window,
-                                     uint64_t src_offset, size_t len) {
+                                     uint64_t src_offset, size_t len, uint64_t turn) {
   const WindowInfo* src = memory_.window(src_window);
   if (src == nullptr || src_offset > src->size || len > src->size - src_offset) {
     return fail_now(OpStatus::kInvalidArgument, "store from window " + std::to_string(src_window) + ": bytes [" +
                                                     std::to_string(src_offset) + ", +" + std::to_string(len) +
                                                     ") are not in a registered window of this endpoint");
   }
-  return store_payload(peer, window, offset, Payload::view(src->data + src_offset, len), "store");
+  return store_payload(peer, window, offset, Payload::view(src->data + src_offset, len), "store", turn);
 }
 
-OpHandle Endpoint::store_payload(int peer, uint16_t window, uint64_t offset, Payload data, const char* what) {
+OpHandle Endpoint::store_payload(int peer, uint16_t window, uint64_t offset, Payload data, const char* what,
+                                 uint64_t turn) {
   const size_t len = data.size;
   const WindowInfo* w = nullptr;
   std::string err = check_remote(peer, window, offset, len, false, &w);
@@ -691,8 +700,8 @@ OpHandle Endpoint::store_payload(int peer, uint16_t window, uint64_t offset, Pay
   auto op = track(id, h);
   const uint64_t va = w->va + offset;
   const uint32_t rkey = w->rkey;
-  submit(peer, [this, peer, va, rkey, data = std::move(data), window, offset, op] {
-    post_store_parts(peer, peer_state(peer).epoch, va, rkey, data, window, offset, op);
+  submit(peer, [this, peer, va, rkey, data = std::move(data), window, offset, op, turn] {
+    post_store_parts(peer, peer_state(peer).epoch, va, rkey, data, window, offset, op, turn);
   });
   return h;
 }
@@ -841,7 +850,7 @@ void Endpoint::fence(int peer) {
 OpHandle Endpoint::quiet() {
   auto h = std::make_shared<OpState>();
   const uint64_t snapshot = next_op_id_;
-  if (outstanding_ops_.empty() || *outstanding_ops_.begin() >= snapshot) {
+  if (outstanding_ops_.empty() || outstanding_ops_.oldest() >= snapshot) {
     h->status = OpStatus::kOk;
     return h;
   }

@@ -38,7 +38,7 @@ QueuePair::QueuePair(common::Clock& clock, QpConfig cfg, SymmetricMemory& memory
              "QP window: max_outstanding " << cfg_.max_outstanding << " must be below the responder window "
                                            << cfg_.responder_window);
   if (cfg_.weak) {
-    seen_.assign(cfg_.responder_window, 0);
+    seen_.assign((cfg_.responder_window + 63) / 64, 0);
   }
 }
 
@@ -231,12 +231,7 @@ std::vector<uint8_t> QueuePair::request_frame() {
     }
     counters_.tx_packets++;
     if (cfg_.adaptive_rto) {
-      if (sent_at_.empty()) {
-        sent_psn_.assign(kSentRing, 0);
-        sent_at_.assign(kSentRing, 0);
-      }
-      sent_psn_[psn % kSentRing] = psn;
-      sent_at_[psn % kSentRing] = retransmit ? 0 : clock_.now();
+      note_sent(psn, retransmit);
     }
     if (retransmit) {
       counters_.retransmits++;
@@ -250,6 +245,31 @@ std::vector<uint8_t> QueuePair::request_frame() {
     return f;
   }
   return {};
+}
+
+void QueuePair::note_sent(uint32_t psn, bool retransmit) {
+  // Every PSN after the last acknowledged one up to this one may still be acknowledged: they must not share a slot.
+  const auto span = static_cast<uint32_t>(std::max(0, psn_diff(psn, acked_)));
+  if (span >= sent_at_.size() && sent_at_.size() < kMaxSentRing) {
+    size_t size = std::max<size_t>(16, sent_at_.size());
+    while (size <= span && size < kMaxSentRing) {
+      size *= 2;
+    }
+    std::vector<uint32_t> psns(size, 0);
+    std::vector<common::TimeNs> at(size, 0);
+    for (size_t i = 0; i < sent_at_.size(); ++i) {
+      const uint32_t q = sent_psn_[i];
+      if ((q & (sent_at_.size() - 1)) == i && psn_diff(q, acked_) > 0 && psn_diff(q, psn) < 0) {  // in flight
+        psns[q & (size - 1)] = q;
+        at[q & (size - 1)] = sent_at_[i];
+      }
+    }
+    sent_psn_.swap(psns);
+    sent_at_.swap(at);
+  }
+  const size_t slot = psn & (sent_at_.size() - 1);
+  sent_psn_[slot] = psn;
+  sent_at_[slot] = retransmit ? 0 : clock_.now();
 }
 
 QueuePair::Wqe* QueuePair::find_wqe(uint32_t psn) {
@@ -286,10 +306,10 @@ void QueuePair::acknowledge_through(uint32_t psn) {
     }
   }
   retries_ = 0;
-  const bool sampled =
-      cfg_.adaptive_rto && !sent_at_.empty() && sent_psn_[psn % kSentRing] == psn && sent_at_[psn % kSentRing] != 0;
+  const size_t slot = sent_at_.empty() ? 0 : psn & (sent_at_.size() - 1);
+  const bool sampled = cfg_.adaptive_rto && !sent_at_.empty() && sent_psn_[slot] == psn && sent_at_[slot] != 0;
   if (sampled) {
-    rtt_.sample(clock_.now() - sent_at_[psn % kSentRing]);
+    rtt_.sample(clock_.now() - sent_at_[slot]);
   }
   // Karn: an ACK of a retransmitted packet is no sample, and the backed-off timeout stays until a valid one.
   if (!cfg_.adaptive_rto || sampled) {
@@ -414,6 +434,7 @@ void QueuePair::complete_in_order() {
   if (sq_.empty()) {
     send_idx_ = 0;
     send_psn_ = next_psn_;
+    sq_.release_if_empty();
   }
   maybe_reconnect();
   wake_();
@@ -552,9 +573,11 @@ void QueuePair::on_response(const common::ParsedFrame& pf, const uint8_t* frame)
   }
   if (!cfg_.weak) {
     acknowledge_through(psn_add(w->psn, -1));  // in order, a READ response acknowledges what came before it
+    // Completions there may have posted more work, and a posted WQE may move the queue's ring: look w up again.
+    w = find_wqe(psn);
   }
   last_progress_ = clock_.now();
-  if (w->read_got_count == w->npkts) {
+  if (w != nullptr && w->read_got_count == w->npkts) {
     w->finished = true;
     const uint32_t last = psn_add(w->psn, w->npkts - 1);
     if (!cfg_.weak && psn_diff(last, acked_) > 0) {
@@ -613,7 +636,7 @@ void QueuePair::reset_responder(uint32_t psn) {
   nak_pending_ = false;
   fatal_ = false;
   msg_ = {};
-  std::fill(seen_.begin(), seen_.end(), 0);
+  std::fill(seen_.begin(), seen_.end(), uint64_t{0});
 }
 
 void QueuePair::fatal(NakCode code, uint32_t psn) {
@@ -673,7 +696,7 @@ void QueuePair::on_request(const common::ParsedFrame& pf, const uint8_t* frame) 
     return;
   }
   // Weak: execute once, in whatever order packets come.
-  if (seen_[psn % cfg_.responder_window]) {
+  if (seen(psn)) {
     duplicate(pf);
     return;
   }
@@ -684,11 +707,11 @@ void QueuePair::on_request(const common::ParsedFrame& pf, const uint8_t* frame) 
     return;
   }
   for (uint32_t i = 0; i < npkts; ++i) {
-    seen_[psn_add(psn, i) % cfg_.responder_window] = 1;
+    set_seen(psn_add(psn, i), true);
   }
   uint32_t advanced = 0;
-  while (seen_[epsn_ % cfg_.responder_window]) {
-    seen_[epsn_ % cfg_.responder_window] = 0;
+  while (seen(epsn_)) {
+    set_seen(epsn_, false);
     epsn_ = psn_add(epsn_, 1);
     ++advanced;
   }

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/control.h"
 #include "ifec/common/names.h"
 #include "topology_internal.h"
 
@@ -207,6 +208,10 @@ std::optional<Problem> params_problem(const Topology& t) {
   if (p.ifec.slot_bytes < 64 || p.ifec.slot_bytes > 65536) {
     os << "ifec slot_bytes " << p.ifec.slot_bytes << " outside [64, 65536]";
     return fail(os.str(), {"params.ifec.slot_bytes"});
+  }
+  if (p.ifec.max_group_members < 2 || p.ifec.max_group_members > common::kMaxGroupMembers) {
+    os << "ifec max_group_members " << p.ifec.max_group_members << " outside [2, " << common::kMaxGroupMembers << "]";
+    return fail(os.str(), {"params.ifec.max_group_members"});
   }
   if (p.ifec.slot_timeout_ns == 0 || p.ifec.result_retransmit_ns == 0) {
     return fail("ifec timeouts must be > 0", {"params.ifec.slot_timeout_ns", "params.ifec.result_retransmit_ns"});

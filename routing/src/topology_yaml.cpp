@@ -257,7 +257,7 @@ class Parser {
     if (!n.IsMap()) fail(n.Mark(), "ifec must be a mapping, got " + describe(n));
     Fields e(*this, n, "ifec",
              {"slot_pool", "slot_bytes", "slot_timeout_ns", "result_retransmit_ns", "result_retries",
-              "multicast_entries", "upstream_fp32", "reproducible"});
+              "multicast_entries", "max_group_members", "upstream_fp32", "reproducible"});
     const uint64_t u32 = std::numeric_limits<uint32_t>::max();
     if (auto* v = field(e, "params.ifec.slot_pool"))
       p.slot_pool = static_cast<uint32_t>(uint_value(*v, "slot_pool", u32));
@@ -272,6 +272,9 @@ class Parser {
     }
     if (auto* v = field(e, "params.ifec.multicast_entries")) {
       p.multicast_entries = static_cast<uint32_t>(uint_value(*v, "multicast_entries", u32));
+    }
+    if (auto* v = field(e, "params.ifec.max_group_members")) {
+      p.max_group_members = static_cast<uint32_t>(uint_value(*v, "max_group_members", u32));
     }
     if (auto* v = field(e, "params.ifec.upstream_fp32")) p.upstream_fp32 = bool_value(*v, "upstream_fp32");
     if (auto* v = field(e, "params.ifec.reproducible")) p.reproducible = bool_value(*v, "reproducible");
@@ -625,7 +628,12 @@ std::string to_yaml(const Topology& t) {
      << ", xon_bytes: " << p.pfc.xon_bytes << ", lossless_priority: " << p.pfc.lossless_priority << "}\n"
      << "  ifec: {slot_pool: " << p.ifec.slot_pool << ", slot_bytes: " << p.ifec.slot_bytes
      << ", slot_timeout_ns: " << p.ifec.slot_timeout_ns << ", result_retransmit_ns: " << p.ifec.result_retransmit_ns
-     << ", result_retries: " << p.ifec.result_retries << ", multicast_entries: " << p.ifec.multicast_entries
+     << ", result_retries: " << p.ifec.result_retries << ", multicast_entries: "
+     << p.ifec.multicast_entries
+     // Only where it differs from 64: the files of 64-member switches read as before the key existed.
+     << (p.ifec.max_group_members != IfecParams{}.max_group_members
+             ? ", max_group_members: " + std::to_string(p.ifec.max_group_members)
+             : std::string())
      << ", upstream_fp32: " << (p.ifec.upstream_fp32 ? "true" : "false")
      << ", reproducible: " << (p.ifec.reproducible ? "true" : "false") << "}\n";
 

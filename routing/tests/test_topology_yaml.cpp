@@ -28,6 +28,7 @@ void expect_same(const Topology& x, const Topology& y) {
   EXPECT_EQ(p.pfc.xoff_bytes, q.pfc.xoff_bytes);
   EXPECT_EQ(p.pfc.xon_bytes, q.pfc.xon_bytes);
   EXPECT_EQ(p.pfc.lossless_priority, q.pfc.lossless_priority);
+  EXPECT_EQ(p.ifec.max_group_members, q.ifec.max_group_members);
   ASSERT_EQ(x.nodes.size(), y.nodes.size());
   for (size_t i = 0; i < x.nodes.size(); ++i) {
     const Node& a = x.nodes[i];
@@ -241,6 +242,15 @@ TEST(ParseTopology, IfecEngineSettings) {
   expect_error(kTiny + "params:\n  ifec: {slot_pool: 0}\n", 13, {"ifec slot_pool must be > 0"});
   expect_error(kTiny + "params:\n  ifec: {slot_bytes: 8}\n", 13, {"ifec slot_bytes 8 outside [64, 65536]"});
   expect_error(kTiny + "params:\n  ifec: {slots: 3}\n", 13, {"unknown key 'slots' in ifec"});
+  // Group size: 64 by default (and then not written), up to the 256 ECH's expected-contributor byte can count.
+  EXPECT_EQ(t.params.ifec.max_group_members, 64u);
+  EXPECT_EQ(to_yaml(t).find("max_group_members"), std::string::npos);
+  const Topology wide = parse_topology(kTiny + "params:\n  ifec: {max_group_members: 256}\n", "t.yaml");
+  EXPECT_EQ(wide.params.ifec.max_group_members, 256u);
+  EXPECT_EQ(parse_topology(to_yaml(wide), "again").params.ifec.max_group_members, 256u);
+  expect_error(kTiny + "params:\n  ifec: {max_group_members: 257}\n", 13,
+               {"ifec max_group_members 257 outside [2, 256]"});
+  expect_error(kTiny + "params:\n  ifec: {max_group_members: 1}\n", 13, {"max_group_members 1"});
   expect_error(kTiny + "params:\n  ifec: {reproducible: often}\n", 13, {"reproducible", "'often'"});
 }
 
@@ -340,6 +350,12 @@ TEST(ShippedTopologies, MatchTheGenerators) {
       {"sun-1024x8.yaml", named(make_fat_tree(1024, 8, 64, 32, 800, 400, 500, 2), "sun-1024x8")},
       {"fat-tree-2048x8.yaml", named(make_fat_tree(2048, 8, 64, 32), "fat-tree-2048x8")},
       {"deepseek-v3-16k.yaml", named(make_deepseek_fabric(2048, 8, 64, 32), "deepseek-v3-16k")},
+      {"superpod-256x8.yaml",
+       [] {
+         Topology t = named(make_superpod(256, 8, 400, 1), "superpod-256x8");
+         t.params.ifec.max_group_members = 256;
+         return t;
+       }()},
   };
   for (const auto& [file, expected] : cases) {
     SCOPED_TRACE(file);

@@ -46,10 +46,10 @@ bool IfecEngine::reserve(const GroupReservation& r, std::string* why) {
   const uint64_t key = group_key(r.job, r.group);
   if (groups_.count(key)) {
     os << "group " << r.group << " of job " << r.job << " is already reserved";
-  } else if (r.members.size() < (r.upstream_ip != 0 ? 1 : 2) || r.members.size() > common::kMaxGroupMembers) {
+  } else if (r.members.size() < (r.upstream_ip != 0 ? 1 : 2) || r.members.size() > cfg_.max_group_members) {
     // A leaf may hold a single member of a two-tier group (it still sends its partial upstream).
     os << "group " << r.group << " has " << r.members.size() << " members, expected " << (r.upstream_ip != 0 ? 1 : 2)
-       << ".." << common::kMaxGroupMembers;
+       << ".." << cfg_.max_group_members;
   } else if (r.slots == 0) {
     os << "group " << r.group << " asks for 0 slots";
   } else if (r.slots > free_slots_) {
@@ -76,12 +76,12 @@ bool IfecEngine::reserve(const GroupReservation& r, std::string* why) {
     if (!r.members[i].local) {
       continue;  // another leaf aggregates it
     }
-    g.all |= 1ULL << i;
+    g.all.set(i);
     if (r.members[i].destination) {
-      g.destinations |= 1ULL << i;
+      g.destinations.set(i);
     }
   }
-  if (g.all == 0) {
+  if (g.all.none()) {
     counters_.reservation_failures++;
     if (why != nullptr) {
       *why = "group " + std::to_string(r.group) + " has no member on this switch";
@@ -158,19 +158,18 @@ void IfecEngine::receive(const common::ParsedFrame& pf, const uint8_t* frame) {
   }
 }
 
-bool IfecEngine::slot_takes(Group& g, Slot& s, const common::ParsedFrame& pf, uint64_t bit) {
+bool IfecEngine::slot_takes(Group& g, Slot& s, const common::ParsedFrame& pf, int c) {
   const Ech& ech = *pf.h.ech;
   const uint32_t chunk = ech.chunk_index;
   if (s.busy ? chunk < s.chunk : chunk < s.next) {
     late_contribution(g, s, pf);
     return false;
   }
-  const int c = ech.contributor_id;
   if (s.busy && chunk != s.chunk) {
     // A later chunk for this slot. Members send chunk j + budget only once they finished chunk j, so this
     // contribution stands for the member's acknowledgement of the older chunk, which may have been lost.
-    if (s.complete && (s.need & bit) && !(s.acked & bit)) {
-      s.acked |= bit;
+    if (s.complete && s.need.test(c) && !s.acked.test(c)) {
+      s.acked.set(c);
       counters_.implicit_acks++;
       maybe_free(g, s);
     }
@@ -207,9 +206,9 @@ void IfecEngine::open_slot(Group& g, Slot& s, const common::ParsedFrame& pf) {
   s.resends = 0;
   s.busy_retries = 0;
   s.chunk = ech.chunk_index;
-  s.arrived = 0;
+  s.arrived.reset();
   s.expected = ech.expected;
-  s.acked = 0;
+  s.acked.reset();
   s.complete = false;
   s.anomaly = false;
   s.elements = ech.element_count;
@@ -254,15 +253,15 @@ void IfecEngine::aggregate(Group& g, Slot& s, const common::ParsedFrame& pf, con
     if (cfg_.reproducible) {
       s.parts[c].assign(payload, payload + s.elements * common::ech_dtype_size(g.r.dtype));
     } else if (s.elements > 0) {
-      common::accumulate(g.r.dtype, g.r.redop, s.acc.data(), payload, s.elements, s.arrived == 0);
+      common::accumulate(g.r.dtype, g.r.redop, s.acc.data(), payload, s.elements, s.arrived.none());
     }
   }
-  s.arrived |= 1ULL << c;
+  s.arrived.set(c);
   if (!is_destination) {
     send_ech_ack(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
   }
   s.expected = std::max(s.expected, ech.expected);
-  const bool full = s.expected > 0 ? __builtin_popcountll(s.arrived) >= s.expected : s.arrived == g.all;
+  const bool full = s.expected > 0 ? s.arrived.count() >= s.expected : s.arrived == g.all;
   if (full) {
     if (g.r.upstream_ip != 0) {
       forward_partial(g, s);
@@ -282,20 +281,19 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
     return;
   }
   const int c = ech.contributor_id;
-  const uint64_t bit = 1ULL << c;
-  if (!(g.all & bit)) {
+  if (!g.all.test(c)) {
     counters_.malformed_drops++;  // not one of this switch's contributors
     return;
   }
-  const bool is_destination = (g.destinations & bit) != 0;
+  const bool is_destination = g.destinations.test(c);
   Slot& s = g.slots[ech.chunk_index % g.slots.size()];
-  if (!slot_takes(g, s, pf, bit)) {
+  if (!slot_takes(g, s, pf, c)) {
     return;
   }
   if (!s.busy) {
     open_slot(g, s, pf);
   }
-  if (s.arrived & bit) {
+  if (s.arrived.test(c)) {
     repeat_contribution(g, s, pf, is_destination);
     return;
   }
@@ -366,9 +364,9 @@ void IfecEngine::upstream_result(Group& g, const common::ParsedFrame& pf, const 
       return;
     }
     // The spine accepted our partial and has nothing to send back (reduce, no destination under this leaf).
-    if (g.destinations == 0 && s.forwarded) {
+    if (g.destinations.none() && s.forwarded) {
       s.complete = true;
-      s.need = 0;
+      s.need.reset();
       maybe_free(g, s);
     }
     return;
@@ -417,12 +415,12 @@ void IfecEngine::complete(Group& g, Slot& s, bool timed_out, bool acc_ready) {
   // Who must acknowledge: the destinations; after a timeout every member (all of them redo the chunk).
   s.need = timed_out ? g.all : g.destinations;
   for (size_t m = 0; m < g.r.members.size(); ++m) {
-    if (s.need & (1ULL << m)) {
+    if (s.need.test(m)) {
       send_result(g, s, static_cast<int>(m));
     }
   }
   s.generation++;  // the incompleteness timeout no longer applies; the result timer takes over
-  if (s.need != 0) {
+  if (s.need.any()) {
     arm_result_timer(g, s);
   } else {
     maybe_free(g, s);
@@ -456,7 +454,7 @@ void IfecEngine::result_ack(Group& g, const common::ParsedFrame& pf) {
   if (!s.busy || s.chunk != ech.chunk_index || !s.complete) {
     return;  // late or duplicate acknowledgement
   }
-  s.acked |= 1ULL << ech.contributor_id;
+  s.acked.set(ech.contributor_id);
   maybe_free(g, s);
 }
 
@@ -525,7 +523,7 @@ void IfecEngine::arm_result_timer(Group& g, Slot& s) {
       return;
     }
     for (size_t m = 0; m < grp.r.members.size(); ++m) {
-      if ((slot->need & ~slot->acked) & (1ULL << m)) {
+      if (slot->need.test(m) && !slot->acked.test(m)) {
         counters_.result_resends++;
         send_result(grp, *slot, static_cast<int>(m));
       }
@@ -549,15 +547,14 @@ void IfecEngine::retry_partial_soon(Group& g, Slot& s) {
 void IfecEngine::late_contribution(Group& g, Slot& s, const common::ParsedFrame& pf) {
   const Ech& ech = *pf.h.ech;
   const int c = ech.contributor_id;
-  const uint64_t bit = 1ULL << c;
   counters_.duplicate_contributions++;
   if (ech.chunk_index == s.chunk && !s.busy && !s.timed_out) {
     // The chunk this slot finished last, with every expected contribution (this one's included).
-    if (!(g.destinations & bit)) {
+    if (!g.destinations.test(c)) {
       send_ech_ack(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);  // its ACK was lost
       return;
     }
-    if (s.acked & bit) {
+    if (s.acked.test(c)) {
       return;  // it acknowledged its result already: a stale copy that crossed it
     }
   }
@@ -660,6 +657,7 @@ void IfecEngine::multicast(const common::ParsedFrame& pf, const uint8_t* frame) 
   Multicast m;
   m.source_ip = pf.h.ip.src;
   m.source_id = ech.source_id;
+  m.base = ech.bitmap_base;
   m.window = ech.window_id;
   m.offset = pf.h.reth->virtual_address;
   m.psn = pf.h.bth.psn;
@@ -668,7 +666,7 @@ void IfecEngine::multicast(const common::ParsedFrame& pf, const uint8_t* frame) 
     if (!(ech.dest_bitmap & (1ULL << d))) {
       continue;
     }
-    auto w = windows_.find({d, ech.window_id});
+    auto w = windows_.find({m.base + d, ech.window_id});
     if (w == windows_.end() || w->second.job != m.job) {
       counters_.multicast_unknown_window++;  // the whole packet is refused: the source gets no completion
       return;
@@ -690,14 +688,14 @@ void IfecEngine::multicast(const common::ParsedFrame& pf, const uint8_t* frame) 
 }
 
 void IfecEngine::send_replica(Multicast& m, int dest) {
-  const Window& w = windows_.at({dest, m.window});
+  const Window& w = windows_.at({m.base + dest, m.window});
   m.due[dest] = backlog_ ? clock_.now() + backlog_(w.ip) + kRepairSlackNs : 0;
   Ech e;
   e.format = EchFormat::kCompact;
   e.op = EchOp::kMulticast;
   e.source_id = m.source_id;
   e.window_id = m.window;
-  e.dest_bitmap = 1ULL << dest;
+  e.set_destination(m.base + dest);
   common::Reth reth{w.va + m.offset, w.rkey, static_cast<uint32_t>(m.payload.size())};
   emit_(build(w.ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), m.psn, common::pkey_of_job(m.job), reth,
               m.payload.data(), m.payload.size()));
@@ -711,13 +709,18 @@ void IfecEngine::multicast_ack(const common::ParsedFrame& pf) {
     return;  // duplicate acknowledgement
   }
   Multicast& m = it->second;
-  m.pending &= ~ech.dest_bitmap;
+  for (uint64_t bits = ech.dest_bitmap; bits != 0; bits &= bits - 1) {
+    const int d = ech.bitmap_base + __builtin_ctzll(bits) - m.base;  // the acknowledging endpoint, in m's bitmap
+    if (d >= 0 && d < 64) {
+      m.pending &= ~(1ULL << d);
+    }
+  }
   if (m.pending != 0) {
     return;
   }
   // Every destination has the data: one completion to the source (the transaction proxy's job).
   Ech e = ech;
-  e.dest_bitmap = 1ULL << m.source_id;
+  e.set_destination(m.source_id);
   send_ech_ack(m.source_ip, e, m.psn, common::pkey_of_job(m.job));
   counters_.multicast_completions++;
   mcast_done_.push_back(it->first);

@@ -96,28 +96,125 @@ TEST(IfecEngineMulticast, WithoutABacklogEveryRetransmissionIsRepaired) {
   EXPECT_EQ(s.e.counters().multicast_repairs_held, 0u);
 }
 
-// A group's members are the GPUs contributing at this switch, at most kMaxGroupMembers (bitmaps of 64 bits): more
-// are refused with the count. A two-tier leaf may have a single member (it still sends its partial upstream); a
-// group that is its own root needs two.
+common::GroupReservation group_of(uint16_t id, size_t members, uint32_t upstream_ip) {
+  common::GroupReservation r;
+  r.group = id;
+  r.slots = 4;
+  r.upstream_ip = upstream_ip;
+  for (size_t m = 0; m < members; ++m) {
+    r.members.push_back({true, gpu_ip(static_cast<int>(m)), 0, 0, true});
+  }
+  return r;
+}
+
+// A group's members are the GPUs contributing at this switch, at most the switch's max_group_members (64 by default:
+// the width of its slots' bitmaps): more are refused with the count. A two-tier leaf may have a single member (it
+// still sends its partial upstream); a group that is its own root needs two.
 TEST(IfecEngineReserve, MembersAtMost64AndOneOnlyUnderAnUpstream) {
   Engine s;
-  auto group = [](uint16_t id, size_t members, uint32_t upstream_ip) {
-    common::GroupReservation r;
-    r.group = id;
-    r.slots = 4;
-    r.upstream_ip = upstream_ip;
-    for (size_t m = 0; m < members; ++m) {
-      r.members.push_back({true, gpu_ip(static_cast<int>(m)), 0, 0, true});
-    }
-    return r;
-  };
   std::string why;
-  EXPECT_FALSE(s.e.reserve(group(1, common::kMaxGroupMembers + 1, 0), &why));
+  EXPECT_FALSE(s.e.reserve(group_of(1, 65, 0), &why));
   EXPECT_NE(why.find("has 65 members, expected 2..64"), std::string::npos) << why;
-  EXPECT_FALSE(s.e.reserve(group(2, 1, 0), &why));
+  EXPECT_FALSE(s.e.reserve(group_of(2, 1, 0), &why));
   EXPECT_NE(why.find("has 1 members, expected 2..64"), std::string::npos) << why;
-  EXPECT_TRUE(s.e.reserve(group(3, 1, 0x0AFF0002), &why)) << why;
-  EXPECT_TRUE(s.e.reserve(group(4, common::kMaxGroupMembers, 0), &why)) << why;
+  EXPECT_TRUE(s.e.reserve(group_of(3, 1, 0x0AFF0002), &why)) << why;
+  EXPECT_TRUE(s.e.reserve(group_of(4, 64, 0), &why)) << why;
   EXPECT_EQ(s.e.counters().reservations, 2u);
   EXPECT_EQ(s.e.counters().reservation_failures, 2u);
+}
+
+// A switch configured for 256-member groups (one plane switch under 256 GPUs: the MoE combine at EP 256) takes
+// contributions from members past 64 and completes a slot when all of them, or the expected count, arrived.
+TEST(IfecEngineReserve, AWiderSwitchTakesGroupsOf256) {
+  common::EventLoop loop;
+  std::vector<std::vector<uint8_t>> out;
+  routing::IfecParams params;
+  params.max_group_members = 256;
+  switchemu::IfecEngine e{loop, params, 100'000'000'000ULL, kSwitchIp,
+                          [&](std::vector<uint8_t>&& f) { out.push_back(std::move(f)); }};
+  std::string why;
+  EXPECT_FALSE(e.reserve(group_of(1, 257, 0), &why));
+  EXPECT_NE(why.find("has 257 members, expected 2..256"), std::string::npos) << why;
+  common::GroupReservation r = group_of(2, 256, 0);
+  r.op = common::EchOp::kReduce;
+  for (auto& m : r.members) {
+    m.destination = false;
+  }
+  r.members[0].destination = true;
+  ASSERT_TRUE(e.reserve(r, &why)) << why;
+  // Chunk 0 expects 3 contributors: members 100, 200 and 255; the result goes to member 0 once the third arrives.
+  for (int c : {100, 200, 255}) {
+    EXPECT_EQ(e.counters().slots_completed, 0u);
+    common::FrameHeaders h;
+    h.ip.src = gpu_ip(c);
+    h.ip.dst = kSwitchIp;
+    h.bth.opcode = static_cast<uint8_t>(common::Opcode::kWriteOnly);
+    h.bth.pkey = common::pkey_of_job(1);
+    h.bth.dest_qp = common::kEchQpn;
+    common::Ech ech;
+    ech.format = common::EchFormat::kStandard;
+    ech.op = common::EchOp::kReduce;
+    ech.job_id = 1;
+    ech.group_id = 2;
+    ech.contributor_id = static_cast<uint16_t>(c);
+    ech.expected = 3;
+    ech.element_count = 4;
+    h.ech = ech;
+    h.reth = common::Reth{0, 0, 16};
+    const std::vector<uint8_t> data(16, 0);
+    const std::vector<uint8_t> f = common::encode_frame(h, data.data(), data.size());
+    common::ParsedFrame pf;
+    ASSERT_TRUE(common::parse_frame(f.data(), f.size(), &pf).ok());
+    e.receive(pf, f.data());
+  }
+  EXPECT_EQ(e.counters().contributions, 3u);
+  EXPECT_EQ(e.counters().slots_completed, 1u);
+  EXPECT_EQ(e.counters().results_sent, 1u);
+}
+
+// ECH v2 (a bitmap base): GPU 200 multicasts to GPUs 70 and 127; each replica names its one destination in its
+// own block of 64, and the single completion to the source names GPU 200 once both acknowledged.
+TEST(IfecEngineMulticast, ReachesGpusPast63WithABitmapBase) {
+  Engine s;
+  for (int g : {70, 127}) {
+    s.e.register_window({g, gpu_ip(g), kWindow, 0x100000ULL * g, 0x77u + g, 1});
+  }
+  std::vector<uint8_t> f = multicast_frame(false);
+  common::ParsedFrame pf;
+  ASSERT_TRUE(common::parse_frame(f.data(), f.size(), &pf).ok());
+  common::FrameHeaders h = pf.h;
+  h.ip.src = gpu_ip(200);
+  h.ech->source_id = 200;
+  h.ech->bitmap_base = 64;
+  h.ech->dest_bitmap = (1ULL << 6) | (1ULL << 63);
+  f = common::encode_frame(h, f.data() + pf.payload_offset, pf.payload_size);
+  ASSERT_TRUE(common::parse_frame(f.data(), f.size(), &pf).ok());
+  s.e.receive(pf, f.data());
+  ASSERT_EQ(s.out.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    common::ParsedFrame r;
+    ASSERT_TRUE(common::parse_frame(s.out[i].data(), s.out[i].size(), &r).ok());
+    const int dest = i == 0 ? 70 : 127;
+    EXPECT_EQ(r.h.ip.dst, gpu_ip(dest));
+    EXPECT_TRUE(r.h.ech->addresses(dest));
+    EXPECT_EQ(r.h.ech->dest_bitmap, 1ULL << (dest - 64)) << "one destination, in its own block";
+    EXPECT_EQ(r.h.ech->source_id, 200);
+    // The destination's acknowledgement (EchAgent::send_ack): the replica's ECH, its own GPU as the destination.
+    common::FrameHeaders ack = r.h;
+    ack.ip.src = gpu_ip(dest);
+    ack.ip.dst = kSwitchIp;
+    ack.bth.opcode = static_cast<uint8_t>(common::Opcode::kAcknowledge);
+    ack.reth.reset();
+    ack.aeth = common::Aeth::ack(0);
+    const std::vector<uint8_t> a = common::encode_frame(ack, nullptr, 0);
+    common::ParsedFrame apf;
+    ASSERT_TRUE(common::parse_frame(a.data(), a.size(), &apf).ok());
+    s.e.receive(apf, a.data());
+    EXPECT_EQ(s.out.size(), i == 0 ? 2u : 3u) << "the source hears once, after the last destination";
+  }
+  common::ParsedFrame done;
+  ASSERT_TRUE(common::parse_frame(s.out[2].data(), s.out[2].size(), &done).ok());
+  EXPECT_EQ(done.h.ip.dst, gpu_ip(200));
+  EXPECT_TRUE(done.h.ech->addresses(200));
+  EXPECT_EQ(s.e.counters().multicast_completions, 1u);
 }

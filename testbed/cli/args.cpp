@@ -1,6 +1,7 @@
 // Option tables and strict value parsers for ifec-cli.
 #include "args.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -158,6 +159,17 @@ std::string parse_choice(const std::string& text, const std::string& flag, const
     list += (list.empty() ? "" : ", ") + c;
   }
   IFEC_FAIL(flag << " '" << text << "': expected one of " << list);
+}
+
+std::vector<std::string> parse_choices(const std::string& text, const std::string& flag,
+                                       const std::vector<std::string>& choices) {
+  std::vector<std::string> out;
+  for (const std::string& item : split(text, ',')) {
+    IFEC_CHECK(std::find(out.begin(), out.end(), item) == out.end(),
+               flag << " '" << text << "': '" << item << "' given twice");
+    out.push_back(parse_choice(item, flag, choices));
+  }
+  return out;
 }
 
 }  // namespace ifec::cli

@@ -57,5 +57,8 @@ std::vector<uint64_t> parse_uints(const std::string& text, const std::string& fl
 double parse_probability(const std::string& text, const std::string& flag);
 // One of `choices`.
 std::string parse_choice(const std::string& text, const std::string& flag, const std::vector<std::string>& choices);
+// Comma-separated, each one of `choices`, none twice ("per_rank,ifec").
+std::vector<std::string> parse_choices(const std::string& text, const std::string& flag,
+                                       const std::vector<std::string>& choices);
 
 }  // namespace ifec::cli

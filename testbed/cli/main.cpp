@@ -691,6 +691,69 @@ int run_bench_moe(const Args&) {
 #endif
 
 #ifdef IFEC_HAVE_MOE
+// What a bench moe table is: the model, the driver, what is simulated, modelled or scaled, the columns.
+void print_moe_header(const tb::MoeRunConfig& cfg, const std::vector<uint64_t>& eps, uint64_t cap) {
+  std::printf(
+      "# MoE dispatch/combine, DeepSeek-V3 routing (hidden %lld, top-%lld of %lld) on %s [driver: sim]; dispatch "
+      "%s, combine bf16 rows (the IFEC sum in fp32)\n",
+      static_cast<long long>(cfg.model.hidden), static_cast<long long>(cfg.model.topk),
+      static_cast<long long>(cfg.model.experts), cfg.topology_name.c_str(),
+      cfg.fp8_dispatch ? "FP8 (E4M3 + an fp32 scale per 128 channels)" : "bf16 rows");
+  std::printf(
+      "# dispatch/combine simulated (timing mode: every row crosses the fabric, values not kept%s); experts(us) "
+      "modelled at expert width %lld: %s\n",
+      cfg.elided_payloads ? "; payloads elided: frames of headers and lengths, timing only" : "",
+      static_cast<long long>(cfg.model.inter), cfg.profile.summary().c_str());
+  for (uint64_t ep : eps) {
+    const ifec::workloads::MoeConfig gate =
+        ifec::workloads::node_limited(cfg.model, static_cast<int>(ep), cfg.gpus_per_node);
+    if (gate.groups != cfg.model.groups) {
+      std::printf(
+          "# EP %llu: node-limited routing over %lld nodes of %d GPUs: the gate's groups are the nodes (%lld groups "
+          "of %lld experts, top-%lld groups: a token reaches at most %lld nodes)\n",
+          static_cast<unsigned long long>(ep), static_cast<long long>(gate.groups), cfg.gpus_per_node,
+          static_cast<long long>(gate.groups), static_cast<long long>(gate.experts_per_group()),
+          static_cast<long long>(gate.topk_groups), static_cast<long long>(gate.topk_groups));
+    }
+  }
+  if (cap > 0) {
+    std::printf(
+        "# points above %llu tokens per rank simulate %llu and scale times and bytes by the token ratio "
+        "(bandwidth-bound), marked (scaled from N)\n",
+        static_cast<unsigned long long>(cap), static_cast<unsigned long long>(cap));
+  }
+  std::printf(
+      "# GB/s: logical bytes per rank / time (DeepEP's convention); line: that / the GPU's access rate (%.0f GB/s); "
+      "bound: the phase's line-rate bound (busiest GPU's wire bytes one way at its rate) / time; overlap: two "
+      "micro-batches, DeepEP's schedule (one communication stream, --overlap); overlap2: two micro-batches with one "
+      "half's dispatch beside the other's combine on the fabric (a dispatch and a combine stream); MB: all ranks "
+      "together\n%s\n",
+      cfg.topo.gpu_access_gbps(0) / 8, tb::moe_rows_header().c_str());
+  std::fflush(stdout);
+}
+
+// After a point's three rows (per_expert, per_rank, ifec): IFEC against the best baseline, and what bounds the
+// baselines (the busiest GPU's bytes against the mean: the routing's imbalance; each phase against its line rate).
+void print_moe_summary(const tb::MoeRow* v, bool overlap) {
+  const double base = std::min(v[0].dispatch_us + v[0].combine_us, v[1].dispatch_us + v[1].combine_us);
+  std::printf("#   EP %d %s: IFEC dispatch+combine %.2fx the best baseline, layer %.2fx", v[2].point.ep,
+              v[2].point.mode.c_str(), base / (v[2].dispatch_us + v[2].combine_us),
+              std::min(v[0].total_us, v[1].total_us) / v[2].total_us);
+  if (overlap) {
+    std::printf(", overlapped layer %.2fx (dispatch beside combine: %.2fx)",
+                std::min(v[0].overlap_us, v[1].overlap_us) / v[2].overlap_us,
+                std::min(v[0].overlap2_us, v[1].overlap2_us) / v[2].overlap2_us);
+  }
+  const tb::MoeRow& pr = v[1];
+  const double mean_d = pr.dispatch_wire_bytes / static_cast<double>(pr.point.ep);
+  const double mean_c = pr.combine_wire_bytes / static_cast<double>(pr.point.ep);
+  std::printf(
+      "\n#   per_rank: busiest GPU's wire bytes %.2fx the mean in dispatch, %.2fx in combine (routing); "
+      "phases at %.0f%% and %.0f%% of that GPU's line-rate bound\n",
+      pr.dispatch_bound_us * pr.line_gbs * 1e3 / mean_d, pr.combine_bound_us * pr.line_gbs * 1e3 / mean_c,
+      100 * pr.dispatch_bound_us / pr.dispatch_us, 100 * pr.combine_bound_us / pr.combine_us);
+}
+
 int run_bench_moe(const Args& a) {
   tb::MoeRunConfig cfg;
   cfg.topo = topology(a);
@@ -704,6 +767,13 @@ int run_bench_moe(const Args& a) {
       mode == "both" ? std::vector<std::string>{"normal", "ll"} : std::vector<std::string>{mode};
   cfg.fp8_dispatch = ifec::cli::parse_choice(a.get("--dispatch", "fp8"), "--dispatch", {"fp8", "bf16"}) == "fp8";
   cfg.overlap = a.has("--overlap");
+  cfg.elided_payloads = payload_elided(a);
+  std::vector<tb::MoeVariant> variants;
+  for (const std::string& v : ifec::cli::parse_choices(a.get("--variant", "per_expert,per_rank,ifec"), "--variant",
+                                                       {"per_expert", "per_rank", "ifec"})) {
+    variants.push_back(tb::parse_moe_variant(v));
+  }
+  std::sort(variants.begin(), variants.end());  // rows in per_expert, per_rank, ifec order, however asked
   const unsigned jobs = parse_jobs(a);
   const std::string out = a.get("--out");
   if (!out.empty()) {
@@ -713,70 +783,25 @@ int run_bench_moe(const Args& a) {
   if (a.has("--gpu-profile")) {
     cfg.profile = ifec::workloads::load_gpu_profile(a.get("--gpu-profile"));
   }
-  std::printf(
-      "# MoE dispatch/combine, DeepSeek-V3 routing (hidden %lld, top-%lld of %lld) on %s [driver: sim]; dispatch "
-      "%s, combine bf16 rows (the IFEC sum in fp32)\n",
-      static_cast<long long>(cfg.model.hidden), static_cast<long long>(cfg.model.topk),
-      static_cast<long long>(cfg.model.experts), cfg.topology_name.c_str(),
-      cfg.fp8_dispatch ? "FP8 (E4M3 + an fp32 scale per 128 channels)" : "bf16 rows");
-  std::printf(
-      "# dispatch/combine simulated (timing mode: every row crosses the fabric, values not kept); experts(us) "
-      "modelled at expert width %lld: %s\n",
-      static_cast<long long>(cfg.model.inter), cfg.profile.summary().c_str());
-  if (cap > 0) {
-    std::printf(
-        "# points above %llu tokens per rank simulate %llu and scale times and bytes by the token ratio "
-        "(bandwidth-bound), marked (scaled from N)\n",
-        static_cast<unsigned long long>(cap), static_cast<unsigned long long>(cap));
-  }
-  std::printf(
-      "# GB/s: logical bytes per rank / time (DeepEP's convention); line: that / the GPU's access rate (%.0f GB/s); "
-      "bound: the phase's line-rate bound (busiest GPU's wire bytes one way at its rate) / time; overlap: two "
-      "micro-batches (--overlap); MB: all ranks together\n%s\n",
-      cfg.topo.gpu_access_gbps(0) / 8, tb::moe_rows_header().c_str());
-  std::fflush(stdout);
+  print_moe_header(cfg, eps, cap);
   std::vector<tb::MoePoint> points;
   for (const std::string& m : modes) {
     for (uint64_t ep : eps) {
-      tb::MoePoint p;
-      p.mode = m;
-      p.ep = static_cast<int>(ep);
-      p.tokens = m == "normal" ? 4096 : 128;
-      points.push_back(p);
+      points.push_back({m, static_cast<int>(ep), m == "normal" ? 4096 : 128});
     }
   }
-  const std::vector<tb::MoeVariant> variants = {tb::MoeVariant::kPerExpert, tb::MoeVariant::kPerRank,
-                                                tb::MoeVariant::kIfec};
   const auto rows = tb::run_moe_points(cfg, points, variants, jobs, print_progress);
   std::string csv;
   std::string json = "[";
   int wrong = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
-    const tb::MoeRow& r = rows[i];
-    std::printf("%s\n", tb::moe_row_text(r).c_str());
-    const ifec::common::JsonObject rec = tb::moe_row_record(r, cfg.topology_name);
+    std::printf("%s\n", tb::moe_row_text(rows[i]).c_str());
+    const ifec::common::JsonObject rec = tb::moe_row_record(rows[i], cfg.topology_name);
     csv += (csv.empty() ? rec.csv_header() + "\n" : "") + rec.csv_row() + "\n";
     json += (json.size() > 1 ? ",\n" : "") + rec.str();
-    wrong += !r.ok();
-    if (i % variants.size() + 1 == variants.size()) {
-      const tb::MoeRow* v = &rows[i + 1 - variants.size()];  // per_expert, per_rank, ifec
-      const double base = std::min(v[0].dispatch_us + v[0].combine_us, v[1].dispatch_us + v[1].combine_us);
-      std::printf("#   EP %d %s: IFEC dispatch+combine %.2fx the best baseline, layer %.2fx", r.point.ep,
-                  r.point.mode.c_str(), base / (v[2].dispatch_us + v[2].combine_us),
-                  std::min(v[0].total_us, v[1].total_us) / v[2].total_us);
-      if (cfg.overlap) {
-        std::printf(", overlapped layer %.2fx", std::min(v[0].overlap_us, v[1].overlap_us) / v[2].overlap_us);
-      }
-      // What bounds the baselines: the busiest GPU's bytes against the mean (the routing's imbalance), and how
-      // close each phase came to that GPU's line rate.
-      const tb::MoeRow& pr = v[1];
-      const double mean_d = pr.dispatch_wire_bytes / static_cast<double>(pr.point.ep);
-      const double mean_c = pr.combine_wire_bytes / static_cast<double>(pr.point.ep);
-      std::printf(
-          "\n#   per_rank: busiest GPU's wire bytes %.2fx the mean in dispatch, %.2fx in combine (routing); "
-          "phases at %.0f%% and %.0f%% of that GPU's line-rate bound\n",
-          pr.dispatch_bound_us * pr.line_gbs * 1e3 / mean_d, pr.combine_bound_us * pr.line_gbs * 1e3 / mean_c,
-          100 * pr.dispatch_bound_us / pr.dispatch_us, 100 * pr.combine_bound_us / pr.combine_us);
+    wrong += !rows[i].ok();
+    if (variants.size() == 3 && i % 3 == 2) {
+      print_moe_summary(&rows[i - 2], cfg.overlap);
     }
   }
   std::fflush(stdout);
@@ -926,16 +951,22 @@ std::vector<Command> bench_commands() {
 #ifdef IFEC_CLI_MOE
   cs.push_back(
       {{"bench moe",
-        "[--quick] [--ep LIST] [--mode normal|ll|both] [--dispatch fp8|bf16] [--overlap] [--token-cap N] "
-        "[--jobs N] [--gpu-profile FILE] [--out DIR] [--topo FILE]",
+        "[--quick] [--ep LIST] [--mode normal|ll|both] [--variant LIST] [--dispatch fp8|bf16] [--payload real|elided] "
+        "[--overlap] [--token-cap N] [--jobs N] [--gpu-profile FILE] [--out DIR] [--topo FILE]",
         "MoE dispatch/combine at DeepEP's points (4096 tokens normal, 128 low latency, hidden 7168, top-8 of 256,\n"
         "FP8 dispatch, bf16 combine), simulated directly, per variant (per_expert, per_rank, ifec): times, GB/s per\n"
         "GPU, fractions of line rate and of the line-rate bound, modelled expert compute, wire bytes per plane.",
         {{"--quick", "", "EP 8 and 16, 32 tokens simulated"},
          {"--ep", "LIST", "EP sizes (default 8,16,32,64)"},
          {"--mode", "MODE", "normal, ll or both (default both)"},
+         {"--variant", "LIST", "variants to run (default per_expert,per_rank,ifec)"},
          {"--dispatch", "TYPE", "dispatch rows: fp8 (E4M3 + a scale per 128 channels, DeepEP's; default) or bf16"},
-         {"--overlap", "", "also the layer as two overlapped micro-batches (DeepEP's schedule; twice the runs)"},
+         {"--payload", "real|elided",
+          "real (default): frames carry the rows' bytes; elided: headers and lengths only, the same simulated times "
+          "and bytes per link in far less memory (timing only; EP 256: --topo testbed/topologies/superpod-256x8.yaml)"},
+         {"--overlap", "",
+          "also the layer as two overlapped micro-batches: DeepEP's schedule (overlap: one communication stream) and "
+          "one half's dispatch beside the other's combine on the fabric (overlap2); three times the runs"},
          {"--token-cap", "N", "simulate at most N tokens per rank and scale (default 0: none, every token simulated)"},
          {"--jobs", "N", "runs at once (default: every core; the rows equal a serial run's)"},
          {"--gpu-profile", "FILE",

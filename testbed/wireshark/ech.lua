@@ -1,6 +1,7 @@
--- Wireshark/tshark dissector for ECH v1 (docs/ech-v1.md): UDP 4793 -> ECH -> InfiniBand BTH and the rest.
--- Use: tshark -X lua_script:testbed/wireshark/ech.lua -r FILE
-local ech = Proto("ech", "IFEC Extended Computing Header v1")
+-- Wireshark/tshark dissector for ECH v1 and v2 (docs/ech-v1.md): UDP 4793 -> ECH -> InfiniBand BTH and the rest.
+-- v2 is the compact header with a bitmap base (endpoints past 63). Use: tshark -X lua_script:testbed/wireshark/ech.lua
+-- -r FILE
+local ech = Proto("ech", "IFEC Extended Computing Header")
 
 local formats = { [0] = "compact", [1] = "standard" }
 local ops = { [1] = "multicast", [2] = "reduce", [3] = "allreduce", [4] = "barrier" }
@@ -19,6 +20,7 @@ local f = {
   source_id = ProtoField.uint16("ech.source_id", "Source endpoint", base.DEC),
   window_id = ProtoField.uint16("ech.window_id", "Window", base.DEC),
   bitmap = ProtoField.uint64("ech.dest_bitmap", "Destination bitmap", base.HEX),
+  bitmap_base = ProtoField.uint16("ech.bitmap_base", "Bitmap base (endpoint of bit 0)", base.DEC),
   dests = ProtoField.string("ech.dests", "Destinations"),
   job_id = ProtoField.uint32("ech.job_id", "Job", base.DEC),
   group_id = ProtoField.uint16("ech.group_id", "Group", base.DEC),
@@ -31,7 +33,7 @@ local f = {
 }
 ech.fields = {
   f.version, f.format, f.op, f.flags, f.flag_s, f.flag_r, f.flag_a, f.hlen, f.source_id, f.window_id, f.bitmap,
-  f.dests, f.job_id, f.group_id, f.contributor_id, f.chunk_index, f.dtype, f.redop, f.element_count, f.expected,
+  f.bitmap_base, f.dests, f.job_id, f.group_id, f.contributor_id, f.chunk_index, f.dtype, f.redop, f.element_count, f.expected,
 }
 
 local ef_bad = ProtoExpert.new("ech.malformed", "Malformed ECH", expert.group.MALFORMED, expert.severity.ERROR)
@@ -40,7 +42,7 @@ ech.experts = { ef_bad }
 -- The RoCEv2 (routable RoCE) dissector that Wireshark itself registers on UDP 4791.
 local rroce = DissectorTable.get("udp.port"):get_dissector(4791)
 
-local function bitmap_list(tvb_range)
+local function bitmap_list(tvb_range, base_endpoint)
   local hi = tvb_range:range(0, 4):uint()
   local lo = tvb_range:range(4, 4):uint()
   local out = {}
@@ -48,7 +50,7 @@ local function bitmap_list(tvb_range)
     local word = (i >= 32) and hi or lo
     local bit = i % 32
     if math.floor(word / 2 ^ bit) % 2 == 1 then
-      table.insert(out, 1, tostring(i))
+      table.insert(out, 1, tostring(base_endpoint + i))
     end
   end
   return table.concat(out, ",")
@@ -80,10 +82,10 @@ function ech.dissector(tvb, pinfo, tree)
   ft:add(f.flag_r, tvb(2, 1))
   ft:add(f.flag_a, tvb(2, 1))
   t:add(f.hlen, tvb(3, 1))
-  local expect = (format == 0) and 16 or 24
-  if version ~= 1 or format > 1 or hlen ~= expect then
-    malformed(t, pinfo, string.format("version %d format %d header length %d (v1: 16 compact, 24 standard)", version,
-      format, hlen))
+  local expect = (format == 0) and ((version == 2) and 20 or 16) or 24
+  if (version ~= 1 and version ~= 2) or format > 1 or (version == 2 and format ~= 0) or hlen ~= expect then
+    malformed(t, pinfo, string.format(
+      "version %d format %d header length %d (v1: 16 compact, 24 standard; v2: 20 compact)", version, format, hlen))
     return
   end
   if tvb:len() < hlen then
@@ -94,9 +96,14 @@ function ech.dissector(tvb, pinfo, tree)
   if format == 0 then
     t:add(f.source_id, tvb(4, 2))
     t:add(f.window_id, tvb(6, 2))
-    t:add(f.bitmap, tvb(8, 8))
-    local dests = bitmap_list(tvb(8, 8))
-    t:add(f.dests, tvb(8, 8), dests)
+    local at, base_endpoint = 8, 0
+    if version == 2 then
+      t:add(f.bitmap_base, tvb(8, 2))
+      at, base_endpoint = 12, tvb(8, 2):uint()
+    end
+    t:add(f.bitmap, tvb(at, 8))
+    local dests = bitmap_list(tvb(at, 8), base_endpoint)
+    t:add(f.dests, tvb(at, 8), dests)
     t:append_text(string.format(", compact %s to {%s}", op, dests))
   else
     t:add(f.job_id, tvb(4, 4))

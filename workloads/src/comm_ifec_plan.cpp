@@ -103,8 +103,9 @@ common::GroupReservation spine_group(Communicator& c, const CollArgs& a, const I
 }
 
 // The groups plane p needs, or why it cannot have them: on two tier the spine's group first, then one per leaf
-// listing the ranks that hang from it in rank order (each rank's member_index); a group holds at most
-// common::kMaxGroupMembers members, so a leaf with more ranks than that, or a spine under more leaves, is refused.
+// listing the ranks that hang from it in rank order (each rank's member_index); a group holds at most the fabric's
+// params.ifec.max_group_members members, so a leaf with more ranks than that, or a spine under more leaves, is
+// refused.
 struct PlaneGroups {
   std::vector<SwitchReservation> groups;
   std::string problem;
@@ -120,12 +121,12 @@ PlaneGroups plane_groups(Communicator& c, const CollArgs& a, const IfecChunks& c
   for (int rk = 0; rk < c.size(); ++rk) {
     local[std::lower_bound(leaves.begin(), leaves.end(), leaf[rk]) - leaves.begin()].push_back(rk);
   }
+  const size_t most = topo.params.ifec.max_group_members;
   for (size_t li = 0; li < leaves.size(); ++li) {
-    if (local[li].size() > common::kMaxGroupMembers) {
+    if (local[li].size() > most) {
       return {{},
               topo.nodes[leaves[li]].name + " has " + std::to_string(local[li].size()) +
-                  " of the communicator's ranks, more than a group's " + std::to_string(common::kMaxGroupMembers) +
-                  " members"};
+                  " of the communicator's ranks, more than a group's " + std::to_string(most) + " members"};
     }
   }
   PlaneGroups out;
@@ -136,10 +137,10 @@ PlaneGroups plane_groups(Communicator& c, const CollArgs& a, const IfecChunks& c
     if (spine < 0) {
       return {{}, "no spine reaches every rank's leaf"};
     }
-    if (leaves.size() > common::kMaxGroupMembers) {
+    if (leaves.size() > most) {
       return {{},
               topo.nodes[spine].name + " would have " + std::to_string(leaves.size()) +
-                  " leaves as members, more than a group's " + std::to_string(common::kMaxGroupMembers)};
+                  " leaves as members, more than a group's " + std::to_string(most)};
     }
     out.groups.push_back({topo.nodes[spine].name, spine_group(c, a, ch, leaf, leaves, spine_id)});
   }

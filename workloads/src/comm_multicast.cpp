@@ -65,7 +65,7 @@ void register_windows(Communicator& c, uint16_t window, std::function<void(std::
 class MulticastRowsOp : public CommOp {
  public:
   MulticastRowsOp(Communicator& c, BatchMulticastArgs a, Communicator::Done done, std::string what)
-      : CommOp(c, std::move(done)), a_(std::move(a)) {
+      : CommOp(c, std::move(done)), a_(std::move(a)), landed_(a_.incoming) {
     res_.algo = std::move(what);
     for (const auto& [off, len] : a_.incoming) {
       expected_ += len;
@@ -121,22 +121,35 @@ class MulticastRowsOp : public CommOp {
   }
 
  private:
-  // The compact ECH names the source and the destinations in 64-bit bitmaps of GPUs.
   std::string check_rows() const {
-    if (!a_.rows.empty() && comm_.gpu(comm_.rank()) >= 64) {
-      return "batch multicast: source GPU " + std::to_string(comm_.gpu(comm_.rank())) +
-             " is not below 64 (the compact ECH's source and bitmap)";
-    }
     for (const RowsOut& row : a_.rows) {
       for (int d : row.destinations) {
-        if (d < 0 || d >= comm_.size() || d == comm_.rank() || comm_.gpu(d) >= 64) {
+        if (d < 0 || d >= comm_.size() || d == comm_.rank()) {
           return "batch multicast: destination rank " + std::to_string(d) + " of the row at offset " +
-                 std::to_string(row.offset) +
-                 " is not another rank on a GPU below 64 (the compact ECH's 64-bit destination bitmap)";
+                 std::to_string(row.offset) + " is not another rank of 0.." + std::to_string(comm_.size() - 1);
         }
       }
     }
     return "";
+  }
+
+  // A row's destinations as compact-ECH bitmaps: one per block of 64 GPUs they fall in (base = the block's first;
+  // GPUs below 64 make one bitmap at base 0, an ECH v1 header), in GPU order.
+  std::vector<std::pair<uint16_t, uint64_t>> bitmaps(const RowsOut& row) const {
+    std::vector<std::pair<uint16_t, uint64_t>> out;
+    std::vector<int> gpus;
+    for (int d : row.destinations) {
+      gpus.push_back(comm_.gpu(d));
+    }
+    std::sort(gpus.begin(), gpus.end());
+    for (int g : gpus) {
+      const auto base = static_cast<uint16_t>(g / 64 * 64);
+      if (out.empty() || out.back().first != base) {
+        out.push_back({base, 0});
+      }
+      out.back().second |= 1ULL << (g - base);
+    }
+    return out;
   }
 
   void on_shared(const Gathered& g) {
@@ -188,18 +201,16 @@ class MulticastRowsOp : public CommOp {
     }
     LoadSpreader spread(gbps);
     for (const RowsOut& row : a_.rows) {
-      uint64_t bitmap = 0;
-      for (int d : row.destinations) {
-        bitmap |= 1ULL << comm_.gpu(d);
-      }
-      for (uint64_t rel = 0; bitmap != 0 && rel < a_.row_bytes; rel += mtu) {
-        const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(mtu, a_.row_bytes - rel));
-        if (planes.empty()) {
-          direct_.push_back({row.offset + rel, len, bitmap});
-          continue;
+      for (const auto& [base, bitmap] : bitmaps(row)) {
+        for (uint64_t rel = 0; rel < a_.row_bytes; rel += mtu) {
+          const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(mtu, a_.row_bytes - rel));
+          if (planes.empty()) {
+            direct_.push_back({row.offset + rel, len, bitmap, base});
+            continue;
+          }
+          const int plane = planes[spread.place(len)].first;
+          spec.packets.push_back({plane, loopback_of_switch(comm_, plane), row.offset + rel, len, bitmap, base});
         }
-        const int plane = planes[spread.place(len)].first;
-        spec.packets.push_back({plane, loopback_of_switch(comm_, plane), row.offset + rel, len, bitmap});
       }
     }
     if (!planes.empty()) {
@@ -223,7 +234,7 @@ class MulticastRowsOp : public CommOp {
     for (size_t i = 0; i < mc_->spec().packets.size(); ++i) {
       if (mc_->outcome(i) != endpoint::EchOutcome::kDone) {
         const endpoint::EchPacket& pk = mc_->spec().packets[i];
-        direct_.push_back({pk.offset, pk.len, pk.bitmap});
+        direct_.push_back({pk.offset, pk.len, pk.bitmap, pk.base});
         ++given_up;
       }
     }
@@ -240,18 +251,17 @@ class MulticastRowsOp : public CommOp {
     endpoint::Endpoint& ep = comm_.endpoint();
     const uint8_t* base = ep.memory().window(a_.window)->data;
     for (const Direct& d : direct_) {
-      for (int g = 0; g < 64; ++g) {
-        if (d.bitmap & (1ULL << g)) {
-          ++stores_out_;
-          watch(ep.store(g, a_.window, d.offset, base + d.offset, d.len), [this](bool ok, const std::string& error) {
-            if (!ok) {
-              fail("point-to-point store of a multicast packet: " + error);
-              return;
-            }
-            --stores_out_;
-            check_done();
-          });
-        }
+      for (uint64_t bits = d.bitmap; bits != 0; bits &= bits - 1) {
+        const int g = d.base + __builtin_ctzll(bits);
+        ++stores_out_;
+        watch(ep.store(g, a_.window, d.offset, base + d.offset, d.len), [this](bool ok, const std::string& error) {
+          if (!ok) {
+            fail("point-to-point store of a multicast packet: " + error);
+            return;
+          }
+          --stores_out_;
+          check_done();
+        });
       }
     }
     if (!direct_.empty()) {
@@ -272,11 +282,12 @@ class MulticastRowsOp : public CommOp {
   struct Direct {
     uint64_t offset = 0;
     uint32_t len = 0;
-    uint64_t bitmap = 0;
+    uint64_t bitmap = 0;  // GPUs base + i
+    uint16_t base = 0;
   };
   BatchMulticastArgs a_;
+  common::ExpectedRanges landed_;  // after a_: made from its incoming rows
   uint64_t expected_ = 0;
-  common::RangeSet landed_;
   std::shared_ptr<endpoint::EchMulticast> mc_;
   std::vector<Direct> direct_;
   size_t stores_out_ = 0;

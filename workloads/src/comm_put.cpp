@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "comm_op.h"
+#include "ifec/common/fifo.h"
 #include "ifec/common/range_set.h"
 
 namespace ifec::workloads {
@@ -13,7 +14,8 @@ namespace {
 
 class PutRowsOp : public CommOp {
  public:
-  PutRowsOp(Communicator& c, BatchPutArgs a, Communicator::Done done) : CommOp(c, std::move(done)), a_(std::move(a)) {
+  PutRowsOp(Communicator& c, BatchPutArgs a, Communicator::Done done)
+      : CommOp(c, std::move(done)), a_(std::move(a)), landed_(a_.incoming) {
     res_.algo = "point-to-point stores";
     for (const auto& [off, len] : a_.incoming) {
       expected_ += len;
@@ -28,23 +30,23 @@ class PutRowsOp : public CommOp {
     }
     endpoint::Endpoint& ep = comm_.endpoint();
     const uint8_t* src = ep.memory().window(a_.source_window)->data;
-    for (const RowPut& r : a_.rows) {
+    queued_.assign(comm_.size(), {});
+    ahead_.assign(comm_.size(), 0);
+    uint64_t stores = 0;
+    for (size_t i = 0; i < a_.rows.size(); ++i) {
+      const RowPut& r = a_.rows[i];
       if (r.destination == comm_.rank()) {
         std::memcpy(ep.memory().window(a_.dest_window)->data + r.to, src + r.from, a_.row_bytes);
         continue;
       }
-      ++stores_out_;
-      // From the window itself (RDMA WRITE): the rows are not copied while they queue behind each other.
-      watch(
-          ep.store_from_window(comm_.gpu(r.destination), a_.dest_window, r.to, a_.source_window, r.from, a_.row_bytes),
-          [this](bool ok, const std::string& error) {
-            if (!ok) {
-              fail("row store: " + error);
-              return;
-            }
-            --stores_out_;
-            check_done();
-          });
+      queued_[r.destination].push_back({static_cast<uint32_t>(i), stores++});
+    }
+    first_turn_ = ep.take_stripe_turns(stores, a_.row_bytes);
+    // In the rows' order, each destination's first rows_ahead (every row without a bound).
+    for (const RowPut& r : a_.rows) {
+      if (r.destination != comm_.rank() && (a_.rows_ahead == 0 || ahead_[r.destination] < a_.rows_ahead)) {
+        post_next(r.destination);
+      }
     }
     sent_ = true;
     check_done();
@@ -93,15 +95,47 @@ class PutRowsOp : public CommOp {
     return "";
   }
 
+  // Posts the next row toward `dest` (from the window itself, an RDMA WRITE: rows are not copied while they queue).
+  void post_next(int dest) {
+    auto& q = queued_[dest];
+    const Queued row = q.front();
+    q.pop_front();
+    q.release_if_empty();
+    const RowPut& r = a_.rows[row.index];
+    ++stores_out_;
+    ++ahead_[dest];
+    watch(comm_.endpoint().store_from_window(comm_.gpu(dest), a_.dest_window, r.to, a_.source_window, r.from,
+                                             a_.row_bytes, first_turn_ + row.store),
+          [this, dest](bool ok, const std::string& error) {
+            if (!ok) {
+              fail("row store: " + error);
+              return;
+            }
+            --stores_out_;
+            --ahead_[dest];
+            if (!queued_[dest].empty()) {
+              post_next(dest);
+            }
+            check_done();
+          });
+  }
+
   void check_done() {
     if (sent_ && stores_out_ == 0 && landed_.bytes() >= expected_) {
       succeed();
     }
   }
 
+  struct Queued {
+    uint32_t index = 0;  // in a_.rows
+    uint64_t store = 0;  // its turn among this batch's stores
+  };
   BatchPutArgs a_;
+  common::ExpectedRanges landed_;
+  std::vector<common::Fifo<Queued>> queued_;  // per destination rank: rows not posted yet
+  std::vector<uint32_t> ahead_;               // per destination rank: rows posted and not complete
+  uint64_t first_turn_ = 0;
   uint64_t expected_ = 0;
-  common::RangeSet landed_;
   size_t stores_out_ = 0;
   bool sent_ = false;
 };

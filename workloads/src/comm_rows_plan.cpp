@@ -52,37 +52,110 @@ std::vector<uint8_t> RowBook::encode(const std::vector<RowIn>& mine) {
   return w.take();
 }
 
-void RowBook::learn(const Gathered& g) {
-  rows_.assign(g.parts.size(), {});
-  for (size_t d = 0; d < g.parts.size(); ++d) {
-    common::BlobReader rd(g.parts[d], "rank " + std::to_string(d) + "'s rows");
-    for (uint32_t n = rd.get<uint32_t>(); n > 0; --n) {
-      RowIn row;
-      row.index = rd.get<uint32_t>();
-      row.contributors = rd.get_vector<int>();
-      rows_[d].push_back(row);
-    }
-    std::sort(rows_[d].begin(), rows_[d].end(), [](const RowIn& x, const RowIn& y) { return x.index < y.index; });
+std::string RowBook::learn(Communicator& c, const BatchReduceArgs& a, const RowChunks& ch, const Gathered& g) {
+  mine_ = a.mine;
+  std::sort(mine_.begin(), mine_.end(), [](const RowIn& x, const RowIn& y) { return x.index < y.index; });
+  contributions_.clear();
+  for (const RowContribution& rc : a.contribute) {
+    contributions_.push_back({rc.destination, rc.index, 0, 0});
   }
-}
-
-const RowIn* RowBook::find(int d, uint32_t index) const {
-  if (d < 0 || d >= static_cast<int>(rows_.size())) {
-    return nullptr;
-  }
-  auto it =
-      std::lower_bound(rows_[d].begin(), rows_[d].end(), index, [](const RowIn& r, uint32_t i) { return r.index < i; });
-  return it != rows_[d].end() && it->index == index ? &*it : nullptr;
-}
-
-std::vector<int> RowBook::destinations() const {
-  std::vector<int> dests;
-  for (size_t d = 0; d < rows_.size(); ++d) {
-    if (!rows_[d].empty()) {
-      dests.push_back(static_cast<int>(d));
+  std::sort(contributions_.begin(), contributions_.end(), [](const Contribution& x, const Contribution& y) {
+    return x.destination != y.destination ? x.destination < y.destination : x.index < y.index;
+  });
+  for (size_t i = 1; i < contributions_.size(); ++i) {
+    if (contributions_[i].destination == contributions_[i - 1].destination &&
+        contributions_[i].index == contributions_[i - 1].index) {
+      return "rank " + std::to_string(c.rank()) + " contributes twice to row " +
+             std::to_string(contributions_[i].index) + " of rank " + std::to_string(contributions_[i].destination);
     }
   }
-  return dests;
+  destinations_.clear();
+  longest_ = 0;
+  size_t first = 0;
+  for (int d = 0; d < static_cast<int>(g.parts.size()); ++d) {
+    const size_t mark = first;
+    while (first < contributions_.size() && contributions_[first].destination == d) {
+      ++first;
+    }
+    if (d == c.rank()) {
+      if (!mine_.empty()) {
+        destinations_.push_back(d);
+      }
+      uint32_t with = 0;
+      for (const RowIn& row : mine_) {
+        with += !row.contributors.empty();
+      }
+      longest_ = std::max(longest_, with);
+      continue;
+    }
+    if (std::string err = scan(c, d, g.parts[d], mark); !err.empty()) {
+      return err;
+    }
+  }
+  for (const Contribution& k : contributions_) {
+    if (k.destination < 0 || k.destination >= c.size() || k.contributors == 0) {
+      return "rank " + std::to_string(c.rank()) + " contributes to row " + std::to_string(k.index) + " of rank " +
+             std::to_string(k.destination) + ", which does not list it";
+    }
+  }
+  return check(c, a, ch);
+}
+
+std::string RowBook::scan(Communicator& c, int d, const std::vector<uint8_t>& part, size_t first) {
+  common::BlobReader rd(part, "rank " + std::to_string(d) + "'s rows");
+  // The rows in index order with their contributor counts; this rank's own rows' lists read in full.
+  struct Row {
+    uint32_t index;
+    uint32_t contributors;
+    bool lists_me;
+  };
+  std::vector<Row> rows;
+  for (uint32_t n = rd.get<uint32_t>(); n > 0; --n) {
+    const uint32_t index = rd.get<uint32_t>();
+    auto k = std::lower_bound(contributions_.begin() + first, contributions_.end(), std::make_pair(d, index),
+                              [](const Contribution& x, const std::pair<int, uint32_t>& v) {
+                                return x.destination != v.first ? x.destination < v.first : x.index < v.second;
+                              });
+    const bool mine = k != contributions_.end() && k->destination == d && k->index == index;
+    if (!mine) {
+      rows.push_back({index, static_cast<uint32_t>(rd.skip_vector<int>()), false});
+      continue;
+    }
+    const std::vector<int> contributors = rd.get_vector<int>();
+    rows.push_back({index, static_cast<uint32_t>(contributors.size()),
+                    std::count(contributors.begin(), contributors.end(), c.rank()) > 0});
+  }
+  if (rows.empty()) {
+    return "";
+  }
+  destinations_.push_back(d);
+  std::sort(rows.begin(), rows.end(), [](const Row& x, const Row& y) { return x.index < y.index; });
+  uint32_t position = 0;
+  auto k = contributions_.begin() + static_cast<std::ptrdiff_t>(first);
+  for (const Row& row : rows) {
+    for (; k != contributions_.end() && k->destination == d && k->index < row.index; ++k) {
+    }
+    if (k != contributions_.end() && k->destination == d && k->index == row.index && row.lists_me) {
+      k->position = position;
+      k->contributors = row.contributors;
+    }
+    position += row.contributors > 0;
+  }
+  longest_ = std::max(longest_, position);
+  return "";
+}
+
+const RowIn* RowBook::mine(uint32_t index) const {
+  auto it = std::lower_bound(mine_.begin(), mine_.end(), index, [](const RowIn& r, uint32_t i) { return r.index < i; });
+  return it != mine_.end() && it->index == index ? &*it : nullptr;
+}
+
+const RowBook::Contribution* RowBook::contribution(int destination, uint32_t index) const {
+  auto it = std::lower_bound(contributions_.begin(), contributions_.end(), std::make_pair(destination, index),
+                             [](const Contribution& x, const std::pair<int, uint32_t>& v) {
+                               return x.destination != v.first ? x.destination < v.first : x.index < v.second;
+                             });
+  return it != contributions_.end() && it->destination == destination && it->index == index ? &*it : nullptr;
 }
 
 std::string RowBook::check(Communicator& c, const BatchReduceArgs& a, const RowChunks& ch) const {
@@ -105,11 +178,6 @@ std::string RowBook::check(Communicator& c, const BatchReduceArgs& a, const RowC
   }
   const endpoint::WindowInfo* sw = c.endpoint().memory().window(a.source_window);
   for (const RowContribution& rc : a.contribute) {
-    const RowIn* row = find(rc.destination, rc.index);
-    if (row == nullptr || std::count(row->contributors.begin(), row->contributors.end(), c.rank()) == 0) {
-      return "rank " + std::to_string(c.rank()) + " contributes to row " + std::to_string(rc.index) + " of rank " +
-             std::to_string(rc.destination) + ", which does not list it";
-    }
     if (sw == nullptr || rc.source_offset + ch.row_bytes > sw->size) {
       return "contribution at offset " + std::to_string(rc.source_offset) + " overruns source window " +
              std::to_string(a.source_window);
@@ -171,29 +239,22 @@ void ChunkPlaces::number(Communicator& c, const Plan& plan, const RowBook& rows,
     }
     weight.push_back(w > 0 ? w : 1);
   }
-  place_.assign(c.size(), {});
-  for (int d = 0; d < c.size(); ++d) {
-    LoadSpreader spread(weight);
-    std::vector<uint32_t> seq(plan.planes.size(), 0);
-    for (const RowIn& row : rows.of(d)) {
-      for (uint32_t k = 0; k < ch.per_row; ++k) {
-        ChunkPlace cp;
-        if (!plan.planes.empty() && !row.contributors.empty()) {
-          const size_t best = spread.place(static_cast<double>(ch.elements(k) * ch.esize));
-          cp.plane = static_cast<int>(best);
-          cp.seq = seq[best]++;
-        }
-        place_[d][{row.index, k}] = cp;
-      }
-    }
+  per_row_ = ch.per_row;
+  place_.assign(plan.planes.empty() ? 0 : size_t{rows.longest()} * ch.per_row, {});
+  LoadSpreader spread(weight);
+  std::vector<uint32_t> seq(plan.planes.size(), 0);
+  for (size_t i = 0; i < place_.size(); ++i) {
+    const auto k = static_cast<uint32_t>(i % ch.per_row);
+    const size_t best = spread.place(static_cast<double>(ch.elements(k) * ch.esize));
+    place_[i].plane = static_cast<int>(best);
+    place_[i].seq = seq[best]++;
   }
 }
 
-const ChunkPlace& ChunkPlaces::at(int d, uint32_t index, uint32_t chunk) const {
+const ChunkPlace& ChunkPlaces::at(uint32_t position, uint32_t chunk) const {
   static const ChunkPlace kNone;
-  const auto& of = place_[d];
-  auto it = of.find({index, chunk});
-  return it != of.end() ? it->second : kNone;
+  const size_t i = size_t{position} * per_row_ + chunk;
+  return i < place_.size() ? place_[i] : kNone;
 }
 
 }  // namespace ifec::workloads

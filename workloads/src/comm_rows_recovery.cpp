@@ -14,13 +14,18 @@ std::vector<uint8_t> encode_undelivered(const Communicator& c, const RowBook& ro
                                         const ChunkPlaces& places, const endpoint::EchReduction& recv,
                                         const std::vector<RowChunk>& received, uint64_t anomalies) {
   std::vector<uint32_t> failed;  // row index, chunk, row index, chunk, ...
-  for (const RowIn& row : rows.of(c.rank())) {
-    for (uint32_t k = 0; k < ch.per_row && !row.contributors.empty(); ++k) {
-      if (places.at(c.rank(), row.index, k).plane < 0) {
+  uint32_t position = 0;         // among this rank's rows with contributors
+  for (const RowIn& row : rows.mine()) {
+    if (row.contributors.empty()) {
+      continue;
+    }
+    for (uint32_t k = 0; k < ch.per_row; ++k) {
+      if (places.at(position, k).plane < 0) {
         failed.push_back(row.index);
         failed.push_back(k);
       }
     }
+    ++position;
   }
   for (size_t i = 0; i < received.size(); ++i) {
     if (recv.outcome(i) != endpoint::EchOutcome::kDone) {
@@ -28,9 +33,17 @@ std::vector<uint8_t> encode_undelivered(const Communicator& c, const RowBook& ro
       failed.push_back(received[i].second);
     }
   }
+  // Each failed chunk's contributors (count, ranks), in the same order: they place their pieces by it.
+  std::vector<int> contributors;
+  for (size_t i = 0; i < failed.size(); i += 2) {
+    const RowIn* row = rows.mine(failed[i]);
+    contributors.push_back(static_cast<int>(row->contributors.size()));
+    contributors.insert(contributors.end(), row->contributors.begin(), row->contributors.end());
+  }
   common::BlobWriter w;
   w.put_vector(failed);
   w.put<uint64_t>(anomalies);
+  w.put_vector(contributors);
   return w.take();
 }
 
@@ -41,8 +54,13 @@ uint64_t PieceRecovery::learn(const Gathered& g, uint64_t& anomalies) {
     common::BlobReader rd(g.parts[d], "rank " + std::to_string(d) + "'s undelivered chunks");
     const std::vector<uint32_t> f = rd.get_vector<uint32_t>();
     anomalies += rd.get<uint64_t>();
+    const std::vector<int> lists = rd.get_vector<int>();
+    size_t at = 0;
     for (size_t i = 0; i + 1 < f.size(); i += 2) {
-      failed_[d].push_back({f[i], f[i + 1]});
+      IFEC_CHECK(at < lists.size() && at + 1 + static_cast<size_t>(lists[at]) <= lists.size(),
+                 "rank " << d << "'s undelivered chunks: contributor lists cut short");
+      failed_[d].push_back({f[i], f[i + 1], {lists.begin() + at + 1, lists.begin() + at + 1 + lists[at]}});
+      at += 1 + static_cast<size_t>(lists[at]);
     }
     total += failed_[d].size();
   }
@@ -51,10 +69,9 @@ uint64_t PieceRecovery::learn(const Gathered& g, uint64_t& anomalies) {
 
 uint64_t PieceRecovery::collect() {
   uint64_t pieces = 0;
-  for (const auto& [index, k] : failed_[comm_.rank()]) {
-    const uint64_t contributors = rows_.find(comm_.rank(), index)->contributors.size();
-    pieces += contributors;
-    expected_ += contributors * ch_.elements(k) * ch_.esize;
+  for (const Failed& f : failed_[comm_.rank()]) {
+    pieces += f.contributors.size();
+    expected_ += f.contributors.size() * ch_.elements(f.chunk) * ch_.esize;
   }
   in_.clear();
   collecting_ = true;
@@ -70,13 +87,13 @@ void PieceRecovery::send(const std::function<void(const endpoint::OpHandle&)>& p
   }
   for (int d = 0; d < comm_.size(); ++d) {
     uint64_t slot = 0;
-    for (const auto& [index, k] : failed_[d]) {
-      for (int contributor : rows_.find(d, index)->contributors) {
+    for (const Failed& f : failed_[d]) {
+      for (int contributor : f.contributors) {
         if (contributor == comm_.rank()) {
-          const uint64_t from = my_offset[{d, index}] + uint64_t{k} * chunk_bytes;
+          const uint64_t from = my_offset[{d, f.index}] + uint64_t{f.chunk} * chunk_bytes;
           ++out_;
           posted(ep.store(comm_.gpu(d), scratch_, slot * chunk_bytes, ep.memory().window(a_.source_window)->data + from,
-                          ch_.elements(k) * ch_.esize));
+                          ch_.elements(f.chunk) * ch_.esize));
         }
         ++slot;
       }
@@ -101,14 +118,13 @@ void PieceRecovery::sum() {
   uint8_t* result = ep.memory().window(a_.result_window)->data + a_.result_offset;
   std::vector<common::Acc> acc(ch_.chunk_elems);
   uint64_t slot = 0;
-  for (const auto& [index, k] : failed_[comm_.rank()]) {
-    const RowIn* row = rows_.find(comm_.rank(), index);
-    for (size_t i = 0; i < row->contributors.size(); ++i, ++slot) {
-      common::accumulate(a_.dtype, common::EchRedOp::kSum, acc.data(), scratch + slot * chunk_bytes, ch_.elements(k),
-                         i == 0);
+  for (const Failed& f : failed_[comm_.rank()]) {
+    for (size_t i = 0; i < f.contributors.size(); ++i, ++slot) {
+      common::accumulate(a_.dtype, common::EchRedOp::kSum, acc.data(), scratch + slot * chunk_bytes,
+                         ch_.elements(f.chunk), i == 0);
     }
-    common::finalize(a_.dtype, acc.data(), result + uint64_t{index} * ch_.row_bytes + uint64_t{k} * chunk_bytes,
-                     ch_.elements(k));
+    common::finalize(a_.dtype, acc.data(), result + uint64_t{f.index} * ch_.row_bytes + uint64_t{f.chunk} * chunk_bytes,
+                     ch_.elements(f.chunk));
   }
 }
 

@@ -2,8 +2,8 @@
 // contributor that never arrived, a result lost, slot timeouts), summed at their destination from point-to-point
 // stores of their contributors' pieces into a scratch window there (fp32, one rounding, as the switch does).
 //
-// Every rank publishes its undelivered chunks (encode_undelivered); PieceRecovery then learns all of them, sizes
-// the scratch, sends this rank's pieces, counts the pieces landing here and sums them.
+// Every rank publishes its undelivered chunks with their contributors (encode_undelivered); PieceRecovery then learns
+// all of them, sizes the scratch, sends this rank's pieces, counts the pieces landing here and sums them.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +29,8 @@ std::vector<uint8_t> encode_undelivered(const Communicator& c, const RowBook& ro
 
 class PieceRecovery {
  public:
-  PieceRecovery(Communicator& c, const BatchReduceArgs& a, const RowChunks& ch, const RowBook& rows, uint16_t scratch)
-      : comm_(c), a_(a), ch_(ch), rows_(rows), scratch_(scratch) {}
+  PieceRecovery(Communicator& c, const BatchReduceArgs& a, const RowChunks& ch, uint16_t scratch)
+      : comm_(c), a_(a), ch_(ch), scratch_(scratch) {}
 
   uint16_t scratch() const { return scratch_; }
   // Every rank's undelivered chunks (their anomaly notices added to `anomalies`); returns how many in all.
@@ -56,11 +56,15 @@ class PieceRecovery {
   Communicator& comm_;
   const BatchReduceArgs& a_;
   const RowChunks& ch_;
-  const RowBook& rows_;
   uint16_t scratch_;
+  struct Failed {
+    uint32_t index = 0;
+    uint32_t chunk = 0;
+    std::vector<int> contributors;
+  };
   // [destination] its undelivered chunks; its scratch holds their pieces in this order, each chunk's contributors
   // in row order.
-  std::vector<std::vector<RowChunk>> failed_;
+  std::vector<std::vector<Failed>> failed_;
   size_t out_ = 0;
   bool sent_ = false;
   common::RangeSet in_;

@@ -26,7 +26,7 @@ class ReduceRowsOp : public CommOp {
       : CommOp(c, std::move(done)),
         a_(std::move(a)),
         chunks_(c, a_),
-        recovery_(c, a_, chunks_, rows_, a_.scratch_window != 0 ? a_.scratch_window : common::kRowScratchWindow) {
+        recovery_(c, a_, chunks_, a_.scratch_window != 0 ? a_.scratch_window : common::kRowScratchWindow) {
     res_.algo = "in-fabric batch reduction";
   }
 
@@ -68,8 +68,7 @@ class ReduceRowsOp : public CommOp {
   // ---- plan: every destination's rows, then the leader's groups ----
 
   void learn_rows(const Gathered& g) {
-    rows_.learn(g);
-    if (const std::string err = rows_.check(comm_, a_, chunks_); !err.empty()) {
+    if (const std::string err = rows_.learn(comm_, a_, chunks_, g); !err.empty()) {
       fail("batch reduction: " + err);
       return;
     }
@@ -120,9 +119,9 @@ class ReduceRowsOp : public CommOp {
       return x.index != y.index ? x.index < y.index : x.destination < y.destination;
     });
     for (const RowContribution& rc : mine) {
-      const RowIn* row = rows_.find(rc.destination, rc.index);
+      const RowBook::Contribution* row = rows_.contribution(rc.destination, rc.index);
       for (uint32_t k = 0; k < chunks_.per_row; ++k) {
-        const ChunkPlace& cp = places_.at(rc.destination, rc.index, k);
+        const ChunkPlace& cp = places_.at(row->position, k);
         if (cp.plane < 0) {
           continue;  // no plane: point to point after the fabric phase
         }
@@ -130,7 +129,7 @@ class ReduceRowsOp : public CommOp {
         ch.lane = lane(lanes, cp.plane, rc.destination);
         ch.seq = cp.seq;
         ch.elements = static_cast<uint16_t>(chunks_.elements(k));
-        ch.expected = static_cast<uint8_t>(row->contributors.size());
+        ch.expected = static_cast<uint8_t>(row->contributors);
         ch.source_offset = rc.source_offset + uint64_t{k} * chunks_.chunk_bytes();
         ch.reth_va = uint64_t{rc.index} * chunks_.row_bytes + uint64_t{k} * chunks_.chunk_bytes();
         out.chunks.push_back(ch);
@@ -142,9 +141,13 @@ class ReduceRowsOp : public CommOp {
   endpoint::EchReduceSpec receives(const endpoint::EchReduceSpec& base) {
     endpoint::EchReduceSpec in = base;
     Lanes lanes(comm_, in);
-    for (const RowIn& row : rows_.of(comm_.rank())) {
-      for (uint32_t k = 0; k < chunks_.per_row && !row.contributors.empty(); ++k) {
-        const ChunkPlace& cp = places_.at(comm_.rank(), row.index, k);
+    uint32_t position = 0;  // among this rank's rows with contributors
+    for (const RowIn& row : rows_.mine()) {
+      if (row.contributors.empty()) {
+        continue;
+      }
+      for (uint32_t k = 0; k < chunks_.per_row; ++k) {
+        const ChunkPlace& cp = places_.at(position, k);
         if (cp.plane < 0) {
           continue;
         }
@@ -157,6 +160,7 @@ class ReduceRowsOp : public CommOp {
         in.chunks.push_back(ch);
         received_.push_back({row.index, k});
       }
+      ++position;
     }
     return in;
   }

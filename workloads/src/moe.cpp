@@ -129,6 +129,21 @@ void MoeConfig::validate() const {
              "MoeConfig.route_scale must be finite and > 0, got " << route_scale);
 }
 
+MoeConfig node_limited(const MoeConfig& cfg, int ranks, int gpus_per_node) {
+  IFEC_CHECK(ranks >= 1 && gpus_per_node >= 1,
+             "node-limited routing: " << ranks << " ranks, " << gpus_per_node << " GPUs per node (need >= 1 each)");
+  const int64_t nodes = ranks / gpus_per_node;
+  MoeConfig out = cfg;
+  if (nodes > cfg.groups) {
+    IFEC_CHECK(ranks % gpus_per_node == 0 && cfg.experts % nodes == 0,
+               "node-limited routing: " << ranks << " ranks are not whole nodes of " << gpus_per_node
+                                        << " GPUs, each holding an equal share of " << cfg.experts << " experts");
+    out.groups = nodes;
+  }
+  out.validate();
+  return out;
+}
+
 MoeWeights MoeWeights::to(at::ScalarType dtype) const {
   MoeWeights m;
   m.gate_weight = gate_weight.to(dtype);

@@ -191,6 +191,31 @@ TEST(MoeConfig, DefaultsAreDeepSeekV3AndErrorsNameTheValue) {
             std::string::npos);
 }
 
+// Node-limited routing at EP 256 (32 nodes of 8 GPUs, one expert per GPU): the gate's groups are the nodes, so a
+// token's ranks lie in at most 4 nodes; at EP 64 (a group is a node already) nothing changes.
+TEST(MoeConfig, NodeLimitedGroupsAreTheNodes) {
+  const MoeConfig cfg = small_config();
+  const MoeConfig at64 = node_limited(cfg, 64, 8);
+  EXPECT_EQ(at64.groups, 8);
+  EXPECT_EQ(at64.topk_groups, 4);
+  const MoeConfig at256 = node_limited(cfg, 256, 8);
+  EXPECT_EQ(at256.groups, 32);
+  EXPECT_EQ(at256.topk_groups, 4);
+  const MoeWeights w = make_weights(at256, 7);
+  const RouteTable t = to_route_table(gate(random_tokens(512, cfg.hidden, 9), w, at256));
+  size_t most = 0;
+  for (int64_t i = 0; i < t.tokens; ++i) {
+    std::set<int> nodes;
+    for (int r : ranks_of_token(t.row(i), at256.experts, 256)) {
+      nodes.insert(r / 8);
+    }
+    EXPECT_LE(nodes.size(), 4u) << "token " << i;
+    most = std::max(most, nodes.size());
+  }
+  EXPECT_EQ(most, 4u) << "some token uses all 4 of its nodes";
+  EXPECT_NE(error_of([&] { node_limited(cfg, 100, 8); }).find("100 ranks are not whole nodes of 8"), std::string::npos);
+}
+
 TEST(MoeWeights, DeterministicScaledAndCastable) {
   const MoeConfig cfg = small_config();
   const MoeWeights a = make_weights(cfg, 1);

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ifec/common/checks.h"
@@ -153,6 +155,54 @@ TEST_P(MoePlan, RanksAgreeAndMovingTheRowsAsPlannedGivesTheReference) {
 INSTANTIATE_TEST_SUITE_P(Variants, MoePlan,
                          testing::Values(MoeVariant::kPerExpert, MoeVariant::kPerRank, MoeVariant::kIfec),
                          [](const auto& info) { return std::string(moe_variant_name(info.param)); });
+
+// Every rank's plan at once (one pass over the deliveries) is each rank's own plan.
+TEST_P(MoePlan, AllRanksAtOnceAreEachRanksOwn) {
+  const Layer l;
+  const MoeVariant v = GetParam();
+  const std::vector<MoeRankPlan> all = plan_moe_ranks(v, l.table, l.lists, kTokens, l.row(), EchDtype::kFp32);
+  ASSERT_EQ(all.size(), static_cast<size_t>(kRanks));
+  auto puts = [](const BatchPutArgs& a) {
+    std::vector<std::tuple<uint64_t, int, uint64_t>> out;
+    for (const RowPut& r : a.rows) {
+      out.emplace_back(r.from, r.destination, r.to);
+    }
+    return std::make_pair(out, a.incoming);
+  };
+  for (int r = 0; r < kRanks; ++r) {
+    const MoeRankPlan one = plan_moe_rank(v, l.table, l.lists, r, kTokens, l.row(), EchDtype::kFp32);
+    const MoeRankPlan& p = all[r];
+    EXPECT_EQ(p.rank, r);
+    EXPECT_EQ(p.windows, one.windows);
+    EXPECT_EQ(p.recv_offsets, one.recv_offsets);
+    EXPECT_EQ(p.own_token, one.own_token);
+    EXPECT_EQ(p.dispatch_logical_bytes, one.dispatch_logical_bytes);
+    EXPECT_EQ(p.combine_logical_bytes, one.combine_logical_bytes);
+    EXPECT_EQ(puts(p.dispatch_put), puts(one.dispatch_put)) << "rank " << r;
+    EXPECT_EQ(puts(p.combine_put), puts(one.combine_put)) << "rank " << r;
+    if (v != MoeVariant::kIfec) {
+      EXPECT_EQ(p.dispatch_put.rows_ahead, moe_rows_ahead(kRanks));
+      EXPECT_EQ(p.combine_put.rows_ahead, moe_rows_ahead(kRanks));
+    }
+    ASSERT_EQ(p.dispatch_multicast.rows.size(), one.dispatch_multicast.rows.size());
+    for (size_t i = 0; i < p.dispatch_multicast.rows.size(); ++i) {
+      EXPECT_EQ(p.dispatch_multicast.rows[i].offset, one.dispatch_multicast.rows[i].offset);
+      EXPECT_EQ(p.dispatch_multicast.rows[i].destinations, one.dispatch_multicast.rows[i].destinations);
+    }
+    EXPECT_EQ(p.dispatch_multicast.incoming, one.dispatch_multicast.incoming);
+    ASSERT_EQ(p.combine_reduce.contribute.size(), one.combine_reduce.contribute.size());
+    for (size_t i = 0; i < p.combine_reduce.contribute.size(); ++i) {
+      EXPECT_EQ(p.combine_reduce.contribute[i].destination, one.combine_reduce.contribute[i].destination);
+      EXPECT_EQ(p.combine_reduce.contribute[i].index, one.combine_reduce.contribute[i].index);
+      EXPECT_EQ(p.combine_reduce.contribute[i].source_offset, one.combine_reduce.contribute[i].source_offset);
+    }
+  }
+  // A rank keeps 4096 rows posted over its peers, at least 16 per peer.
+  EXPECT_EQ(moe_rows_ahead(4), 1366u);
+  EXPECT_EQ(moe_rows_ahead(64), 66u);
+  EXPECT_EQ(moe_rows_ahead(256), 17u);
+  EXPECT_EQ(moe_rows_ahead(1024), 16u);
+}
 
 TEST(MoePlanErrors, NameTheBadValue) {
   const Layer l;

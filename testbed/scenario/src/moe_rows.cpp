@@ -15,10 +15,10 @@ double MoeRow::combine_gbs() const {
 
 std::string moe_rows_header() {
   char buf[512];
-  std::snprintf(buf, sizeof buf, "#%-7s %4s %6s %-10s %12s %7s %5s %5s %12s %7s %5s %5s %11s %11s %11s %9s %9s  %s",
-                "mode", "EP", "tokens", "variant", "dispatch(us)", "GB/s", "line", "bound", "combine(us)", "GB/s",
-                "line", "bound", "experts(us)", "total(us)", "overlap(us)", "disp MB", "comb MB",
-                "wire MB per plane (disp+comb)");
+  std::snprintf(
+      buf, sizeof buf, "#%-7s %4s %6s %-10s %12s %7s %5s %5s %12s %7s %5s %5s %11s %11s %11s %12s %9s %9s  %s", "mode",
+      "EP", "tokens", "variant", "dispatch(us)", "GB/s", "line", "bound", "combine(us)", "GB/s", "line", "bound",
+      "experts(us)", "total(us)", "overlap(us)", "overlap2(us)", "disp MB", "comb MB", "wire MB per plane (disp+comb)");
   return buf;
 }
 
@@ -36,17 +36,24 @@ std::string moe_row_text(const MoeRow& r) {
   if (r.overlap_us >= 0) {
     std::snprintf(overlap, sizeof overlap, "%.1f", r.overlap_us);
   }
+  char overlap2[32] = "-";
+  if (r.overlap2_us >= 0) {
+    std::snprintf(overlap2, sizeof overlap2, "%.1f", r.overlap2_us);
+  }
   char buf[640];
   std::snprintf(buf, sizeof buf,
-                " %-7s %4d %6lld %-10s %12.1f %7.1f %4d%% %4d%% %12.1f %7.1f %4d%% %4d%% %11.1f %11.1f %11s %9.1f "
-                "%9.1f  %s%s",
+                " %-7s %4d %6lld %-10s %12.1f %7.1f %4d%% %4d%% %12.1f %7.1f %4d%% %4d%% %11.1f %11.1f %11s %12s "
+                "%9.1f %9.1f  %s%s",
                 r.point.mode.c_str(), r.point.ep, static_cast<long long>(r.point.tokens), r.variant.c_str(),
                 r.dispatch_us, r.dispatch_gbs(), pct(r.dispatch_line_fraction()),
                 pct(of_bound(r.dispatch_bound_us, r.dispatch_us)), r.combine_us, r.combine_gbs(),
                 pct(r.combine_line_fraction()), pct(of_bound(r.combine_bound_us, r.combine_us)), r.compute_us,
-                r.total_us, overlap, r.dispatch_wire_bytes / 1e6, r.combine_wire_bytes / 1e6, planes.c_str(),
+                r.total_us, overlap, overlap2, r.dispatch_wire_bytes / 1e6, r.combine_wire_bytes / 1e6, planes.c_str(),
                 r.scaled ? ("  (scaled from " + std::to_string(r.simulated_tokens) + ")").c_str() : "");
   std::string line = buf;
+  if (r.elided_payloads) {
+    line += "\n#   timing only: payloads elided (frames of headers and lengths), nothing computed or checked";
+  }
   if (!r.ok()) {
     char err[160];
     std::snprintf(err, sizeof err, "  WRONG: max error %.3g above tolerance %.3g", r.max_rel_error, r.tolerance);
@@ -64,7 +71,9 @@ common::JsonObject moe_row_record(const MoeRow& r, const std::string& topology, 
   o.add("tokens", r.point.tokens).add("variant", r.variant).add("simulated_tokens", r.simulated_tokens);
   o.add("scaled", r.scaled).add("dispatch_us", r.dispatch_us).add("combine_us", r.combine_us);
   o.add("compute_us", r.compute_us).add("compute_source", r.compute_source).add("total_us", r.total_us);
-  o.add("overlap_us", r.overlap_us).add("fp8_dispatch", r.fp8_dispatch);
+  o.add("overlap_us", r.overlap_us).add("overlap2_us", r.overlap2_us).add("fp8_dispatch", r.fp8_dispatch);
+  o.add("payload", r.elided_payloads ? "elided" : "real").add("timing_only", r.elided_payloads);
+  o.add("gate_groups", r.gate_groups);
   o.add("dispatch_gbs", r.dispatch_gbs()).add("combine_gbs", r.combine_gbs()).add("line_gbs", r.line_gbs);
   o.add("dispatch_line_fraction", r.dispatch_line_fraction()).add("combine_line_fraction", r.combine_line_fraction());
   o.add("dispatch_bound_us", r.dispatch_bound_us).add("combine_bound_us", r.combine_bound_us);

@@ -87,14 +87,15 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
 }
 
 std::vector<workloads::Communicator*> Cluster::communicators(const std::vector<int>& gpus,
-                                                             const workloads::CommOptions& opts) {
+                                                             const workloads::CommOptions& opts, int stream) {
   for (int g : gpus) {
     IFEC_CHECK(g >= 0 && g < size(), "communicator: GPU " << g << " outside 0.." << size() - 1);
   }
   // Every rank starts in the same event here: no store can be early for the next operation.
   workloads::CommOptions o = opts;
   o.keep_early_arrivals = false;
-  RankSet& set = rank_sets_[gpus];
+  const auto key = std::make_pair(gpus, stream);
+  RankSet& set = rank_sets_[key];
   std::vector<workloads::Communicator*> out;
   if (set.comms.empty()) {
     const int n = static_cast<int>(gpus.size());
@@ -114,7 +115,7 @@ std::vector<workloads::Communicator*> Cluster::communicators(const std::vector<i
     }
     for (int r = 0; r < n; ++r) {
       if ((*inits)[r] != "") {
-        rank_sets_.erase(gpus);
+        rank_sets_.erase(key);
         IFEC_FAIL("communicator of rank " << r << " (GPU " << gpus[r] << ") did not initialise: "
                                           << ((*inits)[r] == "?" ? "no answer from the bootstrap" : (*inits)[r]));
       }
@@ -160,8 +161,11 @@ Cluster::~Cluster() = default;
 void Cluster::allocate_window(uint16_t id, uint64_t bytes, uint32_t job, bool shared) {
   free_window(id);  // re-allocation: a fresh zeroed window under the same id
   if (shared) {
-    IFEC_CHECK(bytes > 0 && bytes <= (uint64_t{1} << 32),
-               "shared window " << id << " size " << bytes << " outside 1..4 GiB");
+    // Untouched pages cost nothing (MAP_NORESERVE): an IFEC receive window of an EP 256 layer spans 7.7 GB of
+    // [source rank][token] rows and is written only where rows land (with elided payloads nowhere).
+    IFEC_CHECK(bytes > 0 && bytes <= (uint64_t{1} << endpoint::kWindowVaShift),
+               "shared window " << id << " size " << bytes << " outside 1.." << (1 << (endpoint::kWindowVaShift - 30))
+                                << " GiB");
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     IFEC_CHECK(p != MAP_FAILED, "shared window " << id << " of " << bytes << " bytes: " << std::strerror(errno));
     auto& mem = shared_windows_[id] = std::unique_ptr<uint8_t, Unmap>(static_cast<uint8_t*>(p), Unmap{bytes});

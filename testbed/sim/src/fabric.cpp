@@ -152,7 +152,6 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
 
 Fabric::~Fabric() = default;
 
-
 int Fabric::nvlink_port_to(int gpu, int peer) const {
   const std::vector<GpuPort>& ports = nvlink_ports_.at(gpu);
   for (size_t i = 0; i < ports.size(); ++i) {

@@ -123,14 +123,12 @@ void validate_rows(Cluster& cluster, const BatchMulticastSpec& spec) {
   const int n = cluster.size();
   IFEC_CHECK(spec.row_bytes > 0, "batch multicast: row_bytes is 0");
   for (const RowMulticast& row : spec.rows) {
-    IFEC_CHECK(row.source >= 0 && row.source < n && row.source < 64,
-               "batch multicast: source GPU " << row.source << " outside 0.." << std::min(n, 64) - 1);
+    IFEC_CHECK(row.source >= 0 && row.source < n,
+               "batch multicast: source GPU " << row.source << " outside 0.." << n - 1);
     std::vector<int> gs = row.destinations;
     gs.push_back(row.source);
     for (int g : gs) {
-      IFEC_CHECK(g >= 0 && g < n && g < 64, "batch multicast: destination GPU "
-                                                << g << " outside 0.." << std::min(n, 64) - 1
-                                                << " (the compact ECH's 64-bit destination bitmap)");
+      IFEC_CHECK(g >= 0 && g < n, "batch multicast: destination GPU " << g << " outside 0.." << n - 1);
       IFEC_CHECK(g == row.source || g != gs.back(), "batch multicast: GPU " << g << " is the row's own source");
       const endpoint::WindowInfo* w = cluster.ep(g).memory().window(spec.window);
       IFEC_CHECK(w != nullptr, "batch multicast: GPU " << g << " has no window " << spec.window);

@@ -19,9 +19,7 @@ class InProcessBootstrap::RankView : public workloads::Bootstrap {
   int size() const override { return hub_.size_; }
   void allgather(std::vector<uint8_t> mine, std::function<void(workloads::Gathered)> done) override {
     Poster post = post_;
-    hub_.contribute(rank_, std::move(mine), [post, done](workloads::Gathered g) {
-      post([done, g = std::move(g)]() mutable { done(std::move(g)); });
-    });
+    hub_.contribute(rank_, std::move(mine), [post, done](const Shared& g) { post([done, g] { done(*g); }); });
   }
 
  private:
@@ -43,9 +41,9 @@ workloads::Bootstrap& InProcessBootstrap::rank(int r, Poster post) {
   return *ranks_[r];
 }
 
-void InProcessBootstrap::contribute(int r, std::vector<uint8_t> mine, std::function<void(workloads::Gathered)> done) {
-  std::vector<std::function<void(workloads::Gathered)>> ready;
-  workloads::Gathered g;
+void InProcessBootstrap::contribute(int r, std::vector<uint8_t> mine, std::function<void(Shared)> done) {
+  std::vector<std::function<void(Shared)>> ready;
+  auto g = std::make_shared<workloads::Gathered>();
   {
     std::lock_guard<std::mutex> lock(mu_);
     Round& round = rounds_[calls_[r]++];
@@ -58,7 +56,7 @@ void InProcessBootstrap::contribute(int r, std::vector<uint8_t> mine, std::funct
     if (++round.arrived < size_) {
       return;
     }
-    g.parts = std::move(round.parts);
+    g->parts = std::move(round.parts);
     ready = std::move(round.done);
     rounds_.erase(calls_[r] - 1);
   }

@@ -5,7 +5,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <numeric>
 #include <type_traits>
 
 #include "ifec/common/checks.h"
@@ -83,8 +85,6 @@ void validate_moe_args(Cluster& c, MoeVariant variant, const MoeConfig& cfg, con
                        const MoeFabricOptions& opts) {
   cfg.validate();
   IFEC_CHECK(ranks >= 1 && ranks <= c.size(), "EP size " << ranks << " outside 1.." << c.size());
-  IFEC_CHECK(variant != MoeVariant::kIfec || ranks <= 64,
-             "EP size " << ranks << ": the IFEC variant's compact ECH bitmaps hold 64 ranks");
   IFEC_CHECK(x.dim() == 2 && x.size(1) == cfg.hidden && x.size(0) % ranks == 0 && x.size(0) > 0,
              "x must be [ranks * tokens, " << cfg.hidden << "], got " << x.sizes());
   IFEC_CHECK(x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16,
@@ -95,12 +95,13 @@ void validate_moe_args(Cluster& c, MoeVariant variant, const MoeConfig& cfg, con
              "MoE: rows of width " << opts.row_hidden << " wider than x's " << cfg.hidden << " need the timing mode");
 }
 
-// One MoE layer over the cluster's first `ranks` GPUs: routing and every rank's plan, then dispatch, the experts
-// and combine, each phase measured; the outputs summed at their sources.
-class MoeLayerRun {
+// One layer's worth of tokens (a whole layer, or one micro-batch of it) over the cluster's first `ranks` GPUs:
+// routing and every rank's plan, its windows (allocated here, freed with it), the rows each rank sends, and the
+// local steps around the phases: the experts after dispatch, the sum at the sources after combine.
+class MoeBatch {
  public:
-  MoeLayerRun(Cluster& c, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w, const at::Tensor& x, int ranks,
-              const MoeFabricOptions& opts)
+  MoeBatch(Cluster& c, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w, const at::Tensor& x, int ranks,
+           const MoeFabricOptions& opts, const MoeWindows& ids)
       : c_(c),
         cfg_(cfg),
         w_(w),
@@ -112,97 +113,32 @@ class MoeLayerRun {
         row_(hidden_ * x_.element_size()),
         ifec_(variant == MoeVariant::kIfec),
         row_type_(x_.scalar_type()) {
-    plan(variant);
+    plan(variant, ids);
   }
-
-  MoeFabricResult run() {
-    const common::TimeNs limit = opts_.phase_limit_ns;
-    const bool dispatched = phase("dispatch", &res_.dispatch, [&] {
-      return ifec_ ? coll_->multicast_rows(parts([](const MoeRankPlan& p) { return p.dispatch_multicast; }), limit)
-                   : run_put_rows(c_, parts([](const MoeRankPlan& p) { return p.dispatch_put; }), limit);
-    });
-    if (dispatched) {
-      experts();
-      const bool combined = phase("combine", &res_.combine, [&] {
-        return ifec_ ? coll_->reduce_rows(parts([](const MoeRankPlan& p) { return p.combine_reduce; }), limit)
-                     : run_put_rows(c_, parts([](const MoeRankPlan& p) { return p.combine_put; }), limit);
-      });
-      if (combined) {
-        outputs();
-        res_.ok = true;
-      }
-    }
-    cleanup();
-    return std::move(res_);
-  }
-
- private:
-  // Routing happens where the tokens are; every rank then knows its deliveries (DeepEP's notify step) and plans
-  // its own part (moe_plan.h). Windows are allocated and each rank's rows written where its plan reads them.
-  void plan(MoeVariant variant) {
-    const RoutingPlan routing = gate(x_.to(torch::kFloat32), w_, cfg_);
-    table_ = to_route_table(routing);
-    lists_ = build_dispatch_lists(table_, cfg_.experts, ranks_);
-    res_.routed_pairs = table_.tokens * table_.topk;
-    const common::EchDtype dtype = row_type_ == torch::kBFloat16 ? common::EchDtype::kBf16 : common::EchDtype::kFp32;
-    for (int r = 0; r < ranks_; ++r) {
-      plans_.push_back(plan_moe_rank(variant, table_, lists_, r, tokens_, static_cast<uint64_t>(row_), dtype, {},
-                                     opts_.fp8_dispatch));
-      res_.dispatch_logical_bytes += plans_.back().dispatch_logical_bytes;
-      res_.combine_logical_bytes += plans_.back().combine_logical_bytes;
-    }
-    for (const auto& [id, bytes] : plans_[0].windows) {
-      c_.allocate_window(id, bytes, 1, !opts_.compute);
-    }
-    if (opts_.compute) {
-      // Each rank's own rows as they leave it: x's type, or FP8 rows with their scales.
-      const at::Tensor sent = opts_.fp8_dispatch ? quantize_fp8_rows(x_) : x_;
-      const auto drow = static_cast<int64_t>(plans_[0].dispatch_row_bytes);
-      for (int r = 0; r < ranks_; ++r) {
-        std::memcpy(c_.window_data(r, plans_[r].input_window) + plans_[r].input_offset,
-                    static_cast<const uint8_t*>(sent.data_ptr()) + r * tokens_ * drow, tokens_ * drow);
-      }
-    }
-    if (ifec_) {
-      coll_ = std::make_unique<IfecCollectives>(c_);
+  ~MoeBatch() {
+    for (const auto& [id, bytes] : windows_) {
+      c_.free_window(id);
     }
   }
+  MoeBatch(const MoeBatch&) = delete;
+  MoeBatch& operator=(const MoeBatch&) = delete;
 
-  // Every GPU's part of a phase (GPUs past the EP ranks take part with nothing to do).
-  template <typename Pick, typename Args = std::decay_t<std::invoke_result_t<Pick, const MoeRankPlan&>>>
-  std::vector<Args> parts(Pick pick) {
+  bool ifec() const { return ifec_; }
+  // Every GPU's part of a phase, moved out of the plans (a phase runs once); GPUs past the EP ranks take part with
+  // nothing to do.
+  template <typename Args>
+  std::vector<Args> parts(Args MoeRankPlan::*part) {
     std::vector<Args> out;
-    for (const MoeRankPlan& p : plans_) {
-      out.push_back(pick(p));
+    for (MoeRankPlan& p : plans_) {
+      out.push_back(std::move(p.*part));
     }
     out.resize(c_.size(), idle_part(out[0]));
     return out;
   }
 
-  // Runs one phase, measured; its fallbacks and faults noted. False (res_.error set) when it failed.
-  template <typename Op>
-  bool phase(const char* name, MoePhase* out, Op op) {
-    PhaseMeter meter(c_, ranks_);
-    const CollectiveResult r = op();
-    res_.fallback_chunks += r.fallback_chunks;
-    if (r.fell_back) {
-      res_.fallback_reason += (res_.fallback_reason.empty() ? "" : "; ") + (name + (": " + r.fallback_reason));
-    }
-    for (const std::string& f : r.faults) {
-      res_.faults.push_back(name + (": " + f));
-    }
-    if (!r.ok) {
-      res_.error = name + (": " + r.error);
-      return false;
-    }
-    meter.finish(out);
-    return true;
-  }
-
   // Expert compute on every rank (LibTorch; its time is the caller's to model from tokens_per_expert). In the
   // timing mode the shared output window is zeros already.
   void experts() {
-    res_.tokens_per_expert = tokens_per_expert(table_, cfg_.experts);
     out_rows_.resize(ranks_);
     if (!opts_.compute) {
       return;
@@ -215,10 +151,10 @@ class MoeLayerRun {
   }
 
   // Each source sums its tokens' rows (unused slots are zero; IFEC: plus its own rank's part) and adds the shared
-  // expert.
-  void outputs() {
+  // expert: fp32 [ranks * tokens, hidden], or undefined in the timing mode.
+  at::Tensor outputs() const {
     if (!opts_.compute) {
-      return;
+      return {};
     }
     std::vector<at::Tensor> ys;
     for (int s = 0; s < ranks_; ++s) {
@@ -226,16 +162,62 @@ class MoeLayerRun {
           moe_routed_output(plans_[s], c_.window_data(s, plans_[s].ids.combine), out_rows_[s], hidden_, row_type_);
       ys.push_back(shared_expert_forward(x_.narrow(0, s * tokens_, tokens_), w_) + routed);
     }
-    res_.output = torch::cat(ys, 0);
+    return torch::cat(ys, 0);
   }
 
-  void cleanup() {
-    if (coll_) {
-      res_.ifec = coll_->stats();
+  // What the plan says of the batch, into `res` (logical bytes, pairs, the experts' histogram).
+  void describe(MoeFabricResult& res) const {
+    res.routed_pairs = table_.tokens * table_.topk;
+    res.dispatch_logical_bytes = dispatch_logical_;
+    res.combine_logical_bytes = combine_logical_;
+    res.tokens_per_expert = tokens_per_expert(table_, cfg_.experts);
+  }
+
+ private:
+  // Routing happens where the tokens are; every rank then knows its deliveries (DeepEP's notify step) and plans
+  // its own part (moe_plan.h). Windows are allocated and each rank's rows written where its plan reads them.
+  void plan(MoeVariant variant, const MoeWindows& ids) {
+    route();
+    lists_ = build_dispatch_lists(table_, cfg_.experts, ranks_);
+    const common::EchDtype dtype = row_type_ == torch::kBFloat16 ? common::EchDtype::kBf16 : common::EchDtype::kFp32;
+    plans_ =
+        plan_moe_ranks(variant, table_, lists_, tokens_, static_cast<uint64_t>(row_), dtype, ids, opts_.fp8_dispatch);
+    for (const MoeRankPlan& p : plans_) {
+      dispatch_logical_ += p.dispatch_logical_bytes;
+      combine_logical_ += p.combine_logical_bytes;
     }
-    coll_.reset();
-    for (const auto& [id, bytes] : plans_[0].windows) {
-      c_.free_window(id);
+    windows_ = plans_[0].windows;
+    for (const auto& [id, bytes] : windows_) {
+      c_.allocate_window(id, bytes, 1, !opts_.compute);
+    }
+    if (opts_.compute) {
+      // Each rank's own rows as they leave it: x's type, or FP8 rows with their scales.
+      const at::Tensor sent = opts_.fp8_dispatch ? quantize_fp8_rows(x_) : x_;
+      const auto drow = static_cast<int64_t>(plans_[0].dispatch_row_bytes);
+      for (int r = 0; r < ranks_; ++r) {
+        std::memcpy(c_.window_data(r, plans_[r].input_window) + plans_[r].input_offset,
+                    static_cast<const uint8_t*>(sent.data_ptr()) + r * tokens_ * drow, tokens_ * drow);
+      }
+    }
+  }
+
+  // The gate on every token: in blocks past kRouteBlock tokens (a token's routing is its own row's; the blocks keep
+  // the fp32 copy of x and the gate's [tokens, experts] scores at a block's size: 8 GB less at EP 256), in one
+  // piece up to it, as before.
+  void route() {
+    static constexpr int64_t kRouteBlock = int64_t{1} << 18;
+    const int64_t n = x_.size(0);
+    if (n <= kRouteBlock) {
+      table_ = to_route_table(gate(x_.to(torch::kFloat32), w_, cfg_));
+      return;
+    }
+    for (int64_t at = 0; at < n; at += kRouteBlock) {
+      const RouteTable part =
+          to_route_table(gate(x_.narrow(0, at, std::min(kRouteBlock, n - at)).to(torch::kFloat32), w_, cfg_));
+      table_.tokens += part.tokens;
+      table_.topk = part.topk;
+      table_.expert_ids.insert(table_.expert_ids.end(), part.expert_ids.begin(), part.expert_ids.end());
+      table_.weights.insert(table_.weights.end(), part.weights.begin(), part.weights.end());
     }
   }
 
@@ -253,9 +235,268 @@ class MoeLayerRun {
   RouteTable table_;
   DispatchLists lists_;
   std::vector<MoeRankPlan> plans_;
-  std::unique_ptr<IfecCollectives> coll_;
+  std::vector<std::pair<uint16_t, uint64_t>> windows_;
+  int64_t dispatch_logical_ = 0;
+  int64_t combine_logical_ = 0;
   std::vector<at::Tensor> out_rows_;
+};
+
+// Notes a phase's fallbacks and faults in `res`; false (res.error set) when it failed.
+bool note_phase(const char* name, const CollectiveResult& r, MoeFabricResult& res) {
+  res.fallback_chunks += r.fallback_chunks;
+  if (r.fell_back) {
+    res.fallback_reason += (res.fallback_reason.empty() ? "" : "; ") + (name + (": " + r.fallback_reason));
+  }
+  for (const std::string& f : r.faults) {
+    res.faults.push_back(name + (": " + f));
+  }
+  if (!r.ok) {
+    res.error = name + (": " + r.error);
+  }
+  return r.ok;
+}
+
+// One MoE layer: dispatch, the experts and combine, one after the other, each phase measured.
+class MoeLayerRun {
+ public:
+  MoeLayerRun(Cluster& c, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w, const at::Tensor& x, int ranks,
+              const MoeFabricOptions& opts)
+      : c_(c), ranks_(ranks), opts_(opts), batch_(c, variant, cfg, w, x, ranks, opts, {}) {
+    if (batch_.ifec()) {
+      coll_ = std::make_unique<IfecCollectives>(c_);
+    }
+  }
+
+  MoeFabricResult run() {
+    const common::TimeNs limit = opts_.phase_limit_ns;
+    batch_.describe(res_);
+    const bool dispatched = phase("dispatch", &res_.dispatch, [&] {
+      return coll_ ? coll_->multicast_rows(batch_.parts(&MoeRankPlan::dispatch_multicast), limit)
+                   : run_put_rows(c_, batch_.parts(&MoeRankPlan::dispatch_put), limit);
+    });
+    if (dispatched) {
+      batch_.experts();
+      const bool combined = phase("combine", &res_.combine, [&] {
+        return coll_ ? coll_->reduce_rows(batch_.parts(&MoeRankPlan::combine_reduce), limit)
+                     : run_put_rows(c_, batch_.parts(&MoeRankPlan::combine_put), limit);
+      });
+      if (combined) {
+        res_.output = batch_.outputs();
+        res_.ok = true;
+      }
+    }
+    if (coll_) {
+      res_.ifec = coll_->stats();
+    }
+    return std::move(res_);
+  }
+
+ private:
+  // Runs one phase, measured. False (res_.error set) when it failed.
+  template <typename Op>
+  bool phase(const char* name, MoePhase* out, Op op) {
+    PhaseMeter meter(c_, ranks_);
+    if (!note_phase(name, op(), res_)) {
+      return false;
+    }
+    meter.finish(out);
+    return true;
+  }
+
+  Cluster& c_;
+  const int ranks_;
+  const MoeFabricOptions& opts_;
+  MoeBatch batch_;
+  std::unique_ptr<IfecCollectives> coll_;
   MoeFabricResult res_;
+};
+
+// Every GPU's communicator of `stream` starts its part of a phase now; `done` gets the merged result, as an event
+// once the last rank finished.
+template <typename Args>
+void start_phase(Cluster& c, int stream, std::vector<Args> parts, void (Communicator::*op)(Args, Communicator::Done),
+                 common::TimeNs limit, std::function<void(CollectiveResult)> done) {
+  std::vector<int> gpus(c.size());
+  std::iota(gpus.begin(), gpus.end(), 0);
+  workloads::CommOptions o;
+  o.limit_ns = limit;
+  struct Join {
+    std::vector<CollectiveResult> results;
+    size_t left = 0;
+  };
+  auto join = std::make_shared<Join>();
+  join->results.resize(gpus.size());
+  join->left = gpus.size();
+  const std::vector<Communicator*> comms = c.communicators(gpus, o, stream);
+  for (size_t r = 0; r < comms.size(); ++r) {
+    (comms[r]->*op)(std::move(parts[r]), [join, r, gpus, done](CollectiveResult res) {
+      join->results[r] = std::move(res);
+      if (--join->left == 0) {
+        done(merge_results(join->results, gpus, true));
+      }
+    });
+  }
+}
+
+// The layer as two micro-batches with a dispatch stream and a combine stream (see run_moe_two_batches).
+class TwoBatchRun {
+ public:
+  TwoBatchRun(Cluster& c, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w, const at::Tensor& x, int ranks,
+              const double experts_us[2], const MoeFabricOptions& opts)
+      : c_(c), ranks_(ranks), opts_(opts), experts_ns_{to_ns(experts_us[0]), to_ns(experts_us[1])} {
+    const int64_t tokens = x.size(0) / ranks;
+    const at::Tensor per_rank = x.view({ranks, tokens, x.size(1)});
+    for (int h = 0; h < 2; ++h) {
+      first_[h] = h == 0 ? 0 : tokens / 2;
+      count_[h] = h == 0 ? tokens / 2 : tokens - tokens / 2;
+      const at::Tensor half = per_rank.narrow(1, first_[h], count_[h]).reshape({ranks * count_[h], x.size(1)});
+      const MoeWindows ids{static_cast<uint16_t>(40 + 4 * h), static_cast<uint16_t>(41 + 4 * h),
+                           static_cast<uint16_t>(42 + 4 * h), static_cast<uint16_t>(43 + 4 * h)};
+      batch_[h] = std::make_unique<MoeBatch>(c, variant, cfg, w, half, ranks, opts, ids);
+    }
+  }
+
+  MoeTwoBatchResult run() {
+    // Both streams' communicators exist before anything starts (making them runs the clock).
+    std::vector<int> gpus(c_.size());
+    std::iota(gpus.begin(), gpus.end(), 0);
+    c_.communicators(gpus, {}, 0);
+    c_.communicators(gpus, {}, 1);
+    t0_ = c_.loop().now();
+    start_dispatch(0);
+    const common::TimeNs deadline = t0_ + 4 * opts_.phase_limit_ns;
+    while (!finished() && res_.error.empty() && !c_.loop().idle() && c_.loop().next_event_time() <= deadline) {
+      c_.loop().run(c_.loop().next_event_time());
+    }
+    if (res_.error.empty() && !finished()) {
+      res_.error = "the two micro-batches did not finish within " + std::to_string(4 * opts_.phase_limit_ns / 1000) +
+                   " us of simulated time";
+    }
+    res_.ok = res_.error.empty();
+    if (res_.ok) {
+      res_.us = (c_.loop().now() - t0_) / 1e3;
+      res_.output = output();
+    }
+    return std::move(res_);
+  }
+
+ private:
+  static common::TimeNs to_ns(double us) { return static_cast<common::TimeNs>(std::llround(std::max(0.0, us) * 1e3)); }
+  double since_start() const { return (c_.loop().now() - t0_) / 1e3; }
+  bool finished() const { return combined_[0] && combined_[1]; }
+
+  // Dispatches on stream 0, one after the other.
+  void start_dispatch(int h) {
+    res_.dispatch[h].start_us = since_start();
+    MoeBatch& b = *batch_[h];
+    auto done = [this, h](CollectiveResult r) { dispatched(h, r); };
+    if (b.ifec()) {
+      start_phase(c_, 0, b.parts(&MoeRankPlan::dispatch_multicast), &Communicator::multicast_rows, opts_.phase_limit_ns,
+                  done);
+    } else {
+      start_phase(c_, 0, b.parts(&MoeRankPlan::dispatch_put), &Communicator::put_rows, opts_.phase_limit_ns, done);
+    }
+  }
+
+  void dispatched(int h, const CollectiveResult& r) {
+    res_.dispatch[h].end_us = since_start();
+    if (!note(h == 0 ? "dispatch 0" : "dispatch 1", r)) {
+      return;
+    }
+    dispatched_[h] = true;
+    if (h == 0) {
+      start_dispatch(1);
+    }
+    maybe_compute();
+  }
+
+  // The compute stream: micro-batch h's experts once its rows are in and the previous experts are done; their
+  // modelled time on the clock, LibTorch (compute mode) at once.
+  void maybe_compute() {
+    const int h = computing_ + 1;
+    if (h > 1 || computing_busy_ || !dispatched_[h]) {
+      return;
+    }
+    computing_ = h;
+    computing_busy_ = true;
+    batch_[h]->experts();
+    c_.loop().schedule(c_.loop().now() + experts_ns_[h], [this, h] {
+      computing_busy_ = false;
+      ready_[h] = true;
+      maybe_combine();
+      maybe_compute();
+    });
+  }
+
+  // Combines on stream 1, one after the other, each once its experts are done: beside a dispatch still running.
+  void maybe_combine() {
+    const int h = combining_ + 1;
+    if (h > 1 || combining_busy_ || !ready_[h]) {
+      return;
+    }
+    combining_ = h;
+    combining_busy_ = true;
+    res_.combine[h].start_us = since_start();
+    MoeBatch& b = *batch_[h];
+    auto done = [this, h](CollectiveResult r) { combined(h, r); };
+    if (b.ifec()) {
+      start_phase(c_, 1, b.parts(&MoeRankPlan::combine_reduce), &Communicator::reduce_rows, opts_.phase_limit_ns, done);
+    } else {
+      start_phase(c_, 1, b.parts(&MoeRankPlan::combine_put), &Communicator::put_rows, opts_.phase_limit_ns, done);
+    }
+  }
+
+  void combined(int h, const CollectiveResult& r) {
+    res_.combine[h].end_us = since_start();
+    combining_busy_ = false;
+    if (note(h == 0 ? "combine 0" : "combine 1", r)) {
+      combined_[h] = true;
+      maybe_combine();
+    }
+  }
+
+  bool note(const char* name, const CollectiveResult& r) {
+    MoeFabricResult notes;
+    const bool ok = note_phase(name, r, notes);
+    res_.fallback_chunks += notes.fallback_chunks;
+    res_.faults.insert(res_.faults.end(), notes.faults.begin(), notes.faults.end());
+    if (!ok && res_.error.empty()) {
+      res_.error = notes.error;
+    }
+    return ok;
+  }
+
+  // The micro-batches' outputs back in token order: rank r's first half, then its second.
+  at::Tensor output() const {
+    const at::Tensor y[2] = {batch_[0]->outputs(), batch_[1]->outputs()};
+    if (!y[0].defined()) {
+      return {};
+    }
+    std::vector<at::Tensor> rows;
+    for (int r = 0; r < ranks_; ++r) {
+      for (int h = 0; h < 2; ++h) {
+        rows.push_back(y[h].narrow(0, r * count_[h], count_[h]));
+      }
+    }
+    return torch::cat(rows, 0);
+  }
+
+  Cluster& c_;
+  const int ranks_;
+  const MoeFabricOptions& opts_;
+  const common::TimeNs experts_ns_[2];
+  int64_t first_[2] = {0, 0};
+  int64_t count_[2] = {0, 0};
+  std::unique_ptr<MoeBatch> batch_[2];
+  common::TimeNs t0_ = 0;
+  bool dispatched_[2] = {false, false};
+  bool ready_[2] = {false, false};  // experts done
+  bool combined_[2] = {false, false};
+  int computing_ = -1;  // the last micro-batch whose experts started
+  bool computing_busy_ = false;
+  int combining_ = -1;  // the last micro-batch whose combine started
+  bool combining_busy_ = false;
+  MoeTwoBatchResult res_;
 };
 
 }  // namespace
@@ -264,6 +505,18 @@ MoeFabricResult run_moe_fabric(Cluster& c, MoeVariant variant, const MoeConfig& 
                                const at::Tensor& x, int ranks, const MoeFabricOptions& opts) {
   validate_moe_args(c, variant, cfg, x, ranks, opts);
   return MoeLayerRun(c, variant, cfg, w, x, ranks, opts).run();
+}
+
+MoeTwoBatchResult run_moe_two_batches(Cluster& c, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w,
+                                      const at::Tensor& x, int ranks, const double experts_us[2],
+                                      const MoeFabricOptions& opts) {
+  validate_moe_args(c, variant, cfg, x, ranks, opts);
+  IFEC_CHECK(x.size(0) / ranks >= 2,
+             "MoE two micro-batches: " << x.size(0) / ranks << " tokens per rank cannot split into two");
+  IFEC_CHECK(
+      std::isfinite(experts_us[0]) && std::isfinite(experts_us[1]) && experts_us[0] >= 0 && experts_us[1] >= 0,
+      "MoE two micro-batches: experts' times " << experts_us[0] << " and " << experts_us[1] << " us (need >= 0)");
+  return TwoBatchRun(c, variant, cfg, w, x, ranks, experts_us, opts).run();
 }
 
 }  // namespace ifec::testbed

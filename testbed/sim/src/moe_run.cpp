@@ -22,6 +22,21 @@ namespace {
 // close to the full width's (busiest of 64 ranks 1.22x the mean at 1024 and at 7168, in a 65,536-token check);
 // the rows on the wire are full width.
 constexpr int64_t kRouteHidden = 1024;
+// Past this many tokens x is drawn in blocks of it straight into the row type (EP 256 x 4096 tokens: 2 GB of bf16,
+// not 4 GB of fp32 first). Up to it, one draw, as before: the same tokens at every smaller point.
+constexpr int64_t kDrawBlock = int64_t{1} << 18;
+
+at::Tensor draw_tokens(int64_t rows, int64_t hidden, at::ScalarType dtype, at::Generator& gen) {
+  if (rows <= kDrawBlock) {
+    return torch::randn({rows, hidden}, gen).to(dtype);
+  }
+  at::Tensor x = torch::empty({rows, hidden}, torch::TensorOptions().dtype(dtype));
+  for (int64_t at = 0; at < rows; at += kDrawBlock) {
+    const int64_t n = std::min(kDrawBlock, rows - at);
+    x.narrow(0, at, n).copy_(torch::randn({n, hidden}, gen));
+  }
+  return x;
+}
 
 // What every variant of a point shares: the weights run (or only routed), x, and the reference when computed.
 struct PointInputs {
@@ -35,7 +50,7 @@ struct PointInputs {
 
 PointInputs make_inputs(const MoeRunConfig& cfg, const MoePoint& p, int64_t tokens) {
   PointInputs in;
-  in.run = cfg.model;
+  in.run = node_limited(cfg.model, p.ep, cfg.gpus_per_node);
   in.run.inter = cfg.run_inter;
   in.opts.compute = cfg.compute;
   in.opts.fp8_dispatch = cfg.fp8_dispatch;
@@ -47,7 +62,7 @@ PointInputs make_inputs(const MoeRunConfig& cfg, const MoePoint& p, int64_t toke
   in.w = make_weights(in.run, cfg.seed, in.dtype);
   // A generator of its own, not the global one: runs of a sweep draw their x on several threads at once.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(cfg.seed) * 7919 + 17);
-  in.x = torch::randn({p.ep * tokens, in.run.hidden}, gen).to(in.dtype);
+  in.x = draw_tokens(p.ep * tokens, in.run.hidden, in.dtype, gen);
   if (cfg.compute) {
     // FP8: the experts see the dequantised rows the sources sent; the gate and the shared expert see x.
     const at::Tensor expert_x =
@@ -57,13 +72,18 @@ PointInputs make_inputs(const MoeRunConfig& cfg, const MoePoint& p, int64_t toke
   return in;
 }
 
-MoeFabricResult run_variant(const MoeRunConfig& cfg, const MoePoint& p, const PointInputs& in, const at::Tensor& x,
-                            MoeVariant v, bool compute) {
+ClusterOptions cluster_options(const MoeRunConfig& cfg) {
   ClusterOptions o;
   o.fabric.lb = switchemu::LoadBalance::kPerPacket;
   o.fabric.seed = cfg.seed;
+  o.fabric.elided_payloads = cfg.elided_payloads;
   o.endpoint.ordering = endpoint::Ordering::kWeak;
-  Cluster c(cfg.topo, o);
+  return o;
+}
+
+MoeFabricResult run_variant(const MoeRunConfig& cfg, const MoePoint& p, const PointInputs& in, const at::Tensor& x,
+                            MoeVariant v, bool compute) {
+  Cluster c(cfg.topo, cluster_options(cfg));
   MoeFabricOptions fo = in.opts;
   fo.compute = compute;
   MoeFabricResult r = run_moe_fabric(c, v, in.run, in.w, x, p.ep, fo);
@@ -87,9 +107,15 @@ double experts_us(const MoeRunConfig& cfg, const MoePoint& p, const MoeFabricRes
   return us;
 }
 
-// The layer as two micro-batches (each rank's first and second half of its tokens), overlapped as DeepEP's
-// production schedule does: each half's phases simulated on a fresh fabric, then two_micro_batch_time.
-double overlapped_us(const MoeRunConfig& cfg, const MoePoint& p, const PointInputs& in, MoeVariant v, double scale) {
+// The layer as two micro-batches (each rank's first and second half of its tokens), two schedules: DeepEP's
+// production one (one communication stream: each half's phases simulated on a fresh fabric, then
+// two_micro_batch_time) and communication under communication (run_moe_two_batches: both halves on one fabric, a
+// half's dispatch beside the other's combine), with the same modelled experts.
+struct Overlaps {
+  double one_stream_us = 0;
+  double two_streams_us = 0;
+};
+Overlaps overlapped_us(const MoeRunConfig& cfg, const MoePoint& p, const PointInputs& in, MoeVariant v, double scale) {
   const int64_t tokens = in.x.size(0) / p.ep;
   IFEC_CHECK(tokens >= 2, "MoE overlap: " << tokens << " tokens per rank cannot split into two micro-batches");
   const at::Tensor per_rank = in.x.view({p.ep, tokens, in.x.size(1)});
@@ -103,7 +129,17 @@ double overlapped_us(const MoeRunConfig& cfg, const MoePoint& p, const PointInpu
     c[h] = r.combine.us * scale;
     e[h] = experts_us(cfg, p, r, scale);
   }
-  return two_micro_batch_time(d, e, c);
+  Overlaps o;
+  o.one_stream_us = two_micro_batch_time(d, e, c);
+  // Simulated at the simulated tokens, so the experts' full-size time shrinks by the same ratio as the fabric's.
+  const double e_sim[2] = {e[0] / scale, e[1] / scale};
+  Cluster cluster(cfg.topo, cluster_options(cfg));
+  MoeFabricOptions fo = in.opts;
+  fo.compute = false;
+  const MoeTwoBatchResult r = run_moe_two_batches(cluster, v, in.run, in.w, in.x, p.ep, e_sim, fo);
+  IFEC_CHECK(r.ok, "MoE " << moe_variant_name(v) << " at EP " << p.ep << ", two micro-batches: " << r.error);
+  o.two_streams_us = r.us * scale;
+  return o;
 }
 
 }  // namespace
@@ -118,6 +154,9 @@ void validate_moe_point(const MoeRunConfig& cfg, const MoePoint& p) {
   IFEC_CHECK(p.mode == "normal" || p.mode == "ll" || p.mode == "scaled" || p.mode == "sweep",
              "MoE point: mode '" << p.mode << "' (expected normal, ll, scaled or sweep)");
   IFEC_CHECK(cfg.run_inter >= 1, "MoE point: run_inter " << cfg.run_inter);
+  IFEC_CHECK(!cfg.compute || !cfg.elided_payloads,
+             "MoE point: the experts need the rows' values, and elided payloads carry none (the timing mode only)");
+  node_limited(cfg.model, p.ep, cfg.gpus_per_node);  // throws naming an EP that is not whole nodes
   if (cfg.fp8_dispatch) {
     fp8_row_bytes(cfg.model.hidden);  // throws naming a hidden that is not a multiple of 128
   }
@@ -138,6 +177,8 @@ std::vector<MoeRow> run_moe_point(const MoeRunConfig& cfg, const MoePoint& p, co
     row.simulated_tokens = sim_tokens;
     row.scaled = scale != 1.0;
     row.fp8_dispatch = cfg.fp8_dispatch;
+    row.elided_payloads = cfg.elided_payloads;
+    row.gate_groups = in.run.groups;
     row.line_gbs = cfg.topo.gpu_access_gbps(0) / 8;
     row.dispatch_us = r.dispatch.us * scale;
     row.combine_us = r.combine.us * scale;
@@ -146,7 +187,9 @@ std::vector<MoeRow> run_moe_point(const MoeRunConfig& cfg, const MoePoint& p, co
     row.compute_us = experts_us(cfg, p, r, scale);
     row.total_us = row.dispatch_us + row.compute_us + row.combine_us;
     if (cfg.overlap) {
-      row.overlap_us = overlapped_us(cfg, p, in, v, scale);
+      const Overlaps o = overlapped_us(cfg, p, in, v, scale);
+      row.overlap_us = o.one_stream_us;
+      row.overlap2_us = o.two_streams_us;
     }
     row.dispatch_logical_bytes = static_cast<int64_t>(std::llround(r.dispatch_logical_bytes * scale));
     row.combine_logical_bytes = static_cast<int64_t>(std::llround(r.combine_logical_bytes * scale));

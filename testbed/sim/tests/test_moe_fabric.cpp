@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "ifec/common/checks.h"
 #include "ifec/testbed/moe_fabric.h"
 
@@ -99,6 +102,37 @@ TEST(MoeFabric, IfecSendsEachTokenOnceAndSumsInTheSwitches) {
   EXPECT_EQ(r[1].dispatch.wire_per_plane[0] + r[1].dispatch.wire_per_plane[1], r[1].dispatch.wire_bytes);
 }
 
+// Past 64 ranks (EP 128, two experts per GPU, node-limited routing): rows multicast with ECH v2 (sources and
+// destinations past GPU 63) and summed in 128-member groups on switches configured for them equal the reference
+// with nothing sent point to point; on switches of 64-member groups the combine is refused there, falls back, and
+// still equals it.
+TEST(MoeFabric, IfecPast64RanksEqualsTheReference) {
+  const int ranks = 128;
+  const workloads::MoeConfig cfg = workloads::node_limited(small_config(), ranks, 8);
+  ASSERT_EQ(cfg.groups, 16);
+  const workloads::MoeWeights w = workloads::make_weights(cfg, 3);
+  torch::manual_seed(13);
+  const at::Tensor x = torch::randn({ranks * 4, cfg.hidden});
+  const at::Tensor ref = workloads::reference_forward(x, w, cfg);
+  testbed::ClusterOptions o;
+  o.endpoint.ordering = endpoint::Ordering::kWeak;
+  for (const uint32_t members : {128u, 64u}) {
+    routing::Topology t = routing::make_superpod(ranks, 2);
+    t.params.ifec.max_group_members = members;
+    testbed::Cluster c(t, o);
+    const auto r = testbed::run_moe_fabric(c, MoeVariant::kIfec, cfg, w, x, ranks);
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_LT(max_rel_error(r.output, ref), 1e-5) << members << "-member groups";
+    if (members == 128) {
+      EXPECT_EQ(r.fallback_chunks, 0u) << r.fallback_reason;
+      EXPECT_GT(r.ifec.multicast_packets, 0u);
+    } else {
+      EXPECT_GT(r.fallback_chunks, 0u);
+      EXPECT_NE(r.fallback_reason.find("has 128 members, expected 2..64"), std::string::npos) << r.fallback_reason;
+    }
+  }
+}
+
 // DeepEP's FP8 dispatch: rows leave as E4M3 + scales, are dequantised before the experts, and combine stays bf16.
 // Reference: the single-process layer whose experts see the same dequantised rows (the gate and the shared expert
 // see x), within the bf16 tolerance; the quantisation itself is what separates it from the plain bf16 layer.
@@ -168,6 +202,117 @@ TEST(MoeFabric, TimingModeTakesTheComputedRunsTimesAndBytes) {
     EXPECT_LE(r[0].dispatch.bound_us, r[0].dispatch.us);
     EXPECT_LE(r[0].combine.bound_us, r[0].combine.us);
   }
+}
+
+namespace {
+
+// Each rank's first or second half of its tokens: micro-batch h of x ([ranks * tokens, hidden]).
+at::Tensor micro_batch(const at::Tensor& x, int ranks, int h) {
+  const int64_t tokens = x.size(0) / ranks;
+  const int64_t first = h == 0 ? 0 : tokens / 2;
+  const int64_t n = h == 0 ? tokens / 2 : tokens - tokens / 2;
+  return x.view({ranks, tokens, x.size(1)}).narrow(1, first, n).reshape({ranks * n, x.size(1)});
+}
+
+// Bytes every cable carried, both directions, by cable id (`per_gpu`: summed over each GPU's cables, all planes).
+// A cable's sub-links share its frames by per-packet weighted round robin, whose turns depend on the order frames
+// come in, so per sub-link the bytes move and per cable they do not.
+std::vector<uint64_t> cable_bytes(testbed::Cluster& c, bool per_gpu = false) {
+  std::vector<uint64_t> out;
+  const routing::Topology& topo = c.fabric().topology();
+  for (size_t l = 0; l < topo.links.size(); ++l) {
+    const routing::Link& tl = topo.links[l];
+    const int gpu = topo.nodes[tl.a].kind == routing::NodeKind::kGpu ? tl.a : tl.b;
+    const size_t at = per_gpu ? static_cast<size_t>(gpu) : static_cast<size_t>(tl.cable);
+    const common::Link& link = c.fabric().link(static_cast<int>(l));
+    out.resize(std::max(out.size(), at + 1), 0);
+    out[at] += link.end(0).counters().tx_bytes + link.end(1).counters().tx_bytes;
+  }
+  return out;
+}
+
+}  // namespace
+
+// Communication under communication: with no expert time, micro-batch 1's dispatch and micro-batch 0's combine
+// start together when dispatch 0 ends and share the fabric. Together they take no longer than one after the other
+// and no less than either alone (each measured on a fresh fabric), and every GPU's cables carry exactly the bytes of
+// the four phases run separately; IFEC's every cable (the baselines' row stores take their turns in weak ordering's
+// rotation over the planes in another order when the phases interleave: a GPU's bytes move between its planes).
+TEST(MoeFabric, TwoMicroBatchesRunDispatchBesideCombine) {
+  const workloads::MoeConfig cfg = small_config();
+  const workloads::MoeWeights w = workloads::make_weights(cfg, 4, torch::kBFloat16);
+  torch::manual_seed(11);
+  const int ranks = 8;
+  const at::Tensor x = torch::randn({ranks * 32, cfg.hidden}).to(torch::kBFloat16);
+  testbed::MoeFabricOptions fo;
+  fo.compute = false;
+  fo.row_hidden = 2048;  // 4 KiB bf16 rows: the phases are bandwidth-bound
+  const double no_experts[2] = {0, 0};
+  testbed::ClusterOptions o;
+  o.endpoint.ordering = endpoint::Ordering::kWeak;  // as the bench runs: sprayed packets are no sequence errors
+  for (MoeVariant v : {MoeVariant::kPerExpert, MoeVariant::kPerRank, MoeVariant::kIfec}) {
+    SCOPED_TRACE(testbed::moe_variant_name(v));
+    double d[2], c[2];
+    std::vector<uint64_t> separate, separate_gpu;
+    for (int h = 0; h < 2; ++h) {
+      testbed::Cluster cl(routing::make_superpod(ranks, 2), o);
+      const auto r = testbed::run_moe_fabric(cl, v, cfg, w, micro_batch(x, ranks, h), ranks, fo);
+      ASSERT_TRUE(r.ok) << r.error;
+      d[h] = r.dispatch.us;
+      c[h] = r.combine.us;
+      for (bool gpu : {false, true}) {
+        const std::vector<uint64_t> bytes = cable_bytes(cl, gpu);
+        std::vector<uint64_t>& sum = gpu ? separate_gpu : separate;
+        sum.resize(bytes.size(), 0);
+        for (size_t l = 0; l < bytes.size(); ++l) {
+          sum[l] += bytes[l];
+        }
+      }
+    }
+    testbed::Cluster cl(routing::make_superpod(ranks, 2), o);
+    const auto r = testbed::run_moe_two_batches(cl, v, cfg, w, x, ranks, no_experts, fo);
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_EQ(r.fallback_chunks, 0u);
+    EXPECT_EQ(r.dispatch[1].start_us, r.dispatch[0].end_us);
+    EXPECT_EQ(r.combine[0].start_us, r.dispatch[0].end_us) << "no expert time: combine 0 beside dispatch 1";
+    const double together = std::max(r.dispatch[1].end_us, r.combine[0].end_us) - r.combine[0].start_us;
+    EXPECT_LE(together, d[1] + c[0]);
+    EXPECT_GE(together, std::max(d[1], c[0]));
+    EXPECT_LE(r.us, d[0] + d[1] + c[0] + c[1]);
+    EXPECT_EQ(cable_bytes(cl, true), separate_gpu) << "the same frames, only at other times";
+    if (v == MoeVariant::kIfec) {
+      EXPECT_EQ(cable_bytes(cl), separate) << "and on the same cables";
+    }
+  }
+}
+
+// In compute mode the two micro-batches' outputs, back in token order, are the single-process layer, with the
+// experts' time on the clock or not.
+TEST(MoeFabric, TwoMicroBatchesEqualTheReference) {
+  const workloads::MoeConfig cfg = small_config();
+  const workloads::MoeWeights w = workloads::make_weights(cfg, 3);
+  torch::manual_seed(12);
+  const int ranks = 8;
+  const at::Tensor x = torch::randn({ranks * 10, cfg.hidden});
+  const at::Tensor ref = workloads::reference_forward(x, w, cfg);
+  testbed::ClusterOptions o;
+  o.endpoint.ordering = endpoint::Ordering::kWeak;
+  for (MoeVariant v : {MoeVariant::kPerExpert, MoeVariant::kPerRank, MoeVariant::kIfec}) {
+    for (const double e : {0.0, 3.0}) {
+      const double experts_us[2] = {e, e / 3};
+      testbed::Cluster cl(routing::make_superpod(ranks, 2), o);
+      const auto r = testbed::run_moe_two_batches(cl, v, cfg, w, x, ranks, experts_us);
+      ASSERT_TRUE(r.ok) << r.error;
+      EXPECT_LT(max_rel_error(r.output, ref), 1e-5) << testbed::moe_variant_name(v) << ", experts " << e << " us";
+      EXPECT_GE(r.combine[0].start_us, r.dispatch[0].end_us + e) << "combine 0 waits for its experts";
+    }
+  }
+  testbed::Cluster cl(routing::make_superpod(ranks, 2), o);
+  const double bad[2] = {-1, 0};
+  EXPECT_THROW(testbed::run_moe_two_batches(cl, MoeVariant::kIfec, cfg, w, x, ranks, bad), common::Error);
+  const double none[2] = {0, 0};
+  EXPECT_THROW(testbed::run_moe_two_batches(cl, MoeVariant::kIfec, cfg, w, x.narrow(0, 0, ranks), ranks, none),
+               common::Error);
 }
 
 TEST(MoeFabric, RejectsBadArgumentsNamingThem) {

@@ -71,6 +71,14 @@ class BlobReader {
     at_ += n;
     return s;
   }
+  // Steps over a list written by put_vector<T> without reading it; returns its length.
+  template <typename T>
+  uint64_t skip_vector() {
+    const uint64_t n = get<uint64_t>();
+    IFEC_CHECK(n <= (bytes_.size() - at_) / sizeof(T), what_ << ": a list of " << n << " entries cannot fit");
+    at_ += n * sizeof(T);
+    return n;
+  }
   bool at_end() const { return at_ == bytes_.size(); }
 
  private:

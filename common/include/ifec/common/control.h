@@ -24,8 +24,10 @@ struct GroupMember {
   bool destination = false;  // receives the result
 };
 
-// A group's members at most: switches keep contributors and acknowledgements in 64-bit bitmaps.
-constexpr size_t kMaxGroupMembers = 64;
+// A group's members at most on any switch: ECH's expected-contributor byte counts up to 255 (0: every member). A
+// switch keeps contributors and acknowledgements in bitmaps this wide; how many members it accepts is its
+// configuration (routing::IfecParams::max_group_members, 64 by default).
+constexpr size_t kMaxGroupMembers = 256;
 
 struct GroupReservation {
   uint32_t job = 1;

@@ -15,6 +15,9 @@ namespace ifec::common {
 // Project-local UDP destination port that says "ECH follows, then the BTH" (not IANA-assigned; see docs/ech-v1.md).
 inline constexpr uint16_t kEchUdpPort = 4793;
 inline constexpr uint8_t kEchVersion = 1;
+// ECH v2 changes only the compact header: a bitmap base, so a multicast reaches endpoints past 63 and a source past
+// 63 can send one. Senders use v1 whenever it can carry the header (the frames of fabrics up to 64 GPUs are v1's).
+inline constexpr uint8_t kEchVersion2 = 2;
 
 enum class EchFormat : uint8_t { kCompact = 0, kStandard = 1 };
 enum class EchOp : uint8_t { kMulticast = 1, kReduce = 2, kAllReduce = 3, kBarrier = 4 };
@@ -40,6 +43,7 @@ size_t ech_dtype_size(EchDtype dtype);
 struct Ech {
   static constexpr size_t kCommonSize = 4;
   static constexpr size_t kCompactSize = 16;
+  static constexpr size_t kCompactV2Size = 20;
   static constexpr size_t kStandardSize = 24;
   static constexpr size_t kMaxSize = kStandardSize;
 
@@ -48,8 +52,9 @@ struct Ech {
   uint8_t flags = 0;
 
   // Compact: lightweight multicast, no reservation.
-  uint16_t source_id = 0;    // sender's endpoint index (0..63)
-  uint64_t dest_bitmap = 0;  // bit i set: deliver to endpoint i
+  uint16_t source_id = 0;    // sender's endpoint index (v1: 0..63)
+  uint64_t dest_bitmap = 0;  // bit i set: deliver to endpoint bitmap_base + i
+  uint16_t bitmap_base = 0;  // v2 only (v1: 0)
 
   // Both: symmetric-memory window the switch maps per destination (RETH VA is an offset inside it).
   uint16_t window_id = 0;
@@ -64,13 +69,29 @@ struct Ech {
   uint16_t element_count = 0;
   uint8_t expected = 0;  // standard: contributors this chunk waits for (0: every member of the group)
 
-  size_t size() const { return format == EchFormat::kCompact ? kCompactSize : kStandardSize; }
+  // A compact header v1 cannot carry (a source or a destination past endpoint 63): encoded as v2.
+  bool compact_v2() const { return format == EchFormat::kCompact && (source_id >= 64 || bitmap_base != 0); }
+  size_t size() const {
+    return format == EchFormat::kCompact ? (compact_v2() ? kCompactV2Size : kCompactSize) : kStandardSize;
+  }
+  // Compact: whether endpoint `e` is a destination; makes endpoint `e` the only one (base: e's block of 64).
+  bool addresses(int e) const {
+    return e >= bitmap_base && e - bitmap_base < 64 && ((dest_bitmap >> (e - bitmap_base)) & 1) != 0;
+  }
+  void set_destination(int e) {
+    bitmap_base = static_cast<uint16_t>(e / 64 * 64);
+    dest_bitmap = 1ULL << (e % 64);
+  }
   void encode(uint8_t* out) const;
   // Validates version, format, length, operation, enums and reserved bits; never reads past `len`.
   static WireStatus decode(const uint8_t* in, size_t len, Ech* out);
+
+ private:
+  static WireStatus decode_compact(const uint8_t* in, uint8_t version, Ech e, Ech* out);
 };
 
 static_assert(Ech::kCompactSize == 4 + 2 + 2 + 8, "compact ECH is 16 bytes");
+static_assert(Ech::kCompactV2Size == 4 + 2 + 2 + 2 + 2 + 8, "compact ECH v2 is 20 bytes");
 static_assert(Ech::kStandardSize == 4 + 4 + 2 + 2 + 4 + 1 + 1 + 2 + 2 + 2, "standard ECH is 24 bytes");
 // Byte 17 of the standard header ("expected contributors") was reserved-zero in the first drafts of v1; zero keeps
 // that meaning (every member), so frames from before it was defined decode the same.

@@ -29,6 +29,37 @@ class Fifo {
     --size_;
   }
   size_t capacity() const { return ring_.size(); }
+  // The i-th element from the front (i < size()).
+  T& operator[](size_t i) { return ring_[(head_ + i) & (ring_.size() - 1)]; }
+  const T& operator[](size_t i) const { return ring_[(head_ + i) & (ring_.size() - 1)]; }
+  // Gives the ring back once empty (a queue that was long once need not keep its peak: thousands of QPs do).
+  void release_if_empty() {
+    if (size_ == 0) {
+      std::vector<T>().swap(ring_);
+      head_ = 0;
+    }
+  }
+
+  // Front to back, for range-for.
+  template <typename Q, typename V>
+  class Iter {
+   public:
+    Iter(Q* q, size_t i) : q_(q), i_(i) {}
+    V& operator*() const { return (*q_)[i_]; }
+    Iter& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator!=(const Iter& o) const { return i_ != o.i_; }
+
+   private:
+    Q* q_;
+    size_t i_;
+  };
+  Iter<Fifo, T> begin() { return {this, 0}; }
+  Iter<Fifo, T> end() { return {this, size_}; }
+  Iter<const Fifo, const T> begin() const { return {this, 0}; }
+  Iter<const Fifo, const T> end() const { return {this, size_}; }
 
  private:
   void grow() {

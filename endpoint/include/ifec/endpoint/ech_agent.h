@@ -151,7 +151,8 @@ struct EchPacket {
   uint32_t switch_ip = 0;  // this endpoint's switch on that plane (it replicates)
   uint64_t offset = 0;     // in the window, at the source and every destination
   uint32_t len = 0;
-  uint64_t bitmap = 0;  // destination endpoints (below 64)
+  uint64_t bitmap = 0;  // destination endpoints: bit i is endpoint base + i
+  uint16_t base = 0;    // past endpoint 63 the packet is ECH v2 (common/ech.h)
 };
 
 struct EchMulticastSpec {
@@ -260,7 +261,8 @@ class EchAgent {
   void on_reduce_frame(int port, const common::ParsedFrame& pf, const uint8_t* frame);
   void on_compact_frame(int port, const common::ParsedFrame& pf, const uint8_t* frame);
   bool write_checked(const common::ParsedFrame& pf, const uint8_t* frame);
-  void send_ack(int port, const common::ParsedFrame& pf, uint64_t bitmap);
+  // An ECH ACK of `pf`; a compact one names this endpoint as its destination.
+  void send_ack(int port, const common::ParsedFrame& pf);
   common::FrameHeaders headers(int port, uint32_t dst_ip, uint16_t entropy, uint8_t opcode, uint16_t pkey,
                                uint32_t psn) const;
   template <typename Fn>

@@ -191,8 +191,16 @@ class Endpoint {
   // RDMA WRITE from this endpoint's own window `src_window` at `src_offset`: no copy is taken; the bytes are read as
   // frames are built (retransmissions too), so they must stay unchanged and the window registered until the handle
   // completes. What batch row stores use: a rank's rows are not duplicated while they queue.
+  // `turn`: the store's turn in weak ordering's rotation of stripes over QPs (take_stripe_turns); by default the
+  // next one, in posting order.
+  static constexpr uint64_t kNextTurn = UINT64_MAX;
   OpHandle store_from_window(int peer, uint16_t window, uint64_t offset, uint16_t src_window, uint64_t src_offset,
-                             size_t len);
+                             size_t len, uint64_t turn = kNextTurn);
+  // Weak ordering splits a store of several packets over the QPs to its peer, rotating which QP takes the short
+  // tail store by store. A caller that decides the order of `stores` stores of `len` bytes now but posts them later
+  // (a bounded number ahead per peer) takes their turns here, the first returned, and names each store's own:
+  // they spread exactly as if posted at once. Takes none (returns the next) where such a store does not stripe.
+  uint64_t take_stripe_turns(uint64_t stores, size_t len);
   // `dst` must stay valid until the handle completes.
   OpHandle load(void* dst, int peer, uint16_t window, uint64_t offset, size_t len);
   OpHandle fetch_add(int peer, uint16_t window, uint64_t offset, uint64_t add);
@@ -274,8 +282,9 @@ class Endpoint {
   void wr_done(int peer, uint64_t epoch);
   void drain_waiting(int peer);
   void post_store_parts(int peer, uint64_t epoch, uint64_t va, uint32_t rkey, const Payload& data, uint16_t window,
-                        uint64_t offset, const std::shared_ptr<Op>& op);
-  OpHandle store_payload(int peer, uint16_t window, uint64_t offset, Payload data, const char* what);
+                        uint64_t offset, const std::shared_ptr<Op>& op, uint64_t turn = kNextTurn);
+  OpHandle store_payload(int peer, uint16_t window, uint64_t offset, Payload data, const char* what,
+                         uint64_t turn = kNextTurn);
   Payload payload_of(const void* src, size_t len) const;  // a copy of the source (nothing when payloads are elided)
   void post_load_parts(int peer, uint64_t epoch, uint8_t* dst, uint64_t va, uint32_t rkey, uint64_t len,
                        uint16_t window, uint64_t offset, const std::shared_ptr<Op>& op);
@@ -306,7 +315,41 @@ class Endpoint {
   std::unique_ptr<EchAgent> ech_;
   uint64_t ech_frames_sent_ = 0;
   uint64_t next_op_id_ = 1;
-  std::set<uint64_t> outstanding_ops_;
+  // Ids of operations posted and not finished. They are posted in increasing order, so a ring of flags from the
+  // oldest still outstanding answers quiet() in O(1) (a std::set took a tree node per store).
+  class OutstandingOps {
+   public:
+    void insert(uint64_t id) {
+      if (count_ == 0) {
+        flags_.release_if_empty();
+        first_ = id;
+      }
+      while (first_ + flags_.size() < id) {
+        flags_.push_back(0);
+      }
+      flags_.push_back(1);
+      ++count_;
+    }
+    void erase(uint64_t id) {
+      if (id < first_ || id - first_ >= flags_.size() || flags_[id - first_] == 0) {
+        return;
+      }
+      flags_[id - first_] = 0;
+      --count_;
+      while (!flags_.empty() && flags_.front() == 0) {
+        flags_.pop_front();
+        ++first_;
+      }
+    }
+    bool empty() const { return count_ == 0; }
+    uint64_t oldest() const { return first_; }  // when not empty
+
+   private:
+    uint64_t first_ = 0;
+    common::Fifo<uint8_t> flags_;  // [id - first_]: 1 while outstanding
+    size_t count_ = 0;
+  };
+  OutstandingOps outstanding_ops_;
   std::deque<std::pair<uint64_t, OpHandle>> quiet_waiters_;
   EndpointCounters counters_;
   std::shared_ptr<bool> alive_;

@@ -21,12 +21,12 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "ifec/common/counters.h"
+#include "ifec/common/fifo.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/interfaces.h"
 #include "ifec/common/rtt.h"
@@ -203,7 +203,9 @@ class QueuePair {
   QpCounters counters_;
 
   // requester state
-  std::deque<Wqe> sq_;
+  // Fifo, not deque: nothing allocated until used (a 256-rank all-to-all makes 0.5 M QPs). Unlike a deque's, its
+  // elements move when it grows: no Wqe reference is held across a completion (which may post).
+  common::Fifo<Wqe> sq_;
   size_t send_idx_ = 0;
   uint32_t next_psn_ = 0;      // next PSN to assign
   bool external_ = false;      // attach_external(): a real RDMA peer
@@ -215,7 +217,10 @@ class QueuePair {
   common::TimeNs rto_;
   common::TimeNs base_rto() const { return std::min(rtt_.rto(cfg_.rto_ns), cfg_.rto_max_ns); }
   common::RttEstimator rtt_;
-  static constexpr uint32_t kSentRing = 8192;  // send times of recent PSNs (Karn: 0 once retransmitted)
+  // Send times of the PSNs in flight (Karn: 0 once retransmitted), at psn % size: the ring grows (a power of two, at
+  // most kMaxSentRing) so the PSNs in flight never share a slot; a QP that keeps a few packets out keeps a few.
+  static constexpr uint32_t kMaxSentRing = 8192;
+  void note_sent(uint32_t psn, bool retransmit);
   std::vector<uint32_t> sent_psn_;
   std::vector<common::TimeNs> sent_at_;
   common::TimeNs last_progress_ = 0;
@@ -243,9 +248,18 @@ class QueuePair {
     uint32_t rkey = 0;
     uint32_t remaining = 0;
   } msg_;
-  std::vector<uint8_t> seen_;  // weak: PSNs in [epsn_, epsn_ + window) already executed, indexed psn % window
-  std::deque<std::pair<uint32_t, uint64_t>> atomic_cache_;
-  std::deque<std::vector<uint8_t>> out_;
+  // Weak: PSNs in [epsn_, epsn_ + window) already executed, one bit each at psn % window.
+  std::vector<uint64_t> seen_;
+  bool seen(uint32_t psn) const {
+    const uint32_t i = psn % cfg_.responder_window;
+    return (seen_[i / 64] >> (i % 64)) & 1;
+  }
+  void set_seen(uint32_t psn, bool on) {
+    const uint32_t i = psn % cfg_.responder_window;
+    seen_[i / 64] = on ? seen_[i / 64] | (1ULL << (i % 64)) : seen_[i / 64] & ~(1ULL << (i % 64));
+  }
+  common::Fifo<std::pair<uint32_t, uint64_t>> atomic_cache_;
+  common::Fifo<std::vector<uint8_t>> out_;
 };
 
 // 24-bit PSN arithmetic.

@@ -67,8 +67,11 @@ struct IfecParams {
   uint64_t result_retransmit_ns = 20'000;  // unacknowledged results are sent again after this (doubling to 8x)
   uint32_t result_retries = 8;             // ... this many times, then the slot is reclaimed
   uint32_t multicast_entries = 65536;      // multicast packets a switch holds until every destination acknowledged
-  bool upstream_fp32 = true;               // two-tier planes: leaf -> spine partials in fp32 (else the element type)
-  bool reproducible = false;               // reduce in contributor order: bitwise the same result in any arrival order
+  // Members a group may have on one switch (the width of its slots' contributor bitmaps): 2..256
+  // (common::kMaxGroupMembers, what ECH's one-byte expected-contributor count can name).
+  uint32_t max_group_members = 64;
+  bool upstream_fp32 = true;  // two-tier planes: leaf -> spine partials in fp32 (else the element type)
+  bool reproducible = false;  // reduce in contributor order: bitwise the same result in any arrival order
 };
 
 struct FabricParams {

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <array>
+#include <bitset>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -83,6 +84,9 @@ class IfecEngine {
   uint32_t ip() const { return ip_; }
 
  private:
+  // One bit per member of a group (contributor id), as wide as any switch may be configured for.
+  using Members = std::bitset<common::kMaxGroupMembers>;
+
   // Slot i serves chunks i, i + budget, i + 2 budget, ... strictly in that order (`next`). After it closes (every
   // destination acknowledged, or reclaimed) it remembers the chunk and who acknowledged, so a late copy of that
   // chunk or an older one is answered, never aggregated into a fresh slot.
@@ -91,10 +95,10 @@ class IfecEngine {
     uint32_t chunk = 0;                // the chunk it holds (busy) or held last
     uint32_t next = 0;                 // the chunk it opens for next
     common::TimeNs knocked_since = 0;  // 1 + when a later chunk first asked for it while it waited for `next`
-    uint64_t arrived = 0;              // contributor bitmap
+    Members arrived;                   // contributor bitmap
     uint8_t expected = 0;              // contributors this chunk waits for (0: the group's local members)
-    uint64_t acked = 0;                // bitmap of result acknowledgements
-    uint64_t need = 0;                 // who must acknowledge before the slot is free
+    Members acked;                     // bitmap of result acknowledgements
+    Members need;                      // who must acknowledge before the slot is free
     bool complete = false;
     bool anomaly = false;
     bool timed_out = false;     // closed incomplete (anomaly notice instead of a result)
@@ -113,8 +117,8 @@ class IfecEngine {
     GroupReservation r;
     common::TimeNs slot_timeout_ns = 0;  // the config's, or longer for a large budget on slow ports
     common::TimeNs result_rto_ns = 0;
-    uint64_t all = 0;           // bitmap of every contributor
-    uint64_t destinations = 0;  // bitmap of result destinations
+    Members all;           // bitmap of every contributor
+    Members destinations;  // bitmap of result destinations
     std::vector<Slot> slots;
   };
   struct Window {
@@ -126,11 +130,12 @@ class IfecEngine {
   struct Multicast {
     uint32_t source_ip = 0;
     uint16_t source_id = 0;
+    uint16_t base = 0;  // the bitmap's first endpoint (ECH v2; 0 in v1)
     uint16_t window = 0;
     uint64_t offset = 0;
     uint32_t psn = 0;
     uint32_t job = 0;
-    uint64_t pending = 0;  // destinations not yet acknowledged
+    uint64_t pending = 0;  // destinations (base + bit) not yet acknowledged
     std::vector<uint8_t> payload;
     // Per destination: when its replica should have been acknowledged at the earliest (left this switch's queue,
     // plus a round trip to the GPU); a repair before then is held.
@@ -140,7 +145,7 @@ class IfecEngine {
   void contribute(Group& g, const common::ParsedFrame& pf, const uint8_t* frame);
   // contribute()'s steps. Whether slot `s` takes the contribution of member `bit` now: not when it is late, when the
   // slot still holds an older chunk, or when an earlier chunk has not arrived (each answered here).
-  bool slot_takes(Group& g, Slot& s, const common::ParsedFrame& pf, uint64_t bit);
+  bool slot_takes(Group& g, Slot& s, const common::ParsedFrame& pf, int c);
   void open_slot(Group& g, Slot& s, const common::ParsedFrame& pf);  // for the contribution's chunk, its timer armed
   // A contribution the slot already holds: its sender missed our answer (ACK, result, or the spine's).
   void repeat_contribution(Group& g, Slot& s, const common::ParsedFrame& pf, bool is_destination);

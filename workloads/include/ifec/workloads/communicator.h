@@ -107,6 +107,9 @@ struct BatchReduceArgs {
 // Batch of point-to-point row stores (the endpoint-based MoE dispatch and combine: an all-to-all-v), this rank's
 // part: its rows, each from its own offset of source_window to its own offset of dest_window at its destination
 // (this rank: copied locally), posted in order; and the byte ranges of dest_window it receives from other ranks.
+// With `rows_ahead`, at most that many rows per destination are posted before the earlier ones complete (the
+// next one when one does; the stripes spread over QPs as if all were posted at once): bounded memory per rank
+// however many rows it sends, and the same frames as long as no QP runs out of work. 0: every row at once.
 struct RowPut {
   uint64_t from = 0;    // offset in source_window here
   int destination = 0;  // rank
@@ -118,6 +121,7 @@ struct BatchPutArgs {
   uint64_t row_bytes = 0;
   std::vector<RowPut> rows;
   std::vector<std::pair<uint64_t, uint64_t>> incoming;  // (offset, bytes) of dest_window, from other ranks
+  uint32_t rows_ahead = 0;
 };
 
 class CommOp;

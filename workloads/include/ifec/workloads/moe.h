@@ -34,6 +34,14 @@ struct MoeConfig {
   void validate() const;
 };
 
+// DeepSeek-V3's node-limited routing: a token reaches the experts of at most topk_groups groups, and its groups are
+// the nodes of its deployment (8 groups of 32 experts = 8 nodes of 8 GPUs at EP 64, 4 experts per GPU). At an EP
+// spanning more nodes than `cfg.groups` (EP 256: 32 nodes of 8 GPUs, one expert per GPU) the groups follow the nodes:
+// groups = ranks / gpus_per_node (32 groups of 8 experts, a node's), topk_groups kept (4), so a token still reaches at
+// most 4 nodes. Otherwise (EP 64 and below: a group spans a node or more) `cfg` unchanged. Throws
+// ifec::common::Error naming ranks that are not whole nodes sharing the experts equally (past cfg.groups nodes).
+MoeConfig node_limited(const MoeConfig& cfg, int ranks, int gpus_per_node);
+
 // Weights of one layer. Routed experts are stacked on dim 0 so expert e is w1[e] ([inter, hidden]), w3[e]
 // ([inter, hidden]) and w2[e] ([hidden, inter]), as nn.Linear stores them (out x in).
 struct MoeWeights {

@@ -28,6 +28,14 @@ const char* moe_variant_name(MoeVariant v);  // "per_expert", "per_rank", "ifec"
 // Parses a name as above; throws ifec::common::Error naming the bad value.
 MoeVariant parse_moe_variant(const std::string& name);
 
+// Rows a rank of the baselines keeps posted (BatchPutArgs::rows_ahead), as DeepEP's normal kernels send through
+// bounded per-peer buffers: kMoeRowsInFlight spread over its destinations, at least 16 each. A rank of an EP 256
+// layer holds 255 x 17 rows in its NIC's queues, not its 32 K (8 M rows for the layer: 20 GB of transport state).
+// Enough to keep every QP busy while earlier rows are acknowledged: the figures equal posting every row at once at
+// EP 16 (2048 tokens), within 0.2% at EP 64 (1024 tokens: 65 rows per destination).
+inline constexpr uint32_t kMoeRowsInFlight = 4096;
+uint32_t moe_rows_ahead(int ranks);
+
 // Window ids of one layer (a driver running consecutive layers may rotate them).
 struct MoeWindows {
   uint16_t recv = 40;     // dispatch receive rows (IFEC: [source rank][token] rows, a symmetric layout)
@@ -71,6 +79,12 @@ struct MoeRankPlan {
 MoeRankPlan plan_moe_rank(MoeVariant v, const RouteTable& table, const DispatchLists& lists, int rank,
                           int64_t tokens_per_rank, uint64_t row_bytes, common::EchDtype dtype,
                           const MoeWindows& ids = {}, bool fp8_dispatch = false);
+
+// Every rank's plan at once (rank r at index r): what plan_moe_rank gives for each, in one pass over the layer's
+// deliveries (a driver holding every rank, the simulator's).
+std::vector<MoeRankPlan> plan_moe_ranks(MoeVariant v, const RouteTable& table, const DispatchLists& lists,
+                                        int64_t tokens_per_rank, uint64_t row_bytes, common::EchDtype dtype,
+                                        const MoeWindows& ids = {}, bool fp8_dispatch = false);
 
 // This rank's expert outputs, one row per delivery in list order, in `row_type` (the type combine rows travel in):
 // per-expert rows are weighted single-expert outputs, per-rank and IFEC rows the rank-local sum over its experts.

@@ -32,10 +32,16 @@ struct MoeRow {
   double compute_us = 0;                 // modelled: the slowest rank's routed experts at the costed width
   std::string compute_source = "model";  // or how it was measured (the live driver: LibTorch on the host's CPU)
   double total_us = 0;                   // dispatch + compute + combine (no overlap)
-  // Two micro-batches overlapped (workloads::two_micro_batch_time on each half's simulated phases); -1: not run.
+  // Two micro-batches overlapped, DeepEP's schedule (one communication stream: workloads::two_micro_batch_time on
+  // each half's simulated phases); -1: not run.
   double overlap_us = -1;
+  // Two micro-batches with communication under communication (a dispatch stream beside a combine stream, both
+  // halves on one fabric: testbed::run_moe_two_batches); -1: not run.
+  double overlap2_us = -1;
   bool fp8_dispatch = false;
-  double line_gbs = 0;  // a GPU's access rate, GB/s (all planes): what the fractions of line rate are of
+  bool elided_payloads = false;  // frames carried headers and lengths only: timing only, nothing computed or checked
+  int64_t gate_groups = 0;       // the gate's expert groups (node-limited routing; 0: not recorded)
+  double line_gbs = 0;           // a GPU's access rate, GB/s (all planes): what the fractions of line rate are of
   int64_t dispatch_logical_bytes = 0;
   int64_t combine_logical_bytes = 0;
   uint64_t dispatch_wire_bytes = 0;

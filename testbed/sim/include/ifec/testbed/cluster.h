@@ -67,9 +67,10 @@ class Cluster {
   // The control plane over this fabric's switches (in process; answers are events on this loop).
   common::ControlPlane& control() { return *control_; }
   // The communicators of `gpus` (rank r on GPU gpus[r]), made and initialised on first use and kept; `opts`
-  // replaces their options. Throws Error if their initialisation does not finish.
+  // replaces their options. Throws Error if their initialisation does not finish. Each `stream` is a set of its own
+  // (its own bootstrap; one more communicator per endpoint), whose operations may run while another stream's do.
   std::vector<workloads::Communicator*> communicators(const std::vector<int>& gpus,
-                                                      const workloads::CommOptions& opts = {});
+                                                      const workloads::CommOptions& opts = {}, int stream = 0);
   // Starts every rank's part, start(rank, done), and runs the loop until each rank called done or `limit` passed
   // (a rank that did not finish gets ok = false, naming it and its GPU).
   using RankStart = std::function<void(int rank, workloads::Communicator::Done done)>;
@@ -95,7 +96,7 @@ class Cluster {
   std::vector<std::vector<int>> used_ports_;  // per GPU: fabric port indices its endpoint owns
   uint64_t barrier_epoch_ = 0;
   std::unique_ptr<InProcessControl> control_;
-  std::map<std::vector<int>, RankSet> rank_sets_;  // after endpoints_: communicators go first
+  std::map<std::pair<std::vector<int>, int>, RankSet> rank_sets_;  // (GPUs, stream); after endpoints_: go first
 };
 
 // Drives a Cluster from descriptor-ring proxies (CPU backend or GPU): an EndpointSink over the cluster's

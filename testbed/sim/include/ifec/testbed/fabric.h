@@ -129,7 +129,7 @@ class Fabric {
   std::vector<std::shared_ptr<switchemu::IpMap>> class_tables_;
   std::vector<std::vector<GpuPort>> gpu_ports_;
   std::vector<std::vector<GpuPort>> nvlink_ports_;
-  std::vector<uint32_t> gpu_ips_;  // [gpu]: its loopback (read per frame)
+  std::vector<uint32_t> gpu_ips_;          // [gpu]: its loopback (read per frame)
   std::vector<std::vector<int>> relays_;   // routing::relay_table
   std::vector<std::vector<int>> relayed_;  // [gpu]: the GPUs of other planes it carries on its own plane
   bool has_nvlink_ = false;

@@ -56,7 +56,7 @@ CollectiveResult merge_results(const std::vector<CollectiveResult>& ranks, const
 struct RowMulticast {
   int source = 0;
   uint64_t offset = 0;            // byte offset of the row in the window, at the source and every destination
-  std::vector<int> destinations;  // GPUs below 64, source excluded
+  std::vector<int> destinations;  // GPUs, source excluded (past GPU 63 the packets are ECH v2)
 };
 struct BatchMulticastSpec {
   uint16_t window = 0;

@@ -70,11 +70,42 @@ struct MoeFabricResult {
   at::Tensor output;  // fp32 [ranks * tokens_per_rank, hidden]: the layer output, rank r's tokens at rows r*T..
 };
 
+// A phase of a schedule: when it started and ended, from the layer's start (simulated us).
+struct MoeScheduledPhase {
+  double start_us = 0;
+  double end_us = 0;
+  double us() const { return end_us - start_us; }
+};
+
+struct MoeTwoBatchResult {
+  bool ok = false;
+  std::string error;
+  double us = 0;  // the layer: the first dispatch posted to the last combine done (simulated)
+  MoeScheduledPhase dispatch[2];
+  MoeScheduledPhase combine[2];
+  uint64_t fallback_chunks = 0;
+  std::vector<std::string> faults;
+  at::Tensor output;  // as MoeFabricResult::output (compute mode)
+};
+
 // Runs one MoE layer over `cluster`'s first `ranks` GPUs (EP size), each holding tokens_per_rank rows of x
 // (x: [ranks * tokens_per_rank, hidden], fp32 or bf16; rows travel in x's dtype, dispatch rows in FP8 if asked). The
-// IFEC variant needs ranks <= 64 (compact ECH bitmaps) and falls back to point-to-point where the fabric cannot serve.
+// IFEC variant falls back to point-to-point where the fabric cannot serve (its combine: one-tier planes only).
 // Expert e lives on rank owner_rank(e). Results are returned, not written back into x.
 MoeFabricResult run_moe_fabric(Cluster& cluster, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w,
                                const at::Tensor& x, int ranks, const MoeFabricOptions& opts = {});
+
+// The same layer as two micro-batches (each rank's first and second half of its tokens), with communication under
+// communication: a dispatch stream (dispatch 0, then dispatch 1), a compute stream (the experts of micro-batch 0,
+// then 1, each once its rows are in; `experts_us[h]` of simulated time each, LibTorch at once in compute mode) and a
+// combine stream (combine 0, then 1, each once its experts are done). So micro-batch 1's dispatch runs on the
+// fabric beside micro-batch 0's combine whenever the experts do not cover it (with zero expert time from the
+// moment dispatch 0 ends): multicast leaves the senders' transmit direction free, in-fabric reduction the
+// receivers' receive direction. DeepEP's schedule (workloads::two_micro_batch_time) has one communication stream
+// instead. The streams are two communicators per endpoint (Cluster::communicators' `stream`), each micro-batch its
+// own windows. Throws common::Error as run_moe_fabric, or for fewer than 2 tokens per rank or a negative time.
+MoeTwoBatchResult run_moe_two_batches(Cluster& cluster, MoeVariant variant, const MoeConfig& cfg, const MoeWeights& w,
+                                      const at::Tensor& x, int ranks, const double experts_us[2],
+                                      const MoeFabricOptions& opts = {});
 
 }  // namespace ifec::testbed

@@ -22,9 +22,15 @@ struct MoeRunConfig {
   int64_t run_inter = 8;      // expert width actually run on the CPU when `compute` (the costed one is model.inter)
   bool bf16 = true;           // rows travel in bf16 (else fp32)
   bool compute = false;       // run the experts and check the output against the reference (else timing mode)
+  // Timing mode on a fabric whose frames carry headers and lengths only (FabricOptions::elided_payloads): the same
+  // times and bytes, no window memory touched; rows say "timing only". Not with `compute`.
+  bool elided_payloads = false;
+  int gpus_per_node = 8;      // the gate's groups follow nodes of this many GPUs past EP 64 (workloads::node_limited)
   bool fp8_dispatch = false;  // dispatch rows in FP8 (E4M3 + a scale per 128 channels), combine in the row type
-  bool overlap = false;       // also the layer as two overlapped micro-batches (MoeRow::overlap_us)
-  int64_t token_cap = 0;      // simulate at most this many tokens per rank, scaling times and bytes (0: none)
+  // Also the layer as two overlapped micro-batches: DeepEP's schedule (MoeRow::overlap_us) and communication under
+  // communication (MoeRow::overlap2_us, run_moe_two_batches).
+  bool overlap = false;
+  int64_t token_cap = 0;  // simulate at most this many tokens per rank, scaling times and bytes (0: none)
   GpuProfile profile;
   uint64_t seed = 1;
   std::function<void(const std::string&)> progress;  // one line per finished variant
