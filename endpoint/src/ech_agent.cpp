@@ -51,7 +51,7 @@ EchReduction::EchReduction(EchAgent& agent, EchReduceSpec spec, uint64_t id)
   sent_.assign(n, 0);
   lanes_.resize(spec_.lanes.size());
   for (uint32_t l = 0; l < spec_.lanes.size(); ++l) {
-    lane_of_[{spec_.lanes[l].switch_ip, spec_.lanes[l].group}] = l;
+    lane_of_[uint64_t{spec_.lanes[l].switch_ip} << 16 | spec_.lanes[l].group] = l;
   }
   chunk_of_seq_.resize(spec_.lanes.size());
   for (uint32_t i = 0; i < n; ++i) {
@@ -398,8 +398,8 @@ void EchAgent::prune() {
 }
 
 void EchAgent::accept_multicast(uint16_t window, int source, uint32_t psn_from) {
-  accept_from_[{window, source}] = psn_from & kPsnMask;
-  replicas_seen_[{window, source}].clear();
+  accept_from_[source_key(window, source)] = psn_from & kPsnMask;
+  replicas_seen_[source_key(window, source)].clear();
 }
 
 void EchAgent::pump(EchMulticast& m) {
@@ -503,7 +503,7 @@ void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const ui
   size_t i = 0;
   bool found = false;
   if (r) {
-    auto l = r->lane_of_.find({pf.h.ip.src, ech.group_id});
+    auto l = r->lane_of_.find(uint64_t{pf.h.ip.src} << 16 | ech.group_id);
     const uint32_t c = l == r->lane_of_.end() ? EchReduction::kNoChunk : r->chunk_of(l->second, ech.chunk_index);
     found = c != EchReduction::kNoChunk;
     i = found ? c : 0;
@@ -591,7 +591,7 @@ void EchAgent::on_compact_frame(int port, const common::ParsedFrame& pf, const u
     return;
   }
   // A replica for us: written (idempotently: every copy carries the same bytes) and acknowledged every time.
-  auto from = accept_from_.find({ech.window_id, ech.source_id});
+  auto from = accept_from_.find(source_key(ech.window_id, ech.source_id));
   if (from != accept_from_.end() && ((psn - from->second) & kPsnMask) >= (1u << 23)) {
     counters_.stale_replicas++;
     send_ack(port, pf);
@@ -602,7 +602,7 @@ void EchAgent::on_compact_frame(int port, const common::ParsedFrame& pf, const u
     return;
   }
   counters_.replicas_written++;
-  if (replicas_seen_[{ech.window_id, ech.source_id}].insert(psn).second) {
+  if (replicas_seen_[source_key(ech.window_id, ech.source_id)].insert(psn).second) {
     ep_.remote_written(ech.source_id, pf.h.reth->rkey, pf.h.reth->virtual_address, pf.payload_size);
   } else {
     counters_.duplicate_replicas++;

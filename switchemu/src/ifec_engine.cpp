@@ -625,7 +625,7 @@ std::vector<uint8_t> IfecEngine::build(uint32_t dst_ip, const Ech& ech, uint8_t 
 
 void IfecEngine::multicast(const common::ParsedFrame& pf, const uint8_t* frame) {
   const Ech& ech = *pf.h.ech;
-  const auto key = std::make_pair(uint32_t{ech.source_id}, pf.h.bth.psn);
+  const uint64_t key = multicast_key(ech.source_id, pf.h.bth.psn);
   if (mcast_done_set_.count(key)) {
     // Completed already; the source's copy of our ACK was lost.
     Ech e = ech;
@@ -704,7 +704,7 @@ void IfecEngine::send_replica(Multicast& m, int dest) {
 
 void IfecEngine::multicast_ack(const common::ParsedFrame& pf) {
   const Ech& ech = *pf.h.ech;
-  auto it = mcast_.find({uint32_t{ech.source_id}, pf.h.bth.psn});
+  auto it = mcast_.find(multicast_key(ech.source_id, pf.h.bth.psn));
   if (it == mcast_.end()) {
     return;  // duplicate acknowledgement
   }

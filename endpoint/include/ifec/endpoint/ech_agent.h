@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -134,8 +135,8 @@ class EchReduction {
   std::vector<std::vector<uint32_t>> chunk_of_seq_;
   std::unordered_map<uint64_t, uint32_t> chunk_of_other_;
   static constexpr uint32_t kNoChunk = ~0u;
-  uint32_t chunk_of(uint32_t lane, uint32_t seq) const;        // kNoChunk when none
-  std::map<std::pair<uint32_t, uint16_t>, uint32_t> lane_of_;  // (switch ip, group) -> lane
+  uint32_t chunk_of(uint32_t lane, uint32_t seq) const;  // kNoChunk when none
+  std::unordered_map<uint64_t, uint32_t> lane_of_;       // (switch ip << 16 | group) -> lane
   size_t pending_ = 0;
   uint64_t anomalies_ = 0;
   uint64_t flagged_results_ = 0;
@@ -275,23 +276,33 @@ class EchAgent {
   uint32_t next_psn_ = 0;
   // Live operations by id (weak: the caller owns them); lookups from (switch ip, job, group) and from PSN.
   std::map<uint64_t, std::weak_ptr<EchReduction>> reductions_;
+  // Looked up for every reduction frame, among a group per destination and plane (2,048 at EP 256): hashed, as
+  // nothing walks them in order.
   using GroupKey = std::tuple<uint32_t, uint32_t, uint16_t>;  // (switch ip, job, group)
-  std::map<GroupKey, uint64_t> reduction_of_group_;
+  struct GroupKeyHash {
+    size_t operator()(const GroupKey& k) const {
+      return std::hash<uint64_t>()((uint64_t{std::get<0>(k)} << 32 | std::get<1>(k)) * 0x9E3779B97F4A7C15ULL ^
+                                   std::get<2>(k));
+    }
+  };
+  std::unordered_map<GroupKey, uint64_t, GroupKeyHash> reduction_of_group_;
   // When each group was last active here and how long a late copy of its results can still come (see
   // note_group); swept of stale entries whenever it has doubled since the last sweep (at least kGroupsRemembered).
   static constexpr size_t kGroupsRemembered = 4096;
-  std::map<GroupKey, std::pair<common::TimeNs, common::TimeNs>> group_activity_;
+  std::unordered_map<GroupKey, std::pair<common::TimeNs, common::TimeNs>, GroupKeyHash> group_activity_;
   size_t next_group_sweep_ = kGroupsRemembered;
   void note_group(const GroupKey& k, common::TimeNs max_rto_ns);
   bool recently_used(const GroupKey& k);
   std::map<uint64_t, std::weak_ptr<EchMulticast>> multicasts_;
-  std::map<uint32_t, std::pair<uint64_t, uint32_t>> packet_of_psn_;  // psn -> (multicast id, packet)
-  std::map<uint64_t, std::pair<uint32_t, uint32_t>> psn_range_;      // multicast id -> (first psn, packets)
-  std::map<std::pair<uint16_t, int>, uint32_t> accept_from_;         // (window, source) -> oldest current PSN
+  std::unordered_map<uint32_t, std::pair<uint64_t, uint32_t>> packet_of_psn_;  // psn -> (multicast id, packet)
+  std::map<uint64_t, std::pair<uint32_t, uint32_t>> psn_range_;                // multicast id -> (first psn, packets)
+  // Keyed (window << 32 | source), looked up for every replica.
+  static uint64_t source_key(uint16_t window, int source) { return uint64_t{window} << 32 | uint32_t(source); }
+  std::unordered_map<uint64_t, uint32_t> accept_from_;  // -> the oldest current PSN
   // (window, source) -> PSNs of the current multicast already written here: a repaired (duplicate) replica is
   // written and acknowledged again but not reported as a new arrival (it could land after the operation ended and
   // be taken for the next one's bytes).
-  std::map<std::pair<uint16_t, int>, std::unordered_set<uint32_t>> replicas_seen_;
+  std::unordered_map<uint64_t, std::unordered_set<uint32_t>> replicas_seen_;
   bool suppress_contributions_ = false;
   std::shared_ptr<bool> alive_;
 };

@@ -32,6 +32,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "ifec/common/aeth.h"
@@ -191,9 +192,12 @@ class IfecEngine {
   std::map<uint64_t, uint64_t> leaf_of_upstream_;  // (job, upstream group) -> (job, local group) on a leaf
   std::map<std::pair<int, uint16_t>, Window> windows_;
   std::map<uint32_t, int> gpu_of_ip_;
-  std::map<std::pair<uint32_t, uint32_t>, Multicast> mcast_;  // (source ip, psn)
-  std::deque<std::pair<uint32_t, uint32_t>> mcast_done_;      // recently completed, to re-ACK late retransmissions
-  std::set<std::pair<uint32_t, uint32_t>> mcast_done_set_;    // the same, for lookup
+  // Keyed (source id << 32 | psn), looked up for every packet and acknowledgement among up to multicast_entries:
+  // hashed, as nothing walks them in order.
+  static uint64_t multicast_key(uint32_t source_id, uint32_t psn) { return uint64_t{source_id} << 32 | psn; }
+  std::unordered_map<uint64_t, Multicast> mcast_;
+  std::deque<uint64_t> mcast_done_;              // recently completed, to re-ACK late retransmissions
+  std::unordered_set<uint64_t> mcast_done_set_;  // the same, for lookup
 };
 
 }  // namespace ifec::switchemu
