@@ -595,8 +595,9 @@ int run_bench_sim(const Args& a) {
 
 // What bench scale does not measure yet, beside the targets it states (issue 30's open items).
 const char* const kScaleNotBuilt =
-    "# targets not measured yet (not built): MoE at EP 256, 4096 tokens per GPU, every variant, elided (under 15\n"
-    "#   minutes); collectives and MoE over threads and processes (raw traffic only so far)\n";
+    "# not in this bench: MoE at EP 256, 4096 tokens per GPU, every variant, elided (target under 15 minutes each:\n"
+    "#   ./ifec bench moe --ep 256 --mode normal --payload elided --topo testbed/topologies/superpod-256x8.yaml);\n"
+    "# not built: collectives and MoE over threads and processes (raw traffic only so far)\n";
 
 // This program's path (what mpirun starts for bench scale's runs over processes).
 std::string self_path() {
