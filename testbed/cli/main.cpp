@@ -172,6 +172,7 @@ int run_sim_collective(const Args& a) {
       static_cast<uint32_t>(ifec::cli::parse_uint(a.get("--slot-budget", "128"), "--slot-budget", 1, 1u << 20));
   base.reproducible = a.has("--reproducible");
   base.elided_payloads = payload_elided(a);
+  base.threads = static_cast<int>(ifec::cli::parse_uint(a.get("--threads", "0"), "--threads", 0, 1024));
   std::vector<uint64_t> sizes;
   if (base.kind == wl::Collective::kBarrier) {
     IFEC_CHECK(!a.has("--bytes"),
@@ -863,7 +864,9 @@ std::vector<Command> tool_commands() {
          {"--incast-target", "GPU", "raw incast: the GPU every flow goes to (default 0)"},
          {"--threads", "N",
           "raw: one partition per plane, run by N threads (1..planes; default 1), the same result for every N; 0: "
-          "one event loop for the whole fabric (every plane's frames in flight together)"},
+          "one event loop for the whole fabric (every plane's frames in flight together). collective: 0 (default) "
+          "one event loop; N >= 1 one partition per plane and one for the GPUs, on N threads (1..planes + 1), the "
+          "same result for every N"},
          {"--group", "N",
           "raw alltoall or permutation within consecutive groups of N GPUs (expert-parallel groups; N divides "
           "the GPUs; default: one group of all)"},

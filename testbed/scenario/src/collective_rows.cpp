@@ -87,7 +87,10 @@ std::string simulator_text(const CollectiveRow& r) {
                 "point took %.2f s with inputs, fp64 reference and checks\n",
                 static_cast<unsigned long long>(r.frame_hops), static_cast<unsigned long long>(r.sim_events),
                 r.sim_seconds, r.sim_seconds > 0 ? r.frame_hops / r.sim_seconds / 1e6 : 0.0, r.wall_seconds);
-  return line;
+  if (r.partitions.empty()) {
+    return line;
+  }
+  return line + ("#   partitioned: " + r.partitions + ", " + std::to_string(r.windows) + " windows\n");
 }
 
 std::string row_json(const CollectiveRow& r, const std::string& topology, const std::string& driver) {

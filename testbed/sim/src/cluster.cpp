@@ -21,7 +21,17 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
   if (opts_.ifec) {
     topo_.params.ifec = *opts_.ifec;
   }
-  fabric_ = std::make_unique<testbed::Fabric>(loop_, topo_, opts_.fabric);
+  IFEC_CHECK(opts_.threads >= 0, "cluster: threads " << opts_.threads << " (0: one loop, N >= 1: partitioned)");
+  if (opts_.threads == 0) {
+    fabric_ = std::make_unique<testbed::Fabric>(loop_, topo_, opts_.fabric);
+  } else {
+    parts_ = std::make_unique<PlanePartitions>(std::max(topo_.num_planes, 1), opts_.threads, 0, 1, true);
+    gpus_ = &parts_->gpu_loop();
+    fabric_ = std::make_unique<testbed::Fabric>(
+        parts_->control(), parts_->plane_clocks(), topo_, opts_.fabric,
+        [this](int from, int to) { return parts_->mailbox(from, to); }, gpus_);
+    parts_->set_lookahead(fabric_->cross_partition_delay());
+  }
   const int n = fabric_->num_gpus();
   std::vector<uint32_t> ips;
   for (int g = 0; g < n; ++g) {
@@ -46,7 +56,7 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
     c.mtu = std::min<uint32_t>(c.mtu, topo_.params.mtu);
     c.lossless_priority = topo_.params.pfc.lossless_priority;
     c.elided_payloads = opts_.fabric.elided_payloads;  // one mode for the whole run
-    endpoints_.push_back(std::make_unique<endpoint::Endpoint>(loop_, c, std::move(ports), ips));
+    endpoints_.push_back(std::make_unique<endpoint::Endpoint>(*gpus_, c, std::move(ports), ips));
   }
   for (int g = 0; g < n; ++g) {
     endpoint::Endpoint& e = *endpoints_[g];
@@ -81,9 +91,12 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
   for (int i = 0; i < fabric_->num_switches(); ++i) {
     switches[topo_.nodes.at(fabric_->switch_node(i)).name] = &fabric_->switch_at(i);
   }
+  // Partitioned, a call to a switch is a request the control loop runs at the end of the GPUs' window.
+  Poster at_switch = parts_ ? Poster(parts_->control_requests(parts_->gpu_partition())) : poster_of(loop_);
   control_ = std::make_unique<InProcessControl>(
-      topo_, std::move(switches), [this](int link, bool up) { fabric_->schedule_link_state(link, up, loop_.now()); },
-      poster_of(loop_), poster_of(loop_));
+      topo_, std::move(switches),
+      [this](int link, bool up) { fabric_->schedule_link_state(link, up, fabric_->clock().now()); },
+      std::move(at_switch), poster_of(*gpus_));
 }
 
 std::vector<workloads::Communicator*> Cluster::communicators(const std::vector<int>& gpus,
@@ -102,17 +115,14 @@ std::vector<workloads::Communicator*> Cluster::communicators(const std::vector<i
     set.boot = std::make_unique<InProcessBootstrap>(n);
     auto inits = std::make_shared<std::vector<std::string>>(n, "?");
     for (int r = 0; r < n; ++r) {
-      common::EventLoop* loop = &loop_;
+      common::EventLoop* loop = gpus_;
       const TimeNs skew = opts_.bootstrap_skew_ns * r;
       Poster post = [loop, skew](std::function<void()> fn) { loop->schedule(loop->now() + skew, std::move(fn)); };
       set.comms.push_back(std::make_unique<workloads::Communicator>(ep(gpus[r]), set.boot->rank(r, std::move(post)),
                                                                     *control_, topo_, o));
       set.comms.back()->init([inits, r](const std::string& err) { (*inits)[r] = err; });
     }
-    const TimeNs deadline = loop_.now() + 1'000'000;
-    while (std::count(inits->begin(), inits->end(), "?") > 0 && !loop_.idle() && loop_.next_event_time() <= deadline) {
-      loop_.run(loop_.next_event_time());
-    }
+    run_until([&] { return std::count(inits->begin(), inits->end(), "?") == 0; }, now() + 1'000'000);
     for (int r = 0; r < n; ++r) {
       if ((*inits)[r] != "") {
         rank_sets_.erase(key);
@@ -134,12 +144,9 @@ std::vector<workloads::CollectiveResult> Cluster::run_ranks(int ranks, const Ran
   for (int r = 0; r < ranks; ++r) {
     start(r, [got, r](workloads::CollectiveResult res) { (*got)[r] = std::move(res); });
   }
-  const TimeNs begin = loop_.now();
+  const TimeNs begin = now();
   const TimeNs deadline = limit > common::kForever - begin ? common::kForever : begin + limit;
-  auto finished = [&] { return std::all_of(got->begin(), got->end(), [](auto& x) { return x.has_value(); }); };
-  while (!finished() && !loop_.idle() && loop_.next_event_time() <= deadline) {
-    loop_.run(loop_.next_event_time());
-  }
+  run_until([&] { return std::all_of(got->begin(), got->end(), [](auto& x) { return x.has_value(); }); }, deadline);
   std::vector<workloads::CollectiveResult> out;
   for (int r = 0; r < ranks; ++r) {
     if ((*got)[r]) {
@@ -148,15 +155,51 @@ std::vector<workloads::CollectiveResult> Cluster::run_ranks(int ranks, const Ran
     }
     workloads::CollectiveResult res;
     res.start_ns = begin;
-    res.end_ns = loop_.now();
+    res.end_ns = now();
     res.error = "rank " + std::to_string(r) + " did not finish within " + std::to_string(limit / 1000) +
-                " us of simulated time" + (loop_.idle() ? " (the simulation went idle)" : "");
+                " us of simulated time" + (idle() ? " (the simulation went idle)" : "");
     out.push_back(std::move(res));
   }
   return out;
 }
 
 Cluster::~Cluster() = default;
+
+bool Cluster::idle() const { return parts_ ? parts_->idle() : loop_.idle(); }
+
+TimeNs Cluster::next_event_time() const { return parts_ ? parts_->next_event_time() : loop_.next_event_time(); }
+
+uint64_t Cluster::events_run() const { return parts_ ? parts_->events_run() : loop_.events_run(); }
+
+bool Cluster::step(TimeNs until) {
+  if (parts_) {
+    return parts_->step(until);
+  }
+  const TimeNs t = loop_.next_event_time();
+  if (t == common::kForever || t > until) {
+    return false;
+  }
+  loop_.run(t);
+  return true;
+}
+
+bool Cluster::run_until(const std::function<bool()>& done, TimeNs deadline) {
+  while (!done()) {
+    if (idle() || next_event_time() > deadline) {
+      return false;
+    }
+    step(deadline);
+  }
+  return true;
+}
+
+void Cluster::run(TimeNs until) {
+  if (parts_) {
+    parts_->run(until);
+  } else {
+    loop_.run(until);
+  }
+}
 
 void Cluster::allocate_window(uint16_t id, uint64_t bytes, uint32_t job, bool shared) {
   free_window(id);  // re-allocation: a fresh zeroed window under the same id
@@ -216,23 +259,17 @@ uint8_t* Cluster::window_data(int gpu, uint16_t id) {
 }
 
 bool Cluster::wait(const std::vector<endpoint::OpHandle>& handles, TimeNs limit) {
-  const TimeNs deadline = loop_.now() + limit;
-  size_t i = 0;
-  while (i < handles.size()) {
-    if (handles[i]->done()) {
-      ++i;
-      continue;
-    }
-    if (loop_.idle() || loop_.next_event_time() > deadline) {
-      return false;
-    }
-    loop_.run(loop_.next_event_time());
-  }
-  return true;
+  size_t i = 0;  // handles before it are done
+  return run_until(
+      [&] {
+        while (i < handles.size() && handles[i]->done()) ++i;
+        return i == handles.size();
+      },
+      now() + limit);
 }
 
 bool Cluster::barrier(TimeNs limit) {
-  const TimeNs deadline = loop_.now() + limit;
+  const TimeNs deadline = now() + limit;
   std::vector<endpoint::OpHandle> quiets;
   for (auto& e : endpoints_) {
     quiets.push_back(e->quiet());
@@ -248,7 +285,7 @@ bool Cluster::barrier(TimeNs limit) {
     for (int i = 0; i < n; ++i) {
       hs.push_back(endpoints_[i]->store((i + dist) % n, kBarrierWindow, static_cast<uint64_t>(r) * 8, &epoch, 8));
     }
-    if (!wait(hs, deadline - loop_.now())) {
+    if (!wait(hs, deadline - now())) {
       return false;
     }
     for (auto& h : hs) {

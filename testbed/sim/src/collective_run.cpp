@@ -188,6 +188,7 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   o.fabric.seed = p.seed;
   o.fabric.lb = switchemu::LoadBalance::kPerPacket;
   o.fabric.elided_payloads = p.elided_payloads;
+  o.threads = p.threads;
   o.endpoint.ordering = endpoint::Ordering::kWeak;
   if (p.live_timing) {
     apply_live_timing(o.endpoint);
@@ -205,11 +206,15 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
     }
   }
   const LinkTally before = LinkTally::read(c, n);
-  const uint64_t events0 = c.loop().events_run();
+  const uint64_t events0 = c.events_run();
   const auto sim0 = std::chrono::steady_clock::now();
   const CollectiveResult res = run_operation(c, s, p);
   row.sim_seconds = seconds_since(sim0);
-  row.sim_events = c.loop().events_run() - events0;
+  row.sim_events = c.events_run() - events0;
+  if (const PlanePartitions* parts = c.partitions()) {
+    row.partitions = parts->describe();
+    row.windows = parts->windows_run();
+  }
   fill_row(row, res, c, before, n);
   check_row(row, c, s);
   row.wall_seconds = seconds_since(wall0);

@@ -43,10 +43,30 @@ std::unique_ptr<common::Link> make_in_node_link(const routing::Topology& topo, c
   return std::make_unique<common::Link>(*clocks.at(pa), *clocks.at(pb), *mailbox(pa, pb), *mailbox(pb, pa), cfg);
 }
 
+// A link of a fabric whose GPUs run on a partition of their own (partition `planes`): a GPU's link to its switch
+// joins that partition to the switch's plane, through their mailboxes; the others stay within one partition.
+std::unique_ptr<common::Link> make_gpu_partition_link(const routing::Topology& topo, const routing::Link& l,
+                                                      const std::vector<common::Clock*>& clocks,
+                                                      common::Clock& gpu_clock, const Fabric::MailboxFn& mailbox,
+                                                      const common::LinkConfig& cfg) {
+  const bool gpu_a = topo.nodes[l.a].kind == routing::NodeKind::kGpu;
+  const bool gpu_b = topo.nodes[l.b].kind == routing::NodeKind::kGpu;
+  if (gpu_a == gpu_b) {
+    return std::make_unique<common::Link>(gpu_a ? gpu_clock : *clocks.at(l.plane), cfg);
+  }
+  IFEC_CHECK(mailbox != nullptr, "a fabric with a GPUs' partition needs mailboxes between it and the planes'");
+  const int gpus = static_cast<int>(clocks.size());
+  const int pa = gpu_a ? gpus : l.plane;
+  const int pb = gpu_b ? gpus : l.plane;
+  common::Clock& ca = gpu_a ? gpu_clock : *clocks.at(l.plane);
+  common::Clock& cb = gpu_b ? gpu_clock : *clocks.at(l.plane);
+  return std::make_unique<common::Link>(ca, cb, *mailbox(pa, pb), *mailbox(pb, pa), cfg);
+}
+
 }  // namespace
 
 Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks, const routing::Topology& topo,
-               FabricOptions opts, MailboxFn mailbox)
+               FabricOptions opts, MailboxFn mailbox, common::Clock* gpu_clock)
     : clock_(control), plane_clocks_(std::move(plane_clocks)), topo_(topo), opts_(opts) {
   routing::validate(topo_);
   IFEC_CHECK(plane_clocks_.size() == static_cast<size_t>(std::max(topo_.num_planes, 1)),
@@ -74,7 +94,13 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
     cfg.elided_payloads = opts_.elided_payloads;
     const bool nvlink = l.plane == routing::kNvlinkPlane;
     has_nvlink_ = has_nvlink_ || nvlink;
-    if (!nvlink || one_clock) {
+    if (gpu_clock != nullptr) {
+      links_.push_back(make_gpu_partition_link(topo_, l, plane_clocks_, *gpu_clock, mailbox, cfg));
+      if (!nvlink &&
+          (topo_.nodes[l.a].kind == routing::NodeKind::kGpu) != (topo_.nodes[l.b].kind == routing::NodeKind::kGpu)) {
+        cross_delay_ = std::min(cross_delay_, l.delay_ns);
+      }
+    } else if (!nvlink || one_clock) {
       links_.push_back(std::make_unique<common::Link>(nvlink ? clock_ : *plane_clocks_.at(l.plane), cfg));
     } else {
       links_.push_back(make_in_node_link(topo_, l, plane_clocks_, mailbox, cfg));

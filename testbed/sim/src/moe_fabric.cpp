@@ -365,16 +365,14 @@ class TwoBatchRun {
     t0_ = c_.loop().now();
     start_dispatch(0);
     const common::TimeNs deadline = t0_ + 4 * opts_.phase_limit_ns;
-    while (!finished() && res_.error.empty() && !c_.loop().idle() && c_.loop().next_event_time() <= deadline) {
-      c_.loop().run(c_.loop().next_event_time());
-    }
+    c_.run_until([this] { return finished() || !res_.error.empty(); }, deadline);
     if (res_.error.empty() && !finished()) {
       res_.error = "the two micro-batches did not finish within " + std::to_string(4 * opts_.phase_limit_ns / 1000) +
                    " us of simulated time";
     }
     res_.ok = res_.error.empty();
     if (res_.ok) {
-      res_.us = (c_.loop().now() - t0_) / 1e3;
+      res_.us = std::max(res_.combine[0].end_us, res_.combine[1].end_us);
       res_.output = output();
     }
     return std::move(res_);

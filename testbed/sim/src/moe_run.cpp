@@ -77,6 +77,7 @@ ClusterOptions cluster_options(const MoeRunConfig& cfg) {
   o.fabric.lb = switchemu::LoadBalance::kPerPacket;
   o.fabric.seed = cfg.seed;
   o.fabric.elided_payloads = cfg.elided_payloads;
+  o.threads = cfg.threads;
   o.endpoint.ordering = endpoint::Ordering::kWeak;
   return o;
 }

@@ -2,7 +2,10 @@
 #include "ifec/testbed/partitions.h"
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <exception>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -34,32 +37,157 @@ class PlanePartitions::Mailbox : public common::Clock {
   common::EventLoop& from_;
 };
 
-PlanePartitions::~PlanePartitions() = default;
-
-PlanePartitions::PlanePartitions(int planes, int threads, int rank, int processes)
-    : threads_(threads), rank_(rank), processes_(processes) {
-  IFEC_CHECK(planes >= 1, "partitions: " << planes << " planes, expected at least 1");
-  IFEC_CHECK(processes >= 1 && processes <= planes,
-             processes << " processes outside 1.." << planes << " (one partition per plane, " << planes << " planes)");
-  IFEC_CHECK(rank >= 0 && rank < processes, "rank " << rank << " outside 0.." << processes - 1);
-  const int mine = (planes - rank + processes - 1) / processes;
-  IFEC_CHECK(threads >= 1 && threads <= mine,
-             "--threads " << threads << " outside 1.." << mine << " (one partition per plane, " << planes << " planes"
-                          << (processes > 1 ? ", " + std::to_string(mine) + " in this process" : "") << ")");
-  for (int p = 0; p < planes; ++p) {
-    planes_.push_back(std::make_unique<common::EventLoop>());
-    if (owns(p)) {
-      owned_.push_back(planes_.back().get());
+// Threads 1.. of a run, kept between windows: each window wakes them (a spin, then a sleep when windows are far
+// apart), each runs its partitions, and the caller (thread 0) waits for all of them.
+class PlanePartitions::Workers {
+ public:
+  Workers(int threads, std::function<void(int)> work) : work_(std::move(work)), errors_(threads) {
+    for (int t = 1; t < threads; ++t) {
+      threads_.emplace_back([this, t] { serve(t); });
     }
   }
+  ~Workers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      generation_.fetch_add(1);
+    }
+    wake_.notify_all();
+    for (std::thread& t : threads_) {
+      t.join();
+    }
+  }
+  // Runs work(t) on every thread t (0 here) and returns when all are done; rethrows the first error.
+  void run_all() {
+    pending_.store(static_cast<int>(threads_.size()));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      generation_.fetch_add(1);
+    }
+    wake_.notify_all();
+    try {
+      work_(0);
+    } catch (...) {
+      errors_[0] = std::current_exception();
+    }
+    for (uint64_t spins = 0; pending_.load() > 0; ++spins) {
+      if (spins > 4096) std::this_thread::yield();
+    }
+    for (std::exception_ptr& e : errors_) {
+      if (e) {
+        std::exception_ptr first = e;
+        std::fill(errors_.begin(), errors_.end(), nullptr);
+        std::rethrow_exception(first);
+      }
+    }
+  }
+
+ private:
+  void serve(int t) {
+    uint64_t seen = 0;
+    for (;;) {
+      for (int spins = 0; generation_.load() == seen && spins < 100'000; ++spins) {
+      }
+      if (generation_.load() == seen) {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return generation_.load() != seen; });
+      }
+      seen = generation_.load();
+      if (stop_) {
+        return;
+      }
+      try {
+        work_(t);
+      } catch (...) {
+        errors_[t] = std::current_exception();
+      }
+      pending_.fetch_sub(1);
+    }
+  }
+
+  std::function<void(int)> work_;
+  std::vector<std::exception_ptr> errors_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  bool stop_ = false;
+};
+
+PlanePartitions::~PlanePartitions() = default;
+
+PlanePartitions::PlanePartitions(int planes, int threads, int rank, int processes, bool gpu_partition)
+    : threads_(threads), rank_(rank), processes_(processes), gpu_partition_(gpu_partition) {
+  IFEC_CHECK(planes >= 1, "partitions: " << planes << " planes, expected at least 1");
+  const int most = planes + (gpu_partition ? 1 : 0);
+  IFEC_CHECK(processes >= 1 && processes <= most,
+             processes << " processes outside 1.." << most << " (one partition per plane"
+                       << (gpu_partition ? " and the GPUs'" : "") << ", " << planes << " planes)");
+  IFEC_CHECK(rank >= 0 && rank < processes, "rank " << rank << " outside 0.." << processes - 1);
+  for (int p = 0; p < most; ++p) {
+    loops_.push_back(std::make_unique<common::EventLoop>());
+  }
+  requests_.resize(most);
+  for (int p = 0; p < most; ++p) {
+    if (owns(p)) {
+      owned_.push_back(loops_[p].get());
+    }
+  }
+  const int mine = static_cast<int>(owned_.size());
+  IFEC_CHECK(threads >= 1 && threads <= mine,
+             "--threads " << threads << " outside 1.." << mine << " (one partition per plane"
+                          << (gpu_partition ? " and the GPUs'" : "") << ", " << most << " partitions"
+                          << (processes > 1 ? ", " + std::to_string(mine) + " in this process" : "") << ")");
+  by_thread_.resize(threads);
+  for (int p = 0; p < most; ++p) {
+    if (owns(p)) {
+      by_thread_[thread_of(p)].push_back(loops_[p].get());
+    }
+  }
+  if (threads > 1) {
+    workers_ = std::make_unique<Workers>(threads, [this](int t) {
+      for (common::EventLoop* l : by_thread_[t]) {
+        l->run(window_last_);
+      }
+    });
+  }
+}
+
+int PlanePartitions::process_of(int partition) const {
+  if (!gpu_partition_ || processes_ == 1) {
+    return partition % processes_;
+  }
+  return partition == planes() ? 0 : 1 + partition % (processes_ - 1);
+}
+
+int PlanePartitions::thread_of(int partition) const {
+  // This process's partitions in order, spread over its threads; the GPUs' partition has thread 0 to itself.
+  const bool gpus_here = gpu_partition_ && owns(planes());
+  if (gpus_here && partition == planes()) {
+    return 0;
+  }
+  int index = 0;
+  for (int p = 0; p < partition; ++p) {
+    index += owns(p) ? 1 : 0;
+  }
+  if (gpus_here && threads_ > 1) {
+    return 1 + index % (threads_ - 1);
+  }
+  return index % threads_;
 }
 
 std::vector<common::Clock*> PlanePartitions::plane_clocks() {
   std::vector<common::Clock*> v;
-  for (auto& l : planes_) {
-    v.push_back(l.get());
+  for (int p = 0; p < planes(); ++p) {
+    v.push_back(loops_[p].get());
   }
   return v;
+}
+
+common::EventLoop& PlanePartitions::gpu_loop() {
+  IFEC_CHECK(gpu_partition_, "partitions: no GPUs' partition (made without gpu_partition)");
+  return *loops_[planes()];
 }
 
 common::Clock* PlanePartitions::mailbox(int from, int to) {
@@ -70,9 +198,32 @@ common::Clock* PlanePartitions::mailbox(int from, int to) {
   mail_.resize(static_cast<size_t>(n) * n);
   std::unique_ptr<Mailbox>& m = mail_[static_cast<size_t>(from) * n + to];
   if (!m) {
-    m = std::make_unique<Mailbox>(*planes_[from]);
+    m = std::make_unique<Mailbox>(*loops_[from]);
   }
   return m.get();
+}
+
+std::function<void(std::function<void()>)> PlanePartitions::control_requests(int from) {
+  IFEC_CHECK(from >= 0 && from < partitions(),
+             "control requests from partition " << from << " (partitions 0.." << partitions() - 1 << ")");
+  return [this, from](std::function<void()> fn) {
+    if (in_window_) {
+      requests_[from].push_back(std::move(fn));
+    } else {
+      TimeNs at = control_.now();  // between windows: at the partitions' time
+      for (const auto* l : owned_) at = std::max(at, l->now());
+      control_.schedule(at, std::move(fn));
+    }
+  };
+}
+
+void PlanePartitions::run_requests(TimeNs at) {
+  for (auto& calls : requests_) {
+    for (auto& fn : calls) {
+      control_.schedule(at, std::move(fn));
+    }
+    calls.clear();
+  }
 }
 
 void PlanePartitions::set_lookahead(TimeNs ns) {
@@ -81,7 +232,7 @@ void PlanePartitions::set_lookahead(TimeNs ns) {
 }
 
 void PlanePartitions::deliver_mail() {
-  const size_t n = planes_.size();
+  const size_t n = loops_.size();
   for (size_t to = 0; to < n && !mail_.empty(); ++to) {
     std::vector<Mailbox::Event*> in;  // by time; sending partition then order at equal times (a stable sort)
     for (size_t from = 0; from < n; ++from) {
@@ -91,7 +242,7 @@ void PlanePartitions::deliver_mail() {
     }
     std::stable_sort(in.begin(), in.end(), [](const auto* a, const auto* b) { return a->at < b->at; });
     for (Mailbox::Event* e : in) {
-      planes_[to]->schedule_reading(e->at, std::move(e->fn), e->data, e->bytes);
+      loops_[to]->schedule_reading(e->at, std::move(e->fn), e->data, e->bytes);
     }
     for (size_t from = 0; from < n; ++from) {
       if (const auto& m = mail_[from * n + to]) m->events_.clear();
@@ -113,23 +264,34 @@ uint64_t PlanePartitions::events_run() const {
 
 std::string PlanePartitions::describe() const {
   std::ostringstream o;
-  o << planes_.size() << " partition" << (planes_.size() == 1 ? "" : "s") << " (one per plane) on ";
+  o << loops_.size() << " partition" << (loops_.size() == 1 ? "" : "s") << " (one per plane"
+    << (gpu_partition_ ? " and the GPUs'" : "") << ") on ";
+  // " planes 0 2 4", " GPUs", " GPUs planes 1 3": the word "planes" once per rank's list (`named`: said already)
+  auto list = [this, &o](int rank, int thread, bool& named) {
+    for (int p = 0; p < partitions(); ++p) {
+      if (process_of(p) != rank || (thread >= 0 && thread_of(p) != thread)) continue;
+      if (p == gpu_partition()) {
+        o << " GPUs";
+        continue;
+      }
+      o << (named ? " " : " planes ") << p;
+      named = true;
+    }
+  };
   if (processes_ > 1) {
     o << processes_ << " processes x " << threads_ << " thread" << (threads_ == 1 ? "" : "s") << ":";
     for (int r = 0; r < processes_; ++r) {
-      o << (r == 0 ? "" : " |") << " rank " << r << " planes";
-      for (size_t p = r; p < planes_.size(); p += processes_) {
-        o << " " << p;
-      }
+      o << (r == 0 ? "" : " |") << " rank " << r;
+      bool named = false;
+      list(r, -1, named);
     }
     return o.str();
   }
   o << threads_ << " thread" << (threads_ == 1 ? "" : "s") << ":";
+  bool named = false;
   for (int t = 0; t < threads_; ++t) {
-    o << (t == 0 ? " planes" : " |");
-    for (size_t p = t; p < planes_.size(); p += threads_) {
-      o << " " << p;
-    }
+    o << (t == 0 ? "" : " |");
+    list(rank_, t, named);
   }
   return o.str();
 }
@@ -143,65 +305,52 @@ TimeNs PlanePartitions::next_partition_event() const {
 }
 
 void PlanePartitions::run_partitions_through(TimeNs last) {
-  auto work = [this, last](int thread) {
-    for (size_t p = thread; p < owned_.size(); p += threads_) {
-      owned_[p]->run(last);
-    }
-  };
-  std::vector<std::exception_ptr> errors(threads_);
-  std::vector<std::thread> workers;
-  for (int th = 1; th < threads_; ++th) {
-    workers.emplace_back([&, th] {
-      try {
-        work(th);
-      } catch (...) {
-        errors[th] = std::current_exception();
-      }
-    });
+  window_last_ = last;
+  in_window_ = true;
+  struct Closed {  // the window closes however it ends
+    bool& open;
+    ~Closed() { open = false; }
+  } closed{in_window_};
+  if (workers_) {
+    workers_->run_all();  // the calling thread runs thread 0's share (it alone sees an interrupt check)
+    return;
   }
-  try {
-    work(0);  // the calling thread's share (it alone sees an interrupt check, e.g. Python's Ctrl-C)
-  } catch (...) {
-    errors[0] = std::current_exception();
+  for (common::EventLoop* l : by_thread_[0]) {
+    l->run(last);
   }
-  for (std::thread& w : workers) {
-    w.join();
+}
+
+TimeNs PlanePartitions::next_event_time() const { return std::min(control_.next_event_time(), next_partition_event()); }
+
+bool PlanePartitions::step(TimeNs until) {
+  const TimeNs tc = control_.next_event_time();
+  const TimeNs tp = next_partition_event();
+  if (std::min(tc, tp) == common::kForever || std::min(tc, tp) > until) {
+    return false;
   }
-  for (const std::exception_ptr& e : errors) {
-    if (e) {
-      std::rethrow_exception(e);
-    }
+  if (tp < tc) {  // a window: every partition event before the next control event (or through `until`), and
+                  // within a lookahead of the earliest one
+    const TimeNs end = lookahead_ == common::kForever ? tc : std::min(tc, tp + lookahead_);
+    const TimeNs last = std::min(end - 1, until);
+    ++windows_;
+    run_partitions_through(last);
+    deliver_mail();
+    IFEC_CHECK(control_.next_event_time() >= tc, "a partition scheduled a control event at "
+                                                     << control_.next_event_time() << " ns, before the window's end at "
+                                                     << tc << " ns");
+    run_requests(last + 1);
+    return true;
   }
+  for (auto* l : owned_) {
+    l->advance_to(tc);
+  }
+  control_.run(tc);
+  return true;
 }
 
 uint64_t PlanePartitions::run(TimeNs until) {
   const uint64_t before = events_run();
-  for (;;) {
-    const TimeNs tc = control_.next_event_time();
-    const TimeNs tp = next_partition_event();
-    if (std::min(tc, tp) == common::kForever || std::min(tc, tp) > until) {
-      break;
-    }
-    if (tp < tc) {  // a window: every partition event before the next control event (or through `until`), and
-                    // within a lookahead of the earliest one
-      const TimeNs end = lookahead_ == common::kForever ? tc : std::min(tc, tp + lookahead_);
-      ++windows_;
-      run_partitions_through(std::min(end - 1, until));
-      deliver_mail();
-      IFEC_CHECK(control_.next_event_time() >= tc, "a partition scheduled a control event at "
-                                                       << control_.next_event_time()
-                                                       << " ns, before the window's end at " << tc << " ns");
-      if (end < tc) {
-        continue;
-      }
-    }
-    if (tc > until) {
-      break;
-    }
-    for (auto* l : owned_) {
-      l->advance_to(tc);
-    }
-    control_.run(tc);
+  while (step(until)) {
   }
   if (until != common::kForever) {
     for (auto* l : owned_) {

@@ -1,10 +1,12 @@
 // Collective points on the simulated driver: elided payloads give the run real payloads give (times, bytes per
-// plane and per link, frame-hops, events, faults), whatever the algorithm, under loss and a link failure.
+// plane and per link, frame-hops, events, faults), whatever the algorithm, under loss and a link failure; a
+// partitioned run (planes' and GPUs' partitions) is the same run on one thread and on two.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
+#include "ifec/common/checks.h"
 #include "ifec/routing/topology.h"
 #include "ifec/testbed/collective_run.h"
 
@@ -73,6 +75,66 @@ TEST(CollectiveRun, ElidedPayloadsGiveTheSameRunAsRealOnes) {
         << what << ": " << real.time_us << " us real, " << elided.time_us << " us elided; frame-hops "
         << real.frame_hops << " vs " << elided.frame_hops << "; events " << real.sim_events << " vs "
         << elided.sim_events;
+  }
+}
+
+TEST(CollectiveRun, PartitionedRunsAreTheSameOnOneThreadAndTwo) {
+  const routing::Topology pod8 = routing::make_superpod(8, 2);
+  const routing::Topology pod64 = routing::make_superpod(64, 4);
+  struct Case {
+    const routing::Topology* topo;
+    workloads::Algo algo;
+    uint64_t bytes;
+    std::string fail;
+  };
+  using workloads::Algo;
+  const std::vector<Case> cases = {
+      {&pod8, Algo::kRing, 1 << 20, "gpu5:plane1:sub0@3us"},
+      {&pod8, Algo::kIfec, 1 << 20, "gpu5:plane1@2us"},
+      {&pod64, Algo::kRing, 256 << 10, "gpu3:plane1@5us"},
+      {&pod64, Algo::kIfec, 1 << 20, "gpu3:plane1@5us"},
+  };
+  for (const Case& c : cases) {
+    testbed::CollectivePoint p;
+    p.algo = c.algo;
+    p.bytes = c.bytes;
+    p.loss = 0.01;
+    p.fail = {c.fail};
+    p.threads = 1;
+    const testbed::CollectiveRow one = testbed::run_collective_point(*c.topo, p);
+    p.threads = 2;
+    const testbed::CollectiveRow two = testbed::run_collective_point(*c.topo, p);
+    const std::string what = c.topo->name + " " + workloads::algo_name(c.algo) + " " + std::to_string(c.bytes);
+    ASSERT_TRUE(one.ok) << what << ": " << one.error;
+    EXPECT_EQ(one.wrong, 0u) << what;
+    EXPECT_GT(one.frames_lost, 0u) << what << ": the loss and the failure met frames";
+    EXPECT_TRUE(seen(two) == seen(one)) << what << ": " << one.time_us << " us on one thread, " << two.time_us
+                                        << " us on two; frame-hops " << one.frame_hops << " vs " << two.frame_hops
+                                        << "; events " << one.sim_events << " vs " << two.sim_events;
+    EXPECT_EQ(one.windows, two.windows) << what;
+    EXPECT_GT(one.windows, 1u) << what;
+    const int planes = c.topo->num_planes;
+    EXPECT_EQ(two.partitions, std::to_string(planes + 1) +
+                                  " partitions (one per plane and the GPUs') on 2 threads: "
+                                  "GPUs | planes 0 1" +
+                                  (planes == 4 ? " 2 3" : ""));
+    if (c.topo == &pod8) {  // and elided payloads, partitioned: the same run again
+      p.elided_payloads = true;
+      const testbed::CollectiveRow elided = testbed::run_collective_point(*c.topo, p);
+      EXPECT_TRUE(seen(elided) == seen(one)) << what << ": elided " << elided.time_us << " us";
+    }
+  }
+}
+
+TEST(CollectiveRun, ThreadsBeyondThePartitionsAreRefusedByName) {
+  testbed::CollectivePoint p;
+  p.bytes = 4096;
+  p.threads = 4;  // 8 x 2: two planes and the GPUs, three partitions
+  try {
+    testbed::run_collective_point(routing::make_superpod(8, 2), p);
+    FAIL() << "4 threads for 3 partitions ran";
+  } catch (const common::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--threads 4 outside 1..3"), std::string::npos) << e.what();
   }
 }
 

@@ -36,6 +36,7 @@ struct CollectivePoint {
   // Frames carry headers and lengths only (the simulated driver's elided payloads): the same times and bytes as
   // real payloads, nothing computed or checked; the row says "timing only".
   bool elided_payloads = false;
+  int threads = 0;  // the simulated driver's ClusterOptions::threads (0: one event loop; N: partitioned on N threads)
 };
 
 struct CollectiveRow {
@@ -53,6 +54,8 @@ struct CollectiveRow {
   std::vector<uint64_t> plane_rx_bytes;  // frame bytes the members received, per plane
   // Per link of the members: (topology link id, bytes the GPU sent on it, bytes it received on it).
   std::vector<std::array<uint64_t, 3>> gpu_links;
+  std::string partitions;  // the simulated driver's partitions ("" on one event loop)
+  uint64_t windows = 0;    // and the windows it ran them in
   uint64_t fallback_chunks = 0;
   bool fell_back = false;
   uint64_t anomalies = 0;

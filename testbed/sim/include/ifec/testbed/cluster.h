@@ -20,6 +20,7 @@
 #include "ifec/routing/topology.h"
 #include "ifec/testbed/fabric.h"
 #include "ifec/testbed/in_process.h"
+#include "ifec/testbed/partitions.h"
 #include "ifec/workloads/communicator.h"
 
 namespace ifec::testbed {
@@ -32,6 +33,10 @@ struct ClusterOptions {
   // Rank r's bootstrap answers arrive r x this later: ranks that learn a shared outcome at different times, as on
   // their own clocks in the live testbed (tests of the races that follows from).
   common::TimeNs bootstrap_skew_ns = 0;
+  // 0: one event loop for the whole fabric. N >= 1: partitioned (partitions.h): one partition per plane and one
+  // for the GPUs (endpoints, communicators, bootstrap), on N threads; the same result for every N (not the one
+  // loop's: equal-time events between partitions meet in the mailboxes' order).
+  int threads = 0;
 };
 
 class Cluster {
@@ -41,7 +46,20 @@ class Cluster {
   Cluster(const routing::Topology& topo, ClusterOptions opts);
   ~Cluster();
 
-  common::EventLoop& loop() { return loop_; }
+  // The GPUs' event loop (the whole fabric's when not partitioned): what their callbacks schedule on and read the
+  // time of. Run the simulation with run/step/run_until, not this loop's run.
+  common::EventLoop& loop() { return *gpus_; }
+  common::TimeNs now() const { return gpus_->now(); }
+  bool idle() const;
+  common::TimeNs next_event_time() const;
+  uint64_t events_run() const;
+  // One step: the events of one time (one loop) or one window (partitioned) up to `until`; false if none waits.
+  bool step(common::TimeNs until = common::kForever);
+  // Runs until done() holds (checked after every step), the simulation goes idle or its next event is past
+  // `deadline`; returns done().
+  bool run_until(const std::function<bool()>& done, common::TimeNs deadline);
+  void run(common::TimeNs until);                                     // every event up to `until`
+  const PlanePartitions* partitions() const { return parts_.get(); }  // null: one loop
   testbed::Fabric& fabric() { return *fabric_; }
   endpoint::Endpoint& ep(int gpu) { return *endpoints_.at(gpu); }
   int size() const { return static_cast<int>(endpoints_.size()); }
@@ -87,7 +105,9 @@ class Cluster {
     void operator()(uint8_t* p) const;
   };
 
-  common::EventLoop loop_;
+  common::EventLoop loop_;                  // the whole fabric's, when not partitioned
+  std::unique_ptr<PlanePartitions> parts_;  // when partitioned
+  common::EventLoop* gpus_ = &loop_;        // the GPUs' loop
   routing::Topology topo_;
   ClusterOptions opts_;
   std::unique_ptr<testbed::Fabric> fabric_;
@@ -107,8 +127,8 @@ class ClusterSink : public endpoint::EndpointSink {
   explicit ClusterSink(Cluster& cluster, common::TimeNs slice_ns = 2'000)
       : EndpointSink([&cluster](int source) -> endpoint::Endpoint& { return cluster.ep(source); },
                      [&cluster, slice_ns] {
-                       if (!cluster.loop().idle()) {
-                         cluster.loop().run(cluster.loop().now() + slice_ns);
+                       if (!cluster.idle()) {
+                         cluster.run(cluster.now() + slice_ns);
                        }
                      }) {}
 };

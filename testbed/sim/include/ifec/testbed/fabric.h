@@ -51,9 +51,11 @@ class Fabric {
   // runs the planes' clocks apart, up to each control event, and the control events between them.
   // A link joining two planes (a server's NVLink-class link between GPUs of two planes) sends its frames through
   // mailbox(from plane, to plane) (PlanePartitions::mailbox); without one such a topology needs a single clock.
+  // With `gpu_clock` (the endpoint runtime's partitioned run), every GPU port runs on it instead, the GPUs being
+  // partition `planes` (PlanePartitions' GPU partition): each GPU-to-switch link joins it to a plane's partition.
   using MailboxFn = std::function<common::Clock*(int from, int to)>;
   Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks, const routing::Topology& topo,
-         FabricOptions opts, MailboxFn mailbox = nullptr);
+         FabricOptions opts, MailboxFn mailbox = nullptr, common::Clock* gpu_clock = nullptr);
   ~Fabric();
 
   const routing::Topology& topology() const { return topo_; }
@@ -70,7 +72,7 @@ class Fabric {
   int nvlink_port_to(int gpu, int peer) const;
   // The GPU whose NIC carries traffic for `gpu` on `plane` (routing::relay_table): itself, a node peer, or -1.
   int relay(int gpu, int plane) const { return relays_.at(gpu).at(plane); }
-  // Whether some link joins two planes' partitions (an NVLink-class link between GPUs on different planes).
+  // Whether some link is NVLink-class (an in-node link between GPUs).
   bool has_nvlink() const { return has_nvlink_; }
   // The shortest delay of a link whose ends run on different planes' clocks (the partitions' lookahead), or
   // common::kForever when none does.

@@ -33,6 +33,7 @@ struct MoeRunConfig {
   int64_t token_cap = 0;  // simulate at most this many tokens per rank, scaling times and bytes (0: none)
   GpuProfile profile;
   uint64_t seed = 1;
+  int threads = 0;  // ClusterOptions::threads: 0 one event loop, N partitioned on N threads (the same rows for any N)
   std::function<void(const std::string&)> progress;  // one line per finished variant
 };
 
