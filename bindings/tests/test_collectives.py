@@ -101,3 +101,20 @@ def test_elided_payloads_time_the_collective_as_real_ones_and_check_nothing():
             assert elided[key] == real[key], (algo, key)
     with pytest.raises(ValueError, match="'none'"):
         coll.measure(topo, payload="none")
+
+
+def test_a_partitioned_run_is_the_same_row_on_one_thread_and_two():
+    topo = ifec.make_superpod(8, 2)
+    for algo in ["ifec", "ring"]:
+        one, two = (coll.measure(topo, algo=algo, bytes=1 << 20, loss=0.01, fail=["gpu5:plane1@2us"], threads=t)
+                    for t in (1, 2))
+        assert one["ok"] and one["wrong"] == 0, one.get("error")
+        assert one["partitions"].endswith("on 1 thread: planes 0 1 GPUs")
+        assert two["partitions"].endswith("on 2 threads: GPUs | planes 0 1")
+        for key in ["time_us", "plane_tx_bytes", "gpu_link_up_bytes", "frame_hops", "sim_events", "faults",
+                    "windows"]:
+            assert one[key] == two[key], (algo, key)
+    with pytest.raises(ValueError, match="threads -1"):
+        coll.measure(topo, threads=-1)
+    with pytest.raises(Exception, match="--threads 4 outside 1..3"):
+        coll.measure(topo, threads=4)

@@ -84,6 +84,15 @@ def test_elided_payloads_give_the_same_rows_and_say_timing_only():
         moe.measure(topo, 8, 4, payload="fake")
 
 
+def test_partitioned_runs_give_the_same_rows_on_one_thread_and_two_and_equal_the_reference():
+    topo = ifec.make_superpod(8, 2)
+    one, two = (moe.measure(topo, 8, 8, hidden=64, inter=32, compute=True, threads=t) for t in (1, 2))
+    for a, b in zip(one, two):
+        assert a["ok"], a
+        for key in ("dispatch_us", "combine_us", "dispatch_wire_per_plane", "combine_wire_per_plane", "max_rel_error"):
+            assert a[key] == b[key], (a["variant"], key)
+
+
 def test_ep_sizes_at_once_give_the_serial_rows():
     topo = ifec.make_superpod(16, 2)
     parallel = moe.measure_eps(topo, [8, 16], 16, hidden=512, topk=4, jobs=2)

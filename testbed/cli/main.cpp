@@ -770,6 +770,7 @@ int run_bench_moe(const Args& a) {
   cfg.fp8_dispatch = ifec::cli::parse_choice(a.get("--dispatch", "fp8"), "--dispatch", {"fp8", "bf16"}) == "fp8";
   cfg.overlap = a.has("--overlap");
   cfg.elided_payloads = payload_elided(a);
+  cfg.threads = static_cast<int>(ifec::cli::parse_uint(a.get("--threads", "0"), "--threads", 0, 1024));
   std::vector<tb::MoeVariant> variants;
   for (const std::string& v : ifec::cli::parse_choices(a.get("--variant", "per_expert,per_rank,ifec"), "--variant",
                                                        {"per_expert", "per_rank", "ifec"})) {
@@ -964,6 +965,9 @@ std::vector<Command> bench_commands() {
          {"--ep", "LIST", "EP sizes (default 8,16,32,64)"},
          {"--mode", "MODE", "normal, ll or both (default both)"},
          {"--variant", "LIST", "variants to run (default per_expert,per_rank,ifec)"},
+         {"--threads", "N",
+          "0 (default): each run on one event loop; N >= 1: each run partitioned (a partition per plane and the "
+          "GPUs') on N threads, the same rows for every N (with --jobs, jobs x N threads in all)"},
          {"--dispatch", "TYPE", "dispatch rows: fp8 (E4M3 + a scale per 128 channels, DeepEP's; default) or bf16"},
          {"--payload", "real|elided",
           "real (default): frames carry the rows' bytes; elided: headers and lengths only, the same simulated times "

@@ -20,20 +20,21 @@ def available():
 
 def measure(topology, ep, tokens, variants=VARIANTS, mode="scaled", hidden=7168, experts=256, topk=8, inter=2048,
             run_inter=8, bf16=True, compute=False, token_cap=0, seed=1, gpu_profile="", fp8_dispatch=False,
-            overlap=False, payload="real"):
+            overlap=False, payload="real", threads=0):
     """Runs one point; returns one dict per variant (see `./ifec bench moe` for the columns). The experts' time
     comes from the GPU model: the fitted H100 built in, or the profile file `gpu_profile` (YAML/JSON).
     fp8_dispatch: dispatch rows in FP8 (E4M3 + a scale per 128 channels; hidden a multiple of 128), as DeepEP.
     overlap: also the layer as two overlapped micro-batches: DeepEP's schedule (row key overlap_us) and one half's
     dispatch beside the other's combine on the fabric (overlap2_us); -1 when not run.
     payload: "real", or "elided" (frames of headers and lengths only: the same times and bytes, timing only,
-    row["timing_only"]; not with compute=True)."""
+    row["timing_only"]; not with compute=True). threads: 0 runs each variant on one event loop; N >= 1 partitioned
+    (a partition per plane and the GPUs') on N threads, the same rows for every N."""
     if not available():
         raise RuntimeError("ifec was built without LibTorch: the MoE layer is not available")
     return json.loads(_native.run_moe_json(topology, mode, int(ep), int(tokens), list(variants), int(hidden),
                                            int(experts), int(topk), int(inter), int(run_inter), bool(bf16),
                                            bool(compute), int(token_cap), int(seed), str(gpu_profile or ""),
-                                           bool(fp8_dispatch), bool(overlap), _elided(payload)))
+                                           bool(fp8_dispatch), bool(overlap), _elided(payload), int(threads)))
 
 
 def _elided(payload):

@@ -83,10 +83,11 @@ std::string row_text(const CollectiveRow& r) {
 std::string simulator_text(const CollectiveRow& r) {
   char line[300];
   std::snprintf(line, sizeof(line),
-                "#   simulator: %llu frame-hops, %llu events in %.2f s wall (%.2f M frame-hops/s on one core); the "
+                "#   simulator: %llu frame-hops, %llu events in %.2f s wall (%.2f M frame-hops/s on %s); the "
                 "point took %.2f s with inputs, fp64 reference and checks\n",
                 static_cast<unsigned long long>(r.frame_hops), static_cast<unsigned long long>(r.sim_events),
-                r.sim_seconds, r.sim_seconds > 0 ? r.frame_hops / r.sim_seconds / 1e6 : 0.0, r.wall_seconds);
+                r.sim_seconds, r.sim_seconds > 0 ? r.frame_hops / r.sim_seconds / 1e6 : 0.0,
+                r.partitions.empty() ? "one core" : "the partitions' threads", r.wall_seconds);
   if (r.partitions.empty()) {
     return line;
   }
@@ -101,7 +102,7 @@ std::string row_json(const CollectiveRow& r, const std::string& topology, const 
   o.add("ok", r.ok).add("time_us", r.time_us).add("algbw_gbs", r.algbw_gbs).add("busbw_gbs", r.busbw_gbs);
   o.add("wrong", r.wrong).add("max_rel_error", r.max_rel_error).add("fallback_chunks", r.fallback_chunks);
   o.add("fell_back", r.fell_back).add("anomalies", r.anomalies).add("modelled", r.modelled).add("loss", r.point.loss);
-  o.add("timing_only", r.point.elided_payloads);
+  o.add("timing_only", r.point.elided_payloads).add("partitions", r.partitions).add("windows", r.windows);
   o.add("plane_tx_bytes", r.plane_tx_bytes).add("plane_rx_bytes", r.plane_rx_bytes);
   std::vector<uint64_t> ids, up, down;  // per member link: topology id, bytes the GPU sent, bytes it received
   for (const auto& l : r.gpu_links) {
