@@ -195,3 +195,31 @@ def test_mpirun_two_processes_give_the_one_process_run(repo, build_dir, tmp_path
     assert threads == 1
     assert one["fare_rounds"] > 0 and one["frame_hops"] > 0
     assert two == one
+
+
+def _collective_json(cmd):
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    for r in rows:
+        for key in ("wall_seconds", "sim_seconds", "partitions"):
+            r.pop(key, None)
+    return rows
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (./ifec setup)")
+def test_mpirun_two_processes_give_the_threads_collective_run(repo, build_dir):
+    """Rank 0 runs the GPUs, rank 1 the planes: frames, switch calls and their answers cross the processes, and the
+    rows (times, bytes per link, frame-hops, events, faults) are the one-process partitioned run's."""
+    cli = str(build_dir / "bin" / "ifec-cli")
+    mpirun = ["mpirun", "--oversubscribe", "-np", "2"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    for topo, algo, size, fail in [("superpod-8x2.yaml", "ring", "1MiB", "gpu5:plane1:sub0@3us"),
+                                   ("superpod-8x2.yaml", "ifec", "1MiB", "gpu5:plane1@2us"),
+                                   ("superpod-64x4.yaml", "ifec", "256KiB", "gpu3:plane1@5us")]:
+        args = ["sim", "--topo", str(repo / "testbed" / "topologies" / topo), "--collective", "allreduce", "--algo",
+                algo, "--bytes", size, "--loss", "0.01", "--fail", fail, "--json", "--threads", "1"]
+        one = _collective_json([cli] + args)
+        two = _collective_json(mpirun + [cli] + args)
+        assert len(one) == 1 and one[0]["ok"] and one[0]["wrong"] == 0, one
+        assert any("frames lost" in f for f in one[0]["faults"])
+        assert two == one, (topo, algo)

@@ -183,6 +183,26 @@ int run_sim_collective(const Args& a) {
     sizes = ifec::cli::parse_sizes(a.get("--bytes"), "--bytes");
   }
   const ifec::routing::Topology topo = topology(a);
+  const tb::Processes* procs = nullptr;
+#ifdef IFEC_HAVE_MPI
+  // Started by mpirun: each point spread over the processes (rank 0 the GPUs, the others the planes); rank 0 prints.
+  std::unique_ptr<tb::MpiProcesses> mpi;
+  if (tb::launched_by_mpirun()) {
+    mpi = std::make_unique<tb::MpiProcesses>();
+    procs = mpi->processes().size > 1 ? &mpi->processes() : nullptr;
+  }
+#endif
+  if (procs != nullptr && procs->rank != 0) {
+    IFEC_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr,
+               "rank " << procs->rank << ": /dev/null: " << std::strerror(errno));
+  }
+  // Whether rank 0's row went well (every process takes the same next step).
+  auto agreed = [procs](bool ok) {
+    if (procs == nullptr) return ok;
+    std::vector<uint64_t> v = {procs->rank == 0 && ok ? 1u : 0u};
+    procs->sum(v);
+    return v[0] == 1;
+  };
   const bool json = a.has("--json");
   if (!json) {
     std::printf("# %s %s on %s, %d GPUs, loss %g%s%s\n", wl::collective_name(base.kind), wl::algo_name(base.algo),
@@ -199,16 +219,16 @@ int run_sim_collective(const Args& a) {
   for (uint64_t size : sizes) {
     tb::CollectivePoint p = base;
     p.bytes = size;
-    const tb::CollectiveRow r = tb::run_collective_point(topo, p);
+    const tb::CollectiveRow r = tb::run_collective_point(topo, p, procs);
     failures += !r.ok;
     std::printf("%s", json ? (tb::row_json(r, topo.name) + "\n").c_str() : tb::row_text(r).c_str());
     if (!json) {
       std::printf("%s", tb::simulator_text(r).c_str());
     }
     std::fflush(stdout);
-    if (compare && r.ok) {
+    if (compare && agreed(r.ok)) {
       p.algo = wl::Algo::kIfec;
-      const tb::CollectiveRow f = tb::run_collective_point(topo, p);
+      const tb::CollectiveRow f = tb::run_collective_point(topo, p, procs);
       failures += !f.ok;
       std::printf("%s", json ? (tb::row_json(f, topo.name) + "\n").c_str() : tb::row_text(f).c_str());
       std::fflush(stdout);
@@ -226,6 +246,9 @@ int run_sim_collective(const Args& a) {
     for (const std::string& l : summary) {
       std::printf("%s", l.c_str());
     }
+  }
+  if (procs != nullptr && procs->rank != 0) {
+    return 0;  // rank 0 reports
   }
   if (failures > 0 && !json) {
     std::fprintf(stderr, "ifec sim: %d of %zu rows failed or were wrong\n", failures, sizes.size());
@@ -302,10 +325,6 @@ int run_sim_raw(const Args& a) {
 int run_sim(const Args& a) {
   IFEC_CHECK(a.has("--traffic") != a.has("--collective"),
              "give exactly one of --traffic PATTERN (raw flows) or --collective KIND (see ifec sim --help)");
-#ifdef IFEC_HAVE_MPI
-  IFEC_CHECK(!a.has("--collective") || !tb::launched_by_mpirun(),
-             "--collective under mpirun: only raw traffic (--traffic) runs over MPI processes");
-#endif
   return a.has("--collective") ? run_sim_collective(a) : run_sim_raw(a);
 }
 

@@ -22,15 +22,12 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
     topo_.params.ifec = *opts_.ifec;
   }
   IFEC_CHECK(opts_.threads >= 0, "cluster: threads " << opts_.threads << " (0: one loop, N >= 1: partitioned)");
+  const bool spread = opts_.processes != nullptr && opts_.processes->size > 1;
+  IFEC_CHECK(!spread || opts_.threads >= 1, "cluster over processes: threads " << opts_.threads << ", expected >= 1");
   if (opts_.threads == 0) {
     fabric_ = std::make_unique<testbed::Fabric>(loop_, topo_, opts_.fabric);
   } else {
-    parts_ = std::make_unique<PlanePartitions>(std::max(topo_.num_planes, 1), opts_.threads, 0, 1, true);
-    gpus_ = &parts_->gpu_loop();
-    fabric_ = std::make_unique<testbed::Fabric>(
-        parts_->control(), parts_->plane_clocks(), topo_, opts_.fabric,
-        [this](int from, int to) { return parts_->mailbox(from, to); }, gpus_);
-    parts_->set_lookahead(fabric_->cross_partition_delay());
+    make_partitions(spread);
   }
   const int n = fabric_->num_gpus();
   std::vector<uint32_t> ips;
@@ -91,12 +88,80 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
   for (int i = 0; i < fabric_->num_switches(); ++i) {
     switches[topo_.nodes.at(fabric_->switch_node(i)).name] = &fabric_->switch_at(i);
   }
-  // Partitioned, a call to a switch is a request the control loop runs at the end of the GPUs' window.
-  Poster at_switch = parts_ ? Poster(parts_->control_requests(parts_->gpu_partition())) : poster_of(loop_);
-  control_ = std::make_unique<InProcessControl>(
-      topo_, std::move(switches),
-      [this](int link, bool up) { fabric_->schedule_link_state(link, up, fabric_->clock().now()); },
-      std::move(at_switch), poster_of(*gpus_));
+  auto set_link = [this](int link, bool up) { fabric_->schedule_link_state(link, up, fabric_->clock().now()); };
+  if (!parts_) {
+    control_ =
+        std::make_unique<InProcessControl>(topo_, std::move(switches), set_link, poster_of(loop_), poster_of(loop_));
+    return;
+  }
+  // Partitioned, a call to a switch is a message the control loop runs at the end of the GPUs' window, where the
+  // switch runs; its answer comes back as one.
+  Poster now = [](std::function<void()> fn) { fn(); };
+  switch_control_ = std::make_unique<InProcessControl>(topo_, std::move(switches), set_link, now, now);
+  auto client =
+      std::make_unique<MessageControlClient>([this](std::vector<uint8_t> m) { parts_->post_message(std::move(m)); });
+  parts_->on_message([this](const std::vector<uint8_t>& m) { serve_message(m); });
+  parts_->on_reply([this, c = client.get()](std::vector<uint8_t> m) {
+    gpus_->schedule(gpus_->now(), [c, m = std::move(m)] { c->on_reply(m); });
+  });
+  control_ = std::move(client);
+}
+
+void Cluster::make_partitions(bool spread) {
+  const int planes = std::max(topo_.num_planes, 1);
+  const Processes solo;
+  const Processes& procs = spread ? *opts_.processes : solo;
+  int threads = opts_.threads;
+  if (spread) {  // rank 0 runs the GPUs, ranks 1.. the planes: at most one thread per partition there
+    const int mine = procs.rank == 0 ? 1 : (planes - (procs.rank - 1) + procs.size - 2) / (procs.size - 1);
+    threads = std::min(threads, std::max(mine, 1));
+  }
+  parts_ = std::make_unique<PlanePartitions>(planes, threads, procs.rank, procs.size, true, &procs);
+  gpus_ = &parts_->gpu_loop();
+  fabric_ = std::make_unique<testbed::Fabric>(
+      parts_->control(), parts_->plane_clocks(), topo_, opts_.fabric,
+      [this](int from, int to) { return parts_->mailbox(from, to); }, gpus_);
+  parts_->set_lookahead(fabric_->cross_partition_delay());
+  if (!spread) {
+    return;
+  }
+  // Each GPU-to-switch link crosses processes: its ends send through the partitions' exchange (key: link id x 2
+  // + the receiving side), and what arrives here goes to its end.
+  const int gpus = parts_->gpu_partition();
+  for (const routing::Link& l : topo_.links) {
+    const int g = topo_.nodes[l.a].kind == routing::NodeKind::kGpu ? 0 : 1;
+    if (topo_.nodes[g == 0 ? l.a : l.b].kind != routing::NodeKind::kGpu || l.plane < 0 ||
+        !parts_->remote(gpus, l.plane)) {
+      continue;
+    }
+    const uint32_t id = static_cast<uint32_t>(l.id);
+    if (parts_->owns(gpus)) {
+      fabric_->link(l.id).end(g).set_remote(parts_->remote_sender(gpus, l.plane, id * 2 + (1 - g)));
+    } else if (parts_->owns(l.plane)) {
+      fabric_->link(l.id).end(1 - g).set_remote(parts_->remote_sender(l.plane, gpus, id * 2 + g));
+    }
+  }
+  parts_->on_remote_frame([this](uint32_t key, std::vector<uint8_t>&& frame, uint64_t epoch) {
+    fabric_->link(static_cast<int>(key / 2)).end(static_cast<int>(key % 2)).arrive(std::move(frame), epoch);
+  });
+}
+
+// A control message on this process's control loop: run where its switch runs (a link state change everywhere),
+// answered by that process (by the GPUs' for a change of link state or a switch nobody has).
+void Cluster::serve_message(const std::vector<uint8_t>& m) {
+  const ControlRequestInfo info = peek_control_request(m);
+  int answers = parts_->process_of(parts_->gpu_partition());
+  for (const routing::Node& n : topo_.nodes) {
+    if (!info.sw.empty() && n.kind == routing::NodeKind::kSwitch && n.name == info.sw) {
+      answers = parts_->process_of(n.plane);
+    }
+  }
+  const bool here = answers == parts_->rank();
+  if (here || info.sw.empty()) {
+    serve_control_request(m, *switch_control_, [this, here](std::vector<uint8_t> a) {
+      if (here) parts_->reply(std::move(a));
+    });
+  }
 }
 
 std::vector<workloads::Communicator*> Cluster::communicators(const std::vector<int>& gpus,
@@ -163,7 +228,12 @@ std::vector<workloads::CollectiveResult> Cluster::run_ranks(int ranks, const Ran
   return out;
 }
 
-Cluster::~Cluster() = default;
+Cluster::~Cluster() {
+  try {
+    stop_serving();  // the other processes leave serve()
+  } catch (...) {
+  }
+}
 
 bool Cluster::idle() const { return parts_ ? parts_->idle() : loop_.idle(); }
 
@@ -184,14 +254,41 @@ bool Cluster::step(TimeNs until) {
 }
 
 bool Cluster::run_until(const std::function<bool()>& done, TimeNs deadline) {
-  while (!done()) {
+  IFEC_CHECK(runs_gpus(), "run_until on a process that does not run the GPUs (it serves: Cluster::serve)");
+  for (;;) {
+    // Partitioned, every process takes this turn: the GPUs' process says whether it is done, and its deadline.
+    const bool finished = parts_ ? parts_->sync({done(), deadline, false}).done : done();
+    if (finished) {
+      return true;
+    }
     if (idle() || next_event_time() > deadline) {
       return false;
     }
     step(deadline);
   }
-  return true;
 }
+
+void Cluster::serve() {
+  IFEC_CHECK(!runs_gpus(), "serve() on the process that runs the GPUs");
+  for (;;) {
+    const PlanePartitions::Turn t = parts_->sync({});
+    if (t.stop) {
+      return;
+    }
+    if (!t.done && !idle() && next_event_time() <= t.deadline) {
+      step(t.deadline);
+    }
+  }
+}
+
+void Cluster::stop_serving() {
+  if (parts_ && parts_->spread() && runs_gpus() && !stopped_) {
+    stopped_ = true;
+    parts_->sync({false, 0, true});
+  }
+}
+
+bool Cluster::runs_gpus() const { return !parts_ || parts_->owns(parts_->gpu_partition()); }
 
 void Cluster::run(TimeNs until) {
   if (parts_) {

@@ -128,11 +128,21 @@ CollectiveResult run_operation(Cluster& c, const CollectiveSpec& s, const Collec
 }
 
 // The row's result, times and bandwidths, wire bytes and faults from the operation and the counters around it.
-void fill_row(CollectiveRow& row, const CollectiveResult& res, Cluster& c, const LinkTally& before, int n) {
+// Spread over processes, the counters over every link end add up every process's (the members' ports are the
+// GPUs' process's alone).
+void fill_row(CollectiveRow& row, const CollectiveResult& res, Cluster& c, const LinkTally& before, int n,
+              const Processes* spread) {
   const LinkTally after = LinkTally::read(c, n);
   row.frame_hops = after.hops - before.hops;
   row.frames_lost = LinkTally::over_links(c, &common::PortCounters::dropped_injected);
   row.frames_lost_link_down = LinkTally::over_links(c, &common::PortCounters::dropped_link_down);
+  if (spread != nullptr) {
+    std::vector<uint64_t> v = {row.frame_hops, row.frames_lost, row.frames_lost_link_down};
+    spread->sum(v);
+    row.frame_hops = v[0];
+    row.frames_lost = v[1];
+    row.frames_lost_link_down = v[2];
+  }
   for (const std::string& f : row.point.fail) {
     row.faults.push_back("link down: " + f);
   }
@@ -173,7 +183,8 @@ void check_row(CollectiveRow& row, Cluster& c, const CollectiveSpec& s) {
 
 }  // namespace
 
-CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const CollectivePoint& p) {
+CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const CollectivePoint& p,
+                                   const Processes* procs) {
   routing::Topology topo = fabric_topo;
   topo.params.ifec.reproducible = topo.params.ifec.reproducible || p.reproducible;
   topo.params.ifec.slot_pool = p.slot_pool;
@@ -189,6 +200,10 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   o.fabric.lb = switchemu::LoadBalance::kPerPacket;
   o.fabric.elided_payloads = p.elided_payloads;
   o.threads = p.threads;
+  o.processes = procs;
+  if (procs != nullptr && procs->size > 1) {
+    o.threads = std::max(o.threads, 1);
+  }
   o.endpoint.ordering = endpoint::Ordering::kWeak;
   if (p.live_timing) {
     apply_live_timing(o.endpoint);
@@ -198,24 +213,40 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   const int n = p.members > 0 ? p.members : c.size();
   IFEC_CHECK(n >= 2 && n <= c.size(), "members " << n << " outside 2.." << c.size());
   const CollectiveSpec s = spec_for(p, n, row.count);
-  prepare_windows(c, p, s);
+  if (c.runs_gpus()) {
+    prepare_windows(c, p, s);
+  }
   for (const std::string& f : p.fail) {
     const LinkEvent e = parse_link_event(topo, f, false);
     for (int l : e.links) {
-      c.fabric().schedule_link_state(l, false, c.loop().now() + e.at);
+      c.fabric().schedule_link_state(l, false, c.now() + e.at);
     }
   }
   const LinkTally before = LinkTally::read(c, n);
   const uint64_t events0 = c.events_run();
+  const uint64_t control0 = c.partitions() ? c.partitions()->control_events() : 0;
   const auto sim0 = std::chrono::steady_clock::now();
-  const CollectiveResult res = run_operation(c, s, p);
+  CollectiveResult res;
+  if (c.runs_gpus()) {
+    res = run_operation(c, s, p);
+    c.stop_serving();
+  } else {
+    c.serve();  // this process runs planes: rank 0's row is the run's
+  }
   row.sim_seconds = seconds_since(sim0);
   row.sim_events = c.events_run() - events0;
+  const Processes* spread = c.partitions() && c.partitions()->spread() ? procs : nullptr;
+  if (spread != nullptr) {  // every process's partitions' events, the control loop's (run by all alike) once
+    const uint64_t control = c.partitions()->control_events() - control0;
+    std::vector<uint64_t> v = {row.sim_events - control};
+    spread->sum(v);
+    row.sim_events = v[0] + control;
+  }
   if (const PlanePartitions* parts = c.partitions()) {
     row.partitions = parts->describe();
     row.windows = parts->windows_run();
   }
-  fill_row(row, res, c, before, n);
+  fill_row(row, res, c, before, n, spread);
   check_row(row, c, s);
   row.wall_seconds = seconds_since(wall0);
   return row;

@@ -49,10 +49,10 @@ struct PhaseMeter {
   int ranks;
   common::TimeNs t0;
   PortTotals before;
-  PhaseMeter(Cluster& cluster, int n)
-      : c(cluster), ranks(n), t0(cluster.loop().now()), before(gpu_totals(cluster, n)) {}
-  void finish(MoePhase* out) const {
-    out->us = (c.loop().now() - t0) / 1e3;
+  PhaseMeter(Cluster& cluster, int n) : c(cluster), ranks(n), t0(cluster.now()), before(gpu_totals(cluster, n)) {}
+  // `end`: when the phase's last rank finished (a partitioned run's steps may have gone past it).
+  void finish(MoePhase* out, common::TimeNs end) const {
+    out->us = (end - t0) / 1e3;
     const PortTotals after = gpu_totals(c, ranks);
     out->wire_per_plane.assign(after.tx_per_plane.size(), 0);
     out->wire_bytes = 0;
@@ -296,10 +296,11 @@ class MoeLayerRun {
   template <typename Op>
   bool phase(const char* name, MoePhase* out, Op op) {
     PhaseMeter meter(c_, ranks_);
-    if (!note_phase(name, op(), res_)) {
+    const CollectiveResult r = op();
+    if (!note_phase(name, r, res_)) {
       return false;
     }
-    meter.finish(out);
+    meter.finish(out, r.end_ns);
     return true;
   }
 
@@ -362,7 +363,7 @@ class TwoBatchRun {
     std::iota(gpus.begin(), gpus.end(), 0);
     c_.communicators(gpus, {}, 0);
     c_.communicators(gpus, {}, 1);
-    t0_ = c_.loop().now();
+    t0_ = c_.now();
     start_dispatch(0);
     const common::TimeNs deadline = t0_ + 4 * opts_.phase_limit_ns;
     c_.run_until([this] { return finished() || !res_.error.empty(); }, deadline);

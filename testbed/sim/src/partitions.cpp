@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ifec/common/bytes.h"
 #include "ifec/common/checks.h"
 
 namespace ifec::testbed {
@@ -117,8 +118,9 @@ class PlanePartitions::Workers {
 
 PlanePartitions::~PlanePartitions() = default;
 
-PlanePartitions::PlanePartitions(int planes, int threads, int rank, int processes, bool gpu_partition)
-    : threads_(threads), rank_(rank), processes_(processes), gpu_partition_(gpu_partition) {
+PlanePartitions::PlanePartitions(int planes, int threads, int rank, int processes, bool gpu_partition,
+                                 const Processes* procs)
+    : procs_(procs), threads_(threads), rank_(rank), processes_(processes), gpu_partition_(gpu_partition) {
   IFEC_CHECK(planes >= 1, "partitions: " << planes << " planes, expected at least 1");
   const int most = planes + (gpu_partition ? 1 : 0);
   IFEC_CHECK(processes >= 1 && processes <= most,
@@ -128,7 +130,8 @@ PlanePartitions::PlanePartitions(int planes, int threads, int rank, int processe
   for (int p = 0; p < most; ++p) {
     loops_.push_back(std::make_unique<common::EventLoop>());
   }
-  requests_.resize(most);
+  outbox_.resize(most);
+  IFEC_CHECK(!spread() || (procs != nullptr && procs->exchange), "partitions over processes need their exchange");
   for (int p = 0; p < most; ++p) {
     if (owns(p)) {
       owned_.push_back(loops_[p].get());
@@ -194,35 +197,173 @@ common::Clock* PlanePartitions::mailbox(int from, int to) {
   const int n = partitions();
   IFEC_CHECK(from >= 0 && from < n && to >= 0 && to < n && from != to,
              "mailbox from partition " << from << " to " << to << " (partitions 0.." << n - 1 << ", two different)");
-  IFEC_CHECK(processes_ == 1, "a link between partitions over MPI processes (not built: frames would cross them)");
-  mail_.resize(static_cast<size_t>(n) * n);
+  IFEC_CHECK(processes_ == 1 || spread() || !remote(from, to),
+             "a link between partitions on two MPI processes (raw traffic's NVLink-class links: not built)");
+  return &mail(from, to);
+}
+
+PlanePartitions::Mailbox& PlanePartitions::mail(int from, int to) {
+  const size_t n = loops_.size();
+  mail_.resize(n * n);
   std::unique_ptr<Mailbox>& m = mail_[static_cast<size_t>(from) * n + to];
   if (!m) {
     m = std::make_unique<Mailbox>(*loops_[from]);
   }
-  return m.get();
+  return *m;
 }
 
-std::function<void(std::function<void()>)> PlanePartitions::control_requests(int from) {
-  IFEC_CHECK(from >= 0 && from < partitions(),
-             "control requests from partition " << from << " (partitions 0.." << partitions() - 1 << ")");
-  return [this, from](std::function<void()> fn) {
-    if (in_window_) {
-      requests_[from].push_back(std::move(fn));
-    } else {
-      TimeNs at = control_.now();  // between windows: at the partitions' time
-      for (const auto* l : owned_) at = std::max(at, l->now());
-      control_.schedule(at, std::move(fn));
-    }
+common::LinkPort::Remote PlanePartitions::remote_sender(int from, int to, uint32_t key) {
+  IFEC_CHECK(owns(from) && remote(from, to),
+             "remote sender from partition " << from << " to " << to << ": not a link leaving this process");
+  return [this, from, to, key](TimeNs at, std::vector<uint8_t>&& frame, uint64_t epoch) {
+    outbox_[from].push_back({from, to, at, key, epoch, std::move(frame)});
   };
 }
 
-void PlanePartitions::run_requests(TimeNs at) {
-  for (auto& calls : requests_) {
-    for (auto& fn : calls) {
-      control_.schedule(at, std::move(fn));
+void PlanePartitions::post_message(std::vector<uint8_t> msg) {
+  if (gpu_partition_ && owns(gpu_partition())) {
+    messages_.push_back(std::move(msg));
+  }
+}
+
+void PlanePartitions::reply(std::vector<uint8_t> msg) { replies_.push_back({handling_, std::move(msg)}); }
+
+void PlanePartitions::schedule_messages(std::vector<std::vector<uint8_t>> msgs, TimeNs at) {
+  for (auto& m : msgs) {
+    const uint64_t seq = ++messages_seen_;
+    control_.schedule(at, [this, seq, m = std::move(m)] {
+      handling_ = seq;
+      if (on_message_) on_message_(m);
+      handling_ = 0;
+    });
+  }
+}
+
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+
+void put_messages(common::ByteWriter& w, const std::vector<Bytes>& msgs) {
+  w.put<uint32_t>(static_cast<uint32_t>(msgs.size()));
+  for (const Bytes& m : msgs) w.bytes(m.data(), m.size());
+}
+
+std::vector<Bytes> get_messages(common::ByteReader& r) {
+  std::vector<Bytes> msgs(r.get<uint32_t>("message count"));
+  for (Bytes& m : msgs) m = r.bytes("message");
+  return msgs;
+}
+
+}  // namespace
+
+PlanePartitions::Turn PlanePartitions::sync(Turn turn) {
+  synced_ = true;
+  if (!spread()) {
+    schedule_messages(std::move(messages_), frontier_);
+    messages_.clear();
+    return turn;
+  }
+  // To every process: this one's next partition event, and from the GPUs' process its turn and messages.
+  Bytes mine;
+  common::ByteWriter w(mine);
+  w.put<TimeNs>(next_partition_event()).put<uint8_t>(turn.done ? 1 : 0).put<uint8_t>(turn.stop ? 1 : 0);
+  w.put<TimeNs>(turn.deadline);
+  put_messages(w, messages_);
+  messages_.clear();
+  const std::vector<Bytes> in = procs_->exchange(std::vector<Bytes>(processes_, mine));
+  global_next_ = common::kForever;
+  Turn gpus;
+  for (int p = 0; p < processes_; ++p) {
+    common::ByteReader r(in[p].data(), in[p].size(), "sync from rank " + std::to_string(p));
+    global_next_ = std::min(global_next_, r.get<TimeNs>("next event"));
+    Turn t;
+    t.done = r.get<uint8_t>("done") != 0;
+    t.stop = r.get<uint8_t>("stop") != 0;
+    t.deadline = r.get<TimeNs>("deadline");
+    std::vector<Bytes> msgs = get_messages(r);
+    r.expect_end();
+    if (p == process_of(gpu_partition())) {
+      gpus = t;
+      schedule_messages(std::move(msgs), frontier_);
     }
-    calls.clear();
+  }
+  return gpus;
+}
+
+void PlanePartitions::exchange_window(TimeNs last) {
+  if (!spread()) {
+    schedule_messages(std::move(messages_), last + 1);
+    messages_.clear();
+    return;
+  }
+  std::vector<Bytes> out(processes_);
+  for (int p = 0; p < processes_; ++p) {  // the window's messages to every process, then the frames for it
+    common::ByteWriter w(out[p]);
+    put_messages(w, messages_);
+    uint32_t frames = 0;
+    for (const auto& box : outbox_) {
+      for (const RemoteFrame& f : box) frames += process_of(f.to) == p ? 1 : 0;
+    }
+    w.put<uint32_t>(frames);
+    for (const auto& box : outbox_) {
+      for (const RemoteFrame& f : box) {
+        if (process_of(f.to) != p) continue;
+        w.put<int32_t>(f.from).put<int32_t>(f.to).put<TimeNs>(f.at).put<uint32_t>(f.key).put<uint64_t>(f.epoch);
+        w.bytes(f.frame.data(), f.frame.size());
+      }
+    }
+  }
+  messages_.clear();
+  for (auto& box : outbox_) box.clear();
+  const std::vector<Bytes> in = procs_->exchange(out);
+  for (int p = 0; p < processes_; ++p) {
+    common::ByteReader r(in[p].data(), in[p].size(), "window from rank " + std::to_string(p));
+    std::vector<Bytes> msgs = get_messages(r);
+    if (p == process_of(gpu_partition())) schedule_messages(std::move(msgs), last + 1);
+    for (uint32_t k = r.get<uint32_t>("frame count"); k > 0; --k) {
+      const int from = r.get<int32_t>("from");
+      const int to = r.get<int32_t>("to");
+      const TimeNs at = r.get<TimeNs>("arrival");
+      const uint32_t key = r.get<uint32_t>("key");
+      const uint64_t epoch = r.get<uint64_t>("epoch");
+      auto frame = std::make_shared<Bytes>(r.bytes("frame"));
+      IFEC_CHECK(from >= 0 && from < partitions() && to >= 0 && to < partitions() && owns(to) && at > last,
+                 "frame from rank " << p << " for partition " << to << " from " << from << " at " << at
+                                    << " ns: not this process's, or inside the window that ended at " << last);
+      const uint8_t* data = frame->data();
+      const size_t bytes = frame->size();
+      mail(from, to).events_.push_back(
+          {at, [this, key, epoch, frame] { on_remote_frame_(key, std::move(*frame), epoch); }, data, bytes});
+    }
+    r.expect_end();
+  }
+}
+
+void PlanePartitions::deliver_replies() {
+  std::vector<std::pair<uint64_t, Bytes>> got = std::move(replies_);
+  replies_.clear();
+  if (spread()) {  // every process's answers to the GPUs' process
+    std::vector<Bytes> out(processes_);
+    common::ByteWriter w(out[process_of(gpu_partition())]);
+    w.put<uint32_t>(static_cast<uint32_t>(got.size()));
+    for (const auto& [seq, msg] : got) {
+      w.put<uint64_t>(seq).bytes(msg.data(), msg.size());
+    }
+    const std::vector<Bytes> in = procs_->exchange(out);
+    got.clear();
+    for (int p = 0; p < processes_; ++p) {
+      if (in[p].empty()) continue;
+      common::ByteReader r(in[p].data(), in[p].size(), "answers from rank " + std::to_string(p));
+      for (uint32_t k = r.get<uint32_t>("answer count"); k > 0; --k) {
+        const uint64_t seq = r.get<uint64_t>("message");
+        got.push_back({seq, r.bytes("answer")});
+      }
+      r.expect_end();
+    }
+  }
+  std::stable_sort(got.begin(), got.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [seq, msg] : got) {
+    if (on_reply_) on_reply_(std::move(msg));
   }
 }
 
@@ -250,9 +391,7 @@ void PlanePartitions::deliver_mail() {
   }
 }
 
-bool PlanePartitions::idle() const {
-  return control_.idle() && std::all_of(owned_.begin(), owned_.end(), [](const auto* l) { return l->idle(); });
-}
+bool PlanePartitions::idle() const { return control_.idle() && global_partition_event() == common::kForever; }
 
 uint64_t PlanePartitions::events_run() const {
   uint64_t n = control_.events_run();
@@ -306,11 +445,6 @@ TimeNs PlanePartitions::next_partition_event() const {
 
 void PlanePartitions::run_partitions_through(TimeNs last) {
   window_last_ = last;
-  in_window_ = true;
-  struct Closed {  // the window closes however it ends
-    bool& open;
-    ~Closed() { open = false; }
-  } closed{in_window_};
   if (workers_) {
     workers_->run_all();  // the calling thread runs thread 0's share (it alone sees an interrupt check)
     return;
@@ -320,11 +454,19 @@ void PlanePartitions::run_partitions_through(TimeNs last) {
   }
 }
 
-TimeNs PlanePartitions::next_event_time() const { return std::min(control_.next_event_time(), next_partition_event()); }
+TimeNs PlanePartitions::global_partition_event() const { return spread() ? global_next_ : next_partition_event(); }
+
+TimeNs PlanePartitions::next_event_time() const {
+  return std::min(control_.next_event_time(), global_partition_event());
+}
 
 bool PlanePartitions::step(TimeNs until) {
+  if (!synced_) {
+    sync({});
+  }
+  synced_ = false;
   const TimeNs tc = control_.next_event_time();
-  const TimeNs tp = next_partition_event();
+  const TimeNs tp = global_partition_event();
   if (std::min(tc, tp) == common::kForever || std::min(tc, tp) > until) {
     return false;
   }
@@ -334,17 +476,22 @@ bool PlanePartitions::step(TimeNs until) {
     const TimeNs last = std::min(end - 1, until);
     ++windows_;
     run_partitions_through(last);
-    deliver_mail();
     IFEC_CHECK(control_.next_event_time() >= tc, "a partition scheduled a control event at "
                                                      << control_.next_event_time() << " ns, before the window's end at "
                                                      << tc << " ns");
-    run_requests(last + 1);
+    exchange_window(last);
+    deliver_mail();
+    time_ = std::max(time_, last);
+    frontier_ = last + 1;
     return true;
   }
   for (auto* l : owned_) {
     l->advance_to(tc);
   }
   control_.run(tc);
+  time_ = std::max(time_, tc);
+  frontier_ = std::max(frontier_, tc);
+  deliver_replies();
   return true;
 }
 

@@ -20,6 +20,7 @@
 #include "ifec/routing/topology.h"
 #include "ifec/testbed/fabric.h"
 #include "ifec/testbed/in_process.h"
+#include "ifec/testbed/message_control.h"
 #include "ifec/testbed/partitions.h"
 #include "ifec/workloads/communicator.h"
 
@@ -37,6 +38,9 @@ struct ClusterOptions {
   // for the GPUs (endpoints, communicators, bootstrap), on N threads; the same result for every N (not the one
   // loop's: equal-time events between partitions meet in the mailboxes' order).
   int threads = 0;
+  // Spread over MPI processes (threads >= 1): rank 0 runs the GPUs, ranks 1.. the planes; every process makes
+  // the same calls on its Cluster, and the GPUs' results (windows, operations, their ports' counters) are rank 0's.
+  const Processes* processes = nullptr;
 };
 
 class Cluster {
@@ -49,7 +53,9 @@ class Cluster {
   // The GPUs' event loop (the whole fabric's when not partitioned): what their callbacks schedule on and read the
   // time of. Run the simulation with run/step/run_until, not this loop's run.
   common::EventLoop& loop() { return *gpus_; }
-  common::TimeNs now() const { return gpus_->now(); }
+  // The simulated time between steps: the same on every process of a spread run (inside the GPUs' events, their
+  // loop's time is the event's).
+  common::TimeNs now() const { return parts_ ? parts_->time() : gpus_->now(); }
   bool idle() const;
   common::TimeNs next_event_time() const;
   uint64_t events_run() const;
@@ -58,7 +64,13 @@ class Cluster {
   // Runs until done() holds (checked after every step), the simulation goes idle or its next event is past
   // `deadline`; returns done().
   bool run_until(const std::function<bool()>& done, common::TimeNs deadline);
-  void run(common::TimeNs until);                                     // every event up to `until`
+  void run(common::TimeNs until);  // every event up to `until`
+  // Spread over processes: whether this process runs the GPUs (and so the driver: operations, run_until). The
+  // others serve() instead, taking every step the GPUs' process takes, until it calls stop_serving() (or its
+  // Cluster goes); then both go on alike (counter sums).
+  bool runs_gpus() const;
+  void serve();
+  void stop_serving();
   const PlanePartitions* partitions() const { return parts_.get(); }  // null: one loop
   testbed::Fabric& fabric() { return *fabric_; }
   endpoint::Endpoint& ep(int gpu) { return *endpoints_.at(gpu); }
@@ -95,6 +107,9 @@ class Cluster {
   std::vector<workloads::CollectiveResult> run_ranks(int ranks, const RankStart& start, common::TimeNs limit);
 
  private:
+  void make_partitions(bool spread);
+  void serve_message(const std::vector<uint8_t>& m);
+
   struct RankSet {
     std::unique_ptr<InProcessBootstrap> boot;
     std::vector<std::unique_ptr<workloads::Communicator>> comms;
@@ -115,7 +130,9 @@ class Cluster {
   std::vector<std::unique_ptr<endpoint::Endpoint>> endpoints_;
   std::vector<std::vector<int>> used_ports_;  // per GPU: fabric port indices its endpoint owns
   uint64_t barrier_epoch_ = 0;
-  std::unique_ptr<InProcessControl> control_;
+  bool stopped_ = false;                              // stop_serving() done
+  std::unique_ptr<common::ControlPlane> control_;     // the GPUs' (partitioned: a MessageControlClient)
+  std::unique_ptr<InProcessControl> switch_control_;  // partitioned: what serves its messages, at the switches
   std::map<std::pair<std::vector<int>, int>, RankSet> rank_sets_;  // (GPUs, stream); after endpoints_: go first
 };
 

@@ -8,6 +8,7 @@
 
 #include "ifec/routing/topology.h"
 #include "ifec/testbed/collective_point.h"
+#include "ifec/testbed/partitions.h"
 
 namespace ifec::testbed {
 
@@ -16,6 +17,8 @@ inline constexpr uint64_t kPointMemoryBudget = 12ULL << 30;
 
 // Throws common::Error naming a bad value of `p` (size, dtype, members, loss, slot pool or budget, failures) or a
 // point too large for kPointMemoryBudget; a run that fails or computes a wrong result is a row with ok = false.
-CollectiveRow run_collective_point(const routing::Topology& topo, const CollectivePoint& p);
+// `procs`: one run spread over MPI processes (every process calls this alike; rank 0's row is the run's).
+CollectiveRow run_collective_point(const routing::Topology& topo, const CollectivePoint& p,
+                                   const Processes* procs = nullptr);
 
 }  // namespace ifec::testbed

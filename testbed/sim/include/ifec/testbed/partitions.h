@@ -18,11 +18,19 @@
 // The endpoint runtime (collectives, MoE: Cluster with threads) adds one more partition, the GPUs': every endpoint,
 // its communicators and their in-process bootstrap share it, and each GPU's links to its switches join it to the
 // planes' partitions (the GPU-to-switch delay is the lookahead). Its calls to switches (the control plane's
-// reservations and window registrations) are requests (control_requests): they run on the control loop at the
-// window's end, in the order made, and their answers come back to the GPUs' partition at that time.
+// reservations and window registrations) are byte messages (post_message): each runs on the control loop at the
+// end of the window it was made in (or at once between windows), in the order made, and its answer (reply) comes
+// back to the GPUs' partition after that time's control events, in the same order.
+//
+// Spread over MPI processes with the GPUs' partition (mpirun -np N ifec ... --collective, bench moe): rank 0 runs
+// the GPUs, ranks 1.. the planes. Each step then starts with an exchange (every process's next event, rank 0's
+// messages, whether the caller's run is done: sync), a window ends with one (the frames that cross processes, to
+// the process that receives them, and the window's messages, to every process) and so does a control step (the
+// answers, to rank 0). Every process runs the same steps, so the run is the one a single process gives.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +39,17 @@
 
 namespace ifec::testbed {
 
+// The processes one partitioned run spans (MPI ranks: testbed/mpi makes this from MPI_COMM_WORLD). Every process
+// runs the same command; each runs its share of the partitions, and rank 0 reports the whole run.
+struct Processes {
+  int rank = 0;
+  int size = 1;
+  std::function<void(std::vector<uint64_t>&)> sum;  // element-wise sum over every process, in place (collective)
+  // Every process hands out[p] to process p and gets what each process handed it (a collective call).
+  using Bytes = std::vector<uint8_t>;
+  std::function<std::vector<Bytes>(const std::vector<Bytes>& out)> exchange;
+};
+
 class PlanePartitions {
  public:
   // `planes` partitions (>= 1) run by `threads` threads (1..planes; plane p on thread p % threads). Spread over
@@ -38,7 +57,9 @@ class PlanePartitions {
   // (on its threads) and the control loop, which every process runs alike; the others' partitions stay unrun here.
   // With `gpu_partition`, one more partition (index `planes`, gpu_loop()) that thread 0 runs alone when there are
   // more threads, and rank 0 when there are more processes.
-  PlanePartitions(int planes, int threads, int rank = 0, int processes = 1, bool gpu_partition = false);
+  // With `gpu_partition` over processes, `procs` carries the exchanges.
+  PlanePartitions(int planes, int threads, int rank = 0, int processes = 1, bool gpu_partition = false,
+                  const Processes* procs = nullptr);
   ~PlanePartitions();
   PlanePartitions(const PlanePartitions&) = delete;
   PlanePartitions& operator=(const PlanePartitions&) = delete;
@@ -54,9 +75,34 @@ class PlanePartitions {
   int threads() const { return threads_; }
   int partitions() const { return static_cast<int>(loops_.size()); }
   int planes() const { return partitions() - (gpu_partition_ ? 1 : 0); }
-  // Runs fn on the control loop at the end of the window partition `from` makes the call in (or at once, when made
-  // between windows); calls run in the order (partition, order made). Only partition `from`'s thread may call it.
-  std::function<void(std::function<void()>)> control_requests(int from);
+  // Control messages (see above). post_message: from the GPUs' partition's thread (or between steps); ignored
+  // on a process that does not run the GPUs. on_message's handler runs on every process's control loop; the
+  // process that answers calls reply() from within it; on_reply's handler gets each answer on the GPUs' process.
+  void post_message(std::vector<uint8_t> msg);
+  void on_message(std::function<void(const std::vector<uint8_t>&)> fn) { on_message_ = std::move(fn); }
+  void reply(std::vector<uint8_t> msg);
+  void on_reply(std::function<void(std::vector<uint8_t>)> fn) { on_reply_ = std::move(fn); }
+  // Frames between processes: the sending end of a link from partition `from` to `to` (owned by another process)
+  // sends through remote_sender (key: which end receives, the caller's numbering); the receiving process hands
+  // each to on_remote_frame's handler at its arrival time, in the mailboxes' order.
+  common::LinkPort::Remote remote_sender(int from, int to, uint32_t key);
+  void on_remote_frame(std::function<void(uint32_t key, std::vector<uint8_t>&&, uint64_t epoch)> fn) {
+    on_remote_frame_ = std::move(fn);
+  }
+  // Whether partition `to`'s frames from `from` cross processes.
+  bool remote(int from, int to) const { return process_of(from) != process_of(to); }
+  // A turn of a run loop as the GPUs' process (which runs the driver) sees it: whether its run is done, its deadline,
+  // and whether it stops the others serving (Cluster::serve).
+  struct Turn {
+    bool done = false;
+    common::TimeNs deadline = 0;
+    bool stop = false;
+  };
+  // Every process: the next event anywhere and the GPUs' process's messages; returns that process's turn (a
+  // collective call over processes; step() makes it when the caller did not). Run loops call it each turn.
+  Turn sync(Turn turn);
+  bool spread() const { return gpu_partition_ && processes_ > 1; }
+  int rank() const { return rank_; }
 
   // Runs every event up to and including `until` in windows as above, then sets every time to `until` (when
   // finite); returns how many events ran. An event a partition puts on the control loop earlier than the window's
@@ -66,11 +112,14 @@ class PlanePartitions {
   // past the earliest one) or the control events of one time. False when nothing waits up to `until`.
   bool step(common::TimeNs until = common::kForever);
   common::TimeNs now() const { return control_.now(); }
-  common::TimeNs next_event_time() const;
+  // The time every process's partitions have reached: the last window's last nanosecond, or the last control time.
+  common::TimeNs time() const { return time_; }
+  common::TimeNs next_event_time() const;  // spread: as of the last sync
   bool idle() const;
   uint64_t events_run() const;  // this process's loops', the control loop's included
   uint64_t control_events() const { return control_.events_run(); }
   bool owns(int partition) const { return process_of(partition) == rank_; }
+  int process_of(int partition) const;
   uint64_t windows_run() const { return windows_; }
   // "8 partitions (one per plane) on 2 threads: planes 0 2 4 6 | 1 3 5 7"; over processes: "... on 2 processes
   // x 1 thread: rank 0 planes 0 2 4 6 | rank 1 planes 1 3 5 7"
@@ -79,23 +128,45 @@ class PlanePartitions {
  private:
   class Mailbox;
   class Workers;
-  int process_of(int partition) const;
+  struct RemoteFrame {
+    int from;
+    int to;
+    common::TimeNs at;
+    uint32_t key;
+    uint64_t epoch;
+    std::vector<uint8_t> frame;
+  };
   int thread_of(int partition) const;
-  common::TimeNs next_partition_event() const;
-  void run_requests(common::TimeNs at);              // the control requests made in the window that ends at `at`
+  common::TimeNs next_partition_event() const;    // this process's partitions'
+  common::TimeNs global_partition_event() const;  // every process's (spread: as of the last sync)
+  Mailbox& mail(int from, int to);
+  void schedule_messages(std::vector<std::vector<uint8_t>> msgs, common::TimeNs at);
+  void exchange_window(common::TimeNs last);         // frames to their processes, the window's messages to every one
+  void deliver_replies();                            // the control step's answers to the GPUs' process, in order
   void run_partitions_through(common::TimeNs last);  // every partition's events up to `last`, on the threads
   void deliver_mail();                               // every mailbox's events into their partitions, in order
 
   common::EventLoop control_;
-  std::vector<std::unique_ptr<common::EventLoop>> loops_;     // [partition]: the planes', then the GPUs'
-  std::vector<common::EventLoop*> owned_;                     // this process's partitions
-  std::vector<std::vector<common::EventLoop*>> by_thread_;    // [thread]: the owned partitions it runs
-  std::vector<std::unique_ptr<Mailbox>> mail_;                // [from * partitions + to], made on first use
-  std::vector<std::vector<std::function<void()>>> requests_;  // [partition]: control requests of this window
-  std::unique_ptr<Workers> workers_;                          // threads 1.. (thread 0 is the caller)
+  std::vector<std::unique_ptr<common::EventLoop>> loops_;   // [partition]: the planes', then the GPUs'
+  std::vector<common::EventLoop*> owned_;                   // this process's partitions
+  std::vector<std::vector<common::EventLoop*>> by_thread_;  // [thread]: the owned partitions it runs
+  std::vector<std::unique_ptr<Mailbox>> mail_;              // [from * partitions + to], made on first use
+  const Processes* procs_ = nullptr;
+  std::vector<std::vector<uint8_t>> messages_;  // posted since the last exchange (the GPUs' process only)
+  std::function<void(const std::vector<uint8_t>&)> on_message_;
+  std::function<void(std::vector<uint8_t>)> on_reply_;
+  uint64_t messages_seen_ = 0;  // messages scheduled so far (the same count on every process)
+  uint64_t handling_ = 0;       // the message whose handler runs (its answers carry it)
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> replies_;  // made in this control step, here
+  std::vector<std::vector<RemoteFrame>> outbox_;                    // [sending partition]: this window's
+  std::function<void(uint32_t, std::vector<uint8_t>&&, uint64_t)> on_remote_frame_;
+  common::TimeNs time_ = 0;
+  common::TimeNs frontier_ = 0;  // where between-window messages go: the last window's end or control time
+  common::TimeNs global_next_ = common::kForever;  // spread: every process's next partition event, at the last sync
+  bool synced_ = false;
+  std::unique_ptr<Workers> workers_;  // threads 1.. (thread 0 is the caller)
   common::TimeNs lookahead_ = common::kForever;
   common::TimeNs window_last_ = 0;  // the window being run: its partitions' events up to this time
-  bool in_window_ = false;
   int threads_;
   int rank_;
   int processes_;

@@ -10,17 +10,10 @@
 #include "ifec/routing/topology.h"
 #include "ifec/switchemu/switch.h"
 #include "ifec/testbed/link_events.h"
+#include "ifec/testbed/partitions.h"
 #include "ifec/testbed/raw_traffic.h"
 
 namespace ifec::testbed {
-
-// The processes one partitioned run spans (MPI ranks: testbed/mpi makes this from MPI_COMM_WORLD). Every process
-// runs the same command; each runs its share of the planes, and rank 0 reports the whole run.
-struct Processes {
-  int rank = 0;
-  int size = 1;
-  RawTraffic::SumFn sum;  // element-wise sum over every process, in place (a collective call)
-};
 
 struct SimOptions {
   std::string topo_path;
