@@ -223,3 +223,24 @@ def test_mpirun_two_processes_give_the_threads_collective_run(repo, build_dir):
         assert len(one) == 1 and one[0]["ok"] and one[0]["wrong"] == 0, one
         assert any("frames lost" in f for f in one[0]["faults"])
         assert two == one, (topo, algo)
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (./ifec setup)")
+def test_mpirun_two_processes_give_the_threads_moe_rows(repo, build_dir):
+    """bench moe under mpirun: every variant's fabric (and the two micro-batches') spread over two processes gives
+    the rows of the one-process partitioned run."""
+    cli = str(build_dir / "bin" / "ifec-cli")
+    if not (build_dir / "bin" / "ifec-cli-moe").exists():
+        pytest.skip("built without LibTorch: no bench moe")
+    mpirun = ["mpirun", "--oversubscribe", "-np", "2"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    args = ["bench", "moe", "--ep", "8", "--mode", "normal", "--token-cap", "8", "--jobs", "1", "--threads", "1",
+            "--overlap", "--topo", str(repo / "testbed" / "topologies" / "superpod-8x2.yaml")]
+
+    def rows(cmd):
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return [line for line in out.stdout.splitlines() if line.startswith(" normal")]
+
+    one = rows([cli] + args)
+    assert len(one) == 3
+    assert rows(mpirun + [cli] + args) == one

@@ -151,6 +151,25 @@ bool payload_elided(const Args& a) {
   return ifec::cli::parse_choice(a.get("--payload", "real"), "--payload", {"real", "elided"}) == "elided";
 }
 
+// Started by mpirun (and built with MPI): the processes one endpoint-runtime run spreads over, for the life of
+// this object; rank 0 prints, the others' standard output goes nowhere. procs null: one process.
+struct SpreadRun {
+  const tb::Processes* procs = nullptr;
+#ifdef IFEC_HAVE_MPI
+  std::unique_ptr<tb::MpiProcesses> mpi;
+  SpreadRun() {
+    if (!tb::launched_by_mpirun()) return;
+    mpi = std::make_unique<tb::MpiProcesses>();
+    procs = mpi->processes().size > 1 ? &mpi->processes() : nullptr;
+    if (procs != nullptr && procs->rank != 0) {
+      IFEC_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr,
+                 "rank " << procs->rank << ": /dev/null: " << std::strerror(errno));
+    }
+  }
+#endif
+  bool reports() const { return procs == nullptr || procs->rank == 0; }
+};
+
 int run_sim_collective(const Args& a) {
   refuse(a, kRawOnly, "--collective");
   IFEC_CHECK(a.has("--topo"), "--topo FILE is required");
@@ -183,19 +202,9 @@ int run_sim_collective(const Args& a) {
     sizes = ifec::cli::parse_sizes(a.get("--bytes"), "--bytes");
   }
   const ifec::routing::Topology topo = topology(a);
-  const tb::Processes* procs = nullptr;
-#ifdef IFEC_HAVE_MPI
-  // Started by mpirun: each point spread over the processes (rank 0 the GPUs, the others the planes); rank 0 prints.
-  std::unique_ptr<tb::MpiProcesses> mpi;
-  if (tb::launched_by_mpirun()) {
-    mpi = std::make_unique<tb::MpiProcesses>();
-    procs = mpi->processes().size > 1 ? &mpi->processes() : nullptr;
-  }
-#endif
-  if (procs != nullptr && procs->rank != 0) {
-    IFEC_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr,
-               "rank " << procs->rank << ": /dev/null: " << std::strerror(errno));
-  }
+  // Started by mpirun: each point spread over the processes (rank 0 the GPUs, the others the planes).
+  SpreadRun spread;
+  const tb::Processes* procs = spread.procs;
   // Whether rank 0's row went well (every process takes the same next step).
   auto agreed = [procs](bool ok) {
     if (procs == nullptr) return ok;
@@ -247,8 +256,8 @@ int run_sim_collective(const Args& a) {
       std::printf("%s", l.c_str());
     }
   }
-  if (procs != nullptr && procs->rank != 0) {
-    return 0;  // rank 0 reports
+  if (!spread.reports()) {
+    return 0;
   }
   if (failures > 0 && !json) {
     std::fprintf(stderr, "ifec sim: %d of %zu rows failed or were wrong\n", failures, sizes.size());
@@ -805,6 +814,8 @@ int run_bench_moe(const Args& a) {
   if (a.has("--gpu-profile")) {
     cfg.profile = ifec::workloads::load_gpu_profile(a.get("--gpu-profile"));
   }
+  SpreadRun spread;  // under mpirun: each variant's fabric spread over the processes, rank 0 prints
+  cfg.processes = spread.procs;
   print_moe_header(cfg, eps, cap);
   std::vector<tb::MoePoint> points;
   for (const std::string& m : modes) {
@@ -812,7 +823,10 @@ int run_bench_moe(const Args& a) {
       points.push_back({m, static_cast<int>(ep), m == "normal" ? 4096 : 128});
     }
   }
-  const auto rows = tb::run_moe_points(cfg, points, variants, jobs, print_progress);
+  const auto rows = tb::run_moe_points(cfg, points, variants, jobs, spread.reports() ? print_progress : nullptr);
+  if (!spread.reports()) {
+    return 0;
+  }
   std::string csv;
   std::string json = "[";
   int wrong = 0;

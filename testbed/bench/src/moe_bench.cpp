@@ -43,15 +43,22 @@ std::vector<MoeRow> run_moe_points(const MoeRunConfig& cfg, const std::vector<Mo
   quiet.progress = nullptr;
   pj.run = [&](size_t i) {
     try {
-      rows[i] = run_moe_point(quiet, points[i / nv], {variants[i % nv]}).at(0);
+      std::vector<MoeRow> got = run_moe_point(quiet, points[i / nv], {variants[i % nv]});
+      if (!got.empty()) {  // none on a process that serves rank 0's fabrics
+        rows[i] = std::move(got[0]);
+      }
     } catch (const std::exception& e) {
       errors[i] = e.what();
     }
   };
   pj.progress = progress;
-  run_parallel(pj, jobs);
+  const bool spread = cfg.processes != nullptr && cfg.processes->size > 1;
+  run_parallel(pj, spread ? 1 : jobs);  // over processes, every process takes the points in one order
   for (const std::string& e : errors) {
     IFEC_CHECK(e.empty(), e);
+  }
+  if (spread && cfg.processes->rank != 0) {
+    return {};
   }
   return rows;
 }

@@ -78,6 +78,10 @@ ClusterOptions cluster_options(const MoeRunConfig& cfg) {
   o.fabric.seed = cfg.seed;
   o.fabric.elided_payloads = cfg.elided_payloads;
   o.threads = cfg.threads;
+  o.processes = cfg.processes;
+  if (cfg.processes != nullptr && cfg.processes->size > 1) {
+    o.threads = std::max(o.threads, 1);
+  }
   o.endpoint.ordering = endpoint::Ordering::kWeak;
   return o;
 }
@@ -165,6 +169,15 @@ void validate_moe_point(const MoeRunConfig& cfg, const MoePoint& p) {
 
 std::vector<MoeRow> run_moe_point(const MoeRunConfig& cfg, const MoePoint& p, const std::vector<MoeVariant>& variants) {
   validate_moe_point(cfg, p);
+  if (cfg.processes != nullptr && cfg.processes->size > 1 && cfg.processes->rank != 0) {
+    // A process of planes only: the fabrics rank 0 makes, in its order (a variant's, then with overlap its two
+    // halves' and the two micro-batches'), each served until rank 0 is done with it.
+    for (size_t i = 0; i < variants.size() * (cfg.overlap ? 4 : 1); ++i) {
+      Cluster c(cfg.topo, cluster_options(cfg));
+      c.serve();
+    }
+    return {};
+  }
   const int64_t sim_tokens = cfg.token_cap > 0 ? std::min(p.tokens, cfg.token_cap) : p.tokens;
   const double scale = static_cast<double>(p.tokens) / static_cast<double>(sim_tokens);
   const PointInputs in = make_inputs(cfg, p, sim_tokens);

@@ -34,6 +34,9 @@ struct MoeRunConfig {
   GpuProfile profile;
   uint64_t seed = 1;
   int threads = 0;  // ClusterOptions::threads: 0 one event loop, N partitioned on N threads (the same rows for any N)
+  // Every fabric spread over MPI processes (ClusterOptions::processes): rank 0 runs the points and returns the rows,
+  // the others serve its fabrics and return none.
+  const Processes* processes = nullptr;
   std::function<void(const std::string&)> progress;  // one line per finished variant
 };
 
