@@ -50,9 +50,10 @@ struct PhaseMeter {
   common::TimeNs t0;
   PortTotals before;
   PhaseMeter(Cluster& cluster, int n) : c(cluster), ranks(n), t0(cluster.now()), before(gpu_totals(cluster, n)) {}
-  // `end`: when the phase's last rank finished (a partitioned run's steps may have gone past it).
-  void finish(MoePhase* out, common::TimeNs end) const {
-    out->us = (end - t0) / 1e3;
+  // From the first rank's start to the last one's end: a partitioned run's steps may go past either (its
+  // communicators' first initialisation waits for switch answers at a window's end).
+  void finish(MoePhase* out, const CollectiveResult& r) const {
+    out->us = (r.end_ns - std::max(t0, r.start_ns)) / 1e3;
     const PortTotals after = gpu_totals(c, ranks);
     out->wire_per_plane.assign(after.tx_per_plane.size(), 0);
     out->wire_bytes = 0;
@@ -300,7 +301,7 @@ class MoeLayerRun {
     if (!note_phase(name, r, res_)) {
       return false;
     }
-    meter.finish(out, r.end_ns);
+    meter.finish(out, r);
     return true;
   }
 
