@@ -244,13 +244,13 @@ namespace {
 using Bytes = std::vector<uint8_t>;
 
 void put_messages(common::ByteWriter& w, const std::vector<Bytes>& msgs) {
-  w.put<uint32_t>(static_cast<uint32_t>(msgs.size()));
-  for (const Bytes& m : msgs) w.bytes(m.data(), m.size());
+  w.u32(static_cast<uint32_t>(msgs.size()));
+  for (const Bytes& m : msgs) w.blob(m);
 }
 
 std::vector<Bytes> get_messages(common::ByteReader& r) {
-  std::vector<Bytes> msgs(r.get<uint32_t>("message count"));
-  for (Bytes& m : msgs) m = r.bytes("message");
+  std::vector<Bytes> msgs(r.count("message count", 4));
+  for (Bytes& m : msgs) m = r.blob("message");
   return msgs;
 }
 
@@ -264,24 +264,26 @@ PlanePartitions::Turn PlanePartitions::sync(Turn turn) {
     return turn;
   }
   // To every process: this one's next partition event, and from the GPUs' process its turn and messages.
-  Bytes mine;
-  common::ByteWriter w(mine);
-  w.put<TimeNs>(next_partition_event()).put<uint8_t>(turn.done ? 1 : 0).put<uint8_t>(turn.stop ? 1 : 0);
-  w.put<TimeNs>(turn.deadline);
+  common::ByteWriter w;
+  w.u64(next_partition_event());
+  w.boolean(turn.done);
+  w.boolean(turn.stop);
+  w.u64(turn.deadline);
   put_messages(w, messages_);
+  const Bytes mine = w.take();
   messages_.clear();
   const std::vector<Bytes> in = procs_->exchange(std::vector<Bytes>(processes_, mine));
   global_next_ = common::kForever;
   Turn gpus;
   for (int p = 0; p < processes_; ++p) {
-    common::ByteReader r(in[p].data(), in[p].size(), "sync from rank " + std::to_string(p));
-    global_next_ = std::min(global_next_, r.get<TimeNs>("next event"));
+    common::ByteReader r(in[p], "sync from rank " + std::to_string(p));
+    global_next_ = std::min(global_next_, r.u64("next event"));
     Turn t;
-    t.done = r.get<uint8_t>("done") != 0;
-    t.stop = r.get<uint8_t>("stop") != 0;
-    t.deadline = r.get<TimeNs>("deadline");
+    t.done = r.boolean("done");
+    t.stop = r.boolean("stop");
+    t.deadline = r.u64("deadline");
     std::vector<Bytes> msgs = get_messages(r);
-    r.expect_end();
+    r.end("a sync");
     if (p == process_of(gpu_partition())) {
       gpus = t;
       schedule_messages(std::move(msgs), frontier_);
@@ -298,35 +300,40 @@ void PlanePartitions::exchange_window(TimeNs last) {
   }
   std::vector<Bytes> out(processes_);
   for (int p = 0; p < processes_; ++p) {  // the window's messages to every process, then the frames for it
-    common::ByteWriter w(out[p]);
+    common::ByteWriter w;
     put_messages(w, messages_);
     uint32_t frames = 0;
     for (const auto& box : outbox_) {
       for (const RemoteFrame& f : box) frames += process_of(f.to) == p ? 1 : 0;
     }
-    w.put<uint32_t>(frames);
+    w.u32(frames);
     for (const auto& box : outbox_) {
       for (const RemoteFrame& f : box) {
         if (process_of(f.to) != p) continue;
-        w.put<int32_t>(f.from).put<int32_t>(f.to).put<TimeNs>(f.at).put<uint32_t>(f.key).put<uint64_t>(f.epoch);
-        w.bytes(f.frame.data(), f.frame.size());
+        w.i32(f.from);
+        w.i32(f.to);
+        w.u64(f.at);
+        w.u32(f.key);
+        w.u64(f.epoch);
+        w.blob(f.frame);
       }
     }
+    out[p] = w.take();
   }
   messages_.clear();
   for (auto& box : outbox_) box.clear();
   const std::vector<Bytes> in = procs_->exchange(out);
   for (int p = 0; p < processes_; ++p) {
-    common::ByteReader r(in[p].data(), in[p].size(), "window from rank " + std::to_string(p));
+    common::ByteReader r(in[p], "window from rank " + std::to_string(p));
     std::vector<Bytes> msgs = get_messages(r);
     if (p == process_of(gpu_partition())) schedule_messages(std::move(msgs), last + 1);
-    for (uint32_t k = r.get<uint32_t>("frame count"); k > 0; --k) {
-      const int from = r.get<int32_t>("from");
-      const int to = r.get<int32_t>("to");
-      const TimeNs at = r.get<TimeNs>("arrival");
-      const uint32_t key = r.get<uint32_t>("key");
-      const uint64_t epoch = r.get<uint64_t>("epoch");
-      auto frame = std::make_shared<Bytes>(r.bytes("frame"));
+    for (uint32_t k = r.count("frame count", 32); k > 0; --k) {
+      const int from = r.i32("from");
+      const int to = r.i32("to");
+      const TimeNs at = r.u64("arrival");
+      const uint32_t key = r.u32("key");
+      const uint64_t epoch = r.u64("epoch");
+      auto frame = std::make_shared<Bytes>(r.blob("frame"));
       IFEC_CHECK(from >= 0 && from < partitions() && to >= 0 && to < partitions() && owns(to) && at > last,
                  "frame from rank " << p << " for partition " << to << " from " << from << " at " << at
                                     << " ns: not this process's, or inside the window that ended at " << last);
@@ -335,7 +342,7 @@ void PlanePartitions::exchange_window(TimeNs last) {
       mail(from, to).events_.push_back(
           {at, [this, key, epoch, frame] { on_remote_frame_(key, std::move(*frame), epoch); }, data, bytes});
     }
-    r.expect_end();
+    r.end("a window's frames");
   }
 }
 
@@ -344,21 +351,23 @@ void PlanePartitions::deliver_replies() {
   replies_.clear();
   if (spread()) {  // every process's answers to the GPUs' process
     std::vector<Bytes> out(processes_);
-    common::ByteWriter w(out[process_of(gpu_partition())]);
-    w.put<uint32_t>(static_cast<uint32_t>(got.size()));
+    common::ByteWriter w;
+    w.u32(static_cast<uint32_t>(got.size()));
     for (const auto& [seq, msg] : got) {
-      w.put<uint64_t>(seq).bytes(msg.data(), msg.size());
+      w.u64(seq);
+      w.blob(msg);
     }
+    out[process_of(gpu_partition())] = w.take();
     const std::vector<Bytes> in = procs_->exchange(out);
     got.clear();
     for (int p = 0; p < processes_; ++p) {
       if (in[p].empty()) continue;
-      common::ByteReader r(in[p].data(), in[p].size(), "answers from rank " + std::to_string(p));
-      for (uint32_t k = r.get<uint32_t>("answer count"); k > 0; --k) {
-        const uint64_t seq = r.get<uint64_t>("message");
-        got.push_back({seq, r.bytes("answer")});
+      common::ByteReader r(in[p], "answers from rank " + std::to_string(p));
+      for (uint32_t k = r.count("answer count", 12); k > 0; --k) {
+        const uint64_t seq = r.u64("message");
+        got.push_back({seq, r.blob("answer")});
       }
-      r.expect_end();
+      r.end("the answers");
     }
   }
   std::stable_sort(got.begin(), got.end(), [](const auto& a, const auto& b) { return a.first < b.first; });

@@ -1,12 +1,11 @@
-// Little-endian byte messages between the processes of one simulation (frames crossing MPI processes, control
-// calls as messages): a writer that appends fixed-width fields and strings, and a reader that bounds-checks every
-// field, so a truncated or garbled message is an Error naming what it lacked, never a read past its end.
+// Little-endian byte messages between the processes of one simulation (control calls, frames crossing MPI
+// processes): a writer of fixed-width fields, strings and blobs, and a reader that names every field it reads and
+// bounds-checks it, so a truncated or garbled message is an Error saying where and what, never a read past its end.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -16,65 +15,111 @@ namespace ifec::common {
 
 class ByteWriter {
  public:
-  explicit ByteWriter(std::vector<uint8_t>& out) : out_(out) {}
-  template <typename T>
-  ByteWriter& put(T v) {  // an integer, a bool or a double, its bytes as stored (little-endian here)
-    static_assert(std::is_arithmetic_v<T>, "put() takes numbers");
-    const size_t at = out_.size();
-    out_.resize(at + sizeof(T));
-    std::memcpy(out_.data() + at, &v, sizeof(T));
-    return *this;
+  void u8(uint8_t v) { bytes_.push_back(v); }
+  void u16(uint16_t v) { put(v, 2); }
+  void u32(uint32_t v) { put(v, 4); }
+  void u64(uint64_t v) { put(v, 8); }
+  void i32(int32_t v) { u32(static_cast<uint32_t>(v)); }
+  void boolean(bool v) { u8(v ? 1 : 0); }
+  void f64(double v) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    u64(bits);
   }
-  ByteWriter& bytes(const void* p, size_t n) {  // a u32 length, then the bytes
-    put<uint32_t>(static_cast<uint32_t>(n));
-    const auto* b = static_cast<const uint8_t*>(p);
-    out_.insert(out_.end(), b, b + n);
-    return *this;
+  void str(const std::string& s) {
+    IFEC_CHECK(s.size() <= UINT32_MAX, "byte message: a string of " << s.size() << " bytes");
+    u32(static_cast<uint32_t>(s.size()));
+    bytes_.insert(bytes_.end(), s.begin(), s.end());
   }
-  ByteWriter& str(const std::string& s) { return bytes(s.data(), s.size()); }
+  void blob(const std::vector<uint8_t>& b) {  // a u32 length, then the bytes
+    IFEC_CHECK(b.size() <= UINT32_MAX, "byte message: a blob of " << b.size() << " bytes");
+    u32(static_cast<uint32_t>(b.size()));
+    bytes_.insert(bytes_.end(), b.begin(), b.end());
+  }
+  std::vector<uint8_t> take() { return std::move(bytes_); }
 
  private:
-  std::vector<uint8_t>& out_;
+  void put(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) {
+      bytes_.push_back(static_cast<uint8_t>(v >> (8 * i)));
+    }
+  }
+  std::vector<uint8_t> bytes_;
 };
 
+// Every read names its field, so an error says where a message went wrong and what was being read there.
+// Every read names its field, so an error says where a message went wrong and what was being read there.
 class ByteReader {
  public:
-  // `what` names the message in errors ("control request", "frames from rank 1").
-  ByteReader(const uint8_t* p, size_t n, std::string what) : p_(p), n_(n), what_(std::move(what)) {}
-  template <typename T>
-  T get(const char* field) {
-    static_assert(std::is_arithmetic_v<T>, "get() takes numbers");
-    need(sizeof(T), field);
-    T v;
-    std::memcpy(&v, p_ + at_, sizeof(T));
-    at_ += sizeof(T);
+  // `what` names the message in errors ("control request", "window from rank 1"); `msg` outlives the reader.
+  ByteReader(const std::vector<uint8_t>& msg, std::string what) : msg_(msg), what_(std::move(what)) {}
+  const char* what() const { return what_.c_str(); }
+  size_t pos() const { return pos_; }
+
+  uint8_t u8(const char* field) { return static_cast<uint8_t>(get(1, field)); }
+  uint16_t u16(const char* field) { return static_cast<uint16_t>(get(2, field)); }
+  uint32_t u32(const char* field) { return static_cast<uint32_t>(get(4, field)); }
+  uint64_t u64(const char* field) { return get(8, field); }
+  int32_t i32(const char* field) { return static_cast<int32_t>(u32(field)); }
+  bool boolean(const char* field) {
+    const size_t at = pos_;
+    const uint8_t b = u8(field);
+    IFEC_CHECK(b <= 1, what_ << ": " << field << " at byte " << at << " is " << int{b} << ", not a bool (0 or 1)");
+    return b == 1;
+  }
+  double f64(const char* field) {
+    const uint64_t bits = u64(field);
+    double v;
+    std::memcpy(&v, &bits, sizeof v);
     return v;
   }
-  std::vector<uint8_t> bytes(const char* field) {
-    const uint32_t n = get<uint32_t>(field);
+  std::vector<uint8_t> blob(const char* field) {
+    const uint32_t n = u32(field);
     need(n, field);
-    std::vector<uint8_t> v(p_ + at_, p_ + at_ + n);
-    at_ += n;
-    return v;
+    std::vector<uint8_t> b(msg_.begin() + pos_, msg_.begin() + pos_ + n);
+    pos_ += n;
+    return b;
   }
   std::string str(const char* field) {
-    const std::vector<uint8_t> v = bytes(field);
-    return std::string(v.begin(), v.end());
+    const uint32_t n = u32(field);
+    need(n, field);
+    std::string s(msg_.begin() + pos_, msg_.begin() + pos_ + n);
+    pos_ += n;
+    return s;
   }
-  bool done() const { return at_ == n_; }
-  size_t offset() const { return at_; }
-  // Throws unless every byte was read.
-  void expect_end() const { IFEC_CHECK(at_ == n_, what_ << ": " << n_ - at_ << " trailing bytes after byte " << at_); }
+  // An element count, checked against the bytes left (elements of at least `min_bytes` each) before anything is
+  // allocated for it: a garbage count fails here instead of reserving gigabytes.
+  uint32_t count(const char* field, size_t min_bytes) {
+    const size_t at = pos_;
+    const uint32_t n = u32(field);
+    IFEC_CHECK(n * min_bytes <= left(), what_ << ": " << field << " count " << n << " at byte " << at << " needs "
+                                              << n * min_bytes << " bytes or more, " << left() << " left");
+    return n;
+  }
+  void end(const std::string& of) {
+    IFEC_CHECK(left() == 0, what_ << ": " << left() << " trailing bytes after byte " << pos_ << " (the end of " << of
+                                  << ", " << msg_.size() << " bytes in all)");
+  }
 
  private:
-  void need(size_t k, const char* field) const {
-    IFEC_CHECK(k <= n_ - at_, what_ << ": truncated at byte " << at_ << " of " << n_ << " (reading " << field << ", "
-                                    << k << " bytes)");
+  size_t left() const { return msg_.size() - pos_; }
+  void need(size_t n, const char* field) {
+    IFEC_CHECK(n <= left(), what_ << ": truncated at byte " << pos_ << " reading " << field << " (" << n << " bytes, "
+                                  << left() << " left)");
   }
-  const uint8_t* p_;
-  size_t n_;
-  size_t at_ = 0;
+  uint64_t get(size_t n, const char* field) {
+    need(n, field);
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i) {
+      v |= uint64_t{msg_[pos_ + i]} << (8 * i);
+    }
+    pos_ += n;
+    return v;
+  }
+
+  const std::vector<uint8_t>& msg_;
   std::string what_;
+  size_t pos_ = 0;
 };
 
 }  // namespace ifec::common
