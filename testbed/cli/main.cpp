@@ -626,7 +626,8 @@ int run_bench_sim(const Args& a) {
 const char* const kScaleNotBuilt =
     "# not in this bench: MoE at EP 256, 4096 tokens per GPU, every variant, elided (target under 15 minutes each:\n"
     "#   ./ifec bench moe --ep 256 --mode normal --payload elided --topo testbed/topologies/superpod-256x8.yaml);\n"
-    "# not built: collectives and MoE over threads and processes (raw traffic only so far)\n";
+    "# collectives and MoE run partitioned too (sim --collective and bench moe: --threads N, or under mpirun), the\n"
+    "#   same rows whatever the threads or processes; their speedup is bounded by the GPUs' one partition\n";
 
 // This program's path (what mpirun starts for bench scale's runs over processes).
 std::string self_path() {

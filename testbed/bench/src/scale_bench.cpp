@@ -95,17 +95,19 @@ ChildFigures run_mpirun(const ScaleScenario& s, bool progress, const std::string
   return f;
 }
 
-// An AllReduce over every GPU of `topo` (run_collective_point: a fresh fabric and cluster, one event loop).
+// An AllReduce over every GPU of `topo` (run_collective_point: a fresh fabric and cluster, on one event loop or
+// partitioned with the GPUs' partition on `s.threads` threads).
 void run_allreduce(const ScaleScenario& s, const routing::Topology& topo, ChildFigures& f) {
   CollectivePoint p;
   p.kind = workloads::Collective::kAllReduce;
   p.algo = workloads::parse_algo(s.allreduce);
   p.bytes = s.bytes;
   p.elided_payloads = s.elided_payloads;
+  p.threads = s.threads;
   const CollectiveRow r = run_collective_point(topo, p);
   IFEC_CHECK(r.ok, "AllReduce " << s.allreduce << " failed: " << r.error);
   f.complete = r.fell_back ? 0 : 1;
-  f.one_loop = 1;
+  f.one_loop = s.threads == 0 ? 1 : 0;
   f.events = r.sim_events;
   f.frame_hops = r.frame_hops;
   f.sim_seconds = r.sim_seconds;
@@ -223,8 +225,10 @@ std::string ScaleScenario::traffic() const {
 }
 
 std::string ScaleScenario::describe() const {
-  if (!allreduce.empty()) {
-    return traffic();
+  if (!allreduce.empty()) {  // one event loop, or partitioned with the GPUs' partition on N threads
+    return traffic() + (threads == 0   ? ""
+                        : threads == 1 ? ", partitioned"
+                                       : ", " + std::to_string(threads) + " threads");
   }
   if (processes > 1) {
     return traffic() + ", mpirun -np " + std::to_string(processes);
@@ -265,6 +269,12 @@ std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool qui
                                   target,
                                   one_loop,
                                   make(ft, Pattern::kPermutation, 2 * mib, true)};
+  for (int threads : {1, 2}) {  // the endpoint runtime partitioned: the GPUs' partition beside the planes'
+    ScaleScenario ring = make(pod, Pattern::kPermutation, 16 * mib, true);
+    ring.allreduce = "ring";
+    ring.threads = threads;
+    v.push_back(ring);
+  }
   for (const ScaleScenario& base : {pod_a2a, ft_perm}) {
     v.push_back(threaded(base, 2));
     ScaleScenario over = base;

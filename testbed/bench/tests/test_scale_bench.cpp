@@ -133,12 +133,14 @@ TEST(ScaleBench, AllReduceScenarioReportsTheSamePointAsThisProcess) {
   s.bytes = 256 * 1024;
   s.elided_payloads = true;
   s.allreduce = "ifec";
+  s.threads = 2;  // partitioned: the GPUs' partition beside the planes'
   const testbed::ScaleRow row = testbed::measure_scale(s, false);
   ASSERT_EQ(row.error, "");
   testbed::CollectivePoint p;
   p.algo = workloads::Algo::kIfec;
   p.bytes = s.bytes;
   p.elided_payloads = true;
+  p.threads = 1;  // the same run on one thread
   const testbed::CollectiveRow r = testbed::run_collective_point(routing::load_topology(s.topo_path), p);
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_TRUE(row.complete);
@@ -149,7 +151,10 @@ TEST(ScaleBench, AllReduceScenarioReportsTheSamePointAsThisProcess) {
   EXPECT_EQ(row.result.rfind(want, 0), 0u) << row.result;
   std::vector<testbed::ScaleRow> rows = {row};
   const std::string t = testbed::scale_table(rows);
-  EXPECT_NE(t.find("# superpod-8x2.yaml allreduce ifec 256 KiB/GPU elided: " + row.result), std::string::npos) << t;
+  EXPECT_NE(t.find("# superpod-8x2.yaml allreduce ifec 256 KiB/GPU elided, 2 threads: " + row.result),
+            std::string::npos)
+      << t;
+  EXPECT_FALSE(row.one_loop);
   s.allreduce = "spiral";
   EXPECT_NE(testbed::measure_scale(s, false).error.find("spiral"), std::string::npos);
 }

@@ -22,7 +22,7 @@ struct ScaleScenario {
   int threads = 1;    // SimOptions::threads: N one partition per plane on N threads; 0 one event loop
   int processes = 0;  // > 1: under mpirun -np processes (threads each, at least 1), figures from its JSON report
   // "ring", "best", "ifec", ...: an AllReduce of `bytes` per GPU with this algorithm (workloads::parse_algo) over
-  // every GPU, on one event loop (collectives are not partitioned yet); "": raw traffic of `pattern`
+  // every GPU, on one event loop (threads 0) or partitioned on `threads`; "": raw traffic of `pattern`
   std::string allreduce;
   // Targets this scenario is measured against (0: none): peak bytes at most, frame-hops/s at least, and the
   // speedup over the same scenario on one thread at least.
