@@ -2,6 +2,7 @@
 // with one thread and two (and, without link events, the same as one event loop for the whole fabric).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -164,4 +165,33 @@ TEST(PlanePartitions, MailboxesDeliverBetweenWindowsInOneOrder) {
   testbed::PlanePartitions parts(2, 1);
   EXPECT_THROW(parts.mailbox(1, 1), common::Error);
   EXPECT_THROW(parts.set_lookahead(0), common::Error);
+}
+
+// The GPUs' partition's messages: those posted in a window run on the control loop at its end, in the order
+// posted, and their answers come back after that time's control events, in the same order, on one thread or two.
+TEST(PlanePartitions, MessagesRunAtTheWindowsEndAndAnswerInOrder) {
+  for (int threads : {1, 2}) {
+    testbed::PlanePartitions parts(2, threads, 0, 1, /*gpu_partition=*/true);
+    parts.set_lookahead(100);
+    common::EventLoop& gpus = parts.gpu_loop();
+    std::vector<std::string> log;  // written by the GPUs' partition and the control loop, never at once
+    parts.on_message([&](const std::vector<uint8_t>& m) {
+      log.push_back("handle " + std::string(m.begin(), m.end()) + " @" + std::to_string(parts.control().now()));
+      parts.reply(std::vector<uint8_t>(m.rbegin(), m.rend()));
+    });
+    parts.on_reply([&](std::vector<uint8_t> m) {
+      log.push_back("answer " + std::string(m.begin(), m.end()) + " @" + std::to_string(gpus.now()));
+    });
+    auto post = [&](const char* s) { parts.post_message(std::vector<uint8_t>(s, s + std::strlen(s))); };
+    gpus.schedule(10, [&] { post("ab"); });
+    gpus.schedule(30, [&] { post("cd"); });
+    parts.plane_clocks()[1]->schedule(40, [] {});
+    parts.control().schedule(110, [&] { log.push_back("control @110"); });
+    parts.run();
+    // The window from 10 runs to 109 (a lookahead past the earliest event): both messages run at 110, after the
+    // control event already there, and their answers follow at 110.
+    const std::vector<std::string> want = {"control @110", "handle ab @110", "handle cd @110", "answer ba @110",
+                                           "answer dc @110"};
+    EXPECT_EQ(log, want) << threads << " threads";
+  }
 }
