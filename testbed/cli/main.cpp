@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -168,9 +169,29 @@ struct SpreadRun {
   }
 #endif
   bool reports() const { return procs == nullptr || procs->rank == 0; }
+  [[noreturn]] void abort() const {
+#ifdef IFEC_HAVE_MPI
+    if (mpi) mpi->abort(1);
+#endif
+    std::abort();
+  }
 };
 
-int run_sim_collective(const Args& a) {
+// Runs body with the processes mpirun started (or this one alone). Over processes an error on any rank ends every
+// rank (MPI_Abort) once printed, rather than leaving the others waiting in an exchange.
+int run_spread(const std::function<int(SpreadRun&)>& body) {
+  SpreadRun spread;
+  try {
+    return body(spread);
+  } catch (const std::exception& e) {
+    if (spread.procs == nullptr) throw;
+    std::fprintf(stderr, "ifec: rank %d: %s\n", spread.procs->rank, e.what());
+    std::fflush(stderr);
+    spread.abort();
+  }
+}
+
+int run_sim_collective(const Args& a, SpreadRun& spread) {
   refuse(a, kRawOnly, "--collective");
   IFEC_CHECK(a.has("--topo"), "--topo FILE is required");
   IFEC_CHECK(a.has("--algo"), "--algo ring|tree|rd|oneshot|best|ifec is required with --collective");
@@ -203,7 +224,6 @@ int run_sim_collective(const Args& a) {
   }
   const ifec::routing::Topology topo = topology(a);
   // Started by mpirun: each point spread over the processes (rank 0 the GPUs, the others the planes).
-  SpreadRun spread;
   const tb::Processes* procs = spread.procs;
   // Whether rank 0's row went well (every process takes the same next step).
   auto agreed = [procs](bool ok) {
@@ -334,7 +354,10 @@ int run_sim_raw(const Args& a) {
 int run_sim(const Args& a) {
   IFEC_CHECK(a.has("--traffic") != a.has("--collective"),
              "give exactly one of --traffic PATTERN (raw flows) or --collective KIND (see ifec sim --help)");
-  return a.has("--collective") ? run_sim_collective(a) : run_sim_raw(a);
+  if (a.has("--collective")) {
+    return run_spread([&a](SpreadRun& spread) { return run_sim_collective(a, spread); });
+  }
+  return run_sim_raw(a);
 }
 
 // ---------------------------------------------------------------------------------------------------- bench --
@@ -785,7 +808,7 @@ void print_moe_summary(const tb::MoeRow* v, bool overlap) {
       100 * pr.dispatch_bound_us / pr.dispatch_us, 100 * pr.combine_bound_us / pr.combine_us);
 }
 
-int run_bench_moe(const Args& a) {
+int run_bench_moe_spread(const Args& a, SpreadRun& spread) {
   tb::MoeRunConfig cfg;
   cfg.topo = topology(a);
   cfg.topology_name = cfg.topo.name;
@@ -815,8 +838,7 @@ int run_bench_moe(const Args& a) {
   if (a.has("--gpu-profile")) {
     cfg.profile = ifec::workloads::load_gpu_profile(a.get("--gpu-profile"));
   }
-  SpreadRun spread;  // under mpirun: each variant's fabric spread over the processes, rank 0 prints
-  cfg.processes = spread.procs;
+  cfg.processes = spread.procs;  // under mpirun: each variant's fabric spread over the processes, rank 0 prints
   print_moe_header(cfg, eps, cap);
   std::vector<tb::MoePoint> points;
   for (const std::string& m : modes) {
@@ -847,6 +869,10 @@ int run_bench_moe(const Args& a) {
     write_file(out + "/moe_bench.json", json + "]\n");
   }
   return wrong ? 1 : 0;
+}
+
+int run_bench_moe(const Args& a) {
+  return run_spread([&a](SpreadRun& spread) { return run_bench_moe_spread(a, spread); });
 }
 #endif
 

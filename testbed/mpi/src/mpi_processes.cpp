@@ -59,6 +59,11 @@ MpiProcesses::MpiProcesses() {
   };
 }
 
+void MpiProcesses::abort(int code) const {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::abort();  // MPI_Abort does not return; if it did, neither does this
+}
+
 MpiProcesses::~MpiProcesses() {
   int finalized = 0;
   MPI_Finalized(&finalized);

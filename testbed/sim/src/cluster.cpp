@@ -116,7 +116,8 @@ void Cluster::make_partitions(bool spread) {
     const int mine = procs.rank == 0 ? 1 : (planes - (procs.rank - 1) + procs.size - 2) / (procs.size - 1);
     threads = std::min(threads, std::max(mine, 1));
   }
-  parts_ = std::make_unique<PlanePartitions>(planes, threads, procs.rank, procs.size, true, &procs);
+  parts_ = std::make_unique<PlanePartitions>(planes, threads, procs.rank, procs.size, true,
+                                             spread ? opts_.processes : nullptr);
   gpus_ = &parts_->gpu_loop();
   fabric_ = std::make_unique<testbed::Fabric>(
       parts_->control(), parts_->plane_clocks(), topo_, opts_.fabric,

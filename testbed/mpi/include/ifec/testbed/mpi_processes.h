@@ -21,6 +21,8 @@ class MpiProcesses {
   MpiProcesses& operator=(const MpiProcesses&) = delete;
 
   const Processes& processes() const { return procs_; }
+  // Ends every process of the job (MPI_Abort): an error on one rank while the others wait in an exchange.
+  [[noreturn]] void abort(int code) const;
 
  private:
   Processes procs_;
