@@ -244,3 +244,19 @@ def test_mpirun_two_processes_give_the_threads_moe_rows(repo, build_dir):
     one = rows([cli] + args)
     assert len(one) == 3
     assert rows(mpirun + [cli] + args) == one
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (./ifec setup)")
+def test_mpirun_two_processes_give_the_one_process_deepseek_run(build_dir, tmp_path):
+    """DeepSeek-V3's fabric over two processes: frames on in-node links between GPUs of planes that run in
+    different processes cross in the windows' exchanges; the run is the one-process run."""
+    topo = tmp_path / "ds32.yaml"
+    topo.write_text("name: ds32\ngenerator: {kind: deepseek, nodes: 8, gpus_per_node: 4, leaves: 2, spines: 2}\n")
+    cli = str(build_dir / "bin" / "ifec-cli")
+    args = ["sim", "--topo", str(topo), "--traffic", "alltoall", "--bytes", "8192", "--quiet", "--json"]
+    _, _, one = _sim_json([cli] + args + ["--threads", "1"])
+    mpirun = ["mpirun", "--oversubscribe", "-np", "2"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    parts, _, two = _sim_json(mpirun + [cli] + args)
+    assert parts == "4 partitions (one per plane) on 2 processes x 1 thread: rank 0 planes 0 2 | rank 1 planes 1 3"
+    assert one["complete"] and one["relayed_frames"] > 0 and one["nvlink_bytes"] > 0
+    assert two == one

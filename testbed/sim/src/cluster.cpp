@@ -126,25 +126,7 @@ void Cluster::make_partitions(bool spread) {
   if (!spread) {
     return;
   }
-  // Each GPU-to-switch link crosses processes: its ends send through the partitions' exchange (key: link id x 2
-  // + the receiving side), and what arrives here goes to its end.
-  const int gpus = parts_->gpu_partition();
-  for (const routing::Link& l : topo_.links) {
-    const int g = topo_.nodes[l.a].kind == routing::NodeKind::kGpu ? 0 : 1;
-    if (topo_.nodes[g == 0 ? l.a : l.b].kind != routing::NodeKind::kGpu || l.plane < 0 ||
-        !parts_->remote(gpus, l.plane)) {
-      continue;
-    }
-    const uint32_t id = static_cast<uint32_t>(l.id);
-    if (parts_->owns(gpus)) {
-      fabric_->link(l.id).end(g).set_remote(parts_->remote_sender(gpus, l.plane, id * 2 + (1 - g)));
-    } else if (parts_->owns(l.plane)) {
-      fabric_->link(l.id).end(1 - g).set_remote(parts_->remote_sender(l.plane, gpus, id * 2 + g));
-    }
-  }
-  parts_->on_remote_frame([this](uint32_t key, std::vector<uint8_t>&& frame, uint64_t epoch) {
-    fabric_->link(static_cast<int>(key / 2)).end(static_cast<int>(key % 2)).arrive(std::move(frame), epoch);
-  });
+  connect_processes(*fabric_, *parts_);
 }
 
 // A control message on this process's control loop: run where its switch runs (a link state change everywhere),

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "ifec/common/checks.h"
+#include "ifec/testbed/partitions.h"
 
 namespace ifec::testbed {
 
@@ -402,6 +403,32 @@ SwitchTotals Fabric::switch_totals() const {
     t.shared_buffer_high_water = std::max(t.shared_buffer_high_water, x.shared_buffer_high_water);
   }
   return t;
+}
+
+void connect_processes(Fabric& fabric, PlanePartitions& parts) {
+  const routing::Topology& topo = fabric.topology();
+  auto partition = [&](const routing::Link& l, int side) {
+    const routing::Node& n = topo.nodes[side == 0 ? l.a : l.b];
+    if (n.kind == routing::NodeKind::kGpu && parts.gpu_partition() >= 0) {
+      return parts.gpu_partition();
+    }
+    return l.plane >= 0 ? l.plane : n.plane;  // an in-node link: each GPU on its own plane
+  };
+  for (const routing::Link& l : topo.links) {
+    const int p[2] = {partition(l, 0), partition(l, 1)};
+    if (!parts.remote(p[0], p[1])) {
+      continue;
+    }
+    for (int side = 0; side < 2; ++side) {
+      if (parts.owns(p[side])) {
+        const uint32_t key = static_cast<uint32_t>(l.id) * 2 + static_cast<uint32_t>(1 - side);
+        fabric.link(l.id).end(side).set_remote(parts.remote_sender(p[side], p[1 - side], key));
+      }
+    }
+  }
+  parts.on_remote_frame([&fabric](uint32_t key, std::vector<uint8_t>&& frame, uint64_t epoch) {
+    fabric.link(static_cast<int>(key / 2)).end(static_cast<int>(key % 2)).arrive(std::move(frame), epoch);
+  });
 }
 
 }  // namespace ifec::testbed

@@ -197,8 +197,11 @@ common::Clock* PlanePartitions::mailbox(int from, int to) {
   const int n = partitions();
   IFEC_CHECK(from >= 0 && from < n && to >= 0 && to < n && from != to,
              "mailbox from partition " << from << " to " << to << " (partitions 0.." << n - 1 << ", two different)");
-  IFEC_CHECK(processes_ == 1 || spread() || !remote(from, to),
-             "a link between partitions on two MPI processes (raw traffic's NVLink-class links: not built)");
+  if (processes_ > 1 && remote(from, to)) {
+    IFEC_CHECK(procs_ != nullptr && procs_->exchange,
+               "a link between partitions " << from << " and " << to << " of two processes needs their exchange");
+    crossing_ = true;
+  }
   return &mail(from, to);
 }
 
@@ -349,7 +352,7 @@ void PlanePartitions::exchange_window(TimeNs last) {
 void PlanePartitions::deliver_replies() {
   std::vector<std::pair<uint64_t, Bytes>> got = std::move(replies_);
   replies_.clear();
-  if (spread()) {  // every process's answers to the GPUs' process
+  if (spread() && gpu_partition_) {  // every process's answers to the GPUs' process
     std::vector<Bytes> out(processes_);
     common::ByteWriter w;
     w.u32(static_cast<uint32_t>(got.size()));

@@ -158,9 +158,6 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
 }
 
 void RawTraffic::spread_over_processes(std::vector<bool> active_planes, SumFn sum) {
-  IFEC_CHECK(!fabric_.has_nvlink(), "topology '"
-                                        << fabric_.topology().name
-                                        << "': its NVLink-class links join the planes; it runs in one process");
   IFEC_CHECK(active_planes.size() == planes_.size(), active_planes.size()
                                                          << " active-plane flags for " << planes_.size() << " planes");
   active_ = std::move(active_planes);

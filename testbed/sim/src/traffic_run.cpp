@@ -160,7 +160,8 @@ SimRun run_partitioned(const routing::Topology& topo, const SimOptions& opts,
   const Processes solo;
   const Processes& procs = opts.processes != nullptr ? *opts.processes : solo;
   const int planes = std::max(topo.num_planes, 1);
-  PlanePartitions parts(planes, opts.threads, procs.rank, procs.size);
+  PlanePartitions parts(planes, opts.threads, procs.rank, procs.size, false,
+                        opts.processes != nullptr ? opts.processes : nullptr);
   if (opts.progress) {
     std::fprintf(stderr, "sim: %s\n", parts.describe().c_str());
   }
@@ -173,13 +174,17 @@ SimRun run_partitioned(const routing::Topology& topo, const SimOptions& opts,
                    static_cast<unsigned long long>(fabric.cross_partition_delay()));
     }
   }
+  if (parts.spread()) {  // in-node links between processes' planes: their frames cross in the exchanges
+    connect_processes(fabric, parts);
+  }
   SimRun run;
   if (opts.processes == nullptr) {
     run = run_on(parts, fabric, topo, opts, wall0);
   } else {
-    std::vector<bool> mine(planes);
-    for (int p = 0; p < planes; ++p) {
-      mine[p] = parts.owns(p);
+    // Each lane a process runs: a plane's NIC ports, and (in-node links) the NVLink lane of its plane's GPUs.
+    std::vector<bool> mine(static_cast<size_t>(planes) * (fabric.has_nvlink() ? 2 : 1));
+    for (size_t lane = 0; lane < mine.size(); ++lane) {
+      mine[lane] = parts.owns(static_cast<int>(lane % planes));
     }
     run = run_on(parts, fabric, topo, opts, wall0, std::move(mine));
     // Every process ran the control events; the partitions' events are each process's own.

@@ -143,6 +143,12 @@ class Fabric {
   int rounds_run_ = 0;
 };
 
+class PlanePartitions;
+// A fabric spread over MPI processes: each link end whose far end runs in another process's partition sends
+// through the partitions' exchange (key: link id x 2 + the receiving side), and what arrives here goes to its end.
+// Ends: a GPU's in the GPUs' partition when there is one, else its plane's; a switch's in its plane's.
+void connect_processes(Fabric& fabric, PlanePartitions& parts);
+
 // MAC address of port `port` of topology node `node` (locally administered, unique per node and port).
 common::MacAddress node_port_mac(const routing::Topology& topo, int node, int port);
 

@@ -101,7 +101,9 @@ class PlanePartitions {
   // Every process: the next event anywhere and the GPUs' process's messages; returns that process's turn (a
   // collective call over processes; step() makes it when the caller did not). Run loops call it each turn.
   Turn sync(Turn turn);
-  bool spread() const { return gpu_partition_ && processes_ > 1; }
+  // Over processes with something crossing them (the GPUs' partition, or links between partitions of two
+  // processes): every step exchanges, as above.
+  bool spread() const { return processes_ > 1 && (gpu_partition_ || crossing_); }
   int rank() const { return rank_; }
 
   // Runs every event up to and including `until` in windows as above, then sets every time to `until` (when
@@ -171,6 +173,7 @@ class PlanePartitions {
   int rank_;
   int processes_;
   bool gpu_partition_ = false;
+  bool crossing_ = false;  // a mailbox joins partitions of two processes
   uint64_t windows_ = 0;
 };
 
