@@ -233,17 +233,18 @@ def test_mpirun_two_processes_give_the_threads_moe_rows(repo, build_dir):
     if not (build_dir / "bin" / "ifec-cli-moe").exists():
         pytest.skip("built without LibTorch: no bench moe")
     mpirun = ["mpirun", "--oversubscribe", "-np", "2"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-    args = ["bench", "moe", "--ep", "8", "--mode", "normal", "--token-cap", "8", "--jobs", "1", "--threads", "1",
-            "--overlap", "--topo", str(repo / "testbed" / "topologies" / "superpod-8x2.yaml")]
 
     def rows(cmd):
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         return [line for line in out.stdout.splitlines() if line.startswith(" normal")]
 
-    one = rows([cli] + args)
-    assert len(one) == 3
-    assert rows(mpirun + [cli] + args) == one
+    for topo in ("superpod-8x2.yaml", "superpod-64x4.yaml"):
+        args = ["bench", "moe", "--ep", "8", "--mode", "normal", "--token-cap", "8", "--jobs", "1", "--threads", "1",
+                "--overlap", "--topo", str(repo / "testbed" / "topologies" / topo)]
+        one = rows([cli] + args)
+        assert len(one) == 3
+        assert rows(mpirun + [cli] + args) == one, topo
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (./ifec setup)")

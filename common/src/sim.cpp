@@ -317,11 +317,11 @@ bool LinkPort::send(std::vector<uint8_t>&& frame) {
     ++counters_.dropped_injected;
     return true;  // the sender cannot tell: the frame is lost on the wire
   }
-  if (remote_) {  // the far end's process
-    remote_(done + link_.cfg_.delay_ns, std::move(frame), link_.epoch_);
-    return true;
-  }
   if (arrivals_ != nullptr) {  // the far end's partition: the frame travels in its arrival event
+    if (remote_) {             // ... or, in another process, in the partitions' exchange
+      remote_(done + link_.cfg_.delay_ns, std::move(frame), link_.epoch_);
+      return true;
+    }
     const size_t reads = std::min(frame.size(), peer->read_on_arrival_);
     const uint8_t* data = frame.data();
     arrivals_->schedule_reading(

@@ -86,7 +86,9 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
   allocate_window(kBarrierWindow, 64 * 8);
   std::map<std::string, switchemu::Switch*> switches;
   for (int i = 0; i < fabric_->num_switches(); ++i) {
-    switches[topo_.nodes.at(fabric_->switch_node(i)).name] = &fabric_->switch_at(i);
+    const routing::Node& n = topo_.nodes.at(fabric_->switch_node(i));
+    switches[n.name] = &fabric_->switch_at(i);
+    switch_planes_[n.name] = n.plane;
   }
   auto set_link = [this](int link, bool up) { fabric_->schedule_link_state(link, up, fabric_->clock().now()); };
   if (!parts_) {
@@ -134,10 +136,8 @@ void Cluster::make_partitions(bool spread) {
 void Cluster::serve_message(const std::vector<uint8_t>& m) {
   const ControlRequestInfo info = peek_control_request(m);
   int answers = parts_->process_of(parts_->gpu_partition());
-  for (const routing::Node& n : topo_.nodes) {
-    if (!info.sw.empty() && n.kind == routing::NodeKind::kSwitch && n.name == info.sw) {
-      answers = parts_->process_of(n.plane);
-    }
+  if (auto it = switch_planes_.find(info.sw); it != switch_planes_.end()) {
+    answers = parts_->process_of(it->second);
   }
   const bool here = answers == parts_->rank();
   if (here || info.sw.empty()) {

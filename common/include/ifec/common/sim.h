@@ -167,8 +167,8 @@ class LinkPort : public Port {
   // How much of each arriving frame its receiver reads at once: the headers (default) for a switch that forwards,
   // all of it for a NIC that checks the ICRC. Tells the clock what to prefetch; nothing else depends on it.
   void set_read_on_arrival(size_t bytes) { read_on_arrival_ = bytes; }
-  // A far end in another process (one simulation over MPI): this end's frames leave through `remote`, with their
-  // arrival time and the link's epoch, instead of an arrival event here.
+  // A far end in another process (one simulation over MPI; a link made with per-end clocks): this end's frames
+  // leave through `remote`, with their arrival time and the link's epoch, instead of an arrival event here.
   using Remote = std::function<void(TimeNs at, std::vector<uint8_t>&& frame, uint64_t epoch)>;
   void set_remote(Remote remote) { remote_ = std::move(remote); }
   // A frame sent to this end from another process, at its arrival time: counted and handed on as any arrival (or

@@ -133,6 +133,7 @@ class Cluster {
   bool stopped_ = false;                              // stop_serving() done
   std::unique_ptr<common::ControlPlane> control_;     // the GPUs' (partitioned: a MessageControlClient)
   std::unique_ptr<InProcessControl> switch_control_;  // partitioned: what serves its messages, at the switches
+  std::map<std::string, int> switch_planes_;          // switch name -> its plane (which process answers a call)
   std::map<std::pair<std::vector<int>, int>, RankSet> rank_sets_;  // (GPUs, stream); after endpoints_: go first
 };
 
