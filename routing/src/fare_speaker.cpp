@@ -159,18 +159,42 @@ std::string FareSpeaker::receive(int port, const FareMessage& m, common::TimeNs 
            std::to_string(m.words) + " path words, destinations " + std::to_string(m.first_dest) + "+" +
            std::to_string(m.gbps.size()) + ")";
   }
-  Neighbour& nb = heard_[b];
+  Neighbour& nb = neighbour(b);
+  nb.last = now;
+  std::copy(m.gbps.begin(), m.gbps.end(), nb.gbps.begin() + m.first_dest);
+  std::copy(m.hops.begin(), m.hops.end(), nb.hops.begin() + m.first_dest);
+  std::copy(m.paths.begin(), m.paths.end(), nb.paths.begin() + static_cast<size_t>(m.first_dest) * words_);
+  return "";
+}
+
+FareSpeaker::Neighbour& FareSpeaker::neighbour(int bundle) {
+  Neighbour& nb = heard_.at(bundle);
   if (!nb.known) {
     nb.gbps.assign(gpus_, 0.0);
     nb.hops.assign(gpus_, -1);
     nb.paths.assign(static_cast<size_t>(gpus_) * words_, 0);
     nb.known = true;
   }
-  nb.last = now;
-  std::copy(m.gbps.begin(), m.gbps.end(), nb.gbps.begin() + m.first_dest);
-  std::copy(m.hops.begin(), m.hops.end(), nb.hops.begin() + m.first_dest);
-  std::copy(m.paths.begin(), m.paths.end(), nb.paths.begin() + static_cast<size_t>(m.first_dest) * words_);
-  return "";
+  return nb;
+}
+
+void FareSpeaker::set_advert(int bundle, int dest_gpu, double gbps, int hops, const uint64_t* path) {
+  IFEC_CHECK(dest_gpu >= 0 && dest_gpu < gpus_, "FARE advertisement toward GPU " << dest_gpu << " outside 0.."
+                                                                                  << gpus_ - 1);
+  Neighbour& nb = neighbour(bundle);
+  nb.gbps[dest_gpu] = gbps;
+  nb.hops[dest_gpu] = static_cast<int16_t>(hops);
+  std::copy(path, path + words_, nb.paths.begin() + static_cast<size_t>(dest_gpu) * words_);
+}
+
+void FareSpeaker::forget(int bundle) { heard_.at(bundle) = Neighbour{}; }
+
+double FareSpeaker::bundle_gbps(int bundle) const {
+  double bw = 0;
+  for (int l : bundles_.at(bundle).links) {
+    bw += link_up_[l] ? topo_.links[l].rate_gbps : 0.0;
+  }
+  return bw;
 }
 
 bool FareSpeaker::expire(common::TimeNs now, common::TimeNs hold) {
@@ -192,9 +216,7 @@ bool FareSpeaker::heard(int port) const {
 bool FareSpeaker::recompute() {
   std::vector<double> bw(bundles_.size(), 0.0);
   for (size_t i = 0; i < bundles_.size(); ++i) {
-    for (int l : bundles_[i].links) {
-      bw[i] += link_up_[l] ? topo_.links[l].rate_gbps : 0.0;
-    }
+    bw[i] = bundle_gbps(static_cast<int>(i));
   }
   bool changed = false;
   std::vector<uint64_t> path(words_);

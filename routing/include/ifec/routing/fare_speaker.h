@@ -51,6 +51,12 @@ class FareSpeaker {
   // An advertisement that arrived on `port` at `now`: "" when accepted, else why not (not the neighbour the
   // topology puts on that port, a size that does not match the topology). Call recompute() afterwards.
   std::string receive(int port, const FareMessage& m, common::TimeNs now);
+  // What the neighbour on `bundle` advertises toward `dest_gpu` (a BGP route's path bandwidth, hop count and the
+  // nodes on its AS_PATH as a path set of fare_path_words() words; gbps 0 / hops -1: unreachable). The neighbour
+  // counts as heard from. Call recompute() afterwards.
+  void set_advert(int bundle, int dest_gpu, double gbps, int hops, const uint64_t* path);
+  // The neighbour on `bundle` forgotten (its session went down): every destination unreachable through it.
+  void forget(int bundle);
   // Forgets neighbours silent since before now - hold; true when one was forgotten.
   bool expire(common::TimeNs now, common::TimeNs hold);
   // Decides every destination again; true when this node's advertisement or a WECMP group changed.
@@ -66,6 +72,12 @@ class FareSpeaker {
   bool heard(int port) const;
   int node() const { return node_; }
   const Topology& topology() const { return topo_; }
+  // This node's own hop count toward `dest_gpu` (-1: unreachable).
+  int hops(int dest_gpu) const { return hops_.at(dest_gpu); }
+  const std::vector<FareBundle>& bundles() const { return bundles_; }
+  int bundle_of_port(int port) const;  // -1 when the node has no such port
+  // The live bandwidth of bundle i (its up sub-links' rates).
+  double bundle_gbps(int bundle) const;
 
  private:
   struct Neighbour {
@@ -75,7 +87,7 @@ class FareSpeaker {
     std::vector<int16_t> hops;
     std::vector<uint64_t> paths;
   };
-  int bundle_of_port(int port) const;
+  Neighbour& neighbour(int bundle);
 
   const Topology& topo_;
   int node_;

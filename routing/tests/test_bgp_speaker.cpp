@@ -1,0 +1,308 @@
+// FARE over BGP against the reference: one BgpSpeaker per node of a topology, their sessions wired through an
+// in-memory transport (TCP connections both ways at once, so every session starts with an RFC 4271 §6.8
+// collision), must reach exactly FareRib's converged groups and path bandwidths; with a failed sub-link, a
+// failed leaf-spine link, a killed node and a hung one (its peers' hold timers).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <set>
+
+#include "ifec/common/checks.h"
+#include "ifec/routing/bgp_speaker.h"
+#include "ifec/routing/fare.h"
+
+using namespace ifec;
+using namespace ifec::routing;
+
+namespace {
+
+struct End {
+  int node;
+  int conn;
+  bool operator<(const End& o) const { return node != o.node ? node < o.node : conn < o.conn; }
+};
+
+// Every node's speaker and the TCP connections between them.
+struct Fabric {
+  const Topology& topo;
+  std::vector<std::unique_ptr<BgpSpeaker>> sp;
+  std::vector<char> carrier;   // by link
+  std::vector<char> alive;     // a killed node's process is gone: its connections close, it accepts nothing
+  std::vector<char> hung;      // a hung node keeps its connections but neither reads nor writes
+  std::map<End, End> pairs;    // an established TCP connection, both directions
+  std::vector<std::pair<End, int>> connecting;  // (connector, its port) waiting to be accepted
+  common::TimeNs now = 0;
+  std::vector<std::string> log;
+
+  explicit Fabric(const Topology& t, BgpSpeakerOptions opt = {})
+      : topo(t), carrier(t.links.size(), 1), alive(t.nodes.size(), 1), hung(t.nodes.size(), 0) {
+    for (size_t n = 0; n < t.nodes.size(); ++n) {
+      sp.push_back(std::make_unique<BgpSpeaker>(t, static_cast<int>(n), opt));
+    }
+    for (const Link& l : t.links) {
+      sp[l.a]->set_port_up(l.a_port, true, now);
+      sp[l.b]->set_port_up(l.b_port, true, now);
+    }
+    for (auto& s : sp) s->start(now);
+  }
+  bool active(int n) const { return alive[n] && !hung[n]; }
+  void unpair(End e, bool tell_peer) {
+    auto it = pairs.find(e);
+    if (it == pairs.end()) return;
+    const End peer = it->second;
+    pairs.erase(peer);
+    pairs.erase(it);
+    if (tell_peer && active(peer.node)) sp[peer.node]->closed(peer.conn, now);
+  }
+  // The peer end of `node`'s `port`: (node, port).
+  std::pair<int, int> across(int node, int port) const {
+    for (int l : topo.links_of(node)) {
+      const Link& k = topo.links[l];
+      if (k.a == node && k.a_port == port) return {k.b, k.b_port};
+      if (k.b == node && k.b_port == port) return {k.a, k.a_port};
+    }
+    return {-1, -1};
+  }
+  int link_of(int node, int port) const {
+    for (int l : topo.links_of(node)) {
+      const Link& k = topo.links[l];
+      if ((k.a == node && k.a_port == port) || (k.b == node && k.b_port == port)) return l;
+    }
+    return -1;
+  }
+  // One pass: every speaker processes, its requests run, bytes move. True when anything happened.
+  bool step() {
+    bool any = false;
+    for (size_t n = 0; n < sp.size(); ++n) {
+      if (!active(static_cast<int>(n))) continue;
+      any = sp[n]->process(now) || any;
+      for (const BgpLogLine& l : sp[n]->take_log()) log.push_back(topo.nodes[n].name + ": " + l.text);
+      for (BgpTransportRequest& r : sp[n]->take_requests()) {
+        any = true;
+        const End me{static_cast<int>(n), r.conn};
+        if (r.kind == BgpTransportRequest::Kind::kClose) {
+          auto it = pairs.find(me);
+          if (it != pairs.end() && !r.last_bytes.empty() && active(it->second.node)) {
+            sp[it->second.node]->received(it->second.conn, r.last_bytes.data(), r.last_bytes.size(), now);
+          }
+          unpair(me, true);
+          continue;
+        }
+        EXPECT_EQ(r.peer_addr, bgp_link_address(topo, link_of(me.node, r.port), across(me.node, r.port).first));
+        unpair(me, true);
+        connecting.push_back({me, r.port});
+      }
+    }
+    // Connections complete on the connecting side first, then reach the other: both ends' attempts cross.
+    std::vector<std::pair<End, int>> now_connecting = std::exchange(connecting, {});
+    for (auto& [me, port] : now_connecting) {
+      const auto [peer, peer_port] = across(me.node, port);
+      if (!carrier[link_of(me.node, port)] || !alive[peer]) {
+        sp[me.node]->connect_failed(me.conn, now);
+        continue;
+      }
+      sp[me.node]->connected(me.conn, now);
+    }
+    for (auto& [me, port] : now_connecting) {
+      const auto [peer, peer_port] = across(me.node, port);
+      if (!carrier[link_of(me.node, port)] || !alive[peer]) continue;
+      const int c = hung[peer] ? -1 : sp[peer]->accepted(peer_port, now);
+      if (c < 0) {
+        sp[me.node]->closed(me.conn, now);
+        continue;
+      }
+      pairs[me] = End{peer, c};
+      pairs[End{peer, c}] = me;
+      any = true;
+    }
+    for (size_t n = 0; n < sp.size(); ++n) {
+      if (!active(static_cast<int>(n))) continue;
+      for (int c : sp[n]->connections()) {
+        auto it = pairs.find(End{static_cast<int>(n), c});
+        if (it == pairs.end()) continue;
+        const std::vector<uint8_t> bytes = sp[n]->take_output(c);
+        if (bytes.empty()) continue;
+        any = true;
+        if (active(it->second.node)) sp[it->second.node]->received(it->second.conn, bytes.data(), bytes.size(), now);
+      }
+    }
+    return any;
+  }
+  // Steps until quiet, moving time to the next timer when nothing else is left, up to `until` more ns.
+  void run(common::TimeNs span = 2 * kSecondNs) {
+    const common::TimeNs until = now + span;
+    while (now <= until) {
+      if (step()) continue;
+      common::TimeNs t = common::kForever;
+      for (size_t n = 0; n < sp.size(); ++n) {
+        if (active(static_cast<int>(n))) t = std::min(t, sp[n]->next_timer());
+      }
+      if (t > until) break;
+      now = std::max(now, t);
+      for (size_t n = 0; n < sp.size(); ++n) {
+        if (active(static_cast<int>(n))) sp[n]->tick(now);
+      }
+    }
+    now = until;
+  }
+  void set_link(int l, bool up) {
+    carrier[l] = up ? 1 : 0;
+    const Link& k = topo.links[l];
+    for (auto [n, p] : {std::pair{k.a, k.a_port}, std::pair{k.b, k.b_port}}) {
+      if (alive[n]) sp[n]->set_port_up(p, up, now);
+    }
+  }
+  void kill(int n) {
+    alive[n] = 0;
+    std::vector<End> mine;
+    for (auto& [a, b] : pairs) {
+      if (a.node == n) mine.push_back(a);
+    }
+    for (End e : mine) unpair(e, true);  // the kernel closes a dead process's sockets
+  }
+};
+
+void expect_same(const Fabric& f, const FareRib& rib, const std::string& what) {
+  for (size_t n = 0; n < f.topo.nodes.size(); ++n) {
+    if (!f.alive[n] || f.hung[n]) continue;
+    for (int d = 0; d < f.topo.num_gpus(); ++d) {
+      EXPECT_EQ(f.sp[n]->advertised_gbps(d), rib.advertised_gbps(static_cast<int>(n), d))
+          << what << ": node " << f.topo.nodes[n].name << " toward GPU " << d;
+      const auto& a = f.sp[n]->next_hops(d);
+      const auto& b = rib.next_hops(static_cast<int>(n), d);
+      ASSERT_EQ(a.size(), b.size()) << what << ": node " << f.topo.nodes[n].name << " toward GPU " << d;
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(a[i].link, b[i].link);
+        EXPECT_DOUBLE_EQ(a[i].weight, b[i].weight) << what << ": " << f.topo.nodes[n].name << " -> " << d;
+      }
+    }
+  }
+}
+
+int switch_of_plane(const Topology& topo, int plane) {
+  for (size_t n = 0; n < topo.nodes.size(); ++n) {
+    if (topo.nodes[n].kind == NodeKind::kSwitch && topo.nodes[n].plane == plane) return static_cast<int>(n);
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST(BgpSpeaker, NumberingAndAddresses) {
+  const Topology topo = make_superpod(2, 1);
+  EXPECT_EQ(bgp_as_of(3), 4200000003u);
+  EXPECT_EQ(bgp_node_of_as(topo, 4200000002u), 2);
+  EXPECT_EQ(bgp_node_of_as(topo, 65001), -1);
+  const Link& l = topo.links[1];
+  EXPECT_EQ(ipv4_str(bgp_link_address(topo, 1, l.a)), "10.64.0.10");
+  EXPECT_EQ(ipv4_str(bgp_link_address(topo, 1, l.b)), "10.64.0.11");
+  EXPECT_THROW(bgp_link_address(topo, 99, 0), common::Error);
+}
+
+TEST(BgpSpeaker, SessionsComeUpThroughCollisionsAndMatchTheReferenceOneAndTwoTier) {
+  for (const Topology& topo : {make_superpod(8, 2), make_fat_tree(16, 2, 2, 2)}) {
+    Fabric f(topo);
+    f.run();
+    for (size_t n = 0; n < topo.nodes.size(); ++n) {
+      for (int p = 0; p < f.sp[n]->ports(); ++p) {
+        EXPECT_TRUE(f.sp[n]->established(p)) << topo.nodes[n].name << " port " << p;
+      }
+    }
+    bool collided = false;
+    for (const std::string& line : f.log) collided = collided || line.find("collision") != std::string::npos;
+    EXPECT_TRUE(collided) << "both ends connect at once: RFC 4271 §6.8 decides";
+    FareRib rib(topo);
+    rib.converge();
+    expect_same(f, rib, topo.name + " all up");
+    // A Y-cable sub-link of GPU 1 on plane 1 fails: its session ends; the shares follow the reference.
+    for (const Link& l : topo.links) {
+      if (topo.nodes[l.a].gpu_index == 1 && l.plane == 1 && l.subport == 0) {
+        f.set_link(l.id, false);
+        rib.set_link_up(l.id, false);
+      }
+    }
+    f.run();
+    rib.converge();
+    expect_same(f, rib, topo.name + " sub-link down");
+    if (topo.links.front().subports == 2) {
+      EXPECT_NEAR(f.sp[topo.gpu_node(0)]->plane_gbps(1)[1] * 2, f.sp[topo.gpu_node(0)]->plane_gbps(1)[0], 1e-9)
+          << "a half-failed Y-cable halves that plane's share";
+    }
+  }
+}
+
+TEST(BgpSpeaker, AFailedLeafSpineLinkInATwoTierFatTree) {
+  const Topology topo = make_fat_tree(16, 2, 2, 2);
+  Fabric f(topo);
+  f.run();
+  FareRib rib(topo);
+  for (const Link& l : topo.links) {
+    if (topo.nodes[l.a].kind == NodeKind::kSwitch && topo.nodes[l.b].kind == NodeKind::kSwitch) {
+      f.set_link(l.id, false);
+      rib.set_link_up(l.id, false);
+      break;
+    }
+  }
+  f.run();
+  rib.converge();
+  expect_same(f, rib, "leaf-spine link down");
+}
+
+TEST(BgpSpeaker, AKilledSwitchIsWithdrawnAtOnceAndAHungOneAfterTheHoldTime) {
+  const Topology topo = make_superpod(4, 2);
+  for (bool hang : {false, true}) {
+    Fabric f(topo);
+    f.run();
+    const int sw1 = switch_of_plane(topo, 1);
+    ASSERT_GE(sw1, 0);
+    EXPECT_GT(f.sp[topo.gpu_node(0)]->plane_gbps(2)[1], 0);
+    if (hang) {
+      f.hung[sw1] = 1;
+      f.run(kSecondNs);  // under the 3 s hold time: still there
+      EXPECT_GT(f.sp[topo.gpu_node(0)]->plane_gbps(2)[1], 0) << "withdrawn before the hold time";
+      f.run(3 * kSecondNs);
+    } else {
+      f.kill(sw1);
+      f.run(kSecondNs / 10);
+    }
+    FareRib rib(topo);
+    for (const Link& l : topo.links) {
+      if (l.a == sw1 || l.b == sw1) rib.set_link_up(l.id, false);
+    }
+    rib.converge();
+    for (int g = 0; g < 4; ++g) {
+      for (int d = 0; d < 4; ++d) {
+        if (g == d) continue;
+        EXPECT_EQ(f.sp[topo.gpu_node(g)]->plane_gbps(d)[1], 0) << (hang ? "hung" : "killed") << " GPU " << g;
+        EXPECT_EQ(f.sp[topo.gpu_node(g)]->advertised_gbps(d), rib.advertised_gbps(topo.gpu_node(g), d));
+      }
+    }
+    if (hang) {
+      bool expired = false;
+      for (const std::string& line : f.log) expired = expired || line.find("Hold Timer Expired") != std::string::npos;
+      EXPECT_TRUE(expired);
+    }
+  }
+}
+
+TEST(BgpSpeaker, TheRibShowsPathsBandwidthsAndTheSelectedNextHops) {
+  const Topology topo = make_superpod(4, 2);
+  Fabric f(topo);
+  f.run();
+  const int g0 = topo.gpu_node(0);
+  const std::vector<BgpRibRow> rows = f.sp[g0]->rib();
+  // GPU 0 learns GPU 2's loopback from both planes' switches, on both Y-cable sub-links of each.
+  int toward2 = 0;
+  for (const BgpRibRow& r : rows) {
+    if (r.dest_gpu != 2) continue;
+    ++toward2;
+    ASSERT_EQ(r.as_path.size(), 2u);
+    EXPECT_EQ(bgp_node_of_as(topo, r.as_path[1]), topo.gpu_node(2));
+    EXPECT_EQ(topo.nodes[bgp_node_of_as(topo, r.as_path[0])].kind, NodeKind::kSwitch);
+    EXPECT_TRUE(r.selected);
+    EXPECT_GT(r.weight, 0);
+    EXPECT_DOUBLE_EQ(r.gbps, f.sp[bgp_node_of_as(topo, r.as_path[0])]->advertised_gbps(2));
+  }
+  EXPECT_EQ(toward2, 4);
+}
