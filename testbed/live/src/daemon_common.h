@@ -61,7 +61,7 @@ inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
     ps->set_peer_port(peer_port);
     ps->set_carrier(p->link_up());
     ps->set_admin_up(rt.admin_up(p->port()));
-    ps->set_fare_heard(rt.fare().heard(p->port()));
+    ps->set_fare_heard(rt.heard(p->port()));
     ps->set_mac(mac_text(p->device().mac()));
     auto& v = *ps->mutable_counters()->mutable_values();
     p->device().counters().for_each([&v](const char* name, uint64_t value) { v[name] = value; });

@@ -72,9 +72,9 @@ void EpollLoop::wake() {
   [[maybe_unused]] ssize_t n = write(eventfd_, &one, sizeof one);
 }
 
-void EpollLoop::watch(int fd, std::function<void()> fn) {
+void EpollLoop::watch(int fd, std::function<void()> fn, bool writable) {
   epoll_event ev{};
-  ev.events = EPOLLIN;
+  ev.events = writable ? EPOLLIN | EPOLLOUT : EPOLLIN;
   ev.data.fd = fd;
   const bool known = watched_.count(fd) > 0;
   IFEC_CHECK(epoll_ctl(epfd_, known ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev) == 0,

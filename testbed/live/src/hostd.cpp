@@ -2,6 +2,8 @@
 // bootstrap (rank 0's hostd is the hub) and control plane, serving the gRPC Host service.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <cctype>
 #include <array>
 #include <condition_variable>
 #include <cstring>
@@ -797,6 +799,13 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
     }
   }
   const bool guest = !d.o.guest_mac.empty();
+  for (const auto& p : d.rt->ports()) {  // the switch learns a guest's MAC by ARP: the interface must carry it
+    std::string want = d.o.guest_mac;
+    std::transform(want.begin(), want.end(), want.begin(), [](unsigned char c) { return std::tolower(c); });
+    IFEC_CHECK(!guest || mac_text(p->device().mac()) == want,
+               d.o.node << ": --guest-mac " << d.o.guest_mac << " but " << p->device().name() << " has MAC "
+                        << mac_text(p->device().mac()) << " (give the interface the guest's MAC first)");
+  }
   if (d.rank == 0 && !guest) {
     std::vector<std::string> names;
     for (int g : d.ranks) {
@@ -828,9 +837,9 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   // Wait (on the loop) until every live port heard its switch, at most 10 s, then start the endpoint.
   auto wait = std::make_shared<std::function<void(int)>>();
   *wait = [&d, wait, guest](int left) {
-    if (guest && d.rt->all_heard()) {  // an external peer: FARE is all this daemon does for it
+    if (guest && d.rt->all_heard()) {  // an external peer: FARE over BGP is all this daemon does for it
       d.ready_error = "";
-      d.rt->note("guest", "speaking FARE for the external peer " + d.o.guest_mac + " (no endpoint here)");
+      d.rt->note("guest", "speaking BGP for the external peer " + d.o.guest_mac + " (no endpoint here)");
       return;
     }
     if (!guest && (d.rt->all_heard() || left == 0)) {

@@ -1,10 +1,13 @@
-// A live node: its interfaces, the FARE speaker on them, carrier polling, events.
+// A live node: its interfaces, FARE over BGP on them (TCP sessions per link), carrier polling, events.
 #include "ifec/live/node_runtime.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <net/if_arp.h>
 #include <netinet/in.h>
+#include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -59,7 +62,7 @@ void NodePort::set_loss(double p, uint64_t seed) {
 }
 
 NodeRuntime::NodeRuntime(const routing::Topology& topo, const std::string& node_name, RuntimeOptions opts)
-    : topo_(topo), node_(node_index(topo, node_name)), opts_(opts), speaker_(topo, node_) {
+    : topo_(topo), node_(node_index(topo, node_name)), opts_(opts), bgp_(topo, node_, opts.bgp) {
   int max_port = -1;
   for (int l : topo_.links_of(node_)) {
     const routing::Link& link = topo_.links[l];
@@ -81,9 +84,23 @@ NodeRuntime::NodeRuntime(const routing::Topology& topo, const std::string& node_
   }
   peer_macs_.assign(ports_.size(), common::MacAddress{});
   admin_.assign(ports_.size(), 1);
+  {
+    NetnsGuard in(opts_.netns);
+    ctl_fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  }
+  IFEC_CHECK(ctl_fd_ >= 0, node_name << ": cannot open a socket: " << std::strerror(errno));
+  for (size_t p = 0; p < ports_.size(); ++p) {
+    ensure_address(static_cast<int>(p));
+  }
 }
 
-NodeRuntime::~NodeRuntime() = default;
+NodeRuntime::~NodeRuntime() {
+  for (auto& [conn, t] : tcp_) {
+    if (t.fd >= 0) close(t.fd);
+  }
+  if (listen_fd_ >= 0) close(listen_fd_);
+  if (ctl_fd_ >= 0) close(ctl_fd_);
+}
 
 std::vector<common::Port*> NodeRuntime::port_ptrs() const {
   std::vector<common::Port*> out;
@@ -101,9 +118,13 @@ common::MacAddress NodeRuntime::mac(int port) const {
 
 std::pair<int, int> NodeRuntime::peer_of(int port) const { return topo_.peer(link_of_port_.at(port), node_); }
 
+bool NodeRuntime::heard(int port) const {
+  return bgp_.established(port) && peer_macs_.at(port) != common::MacAddress{};
+}
+
 bool NodeRuntime::all_heard() const {
   for (const auto& p : ports_) {
-    if (p->link_up() && !speaker_.heard(p->port())) {
+    if (p->link_up() && !heard(p->port())) {
       return false;
     }
   }
@@ -111,47 +132,8 @@ bool NodeRuntime::all_heard() const {
 }
 
 void NodeRuntime::frame_in(int port, std::vector<uint8_t>&& frame) {
-  if (frame.size() >= 14 && frame[12] == (routing::kFareEthertype >> 8) &&
-      frame[13] == (routing::kFareEthertype & 0xFF)) {
-    routing::FareMessage m;
-    std::string why = routing::decode_fare(frame.data(), frame.size(), &m);
-    if (why.empty()) {
-      why = speaker_.receive(port, m, loop_.now());
-    }
-    if (!why.empty()) {
-      note("fare", "port " + std::to_string(port) + ": " + why);
-      return;
-    }
-    const bool new_mac = !std::equal(frame.begin() + 6, frame.begin() + 12, peer_macs_[port].begin());
-    std::copy(frame.begin() + 6, frame.begin() + 12, peer_macs_[port].begin());
-    if (speaker_.recompute()) {
-      decided();
-    } else if (new_mac) {
-      // The same decision, but a next hop's address is known only now: routes built before it left it out.
-      for (auto& fn : fare_listeners_) {
-        fn();
-      }
-    }
-    return;
-  }
   if (ports_[port]->rx_) {
     ports_[port]->rx_(std::move(frame));
-  }
-}
-
-void NodeRuntime::advertise(int port) {
-  NodePort& p = *ports_[port];
-  if (!p.link_up()) {
-    return;
-  }
-  for (const routing::FareMessage& m : speaker_.advert(port)) {
-    p.dev_->send_control(routing::encode_fare(m, opts_.fare_mac ? opts_.fare_mac->data() : p.dev_->mac()));
-  }
-}
-
-void NodeRuntime::advertise_all() {
-  for (size_t p = 0; p < ports_.size(); ++p) {
-    advertise(static_cast<int>(p));
   }
 }
 
@@ -188,38 +170,31 @@ std::map<int, std::string> interfaces_by_subnet(const routing::Topology& topo, i
 void NodeRuntime::decided() {
   ++fare_changes_;
   fare_last_change_ = loop_.now();
-  advertise_all();  // triggered update
   for (auto& fn : fare_listeners_) {
     fn();
   }
 }
 
 void NodeRuntime::tick() {
-  bool links = false;
   for (auto& p : ports_) {
     if (p->dev_->refresh_link()) {
-      links = true;
-      speaker_.set_port_up(p->port(), p->link_up());
+      bgp_.set_port_up(p->port(), p->link_up(), loop_.now());
       note("link", ifname(p->port()) + (p->link_up() ? " up" : " down"));
     }
   }
-  const bool expired = speaker_.expire(loop_.now(), opts_.fare_hold_ns);
-  if ((links || expired) && speaker_.recompute()) {
-    decided();
-  }
+  bgp_.tick(loop_.now());
+  pump();
 }
 
 void NodeRuntime::start() {
   IFEC_CHECK(!started_, "node runtime started twice");
   started_ = true;
+  listen_bgp();
   for (auto& p : ports_) {
-    speaker_.set_port_up(p->port(), p->link_up());
+    bgp_.set_port_up(p->port(), p->link_up(), loop_.now());
   }
-  if (speaker_.recompute()) {
-    decided();
-  }
-  advertise_all();
-  // Periodic advertisements and carrier polling, each as its own repeating timer.
+  pump();
+  // Carrier polling and BGP's timers (seconds: keepalive, hold, connect retry) on one repeating timer.
   struct Repeat {
     static void every(EpollLoop& loop, common::TimeNs period, std::function<void()> fn) {
       loop.schedule(loop.now() + period, [&loop, period, fn] {
@@ -228,8 +203,219 @@ void NodeRuntime::start() {
       });
     }
   };
-  Repeat::every(loop_, opts_.fare_interval_ns, [this] { advertise_all(); });
   Repeat::every(loop_, opts_.carrier_poll_ns, [this] { tick(); });
+}
+
+// ------------------------------------------------------------------------------------------- BGP over TCP --
+
+void NodeRuntime::ensure_address(int port) {
+  const uint32_t want = routing::bgp_link_address(topo_, link_of_port_[port], node_);
+  bool has = false;
+  {
+    NetnsGuard in(opts_.netns);
+    ifaddrs* ifs = nullptr;
+    IFEC_CHECK(getifaddrs(&ifs) == 0, "getifaddrs: " << std::strerror(errno));
+    for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
+      if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET && ifname(port) == i->ifa_name) {
+        has = has || ntohl(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr) == want;
+      }
+    }
+    freeifaddrs(ifs);
+  }
+  if (has) return;
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, ifname(port).c_str(), IFNAMSIZ - 1);
+  auto* sin = reinterpret_cast<sockaddr_in*>(&ifr.ifr_addr);
+  sin->sin_family = AF_INET;
+  sin->sin_addr.s_addr = htonl(want);
+  bool ok = ioctl(ctl_fd_, SIOCSIFADDR, &ifr) == 0;
+  sin->sin_addr.s_addr = htonl(0xFFFFFFF8u);  // /29
+  ok = ok && ioctl(ctl_fd_, SIOCSIFNETMASK, &ifr) == 0;
+  IFEC_CHECK(ok, info().name << ": cannot give " << ifname(port) << " its link address " << routing::ipv4_str(want)
+                             << "/29 for BGP: " << std::strerror(errno));
+}
+
+void NodeRuntime::listen_bgp() {
+  {
+    NetnsGuard in(opts_.netns);
+    listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  }
+  IFEC_CHECK(listen_fd_ >= 0, info().name << ": BGP socket: " << std::strerror(errno));
+  const int one = 1;
+  setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(routing::kBgpPort);
+  IFEC_CHECK(bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && listen(listen_fd_, 64) == 0,
+             info().name << ": cannot listen on TCP port " << routing::kBgpPort << " for BGP: " << std::strerror(errno)
+                         << " (another BGP speaker in this namespace?)");
+  loop_.watch(listen_fd_, [this] { on_accept(); });
+}
+
+void NodeRuntime::on_accept() {
+  for (;;) {
+    sockaddr_in from{};
+    socklen_t len = sizeof from;
+    const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) break;
+    const uint32_t peer = ntohl(from.sin_addr.s_addr);
+    int port = -1;
+    for (size_t p = 0; p < ports_.size(); ++p) {
+      const int l = link_of_port_[p];
+      if (routing::bgp_link_address(topo_, l, topo_.peer(l, node_).first) == peer) port = static_cast<int>(p);
+    }
+    const int conn = port >= 0 ? bgp_.accepted(port, loop_.now()) : -1;
+    if (conn < 0) {
+      if (port < 0) note("bgp", "refused a connection from " + routing::ipv4_str(peer) + ": no link's neighbour");
+      close(fd);
+      continue;
+    }
+    bind_tcp(conn, fd, false);
+  }
+  pump();
+}
+
+void NodeRuntime::bind_tcp(int conn, int fd, bool connecting) {
+  drop_tcp(conn);  // an abandoned connect attempt, when the peer's connection came first
+  Tcp& t = tcp_[conn];
+  t.fd = fd;
+  t.connecting = connecting;
+  loop_.watch(fd, [this, conn] { on_tcp(conn); }, connecting);
+}
+
+void NodeRuntime::drop_tcp(int conn) {
+  auto it = tcp_.find(conn);
+  if (it == tcp_.end()) return;
+  if (it->second.fd >= 0) {
+    loop_.unwatch(it->second.fd);
+    close(it->second.fd);
+  }
+  tcp_.erase(it);
+}
+
+void NodeRuntime::on_tcp(int conn) {
+  auto it = tcp_.find(conn);
+  if (it == tcp_.end()) return;
+  Tcp& t = it->second;
+  const common::TimeNs now = loop_.now();
+  if (t.connecting) {
+    int err = 0;
+    socklen_t len = sizeof err;
+    getsockopt(t.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err == EINPROGRESS || err == EALREADY) return;
+    if (err != 0) {
+      drop_tcp(conn);
+      bgp_.connect_failed(conn, now);
+      return pump();
+    }
+    t.connecting = false;
+    loop_.watch(t.fd, [this, conn] { on_tcp(conn); });
+    bgp_.connected(conn, now);
+    return pump();
+  }
+  uint8_t buf[65536];
+  for (;;) {
+    const ssize_t n = read(t.fd, buf, sizeof buf);
+    if (n > 0) {
+      bgp_.received(conn, buf, static_cast<size_t>(n), now);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+    drop_tcp(conn);  // closed by the peer, or reset
+    bgp_.closed(conn, now);
+    break;
+  }
+  pump();
+}
+
+void NodeRuntime::connect_tcp(const routing::BgpTransportRequest& r) {
+  int fd;
+  {
+    NetnsGuard in(opts_.netns);
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  }
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  local.sin_addr.s_addr = htonl(r.local_addr);
+  sockaddr_in peer{};
+  peer.sin_family = AF_INET;
+  peer.sin_port = htons(routing::kBgpPort);
+  peer.sin_addr.s_addr = htonl(r.peer_addr);
+  const bool started = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) == 0 &&
+                       (connect(fd, reinterpret_cast<sockaddr*>(&peer), sizeof peer) == 0 || errno == EINPROGRESS);
+  if (!started) {
+    if (fd >= 0) close(fd);
+    bgp_.connect_failed(r.conn, loop_.now());  // retried after the ConnectRetry time
+    return;
+  }
+  bind_tcp(r.conn, fd, true);
+}
+
+void NodeRuntime::flush(int conn) {
+  auto it = tcp_.find(conn);
+  if (it == tcp_.end() || it->second.connecting) return;
+  Tcp& t = it->second;
+  std::vector<uint8_t> out = bgp_.take_output(conn);
+  t.pending.insert(t.pending.end(), out.begin(), out.end());
+  size_t done = 0;
+  while (done < t.pending.size()) {
+    const ssize_t n = send(t.fd, t.pending.data() + done, t.pending.size() - done, MSG_NOSIGNAL);
+    if (n <= 0) break;  // full (the rest goes at the next pump) or broken (the read side sees it)
+    done += static_cast<size_t>(n);
+  }
+  t.pending.erase(t.pending.begin(), t.pending.begin() + static_cast<long>(done));
+}
+
+void NodeRuntime::pump() {
+  for (int round = 0; round < 8; ++round) {
+    const bool changed = bgp_.process(loop_.now());
+    for (const routing::BgpLogLine& l : bgp_.take_log()) {
+      note("bgp", ifname(l.port) + ": " + l.text);
+    }
+    std::vector<routing::BgpTransportRequest> requests = bgp_.take_requests();
+    for (const routing::BgpTransportRequest& r : requests) {
+      if (r.kind == routing::BgpTransportRequest::Kind::kConnect) {
+        connect_tcp(r);
+        continue;
+      }
+      flush(r.conn);
+      auto it = tcp_.find(r.conn);
+      if (it != tcp_.end() && !it->second.connecting && !r.last_bytes.empty()) {
+        send(it->second.fd, r.last_bytes.data(), r.last_bytes.size(), MSG_NOSIGNAL);  // the NOTIFICATION
+      }
+      drop_tcp(r.conn);
+    }
+    for (int conn : bgp_.connections()) {
+      flush(conn);
+    }
+    const bool macs = resolve_macs();
+    if (changed || macs) {
+      decided();
+    }
+    if (requests.empty()) break;  // a failed connect made events: once more
+  }
+}
+
+bool NodeRuntime::resolve_macs() {
+  bool learned = false;
+  for (size_t p = 0; p < ports_.size(); ++p) {
+    if (!bgp_.established(static_cast<int>(p))) {
+      peer_macs_[p] = common::MacAddress{};
+      continue;
+    }
+    if (peer_macs_[p] != common::MacAddress{}) continue;
+    const int l = link_of_port_[p];
+    arpreq req{};
+    auto* sin = reinterpret_cast<sockaddr_in*>(&req.arp_pa);
+    sin->sin_family = AF_INET;
+    sin->sin_addr.s_addr = htonl(routing::bgp_link_address(topo_, l, topo_.peer(l, node_).first));
+    std::strncpy(req.arp_dev, ifname(static_cast<int>(p)).c_str(), sizeof req.arp_dev - 1);
+    if (ioctl(ctl_fd_, SIOCGARP, &req) == 0 && (req.arp_flags & ATF_COM) != 0) {
+      std::copy(req.arp_ha.sa_data, req.arp_ha.sa_data + 6, peer_macs_[p].begin());
+      learned = true;
+    }
+  }
+  return learned;
 }
 
 void NodeRuntime::set_admin(int port, bool up) {
@@ -280,6 +466,12 @@ std::string NodeRuntime::render_metrics(bool ready,
     out += metric("ifec_port_dropped_total", l + ",reason=\"injected\"", static_cast<double>(p->injected_drops()));
   }
   out += "# TYPE ifec_fare_changes_total counter\n" + metric("ifec_fare_changes_total", node, fare_changes_);
+  out += "# HELP ifec_bgp_session_established A port's eBGP session is Established (1) or not (0).\n"
+         "# TYPE ifec_bgp_session_established gauge\n";
+  for (const auto& p : ports_) {
+    out += metric("ifec_bgp_session_established", node + ",port=\"" + std::to_string(p->port()) + "\"",
+                  bgp_.established(p->port()) ? 1 : 0);
+  }
   out += "# TYPE ifec_ready gauge\n" + metric("ifec_ready", node, ready ? 1 : 0);
   out += "# TYPE ifec_uptime_seconds gauge\n" + metric("ifec_uptime_seconds", node, loop_.now() / 1e9);
   return extra ? out + extra(node) : out;

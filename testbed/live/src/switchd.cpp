@@ -65,17 +65,6 @@ RuntimeOptions runtime_options(const DaemonOptions& o, const routing::Topology& 
     IFEC_CHECK(node >= 0, "no node '" << o.node << "' in topology " << topo.name);
     ro.ifnames = interfaces_by_subnet(topo, node, o.links_base);
   }
-  if (!o.guest_mac.empty()) {
-    common::MacAddress m{};
-    unsigned v[6];
-    char tail = 0;
-    IFEC_CHECK(
-        std::sscanf(o.guest_mac.c_str(), "%x:%x:%x:%x:%x:%x%c", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &tail) == 6 &&
-            std::all_of(v, v + 6, [](unsigned x) { return x <= 0xFF; }) && (v[0] & 1) == 0,
-        "--guest-mac '" << o.guest_mac << "' is not a unicast MAC address (xx:xx:xx:xx:xx:xx)");
-    std::copy(v, v + 6, m.begin());
-    ro.fare_mac = m;
-  }
   return ro;
 }
 

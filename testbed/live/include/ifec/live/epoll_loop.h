@@ -29,8 +29,9 @@ class EpollLoop : public common::Clock {
   common::TimeNs now() const override;
   // Any thread: runs `fn` on the loop's thread once now() >= at.
   void schedule(common::TimeNs at, std::function<void()> fn) override;
-  // Loop thread only: calls `fn` whenever `fd` is readable (level-triggered) until unwatch(fd).
-  void watch(int fd, std::function<void()> fn);
+  // Loop thread only: calls `fn` whenever `fd` is readable (level-triggered) until unwatch(fd); with `writable`,
+  // when it is writable too (a TCP connect completing). Watching a watched fd again replaces its callback.
+  void watch(int fd, std::function<void()> fn, bool writable = false);
   void unwatch(int fd);
   // Runs timers and fd callbacks until stop() or the deadline (ns since start) passes; returns callbacks run.
   uint64_t serve(common::TimeNs deadline = common::kForever);

@@ -1,10 +1,13 @@
 // What every live daemon (switchd, hostd) runs under its switch or endpoint: the topology node it is, its fabric
-// interfaces (one AfPacketPort per topology port, named f<port> in its namespace), the FARE speaker on them (periodic
-// and triggered advertisements, neighbour MACs learned from the neighbours' own frames, a hold time for silent
-// neighbours, carrier polling), and a log of events the control plane streams.
+// interfaces (one AfPacketPort per topology port, named f<port> in its namespace), FARE over BGP-4 on them (a
+// routing::BgpSpeaker: one eBGP session per link over TCP port 179 between the link's two addresses, neighbour MACs
+// from the kernel's ARP table once a session is up, carrier polling), and a log of events the control plane streams.
 //
-// Frames reach the runtime first: FARE advertisements go to the speaker, everything else to the switch or endpoint
-// that set the port's receiver (NodePort), so those see exactly the Port they see in the simulator.
+// Each fabric interface carries its link's address (link L's /29 at 10.64.0.0 + 8 L, .2 at the a-end, .3 at the
+// b-end): containers get it from Docker, namespaces from the runtime itself when the interface has none. BGP runs
+// in the kernel's TCP stack; the AF_PACKET ports see only the fabric's frames (RoCEv2, ECH, PFC), which go to the
+// switch or endpoint that set the port's receiver (NodePort), so those see exactly the Port they see in the
+// simulator.
 #pragma once
 
 #include <deque>
@@ -21,23 +24,19 @@
 #include "ifec/live/af_packet_port.h"
 #include "ifec/live/epoll_loop.h"
 #include "ifec/live/netns.h"
-#include "ifec/routing/fare_speaker.h"
+#include "ifec/routing/bgp_speaker.h"
 #include "ifec/routing/topology.h"
 #include "ifec/testbed/live_timing.h"
 
 namespace ifec::live {
 
 struct RuntimeOptions {
-  common::TimeNs fare_interval_ns = 100'000'000;           // periodic advertisements
-  common::TimeNs fare_hold_ns = testbed::kLiveFareHoldNs;  // a neighbour silent this long counts as gone
+  routing::BgpSpeakerOptions bgp;  // hold time (3 s: testbed::kLiveBgpHoldNs), retry timers, bandwidth units
   common::TimeNs carrier_poll_ns = 20'000'000;
   std::string netns;  // open the interfaces in this namespace (tests); "" = the daemon's own
   // Interface of each topology port; ports not in it are f<port> (the namespaces' naming). Containers, whose
   // interfaces Docker names, fill it with interfaces_by_subnet().
   std::map<int, std::string> ifnames;
-  // FARE frames carry this source MAC instead of the port's (a hostd speaking for an external peer: neighbours
-  // learn the peer's MAC as this node's). Unset: the port's own.
-  std::optional<common::MacAddress> fare_mac;
 };
 
 // The interfaces of `node` found by address: link L's network is the /29 at `base` + 8 L (the compose file's
@@ -53,7 +52,7 @@ struct RuntimeEvent {
 
 class NodeRuntime;
 
-// One fabric port as the switch or endpoint sees it: an AfPacketPort minus the FARE frames.
+// One fabric port as the switch or endpoint sees it: an AfPacketPort with fault injection.
 class NodePort : public common::Port {
  public:
   NodePort(NodeRuntime& rt, int port, std::unique_ptr<AfPacketPort> dev);
@@ -65,7 +64,7 @@ class NodePort : public common::Port {
   void set_tx_ready(TxReady ready) override { dev_->set_tx_ready(std::move(ready)); }
   AfPacketPort& device() { return *dev_; }
   int port() const { return port_; }
-  // Drops what the owner sends with probability p (fault injection); FARE frames bypass it.
+  // Drops what the owner sends with probability p (fault injection; BGP, in the kernel's TCP, is not affected).
   void set_loss(double p, uint64_t seed);
   uint64_t injected_drops() const { return injected_drops_; }
 
@@ -93,20 +92,23 @@ class NodeRuntime {
   // Ports by topology port number (every port of the node).
   const std::vector<std::unique_ptr<NodePort>>& ports() const { return ports_; }
   std::vector<common::Port*> port_ptrs() const;
-  routing::FareSpeaker& fare() { return speaker_; }
-  // The MAC of the neighbour on `port`, learned from its FARE frames (all zero until heard).
+  const routing::FareSpeaker& fare() const { return bgp_.fare(); }
+  const routing::BgpSpeaker& bgp() const { return bgp_; }
+  // The port's BGP session is Established and the neighbour's MAC known.
+  bool heard(int port) const;
+  // The MAC of the neighbour on `port`, from the ARP table once its session is up (all zero until then).
   common::MacAddress peer_mac(int port) const { return peer_macs_.at(port); }
   common::MacAddress mac(int port) const;
   // The topology's (node, port) on the other end of `port`.
   std::pair<int, int> peer_of(int port) const;
-  bool all_heard() const;  // every port with a carrier has heard its neighbour
+  bool all_heard() const;  // every port with a carrier has its session up and its neighbour's MAC
 
   // Called on the loop after FARE's decision changed (install routes, reweigh QPs).
   void on_fare_change(std::function<void()> fn) { fare_listeners_.push_back(std::move(fn)); }
   // Brings interface f<port> administratively up or down (its peer loses carrier too); throws Error naming it.
   void set_admin(int port, bool up);
   bool admin_up(int port) const { return admin_.at(port) != 0; }
-  // Starts speaking FARE (call once the owner set its receivers).
+  // Starts speaking BGP (call once the owner set its receivers).
   void start();
   void note(const std::string& kind, const std::string& detail);  // any thread
   // Serves the loop until stop(). A callback that throws is reported (stderr and an "error" event) and the loop goes
@@ -114,18 +116,32 @@ class NodeRuntime {
   void serve();
   std::vector<RuntimeEvent> events_since(common::TimeNs since) const;
   uint64_t fare_changes() const { return fare_changes_; }
-  // Prometheus text for this node's ports and FARE state, plus what `extra` adds (the switch's or endpoint's own).
+  // Prometheus text for this node's ports, FARE and BGP state, plus what `extra` adds (the switch's or endpoint's
+  // own).
   std::string render_metrics(bool ready, const std::function<std::string(const std::string& labels)>& extra) const;
   common::TimeNs fare_last_change() const { return fare_last_change_; }
 
  private:
   friend class NodePort;
+  struct Tcp {
+    int fd = -1;
+    bool connecting = false;
+    std::vector<uint8_t> pending;  // written once the socket takes it
+  };
   void frame_in(int port, std::vector<uint8_t>&& frame);
-  void advertise(int port);
-  void advertise_all();
   void tick();
   void decided();
   std::string ifname(int port) const;
+  void ensure_address(int port);
+  void listen_bgp();
+  void on_accept();
+  void bind_tcp(int conn, int fd, bool connecting);
+  void drop_tcp(int conn);
+  void on_tcp(int conn);
+  void connect_tcp(const routing::BgpTransportRequest& r);
+  void flush(int conn);
+  void pump();  // the speaker's decisions, requests and bytes, until it has nothing more to do
+  bool resolve_macs();
 
   const routing::Topology& topo_;
   int node_ = -1;
@@ -133,7 +149,10 @@ class NodeRuntime {
   EpollLoop loop_;
   std::vector<std::unique_ptr<NodePort>> ports_;
   std::vector<int> link_of_port_;
-  routing::FareSpeaker speaker_;
+  routing::BgpSpeaker bgp_;
+  int ctl_fd_ = -1;     // a UDP socket in the namespace, for interface and ARP ioctls
+  int listen_fd_ = -1;  // TCP :179
+  std::map<int, Tcp> tcp_;  // by the speaker's connection id
   std::vector<common::MacAddress> peer_macs_;
   std::vector<char> admin_;
   std::vector<std::function<void()>> fare_listeners_;

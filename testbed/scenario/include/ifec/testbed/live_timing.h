@@ -10,12 +10,13 @@
 
 namespace ifec::testbed {
 
-// FARE speakers: a neighbour silent this long counts as gone (a busy daemon's advertisements can be late by hundreds
-// of ms). Until then a dead switch's plane keeps its weight, and QPs on it retransmit into the void.
-constexpr common::TimeNs kLiveFareHoldNs = 2'000'000'000;
+// FARE's BGP sessions: the hold time (3 s, keepalives every second: RFC 4271's smallest). A killed daemon's sessions
+// end at once (the kernel closes its sockets) and so does a link that loses its carrier; only a hung daemon holds
+// its plane's weight this long, while QPs on it retransmit into the void.
+constexpr common::TimeNs kLiveBgpHoldNs = 3'000'000'000;
 
 // RC queue pairs: timeouts of at least 25 ms (adaptive above that, at most 200 ms; a loaded two-core machine can
-// leave a daemon unscheduled for over 10 ms), and retries enough to outlast twice FARE's hold time (a QP must not
+// leave a daemon unscheduled for over 10 ms), and retries enough to outlast twice BGP's hold time (a QP must not
 // give up on its peer before FARE has moved it off a dead plane: 12 retries, 2.2 s, lost that race).
 void apply_live_timing(endpoint::EndpointConfig& ec);
 // Contributions and multicast packets: 100 ms first timeout (20..800 ms adaptive), 1 ms back-off on a busy slot.
