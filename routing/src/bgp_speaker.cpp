@@ -147,6 +147,11 @@ std::vector<int> BgpSpeaker::connections() const {
 
 // ------------------------------------------------------------------------------------------- the transport --
 
+void BgpSpeaker::set_local_address(int port, uint32_t local) {
+  IFEC_CHECK(port >= 0 && port < ports(), topo_.nodes[node_].name << ": no port " << port);
+  ports_[port]->local_addr = local;
+}
+
 void BgpSpeaker::start(TimeNs now) {
   for (auto& p : ports_) {
     if (p->carrier) conns_[p->primary]->session.start(now);

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from . import live
+from . import containers, live
 from .pcap import read_pcap
 
 HERE = pathlib.Path(__file__).resolve()
@@ -119,8 +119,9 @@ def _ip(n):
 class RxeFabric(live.LiveFabric):
     """A live topology (ifec.live) whose GPUs named in `guests` are Soft-RoCE guests instead of hostds: each guest's
     fabric NIC is a tap in its GPU's namespace joined to the GPU's link interface f<port> by tc mirred (every frame,
-    PFC included, both ways), the GPU's hostd runs with --guest-mac and only speaks FARE for it (so the switch learns
-    the guest's MAC and routes to its address), and a second NIC on QEMU's user network reaches the other guests'
+    PFC included, both ways, but ARP and TCP to the hostd's link address), the interface carries the guest's MAC and
+    the GPU's hostd runs with --guest-mac and only speaks BGP for it (so the switch's ARP learns the guest's MAC and
+    FARE routes to its address), and a second NIC on QEMU's user network reaches the other guests'
     management addresses for perftest's TCP exchange (forwarded to port 18515 of the guest). The other GPUs' hostds
     treat the guests as external RDMA peers (--external-peers)."""
 
@@ -148,10 +149,18 @@ class RxeFabric(live.LiveFabric):
         super()._configure()
         for g in self.guests:
             intf = self.fabric_intf(g)
-            redirect = "parent ffff: protocol all u32 match u32 0 0 action mirred egress redirect dev"
+            redirect = "parent ffff: prio 3 protocol all u32 match u32 0 0 action mirred egress redirect dev"
+            # The hostd's BGP session (TCP to its link address) and ARP stay in its namespace (a match that only
+            # classifies ends the filters and passes the frame up); the interface carries the guest's MAC, so the
+            # switch's ARP learns that MAC for the GPU.
+            keep = f"parent ffff: prio 1 protocol ip u32 match ip dst {self.link_address(g)}/32 flowid ffff:1"
             live._host_sh(self.hosts[g], " && ".join([
+                f"ip link set {intf} address {self.mac(g)}",
                 "ip tuntap add g0 mode tap", "ip link set g0 mtu 9216 up",
-                f"tc qdisc add dev {intf} ingress", f"tc filter add dev {intf} {redirect} g0",
+                f"tc qdisc add dev {intf} ingress",
+                f"tc filter add dev {intf} {keep}",
+                f"tc filter add dev {intf} parent ffff: prio 2 protocol arp u32 match u32 0 0 flowid ffff:1",
+                f"tc filter add dev {intf} {redirect} g0",
                 "tc qdisc add dev g0 ingress", f"tc filter add dev g0 {redirect} {intf}"]))
 
     def link_of(self, name):
@@ -160,6 +169,11 @@ class RxeFabric(live.LiveFabric):
     def fabric_intf(self, name):
         l = self.link_of(name)
         return f"f{l['a_port'] if l['a'] == name else l['b_port']}"
+
+    def link_address(self, name):
+        """The GPU's address on its link (its hostd's BGP session): the /29 plan of ifec.containers."""
+        l = self.link_of(name)
+        return str(containers.link_subnet(l["id"])[2 if l["a"] == name else 3])
 
     def mac(self, name):
         return GUEST_MAC.format(self.node(name)["gpu"])

@@ -41,12 +41,12 @@ constexpr common::TimeNs kPacingSlackNs = 50'000;     // a port may run this far
 constexpr common::TimeNs kPacingCatchUpNs = 200'000;  // ... and make up this much time an idle or late loop lost
 constexpr size_t kWireOverheadBytes = 24;             // preamble + SFD, FCS, inter-frame gap
 
-// ethertype PFC or FARE: accept; IPv4 UDP (not a fragment) to 4791 (RoCEv2) or 4793 (ECH): accept; else drop.
+// ethertype PFC: accept; IPv4 UDP (not a fragment) to 4791 (RoCEv2) or 4793 (ECH): accept; else drop (ARP and
+// BGP's TCP are the kernel's).
 std::vector<sock_filter> fabric_filter() {
   return {
       BPF_STMT(BPF_LD | BPF_H | BPF_ABS, 12),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x8808, 11, 0),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kFareEthertype, 10, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x8808, 10, 0),
       BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x0800, 0, 8),
       BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 23),
       BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 17, 0, 6),
@@ -200,24 +200,6 @@ bool AfPacketPort::send(std::vector<uint8_t>&& frame) {
   }
   counters_.tx_errors++;
   return false;
-}
-
-bool AfPacketPort::send_control(std::vector<uint8_t>&& frame) {
-  if (!up_) {
-    counters_.tx_refused++;
-    return false;
-  }
-  if (::send(fd_, frame.data(), frame.size(), MSG_DONTWAIT) != static_cast<ssize_t>(frame.size())) {
-    counters_.tx_errors++;
-    return false;
-  }
-  counters_.tx_frames++;
-  counters_.tx_bytes += frame.size();
-  if (rate_bps_ > 0) {  // it used the link: later frames wait for it, but the owner is not told anything
-    next_free_ns_ = std::max(next_free_ns_, loop_.now()) +
-                    static_cast<common::TimeNs>((frame.size() + kWireOverheadBytes) * 8e9 / rate_bps_);
-  }
-  return true;
 }
 
 void AfPacketPort::writable() {

@@ -89,6 +89,10 @@ NodeRuntime::NodeRuntime(const routing::Topology& topo, const std::string& node_
     ctl_fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   }
   IFEC_CHECK(ctl_fd_ >= 0, node_name << ": cannot open a socket: " << std::strerror(errno));
+  local_addr_.assign(ports_.size(), 0);
+  peer_candidates_.resize(ports_.size());
+  next_candidate_.assign(ports_.size(), 0);
+  peer_addr_.assign(ports_.size(), 0);
   for (size_t p = 0; p < ports_.size(); ++p) {
     ensure_address(static_cast<int>(p));
   }
@@ -208,21 +212,35 @@ void NodeRuntime::start() {
 
 // ------------------------------------------------------------------------------------------- BGP over TCP --
 
+// The namespaces' interfaces get the plan's address; a container's already has one in the link's /29 (Docker's
+// choice), and its neighbour is then any other host address of the /29 (tried in turn).
 void NodeRuntime::ensure_address(int port) {
-  const uint32_t want = routing::bgp_link_address(topo_, link_of_port_[port], node_);
-  bool has = false;
+  const int l = link_of_port_[port];
+  const uint32_t want = routing::bgp_link_address(topo_, l, node_);
+  const uint32_t net = want & ~uint32_t{7};
+  uint32_t have = 0;
   {
     NetnsGuard in(opts_.netns);
     ifaddrs* ifs = nullptr;
     IFEC_CHECK(getifaddrs(&ifs) == 0, "getifaddrs: " << std::strerror(errno));
     for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
       if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET && ifname(port) == i->ifa_name) {
-        has = has || ntohl(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr) == want;
+        const uint32_t a = ntohl(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr);
+        if ((a & ~uint32_t{7}) == net) have = a;
       }
     }
     freeifaddrs(ifs);
   }
-  if (has) return;
+  const uint32_t peer = routing::bgp_link_address(topo_, l, topo_.peer(l, node_).first);
+  if (have != 0) {
+    local_addr_[port] = have;
+    peer_candidates_[port] = {peer};
+    for (uint32_t a = net + 2; a < net + 7; ++a) {
+      if (a != have && a != peer) peer_candidates_[port].push_back(a);
+    }
+    bgp_.set_local_address(port, have);
+    return;
+  }
   ifreq ifr{};
   std::strncpy(ifr.ifr_name, ifname(port).c_str(), IFNAMSIZ - 1);
   auto* sin = reinterpret_cast<sockaddr_in*>(&ifr.ifr_addr);
@@ -233,6 +251,8 @@ void NodeRuntime::ensure_address(int port) {
   ok = ok && ioctl(ctl_fd_, SIOCSIFNETMASK, &ifr) == 0;
   IFEC_CHECK(ok, info().name << ": cannot give " << ifname(port) << " its link address " << routing::ipv4_str(want)
                              << "/29 for BGP: " << std::strerror(errno));
+  local_addr_[port] = want;
+  peer_candidates_[port] = {peer};
 }
 
 void NodeRuntime::listen_bgp() {
@@ -259,10 +279,11 @@ void NodeRuntime::on_accept() {
     const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) break;
     const uint32_t peer = ntohl(from.sin_addr.s_addr);
-    int port = -1;
+    int port = -1;  // the link whose /29 the peer is in
     for (size_t p = 0; p < ports_.size(); ++p) {
-      const int l = link_of_port_[p];
-      if (routing::bgp_link_address(topo_, l, topo_.peer(l, node_).first) == peer) port = static_cast<int>(p);
+      if ((peer & ~uint32_t{7}) == (local_addr_[p] & ~uint32_t{7}) && peer != local_addr_[p]) {
+        port = static_cast<int>(p);
+      }
     }
     const int conn = port >= 0 ? bgp_.accepted(port, loop_.now()) : -1;
     if (conn < 0) {
@@ -270,15 +291,18 @@ void NodeRuntime::on_accept() {
       close(fd);
       continue;
     }
-    bind_tcp(conn, fd, false);
+    peer_addr_[port] = peer;
+    bind_tcp(conn, fd, port, peer, false);
   }
   pump();
 }
 
-void NodeRuntime::bind_tcp(int conn, int fd, bool connecting) {
+void NodeRuntime::bind_tcp(int conn, int fd, int port, uint32_t peer, bool connecting) {
   drop_tcp(conn);  // an abandoned connect attempt, when the peer's connection came first
   Tcp& t = tcp_[conn];
   t.fd = fd;
+  t.port = port;
+  t.peer = peer;
   t.connecting = connecting;
   loop_.watch(fd, [this, conn] { on_tcp(conn); }, connecting);
 }
@@ -309,6 +333,7 @@ void NodeRuntime::on_tcp(int conn) {
       return pump();
     }
     t.connecting = false;
+    peer_addr_[t.port] = t.peer;
     loop_.watch(t.fd, [this, conn] { on_tcp(conn); });
     bgp_.connected(conn, now);
     return pump();
@@ -336,11 +361,13 @@ void NodeRuntime::connect_tcp(const routing::BgpTransportRequest& r) {
   }
   sockaddr_in local{};
   local.sin_family = AF_INET;
-  local.sin_addr.s_addr = htonl(r.local_addr);
+  local.sin_addr.s_addr = htonl(local_addr_[r.port]);
+  const std::vector<uint32_t>& candidates = peer_candidates_[r.port];
+  const uint32_t to = candidates[next_candidate_[r.port]++ % candidates.size()];
   sockaddr_in peer{};
   peer.sin_family = AF_INET;
   peer.sin_port = htons(routing::kBgpPort);
-  peer.sin_addr.s_addr = htonl(r.peer_addr);
+  peer.sin_addr.s_addr = htonl(to);
   const bool started = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) == 0 &&
                        (connect(fd, reinterpret_cast<sockaddr*>(&peer), sizeof peer) == 0 || errno == EINPROGRESS);
   if (!started) {
@@ -348,7 +375,7 @@ void NodeRuntime::connect_tcp(const routing::BgpTransportRequest& r) {
     bgp_.connect_failed(r.conn, loop_.now());  // retried after the ConnectRetry time
     return;
   }
-  bind_tcp(r.conn, fd, true);
+  bind_tcp(r.conn, fd, r.port, to, true);
 }
 
 void NodeRuntime::flush(int conn) {
@@ -404,11 +431,10 @@ bool NodeRuntime::resolve_macs() {
       continue;
     }
     if (peer_macs_[p] != common::MacAddress{}) continue;
-    const int l = link_of_port_[p];
     arpreq req{};
     auto* sin = reinterpret_cast<sockaddr_in*>(&req.arp_pa);
     sin->sin_family = AF_INET;
-    sin->sin_addr.s_addr = htonl(routing::bgp_link_address(topo_, l, topo_.peer(l, node_).first));
+    sin->sin_addr.s_addr = htonl(peer_addr_[p]);
     std::strncpy(req.arp_dev, ifname(static_cast<int>(p)).c_str(), sizeof req.arp_dev - 1);
     if (ioctl(ctl_fd_, SIOCGARP, &req) == 0 && (req.arp_flags & ATF_COM) != 0) {
       std::copy(req.arp_ha.sa_data, req.arp_ha.sa_data + 6, peer_macs_[p].begin());

@@ -124,31 +124,35 @@ TEST_F(Veth, FabricFramesCrossByteForByteAndOtherTrafficIsFiltered) {
   pfc.class_enable = 1 << 3;
   pfc.quanta[3] = 0xFFFF;
   const std::vector<uint8_t> pause = pfc.encode();
-  std::vector<uint8_t> fare(64, 0);
-  std::copy(pb_->mac(), pb_->mac() + 6, fare.begin());
-  std::copy(pa_->mac(), pa_->mac() + 6, fare.begin() + 6);
-  fare[12] = live::kFareEthertype >> 8;
-  fare[13] = live::kFareEthertype & 0xFF;
-  // Not fabric traffic: an ARP ethertype, and IPv4 UDP to port 53 (the same frame as RoCE, another port).
-  std::vector<uint8_t> arp = fare;
+  // Not fabric traffic (the kernel's): an ARP ethertype, the retired FARE ethertype 0x88B5 (BGP carries FARE
+  // now), IPv4 UDP to port 53 (the same frame as RoCE, another port) and IPv4 TCP to port 179 (BGP).
+  std::vector<uint8_t> arp(64, 0);
+  std::copy(pb_->mac(), pb_->mac() + 6, arp.begin());
+  std::copy(pa_->mac(), pa_->mac() + 6, arp.begin() + 6);
   arp[12] = 0x08;
   arp[13] = 0x06;
+  std::vector<uint8_t> old_fare = arp;
+  old_fare[12] = 0x88;
+  old_fare[13] = 0xB5;
   std::vector<uint8_t> dns = roce;
   dns[14 + 20 + 2] = 0;
   dns[14 + 20 + 3] = 53;
-  for (const auto& f : {arp, roce, dns, ech, pause, fare}) {
+  std::vector<uint8_t> bgp = roce;
+  bgp[14 + 9] = 6;  // TCP
+  bgp[14 + 20 + 2] = 0;
+  bgp[14 + 20 + 3] = 179;
+  for (const auto& f : {arp, roce, dns, ech, pause, old_fare, bgp}) {
     ASSERT_TRUE(pa_->send(std::vector<uint8_t>(f)));
   }
-  ASSERT_TRUE(run_until(loop_, [&] { return got_.size() >= 4; })) << got_.size() << " of 4 frames arrived";
+  ASSERT_TRUE(run_until(loop_, [&] { return got_.size() >= 3; })) << got_.size() << " of 3 frames arrived";
   run_until(
       loop_, [] { return false; }, 200'000'000);  // anything else that would arrive has time to
-  ASSERT_EQ(got_.size(), 4u) << "ARP and UDP 53 must be filtered in the kernel";
+  ASSERT_EQ(got_.size(), 3u) << "ARP, 0x88B5, UDP 53 and TCP 179 must be filtered in the kernel";
   EXPECT_EQ(got_[0], roce);
   EXPECT_EQ(got_[1], ech);
   EXPECT_EQ(got_[2], pause);
-  EXPECT_EQ(got_[3], fare);
-  EXPECT_EQ(pa_->counters().tx_frames, 6u);
-  EXPECT_EQ(pb_->counters().rx_frames, 4u);
+  EXPECT_EQ(pa_->counters().tx_frames, 7u);
+  EXPECT_EQ(pb_->counters().rx_frames, 3u);
 }
 
 TEST_F(Veth, CarrierFollowsThePeerAndADownPortRefusesFrames) {

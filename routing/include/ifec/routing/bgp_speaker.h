@@ -90,6 +90,9 @@ class BgpSpeaker {
   BgpSpeaker(const BgpSpeaker&) = delete;
   BgpSpeaker& operator=(const BgpSpeaker&) = delete;
 
+  // The link's addresses when they are not the plan's (containers: Docker assigns them within the link's /29):
+  // `local` is the NEXT_HOP of the routes sent on `port`.
+  void set_local_address(int port, uint32_t local);
   // Starts a session on every port whose carrier is up.
   void start(common::TimeNs now);
   // Carrier on `port`: down ends its session at once (Cease), up starts it.

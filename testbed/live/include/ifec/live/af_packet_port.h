@@ -21,8 +21,6 @@
 
 namespace ifec::live {
 
-inline constexpr uint16_t kFareEthertype = 0x88B5;  // IEEE 802 local experimental: FARE advertisements
-
 // clang-format off
 #define IFEC_AF_PACKET_COUNTERS(X)                                                      \
   X(rx_frames, "")                                                                      \
@@ -52,9 +50,6 @@ class AfPacketPort : public common::Port {
   AfPacketPort& operator=(const AfPacketPort&) = delete;
 
   bool send(std::vector<uint8_t>&& frame) override;
-  // A control frame (a FARE advertisement) sent now, ahead of the paced queue (it still uses the link's time);
-  // false when the link is down or the kernel refused it.
-  bool send_control(std::vector<uint8_t>&& frame);
   bool busy() const override { return busy_; }
   bool link_up() const override { return up_; }
   uint64_t rate_bps() const override { return rate_bps_; }

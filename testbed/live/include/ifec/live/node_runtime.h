@@ -125,6 +125,8 @@ class NodeRuntime {
   friend class NodePort;
   struct Tcp {
     int fd = -1;
+    int port = -1;
+    uint32_t peer = 0;
     bool connecting = false;
     std::vector<uint8_t> pending;  // written once the socket takes it
   };
@@ -135,7 +137,7 @@ class NodeRuntime {
   void ensure_address(int port);
   void listen_bgp();
   void on_accept();
-  void bind_tcp(int conn, int fd, bool connecting);
+  void bind_tcp(int conn, int fd, int port, uint32_t peer, bool connecting);
   void drop_tcp(int conn);
   void on_tcp(int conn);
   void connect_tcp(const routing::BgpTransportRequest& r);
@@ -153,6 +155,10 @@ class NodeRuntime {
   int ctl_fd_ = -1;     // a UDP socket in the namespace, for interface and ARP ioctls
   int listen_fd_ = -1;  // TCP :179
   std::map<int, Tcp> tcp_;  // by the speaker's connection id
+  std::vector<uint32_t> local_addr_;                    // by port: this node's address on the link
+  std::vector<std::vector<uint32_t>> peer_candidates_;  // by port: where the neighbour may be (tried in turn)
+  std::vector<size_t> next_candidate_;
+  std::vector<uint32_t> peer_addr_;  // by port: the neighbour's address, once a connection reached it
   std::vector<common::MacAddress> peer_macs_;
   std::vector<char> admin_;
   std::vector<std::function<void()>> fare_listeners_;
