@@ -3,8 +3,9 @@
 Every node of the topology becomes a Mininet host (a network namespace; hosts only, no Open vSwitch): every link a
 veth pair named f<port> on both ends (MTU 9216, paced at the link's rate by tc tbf), plus one management interface
 m0 on a Linux bridge (172.31.0.0/16, the root namespace at 172.31.0.1) for the gRPC control plane. Each switch runs
-ifec-switchd, each GPU ifec-hostd; `up()` returns once every daemon answers, every hostd is bootstrapped and FARE
-has converged.
+ifec-switchd, each GPU ifec-hostd (or, for the nodes named in `frr`, FRR's zebra and bgpd: ifec.frr); FARE runs
+over BGP between them, one eBGP session per link. `up()` returns once every daemon answers, every hostd is
+bootstrapped and FARE has converged.
 
     with LiveFabric("testbed/topologies/superpod-4x2.yaml") as fab:
         row = fab.run("allreduce", algo="ifec", bytes=1 << 20)
@@ -68,11 +69,15 @@ class LiveFabric:
 
     driver = "live"  # what its rows say produced them
 
-    def __init__(self, topology_file, log_dir=None, ready_timeout=60.0):
+    def __init__(self, topology_file, log_dir=None, ready_timeout=60.0, frr=()):
         self.topology_file = str(pathlib.Path(topology_file).resolve())
         self.topo = _native.load_topology(self.topology_file)
         self.nodes = self.topo.nodes
         self.links = self.topo.links
+        self.frr_names = list(frr)
+        for name in self.frr_names:
+            self.node(name)
+        self.frr = {}  # node -> ifec.frr.FrrNode, once started
         self.log_dir = pathlib.Path(log_dir or f"/tmp/ifec-live-{os.getpid()}")
         self.ready_timeout = ready_timeout
         self.net = None
@@ -137,6 +142,13 @@ class LiveFabric:
                 intf = f"f{l[end + '_port']}"
                 _host_sh(h, f"ip link set {intf} mtu 9216 up && " + tbf_command(intf, l["rate_gbps"],
                                                                                 self.topo.buffer_bytes))
+        if self.frr_names:
+            from . import frr
+            if why := frr.unavailable():
+                raise LiveError(f"--frr {','.join(self.frr_names)}: {why}")
+            for name in self.frr_names:
+                self.frr[name] = frr.FrrNode(self.topo, name, self.hosts[name], self.log_dir)
+                self.frr[name].configure()
 
     def _start_daemons(self):
         for nd in self.nodes:
@@ -155,6 +167,11 @@ class LiveFabric:
         old = self.procs.get(node)
         if old is not None and old.poll() is None:
             raise LiveError(f"{node}: its daemon is still running (pid {old.pid})")
+        if node in self.frr:
+            self.frr[node].stop()
+            self.procs[node] = self.frr[node].start()
+            self._record()
+            return
         prog = "ifec-hostd" if nd["kind"] == "gpu" else "ifec-switchd"
         log = open(self.log_dir / f"{node}.log", "a")
         self.procs[node] = self.hosts[node].popen(
@@ -206,6 +223,9 @@ class LiveFabric:
 
     def stub(self, node):
         grpc, pb, rpc = _grpc()
+        if node in self.frr:
+            raise LiveError(f"{node} runs FRR, not an ifec daemon: ask it with "
+                            f"vtysh -N {self.frr[node].pathspace} -c 'show bgp summary'")
         if node not in self._stubs:
             nd = self.node(node)
             ch = grpc.insecure_channel(self.address(nd))
@@ -222,6 +242,12 @@ class LiveFabric:
         from google.protobuf.json_format import MessageToDict
         out = {}
         for nd in self.nodes:
+            if nd["name"] in self.frr:  # ready once every session is Established
+                states = self.frr[nd["name"]].sessions()
+                up = sum(1 for st in states.values() if st == "Established")
+                out[nd["name"]] = dict(ready=bool(states) and up == len(states), driver="frr", sessions=states,
+                                       **({} if states else dict(error="FRR's bgpd does not answer")))
+                continue
             try:
                 out[nd["name"]] = MessageToDict(self.stub(nd["name"]).Status(pb.Empty(), timeout=timeout),
                                                 preserving_proto_field_name=True)
@@ -296,6 +322,8 @@ class LiveFabric:
         ls = self.select_links(selector)
         for i, l in enumerate(ls):
             sw_end = "a" if next(n for n in self.nodes if n["name"] == l["a"])["kind"] == "switch" else "b"
+            if l[sw_end] in self.frr:  # FRR has no SetLink: the GPU's end takes the link down
+                sw_end = "b" if sw_end == "a" else "a"
             try:
                 self.stub(l[sw_end]).SetLink(pb.SetLinkRequest(port=l[sw_end + "_port"], up=up), timeout=5)
             except grpc.RpcError as e:
@@ -353,6 +381,9 @@ class LiveFabric:
             raise LiveError(f"no daemon for node '{node}'")
         if p.poll() is not None:
             raise LiveError(f"{node}: its daemon is not running (it exited with status {p.returncode})")
+        if node in self.frr:
+            self.frr[node].kill()
+            return
         p.kill()
         p.wait(5)
 
@@ -369,6 +400,8 @@ class LiveFabric:
                 p.kill()
                 p.wait(5)
         self.procs = {}
+        for f in self.frr.values():
+            f.stop()
         if self.net is not None:
             self.net.stop()
             self.net = None
@@ -559,6 +592,11 @@ def attach():
                         "./ifec live up, or ./ifec live down")
     fab = _Attached(st["topology"], log_dir=st["log_dir"])
     fab.host_pids = st.get("host_pids", {})
+    if st.get("frr"):
+        from . import frr
+        for name, pathspace in st["frr"].items():
+            fab.frr[name] = frr.FrrNode(fab.topo, name, None, fab.log_dir)
+            fab.frr[name].pathspace = pathspace
     return fab
 
 
@@ -569,7 +607,7 @@ def _write_state(**state):
     tmp.replace(_state_file())
 
 
-def _serve(topology_file, log_dir):
+def _serve(topology_file, log_dir, frr=()):
     progress_file = pathlib.Path(log_dir) / "progress.log"
     prog = open(progress_file, "a", buffering=1)
     # The handlers only note the stop: the bring-up asks between its steps (an exception raised inside Mininet's
@@ -580,7 +618,7 @@ def _serve(topology_file, log_dir):
     try:
         # The state names this supervisor from the start, so `down` finds a bring-up still under way.
         _write_state(topology=str(topology_file), log_dir=str(log_dir), supervisor=os.getpid(), ready=False)
-        fab = LiveFabric(topology_file, log_dir=log_dir)
+        fab = LiveFabric(topology_file, log_dir=log_dir, frr=frr)
         fab.up(progress=lambda line: prog.write(line + "\n"), should_stop=lambda: bool(stop))
     except Exception as e:
         _state_file().unlink(missing_ok=True)
@@ -590,6 +628,7 @@ def _serve(topology_file, log_dir):
     def record():
         _write_state(topology=fab.topology_file, log_dir=str(fab.log_dir), supervisor=os.getpid(), ready=True,
                      host_pids={n: h.pid for n, h in fab.hosts.items()},
+                     frr={n: f.pathspace for n, f in fab.frr.items()},
                      daemon_pids={n: p.pid for n, p in fab.procs.items()})
     requests = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:  # whatever happens from here on, the testbed comes down with this process
@@ -685,7 +724,15 @@ def _cmd_up(args):
     progress = log_dir / "progress.log"
     progress.write_text("")
     env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parent.parent))
-    sup = subprocess.Popen([sys.executable, "-m", "ifec.live", "_serve", str(topo_file), str(log_dir)],
+    if args.frr:
+        from . import frr
+        if why := frr.unavailable():
+            raise LiveError(f"--frr {args.frr}: {why}")
+        for name in args.frr.split(","):
+            if not any(n["name"] == name for n in topo.nodes):
+                raise LiveError(f"--frr {args.frr}: no node '{name}' in {topo_file}")
+    sup = subprocess.Popen([sys.executable, "-m", "ifec.live", "_serve", str(topo_file), str(log_dir),
+                            "--frr", args.frr],
                            start_new_session=True, stdout=open(log_dir / "supervisor.log", "w"),
                            stderr=subprocess.STDOUT, env=env)
     shown, t0 = 0, time.time()
@@ -744,11 +791,16 @@ def _cmd_status(args):
         if "error" in s:
             print(f"{name:<10} DOWN  {s['error']}")
             continue
+        if s.get("driver") == "frr":
+            est = sum(1 for st in s["sessions"].values() if st == "Established")
+            print(f"{name:<10} {'ready' if s.get('ready') else 'not ready':<9} FRR: {est} of {len(s['sessions'])} "
+                  f"BGP sessions Established")
+            continue
         ports = s.get("ports", [])
         up = sum(1 for p in ports if p.get("carrier"))
         heard = sum(1 for p in ports if p.get("fare_heard"))
         print(f"{name:<10} {'ready' if s.get('ready') else 'not ready':<9} ports {up}/{len(ports)} up, "
-              f"FARE heard on {heard}, {int(s.get('fare_changes', 0))} FARE changes, up "
+              f"BGP up on {heard}, {int(s.get('fare_changes', 0))} FARE changes, up "
               f"{int(s.get('uptime_ns', 0)) / 1e9:.1f} s")
     return 0
 
@@ -913,9 +965,12 @@ def _cmd_ctl(args):
                 print(f"job {g.job} group {g.group}: op {g.op} dtype {g.dtype} {len(g.members)} members, "
                       f"{g.slots} slots, window {g.window}" + (f", upstream {g.upstream_ip:#x}" if g.upstream_ip else ""))
         elif args.what == "routes":
-            for r in stub.Routes(pb.Empty(), timeout=5).routes:
-                ip = ".".join(str((r.dst_ip >> s) & 255) for s in (24, 16, 8, 0))
-                print(f"{ip:<16} " + ", ".join(f"port {w.port} {w.gbps:g} Gb/s" for w in r.group))
+            print(bgp_rib_text(stub.BgpRib(pb.Empty(), timeout=5)))
+            if hasattr(stub, "IfecCounters"):
+                print("forwarding table (FARE's WECMP groups, installed):")
+                for r in stub.Routes(pb.Empty(), timeout=5).routes:
+                    ip = ".".join(str((r.dst_ip >> s) & 255) for s in (24, 16, 8, 0))
+                    print(f"  {ip:<16} " + ", ".join(f"port {w.port} {w.gbps:g} Gb/s" for w in r.group))
         elif args.what == "weights":
             dest = _bounded_int(args.arg, f"ctl weights {args.target}: the destination GPU", 0, fab.topo.num_gpus - 1)
             r = stub.FareWeights(pb.FareWeightsRequest(dest_gpu=dest), timeout=5)
@@ -934,6 +989,22 @@ def _cmd_ctl(args):
             return 0  # events stream until the given seconds pass
         raise LiveError(f"{args.target}: {e.code().name}: {e.details()}")
     return 0
+
+
+def bgp_rib_text(rib):
+    """`ctl routes`: a node's BGP sessions, then its RIB (every route received, FARE's selection and weights)."""
+    lines = [f"BGP: AS {rib.local_as}, router id {rib.router_id}; sessions (one per link):"]
+    for s in rib.sessions:
+        lines.append(f"  port {s.port:<3} {s.peer:<10} AS {s.peer_as:<11} {s.state:<12}"
+                     + (f" hold {s.hold_time_s} s" if s.state == "Established" else
+                        f" ({s.connect_retries} retries)" if s.connect_retries else ""))
+    lines.append("RIB: prefix, from (port, peer), AS_PATH, path bandwidth; * FARE's next hop with its weight")
+    for r in sorted(rib.routes, key=lambda r: (tuple(int(x) for x in r.prefix.split("/")[0].split(".")), r.port)):
+        bw = f"{r.path_gbps:g} Gb/s" if r.path_gbps >= 0 else "no bandwidth"
+        sel = f"* {r.weight_gbps:g} Gb/s" if r.selected else ""
+        lines.append(f"  {r.prefix:<18} port {r.port:<3} {r.peer:<10} {' '.join(map(str, r.as_path)):<24} "
+                     f"{bw:<14} {sel}")
+    return "\n".join(lines)
 
 
 def add_fabric_commands(sub, driver="live"):
@@ -965,11 +1036,12 @@ def add_fabric_commands(sub, driver="live"):
     cap.add_argument("file")
     cap.add_argument("--seconds", type=_at_least(1), default=5)
     sub.add_parser("kill", help="kill a node's daemon (SIGKILL: its interfaces stay up; its neighbours count it "
-                                "gone after FARE's 2 s hold time)").add_argument("node")
+                                "gone at once: the kernel closes its BGP sessions)").add_argument("node")
     start = sub.add_parser("start", help="start a killed switch's daemon again and wait until it is ready")
     start.add_argument("node")
     start.add_argument("--timeout", type=_positive_seconds, default=30.0)
-    ctl = sub.add_parser("ctl", help="ask one daemon: counters|groups|routes|status NODE, weights GPU DEST, "
+    ctl = sub.add_parser("ctl", help="ask one daemon: counters|groups|status NODE, routes NODE (BGP sessions and RIB: "
+                                     "prefix, AS_PATH, path bandwidth, FARE's weights), weights GPU DEST, "
                                      "link LINK up|down, events NODE [SECONDS]")
     ctl.add_argument("what", choices=["counters", "groups", "routes", "status", "weights", "link", "events"])
     ctl.add_argument("target", help="a node (p0-sw, gpu3) or, for link, links (gpu5:plane1[:sub0], NODE:PORT, id)")
@@ -984,8 +1056,8 @@ def _cmd_kill(args, driver):
     fab.node(args.node)
     fab.kill(args.node)
     what = "its container stopped" if "containers" in driver else "its interfaces stay up"
-    print(f"{driver}: {args.node} killed; {what}, and its neighbours count it gone after FARE's 2 s hold time "
-          f"(status shows it DOWN; start brings a switch back)")
+    print(f"{driver}: {args.node} killed; {what}; its BGP sessions closed with it, so its neighbours count it gone "
+          f"at once (status shows it DOWN; start brings a switch back)")
     return 0
 
 
@@ -1010,16 +1082,19 @@ def main(argv=None):
     up.add_argument("file")
     up.add_argument("--logs", help="daemon logs here (default /tmp/ifec-live)")
     up.add_argument("--timeout", type=float, default=120)
+    up.add_argument("--frr", default="", help="NODE[,NODE...]: these nodes run FRR's zebra and bgpd instead of an "
+                                               "ifec daemon (a switch's or a GPU's routing stack; ifec.frr)")
     handlers = add_fabric_commands(sub)
     sub.add_parser("down", help="take everything down")
     serve = sub.add_parser("_serve")
     serve.add_argument("file")
     serve.add_argument("logs")
+    serve.add_argument("--frr", default="")
     a = p.parse_args(argv)
     a.attach = attach
     try:
         if a.cmd == "_serve":
-            return _serve(a.file, a.logs)
+            return _serve(a.file, a.logs, [n for n in a.frr.split(",") if n])
         return dict(handlers, up=_cmd_up, down=_cmd_down)[a.cmd](a)
     except (LiveError, ValueError) as e:  # ValueError: IfecError from the native side names the bad value
         print(f"live: {e}", file=sys.stderr)

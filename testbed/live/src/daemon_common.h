@@ -82,6 +82,36 @@ inline std::unique_ptr<grpc::Server> start_server(const std::string& node, const
   return s;
 }
 
+// The node's BGP sessions and RIB (loop thread).
+inline grpc::Status bgp_rib(NodeRuntime& rt, v1::BgpRibReply* out) {
+  const routing::BgpSpeaker& bgp = rt.bgp();
+  const routing::Topology& topo = rt.topology();
+  out->set_local_as(bgp.as());
+  out->set_router_id(routing::ipv4_str(rt.info().loopback));
+  for (int p = 0; p < bgp.ports(); ++p) {
+    const routing::BgpSession& s = bgp.session(p);
+    v1::BgpSessionInfo* si = out->add_sessions();
+    si->set_port(p);
+    si->set_peer(topo.nodes[rt.peer_of(p).first].name);
+    si->set_peer_as(s.config().peer_as);
+    si->set_state(routing::bgp_state_name(s.state()));
+    si->set_hold_time_s(s.hold_time());
+    si->set_connect_retries(s.connect_retry_count());
+  }
+  for (const routing::BgpRibRow& r : bgp.rib()) {
+    v1::BgpRibRoute* o = out->add_routes();
+    o->set_prefix(routing::bgp_prefix_str(r.prefix));
+    o->set_port(r.port);
+    o->set_peer(r.peer);
+    for (uint32_t as : r.as_path) o->add_as_path(as);
+    o->set_path_gbps(r.gbps);
+    o->set_selected(r.selected);
+    o->set_weight_gbps(r.weight);
+    o->set_dest_gpu(r.dest_gpu);
+  }
+  return grpc::Status::OK;
+}
+
 // The handlers both daemons serve alike (loop thread): FARE's group toward a GPU (and, for a GPU, its path
 // bandwidth per plane), and a port's admin state.
 inline grpc::Status fare_weights(NodeRuntime& rt, const v1::FareWeightsRequest* q, v1::FareWeightsReply* out) {

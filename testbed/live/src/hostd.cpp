@@ -291,6 +291,9 @@ class HostService final : public v1::Host::Service {
       return grpc::Status::OK;
     });
   }
+  grpc::Status BgpRib(grpc::ServerContext*, const v1::Empty*, v1::BgpRibReply* out) override {
+    return on_loop(d_.rt->loop(), name_, [&] { return bgp_rib(*d_.rt, out); });
+  }
   grpc::Status FareWeights(grpc::ServerContext*, const v1::FareWeightsRequest* q, v1::FareWeightsReply* out) override {
     return on_loop(d_.rt->loop(), name_, [&] { return fare_weights(*d_.rt, q, out); });
   }

@@ -223,6 +223,9 @@ class SwitchService final : public v1::Switch::Service {
       return grpc::Status::OK;
     });
   }
+  grpc::Status BgpRib(grpc::ServerContext*, const v1::Empty*, v1::BgpRibReply* out) override {
+    return on_loop(rt_.loop(), name_, [&] { return bgp_rib(rt_, out); });
+  }
   grpc::Status FareWeights(grpc::ServerContext*, const v1::FareWeightsRequest* q, v1::FareWeightsReply* out) override {
     return on_loop(rt_.loop(), name_, [&] { return fare_weights(rt_, q, out); });
   }
