@@ -132,7 +132,15 @@ void BgpSession::connected(TimeNs now) {
   set_state(BgpState::kOpenSent);
 }
 
-void BgpSession::connect_failed(TimeNs now) { closed(now); }
+// A refused or failed connect leaves the session listening (Active) until ConnectRetry connects again, as RFC
+// 1771 had it and FRR does; RFC 4271 §8.2.2 would go Idle, refusing the peer's own connections during the idle
+// hold, so two speakers retrying in step could keep missing each other.
+void BgpSession::connect_failed(TimeNs now) {
+  if (state_ != BgpState::kConnect) return closed(now);
+  connect_retry_at_ = now + config_.connect_retry;
+  set_state(BgpState::kActive);
+  event(Kind::kDisconnect, "TCP connection failed: listening until ConnectRetry");
+}
 
 void BgpSession::closed(TimeNs now) {
   switch (state_) {

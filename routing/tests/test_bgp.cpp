@@ -1140,15 +1140,20 @@ TEST(BgpSession, ConnectRetryAndFailedConnections) {
   ASSERT_EQ(ev.size(), 2u);
   EXPECT_EQ(ev[0].kind, Kind::kDisconnect);
   EXPECT_EQ(ev[1].kind, Kind::kConnect);
-  a.connect_failed(121 * kSecondNs);  // refused: Idle, then AutomaticStart 5 s later
-  EXPECT_EQ(a.state(), BgpState::kIdle);
-  a.tick(126 * kSecondNs);
+  a.connect_failed(121 * kSecondNs);  // refused: listening (Active) until ConnectRetry connects again
+  EXPECT_EQ(a.state(), BgpState::kActive);
+  EXPECT_EQ(a.take_events().back().kind, Kind::kDisconnect);
+  EXPECT_EQ(a.next_timer(), 241 * kSecondNs);
+  a.connected(122 * kSecondNs);  // meanwhile the peer's connection arrives: taken
+  EXPECT_EQ(a.state(), BgpState::kOpenSent);
+  a.closed(123 * kSecondNs);
+  a.tick(243 * kSecondNs);
   EXPECT_EQ(a.state(), BgpState::kConnect);
   // A connection lost in OpenSent goes back to Active and tries again after ConnectRetry.
-  a.connected(127 * kSecondNs);
-  a.closed(128 * kSecondNs);
+  a.connected(244 * kSecondNs);
+  a.closed(245 * kSecondNs);
   EXPECT_EQ(a.state(), BgpState::kActive);
-  a.tick(248 * kSecondNs);
+  a.tick(365 * kSecondNs);
   EXPECT_EQ(a.state(), BgpState::kConnect);
 }
 

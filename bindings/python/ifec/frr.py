@@ -44,6 +44,13 @@ def unavailable():
     return ""
 
 
+def version():
+    """FRR's version ("8.4.4"), from bgpd."""
+    p = subprocess.run([str(FRR_DIR / "bgpd"), "--version"], capture_output=True, text=True)
+    first = (p.stdout or p.stderr).strip().splitlines()[:1]
+    return first[0].split()[-1] if first else "?"
+
+
 def _ip(n):
     return str(ipaddress.IPv4Address(int(n)))
 
@@ -124,7 +131,9 @@ class FrrNode:
         """Starts zebra, then bgpd (the Popen of bgpd is returned: the node's process, by PID)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "bgpd.conf").write_text(bgpd_config(self.topo, self.name, self.dir / "bgpd.log"))
-        (self.dir / "zebra.conf").write_text(f"hostname {self.name}\n")
+        # Routes with their next hops inline (RTA_MULTIPATH, weights per hop), not kernel nexthop objects: the
+        # kernel drops a nexthop object whose link lost its carrier, and zebra 8.4 does not notice it is gone.
+        (self.dir / "zebra.conf").write_text(f"hostname {self.name}\nno zebra nexthop kernel enable\n")
         shutil.chown(self.dir, "frr", "frr")
         for f in self.dir.iterdir():
             shutil.chown(f, "frr", "frr")

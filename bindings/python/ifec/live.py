@@ -188,8 +188,10 @@ class LiveFabric:
         return nd
 
     def daemon_args(self, nd):
-        """Extra command-line arguments of node `nd`'s daemon (none here; ifec.rxe's guests add theirs)."""
-        return []
+        """Extra command-line arguments of node `nd`'s daemon: GPUs run by FRR are not ranks (no hostd), so the
+        other hostds leave them out (ifec.rxe's guests add their own)."""
+        frr_gpus = [n for n in self.frr_names if self.node(n)["kind"] == "gpu"]
+        return ["--external-peers", ",".join(frr_gpus)] if frr_gpus and nd["kind"] == "gpu" else []
 
     def _wait_ready(self, progress, should_stop=lambda: False):
         deadline = time.time() + self.ready_timeout
