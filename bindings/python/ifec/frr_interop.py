@@ -21,6 +21,7 @@ fails.
 
 import contextlib
 import json
+import os
 import pathlib
 import re
 import select
@@ -63,6 +64,10 @@ def _close(weights, bandwidths):
     return all(abs(w / tw - b / tb) <= 0.02 for w, b in zip(weights, bandwidths))
 
 
+def _ip(n):
+    return frr._ip(n)
+
+
 def _fmt(xs):
     return "/".join(f"{x:g}" for x in xs)
 
@@ -75,6 +80,8 @@ class Matrix:
         self.gpus = [n for n in self.topo.nodes if n["kind"] == "gpu"]
         self.rows = []
         self.down = set()  # link ids down
+        self.focus = self.gpus[0]  # the GPU whose routes the weights column shows (the half-failed one)
+        self.captures = []
 
     # -------------------------------------------------------------------------------------- what is expected --
 
@@ -87,9 +94,9 @@ class Matrix:
     def ours(self):
         return [g for g in self.gpus if g["name"] not in self.fab.frr]
 
-    def share_problems(self, alive=True):
+    def share_problems(self, alive=True, only=None):
         """Every (our GPU, other GPU) pair's plane shares against the reference (FRR's links down when it is not
-        alive)."""
+        alive); toward `only` alone when given."""
         down = set(self.down)
         if not alive:
             down |= {l["id"] for l in self.topo.links if self.node in (l["a"], l["b"])}
@@ -97,7 +104,7 @@ class Matrix:
         bad = []
         for s in self.ours():
             for d in self.gpus:
-                if s is d:
+                if s is d or (only is not None and d is not only):
                     continue
                 got = self.fab.plane_gbps(s["gpu"], d["gpu"])
                 want = ref[s["gpu"]][d["gpu"]]
@@ -160,25 +167,25 @@ class Matrix:
                 if sorted(h for h, _ in hops) != sorted(bw_by_hop) or \
                         not _close([w for _, w in hops], [bw_by_hop.get(h, 0) for h, _ in hops]):
                     problems.append(f"kernel {prefix}: weights {hops} (bandwidths {want})")
-            routes_text = f"{n_ok}/{len(learned)} GPU loopbacks"
-            gpu0 = f"{_ip(self.gpus[0]['loopback'])}/32"
-            weights_text = (f"expected {_fmt(sorted(b for _, b in self.expected_paths(self.gpus[0])))} Gb/s, "
-                            f"installed {_fmt(sorted(w for _, w in kernel.get(gpu0, [])))}")
+            routes_text = f"{n_ok}/{len(learned)} GPUs, {sum(len(v) for v in learned.values())} paths"
+            focus = f"{_ip(self.focus['loopback'])}/32"
+            weights_text = (f"{self.focus['name']}: {_fmt(sorted(b for _, b in self.expected_paths(self.focus)))} "
+                            f"Gb/s -> {_fmt(sorted(w for _, w in kernel.get(focus, []))) or 'none'}")
             problems += self.our_view()
         problems += self.share_problems(alive)
         return problems, (f"{est}/{want_sessions}" if alive else "killed"), routes_text, weights_text
 
-    def check(self, condition, alive=True, seconds=None, timeout=15.0):
-        """A row: the state once it matches the expected one (or as it is after `timeout`); `seconds`, when not
-        given, is how long that took (polled: each poll asks FRR and every daemon)."""
-        t0 = time.time()
+    def check(self, condition, since, alive=True, timeout=15.0, toward=None):
+        """A row: the state once it matches the expected one (or as it is after `timeout`), with two times from
+        `since` (before the change): until every one of our GPUs' plane shares toward the focus GPU were the
+        reference's (polled every 20 ms), and until everything was (FRR's table and kernel too)."""
+        ours = self.wait(lambda: not self.share_problems(alive, only=toward or self.focus), timeout, since)
         while True:
             problems, sessions, routes, weights = self.problems(alive)
-            if not problems or time.time() - t0 > timeout:
+            if not problems or time.time() - since > timeout:
                 break
             time.sleep(0.05)
-        if seconds is None and not problems:
-            seconds = time.time() - t0
+        seconds = (ours, None if problems else time.time() - since)
         row = dict(role=f"FRR as {self.role} ({self.node})", condition=condition, sessions=sessions, routes=routes,
                    weights=weights, seconds=seconds, ok=not problems, problems=problems[:4])
         self.rows.append(row)
@@ -208,9 +215,9 @@ class Matrix:
 
     # ------------------------------------------------------------------------------------------ conditions --
 
-    def wait(self, ok, timeout=10.0):
-        """Seconds until ok() holds (polled every 20 ms), None when it never did."""
-        t0 = time.time()
+    def wait(self, ok, timeout=10.0, since=None):
+        """Seconds from `since` (default now) until ok() holds (polled every 20 ms), None when it never did."""
+        t0 = time.time() if since is None else since
         while time.time() - t0 < timeout:
             try:
                 if ok():
@@ -220,34 +227,58 @@ class Matrix:
             time.sleep(0.02)
         return None
 
+    @contextlib.contextmanager
+    def capture(self, link, what):
+        """dumpcap on `link` (at its a-end) while the block runs, then tshark's count of the BGP messages by type
+        and of malformed packets, as a row."""
+        end = "b" if link["b"] == self.node else "a"  # FRR's end: never taken down administratively here
+        pcap = self.fab.log_dir / f"bgp-{self.role}-link{link['id']}.pcap"
+        pcap.unlink(missing_ok=True)
+        p = self.fab.hosts[link[end]].popen(["dumpcap", "-q", "-i", f"f{link[end + '_port']}", "-f", "tcp port 179",
+                                             "-w", str(pcap)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # dumpcap opens the interface
+        try:
+            yield
+        finally:
+            time.sleep(0.5)
+            p.terminate()
+            p.wait(10)
+        self.rows.append(decode_capture(pcap, f"capture of link {link['id']} ({link['a']}-{link['b']})", what))
+        self.progress(f"interop frr: {self.rows[-1]['role']}: {self.rows[-1]['condition']}")
+
     def set_links(self, selector, up):
         for l in self.fab.set_link(selector, up):
             (self.down.discard if up else self.down.add)(l["id"])
 
     def run(self, half_failed, plane_switch):
-        self.check("healthy", seconds=0)
+        self.focus = self.fab.node(half_failed.split(":")[0])
+        self.check("healthy", time.time())
+        t = time.time()
         self.set_links(half_failed, False)
-        self.check("half-failed Y-cable " + half_failed)
+        self.check("half-failed Y-cable " + half_failed, t)
+        t = time.time()
         self.set_links(half_failed, True)
-        self.check("restored")
+        self.check("restored", t)
         plane = [l for l in self.topo.links if plane_switch in (l["a"], l["b"])]
+        t = time.time()
         for l in plane:
             self.set_links(l["id"], False)
-        self.check("failed plane (every link of " + plane_switch + ")")
-        for l in plane:
-            self.set_links(l["id"], True)
-        self.check("plane restored")
-        t0 = time.time()
+        self.check("failed plane (every link of " + plane_switch + ")", t)
+        watched = next(l for l in plane if self.focus["name"] in (l["a"], l["b"]))
+        with self.capture(watched, "plane restored: sessions between our speakers and FRR's"):
+            t = time.time()
+            for l in plane:
+                self.set_links(l["id"], True)
+            self.check("plane restored", t)
+        t = time.time()
         self.fab.kill(self.node)
-        gone = self.wait(lambda: not self.share_problems(alive=False))
-        self.check("FRR killed: every GPU withdrew it after", alive=False,
-                   seconds=None if gone is None else time.time() - t0)
-        self.fab.start(self.node)
-        self.check("FRR started again: converged after", timeout=30)
-
-
-def _ip(n):
-    return frr._ip(n)
+        frr_gpu = self.fab.node(self.node) if self.role == "gpu" else None  # then the shares toward it change
+        self.check("FRR killed (its sessions close with it)", t, alive=False, toward=frr_gpu)
+        frr_link = next(l for l in self.topo.links if self.node in (l["a"], l["b"]))
+        with self.capture(frr_link, "FRR started again: its sessions' bring-up"):
+            t = time.time()
+            self.fab.start(self.node)
+            self.check("FRR started again", t, timeout=30, toward=frr_gpu)
 
 
 # ------------------------------------------------------------------------------------- a raw BGP speaker --
@@ -347,7 +378,8 @@ def malformed(fab, speaker_node, target, check_has_route, progress):
     time.sleep(0.5)
     p = fab.hosts[speaker_node].popen([sys.executable, "-m", "ifec.frr_interop", "_raw", local, peer,
                                        str(frr.AS_BASE + nd["index"]), prefix, prefix], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      env=dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parent.parent)))
     steps = []
 
     def step(cmd):
@@ -391,6 +423,27 @@ def malformed(fab, speaker_node, target, check_has_route, progress):
                seconds=None, problems=[n for n, ok, _ in steps if not ok])
     progress(f"interop frr: {row['role']}: {'pass' if row['ok'] else 'FAIL'} ({row['condition']})")
     return row
+
+
+def decode_capture(pcap, role, what):
+    """A row from tshark's reading of a capture: BGP messages by type, malformed packets (must be none)."""
+    if not pcap.exists():
+        return dict(role=role, condition=f"{what}: no capture written", sessions="-", routes="-", weights="-",
+                    seconds=None, ok=False, problems=["no capture"])
+    types = subprocess.run(["tshark", "-r", str(pcap), "-Y", "bgp", "-T", "fields", "-e", "bgp.type"],
+                           capture_output=True, text=True).stdout.split()
+    bad = subprocess.run(["tshark", "-r", str(pcap), "-Y", "_ws.malformed"], capture_output=True,
+                         text=True).stdout.strip().splitlines()
+    names = {"1": "OPEN", "2": "UPDATE", "3": "NOTIFICATION", "4": "KEEPALIVE", "5": "ROUTE-REFRESH"}
+    counts = {}
+    for field in types:
+        for t in field.split(","):  # one TCP segment may carry several messages
+            counts[names.get(t, t)] = counts.get(names.get(t, t), 0) + 1
+    text = ", ".join(f"{n} {c}" for n, c in sorted(counts.items()))
+    ok = not bad and counts.get("OPEN", 0) >= 2 and counts.get("UPDATE", 0) >= 1
+    return dict(role=role, condition=f"{what}: tshark decodes {sum(counts.values())} BGP messages ({text}); "
+                f"{len(bad)} malformed", sessions="-", routes="-", weights="-", seconds=None, ok=ok,
+                problems=[] if ok else [f"{len(bad)} malformed, {counts}"])
 
 
 @contextlib.contextmanager
@@ -439,17 +492,19 @@ def interop(progress=print):
 
 
 def table(rows):
-    head = f"{'role':<30} {'condition':<44} {'sessions':<9} {'routes learned':<20} {'weights (FRR, toward gpu0)':<44} " \
-           f"{'s':>5} result"
+    head = f"{'role':<32} {'condition':<44} {'sessions':<9} {'FRR learned':<22} " \
+           f"{'FRR weights: path Gb/s -> installed':<46} {'ours s':>6} {'all s':>6} result"
     lines = [head]
     for r in rows:
-        s = f"{r['seconds']:.2f}" if r.get("seconds") is not None else "-"
-        lines.append(f"{r['role']:<30} {r['condition'][:44]:<44} {r['sessions']:<9} {r['routes']:<20} "
-                     f"{r['weights'][:44]:<44} {s:>5} {'pass' if r['ok'] else 'FAIL'}")
-        if len(r["condition"]) > 44:
-            lines.append(f"{'':<30} {r['condition']}")
+        ours, every = r.get("seconds") or (None, None)
+        s = " ".join(f"{x:6.3f}" if x is not None else f"{'-':>6}" for x in (ours, every))
+        long = len(r["condition"]) > 44
+        lines.append(f"{r['role']:<32} {'(below)' if long else r['condition']:<44} {r['sessions']:<9} "
+                     f"{r['routes']:<22} {r['weights']:<46} {s} {'pass' if r['ok'] else 'FAIL'}")
+        if long:
+            lines.append(f"{'':<4}{r['condition']}")
         for p in r.get("problems", []) if not r["ok"] else []:
-            lines.append(f"{'':<30}   ! {p}")
+            lines.append(f"{'':<4}! {p}")
     return "\n".join(lines)
 
 
@@ -467,7 +522,7 @@ def main(argv=None):
         print(json.dumps(dict(rows=rows, seconds=seconds)))
     else:
         print(f"# FARE over BGP: FRR {frr.version()} (Debian's bgpd and zebra, unmodified) against ifec-switchd and "
-              f"ifec-hostd on {TOPOLOGY[:-5]} [driver: live; times are wall-clock, polled every 20 ms]")
+              f"ifec-hostd on {TOPOLOGY[:-5]} [driver: live; wall-clock seconds from the change until our GPUs' plane shares toward the GPU shown, then everything, matched the reference (FareRib); polled]")
         print(table(rows))
         print(f"# {seconds:.0f} s")
     return 0 if all(r["ok"] for r in rows) else 1
