@@ -52,9 +52,9 @@ def live_fabric(topology, ready_timeout):
 
 
 @contextlib.contextmanager
-def docker_with_images(build_dir):
-    """dockerd answering (started here when none runs, and then stopped) and the testbed's images built; skips,
-    saying why, where Docker cannot run."""
+def docker_with_images(build_dir, frr=False):
+    """dockerd answering (started here when none runs, and then stopped) and the testbed's images built (FRR's too
+    when asked); skips, saying why, where Docker cannot run."""
     import shutil
     from ifec import images
     missing = [p for p in ("dockerd", "docker-compose", "debootstrap") if not shutil.which(p)]
@@ -67,7 +67,7 @@ def docker_with_images(build_dir):
     except images.ImageError as e:
         pytest.skip(f"dockerd cannot start here: {e}")
     try:
-        images.build_all(build_dir / "bin", progress=lambda line: None)
+        images.build_all(build_dir / "bin", progress=lambda line: None, frr=frr)
         yield
     finally:
         dockerd.stop()

@@ -244,11 +244,13 @@ bool BgpSpeaker::process(TimeNs now) {
   }
   if (!dirty_) return false;
   dirty_ = false;
-  if (!fare_.recompute()) return false;
+  const bool changed = fare_.recompute();
+  // Sent whether or not a decision changed: a GPU's own route carries its bundle's live bandwidth, which a
+  // session coming up or going down changes by itself. export_to sends only what differs.
   for (size_t p = 0; p < ports_.size(); ++p) {
     if (ports_[p]->up) export_to(static_cast<int>(p), false, now);
   }
-  return true;
+  return changed;
 }
 
 void BgpSpeaker::drain(int id, TimeNs now) {

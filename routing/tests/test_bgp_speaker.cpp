@@ -306,3 +306,29 @@ TEST(BgpSpeaker, TheRibShowsPathsBandwidthsAndTheSelectedNextHops) {
   }
   EXPECT_EQ(toward2, 4);
 }
+
+TEST(BgpSpeaker, AGpuReadvertisesItsBundleBandwidthWhenASubLinkComesUpWithNothingElseChanging) {
+  // GPU 1 is away (its links down), so GPU 0 has no route whose decision a second sub-link could change: its own
+  // route on the first session must still go from one sub-link's bandwidth to the bundle's.
+  const Topology topo = make_superpod(2, 1);
+  Fabric f(topo);
+  const int g0 = topo.gpu_node(0);
+  int second = -1;
+  for (const Link& l : topo.links) {
+    if (l.a == topo.gpu_node(1) || l.b == topo.gpu_node(1)) f.set_link(l.id, false);
+    if ((l.a == g0 || l.b == g0) && l.subport == 1) second = l.id;
+  }
+  ASSERT_GE(second, 0);
+  f.set_link(second, false);
+  f.run();
+  f.set_link(second, true);
+  f.run();
+  const int sw = topo.links[second].a == g0 ? topo.links[second].b : topo.links[second].a;
+  int rows = 0;
+  for (const BgpRibRow& r : f.sp[sw]->rib()) {
+    if (r.dest_gpu != 0) continue;
+    ++rows;
+    EXPECT_DOUBLE_EQ(r.gbps, 800) << "port " << r.port << ": GPU 0's route still carries one sub-link's bandwidth";
+  }
+  EXPECT_EQ(rows, 2);
+}

@@ -73,13 +73,13 @@ def bundle_gbps(topo, name, peer):
     return sum(l["rate_gbps"] for l in node_links(topo, name) if peer_of(l, name) == peer)
 
 
-def bgpd_config(topo, name, log_file):
-    """bgpd's configuration for node `name` of `topo` (a bindings Topology)."""
+def bgpd_config(topo, name, log_file=None):
+    """bgpd's configuration for node `name` of `topo` (a bindings Topology); logs to `log_file` (None: stdout)."""
     nd = next(n for n in topo.nodes if n["name"] == name)
     index = {n["name"]: n["index"] for n in topo.nodes}
     gpu = nd["kind"] == "gpu"
     lo = _ip(nd["loopback"])
-    out = [f"hostname {name}", f"log file {log_file}", "!"]
+    out = [f"hostname {name}", f"log file {log_file}" if log_file else "log stdout", "!"]
     links = node_links(topo, name)
     if gpu:  # a stub: only its own loopback goes out, with the session's bundle bandwidth (FRR's Mb/s = our Gb/s)
         out += [f"ip prefix-list OWN seq 5 permit {lo}/32", "!"]
@@ -105,6 +105,15 @@ def bgpd_config(topo, name, log_file):
             out.append(f"  neighbor {addr} route-map STUB-{bundle_gbps(topo, name, peer_of(l, name)):g} out")
     out += [" exit-address-family", "!", ""]
     return "\n".join(out)
+
+
+def _kernel_routes(ip_json):
+    routes = {}
+    for r in json.loads(ip_json.strip() or "[]"):
+        hops = r.get("nexthops") or [dict(gateway=r.get("gateway"), weight=1)]
+        routes[r["dst"] if "/" in r["dst"] else r["dst"] + "/32"] = [(h.get("gateway"), h.get("weight", 1))
+                                                                     for h in hops]
+    return routes
 
 
 class FrrNode:
@@ -133,7 +142,7 @@ class FrrNode:
         (self.dir / "bgpd.conf").write_text(bgpd_config(self.topo, self.name, self.dir / "bgpd.log"))
         # Routes with their next hops inline (RTA_MULTIPATH, weights per hop), not kernel nexthop objects: the
         # kernel drops a nexthop object whose link lost its carrier, and zebra 8.4 does not notice it is gone.
-        (self.dir / "zebra.conf").write_text(f"hostname {self.name}\nno zebra nexthop kernel enable\n")
+        (self.dir / "zebra.conf").write_text(f"hostname {self.name}\n{ZEBRA_CONF}")
         shutil.chown(self.dir, "frr", "frr")
         for f in self.dir.iterdir():
             shutil.chown(f, "frr", "frr")
@@ -173,13 +182,7 @@ class FrrNode:
 
     def kernel_routes(self):
         """prefix -> [(gateway, weight)] of the namespace's kernel routes that zebra installed from BGP."""
-        out = self.host.cmd("ip -j route show proto bgp")
-        routes = {}
-        for r in json.loads(out.strip() or "[]"):
-            hops = r.get("nexthops") or [dict(gateway=r.get("gateway"), weight=1)]
-            routes[r["dst"] if "/" in r["dst"] else r["dst"] + "/32"] = [(h.get("gateway"), h.get("weight", 1))
-                                                                         for h in hops]
-        return routes
+        return _kernel_routes(self.host.cmd("ip -j route show proto bgp"))
 
     def alive(self):
         return self.bgpd is not None and self.bgpd.poll() is None
@@ -204,3 +207,47 @@ class FrrNode:
                 p.kill()
                 p.wait(5)
         shutil.rmtree(pathlib.Path("/var/run/frr") / self.pathspace, ignore_errors=True)
+
+
+ZEBRA_CONF = "no zebra nexthop kernel enable\n"  # see FrrNode.start
+
+
+def container_command(topo, name):
+    """The shell command an FRR container runs (ifec-frr image): its loopback on lo, zebra, then bgpd in the
+    foreground with the configuration the compose file passes in $BGPD_CONF."""
+    nd = next(n for n in topo.nodes if n["name"] == name)
+    return " && ".join([
+        f"ip addr replace {_ip(nd['loopback'])}/32 dev lo",
+        "mkdir -p /etc/frr /var/run/frr && chown frr:frr /var/run/frr",
+        "printf '%s' \"$$BGPD_CONF\" > /etc/frr/bgpd.conf",
+        f"printf 'hostname {name}\\n{ZEBRA_CONF.strip()}\\n' > /etc/frr/zebra.conf",
+        "/usr/lib/frr/zebra -d -f /etc/frr/zebra.conf -u frr -g frr",
+        "while [ ! -S /var/run/frr/zserv.api ]; do sleep 0.1; done",
+        "exec /usr/lib/frr/bgpd -S -f /etc/frr/bgpd.conf"])
+
+
+class FrrContainer:
+    """FRR in a container of the containerized testbed: what the interop checks ask of it, through docker exec."""
+
+    def __init__(self, name, container, docker="docker"):
+        self.name, self.container, self.docker = name, container, docker
+        self.pathspace = None
+
+    def _exec(self, *argv):
+        return subprocess.run([self.docker, "exec", self.container, *argv], capture_output=True, text=True,
+                              timeout=20)
+
+    def vtysh(self, command):
+        p = self._exec("vtysh", "-c", command)
+        text = p.stdout.strip()
+        if p.returncode != 0:
+            raise RuntimeError(f"{self.name}: vtysh -c '{command}': {p.stderr.strip() or text}")
+        return json.loads(text) if text.startswith("{") or text.startswith("[") else text
+
+    sessions = FrrNode.sessions
+
+    def kernel_routes(self):
+        return _kernel_routes(self._exec("ip", "-j", "route", "show", "proto", "bgp").stdout)
+
+    def alive(self):
+        return bool(self.sessions())

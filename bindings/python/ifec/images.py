@@ -21,9 +21,11 @@ MIRROR = os.environ.get("IFEC_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 SUITE = "bookworm"
 BASE_PACKAGES = ("bash", "iproute2", "procps", "ca-certificates")
 PROMETHEUS_PACKAGES = BASE_PACKAGES + ("prometheus",)
+FRR_PACKAGES = BASE_PACKAGES + ("frr",)  # a node whose routing stack is FRR (./ifec testbed up FILE --frr NODE)
 BINARIES = ("ifec-switchd", "ifec-hostd", "ifec-ring")
 TESTBED_IMAGE = "ifec-testbed:latest"
 PROMETHEUS_IMAGE = "ifec-prometheus:latest"
+FRR_IMAGE = "ifec-frr:latest"
 DOCKER = os.environ.get("IFEC_DOCKER", "docker")
 
 
@@ -157,14 +159,21 @@ def prometheus_image(progress=print):
     return PROMETHEUS_IMAGE, image_megabytes(PROMETHEUS_IMAGE)
 
 
+def frr_image(progress=print):
+    base = base_image(FRR_PACKAGES, progress)
+    _run([DOCKER, "tag", base, FRR_IMAGE])
+    return FRR_IMAGE, image_megabytes(FRR_IMAGE)
+
+
 def image_megabytes(tag):
     return int(_run([DOCKER, "image", "inspect", "-f", "{{.Size}}", tag]).strip()) / 1e6
 
 
-def build_all(bin_dir, progress=print):
-    """Both images; returns [(tag, MB, seconds)]."""
+def build_all(bin_dir, progress=print, frr=False):
+    """The testbed's and Prometheus' images (and FRR's when asked); returns [(tag, MB, seconds)]."""
     out = []
-    for make in (lambda: testbed_image(bin_dir, progress), lambda: prometheus_image(progress)):
+    makers = [lambda: testbed_image(bin_dir, progress), lambda: prometheus_image(progress)]
+    for make in makers + ([lambda: frr_image(progress)] if frr else []):
         t0 = time.time()
         tag, mb = make()
         out.append((tag, mb, time.time() - t0))

@@ -226,8 +226,9 @@ class LiveFabric:
     def stub(self, node):
         grpc, pb, rpc = _grpc()
         if node in self.frr:
-            raise LiveError(f"{node} runs FRR, not an ifec daemon: ask it with "
-                            f"vtysh -N {self.frr[node].pathspace} -c 'show bgp summary'")
+            f = self.frr[node]
+            how = f"vtysh -N {f.pathspace}" if f.pathspace else f"docker exec {getattr(f, 'container', node)} vtysh"
+            raise LiveError(f"{node} runs FRR, not an ifec daemon: ask it with {how} -c 'show bgp summary'")
         if node not in self._stubs:
             nd = self.node(node)
             ch = grpc.insecure_channel(self.address(nd))

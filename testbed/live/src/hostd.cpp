@@ -347,7 +347,12 @@ void HostDaemon::Impl::start_endpoint() {
     }
   });
   ep->routes_changed();
-  rt->on_fare_change([this] { ep->routes_changed(); });
+  rt->on_fare_change([this] {  // a next hop's MAC arrives (or changes) with a session coming up
+    for (const auto& p : rt->ports()) {
+      if (rt->peer_mac(p->port()) != common::MacAddress{}) ep->set_peer_mac(p->port(), rt->peer_mac(p->port()));
+    }
+    ep->routes_changed();
+  });
   ep->set_connection_manager([this](int peer, int q, uint32_t psn, endpoint::Endpoint::ResetDone done) {
     const std::string what =
         "QP " + std::to_string(q) + " toward GPU " + std::to_string(peer) + " restarts at PSN " + std::to_string(psn);

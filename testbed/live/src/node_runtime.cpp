@@ -427,6 +427,15 @@ bool NodeRuntime::resolve_macs() {
   bool learned = false;
   for (size_t p = 0; p < ports_.size(); ++p) {
     if (!bgp_.established(static_cast<int>(p))) {
+      if (peer_macs_[p] != common::MacAddress{} && peer_addr_[p] != 0) {
+        // The neighbour may come back with other interfaces (a container made again): resolve it afresh.
+        arpreq req{};
+        auto* sin = reinterpret_cast<sockaddr_in*>(&req.arp_pa);
+        sin->sin_family = AF_INET;
+        sin->sin_addr.s_addr = htonl(peer_addr_[p]);
+        std::strncpy(req.arp_dev, ifname(static_cast<int>(p)).c_str(), sizeof req.arp_dev - 1);
+        ioctl(ctl_fd_, SIOCDARP, &req);
+      }
       peer_macs_[p] = common::MacAddress{};
       continue;
     }

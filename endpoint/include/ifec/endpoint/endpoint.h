@@ -177,6 +177,9 @@ class Endpoint {
   bool send_frame(int port, std::vector<uint8_t>&& frame);
   int num_ports() const { return static_cast<int>(ports_.size()); }
   const EndpointPort& port_info(int port) const { return ports_.at(port); }
+  // The next hop's MAC on `port` changed (a live switch restarted with new interfaces): frames sent from now on
+  // carry it.
+  void set_peer_mac(int port, const common::MacAddress& mac) { ports_.at(port).peer_mac = mac; }
   uint64_t ech_frames_sent() const { return ech_frames_sent_; }
   // The endpoint half of ECH: every ECH frame this endpoint receives goes to it (see ech_agent.h).
   EchAgent& ech() { return *ech_; }
