@@ -6,6 +6,7 @@ learn FRR's own loopback, and a ring AllReduce equals the reference with plane 1
 
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -40,7 +41,12 @@ def test_frr_as_a_switch_container_routes_and_forwards_its_plane(repo, build_dir
                 hops = routes.get(f"{frr._ip(g['loopback'])}/32")
                 assert hops and len(hops) == 2 and hops[0][1] == hops[1][1], (g["name"], hops)
             _, pb, _ = live._grpc()
-            rib = f.stub("gpu0").BgpRib(pb.Empty(), timeout=5)
+            deadline = time.time() + 15  # FRR sends its own route in its next update run, within seconds
+            while True:
+                rib = f.stub("gpu0").BgpRib(pb.Empty(), timeout=5)
+                if any(r.prefix == "10.255.1.1/32" for r in rib.routes) or time.time() > deadline:
+                    break
+                time.sleep(0.2)
             assert any(r.prefix == "10.255.1.1/32" for r in rib.routes), [r.prefix for r in rib.routes]
             before = _forwarded(f.container("p1-sw"))
             r = f.run("allreduce", algo="ring", bytes=256 << 10, seed=7)
