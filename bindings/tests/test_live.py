@@ -272,6 +272,8 @@ def _scrape(fab, node):
 def test_every_daemon_serves_prometheus_metrics_that_count_the_traffic(fab):
     sw = _scrape(fab, "p0-sw")
     assert sw['ifec_ready{node="p0-sw"}'] == 1
+    sessions = {k: v for k, v in sw.items() if k.startswith("ifec_bgp_session_established")}
+    assert len(sessions) == 16 and set(sessions.values()) == {1}, sessions  # one eBGP session per sub-link
     key = 'ifec_port_bytes_total{node="p0-sw",port="0",plane="0",peer="gpu0",dir="tx"}'
     assert key in sw, sorted(sw)[:5]
     before = sum(v for k, v in sw.items() if k.startswith("ifec_port_bytes_total") and 'dir="tx"' in k)

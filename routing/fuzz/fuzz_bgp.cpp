@@ -1,6 +1,7 @@
-// libFuzzer target: the BGP message decoder and an Established session must take any bytes without crashing or
-// reading out of bounds; every error must say what is wrong; what decodes as an UPDATE must re-encode and decode
-// to the same update.
+// libFuzzer target: the BGP message decoder, an Established session and a FARE speaker (BgpSpeaker, its session
+// Established with a switch) must take any bytes without crashing or reading out of bounds; every error must say
+// what is wrong; what decodes as an UPDATE must re-encode and decode to the same update; the speaker's decisions
+// stay within its topology.
 //
 // Input: first byte = mode. Odd: the rest is raw stream bytes. Even: the rest is a message body behind a valid
 // marker and length, of type 1 + mode / 2 % 5 (so the fuzzer spends its time past the header).
@@ -12,6 +13,7 @@
 
 #include "ifec/routing/bgp.h"
 #include "ifec/routing/bgp_session.h"
+#include "ifec/routing/bgp_speaker.h"
 
 namespace {
 
@@ -73,6 +75,49 @@ void session(const std::vector<uint8_t>& bytes) {
   a.take_events();
 }
 
+// GPU 0 of a two-GPU SuperPoD with its first sub-link's session Established (the switch's end is a BgpSession
+// here); the fuzz bytes then arrive from the switch, routes and all, and FARE decides on whatever they said.
+void speaker(const std::vector<uint8_t>& bytes) {
+  static const Topology topo = make_superpod(2, 1);
+  const int g0 = topo.gpu_node(0);
+  int link = -1;
+  for (int l : topo.links_of(g0)) {
+    if ((topo.links[l].a == g0 ? topo.links[l].a_port : topo.links[l].b_port) == 0) link = l;
+  }
+  const int sw = topo.peer(link, g0).first;
+  BgpSpeaker sp(topo, g0);
+  sp.set_port_up(0, true, 0);
+  sp.process(0);
+  const int conn = sp.accepted(0, 0);
+  BgpSessionConfig cp;
+  cp.local_as = bgp_as_of(sw);
+  cp.peer_as = bgp_as_of(g0);
+  cp.bgp_id = topo.nodes[sw].loopback;
+  cp.passive = true;
+  BgpSession peer(cp);
+  peer.start(0);
+  peer.connected(0);
+  for (int i = 0; i < 4; ++i) {
+    const std::vector<uint8_t> x = sp.take_output(conn), y = peer.take_output();
+    peer.receive(x.data(), x.size(), 0);
+    sp.received(conn, y.data(), y.size(), 0);
+    sp.process(0);
+  }
+  if (!sp.established(0)) std::abort();
+  for (size_t at = 0; at < bytes.size(); at += 97) {
+    sp.received(conn, bytes.data() + at, std::min<size_t>(97, bytes.size() - at), 1);
+    sp.process(1);
+  }
+  for (const NextHop& h : sp.next_hops(1)) {
+    if (h.port < 0 || h.port >= sp.ports() || !(h.weight >= 0)) std::abort();
+  }
+  sp.rib();
+  sp.tick(3600 * kSecondNs);
+  sp.process(3600 * kSecondNs);
+  sp.take_requests();
+  sp.take_log();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -98,5 +143,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     round_trip(m, opt);
   }
   session(buf);
+  speaker(buf);
   return 0;
 }

@@ -50,18 +50,19 @@ struct BgpSpeaker::Port {
   uint32_t peer_addr = 0;
   BgpSessionConfig config;
   bool carrier = false;
-  int primary = -1;    // connection id of the session that speaks for the link
-  int secondary = -1;  // a second connection from the peer while a collision is resolved
-  bool up = false;     // primary Established
+  int primary = -1;                // connection id of the session that speaks for the link
+  int secondary = -1;              // a second connection from the peer while a collision is resolved
+  bool up = false;                 // primary Established
   std::map<BgpPrefix, Route> out;  // Adj-RIB-Out: what the peer has from us
 };
 
 namespace {
 
-bool opened(BgpState s) { return s == BgpState::kOpenSent || s == BgpState::kOpenConfirm || s == BgpState::kEstablished; }
+bool opened(BgpState s) {
+  return s == BgpState::kOpenSent || s == BgpState::kOpenConfirm || s == BgpState::kEstablished;
+}
 
-bool same_route(const std::vector<BgpAsPathSegment>& a, double ga, const std::vector<BgpAsPathSegment>& b,
-                double gb) {
+bool same_route(const std::vector<BgpAsPathSegment>& a, double ga, const std::vector<BgpAsPathSegment>& b, double gb) {
   return a == b && ga == gb;
 }
 
@@ -269,8 +270,8 @@ void BgpSpeaker::drain(int id, TimeNs now) {
         requests_.push_back({BgpTransportRequest::Kind::kClose, id, c.port, 0, 0, c.session.take_output()});
         break;
       case Kind::kStateChanged:
-        log(c.port, std::string(primary ? "" : "second connection: ") + bgp_state_name(e.from) + " -> " +
-                        bgp_state_name(e.to));
+        log(c.port,
+            std::string(primary ? "" : "second connection: ") + bgp_state_name(e.from) + " -> " + bgp_state_name(e.to));
         if (e.from == BgpState::kEstablished) c.in.clear();
         if (primary && e.to == BgpState::kEstablished) session_up(c.port, now);
         if (primary && e.from == BgpState::kEstablished) session_down(c.port);
@@ -328,10 +329,9 @@ void BgpSpeaker::resolve_collision(int port, TimeNs now) {
     sec->session.close_for_collision(now);
     return;
   }
-  const BgpCollision w =
-      bgp_collision_winner(prim_out ? prim.session.state() : sec->session.state(),
-                           prim_out ? sec->session.state() : prim.session.state(), p.config.bgp_id, remote->bgp_id,
-                           p.config.local_as, p.config.peer_as);
+  const BgpCollision w = bgp_collision_winner(prim_out ? prim.session.state() : sec->session.state(),
+                                              prim_out ? sec->session.state() : prim.session.state(), p.config.bgp_id,
+                                              remote->bgp_id, p.config.local_as, p.config.peer_as);
   if (w == BgpCollision::kNone) return;
   const bool keep_primary = (w == BgpCollision::kKeepOutgoing) == prim_out;
   log(port, std::string("connection collision: kept the ") + (keep_primary == prim_out ? "outgoing" : "incoming") +
@@ -463,23 +463,24 @@ void BgpSpeaker::export_to(int port, bool full, TimeNs now) {
   if (!withdraw.withdrawn.empty()) s.send_update(withdraw, now);
   // One UPDATE per distinct (AS_PATH, bandwidth): the prefixes that share them ride together.
   std::vector<BgpUpdate> updates;
-  for (const auto& [prefix, r] : want) {
-    auto old = p.out.find(prefix);
+  for (const auto& entry : want) {  // (not a structured binding: a lambda below reads the route)
+    const Route& r = entry.second;
+    auto old = p.out.find(entry.first);
     if (old != p.out.end() && same_route(old->second.as_path, old->second.gbps, r.as_path, r.gbps)) continue;
+    const BgpExtCommunity bw = encode_path_bandwidth(p.config.local_as, r.gbps, opt_.units);
     auto u = std::find_if(updates.begin(), updates.end(), [&](const BgpUpdate& x) {
-      return *x.attrs.as_path == r.as_path && x.attrs.ext_communities.front() ==
-                                                  encode_path_bandwidth(p.config.local_as, r.gbps, opt_.units);
+      return *x.attrs.as_path == r.as_path && x.attrs.ext_communities.front() == bw;
     });
     if (u == updates.end()) {
       BgpUpdate nu;
       nu.attrs.origin = BgpOrigin::kIgp;
       nu.attrs.as_path = r.as_path;
       nu.attrs.next_hop = p.local_addr;
-      nu.attrs.ext_communities = {encode_path_bandwidth(p.config.local_as, r.gbps, opt_.units)};
+      nu.attrs.ext_communities = {bw};
       updates.push_back(std::move(nu));
       u = updates.end() - 1;
     }
-    u->nlri.push_back(prefix);
+    u->nlri.push_back(entry.first);
   }
   for (const BgpUpdate& u : updates) s.send_update(u, now);
   p.out = std::move(want);
@@ -496,7 +497,8 @@ std::vector<BgpRibRow> BgpSpeaker::rib() const {
       row.prefix = prefix;
       row.port = static_cast<int>(port);
       row.peer = topo_.nodes[p.peer].name;
-      for (const BgpAsPathSegment& seg : r.as_path) row.as_path.insert(row.as_path.end(), seg.asns.begin(), seg.asns.end());
+      for (const BgpAsPathSegment& seg : r.as_path)
+        row.as_path.insert(row.as_path.end(), seg.asns.begin(), seg.asns.end());
       row.gbps = r.gbps;
       auto g = gpu_of_loopback_.find(prefix.addr);
       if (prefix.len == 32 && g != gpu_of_loopback_.end()) {

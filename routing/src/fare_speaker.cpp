@@ -69,8 +69,8 @@ FareSpeaker::Neighbour& FareSpeaker::neighbour(int bundle) {
 }
 
 void FareSpeaker::set_advert(int bundle, int dest_gpu, double gbps, int hops, const uint64_t* path) {
-  IFEC_CHECK(dest_gpu >= 0 && dest_gpu < gpus_, "FARE advertisement toward GPU " << dest_gpu << " outside 0.."
-                                                                                  << gpus_ - 1);
+  IFEC_CHECK(dest_gpu >= 0 && dest_gpu < gpus_,
+             "FARE advertisement toward GPU " << dest_gpu << " outside 0.." << gpus_ - 1);
   Neighbour& nb = neighbour(bundle);
   nb.gbps[dest_gpu] = gbps;
   nb.hops[dest_gpu] = static_cast<int16_t>(hops);

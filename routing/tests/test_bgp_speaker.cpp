@@ -27,10 +27,10 @@ struct End {
 struct Fabric {
   const Topology& topo;
   std::vector<std::unique_ptr<BgpSpeaker>> sp;
-  std::vector<char> carrier;   // by link
-  std::vector<char> alive;     // a killed node's process is gone: its connections close, it accepts nothing
-  std::vector<char> hung;      // a hung node keeps its connections but neither reads nor writes
-  std::map<End, End> pairs;    // an established TCP connection, both directions
+  std::vector<char> carrier;  // by link
+  std::vector<char> alive;    // a killed node's process is gone: its connections close, it accepts nothing
+  std::vector<char> hung;     // a hung node keeps its connections but neither reads nor writes
+  std::map<End, End> pairs;   // an established TCP connection, both directions
   std::vector<std::pair<End, int>> connecting;  // (connector, its port) waiting to be accepted
   common::TimeNs now = 0;
   std::vector<std::string> log;

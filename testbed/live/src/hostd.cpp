@@ -3,8 +3,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
-#include <cctype>
 #include <array>
+#include <cctype>
 #include <condition_variable>
 #include <cstring>
 #include <map>

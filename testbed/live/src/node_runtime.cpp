@@ -304,7 +304,8 @@ void NodeRuntime::bind_tcp(int conn, int fd, int port, uint32_t peer, bool conne
   t.port = port;
   t.peer = peer;
   t.connecting = connecting;
-  loop_.watch(fd, [this, conn] { on_tcp(conn); }, connecting);
+  loop_.watch(
+      fd, [this, conn] { on_tcp(conn); }, connecting);
 }
 
 void NodeRuntime::drop_tcp(int conn) {
@@ -501,8 +502,9 @@ std::string NodeRuntime::render_metrics(bool ready,
     out += metric("ifec_port_dropped_total", l + ",reason=\"injected\"", static_cast<double>(p->injected_drops()));
   }
   out += "# TYPE ifec_fare_changes_total counter\n" + metric("ifec_fare_changes_total", node, fare_changes_);
-  out += "# HELP ifec_bgp_session_established A port's eBGP session is Established (1) or not (0).\n"
-         "# TYPE ifec_bgp_session_established gauge\n";
+  out +=
+      "# HELP ifec_bgp_session_established A port's eBGP session is Established (1) or not (0).\n"
+      "# TYPE ifec_bgp_session_established gauge\n";
   for (const auto& p : ports_) {
     out += metric("ifec_bgp_session_established", node + ",port=\"" + std::to_string(p->port()) + "\"",
                   bgp_.established(p->port()) ? 1 : 0);

@@ -36,7 +36,7 @@
 
 namespace ifec::routing {
 
-inline constexpr uint32_t kBgpAsBase = 4200000000u;  // RFC 6996's private 4-octet range
+inline constexpr uint32_t kBgpAsBase = 4200000000u;     // RFC 6996's private 4-octet range
 inline constexpr uint32_t kBgpLinksBase = 0x0A400000u;  // 10.64.0.0: link L's /29 at + 8 L
 inline constexpr uint16_t kBgpPort = 179;
 
@@ -59,21 +59,21 @@ struct BgpSpeakerOptions {
 // One route of the RIB as `ctl routes` shows it.
 struct BgpRibRow {
   BgpPrefix prefix;
-  int port = -1;            // the session's link port
-  std::string peer;         // the neighbour's node name
+  int port = -1;     // the session's link port
+  std::string peer;  // the neighbour's node name
   std::vector<uint32_t> as_path;
-  double gbps = -1;         // path bandwidth carried (-1: none)
-  bool selected = false;    // one of fare_decide's next hops
-  double weight = 0;        // that next hop's weight (Gb/s)
-  int dest_gpu = -1;        // the GPU whose loopback the prefix is, -1 for another prefix
+  double gbps = -1;       // path bandwidth carried (-1: none)
+  bool selected = false;  // one of fare_decide's next hops
+  double weight = 0;      // that next hop's weight (Gb/s)
+  int dest_gpu = -1;      // the GPU whose loopback the prefix is, -1 for another prefix
 };
 
 struct BgpTransportRequest {
   enum class Kind : uint8_t { kConnect, kClose } kind = Kind::kConnect;
   int conn = -1;
   int port = -1;
-  uint32_t local_addr = 0;  // kConnect: bind to this node's address on the link...
-  uint32_t peer_addr = 0;   // ...and connect to the neighbour's, port 179
+  uint32_t local_addr = 0;          // kConnect: bind to this node's address on the link...
+  uint32_t peer_addr = 0;           // ...and connect to the neighbour's, port 179
   std::vector<uint8_t> last_bytes;  // kClose: write these first (a NOTIFICATION), then close
 };
 
@@ -147,7 +147,7 @@ class BgpSpeaker {
   void learn(int conn, const BgpSessionEvent& e);
   const std::map<BgpPrefix, Route>& routes_in(int port) const;  // the port's current session's Adj-RIB-In
   int bundle_source(int bundle) const;  // the bundle's lowest Established sub-link's port, -1 if none
-  void refeed(int bundle);  // the bundle's neighbour from its lowest Established session's routes
+  void refeed(int bundle);              // the bundle's neighbour from its lowest Established session's routes
   void feed(int bundle, int dest_gpu, const Route* r);
   void export_to(int port, bool full, common::TimeNs now);
   std::map<BgpPrefix, Route> wanted_out(int port) const;

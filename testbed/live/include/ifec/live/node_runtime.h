@@ -152,9 +152,9 @@ class NodeRuntime {
   std::vector<std::unique_ptr<NodePort>> ports_;
   std::vector<int> link_of_port_;
   routing::BgpSpeaker bgp_;
-  int ctl_fd_ = -1;     // a UDP socket in the namespace, for interface and ARP ioctls
-  int listen_fd_ = -1;  // TCP :179
-  std::map<int, Tcp> tcp_;  // by the speaker's connection id
+  int ctl_fd_ = -1;                                     // a UDP socket in the namespace, for interface and ARP ioctls
+  int listen_fd_ = -1;                                  // TCP :179
+  std::map<int, Tcp> tcp_;                              // by the speaker's connection id
   std::vector<uint32_t> local_addr_;                    // by port: this node's address on the link
   std::vector<std::vector<uint32_t>> peer_candidates_;  // by port: where the neighbour may be (tried in turn)
   std::vector<size_t> next_candidate_;
