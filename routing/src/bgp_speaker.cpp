@@ -273,8 +273,8 @@ void BgpSpeaker::drain(int id, TimeNs now) {
         log(c.port,
             std::string(primary ? "" : "second connection: ") + bgp_state_name(e.from) + " -> " + bgp_state_name(e.to));
         if (e.from == BgpState::kEstablished) c.in.clear();
-        if (primary && e.to == BgpState::kEstablished) session_up(c.port, now);
-        if (primary && e.from == BgpState::kEstablished) session_down(c.port);
+        if (primary && e.to == BgpState::kEstablished) session_changed(c.port, true, now);
+        if (primary && e.from == BgpState::kEstablished) session_changed(c.port, false, now);
         break;
       case Kind::kRoutes:
         if (!c.retired) learn(id, e);
@@ -311,10 +311,10 @@ void BgpSpeaker::resolve_collision(int port, TimeNs now) {
       requests_.push_back({BgpTransportRequest::Kind::kClose, p.primary, port, 0, 0, {}});
     }
     prim.session.close_for_collision(now);
-    if (p.up) session_down(port);
+    if (p.up) session_changed(port, false, now);
     p.primary = p.secondary;
     p.secondary = -1;
-    if (sec->session.state() == BgpState::kEstablished) session_up(port, now);
+    if (sec->session.state() == BgpState::kEstablished) session_changed(port, true, now);
   };
   if (sec->session.state() == BgpState::kIdle) {
     sec->retired = true;
@@ -344,23 +344,16 @@ void BgpSpeaker::resolve_collision(int port, TimeNs now) {
   }
 }
 
-void BgpSpeaker::session_up(int port, TimeNs now) {
+// The port's session came up (everything we have goes out) or went down: the sub-link counts for FARE only while
+// it is up, and its bundle's neighbour is read again.
+void BgpSpeaker::session_changed(int port, bool up, TimeNs now) {
   Port& p = *ports_[port];
-  p.up = true;
+  p.up = up;
   p.out.clear();
-  fare_.set_port_up(port, true);
+  fare_.set_port_up(port, up);
   refeed(p.bundle);
   dirty_ = true;
-  export_to(port, true, now);
-}
-
-void BgpSpeaker::session_down(int port) {
-  Port& p = *ports_[port];
-  p.up = false;
-  p.out.clear();
-  fare_.set_port_up(port, false);
-  refeed(p.bundle);
-  dirty_ = true;
+  if (up) export_to(port, true, now);
 }
 
 void BgpSpeaker::learn(int id, const BgpSessionEvent& e) {

@@ -69,7 +69,7 @@ def _ip(n):
 
 
 def _fmt(xs):
-    return "/".join(f"{x:g}" for x in xs)
+    return "/".join(f"{x:g}" for x in xs) or "none"
 
 
 class Matrix:
@@ -169,8 +169,9 @@ class Matrix:
                     problems.append(f"kernel {prefix}: weights {hops} (bandwidths {want})")
             routes_text = f"{n_ok}/{len(learned)} GPUs, {sum(len(v) for v in learned.values())} paths"
             focus = f"{_ip(self.focus['loopback'])}/32"
-            weights_text = (f"{self.focus['name']}: {_fmt(sorted(b for _, b in self.expected_paths(self.focus)))} "
-                            f"Gb/s -> {_fmt(sorted(w for _, w in kernel.get(focus, []))) or 'none'}")
+            paths = _fmt(sorted(b for _, b in self.expected_paths(self.focus)))
+            weights_text = (f"{self.focus['name']}: {paths}{' Gb/s' if paths != 'none' else ''} -> "
+                            f"{_fmt(sorted(w for _, w in kernel.get(focus, [])))}")
             problems += self.our_view()
         problems += self.share_problems(alive)
         return problems, (f"{est}/{want_sessions}" if alive else "killed"), routes_text, weights_text

@@ -141,8 +141,7 @@ class BgpSpeaker {
   Conn* conn(int id);
   int new_conn(int port, bool outgoing);
   void drain(int id, common::TimeNs now);
-  void session_up(int port, common::TimeNs now);
-  void session_down(int port);
+  void session_changed(int port, bool up, common::TimeNs now);
   void resolve_collision(int port, common::TimeNs now);
   void learn(int conn, const BgpSessionEvent& e);
   const std::map<BgpPrefix, Route>& routes_in(int port) const;  // the port's current session's Adj-RIB-In
