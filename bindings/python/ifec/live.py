@@ -259,11 +259,13 @@ class LiveFabric:
         return out
 
     def run(self, what="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32", op="sum", root=0, seed=1,
-            timeout=120.0, moe=None):
+            timeout=120.0, moe=None, inputs=None):
         """Runs one measurement on every rank at once; returns the merged row (the sim's row keys, driver "live").
         what="moe": one MoE layer, algo the variant (per_expert, per_rank, ifec), dtype bf16 or fp32, `moe` a dict of
         MoeShape fields (tokens per rank, hidden, inter, experts, topk, groups, topk_groups; defaults in the .proto).
-        Raises LiveError naming every rank that failed or did not answer."""
+        `inputs` (allreduce, reduce, multicast): each rank's own bytes by GPU index instead of drawn ones; the row's
+        "outputs" then holds each rank's buffer afterwards (nothing is checked). Raises LiveError naming every rank
+        that failed or did not answer."""
         grpc, pb, _ = _grpc()
         gpus = [n for n in self.nodes if n["kind"] == "gpu"]
         # Operations are numbered alike on every rank and upward across drivers (microseconds since the epoch): one
@@ -271,8 +273,17 @@ class LiveFabric:
         self._run_id = max(getattr(self, "_run_id", 0) + 1, time.time_ns() // 1000)
         req = pb.RunRequest(what=what, algo=algo, bytes=int(bytes), dtype=dtype, op=op, root=int(root),
                             seed=int(seed), moe=pb.MoeShape(**(moe or {})), run_id=self._run_id)
+        def request(g):
+            if inputs is None:
+                return req
+            r = pb.RunRequest()
+            r.CopyFrom(req)
+            r.input = inputs[g["gpu"]]
+            r.bytes = len(r.input)
+            return r
+
         with concurrent.futures.ThreadPoolExecutor(len(gpus)) as ex:
-            futs = {g["name"]: ex.submit(self.stub(g["name"]).Run, req, timeout=timeout) for g in gpus}
+            futs = {g["name"]: ex.submit(self.stub(g["name"]).Run, request(g), timeout=timeout) for g in gpus}
             replies, errors = {}, []
             for name, f in futs.items():
                 try:
@@ -287,6 +298,8 @@ class LiveFabric:
         merged["ok"] = not errors and merged["ok"]
         merged["ranks"] = len(rows)
         merged["driver"] = self.driver
+        if inputs is not None:
+            merged["outputs"] = {g["gpu"]: replies[g["name"]].output for g in gpus if g["name"] in replies}
         if errors:
             merged["error"] = "; ".join(errors)
         return merged

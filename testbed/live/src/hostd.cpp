@@ -189,7 +189,7 @@ struct HostDaemon::Impl {
   void run_collective(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
   v1::RunReply collective_reply(const testbed::CollectivePoint& p, const workloads::CollArgs& a,
                                 const workloads::CollectiveResult& res, const std::vector<uint64_t>& tx0,
-                                const std::vector<std::array<uint64_t, 3>>& links0);
+                                const std::vector<std::array<uint64_t, 3>>& links0, bool given);
   grpc::Status attach_peer(const v1::AttachPeerRequest& q, v1::AttachPeerReply* out);
   grpc::Status reset_responder(const v1::ResetResponderRequest& q);
   void peer_ops(const v1::PeerOpsRequest& q, std::shared_ptr<v1::PeerOpsReply> out,
@@ -705,6 +705,12 @@ v1::RunReply error_reply(const std::string& error) {
 void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
   const testbed::CollectivePoint p = point_of(q);
   const size_t es = workloads::element_size(p.dtype);
+  const bool given = !q.input().empty();  // the caller's data: in place, returned, not checked
+  IFEC_CHECK(!given || p.kind == workloads::Collective::kAllReduce || p.kind == workloads::Collective::kReduce ||
+                 p.kind == workloads::Collective::kMulticast,
+             "a " << q.what() << " on the caller's data is not supported (allreduce, reduce, multicast are)");
+  IFEC_CHECK(!given || q.input().size() == p.bytes,
+             "input of " << q.input().size() << " B for a " << p.bytes << " B " << q.what());
   const uint16_t buf = kBufs[runs % 3];
   const uint16_t scratch_window = kScratches[runs % 3];
   ++runs;
@@ -718,32 +724,43 @@ void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<voi
   a.op = p.op;
   const uint64_t scratch =
       std::max<uint64_t>(4096, workloads::Communicator::scratch_bytes(a, comm->size(), p.algo, &topo, 0));
-  comm->allocate_window(buf, std::max<uint64_t>(64, a.count * es), [this, a, p, scratch, reply](const std::string& e1) {
-    if (!e1.empty()) {
-      reply(error_reply(e1));
-      return;
-    }
-    comm->allocate_window(a.scratch_window, scratch, [this, a, p, reply](const std::string& e2) {
-      if (!e2.empty()) {
-        reply(error_reply(e2));
-        return;
-      }
-      testbed::collective_input(p, comm->rank(), a.count, ep->memory().window(a.window)->data);
-      // Every rank holds its input before any rank starts (a peer's first store must not land before this rank's
-      // own input is written, which would overwrite it).
-      comm->bootstrap().barrier([this, a, p, reply](workloads::Gathered g) {
-        if (!g.ok) {
-          reply(error_reply("entry barrier: " + g.error));
+  auto input = std::make_shared<std::string>(q.input());
+  comm->allocate_window(
+      buf, std::max<uint64_t>(64, a.count * es), [this, a, p, scratch, reply, input](const std::string& e1) {
+        if (!e1.empty()) {
+          reply(error_reply(e1));
           return;
         }
-        const auto tx0 = plane_tx_bytes();
-        const auto links0 = link_bytes();
-        comm->run(a, p.algo, [this, a, p, reply, tx0, links0](workloads::CollectiveResult res) {
-          reply(collective_reply(p, a, res, tx0, links0));
+        comm->allocate_window(a.scratch_window, scratch, [this, a, p, reply, input](const std::string& e2) {
+          if (!e2.empty()) {
+            reply(error_reply(e2));
+            return;
+          }
+          uint8_t* data = ep->memory().window(a.window)->data;
+          if (input->empty()) {
+            testbed::collective_input(p, comm->rank(), a.count, data);
+          } else {
+            std::memcpy(data, input->data(), input->size());
+          }
+          // Every rank holds its input before any rank starts (a peer's first store must not land before this rank's
+          // own input is written, which would overwrite it).
+          comm->bootstrap().barrier([this, a, p, reply, input](workloads::Gathered g) {
+            if (!g.ok) {
+              reply(error_reply("entry barrier: " + g.error));
+              return;
+            }
+            const auto tx0 = plane_tx_bytes();
+            const auto links0 = link_bytes();
+            comm->run(a, p.algo, [this, a, p, reply, tx0, links0, input](workloads::CollectiveResult res) {
+              v1::RunReply r = collective_reply(p, a, res, tx0, links0, !input->empty());
+              if (!input->empty() && res.ok) {
+                r.set_output(ep->memory().window(a.window)->data, input->size());
+              }
+              reply(std::move(r));
+            });
+          });
         });
       });
-    });
-  });
 }
 
 // This rank's row of a finished collective: its result, its frame bytes per plane and per link since the start,
@@ -751,7 +768,7 @@ void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<voi
 v1::RunReply HostDaemon::Impl::collective_reply(const testbed::CollectivePoint& p, const workloads::CollArgs& a,
                                                 const workloads::CollectiveResult& res,
                                                 const std::vector<uint64_t>& tx0,
-                                                const std::vector<std::array<uint64_t, 3>>& links0) {
+                                                const std::vector<std::array<uint64_t, 3>>& links0, bool given) {
   const int n = comm->size();
   testbed::CollectiveRow row;
   row.point = p;
@@ -768,7 +785,7 @@ v1::RunReply HostDaemon::Impl::collective_reply(const testbed::CollectivePoint& 
     row.gpu_links[i][2] -= links0[i][2];
   }
   const bool holds = p.kind != workloads::Collective::kReduce || comm->rank() == a.root;
-  if (res.ok && holds && p.kind != workloads::Collective::kReduceScatter &&
+  if (res.ok && holds && !given && p.kind != workloads::Collective::kReduceScatter &&
       p.kind != workloads::Collective::kAllGather) {
     // Broadcast: the reference is the root's input.
     testbed::record_check(row, n, p.algo != workloads::Algo::kIfec || res.fell_back,
