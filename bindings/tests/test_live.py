@@ -176,6 +176,26 @@ def _wait_for(pred, timeout=10.0):
     return None
 
 
+def test_collectives_on_the_callers_own_data_return_each_ranks_buffer(fab):
+    """The way in for a torch.distributed backend: each rank's own bytes in, its buffer after the operation out."""
+    import numpy as np
+    rng = np.random.default_rng(11)
+    x = {g: rng.standard_normal(3000).astype(np.float32) for g in range(8)}
+    for algo in ("ring", "ifec"):
+        r = fab.run("allreduce", algo=algo, inputs={g: v.tobytes() for g, v in x.items()}, seed=0)
+        assert r["ok"], r.get("error")
+        want = np.sum([x[g].astype(np.float64) for g in range(8)], axis=0)
+        for g in range(8):
+            got = np.frombuffer(r["outputs"][g], dtype=np.float32)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{algo}, rank {g}")
+    m = fab.run("multicast", algo="ring", root=3, inputs={g: (x[g] * (g == 3)).tobytes() for g in range(8)})
+    assert m["ok"], m.get("error")
+    for g in range(8):
+        assert m["outputs"][g] == x[3].tobytes(), f"rank {g} did not get the root's bytes"
+    with pytest.raises(live.LiveError, match="all-gather on the caller's data is not supported"):
+        fab.run("all-gather", algo="ring", inputs={g: x[g].tobytes() for g in range(8)})
+
+
 def test_a_half_failed_y_cable_halves_that_planes_share_and_restoring_restores_it(fab):
     before = fab.plane_gbps(0, 5)
     assert before[0] == before[1] > 0
@@ -375,22 +395,3 @@ def test_a_killed_hostd_is_named_within_a_bounded_time(fab):
     assert time.time() - t0 < 40
 
 
-
-def test_collectives_on_the_callers_own_data_return_each_ranks_buffer(fab):
-    """The way in for a torch.distributed backend: each rank's own bytes in, its buffer after the operation out."""
-    import numpy as np
-    rng = np.random.default_rng(11)
-    x = {g: rng.standard_normal(3000).astype(np.float32) for g in range(8)}
-    for algo in ("ring", "ifec"):
-        r = fab.run("allreduce", algo=algo, inputs={g: v.tobytes() for g, v in x.items()}, seed=0)
-        assert r["ok"], r.get("error")
-        want = np.sum([x[g].astype(np.float64) for g in range(8)], axis=0)
-        for g in range(8):
-            got = np.frombuffer(r["outputs"][g], dtype=np.float32)
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{algo}, rank {g}")
-    m = fab.run("multicast", algo="ring", root=3, inputs={g: (x[g] * (g == 3)).tobytes() for g in range(8)})
-    assert m["ok"], m.get("error")
-    for g in range(8):
-        assert m["outputs"][g] == x[3].tobytes(), f"rank {g} did not get the root's bytes"
-    with pytest.raises(live.LiveError, match="all-gather on the caller's data is not supported"):
-        fab.run("all-gather", algo="ring", inputs={g: x[g].tobytes() for g in range(8)})
