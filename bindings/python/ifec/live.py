@@ -158,7 +158,9 @@ class LiveFabric:
         """What this process started, by PID, so a later run can end it if this one dies without down()."""
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         (STATE_DIR / f"fabric-{os.getpid()}.json").write_text(json.dumps(dict(
-            owner=os.getpid(), daemons={n: p.pid for n, p in self.procs.items()},
+            owner=os.getpid(), daemons={**{n: p.pid for n, p in self.procs.items()},
+                                        **{f"{n}/zebra": f.zebra.pid for n, f in self.frr.items()
+                                           if getattr(f, "zebra", None) is not None}},
             hosts={n: h.pid for n, h in self.hosts.items()})))
 
     def start(self, node):
