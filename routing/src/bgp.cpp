@@ -10,6 +10,7 @@
 
 #include "ifec/common/byte_order.h"
 #include "ifec/common/checks.h"
+#include "ifec/common/ipv4.h"
 
 namespace ifec::routing {
 
@@ -28,12 +29,6 @@ void put32(std::vector<uint8_t>& o, uint32_t v) {
   put16(o, static_cast<uint16_t>(v));
 }
 void put_bytes(std::vector<uint8_t>& o, const std::vector<uint8_t>& v) { o.insert(o.end(), v.begin(), v.end()); }
-
-std::string ipv4_str(uint32_t a) {
-  std::ostringstream os;
-  os << (a >> 24) << '.' << ((a >> 16) & 0xff) << '.' << ((a >> 8) & 0xff) << '.' << (a & 0xff);
-  return os.str();
-}
 
 std::vector<uint8_t> be16_bytes(uint16_t v) { return {static_cast<uint8_t>(v >> 8), static_cast<uint8_t>(v)}; }
 std::vector<uint8_t> be32_bytes(uint32_t v) {
@@ -202,7 +197,7 @@ BgpPrefix bgp_prefix(uint32_t addr, int len) {
   return BgpPrefix{addr & mask, static_cast<uint8_t>(len)};
 }
 
-std::string bgp_prefix_str(const BgpPrefix& p) { return ipv4_str(p.addr) + "/" + std::to_string(p.len); }
+std::string bgp_prefix_str(const BgpPrefix& p) { return common::ipv4_to_string(p.addr) + "/" + std::to_string(p.len); }
 
 bool BgpPathAttributes::operator==(const BgpPathAttributes& o) const {
   return origin == o.origin && as_path == o.as_path && next_hop == o.next_hop && med == o.med &&
@@ -874,7 +869,7 @@ void UpdateDecoder::value(uint8_t type, const uint8_t* v, size_t n, size_t at, c
       const uint32_t first = nh >> 24;
       if (first == 0 || first == 127 || first >= 224) {  // "this network", loopback, multicast, reserved
         std::ostringstream os;
-        os << "NEXT_HOP " << ipv4_str(nh) << " at byte " << at << " (expected a unicast address)";
+        os << "NEXT_HOP " << common::ipv4_to_string(nh) << " at byte " << at << " (expected a unicast address)";
         return error(BgpErrorAction::kTreatAsWithdraw, kUpdInvalidNextHop, at, whole, os.str());
       }
       a.next_hop = nh;

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <sstream>
 
 #include "ifec/common/checks.h"
 
@@ -25,12 +24,6 @@ uint32_t bgp_link_address(const Topology& topo, int link, int node) {
   const Link& l = topo.links[link];
   IFEC_CHECK(l.a == node || l.b == node, "link " << link << " does not end at node " << node);
   return kBgpLinksBase + 8 * static_cast<uint32_t>(link) + (l.a == node ? 2 : 3);
-}
-
-std::string ipv4_str(uint32_t a) {
-  std::ostringstream os;
-  os << (a >> 24) << '.' << ((a >> 16) & 255) << '.' << ((a >> 8) & 255) << '.' << (a & 255);
-  return os.str();
 }
 
 struct BgpSpeaker::Conn {

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/ipv4.h"
 #include "ifec/routing/bgp_speaker.h"
 #include "ifec/routing/fare.h"
 
@@ -195,8 +196,8 @@ TEST(BgpSpeaker, NumberingAndAddresses) {
   EXPECT_EQ(bgp_node_of_as(topo, 4200000002u), 2);
   EXPECT_EQ(bgp_node_of_as(topo, 65001), -1);
   const Link& l = topo.links[1];
-  EXPECT_EQ(ipv4_str(bgp_link_address(topo, 1, l.a)), "10.64.0.10");
-  EXPECT_EQ(ipv4_str(bgp_link_address(topo, 1, l.b)), "10.64.0.11");
+  EXPECT_EQ(common::ipv4_to_string(bgp_link_address(topo, 1, l.a)), "10.64.0.10");
+  EXPECT_EQ(common::ipv4_to_string(bgp_link_address(topo, 1, l.b)), "10.64.0.11");
   EXPECT_THROW(bgp_link_address(topo, 99, 0), common::Error);
 }
 

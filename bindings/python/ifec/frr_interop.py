@@ -64,8 +64,7 @@ def _close(weights, bandwidths):
     return all(abs(w / tw - b / tb) <= 0.02 for w, b in zip(weights, bandwidths))
 
 
-def _ip(n):
-    return frr._ip(n)
+_ip = frr._ip  # a host-order address as a dotted quad
 
 
 def _fmt(xs):

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/ipv4.h"
 #include "ifec/live/node_runtime.h"
 #include "ifec/v1/control.grpc.pb.h"
 
@@ -87,7 +88,7 @@ inline grpc::Status bgp_rib(NodeRuntime& rt, v1::BgpRibReply* out) {
   const routing::BgpSpeaker& bgp = rt.bgp();
   const routing::Topology& topo = rt.topology();
   out->set_local_as(bgp.as());
-  out->set_router_id(routing::ipv4_str(rt.info().loopback));
+  out->set_router_id(common::ipv4_to_string(rt.info().loopback));
   for (int p = 0; p < bgp.ports(); ++p) {
     const routing::BgpSession& s = bgp.session(p);
     v1::BgpSessionInfo* si = out->add_sessions();

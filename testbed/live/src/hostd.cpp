@@ -824,12 +824,14 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
     }
   }
   const bool guest = !d.o.guest_mac.empty();
-  for (const auto& p : d.rt->ports()) {  // the switch learns a guest's MAC by ARP: the interface must carry it
+  if (guest) {  // the switch learns a guest's MAC by ARP: the interface must carry it
     std::string want = d.o.guest_mac;
     std::transform(want.begin(), want.end(), want.begin(), [](unsigned char c) { return std::tolower(c); });
-    IFEC_CHECK(!guest || mac_text(p->device().mac()) == want,
-               d.o.node << ": --guest-mac " << d.o.guest_mac << " but " << p->device().name() << " has MAC "
-                        << mac_text(p->device().mac()) << " (give the interface the guest's MAC first)");
+    for (const auto& p : d.rt->ports()) {
+      IFEC_CHECK(mac_text(p->device().mac()) == want,
+                 d.o.node << ": --guest-mac " << d.o.guest_mac << " but " << p->device().name() << " has MAC "
+                          << mac_text(p->device().mac()) << " (give the interface the guest's MAC first)");
+    }
   }
   if (d.rank == 0 && !guest) {
     std::vector<std::string> names;

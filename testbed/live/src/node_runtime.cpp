@@ -2,12 +2,10 @@
 #include "ifec/live/node_runtime.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <net/if_arp.h>
 #include <netinet/in.h>
-#include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,6 +15,7 @@
 #include <cstring>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/ipv4.h"
 #include "ifec/live/metrics.h"
 #include "ifec/live/netns.h"
 
@@ -249,7 +248,7 @@ void NodeRuntime::ensure_address(int port) {
   bool ok = ioctl(ctl_fd_, SIOCSIFADDR, &ifr) == 0;
   sin->sin_addr.s_addr = htonl(0xFFFFFFF8u);  // /29
   ok = ok && ioctl(ctl_fd_, SIOCSIFNETMASK, &ifr) == 0;
-  IFEC_CHECK(ok, info().name << ": cannot give " << ifname(port) << " its link address " << routing::ipv4_str(want)
+  IFEC_CHECK(ok, info().name << ": cannot give " << ifname(port) << " its link address " << common::ipv4_to_string(want)
                              << "/29 for BGP: " << std::strerror(errno));
   local_addr_[port] = want;
   peer_candidates_[port] = {peer};
@@ -287,7 +286,7 @@ void NodeRuntime::on_accept() {
     }
     const int conn = port >= 0 ? bgp_.accepted(port, loop_.now()) : -1;
     if (conn < 0) {
-      if (port < 0) note("bgp", "refused a connection from " + routing::ipv4_str(peer) + ": no link's neighbour");
+      if (port < 0) note("bgp", "refused a connection from " + common::ipv4_to_string(peer) + ": no link's neighbour");
       close(fd);
       continue;
     }

@@ -45,7 +45,6 @@ uint32_t bgp_as_of(int node);
 int bgp_node_of_as(const Topology& topo, uint32_t as);
 // `node`'s address on link `link` (host order): the /29's .2 for the a-end, .3 for the b-end.
 uint32_t bgp_link_address(const Topology& topo, int link, int node);
-std::string ipv4_str(uint32_t addr);  // host order, dotted quad
 
 struct BgpSpeakerOptions {
   uint16_t hold_time = 3;  // s: data-centre timers (keepalive 1 s); carrier loss ends a session at once anyway
