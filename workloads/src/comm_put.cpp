@@ -1,6 +1,7 @@
 // This rank's part of a batch of point-to-point row stores (the endpoint-based MoE dispatch and combine): it posts
 // its rows as RC WRITEs in the order given (rows for itself are copied), and finishes when every store it posted
 // completed and every byte it expects from other ranks has landed.
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -36,12 +37,14 @@ class PutRowsOp : public CommOp {
     for (size_t i = 0; i < a_.rows.size(); ++i) {
       const RowPut& r = a_.rows[i];
       if (r.destination == comm_.rank()) {
-        std::memcpy(ep.memory().window(a_.dest_window)->data + r.to, src + r.from, a_.row_bytes);
+        std::memcpy(ep.memory().window(a_.dest_window)->data + r.to, src + r.from, len(r));
         continue;
       }
       queued_[r.destination].push_back({static_cast<uint32_t>(i), stores++});
     }
-    first_turn_ = ep.take_stripe_turns(stores, a_.row_bytes);
+    // Rows of their own lengths take their stripe turns as they are posted (all at once: rows_ahead is 0 for them).
+    uniform_ = std::all_of(a_.rows.begin(), a_.rows.end(), [](const RowPut& r) { return r.bytes == 0; });
+    first_turn_ = uniform_ ? ep.take_stripe_turns(stores, a_.row_bytes) : endpoint::Endpoint::kNextTurn;
     // In the rows' order, each destination's first rows_ahead (every row without a bound).
     for (const RowPut& r : a_.rows) {
       if (r.destination != comm_.rank() && (a_.rows_ahead == 0 || ahead_[r.destination] < a_.rows_ahead)) {
@@ -86,10 +89,10 @@ class PutRowsOp : public CommOp {
       if (to == nullptr) {
         return "rank " + std::to_string(r.destination) + " has no window " + std::to_string(a_.dest_window);
       }
-      if (r.from + a_.row_bytes > from->size || r.to + a_.row_bytes > to->size) {
+      if (r.from + len(r) > from->size || r.to + len(r) > to->size) {
         return "row from offset " + std::to_string(r.from) + " to offset " + std::to_string(r.to) + " of rank " +
                std::to_string(r.destination) + " overruns window " +
-               std::to_string(r.from + a_.row_bytes > from->size ? a_.source_window : a_.dest_window);
+               std::to_string(r.from + len(r) > from->size ? a_.source_window : a_.dest_window);
       }
     }
     return "";
@@ -104,8 +107,8 @@ class PutRowsOp : public CommOp {
     const RowPut& r = a_.rows[row.index];
     ++stores_out_;
     ++ahead_[dest];
-    watch(comm_.endpoint().store_from_window(comm_.gpu(dest), a_.dest_window, r.to, a_.source_window, r.from,
-                                             a_.row_bytes, first_turn_ + row.store),
+    watch(comm_.endpoint().store_from_window(comm_.gpu(dest), a_.dest_window, r.to, a_.source_window, r.from, len(r),
+                                             uniform_ ? first_turn_ + row.store : endpoint::Endpoint::kNextTurn),
           [this, dest](bool ok, const std::string& error) {
             if (!ok) {
               fail("row store: " + error);
@@ -119,6 +122,8 @@ class PutRowsOp : public CommOp {
             check_done();
           });
   }
+
+  uint64_t len(const RowPut& r) const { return r.bytes != 0 ? r.bytes : a_.row_bytes; }
 
   void check_done() {
     if (sent_ && stores_out_ == 0 && landed_.bytes() >= expected_) {
@@ -135,6 +140,7 @@ class PutRowsOp : public CommOp {
   std::vector<common::Fifo<Queued>> queued_;  // per destination rank: rows not posted yet
   std::vector<uint32_t> ahead_;               // per destination rank: rows posted and not complete
   uint64_t first_turn_ = 0;
+  bool uniform_ = true;  // every row is row_bytes long
   uint64_t expected_ = 0;
   size_t stores_out_ = 0;
   bool sent_ = false;

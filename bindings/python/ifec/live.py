@@ -1064,7 +1064,9 @@ def add_fabric_commands(sub, driver="live"):
     ctl.add_argument("what", choices=["counters", "groups", "routes", "status", "weights", "link", "events"])
     ctl.add_argument("target", help="a node (p0-sw, gpu3) or, for link, links (gpu5:plane1[:sub0], NODE:PORT, id)")
     ctl.add_argument("arg", nargs="?", help="link: up|down; weights: the destination GPU; events: seconds")
-    return {"status": _cmd_status, "run": _cmd_run, "fail": lambda x: _cmd_link(x, False),
+    from . import torchrun
+    run_script = torchrun.add_command(sub)
+    return {"status": _cmd_status, "run": _cmd_run, "torchrun": run_script, "fail": lambda x: _cmd_link(x, False),
             "restore": lambda x: _cmd_link(x, True), "capture": _cmd_capture, "ctl": _cmd_ctl,
             "compare": _cmd_compare, "kill": lambda x: _cmd_kill(x, driver), "start": lambda x: _cmd_start(x, driver)}
 

@@ -70,6 +70,9 @@ inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
   }
 }
 
+// The largest gRPC message a daemon takes or sends (a collective's input or output on the caller's data).
+constexpr int kMaxMessageBytes = 1 << 30;
+
 // Starts a gRPC server for `service` on `listen`; throws Error naming the node and address when it cannot.
 inline std::unique_ptr<grpc::Server> start_server(const std::string& node, const std::string& listen,
                                                   grpc::Service* service) {
@@ -77,6 +80,9 @@ inline std::unique_ptr<grpc::Server> start_server(const std::string& node, const
   int port = 0;
   b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
   b.RegisterService(service);
+  // A torch.distributed bucket of gradients arrives in one Run request (RunRequest.input): not gRPC's 4 MiB default.
+  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  b.SetMaxSendMessageSize(kMaxMessageBytes);
   std::unique_ptr<grpc::Server> s = b.BuildAndStart();
   IFEC_CHECK(s != nullptr && port != 0,
              "node " << node << ": cannot listen on " << listen << " (address in use, or not on this host?)");

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <numeric>
 
 #include "daemon_common.h"
 #include "daemon_serve.h"
@@ -197,6 +198,9 @@ struct HostDaemon::Impl {
   void start_ring();
   void poll_ring();
   void run_alltoall(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  void run_alltoall_given(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  v1::RunReply alltoall_reply(const workloads::CollectiveResult& res, uint64_t wrong, uint64_t size, uint64_t sent,
+                              const std::vector<uint64_t>& tx0) const;
 };
 
 namespace {
@@ -624,24 +628,132 @@ void HostDaemon::Impl::run_alltoall(const v1::RunRequest& q, std::function<void(
               wrong += in[s * bytes + i] != alltoall_byte(seed, s, me, i);
             }
           }
-          common::JsonObject o;
-          const double us = (res.end_ns - res.start_ns) / 1e3;
-          o.add("driver", "live").add("topology", topo.name).add("collective", "alltoall").add("algo", "stores");
-          o.add("ran", "point-to-point stores").add("size", bytes).add("count", bytes).add("ok", res.ok && wrong == 0);
-          o.add("time_us", us).add("algbw_gbs", us > 0 ? bytes * (n - 1) / (us * 1e3) : 0.0).add("wrong", wrong);
-          o.add("fallback_chunks", uint64_t{0}).add("fell_back", false).add("faults", res.faults);
-          std::vector<uint64_t> planes = plane_tx_bytes();
-          for (size_t k = 0; k < planes.size(); ++k) {
-            planes[k] -= tx0[k];
+          reply(alltoall_reply(res, wrong, bytes, bytes * (n - 1), tx0));
+        });
+      });
+    });
+  });
+}
+
+// An all-to-all's row and reply: `size` B per peer (the caller's data: its whole input), `sent` B to other ranks.
+v1::RunReply HostDaemon::Impl::alltoall_reply(const workloads::CollectiveResult& res, uint64_t wrong, uint64_t size,
+                                              uint64_t sent, const std::vector<uint64_t>& tx0) const {
+  common::JsonObject o;
+  const double us = (res.end_ns - res.start_ns) / 1e3;
+  o.add("driver", "live").add("topology", topo.name).add("collective", "alltoall").add("algo", "stores");
+  o.add("ran", "point-to-point stores").add("size", size).add("count", size).add("ok", res.ok && wrong == 0);
+  o.add("time_us", us).add("algbw_gbs", us > 0 ? sent / (us * 1e3) : 0.0).add("wrong", wrong);
+  o.add("fallback_chunks", uint64_t{0}).add("fell_back", false).add("faults", res.faults);
+  std::vector<uint64_t> planes = plane_tx_bytes();
+  for (size_t k = 0; k < planes.size(); ++k) {
+    planes[k] -= tx0[k];
+  }
+  o.add("plane_tx_bytes", planes);
+  v1::RunReply r;
+  r.set_ok(res.ok && wrong == 0);
+  r.set_error(res.ok ? (wrong ? std::to_string(wrong) + " bytes differ from what their sender wrote" : "")
+                     : res.error);
+  r.set_wrong(wrong);
+  r.set_row_json(o.str());
+  return r;
+}
+
+namespace {
+
+// An all-to-all's split sizes on the caller's data: `given` (one per rank, summing to `total` where that is known),
+// or `total` in n equal blocks; throws naming what does not fit.
+std::vector<uint64_t> splits_of(const google::protobuf::RepeatedField<uint64_t>& given, uint64_t total, int n,
+                                const char* what) {
+  if (given.empty()) {
+    IFEC_CHECK(total % n == 0, "alltoall: " << total << " B do not split into " << n << " equal blocks (give the "
+                                            << what << " splits)");
+    return std::vector<uint64_t>(n, total / n);
+  }
+  IFEC_CHECK(given.size() == n, "alltoall: " << given.size() << " " << what << " splits for " << n << " ranks");
+  return {given.begin(), given.end()};
+}
+
+uint64_t total_of(const std::vector<uint64_t>& v) { return std::accumulate(v.begin(), v.end(), uint64_t{0}); }
+
+v1::RunReply error_reply(const std::string& error) {
+  v1::RunReply r;
+  r.set_error(error);
+  return r;
+}
+
+}  // namespace
+
+// All-to-all on the caller's data with split sizes (torch's all_to_all_single): the ranks exchange their send splits
+// (a receiver learns where each sender's block lands in its output and checks it against what it expects), then
+// every rank stores its blocks, one RC WRITE row per peer of that block's length.
+void HostDaemon::Impl::run_alltoall_given(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
+  const int n = comm->size();
+  const int me = comm->rank();
+  const std::vector<uint64_t> send = splits_of(q.send_splits(), q.input().size(), n, "send");
+  IFEC_CHECK(total_of(send) == q.input().size(),
+             "alltoall: the send splits add up to " << total_of(send) << " B, the input is " << q.input().size() << " B");
+  const std::vector<uint64_t> recv = splits_of(q.recv_splits(), q.input().size(), n, "recv");
+  const uint16_t src = kBufs[runs % 3];
+  const uint16_t dst = kScratches[runs % 3];
+  ++runs;
+  auto input = std::make_shared<std::string>(q.input());
+  comm->allocate_window(src, std::max<uint64_t>(64, input->size()), [=](const std::string& e1) {
+    comm->allocate_window(dst, std::max<uint64_t>(64, total_of(recv)), [=](const std::string& e2) {
+      if (!e1.empty() || !e2.empty()) {
+        reply(error_reply(e1.empty() ? e2 : e1));
+        return;
+      }
+      std::memcpy(ep->memory().window(src)->data, input->data(), input->size());
+      std::vector<uint8_t> mine(n * sizeof(uint64_t));
+      std::memcpy(mine.data(), send.data(), mine.size());
+      // The exchange is also the entry barrier: every rank's windows exist and hold its input.
+      comm->bootstrap().allgather(std::move(mine), [=](workloads::Gathered g) {
+        if (!g.ok) {
+          reply(error_reply("alltoall: the split exchange: " + g.error));
+          return;
+        }
+        std::vector<std::vector<uint64_t>> splits(n, std::vector<uint64_t>(n));  // [sender][receiver]
+        for (int s = 0; s < n; ++s) {
+          if (g.parts[s].size() != n * sizeof(uint64_t)) {
+            reply(error_reply("alltoall: rank " + std::to_string(s) + " sent " + std::to_string(g.parts[s].size()) +
+                              " B of splits, not " + std::to_string(n * sizeof(uint64_t))));
+            return;
           }
-          o.add("plane_tx_bytes", planes);
-          v1::RunReply r;
-          r.set_ok(res.ok && wrong == 0);
-          r.set_error(res.ok ? (wrong ? std::to_string(wrong) + " bytes differ from what their sender wrote" : "")
-                             : res.error);
-          r.set_wrong(wrong);
-          r.set_row_json(o.str());
-          reply(r);
+          std::memcpy(splits[s].data(), g.parts[s].data(), g.parts[s].size());
+          if (splits[s][me] != recv[s]) {
+            reply(error_reply("alltoall: rank " + std::to_string(s) + " sends " + std::to_string(splits[s][me]) +
+                              " B to rank " + std::to_string(me) + ", which expects " + std::to_string(recv[s]) +
+                              " B (its recv splits)"));
+            return;
+          }
+        }
+        workloads::BatchPutArgs a;
+        a.source_window = src;
+        a.dest_window = dst;
+        uint64_t from = 0;
+        uint64_t into = 0;
+        for (int d = 0; d < n; ++d) {
+          uint64_t at = 0;  // where this rank's block lands in d's output: after those of ranks before it
+          for (int s = 0; s < me; ++s) {
+            at += splits[s][d];
+          }
+          if (send[d] > 0) {
+            a.rows.push_back({from, d, at, send[d]});
+          }
+          if (d != me && recv[d] > 0) {
+            a.incoming.emplace_back(into, recv[d]);
+          }
+          from += send[d];
+          into += recv[d];
+        }
+        const std::vector<uint64_t> tx0 = plane_tx_bytes();
+        const uint64_t sent = total_of(send) - send[me];
+        comm->put_rows(std::move(a), [=](workloads::CollectiveResult res) {
+          v1::RunReply r = alltoall_reply(res, 0, input->size(), sent, tx0);
+          if (res.ok) {
+            r.set_output(ep->memory().window(dst)->data, total_of(recv));
+          }
+          reply(std::move(r));
         });
       });
     });
@@ -656,7 +768,8 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
     boot->begin_epoch(q.run_id());
   }
   if (q.what() == "alltoall") {
-    run_alltoall(q, std::move(reply));
+    const bool given = !q.input().empty() || q.send_splits_size() > 0 || q.recv_splits_size() > 0;
+    given ? run_alltoall_given(q, std::move(reply)) : run_alltoall(q, std::move(reply));
     return;
   }
   if (q.what() == "moe") {
@@ -692,25 +805,37 @@ testbed::CollectivePoint point_of(const v1::RunRequest& q) {
   return p;
 }
 
-v1::RunReply error_reply(const std::string& error) {
-  v1::RunReply r;
-  r.set_error(error);
-  return r;
-}
-
 }  // namespace
 
 // One collective, this rank's part: its windows (a fresh pair per run, in turn), its input, an entry barrier, then
 // the operation.
 void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
-  const testbed::CollectivePoint p = point_of(q);
+  testbed::CollectivePoint p = point_of(q);
   const size_t es = workloads::element_size(p.dtype);
-  const bool given = !q.input().empty();  // the caller's data: in place, returned, not checked
-  IFEC_CHECK(!given || p.kind == workloads::Collective::kAllReduce || p.kind == workloads::Collective::kReduce ||
-                 p.kind == workloads::Collective::kMulticast,
-             "a " << q.what() << " on the caller's data is not supported (allreduce, reduce, multicast are)");
-  IFEC_CHECK(!given || q.input().size() == p.bytes,
-             "input of " << q.input().size() << " B for a " << p.bytes << " B " << q.what());
+  const int n = comm->size();
+  // The caller's data: where its input goes in the window and which part of the window comes back (not checked).
+  struct Given {
+    uint64_t at = 0;   // the input's offset in the window
+    uint64_t out = 0;  // the output's offset
+    uint64_t out_bytes = 0;
+  };
+  const auto given = std::make_shared<Given>();
+  if (!q.input().empty()) {
+    IFEC_CHECK(p.kind != workloads::Collective::kBarrier, "a barrier takes no input");
+    IFEC_CHECK(q.input().size() == p.bytes, "input of " << q.input().size() << " B for a " << p.bytes << " B "
+                                                        << q.what());
+    given->out_bytes = p.bytes;
+    if (p.kind == workloads::Collective::kAllGather) {  // this rank's block in, every block out
+      given->at = p.bytes * comm->rank();
+      given->out_bytes = p.bytes * n;
+      p.bytes *= n;
+    } else if (p.kind == workloads::Collective::kReduceScatter) {  // every block in, this rank's block out
+      IFEC_CHECK(p.bytes % (es * n) == 0, "reduce-scatter: " << p.bytes << " B is not " << n << " equal blocks of "
+                                                             << es << "-byte elements");
+      given->out_bytes = p.bytes / n;
+      given->out = given->out_bytes * comm->rank();
+    }
+  }
   const uint16_t buf = kBufs[runs % 3];
   const uint16_t scratch_window = kScratches[runs % 3];
   ++runs;
@@ -723,15 +848,15 @@ void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<voi
   a.dtype = p.dtype;
   a.op = p.op;
   const uint64_t scratch =
-      std::max<uint64_t>(4096, workloads::Communicator::scratch_bytes(a, comm->size(), p.algo, &topo, 0));
+      std::max<uint64_t>(4096, workloads::Communicator::scratch_bytes(a, n, p.algo, &topo, 0));
   auto input = std::make_shared<std::string>(q.input());
   comm->allocate_window(
-      buf, std::max<uint64_t>(64, a.count * es), [this, a, p, scratch, reply, input](const std::string& e1) {
+      buf, std::max<uint64_t>(64, a.count * es), [this, a, p, scratch, reply, input, given](const std::string& e1) {
         if (!e1.empty()) {
           reply(error_reply(e1));
           return;
         }
-        comm->allocate_window(a.scratch_window, scratch, [this, a, p, reply, input](const std::string& e2) {
+        comm->allocate_window(a.scratch_window, scratch, [this, a, p, reply, input, given](const std::string& e2) {
           if (!e2.empty()) {
             reply(error_reply(e2));
             return;
@@ -740,21 +865,21 @@ void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<voi
           if (input->empty()) {
             testbed::collective_input(p, comm->rank(), a.count, data);
           } else {
-            std::memcpy(data, input->data(), input->size());
+            std::memcpy(data + given->at, input->data(), input->size());
           }
           // Every rank holds its input before any rank starts (a peer's first store must not land before this rank's
           // own input is written, which would overwrite it).
-          comm->bootstrap().barrier([this, a, p, reply, input](workloads::Gathered g) {
+          comm->bootstrap().barrier([this, a, p, reply, input, given](workloads::Gathered g) {
             if (!g.ok) {
               reply(error_reply("entry barrier: " + g.error));
               return;
             }
             const auto tx0 = plane_tx_bytes();
             const auto links0 = link_bytes();
-            comm->run(a, p.algo, [this, a, p, reply, tx0, links0, input](workloads::CollectiveResult res) {
+            comm->run(a, p.algo, [this, a, p, reply, tx0, links0, input, given](workloads::CollectiveResult res) {
               v1::RunReply r = collective_reply(p, a, res, tx0, links0, !input->empty());
               if (!input->empty() && res.ok) {
-                r.set_output(ep->memory().window(a.window)->data, input->size());
+                r.set_output(ep->memory().window(a.window)->data + given->out, given->out_bytes);
               }
               reply(std::move(r));
             });

@@ -114,6 +114,7 @@ struct RowPut {
   uint64_t from = 0;    // offset in source_window here
   int destination = 0;  // rank
   uint64_t to = 0;      // offset in dest_window there
+  uint64_t bytes = 0;   // this row's length; 0: the batch's row_bytes (an all-to-all-v's rows differ)
 };
 struct BatchPutArgs {
   uint16_t source_window = 0;

@@ -1,0 +1,98 @@
+// The `ifec` torch.distributed backend: a c10d ProcessGroup (PyTorch 1.13's interface) whose collectives run on the
+// live fabric. Each rank process asks its own GPU's hostd (Host.Run over gRPC, the caller's bytes in, its result
+// out); every rank's hostd runs its part of the same operation on the fabric, in-switch where the fabric can and
+// otherwise with the endpoint algorithm asked for.
+//
+// Operations run one at a time, in the order the program issued them, on one worker thread per process (shared by
+// every ifec group: hostd runs one operation at a time, and the ranks must meet in the same order); the Work an
+// operation returns completes when its reply came back and its result was copied into the caller's tensors.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ifec::c10d_backend {
+
+struct BackendOptions {
+  std::string hostd;                        // this rank's hostd, host:port
+  std::string node;                         // its node name, for errors
+  std::string algo = "ifec";                // RunRequest.algo for reductions: ifec | best | ring | tree | rd | oneshot
+  std::chrono::milliseconds timeout{120000};  // an operation that has not answered by then fails, naming hostd
+  uint64_t first_run_id = 0;                // the number of the process's first operation, the same on every rank
+  std::string trace;                        // a JSON-lines file each operation is appended to ("": none)
+  std::string group = "world";              // the group's name in the trace
+};
+
+// One operation as hostd runs it: the RunRequest's fields, and what the trace says of it.
+struct Call {
+  std::string what;   // allreduce | reduce | multicast | all-gather | reduce-scatter | alltoall | barrier
+  std::string dtype;  // the fabric's dtype (fp32 | bf16 | fp16 | int32)
+  std::string op;     // sum | min | max
+  int root = 0;
+  std::string input;
+  std::vector<uint64_t> send_splits;
+  std::vector<uint64_t> recv_splits;
+  // The trace's description: torch's name for the operation, the tensor's dtype, its bytes in and out.
+  std::string torch_op;
+  std::string torch_dtype;
+  std::string reduce_op;
+  uint64_t bytes = 0;
+};
+
+class Runner;
+
+class ProcessGroup : public c10d::ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size, BackendOptions o);
+  ~ProcessGroup() override;
+
+  const std::string getBackendName() const override { return "ifec"; }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts = c10d::ReduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+
+ private:
+  // Queues `call`; `finish(output)` runs on the worker once hostd answered (it copies the output into the tensors).
+  c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, std::vector<at::Tensor> outputs, Call call,
+                                        std::function<void(const std::string&)> finish);
+  // A reduction (allreduce, reduce, reduce-scatter) of a dtype the fabric does not reduce (int64, float64): the
+  // ranks all-gather the inputs and each reduces them itself, in rank order (the same result on every rank).
+  c10::intrusive_ptr<c10d::Work> reduce_at_ranks(c10d::OpType type, const std::string& torch_op, at::Tensor input,
+                                                 c10d::ReduceOp op,
+                                                 std::function<void(const at::Tensor& reduced)> finish);
+
+  BackendOptions o_;
+  std::shared_ptr<Runner> runner_;
+};
+
+// The factory torch.distributed.Backend.register_backend's function calls (through ifec.torch_backend).
+c10::intrusive_ptr<c10d::ProcessGroup> create(int rank, int size, const BackendOptions& o);
+
+}  // namespace ifec::c10d_backend
