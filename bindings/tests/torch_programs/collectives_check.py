@@ -1,0 +1,81 @@
+"""Every operation the ifec backend offers, checked against the same computation in this process: an unmodified
+PyTorch program. Prints one line per check; exits non-zero at the first that fails."""
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("ifec")
+rank, n = dist.get_rank(), dist.get_world_size()
+every = [torch.arange(12, dtype=torch.float32) * (r + 1) - r for r in range(n)]  # rank r's input
+mine = every[rank]
+
+
+def check(name, got, want, exact=True):
+    ok = torch.equal(got, want) if exact else torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert ok, f"{name}: got {got.tolist()} want {want.tolist()}"
+    print(f"ok {name}")
+
+
+for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.float64):
+    ins = [e.to(dtype) for e in every]
+    for name, op, ref in (("sum", dist.ReduceOp.SUM, lambda: sum(i.double() for i in ins)),
+                          ("min", dist.ReduceOp.MIN, lambda: torch.stack(ins).min(0).values),
+                          ("max", dist.ReduceOp.MAX, lambda: torch.stack(ins).max(0).values)):
+        t = ins[rank].clone()
+        dist.all_reduce(t, op=op)
+        check(f"all_reduce {name} {dtype}", t, ref().to(dtype), exact=dtype not in (torch.bfloat16, torch.float16))
+t = torch.complex(mine, -mine)  # torch sums a complex tensor as its float view
+dist.all_reduce(t)
+check("all_reduce sum complex64", t, torch.complex(sum(every), -sum(every)))
+t = mine.clone()
+dist.all_reduce(t, op=dist.ReduceOp.AVG)
+check("all_reduce avg float32", t, sum(every) / n, exact=False)
+t = mine.clone()
+dist.reduce(t, dst=5)
+if rank == 5:
+    check("reduce to 5", t, sum(every))
+t = mine.to(torch.int8).clone()
+dist.broadcast(t, src=3)  # 12 bytes of int8: moved, not reduced
+check("broadcast int8 from 3", t, every[3].to(torch.int8))
+outs = [torch.empty(5, dtype=torch.uint8) for _ in range(n)]  # 5 B per rank: padded on the wire, not in the result
+dist.all_gather(outs, torch.full((5,), rank, dtype=torch.uint8))
+check("all_gather uint8 list", torch.stack(outs), torch.arange(n, dtype=torch.uint8).repeat_interleave(5).view(n, 5))
+big = torch.empty(n * 12)
+dist.all_gather_into_tensor(big, mine)
+check("all_gather into one tensor", big, torch.cat(every))
+rs_in = torch.arange(n * 3, dtype=torch.float32) + rank
+rs_out = torch.empty(3)
+dist.reduce_scatter(rs_out, list(rs_in.chunk(n)))
+check("reduce_scatter", rs_out, sum(torch.arange(n * 3, dtype=torch.float32) + r for r in range(n))[rank * 3:rank * 3 + 3])
+# all_to_all_single with uneven splits: rank r sends (r + d) % 3 rows of 2 to rank d.
+send = [(rank + d) % 3 for d in range(n)]
+recv = [(s + rank) % 3 for s in range(n)]
+x = torch.cat([torch.full((c, 2), 100.0 * rank + d) for d, c in enumerate(send)])
+y = torch.empty(sum(recv), 2)
+dist.all_to_all_single(y, x, recv, send)
+check("all_to_all_single uneven", y, torch.cat([torch.full((c, 2), 100.0 * s + rank) for s, c in enumerate(recv)]))
+works = [dist.all_reduce(torch.full((4,), float(rank + k)), async_op=True) for k in range(3)]
+for w in works:
+    w.wait()
+check("async all_reduce x3", torch.stack([w.result()[0] for w in works]),
+      torch.stack([torch.full((4,), float(sum(range(n)) + n * k)) for k in range(3)]))
+g = dist.new_group(list(range(n)))
+t = mine.clone()
+dist.all_reduce(t, group=g)
+check("new_group of every rank", t, sum(every))
+dist.barrier()
+print("ok barrier")
+for what, call in (("product", lambda: dist.all_reduce(mine.clone(), op=dist.ReduceOp.PRODUCT)),
+                   ("bool", lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)))):
+    try:
+        call()
+        raise AssertionError(f"{what}: no error")
+    except RuntimeError as e:
+        print(f"refused {what}: {str(e).splitlines()[0]}")
+dist.barrier()
+# Last: a group of a subset is refused at its members (the others wait in new_group's store barrier until rank 0,
+# having been refused, ends and takes the store with it).
+try:
+    dist.new_group([0, 1])
+except RuntimeError as e:
+    if rank < 2:
+        print(f"refused subset: {str(e).splitlines()[0]}")
