@@ -1,9 +1,9 @@
 // The ifec process group: torch's collectives as Host.Run requests to this rank's hostd (see process_group.h).
 #include "process_group.h"
 
+#include <ATen/ATen.h>
 #include <grpcpp/grpcpp.h>
 
-#include <ATen/ATen.h>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -33,9 +33,8 @@ int64_t now_ns() {
 std::string torch_dtype(at::ScalarType s) {
   std::string name = c10::toString(s);  // "Float", "BFloat16", ...
   static const std::map<std::string, std::string> kNames = {
-      {"Float", "float32"}, {"Double", "float64"}, {"Half", "float16"}, {"BFloat16", "bfloat16"},
-      {"Int", "int32"},     {"Long", "int64"},     {"Short", "int16"},  {"Char", "int8"},
-      {"Byte", "uint8"},    {"Bool", "bool"}};
+      {"Float", "float32"}, {"Double", "float64"}, {"Half", "float16"}, {"BFloat16", "bfloat16"}, {"Int", "int32"},
+      {"Long", "int64"},    {"Short", "int16"},    {"Char", "int8"},    {"Byte", "uint8"},        {"Bool", "bool"}};
   const auto it = kNames.find(name);
   return it == kNames.end() ? name : it->second;
 }
@@ -78,8 +77,8 @@ std::string reduce_op_name(c10d::ReduceOp op) {
 // The fabric's operation for torch's: sum, min, max (avg is a sum divided by the group's size at the ranks).
 std::string fabric_op(c10d::ReduceOp op, const std::string& torch_op, const at::Tensor& t) {
   const std::string name = reduce_op_name(op);
-  TORCH_CHECK(name == "sum" || name == "avg" || name == "min" || name == "max", "ifec: ", torch_op, " with ",
-              name, " on ", torch_dtype(t.scalar_type()), " is not supported (sum, avg, min, max are)");
+  TORCH_CHECK(name == "sum" || name == "avg" || name == "min" || name == "max", "ifec: ", torch_op, " with ", name,
+              " on ", torch_dtype(t.scalar_type()), " is not supported (sum, avg, min, max are)");
   TORCH_CHECK(name != "avg" || at::isFloatingType(t.scalar_type()), "ifec: ", torch_op, " with avg on ",
               torch_dtype(t.scalar_type()), " is not supported (avg needs a floating-point dtype)");
   return name == "avg" ? "sum" : name;
@@ -132,7 +131,6 @@ std::string json_list(const std::vector<uint64_t>& v) {
   os << "]";
   return os.str();
 }
-
 
 // What an operation's Work hands back: its output tensors once done, or the exception that ended it.
 class Work : public c10d::Work {
@@ -232,8 +230,8 @@ namespace {
 
 std::string describe(const Call& c, int rank) {
   std::ostringstream os;
-  os << "ifec: " << c.torch_op << " of " << c.torch_dtype << " (" << c.bytes << " B" << (c.reduce_op.empty() ? "" : ", ")
-     << c.reduce_op << ") on rank " << rank;
+  os << "ifec: " << c.torch_op << " of " << c.torch_dtype << " (" << c.bytes << " B"
+     << (c.reduce_op.empty() ? "" : ", ") << c.reduce_op << ") on rank " << rank;
   return os.str();
 }
 
@@ -278,8 +276,8 @@ std::string call_hostd(Runner& runner, const BackendOptions& o, const Call& c, u
 
 // One JSON line of the trace: what the program asked (operation, dtype, sizes, group), when (issued, started and
 // ended, wall-clock ns), and hostd's row of what the fabric did (time, bytes per plane and per link).
-void append_trace(const BackendOptions& o, const Call& c, int rank, int size, uint64_t seq, int64_t issued, int64_t start,
-                  int64_t end, const std::string& row_json, const std::string& error) {
+void append_trace(const BackendOptions& o, const Call& c, int rank, int size, uint64_t seq, int64_t issued,
+                  int64_t start, int64_t end, const std::string& row_json, const std::string& error) {
   std::ostringstream os;
   os << "{\"rank\":" << rank << ",\"group\":\"" << o.group << "\",\"group_size\":" << size << ",\"seq\":" << seq
      << ",\"op\":\"" << c.torch_op << "\",\"dtype\":\"" << c.torch_dtype << "\",\"bytes\":" << c.bytes;
@@ -353,8 +351,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_at_ranks(c10d::OpType type, 
                                                              at::Tensor input, c10d::ReduceOp op,
                                                              std::function<void(const at::Tensor&)> finish) {
   const std::string name = reduce_op_name(op);
-  TORCH_CHECK(at::isIntegralType(input.scalar_type(), false) || input.scalar_type() == at::kDouble, "ifec: ",
-              torch_op, " of ", torch_dtype(input.scalar_type()),
+  TORCH_CHECK(at::isIntegralType(input.scalar_type(), false) || input.scalar_type() == at::kDouble, "ifec: ", torch_op,
+              " of ", torch_dtype(input.scalar_type()),
               " is not supported (float32, bfloat16, float16, int32 reduce in the fabric; int64 and float64 at the "
               "ranks)");
   TORCH_CHECK(name == "sum" || name == "min" || name == "max" || (name == "avg" && input.is_floating_point()),
@@ -460,16 +458,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::broadcast(std::vector<at::Tensor>& 
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                       std::vector<at::Tensor>& inputs,
-                                                       const c10d::AllgatherOptions&) {
+                                                       std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) {
   check_one(inputs, "all_gather");
-  TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(), "ifec: all_gather needs one "
-              "list of ", getSize(), " output tensors");
+  TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
+              "ifec: all_gather needs one "
+              "list of ",
+              getSize(), " output tensors");
   at::Tensor in = inputs[0];
   for (const at::Tensor& o : outputs[0]) {
     check_tensor(o, "all_gather");
-    TORCH_CHECK(o.nbytes() == in.nbytes() && o.scalar_type() == in.scalar_type(), "ifec: all_gather of ",
-                in.nbytes(), " B of ", torch_dtype(in.scalar_type()), " into a tensor of ", o.nbytes(), " B of ",
+    TORCH_CHECK(o.nbytes() == in.nbytes() && o.scalar_type() == in.scalar_type(), "ifec: all_gather of ", in.nbytes(),
+                " B of ", torch_dtype(in.scalar_type()), " into a tensor of ", o.nbytes(), " B of ",
                 torch_dtype(o.scalar_type()), " (uneven all_gather is not supported)");
   }
   Call c;
@@ -578,9 +577,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& output, a
   TORCH_CHECK(input.scalar_type() == output.scalar_type(), "ifec: all_to_all_single from ",
               torch_dtype(input.scalar_type()), " into ", torch_dtype(output.scalar_type()));
   const size_t n = static_cast<size_t>(getSize());
-  TORCH_CHECK((input_splits.empty() || input_splits.size() == n) && (output_splits.empty() || output_splits.size() == n),
-              "ifec: all_to_all_single with ", input_splits.size(), " input and ", output_splits.size(),
-              " output splits for ", n, " ranks");
+  TORCH_CHECK(
+      (input_splits.empty() || input_splits.size() == n) && (output_splits.empty() || output_splits.size() == n),
+      "ifec: all_to_all_single with ", input_splits.size(), " input and ", output_splits.size(), " output splits for ",
+      n, " ranks");
   Call c;
   c.what = "alltoall";
   c.torch_op = "all_to_all_single";

@@ -8,26 +8,25 @@
 // operation returns completes when its reply came back and its result was copied into the caller's tensors.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
 namespace ifec::c10d_backend {
 
 struct BackendOptions {
-  std::string hostd;                        // this rank's hostd, host:port
-  std::string node;                         // its node name, for errors
-  std::string algo = "ifec";                // RunRequest.algo for reductions: ifec | best | ring | tree | rd | oneshot
+  std::string hostd;          // this rank's hostd, host:port
+  std::string node;           // its node name, for errors
+  std::string algo = "ifec";  // RunRequest.algo for reductions: ifec | best | ring | tree | rd | oneshot
   std::chrono::milliseconds timeout{120000};  // an operation that has not answered by then fails, naming hostd
-  uint64_t first_run_id = 0;                // the number of the process's first operation, the same on every rank
-  std::string trace;                        // a JSON-lines file each operation is appended to ("": none)
-  std::string group = "world";              // the group's name in the trace
+  uint64_t first_run_id = 0;                  // the number of the process's first operation, the same on every rank
+  std::string trace;                          // a JSON-lines file each operation is appended to ("": none)
+  std::string group = "world";                // the group's name in the trace
 };
 
 // One operation as hostd runs it: the RunRequest's fields, and what the trace says of it.
@@ -64,8 +63,8 @@ class ProcessGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(
       std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
@@ -73,8 +72,7 @@ class ProcessGroup : public c10d::ProcessGroup {
       at::Tensor& output, at::Tensor& input,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_splits,
-                                               std::vector<int64_t>& input_splits,
+                                               std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
 

@@ -651,8 +651,7 @@ v1::RunReply HostDaemon::Impl::alltoall_reply(const workloads::CollectiveResult&
   o.add("plane_tx_bytes", planes);
   v1::RunReply r;
   r.set_ok(res.ok && wrong == 0);
-  r.set_error(res.ok ? (wrong ? std::to_string(wrong) + " bytes differ from what their sender wrote" : "")
-                     : res.error);
+  r.set_error(res.ok ? (wrong ? std::to_string(wrong) + " bytes differ from what their sender wrote" : "") : res.error);
   r.set_wrong(wrong);
   r.set_row_json(o.str());
   return r;
@@ -690,8 +689,9 @@ void HostDaemon::Impl::run_alltoall_given(const v1::RunRequest& q, std::function
   const int n = comm->size();
   const int me = comm->rank();
   const std::vector<uint64_t> send = splits_of(q.send_splits(), q.input().size(), n, "send");
-  IFEC_CHECK(total_of(send) == q.input().size(),
-             "alltoall: the send splits add up to " << total_of(send) << " B, the input is " << q.input().size() << " B");
+  IFEC_CHECK(total_of(send) == q.input().size(), "alltoall: the send splits add up to "
+                                                     << total_of(send) << " B, the input is " << q.input().size()
+                                                     << " B");
   const std::vector<uint64_t> recv = splits_of(q.recv_splits(), q.input().size(), n, "recv");
   const uint16_t src = kBufs[runs % 3];
   const uint16_t dst = kScratches[runs % 3];
@@ -822,16 +822,16 @@ void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<voi
   const auto given = std::make_shared<Given>();
   if (!q.input().empty()) {
     IFEC_CHECK(p.kind != workloads::Collective::kBarrier, "a barrier takes no input");
-    IFEC_CHECK(q.input().size() == p.bytes, "input of " << q.input().size() << " B for a " << p.bytes << " B "
-                                                        << q.what());
+    IFEC_CHECK(q.input().size() == p.bytes,
+               "input of " << q.input().size() << " B for a " << p.bytes << " B " << q.what());
     given->out_bytes = p.bytes;
     if (p.kind == workloads::Collective::kAllGather) {  // this rank's block in, every block out
       given->at = p.bytes * comm->rank();
       given->out_bytes = p.bytes * n;
       p.bytes *= n;
     } else if (p.kind == workloads::Collective::kReduceScatter) {  // every block in, this rank's block out
-      IFEC_CHECK(p.bytes % (es * n) == 0, "reduce-scatter: " << p.bytes << " B is not " << n << " equal blocks of "
-                                                             << es << "-byte elements");
+      IFEC_CHECK(p.bytes % (es * n) == 0,
+                 "reduce-scatter: " << p.bytes << " B is not " << n << " equal blocks of " << es << "-byte elements");
       given->out_bytes = p.bytes / n;
       given->out = given->out_bytes * comm->rank();
     }
@@ -847,8 +847,7 @@ void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<voi
   a.count = p.kind == workloads::Collective::kBarrier ? 0 : p.bytes / es;
   a.dtype = p.dtype;
   a.op = p.op;
-  const uint64_t scratch =
-      std::max<uint64_t>(4096, workloads::Communicator::scratch_bytes(a, n, p.algo, &topo, 0));
+  const uint64_t scratch = std::max<uint64_t>(4096, workloads::Communicator::scratch_bytes(a, n, p.algo, &topo, 0));
   auto input = std::make_shared<std::string>(q.input());
   comm->allocate_window(
       buf, std::max<uint64_t>(64, a.count * es), [this, a, p, scratch, reply, input, given](const std::string& e1) {
@@ -868,14 +867,15 @@ void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<voi
             std::memcpy(data + given->at, input->data(), input->size());
           }
           // Every rank holds its input before any rank starts (a peer's first store must not land before this rank's
-          // own input is written, which would overwrite it).
-          comm->bootstrap().barrier([this, a, p, reply, input, given](workloads::Gathered g) {
+          // own input is written, which would overwrite it). The byte counts start before the barrier: no peer's
+          // frame of this operation can arrive before this rank entered it.
+          const auto tx0 = plane_tx_bytes();
+          const auto links0 = link_bytes();
+          comm->bootstrap().barrier([this, a, p, reply, input, given, tx0, links0](workloads::Gathered g) {
             if (!g.ok) {
               reply(error_reply("entry barrier: " + g.error));
               return;
             }
-            const auto tx0 = plane_tx_bytes();
-            const auto links0 = link_bytes();
             comm->run(a, p.algo, [this, a, p, reply, tx0, links0, input, given](workloads::CollectiveResult res) {
               v1::RunReply r = collective_reply(p, a, res, tx0, links0, !input->empty());
               if (!input->empty() && res.ok) {
@@ -910,11 +910,10 @@ v1::RunReply HostDaemon::Impl::collective_reply(const testbed::CollectivePoint& 
     row.gpu_links[i][2] -= links0[i][2];
   }
   const bool holds = p.kind != workloads::Collective::kReduce || comm->rank() == a.root;
-  if (res.ok && holds && !given && p.kind != workloads::Collective::kReduceScatter &&
-      p.kind != workloads::Collective::kAllGather) {
+  if (res.ok && holds && !given) {
     // Broadcast: the reference is the root's input.
-    testbed::record_check(row, n, p.algo != workloads::Algo::kIfec || res.fell_back,
-                          {ep->memory().window(a.window)->data}, a.root);
+    testbed::record_check(row, n, row.ran != "ifec" || res.fell_back, {ep->memory().window(a.window)->data}, a.root,
+                          comm->rank());
   }
   v1::RunReply r;
   r.set_ok(row.ok);

@@ -138,7 +138,7 @@ __attribute__((target_clones("arch=x86-64-v4", "default"))) void collective_inpu
 
 __attribute__((target_clones("arch=x86-64-v4", "default"))) OutputCheck check_outputs(
     const CollectivePoint& p, int n, uint64_t count, bool rounds_per_step, const std::vector<const uint8_t*>& outputs,
-    int source) {
+    int source, uint64_t lo, uint64_t hi) {
   OutputCheck c;
   if (p.kind == Collective::kBarrier || n <= 0 || count == 0) {
     return c;
@@ -148,8 +148,9 @@ __attribute__((target_clones("arch=x86-64-v4", "default"))) OutputCheck check_ou
   ReferenceBlock ref(es);
   std::vector<double> got(kCheckBlock);
   std::vector<double> scale(kCheckBlock);  // what an error is relative to
-  for (uint64_t first = 0; first < count; first += kCheckBlock) {
-    const uint64_t m = std::min(kCheckBlock, count - first);
+  const uint64_t end = std::min(count, hi);
+  for (uint64_t first = lo; first < end; first += kCheckBlock) {
+    const uint64_t m = std::min(kCheckBlock, end - first);
     reference_block(p, n, rounding, source, first, m, ref);
     for (uint64_t i = 0; i < m; ++i) {
       scale[i] = std::max(1.0, std::fabs(ref.value[i]));

@@ -1,6 +1,7 @@
 // A collective point's row: filled from a result and a check (either driver), printed as nccl-tests does (plus
 // wire bytes per plane, fallbacks and faults) and as JSON.
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "ifec/common/json.h"
@@ -26,9 +27,47 @@ void record_result(CollectiveRow& row, const workloads::CollectiveResult& res, i
   row.busbw_gbs = row.algbw_gbs * busbw_factor(row.point.kind, members);
 }
 
+namespace {
+
+// An all-gather's outputs: block b of every one is member b's input block b, bit for bit.
+OutputCheck check_gathered(const CollectivePoint& p, int n, uint64_t count,
+                           const std::vector<const uint8_t*>& outputs) {
+  OutputCheck c;
+  const size_t es = workloads::element_size(p.dtype);
+  std::vector<uint8_t> want;
+  for (int b = 0; b < n; ++b) {
+    const uint64_t lo = count * b / n;
+    const uint64_t len = count * (b + 1) / n - lo;
+    want.resize(len * es);
+    collective_input(p, b, len, want.data(), lo);
+    for (const uint8_t* out : outputs) {
+      for (uint64_t i = 0; i < len; ++i) {
+        c.wrong += std::memcmp(out + (lo + i) * es, want.data() + i * es, es) != 0;
+      }
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
 void record_check(CollectiveRow& row, int members, bool rounds_per_step, const std::vector<const uint8_t*>& outputs,
-                  int source) {
-  const OutputCheck chk = check_outputs(row.point, members, row.count, rounds_per_step, outputs, source);
+                  int source, int first_member) {
+  OutputCheck chk;
+  const uint64_t count = row.count;
+  if (row.point.kind == workloads::Collective::kAllGather) {
+    chk = check_gathered(row.point, members, count, outputs);
+  } else if (row.point.kind == workloads::Collective::kReduceScatter) {
+    for (size_t i = 0; i < outputs.size(); ++i) {  // member m holds its block m reduced
+      const uint64_t m = first_member + i;
+      const OutputCheck one = check_outputs(row.point, members, count, rounds_per_step, {outputs[i]}, source,
+                                            count * m / members, count * (m + 1) / members);
+      chk.wrong += one.wrong;
+      chk.max_rel_error = std::max(chk.max_rel_error, one.max_rel_error);
+    }
+  } else {
+    chk = check_outputs(row.point, members, count, rounds_per_step, outputs, source);
+  }
   row.wrong = chk.wrong;
   row.max_rel_error = chk.max_rel_error;
   if (row.wrong > 0) {

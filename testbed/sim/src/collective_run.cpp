@@ -178,7 +178,7 @@ void check_row(CollectiveRow& row, Cluster& c, const CollectiveSpec& s) {
   for (int g : p.kind == Collective::kReduce ? std::vector<int>{s.root} : s.members) {
     outs.push_back(c.window_data(g, kBuf));
   }
-  record_check(row, static_cast<int>(s.members.size()), p.algo != Algo::kIfec || row.fell_back, outs, s.root);
+  record_check(row, static_cast<int>(s.members.size()), row.ran != "ifec" || row.fell_back, outs, s.root);
 }
 
 }  // namespace

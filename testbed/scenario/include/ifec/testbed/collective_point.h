@@ -83,8 +83,10 @@ struct OutputCheck {
   uint64_t wrong = 0;
   double max_rel_error = 0;
 };
+// Elements [lo, hi) only where given (a reduce-scatter's block).
 OutputCheck check_outputs(const CollectivePoint& p, int n, uint64_t count, bool rounds_per_step,
-                          const std::vector<const uint8_t*>& outputs, int source = 0);
+                          const std::vector<const uint8_t*>& outputs, int source = 0, uint64_t lo = 0,
+                          uint64_t hi = UINT64_MAX);
 
 // nccl-tests' bus bandwidth factor: 2 (n - 1) / n for AllReduce, 1 for the others.
 double busbw_factor(Collective kind, int members);
@@ -92,9 +94,10 @@ double busbw_factor(Collective kind, int members);
 // algorithm that ran, fallbacks and anomalies, the operation's faults (appended), its time and bandwidths.
 void record_result(CollectiveRow& row, const workloads::CollectiveResult& res, int members);
 // check_outputs on the row's point into the row: the wrong elements and the largest error; a row with a wrong
-// element is not ok, and its error says so.
+// element is not ok, and its error says so. outputs[i] is member first_member + i's buffer: an all-gather's every
+// block must equal its owner's input bit for bit, a reduce-scatter's own block the reference.
 void record_check(CollectiveRow& row, int members, bool rounds_per_step, const std::vector<const uint8_t*>& outputs,
-                  int source = 0);
+                  int source = 0, int first_member = 0);
 
 std::string rows_header();
 // The row, then one indented "#   fault: ..." line per fault it met.

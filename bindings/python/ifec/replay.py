@@ -1,0 +1,238 @@
+"""`./ifec sim --replay TRACE`: a program's communication, as the ifec torch.distributed backend traced it, replayed
+on the simulated fabric, as recorded or scaled out to K ranks.
+
+A trace is a folder of rank<R>.jsonl files (or one such file), one JSON line per operation a rank issued
+(docs/torch-backend.md): torch's operation, dtype, bytes, splits, the fabric operation hostd ran (`fabric_op`, and
+in `row` its size, dtype, algorithm, time and bytes per link), and when the program issued it, when it started and
+when it ended. Every operation is simulated in-fabric and with the best endpoint algorithm (each distinct shape once);
+the GPU compute between operations is the trace's gaps (a rank's issue time less its previous operation's end,
+averaged over the ranks); the totals are communication, compute and their sum per algorithm.
+
+Scaling to K ranks keeps what each rank holds: an all_reduce or broadcast keeps its size (data parallel), an
+all_gather or reduce_scatter its block per rank, an all_to_all its bytes per rank, spread over K peers (expert
+parallel). All-to-all is simulated as raw RoCEv2 flows of the ranks' mean bytes per peer (uneven splits averaged,
+marked so).
+"""
+import argparse
+import json
+import pathlib
+import sys
+
+from . import collectives, sim
+
+FABRIC_OPS = ("allreduce", "reduce", "multicast", "all-gather", "reduce-scatter", "alltoall", "barrier")
+
+
+class TraceError(ValueError):
+    pass
+
+
+def load(path):
+    """rank -> [operation dicts in seq order]; raises TraceError naming the file and line of a bad record."""
+    path = pathlib.Path(path)
+    files = sorted(path.glob("rank*.jsonl")) if path.is_dir() else [path]
+    if not files:
+        raise TraceError(f"{path}: no rank<R>.jsonl files")
+    ranks = {}
+    for f in files:
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            try:
+                op = json.loads(line)
+                rank, fop = int(op["rank"]), op["fabric_op"]
+                int(op["seq"]), int(op["bytes"]), int(op["issued_ns"]), int(op["end_ns"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise TraceError(f"{f}:{i}: not an operation record ({type(e).__name__}: {e})")
+            if fop not in FABRIC_OPS:
+                raise TraceError(f"{f}:{i}: fabric_op {fop!r} is not one of {', '.join(FABRIC_OPS)}")
+            ranks.setdefault(rank, []).append(op)
+    for r, ops in ranks.items():
+        ops.sort(key=lambda o: o["seq"])
+    n = len(ranks)
+    if sorted(ranks) != list(range(n)):
+        raise TraceError(f"{path}: ranks {sorted(ranks)}: expected 0..{n - 1}, one file each")
+    first = ranks[0]
+    for r, ops in ranks.items():
+        if len(ops) != len(first):
+            raise TraceError(f"{path}: rank {r} traced {len(ops)} operations, rank 0 {len(first)}")
+        for a, b in zip(first, ops):
+            if (a["op"], a["fabric_op"], a["group_size"]) != (b["op"], b["fabric_op"], b["group_size"]):
+                raise TraceError(f"{path}: operation {a['seq']}: rank 0 traced {a['op']}, rank {r} {b['op']}")
+    return ranks
+
+
+def operations(ranks):
+    """The trace's operations, every rank's records of one merged: what ran, its live time and bytes per link, and
+    the compute before it (the ranks' mean gap since their previous operation ended)."""
+    n = len(ranks)
+    out = []
+    for i, rec in enumerate(ranks[0]):
+        per = [ranks[r][i] for r in range(n)]
+        rows = [p.get("row") or {} for p in per]
+        gap = 0.0 if i == 0 else sum(p["issued_ns"] - ranks[r][i - 1]["end_ns"] for r, p in enumerate(per)) / n
+        links = {}
+        for row in rows:
+            for lid, up, down in zip(row.get("gpu_link_ids", []), row.get("gpu_link_up_bytes", []),
+                                     row.get("gpu_link_down_bytes", [])):
+                a = links.setdefault(lid, [0, 0])
+                a[0] += up
+                a[1] += down
+        out.append(dict(seq=rec["seq"], op=rec["op"], dtype=rec["dtype"], bytes=rec["bytes"], n=n,
+                        fabric_op=rec["fabric_op"], algo=rec.get("algo", "ifec"),
+                        size=rows[0].get("size", rec["bytes"]), type=rows[0].get("type", "fp32"),
+                        redop=rows[0].get("redop", "sum"), ran=rows[0].get("ran", ""),
+                        live_us=max(row.get("time_us", 0.0) for row in rows), compute_us=max(gap, 0.0) / 1e3,
+                        sent=[sum(p.get("send_splits", [])) for p in per], links=links))
+    return out
+
+
+def scaled(op, k):
+    """(fabric operation, bytes, note) of `op` at k ranks (see the module's note on scaling)."""
+    n, fop, size = op["n"], op["fabric_op"], op["size"]
+    if fop in ("all-gather", "reduce-scatter"):
+        return fop, size // n * k, ""
+    if fop == "alltoall":
+        per_peer = max(1, round(sum(op["sent"]) / n / k))
+        uneven = len(set(op["sent"])) > 1
+        return fop, per_peer, "splits averaged" if uneven else ""
+    return fop, size, ""
+
+
+class Replay:
+    """Simulates each distinct (operation, bytes, algorithm) once on `topology` with k ranks."""
+
+    def __init__(self, topology, k):
+        self.topo = topology
+        self.k = k
+        self.members = None if k == topology.num_gpus else k
+        self._memo = {}
+
+    def run(self, op, algo):
+        fop, size, note = scaled(op, self.k)
+        key = (fop, size, op["type"], op["redop"], algo)
+        if key not in self._memo:
+            if fop == "alltoall":
+                r = sim.run(self.topo, traffic="alltoall", bytes=size, group=self.k if self.k < self.topo.num_gpus
+                            else 0)
+                row = dict(time_us=r["completion_ns"] / 1e3, ran="stores", ok=r["complete"], links={})
+            else:
+                r = collectives.measure(self.topo, kind=fop, algo=algo, bytes=size, dtype=op["type"],
+                                        op=op["redop"] if op["redop"] in ("sum", "min", "max") else "sum",
+                                        members=self.members)
+                links = {lid: [u, d] for lid, u, d in zip(r["gpu_link_ids"], r["gpu_link_up_bytes"],
+                                                          r["gpu_link_down_bytes"])}
+                row = dict(time_us=r["time_us"], ran=r["ran"], ok=r["ok"], links=links, error=r.get("error"))
+            row["note"] = note
+            self._memo[key] = row
+        return self._memo[key]
+
+
+LINK_SCOPES = {"gpu": "GPU (its ports summed)", "port": "GPU port (a Y-cable's sub-links summed)",
+               "sublink": "sub-link"}
+
+
+def link_deviation(ops, rep, topo, scope="port"):
+    """Bytes per GPU link and direction over the whole trace (all-to-alls aside), replayed with the recorded algorithm
+    vs live: the largest relative difference and the directions compared, per GPU, per port or per sub-link. The
+    finer the scope, the more it depends on state live endpoints carry from one operation to the next (which plane
+    takes an operation's odd chunk, which sub-link a striped store's tail) where each replayed operation starts
+    afresh."""
+    live, simulated = {}, {}
+    key = {"gpu": lambda lid: topo.links[lid]["a"], "port": lambda lid: (topo.links[lid]["a"], topo.links[lid]["plane"]),
+           "sublink": lambda lid: lid}[scope]
+    for op in ops:
+        if op["fabric_op"] == "alltoall":
+            continue
+        for table, links in ((live, op["links"]), (simulated, rep.run(op, op["algo"])["links"])):
+            for lid, (up, down) in links.items():
+                a = table.setdefault(key(lid), [0, 0])
+                a[0] += up
+                a[1] += down
+    devs = [abs(s - l) / l for k in live if k in simulated for s, l in zip(simulated[k], live[k]) if l]
+    return (max(devs) if devs else None), len(devs)
+
+
+def report(trace, topology, k=None, algos=("ifec", "best"), out=sys.stdout):
+    """Replays `trace` (a path) on `topology` (path or Topology) at k ranks (default: as recorded); prints the table
+    and returns a dict of the totals (and the link comparison where k is the recorded rank count)."""
+    from . import _native
+    topo = _native.load_topology(str(topology)) if not hasattr(topology, "num_gpus") else topology
+    ranks = load(trace)
+    ops = operations(ranks)
+    n = len(ranks)
+    k = k or n
+    if not 2 <= k <= topo.num_gpus:
+        raise TraceError(f"--ranks {k}: topology {topo.name} has {topo.num_gpus} GPUs (2..{topo.num_gpus})")
+    rep = Replay(topo, k)
+    out.write(f"# replay of {trace}: {len(ops)} operations traced by {n} ranks, simulated on {topo.name} with {k} "
+              f"ranks (times are simulated; live us is the traced wall-clock time on the software fabric)\n")
+    groups = {}
+    for i, op in enumerate(ops):
+        fop, size, note = scaled(op, k)
+        g = groups.setdefault((op["op"], op["dtype"], op["bytes"], fop, size), dict(count=0, live=0.0, note=note))
+        g["count"] += 1
+        g["live"] += op["live_us"]
+        for a in algos:
+            row = rep.run(op, a)
+            if not row["ok"]:
+                raise TraceError(f"operation {op['seq']} ({op['op']}, {size} B) failed on the simulator with {a}: "
+                                 f"{row.get('error')}")
+            g[a] = g.get(a, 0.0) + row["time_us"]
+            g[a + "_ran"] = row["ran"]
+        if (i + 1) % 50 == 0:
+            print(f"replay: {i + 1} of {len(ops)} operations", file=sys.stderr)
+    head = f"{'operation':<24} {'dtype':>9} {'B/rank':>9} {'sim B':>9} {'count':>6} {'live us':>10}"
+    head += "".join(f" {a + ' us':>12} {'(ran)':>8}" for a in algos)
+    head += f" {'speedup':>8}" if len(algos) == 2 else ""
+    out.write(head + "\n")
+    totals = {a: 0.0 for a in algos}
+    for (name, dtype, b, fop, size), g in groups.items():
+        line = f"{name:<24} {dtype:>9} {b:>9} {size:>9} {g['count']:>6} {g['live']:>10.1f}"
+        for a in algos:
+            line += f" {g[a]:>12.2f} {g[a + '_ran']:>8}"
+            totals[a] += g[a]
+        if len(algos) == 2:
+            line += f" {g[algos[1]] / g[algos[0]] if g[algos[0]] else float('nan'):>7.2f}x"
+        out.write(line + (f"  ({g['note']})" if g["note"] else "") + "\n")
+    compute = sum(op["compute_us"] for op in ops)
+    result = dict(ranks=k, operations=len(ops), compute_us=compute, live_us=sum(op["live_us"] for op in ops),
+                  comm_us=totals, step_us={a: compute + t for a, t in totals.items()})
+    for a in algos:
+        out.write(f"total {a:>5}: communication {totals[a]:.1f} us + compute (the trace's gaps) {compute:.1f} us = "
+                  f"{compute + totals[a]:.1f} us\n")
+    if len(algos) == 2 and totals[algos[0]]:
+        out.write(f"in-fabric speedup: communication {totals[algos[1]] / totals[algos[0]]:.2f}x, end to end "
+                  f"{(compute + totals[algos[1]]) / (compute + totals[algos[0]]):.3f}x\n")
+    if k == n:
+        for scope, what in LINK_SCOPES.items():
+            dev, count = link_deviation(ops, rep, topo, scope)
+            result[scope + "_deviation"] = dev
+            if dev is not None:
+                out.write(f"bytes per {what}, replay ({ops[0]['algo']}) vs live: largest difference {dev:.2%} over "
+                          f"{count} directions\n")
+    return result
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="./ifec sim --replay", description=__doc__.split("\n\n")[0])
+    p.add_argument("--replay", required=True, help="a trace folder (rank<R>.jsonl) or one rank's file")
+    p.add_argument("--topo", required=True, help="the topology to replay on")
+    p.add_argument("--algo", default="ifec,best", help="algorithms to compare (default ifec,best)")
+    p.add_argument("--ranks", type=int, help="scale out to K ranks (default: as recorded)")
+    p.add_argument("--json", action="store_true", help="print the totals as JSON too")
+    a = p.parse_args(argv)
+    algos = tuple(x for x in a.algo.split(",") if x)
+    bad = [x for x in algos if x not in ("ifec", "best", "ring", "tree", "rd", "oneshot")]
+    try:
+        if bad or not algos:
+            raise TraceError(f"--algo {a.algo!r}: expected ifec, best, ring, tree, rd or oneshot (comma-separated)")
+        res = report(a.replay, a.topo, a.ranks, algos)
+    except (TraceError, ValueError, OSError) as e:
+        print(f"sim --replay: {e}", file=sys.stderr)
+        return 1
+    if a.json:
+        print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

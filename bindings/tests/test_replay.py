@@ -1,0 +1,65 @@
+"""ifec.replay (./ifec sim --replay): a torch.distributed trace replayed on the simulated fabric, as recorded and
+scaled out. The traces here are written by hand in the backend's format (docs/torch-backend.md); the live DDP trace's
+replay is checked against its live bytes in test_torch_backend.py."""
+import io
+import json
+
+import pytest
+
+from ifec import replay
+
+TOPO = "testbed/topologies/superpod-8x2.yaml"
+
+
+def _write_trace(folder, n=8):
+    folder.mkdir()
+    for r in range(n):
+        ops = [dict(op="all_reduce", dtype="float32", bytes=65536, fabric_op="allreduce",
+                    row=dict(size=65536, type="fp32", redop="sum", ran="ifec", time_us=900.0)),
+               dict(op="broadcast", dtype="int64", bytes=1024, fabric_op="multicast",
+                    row=dict(size=1024, type="int32", ran="ifec", time_us=300.0)),
+               dict(op="all_to_all_single", dtype="float32", bytes=4096 * n, fabric_op="alltoall",
+                    send_splits=[4096] * n, recv_splits=[4096] * n, row=dict(size=4096 * n, time_us=700.0))]
+        lines = []
+        t = 1_000_000
+        for seq, op in enumerate(ops):
+            lines.append(json.dumps(dict(op, rank=r, group="world", group_size=n, seq=seq, algo="ifec",
+                                         issued_ns=t, start_ns=t, end_ns=t + 1000, ok=True)))
+            t += 1000 + 50_000  # 50 us of compute between operations
+        (folder / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_replay_times_every_operation_and_takes_compute_from_the_gaps(repo, tmp_path):
+    out = io.StringIO()
+    res = replay.report(_write_trace(tmp_path / "t"), repo / TOPO, out=out)
+    text = out.getvalue()
+    assert res["operations"] == 3 and res["ranks"] == 8
+    assert res["compute_us"] == pytest.approx(100.0)  # two gaps of 50 us
+    assert res["comm_us"]["ifec"] < res["comm_us"]["best"]  # in-switch all_reduce and broadcast
+    assert res["step_us"]["ifec"] == pytest.approx(res["compute_us"] + res["comm_us"]["ifec"])
+    for name in ("all_reduce", "broadcast", "all_to_all_single"):
+        assert name in text
+
+
+def test_scaling_out_keeps_each_ranks_bytes(repo, tmp_path):
+    trace = _write_trace(tmp_path / "t")
+    ops = replay.operations(replay.load(trace))
+    assert replay.scaled(ops[0], 64) == ("allreduce", 65536, "")
+    assert replay.scaled(ops[2], 64) == ("alltoall", 4096 * 8 // 64, "")  # the rank's bytes over 64 peers
+    out = io.StringIO()
+    res = replay.report(trace, repo / "testbed/topologies/superpod-64x4.yaml", k=64, out=out)
+    assert res["ranks"] == 64 and "with 64 ranks" in out.getvalue()
+
+
+def test_bad_traces_are_named(repo, tmp_path):
+    trace = _write_trace(tmp_path / "t")
+    (trace / "rank3.jsonl").write_text('{"rank": 3, "seq": 0}\n')
+    with pytest.raises(replay.TraceError, match=r"rank3.jsonl:1: not an operation record"):
+        replay.load(trace)
+    (trace / "rank3.jsonl").unlink()
+    with pytest.raises(replay.TraceError, match=r"ranks \[0, 1, 2, 4, 5, 6, 7\]"):
+        replay.load(trace)
+    with pytest.raises(replay.TraceError, match="--ranks 9: topology superpod-8x2 has 8 GPUs"):
+        replay.report(_write_trace(tmp_path / "u"), repo / TOPO, k=9, out=io.StringIO())
+    assert replay.main(["--replay", str(tmp_path / "none"), "--topo", str(repo / TOPO)]) == 1
