@@ -122,6 +122,33 @@ at::Tensor tensor_from(const char* data, const at::Tensor& like) {
   return t;
 }
 
+// A reduction the fabric runs: the tensor's bytes, the fabric's dtype and operation, and the trace's names.
+Call reduction(const std::string& what, const std::string& torch_op, const at::Tensor& t, c10d::ReduceOp op,
+               const std::string& dtype) {
+  Call c;
+  c.what = what;
+  c.dtype = dtype;
+  c.op = fabric_op(op, torch_op, t);
+  c.torch_op = torch_op;
+  c.torch_dtype = torch_dtype(t.scalar_type());
+  c.reduce_op = reduce_op_name(op);
+  c.bytes = t.nbytes();
+  c.input = bytes_of(t);
+  return c;
+}
+
+// Bytes moved, not reduced: any dtype, as int32 elements on the wire (padded to 4 bytes; the result is not).
+Call movement(const std::string& what, const std::string& torch_op, const at::Tensor& t) {
+  Call c;
+  c.what = what;
+  c.dtype = "int32";
+  c.torch_op = torch_op;
+  c.torch_dtype = torch_dtype(t.scalar_type());
+  c.bytes = t.nbytes();
+  c.input = bytes_of(t, kMovementAlign);
+  return c;
+}
+
 std::string json_list(const std::vector<uint64_t>& v) {
   std::ostringstream os;
   os << "[";
@@ -358,14 +385,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_at_ranks(c10d::OpType type, 
   TORCH_CHECK(name == "sum" || name == "min" || name == "max" || (name == "avg" && input.is_floating_point()),
               "ifec: ", torch_op, " with ", name, " on ", torch_dtype(input.scalar_type()),
               " is not supported (sum, min, max; avg on float64)");
-  Call c;
-  c.what = "all-gather";
-  c.dtype = "int32";
-  c.torch_op = torch_op;
-  c.torch_dtype = torch_dtype(input.scalar_type());
+  Call c = movement("all-gather", torch_op, input);
   c.reduce_op = name;
-  c.bytes = input.nbytes();
-  c.input = bytes_of(input, kMovementAlign);
   const uint64_t block = c.input.size();
   const int n = getSize();
   return submit(type, {input}, std::move(c), [input, block, n, name, finish](const std::string& out) {
@@ -388,15 +409,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& 
     return reduce_at_ranks(c10d::OpType::ALLREDUCE, "all_reduce", t, opts.reduceOp,
                            [t](const at::Tensor& r) mutable { t.copy_(r.view(t.sizes())); });
   }
-  Call c;
-  c.what = "allreduce";
-  c.dtype = dtype;
-  c.op = fabric_op(opts.reduceOp, "all_reduce", t);
-  c.torch_op = "all_reduce";
-  c.torch_dtype = torch_dtype(t.scalar_type());
-  c.reduce_op = reduce_op_name(opts.reduceOp);
-  c.bytes = t.nbytes();
-  c.input = bytes_of(t);
+  Call c = reduction("allreduce", "all_reduce", t, opts.reduceOp, dtype);
   const bool avg = c.reduce_op == "avg";
   const int n = getSize();
   return submit(c10d::OpType::ALLREDUCE, {t}, std::move(c), [t, avg, n](const std::string& out) mutable {
@@ -419,16 +432,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce(std::vector<at::Tensor>& ten
       }
     });
   }
-  Call c;
-  c.what = "reduce";
-  c.dtype = dtype;
-  c.op = fabric_op(opts.reduceOp, "reduce", t);
+  Call c = reduction("reduce", "reduce", t, opts.reduceOp, dtype);
   c.root = static_cast<int>(opts.rootRank);
-  c.torch_op = "reduce";
-  c.torch_dtype = torch_dtype(t.scalar_type());
-  c.reduce_op = reduce_op_name(opts.reduceOp);
-  c.bytes = t.nbytes();
-  c.input = bytes_of(t);
   const bool avg = c.reduce_op == "avg";
   const int n = getSize();
   return submit(c10d::OpType::REDUCE, {t}, std::move(c), [t, avg, n, root](const std::string& out) mutable {
@@ -445,14 +450,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::broadcast(std::vector<at::Tensor>& 
                                                        const c10d::BroadcastOptions& opts) {
   check_one(tensors, "broadcast");
   at::Tensor t = tensors[0];
-  Call c;
-  c.what = "multicast";
-  c.dtype = "int32";
+  Call c = movement("multicast", "broadcast", t);
   c.root = static_cast<int>(opts.rootRank);
-  c.torch_op = "broadcast";
-  c.torch_dtype = torch_dtype(t.scalar_type());
-  c.bytes = t.nbytes();
-  c.input = bytes_of(t, kMovementAlign);
   return submit(c10d::OpType::BROADCAST, {t}, std::move(c),
                 [t](const std::string& out) mutable { write_into(t, out.data(), out.size()); });
 }
@@ -471,13 +470,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(std::vector<std::vector<a
                 " B of ", torch_dtype(in.scalar_type()), " into a tensor of ", o.nbytes(), " B of ",
                 torch_dtype(o.scalar_type()), " (uneven all_gather is not supported)");
   }
-  Call c;
-  c.what = "all-gather";
-  c.dtype = "int32";
-  c.torch_op = "all_gather";
-  c.torch_dtype = torch_dtype(in.scalar_type());
-  c.bytes = in.nbytes();
-  c.input = bytes_of(in, kMovementAlign);
+  Call c = movement("all-gather", "all_gather", in);
   const uint64_t block = c.input.size();
   std::vector<at::Tensor> outs = outputs[0];
   return submit(c10d::OpType::ALLGATHER, outs, std::move(c), [outs, block](const std::string& out) mutable {
@@ -494,13 +487,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_allgather_base(at::Tensor& output,
   TORCH_CHECK(output.nbytes() == input.nbytes() * getSize() && output.scalar_type() == input.scalar_type(),
               "ifec: all_gather_into_tensor of ", input.nbytes(), " B into ", output.nbytes(), " B (needs ",
               input.nbytes() * getSize(), " B of ", torch_dtype(input.scalar_type()), ")");
-  Call c;
-  c.what = "all-gather";
-  c.dtype = "int32";
-  c.torch_op = "all_gather_into_tensor";
-  c.torch_dtype = torch_dtype(input.scalar_type());
-  c.bytes = input.nbytes();
-  c.input = bytes_of(input, kMovementAlign);
+  Call c = movement("all-gather", "all_gather_into_tensor", input);
   const uint64_t block = c.input.size();
   const uint64_t len = input.nbytes();
   at::Tensor out_t = output;
@@ -549,15 +536,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(at::Tensor& ou
                              out_t.copy_(r.reshape({-1}).narrow(0, me * block, block).view(out_t.sizes()));
                            });
   }
-  Call c;
-  c.what = "reduce-scatter";
-  c.dtype = dtype;
-  c.op = fabric_op(opts.reduceOp, "reduce_scatter", input);
-  c.torch_op = "reduce_scatter";
-  c.torch_dtype = torch_dtype(input.scalar_type());
-  c.reduce_op = reduce_op_name(opts.reduceOp);
-  c.bytes = input.nbytes();
-  c.input = bytes_of(input);
+  Call c = reduction("reduce-scatter", "reduce_scatter", input, opts.reduceOp, dtype);
   const bool avg = c.reduce_op == "avg";
   return submit(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, std::move(c),
                 [out_t, avg, n](const std::string& out) mutable {
