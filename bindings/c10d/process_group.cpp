@@ -184,22 +184,22 @@ class Work : public c10d::Work {
 
 }  // namespace
 
-// The process's one worker: operations run in the order they were issued (every ifec group's: hostd runs one at a
-// time and every rank must meet it in the same order), each numbered first_run_id + its place in that order.
+// The process's one worker: operations run in the order they were issued, every ifec group's (hostd runs one at a
+// time).
 class Runner {
  public:
-  static std::shared_ptr<Runner> shared(uint64_t first_run_id) {
+  static std::shared_ptr<Runner> shared() {
     static std::mutex mu;
     static std::weak_ptr<Runner> current;
     std::lock_guard<std::mutex> lock(mu);
     std::shared_ptr<Runner> r = current.lock();
     if (!r) {
-      r = std::make_shared<Runner>(first_run_id);
+      r = std::make_shared<Runner>();
       current = r;
     }
     return r;
   }
-  explicit Runner(uint64_t first_run_id) : next_id_(first_run_id), thread_([this] { loop(); }) {}
+  Runner() : thread_([this] { loop(); }) {}
   ~Runner() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -208,11 +208,11 @@ class Runner {
     cv_.notify_all();
     thread_.join();  // what was queued still runs: every Work completes
   }
-  using Job = std::function<void(uint64_t run_id)>;
+  using Job = std::function<void()>;
   void post(Job job) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.emplace_back(next_id_++, std::move(job));
+      queue_.push_back(std::move(job));
     }
     cv_.notify_all();
   }
@@ -230,7 +230,7 @@ class Runner {
  private:
   void loop() {
     for (;;) {
-      std::pair<uint64_t, Job> next;
+      Job next;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -240,14 +240,13 @@ class Runner {
         next = std::move(queue_.front());
         queue_.pop_front();
       }
-      next.second(next.first);
+      next();
     }
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<uint64_t, Job>> queue_;
-  uint64_t next_id_;
+  std::deque<Job> queue_;
   bool stop_ = false;
   std::map<std::string, std::unique_ptr<v1::Host::Stub>> stubs_;
   std::thread thread_;  // last: it starts once the rest exists
@@ -272,6 +271,10 @@ std::string call_hostd(Runner& runner, const BackendOptions& o, const Call& c, u
   q.set_op(c.op);
   q.set_root(c.root);
   q.set_run_id(run_id);
+  q.set_group(o.group);
+  for (int m : o.members) {
+    q.add_members(m);
+  }
   q.set_bytes(c.input.size());
   q.set_input(c.input);
   for (uint64_t s : c.send_splits) {
@@ -306,8 +309,16 @@ std::string call_hostd(Runner& runner, const BackendOptions& o, const Call& c, u
 void append_trace(const BackendOptions& o, const Call& c, int rank, int size, uint64_t seq, int64_t issued,
                   int64_t start, int64_t end, const std::string& row_json, const std::string& error) {
   std::ostringstream os;
-  os << "{\"rank\":" << rank << ",\"group\":\"" << o.group << "\",\"group_size\":" << size << ",\"seq\":" << seq
-     << ",\"op\":\"" << c.torch_op << "\",\"dtype\":\"" << c.torch_dtype << "\",\"bytes\":" << c.bytes;
+  os << "{\"rank\":" << rank << ",\"group\":" << o.group << ",\"group_size\":" << size;
+  if (!o.members.empty()) {
+    os << ",\"members\":[";
+    for (size_t i = 0; i < o.members.size(); ++i) {
+      os << (i ? "," : "") << o.members[i];
+    }
+    os << "]";
+  }
+  os << ",\"seq\":" << seq << ",\"op\":\"" << c.torch_op << "\",\"dtype\":\"" << c.torch_dtype
+     << "\",\"bytes\":" << c.bytes;
   if (!c.reduce_op.empty()) {
     os << ",\"reduce_op\":\"" << c.reduce_op << "\"";
   }
@@ -343,7 +354,7 @@ uint64_t row_bytes(const at::Tensor& t) {
 }  // namespace
 
 ProcessGroup::ProcessGroup(int rank, int size, BackendOptions o)
-    : c10d::ProcessGroup(rank, size), o_(std::move(o)), runner_(Runner::shared(o_.first_run_id)) {}
+    : c10d::ProcessGroup(rank, size), o_(std::move(o)), runner_(Runner::shared()), next_run_id_(o_.first_run_id) {}
 
 ProcessGroup::~ProcessGroup() = default;
 
@@ -352,25 +363,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(c10d::OpType type, std::vect
   auto work = c10::make_intrusive<Work>(getRank(), type, std::move(outputs));
   const int64_t issued = now_ns();
   const uint64_t first = o_.first_run_id;
+  const uint64_t run_id = next_run_id_++;
   const int rank = getRank();
   const int size = getSize();
   std::shared_ptr<Runner> runner = runner_;
-  runner_->post([work, call = std::move(call), finish = std::move(finish), issued, first, rank, size, runner,
-                 o = o_](uint64_t run_id) {
-    const int64_t start = now_ns();
-    std::string row_json;
-    std::string error;
-    try {
-      finish(call_hostd(*runner, o, call, run_id, rank, &row_json));
-      work->complete(nullptr);
-    } catch (const std::exception& e) {
-      error = e.what();
-      work->complete(std::make_exception_ptr(std::runtime_error(error)));
-    }
-    if (!o.trace.empty()) {
-      append_trace(o, call, rank, size, run_id - first, issued, start, now_ns(), row_json, error);
-    }
-  });
+  runner_->post(
+      [work, call = std::move(call), finish = std::move(finish), issued, first, run_id, rank, size, runner, o = o_] {
+        const int64_t start = now_ns();
+        std::string row_json;
+        std::string error;
+        try {
+          finish(call_hostd(*runner, o, call, run_id, rank, &row_json));
+          work->complete(nullptr);
+        } catch (const std::exception& e) {
+          error = e.what();
+          work->complete(std::make_exception_ptr(std::runtime_error(error)));
+        }
+        if (!o.trace.empty()) {
+          append_trace(o, call, rank, size, run_id - first, issued, start, now_ns(), row_json, error);
+        }
+      });
   return work;
 }
 

@@ -4,8 +4,10 @@
 // otherwise with the endpoint algorithm asked for.
 //
 // Operations run one at a time, in the order the program issued them, on one worker thread per process (shared by
-// every ifec group: hostd runs one operation at a time, and the ranks must meet in the same order); the Work an
-// operation returns completes when its reply came back and its result was copied into the caller's tensors.
+// every ifec group: hostd runs one operation at a time here); each is numbered within its group (run_id: the group's
+// first number + its place), as every member numbers it. A group other than the world has a communicator of its own
+// at each member's hostd (RunRequest.group, members). The Work an operation returns completes when its reply came
+// back and its result was copied into the caller's tensors.
 #pragma once
 
 #include <chrono>
@@ -24,9 +26,10 @@ struct BackendOptions {
   std::string node;           // its node name, for errors
   std::string algo = "ifec";  // RunRequest.algo for reductions: ifec | best | ring | tree | rd | oneshot
   std::chrono::milliseconds timeout{120000};  // an operation that has not answered by then fails, naming hostd
-  uint64_t first_run_id = 0;                  // the number of the process's first operation, the same on every rank
+  uint64_t first_run_id = 0;                  // the number of the group's first operation, the same on every member
   std::string trace;                          // a JSON-lines file each operation is appended to ("": none)
-  std::string group = "world";                // the group's name in the trace
+  uint32_t group = 0;                         // the program's number for the group (0: the world, every rank)
+  std::vector<int> members;                   // a group's GPUs in group-rank order (the world: empty)
 };
 
 // One operation as hostd runs it: the RunRequest's fields, and what the trace says of it.
@@ -88,6 +91,7 @@ class ProcessGroup : public c10d::ProcessGroup {
 
   BackendOptions o_;
   std::shared_ptr<Runner> runner_;
+  uint64_t next_run_id_;  // issued from the program's thread, in its order
 };
 
 // The factory torch.distributed.Backend.register_backend's function calls (through ifec.torch_backend).

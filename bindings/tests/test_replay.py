@@ -23,7 +23,7 @@ def _write_trace(folder, n=8):
         lines = []
         t = 1_000_000
         for seq, op in enumerate(ops):
-            lines.append(json.dumps(dict(op, rank=r, group="world", group_size=n, seq=seq, algo="ifec",
+            lines.append(json.dumps(dict(op, rank=r, group=0, group_size=n, seq=seq, algo="ifec",
                                          issued_ns=t, start_ns=t, end_ns=t + 1000, ok=True)))
             t += 1000 + 50_000  # 50 us of compute between operations
         (folder / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
@@ -45,11 +45,41 @@ def test_replay_times_every_operation_and_takes_compute_from_the_gaps(repo, tmp_
 def test_scaling_out_keeps_each_ranks_bytes(repo, tmp_path):
     trace = _write_trace(tmp_path / "t")
     ops = replay.operations(replay.load(trace))
-    assert replay.scaled(ops[0], 64) == ("allreduce", 65536, "")
-    assert replay.scaled(ops[2], 64) == ("alltoall", 4096 * 8 // 64, "")  # the rank's bytes over 64 peers
+    assert replay.scaled(ops[0], 64) == ("allreduce", 65536, 64, "")
+    assert replay.scaled(ops[2], 64) == ("alltoall", 4096 * 8 // 64, 64, "")  # the rank's bytes over 64 peers
     out = io.StringIO()
     res = replay.report(trace, repo / "testbed/topologies/superpod-64x4.yaml", k=64, out=out)
     assert res["ranks"] == 64 and "with 64 ranks" in out.getvalue()
+
+
+def test_a_groups_operations_replay_among_its_members(repo, tmp_path):
+    """Ranks 0-3 all_reduce in group 1 (and broadcast from world rank 2, its third member) while 4-7 do not: the
+    replay merges the group's records, simulates it on 4 GPUs (8 at twice the ranks) and counts its compute once per
+    member."""
+    trace = _write_trace(tmp_path / "t")
+    for r in range(4):
+        f = trace / f"rank{r}.jsonl"
+        extra = [dict(op="all_reduce", dtype="float32", bytes=4096, fabric_op="allreduce", group=1, group_size=4,
+                      members=[0, 1, 2, 3], seq=0, row=dict(size=4096, type="fp32", ran="ifec", time_us=50.0)),
+                 dict(op="broadcast", dtype="float32", bytes=4096, fabric_op="multicast", group=1, group_size=4,
+                      members=[0, 1, 2, 3], seq=1, root=2, row=dict(size=4096, type="int32", time_us=50.0))]
+        t = 10_000_000
+        for e in extra:
+            f.write_text(f.read_text() + json.dumps(dict(e, rank=r, algo="ifec", issued_ns=t, start_ns=t,
+                                                         end_ns=t + 1000, ok=True)) + "\n")
+            t += 2000
+    ops = replay.operations(replay.load(trace))
+    grouped = [o for o in ops if o["group"] == 1]
+    assert [o["n"] for o in grouped] == [4, 4] and grouped[1]["root"] == 2
+    assert replay.scaled(grouped[0], 16) == ("allreduce", 4096, 8, "")
+    res = replay.report(trace, repo / TOPO, out=io.StringIO())
+    # Ranks 0-3's gaps before the group's operations (8897 us since their last world operation ended at 1.103 ms,
+    # then 1 us) count half: half the ranks had them.
+    assert res["compute_us"] == pytest.approx(100.0 + (8897 + 1) / 2)
+    (trace / "rank5.jsonl").write_text((trace / "rank5.jsonl").read_text() + (trace / "rank3.jsonl").read_text()
+                                       .splitlines()[-1].replace('"rank": 3', '"rank": 5') + "\n")
+    with pytest.raises(replay.TraceError, match="group 1 has 4 ranks, 5 traced its operations"):
+        replay.load(trace)
 
 
 def test_bad_traces_are_named(repo, tmp_path):

@@ -81,7 +81,11 @@ def test_every_operation_equals_the_same_computation_in_one_process(fab):
     assert "[rank 5] ok reduce to 5" in out
     assert "refused product: ifec: all_reduce with product on float32 is not supported" in out
     assert "refused bool: ifec: all_reduce of bool is not supported" in out
-    assert "[rank 0] refused subset: ifec: new_group of 2 of 8 ranks" in out
+    for r in range(8):
+        for name in ("all_reduce in a group of half the ranks", "all_reduce of every rank after a group's",
+                     "broadcast in a group", "all_to_all_single in a group"):
+            assert f"[rank {r}] ok {name}" in out
+    assert "[rank 0] refused one-rank group: ifec: new_group of one rank (0)" in out
 
 
 def test_ddp_equals_gloo_and_repeats_bitwise(fab, tmp_path):
@@ -96,7 +100,6 @@ def test_ddp_equals_gloo_and_repeats_bitwise(fab, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)  # the switches reduce in contributor order
     worst = max((a[k] - g[k]).abs().max().item() for k in a)
     assert worst <= DDP_TOLERANCE, f"parameters differ from Gloo's by {worst}"
-    assert max((a[k] - g[k]).abs().max().item() for k in a) < max(g[k].abs().max().item() for k in g) * 1e-3
     for r in range(8):  # every rank traced every operation: 20 steps' gradient all_reduces and DDP's own
         ops = [json.loads(line) for line in (tmp_path / "trace" / f"rank{r}.jsonl").read_text().splitlines()]
         assert [o["seq"] for o in ops] == list(range(len(ops)))
@@ -104,12 +107,11 @@ def test_ddp_equals_gloo_and_repeats_bitwise(fab, tmp_path):
         assert ops[0]["op"] == "all_gather" and any(o["op"] == "broadcast" for o in ops)
         assert all(o["ok"] and o["end_ns"] >= o["start_ns"] >= o["issued_ns"] for o in ops)
         assert all(o["row"]["ran"] == "ifec" for o in ops if o["op"] == "all_reduce")
-    # Replayed on the simulator with the same 8 GPUs: the same bytes per GPU (5%) and per port (10%: which plane
-    # takes an operation's odd chunk is state the live endpoints carry between operations); at 256 ranks the
-    # in-switch all_reduce beats the best endpoint algorithm.
+    # Replayed on the simulator with the same 8 GPUs: the same bytes per GPU and per GPU port (its Y-cable) within
+    # 5%; at 256 ranks the in-switch all_reduce beats the best endpoint algorithm.
     from ifec import replay
     res = replay.report(tmp_path / "trace", fab.topology_file, out=io.StringIO())
-    assert res["gpu_deviation"] <= 0.05 and res["port_deviation"] <= 0.10, res
+    assert res["gpu_deviation"] <= 0.05 and res["port_deviation"] <= 0.05, res
     text = io.StringIO()
     big = replay.report(tmp_path / "trace", REPO / "testbed/topologies/superpod-256x8.yaml", k=256, out=text)
     assert big["ranks"] == 256 and big["comm_us"]["ifec"] < big["comm_us"]["best"], text.getvalue()

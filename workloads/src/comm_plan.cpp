@@ -2,6 +2,8 @@
 // reservations per plane, and the groups' members.
 #include "comm_plan.h"
 
+#include <algorithm>
+
 #include "ifec/common/blob.h"
 
 namespace ifec::workloads {
@@ -53,7 +55,13 @@ void Reservations::release(Communicator& c) {
 std::shared_ptr<PlanBuilder> PlanBuilder::open(Communicator& c, uint16_t group, Then then) {
   std::shared_ptr<PlanBuilder> b(new PlanBuilder(c, group));
   PlanBuilder* self = b.get();  // the join is the builder's: whoever makes it finish holds the builder
-  b->join_.done = [self, then = std::move(then)] { then(self->plan_, self->held_); };
+  b->join_.done = [self, then = std::move(then)] {
+    // In plane order, whichever switch answered first: the chunks' spread over the planes is then a function of
+    // the operation alone (the same on every run, live or simulated).
+    std::sort(self->plan_.planes.begin(), self->plan_.planes.end(),
+              [](const PlanePlan& a, const PlanePlan& b) { return a.plane < b.plane; });
+    then(self->plan_, self->held_);
+  };
   b->join_.expect();
   return b;
 }

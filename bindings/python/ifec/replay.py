@@ -9,9 +9,9 @@ the GPU compute between operations is the trace's gaps (a rank's issue time less
 averaged over the ranks); the totals are communication, compute and their sum per algorithm.
 
 Scaling to K ranks keeps what each rank holds: an all_reduce or broadcast keeps its size (data parallel), an
-all_gather or reduce_scatter its block per rank, an all_to_all its bytes per rank, spread over K peers (expert
-parallel). All-to-all is simulated as raw RoCEv2 flows of the ranks' mean bytes per peer (uneven splits averaged,
-marked so).
+all_gather or reduce_scatter its block per rank, an all_to_all its bytes per rank, spread over its peers (expert
+parallel); a group of m of the trace's n ranks becomes one of m K / n (simulated as GPUs 0..m K / n - 1).
+All-to-all is simulated as raw RoCEv2 flows of the ranks' mean bytes per peer (uneven splits averaged, marked so).
 """
 import argparse
 import json
@@ -28,7 +28,8 @@ class TraceError(ValueError):
 
 
 def load(path):
-    """rank -> [operation dicts in seq order]; raises TraceError naming the file and line of a bad record."""
+    """rank -> [its operation records in the order it issued them]; raises TraceError naming the file and line of a
+    bad record, or the rank whose operations in a group differ from the group's other members'."""
     path = pathlib.Path(path)
     files = sorted(path.glob("rank*.jsonl")) if path.is_dir() else [path]
     if not files:
@@ -39,62 +40,93 @@ def load(path):
             try:
                 op = json.loads(line)
                 rank, fop = int(op["rank"]), op["fabric_op"]
-                int(op["seq"]), int(op["bytes"]), int(op["issued_ns"]), int(op["end_ns"])
+                int(op["group"]), int(op["group_size"]), int(op["seq"]), int(op["bytes"])
+                int(op["issued_ns"]), int(op["end_ns"])
             except (ValueError, KeyError, TypeError) as e:
                 raise TraceError(f"{f}:{i}: not an operation record ({type(e).__name__}: {e})")
             if fop not in FABRIC_OPS:
                 raise TraceError(f"{f}:{i}: fabric_op {fop!r} is not one of {', '.join(FABRIC_OPS)}")
             ranks.setdefault(rank, []).append(op)
-    for r, ops in ranks.items():
-        ops.sort(key=lambda o: o["seq"])
     n = len(ranks)
     if sorted(ranks) != list(range(n)):
         raise TraceError(f"{path}: ranks {sorted(ranks)}: expected 0..{n - 1}, one file each")
-    first = ranks[0]
-    for r, ops in ranks.items():
-        if len(ops) != len(first):
-            raise TraceError(f"{path}: rank {r} traced {len(ops)} operations, rank 0 {len(first)}")
-        for a, b in zip(first, ops):
-            if (a["op"], a["fabric_op"], a["group_size"]) != (b["op"], b["fabric_op"], b["group_size"]):
-                raise TraceError(f"{path}: operation {a['seq']}: rank 0 traced {a['op']}, rank {r} {b['op']}")
+    for g, members in _groups(ranks).items():
+        first = members[min(members)]
+        size = first[0]["group_size"]
+        if len(members) != size:
+            raise TraceError(f"{path}: group {g} has {size} ranks, {len(members)} traced its operations")
+        for r, ops in members.items():
+            if len(ops) != len(first):
+                raise TraceError(f"{path}: group {g}: rank {r} traced {len(ops)} operations, rank {min(members)} "
+                                 f"{len(first)}")
+            for a, b in zip(first, ops):
+                if (a["op"], a["fabric_op"]) != (b["op"], b["fabric_op"]):
+                    raise TraceError(f"{path}: group {g}, operation {a['seq']}: rank {min(members)} traced "
+                                     f"{a['op']}, rank {r} {b['op']}")
     return ranks
 
 
-def operations(ranks):
-    """The trace's operations, every rank's records of one merged: what ran, its live time and bytes per link, and
-    the compute before it (the ranks' mean gap since their previous operation ended)."""
-    n = len(ranks)
-    out = []
-    for i, rec in enumerate(ranks[0]):
-        per = [ranks[r][i] for r in range(n)]
-        rows = [p.get("row") or {} for p in per]
-        gap = 0.0 if i == 0 else sum(p["issued_ns"] - ranks[r][i - 1]["end_ns"] for r, p in enumerate(per)) / n
-        links = {}
-        for row in rows:
-            for lid, up, down in zip(row.get("gpu_link_ids", []), row.get("gpu_link_up_bytes", []),
-                                     row.get("gpu_link_down_bytes", [])):
-                a = links.setdefault(lid, [0, 0])
-                a[0] += up
-                a[1] += down
-        out.append(dict(seq=rec["seq"], op=rec["op"], dtype=rec["dtype"], bytes=rec["bytes"], n=n,
-                        fabric_op=rec["fabric_op"], algo=rec.get("algo", "ifec"),
-                        size=rows[0].get("size", rec["bytes"]), type=rows[0].get("type", "fp32"),
-                        redop=rows[0].get("redop", "sum"), ran=rows[0].get("ran", ""),
-                        live_us=max(row.get("time_us", 0.0) for row in rows), compute_us=max(gap, 0.0) / 1e3,
-                        sent=[sum(p.get("send_splits", [])) for p in per], links=links))
+def _groups(ranks):
+    """group -> rank -> that rank's operations in the group, in seq order."""
+    out = {}
+    for r, ops in ranks.items():
+        for op in ops:
+            out.setdefault(op["group"], {}).setdefault(r, []).append(op)
+    for members in out.values():
+        for ops in members.values():
+            ops.sort(key=lambda o: o["seq"])
     return out
 
 
+def operations(ranks):
+    """The trace's operations in the order they were issued, each merged from its group's members' records: what
+    ran, its live time and bytes per link, and the compute before it (the members' mean gap since each one's
+    previous operation ended)."""
+    gap = {}
+    for r, ops in ranks.items():  # a rank's file is in issue order (one operation at a time)
+        for prev, op in zip([None] + ops[:-1], ops):
+            gap[(r, op["group"], op["seq"])] = 0.0 if prev is None else max(0, op["issued_ns"] - prev["end_ns"]) / 1e3
+    out = []
+    for g, members in _groups(ranks).items():
+        order = sorted(members)
+        for i, rec in enumerate(members[order[0]]):
+            per = [members[r][i] for r in order]
+            rows = [p.get("row") or {} for p in per]
+            links = {}
+            for row in rows:
+                for lid, up, down in zip(row.get("gpu_link_ids", []), row.get("gpu_link_up_bytes", []),
+                                         row.get("gpu_link_down_bytes", [])):
+                    a = links.setdefault(lid, [0, 0])
+                    a[0] += up
+                    a[1] += down
+            out.append(dict(group=g, seq=rec["seq"], op=rec["op"], dtype=rec["dtype"], bytes=rec["bytes"],
+                            n=len(order), world=len(ranks), fabric_op=rec["fabric_op"], algo=rec.get("algo", "ifec"),
+                            size=rows[0].get("size", rec["bytes"]), type=rows[0].get("type", "fp32"),
+                            redop=rows[0].get("redop", "sum"), ran=rows[0].get("ran", ""),
+                            live_us=max(row.get("time_us", 0.0) for row in rows),
+                            compute_us=sum(gap[(r, g, p["seq"])] for r, p in zip(order, per)) / len(order),
+                            issued_ns=min(p["issued_ns"] for p in per), members=rec.get("members"),
+                            root=_group_rank(rec.get("root", 0), rec.get("members")),
+                            sent=[sum(p.get("send_splits", [])) for p in per], links=links))
+    return sorted(out, key=lambda o: o["issued_ns"])
+
+
+def _group_rank(rank, members):
+    """torch gives a group operation's root as a rank of the world: its place among the group's members."""
+    return members.index(rank) if members and rank in members else rank
+
+
 def scaled(op, k):
-    """(fabric operation, bytes, note) of `op` at k ranks (see the module's note on scaling)."""
+    """(fabric operation, bytes, ranks, note) of `op` with k ranks in the world: its group scaled with the world
+    (see the module's note on scaling)."""
     n, fop, size = op["n"], op["fabric_op"], op["size"]
+    m = n if op["world"] == k else max(2, round(n * k / op["world"]))
     if fop in ("all-gather", "reduce-scatter"):
-        return fop, size // n * k, ""
+        return fop, size // n * m, m, ""
     if fop == "alltoall":
-        per_peer = max(1, round(sum(op["sent"]) / n / k))
-        uneven = len(set(op["sent"])) > 1
-        return fop, per_peer, "splits averaged" if uneven else ""
-    return fop, size, ""
+        per_peer = max(1, round(sum(op["sent"]) / n / m))
+        return fop, per_peer, m, "splits averaged" if len(set(op["sent"])) > 1 else ""
+    return fop, size, m, ""
 
 
 class Replay:
@@ -103,21 +135,20 @@ class Replay:
     def __init__(self, topology, k):
         self.topo = topology
         self.k = k
-        self.members = None if k == topology.num_gpus else k
         self._memo = {}
 
     def run(self, op, algo):
-        fop, size, note = scaled(op, self.k)
-        key = (fop, size, op["type"], op["redop"], algo)
+        fop, size, m, note = scaled(op, self.k)
+        root = op["root"] % m
+        key = (fop, size, m, root, op["type"], op["redop"], algo)
         if key not in self._memo:
             if fop == "alltoall":
-                r = sim.run(self.topo, traffic="alltoall", bytes=size, group=self.k if self.k < self.topo.num_gpus
-                            else 0)
+                r = sim.run(self.topo, traffic="alltoall", bytes=size, group=m if m < self.topo.num_gpus else 0)
                 row = dict(time_us=r["completion_ns"] / 1e3, ran="stores", ok=r["complete"], links={})
             else:
                 r = collectives.measure(self.topo, kind=fop, algo=algo, bytes=size, dtype=op["type"],
                                         op=op["redop"] if op["redop"] in ("sum", "min", "max") else "sum",
-                                        members=self.members)
+                                        members=None if m == self.topo.num_gpus else m, root=root)
                 links = {lid: [u, d] for lid, u, d in zip(r["gpu_link_ids"], r["gpu_link_up_bytes"],
                                                           r["gpu_link_down_bytes"])}
                 row = dict(time_us=r["time_us"], ran=r["ran"], ok=r["ok"], links=links, error=r.get("error"))
@@ -132,15 +163,14 @@ LINK_SCOPES = {"gpu": "GPU (its ports summed)", "port": "GPU port (a Y-cable's s
 
 def link_deviation(ops, rep, topo, scope="port"):
     """Bytes per GPU link and direction over the whole trace (all-to-alls aside), replayed with the recorded algorithm
-    vs live: the largest relative difference and the directions compared, per GPU, per port or per sub-link. The
-    finer the scope, the more it depends on state live endpoints carry from one operation to the next (which plane
-    takes an operation's odd chunk, which sub-link a striped store's tail) where each replayed operation starts
-    afresh."""
+    vs live: the largest relative difference and the directions compared, per GPU, per port (a Y-cable) or per
+    sub-link. Which sub-link of a Y-cable carries an in-fabric chunk follows the operation's group number, a counter
+    a live communicator carries from one operation to the next, where each replayed operation starts afresh."""
     live, simulated = {}, {}
     key = {"gpu": lambda lid: topo.links[lid]["a"], "port": lambda lid: (topo.links[lid]["a"], topo.links[lid]["plane"]),
            "sublink": lambda lid: lid}[scope]
-    for op in ops:
-        if op["fabric_op"] == "alltoall":
+    for op in ops:  # all-to-alls are raw flows; a group other than GPUs 0..m-1 is simulated on those
+        if op["fabric_op"] == "alltoall" or op["members"] not in (None, list(range(op["n"]))):
             continue
         for table, links in ((live, op["links"]), (simulated, rep.run(op, op["algo"])["links"])):
             for lid, (up, down) in links.items():
@@ -167,8 +197,8 @@ def report(trace, topology, k=None, algos=("ifec", "best"), out=sys.stdout):
               f"ranks (times are simulated; live us is the traced wall-clock time on the software fabric)\n")
     groups = {}
     for i, op in enumerate(ops):
-        fop, size, note = scaled(op, k)
-        g = groups.setdefault((op["op"], op["dtype"], op["bytes"], fop, size), dict(count=0, live=0.0, note=note))
+        fop, size, m, note = scaled(op, k)
+        g = groups.setdefault((op["op"], op["dtype"], op["bytes"], m, fop, size), dict(count=0, live=0.0, note=note))
         g["count"] += 1
         g["live"] += op["live_us"]
         for a in algos:
@@ -180,20 +210,20 @@ def report(trace, topology, k=None, algos=("ifec", "best"), out=sys.stdout):
             g[a + "_ran"] = row["ran"]
         if (i + 1) % 50 == 0:
             print(f"replay: {i + 1} of {len(ops)} operations", file=sys.stderr)
-    head = f"{'operation':<24} {'dtype':>9} {'B/rank':>9} {'sim B':>9} {'count':>6} {'live us':>10}"
+    head = f"{'operation':<24} {'dtype':>9} {'B/rank':>9} {'ranks':>6} {'sim B':>9} {'count':>6} {'live us':>10}"
     head += "".join(f" {a + ' us':>12} {'(ran)':>8}" for a in algos)
     head += f" {'speedup':>8}" if len(algos) == 2 else ""
     out.write(head + "\n")
     totals = {a: 0.0 for a in algos}
-    for (name, dtype, b, fop, size), g in groups.items():
-        line = f"{name:<24} {dtype:>9} {b:>9} {size:>9} {g['count']:>6} {g['live']:>10.1f}"
+    for (name, dtype, b, m, fop, size), g in groups.items():
+        line = f"{name:<24} {dtype:>9} {b:>9} {m:>6} {size:>9} {g['count']:>6} {g['live']:>10.1f}"
         for a in algos:
             line += f" {g[a]:>12.2f} {g[a + '_ran']:>8}"
             totals[a] += g[a]
         if len(algos) == 2:
             line += f" {g[algos[1]] / g[algos[0]] if g[algos[0]] else float('nan'):>7.2f}x"
         out.write(line + (f"  ({g['note']})" if g["note"] else "") + "\n")
-    compute = sum(op["compute_us"] for op in ops)
+    compute = sum(op["compute_us"] * op["n"] / n for op in ops)  # a rank's gaps, averaged over the ranks
     result = dict(ranks=k, operations=len(ops), compute_us=compute, live_us=sum(op["live_us"] for op in ops),
                   comm_us=totals, step_us={a: compute + t for a, t in totals.items()})
     for a in algos:

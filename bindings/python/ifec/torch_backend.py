@@ -7,6 +7,7 @@ process group is C++ (ifec._c10d, a c10d ProcessGroup of PyTorch 1.13). The envi
 
   IFEC_HOSTD    this rank's hostd, host:port (set by torchrun: the GPU's management address, port 50051)
   IFEC_NODE     its node name, for errors (gpu3)
+  IFEC_GPU      its GPU index (default: the rank), which a group's members tell each other
   IFEC_ALGO     reductions: ifec (in-switch, default) | best | ring | tree | rd | oneshot
   IFEC_TIMEOUT  seconds an operation may take before it fails naming hostd (default 120; the group's own timeout
                 where that is shorter)
@@ -20,8 +21,6 @@ import torch.distributed as dist
 
 ALGOS = ("ifec", "best", "ring", "tree", "rd", "oneshot")
 DEFAULT_TIMEOUT_S = 120.0
-_first_run_id = None  # the process's first operation number, agreed by every rank through the store
-_groups = 0
 
 
 def _setting(name, default=None):
@@ -35,7 +34,6 @@ def _setting(name, default=None):
 def _create(store, rank, size, timeout):
     """torch.distributed's factory for the backend: (prefix store, group rank, group size, timeout) -> group."""
     from . import _c10d
-    global _first_run_id, _groups
     hostd = _setting("IFEC_HOSTD")
     algo = _setting("IFEC_ALGO", "ifec")
     if algo not in ALGOS:
@@ -46,28 +44,26 @@ def _create(store, rank, size, timeout):
         raise RuntimeError(f"ifec: IFEC_TIMEOUT={os.environ['IFEC_TIMEOUT']!r} is not a number of seconds")
     if limit <= 0:
         raise RuntimeError(f"ifec: IFEC_TIMEOUT={limit:g} s must be > 0")
-    if dist.is_initialized():  # a new_group: the fabric's communicator spans every GPU
-        world = dist.get_world_size()
-        if size != world:
-            raise RuntimeError(f"ifec: new_group of {size} of {world} ranks: the fabric's collectives span every "
-                               "GPU of the topology; groups of a subset are not supported yet (use every rank, "
-                               "or gloo for the subgroup)")
-        _groups += 1
-        group = f"group{_groups}"
-        global_rank = dist.get_rank()
+    gpu = int(_setting("IFEC_GPU", str(dist.get_rank() if dist.is_initialized() else rank)))
+    if dist.is_initialized():  # a new_group: torch numbers every group alike on every rank (members or not)
+        group, global_rank = dist.distributed_c10d._group_count - 1, dist.get_rank()
+        store.set(f"ifec_gpu_{rank}", str(gpu))
+        members = [int(store.get(f"ifec_gpu_{r}")) for r in range(size)]
+        if size < 2:
+            raise RuntimeError(f"ifec: new_group of one rank ({global_rank}): a group needs two or more ranks here")
     else:
-        if rank == 0:
-            store.set("ifec_first_run_id", str(time.time_ns() // 1000))
-        _first_run_id = int(store.get("ifec_first_run_id"))
-        group, global_rank = "world", rank
+        group, global_rank, members = 0, rank, []
+    if rank == 0:  # the group's operations are numbered from here on every member (RunRequest.run_id)
+        store.set("ifec_first_run_id", str(time.time_ns() // 1000))
+    first_run_id = int(store.get("ifec_first_run_id"))
     trace = ""
     if os.environ.get("IFEC_TRACE"):
         folder = pathlib.Path(os.environ["IFEC_TRACE"])
         folder.mkdir(parents=True, exist_ok=True)
         trace = str(folder / f"rank{global_rank}.jsonl")
     timeout_s = min(limit, timeout.total_seconds()) if timeout else limit
-    return _c10d.create(rank, size, hostd, os.environ.get("IFEC_NODE", hostd), algo, timeout_s, _first_run_id,
-                        trace, group)
+    return _c10d.create(rank, size, hostd, os.environ.get("IFEC_NODE", hostd), algo, timeout_s, first_run_id,
+                        trace, group, members)
 
 
 if "ifec" not in getattr(dist.Backend, "_plugins", {}) and not hasattr(dist.Backend, "IFEC"):

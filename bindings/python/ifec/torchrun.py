@@ -32,7 +32,7 @@ def rank_env(fab, rank, nproc, master_addr, master_port=29500, algo="ifec", trac
     package_root = str(pathlib.Path(__file__).resolve().parent.parent)
     env.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc),
                GROUP_RANK="0", MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
-               IFEC_HOSTD=fab.address(me), IFEC_NODE=me["name"], IFEC_ALGO=algo,
+               IFEC_HOSTD=fab.address(me), IFEC_NODE=me["name"], IFEC_GPU=str(me["gpu"]), IFEC_ALGO=algo,
                OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p))
     if trace:

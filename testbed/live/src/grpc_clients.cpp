@@ -234,11 +234,12 @@ void GrpcControl::fare_weights(const std::string& sw, int dest_gpu,
 // ---------------------------------------------------------------------------------------------- bootstrap --
 
 GrpcBootstrap::GrpcBootstrap(EpollLoop& loop, const routing::Topology& topo, AddressOf address, int rank,
-                             std::vector<int> gpus, common::TimeNs deadline_ns)
+                             std::vector<int> gpus, common::TimeNs deadline_ns, uint32_t group)
     : loop_(loop),
       rank_(rank),
       gpus_(std::move(gpus)),
       deadline_ns_(deadline_ns),
+      group_(group),
       alive_(std::make_shared<bool>(true)) {
   IFEC_CHECK(rank_ >= 0 && rank_ < static_cast<int>(gpus_.size()),
              "bootstrap: rank " << rank_ << " outside 0.." << gpus_.size() - 1);
@@ -255,6 +256,12 @@ void GrpcBootstrap::allgather(std::vector<uint8_t> mine, std::function<void(work
   c->req.set_epoch(epoch_);
   c->req.set_seq(seq_++);
   c->req.set_part(std::string(mine.begin(), mine.end()));
+  if (group_ != 0) {
+    c->req.set_group(group_);
+    for (int g : gpus_) {
+      c->req.add_members(g);
+    }
+  }
   c->ctx.set_deadline(deadline_after(deadline_ns_));
   c->ctx.set_wait_for_ready(true);  // rank 0 may still be starting: wait for it, up to the deadline
   c->stub = v1::Host::NewStub(channel_);

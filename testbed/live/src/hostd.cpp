@@ -33,9 +33,9 @@ namespace {
 // Consecutive operations use different windows (three in turn): a late duplicate of one operation's bytes (a
 // repaired multicast replica, a fallback store of a row the fabric had delivered) cannot be taken for the next
 // one's. Stores carry no operation tag yet; see docs/architecture.md.
-constexpr uint16_t kBufs[3] = {1, 3, 5};
-constexpr uint16_t kScratches[3] = {2, 4, 6};
-constexpr uint16_t kMoeWindows = 40;  // MoE layers: four windows each, in turn 40.., 44.., 48..
+constexpr uint16_t kWorldWindows = 1;   // every rank's operations: (buffer, scratch) pairs 1-2, 3-4, 5-6 in turn
+constexpr uint16_t kGroupWindows = 64;  // group g's (RunRequest.group): six from 64 + 6 (g - 1), in pairs likewise
+constexpr uint16_t kMoeWindows = 40;    // MoE layers: four windows each, in turn 40.., 44.., 48..
 constexpr auto kAllgatherWait = std::chrono::seconds(30);
 // The descriptor ring local programs post into (host_ring.h).
 constexpr size_t kRingSlots = 4096;
@@ -160,7 +160,28 @@ struct HostDaemon::Impl {
   std::vector<char> external;  // per GPU: an external RDMA peer (testbed/rxe)
   int rank = -1;
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);  // answers that arrive after shutdown are dropped
-  uint64_t runs = 0;  // operations run (every rank counts the same: the driver starts each on all)
+  // The communicator an operation runs on: every rank's (world), or a torch.distributed group's, made at its first
+  // operation. Each has its own bootstrap hub and windows: a store kept early by one communicator is never taken
+  // for another's.
+  struct Group {
+    std::unique_ptr<GrpcBootstrap> own_boot;
+    std::unique_ptr<workloads::Communicator> own_comm;
+    GrpcBootstrap* boot = nullptr;
+    workloads::Communicator* comm = nullptr;
+    uint16_t first_window = kWorldWindows;
+    uint64_t runs = 0;  // its operations (every member counts the same)
+    std::vector<int> members;
+    // Consecutive operations use different windows (three pairs in turn): (buffer, scratch).
+    std::pair<uint16_t, uint16_t> next_windows() {
+      const auto buf = static_cast<uint16_t>(first_window + 2 * (runs++ % 3));
+      return {buf, static_cast<uint16_t>(buf + 1)};
+    }
+  };
+  Group world;
+  std::map<uint32_t, Group> groups;     // loop thread
+  workloads::CommOptions comm_options;  // every communicator's
+  std::mutex hubs_mu;
+  std::map<uint32_t, std::unique_ptr<Hub>> group_hubs;  // the groups this GPU is the first of (gRPC threads)
 
   void start_endpoint();
   // Frame bytes this GPU's interfaces sent so far, per plane.
@@ -187,10 +208,11 @@ struct HostDaemon::Impl {
     return out;
   }
   void run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
-  void run_collective(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
-  v1::RunReply collective_reply(const testbed::CollectivePoint& p, const workloads::CollArgs& a,
-                                const workloads::CollectiveResult& res, const std::vector<uint64_t>& tx0,
-                                const std::vector<std::array<uint64_t, 3>>& links0, bool given);
+  void run_collective(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  v1::RunReply collective_reply(workloads::Communicator& c, const testbed::CollectivePoint& p,
+                                const workloads::CollArgs& a, const workloads::CollectiveResult& res,
+                                const std::vector<uint64_t>& tx0, const std::vector<std::array<uint64_t, 3>>& links0,
+                                bool given);
   grpc::Status attach_peer(const v1::AttachPeerRequest& q, v1::AttachPeerReply* out);
   grpc::Status reset_responder(const v1::ResetResponderRequest& q);
   void peer_ops(const v1::PeerOpsRequest& q, std::shared_ptr<v1::PeerOpsReply> out,
@@ -198,7 +220,11 @@ struct HostDaemon::Impl {
   void start_ring();
   void poll_ring();
   void run_alltoall(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
-  void run_alltoall_given(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  void run_alltoall_given(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  // Runs `then` on the group the request names (made at its first operation), or replies why it cannot.
+  void with_group(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply, std::function<void(Group&)> then);
+  grpc::Status group_gather(const std::string& node, const v1::AllgatherRequest& q, v1::AllgatherReply* out);
+  void stop_hubs();
   v1::RunReply alltoall_reply(const workloads::CollectiveResult& res, uint64_t wrong, uint64_t size, uint64_t sent,
                               const std::vector<uint64_t>& tx0) const;
 };
@@ -259,6 +285,9 @@ class HostService final : public v1::Host::Service {
     return st;
   }
   grpc::Status Allgather(grpc::ServerContext*, const v1::AllgatherRequest* q, v1::AllgatherReply* out) override {
+    if (q->group() != 0) {
+      return d_.group_gather(name_, *q, out);
+    }
     if (!d_.hub) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, name_ + ": not rank 0, the bootstrap's hub");
     }
@@ -376,10 +405,12 @@ void HostDaemon::Impl::start_endpoint() {
   AddressOf addr = [this](int node) { return daemon_address(o, node); };
   boot = std::make_unique<GrpcBootstrap>(rt->loop(), t, addr, rank, ranks, o.rpc_deadline_ns * 8);
   control = std::make_unique<GrpcControl>(rt->loop(), t, addr, o.rpc_deadline_ns);
-  workloads::CommOptions co;
-  co.limit_ns = 60'000'000'000ULL;
-  testbed::apply_live_timing(co.ifec);
-  comm = std::make_unique<workloads::Communicator>(*ep, *boot, *control, t, co);
+  comm_options.limit_ns = 60'000'000'000ULL;
+  testbed::apply_live_timing(comm_options.ifec);
+  comm = std::make_unique<workloads::Communicator>(*ep, *boot, *control, t, comm_options);
+  world.boot = boot.get();
+  world.comm = comm.get();
+  world.members = ranks;
   comm->init([this](const std::string& err) {
     if (!err.empty()) {
       ready_error = err;
@@ -593,9 +624,7 @@ void HostDaemon::Impl::run_alltoall(const v1::RunRequest& q, std::function<void(
   IFEC_CHECK(bytes > 0, "all-to-all: size " << bytes << " B per peer must be > 0");
   const int n = comm->size();
   const int me = comm->rank();
-  const uint16_t src = kBufs[runs % 3];
-  const uint16_t dst = kScratches[runs % 3];
-  ++runs;
+  const auto [src, dst] = world.next_windows();
   comm->allocate_window(src, bytes * n, [=](const std::string& e1) {
     comm->allocate_window(dst, bytes * n, [=](const std::string& e2) {
       if (!e1.empty() || !e2.empty()) {
@@ -685,20 +714,20 @@ v1::RunReply error_reply(const std::string& error) {
 // All-to-all on the caller's data with split sizes (torch's all_to_all_single): the ranks exchange their send splits
 // (a receiver learns where each sender's block lands in its output and checks it against what it expects), then
 // every rank stores its blocks, one RC WRITE row per peer of that block's length.
-void HostDaemon::Impl::run_alltoall_given(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
-  const int n = comm->size();
-  const int me = comm->rank();
+void HostDaemon::Impl::run_alltoall_given(Group& grp, const v1::RunRequest& q,
+                                          std::function<void(v1::RunReply)> reply) {
+  workloads::Communicator* c = grp.comm;
+  const int n = c->size();
+  const int me = c->rank();
   const std::vector<uint64_t> send = splits_of(q.send_splits(), q.input().size(), n, "send");
   IFEC_CHECK(total_of(send) == q.input().size(), "alltoall: the send splits add up to "
                                                      << total_of(send) << " B, the input is " << q.input().size()
                                                      << " B");
   const std::vector<uint64_t> recv = splits_of(q.recv_splits(), q.input().size(), n, "recv");
-  const uint16_t src = kBufs[runs % 3];
-  const uint16_t dst = kScratches[runs % 3];
-  ++runs;
+  const auto [src, dst] = grp.next_windows();
   auto input = std::make_shared<std::string>(q.input());
-  comm->allocate_window(src, std::max<uint64_t>(64, input->size()), [=](const std::string& e1) {
-    comm->allocate_window(dst, std::max<uint64_t>(64, total_of(recv)), [=](const std::string& e2) {
+  c->allocate_window(src, std::max<uint64_t>(64, input->size()), [=](const std::string& e1) {
+    c->allocate_window(dst, std::max<uint64_t>(64, total_of(recv)), [=](const std::string& e2) {
       if (!e1.empty() || !e2.empty()) {
         reply(error_reply(e1.empty() ? e2 : e1));
         return;
@@ -707,7 +736,7 @@ void HostDaemon::Impl::run_alltoall_given(const v1::RunRequest& q, std::function
       std::vector<uint8_t> mine(n * sizeof(uint64_t));
       std::memcpy(mine.data(), send.data(), mine.size());
       // The exchange is also the entry barrier: every rank's windows exist and hold its input.
-      comm->bootstrap().allgather(std::move(mine), [=](workloads::Gathered g) {
+      c->bootstrap().allgather(std::move(mine), [=](workloads::Gathered g) {
         if (!g.ok) {
           reply(error_reply("alltoall: the split exchange: " + g.error));
           return;
@@ -748,7 +777,7 @@ void HostDaemon::Impl::run_alltoall_given(const v1::RunRequest& q, std::function
         }
         const std::vector<uint64_t> tx0 = plane_tx_bytes();
         const uint64_t sent = total_of(send) - send[me];
-        comm->put_rows(std::move(a), [=](workloads::CollectiveResult res) {
+        c->put_rows(std::move(a), [=](workloads::CollectiveResult res) {
           v1::RunReply r = alltoall_reply(res, 0, input->size(), sent, tx0);
           if (res.ok) {
             r.set_output(ep->memory().window(dst)->data, total_of(recv));
@@ -764,24 +793,119 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
   IFEC_CHECK(o.guest_mac.empty(),
              rt->info().name << ": an external peer (" << o.guest_mac << ") is this GPU: its hostd runs no operations");
   IFEC_CHECK(ready_error.empty(), rt->info().name << ": not bootstrapped: " << ready_error);
+  const bool given = !q.input().empty() || q.send_splits_size() > 0 || q.recv_splits_size() > 0;
+  if (q.group() != 0) {
+    IFEC_CHECK(q.what() != "moe" && (q.what() != "alltoall" || given),
+               "group " << q.group() << ": a " << q.what() << " runs among every rank only");
+    with_group(q, reply, [this, q, reply](Group& g) {
+      q.what() == "alltoall" ? run_alltoall_given(g, q, reply) : run_collective(g, q, reply);
+    });
+    return;
+  }
   if (q.run_id() != 0) {  // the driver numbers operations alike on every rank (see RunRequest.run_id)
     boot->begin_epoch(q.run_id());
   }
   if (q.what() == "alltoall") {
-    const bool given = !q.input().empty() || q.send_splits_size() > 0 || q.recv_splits_size() > 0;
-    given ? run_alltoall_given(q, std::move(reply)) : run_alltoall(q, std::move(reply));
+    given ? run_alltoall_given(world, q, std::move(reply)) : run_alltoall(q, std::move(reply));
     return;
   }
   if (q.what() == "moe") {
 #ifdef IFEC_HAVE_MOE
-    const auto first = static_cast<uint16_t>(kMoeWindows + 4 * (runs++ % 3));
+    const auto first = static_cast<uint16_t>(kMoeWindows + 4 * (world.runs++ % 3));
     run_moe({*comm, topo, first, [this] { return plane_tx_bytes(); }}, q, std::move(reply));
     return;
 #else
     IFEC_FAIL(rt->info().name << ": built without LibTorch: the MoE layer is not available here");
 #endif
   }
-  run_collective(q, std::move(reply));
+  run_collective(world, q, std::move(reply));
+}
+
+void HostDaemon::Impl::with_group(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply,
+                                  std::function<void(Group&)> then) {
+  const uint32_t id = q.group();
+  const std::vector<int> members(q.members().begin(), q.members().end());
+  IFEC_CHECK(members.size() >= 2, "group " << id << ": " << members.size() << " GPU(s); a group needs two or more");
+  std::vector<int> sorted = members;
+  std::sort(sorted.begin(), sorted.end());
+  IFEC_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), "group " << id << " lists a GPU twice");
+  for (int m : members) {
+    IFEC_CHECK(m >= 0 && m < topo.num_gpus() && !external[m],
+               "group " << id << ": GPU " << m << " is not a rank of topology " << topo.name);
+  }
+  const auto me = std::find(members.begin(), members.end(), gpu);
+  IFEC_CHECK(me != members.end(), "group " << id << " does not include GPU " << gpu << " (this hostd's)");
+  // Then's errors (a bad request) are the reply's, also when it runs later on the loop.
+  auto run = [reply, then](Group& g) {
+    try {
+      then(g);
+    } catch (const std::exception& e) {
+      reply(error_reply(e.what()));
+    }
+  };
+  if (auto it = groups.find(id); it != groups.end()) {
+    IFEC_CHECK(it->second.members == members, "group " << id << " was made of other GPUs");
+    IFEC_CHECK(it->second.comm != nullptr, "group " << id << " is still being made");
+    if (q.run_id() != 0) {
+      it->second.boot->begin_epoch(q.run_id());
+    }
+    run(it->second);
+    return;
+  }
+  Group& g = groups[id];
+  g.members = members;
+  g.first_window = static_cast<uint16_t>(kGroupWindows + 6 * ((id - 1) % 1000));
+  AddressOf addr = [this](int node) { return daemon_address(o, node); };
+  g.own_boot = std::make_unique<GrpcBootstrap>(rt->loop(), topo, addr, static_cast<int>(me - members.begin()), members,
+                                               o.rpc_deadline_ns * 8, id);
+  g.boot = g.own_boot.get();
+  g.boot->begin_epoch(q.run_id());  // its first operation's allgathers: the communicator's own first
+  // The same job (an endpoint's QPs belong to one partition). Its switch groups are numbered by its first GPU and
+  // its own counter: a number still held at a switch by another communicator's operation is refused there, and the
+  // operation runs at the endpoints instead.
+  g.own_comm = std::make_unique<workloads::Communicator>(*ep, *g.own_boot, *control, topo, comm_options);
+  g.own_comm->init([this, id, run, reply](const std::string& err) {
+    auto it = groups.find(id);
+    if (!err.empty()) {
+      groups.erase(it);
+      reply(error_reply("group " + std::to_string(id) + ": " + err));
+      return;
+    }
+    it->second.comm = it->second.own_comm.get();
+    run(it->second);
+  });
+}
+
+grpc::Status HostDaemon::Impl::group_gather(const std::string& node, const v1::AllgatherRequest& q,
+                                            v1::AllgatherReply* out) {
+  Hub* hub = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(hubs_mu);
+    if (q.members_size() == 0 || q.members(0) != gpu) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          node + ": not the hub of group " + std::to_string(q.group()) + " (its first GPU's hostd is)");
+    }
+    std::unique_ptr<Hub>& slot = group_hubs[q.group()];
+    if (!slot) {
+      std::vector<std::string> names;
+      for (int g : q.members()) {
+        names.push_back(g >= 0 && g < topo.num_gpus() ? topo.nodes[topo.gpu_node(g)].name : std::to_string(g));
+      }
+      slot = std::make_unique<Hub>(std::move(names));
+    }
+    hub = slot.get();
+  }
+  return hub->gather(node, q, out);
+}
+
+void HostDaemon::Impl::stop_hubs() {
+  if (hub) {
+    hub->stop();
+  }
+  std::lock_guard<std::mutex> lock(hubs_mu);
+  for (auto& [id, h] : group_hubs) {
+    h->stop();
+  }
 }
 
 namespace {
@@ -809,10 +933,11 @@ testbed::CollectivePoint point_of(const v1::RunRequest& q) {
 
 // One collective, this rank's part: its windows (a fresh pair per run, in turn), its input, an entry barrier, then
 // the operation.
-void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
+void HostDaemon::Impl::run_collective(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
+  workloads::Communicator* c = grp.comm;
   testbed::CollectivePoint p = point_of(q);
   const size_t es = workloads::element_size(p.dtype);
-  const int n = comm->size();
+  const int n = c->size();
   // The caller's data: where its input goes in the window and which part of the window comes back (not checked).
   struct Given {
     uint64_t at = 0;   // the input's offset in the window
@@ -826,19 +951,17 @@ void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<voi
                "input of " << q.input().size() << " B for a " << p.bytes << " B " << q.what());
     given->out_bytes = p.bytes;
     if (p.kind == workloads::Collective::kAllGather) {  // this rank's block in, every block out
-      given->at = p.bytes * comm->rank();
+      given->at = p.bytes * c->rank();
       given->out_bytes = p.bytes * n;
       p.bytes *= n;
     } else if (p.kind == workloads::Collective::kReduceScatter) {  // every block in, this rank's block out
       IFEC_CHECK(p.bytes % (es * n) == 0,
                  "reduce-scatter: " << p.bytes << " B is not " << n << " equal blocks of " << es << "-byte elements");
       given->out_bytes = p.bytes / n;
-      given->out = given->out_bytes * comm->rank();
+      given->out = given->out_bytes * c->rank();
     }
   }
-  const uint16_t buf = kBufs[runs % 3];
-  const uint16_t scratch_window = kScratches[runs % 3];
-  ++runs;
+  const auto [buf, scratch_window] = grp.next_windows();
   workloads::CollArgs a;
   a.kind = p.kind;
   a.root = q.root();
@@ -849,20 +972,20 @@ void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<voi
   a.op = p.op;
   const uint64_t scratch = std::max<uint64_t>(4096, workloads::Communicator::scratch_bytes(a, n, p.algo, &topo, 0));
   auto input = std::make_shared<std::string>(q.input());
-  comm->allocate_window(
-      buf, std::max<uint64_t>(64, a.count * es), [this, a, p, scratch, reply, input, given](const std::string& e1) {
+  c->allocate_window(
+      buf, std::max<uint64_t>(64, a.count * es), [this, c, a, p, scratch, reply, input, given](const std::string& e1) {
         if (!e1.empty()) {
           reply(error_reply(e1));
           return;
         }
-        comm->allocate_window(a.scratch_window, scratch, [this, a, p, reply, input, given](const std::string& e2) {
+        c->allocate_window(a.scratch_window, scratch, [this, c, a, p, reply, input, given](const std::string& e2) {
           if (!e2.empty()) {
             reply(error_reply(e2));
             return;
           }
           uint8_t* data = ep->memory().window(a.window)->data;
           if (input->empty()) {
-            testbed::collective_input(p, comm->rank(), a.count, data);
+            testbed::collective_input(p, c->rank(), a.count, data);
           } else {
             std::memcpy(data + given->at, input->data(), input->size());
           }
@@ -871,13 +994,13 @@ void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<voi
           // frame of this operation can arrive before this rank entered it.
           const auto tx0 = plane_tx_bytes();
           const auto links0 = link_bytes();
-          comm->bootstrap().barrier([this, a, p, reply, input, given, tx0, links0](workloads::Gathered g) {
+          c->bootstrap().barrier([this, c, a, p, reply, input, given, tx0, links0](workloads::Gathered g) {
             if (!g.ok) {
               reply(error_reply("entry barrier: " + g.error));
               return;
             }
-            comm->run(a, p.algo, [this, a, p, reply, tx0, links0, input, given](workloads::CollectiveResult res) {
-              v1::RunReply r = collective_reply(p, a, res, tx0, links0, !input->empty());
+            c->run(a, p.algo, [this, c, a, p, reply, tx0, links0, input, given](workloads::CollectiveResult res) {
+              v1::RunReply r = collective_reply(*c, p, a, res, tx0, links0, !input->empty());
               if (!input->empty() && res.ok) {
                 r.set_output(ep->memory().window(a.window)->data + given->out, given->out_bytes);
               }
@@ -890,11 +1013,11 @@ void HostDaemon::Impl::run_collective(const v1::RunRequest& q, std::function<voi
 
 // This rank's row of a finished collective: its result, its frame bytes per plane and per link since the start,
 // and its own output checked against the fp64 reference where it holds one.
-v1::RunReply HostDaemon::Impl::collective_reply(const testbed::CollectivePoint& p, const workloads::CollArgs& a,
-                                                const workloads::CollectiveResult& res,
+v1::RunReply HostDaemon::Impl::collective_reply(workloads::Communicator& c, const testbed::CollectivePoint& p,
+                                                const workloads::CollArgs& a, const workloads::CollectiveResult& res,
                                                 const std::vector<uint64_t>& tx0,
                                                 const std::vector<std::array<uint64_t, 3>>& links0, bool given) {
-  const int n = comm->size();
+  const int n = c.size();
   testbed::CollectiveRow row;
   row.point = p;
   row.count = a.count;
@@ -909,11 +1032,11 @@ v1::RunReply HostDaemon::Impl::collective_reply(const testbed::CollectivePoint& 
     row.gpu_links[i][1] -= links0[i][1];
     row.gpu_links[i][2] -= links0[i][2];
   }
-  const bool holds = p.kind != workloads::Collective::kReduce || comm->rank() == a.root;
+  const bool holds = p.kind != workloads::Collective::kReduce || c.rank() == a.root;
   if (res.ok && holds && !given) {
     // Broadcast: the reference is the root's input.
     testbed::record_check(row, n, row.ran != "ifec" || res.fell_back, {ep->memory().window(a.window)->data}, a.root,
-                          comm->rank());
+                          c.rank());
   }
   v1::RunReply r;
   r.set_ok(row.ok);
@@ -1003,9 +1126,7 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
 }
 
 HostDaemon::~HostDaemon() {
-  if (impl_->hub) {
-    impl_->hub->stop();
-  }
+  impl_->stop_hubs();
   if (impl_->server) {
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
@@ -1013,9 +1134,7 @@ HostDaemon::~HostDaemon() {
 
 void HostDaemon::run() { impl_->rt->serve(); }
 void HostDaemon::stop() {
-  if (impl_->hub) {
-    impl_->hub->stop();  // any thread: the hub locks
-  }
+  impl_->stop_hubs();  // any thread: the hubs lock
   impl_->rt->loop().stop();
 }
 

@@ -44,7 +44,7 @@ CollectiveSpec spec_for(const CollectivePoint& p, int n, uint64_t count) {
   for (int g = 0; g < n; ++g) {
     s.members.push_back(g);
   }
-  s.root = 0;
+  s.root = p.root;
   s.window = kBuf;
   s.offset = 0;
   s.count = count;
@@ -211,6 +211,7 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   }
   Cluster c(topo, o);
   const int n = p.members > 0 ? p.members : c.size();
+  IFEC_CHECK(p.root >= 0 && p.root < n, "root " << p.root << " is not one of the " << n << " members");
   IFEC_CHECK(n >= 2 && n <= c.size(), "members " << n << " outside 2.." << c.size());
   const CollectiveSpec s = spec_for(p, n, row.count);
   if (c.runs_gpus()) {

@@ -45,8 +45,9 @@ class GrpcControl : public common::ControlPlane {
 // The bootstrap of one rank: allgathers meet at rank 0's hostd (Host.Allgather); `gpus[r]` is rank r's GPU.
 class GrpcBootstrap : public workloads::Bootstrap {
  public:
+  // `group` != 0: a group of `gpus` only (AllgatherRequest.group), its hub at gpus[0]'s hostd.
   GrpcBootstrap(EpollLoop& loop, const routing::Topology& topo, AddressOf address, int rank, std::vector<int> gpus,
-                common::TimeNs deadline_ns);
+                common::TimeNs deadline_ns, uint32_t group = 0);
   ~GrpcBootstrap() override;
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(gpus_.size()); }
@@ -62,6 +63,7 @@ class GrpcBootstrap : public workloads::Bootstrap {
   int rank_;
   std::vector<int> gpus_;
   common::TimeNs deadline_ns_;
+  uint32_t group_ = 0;
   uint64_t epoch_ = 0;
   uint64_t seq_ = 0;
   std::string root_;  // rank 0's hostd, for errors

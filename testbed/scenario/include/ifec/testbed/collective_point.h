@@ -31,6 +31,7 @@ struct CollectivePoint {
   uint32_t slot_pool = 8192;    // slots per switch
   uint32_t slot_budget = 128;   // slots per group asked of each switch (in-fabric path)
   int members = 0;              // 0: every GPU of the topology
+  int root = 0;                 // reduce's destination, broadcast's source: a member
   bool corrupt_output = false;  // checks the checker: one output element is changed before the comparison
   bool live_timing = false;     // the live daemons' timers (live_timing.h): to compare with a live fabric
   // Frames carry headers and lengths only (the simulated driver's elided payloads): the same times and bytes as
