@@ -135,6 +135,17 @@ def test_tensor_parallel_linear_equals_the_dense_layer(fab, tmp_path):
         assert err["row_parallel_bf16"] <= 3e-2
 
 
+def test_the_live_drivers_trace_replays_to_the_same_bytes_per_port(fab, tmp_path):
+    """./ifec live run --trace: the driver's own operations (drawn inputs, checked) in the backend's trace format."""
+    from ifec import replay
+    for what, size in (("allreduce", 256 * 1024), ("multicast", 64 * 1024), ("alltoall", 16 * 1024)):
+        assert fab.run(what, algo="ifec", bytes=size, root=2, trace=tmp_path / "t")["ok"]
+    out = io.StringIO()
+    res = replay.report(tmp_path / "t", fab.topology_file, out=out)
+    assert res["operations"] == 3 and "driver: live" in out.getvalue()
+    assert res["gpu_deviation"] <= 0.05 and res["port_deviation"] <= 0.05, out.getvalue()
+
+
 def test_a_dead_hostd_is_named_within_a_bounded_time(fab, tmp_path):
     """Last: gpu3's hostd killed, every rank's all_reduce fails with an error naming it, well within the bound."""
     program = tmp_path / "one_allreduce.py"

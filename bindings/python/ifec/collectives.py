@@ -64,7 +64,7 @@ def prepare(cluster, count, dtype="fp32", members=None):
 
 def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32", op="sum", loss=0.0, seed=1,
             reproducible=False, members=None, fail=(), slot_pool=8192, slot_budget=128, live_timing=False,
-            payload="real", threads=0, root=0):
+            payload="real", threads=0, root=0, trace=None):
     """One nccl-tests-style row (`./ifec sim --collective ... --json`) as a dict; times are simulated.
 
     members: GPUs 0..members-1 take part (None: every GPU). fail: link events "SELECTOR@TIME". live_timing: the
@@ -72,6 +72,8 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32"
     "elided" (frames of headers and lengths only: the same times and bytes, nothing checked, row["timing_only"]).
     threads: 0 runs one event loop; N >= 1 a partition per plane and one for the GPUs on N threads (the same row
     for every N, row["partitions"] says which). root: reduce's destination, broadcast's source (a member).
+    trace: a folder each member's part is appended to (ifec.trace), in simulated time: this operation starts where
+    the folder's last one ended.
     The row's "ok" is False whenever any element is wrong ("wrong" > 0) or the run failed ("error"); "faults" lists
     what it met."""
     if members is not None and members < 2:
@@ -80,10 +82,17 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32"
         fail = [fail]
     if not isinstance(threads, int) or threads < 0:
         raise ValueError(f"threads {threads!r}: expected 0 (one event loop) or a positive count")
-    return json.loads(_native.run_collective_json(topology, kind, algo, int(bytes), dtype, op, float(loss), int(seed),
-                                                  bool(reproducible), int(members or 0), list(fail), int(slot_pool),
-                                                  int(slot_budget), bool(live_timing), _elided(payload), threads,
-                                                  int(root)))
+    row = json.loads(_native.run_collective_json(topology, kind, algo, int(bytes), dtype, op, float(loss), int(seed),
+                                                 bool(reproducible), int(members or 0), list(fail), int(slot_pool),
+                                                 int(slot_budget), bool(live_timing), _elided(payload), threads,
+                                                 int(root)))
+    if trace:
+        from . import trace as tr
+        topo = _native.load_topology(str(topology)) if not hasattr(topology, "links") else topology
+        start = tr.last_end_ns(trace)
+        tr.append(trace, tr.split_by_gpu(row, topo), kind, algo, dtype, bytes, root, start, start,
+                  start + round(row["time_us"] * 1e3))
+    return row
 
 
 def _elided(payload):

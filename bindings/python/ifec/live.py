@@ -261,13 +261,15 @@ class LiveFabric:
         return out
 
     def run(self, what="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32", op="sum", root=0, seed=1,
-            timeout=120.0, moe=None, inputs=None):
+            timeout=120.0, moe=None, inputs=None, trace=None):
         """Runs one measurement on every rank at once; returns the merged row (the sim's row keys, driver "live").
         what="moe": one MoE layer, algo the variant (per_expert, per_rank, ifec), dtype bf16 or fp32, `moe` a dict of
         MoeShape fields (tokens per rank, hidden, inter, experts, topk, groups, topk_groups; defaults in the .proto).
         `inputs` (allreduce, reduce, multicast): each rank's own bytes by GPU index instead of drawn ones; the row's
-        "outputs" then holds each rank's buffer afterwards (nothing is checked). Raises LiveError naming every rank
-        that failed or did not answer."""
+        "outputs" then holds each rank's buffer afterwards (nothing is checked). `trace`: a folder each rank's part is
+        appended to (ifec.trace; not for moe). Raises LiveError naming every rank that failed or did not answer."""
+        if trace and what == "moe":
+            raise LiveError("a trace holds collectives and all-to-alls, not the MoE layer")
         grpc, pb, _ = _grpc()
         gpus = [n for n in self.nodes if n["kind"] == "gpu"]
         # Operations are numbered alike on every rank and upward across drivers (microseconds since the epoch): one
@@ -284,6 +286,7 @@ class LiveFabric:
             r.bytes = len(r.input)
             return r
 
+        t0 = time.time_ns()
         with concurrent.futures.ThreadPoolExecutor(len(gpus)) as ex:
             futs = {g["name"]: ex.submit(self.stub(g["name"]).Run, request(g), timeout=timeout) for g in gpus}
             replies, errors = {}, []
@@ -292,7 +295,12 @@ class LiveFabric:
                     replies[name] = f.result()
                 except grpc.RpcError as e:
                     errors.append(f"{name}: {e.code().name}: {e.details()}")
+        t1 = time.time_ns()
         rows = {n: json.loads(r.row_json) for n, r in replies.items() if r.row_json}
+        if trace and rows:
+            from . import trace as tr
+            tr.append(trace, {g["gpu"]: rows[g["name"]] for g in gpus if g["name"] in rows}, what, algo, dtype,
+                      bytes, root, t0, t0, t1)
         errors += [f"{n}: {r.error}" for n, r in replies.items() if not r.ok]
         if not rows:
             raise LiveError("no rank answered: " + "; ".join(errors))
@@ -848,6 +856,8 @@ def _cmd_run_moe(fab, args):
 def _cmd_run(args):
     fab = args.attach()
     if args.collective == "moe":
+        if args.trace:
+            raise LiveError("--trace: a trace holds collectives and all-to-alls, not the MoE layer")
         return _cmd_run_moe(fab, args)
     sizes = [parse_size(s) for s in args.bytes.split(",")]
     status = 0
@@ -855,7 +865,7 @@ def _cmd_run(args):
     print(f"#{'size(B)':>13} {'algo':>8} {'time(us)':>11} {'algbw GB/s':>11} {'#wrong':>7}  faults")
     for size in sizes:
         row = fab.run(args.collective, algo=args.algo, bytes=size, dtype=args.dtype or "fp32", op=args.op, root=args.root,
-                      seed=args.seed)
+                      seed=args.seed, trace=args.trace)
         print(f" {size:>13} {row['ran']:>8} {row['time_us']:>11.1f} {row.get('algbw_gbs', 0):>11.3f} "
               f"{row['wrong']:>7}  {'; '.join(row['faults'])}")
         if not row["ok"]:
@@ -1038,6 +1048,7 @@ def add_fabric_commands(sub, driver="live"):
     run.add_argument("--op", default="sum")
     run.add_argument("--root", type=_at_least(0), default=0)
     run.add_argument("--seed", type=_at_least(1), default=1)
+    run.add_argument("--trace", help="a folder: each rank's part of every operation as JSON lines (./ifec sim --replay)")
     for flag, default in (("--tokens", 32), ("--hidden", 512), ("--inter", 16), ("--experts", 32), ("--topk", 8)):
         run.add_argument(flag, type=_at_least(1), default=default, help=f"moe: default {default}")
     cmp = sub.add_parser("compare", help="the same collective on the simulator and the live fabric, side by side")

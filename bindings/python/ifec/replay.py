@@ -80,7 +80,7 @@ def _groups(ranks):
 
 def operations(ranks):
     """The trace's operations in the order they were issued, each merged from its group's members' records: what
-    ran, its live time and bytes per link, and the compute before it (the members' mean gap since each one's
+    ran, its traced time and bytes per link, and the compute before it (the members' mean gap since each one's
     previous operation ended)."""
     gap = {}
     for r, ops in ranks.items():  # a rank's file is in issue order (one operation at a time)
@@ -103,7 +103,7 @@ def operations(ranks):
                             n=len(order), world=len(ranks), fabric_op=rec["fabric_op"], algo=rec.get("algo", "ifec"),
                             size=rows[0].get("size", rec["bytes"]), type=rows[0].get("type", "fp32"),
                             redop=rows[0].get("redop", "sum"), ran=rows[0].get("ran", ""),
-                            live_us=max(row.get("time_us", 0.0) for row in rows),
+                            traced_us=max(row.get("time_us", 0.0) for row in rows), driver=rows[0].get("driver", "?"),
                             compute_us=sum(gap[(r, g, p["seq"])] for r, p in zip(order, per)) / len(order),
                             issued_ns=min(p["issued_ns"] for p in per), members=rec.get("members"),
                             root=_group_rank(rec.get("root", 0), rec.get("members")),
@@ -163,21 +163,21 @@ LINK_SCOPES = {"gpu": "GPU (its ports summed)", "port": "GPU port (a Y-cable's s
 
 def link_deviation(ops, rep, topo, scope="port"):
     """Bytes per GPU link and direction over the whole trace (all-to-alls aside), replayed with the recorded algorithm
-    vs live: the largest relative difference and the directions compared, per GPU, per port (a Y-cable) or per
+    vs the trace's: the largest relative difference and the directions compared, per GPU, per port (a Y-cable) or per
     sub-link. Which sub-link of a Y-cable carries an in-fabric chunk follows the operation's group number, a counter
     a live communicator carries from one operation to the next, where each replayed operation starts afresh."""
-    live, simulated = {}, {}
+    traced, simulated = {}, {}
     key = {"gpu": lambda lid: topo.links[lid]["a"], "port": lambda lid: (topo.links[lid]["a"], topo.links[lid]["plane"]),
            "sublink": lambda lid: lid}[scope]
     for op in ops:  # all-to-alls are raw flows; a group other than GPUs 0..m-1 is simulated on those
         if op["fabric_op"] == "alltoall" or op["members"] not in (None, list(range(op["n"]))):
             continue
-        for table, links in ((live, op["links"]), (simulated, rep.run(op, op["algo"])["links"])):
+        for table, links in ((traced, op["links"]), (simulated, rep.run(op, op["algo"])["links"])):
             for lid, (up, down) in links.items():
                 a = table.setdefault(key(lid), [0, 0])
                 a[0] += up
                 a[1] += down
-    devs = [abs(s - l) / l for k in live if k in simulated for s, l in zip(simulated[k], live[k]) if l]
+    devs = [abs(s - t) / t for k in traced if k in simulated for s, t in zip(simulated[k], traced[k]) if t]
     return (max(devs) if devs else None), len(devs)
 
 
@@ -193,14 +193,16 @@ def report(trace, topology, k=None, algos=("ifec", "best"), out=sys.stdout):
     if not 2 <= k <= topo.num_gpus:
         raise TraceError(f"--ranks {k}: topology {topo.name} has {topo.num_gpus} GPUs (2..{topo.num_gpus})")
     rep = Replay(topo, k)
-    out.write(f"# replay of {trace}: {len(ops)} operations traced by {n} ranks, simulated on {topo.name} with {k} "
-              f"ranks (times are simulated; live us is the traced wall-clock time on the software fabric)\n")
+    drivers = ", ".join(sorted({op["driver"] for op in ops}))
+    out.write(f"# replay of {trace}: {len(ops)} operations traced by {n} ranks (driver: {drivers}), simulated on "
+              f"{topo.name} with {k} ranks; the sim columns are simulated time, 'traced us' what the trace recorded "
+              f"(wall clock through software switches where the driver is live)\n")
     groups = {}
     for i, op in enumerate(ops):
         fop, size, m, note = scaled(op, k)
-        g = groups.setdefault((op["op"], op["dtype"], op["bytes"], m, fop, size), dict(count=0, live=0.0, note=note))
+        g = groups.setdefault((op["op"], op["dtype"], op["bytes"], m, fop, size), dict(count=0, traced=0.0, note=note))
         g["count"] += 1
-        g["live"] += op["live_us"]
+        g["traced"] += op["traced_us"]
         for a in algos:
             row = rep.run(op, a)
             if not row["ok"]:
@@ -210,13 +212,13 @@ def report(trace, topology, k=None, algos=("ifec", "best"), out=sys.stdout):
             g[a + "_ran"] = row["ran"]
         if (i + 1) % 50 == 0:
             print(f"replay: {i + 1} of {len(ops)} operations", file=sys.stderr)
-    head = f"{'operation':<24} {'dtype':>9} {'B/rank':>9} {'ranks':>6} {'sim B':>9} {'count':>6} {'live us':>10}"
+    head = f"{'operation':<24} {'dtype':>9} {'B/rank':>9} {'ranks':>6} {'sim B':>9} {'count':>6} {'traced us':>10}"
     head += "".join(f" {a + ' us':>12} {'(ran)':>8}" for a in algos)
     head += f" {'speedup':>8}" if len(algos) == 2 else ""
     out.write(head + "\n")
     totals = {a: 0.0 for a in algos}
     for (name, dtype, b, m, fop, size), g in groups.items():
-        line = f"{name:<24} {dtype:>9} {b:>9} {m:>6} {size:>9} {g['count']:>6} {g['live']:>10.1f}"
+        line = f"{name:<24} {dtype:>9} {b:>9} {m:>6} {size:>9} {g['count']:>6} {g['traced']:>10.1f}"
         for a in algos:
             line += f" {g[a]:>12.2f} {g[a + '_ran']:>8}"
             totals[a] += g[a]
@@ -224,7 +226,7 @@ def report(trace, topology, k=None, algos=("ifec", "best"), out=sys.stdout):
             line += f" {g[algos[1]] / g[algos[0]] if g[algos[0]] else float('nan'):>7.2f}x"
         out.write(line + (f"  ({g['note']})" if g["note"] else "") + "\n")
     compute = sum(op["compute_us"] * op["n"] / n for op in ops)  # a rank's gaps, averaged over the ranks
-    result = dict(ranks=k, operations=len(ops), compute_us=compute, live_us=sum(op["live_us"] for op in ops),
+    result = dict(ranks=k, operations=len(ops), compute_us=compute, traced_us=sum(op["traced_us"] for op in ops),
                   comm_us=totals, step_us={a: compute + t for a, t in totals.items()})
     for a in algos:
         out.write(f"total {a:>5}: communication {totals[a]:.1f} us + compute (the trace's gaps) {compute:.1f} us = "
@@ -237,7 +239,7 @@ def report(trace, topology, k=None, algos=("ifec", "best"), out=sys.stdout):
             dev, count = link_deviation(ops, rep, topo, scope)
             result[scope + "_deviation"] = dev
             if dev is not None:
-                out.write(f"bytes per {what}, replay ({ops[0]['algo']}) vs live: largest difference {dev:.2%} over "
+                out.write(f"bytes per {what}, replay ({ops[0]['algo']}) vs the trace: largest difference {dev:.2%} over "
                           f"{count} directions\n")
     return result
 

@@ -1,0 +1,60 @@
+"""Each rank's communication as JSON lines, for the live and simulated drivers: the format the `ifec`
+torch.distributed backend writes (docs/torch-backend.md, "The trace format"), so `./ifec sim --replay` takes any of
+them. A driver's operation is its fabric operation (`op` and `fabric_op` alike), every rank a member of group 0.
+"""
+import json
+import pathlib
+
+TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int32": "int32"}
+
+
+def _file(folder, rank):
+    return pathlib.Path(folder) / f"rank{rank}.jsonl"
+
+
+def next_seq(folder):
+    """The number the next operation traced in `folder` gets (its rank 0 file's operations so far)."""
+    f = _file(folder, 0)
+    return sum(1 for _ in f.open()) if f.exists() else 0
+
+
+def last_end_ns(folder):
+    """When the last operation traced in `folder` ended (rank 0's), or 0."""
+    f = _file(folder, 0)
+    lines = f.read_text().splitlines() if f.exists() else []
+    return json.loads(lines[-1])["end_ns"] if lines else 0
+
+
+def append(folder, rows, what, algo, dtype, bytes, root, issued_ns, start_ns, end_ns):
+    """Appends one operation: `rows` is rank -> that rank's row (the driver's row keys: ok, time_us, size, type,
+    gpu_link_ids and the link bytes of that rank's own links)."""
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    seq = next_seq(folder)
+    if what == "all-gather":  # the drivers' size is the gathered buffer; a rank's part is its block
+        bytes = int(bytes) // len(rows)
+    for rank, row in sorted(rows.items()):
+        rec = dict(rank=rank, group=0, group_size=len(rows), seq=seq, op=what, dtype=TORCH_DTYPE.get(dtype, dtype),
+                   bytes=int(bytes), fabric_op=what, algo=algo, issued_ns=int(issued_ns), start_ns=int(start_ns),
+                   end_ns=int(end_ns), ok=bool(row.get("ok")), row=row)
+        if what in ("reduce", "multicast"):
+            rec["root"] = root
+        if what == "alltoall":  # the drivers' all-to-all: `bytes` for every rank (its own block stays put)
+            rec["send_splits"] = rec["recv_splits"] = [int(bytes)] * len(rows)
+        with _file(folder, rank).open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+def split_by_gpu(row, topo):
+    """A merged row (every member's links) as rank -> the row with that GPU's own links only."""
+    out = {}
+    gpus = {n["name"]: n["gpu"] for n in topo.nodes if n["kind"] == "gpu"}
+    for lid, up, down in zip(row["gpu_link_ids"], row["gpu_link_up_bytes"], row["gpu_link_down_bytes"]):
+        g = gpus.get(topo.links[lid]["a"])
+        if g is None:
+            continue
+        r = out.setdefault(g, dict(row, gpu_link_ids=[], gpu_link_up_bytes=[], gpu_link_down_bytes=[]))
+        r["gpu_link_ids"].append(lid)
+        r["gpu_link_up_bytes"].append(up)
+        r["gpu_link_down_bytes"].append(down)
+    return out
