@@ -38,6 +38,29 @@ def test_allreduce_and_moe_equal_the_reference(fab):
     assert m["ok"] and m["wrong"] == 0 and m["max_rel_error"] <= m["tolerance"], m.get("error")
 
 
+def test_a_pytorch_program_runs_with_the_ifec_backend_on_the_containers(fab, repo, tmp_path):
+    """./ifec testbed torchrun: the ranks run beside the containers (the images hold no PyTorch) and reach each
+    GPU's hostd where its container publishes it; the tensor-parallel layer equals the dense one."""
+    import io
+    import json
+    import socket
+    from ifec import torchrun
+    try:
+        from ifec import _c10d  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"ifec._c10d not built: {e}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = io.StringIO()
+    rc = torchrun.launch(fab, repo / "bindings/tests/torch_programs/tp_linear.py", ["--out", str(tmp_path / "tp")],
+                         master_port=port, out=out)
+    assert rc == 0, out.getvalue()[-3000:]
+    for r in range(8):
+        err = json.loads((tmp_path / f"tp.rank{r}").read_text())
+        assert err["row_parallel_fp32"] <= 1e-4 and err["column_parallel"] <= 1e-5
+
+
 def _killed_during(fab, node, delay_s, *run_args, **run_kw):
     """Runs an operation and kills `node`'s container `delay_s` into it; returns the row."""
     import threading
