@@ -31,12 +31,30 @@ int64_t now_ns() {
 }
 
 std::string torch_dtype(at::ScalarType s) {
-  std::string name = c10::toString(s);  // "Float", "BFloat16", ...
-  static const std::map<std::string, std::string> kNames = {
-      {"Float", "float32"}, {"Double", "float64"}, {"Half", "float16"}, {"BFloat16", "bfloat16"}, {"Int", "int32"},
-      {"Long", "int64"},    {"Short", "int16"},    {"Char", "int8"},    {"Byte", "uint8"},        {"Bool", "bool"}};
-  const auto it = kNames.find(name);
-  return it == kNames.end() ? name : it->second;
+  switch (s) {
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kInt:
+      return "int32";
+    case at::kLong:
+      return "int64";
+    case at::kShort:
+      return "int16";
+    case at::kChar:
+      return "int8";
+    case at::kByte:
+      return "uint8";
+    case at::kBool:
+      return "bool";
+    default:
+      return c10::toString(s);
+  }
 }
 
 // The fabric's name for a dtype it reduces, or "" (ECH reduces fp32, bf16, fp16 and int32).
@@ -103,23 +121,21 @@ std::string bytes_of(const at::Tensor& t, size_t align = 1) {
   return out;
 }
 
+// A contiguous tensor shaped like `like` holding the bytes at `data`.
+at::Tensor tensor_from(const char* data, const at::Tensor& like) {
+  at::Tensor t = at::empty(like.sizes(), like.options().memory_format(at::MemoryFormat::Contiguous));
+  std::memcpy(t.data_ptr(), data, t.nbytes());
+  return t;
+}
+
 // Writes `len` bytes at `data` into `t` (its elements in order, whatever its strides).
 void write_into(at::Tensor& t, const char* data, size_t len) {
   TORCH_CHECK(len >= t.nbytes(), "ifec: hostd returned ", len, " B for a ", t.nbytes(), " B tensor");
   if (t.is_contiguous()) {
     std::memcpy(t.data_ptr(), data, t.nbytes());
-    return;
+  } else {
+    t.copy_(tensor_from(data, t));
   }
-  at::Tensor tmp = at::empty(t.sizes(), t.options());
-  std::memcpy(tmp.data_ptr(), data, tmp.nbytes());
-  t.copy_(tmp);
-}
-
-// The tensor of `len` bytes at `data` shaped like `like`.
-at::Tensor tensor_from(const char* data, const at::Tensor& like) {
-  at::Tensor t = at::empty(like.sizes(), like.options().memory_format(at::MemoryFormat::Contiguous));
-  std::memcpy(t.data_ptr(), data, t.nbytes());
-  return t;
 }
 
 // A reduction the fabric runs: the tensor's bytes, the fabric's dtype and operation, and the trace's names.
@@ -208,7 +224,9 @@ class Runner {
     cv_.notify_all();
     thread_.join();  // what was queued still runs: every Work completes
   }
-  using Job = std::function<void()>;
+  // A job gets the runner it runs on: it holds no reference of its own, so the runner is never destroyed (and its
+  // thread joined) from its own thread.
+  using Job = std::function<void(Runner&)>;
   void post(Job job) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -240,7 +258,7 @@ class Runner {
         next = std::move(queue_.front());
         queue_.pop_front();
       }
-      next();
+      next(*this);
     }
   }
 
@@ -261,8 +279,9 @@ std::string describe(const Call& c, int rank) {
   return os.str();
 }
 
-// Runs `c` at hostd; returns this rank's output or throws naming the operation, hostd and what went wrong.
-std::string call_hostd(Runner& runner, const BackendOptions& o, const Call& c, uint64_t run_id, int rank,
+// Runs `c` at hostd (its input moves into the request); returns this rank's output or throws naming the operation,
+// hostd and what went wrong.
+std::string call_hostd(Runner& runner, const BackendOptions& o, Call& c, uint64_t run_id, int rank,
                        std::string* row_json) {
   v1::RunRequest q;
   q.set_what(c.what);
@@ -276,7 +295,7 @@ std::string call_hostd(Runner& runner, const BackendOptions& o, const Call& c, u
     q.add_members(m);
   }
   q.set_bytes(c.input.size());
-  q.set_input(c.input);
+  q.set_input(std::move(c.input));  // a gradient bucket is copied once into the request, not twice
   for (uint64_t s : c.send_splits) {
     q.add_send_splits(s);
   }
@@ -301,7 +320,7 @@ std::string call_hostd(Runner& runner, const BackendOptions& o, const Call& c, u
     throw std::runtime_error(describe(c, rank) + " failed at " + who + ": " + r.error());
   }
   *row_json = r.row_json();
-  return r.output();
+  return std::move(*r.mutable_output());
 }
 
 // One JSON line of the trace: what the program asked (operation, dtype, sizes, group), when (issued, started and
@@ -366,23 +385,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(c10d::OpType type, std::vect
   const uint64_t run_id = next_run_id_++;
   const int rank = getRank();
   const int size = getSize();
-  std::shared_ptr<Runner> runner = runner_;
-  runner_->post(
-      [work, call = std::move(call), finish = std::move(finish), issued, first, run_id, rank, size, runner, o = o_] {
-        const int64_t start = now_ns();
-        std::string row_json;
-        std::string error;
-        try {
-          finish(call_hostd(*runner, o, call, run_id, rank, &row_json));
-          work->complete(nullptr);
-        } catch (const std::exception& e) {
-          error = e.what();
-          work->complete(std::make_exception_ptr(std::runtime_error(error)));
-        }
-        if (!o.trace.empty()) {
-          append_trace(o, call, rank, size, run_id - first, issued, start, now_ns(), row_json, error);
-        }
-      });
+  runner_->post([work, call = std::move(call), finish = std::move(finish), issued, first, run_id, rank, size,
+                 o = o_](Runner& runner) mutable {
+    const int64_t start = now_ns();
+    std::string row_json;
+    std::string error;
+    try {
+      finish(call_hostd(runner, o, call, run_id, rank, &row_json));
+      work->complete(nullptr);
+    } catch (const std::exception& e) {
+      error = e.what();
+      work->complete(std::make_exception_ptr(std::runtime_error(error)));
+    }
+    if (!o.trace.empty()) {
+      append_trace(o, call, rank, size, run_id - first, issued, start, now_ns(), row_json, error);
+    }
+  });
   return work;
 }
 

@@ -53,7 +53,7 @@ def test_scaling_out_keeps_each_ranks_bytes(repo, tmp_path):
 
 
 def test_a_groups_operations_replay_among_its_members(repo, tmp_path):
-    """Ranks 0-3 all_reduce in group 1 (and broadcast from world rank 2, its third member) while 4-7 do not: the
+    """Ranks 0-3 all_reduce in group 1 (and broadcast from its rank 2) while 4-7 do not: the
     replay merges the group's records, simulates it on 4 GPUs (8 at twice the ranks) and counts its compute once per
     member."""
     trace = _write_trace(tmp_path / "t")

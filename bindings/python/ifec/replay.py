@@ -106,14 +106,9 @@ def operations(ranks):
                             traced_us=max(row.get("time_us", 0.0) for row in rows), driver=rows[0].get("driver", "?"),
                             compute_us=sum(gap[(r, g, p["seq"])] for r, p in zip(order, per)) / len(order),
                             issued_ns=min(p["issued_ns"] for p in per), members=rec.get("members"),
-                            root=_group_rank(rec.get("root", 0), rec.get("members")),
+                            root=rec.get("root", 0),
                             sent=[sum(p.get("send_splits", [])) for p in per], links=links))
     return sorted(out, key=lambda o: o["issued_ns"])
-
-
-def _group_rank(rank, members):
-    """torch gives a group operation's root as a rank of the world: its place among the group's members."""
-    return members.index(rank) if members and rank in members else rank
 
 
 def scaled(op, k):

@@ -33,9 +33,9 @@ namespace {
 // Consecutive operations use different windows (three in turn): a late duplicate of one operation's bytes (a
 // repaired multicast replica, a fallback store of a row the fabric had delivered) cannot be taken for the next
 // one's. Stores carry no operation tag yet; see docs/architecture.md.
-constexpr uint16_t kWorldWindows = 1;   // every rank's operations: (buffer, scratch) pairs 1-2, 3-4, 5-6 in turn
-constexpr uint16_t kGroupWindows = 64;  // group g's (RunRequest.group): six from 64 + 6 (g - 1), in pairs likewise
-constexpr uint16_t kMoeWindows = 40;    // MoE layers: four windows each, in turn 40.., 44.., 48..
+constexpr uint16_t kWorldWindows = 1;     // every rank's operations: (buffer, scratch) pairs 1-2, 3-4, 5-6 in turn
+constexpr uint16_t kGroupWindows = 1000;  // group g's (RunRequest.group): six from 1000 + 6 (g - 1), pairs likewise
+constexpr uint16_t kMoeWindows = 40;      // MoE layers: four windows each, in turn 40.., 44.., 48..
 constexpr auto kAllgatherWait = std::chrono::seconds(30);
 // The descriptor ring local programs post into (host_ring.h).
 constexpr size_t kRingSlots = 4096;
@@ -410,7 +410,6 @@ void HostDaemon::Impl::start_endpoint() {
   comm = std::make_unique<workloads::Communicator>(*ep, *boot, *control, t, comm_options);
   world.boot = boot.get();
   world.comm = comm.get();
-  world.members = ranks;
   comm->init([this](const std::string& err) {
     if (!err.empty()) {
       ready_error = err;
