@@ -249,7 +249,7 @@ void register_collectives(py::module_& m) {
       [](const routing::Topology& topo, const std::string& kind, const std::string& algo, uint64_t bytes,
          const std::string& dtype, const std::string& op, double loss, uint64_t seed, bool reproducible, int members,
          const std::vector<std::string>& fail, uint32_t slot_pool, uint32_t slot_budget, bool live_timing,
-         bool elided_payloads, int threads, int root) {
+         bool elided_payloads, int threads, int root, const py::dict& turns) {
         testbed::CollectivePoint p;
         p.kind = workloads::parse_collective(kind);
         p.algo = workloads::parse_algo(algo);
@@ -267,13 +267,20 @@ void register_collectives(py::module_& m) {
         p.elided_payloads = elided_payloads;
         p.threads = threads;
         p.root = root;
+        p.start.group = turns.contains("group") ? turns["group"].cast<int>() : -1;
+        if (turns.contains("stripe")) {
+          p.start.stripe = turns["stripe"].cast<std::vector<uint64_t>>();
+        }
+        if (turns.contains("multicast")) {
+          p.start.multicast = turns["multicast"].cast<std::vector<uint32_t>>();
+        }
         return interruptible([&] { return testbed::row_json(testbed::run_collective_point(topo, p), topo.name); });
       },
       py::arg("topology"), py::arg("kind"), py::arg("algo"), py::arg("bytes"), py::arg("dtype") = "fp32",
       py::arg("op") = "sum", py::arg("loss") = 0.0, py::arg("seed") = 1, py::arg("reproducible") = false,
       py::arg("members") = 0, py::arg("fail") = std::vector<std::string>{}, py::arg("slot_pool") = 8192,
       py::arg("slot_budget") = 128, py::arg("live_timing") = false, py::arg("elided_payloads") = false,
-      py::arg("threads") = 0, py::arg("root") = 0);
+      py::arg("threads") = 0, py::arg("root") = 0, py::arg("turns") = py::dict());
 }
 
 }  // namespace

@@ -97,6 +97,31 @@ def test_the_simulators_own_trace_replays_to_the_same_bytes_on_every_sub_link(re
     assert "driver: sim" in out.getvalue()
 
 
+def test_an_operation_starts_from_the_carried_state_it_is_given(repo):
+    """The state a fabric carries between operations (the group counter, stripe rotors, multicast PSNs) decides
+    which sub-link of a Y-cable each frame takes: started from other turns, the same operation moves the same bytes
+    per GPU port but not per sub-link; the row says where it started, and starting there again repeats it exactly."""
+    from ifec import _native, collectives
+    topo = _native.load_topology(str(repo / TOPO))
+    turns = dict(group=8, stripe=[3] * 8, multicast=[5] * 8)
+
+    def links(row):
+        return {lid: (u, d) for lid, u, d in zip(row["gpu_link_ids"], row["gpu_link_up_bytes"],
+                                                 row["gpu_link_down_bytes"])}
+
+    for kind, size in (("allreduce", 12288), ("multicast", 12288), ("all-gather", 8 * 6144)):
+        algo = "ring" if kind == "all-gather" else "ifec"
+        fresh = collectives.measure(topo, kind, algo, size)
+        moved = collectives.measure(topo, kind, algo, size, turns=turns)
+        assert fresh["ok"] and moved["ok"]
+        assert fresh["turns"] == dict(group=1, stripe=[0] * 8, multicast=[0] * 8)
+        assert moved["turns"] == turns
+        assert links(fresh) != links(moved), kind
+        for m, f in ((moved, fresh), (collectives.measure(topo, kind, algo, size, turns=moved["turns"]), moved)):
+            assert sum(map(sum, links(m).values())) == sum(map(sum, links(f).values()))
+        assert links(collectives.measure(topo, kind, algo, size, turns=moved["turns"])) == links(moved)
+
+
 def test_bad_traces_are_named(repo, tmp_path):
     trace = _write_trace(tmp_path / "t")
     (trace / "rank3.jsonl").write_text('{"rank": 3, "seq": 0}\n')

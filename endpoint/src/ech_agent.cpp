@@ -421,7 +421,9 @@ void EchAgent::pump(EchMulticast& m) {
 
 void EchAgent::send_packet(EchMulticast& m, size_t i, bool retransmit) {
   const EchPacket& pk = m.spec_.packets[i];
-  const int port = port_for(pk.plane, static_cast<uint32_t>(i));
+  // Its sub-link follows its PSN, as the switch's replicas of it do (IfecEngine::Emit).
+  const uint32_t psn = (m.first_psn_ + static_cast<uint32_t>(i)) & kPsnMask;
+  const int port = port_for(pk.plane, psn);
   if (port < 0) {
     m.give_up_plane(pk.plane,
                     "GPU " + std::to_string(ep_.index()) + " has no live link on plane " + std::to_string(pk.plane));
@@ -440,7 +442,6 @@ void EchAgent::send_packet(EchMulticast& m, size_t i, bool retransmit) {
     }
     send_packet(m, i, true);
   });
-  const uint32_t psn = (m.first_psn_ + static_cast<uint32_t>(i)) & kPsnMask;
   common::FrameHeaders h = headers(port, pk.switch_ip, static_cast<uint16_t>(i),
                                    static_cast<uint8_t>(Opcode::kWriteOnly), common::pkey_of_job(m.spec_.job), psn);
   Ech ech;

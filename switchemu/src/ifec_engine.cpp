@@ -343,7 +343,8 @@ void IfecEngine::forward_partial(Group& g, Slot& s) {
   e.window_id = g.r.window;
   common::Reth reth{s.offset, 0, static_cast<uint32_t>(s.partial.size())};
   emit_(build(g.r.upstream_ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), s.chunk & 0xFFFFFF,
-              common::pkey_of_job(g.r.job), reth, s.partial.data(), s.partial.size()));
+              common::pkey_of_job(g.r.job), reth, s.partial.data(), s.partial.size()),
+        uint64_t{s.chunk} + e.group_id);
   counters_.partials_sent++;
   counters_.partial_bytes += s.partial.size();
 }
@@ -443,7 +444,8 @@ void IfecEngine::send_result(Group& g, Slot& s, int member) {
   e.window_id = g.r.window;
   common::Reth reth{gm.result_va + s.offset, gm.rkey, static_cast<uint32_t>(s.result.size())};
   emit_(build(gm.ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), s.chunk & 0xFFFFFF, common::pkey_of_job(g.r.job),
-              reth, s.result.data(), s.result.size()));
+              reth, s.result.data(), s.result.size()),
+        uint64_t{s.chunk} + e.group_id);
   counters_.results_sent++;
 }
 
@@ -580,14 +582,26 @@ void IfecEngine::send_notice(Group& g, int member, uint32_t chunk) {
   e.element_count = 0;
   e.window_id = g.r.window;
   emit_(build(gm.ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), chunk & 0xFFFFFF, common::pkey_of_job(g.r.job),
-              common::Reth{gm.result_va, gm.rkey, 0}, nullptr, 0));
+              common::Reth{gm.result_va, gm.rkey, 0}, nullptr, 0),
+        uint64_t{chunk} + e.group_id);
 }
+
+namespace {
+
+// An acknowledgement's member (Emit): a reduction chunk's is its chunk's (chunk + group), a multicast packet's its
+// PSN.
+uint64_t spray_of(const Ech& ech, uint32_t psn) {
+  return ech.format == EchFormat::kStandard ? uint64_t{ech.chunk_index} + ech.group_id : psn;
+}
+
+}  // namespace
 
 void IfecEngine::send_ech_ack(uint32_t dst_ip, const Ech& ech, uint32_t psn, uint16_t pkey) {
   Ech e = ech;
   e.element_count = 0;
   e.flags = 0;
-  emit_(build(dst_ip, e, static_cast<uint8_t>(Opcode::kAcknowledge), psn, pkey, std::nullopt, nullptr, 0));
+  emit_(build(dst_ip, e, static_cast<uint8_t>(Opcode::kAcknowledge), psn, pkey, std::nullopt, nullptr, 0),
+        spray_of(ech, psn));
 }
 
 void IfecEngine::send_ech_rnr(uint32_t dst_ip, const Ech& ech, uint32_t psn, uint16_t pkey) {
@@ -596,7 +610,8 @@ void IfecEngine::send_ech_rnr(uint32_t dst_ip, const Ech& ech, uint32_t psn, uin
   e.flags = 0;
   // RNR timer code 1 (IBTA: 0.01 ms); the endpoint's own back-off decides when it actually retries.
   emit_(build(dst_ip, e, static_cast<uint8_t>(Opcode::kAcknowledge), psn, pkey, std::nullopt, nullptr, 0,
-              common::Aeth::rnr_nak(1)));
+              common::Aeth::rnr_nak(1)),
+        spray_of(ech, psn));
 }
 
 std::vector<uint8_t> IfecEngine::build(uint32_t dst_ip, const Ech& ech, uint8_t opcode, uint32_t psn, uint16_t pkey,
@@ -698,7 +713,8 @@ void IfecEngine::send_replica(Multicast& m, int dest) {
   e.set_destination(m.base + dest);
   common::Reth reth{w.va + m.offset, w.rkey, static_cast<uint32_t>(m.payload.size())};
   emit_(build(w.ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), m.psn, common::pkey_of_job(m.job), reth,
-              m.payload.data(), m.payload.size()));
+              m.payload.data(), m.payload.size()),
+        m.psn);
   counters_.multicast_replicas++;
 }
 

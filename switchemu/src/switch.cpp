@@ -53,8 +53,9 @@ Switch::Switch(common::Clock& clock, SwitchConfig cfg, std::vector<common::Port*
     for (common::Port* port : ports_) {
       slowest = slowest == 0 ? port->rate_bps() : std::min(slowest, port->rate_bps());
     }
-    ifec_ = std::make_unique<IfecEngine>(clock_, cfg_.params.ifec, slowest, cfg_.ip,
-                                         [this](std::vector<uint8_t>&& f) { inject(std::move(f)); });
+    ifec_ =
+        std::make_unique<IfecEngine>(clock_, cfg_.params.ifec, slowest, cfg_.ip,
+                                     [this](std::vector<uint8_t>&& f, uint64_t spray) { inject(std::move(f), spray); });
     ifec_->set_backlog([this](uint32_t ip) { return backlog_ns(ip); });
     ifec_->set_elided_payloads(cfg_.elided_payloads);
   }
@@ -77,13 +78,13 @@ common::TimeNs Switch::backlog_ns(uint32_t dst_ip) const {
   return longest;
 }
 
-void Switch::inject(std::vector<uint8_t>&& frame) {
+void Switch::inject(std::vector<uint8_t>&& frame, uint64_t spray) {
   common::L3View l3;
   if (!common::parse_l3(frame.data(), frame.size(), &l3, cfg_.elided_payloads).ok()) {
     originated_drops_++;
     return;
   }
-  forward(-1, std::move(frame), l3);
+  forward(-1, std::move(frame), l3, spray);
 }
 
 common::MacAddress Switch::port_mac(int port) const {
@@ -197,16 +198,35 @@ size_t Switch::port_state_bytes() const {
   return bytes;
 }
 
+// The member a hash falls on, each as likely as its share of the group's weight.
+int Switch::weighted_pick(const Group& g, uint64_t hash) {
+  const double x = static_cast<double>(hash >> 11) * (1.0 / 9007199254740992.0) * g.total;
+  auto it = std::upper_bound(g.cumulative.begin(), g.cumulative.end(), x);
+  return static_cast<int>(std::min<size_t>(it - g.cumulative.begin(), g.hops.size() - 1));
+}
+
 int Switch::choose(Group& g, uint64_t flow_hash) {
   if (g.hops.size() == 1) {
     return 0;
   }
   if (cfg_.lb == LoadBalance::kPerFlow) {
-    const double x = static_cast<double>(flow_hash >> 11) * (1.0 / 9007199254740992.0) * g.total;
-    auto it = std::upper_bound(g.cumulative.begin(), g.cumulative.end(), x);
-    return static_cast<int>(std::min<size_t>(it - g.cumulative.begin(), g.hops.size() - 1));
+    return weighted_pick(g, flow_hash);
   }
   return g.swrr.next();  // exact long-run shares, no bursts to one hop
+}
+
+// A frame that names its member (inject's spray): spray mod the members where their weights are equal (a Y-cable's
+// sub-links), otherwise a weighted pick from the spray's hash.
+int Switch::choose_sprayed(const Group& g, uint64_t spray) const {
+  const size_t n = g.hops.size();
+  bool equal = true;
+  for (const NextHopPort& h : g.hops) {
+    equal = equal && h.weight == g.hops[0].weight;
+  }
+  if (equal) {
+    return static_cast<int>(spray % n);
+  }
+  return weighted_pick(g, common::splitmix64(spray));
 }
 
 int Switch::choose_live(Group& g, uint64_t flow_hash) {
@@ -269,7 +289,7 @@ void Switch::receive(int in_port, std::vector<uint8_t>&& frame) {
   forward(in_port, std::move(frame), l3);
 }
 
-void Switch::forward(int in_port, std::vector<uint8_t>&& frame, const common::L3View& l3) {
+void Switch::forward(int in_port, std::vector<uint8_t>&& frame, const common::L3View& l3, uint64_t spray) {
   SwitchPortCounters& in_counters = in_port >= 0 ? state_[in_port].counters : originated_;
   const int32_t slot = lookup(l3.dst);
   if (slot < 0) {
@@ -285,7 +305,8 @@ void Switch::forward(int in_port, std::vector<uint8_t>&& frame, const common::L3
   const uint64_t flow = common::splitmix64(
       cfg_.seed ^ common::splitmix64((uint64_t{l3.src} << 32 | l3.dst) ^
                                      (uint64_t{l3.protocol} << 32 | uint64_t{l3.src_port} << 16 | l3.dst_port)));
-  int idx = choose(group, flow);
+  const bool named = spray != IfecEngine::kSwitchChooses && cfg_.lb == LoadBalance::kPerPacket;
+  int idx = named ? choose_sprayed(group, spray) : choose(group, flow);
   if (!ports_[group.hops[idx].port]->link_up()) {
     // Local failover: the data plane sees its own link go down at once and stops using that member, as ECMP
     // hardware does; FARE reweighs the rest of the fabric one control-plane delay per hop later.

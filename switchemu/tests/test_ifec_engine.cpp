@@ -46,8 +46,12 @@ std::vector<uint8_t> multicast_frame(bool retransmission) {
 struct Engine {
   common::EventLoop loop;
   std::vector<std::vector<uint8_t>> out;  // what the engine emitted
+  std::vector<uint64_t> sprays;           // and which member of equal next hops each names
   switchemu::IfecEngine e{loop, routing::IfecParams{}, 100'000'000'000ULL, kSwitchIp,
-                          [this](std::vector<uint8_t>&& f) { out.push_back(std::move(f)); }};
+                          [this](std::vector<uint8_t>&& f, uint64_t spray) {
+                            out.push_back(std::move(f));
+                            sprays.push_back(spray);
+                          }};
   Engine() {
     for (int g = 1; g <= 2; ++g) {
       e.register_window({g, gpu_ip(g), kWindow, 0x100000ULL * g, 0x77u + g, 1});
@@ -128,10 +132,13 @@ TEST(IfecEngineReserve, MembersAtMost64AndOneOnlyUnderAnUpstream) {
 TEST(IfecEngineReserve, AWiderSwitchTakesGroupsOf256) {
   common::EventLoop loop;
   std::vector<std::vector<uint8_t>> out;
+  std::vector<uint64_t> sprays;
   routing::IfecParams params;
   params.max_group_members = 256;
-  switchemu::IfecEngine e{loop, params, 100'000'000'000ULL, kSwitchIp,
-                          [&](std::vector<uint8_t>&& f) { out.push_back(std::move(f)); }};
+  switchemu::IfecEngine e{loop, params, 100'000'000'000ULL, kSwitchIp, [&](std::vector<uint8_t>&& f, uint64_t s) {
+                            out.push_back(std::move(f));
+                            sprays.push_back(s);
+                          }};
   std::string why;
   EXPECT_FALSE(e.reserve(group_of(1, 257, 0), &why));
   EXPECT_NE(why.find("has 257 members, expected 2..256"), std::string::npos) << why;
@@ -157,6 +164,7 @@ TEST(IfecEngineReserve, AWiderSwitchTakesGroupsOf256) {
     ech.job_id = 1;
     ech.group_id = 2;
     ech.contributor_id = static_cast<uint16_t>(c);
+    ech.chunk_index = 3;
     ech.expected = 3;
     ech.element_count = 4;
     h.ech = ech;
@@ -170,6 +178,10 @@ TEST(IfecEngineReserve, AWiderSwitchTakesGroupsOf256) {
   EXPECT_EQ(e.counters().contributions, 3u);
   EXPECT_EQ(e.counters().slots_completed, 1u);
   EXPECT_EQ(e.counters().results_sent, 1u);
+  // Every frame about chunk 3 of group 2 (three ACKs, the result) names member 3 + 2 of equal next hops: on a
+  // Y-cable, the sub-link the endpoint sent the contributions on.
+  ASSERT_EQ(sprays.size(), 4u);
+  EXPECT_EQ(sprays, std::vector<uint64_t>(4, 5));
 }
 
 // ECH v2 (a bitmap base): GPU 200 multicasts to GPUs 70 and 127; each replica names its one destination in its

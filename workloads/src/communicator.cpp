@@ -160,7 +160,13 @@ void CommOp::watch(const endpoint::OpHandle& h, std::function<void(bool ok, cons
 
 Communicator::Communicator(endpoint::Endpoint& ep, Bootstrap& boot, common::ControlPlane& control,
                            const routing::Topology& topo, CommOptions opts)
-    : ep_(ep), boot_(boot), control_(control), topo_(topo), opts_(opts), subscription_(ep_.subscribe(*this)) {}
+    : ep_(ep),
+      boot_(boot),
+      control_(control),
+      topo_(topo),
+      opts_(opts),
+      next_group_(opts.ifec.first_group),
+      subscription_(ep_.subscribe(*this)) {}
 
 Communicator::~Communicator() = default;
 

@@ -64,7 +64,7 @@ def prepare(cluster, count, dtype="fp32", members=None):
 
 def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32", op="sum", loss=0.0, seed=1,
             reproducible=False, members=None, fail=(), slot_pool=8192, slot_budget=128, live_timing=False,
-            payload="real", threads=0, root=0, trace=None):
+            payload="real", threads=0, root=0, trace=None, turns=None):
     """One nccl-tests-style row (`./ifec sim --collective ... --json`) as a dict; times are simulated.
 
     members: GPUs 0..members-1 take part (None: every GPU). fail: link events "SELECTOR@TIME". live_timing: the
@@ -74,6 +74,9 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32"
     for every N, row["partitions"] says which). root: reduce's destination, broadcast's source (a member).
     trace: a folder each member's part is appended to (ifec.trace), in simulated time: this operation starts where
     the folder's last one ended.
+    turns: the state a fabric carries between operations to start from, {"group": the first member's in-fabric
+    group counter, "stripe": each member's endpoint stripe rotor, "multicast": each member's next multicast PSN} (a
+    replay passes the traced operation's; a field left out is a fresh fabric's); row["turns"] says where it started.
     The row's "ok" is False whenever any element is wrong ("wrong" > 0) or the run failed ("error"); "faults" lists
     what it met."""
     if members is not None and members < 2:
@@ -85,7 +88,8 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32"
     row = json.loads(_native.run_collective_json(topology, kind, algo, int(bytes), dtype, op, float(loss), int(seed),
                                                  bool(reproducible), int(members or 0), list(fail), int(slot_pool),
                                                  int(slot_budget), bool(live_timing), _elided(payload), threads,
-                                                 int(root)))
+                                                 int(root), {k: v for k, v in (turns or {}).items()
+                                                             if v is not None}))
     if trace:
         from . import trace as tr
         topo = _native.load_topology(str(topology)) if not hasattr(topology, "links") else topology

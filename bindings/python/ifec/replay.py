@@ -78,6 +78,15 @@ def _groups(ranks):
     return out
 
 
+def _merged_turns(turns):
+    """The members' recorded turns (each its own rotor and PSN) as one operation's: the first member's group counter,
+    the others per member; None where a member's row has none (a trace from before they were recorded)."""
+    if not all(t.get("stripe") and t.get("multicast") for t in turns):
+        return None
+    return dict(group=turns[0].get("group"), stripe=[t["stripe"][0] for t in turns],
+                multicast=[t["multicast"][0] for t in turns])
+
+
 def operations(ranks):
     """The trace's operations in the order they were issued, each merged from its group's members' records: what
     ran, its traced time and bytes per link, and the compute before it (the members' mean gap since each one's
@@ -92,6 +101,7 @@ def operations(ranks):
         for i, rec in enumerate(members[order[0]]):
             per = [members[r][i] for r in order]
             rows = [p.get("row") or {} for p in per]
+            turns = [row.get("turns") or {} for row in rows]
             links = {}
             for row in rows:
                 for lid, up, down in zip(row.get("gpu_link_ids", []), row.get("gpu_link_up_bytes", []),
@@ -106,7 +116,7 @@ def operations(ranks):
                             traced_us=max(row.get("time_us", 0.0) for row in rows), driver=rows[0].get("driver", "?"),
                             compute_us=sum(gap[(r, g, p["seq"])] for r, p in zip(order, per)) / len(order),
                             issued_ns=min(p["issued_ns"] for p in per), members=rec.get("members"),
-                            root=rec.get("root", 0),
+                            root=rec.get("root", 0), turns=_merged_turns(turns),
                             sent=[sum(p.get("send_splits", [])) for p in per], links=links))
     return sorted(out, key=lambda o: o["issued_ns"])
 
@@ -125,17 +135,24 @@ def scaled(op, k):
 
 
 class Replay:
-    """Simulates each distinct (operation, bytes, algorithm) once on `topology` with k ranks."""
+    """Simulates each distinct (operation, bytes, algorithm) once on `topology` with k ranks, each from a fresh
+    fabric; as_traced, at the recorded scale, each operation from the state the trace says it found."""
 
     def __init__(self, topology, k):
         self.topo = topology
         self.k = k
         self._memo = {}
 
-    def run(self, op, algo):
+    def as_traced(self, op):
+        """`op` with its recorded algorithm, started where the traced one started: the state a fabric carries from
+        one operation to the next that decides which sub-link each frame takes (testbed::Turns), where the trace
+        has it."""
+        return self.run(op, op["algo"], turns=op.get("turns"))
+
+    def run(self, op, algo, turns=None):
         fop, size, m, note = scaled(op, self.k)
         root = op["root"] % m
-        key = (fop, size, m, root, op["type"], op["redop"], algo)
+        key = (fop, size, m, root, op["type"], op["redop"], algo, json.dumps(turns, sort_keys=True))
         if key not in self._memo:
             if fop == "alltoall":
                 r = sim.run(self.topo, traffic="alltoall", bytes=size, group=m if m < self.topo.num_gpus else 0)
@@ -143,7 +160,8 @@ class Replay:
             else:
                 r = collectives.measure(self.topo, kind=fop, algo=algo, bytes=size, dtype=op["type"],
                                         op=op["redop"] if op["redop"] in ("sum", "min", "max") else "sum",
-                                        members=None if m == self.topo.num_gpus else m, root=root)
+                                        members=None if m == self.topo.num_gpus else m, root=root,
+                                        turns=turns)
                 links = {lid: [u, d] for lid, u, d in zip(r["gpu_link_ids"], r["gpu_link_up_bytes"],
                                                           r["gpu_link_down_bytes"])}
                 row = dict(time_us=r["time_us"], ran=r["ran"], ok=r["ok"], links=links, error=r.get("error"))
@@ -159,15 +177,15 @@ LINK_SCOPES = {"gpu": "GPU (its ports summed)", "port": "GPU port (a Y-cable's s
 def link_deviation(ops, rep, topo, scope="port"):
     """Bytes per GPU link and direction over the whole trace (all-to-alls aside), replayed with the recorded algorithm
     vs the trace's: the largest relative difference and the directions compared, per GPU, per port (a Y-cable) or per
-    sub-link. Which sub-link of a Y-cable carries an in-fabric chunk follows the operation's group number, a counter
-    a live communicator carries from one operation to the next, where each replayed operation starts afresh."""
+    sub-link. Each operation is replayed from the state the trace recorded at its start (Replay.as_traced, the row's
+    `turns`: the group counter, stripe rotors and multicast PSNs that decide which sub-link each frame takes)."""
     traced, simulated = {}, {}
     key = {"gpu": lambda lid: topo.links[lid]["a"], "port": lambda lid: (topo.links[lid]["a"], topo.links[lid]["plane"]),
            "sublink": lambda lid: lid}[scope]
     for op in ops:  # all-to-alls are raw flows; a group other than GPUs 0..m-1 is simulated on those
         if op["fabric_op"] == "alltoall" or op["members"] not in (None, list(range(op["n"]))):
             continue
-        for table, links in ((traced, op["links"]), (simulated, rep.run(op, op["algo"])["links"])):
+        for table, links in ((traced, op["links"]), (simulated, rep.as_traced(op)["links"])):
             for lid, (up, down) in links.items():
                 a = table.setdefault(key(lid), [0, 0])
                 a[0] += up

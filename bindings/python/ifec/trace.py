@@ -53,7 +53,9 @@ def split_by_gpu(row, topo):
         g = gpus.get(topo.links[lid]["a"])
         if g is None:
             continue
-        r = out.setdefault(g, dict(row, gpu_link_ids=[], gpu_link_up_bytes=[], gpu_link_down_bytes=[]))
+        t = row.get("turns") or {}
+        own = dict(t, stripe=t.get("stripe", [])[g:g + 1], multicast=t.get("multicast", [])[g:g + 1])
+        r = out.setdefault(g, dict(row, gpu_link_ids=[], gpu_link_up_bytes=[], gpu_link_down_bytes=[], turns=own))
         r["gpu_link_ids"].append(lid)
         r["gpu_link_up_bytes"].append(up)
         r["gpu_link_down_bytes"].append(down)

@@ -184,7 +184,6 @@ struct HostDaemon::Impl {
   std::map<uint32_t, std::unique_ptr<Hub>> group_hubs;  // the groups this GPU is the first of (gRPC threads)
 
   void start_endpoint();
-  // Frame bytes this GPU's interfaces sent so far, per plane.
   // Per fabric port: (topology link id, frame bytes sent, received) so far.
   std::vector<std::array<uint64_t, 3>> link_bytes() const {
     std::vector<std::array<uint64_t, 3>> out;
@@ -199,6 +198,7 @@ struct HostDaemon::Impl {
     }
     return out;
   }
+  // Frame bytes this GPU's interfaces sent so far, per plane.
   std::vector<uint64_t> plane_tx_bytes() const {
     std::vector<uint64_t> out(topo.num_planes, 0);
     for (const auto& p : rt->ports()) {
@@ -209,9 +209,18 @@ struct HostDaemon::Impl {
   }
   void run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
   void run_collective(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  // What a collective's row counts from: the byte counters and the state the endpoint and communicator carry from
+  // operation to operation (testbed::Turns), at its start.
+  struct OpStart {
+    std::vector<uint64_t> tx;
+    std::vector<std::array<uint64_t, 3>> links;
+    testbed::Turns turns;
+  };
+  OpStart op_start(const workloads::Communicator& c) const {
+    return {plane_tx_bytes(), link_bytes(), {c.group_turn(), {ep->stripe_turn()}, {ep->ech().next_psn()}}};
+  }
   v1::RunReply collective_reply(workloads::Communicator& c, const testbed::CollectivePoint& p,
-                                const workloads::CollArgs& a, const workloads::CollectiveResult& res,
-                                const std::vector<uint64_t>& tx0, const std::vector<std::array<uint64_t, 3>>& links0,
+                                const workloads::CollArgs& a, const workloads::CollectiveResult& res, const OpStart& at,
                                 bool given);
   grpc::Status attach_peer(const v1::AttachPeerRequest& q, v1::AttachPeerReply* out);
   grpc::Status reset_responder(const v1::ResetResponderRequest& q);
@@ -991,15 +1000,13 @@ void HostDaemon::Impl::run_collective(Group& grp, const v1::RunRequest& q, std::
           // Every rank holds its input before any rank starts (a peer's first store must not land before this rank's
           // own input is written, which would overwrite it). The byte counts start before the barrier: no peer's
           // frame of this operation can arrive before this rank entered it.
-          const auto tx0 = plane_tx_bytes();
-          const auto links0 = link_bytes();
-          c->bootstrap().barrier([this, c, a, p, reply, input, given, tx0, links0](workloads::Gathered g) {
+          c->bootstrap().barrier([this, c, a, p, reply, input, given, at = op_start(*c)](workloads::Gathered g) {
             if (!g.ok) {
               reply(error_reply("entry barrier: " + g.error));
               return;
             }
-            c->run(a, p.algo, [this, c, a, p, reply, tx0, links0, input, given](workloads::CollectiveResult res) {
-              v1::RunReply r = collective_reply(*c, p, a, res, tx0, links0, !input->empty());
+            c->run(a, p.algo, [this, c, a, p, reply, at, input, given](workloads::CollectiveResult res) {
+              v1::RunReply r = collective_reply(*c, p, a, res, at, !input->empty());
               if (!input->empty() && res.ok) {
                 r.set_output(ep->memory().window(a.window)->data + given->out, given->out_bytes);
               }
@@ -1014,8 +1021,7 @@ void HostDaemon::Impl::run_collective(Group& grp, const v1::RunRequest& q, std::
 // and its own output checked against the fp64 reference where it holds one.
 v1::RunReply HostDaemon::Impl::collective_reply(workloads::Communicator& c, const testbed::CollectivePoint& p,
                                                 const workloads::CollArgs& a, const workloads::CollectiveResult& res,
-                                                const std::vector<uint64_t>& tx0,
-                                                const std::vector<std::array<uint64_t, 3>>& links0, bool given) {
+                                                const OpStart& at, bool given) {
   const int n = c.size();
   testbed::CollectiveRow row;
   row.point = p;
@@ -1024,13 +1030,14 @@ v1::RunReply HostDaemon::Impl::collective_reply(workloads::Communicator& c, cons
   row.error = res.error;
   const std::vector<uint64_t> tx1 = plane_tx_bytes();
   for (size_t k = 0; k < tx1.size(); ++k) {
-    row.plane_tx_bytes.push_back(tx1[k] - tx0[k]);  // this rank's frames, FARE's included
+    row.plane_tx_bytes.push_back(tx1[k] - at.tx[k]);  // this rank's frames, FARE's included
   }
   row.gpu_links = link_bytes();
   for (size_t i = 0; i < row.gpu_links.size(); ++i) {
-    row.gpu_links[i][1] -= links0[i][1];
-    row.gpu_links[i][2] -= links0[i][2];
+    row.gpu_links[i][1] -= at.links[i][1];
+    row.gpu_links[i][2] -= at.links[i][2];
   }
+  row.turns = at.turns;
   const bool holds = p.kind != workloads::Collective::kReduce || c.rank() == a.root;
   if (res.ok && holds && !given) {
     // Broadcast: the reference is the root's input.

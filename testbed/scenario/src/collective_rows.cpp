@@ -149,6 +149,9 @@ std::string row_json(const CollectiveRow& r, const std::string& topology, const 
     up.push_back(l[1]);
     down.push_back(l[2]);
   }
+  common::JsonObject turns;
+  turns.add("group", r.turns.group).add("stripe", r.turns.stripe).add("multicast", r.turns.multicast);
+  o.add("turns", turns);
   o.add("gpu_link_ids", ids).add("gpu_link_up_bytes", up).add("gpu_link_down_bytes", down);
   o.add("frames_lost", r.frames_lost).add("frames_lost_link_down", r.frames_lost_link_down);
   o.add("faults", r.faults).add("wall_seconds", r.wall_seconds).add("sim_seconds", r.sim_seconds);

@@ -36,6 +36,27 @@ void validate_point(const CollectivePoint& p, uint64_t count, size_t es) {
   IFEC_CHECK(p.loss >= 0 && p.loss < 1, "loss " << p.loss << " outside [0, 1)");
   IFEC_CHECK(p.slot_pool > 0, "slot pool " << p.slot_pool << " must be > 0");
   IFEC_CHECK(p.slot_budget > 0, "slot budget " << p.slot_budget << " must be > 0");
+  IFEC_CHECK(p.start.group >= -1 && p.start.group <= 0xFFFF, "group turn " << p.start.group << " outside 0..65535");
+}
+
+// The carried state the point starts from (CollectivePoint::start), set and recorded in the row.
+void start_turns(Cluster& c, const CollectivePoint& p, int n, CollectiveRow& row) {
+  const Turns& t = p.start;
+  IFEC_CHECK(t.stripe.empty() || static_cast<int>(t.stripe.size()) == n,
+             t.stripe.size() << " stripe turns for " << n << " members (one each, or none)");
+  IFEC_CHECK(t.multicast.empty() || static_cast<int>(t.multicast.size()) == n,
+             t.multicast.size() << " multicast turns for " << n << " members (one each, or none)");
+  row.turns.group = t.group >= 0 ? t.group : IfecOptions{}.first_group;
+  for (int g = 0; g < n; ++g) {
+    if (!t.stripe.empty()) {
+      c.ep(g).set_stripe_turn(t.stripe[g]);
+    }
+    if (!t.multicast.empty()) {
+      c.ep(g).ech().set_next_psn(t.multicast[g]);
+    }
+    row.turns.stripe.push_back(c.ep(g).stripe_turn());
+    row.turns.multicast.push_back(c.ep(g).ech().next_psn());
+  }
 }
 
 CollectiveSpec spec_for(const CollectivePoint& p, int n, uint64_t count) {
@@ -120,6 +141,9 @@ CollectiveResult run_operation(Cluster& c, const CollectiveSpec& s, const Collec
   }
   IfecOptions io;
   io.slots_per_plane = p.slot_budget;
+  if (p.start.group >= 0) {
+    io.first_group = static_cast<uint16_t>(p.start.group);
+  }
   if (p.live_timing) {
     apply_live_timing(io);
   }
@@ -216,6 +240,7 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   const CollectiveSpec s = spec_for(p, n, row.count);
   if (c.runs_gpus()) {
     prepare_windows(c, p, s);
+    start_turns(c, p, n, row);
   }
   for (const std::string& f : p.fail) {
     const LinkEvent e = parse_link_event(topo, f, false);

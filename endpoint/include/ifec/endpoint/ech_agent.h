@@ -237,6 +237,8 @@ class EchAgent {
   void accept_multicast(uint16_t window, int source, uint32_t psn_from);
   // The PSN the next multicast's first packet will carry (sources publish it so destinations can call the above).
   uint32_t next_psn() const { return next_psn_; }
+  // A replay starts where a traced operation found it (a packet's sub-link follows its PSN).
+  void set_next_psn(uint32_t psn) { next_psn_ = psn & 0xFFFFFF; }
 
   // Every ECH frame this endpoint receives.
   void receive(int port, const common::ParsedFrame& pf, const uint8_t* frame);

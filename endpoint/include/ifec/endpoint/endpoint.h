@@ -203,6 +203,10 @@ class Endpoint {
   // tail store by store. A caller that decides the order of `stores` stores of `len` bytes now but posts them later
   // (a bounded number ahead per peer) takes their turns here, the first returned, and names each store's own:
   // they spread exactly as if posted at once. Takes none (returns the next) where such a store does not stripe.
+  // Where the rotation stands (the next store's turn): a trace records it at an operation's start and a replay
+  // starts there, so the replayed stores stripe as the traced ones did.
+  uint64_t stripe_turn() const { return stripe_rotor_; }
+  void set_stripe_turn(uint64_t turn) { stripe_rotor_ = turn; }
   uint64_t take_stripe_turns(uint64_t stores, size_t len);
   // `dst` must stay valid until the handle completes.
   OpHandle load(void* dst, int peer, uint16_t window, uint64_t offset, size_t len);

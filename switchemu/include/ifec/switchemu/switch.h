@@ -146,8 +146,9 @@ class Switch {
   // The IFEC engine (null when disabled).
   IfecEngine* ifec() { return ifec_.get(); }
   const IfecEngine* ifec() const { return ifec_.get(); }
-  // Forwards a frame the switch itself originates (the IFEC engine's results, ACKs, replicas).
-  void inject(std::vector<uint8_t>&& frame);
+  // Forwards a frame the switch itself originates (the IFEC engine's results, ACKs, replicas); `spray` names the
+  // member of equal next hops it takes (IfecEngine::Emit) where packets are sprayed.
+  void inject(std::vector<uint8_t>&& frame, uint64_t spray = IfecEngine::kSwitchChooses);
   const SwitchConfig& config() const { return cfg_; }
   common::MacAddress port_mac(int port) const;
   // Priority a frame with this DSCP is queued in (lossless class for RoCE's DSCP 26, 0 otherwise).
@@ -182,10 +183,13 @@ class Switch {
   // Time a frame toward `dst_ip` queued now waits here before it leaves (the busiest next-hop port's backlog).
   common::TimeNs backlog_ns(uint32_t dst_ip) const;
   // Forwarding from FIB lookup on; in_port -1 for frames the switch originates (no PFC ingress accounting).
-  void forward(int in_port, std::vector<uint8_t>&& frame, const common::L3View& l3);
+  void forward(int in_port, std::vector<uint8_t>&& frame, const common::L3View& l3,
+               uint64_t spray = IfecEngine::kSwitchChooses);
   void handle_pfc(int in_port, const std::vector<uint8_t>& frame);
   int choose(Group& g, uint64_t flow_hash);
   int choose_live(Group& g, uint64_t flow_hash);
+  int choose_sprayed(const Group& g, uint64_t spray) const;
+  static int weighted_pick(const Group& g, uint64_t hash);
   void enqueue(int out_port, int prio, Packet&& pkt);
   void transmit(int port);
   void send_pfc(int port, int prio, bool pause);

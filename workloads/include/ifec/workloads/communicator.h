@@ -43,6 +43,7 @@ struct IfecOptions {
   uint32_t row_window = 64;         // batch reduction: contributions in flight per plane, in the batch's global order
   int max_rounds = 3;               // in-fabric rounds (the first and redos) before the endpoint path takes the rest
   endpoint::EchTiming timing;       // retransmission and RNR back-off of contributions and packets
+  uint16_t first_group = 1;         // a new communicator's group counter (group_turn); a replay sets the traced one
 };
 
 struct CommOptions {
@@ -165,6 +166,10 @@ class Communicator : private endpoint::EndpointSubscriber {
   void set_options(const CommOptions& o);
   common::Clock& clock() { return ep_.clock(); }
   uint16_t next_group() { return next_group_++; }
+  // The counter the next in-fabric operation numbers its switch groups from (it picks, among other things, the
+  // Y-cable sub-link of each chunk): a trace records it at an operation's start, a replay starts there
+  // (IfecOptions::first_group).
+  uint16_t group_turn() const { return next_group_; }
 
   // Stores that landed here while no operation ran, or that the running one did not claim (a peer started the
   // next one first), oldest first; the next operation is offered them (CommOptions::keep_early_arrivals).

@@ -18,6 +18,17 @@ namespace ifec::testbed {
 using workloads::Algo;
 using workloads::Collective;
 
+// The state a fabric carries from one operation to the next that decides which sub-link each frame takes: the
+// in-fabric group counter of the first rank's communicator (chunk c of group g travels sub-link (c + g) mod n, up
+// and down), and each member's endpoint stripe rotor (which QP a store's stripes start on) and next multicast PSN (a
+// packet's sub-link follows its PSN). A row records where its operation started; a point starts there (a replay of a
+// trace) or, where a field is -1 or empty, from a fresh fabric's.
+struct Turns {
+  int group = -1;
+  std::vector<uint64_t> stripe;     // per member, in member order
+  std::vector<uint32_t> multicast;  // per member
+};
+
 struct CollectivePoint {
   Collective kind = Collective::kAllReduce;
   Algo algo = Algo::kIfec;  // ring|tree|rd|oneshot|best (endpoint algorithms) or ifec
@@ -38,6 +49,7 @@ struct CollectivePoint {
   // real payloads, nothing computed or checked; the row says "timing only".
   bool elided_payloads = false;
   int threads = 0;  // the simulated driver's ClusterOptions::threads (0: one event loop; N: partitioned on N threads)
+  Turns start;      // where the carried state starts (a replay sets the traced operation's); fresh by default
 };
 
 struct CollectiveRow {
@@ -71,6 +83,7 @@ struct CollectiveRow {
   uint64_t sim_events = 0;
   uint64_t frame_hops = 0;
   bool modelled = false;  // extrapolated from simulated rows, not simulated
+  Turns turns;            // the carried state the operation started from (a live rank's row: its own)
 };
 
 // Writes elements first..first+count-1 of the input member `member` of a point starts with to `out`: each element a
