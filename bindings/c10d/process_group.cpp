@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "ifec/live/tls.h"
 #include "ifec/v1/control.grpc.pb.h"
 
 namespace ifec::c10d_backend {
@@ -234,13 +235,19 @@ class Runner {
     }
     cv_.notify_all();
   }
+  // The rank's certificate (IFEC_TLS=DIR: DIR/ca.pem, rank.pem, rank.key; torchrun sets it), or plaintext where
+  // IFEC_TLS is unset (a testbed brought up --insecure).
+  static std::shared_ptr<grpc::ChannelCredentials> credentials() {
+    const char* dir = std::getenv("IFEC_TLS");
+    return live::channel_credentials({dir ? dir : "", "rank", dir == nullptr || *dir == 0});
+  }
   v1::Host::Stub& stub(const std::string& address) {  // only on the worker
     auto& s = stubs_[address];
     if (!s) {
       grpc::ChannelArguments args;
       args.SetMaxReceiveMessageSize(kMaxMessageBytes);
       args.SetMaxSendMessageSize(kMaxMessageBytes);
-      s = v1::Host::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+      s = v1::Host::NewStub(grpc::CreateCustomChannel(address, credentials(), args));
     }
     return *s;
   }

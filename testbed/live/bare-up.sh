@@ -9,7 +9,10 @@
 # PID and by name, whatever happens (SIGINT/SIGTERM go to COMMAND first). Its exit status is COMMAND's (0 without
 # one; 128 + the signal's number when one ended it). Needs root and iproute2 (BIN_DIR/ip, with BIN_DIR/../lib, where
 # the machine has none); one run at a time (its PID in a lock file). Daemon logs:
-# ${IFEC_BARE_LOGS:-/tmp/ifec-bare}/NODE.log.
+# ${IFEC_BARE_LOGS:-/tmp/ifec-bare}/NODE.log. The control plane: mutual TLS with the certificates in
+# $IFEC_BARE_TLS (ca.pem, NODE.pem/.key per node, as ifec.pki makes them) where it is set; otherwise plaintext
+# (--insecure, said in every daemon's log): the management bridge is this machine's alone, but any process on it
+# can then reach every daemon.
 set -u
 BRIDGE=ifecbare0
 LOCK=${IFEC_BARE_LOCK:-/run/ifec-bare.lock}
@@ -114,7 +117,8 @@ GPUS=()
 while read -r kind a b c d _; do
   [ "$kind" = node ] || continue
   prog=ifec-switchd; [ "$d" = gpu ] && { prog=ifec-hostd; GPUS+=("$a"); }
-  "${IP[@]}" netns exec "ifec-$a" "$BIN/$prog" --topo "$TOPO" --node "$a" > "$LOGS/$a.log" 2>&1 &
+  "${IP[@]}" netns exec "ifec-$a" "$BIN/$prog" --topo "$TOPO" --node "$a" \
+    $([ -n "${IFEC_BARE_TLS:-}" ] && echo "--tls-dir $IFEC_BARE_TLS" || echo --insecure) > "$LOGS/$a.log" 2>&1 &
   PIDS+=($!)
 done <<< "$PLAN"
 echo "bare-up: ${#NSES[@]} namespaces, $(grep -c '^link' <<< "$PLAN") links, ${#PIDS[@]} daemons (pids" \

@@ -59,6 +59,49 @@ def _grpc():
     return grpc, control_pb2, control_pb2_grpc
 
 
+def rpc_roles(service):
+    """rpc name -> the roles that may call it, from control.proto's `roles` options (the one table)."""
+    _, pb, _ = _grpc()
+    return {name: set(m.GetOptions().Extensions[pb.roles].split())
+            for name, m in pb.DESCRIPTOR.services_by_name[service].methods_by_name.items()}
+
+
+class _RoleStub:
+    """A daemon's stub whose rpcs each present the certificate of the first of viewer, operator, rank that may call
+    it (or of one role for all: as_role), over one channel per role; plaintext where tls_dir is None."""
+    CLIENT_ROLES = ("viewer", "operator", "rank")
+
+    def __init__(self, address, service, tls_dir, role=None, stubs=None):
+        self._address, self._service, self._tls, self._role = address, service, tls_dir, role
+        self._by_role = {} if stubs is None else stubs
+        self._roles = rpc_roles(service)
+
+    def as_role(self, role):
+        return self if role is None else _RoleStub(self._address, self._service, self._tls, role, self._by_role)
+
+    def _stub(self, role):
+        if role not in self._by_role:
+            grpc, _, rpc = _grpc()
+            # Reconnects within a second once a daemon listens (gRPC's default back-off grows to two minutes: a
+            # bring-up that asked before the daemons were up would wait that long), and messages up to 1 GiB.
+            opts = [("grpc.max_receive_message_length", 1 << 30), ("grpc.max_send_message_length", 1 << 30),
+                    ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000)]
+            if self._tls is None:
+                ch = grpc.insecure_channel(self._address, options=opts)
+            else:
+                from . import pki
+                ch = grpc.secure_channel(self._address, pki.grpc_credentials(self._tls, role), options=opts)
+            self._by_role[role] = getattr(rpc, self._service + "Stub")(ch)
+        return self._by_role[role]
+
+    def __getattr__(self, name):
+        if name not in self._roles:
+            raise AttributeError(f"the {self._service} service has no rpc {name}")
+        role = self._role or next((r for r in self.CLIENT_ROLES if r in self._roles[name]), self.CLIENT_ROLES[0])
+        return getattr(self._stub(None if self._tls is None else role), name)
+
+
 def _bin_dir():
     here = pathlib.Path(__file__).resolve().parent  # build/python/ifec
     return pathlib.Path(os.environ.get("IFEC_BIN_DIR", here.parent.parent / "bin"))
@@ -69,7 +112,7 @@ class LiveFabric:
 
     driver = "live"  # what its rows say produced them
 
-    def __init__(self, topology_file, log_dir=None, ready_timeout=60.0, frr=()):
+    def __init__(self, topology_file, log_dir=None, ready_timeout=60.0, frr=(), insecure=False, tls_dir=None):
         self.topology_file = str(pathlib.Path(topology_file).resolve())
         self.topo = _native.load_topology(self.topology_file)
         self.nodes = self.topo.nodes
@@ -84,6 +127,8 @@ class LiveFabric:
         self.hosts = {}
         self.procs = {}
         self._stubs = {}
+        # The control plane's certificates (ifec.pki; made by up() unless given): None with insecure (plaintext).
+        self.tls_dir = None if insecure else pathlib.Path(tls_dir or self.log_dir / "tls")
 
     # ------------------------------------------------------------------------------------------- bring-up --
 
@@ -121,6 +166,7 @@ class LiveFabric:
             _check_stop(should_stop)
             progress(f"live: {len(self.nodes)} hosts, {len(self.links)} links, management bridge {MGMT_BRIDGE} "
                      f"({time.time() - t0:.1f} s)")
+            self._make_certificates(progress)
             self._start_daemons()
             self._wait_ready(progress, should_stop)
             progress(f"live: every daemon ready, FARE converged ({time.time() - t0:.1f} s)")
@@ -150,6 +196,19 @@ class LiveFabric:
                 self.frr[name] = frr.FrrNode(self.topo, name, self.hosts[name], self.log_dir)
                 self.frr[name].configure()
 
+    def _make_certificates(self, progress):
+        """A fresh CA and certificates for every daemon (its management address and name) and client role."""
+        if self.tls_dir is None:
+            progress("live: --insecure: the control plane is plaintext, without certificates or roles")
+            return
+        from . import pki
+        pki.make(self.tls_dir, {nd["name"]: [self.address(nd).rsplit(":", 1)[0]] for nd in self.nodes
+                                if nd["name"] not in self.frr_names}, progress=progress)
+
+    def tls_args(self):
+        """A daemon's certificate options: --tls-dir, or --insecure."""
+        return ["--insecure"] if self.tls_dir is None else ["--tls-dir", str(self.tls_dir)]
+
     def _start_daemons(self):
         for nd in self.nodes:
             self.start(nd["name"])
@@ -177,7 +236,8 @@ class LiveFabric:
         prog = "ifec-hostd" if nd["kind"] == "gpu" else "ifec-switchd"
         log = open(self.log_dir / f"{node}.log", "a")
         self.procs[node] = self.hosts[node].popen(
-            [str(_bin_dir() / prog), "--topo", self.topology_file, "--node", node, *self.daemon_args(nd)],
+            [str(_bin_dir() / prog), "--topo", self.topology_file, "--node", node, *self.tls_args(),
+             *self.daemon_args(nd)],
             stdout=log, stderr=subprocess.STDOUT)
         self._stubs.pop(node, None)
         self._record()
@@ -225,7 +285,10 @@ class LiveFabric:
 
     # ------------------------------------------------------------------------------------------ control --
 
-    def stub(self, node):
+    def stub(self, node, role=None):
+        """Node's daemon's gRPC stub. Each rpc presents the certificate of a role that may call it (control.proto's
+        `roles`: viewer for reads, operator for links and loss, rank for collectives, windows and peer operations),
+        or `role`'s for every rpc (what the security tests use to be refused)."""
         grpc, pb, rpc = _grpc()
         if node in self.frr:
             f = self.frr[node]
@@ -233,9 +296,9 @@ class LiveFabric:
             raise LiveError(f"{node} runs FRR, not an ifec daemon: ask it with {how} -c 'show bgp summary'")
         if node not in self._stubs:
             nd = self.node(node)
-            ch = grpc.insecure_channel(self.address(nd))
-            self._stubs[node] = (rpc.HostStub(ch) if nd["kind"] == "gpu" else rpc.SwitchStub(ch))
-        return self._stubs[node]
+            self._stubs[node] = _RoleStub(self.address(nd), "Host" if nd["kind"] == "gpu" else "Switch",
+                                          self.tls_dir)
+        return self._stubs[node].as_role(role)
 
     def address(self, nd):
         """Where node `nd`'s daemon serves gRPC (its management address)."""
@@ -258,6 +321,10 @@ class LiveFabric:
                                                 preserving_proto_field_name=True)
             except grpc.RpcError as e:
                 out[nd["name"]] = dict(ready=False, error=f"{e.code().name}: {e.details()}")
+                # A TLS channel whose first connection met a daemon not yet listening can stay failing after it
+                # listens (grpcio 1.51): the next ask goes over a new one.
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._stubs.pop(nd["name"], None)
         return out
 
     def run(self, what="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32", op="sum", root=0, seed=1,
@@ -616,7 +683,7 @@ def attach():
     if not st.get("ready", True):
         raise LiveError(f"the live testbed is still coming up (supervisor {st['supervisor']}); wait for "
                         "./ifec live up, or ./ifec live down")
-    fab = _Attached(st["topology"], log_dir=st["log_dir"])
+    fab = _Attached(st["topology"], log_dir=st["log_dir"], insecure=not st.get("tls_dir"), tls_dir=st.get("tls_dir"))
     fab.host_pids = st.get("host_pids", {})
     if st.get("frr"):
         from . import frr
@@ -633,7 +700,7 @@ def _write_state(**state):
     tmp.replace(_state_file())
 
 
-def _serve(topology_file, log_dir, frr=()):
+def _serve(topology_file, log_dir, frr=(), insecure=False):
     progress_file = pathlib.Path(log_dir) / "progress.log"
     prog = open(progress_file, "a", buffering=1)
     # The handlers only note the stop: the bring-up asks between its steps (an exception raised inside Mininet's
@@ -644,7 +711,7 @@ def _serve(topology_file, log_dir, frr=()):
     try:
         # The state names this supervisor from the start, so `down` finds a bring-up still under way.
         _write_state(topology=str(topology_file), log_dir=str(log_dir), supervisor=os.getpid(), ready=False)
-        fab = LiveFabric(topology_file, log_dir=log_dir, frr=frr)
+        fab = LiveFabric(topology_file, log_dir=log_dir, frr=frr, insecure=insecure)
         fab.up(progress=lambda line: prog.write(line + "\n"), should_stop=lambda: bool(stop))
     except Exception as e:
         _state_file().unlink(missing_ok=True)
@@ -655,7 +722,8 @@ def _serve(topology_file, log_dir, frr=()):
         _write_state(topology=fab.topology_file, log_dir=str(fab.log_dir), supervisor=os.getpid(), ready=True,
                      host_pids={n: h.pid for n, h in fab.hosts.items()},
                      frr={n: f.pathspace for n, f in fab.frr.items()},
-                     daemon_pids={n: p.pid for n, p in fab.procs.items()})
+                     daemon_pids={n: p.pid for n, p in fab.procs.items()},
+                     tls_dir=str(fab.tls_dir) if fab.tls_dir else None)
     requests = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:  # whatever happens from here on, the testbed comes down with this process
         _supervisor_socket().unlink(missing_ok=True)
@@ -758,7 +826,7 @@ def _cmd_up(args):
             if not any(n["name"] == name for n in topo.nodes):
                 raise LiveError(f"--frr {args.frr}: no node '{name}' in {topo_file}")
     sup = subprocess.Popen([sys.executable, "-m", "ifec.live", "_serve", str(topo_file), str(log_dir),
-                            "--frr", args.frr],
+                            "--frr", args.frr, *(["--insecure"] if args.insecure else [])],
                            start_new_session=True, stdout=open(log_dir / "supervisor.log", "w"),
                            stderr=subprocess.STDOUT, env=env)
     shown, t0 = 0, time.time()
@@ -1115,18 +1183,24 @@ def main(argv=None):
     up.add_argument("--timeout", type=float, default=120)
     up.add_argument("--frr", default="", help="NODE[,NODE...]: these nodes run FRR's zebra and bgpd instead of an "
                                                "ifec daemon (a switch's or a GPU's routing stack; ifec.frr)")
+    up.add_argument("--insecure", action="store_true",
+                    help="plaintext gRPC, no certificates or roles (every daemon says so loudly in its log)")
     handlers = add_fabric_commands(sub)
     sub.add_parser("down", help="take everything down")
+    sub.add_parser("security", help="every kind of caller against a switchd and a hostd: the control plane's "
+                                    "security matrix, checked against control.proto's roles table")
     serve = sub.add_parser("_serve")
     serve.add_argument("file")
     serve.add_argument("logs")
     serve.add_argument("--frr", default="")
+    serve.add_argument("--insecure", action="store_true")
     a = p.parse_args(argv)
     a.attach = attach
     try:
         if a.cmd == "_serve":
-            return _serve(a.file, a.logs, [n for n in a.frr.split(",") if n])
-        return dict(handlers, up=_cmd_up, down=_cmd_down)[a.cmd](a)
+            return _serve(a.file, a.logs, [n for n in a.frr.split(",") if n], a.insecure)
+        from . import security
+        return dict(handlers, up=_cmd_up, down=_cmd_down, security=lambda _: security.main())[a.cmd](a)
     except (LiveError, ValueError) as e:  # ValueError: IfecError from the native side names the bad value
         print(f"live: {e}", file=sys.stderr)
         return 1

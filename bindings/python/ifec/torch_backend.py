@@ -12,6 +12,8 @@ process group is C++ (ifec._c10d, a c10d ProcessGroup of PyTorch 1.13). The envi
   IFEC_TIMEOUT  seconds an operation may take before it fails naming hostd (default 120; the group's own timeout
                 where that is shorter)
   IFEC_TRACE    a folder: each rank appends its operations to rank<R>.jsonl there (docs/torch-backend.md)
+  IFEC_TLS      the testbed's certificates (set by torchrun): the rank presents DIR/rank.pem, trusting DIR/ca.pem;
+                unset, it speaks plaintext (a testbed brought up --insecure)
 """
 import os
 import pathlib
@@ -35,6 +37,12 @@ def _create(store, rank, size, timeout):
     """torch.distributed's factory for the backend: (prefix store, group rank, group size, timeout) -> group."""
     from . import _c10d
     hostd = _setting("IFEC_HOSTD")
+    if os.environ.get("IFEC_TLS"):
+        from . import pki
+        try:
+            pki.client_files(os.environ["IFEC_TLS"], "rank")
+        except pki.PkiError as e:
+            raise RuntimeError(f"ifec: IFEC_TLS={os.environ['IFEC_TLS']}: {e}")
     algo = _setting("IFEC_ALGO", "ifec")
     if algo not in ALGOS:
         raise RuntimeError(f"ifec: IFEC_ALGO={algo!r} is not one of {', '.join(ALGOS)}")

@@ -2,7 +2,8 @@
 
 Rank r runs in GPU r's network namespace (the Mininet host its hostd runs in) with the environment torch.distributed
 expects (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR / MASTER_PORT: rank 0's management address,
-where its TCPStore listens) and the backend's (IFEC_HOSTD: its hostd; IFEC_ALGO, IFEC_TRACE, IFEC_TIMEOUT), and
+where its TCPStore listens) and the backend's (IFEC_HOSTD: its hostd; IFEC_TLS: the testbed's certificates; IFEC_ALGO,
+IFEC_TRACE, IFEC_TIMEOUT), and
 with the `ifec` backend registered before the script starts (`python3 -m ifec.torchrun --rank-entry`), so
 `dist.init_process_group("ifec")` needs no import. Output comes back line by line, prefixed by rank; the launcher
 exits with the worst rank's status, and once a rank failed, ends the others after a grace period.
@@ -35,6 +36,10 @@ def rank_env(fab, rank, nproc, master_addr, master_port=29500, algo="ifec", trac
                IFEC_HOSTD=fab.address(me), IFEC_NODE=me["name"], IFEC_GPU=str(me["gpu"]), IFEC_ALGO=algo,
                OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p))
+    if getattr(fab, "tls_dir", None):  # the rank's certificate (role rank), as every hostd requires one
+        env["IFEC_TLS"] = str(fab.tls_dir)
+    else:
+        env.pop("IFEC_TLS", None)
     if trace:
         env["IFEC_TRACE"] = str(pathlib.Path(trace).resolve())
     if timeout:

@@ -11,7 +11,9 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/common/ipv4.h"
+#include "ifec/live/daemons.h"
 #include "ifec/live/node_runtime.h"
+#include "ifec/live/tls.h"
 #include "ifec/v1/control.grpc.pb.h"
 
 namespace ifec::live {
@@ -73,19 +75,31 @@ inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
 // The largest gRPC message a daemon takes or sends (a collective's input or output on the caller's data).
 constexpr int kMaxMessageBytes = 1 << 30;
 
-// Starts a gRPC server for `service` on `listen`; throws Error naming the node and address when it cannot.
-inline std::unique_ptr<grpc::Server> start_server(const std::string& node, const std::string& listen,
+// Starts a gRPC server for `service` on `listen` with the daemon's credentials (mutual TLS and roles, or plaintext,
+// said on stderr), and makes them this process's client credentials too; throws Error naming the node and address
+// when it cannot.
+inline std::unique_ptr<grpc::Server> start_server(const DaemonOptions& o, const std::string& listen,
                                                   grpc::Service* service) {
+  IFEC_CHECK(!o.tls_dir.empty() || o.insecure,
+             "node " << o.node << ": no certificates (tls_dir) and not insecure: refusing to serve " << listen);
+  const TlsConfig tls{o.tls_dir, o.node, o.insecure};
+  if (o.insecure) {
+    std::fprintf(stderr,
+                 "%s: WARNING: --insecure: gRPC on %s is PLAINTEXT with no client certificates and no roles: anyone "
+                 "who reaches it can fail links, inject loss, read GPU memory and run collectives\n",
+                 o.node.c_str(), listen.c_str());
+  }
+  set_process_tls(tls);
   grpc::ServerBuilder b;
   int port = 0;
-  b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  b.AddListeningPort(listen, server_credentials(tls), &port);
   b.RegisterService(service);
   // A torch.distributed bucket of gradients arrives in one Run request (RunRequest.input): not gRPC's 4 MiB default.
   b.SetMaxReceiveMessageSize(kMaxMessageBytes);
   b.SetMaxSendMessageSize(kMaxMessageBytes);
   std::unique_ptr<grpc::Server> s = b.BuildAndStart();
   IFEC_CHECK(s != nullptr && port != 0,
-             "node " << node << ": cannot listen on " << listen << " (address in use, or not on this host?)");
+             "node " << o.node << ": cannot listen on " << listen << " (address in use, or not on this host?)");
   return s;
 }
 

@@ -16,7 +16,7 @@ namespace {
 const char* kUsage =
     "usage: %s --topo FILE --node NAME [--listen ADDR] [--netns NAME] [--loopback-mgmt]\n"
     "          [--mgmt-names] [--links-by-subnet BASE] [--guest-mac MAC]\n"
-    "          [--external-peers GPU[,GPU...]]\n"
+    "          [--external-peers GPU[,GPU...]] (--tls-dir DIR | --insecure)\n"
     "  --topo FILE       the topology (YAML) every daemon of the fabric runs from; env:NAME reads it from\n"
     "                    environment variable NAME (containers)\n"
     "  --node NAME       the topology node this daemon is (%s)\n"
@@ -30,7 +30,11 @@ const char* kUsage =
     "                    whose interfaces Docker names; BASE an IPv4 address, e.g. 10.64.0.0)\n"
     "  --guest-mac MAC   hostd: the GPU is an external RDMA peer (a Soft-RoCE guest) sharing the node's\n"
     "                    interface: speak FARE for it under MAC, run no endpoint (testbed/rxe)\n"
-    "  --external-peers GPU[,GPU...]  hostd: these GPUs are external RDMA peers, not ranks (testbed/rxe)\n";
+    "  --external-peers GPU[,GPU...]  hostd: these GPUs are external RDMA peers, not ranks (testbed/rxe)\n"
+    "  --tls-dir DIR     mutual TLS: DIR holds ca.pem (the testbed's CA) and NAME.pem / NAME.key, this node's\n"
+    "                    certificate (the bring-up makes them, ifec.pki); clients need a certificate of that CA\n"
+    "                    whose role may call the rpc (control.proto's roles)\n"
+    "  --insecure        plaintext gRPC, no certificates, no roles: anyone who reaches the address may do anything\n";
 
 }  // namespace
 
@@ -69,6 +73,10 @@ bool parse_daemon_options(int argc, char** argv, DaemonOptions* o, const char* w
         o->external_peers.push_back(v.substr(at, comma - at));
         at = comma + 1;
       }
+    } else if (a == "--tls-dir") {
+      value(&o->tls_dir);
+    } else if (a == "--insecure") {
+      o->insecure = true;
     } else if (a == "--mgmt-names") {
       o->mgmt_names = true;
     } else if (a == "--links-by-subnet") {
@@ -87,6 +95,9 @@ bool parse_daemon_options(int argc, char** argv, DaemonOptions* o, const char* w
   }
   IFEC_CHECK(!o->topology_file.empty(), "--topo FILE is required");
   IFEC_CHECK(!o->node.empty(), "--node NAME is required");
+  IFEC_CHECK(!o->tls_dir.empty() || o->insecure,
+             "--tls-dir DIR (the control plane's certificates) or --insecure (plaintext) is required");
+  IFEC_CHECK(o->tls_dir.empty() || !o->insecure, "--tls-dir and --insecure exclude each other");
   return true;
 }
 

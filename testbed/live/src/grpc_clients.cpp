@@ -7,6 +7,7 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/live/node_runtime.h"
+#include "ifec/live/tls.h"
 #include "proto_convert.h"
 
 namespace ifec::live {
@@ -28,7 +29,7 @@ std::shared_ptr<grpc::Channel> daemon_channel(const std::string& address) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(address, process_channel_credentials(), args);
 }
 
 std::chrono::system_clock::time_point deadline_after(common::TimeNs ns) {

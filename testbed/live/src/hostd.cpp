@@ -250,11 +250,19 @@ class HostService final : public v1::Host::Service {
       return grpc::Status::OK;
     });
   }
-  grpc::Status ReadWindow(grpc::ServerContext*, const v1::ReadWindowRequest* q, v1::ReadWindowReply* out) override {
+  grpc::Status ReadWindow(grpc::ServerContext* ctx, const v1::ReadWindowRequest* q, v1::ReadWindowReply* out) override {
+    const Identity caller = caller_identity(ctx);
     return on_loop(d_.rt->loop(), name_, [&] {
       const endpoint::WindowInfo* w = d_.ep ? d_.ep->memory().window(static_cast<uint16_t>(q->window())) : nullptr;
       if (w == nullptr) {
         return grpc::Status(grpc::StatusCode::NOT_FOUND, name_ + ": no window " + std::to_string(q->window()));
+      }
+      // A rank reads its own job's windows (and the default partition's, where external peers' live); insecure,
+      // anyone reads any.
+      if (caller.role == "rank" && w->job != caller.job && w->job != common::job_of_pkey(0xFFFF)) {
+        return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                            name_ + ": a rank of job " + std::to_string(caller.job) + " may not read window " +
+                                std::to_string(q->window()) + " of job " + std::to_string(w->job));
       }
       if (q->length() > (1u << 20) || q->offset() > w->size || q->length() > w->size - q->offset()) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -1099,7 +1107,7 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   }
   d.service = std::make_unique<HostService>(d);
   const std::string listen = listen_address(d.o, d.rt->node());
-  d.server = start_server(d.o.node, listen, d.service.get());
+  d.server = start_server(d.o, listen, d.service.get());
   d.metrics = std::make_unique<MetricsServer>(d.rt->loop(), metrics_address(d.o, d.rt->node()), [&d] {
     return d.rt->render_metrics(d.ready_error.empty(), [&d](const std::string& node) {
       if (!d.ep) {

@@ -53,6 +53,7 @@ class SwitchdTest : public testing::Test {
     opts_.node = "p0-sw";
     opts_.netns = sw_ns_->name();
     opts_.mgmt_loopback = true;
+    opts_.insecure = true;  // plaintext here; mutual TLS and roles: bindings/tests/test_live_security.py
     daemon_ = std::make_unique<live::SwitchDaemon>(opts_);
     thread_ = std::thread([this] { daemon_->run(); });
     control_ = std::make_unique<live::GrpcControl>(

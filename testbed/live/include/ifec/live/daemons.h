@@ -29,6 +29,10 @@ struct DaemonOptions {
   std::vector<std::string> external_peers;
   std::vector<std::string> node_names;  // the topology's, by node index (the daemons fill it: mgmt_names uses it)
   common::TimeNs rpc_deadline_ns = 5'000'000'000ULL;
+  // The control plane's certificates (ifec/live/tls.h): a folder with ca.pem and NODE.pem / NODE.key, or insecure
+  // (plaintext, no roles; said loudly at start). One of them is required.
+  std::string tls_dir;
+  bool insecure = false;
 };
 
 // Where a daemon of `node` is reached under `o` (the management plan, loopback ports for tests, or its node name

@@ -1,0 +1,157 @@
+"""The control plane's security matrix (`./ifec live security`; bindings/tests/test_live_security.py): every kind of
+caller against a switchd and a hostd, each call's outcome against what control.proto's roles table says.
+
+Callers: plaintext, TLS without a client certificate, a certificate from another CA, an expired certificate of the
+testbed's CA, a certificate naming no role, and each role (viewer, operator, rank of the testbed's job, a rank of
+another job, a daemon). Calls: reads (Status, Routes, Counters), the operator's SetLoss and SetLink (harmless: loss
+0, a link that is up set up), the daemons' Reserve (an empty reservation: refused by the handler if let through)
+and ReadWindow of a window of job 1. Outcomes:
+    refused   the TLS handshake failed (UNAVAILABLE): nothing was served
+    denied    PERMISSION_DENIED from the role check (or a rank reading another job's window)
+    allowed   the handler ran (OK, or its own error about the request)
+"""
+import datetime
+import pathlib
+import sys
+import tempfile
+
+from . import live, pki
+
+CALLS = (("Switch", "Status"), ("Switch", "Routes"), ("Switch", "SetLoss"), ("Switch", "SetLink"),
+         ("Switch", "Reserve"), ("Host", "Status"), ("Host", "Counters"), ("Host", "SetLink"), ("Host", "ReadWindow"))
+# The callers every call of theirs should find refused at the handshake (the rest: as the roles table says).
+HANDSHAKE_REFUSED = ("plaintext", "no certificate", "another CA", "expired")
+
+
+def _callers(fab, folder):
+    """Certificates of the odd callers, made in `folder` (the testbed's own roles' are in fab.tls_dir)."""
+    folder = pathlib.Path(folder)
+    pki.make_ca(folder / "other")
+    pki.issue(folder, "another-ca", pki.identity("viewer"), ca_folder=folder / "other")
+    long_ago = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=40)
+    pki.issue(folder, "expired", pki.identity("viewer"), days=1, valid_from=long_ago, ca_folder=fab.tls_dir)
+    pki.issue(folder, "no-role", "intruder", ca_folder=fab.tls_dir)
+    pki.issue(folder, "rank-job2", pki.identity("rank", 2), ca_folder=fab.tls_dir)
+    return {"plaintext": None, "no certificate": (None, None), "another CA": folder / "another-ca",
+            "expired": folder / "expired", "no role": folder / "no-role", "viewer": fab.tls_dir / "viewer",
+            "operator": fab.tls_dir / "operator", "rank": fab.tls_dir / "rank", "rank of job 2": folder / "rank-job2",
+            "daemon": fab.tls_dir / gpu_node(fab)}
+
+
+def gpu_node(fab):
+    return next(n["name"] for n in fab.nodes if n["kind"] == "gpu" and n["name"] not in fab.frr_names)
+
+
+def _stub(fab, node, cert):
+    grpc, _, rpc = live._grpc()
+    nd = fab.node(node)
+    addr = fab.address(nd)
+    if cert is None:
+        ch = grpc.insecure_channel(addr)
+    else:
+        ca = (fab.tls_dir / "ca.pem").read_bytes()
+        if cert == (None, None):
+            creds = grpc.ssl_channel_credentials(ca)
+        else:
+            creds = grpc.ssl_channel_credentials(ca, pathlib.Path(f"{cert}.key").read_bytes(),
+                                                 pathlib.Path(f"{cert}.pem").read_bytes())
+        ch = grpc.secure_channel(addr, creds)
+    return (rpc.HostStub if nd["kind"] == "gpu" else rpc.SwitchStub)(ch), ch
+
+
+def _request(rpc):
+    _, pb, _ = live._grpc()
+    if rpc == "SetLoss":
+        return pb.SetLossRequest(port=0, probability=0.0)
+    if rpc == "SetLink":  # port 0's link, which is up: set up again
+        return pb.SetLinkRequest(port=0, up=True)
+    if rpc == "Reserve":
+        return pb.GroupReservation()
+    if rpc == "ReadWindow":
+        return pb.ReadWindowRequest(window=1, offset=0, length=16)
+    return pb.Empty()
+
+
+def expected(who, service, rpc, table):
+    if who in HANDSHAKE_REFUSED:
+        return "refused"
+    if who == "no role":
+        return "denied"
+    role = "rank" if who == "rank of job 2" else who
+    if role not in table[service][rpc]:
+        return "denied"
+    return "denied" if who == "rank of job 2" and rpc == "ReadWindow" else "allowed"
+
+
+def outcome(call):
+    """(outcome, detail) of calling `call()`."""
+    grpc, _, _ = live._grpc()
+    try:
+        call()
+        return "allowed", "OK"
+    except grpc.RpcError as e:
+        code, detail = e.code(), (e.details() or "").splitlines()[0][:100]
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return "denied", detail
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return "refused", detail
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return "no answer", detail
+        return "allowed", f"{code.name}: {detail}"
+
+
+def matrix(fab, progress=print):
+    """Every caller x CALLS against the fabric's first switch and first GPU; rows of dict(who, rpc, expect, got,
+    detail, ok). Needs a testbed brought up with certificates (fab.tls_dir) and window 1 on the GPU (any operation
+    run makes it)."""
+    if fab.tls_dir is None:
+        raise live.LiveError("the testbed is up --insecure: there is no security matrix to check")
+    table = {s: live.rpc_roles(s) for s in ("Switch", "Host")}
+    sw = next(n["name"] for n in fab.nodes if n["kind"] == "switch" and n["name"] not in fab.frr_names)
+    gpu = gpu_node(fab)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ifec-security-") as tmp:
+        for who, cert in _callers(fab, tmp).items():
+            stubs = {s: _stub(fab, node, cert) for s, node in (("Switch", sw), ("Host", gpu))}
+            for service, rpc in CALLS:
+                stub = stubs[service][0]
+                req = _request(rpc)
+                got, detail = outcome(lambda: getattr(stub, rpc)(req, timeout=5))
+                want = expected(who, service, rpc, table)
+                rows.append(dict(who=who, rpc=f"{service}.{rpc}", expect=want, got=got, detail=detail,
+                                 ok=got == want))
+            for _, ch in stubs.values():
+                ch.close()
+    progress(matrix_text(rows))
+    return rows
+
+
+def matrix_text(rows):
+    calls = list(dict.fromkeys(r["rpc"] for r in rows))
+    who = list(dict.fromkeys(r["who"] for r in rows))
+    cell = {(r["who"], r["rpc"]): r for r in rows}
+    width = max(len(c) for c in calls) + 2
+    out = ["# the control plane's security matrix: each caller's outcome per rpc (refused: TLS handshake failed; "
+           "denied: PERMISSION_DENIED; allowed: served); '!' marks a row the roles table disagrees with",
+           f"{'caller':<16}" + "".join(f"{c:>{width}}" for c in calls)]
+    for w in who:
+        out.append(f"{w:<16}" + "".join(
+            f"{cell[(w, c)]['got'] + ('' if cell[(w, c)]['ok'] else '!'):>{width}}" for c in calls))
+    bad = [r for r in rows if not r["ok"]]
+    out.append(f"# {len(rows) - len(bad)} of {len(rows)} as the table says" +
+               "".join(f"\n#   WRONG: {r['who']} {r['rpc']}: expected {r['expect']}, got {r['got']} ({r['detail']})"
+                       for r in bad))
+    return "\n".join(out)
+
+
+def main(argv=None):
+    try:
+        rows = matrix(live.attach())
+    except live.LiveError as e:
+        print(f"live security: {e}", file=sys.stderr)
+        return 1
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
