@@ -5,6 +5,7 @@
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
 #include "ifec/common/icrc.h"
+#include "ifec/common/protocol.h"
 #include "ifec/common/samples.h"
 #include "register.h"
 
@@ -97,10 +98,43 @@ uint32_t icrc(py::bytes ip_to_pad, size_t bth_offset) {
   return compute_icrc(reinterpret_cast<const uint8_t*>(b.data()), b.size(), bth_offset);
 }
 
+// An RDMA WRITE Only frame with the fields a sender chooses (the security tests' crafted frames: another job's
+// partition key, a wrong rkey, an address outside a window), ICRC computed; ack_req set.
+py::bytes rdma_write_frame(py::bytes src_mac, py::bytes dst_mac, uint32_t src_ip, uint32_t dst_ip, uint32_t dest_qp,
+                           uint32_t psn, uint16_t pkey, uint64_t va, uint32_t rkey, py::bytes payload) {
+  std::string_view s = src_mac, d = dst_mac, p = payload;
+  IFEC_CHECK(s.size() == 6 && d.size() == 6,
+             "rdma_write_frame: MAC addresses are 6 bytes (" << s.size() << ", " << d.size() << " given)");
+  IFEC_CHECK(psn <= 0xFFFFFF && dest_qp <= 0xFFFFFF,
+             "rdma_write_frame: PSN " << psn << " or QP " << dest_qp << " outside 24 bits");
+  FrameHeaders h;
+  std::copy(s.begin(), s.end(), h.eth.src.begin());
+  std::copy(d.begin(), d.end(), h.eth.dst.begin());
+  h.ip.src = src_ip;
+  h.ip.dst = dst_ip;
+  h.ip.dscp = kRoceDscp;
+  h.udp.src_port = static_cast<uint16_t>(0xC000 | (dest_qp & 0x3FFF));
+  h.bth.opcode = static_cast<uint8_t>(Opcode::kWriteOnly);
+  h.bth.dest_qp = dest_qp;
+  h.bth.psn = psn;
+  h.bth.pkey = pkey;
+  h.bth.ack_req = true;
+  h.reth = Reth{va, rkey, static_cast<uint32_t>(p.size())};
+  const std::vector<uint8_t> f = encode_frame(h, reinterpret_cast<const uint8_t*>(p.data()), p.size());
+  return py::bytes(reinterpret_cast<const char*>(f.data()), f.size());
+}
+
 }  // namespace
 
 void register_common(py::module_& m) {
   m.def("parse_frame", &parse, py::arg("frame"), "Parse and validate a frame; ValueError names the bad field");
+  m.def("rdma_write_frame", &rdma_write_frame, py::arg("src_mac"), py::arg("dst_mac"), py::arg("src_ip"),
+        py::arg("dst_ip"), py::arg("dest_qp"), py::arg("psn"), py::arg("pkey"), py::arg("va"), py::arg("rkey"),
+        py::arg("payload"), "An RDMA WRITE Only frame (ack_req set, ICRC computed) with the given fields");
+  m.def(
+      "rc_qpn", [](uint32_t peer, uint32_t index) { return kFirstRcQpn + peer * kMaxQpsPerPeer + index; },
+      py::arg("peer"), py::arg("index"), "The QP number of an endpoint's QP `index` toward GPU `peer`");
+  m.def("pkey_of_job", &pkey_of_job, py::arg("job"), "A job's partition key (full membership | 15-bit job)");
   m.def("sample_frames", &samples, "[(name, bytes)] one frame of every kind the project sends");
   m.def("write_sample_pcap", &write_sample_pcap, py::arg("path"), "Write sample_frames() as pcap; returns count");
   m.def("compute_icrc", &icrc, py::arg("ip_to_pad"), py::arg("bth_offset"),

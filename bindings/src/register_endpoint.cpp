@@ -286,6 +286,12 @@ void register_collectives(py::module_& m) {
 }  // namespace
 
 void register_endpoint(py::module_& m) {
+  m.def(
+      "window_va_rkey",
+      [](int endpoint, uint16_t id) {
+        return py::make_tuple(endpoint::window_va(id), endpoint::window_rkey(endpoint, id));
+      },
+      py::arg("endpoint"), py::arg("window"), "(virtual address, rkey) of window `window` at GPU `endpoint`");
   register_handles(m);
   register_cluster(m);
   register_collectives(m);

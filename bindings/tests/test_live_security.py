@@ -66,3 +66,58 @@ def test_an_allreduce_with_mtls_equals_one_without(repo, tmp_path):
         assert _allreduce(fab) == OUTPUTS["tls"]
     finally:
         fab.down()
+
+
+def test_frames_from_another_job_are_naked_and_change_no_memory(repo, tmp_path):
+    """From GPU 7's namespace, out of its fabric interface through the switch, RDMA WRITEs into GPU 1's window 1
+    (job 1): with job 2's partition key, a wrong rkey, an address past the window: each NAKed (Remote Access Error),
+    the window unchanged, counted; from an address that is no GPU: dropped and counted. A control frame with
+    everything right does write: the crafted frames are valid, only the protection refuses them."""
+    from ifec import _native
+    fab = live.LiveFabric(repo / TOPO, log_dir=tmp_path / "logs", ready_timeout=90)
+    fab.up(progress=lambda line: None)
+    try:
+        _allreduce(fab)  # window 1 (64 KiB, job 1) on every GPU
+        _, pb, _ = live._grpc()
+        gpu1, gpu7 = fab.node("gpu1"), fab.node("gpu7")
+        sw_port = next(p for p in fab.stub("p0-sw").Status(pb.Empty(), timeout=5).ports
+                       if p.peer == "gpu7" and p.peer_port == 0)
+        src_mac = bytes.fromhex(fab.hosts["gpu7"].cmd("cat /sys/class/net/f0/address").strip().replace(":", ""))
+        dst_mac = bytes.fromhex(sw_port.mac.replace(":", ""))
+        va, rkey = _native.window_va_rkey(1, 1)
+        host1 = fab.stub("gpu1")
+
+        def window():
+            return host1.ReadWindow(pb.ReadWindowRequest(window=1, offset=0, length=128), timeout=5).data
+
+        def counters():
+            return dict(host1.Counters(pb.Empty(), timeout=5).values)
+
+        before, k0 = window(), counters()
+        for q in range(4):  # each case on its own QP, its responder expecting PSN 1000 + q
+            host1.ResetResponder(pb.ResetResponderRequest(requester_gpu=7, qp=q, psn=1000 + q), timeout=5)
+
+        def write(q, src_ip, pkey, at, key, data):
+            return _native.rdma_write_frame(src_mac, dst_mac, src_ip, gpu1["loopback"], _native.rc_qpn(7, q),
+                                            1000 + q, pkey, at, key, data)
+        job1, job2 = _native.pkey_of_job(1), _native.pkey_of_job(2)
+        junk, good = b"\xee" * 64, bytes(range(64))
+        frames = [write(0, gpu7["loopback"], job2, va, rkey, junk),  # another job's partition
+                  write(1, gpu7["loopback"], job1, va, rkey ^ 1, junk),  # a wrong rkey
+                  write(2, gpu7["loopback"], job1, va + 65536 - 32, rkey, junk),  # past the window's end
+                  write(3, 0x0AFA0001, job1, va, rkey, junk),  # 10.250.0.1: no GPU of the fabric
+                  write(3, gpu7["loopback"], job1, va + 64, rkey, good)]  # the control: everything right
+        acks = security.inject(fab.hosts["gpu7"], "f0", frames)
+        by_psn = {a["psn"]: a["syndrome"] for a in acks if a["ip_src"] == gpu1["loopback"]}
+        after, k1 = window(), counters()
+        assert by_psn.get(1000) == by_psn.get(1001) == by_psn.get(1002) == security.NAK_REMOTE_ACCESS, acks
+        assert by_psn.get(1003, 0xFF) < 0x20, acks  # the control frame ACKed
+        assert after[:64] == before[:64]  # none of the refused frames wrote
+        assert after[64:] == good  # the control frame did
+        assert k1["access_naks_sent"] - k0["access_naks_sent"] == 3
+        assert k1["rx_wrong_source"] - k0["rx_wrong_source"] == 1
+        print(f"foreign frames: 3 NAKed (Remote Access Error), 1 dropped (rx_wrong_source), window unchanged; "
+              f"the control frame written and ACKed")
+        _allreduce(fab)  # the fabric still runs collectives correctly
+    finally:
+        fab.down()

@@ -37,8 +37,7 @@ const WindowInfo& SymmetricMemory::register_window(uint16_t id, void* data, uint
   w.id = id;
   w.va = window_va(id);
   w.size = size;
-  // Distinct per endpoint and window, and never 0, so a zero or stale rkey fails the check.
-  w.rkey = 0x5A000000u ^ (static_cast<uint32_t>(endpoint_ & 0xFFF) << 12) ^ (uint32_t{id} + 1);
+  w.rkey = window_rkey(endpoint_, id);
   w.job = job;
   w.data = static_cast<uint8_t*>(data);
   by_rkey_[w.rkey] = id;

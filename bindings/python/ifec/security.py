@@ -144,7 +144,65 @@ def matrix_text(rows):
     return "\n".join(out)
 
 
+# ------------------------------------------------------------------------------- frames from another job --
+#
+# The data plane's boundary: a GPU of another job (or an address that is no GPU) writing into a job's window through
+# the fabric. The frames are crafted (ifec._native.rdma_write_frame) and sent from a GPU's own namespace out of its
+# fabric interface, so the switches carry them as they carry any frame; the target's responder must NAK them
+# (Remote Access Error) and leave its memory alone, or drop them (a source that is no GPU), and count them.
+
+NAK_REMOTE_ACCESS = 0x62  # AETH syndrome: NAK (011) | Remote Access Error (00010)
+
+
+def inject(host, interface, frames, listen_s=1.0):
+    """Sends `frames` (bytes) out of `interface` in Mininet host `host` (its namespace) and returns the RoCEv2
+    acknowledgements any interface there receives within `listen_s` (a responder answers on its QP's own port) as
+    parse_frame dicts."""
+    import json
+    import os
+    import subprocess
+    pkg = str(pathlib.Path(__file__).resolve().parent.parent)
+    p = host.popen([sys.executable, "-m", "ifec.security", "_inject", interface, str(listen_s)] +
+                   [f.hex() for f in frames], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                   env=dict(os.environ, PYTHONPATH=pkg))
+    out, err = p.communicate(timeout=30)
+    if p.returncode != 0:
+        raise live.LiveError(f"inject from {interface}: {err.decode()[-500:]}")
+    return json.loads(out)
+
+
+def _inject_main(interface, listen_s, frames_hex):
+    """In the namespace: raw frames out of `interface`, then every acknowledgement heard on any interface for
+    listen_s."""
+    import json
+    import select
+    import socket
+    import time
+    from . import _native
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))  # every interface, every frame
+    out = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    out.bind((interface, 0))
+    for h in frames_hex:
+        out.send(bytes.fromhex(h))
+    acks, end = [], time.time() + float(listen_s)
+    while (left := end - time.time()) > 0:
+        if not select.select([s], [], [], left)[0]:
+            break
+        frame = s.recv(65536)
+        try:
+            pf = _native.parse_frame(frame)
+        except ValueError:
+            continue
+        if pf["opcode"] == 17:  # RC Acknowledge: ACK or NAK
+            acks.append({k: pf[k] for k in ("dest_qp", "psn", "syndrome", "ip_src", "ip_dst")})
+    print(json.dumps(acks))
+    return 0
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "_inject":
+        return _inject_main(argv[1], argv[2], argv[3:])
     try:
         rows = matrix(live.attach())
     except live.LiveError as e:

@@ -16,6 +16,11 @@ namespace ifec::endpoint {
 inline constexpr uint64_t kWindowVaBase = 0x0000100000000000ULL;
 inline constexpr int kWindowVaShift = 36;  // 64 GiB of address space per window
 inline uint64_t window_va(uint16_t id) { return kWindowVaBase + (uint64_t{id} << kWindowVaShift); }
+// Window `id`'s rkey at endpoint `endpoint`: distinct per endpoint and window, and never 0, so a zero or stale rkey
+// fails the check. (Predictable: the partition key, bounds and rkey together are the protection, as in IB.)
+inline uint32_t window_rkey(int endpoint, uint16_t id) {
+  return 0x5A000000u ^ (static_cast<uint32_t>(endpoint & 0xFFF) << 12) ^ (uint32_t{id} + 1);
+}
 
 struct WindowInfo {
   uint16_t id = 0;
