@@ -199,10 +199,96 @@ def _inject_main(interface, listen_s, frames_hex):
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- the soak --
+#
+# Malformed and random frames at the highest rate one process sends them, into a switchd (from a GPU's namespace,
+# out of its fabric interfaces) and straight into a hostd (from the switch's namespace, out of the port facing that
+# GPU), while collectives run: every frame dropped or answered, the collectives still correct, the daemons serving.
+
+SOAK_KINDS = ("random", "truncated", "bit-flipped", "valid RoCEv2, random fields")
+
+
+def soak_frames(src_mac, dst_mac, gpu_ips, count, seed):
+    """(kind, frame) pool: random bytes behind an Ethernet header; RoCEv2 WRITEs with random QPs, PSNs, keys,
+    addresses and lengths toward the fabric's GPUs (valid ICRC: they reach the transport); and those truncated or
+    with bits flipped (their checksums fail)."""
+    import random
+    from . import _native
+    rnd = random.Random(seed)
+    eth = dst_mac + src_mac + b"\x08\x00"
+    out = []
+    for i in range(count):
+        valid = _native.rdma_write_frame(
+            src_mac, dst_mac, rnd.choice(gpu_ips), rnd.choice(gpu_ips), _native.rc_qpn(rnd.randrange(64), rnd.randrange(4)),
+            rnd.randrange(1 << 24), rnd.randrange(1 << 16), rnd.randrange(1 << 64), rnd.randrange(1 << 32),
+            rnd.randbytes(rnd.randrange(0, 1025)))
+        kind = SOAK_KINDS[i % 4]
+        if kind == "random":
+            frame = eth + rnd.randbytes(rnd.randrange(46, 1500))
+        elif kind == "truncated":
+            frame = valid[:rnd.randrange(14, len(valid))]
+        elif kind == "bit-flipped":
+            b = bytearray(valid)
+            for _ in range(rnd.randrange(1, 4)):
+                b[rnd.randrange(14, len(b))] ^= 1 << rnd.randrange(8)
+            frame = bytes(b)
+        else:
+            frame = valid
+        out.append((kind, frame))
+    return out
+
+
+def _soak_main(config):
+    """In a namespace: config = {"ports": [[interface, src_mac_hex, dst_mac_hex], ...], "gpu_ips": [...],
+    "seconds": S, "seed": N}; sends the pool round robin over the ports until S seconds pass; prints what it sent."""
+    import json
+    import socket
+    import time
+    cfg = json.loads(config)
+    socks, pools = [], []
+    for i, (ifname, src, dst) in enumerate(cfg["ports"]):
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+        s.bind((ifname, 0))
+        socks.append(s)
+        pools.append(soak_frames(bytes.fromhex(src), bytes.fromhex(dst), cfg["gpu_ips"], 2048, cfg["seed"] + i))
+    sent = dict.fromkeys(SOAK_KINDS, 0)
+    refused = 0  # sends the kernel refused (its queue full): the rate is the machine's
+    t0 = time.time()
+    end = t0 + cfg["seconds"]
+    n = 0
+    while time.time() < end:
+        for _ in range(256):
+            k = n % len(socks)
+            kind, frame = pools[k][(n // len(socks)) % len(pools[k])]
+            try:
+                socks[k].send(frame)
+                sent[kind] += 1
+            except OSError:
+                refused += 1
+            n += 1
+    print(json.dumps(dict(sent=sent, refused=refused, seconds=time.time() - t0)))
+    return 0
+
+
+def start_soak(fab, host, ports, seconds, seed=1):
+    """Starts the soak in Mininet host `host` out of `ports` ([(interface, src_mac, dst_mac)]); returns the
+    process (its stdout: what it sent, as JSON)."""
+    import json
+    import os
+    import subprocess
+    pkg = str(pathlib.Path(__file__).resolve().parent.parent)
+    gpu_ips = [n["loopback"] for n in fab.nodes if n["kind"] == "gpu"]
+    cfg = dict(ports=[[i, s.hex(), d.hex()] for i, s, d in ports], gpu_ips=gpu_ips, seconds=seconds, seed=seed)
+    return fab.hosts[host].popen([sys.executable, "-m", "ifec.security", "_soak", json.dumps(cfg)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=pkg))
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_inject":
         return _inject_main(argv[1], argv[2], argv[3:])
+    if argv and argv[0] == "_soak":
+        return _soak_main(argv[1])
     try:
         rows = matrix(live.attach())
     except live.LiveError as e:
