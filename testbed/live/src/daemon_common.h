@@ -72,14 +72,17 @@ inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
   }
 }
 
-// The largest gRPC message a daemon takes or sends (a collective's input or output on the caller's data).
+// The largest gRPC message a daemon takes or sends: a hostd's carries a collective's input or output on the caller's
+// data (a torch.distributed bucket); a switchd's only control requests (a group's reservation of up to 256 members
+// is a few KiB). Larger requests are refused by gRPC (RESOURCE_EXHAUSTED) before any handler runs.
 constexpr int kMaxMessageBytes = 1 << 30;
+constexpr int kSwitchMaxMessageBytes = 4 << 20;
 
 // Starts a gRPC server for `service` on `listen` with the daemon's credentials (mutual TLS and roles, or plaintext,
 // said on stderr), and makes them this process's client credentials too; throws Error naming the node and address
 // when it cannot.
 inline std::unique_ptr<grpc::Server> start_server(const DaemonOptions& o, const std::string& listen,
-                                                  grpc::Service* service) {
+                                                  grpc::Service* service, int max_message_bytes) {
   IFEC_CHECK(!o.tls_dir.empty() || o.insecure,
              "node " << o.node << ": no certificates (tls_dir) and not insecure: refusing to serve " << listen);
   const TlsConfig tls{o.tls_dir, o.node, o.insecure};
@@ -94,9 +97,8 @@ inline std::unique_ptr<grpc::Server> start_server(const DaemonOptions& o, const 
   int port = 0;
   b.AddListeningPort(listen, server_credentials(tls), &port);
   b.RegisterService(service);
-  // A torch.distributed bucket of gradients arrives in one Run request (RunRequest.input): not gRPC's 4 MiB default.
-  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  b.SetMaxSendMessageSize(kMaxMessageBytes);
+  b.SetMaxReceiveMessageSize(max_message_bytes);
+  b.SetMaxSendMessageSize(max_message_bytes);
   std::unique_ptr<grpc::Server> s = b.BuildAndStart();
   IFEC_CHECK(s != nullptr && port != 0,
              "node " << o.node << ": cannot listen on " << listen << " (address in use, or not on this host?)");

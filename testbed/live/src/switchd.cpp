@@ -298,7 +298,7 @@ SwitchDaemon::SwitchDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   d.rt->on_fare_change([&d] { install_routes(*d.rt, *d.sw); });
   d.service = std::make_unique<SwitchService>(*d.rt, *d.sw);
   const std::string listen = listen_address(d.o, d.rt->node());
-  d.server = start_server(d.o, listen, d.service.get());
+  d.server = start_server(d.o, listen, d.service.get(), kSwitchMaxMessageBytes);
   d.metrics = std::make_unique<MetricsServer>(d.rt->loop(), metrics_address(d.o, d.rt->node()), [&d] {
     return d.rt->render_metrics(d.rt->all_heard(), [&d](const std::string& node) {
       std::string out = "# TYPE ifec_switch_ifec_total counter\n";
