@@ -1,8 +1,11 @@
-"""The containerized testbed's descriptions (ifec.containers): the committed compose, Prometheus and Kubernetes files
-for superpod-8x2 are what the generator writes, and what they say is right: a service per node attached to
+"""The containerized testbed's descriptions (ifec.containers): the committed compose, swarm, Prometheus and Kubernetes
+files for superpod-8x2 are what the generator writes, and what they say is right: a service per node attached to
 exactly its links' networks, one network per sub-link in its own /29, capabilities and nothing more,
-Prometheus scraping every daemon, a Pod and a NetworkAttachmentDefinition per node and link."""
+Prometheus scraping every daemon, a Pod and a NetworkAttachmentDefinition per node and link; the control plane's
+certificates: each daemon given ca.pem and its own certificate and key (--tls-dir), never the CA's key, no private
+key in a committed file, ports published on the host's loopback only (docker-compose)."""
 
+import base64
 import ipaddress
 import json
 
@@ -24,6 +27,7 @@ def test_committed_files_are_what_the_generator_writes(repo, topo):
     stale = f"is stale: run ./ifec testbed compose {TOPO} and ./ifec testbed k8s {TOPO}"
     expected = {
         "docker-compose.yml": containers.compose(topo, containers.header(topo, "compose")),
+        "docker-stack.yml": containers.compose(topo, containers.header(topo, "compose"), swarm=True),
         "k8s.yaml": containers.k8s(topo, containers.header(topo, "k8s")),
     }
     for name, text in expected.items():
@@ -60,6 +64,10 @@ def test_every_node_is_a_service_on_exactly_its_links(repo, topo):
         assert s["healthcheck"]["test"][0] == "CMD" and s["restart"] == "on-failure"
         assert s["deploy"]["restart_policy"]["condition"] == "on-failure"
     # The topology the daemons get is this one; Prometheus scrapes every daemon.
+    # Reached from this host only: gRPC at 127.0.0.1:50100 + i, Prometheus at 127.0.0.1:9090.
+    for n in topo.nodes:
+        assert services[n["name"]]["ports"] == [f"127.0.0.1:{containers.GRPC_HOST_PORT + n['index']}:50051"]
+    assert services["prometheus"]["ports"] == ["127.0.0.1:9090:9090"]
     carried = _native.parse_topology(doc["x-ifec-topology"])
     assert carried.to_yaml() == topo.to_yaml()
     prom = yaml.safe_load(services["prometheus"]["environment"]["PROMETHEUS_CONFIG"])
@@ -88,3 +96,96 @@ def test_kubernetes_manifests_parse_and_name_every_link(repo, topo):
             assert ipaddress.IPv4Interface(a["ips"][0]).network == containers.link_subnet(l["id"])
         caps = pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"]
         assert set(caps) == {"NET_ADMIN", "NET_RAW"}
+
+
+def _secret_files(doc, service):
+    """The host files a compose service's secrets are (their paths relative to the file)."""
+    return [doc["secrets"][name]["file"] for name in doc["services"][service].get("secrets", [])]
+
+
+@pytest.mark.parametrize("name", ["docker-compose.yml", "docker-stack.yml"])
+def test_each_daemon_gets_its_own_certificate_and_no_other_key(repo, topo, name):
+    text = (repo / DIR / name).read_text()
+    doc = yaml.safe_load(text)
+    for n in topo.nodes:
+        me = n["name"]
+        cmd = doc["services"][me]["command"]
+        assert cmd[cmd.index("--tls-dir") + 1] == containers.TLS_IN_CONTAINER and "--insecure" not in cmd
+        # Secrets land in /run/secrets under their names: the daemon's --tls-dir holds exactly these three.
+        assert doc["services"][me]["secrets"] == ["ca.pem", f"{me}.pem", f"{me}.key"]
+        assert _secret_files(doc, me) == ["./tls/ca.pem", f"./tls/{me}.pem", f"./tls/{me}.key"]
+    assert "secrets" not in doc["services"]["prometheus"]
+    files = [s["file"] for s in doc["secrets"].values()]
+    assert not any("ca.key" in f or f.endswith(("viewer.key", "operator.key", "rank.key")) for f in files)
+    assert "ca.key" not in text and "BEGIN" not in text
+
+
+def test_the_swarm_file_differs_only_in_how_ports_are_published(repo, topo):
+    """A swarm binds no host address (docker stack deploy refuses host_ip, ignores one in the short form and then
+    publishes through the ingress, which dnsrr services cannot use): its file publishes on the machine (mode host);
+    everything else is the compose file's."""
+    compose = yaml.safe_load((repo / DIR / "docker-compose.yml").read_text())
+    stack = yaml.safe_load((repo / DIR / "docker-stack.yml").read_text())
+    for name, s in stack["services"].items():
+        for p in s["ports"]:
+            assert p["mode"] == "host" and "host_ip" not in p
+        assert {k: v for k, v in s.items() if k != "ports"} == \
+            {k: v for k, v in compose["services"][name].items() if k != "ports"}
+    assert {k: v for k, v in stack.items() if k != "services"} == {k: v for k, v in compose.items() if k != "services"}
+
+
+def test_insecure_files_pass_insecure_and_no_certificates(topo):
+    doc = yaml.safe_load(containers.compose(topo, insecure=True))
+    assert "secrets" not in doc
+    for n in topo.nodes:
+        cmd = doc["services"][n["name"]]["command"]
+        assert "--insecure" in cmd and "--tls-dir" not in cmd and "secrets" not in doc["services"][n["name"]]
+    pods = [d for d in yaml.safe_load_all(containers.k8s(topo, insecure=True)) if d["kind"] == "Pod"]
+    for pod in pods:
+        assert "--insecure" in pod["spec"]["containers"][0]["command"]
+        assert [v["name"] for v in pod["spec"]["volumes"]] == ["topology"]
+
+
+def test_a_fabric_refuses_a_compose_file_written_for_the_other_mode(repo, tmp_path):
+    from ifec import live
+    with pytest.raises(live.LiveError, match="written for mutual TLS"):
+        containers.ContainerFabric(repo / TOPO, compose_dir=str(repo / DIR), insecure=True)
+    assert containers.ContainerFabric(repo / TOPO, compose_dir=str(repo / DIR)).tls_dir == repo / DIR / "tls"
+    containers.write_compose(_native.load_topology(str(repo / TOPO)), tmp_path, insecure=True)
+    assert containers.ContainerFabric(repo / TOPO, compose_dir=str(tmp_path), insecure=True).tls_dir is None
+    with pytest.raises(live.LiveError, match="written with --insecure"):
+        containers.SwarmFabric(repo / TOPO, compose_dir=str(tmp_path))
+
+
+def test_kubernetes_pods_mount_their_secret_and_the_manifests_hold_no_key(repo, topo, tmp_path):
+    text = (repo / DIR / "k8s.yaml").read_text()
+    assert "kind: Secret" not in text and "PRIVATE KEY" not in text and "ca.key" not in text
+    for pod in (d for d in yaml.safe_load_all(text) if d["kind"] == "Pod"):
+        name = pod["metadata"]["name"]
+        c = pod["spec"]["containers"][0]
+        assert c["command"][c["command"].index("--tls-dir") + 1] == containers.TLS_IN_POD
+        assert {"name": "tls", "mountPath": containers.TLS_IN_POD, "readOnly": True} in c["volumeMounts"]
+        assert {"name": "tls", "secret": {"secretName": f"ifec-tls-{name}", "defaultMode": 0o400}} in \
+            pod["spec"]["volumes"]
+        assert pod["spec"]["automountServiceAccountToken"] is False
+    # The Secrets come from a PKI made at bring-up: each holds ca.pem and its node's certificate and key only.
+    path = containers.write_k8s_secrets(topo, tmp_path / "pki")
+    assert path.stat().st_mode & 0o077 == 0
+    secrets = list(yaml.safe_load_all(path.read_text()))
+    assert [s["metadata"]["name"] for s in secrets] == [f"ifec-tls-{n['name']}" for n in topo.nodes]
+    for s, n in zip(secrets, topo.nodes):
+        assert sorted(s["data"]) == sorted(["ca.pem", f"{n['name']}.pem", f"{n['name']}.key"])
+        key = base64.b64decode(s["data"][f"{n['name']}.key"])
+        assert key == (tmp_path / "pki" / f"{n['name']}.key").read_bytes()
+    assert (tmp_path / "pki" / "ca.key").read_bytes() not in path.read_bytes()
+
+
+def test_certificates_name_how_each_daemon_is_reached(topo, tmp_path):
+    """Other daemons dial NODE:50051 (--mgmt-names), this host 127.0.0.1:50100 + i: both in its certificate."""
+    from cryptography import x509
+    containers.make_pki(topo, tmp_path)
+    for n in topo.nodes:
+        cert = x509.load_pem_x509_certificate((tmp_path / f"{n['name']}.pem").read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert san.get_values_for_type(x509.DNSName) == [n["name"]]
+        assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]

@@ -38,6 +38,20 @@ def test_allreduce_and_moe_equal_the_reference(fab):
     assert m["ok"] and m["wrong"] == 0 and m["max_rel_error"] <= m["tolerance"], m.get("error")
 
 
+def test_each_container_holds_only_its_own_certificate_and_plaintext_is_refused(fab):
+    """Mutual TLS in containers: a daemon's --tls-dir (/run/secrets) holds ca.pem and its own certificate and key,
+    nothing else (no CA key, no other node's key); its published port serves no client without a certificate."""
+    for node in ("gpu0", "p0-sw"):
+        ls = subprocess.run(["docker", "exec", fab.container(node), "ls", "-A", containers.TLS_IN_CONTAINER],
+                            capture_output=True, text=True)
+        assert sorted(ls.stdout.split()) == sorted(containers.tls_files(node)), ls.stderr
+    grpc, pb, rpc = live._grpc()
+    with grpc.insecure_channel(fab.address(fab.node("gpu0"))) as ch:
+        with pytest.raises(grpc.RpcError):
+            rpc.HostStub(ch).Status(pb.Empty(), timeout=3)
+    assert fab.stub("gpu0").Status(pb.Empty(), timeout=5).ready  # with the viewer's certificate
+
+
 def test_a_pytorch_program_runs_with_the_ifec_backend_on_the_containers(fab, repo, tmp_path):
     """./ifec testbed torchrun: the ranks run beside the containers (the images hold no PyTorch) and reach each
     GPU's hostd where its container publishes it; the tensor-parallel layer equals the dense one."""
@@ -159,3 +173,4 @@ def test_down_leaves_no_containers_or_networks(fab):
     nets = subprocess.run(["docker", "network", "ls", "-q", "--filter", f"name={fab.project}_"], capture_output=True,
                           text=True)
     assert ps.stdout.strip() == "" and nets.stdout.strip() == ""
+    assert not fab.tls_dir.exists()  # the certificates went with the containers

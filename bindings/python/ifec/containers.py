@@ -7,11 +7,19 @@ sub-link its own, on its own bridge), with the /29 subnet LINKS_BASE + 8 * link 
 by node name (`--mgmt-names`) and Prometheus scrapes :9400. Containers get NET_ADMIN and NET_RAW (AF_PACKET
 sockets, link admin state) and nothing more. The text is written deterministically, so a committed file can be
 checked against the generator.
+
+The control plane is mutual TLS (ifec.pki): bring-up makes a fresh CA and certificates in COMPOSE_DIR/tls, and each
+daemon's container gets only ca.pem and its own NODE.pem and NODE.key, as compose secrets (docker-compose: read-only
+bind mounts of those files; a swarm: docker secrets), at /run/secrets, which is its --tls-dir; a Pod gets them from
+a Secret of its own. The CA's key and the clients' certificates stay with the bring-up.
 """
 
+import base64
 import ipaddress
 import json
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,6 +34,12 @@ TOPOLOGY_IN_CONTAINER = "/etc/ifec/topology.yaml"
 CAPABILITIES = ("NET_ADMIN", "NET_RAW")
 GRPC_HOST_PORT = 50100  # node i's gRPC is published on the host at GRPC_HOST_PORT + i (compose and swarm alike)
 FABRIC_MTU = 9216
+TLS_FOLDER = "tls"  # the certificates, beside the compose file that names them (git-ignored under testbed/compose)
+TLS_IN_CONTAINER = "/run/secrets"  # where compose secrets land (docker-compose and swarm alike): the --tls-dir
+# Not under /run/secrets in a Pod: /var/run is /run in the image, and the kubelet mounts the service account there.
+TLS_IN_POD = "/run/ifec/tls"
+COMPOSE_FILE = "docker-compose.yml"  # docker-compose: published ports on 127.0.0.1 only
+STACK_FILE = "docker-stack.yml"  # docker stack deploy: the same, ports as a swarm publishes them (every interface)
 
 
 def link_subnet(link_id):
@@ -42,9 +56,22 @@ def _links_of(topo, node):
     return [l for l in topo.links if node in (l["a"], l["b"])]
 
 
-def _daemon_command(topo, node, topology=TOPOLOGY_IN_CONTAINER):
+def _daemon_command(topo, node, topology=TOPOLOGY_IN_CONTAINER, tls_dir=TLS_IN_CONTAINER):
+    """A daemon's command line; tls_dir None: --insecure (plaintext control plane)."""
     prog = "ifec-hostd" if node["kind"] == "gpu" else "ifec-switchd"
-    return [prog, "--topo", topology, "--node", node["name"], "--mgmt-names", "--links-by-subnet", str(LINKS_BASE)]
+    return [prog, "--topo", topology, "--node", node["name"], "--mgmt-names", "--links-by-subnet", str(LINKS_BASE),
+            *(["--insecure"] if tls_dir is None else ["--tls-dir", tls_dir])]
+
+
+def tls_files(name):
+    """The files of node `name`'s daemon in a PKI folder (ifec.pki.make): what its container gets, and nothing else
+    (never ca.key, nor another node's key)."""
+    return ("ca.pem", f"{name}.pem", f"{name}.key")
+
+
+def _daemons(topo, frr=()):
+    """The nodes that run an ifec daemon (not FRR): those with a certificate."""
+    return [n for n in topo.nodes if n["name"] not in frr]
 
 
 def _block(text, indent="  "):
@@ -80,12 +107,17 @@ def _frr_service(topo, node):
     return out
 
 
-def compose(topo, header="", frr=()):
+def compose(topo, header="", frr=(), insecure=False, swarm=False):
     """docker-compose file (format 3.8: Debian's docker-compose 1.29 and `docker stack deploy` both read it) for
     `topo`. The topology and Prometheus' configuration travel in the file itself (environment variables from two
     YAML anchors), so it deploys as it is on one machine or a swarm. Nodes named in `frr` run FRR's zebra and bgpd
     (their configuration in the file too); every interface then gets the address plan's fixed address (FRR is
-    configured with its neighbours' addresses; docker-compose only, swarm ignores fixed addresses)."""
+    configured with its neighbours' addresses; docker-compose only, swarm ignores fixed addresses).
+
+    Each daemon gets ca.pem and its own certificate and key as secrets from ./tls beside the file (--tls-dir
+    /run/secrets), or `insecure`: --insecure and no secrets. Ports: docker-compose publishes on 127.0.0.1 only;
+    `swarm` (the file for `docker stack deploy`) publishes on its machine's every interface (`mode: host`: a swarm
+    has no host address to bind, and ingress publishing cannot serve dnsrr services)."""
     from . import frr as frr_mod
     frr = list(frr)
     for name in frr:
@@ -98,6 +130,7 @@ def compose(topo, header="", frr=()):
     for name in frr:
         out += [f"x-ifec-bgpd-{name}: &bgpd-{name} |"] + _block(frr_mod.bgpd_config(topo, name))
     out += ["", "services:"]
+    tls = None if insecure else TLS_IN_CONTAINER
     frr_gpus = [n for n in frr if next(x for x in topo.nodes if x["name"] == n)["kind"] == "gpu"]
     for node in topo.nodes:
         name = node["name"]
@@ -108,9 +141,11 @@ def compose(topo, header="", frr=()):
             out += [f"  {name}:",
                     f"    image: {IMAGE}",
                     f"    hostname: {name}",
-                    f"    command: {_list(_daemon_command(topo, node, 'env:IFEC_TOPOLOGY') + extra)}",
+                    f"    command: {_list(_daemon_command(topo, node, 'env:IFEC_TOPOLOGY', tls) + extra)}",
                     "    environment: {IFEC_TOPOLOGY: *topology}",
                     f"    cap_add: {_list(CAPABILITIES)}"]
+            if not insecure:
+                out.append(f"    secrets: {_list(tls_files(name))}")
         out += ["    networks:", "      mgmt: {}"]
         if frr:
             out += [f"      {link_network(l)}: {{ipv4_address: {frr_mod.link_address(l, name)}}}"
@@ -121,7 +156,7 @@ def compose(topo, header="", frr=()):
             out += ["    healthcheck:",
                     "      test: [\"CMD\", \"bash\", \"-c\", \"vtysh -c 'show bgp summary' >/dev/null 2>&1\"]"]
         else:
-            out += [f"    ports: [{{target: 50051, published: {GRPC_HOST_PORT + node['index']}, mode: host}}]",
+            out += [f"    ports: {_ports(GRPC_HOST_PORT + node['index'], 50051, swarm)}",
                     "    healthcheck:",
                     "      test: [\"CMD\", \"bash\", \"-c\", \"exec 3<>/dev/tcp/127.0.0.1/9400\"]"]
         out += ["      interval: 5s",
@@ -138,12 +173,16 @@ def compose(topo, header="", frr=()):
             "    environment: {PROMETHEUS_CONFIG: *prometheus}",
             "    networks:",
             "      mgmt: {}",
-            "    ports: [{target: 9090, published: 9090, mode: host}]",
+            f"    ports: {_ports(9090, 9090, swarm)}",
             "    restart: on-failure",
             "    deploy:",
             "      endpoint_mode: dnsrr",
-            "      restart_policy: {condition: on-failure}",
-            "",
+            "      restart_policy: {condition: on-failure}"]
+    if not insecure:
+        # Paths relative to the file: docker-compose and docker stack deploy both read them from beside it.
+        out += ["", "secrets:"] + [f"  {f}: {{file: ./{TLS_FOLDER}/{f}}}"
+                                   for f in dict.fromkeys(f for n in _daemons(topo, frr) for f in tls_files(n["name"]))]
+    out += ["",
             "networks:",
             "  mgmt: {}"]
     for l in topo.links:
@@ -153,6 +192,13 @@ def compose(topo, header="", frr=()):
                 f"    driver_opts: {{com.docker.network.driver.mtu: \"{FABRIC_MTU}\"}}",
                 f"    ipam: {{config: [{{subnet: {link_subnet(l['id'])}}}]}}"]
     return "\n".join(out) + "\n"
+
+
+def _ports(published, target, swarm):
+    """A service's published port: on the host's loopback only (docker-compose), or on its machine (a swarm)."""
+    if swarm:
+        return f"[{{target: {target}, published: {published}, mode: host}}]"
+    return _list([f"127.0.0.1:{published}:{target}"])
 
 
 def prometheus_config(topo, frr=()):
@@ -166,11 +212,12 @@ def prometheus_config(topo, frr=()):
     return "\n".join(out) + "\n"
 
 
-def k8s(topo, header=""):
+def k8s(topo, header="", insecure=False):
     """Kubernetes manifests: a ConfigMap with the topology, one Multus NetworkAttachmentDefinition per link (a
     bridge CNI on the node, static IPAM in the link's /29), and one Pod per node attached to its links, with the
     same addresses the compose file gives (so --links-by-subnet finds them), and a headless Service per node so its
-    name resolves to it."""
+    name resolves to it. Each Pod mounts the Secret ifec-tls-NODE (k8s_secrets, `./ifec testbed pki`; made from a
+    PKI folder, never part of these manifests) as its --tls-dir, or `insecure`: --insecure and no Secret."""
     docs = []
     addrs = {}  # (link id, node) -> address in the link's /29
     for l in topo.links:
@@ -194,6 +241,11 @@ def k8s(topo, header=""):
         name = node["name"]
         attach = ", ".join('{"name": "%s", "ips": ["%s"]}' % (link_network(l), addrs[(l["id"], name)])
                            for l in _links_of(topo, name))
+        mounts = ["{name: topology, mountPath: /etc/ifec}"]
+        volumes = ["{name: topology, configMap: {name: ifec-topology}}"]
+        if not insecure:
+            mounts.append(f"{{name: tls, mountPath: {TLS_IN_POD}, readOnly: true}}")
+            volumes.append(f"{{name: tls, secret: {{secretName: {k8s_secret_name(name)}, defaultMode: 0400}}}}")
         docs.append("\n".join([
             "apiVersion: v1",
             "kind: Pod",
@@ -204,15 +256,16 @@ def k8s(topo, header=""):
             f"    k8s.v1.cni.cncf.io/networks: '[{attach}]'",
             "spec:",
             f"  hostname: {name}",
+            "  automountServiceAccountToken: false",  # the daemons never call the API server
             "  containers:",
             f"    - name: {'hostd' if node['kind'] == 'gpu' else 'switchd'}",
             f"      image: {IMAGE}",
-            f"      command: {_list(_daemon_command(topo, node))}",
+            f"      command: {_list(_daemon_command(topo, node, tls_dir=None if insecure else TLS_IN_POD))}",
             "      securityContext:",
             f"        capabilities: {{add: {_list(CAPABILITIES)}}}",
-            "      volumeMounts: [{name: topology, mountPath: /etc/ifec}]",
+            f"      volumeMounts: [{', '.join(mounts)}]",
             "      readinessProbe: {tcpSocket: {port: 9400}, periodSeconds: 5}",
-            "  volumes: [{name: topology, configMap: {name: ifec-topology}}]"]))
+            f"  volumes: [{', '.join(volumes)}]"]))
         # Its name resolves to it, as the daemons' --mgmt-names expects (and Prometheus scrapes it there).
         docs.append("\n".join([
             "apiVersion: v1",
@@ -227,19 +280,55 @@ def k8s(topo, header=""):
     return head + "\n---\n".join(docs) + "\n"
 
 
+def k8s_secret_name(node):
+    """The Secret a node's Pod takes its certificate from."""
+    return f"ifec-tls-{node}"
+
+
+def k8s_secrets(topo, tls_dir):
+    """Secret manifests, one per daemon, from a PKI folder (ifec.pki.make): each holds ca.pem and that node's .pem
+    and .key, nothing else. They carry private keys: written beside the PKI, never committed (`kubectl create secret
+    generic ifec-tls-NODE --from-file=DIR/ca.pem --from-file=DIR/NODE.pem --from-file=DIR/NODE.key` is the same)."""
+    tls_dir = pathlib.Path(tls_dir)
+    docs = []
+    for node in _daemons(topo):
+        name = node["name"]
+        data = []
+        for f in tls_files(name):
+            try:
+                data.append(f"  {f}: {base64.b64encode((tls_dir / f).read_bytes()).decode()}")
+            except OSError as e:
+                raise ValueError(f"{tls_dir}: no {f} ({e.strerror}): expected a PKI made for {topo.name}")
+        docs.append("\n".join(["apiVersion: v1", "kind: Secret", "type: Opaque",
+                               f"metadata: {{name: {k8s_secret_name(name)}, labels: {{app: ifec-testbed}}}}",
+                               "data:"] + data))
+    return "# The testbed's certificates for kubectl apply -f: private keys, keep out of the repository\n" + \
+        "\n---\n".join(docs) + "\n"
+
+
+def make_pki(topo, folder, frr=(), progress=None):
+    """A fresh CA and certificates (ifec.pki.make) in `folder` for `topo`'s daemons: each for its node name (how the
+    other daemons reach it: --mgmt-names) and 127.0.0.1 (where the host reaches its published port)."""
+    from . import pki
+    return pki.make(folder, {n["name"]: ["127.0.0.1"] for n in _daemons(topo, frr)}, progress=progress)
+
+
 def header(topo, cmd):
     """The first line of a generated file."""
     return f"Generated by ifec.containers from {topo.name} (./ifec testbed {cmd}); do not edit"
 
 
-def write_compose(topo, out_dir, frr=()):
-    """Writes OUT_DIR/docker-compose.yml for a topology; returns its path."""
-    text = compose(topo, header(topo, "compose" + "".join(f" --frr {n}" for n in frr)), frr)
+def write_compose(topo, out_dir, frr=(), insecure=False):
+    """Writes OUT_DIR/docker-compose.yml and OUT_DIR/docker-stack.yml (the swarm's) for a topology; returns their
+    paths."""
+    head = header(topo, "compose" + "".join(f" --frr {n}" for n in frr) + (" --insecure" if insecure else ""))
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "docker-compose.yml")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+    paths = []
+    for name, swarm in ((COMPOSE_FILE, False), (STACK_FILE, True)):
+        paths.append(os.path.join(out_dir, name))
+        with open(paths[-1], "w") as f:
+            f.write(compose(topo, head, frr, insecure, swarm))
+    return paths
 
 
 def _cmd_up(a):
@@ -247,16 +336,20 @@ def _cmd_up(a):
     topo = _native.load_topology(a.file)
     frr = [n for n in a.frr.split(",") if n]
     out = tempfile.mkdtemp(prefix=f"ifec-compose-{topo.name}-")
-    write_compose(topo, out, frr)  # a bad --frr is named before any image is built
+    write_compose(topo, out, frr, a.insecure)  # a bad --frr is named before any image is built
     images.Dockerd()
     images.build_all(live._bin_dir(), frr=bool(frr))
-    fab = ContainerFabric(a.file, a.project, out, frr=frr)
+    fab = ContainerFabric(a.file, a.project, out, frr=frr, insecure=a.insecure)
     fab.up()
     pathlib.Path(STATE).parent.mkdir(parents=True, exist_ok=True)
     with open(STATE, "w") as f:
-        json.dump(dict(topology=str(pathlib.Path(a.file).resolve()), project=a.project, compose_dir=out, frr=frr), f)
+        json.dump(dict(topology=str(pathlib.Path(a.file).resolve()), project=a.project, compose_dir=out, frr=frr,
+                       insecure=a.insecure), f)
     print("testbed: Prometheus at http://127.0.0.1:9090; bytes per plane the GPUs send: "
           "sum by (plane) (rate(ifec_port_bytes_total{dir=\"tx\",node=~\"gpu.*\"}[10s]))")
+    if fab.tls_dir:
+        print(f"testbed: control plane mutual TLS; the CA and the client roles' certificates (viewer, operator, rank) "
+              f"in {fab.tls_dir}")
     print("testbed: ./ifec testbed status | run | fail | restore | kill | start | capture | ctl | down")
     return 0
 
@@ -279,13 +372,22 @@ def main(argv=None):
     import argparse
     p = argparse.ArgumentParser(prog="./ifec testbed", description="The live testbed as containers.")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name, what in (("compose", "docker-compose file and Prometheus configuration"),
+    for name, what in (("compose", "docker-compose file (and docker-stack.yml, its swarm twin) and Prometheus "
+                                    "configuration"),
                        ("k8s", "Kubernetes manifests (Multus NetworkAttachmentDefinitions, one Pod per node)")):
         s = sub.add_parser(name, help=f"write the {what} of a topology")
         s.add_argument("file")
         s.add_argument("--out", help="directory (default testbed/compose/<topology name>)")
+        s.add_argument("--insecure", action="store_true", help="daemons with --insecure: a plaintext control plane, "
+                                                               "no certificates")
         if name == "compose":
             s.add_argument("--frr", default="", help="NODE[,NODE...]: these nodes run FRR (ifec-frr image)")
+    s = sub.add_parser("pki", help="make a fresh CA and certificates for a topology's daemons and the client roles, "
+                                   "and DIR/k8s-secrets.yaml (the Pods' Secrets): what up makes itself, for "
+                                   "docker-compose, docker stack deploy or kubectl by hand")
+    s.add_argument("file")
+    s.add_argument("--out", metavar="DIR", help="default testbed/compose/<topology name>/tls (git-ignored), where "
+                                                "the compose files look")
     sub.add_parser("image", help="build the images (ifec-testbed, ifec-prometheus) here: Debian base by debootstrap, "
                                   "cached; the daemons with their runtime libraries")
     up = sub.add_parser("up", help="build the images if needed, bring a topology up as containers, wait for it")
@@ -293,6 +395,9 @@ def main(argv=None):
     up.add_argument("--project", default="ifec")
     up.add_argument("--frr", default="", help="NODE[,NODE...]: these nodes run FRR's bgpd and zebra (ifec-frr image) "
                                               "instead of an ifec daemon")
+    up.add_argument("--insecure", action="store_true",
+                    help="no certificates: daemons with --insecure, a plaintext control plane anyone who reaches a "
+                         "published port may call (default: mutual TLS, a fresh CA in the compose folder's tls/)")
     sub.add_parser("down", help="take the containers, networks and volumes down")
     handlers = live.add_fabric_commands(sub, "live (containers)")
     a = p.parse_args(argv)
@@ -321,17 +426,34 @@ def main(argv=None):
     out = a.out or os.path.join(os.environ.get("IFEC_ROOT", "."), "testbed", "compose", topo.name)
     try:
         if a.cmd == "compose":
-            print(f"wrote {write_compose(topo, out, [n for n in a.frr.split(',') if n])}")
+            print("wrote " + " and ".join(write_compose(topo, out, [n for n in a.frr.split(',') if n], a.insecure)))
+        elif a.cmd == "pki":
+            folder = a.out or os.path.join(out, TLS_FOLDER)
+            path = write_k8s_secrets(topo, folder)
+            print(f"wrote certificates in {folder} and {path} (private keys: keep them out of the repository)")
         else:
             os.makedirs(out, exist_ok=True)
             path = os.path.join(out, "k8s.yaml")
             with open(path, "w") as f:
-                f.write(k8s(topo, header(topo, "k8s")))
+                f.write(k8s(topo, header(topo, "k8s" + (" --insecure" if a.insecure else "")), a.insecure))
             print(f"wrote {path}")
     except OSError as e:
-        print(f"testbed {a.cmd}: --out {out}: {e.strerror}: {e.filename}", file=sys.stderr)
+        print(f"testbed {a.cmd}: {e.strerror}: {e.filename}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # a PKI that cannot be made (ifec.pki.PkiError)
+        print(f"testbed {a.cmd}: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def write_k8s_secrets(topo, folder):
+    """A fresh PKI for `topo` in `folder` and FOLDER/k8s-secrets.yaml (mode 0600, git-ignored); returns its path."""
+    make_pki(topo, folder)
+    path = pathlib.Path(folder) / "k8s-secrets.yaml"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(k8s_secrets(topo, folder))
+    return path
 
 
 STATE = "/run/ifec-testbed/state.json"
@@ -340,20 +462,50 @@ STATE = "/run/ifec-testbed/state.json"
 class ContainerFabric(live.LiveFabric):
     """A compose file brought up with docker-compose (project `project`): the measurements and controls of
     ifec.live.LiveFabric (run, status, set_link, set_loss, read_window, ...) over the containers' management
-    network, plus kill/start of a node's container and captures on the links' bridges."""
+    network, plus kill/start of a node's container and captures on the links' bridges.
+
+    up() makes a fresh CA and certificates in COMPOSE_DIR/tls (tls_dir), which the compose file hands to the
+    daemons, and down() removes them; `insecure`: a file written with --insecure, no certificates (tls_dir None)."""
 
     driver = "live (containers)"
+    compose_file = COMPOSE_FILE
 
-    def __init__(self, topology_file, project="ifec", compose_dir=None, ready_timeout=120.0, frr=()):
-        super().__init__(topology_file, ready_timeout=ready_timeout, frr=frr)
+    def __init__(self, topology_file, project="ifec", compose_dir=None, ready_timeout=120.0, frr=(), insecure=False):
+        super().__init__(topology_file, ready_timeout=ready_timeout, frr=frr, insecure=insecure)
         self.project = project
         self.compose_dir = compose_dir
         if self.compose_dir is None:
             self.compose_dir = tempfile.mkdtemp(prefix="ifec-compose-")
-            write_compose(self.topo, self.compose_dir, frr)
+            write_compose(self.topo, self.compose_dir, frr, insecure)
+        self._check_file(insecure)
+        self.tls_dir = None if insecure else pathlib.Path(self.compose_dir) / TLS_FOLDER
         from . import frr as frr_mod
         for name in self.frr_names:
             self.frr[name] = frr_mod.FrrContainer(name, self.container(name), images.DOCKER)
+
+    def _check_file(self, insecure):
+        """The compose file is there and hands the daemons what this fabric makes (certificates, or none)."""
+        path = pathlib.Path(self.compose_dir) / self.compose_file
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise live.LiveError(f"{path}: {e.strerror} (./ifec testbed compose TOPOLOGY --out {self.compose_dir})")
+        tls = "--tls-dir" in text
+        if tls == insecure:
+            raise live.LiveError(f"{path} was written {'for mutual TLS' if tls else 'with --insecure'}, this fabric is "
+                                 f"{'insecure' if insecure else 'mutual TLS'}: write it again (./ifec testbed compose "
+                                 f"TOPOLOGY{' --insecure' if insecure else ''} --out {self.compose_dir})")
+
+    def _make_certificates(self, progress):
+        """A fresh CA and certificates in tls_dir (make_pki: each daemon's names its node and 127.0.0.1)."""
+        if self.tls_dir is None:
+            progress("testbed: --insecure: the control plane is plaintext, without certificates or roles")
+            return
+        make_pki(self.topo, self.tls_dir, self.frr_names, progress=lambda line: progress(f"testbed: {line}"))
+
+    def _remove_certificates(self):
+        if self.tls_dir is not None:
+            shutil.rmtree(self.tls_dir, ignore_errors=True)
 
     def container(self, name):
         return f"{self.project}_{name}_1"
@@ -363,6 +515,7 @@ class ContainerFabric(live.LiveFabric):
 
     def up(self, progress=print):
         t0 = time.time()
+        self._make_certificates(progress)
         self._compose(["up", "-d"])
         progress(f"testbed: {len(self.nodes)} containers started ({time.time() - t0:.1f} s); waiting for the daemons")
         return self._wait_ready(t0, progress)
@@ -381,6 +534,7 @@ class ContainerFabric(live.LiveFabric):
     def down(self):
         self._compose(["down", "-v", "--remove-orphans"])
         self._stubs.clear()
+        self._remove_certificates()
 
     def kill(self, node):
         _docker(["kill", self.container(node)])
@@ -402,7 +556,7 @@ class ContainerFabric(live.LiveFabric):
         return f"link {l['id']} ({l['a']}:{l['a_port']} - {l['b']}:{l['b_port']}, bridge {bridge})"
 
     def _compose(self, args, timeout=300):
-        p = subprocess.run(["docker-compose", "-p", self.project, "-f", f"{self.compose_dir}/docker-compose.yml"] +
+        p = subprocess.run(["docker-compose", "-p", self.project, "-f", f"{self.compose_dir}/{self.compose_file}"] +
                            args, capture_output=True, text=True, timeout=timeout)
         if p.returncode != 0:
             raise live.LiveError(f"docker-compose {' '.join(args)}: {(p.stderr or p.stdout).strip()[-600:]}")
@@ -410,14 +564,17 @@ class ContainerFabric(live.LiveFabric):
 
 
 class SwarmFabric(ContainerFabric):
-    """The same compose file deployed as a stack on a Docker swarm (`docker stack deploy`): services placed by the
-    swarm, link networks overlays (VXLAN between machines), every node's gRPC published on its machine."""
+    """The compose file's swarm twin (docker-stack.yml) deployed as a stack on a Docker swarm (`docker stack
+    deploy`): services placed by the swarm, link networks overlays (VXLAN between machines), every node's gRPC
+    published on its machine, the certificates docker secrets (the stack's own: `docker stack rm` removes them)."""
 
     driver = "live (swarm)"
+    compose_file = STACK_FILE
 
     def up(self, progress=print):
         t0 = time.time()
-        _docker(["stack", "deploy", "-c", f"{self.compose_dir}/docker-compose.yml", self.project])
+        self._make_certificates(progress)
+        _docker(["stack", "deploy", "-c", f"{self.compose_dir}/{self.compose_file}", self.project])
         progress(f"testbed: stack {self.project} deployed ({time.time() - t0:.1f} s); waiting for the daemons")
         return self._wait_ready(t0, progress)
 
@@ -430,10 +587,11 @@ class SwarmFabric(ContainerFabric):
                 raise live.LiveError(f"stack {self.project} still has {self.leftovers()} after {timeout} s")
             time.sleep(1)
         self._stubs.clear()
+        self._remove_certificates()
 
     def leftovers(self):
         out = []
-        for what in (["service", "ls"], ["ps", "-a"], ["network", "ls"]):
+        for what in (["service", "ls"], ["ps", "-a"], ["network", "ls"], ["secret", "ls"]):
             ids = _docker(what + ["-q", "--filter", f"name={self.project}_"]).split()
             out += [f"{len(ids)} {what[0] if what[0] != 'ps' else 'container'}(s)"] if ids else []
         return ", ".join(out)
@@ -453,7 +611,8 @@ def attach():
             st = json.load(f)
     except FileNotFoundError:
         raise live.LiveError("no containerized testbed is up (./ifec testbed up FILE)")
-    return ContainerFabric(st["topology"], st["project"], st["compose_dir"], frr=st.get("frr", []))
+    return ContainerFabric(st["topology"], st["project"], st["compose_dir"], frr=st.get("frr", []),
+                           insecure=st.get("insecure", False))
 
 
 if __name__ == "__main__":
