@@ -714,7 +714,7 @@ void IfecEngine::send_replica(Multicast& m, int dest) {
   common::Reth reth{w.va + m.offset, w.rkey, static_cast<uint32_t>(m.payload.size())};
   emit_(build(w.ip, e, static_cast<uint8_t>(Opcode::kWriteOnly), m.psn, common::pkey_of_job(m.job), reth,
               m.payload.data(), m.payload.size()),
-        m.psn);
+        kSwitchChooses);
   counters_.multicast_replicas++;
 }
 

@@ -1,4 +1,5 @@
-"""DistributedDataParallel training of a small MLP: an unmodified PyTorch program (any backend).
+"""DistributedDataParallel training of a small MLP (19,204 parameters, 77 KB of gradients a step): an unmodified
+PyTorch program (any backend).
 
     ./ifec live torchrun bindings/tests/torch_programs/ddp_train.py --out params.pt
 
@@ -21,7 +22,7 @@ args = p.parse_args()
 dist.init_process_group(args.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4))
+model = nn.Sequential(nn.Linear(16, 128), nn.Tanh(), nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 4))
 with torch.no_grad():
     for param in model.parameters():
         param.add_(0.01 * rank)
