@@ -37,9 +37,6 @@ constexpr uint32_t kBlockSize = 1 << 20;
 constexpr uint32_t kBlocks = 8;
 uint32_t slot_for(size_t max_frame) { return max_frame + 128 <= 8192 ? 8192 : 16384; }
 constexpr common::TimeNs kBusyRetryNs = 20'000;
-constexpr common::TimeNs kPacingSlackNs = 50'000;     // a port may run this far ahead of its rate (a small burst)
-constexpr common::TimeNs kPacingCatchUpNs = 200'000;  // ... and make up this much time an idle or late loop lost
-constexpr size_t kWireOverheadBytes = 24;             // preamble + SFD, FCS, inter-frame gap
 
 // ethertype PFC: accept; IPv4 UDP (not a fragment) to 4791 (RoCEv2) or 4793 (ECH): accept; else drop (ARP and
 // BGP's TCP are the kernel's).
@@ -67,7 +64,7 @@ std::string fabric_ifname(int port) { return "f" + std::to_string(port); }
 
 AfPacketPort::AfPacketPort(EpollLoop& loop, const std::string& ifname, uint64_t rate_bps, const std::string& netns,
                            size_t max_frame)
-    : loop_(loop), ifname_(ifname), rate_bps_(rate_bps), max_frame_(max_frame) {
+    : loop_(loop), ifname_(ifname), rate_bps_(rate_bps), max_frame_(max_frame), pacer_(rate_bps) {
   IFEC_CHECK(!ifname.empty() && ifname.size() < IFNAMSIZ,
              "interface name '" << ifname << "' is not 1.." << IFNAMSIZ - 1 << " characters");
   {
@@ -221,21 +218,22 @@ void AfPacketPort::writable() {
   }
 }
 
-// The link's rate, as a NIC or a switch port serializes: each frame (plus preamble, FCS and gap) takes its time at
-// rate_bps, and the port stays busy while it is more than kPacingSlackNs ahead of the wall clock, so frames wait in
-// their owner's queues (where PFC, ECN and the retransmission timers see them), not in the kernel's.
-void AfPacketPort::pace(size_t frame_bytes) {
-  const common::TimeNs now = loop_.now();
+common::TimeNs LinkPacer::sent(common::TimeNs now, size_t frame_bytes) {
   if (rate_bps_ > 0) {
     const auto cost = static_cast<common::TimeNs>((frame_bytes + kWireOverheadBytes) * 8e9 / rate_bps_);
-    // A late wake-up (the loop had other work) is made up for, up to kPacingCatchUpNs: the long-run rate is the
-    // link's, not the link's minus the scheduler's latency.
-    next_free_ns_ = std::max(next_free_ns_, now - std::min(now, kPacingCatchUpNs)) + cost;
+    // A late wake-up (the loop had other work) is made up for, up to kCatchUpNs: the long-run rate is the link's,
+    // not the link's minus the scheduler's latency.
+    next_free_ns_ = std::max(next_free_ns_, now - std::min(now, kCatchUpNs)) + cost;
   }
-  if (next_free_ns_ > now + kPacingSlackNs) {
+  return next_free_ns_ > now + kSlackNs ? next_free_ns_ - kSlackNs : 0;
+}
+
+void AfPacketPort::pace(size_t frame_bytes) {
+  const common::TimeNs resume = pacer_.sent(loop_.now(), frame_bytes);
+  if (resume != 0) {
     busy_ = true;
     counters_.paced++;
-    loop_.schedule(next_free_ns_ - kPacingSlackNs, [this] {
+    loop_.schedule(resume, [this] {
       busy_ = false;
       ready_soon();
     });

@@ -1,7 +1,7 @@
 // A common::Port on a Linux network interface: AF_PACKET with a memory-mapped receive ring (TPACKET_V2: each frame
 // is handed over as it arrives; TPACKET_V3's block retire timer would add up to its timeout in latency at low load)
 // and sendto() for transmission. A classic BPF filter in the kernel passes only fabric traffic: RoCEv2 (UDP 4791),
-// ECH (UDP 4793), PFC (MAC control 0x8808) and the FARE speaker's ethertype; the kernel's own traffic (ARP, IPv6 ND,
+// ECH (UDP 4793) and PFC (MAC control 0x8808); the kernel's own traffic (ARP, IPv6 ND,
 // the control plane's TCP) never reaches the daemon. Frames this socket sends are not looped back to it.
 //
 // Link state is the interface's carrier (IFF_RUNNING), read with refresh_link() (the daemon polls it and reacts to
@@ -36,6 +36,26 @@ namespace ifec::live {
 
 struct AfPacketCounters {
   IFEC_COUNTER_SET(AfPacketCounters, IFEC_AF_PACKET_COUNTERS)
+};
+
+// The link's rate, as a NIC or a switch port serializes: each frame (plus preamble, FCS and gap) takes its time at
+// the rate, and the port holds its owner back while it is more than kSlackNs ahead of the wall clock, so frames
+// wait in their owner's queues (where PFC, ECN and the retransmission timers see them), not in the kernel's. The
+// AF_PACKET and AF_XDP ports share it, so both drivers pace alike.
+class LinkPacer {
+ public:
+  static constexpr common::TimeNs kSlackNs = 50'000;     // a port may run this far ahead of its rate (a small burst)
+  static constexpr common::TimeNs kCatchUpNs = 200'000;  // ... and make up this much time an idle or late loop lost
+  static constexpr size_t kWireOverheadBytes = 24;       // preamble + SFD, FCS, inter-frame gap
+
+  explicit LinkPacer(uint64_t rate_bps) : rate_bps_(rate_bps) {}
+  // Accounts a frame of `frame_bytes` sent at `now` (0 bits/s: no limit); returns 0 when the owner may send the
+  // next one at once, else the time until which the port is busy.
+  common::TimeNs sent(common::TimeNs now, size_t frame_bytes);
+
+ private:
+  uint64_t rate_bps_;
+  common::TimeNs next_free_ns_ = 0;  // when the link has serialized everything sent so far
 };
 
 class AfPacketPort : public common::Port {
@@ -85,8 +105,8 @@ class AfPacketPort : public common::Port {
   bool up_ = false;
   bool busy_ = false;
   bool ready_pending_ = false;
-  common::TimeNs next_free_ns_ = 0;  // when the link has serialized everything sent so far
-  std::vector<uint8_t> pending_;     // a frame the full qdisc refused, sent when it has room
+  LinkPacer pacer_;
+  std::vector<uint8_t> pending_;  // a frame the full qdisc refused, sent when it has room
   Receiver rx_;
   TxReady ready_;
   mutable AfPacketCounters counters_;

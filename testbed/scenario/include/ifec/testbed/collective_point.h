@@ -21,8 +21,9 @@ using workloads::Collective;
 // The state a fabric carries from one operation to the next that decides which sub-link each frame takes: the
 // in-fabric group counter of the first rank's communicator (chunk c of group g travels sub-link (c + g) mod n, up
 // and down), and each member's endpoint stripe rotor (which QP a store's stripes start on) and next multicast PSN (a
-// multicast packet goes up the sub-link of its PSN; the switch sprays its replicas by its own rotation). A row records where its operation started; a point starts there (a replay of a
-// trace) or, where a field is -1 or empty, from a fresh fabric's.
+// multicast packet goes up the sub-link of its PSN; the switch sprays its replicas by its own rotation). A row records
+// where its operation started; a point starts there (a replay of a trace) or, where a field is -1 or empty, from a
+// fresh fabric's.
 struct Turns {
   int group = -1;
   std::vector<uint64_t> stripe;     // per member, in member order
