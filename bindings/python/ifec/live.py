@@ -31,6 +31,7 @@ from . import _native
 MGMT_BRIDGE = "ifecmgmt0"
 MGMT_ROOT_IP = "172.31.0.1"
 GRPC_PORT = 50051
+FABRIC_DRIVERS = ("af_packet", "af_xdp", "auto")
 STATE_DIR = pathlib.Path(os.environ.get("IFEC_LIVE_STATE", "/run/ifec-live"))
 
 
@@ -112,7 +113,8 @@ class LiveFabric:
 
     driver = "live"  # what its rows say produced them
 
-    def __init__(self, topology_file, log_dir=None, ready_timeout=60.0, frr=(), insecure=False, tls_dir=None):
+    def __init__(self, topology_file, log_dir=None, ready_timeout=60.0, frr=(), insecure=False, tls_dir=None,
+                 fabric_driver="af_packet"):
         self.topology_file = str(pathlib.Path(topology_file).resolve())
         self.topo = _native.load_topology(self.topology_file)
         self.nodes = self.topo.nodes
@@ -129,6 +131,9 @@ class LiveFabric:
         self._stubs = {}
         # The control plane's certificates (ifec.pki; made by up() unless given): None with insecure (plaintext).
         self.tls_dir = None if insecure else pathlib.Path(tls_dir or self.log_dir / "tls")
+        if fabric_driver not in FABRIC_DRIVERS:
+            raise LiveError(f"fabric driver {fabric_driver!r}: expected one of {', '.join(FABRIC_DRIVERS)}")
+        self.fabric_driver = fabric_driver  # the daemons' fabric sockets (--fabric-driver)
 
     # ------------------------------------------------------------------------------------------- bring-up --
 
@@ -237,7 +242,7 @@ class LiveFabric:
         log = open(self.log_dir / f"{node}.log", "a")
         self.procs[node] = self.hosts[node].popen(
             [str(_bin_dir() / prog), "--topo", self.topology_file, "--node", node, *self.tls_args(),
-             *self.daemon_args(nd)],
+             "--fabric-driver", self.fabric_driver, *self.daemon_args(nd)],
             stdout=log, stderr=subprocess.STDOUT)
         self._stubs.pop(node, None)
         self._record()
@@ -700,7 +705,7 @@ def _write_state(**state):
     tmp.replace(_state_file())
 
 
-def _serve(topology_file, log_dir, frr=(), insecure=False):
+def _serve(topology_file, log_dir, frr=(), insecure=False, fabric_driver="af_packet"):
     progress_file = pathlib.Path(log_dir) / "progress.log"
     prog = open(progress_file, "a", buffering=1)
     # The handlers only note the stop: the bring-up asks between its steps (an exception raised inside Mininet's
@@ -711,7 +716,7 @@ def _serve(topology_file, log_dir, frr=(), insecure=False):
     try:
         # The state names this supervisor from the start, so `down` finds a bring-up still under way.
         _write_state(topology=str(topology_file), log_dir=str(log_dir), supervisor=os.getpid(), ready=False)
-        fab = LiveFabric(topology_file, log_dir=log_dir, frr=frr, insecure=insecure)
+        fab = LiveFabric(topology_file, log_dir=log_dir, frr=frr, insecure=insecure, fabric_driver=fabric_driver)
         fab.up(progress=lambda line: prog.write(line + "\n"), should_stop=lambda: bool(stop))
     except Exception as e:
         _state_file().unlink(missing_ok=True)
@@ -826,7 +831,8 @@ def _cmd_up(args):
             if not any(n["name"] == name for n in topo.nodes):
                 raise LiveError(f"--frr {args.frr}: no node '{name}' in {topo_file}")
     sup = subprocess.Popen([sys.executable, "-m", "ifec.live", "_serve", str(topo_file), str(log_dir),
-                            "--frr", args.frr, *(["--insecure"] if args.insecure else [])],
+                            "--frr", args.frr, "--fabric-driver", args.fabric_driver,
+                            *(["--insecure"] if args.insecure else [])],
                            start_new_session=True, stdout=open(log_dir / "supervisor.log", "w"),
                            stderr=subprocess.STDOUT, env=env)
     shown, t0 = 0, time.time()
@@ -1185,6 +1191,8 @@ def main(argv=None):
                                                "ifec daemon (a switch's or a GPU's routing stack; ifec.frr)")
     up.add_argument("--insecure", action="store_true",
                     help="plaintext gRPC, no certificates or roles (every daemon says so loudly in its log)")
+    up.add_argument("--fabric-driver", choices=FABRIC_DRIVERS, default="af_packet",
+                    help="the daemons' fabric sockets: af_packet (default), af_xdp, or auto (AF_XDP where it can)")
     handlers = add_fabric_commands(sub)
     sub.add_parser("down", help="take everything down")
     sub.add_parser("security", help="every kind of caller against a switchd and a hostd: the control plane's "
@@ -1194,11 +1202,12 @@ def main(argv=None):
     serve.add_argument("logs")
     serve.add_argument("--frr", default="")
     serve.add_argument("--insecure", action="store_true")
+    serve.add_argument("--fabric-driver", default="af_packet")
     a = p.parse_args(argv)
     a.attach = attach
     try:
         if a.cmd == "_serve":
-            return _serve(a.file, a.logs, [n for n in a.frr.split(",") if n], a.insecure)
+            return _serve(a.file, a.logs, [n for n in a.frr.split(",") if n], a.insecure, a.fabric_driver)
         from . import security
         return dict(handlers, up=_cmd_up, down=_cmd_down, security=lambda _: security.main())[a.cmd](a)
     except (LiveError, ValueError) as e:  # ValueError: IfecError from the native side names the bad value

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -53,7 +54,15 @@ inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
   s->set_uptime_ns(rt.loop().now());
   s->set_fare_changes(rt.fare_changes());
   s->set_fare_last_change_ns(rt.fare_last_change());
-  s->set_driver("af_packet (TPACKET_V2 receive ring, sendto)");
+  std::set<std::string> drivers;  // the fabric ports' (one, unless some fell back from AF_XDP)
+  for (const auto& p : rt.ports()) {
+    drivers.insert(p->device().driver());
+  }
+  std::string driver;
+  for (const std::string& d : drivers) {
+    driver += (driver.empty() ? "" : "; ") + d;
+  }
+  s->set_driver(driver);
   s->set_ready(ready);
   for (const auto& p : rt.ports()) {
     v1::PortStatus* ps = s->add_ports();
@@ -67,7 +76,9 @@ inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
     ps->set_fare_heard(rt.heard(p->port()));
     ps->set_mac(mac_text(p->device().mac()));
     auto& v = *ps->mutable_counters()->mutable_values();
-    p->device().counters().for_each([&v](const char* name, uint64_t value) { v[name] = value; });
+    for (const auto& [name, value] : p->device().counter_map()) {
+      v[name] = value;
+    }
     v["injected_drops"] = p->injected_drops();
   }
 }

@@ -8,6 +8,7 @@
 
 #include "daemon_serve.h"
 #include "ifec/common/checks.h"
+#include "ifec/live/xdp_port.h"
 
 namespace ifec::live {
 
@@ -16,7 +17,7 @@ namespace {
 const char* kUsage =
     "usage: %s --topo FILE --node NAME [--listen ADDR] [--netns NAME] [--loopback-mgmt]\n"
     "          [--mgmt-names] [--links-by-subnet BASE] [--guest-mac MAC]\n"
-    "          [--external-peers GPU[,GPU...]] (--tls-dir DIR | --insecure)\n"
+    "          [--external-peers GPU[,GPU...]] [--fabric-driver D] (--tls-dir DIR | --insecure)\n"
     "  --topo FILE       the topology (YAML) every daemon of the fabric runs from; env:NAME reads it from\n"
     "                    environment variable NAME (containers)\n"
     "  --node NAME       the topology node this daemon is (%s)\n"
@@ -34,7 +35,10 @@ const char* kUsage =
     "  --tls-dir DIR     mutual TLS: DIR holds ca.pem (the testbed's CA) and NAME.pem / NAME.key, this node's\n"
     "                    certificate (the bring-up makes them, ifec.pki); clients need a certificate of that CA\n"
     "                    whose role may call the rpc (control.proto's roles)\n"
-    "  --insecure        plaintext gRPC, no certificates, no roles: anyone who reaches the address may do anything\n";
+    "  --insecure        plaintext gRPC, no certificates, no roles: anyone who reaches the address may do anything\n"
+    "  --fabric-driver D the fabric ports' sockets: af_packet (default), af_xdp (an XDP program redirecting the\n"
+    "                    fabric's frames to an AF_XDP socket), auto (AF_XDP where it can, else AF_PACKET, saying\n"
+    "                    why in the daemon's events)\n";
 
 }  // namespace
 
@@ -77,6 +81,9 @@ bool parse_daemon_options(int argc, char** argv, DaemonOptions* o, const char* w
       value(&o->tls_dir);
     } else if (a == "--insecure") {
       o->insecure = true;
+    } else if (a == "--fabric-driver") {
+      value(&o->fabric_driver);
+      parse_fabric_driver(o->fabric_driver);  // a bad name is refused here, naming it
     } else if (a == "--mgmt-names") {
       o->mgmt_names = true;
     } else if (a == "--links-by-subnet") {

@@ -191,7 +191,7 @@ struct HostDaemon::Impl {
       for (int link : topo.links_of(rt->node())) {
         const routing::Link& lk = topo.links[link];
         if ((lk.a == rt->node() ? lk.a_port : lk.b_port) == p->port()) {
-          const AfPacketCounters k = p->device().counters();
+          const AfPacketCounters k = p->device().port_counters();
           out.push_back({static_cast<uint64_t>(link), k.tx_bytes, k.rx_bytes});
         }
       }
@@ -203,7 +203,7 @@ struct HostDaemon::Impl {
     std::vector<uint64_t> out(topo.num_planes, 0);
     for (const auto& p : rt->ports()) {
       const auto [peer, peer_port] = rt->peer_of(p->port());
-      out[topo.nodes[peer].plane] += p->device().counters().tx_bytes;
+      out[topo.nodes[peer].plane] += p->device().port_counters().tx_bytes;
     }
     return out;
   }

@@ -41,7 +41,7 @@ int node_index(const routing::Topology& topo, const std::string& name) {
 
 }  // namespace
 
-NodePort::NodePort(NodeRuntime& rt, int port, std::unique_ptr<AfPacketPort> dev)
+NodePort::NodePort(NodeRuntime& rt, int port, std::unique_ptr<FabricPort> dev)
     : rt_(rt), port_(port), dev_(std::move(dev)) {
   dev_->set_receiver([this](std::vector<uint8_t>&& f) { rt_.frame_in(port_, std::move(f)); });
 }
@@ -74,9 +74,10 @@ NodeRuntime::NodeRuntime(const routing::Topology& topo, const std::string& node_
     const int p = link.a == node_ ? link.a_port : link.b_port;
     link_of_port_[p] = l;
     // Slots for the largest RoCE/ECH frame of this MTU (headers are under 128 bytes).
-    auto dev = std::make_unique<AfPacketPort>(loop_, ifname(p), static_cast<uint64_t>(link.rate_gbps * 1e9),
-                                              opts_.netns, topo_.params.mtu + 128);
-    ports_[p] = std::make_unique<NodePort>(*this, p, std::move(dev));
+    OpenedFabricPort dev = open_fabric_port(loop_, ifname(p), static_cast<uint64_t>(link.rate_gbps * 1e9), opts_.netns,
+                                            topo_.params.mtu + 128, opts_.driver);
+    note("port", ifname(p) + ": " + dev.description);
+    ports_[p] = std::make_unique<NodePort>(*this, p, std::move(dev.port));
   }
   for (size_t p = 0; p < ports_.size(); ++p) {
     IFEC_CHECK(ports_[p] != nullptr, "node " << node_name << ": port " << p << " has no link in the topology");
@@ -483,10 +484,10 @@ std::string NodeRuntime::render_metrics(bool ready,
                                         const std::function<std::string(const std::string& labels)>& extra) const {
   const std::string node = "node=\"" + info().name + "\"";
   std::string out =
-      "# HELP ifec_port_bytes_total Frame bytes through a fabric interface (AF_PACKET), by direction.\n"
+      "# HELP ifec_port_bytes_total Frame bytes through a fabric interface (AF_PACKET or AF_XDP), by direction.\n"
       "# TYPE ifec_port_bytes_total counter\n";
   for (const auto& p : ports_) {
-    const AfPacketCounters c = p->dev_->counters();
+    const AfPacketCounters c = p->dev_->port_counters();
     const auto [peer, peer_port] = peer_of(p->port());
     const int link = link_of_port_[p->port()];
     const std::string l = node + ",port=\"" + std::to_string(p->port()) + "\",plane=\"" +

@@ -60,6 +60,7 @@ routing::Topology load_daemon_topology(const DaemonOptions& o) {
 RuntimeOptions runtime_options(const DaemonOptions& o, const routing::Topology& topo) {
   RuntimeOptions ro;
   ro.netns = o.netns;
+  ro.driver = parse_fabric_driver(o.fabric_driver);
   if (o.links_base != 0) {
     const int node = topo.find_node(o.node);
     IFEC_CHECK(node >= 0, "no node '" << o.node << "' in topology " << topo.name);

@@ -33,6 +33,7 @@ struct DaemonOptions {
   // (plaintext, no roles; said loudly at start). One of them is required.
   std::string tls_dir;
   bool insecure = false;
+  std::string fabric_driver = "af_packet";  // the fabric ports' sockets: af_packet | af_xdp | auto
 };
 
 // Where a daemon of `node` is reached under `o` (the management plan, loopback ports for tests, or its node name

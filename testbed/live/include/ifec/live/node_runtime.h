@@ -24,6 +24,7 @@
 #include "ifec/live/af_packet_port.h"
 #include "ifec/live/epoll_loop.h"
 #include "ifec/live/netns.h"
+#include "ifec/live/xdp_port.h"
 #include "ifec/routing/bgp_speaker.h"
 #include "ifec/routing/topology.h"
 #include "ifec/testbed/live_timing.h"
@@ -37,6 +38,9 @@ struct RuntimeOptions {
   // Interface of each topology port; ports not in it are f<port> (the namespaces' naming). Containers, whose
   // interfaces Docker names, fill it with interfaces_by_subnet().
   std::map<int, std::string> ifnames;
+  // Which socket the fabric ports use: AF_PACKET (the default), AF_XDP, or AF_XDP where it can (auto: falls back,
+  // saying why in each port's description).
+  FabricDriver driver = FabricDriver::kAfPacket;
 };
 
 // The interfaces of `node` found by address: link L's network is the /29 at `base` + 8 L (the compose file's
@@ -52,17 +56,17 @@ struct RuntimeEvent {
 
 class NodeRuntime;
 
-// One fabric port as the switch or endpoint sees it: an AfPacketPort with fault injection.
+// One fabric port as the switch or endpoint sees it: an AF_PACKET or AF_XDP port (FabricPort) with fault injection.
 class NodePort : public common::Port {
  public:
-  NodePort(NodeRuntime& rt, int port, std::unique_ptr<AfPacketPort> dev);
+  NodePort(NodeRuntime& rt, int port, std::unique_ptr<FabricPort> dev);
   bool send(std::vector<uint8_t>&& frame) override;
   bool busy() const override { return dev_->busy(); }
   bool link_up() const override { return dev_->link_up(); }
   uint64_t rate_bps() const override { return dev_->rate_bps(); }
   void set_receiver(Receiver rx) override { rx_ = std::move(rx); }
   void set_tx_ready(TxReady ready) override { dev_->set_tx_ready(std::move(ready)); }
-  AfPacketPort& device() { return *dev_; }
+  FabricPort& device() { return *dev_; }
   int port() const { return port_; }
   // Drops what the owner sends with probability p (fault injection; BGP, in the kernel's TCP, is not affected).
   void set_loss(double p, uint64_t seed);
@@ -72,7 +76,7 @@ class NodePort : public common::Port {
   friend class NodeRuntime;
   NodeRuntime& rt_;
   int port_;
-  std::unique_ptr<AfPacketPort> dev_;
+  std::unique_ptr<FabricPort> dev_;
   Receiver rx_;
   double loss_ = 0;
   std::mt19937_64 rng_;
