@@ -28,6 +28,7 @@
 #include "ifec/live/epoll_loop.h"
 #include "ifec/live/netns.h"
 #include "ifec/live/xdp_port.h"
+#include "port_frames.h"
 
 using namespace ifec;
 
@@ -96,20 +97,9 @@ double thread_cpu_s() {
 
 // A RoCEv2 WRITE ONLY frame of `bytes` on the wire (at least its headers).
 std::vector<uint8_t> frame_of(size_t bytes, const uint8_t* src, const uint8_t* dst) {
-  common::FrameHeaders h;
-  std::copy(src, src + 6, h.eth.src.begin());
-  std::copy(dst, dst + 6, h.eth.dst.begin());
-  h.ip.src = 0x0A000001;
-  h.ip.dst = 0x0A000002;
-  h.udp.src_port = 0xC001;
-  h.bth.opcode = static_cast<uint8_t>(common::Opcode::kWriteOnly);
-  h.bth.dest_qp = 0x102;
-  h.reth = common::Reth{0x1000, 7, 0};
-  const size_t headers = common::encode_frame(h, nullptr, 0).size();
+  const size_t headers = live::testing::roce_frame(src, dst, false, 0).size();
   const size_t payload = bytes > headers ? (bytes - headers) & ~size_t{3} : 0;  // RoCE pads to 4 bytes
-  h.reth = common::Reth{0x1000, 7, static_cast<uint32_t>(payload)};
-  std::vector<uint8_t> data(payload, 0x5A);
-  return common::encode_frame(h, data.data(), data.size());
+  return live::testing::roce_frame(src, dst, false, payload);
 }
 
 live::FabricDriver driver_of(const std::string& name) { return live::parse_fabric_driver(name); }

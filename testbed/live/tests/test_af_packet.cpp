@@ -13,10 +13,13 @@
 #include "ifec/live/af_packet_port.h"
 #include "ifec/live/epoll_loop.h"
 #include "ifec/live/netns.h"
+#include "port_frames.h"
 
 using namespace ifec;
 
 namespace {
+
+using live::testing::roce_frame;
 
 // Runs the loop until `done` or `limit_ns` of wall time; false on timeout.
 bool run_until(live::EpollLoop& loop, const std::function<bool()>& done, common::TimeNs limit_ns = 2'000'000'000ULL) {
@@ -29,30 +32,6 @@ bool run_until(live::EpollLoop& loop, const std::function<bool()>& done, common:
     loop.serve(loop.now() + 1'000'000);
   }
   return true;
-}
-
-std::vector<uint8_t> roce_frame(const uint8_t* src, const uint8_t* dst, uint16_t udp_dst_ech, size_t payload) {
-  common::FrameHeaders h;
-  std::copy(src, src + 6, h.eth.src.begin());
-  std::copy(dst, dst + 6, h.eth.dst.begin());
-  h.ip.src = 0x0A000001;
-  h.ip.dst = 0x0A000002;
-  h.udp.src_port = 0xC001;
-  h.bth.opcode = static_cast<uint8_t>(common::Opcode::kWriteOnly);
-  h.bth.dest_qp = 0x102;
-  h.reth = common::Reth{0x1000, 7, static_cast<uint32_t>(payload)};
-  if (udp_dst_ech) {
-    common::Ech e;
-    e.format = common::EchFormat::kStandard;
-    e.op = common::EchOp::kAllReduce;
-    e.element_count = static_cast<uint32_t>(payload / 4);
-    h.ech = e;
-  }
-  std::vector<uint8_t> data(payload);
-  for (size_t i = 0; i < payload; ++i) {
-    data[i] = static_cast<uint8_t>(i * 13);
-  }
-  return common::encode_frame(h, data.data(), data.size());
 }
 
 class Veth : public testing::Test {
@@ -117,8 +96,8 @@ TEST(EpollLoop, TimersRunInTimeOrderAndOtherThreadsWakeIt) {
 }
 
 TEST_F(Veth, FabricFramesCrossByteForByteAndOtherTrafficIsFiltered) {
-  const auto roce = roce_frame(pa_->mac(), pb_->mac(), 0, 4096);  // a jumbo frame: the veth MTU is 9216
-  const auto ech = roce_frame(pa_->mac(), pb_->mac(), 1, 256);
+  const auto roce = roce_frame(pa_->mac(), pb_->mac(), false, 4096);  // a jumbo frame: the veth MTU is 9216
+  const auto ech = roce_frame(pa_->mac(), pb_->mac(), true, 256);
   common::PfcFrame pfc;
   std::copy(pa_->mac(), pa_->mac() + 6, pfc.src.begin());
   pfc.class_enable = 1 << 3;
@@ -161,7 +140,7 @@ TEST_F(Veth, CarrierFollowsThePeerAndADownPortRefusesFrames) {
     pa_->refresh_link();
     return !pa_->link_up();
   })) << "A still sees a carrier";
-  EXPECT_FALSE(pa_->send(roce_frame(pa_->mac(), pb_->mac(), 0, 64)));
+  EXPECT_FALSE(pa_->send(roce_frame(pa_->mac(), pb_->mac(), false, 64)));
   EXPECT_EQ(pa_->counters().tx_refused, 1u);
   b_->ip({"link", "set", "f0", "up"});
   ASSERT_TRUE(run_until(loop_, [&] {
@@ -169,7 +148,7 @@ TEST_F(Veth, CarrierFollowsThePeerAndADownPortRefusesFrames) {
     pb_->refresh_link();
     return pa_->link_up() && pb_->link_up();
   }));
-  ASSERT_TRUE(pa_->send(roce_frame(pa_->mac(), pb_->mac(), 0, 64)));
+  ASSERT_TRUE(pa_->send(roce_frame(pa_->mac(), pb_->mac(), false, 64)));
   EXPECT_TRUE(run_until(loop_, [&] { return got_.size() == 1; }));
 }
 
