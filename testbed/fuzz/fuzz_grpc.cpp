@@ -129,6 +129,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     std::exit(0);
   }
   g_rig = new Rig();  // lives as long as the process: the daemons serve every input
+  // libFuzzer ends with exit(): the daemons stop and the namespaces and veths go with the rig then.
+  std::atexit([] {
+    delete g_rig;
+    g_rig = nullptr;
+  });
   for (int i = 0; i < 300 && !g_rig->all_answer(std::chrono::milliseconds(200), true); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
