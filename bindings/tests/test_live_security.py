@@ -24,7 +24,7 @@ def _allreduce(fab):
     return row["outputs"]
 
 
-def test_every_caller_is_refused_or_served_as_the_roles_table_says(repo, tmp_path):
+def test_every_caller_is_refused_or_served_as_the_roles_table_says(repo, tmp_path, capsys):
     table = {s: live.rpc_roles(s) for s in ("Switch", "Host")}
     # The table itself: the issue's rows.
     assert table["Switch"]["SetLoss"] == table["Switch"]["SetLink"] == {"operator"}
@@ -37,7 +37,8 @@ def test_every_caller_is_refused_or_served_as_the_roles_table_says(repo, tmp_pat
         OUTPUTS["tls"] = _allreduce(fab)  # every rank's hostd over mutual TLS; it also makes window 1
         lines = []
         rows = security.matrix(fab, progress=lines.append)
-        print(lines[0])
+        with capsys.disabled():  # the matrix in ./ifec test's output, not only on failure
+            print("\n" + lines[0])
         cell = {(r["who"], r["rpc"]): r for r in rows}
         assert all(r["ok"] for r in rows), lines[0]
         for who in security.HANDSHAKE_REFUSED:
@@ -68,7 +69,7 @@ def test_an_allreduce_with_mtls_equals_one_without(repo, tmp_path):
         fab.down()
 
 
-def test_frames_from_another_job_are_naked_and_change_no_memory(repo, tmp_path):
+def test_frames_from_another_job_are_naked_and_change_no_memory(repo, tmp_path, capsys):
     """From GPU 7's namespace, out of its fabric interface through the switch, RDMA WRITEs into GPU 1's window 1
     (job 1): with job 2's partition key, a wrong rkey, an address past the window: each NAKed (Remote Access Error),
     the window unchanged, counted; from an address that is no GPU: dropped and counted. A control frame with
@@ -116,8 +117,9 @@ def test_frames_from_another_job_are_naked_and_change_no_memory(repo, tmp_path):
         assert after[64:] == good  # the control frame did
         assert k1["access_naks_sent"] - k0["access_naks_sent"] == 3
         assert k1["rx_wrong_source"] - k0["rx_wrong_source"] == 1
-        print(f"foreign frames: 3 NAKed (Remote Access Error), 1 dropped (rx_wrong_source), window unchanged; "
-              f"the control frame written and ACKed")
+        with capsys.disabled():
+            print("\nforeign frames: 3 NAKed (Remote Access Error), 1 dropped (rx_wrong_source), window unchanged; "
+                  "the control frame written and ACKed")
         _allreduce(fab)  # the fabric still runs collectives correctly
     finally:
         fab.down()
@@ -136,7 +138,8 @@ def _port_macs(fab, node, port):
     return ifname, mine, bytes.fromhex(theirs)
 
 
-def test_a_soak_of_malformed_and_random_frames_leaves_collectives_correct_and_daemons_serving(repo, tmp_path):
+def test_a_soak_of_malformed_and_random_frames_leaves_collectives_correct_and_daemons_serving(repo, tmp_path,
+                                                                                             capsys):
     """For SOAK_SECONDS, GPU 7's namespace floods its switches (all four ports) and the switch's namespace floods
     GPU 1's hostd directly (the port facing it) with random, truncated, bit-flipped and valid-but-random RoCEv2
     frames, as fast as one process each sends them, while AllReduces run: each AllReduce correct, every daemon
@@ -174,10 +177,11 @@ def test_a_soak_of_malformed_and_random_frames_leaves_collectives_correct_and_da
         total = sum(sum(s["sent"].values()) for s in sent)
         rate = total / max(s["seconds"] for s in sent)
         kinds = ", ".join(f"{k} {sum(s['sent'][k] for s in sent)}" for k in security.SOAK_KINDS)
-        print(f"soak: {total} frames in {SOAK_SECONDS} s ({rate / 1e3:.0f} k frames/s: {kinds}; "
-              f"{sum(s['refused'] for s in sent)} sends refused by the kernel); {runs} AllReduces during it, all "
-              f"correct; malformed frames dropped: gpu1's hostd {after[0] - before[0]}, the switches "
-              f"{after[1] - before[1]}; every daemon ready")
+        with capsys.disabled():
+            print(f"\nsoak: {total} frames in {SOAK_SECONDS} s ({rate / 1e3:.0f} k frames/s: {kinds}; "
+                  f"{sum(s['refused'] for s in sent)} sends refused by the kernel); {runs} AllReduces during it, all "
+                  f"correct; malformed frames dropped: gpu1's hostd {after[0] - before[0]}, the switches "
+                  f"{after[1] - before[1]}; every daemon ready")
         assert runs >= 1 and total > 0
         assert after[0] > before[0] and after[1] > before[1]
     finally:
