@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "ifec/live/tls.h"
 #include "ifec/v1/control.grpc.pb.h"
@@ -228,9 +229,12 @@ class Runner {
   // A job gets the runner it runs on: it holds no reference of its own, so the runner is never destroyed (and its
   // thread joined) from its own thread.
   using Job = std::function<void(Runner&)>;
+  // Also destroys, on the calling (Python) thread, the jobs that ran since the last post: see loop().
   void post(Job job) {
+    std::vector<Job> ran;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      ran.swap(ran_);
       queue_.push_back(std::move(job));
     }
     cv_.notify_all();
@@ -266,12 +270,19 @@ class Runner {
         queue_.pop_front();
       }
       next(*this);
+      // The job's captures (its Work, the caller's tensors) are not destroyed here: once its Work completed, this
+      // may be the last reference to a tensor that owns its Python object, and freeing that takes the GIL, which
+      // ends this thread (std::terminate) when the interpreter is already finalizing. The next post() or the
+      // runner's destructor, on a Python thread, destroys them.
+      std::lock_guard<std::mutex> lock(mu_);
+      ran_.push_back(std::move(next));
     }
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;
+  std::vector<Job> ran_;  // run, not yet destroyed (see loop())
   bool stop_ = false;
   std::map<std::string, std::unique_ptr<v1::Host::Stub>> stubs_;
   std::thread thread_;  // last: it starts once the rest exists

@@ -378,8 +378,14 @@ def test_a_killed_switchd_leaves_its_plane_and_the_operation_finishes_then_it_re
         assert any("plane 1" in f for f in row["faults"]) or row["fell_back"], row["faults"]
     finally:
         fab.start("p1-sw")
-    back = _wait_for(lambda: fab.status(timeout=1)["p1-sw"].get("ready") and fab.plane_gbps(0, 1)[1] > 0,
-                     timeout=15)
+    # Back means every GPU's FARE has plane 1 toward every other GPU again: the routes return one leaf at a time, and
+    # an operation started when only some have returned finds "no path" on plane 1 for the others.
+    n = fab.topo.num_gpus
+
+    def plane1_everywhere():
+        return all(fab.plane_gbps(s, d)[1] > 0 for s in range(n) for d in range(n) if s != d)
+
+    back = _wait_for(lambda: fab.status(timeout=1)["p1-sw"].get("ready") and plane1_everywhere(), timeout=15)
     assert back is not None, "p1-sw did not rejoin"
     row = _ok(fab.run("allreduce", algo="ifec", bytes=256 * 1024, seed=14))
     assert not row["faults"], row["faults"]
