@@ -54,6 +54,7 @@ using ifec::cli::CommandSpec;
 using ifec::cli::Option;
 namespace wl = ifec::workloads;
 namespace tb = ifec::testbed;
+namespace live = ifec::live;
 
 const std::string kDefaultTopology = std::string(IFEC_TOPOLOGY_DIR) + "/superpod-64x4.yaml";
 const Option kTopoOption{"--topo", "FILE", "topology file (default: testbed/topologies/superpod-64x4.yaml)"};
@@ -362,26 +363,69 @@ int run_sim(const Args& a) {
 
 // ---------------------------------------------------------------------------------------------------- bench --
 
-int run_bench_live(const Args& a) {
-  const double seconds = a.has("--quick") ? 0.5 : 2.0;
-  std::printf(
-      "# switchd forwarding on veths (AF_PACKET, TPACKET_V2 rx ring, sendto tx) [driver: live; wall clock on "
-      "this machine, %ld cores]\n",
-      sysconf(_SC_NPROCESSORS_ONLN));
-  std::printf("# sender (ns a) -> switch pipeline on its own thread (ns s) -> receiver (ns b); %.1f s per size\n",
-              seconds);
-  std::printf("#%9s %12s %12s %12s %10s %14s %10s %10s\n", "frame(B)", "offered", "delivered", "frames/s", "Gb/s",
-              "frames/s/core", "sw user s", "sw sys s");
-  for (const auto& r : tb::bench_forwarding({64, 1024, 4096}, seconds)) {
-    std::printf(" %9zu %12llu %12llu %12.0f %10.3f %14.0f %10.2f %10.2f\n", r.frame_bytes,
-                static_cast<unsigned long long>(r.sent), static_cast<unsigned long long>(r.delivered), r.delivered_pps,
-                r.delivered_gbps, r.pps_per_core, r.switch_user_s, r.switch_sys_s);
+// One forwarding path's rows for every driver that works here, side by side per size; the AF_XDP rows (where they
+// ran) for the targets.
+std::vector<std::vector<tb::ForwardingRow>> print_forwarding(const std::vector<live::FabricDriver>& drivers,
+                                                             bool pipeline, double seconds) {
+  std::vector<std::vector<tb::ForwardingRow>> by_driver;
+  for (live::FabricDriver d : drivers) {
+    by_driver.push_back(tb::bench_forwarding(d, pipeline, {74, 1024, 4096}, seconds));
   }
-  const auto l = tb::bench_hop_latency(a.has("--quick") ? 200 : 2000);
+  std::printf("# %s: %s\n",
+              pipeline ? "switch pipeline (parse, route, queue; IFEC engine off)"
+                       : "bare port-to-port forwarder (the driver's ceiling for a switch core)",
+              by_driver.front().front().ports.c_str());
+  std::printf("#%8s", "frame(B)");
+  for (live::FabricDriver d : drivers) {
+    std::printf(" | %-9s %10s %7s %13s %6s %8s", live::fabric_driver_name(d), "frames/s", "Gb/s", "frames/core-s",
+                "sys%", "dropped");
+  }
+  std::printf("\n");
+  for (size_t i = 0; i < by_driver.front().size(); ++i) {
+    std::printf(" %8zu", by_driver.front()[i].frame_bytes);
+    for (const auto& rows : by_driver) {
+      const tb::ForwardingRow& r = rows[i];
+      std::printf(" | %-9s %10.0f %7.2f %13.0f %5.0f%% %8llu", "", r.delivered_pps, r.delivered_gbps, r.pps_per_core,
+                  r.switch_cpu_s > 0 ? 100 * r.switch_sys_s / r.switch_cpu_s : 0.0,
+                  static_cast<unsigned long long>(r.dropped));
+    }
+    std::printf("\n");
+  }
+  return by_driver;
+}
+
+int run_bench_live(const Args& a) {
+  IFEC_CHECK(live::netns_unavailable().empty(), "bench live: " << live::netns_unavailable());
+  const double seconds = a.has("--quick") ? 0.5 : 2.0;
+  const std::string no_xdp = live::XdpPort::unavailable();
+  std::vector<live::FabricDriver> drivers = {live::FabricDriver::kAfPacket};
+  if (no_xdp.empty()) {
+    drivers.insert(drivers.begin(), live::FabricDriver::kAfXdp);
+  }
   std::printf(
-      "# hop latency (128-byte frames, one in flight, median of %d round trips): direct veth %.1f us, through "
-      "the switch %.1f us: %.1f us added per hop\n",
-      l.round_trips, l.direct_rtt_us, l.switch_rtt_us, l.added_per_hop_us);
+      "# switchd's forwarding core on veths between namespaces [driver: live; measured, wall clock on this machine, "
+      "%ld cores; the forwarding thread on core 1, the sender and receiver on core 0]\n",
+      sysconf(_SC_NPROCESSORS_ONLN));
+  std::printf("# frames/core-s: frames delivered per CPU second of the forwarding thread; %.1f s per size%s%s\n",
+              seconds, no_xdp.empty() ? "" : "; AF_XDP not run: ", no_xdp.c_str());
+  const auto pipeline = print_forwarding(drivers, true, seconds);
+  print_forwarding(drivers, false, seconds);
+  for (live::FabricDriver d : drivers) {
+    const auto l = tb::bench_hop_latency(d, a.has("--quick") ? 200 : 2000);
+    std::printf(
+        "# hop latency, %s (128-byte frames, one in flight, median of %d round trips): direct veth %.1f us, "
+        "through the switch %.1f us: %.1f us added per hop\n",
+        l.driver.c_str(), l.round_trips, l.direct_rtt_us, l.switch_rtt_us, l.added_per_hop_us);
+  }
+  if (no_xdp.empty()) {  // issue 34's targets, on the switch pipeline with AF_XDP
+    const tb::ForwardingRow& small = pipeline.front().front();
+    const tb::ForwardingRow& large = pipeline.front().back();
+    std::printf(
+        "# target: 1 M frames/s per switch core at %zu B with AF_XDP: %.2f M (%s); 20 Gb/s at %zu B: %.1f Gb/s "
+        "(%s)\n",
+        small.frame_bytes, small.pps_per_core / 1e6, small.pps_per_core >= 1e6 ? "met" : "not met", large.frame_bytes,
+        large.delivered_gbps, large.delivered_gbps >= 20 ? "met" : "not met");
+  }
   return 0;
 }
 
