@@ -76,6 +76,7 @@ class IfecReduceOp : public CommOp {
       finish_on_endpoint_path("still unfinished after " + std::to_string(round_ - 1) + " rounds");
       return;
     }
+    plan_asked_ns_ = now();
     share_plan(
         comm_, weak_from_this(),
         [this](std::vector<uint8_t> mine, std::function<void(Gathered)> fn) { gather(std::move(mine), std::move(fn)); },
@@ -84,6 +85,7 @@ class IfecReduceOp : public CommOp {
   }
 
   void on_plan(const Plan& plan) {
+    res_.control_ns += now() - plan_asked_ns_;
     plan_ = plan;
     if (plan.planes.empty()) {
       finish_on_endpoint_path(plan.no_plane.empty() ? "no plane reaches every rank through IFEC switches"
@@ -245,6 +247,7 @@ class IfecReduceOp : public CommOp {
   Reservations reserved_;  // leader: the round's groups
   std::vector<uint32_t> todo_;
   int round_ = 0;
+  common::TimeNs plan_asked_ns_ = 0;  // when this round's plan was asked for (its wait is control_ns)
   Plan plan_;
   std::shared_ptr<endpoint::EchReduction> red_;
   bool advancing_ = false;

@@ -523,12 +523,15 @@ def _merge_collective(rows):
     """The ranks' rows of one collective as one: the slowest rank's time, every rank's wrong elements and frames."""
     merged = dict(rows[0])
     merged["time_us"] = max(r["time_us"] for r in rows)
+    merged["data_us"] = max(r.get("data_us", r["time_us"]) for r in rows)  # the slowest rank's data path
     merged["wrong"] = sum(r["wrong"] for r in rows)
     merged["ok"] = all(r["ok"] for r in rows)
     merged["faults"] = sorted({f for r in rows for f in r.get("faults", [])})
     merged["plane_tx_bytes"] = _sum_lists(rows, "plane_tx_bytes")
     for k in ("gpu_link_ids", "gpu_link_up_bytes", "gpu_link_down_bytes"):  # each rank's own links, in rank order
         merged[k] = [v for r in rows for v in r.get(k, [])]
+    from .replay import merged_turns
+    merged["turns"] = merged_turns([r.get("turns") or {} for r in rows])  # where the fabric started, every rank's
     if merged["time_us"] > 0:
         merged["algbw_gbs"] = merged["size"] / (merged["time_us"] * 1e3)
     return merged
@@ -951,8 +954,12 @@ def _cmd_run(args):
 def compare(fab, what="allreduce", algo="ifec", bytes=1 << 20, seed=1):
     """The same measurement on the simulator (this topology, its link rates) and on the live fabric: (sim, live)."""
     from . import collectives
-    sim = collectives.measure(fab.topo, kind=what, algo=algo, bytes=int(bytes), seed=seed, live_timing=True)
-    return sim, fab.run(what, algo=algo, bytes=int(bytes), seed=seed)
+    lv = fab.run(what, algo=algo, bytes=int(bytes), seed=seed)
+    # The simulated fabric starts where the live one did (each GPU's stripe rotor, the group counter): the same
+    # frames take the same sub-links.
+    sim = collectives.measure(fab.topo, kind=what, algo=algo, bytes=int(bytes), seed=seed, live_timing=True,
+                              turns=lv.get("turns"))
+    return sim, lv
 
 
 def link_deviation(sim, lv):
@@ -962,18 +969,41 @@ def link_deviation(sim, lv):
     return max((abs(a - b) / b for k in s if k in l for a, b in zip(l[k], s[k]) if b), default=0.0)
 
 
+def plane_deviation(sim, lv):
+    """The largest relative difference of live from sim bytes the GPUs sent on a plane."""
+    return max((abs(l / s - 1) for l, s in zip(lv["plane_tx_bytes"], sim["plane_tx_bytes"]) if s), default=0.0)
+
+
+# Issue 34's cross-validation tolerances on a paced topology: bytes per link, data-path time.
+BYTES_TOLERANCE = 0.03
+TIME_TOLERANCE = 0.10
+
+COMPARE_HEADER = (f"#{'size(B)':>12} {'algo':>6} {'sim us':>10} {'live us':>10} {'live/sim':>9} {'control us':>11} "
+                  f"{'planes dev':>10} {'links dev':>10}  within 3% bytes / 10% time")
+
+
+def compare_text(size, sim, lv):
+    """One compare row: the data-path times (each side's time less its control plane: live, the in-fabric plan's gRPC
+    rounds), live's control time, the bytes' largest deviations, and whether they are within the tolerances."""
+    ratio = lv["data_us"] / max(sim["data_us"], 1e-9)
+    planes, links = plane_deviation(sim, lv), link_deviation(sim, lv)
+    verdict = [w for w, bad in (("links", links > BYTES_TOLERANCE), ("planes", planes > BYTES_TOLERANCE),
+                                ("time", abs(ratio - 1) > TIME_TOLERANCE)) if bad]
+    return (f" {size:>12} {lv['ran']:>6} {sim['data_us']:>10.1f} {lv['data_us']:>10.1f} {ratio:>9.3f} "
+            f"{lv['time_us'] - lv['data_us']:>11.1f} {planes:>10.2%} {links:>10.2%}  "
+            f"{'within' if not verdict else 'outside: ' + ', '.join(verdict)}")
+
+
 def _cmd_compare(args):
     fab = args.attach()
-    print(f"# {args.collective} on {fab.topo.name}: sim (simulated time at the topology's link rates) vs live (wall "
-          f"clock through software switches on veths)")
-    print(f"#{'size(B)':>13} {'algo':>8} {'sim us':>10} {'live us':>12} {'live/sim':>9} {'links max dev':>14}  "
-          f"bytes per plane live/sim")
+    print(f"# {args.collective} on {fab.topo.name}: sim (simulated time at the topology's link rates, the live "
+          f"daemons' timers, started from the live run's turns) vs live (wall clock through software switches on "
+          f"veths); times are the data path (the control plane's part apart)")
+    print(COMPARE_HEADER)
     status = 0
     for size in [parse_size(s) for s in args.bytes.split(",")]:
         sim, lv = compare(fab, args.collective, args.algo, size, args.seed)
-        ratio = [round(l / s, 3) if s else None for l, s in zip(lv["plane_tx_bytes"], sim["plane_tx_bytes"])]
-        print(f" {size:>13} {lv['ran']:>8} {sim['time_us']:>10.1f} {lv['time_us']:>12.1f} "
-              f"{lv['time_us'] / max(sim['time_us'], 1e-9):>9.2f} {link_deviation(sim, lv):>13.1%}  {ratio}")
+        print(compare_text(size, sim, lv))
         if not (sim["ok"] and lv["ok"]):
             print(f"#   FAILED: sim {sim.get('error')}; live {lv.get('error')}")
             status = 1

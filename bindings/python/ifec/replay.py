@@ -78,7 +78,7 @@ def _groups(ranks):
     return out
 
 
-def _merged_turns(turns):
+def merged_turns(turns):
     """The members' recorded turns (each its own rotor and PSN) as one operation's: the first member's group counter,
     the others per member; None where a member's row has none (a trace from before they were recorded)."""
     if not all(t.get("stripe") and t.get("multicast") for t in turns):
@@ -116,7 +116,7 @@ def operations(ranks):
                             traced_us=max(row.get("time_us", 0.0) for row in rows), driver=rows[0].get("driver", "?"),
                             compute_us=sum(gap[(r, g, p["seq"])] for r, p in zip(order, per)) / len(order),
                             issued_ns=min(p["issued_ns"] for p in per), members=rec.get("members"),
-                            root=rec.get("root", 0), turns=_merged_turns(turns),
+                            root=rec.get("root", 0), turns=merged_turns(turns),
                             sent=[sum(p.get("send_splits", [])) for p in per], links=links))
     return sorted(out, key=lambda o: o["issued_ns"])
 

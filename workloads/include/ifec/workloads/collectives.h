@@ -22,6 +22,10 @@ struct CollectiveResult {
   std::string error;
   common::TimeNs start_ns = 0;
   common::TimeNs end_ns = 0;
+  // Of start..end, the time this rank waited for the control plane: an in-fabric round's plan (the leader's switch
+  // reservations and the bootstrap sharing them). Live, that is gRPC between daemons; simulated, the topology's
+  // control_plane_delay_ns. The rest is the data path.
+  common::TimeNs control_ns = 0;
   bool fell_back = false;           // in-fabric path could not serve it (no reservation, pool exhausted, anomaly)
   uint64_t fallback_chunks = 0;     // chunks completed on the endpoint-based path instead
   uint64_t anomalies = 0;           // chunks a switch released with the anomaly flag

@@ -60,6 +60,7 @@ struct CollectiveRow {
   std::string ran;  // the algorithm that ran (best: the one its cost model chose)
   uint64_t count = 0;
   double time_us = 0;  // simulated
+  double data_us = 0;  // time_us less the control plane's part (workloads::CollectiveResult::control_ns)
   double algbw_gbs = 0;
   double busbw_gbs = 0;
   uint64_t wrong = 0;                    // elements outside the tolerance of the path's rounding
