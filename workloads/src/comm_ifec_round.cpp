@@ -76,7 +76,6 @@ class IfecReduceOp : public CommOp {
       finish_on_endpoint_path("still unfinished after " + std::to_string(round_ - 1) + " rounds");
       return;
     }
-    plan_asked_ns_ = now();
     share_plan(
         comm_, weak_from_this(),
         [this](std::vector<uint8_t> mine, std::function<void(Gathered)> fn) { gather(std::move(mine), std::move(fn)); },
@@ -85,7 +84,9 @@ class IfecReduceOp : public CommOp {
   }
 
   void on_plan(const Plan& plan) {
-    res_.control_ns += now() - plan_asked_ns_;
+    if (round_ == 1) {
+      res_.data_start_ns = now();  // the control plane's part ends here
+    }
     plan_ = plan;
     if (plan.planes.empty()) {
       finish_on_endpoint_path(plan.no_plane.empty() ? "no plane reaches every rank through IFEC switches"
@@ -146,6 +147,7 @@ class IfecReduceOp : public CommOp {
 
   // This round is over here: tell everyone which chunks arrived, what was given up and why.
   void round_done() {
+    res_.data_end_ns = now();  // what follows (the round's report) is the control plane's again
     copies_.forget_incoming();
     gather(encode_report(report_round(*red_, chunks_, comm_.rank(), comm_.size())), [this](Gathered g) { resolve(g); });
   }
@@ -247,7 +249,6 @@ class IfecReduceOp : public CommOp {
   Reservations reserved_;  // leader: the round's groups
   std::vector<uint32_t> todo_;
   int round_ = 0;
-  common::TimeNs plan_asked_ns_ = 0;  // when this round's plan was asked for (its wait is control_ns)
   Plan plan_;
   std::shared_ptr<endpoint::EchReduction> red_;
   bool advancing_ = false;

@@ -64,7 +64,16 @@ std::string fabric_ifname(int port) { return "f" + std::to_string(port); }
 
 AfPacketPort::AfPacketPort(EpollLoop& loop, const std::string& ifname, uint64_t rate_bps, const std::string& netns,
                            size_t max_frame)
-    : loop_(loop), ifname_(ifname), rate_bps_(rate_bps), max_frame_(max_frame), pacer_(rate_bps) {
+    : loop_(loop),
+      ifname_(ifname),
+      rate_bps_(rate_bps),
+      max_frame_(max_frame),
+      pacer_(rate_bps),
+      wire_(loop, [this](std::vector<uint8_t>&& f) {  // its serialization over: to the kernel
+        if (::send(fd_, f.data(), f.size(), MSG_DONTWAIT) != static_cast<ssize_t>(f.size())) {
+          counters_.tx_errors++;
+        }
+      }) {
   IFEC_CHECK(!ifname.empty() && ifname.size() < IFNAMSIZ,
              "interface name '" << ifname << "' is not 1.." << IFNAMSIZ - 1 << " characters");
   {
@@ -181,6 +190,13 @@ bool AfPacketPort::send(std::vector<uint8_t>&& frame) {
     counters_.tx_refused++;
     return false;
   }
+  const size_t bytes = frame.size();
+  if (wire_.hold(pacer_.last_bit(loop_.now(), bytes), frame)) {
+    counters_.tx_frames++;
+    counters_.tx_bytes += bytes;
+    pace(bytes);
+    return true;
+  }
   const ssize_t n = ::send(fd_, frame.data(), frame.size(), MSG_DONTWAIT);
   if (n == static_cast<ssize_t>(frame.size())) {
     counters_.tx_frames++;
@@ -226,6 +242,47 @@ common::TimeNs LinkPacer::sent(common::TimeNs now, size_t frame_bytes) {
     next_free_ns_ = std::max(next_free_ns_, now - std::min(now, kCatchUpNs)) + cost;
   }
   return next_free_ns_ > now + kSlackNs ? next_free_ns_ - kSlackNs : 0;
+}
+
+common::TimeNs LinkPacer::last_bit(common::TimeNs now, size_t frame_bytes) const {
+  if (rate_bps_ == 0) {
+    return now;
+  }
+  const auto cost = static_cast<common::TimeNs>((frame_bytes + kWireOverheadBytes) * 8e9 / rate_bps_);
+  return std::max(next_free_ns_, now - std::min(now, kCatchUpNs)) + cost;
+}
+
+bool WireDelay::hold(common::TimeNs last_bit, std::vector<uint8_t>& frame) {
+  if (held_.empty() && last_bit <= loop_.now() + kHoldNs) {
+    return false;
+  }
+  if (held_.empty()) {
+    std::weak_ptr<bool> alive = alive_;
+    loop_.schedule(last_bit, [this, alive] {
+      if (!alive.expired()) {
+        release();
+      }
+    });
+  }
+  held_.emplace_back(last_bit, std::move(frame));
+  return true;
+}
+
+void WireDelay::release() {
+  const common::TimeNs now = loop_.now();
+  while (!held_.empty() && held_.front().first <= now + kHoldNs) {
+    std::vector<uint8_t> f = std::move(held_.front().second);
+    held_.pop_front();
+    put_(std::move(f));
+  }
+  if (!held_.empty()) {
+    std::weak_ptr<bool> alive = alive_;
+    loop_.schedule(held_.front().first, [this, alive] {
+      if (!alive.expired()) {
+        release();
+      }
+    });
+  }
 }
 
 void AfPacketPort::pace(size_t frame_bytes) {

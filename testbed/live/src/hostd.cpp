@@ -1037,6 +1037,8 @@ v1::RunReply HostDaemon::Impl::collective_reply(workloads::Communicator& c, cons
   row.point = p;
   row.count = a.count;
   testbed::record_result(row, res, n);
+  row.data_start_ns += rt->loop().epoch_ns();  // the machine's monotonic clock: the ranks' rows compare
+  row.data_end_ns += rt->loop().epoch_ns();
   row.error = res.error;
   const std::vector<uint64_t> tx1 = plane_tx_bytes();
   for (size_t k = 0; k < tx1.size(); ++k) {

@@ -170,6 +170,13 @@ bool XdpPort::send(std::vector<uint8_t>&& frame) {
     counters_.tx_errors++;  // AF_PACKET's sendto() fails the same frames (EMSGSIZE)
     return false;
   }
+  const size_t bytes = frame.size();
+  if (wire_.hold(pacer_.last_bit(loop_.now(), bytes), frame)) {
+    counters_.tx_frames++;
+    counters_.tx_bytes += bytes;
+    pace(bytes);
+    return true;
+  }
   if (submit(frame)) {
     counters_.tx_frames++;
     counters_.tx_bytes += frame.size();
@@ -356,7 +363,14 @@ XdpPort::XdpPort(EpollLoop& loop, const std::string& ifname, uint64_t rate_bps, 
       rate_bps_(rate_bps),
       max_frame_(max_frame),
       xsk_(std::make_unique<Xsk>()),
-      pacer_(rate_bps) {
+      pacer_(rate_bps),
+      wire_(loop, [this](std::vector<uint8_t>&& f) {  // its serialization over: to the kernel
+        if (submit(f)) {
+          submitted();
+        } else {
+          counters_.tx_errors++;  // the TX ring full at a paced link's rate: not seen
+        }
+      }) {
   IFEC_CHECK(!ifname.empty() && ifname.size() < IFNAMSIZ,
              "interface name '" << ifname << "' is not 1.." << IFNAMSIZ - 1 << " characters");
   IFEC_CHECK(max_frame >= 64 && max_frame <= 65536,
@@ -715,7 +729,7 @@ std::string XdpPort::unavailable() {
 
 XdpPort::XdpPort(EpollLoop& loop, const std::string& ifname, uint64_t rate_bps, const std::string& netns,
                  size_t max_frame)
-    : loop_(loop), ifname_(ifname), rate_bps_(rate_bps), max_frame_(max_frame), pacer_(rate_bps) {
+    : loop_(loop), ifname_(ifname), rate_bps_(rate_bps), max_frame_(max_frame), pacer_(rate_bps), wire_(loop, {}) {
   IFEC_FAIL("interface " << ifname << ": " << unavailable());
 }
 

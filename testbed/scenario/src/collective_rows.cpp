@@ -23,7 +23,9 @@ void record_result(CollectiveRow& row, const workloads::CollectiveResult& res, i
   row.anomalies = res.anomalies;
   row.faults.insert(row.faults.end(), res.faults.begin(), res.faults.end());
   row.time_us = (res.end_ns - res.start_ns) / 1e3;
-  row.data_us = row.time_us - res.control_ns / 1e3;
+  row.data_start_ns = res.data_start_ns ? res.data_start_ns : res.start_ns;
+  row.data_end_ns = res.data_end_ns ? res.data_end_ns : res.end_ns;
+  row.data_us = (row.data_end_ns - row.data_start_ns) / 1e3;
   row.algbw_gbs = row.time_us > 0 ? row.point.bytes / (row.time_us * 1e3) : 0;
   row.busbw_gbs = row.algbw_gbs * busbw_factor(row.point.kind, members);
 }
@@ -139,11 +141,8 @@ std::string row_json(const CollectiveRow& r, const std::string& topology, const 
   o.add("driver", driver).add("topology", topology).add("collective", collective_name(r.point.kind));
   o.add("algo", workloads::algo_name(r.point.algo)).add("ran", r.ran).add("size", r.point.bytes).add("count", r.count);
   o.add("type", common::ech_dtype_name(r.point.dtype)).add("redop", common::ech_redop_name(r.point.op));
-  o.add("ok", r.ok)
-      .add("time_us", r.time_us)
-      .add("data_us", r.data_us)
-      .add("algbw_gbs", r.algbw_gbs)
-      .add("busbw_gbs", r.busbw_gbs);
+  o.add("ok", r.ok).add("time_us", r.time_us).add("algbw_gbs", r.algbw_gbs).add("busbw_gbs", r.busbw_gbs);
+  o.add("data_us", r.data_us).add("data_start_ns", r.data_start_ns).add("data_end_ns", r.data_end_ns);
   o.add("wrong", r.wrong).add("max_rel_error", r.max_rel_error).add("fallback_chunks", r.fallback_chunks);
   o.add("fell_back", r.fell_back).add("anomalies", r.anomalies).add("modelled", r.modelled).add("loss", r.point.loss);
   o.add("timing_only", r.point.elided_payloads).add("partitions", r.partitions).add("windows", r.windows);

@@ -88,7 +88,8 @@ CollectiveResult merge_results(const std::vector<CollectiveResult>& ranks, const
     }
     m.start_ns = std::min(m.start_ns, x.start_ns);
     m.end_ns = std::max(m.end_ns, x.end_ns);
-    m.control_ns = std::max(m.control_ns, x.control_ns);
+    m.data_start_ns = std::max(m.data_start_ns, x.data_start_ns ? x.data_start_ns : x.start_ns);
+    m.data_end_ns = std::max(m.data_end_ns, x.data_end_ns ? x.data_end_ns : x.end_ns);
     m.fell_back = m.fell_back || x.fell_back;
     if (m.fallback_reason.empty()) {
       m.fallback_reason = x.fallback_reason;

@@ -22,10 +22,12 @@ struct CollectiveResult {
   std::string error;
   common::TimeNs start_ns = 0;
   common::TimeNs end_ns = 0;
-  // Of start..end, the time this rank waited for the control plane: an in-fabric round's plan (the leader's switch
-  // reservations and the bootstrap sharing them). Live, that is gRPC between daemons; simulated, the topology's
-  // control_plane_delay_ns. The rest is the data path.
-  common::TimeNs control_ns = 0;
+  // When this rank's data path began (0: at start_ns): an in-fabric operation first waits for its plan (the
+  // leader's switch reservations and the bootstrap sharing them; live, gRPC between daemons; simulated, the
+  // topology's control_plane_delay_ns). Merged over ranks: the last rank's.
+  common::TimeNs data_start_ns = 0;
+  // When it ended (0: at end_ns): an in-fabric round ends with the ranks reporting its outcome over the bootstrap.
+  common::TimeNs data_end_ns = 0;
   bool fell_back = false;           // in-fabric path could not serve it (no reservation, pool exhausted, anomaly)
   uint64_t fallback_chunks = 0;     // chunks completed on the endpoint-based path instead
   uint64_t anomalies = 0;           // chunks a switch released with the anomaly flag

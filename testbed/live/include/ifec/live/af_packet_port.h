@@ -12,7 +12,11 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ifec/common/counters.h"
@@ -52,10 +56,35 @@ class LinkPacer {
   // Accounts a frame of `frame_bytes` sent at `now` (0 bits/s: no limit); returns 0 when the owner may send the
   // next one at once, else the time until which the port is busy.
   common::TimeNs sent(common::TimeNs now, size_t frame_bytes);
+  // When the last bit of a frame of `frame_bytes` sent at `now` would leave (now, with no limit); accounts nothing.
+  common::TimeNs last_bit(common::TimeNs now, size_t frame_bytes) const;
 
  private:
   uint64_t rate_bps_;
   common::TimeNs next_free_ns_ = 0;  // when the link has serialized everything sent so far
+};
+
+// A frame reaches the far end when its last bit has left, not its first: a port of a paced link hands a frame to the
+// kernel (where a veth delivers it at once) only when its serialization at the link's rate ends. Without it every
+// hop of a slow link would deliver a whole frame time early and a latency-bound exchange (a ring's steps) would run
+// faster live than on the wire it emulates. Frames whose serialization ends within kHoldNs go at once (fast links:
+// a 4 KiB frame takes 82 ns at 400 Gb/s); the port accounts a held frame as sent.
+class WireDelay {
+ public:
+  static constexpr common::TimeNs kHoldNs = 20'000;
+  using Put = std::function<void(std::vector<uint8_t>&&)>;  // the port's own transmission to the kernel
+
+  WireDelay(EpollLoop& loop, Put put) : loop_(loop), put_(std::move(put)) {}
+  // True when it took `frame` (to `put` at `last_bit`, after what it holds already), false when it may go now.
+  bool hold(common::TimeNs last_bit, std::vector<uint8_t>& frame);
+
+ private:
+  void release();
+
+  EpollLoop& loop_;
+  Put put_;
+  std::deque<std::pair<common::TimeNs, std::vector<uint8_t>>> held_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // its scheduled release checks it
 };
 
 class AfPacketPort : public common::Port {
@@ -106,6 +135,7 @@ class AfPacketPort : public common::Port {
   bool busy_ = false;
   bool ready_pending_ = false;
   LinkPacer pacer_;
+  WireDelay wire_;
   std::vector<uint8_t> pending_;  // a frame the full qdisc refused, sent when it has room
   Receiver rx_;
   TxReady ready_;

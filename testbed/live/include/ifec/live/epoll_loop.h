@@ -27,6 +27,12 @@ class EpollLoop : public common::Clock {
 
   // Nanoseconds since this loop was made (steady clock).
   common::TimeNs now() const override;
+  // The steady clock's reading (ns) when this loop was made: now() + epoch_ns() is comparable across the processes
+  // of one machine (CLOCK_MONOTONIC).
+  common::TimeNs epoch_ns() const {
+    return static_cast<common::TimeNs>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(start_.time_since_epoch()).count());
+  }
   // Any thread: runs `fn` on the loop's thread once now() >= at.
   void schedule(common::TimeNs at, std::function<void()> fn) override;
   // Loop thread only: calls `fn` whenever `fd` is readable (level-triggered) until unwatch(fd); with `writable`,

@@ -139,6 +139,7 @@ class XdpPort : public FabricPort {
   bool retry_pending_ = false;
   uint32_t unkicked_ = 0;  // descriptors submitted since the last kick
   LinkPacer pacer_;
+  WireDelay wire_;
   std::vector<uint8_t> pending_;     // a frame the full TX ring refused, sent when it has room
   std::vector<uint8_t> rx_partial_;  // a multi-buffer frame whose last buffer is still to come
   std::vector<std::vector<uint8_t>> rx_batch_;

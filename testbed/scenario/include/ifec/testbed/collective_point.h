@@ -60,7 +60,11 @@ struct CollectiveRow {
   std::string ran;  // the algorithm that ran (best: the one its cost model chose)
   uint64_t count = 0;
   double time_us = 0;  // simulated
-  double data_us = 0;  // time_us less the control plane's part (workloads::CollectiveResult::control_ns)
+  // The data path's time: from when it began to when it ended (the last member's, workloads::CollectiveResult's
+  // data_start_ns and data_end_ns), on the driver's clock (simulated ns, or the machine's monotonic clock live).
+  double data_us = 0;
+  common::TimeNs data_start_ns = 0;
+  common::TimeNs data_end_ns = 0;
   double algbw_gbs = 0;
   double busbw_gbs = 0;
   uint64_t wrong = 0;                    // elements outside the tolerance of the path's rounding
