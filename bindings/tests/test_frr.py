@@ -28,8 +28,8 @@ def test_frrs_configuration_peers_on_every_link_with_our_numbering(repo):
 
 
 def test_a_bundle_frr_cannot_express_is_named(repo):
-    paced = _native.load_topology(str(repo / "testbed/topologies/paced-4x2.yaml"))  # 100 Mb/s bundles
-    with pytest.raises(ValueError, match="gpu0: a bundle of 0.1 Gb/s is not a bandwidth FRR"):
+    paced = _native.load_topology(str(repo / "testbed/topologies/paced-4x2.yaml"))  # 20 Mb/s bundles
+    with pytest.raises(ValueError, match="gpu0: a bundle of 0.02 Gb/s is not a bandwidth FRR"):
         frr.bgpd_config(paced, "gpu0", "/tmp/x.log")
 
 

@@ -1,4 +1,4 @@
-"""The simulator and the live testbed on the same scenario: paced-4x2 (4 GPUs, 2 planes, 2 x 50 Mb/s Y-cables, slow
+"""The simulator and the live testbed on the same scenario: paced-4x2 (4 GPUs, 2 planes, 2 x 10 Mb/s Y-cables, slow
 enough that the software switches on two cores keep up, so the link rates bound the transfers), the simulator
 given the live daemons' timers (live_timing). Both must put the same bytes on each plane, and a bandwidth-bound
 AllReduce (8 MiB) must take the same time within 10% (the median of three, the machine's noise aside)."""
@@ -44,25 +44,35 @@ def test_sim_and_live_agree_on_bytes_per_plane_and_bandwidth_bound_time(fab, alg
         ratios.append(lv["time_us"] / sim["time_us"])
     # Bandwidth-bound: the sim's time is the link rates' (at least the bytes one GPU sends over its two planes).
     per_gpu_bits = (2 * 3 / 4 if algo == "ring" else 1) * size * 8
-    assert sim["time_us"] >= per_gpu_bits / (2 * 0.1e9) * 1e6 * 0.95
+    cable_bps = sum(l["rate_gbps"] for l in fab.topo.links if l["a"] == "gpu0" and l["plane"] == 0) * 1e9
+    assert sim["time_us"] >= per_gpu_bits / (2 * cable_bps) * 1e6 * 0.95
     assert 0.9 <= statistics.median(ratios) <= 1.10, f"live/sim time ratios {ratios}"
 
 
-def test_the_sweep_64k_to_4m_prints_where_live_and_sim_agree(fab, capsys):
+def test_the_sweep_64k_to_4m_agrees_within_3_percent_bytes_and_10_percent_time(fab, capsys):
     """`./ifec live compare` on the paced topology, ring and in-fabric AllReduce from 64 KiB to 4 MiB (issue 34's
-    cross-validation), printed with its verdicts against 3% bytes and 10% data-path time. Asserted: every run
-    correct, the bytes per plane within 3% at every size, per link within 3% at 4 MiB (the simulator starts from the
-    live run's turns). Where the time or the small sizes' links fall outside, the table says so (see the closing note
-    of issue 34: live frames reach the next hop without their serialization delay, so latency-bound ring steps run
-    faster live, and the daemons' per-frame costs make bandwidth-bound ones slower)."""
-    lines = ["", "# allreduce on paced-4x2: data-path times and bytes, live vs sim", live.COMPARE_HEADER]
+    cross-validation), printed with its verdicts. At every size, in the median of three runs (a wall-clock run's odd
+    retransmission aside, which one run in several meets): the bytes per plane and per link of the topology file (a
+    GPU's Y-cable to a switch) within 3% (the simulator starts from the live run's turns), and the data path's time
+    (the control plane's plan and report apart) within 10%. Per sub-link is printed, not asserted: a switch spreads
+    the frames it forwards over a Y-cable's sub-links by its own rotation, whose state the live run does not report."""
+    lines = ["", "# allreduce on paced-4x2: data-path times and bytes, live vs sim (seed 1 of 3)", live.COMPARE_HEADER]
+    runs = {}
     for algo in ("ring", "ifec"):
         for size in (64 << 10, 256 << 10, 1 << 20, 4 << 20):
-            sim, lv = live.compare(fab, "allreduce", algo, size, seed=1)
-            assert sim["ok"] and lv["ok"], (algo, size, sim.get("error"), lv.get("error"))
-            lines.append(live.compare_text(size, sim, lv))
-            assert live.plane_deviation(sim, lv) <= live.BYTES_TOLERANCE, lines[-1]
-            if size == 4 << 20:
-                assert live.link_deviation(sim, lv) <= live.BYTES_TOLERANCE, lines[-1]
+            for seed in (1, 2, 3):
+                sim, lv = live.compare(fab, "allreduce", algo, size, seed=seed)
+                assert sim["ok"] and lv["ok"], (algo, size, sim.get("error"), lv.get("error"))
+                if seed == 1:
+                    lines.append(live.compare_text(size, sim, lv, fab.topo.links))
+                runs.setdefault((algo, size), []).append(
+                    (lv["data_us"] / sim["data_us"], live.plane_deviation(sim, lv),
+                     live.link_deviation(sim, lv, fab.topo.links)))
+    medians = {k: [statistics.median(r[i] for r in v) for i in range(3)] for k, v in runs.items()}
+    lines.append("# medians of 3 (live/sim data-path time, planes, links): " +
+                 "; ".join(f"{a} {s >> 10} KiB {m[0]:.3f} {m[1]:.2%} {m[2]:.2%}" for (a, s), m in medians.items()))
     with capsys.disabled():
         print("\n".join(lines))
+    for (algo, size), (time, planes, links) in medians.items():
+        assert abs(time - 1) <= live.TIME_TOLERANCE, f"{algo} {size} B: {runs[(algo, size)]}"
+        assert planes <= live.BYTES_TOLERANCE and links <= live.BYTES_TOLERANCE, f"{algo} {size} B: {runs[(algo, size)]}"

@@ -192,6 +192,13 @@ std::vector<uint8_t> QueuePair::request_frame() {
     }
     const uint32_t psn = send_psn_;
     const bool retransmit = max_sent_ != 0xFFFFFF && psn_diff(psn, max_sent_) <= 0;
+    // Nothing was in flight (everything sent so far is acknowledged): an outstanding period starts now, even if the
+    // timer of the last one is still armed (it runs out after the QP went idle; counted from that period's last
+    // progress, it would time this packet out at once: a spurious retransmission of the next operation's first
+    // packets, seen on the live fabric where operations follow each other on the same QPs).
+    if (!retransmit && psn_diff(max_sent_, acked_) <= 0) {
+      last_progress_ = std::max(last_progress_, clock_.now());
+    }
     std::vector<uint8_t> f;
     if (w.kind == Wqe::kWrite) {
       const uint32_t off = static_cast<uint32_t>(k) * cfg_.mtu;

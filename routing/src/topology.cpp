@@ -564,7 +564,7 @@ Topology make_superpod(int gpus, int planes, double port_gbps, int subports, uin
 }
 
 Topology make_paced_superpod() {
-  Topology t = make_superpod(4, 2, 0.1, 2);
+  Topology t = make_superpod(4, 2, 0.02, 2);
   t.name = "paced-4x2";
   t.source = "generator:make_paced_superpod() = " + t.source.substr(std::string("generator:").size());
   return t;

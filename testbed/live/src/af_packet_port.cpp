@@ -176,6 +176,7 @@ void AfPacketPort::drain() {
       __atomic_store_n(&hdr->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
       next_ = (next_ + 1) % frames_;
       if (up_ && rx_) {
+        rx_timestamp_ns_ = static_cast<common::TimeNs>(hdr->tp_sec) * 1'000'000'000ULL + hdr->tp_nsec;
         rx_(std::move(frame));
       }
       continue;

@@ -370,7 +370,7 @@ void HostDaemon::Impl::start_endpoint() {
   ec.ip = rt->info().loopback;
   ec.ordering = endpoint::Ordering::kWeak;
   ec.mtu = t.params.mtu;
-  testbed::apply_live_timing(ec);  // wall clock through software switches: milliseconds, not microseconds
+  testbed::apply_live_timing(ec, t);  // wall clock through software switches: milliseconds, not microseconds
   std::vector<endpoint::EndpointPort> ports;
   for (const auto& p : rt->ports()) {
     int plane = 0;

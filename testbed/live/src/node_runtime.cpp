@@ -43,7 +43,7 @@ int node_index(const routing::Topology& topo, const std::string& name) {
 
 NodePort::NodePort(NodeRuntime& rt, int port, std::unique_ptr<FabricPort> dev)
     : rt_(rt), port_(port), dev_(std::move(dev)) {
-  dev_->set_receiver([this](std::vector<uint8_t>&& f) { rt_.frame_in(port_, std::move(f)); });
+  dev_->set_receiver([this](std::vector<uint8_t>&& f) { rt_.frame_in(port_, std::move(f), dev_->rx_timestamp_ns()); });
 }
 
 bool NodePort::send(std::vector<uint8_t>&& frame) {
@@ -135,9 +135,27 @@ bool NodeRuntime::all_heard() const {
   return true;
 }
 
-void NodeRuntime::frame_in(int port, std::vector<uint8_t>&& frame) {
-  if (ports_[port]->rx_) {
-    ports_[port]->rx_(std::move(frame));
+void NodeRuntime::frame_in(int port, std::vector<uint8_t>&& frame, common::TimeNs rx_timestamp_ns) {
+  if (rx_timestamp_ns == 0 && arrivals_.empty()) {  // a driver without timestamps: as it comes
+    if (ports_[port]->rx_) {
+      ports_[port]->rx_(std::move(frame));
+    }
+    return;
+  }
+  if (arrivals_.empty()) {
+    loop_.schedule(0, [this] { deliver_in_arrival_order(); });  // after every port ready in this turn
+  }
+  arrivals_.push_back({rx_timestamp_ns, port, std::move(frame)});
+}
+
+void NodeRuntime::deliver_in_arrival_order() {
+  std::vector<Arrival> batch = std::move(arrivals_);
+  arrivals_.clear();
+  std::stable_sort(batch.begin(), batch.end(), [](const Arrival& a, const Arrival& b) { return a.at < b.at; });
+  for (Arrival& a : batch) {
+    if (ports_[a.port]->rx_) {
+      ports_[a.port]->rx_(std::move(a.frame));
+    }
   }
 }
 

@@ -5,9 +5,16 @@
 
 namespace ifec::testbed {
 
-void apply_live_timing(endpoint::EndpointConfig& ec) {
-  ec.rto_ns = 25'000'000;
-  ec.rto_max_ns = 200'000'000;
+void apply_live_timing(endpoint::EndpointConfig& ec, const routing::Topology& topo) {
+  double slowest_gbps = 0;
+  for (const routing::Link& l : topo.links) {
+    slowest_gbps = slowest_gbps == 0 ? l.rate_gbps : std::min(slowest_gbps, l.rate_gbps);
+  }
+  const double frame_bits = (topo.params.mtu + 100.0 + topo.params.wire_overhead_bytes) * 8;  // + RoCEv2 headers
+  const auto sixteen_frames =
+      slowest_gbps > 0 ? static_cast<common::TimeNs>(16 * frame_bits / slowest_gbps) : common::TimeNs{0};
+  ec.rto_ns = std::max<common::TimeNs>(25'000'000, sixteen_frames);
+  ec.rto_max_ns = std::max<common::TimeNs>(200'000'000, 8 * ec.rto_ns);
   ec.adaptive_rto = true;
   common::TimeNs budget = 0;
   int retries = 0;

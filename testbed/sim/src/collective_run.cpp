@@ -230,7 +230,7 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   }
   o.endpoint.ordering = endpoint::Ordering::kWeak;
   if (p.live_timing) {
-    apply_live_timing(o.endpoint);
+    apply_live_timing(o.endpoint, topo);
     apply_live_timing(topo.params.ifec);
   }
   Cluster c(topo, o);

@@ -132,8 +132,10 @@ void validate(const Topology& t);
 // (a) draft-xu-rtgwg-fare-in-sun Figure 1: `gpus` GPUs, `planes` planes, one switch per plane; every GPU port
 // a Y-cable of `subports` sub-links of port_gbps/subports each (64 x 4 x 800G as 2 x 400G is the reference).
 Topology make_superpod(int gpus, int planes, double port_gbps = 800, int subports = 2, uint64_t delay_ns = 500);
-// The live testbed's cross-validation fabric, "paced-4x2": make_superpod(4, 2, 0.1, 2), Y-cables of 2 x 50 Mb/s,
-// slow enough that the software switches on two cores keep up, so link rates (not CPUs) bound its transfers.
+// The live testbed's cross-validation fabric, "paced-4x2": make_superpod(4, 2, 0.02, 2), Y-cables of 2 x 10 Mb/s,
+// slow enough that the software switches on two cores keep up, so link rates (not CPUs) bound its transfers: a
+// 4 KiB frame takes 3.4 ms on a sub-link, against the tens of microseconds a daemon adds per hop (at 2 x 50 Mb/s
+// the in-fabric AllReduce's switches were CPU-bound from 1 MiB and a 64 KiB one 8-14% slower live).
 Topology make_paced_superpod();
 // (b) multi-plane two-tier fat tree: per plane `leaves` leaves and `spines` spines, full leaf-spine mesh;
 // each GPU has one NIC port per plane on leaf (gpu / (gpus/leaves)), a cable of `nic_subports` sub-links (2: the

@@ -107,6 +107,8 @@ class AfPacketPort : public common::Port {
 
   // Re-reads the carrier; true when it changed.
   bool refresh_link();
+  // During the receiver's call: when the kernel put that frame in the ring (ns, CLOCK_REALTIME).
+  common::TimeNs rx_timestamp_ns() const { return rx_timestamp_ns_; }
   const std::string& name() const { return ifname_; }
   const uint8_t* mac() const { return mac_; }
   int ifindex() const { return ifindex_; }
@@ -138,6 +140,7 @@ class AfPacketPort : public common::Port {
   WireDelay wire_;
   std::vector<uint8_t> pending_;  // a frame the full qdisc refused, sent when it has room
   Receiver rx_;
+  common::TimeNs rx_timestamp_ns_ = 0;
   TxReady ready_;
   mutable AfPacketCounters counters_;
 };

@@ -134,7 +134,8 @@ class NodeRuntime {
     bool connecting = false;
     std::vector<uint8_t> pending;  // written once the socket takes it
   };
-  void frame_in(int port, std::vector<uint8_t>&& frame);
+  void frame_in(int port, std::vector<uint8_t>&& frame, common::TimeNs rx_timestamp_ns);
+  void deliver_in_arrival_order();
   void tick();
   void decided();
   std::string ifname(int port) const;
@@ -154,6 +155,15 @@ class NodeRuntime {
   RuntimeOptions opts_;
   EpollLoop loop_;
   std::vector<std::unique_ptr<NodePort>> ports_;
+  // The frames the ports took in one turn of the loop, delivered in the order the kernel received them: the loop
+  // serves each port's whole ring in turn, so a frame that reached sub-link 1 after one on sub-link 0 could
+  // otherwise reach the endpoint first (an RC receiver takes that for a lost packet: NAK, go-back-N).
+  struct Arrival {
+    common::TimeNs at;
+    int port;
+    std::vector<uint8_t> frame;
+  };
+  std::vector<Arrival> arrivals_;
   std::vector<int> link_of_port_;
   routing::BgpSpeaker bgp_;
   int ctl_fd_ = -1;                                     // a UDP socket in the namespace, for interface and ARP ioctls

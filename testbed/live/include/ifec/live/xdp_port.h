@@ -41,6 +41,9 @@ class FabricPort : public common::Port {
   virtual std::map<std::string, uint64_t> counter_map() const = 0;
   // The driver in words: "af_xdp (native XDP, copy mode, queue 0)", "af_packet (TPACKET_V2 receive ring, sendto)".
   virtual std::string driver() const = 0;
+  // During the receiver's call: when the kernel received that frame (ns), or 0 where the driver does not say
+  // (AF_XDP's copy mode carries no timestamp).
+  virtual common::TimeNs rx_timestamp_ns() const { return 0; }
 };
 
 // clang-format off
@@ -169,6 +172,7 @@ class AfPacketFabricPort : public FabricPort {
   AfPacketCounters port_counters() const override { return port_.counters(); }
   std::map<std::string, uint64_t> counter_map() const override { return common::counters_to_map(port_.counters()); }
   std::string driver() const override { return "af_packet (TPACKET_V2 receive ring, sendto)"; }
+  common::TimeNs rx_timestamp_ns() const override { return port_.rx_timestamp_ns(); }
   AfPacketPort& device() { return port_; }
 
  private:
