@@ -251,8 +251,9 @@ void register_collectives(py::module_& m) {
          const std::vector<std::string>& fail, uint32_t slot_pool, uint32_t slot_budget, bool live_timing,
          bool elided_payloads, int threads, int root, const py::dict& turns) {
         testbed::CollectivePoint p;
-        p.kind = workloads::parse_collective(kind);
-        p.algo = workloads::parse_algo(algo);
+        const bool alltoall = kind == "alltoall";  // point-to-point stores (testbed/scenario's alltoall_point.h)
+        p.kind = alltoall ? workloads::Collective::kAllGather : workloads::parse_collective(kind);
+        p.algo = alltoall ? workloads::Algo::kRing : workloads::parse_algo(algo);
         p.bytes = bytes;
         p.dtype = common::parse_ech_dtype(dtype);
         p.op = common::parse_ech_redop(op);
@@ -274,7 +275,10 @@ void register_collectives(py::module_& m) {
         if (turns.contains("multicast")) {
           p.start.multicast = turns["multicast"].cast<std::vector<uint32_t>>();
         }
-        return interruptible([&] { return testbed::row_json(testbed::run_collective_point(topo, p), topo.name); });
+        return interruptible([&] {
+          return testbed::row_json(
+              alltoall ? testbed::run_alltoall_point(topo, p) : testbed::run_collective_point(topo, p), topo.name);
+        });
       },
       py::arg("topology"), py::arg("kind"), py::arg("algo"), py::arg("bytes"), py::arg("dtype") = "fp32",
       py::arg("op") = "sum", py::arg("loss") = 0.0, py::arg("seed") = 1, py::arg("reproducible") = false,

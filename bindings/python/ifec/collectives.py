@@ -67,6 +67,9 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32"
             payload="real", threads=0, root=0, trace=None, turns=None):
     """One nccl-tests-style row (`./ifec sim --collective ... --json`) as a dict; times are simulated.
 
+    kind "alltoall": every GPU stores `bytes` to every other GPU (RC WRITEs, one row per peer: what a live hostd's
+    all-to-all runs), algo "stores"; the row checks what each GPU received.
+
     members: GPUs 0..members-1 take part (None: every GPU). fail: link events "SELECTOR@TIME". live_timing: the
     live daemons' millisecond, adaptive retransmission timers (to compare with a live fabric). payload: "real", or
     "elided" (frames of headers and lengths only: the same times and bytes, nothing checked, row["timing_only"]).
@@ -79,6 +82,8 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32"
     replay passes the traced operation's; a field left out is a fresh fabric's); row["turns"] says where it started.
     The row's "ok" is False whenever any element is wrong ("wrong" > 0) or the run failed ("error"); "faults" lists
     what it met."""
+    if kind == "alltoall" and algo not in ("stores", "ifec"):
+        raise ValueError(f"alltoall: algo {algo!r}: an all-to-all is point-to-point stores (algo 'stores')")
     if members is not None and members < 2:
         raise ValueError(f"members {members}: expected at least 2 (or None for every GPU)")
     if isinstance(fail, str):
@@ -90,6 +95,8 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32"
                                                  int(slot_budget), bool(live_timing), _elided(payload), threads,
                                                  int(root), {k: v for k, v in (turns or {}).items()
                                                              if v is not None}))
+    if kind == "alltoall":  # the row's point names no collective of its own: every rank stores to every other
+        row.update(collective="alltoall", algo="stores")
     if trace:
         from . import trace as tr
         topo = _native.load_topology(str(topology)) if not hasattr(topology, "links") else topology

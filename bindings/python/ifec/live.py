@@ -1002,7 +1002,7 @@ def compare_text(size, sim, lv, cables):
     planes, links, subs = plane_deviation(sim, lv), link_deviation(sim, lv, cables), link_deviation(sim, lv)
     verdict = [w for w, bad in (("links", links > BYTES_TOLERANCE), ("planes", planes > BYTES_TOLERANCE),
                                 ("time", abs(ratio - 1) > TIME_TOLERANCE)) if bad]
-    return (f" {size:>12} {lv['ran']:>6} {sim['data_us']:>10.1f} {lv['data_us']:>10.1f} {ratio:>9.3f} "
+    return (f" {size:>12} {sim['algo'] if sim['collective'] == 'alltoall' else lv['ran']:>6} {sim['data_us']:>10.1f} {lv['data_us']:>10.1f} {ratio:>9.3f} "
             f"{lv['time_us'] - lv['data_us']:>11.1f} {planes:>10.2%} {links:>10.2%} {subs:>10.2%}  "
             f"{'within' if not verdict else 'outside: ' + ', '.join(verdict)}")
 
@@ -1169,7 +1169,8 @@ def add_fabric_commands(sub, driver="live"):
     for flag, default in (("--tokens", 32), ("--hidden", 512), ("--inter", 16), ("--experts", 32), ("--topk", 8)):
         run.add_argument(flag, type=_at_least(1), default=default, help=f"moe: default {default}")
     cmp = sub.add_parser("compare", help="the same collective on the simulator and the live fabric, side by side")
-    cmp.add_argument("collective", choices=["allreduce", "reduce", "multicast", "barrier"])
+    cmp.add_argument("collective", choices=["allreduce", "reduce", "multicast", "barrier", "alltoall"],
+                     help="alltoall: --bytes per peer, --algo stores")
     cmp.add_argument("--algo", default="ifec")
     cmp.add_argument("--bytes", default="1048576", help="SIZE[,SIZE...]")
     cmp.add_argument("--seed", type=_at_least(1), default=1)

@@ -22,6 +22,7 @@
 #include "ifec/live/grpc_clients.h"
 #include "ifec/live/host_ring.h"
 #include "ifec/live/metrics.h"
+#include "ifec/testbed/alltoall_point.h"
 #include "ifec/testbed/collective_point.h"
 #include "ifec/testbed/live_timing.h"
 #include "ifec/workloads/communicator.h"
@@ -235,7 +236,7 @@ struct HostDaemon::Impl {
   grpc::Status group_gather(const std::string& node, const v1::AllgatherRequest& q, v1::AllgatherReply* out);
   void stop_hubs();
   v1::RunReply alltoall_reply(const workloads::CollectiveResult& res, uint64_t wrong, uint64_t size, uint64_t sent,
-                              const std::vector<uint64_t>& tx0) const;
+                              const OpStart& at) const;
 };
 
 namespace {
@@ -625,13 +626,6 @@ void HostDaemon::Impl::poll_ring() {
   rt->loop().schedule(rt->loop().now() + (busy ? kRingPollBusyNs : kRingPollIdleNs), [this] { poll_ring(); });
 }
 
-// One measurement, this rank's part: windows, inputs, the collective, the check against the reference.
-// Byte i of the block rank `from` sends rank `to` in an all-to-all (every rank can check what it received).
-uint8_t alltoall_byte(uint64_t seed, int from, int to, uint64_t i) {
-  return static_cast<uint8_t>((seed * 131 + static_cast<uint64_t>(from) * 31 + static_cast<uint64_t>(to) * 7 + i * 13) ^
-                              (i >> 8));
-}
-
 // All-to-all: every rank stores `bytes` to every other rank with RC WRITEs (one row per peer), then checks the block
 // each peer sent it.
 void HostDaemon::Impl::run_alltoall(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
@@ -650,31 +644,14 @@ void HostDaemon::Impl::run_alltoall(const v1::RunRequest& q, std::function<void(
         reply(r);
         return;
       }
-      uint8_t* out = ep->memory().window(src)->data;
-      workloads::BatchPutArgs a;
-      a.source_window = src;
-      a.dest_window = dst;
-      a.row_bytes = bytes;
-      for (int d = 0; d < n; ++d) {
-        for (uint64_t i = 0; i < bytes; ++i) {
-          out[d * bytes + i] = alltoall_byte(seed, me, d, i);
-        }
-        if (d != me) {
-          a.rows.push_back({d * bytes, d, me * bytes});
-          a.incoming.emplace_back(d * bytes, bytes);
-        }
-      }
-      comm->bootstrap().barrier([=](workloads::Gathered g) mutable {
-        const std::vector<uint64_t> tx0 = plane_tx_bytes();
+      workloads::BatchPutArgs a = testbed::alltoall_rows(seed, me, n, bytes, src, dst, ep->memory().window(src)->data);
+      // The byte counts and turns start before the entry barrier: no peer's frame of this operation can arrive
+      // before this rank entered it.
+      comm->bootstrap().barrier([=, at = op_start(*comm)](workloads::Gathered g) mutable {
         comm->put_rows(std::move(a), [=](workloads::CollectiveResult res) {
-          uint64_t wrong = 0;
-          const uint8_t* in = ep->memory().window(dst)->data;
-          for (int s = 0; s < n && res.ok; ++s) {
-            for (uint64_t i = 0; s != me && i < bytes; ++i) {
-              wrong += in[s * bytes + i] != alltoall_byte(seed, s, me, i);
-            }
-          }
-          reply(alltoall_reply(res, wrong, bytes, bytes * (n - 1), tx0));
+          const uint64_t wrong =
+              res.ok ? testbed::alltoall_wrong(seed, me, n, bytes, ep->memory().window(dst)->data) : 0;
+          reply(alltoall_reply(res, wrong, bytes, bytes * (n - 1), at));
         });
       });
     });
@@ -683,7 +660,7 @@ void HostDaemon::Impl::run_alltoall(const v1::RunRequest& q, std::function<void(
 
 // An all-to-all's row and reply: `size` B per peer (the caller's data: its whole input), `sent` B to other ranks.
 v1::RunReply HostDaemon::Impl::alltoall_reply(const workloads::CollectiveResult& res, uint64_t wrong, uint64_t size,
-                                              uint64_t sent, const std::vector<uint64_t>& tx0) const {
+                                              uint64_t sent, const OpStart& at) const {
   common::JsonObject o;
   const double us = (res.end_ns - res.start_ns) / 1e3;
   o.add("driver", "live").add("topology", topo.name).add("collective", "alltoall").add("algo", "stores");
@@ -692,9 +669,23 @@ v1::RunReply HostDaemon::Impl::alltoall_reply(const workloads::CollectiveResult&
   o.add("fallback_chunks", uint64_t{0}).add("fell_back", false).add("faults", res.faults);
   std::vector<uint64_t> planes = plane_tx_bytes();
   for (size_t k = 0; k < planes.size(); ++k) {
-    planes[k] -= tx0[k];
+    planes[k] -= at.tx[k];
   }
   o.add("plane_tx_bytes", planes);
+  // As a collective's row: this rank's links, the data path's times on the machine's clock, where it started.
+  std::vector<uint64_t> ids, up, down;
+  const std::vector<std::array<uint64_t, 3>> links = link_bytes();
+  for (size_t i = 0; i < links.size(); ++i) {
+    ids.push_back(links[i][0]);
+    up.push_back(links[i][1] - at.links[i][1]);
+    down.push_back(links[i][2] - at.links[i][2]);
+  }
+  o.add("gpu_link_ids", ids).add("gpu_link_up_bytes", up).add("gpu_link_down_bytes", down);
+  const common::TimeNs epoch = rt->loop().epoch_ns();
+  o.add("data_us", us).add("data_start_ns", res.start_ns + epoch).add("data_end_ns", res.end_ns + epoch);
+  common::JsonObject turns;
+  turns.add("group", at.turns.group).add("stripe", at.turns.stripe).add("multicast", at.turns.multicast);
+  o.add("turns", turns);
   v1::RunReply r;
   r.set_ok(res.ok && wrong == 0);
   r.set_error(res.ok ? (wrong ? std::to_string(wrong) + " bytes differ from what their sender wrote" : "") : res.error);
@@ -793,10 +784,10 @@ void HostDaemon::Impl::run_alltoall_given(Group& grp, const v1::RunRequest& q,
           from += send[d];
           into += recv[d];
         }
-        const std::vector<uint64_t> tx0 = plane_tx_bytes();
+        const OpStart start = op_start(*c);
         const uint64_t sent = total_of(send) - send[me];
         c->put_rows(std::move(a), [=](workloads::CollectiveResult res) {
-          v1::RunReply r = alltoall_reply(res, 0, input->size(), sent, tx0);
+          v1::RunReply r = alltoall_reply(res, 0, input->size(), sent, start);
           if (res.ok) {
             r.set_output(ep->memory().window(dst)->data, total_of(recv));
           }

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "ifec/common/checks.h"
+#include "ifec/testbed/alltoall_point.h"
 #include "ifec/testbed/cluster.h"
 #include "ifec/testbed/harness.h"
 #include "ifec/testbed/link_events.h"
@@ -205,19 +206,9 @@ void check_row(CollectiveRow& row, Cluster& c, const CollectiveSpec& s) {
   record_check(row, static_cast<int>(s.members.size()), row.ran != "ifec" || row.fell_back, outs, s.root);
 }
 
-}  // namespace
-
-CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const CollectivePoint& p,
-                                   const Processes* procs) {
-  routing::Topology topo = fabric_topo;
-  topo.params.ifec.reproducible = topo.params.ifec.reproducible || p.reproducible;
-  topo.params.ifec.slot_pool = p.slot_pool;
-  const auto wall0 = std::chrono::steady_clock::now();
-  CollectiveRow row;
-  row.point = p;
-  const size_t es = element_size(p.dtype);
-  row.count = p.kind == Collective::kBarrier ? 0 : p.bytes / es;
-  validate_point(p, row.count, es);
+// The cluster a point runs on (its loss, seed, per-packet spraying, payloads, partitions; the live timers where it
+// is to be compared with a live fabric, which also applies them to `topo`'s switches).
+ClusterOptions cluster_options(routing::Topology& topo, const CollectivePoint& p, const Processes* procs) {
   ClusterOptions o;
   o.fabric.loss = p.loss;
   o.fabric.seed = p.seed;
@@ -233,6 +224,23 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
     apply_live_timing(o.endpoint, topo);
     apply_live_timing(topo.params.ifec);
   }
+  return o;
+}
+
+}  // namespace
+
+CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const CollectivePoint& p,
+                                   const Processes* procs) {
+  routing::Topology topo = fabric_topo;
+  topo.params.ifec.reproducible = topo.params.ifec.reproducible || p.reproducible;
+  topo.params.ifec.slot_pool = p.slot_pool;
+  const auto wall0 = std::chrono::steady_clock::now();
+  CollectiveRow row;
+  row.point = p;
+  const size_t es = element_size(p.dtype);
+  row.count = p.kind == Collective::kBarrier ? 0 : p.bytes / es;
+  validate_point(p, row.count, es);
+  const ClusterOptions o = cluster_options(topo, p, procs);  // before the cluster: it may set topo's timers
   Cluster c(topo, o);
   const int n = p.members > 0 ? p.members : c.size();
   IFEC_CHECK(p.root >= 0 && p.root < n, "root " << p.root << " is not one of the " << n << " members");
@@ -274,6 +282,49 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   }
   fill_row(row, res, c, before, n, spread);
   check_row(row, c, s);
+  row.wall_seconds = seconds_since(wall0);
+  return row;
+}
+
+CollectiveRow run_alltoall_point(const routing::Topology& fabric_topo, const CollectivePoint& p) {
+  IFEC_CHECK(p.bytes > 0, "all-to-all: size " << p.bytes << " B per peer must be > 0");
+  IFEC_CHECK(p.members == 0, "all-to-all: every GPU takes part (members " << p.members << ")");
+  IFEC_CHECK(p.fail.empty() && p.loss == 0 && !p.elided_payloads,
+             "all-to-all: no link failures, loss or elided payloads (run it with none)");
+  routing::Topology topo = fabric_topo;
+  const auto wall0 = std::chrono::steady_clock::now();
+  CollectiveRow row;
+  row.point = p;
+  row.count = p.bytes;
+  const ClusterOptions o = cluster_options(topo, p, nullptr);  // before the cluster: it may set topo's timers
+  Cluster c(topo, o);
+  const int n = c.size();
+  IFEC_CHECK(p.bytes * n * 2 * n <= kPointMemoryBudget,
+             "all-to-all: " << p.bytes << " B per peer on " << n << " GPUs needs more than "
+                            << (kPointMemoryBudget >> 20) << " MiB of host memory for the simulated windows");
+  c.allocate_window(kBuf, p.bytes * n);
+  c.allocate_window(kScratch, p.bytes * n);
+  std::vector<workloads::BatchPutArgs> per_gpu;
+  for (int g = 0; g < n; ++g) {
+    per_gpu.push_back(alltoall_rows(p.seed, g, n, p.bytes, kBuf, kScratch, c.window_data(g, kBuf)));
+  }
+  start_turns(c, p, n, row);
+  const LinkTally before = LinkTally::read(c, n);
+  const uint64_t events0 = c.events_run();
+  const auto sim0 = std::chrono::steady_clock::now();
+  const CollectiveResult res = run_put_rows(c, std::move(per_gpu));
+  row.sim_seconds = seconds_since(sim0);
+  row.sim_events = c.events_run() - events0;
+  fill_row(row, res, c, before, n, nullptr);
+  row.ran = "stores";
+  for (int g = 0; g < n && res.ok; ++g) {
+    row.wrong += alltoall_wrong(p.seed, g, n, p.bytes, c.window_data(g, kScratch));
+  }
+  row.ok = res.ok && row.wrong == 0;
+  if (row.wrong > 0) {
+    row.error = std::to_string(row.wrong) + " bytes differ from what their sender wrote";
+  }
+  row.algbw_gbs = row.time_us > 0 ? static_cast<double>(p.bytes) * (n - 1) / (row.time_us * 1e3) : 0;
   row.wall_seconds = seconds_since(wall0);
   return row;
 }

@@ -21,4 +21,9 @@ inline constexpr uint64_t kPointMemoryBudget = 12ULL << 30;
 CollectiveRow run_collective_point(const routing::Topology& topo, const CollectivePoint& p,
                                    const Processes* procs = nullptr);
 
+// The all-to-all of alltoall_point.h on every GPU of a fresh fabric (`p.bytes` per peer; `p.kind` and `dtype` are
+// not used): the row's time, wire bytes per plane and link, turns and the received bytes checked. Throws naming
+// what it does not take (members, loss, failures, elided payloads).
+CollectiveRow run_alltoall_point(const routing::Topology& topo, const CollectivePoint& p);
+
 }  // namespace ifec::testbed
