@@ -3,7 +3,6 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/prctl.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -16,10 +15,6 @@
 namespace ifec::live {
 
 EpollLoop::EpollLoop() : start_(std::chrono::steady_clock::now()) {
-  // Timers fire when asked, not up to the kernel's default 50 us of slack later: a paced port releases each frame at
-  // the end of its serialization, and that slack on every hop made the live fabric's latency-bound exchanges slower
-  // than the wire they emulate. (Per thread: the loop runs on the thread that made it.)
-  prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
   epfd_ = epoll_create1(EPOLL_CLOEXEC);
   eventfd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   timerfd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
