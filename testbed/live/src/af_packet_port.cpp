@@ -193,16 +193,12 @@ bool AfPacketPort::send(std::vector<uint8_t>&& frame) {
   }
   const size_t bytes = frame.size();
   if (wire_.hold(pacer_.last_bit(loop_.now(), bytes), frame)) {
-    counters_.tx_frames++;
-    counters_.tx_bytes += bytes;
-    pace(bytes);
+    took(bytes);
     return true;
   }
   const ssize_t n = ::send(fd_, frame.data(), frame.size(), MSG_DONTWAIT);
   if (n == static_cast<ssize_t>(frame.size())) {
-    counters_.tx_frames++;
-    counters_.tx_bytes += frame.size();
-    pace(frame.size());
+    took(frame.size());
     return true;
   }
   if (n < 0 && (errno == EAGAIN || errno == ENOBUFS)) {
@@ -226,9 +222,7 @@ void AfPacketPort::writable() {
   pending_.clear();
   busy_ = false;
   if (n == static_cast<ssize_t>(bytes)) {
-    counters_.tx_frames++;
-    counters_.tx_bytes += bytes;
-    pace(bytes);
+    took(bytes);
   } else {
     counters_.tx_errors++;
     ready_soon();
@@ -286,7 +280,9 @@ void WireDelay::release() {
   }
 }
 
-void AfPacketPort::pace(size_t frame_bytes) {
+void AfPacketPort::took(size_t frame_bytes) {
+  counters_.tx_frames++;
+  counters_.tx_bytes += frame_bytes;
   const common::TimeNs resume = pacer_.sent(loop_.now(), frame_bytes);
   if (resume != 0) {
     busy_ = true;

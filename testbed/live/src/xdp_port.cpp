@@ -126,7 +126,9 @@ void XdpPort::later(common::TimeNs at, void (XdpPort::*fn)()) {
   });
 }
 
-void XdpPort::pace(size_t frame_bytes) {
+void XdpPort::took(size_t frame_bytes) {
+  counters_.tx_frames++;
+  counters_.tx_bytes += frame_bytes;
   const common::TimeNs resume = pacer_.sent(loop_.now(), frame_bytes);
   if (resume != 0) {
     busy_ = true;
@@ -172,16 +174,12 @@ bool XdpPort::send(std::vector<uint8_t>&& frame) {
   }
   const size_t bytes = frame.size();
   if (wire_.hold(pacer_.last_bit(loop_.now(), bytes), frame)) {
-    counters_.tx_frames++;
-    counters_.tx_bytes += bytes;
-    pace(bytes);
+    took(bytes);
     return true;
   }
   if (submit(frame)) {
-    counters_.tx_frames++;
-    counters_.tx_bytes += frame.size();
     submitted();
-    pace(frame.size());
+    took(frame.size());
     return true;
   }
   // The TX ring or its chunks are all in use: keep this frame and try again shortly; the owner waits for tx_ready.
@@ -206,10 +204,8 @@ void XdpPort::retry_pending() {
   const size_t bytes = pending_.size();
   pending_.clear();
   busy_ = false;
-  counters_.tx_frames++;
-  counters_.tx_bytes += bytes;
   submitted();
-  pace(bytes);
+  took(bytes);
 }
 
 #if IFEC_HAVE_XDP

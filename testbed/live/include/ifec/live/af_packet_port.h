@@ -119,7 +119,8 @@ class AfPacketPort : public common::Port {
   void drain();
   void writable();
   void ready_soon();
-  void pace(size_t frame_bytes);
+  // Counts a frame of `frame_bytes` as sent and keeps to the link's rate (busy while ahead of it).
+  void took(size_t frame_bytes);
 
   EpollLoop& loop_;
   std::string ifname_;

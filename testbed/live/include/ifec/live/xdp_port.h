@@ -120,7 +120,8 @@ class XdpPort : public FabricPort {
   void kick();
   void reap();
   void retry_pending();
-  void pace(size_t frame_bytes);
+  // Counts a frame of `frame_bytes` as sent and keeps to the link's rate (busy while ahead of it).
+  void took(size_t frame_bytes);
   void ready_soon();
   void later(common::TimeNs at, void (XdpPort::*fn)());
 
