@@ -68,7 +68,7 @@ AfPacketPort::AfPacketPort(EpollLoop& loop, const std::string& ifname, uint64_t 
       ifname_(ifname),
       rate_bps_(rate_bps),
       max_frame_(max_frame),
-      pacer_(rate_bps),
+      gate_(loop, rate_bps),
       wire_(loop, [this](std::vector<uint8_t>&& f) {  // its serialization over: to the kernel
         if (::send(fd_, f.data(), f.size(), MSG_DONTWAIT) != static_cast<ssize_t>(f.size())) {
           counters_.tx_errors++;
@@ -187,12 +187,12 @@ void AfPacketPort::drain() {
 }
 
 bool AfPacketPort::send(std::vector<uint8_t>&& frame) {
-  if (!up_ || busy_) {
+  if (!up_ || gate_.busy()) {
     counters_.tx_refused++;
     return false;
   }
   const size_t bytes = frame.size();
-  if (wire_.hold(pacer_.last_bit(loop_.now(), bytes), frame)) {
+  if (wire_.hold(gate_.last_bit(loop_.now(), bytes), frame)) {
     took(bytes);
     return true;
   }
@@ -204,7 +204,7 @@ bool AfPacketPort::send(std::vector<uint8_t>&& frame) {
   if (n < 0 && (errno == EAGAIN || errno == ENOBUFS)) {
     // The qdisc (tbf pacing) is full: keep this frame and try again shortly; the owner waits for tx_ready.
     pending_ = std::move(frame);
-    busy_ = true;
+    gate_.set_busy(true);
     loop_.schedule(loop_.now() + kBusyRetryNs, [this] { writable(); });
     return true;
   }
@@ -220,12 +220,12 @@ void AfPacketPort::writable() {
   }
   const size_t bytes = pending_.size();
   pending_.clear();
-  busy_ = false;
+  gate_.set_busy(false);
   if (n == static_cast<ssize_t>(bytes)) {
     took(bytes);
   } else {
     counters_.tx_errors++;
-    ready_soon();
+    gate_.ready_soon();
   }
 }
 
@@ -237,6 +237,41 @@ common::TimeNs LinkPacer::sent(common::TimeNs now, size_t frame_bytes) {
     next_free_ns_ = std::max(next_free_ns_, now - std::min(now, kCatchUpNs)) + cost;
   }
   return next_free_ns_ > now + kSlackNs ? next_free_ns_ - kSlackNs : 0;
+}
+
+bool TxGate::took(size_t frame_bytes) {
+  const common::TimeNs resume = pacer_.sent(loop_.now(), frame_bytes);
+  if (resume == 0) {
+    ready_soon();
+    return false;
+  }
+  busy_ = true;
+  std::weak_ptr<bool> alive = alive_;
+  loop_.schedule(resume, [this, alive] {
+    if (!alive.expired()) {
+      busy_ = false;
+      ready_soon();
+    }
+  });
+  return true;
+}
+
+// The Port contract: tx_ready after every transmission (the owner sends one frame per call), as its own event.
+void TxGate::ready_soon() {
+  if (ready_pending_ || !ready_) {
+    return;
+  }
+  ready_pending_ = true;
+  std::weak_ptr<bool> alive = alive_;
+  loop_.schedule(0, [this, alive] {
+    if (alive.expired()) {
+      return;
+    }
+    ready_pending_ = false;
+    if (!busy_ && ready_) {
+      ready_();
+    }
+  });
 }
 
 common::TimeNs LinkPacer::last_bit(common::TimeNs now, size_t frame_bytes) const {
@@ -283,31 +318,7 @@ void WireDelay::release() {
 void AfPacketPort::took(size_t frame_bytes) {
   counters_.tx_frames++;
   counters_.tx_bytes += frame_bytes;
-  const common::TimeNs resume = pacer_.sent(loop_.now(), frame_bytes);
-  if (resume != 0) {
-    busy_ = true;
-    counters_.paced++;
-    loop_.schedule(resume, [this] {
-      busy_ = false;
-      ready_soon();
-    });
-    return;
-  }
-  ready_soon();
-}
-
-// The Port contract: tx_ready after every transmission (the owner sends one frame per call), as its own event.
-void AfPacketPort::ready_soon() {
-  if (ready_pending_ || !ready_) {
-    return;
-  }
-  ready_pending_ = true;
-  loop_.schedule(0, [this] {
-    ready_pending_ = false;
-    if (!busy_ && ready_) {
-      ready_();
-    }
-  });
+  counters_.paced += gate_.took(frame_bytes);
 }
 
 AfPacketCounters AfPacketPort::counters() const {

@@ -129,42 +129,11 @@ void XdpPort::later(common::TimeNs at, void (XdpPort::*fn)()) {
 void XdpPort::took(size_t frame_bytes) {
   counters_.tx_frames++;
   counters_.tx_bytes += frame_bytes;
-  const common::TimeNs resume = pacer_.sent(loop_.now(), frame_bytes);
-  if (resume != 0) {
-    busy_ = true;
-    counters_.paced++;
-    std::weak_ptr<bool> alive = alive_;
-    loop_.schedule(resume, [this, alive] {
-      if (!alive.expired()) {
-        busy_ = false;
-        ready_soon();
-      }
-    });
-    return;
-  }
-  ready_soon();
-}
-
-// The Port contract: tx_ready after every transmission (the owner sends one frame per call), as its own event.
-void XdpPort::ready_soon() {
-  if (ready_pending_ || !ready_) {
-    return;
-  }
-  ready_pending_ = true;
-  std::weak_ptr<bool> alive = alive_;
-  loop_.schedule(0, [this, alive] {
-    if (alive.expired()) {
-      return;
-    }
-    ready_pending_ = false;
-    if (!busy_ && ready_) {
-      ready_();
-    }
-  });
+  counters_.paced += gate_.took(frame_bytes);
 }
 
 bool XdpPort::send(std::vector<uint8_t>&& frame) {
-  if (!up_ || busy_) {
+  if (!up_ || gate_.busy()) {
     counters_.tx_refused++;
     return false;
   }
@@ -173,7 +142,7 @@ bool XdpPort::send(std::vector<uint8_t>&& frame) {
     return false;
   }
   const size_t bytes = frame.size();
-  if (wire_.hold(pacer_.last_bit(loop_.now(), bytes), frame)) {
+  if (wire_.hold(gate_.last_bit(loop_.now(), bytes), frame)) {
     took(bytes);
     return true;
   }
@@ -185,7 +154,7 @@ bool XdpPort::send(std::vector<uint8_t>&& frame) {
   // The TX ring or its chunks are all in use: keep this frame and try again shortly; the owner waits for tx_ready.
   counters_.tx_ring_full++;
   pending_ = std::move(frame);
-  busy_ = true;
+  gate_.set_busy(true);
   if (!retry_pending_) {
     retry_pending_ = true;
     later(loop_.now() + kBusyRetryNs, &XdpPort::retry_pending);
@@ -203,7 +172,7 @@ void XdpPort::retry_pending() {
   }
   const size_t bytes = pending_.size();
   pending_.clear();
-  busy_ = false;
+  gate_.set_busy(false);
   submitted();
   took(bytes);
 }
@@ -359,7 +328,7 @@ XdpPort::XdpPort(EpollLoop& loop, const std::string& ifname, uint64_t rate_bps, 
       rate_bps_(rate_bps),
       max_frame_(max_frame),
       xsk_(std::make_unique<Xsk>()),
-      pacer_(rate_bps),
+      gate_(loop, rate_bps),
       wire_(loop, [this](std::vector<uint8_t>&& f) {  // its serialization over: to the kernel
         if (submit(f)) {
           submitted();
@@ -725,7 +694,7 @@ std::string XdpPort::unavailable() {
 
 XdpPort::XdpPort(EpollLoop& loop, const std::string& ifname, uint64_t rate_bps, const std::string& netns,
                  size_t max_frame)
-    : loop_(loop), ifname_(ifname), rate_bps_(rate_bps), max_frame_(max_frame), pacer_(rate_bps), wire_(loop, {}) {
+    : loop_(loop), ifname_(ifname), rate_bps_(rate_bps), max_frame_(max_frame), gate_(loop, rate_bps), wire_(loop, {}) {
   IFEC_FAIL("interface " << ifname << ": " << unavailable());
 }
 

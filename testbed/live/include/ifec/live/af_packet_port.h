@@ -87,6 +87,30 @@ class WireDelay {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // its scheduled release checks it
 };
 
+// Busy, pacing and tx-ready as both fabric ports keep them (the common::Port contract): after a frame leaves, the port
+// is busy while its pacer is ahead of the wall clock, and the owner hears tx_ready, as its own event, once it may send
+// again. Scheduled callbacks check a liveness token: none outlives the port.
+class TxGate {
+ public:
+  TxGate(EpollLoop& loop, uint64_t rate_bps) : loop_(loop), pacer_(rate_bps) {}
+  // A frame of `frame_bytes` left now; true when that holds the port back to keep to the link's rate.
+  bool took(size_t frame_bytes);
+  // tx_ready as its own event (once, however often asked before it runs), if the port is not busy by then.
+  void ready_soon();
+  bool busy() const { return busy_; }
+  void set_busy(bool busy) { busy_ = busy; }
+  void set_ready(common::Port::TxReady ready) { ready_ = std::move(ready); }
+  common::TimeNs last_bit(common::TimeNs now, size_t frame_bytes) const { return pacer_.last_bit(now, frame_bytes); }
+
+ private:
+  EpollLoop& loop_;
+  LinkPacer pacer_;
+  bool busy_ = false;
+  bool ready_pending_ = false;
+  common::Port::TxReady ready_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
 class AfPacketPort : public common::Port {
  public:
   // Opens `ifname` in the calling thread's network namespace, or in `netns` (a name under /var/run/netns) when
@@ -99,11 +123,11 @@ class AfPacketPort : public common::Port {
   AfPacketPort& operator=(const AfPacketPort&) = delete;
 
   bool send(std::vector<uint8_t>&& frame) override;
-  bool busy() const override { return busy_; }
+  bool busy() const override { return gate_.busy(); }
   bool link_up() const override { return up_; }
   uint64_t rate_bps() const override { return rate_bps_; }
   void set_receiver(Receiver rx) override { rx_ = std::move(rx); }
-  void set_tx_ready(TxReady ready) override { ready_ = std::move(ready); }
+  void set_tx_ready(TxReady ready) override { gate_.set_ready(std::move(ready)); }
 
   // Re-reads the carrier; true when it changed.
   bool refresh_link();
@@ -118,7 +142,6 @@ class AfPacketPort : public common::Port {
   void open_socket();
   void drain();
   void writable();
-  void ready_soon();
   // Counts a frame of `frame_bytes` as sent and keeps to the link's rate (busy while ahead of it).
   void took(size_t frame_bytes);
 
@@ -135,14 +158,11 @@ class AfPacketPort : public common::Port {
   uint32_t frames_ = 0;
   uint32_t next_ = 0;
   bool up_ = false;
-  bool busy_ = false;
-  bool ready_pending_ = false;
-  LinkPacer pacer_;
+  TxGate gate_;
   WireDelay wire_;
   std::vector<uint8_t> pending_;  // a frame the full qdisc refused, sent when it has room
   Receiver rx_;
   common::TimeNs rx_timestamp_ns_ = 0;
-  TxReady ready_;
   mutable AfPacketCounters counters_;
 };
 

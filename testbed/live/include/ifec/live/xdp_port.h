@@ -87,11 +87,11 @@ class XdpPort : public FabricPort {
   static std::string unavailable();
 
   bool send(std::vector<uint8_t>&& frame) override;
-  bool busy() const override { return busy_; }
+  bool busy() const override { return gate_.busy(); }
   bool link_up() const override { return up_; }
   uint64_t rate_bps() const override { return rate_bps_; }
   void set_receiver(Receiver rx) override { rx_ = std::move(rx); }
-  void set_tx_ready(TxReady ready) override { ready_ = std::move(ready); }
+  void set_tx_ready(TxReady ready) override { gate_.set_ready(std::move(ready)); }
 
   bool refresh_link() override;
   const std::string& name() const override { return ifname_; }
@@ -122,7 +122,6 @@ class XdpPort : public FabricPort {
   void retry_pending();
   // Counts a frame of `frame_bytes` as sent and keeps to the link's rate (busy while ahead of it).
   void took(size_t frame_bytes);
-  void ready_soon();
   void later(common::TimeNs at, void (XdpPort::*fn)());
 
   EpollLoop& loop_;
@@ -137,19 +136,16 @@ class XdpPort : public FabricPort {
   bool native_ = false;
   bool zero_copy_ = false;
   bool up_ = false;
-  bool busy_ = false;
-  bool ready_pending_ = false;
   bool kick_pending_ = false;
   bool retry_pending_ = false;
   uint32_t unkicked_ = 0;  // descriptors submitted since the last kick
-  LinkPacer pacer_;
+  TxGate gate_;
   WireDelay wire_;
   std::vector<uint8_t> pending_;     // a frame the full TX ring refused, sent when it has room
   std::vector<uint8_t> rx_partial_;  // a multi-buffer frame whose last buffer is still to come
   std::vector<std::vector<uint8_t>> rx_batch_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // scheduled callbacks check it: none outlives us
   Receiver rx_;
-  TxReady ready_;
   mutable XdpCounters counters_;
 };
 
