@@ -1002,7 +1002,8 @@ def compare_text(size, sim, lv, cables):
     planes, links, subs = plane_deviation(sim, lv), link_deviation(sim, lv, cables), link_deviation(sim, lv)
     verdict = [w for w, bad in (("links", links > BYTES_TOLERANCE), ("planes", planes > BYTES_TOLERANCE),
                                 ("time", abs(ratio - 1) > TIME_TOLERANCE)) if bad]
-    return (f" {size:>12} {sim['algo'] if sim['collective'] == 'alltoall' else lv['ran']:>6} {sim['data_us']:>10.1f} {lv['data_us']:>10.1f} {ratio:>9.3f} "
+    ran = sim["algo"] if sim["collective"] == "alltoall" else lv["ran"]
+    return (f" {size:>12} {ran:>6} {sim['data_us']:>10.1f} {lv['data_us']:>10.1f} {ratio:>9.3f} "
             f"{lv['time_us'] - lv['data_us']:>11.1f} {planes:>10.2%} {links:>10.2%} {subs:>10.2%}  "
             f"{'within' if not verdict else 'outside: ' + ', '.join(verdict)}")
 

@@ -231,10 +231,7 @@ void AfPacketPort::writable() {
 
 common::TimeNs LinkPacer::sent(common::TimeNs now, size_t frame_bytes) {
   if (rate_bps_ > 0) {
-    const auto cost = static_cast<common::TimeNs>((frame_bytes + kWireOverheadBytes) * 8e9 / rate_bps_);
-    // A late wake-up (the loop had other work) is made up for, up to kCatchUpNs: the long-run rate is the link's,
-    // not the link's minus the scheduler's latency.
-    next_free_ns_ = std::max(next_free_ns_, now - std::min(now, kCatchUpNs)) + cost;
+    next_free_ns_ = last_bit(now, frame_bytes);
   }
   return next_free_ns_ > now + kSlackNs ? next_free_ns_ - kSlackNs : 0;
 }
@@ -279,6 +276,8 @@ common::TimeNs LinkPacer::last_bit(common::TimeNs now, size_t frame_bytes) const
     return now;
   }
   const auto cost = static_cast<common::TimeNs>((frame_bytes + kWireOverheadBytes) * 8e9 / rate_bps_);
+  // A late wake-up (the loop had other work) is made up for, up to kCatchUpNs: the long-run rate is the link's, not
+  // the link's minus the scheduler's latency.
   return std::max(next_free_ns_, now - std::min(now, kCatchUpNs)) + cost;
 }
 
@@ -287,12 +286,7 @@ bool WireDelay::hold(common::TimeNs last_bit, std::vector<uint8_t>& frame) {
     return false;
   }
   if (held_.empty()) {
-    std::weak_ptr<bool> alive = alive_;
-    loop_.schedule(last_bit, [this, alive] {
-      if (!alive.expired()) {
-        release();
-      }
-    });
+    release_at(last_bit);
   }
   held_.emplace_back(last_bit, std::move(frame));
   return true;
@@ -306,13 +300,17 @@ void WireDelay::release() {
     put_(std::move(f));
   }
   if (!held_.empty()) {
-    std::weak_ptr<bool> alive = alive_;
-    loop_.schedule(held_.front().first, [this, alive] {
-      if (!alive.expired()) {
-        release();
-      }
-    });
+    release_at(held_.front().first);
   }
+}
+
+void WireDelay::release_at(common::TimeNs at) {
+  std::weak_ptr<bool> alive = alive_;
+  loop_.schedule(at, [this, alive] {
+    if (!alive.expired()) {
+      release();
+    }
+  });
 }
 
 void AfPacketPort::took(size_t frame_bytes) {

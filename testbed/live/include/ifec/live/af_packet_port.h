@@ -80,6 +80,7 @@ class WireDelay {
 
  private:
   void release();
+  void release_at(common::TimeNs at);
 
   EpollLoop& loop_;
   Put put_;
