@@ -200,12 +200,15 @@ std::vector<uint8_t> QueuePair::request_frame() {
       last_progress_ = std::max(last_progress_, clock_.now());
     }
     std::vector<uint8_t> f;
+    bool asked = true;  // reads and atomics always ask
     if (w.kind == Wqe::kWrite) {
       const uint32_t off = static_cast<uint32_t>(k) * cfg_.mtu;
       const uint32_t len = std::min(cfg_.mtu, w.len - std::min(w.len, off));
       const uint8_t* payload = w.data.bytes != nullptr ? w.data.bytes + w.data_offset + off : nullptr;
       const bool last = static_cast<uint32_t>(k) + 1 == w.npkts;
-      const bool ack_req = last || retransmit || psn % cfg_.ack_every == 0;
+      const bool ack_req = last || retransmit || psn % cfg_.ack_every == 0 ||
+                           clock_.now() >= last_ack_req_ + std::max<common::TimeNs>(rto_ / 4, 1);
+      asked = ack_req;
       uint8_t opcode;
       if (cfg_.weak || w.npkts == 1) {
         opcode = op(Opcode::kWriteOnly);
@@ -237,6 +240,9 @@ std::vector<uint8_t> QueuePair::request_frame() {
       send_psn_ = psn_add(psn, 1);
     }
     counters_.tx_packets++;
+    if (asked) {
+      last_ack_req_ = clock_.now();
+    }
     if (cfg_.adaptive_rto) {
       note_sent(psn, retransmit);
     }

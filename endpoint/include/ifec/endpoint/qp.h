@@ -48,7 +48,10 @@ struct QpConfig {
   bool adaptive_rto = false;
   int max_retries = 10;
   uint32_t max_outstanding = 512;    // PSNs in flight before the requester waits for ACKs
-  uint32_t ack_every = 32;           // AckReq at least every this many packets
+  // AckReq at least every this many packets, and on the first packet sent a quarter of the timeout after the last
+  // request: a QP whose packets trickle out of a shared port (one turn in many) hears from its responder before its
+  // timer runs out, instead of resending what was never lost.
+  uint32_t ack_every = 32;
   uint32_t responder_window = 4096;  // PSNs ahead of ePSN a responder accepts (weak) or NAKs (in order)
   common::FrameHeaders headers;      // Ethernet/IPv4/UDP template of this QP's path (its port, its UDP port)
   // A simulation whose payloads are elided (common::encode_frame): frames go out with their headers and lengths
@@ -224,6 +227,7 @@ class QueuePair {
   std::vector<uint32_t> sent_psn_;
   std::vector<common::TimeNs> sent_at_;
   common::TimeNs last_progress_ = 0;
+  common::TimeNs last_ack_req_ = 0;  // when this QP last sent a packet carrying AckReq
   uint64_t timer_generation_ = 0;
   bool timer_armed_ = false;
   std::shared_ptr<bool> alive_;
