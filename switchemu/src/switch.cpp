@@ -205,14 +205,14 @@ int Switch::weighted_pick(const Group& g, uint64_t hash) {
   return static_cast<int>(std::min<size_t>(it - g.cumulative.begin(), g.hops.size() - 1));
 }
 
-int Switch::choose(Group& g, uint64_t flow_hash) {
+int Switch::choose(Group& g, uint64_t flow_hash, size_t bytes) {
   if (g.hops.size() == 1) {
     return 0;
   }
   if (cfg_.lb == LoadBalance::kPerFlow) {
     return weighted_pick(g, flow_hash);
   }
-  return g.swrr.next();  // exact long-run shares, no bursts to one hop
+  return g.swrr.next(static_cast<double>(bytes));  // exact long-run shares of the bytes, no bursts to one hop
 }
 
 // A frame that names its member (inject's spray): spray mod the members where their weights are equal (a Y-cable's
@@ -229,7 +229,7 @@ int Switch::choose_sprayed(const Group& g, uint64_t spray) const {
   return weighted_pick(g, common::splitmix64(spray));
 }
 
-int Switch::choose_live(Group& g, uint64_t flow_hash) {
+int Switch::choose_live(Group& g, uint64_t flow_hash, size_t bytes) {
   double live_total = 0;
   for (const NextHopPort& h : g.hops) {
     live_total += ports_[h.port]->link_up() ? h.weight : 0;
@@ -239,7 +239,7 @@ int Switch::choose_live(Group& g, uint64_t flow_hash) {
   }
   if (cfg_.lb == LoadBalance::kPerPacket) {
     for (size_t tries = 0; tries < g.hops.size() * 2; ++tries) {
-      const int i = choose(g, flow_hash);
+      const int i = choose(g, flow_hash, bytes);
       if (ports_[g.hops[i].port]->link_up()) {
         return i;
       }
@@ -306,11 +306,11 @@ void Switch::forward(int in_port, std::vector<uint8_t>&& frame, const common::L3
       cfg_.seed ^ common::splitmix64((uint64_t{l3.src} << 32 | l3.dst) ^
                                      (uint64_t{l3.protocol} << 32 | uint64_t{l3.src_port} << 16 | l3.dst_port)));
   const bool named = spray != IfecEngine::kSwitchChooses && cfg_.lb == LoadBalance::kPerPacket;
-  int idx = named ? choose_sprayed(group, spray) : choose(group, flow);
+  int idx = named ? choose_sprayed(group, spray) : choose(group, flow, wire_size(frame));
   if (!ports_[group.hops[idx].port]->link_up()) {
     // Local failover: the data plane sees its own link go down at once and stops using that member, as ECMP
     // hardware does; FARE reweighs the rest of the fabric one control-plane delay per hop later.
-    idx = choose_live(group, flow);
+    idx = choose_live(group, flow, wire_size(frame));
     if (idx < 0) {
       in_counters.no_route_drops++;
       return;

@@ -1,5 +1,8 @@
 // Smooth weighted round robin (nginx's upstream balancer): picks indices in proportion to their weights with the
 // picks of each index spread evenly (no bursts), exact over any window of sum(weights) picks for integer weights.
+// Picks may carry a cost (a frame's bytes): the shares are then of the cost, not of the picks, each index's lag
+// behind its share bounded by a few of the largest cost (a switch spraying frames of mixed sizes over a Y-cable's
+// sub-links balances their bytes, not their frame counts).
 // One implementation for the switch's per-packet WECMP, the endpoint's QP striping and the collectives' chunk
 // placement over planes.
 #pragma once
@@ -26,20 +29,20 @@ class SmoothWrr {
     }
   }
 
-  // The next index, or -1 when no weight is positive.
-  int next() {
+  // The next index, or -1 when no weight is positive; `cost` is what this pick takes of its index's share.
+  int next(double cost = 1.0) {
     int best = -1;
     for (size_t i = 0; i < weights_.size(); ++i) {
       if (weights_[i] <= 0) {
         continue;
       }
-      current_[i] += weights_[i];
+      current_[i] += weights_[i] * cost;
       if (best < 0 || current_[i] > current_[best]) {
         best = static_cast<int>(i);
       }
     }
     if (best >= 0) {
-      current_[best] -= total_;
+      current_[best] -= total_ * cost;
     }
     return best;
   }

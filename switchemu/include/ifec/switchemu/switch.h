@@ -186,8 +186,8 @@ class Switch {
   void forward(int in_port, std::vector<uint8_t>&& frame, const common::L3View& l3,
                uint64_t spray = IfecEngine::kSwitchChooses);
   void handle_pfc(int in_port, const std::vector<uint8_t>& frame);
-  int choose(Group& g, uint64_t flow_hash);
-  int choose_live(Group& g, uint64_t flow_hash);
+  int choose(Group& g, uint64_t flow_hash, size_t bytes);  // per packet: shares of the bytes
+  int choose_live(Group& g, uint64_t flow_hash, size_t bytes);
   int choose_sprayed(const Group& g, uint64_t spray) const;
   static int weighted_pick(const Group& g, uint64_t hash);
   void enqueue(int out_port, int prio, Packet&& pkt);
