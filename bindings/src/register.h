@@ -5,6 +5,7 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/common/sim.h"
+#include "ifec/testbed/collective_point.h"
 
 namespace ifec::bindings {
 
@@ -25,6 +26,20 @@ auto interruptible(Fn&& fn) -> decltype(fn()) {
   } catch (const common::Interrupted&) {
     throw pybind11::error_already_set();  // PyErr_CheckSignals left KeyboardInterrupt set
   }
+}
+
+// The carried state a simulated operation starts from, as a replay or a live comparison passes it: {"group": int,
+// "stripe": [one per member], "multicast": [one per member]}, each optional.
+inline testbed::Turns turns_from(const pybind11::dict& turns) {
+  testbed::Turns t;
+  t.group = turns.contains("group") ? turns["group"].cast<int>() : -1;
+  if (turns.contains("stripe")) {
+    t.stripe = turns["stripe"].cast<std::vector<uint64_t>>();
+  }
+  if (turns.contains("multicast")) {
+    t.multicast = turns["multicast"].cast<std::vector<uint32_t>>();
+  }
+  return t;
 }
 
 void register_common(pybind11::module_& m);

@@ -268,13 +268,7 @@ void register_collectives(py::module_& m) {
         p.elided_payloads = elided_payloads;
         p.threads = threads;
         p.root = root;
-        p.start.group = turns.contains("group") ? turns["group"].cast<int>() : -1;
-        if (turns.contains("stripe")) {
-          p.start.stripe = turns["stripe"].cast<std::vector<uint64_t>>();
-        }
-        if (turns.contains("multicast")) {
-          p.start.multicast = turns["multicast"].cast<std::vector<uint32_t>>();
-        }
+        p.start = turns_from(turns);
         return interruptible([&] {
           return testbed::row_json(
               alltoall ? testbed::run_alltoall_point(topo, p) : testbed::run_collective_point(topo, p), topo.name);

@@ -170,6 +170,7 @@ class MulticastRowsOp : public CommOp {
     for (int p : bad) {
       res_.faults.push_back("plane " + std::to_string(p) + " not used: " + (why.empty() ? "no switch" : why));
     }
+    res_.data_start_ns = now();  // the control plane's part (registrations, first PSNs) ends here
     send(bad);
   }
 

@@ -80,6 +80,7 @@ class ReduceRowsOp : public CommOp {
   }
 
   void on_plan(const Plan& plan) {
+    res_.data_start_ns = now();  // the control plane's part (the leader's reservations) ends here
     plan_ = plan;
     places_.number(comm_, plan_, rows_, chunks_);
     post();
@@ -168,6 +169,7 @@ class ReduceRowsOp : public CommOp {
   // Every rank's contributions were accepted (or given up): results still on their way (the switches resend lost
   // ones) get a little while, then the rest is summed point to point.
   void contributions_done() {
+    contributed_ns_ = now();
     gather({}, [this](Gathered g) {
       std::weak_ptr<CommOp> w = weak_from_this();
       comm_.clock().schedule(now() + 4 * rto_, [this, w] {
@@ -181,6 +183,7 @@ class ReduceRowsOp : public CommOp {
   }
 
   void receives_done() {
+    received_ns_ = now();
     receives_done_ = true;
     maybe_recover();
   }
@@ -192,6 +195,7 @@ class ReduceRowsOp : public CommOp {
       return;
     }
     recovering_ = true;
+    res_.data_end_ns = std::max(contributed_ns_, received_ns_);  // what follows (the report) is the control plane's
     gather(encode_undelivered(comm_, rows_, chunks_, places_, *recv_, received_,
                               contrib_->anomalies() + recv_->anomalies()),
            [this](Gathered g) { recover(g); });
@@ -261,6 +265,8 @@ class ReduceRowsOp : public CommOp {
   bool all_contributed_ = false;
   bool receives_done_ = false;
   bool recovering_ = false;
+  common::TimeNs contributed_ns_ = 0;  // when this rank's contributions were all accepted (or given up)
+  common::TimeNs received_ns_ = 0;     // when its results all arrived (or were given up)
 };
 
 }  // namespace

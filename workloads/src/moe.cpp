@@ -177,6 +177,30 @@ MoeWeights make_weights(const MoeConfig& cfg, uint64_t seed, at::ScalarType dtyp
   return dtype == at::kFloat ? w : w.to(dtype);
 }
 
+at::Tensor draw_tokens(uint64_t seed, int64_t rows, int64_t hidden, at::ScalarType dtype, int64_t first,
+                       int64_t count) {
+  count = count < 0 ? rows - first : count;
+  IFEC_CHECK(rows >= 1 && hidden >= 1 && first >= 0 && count >= 1 && first + count <= rows,
+             "tokens: rows " << first << ".." << first + count - 1 << " of " << rows << " (hidden " << hidden << ")");
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed * 7919 + 17);
+  if (rows <= kDrawBlock) {  // one draw: the same tokens at every smaller point
+    const at::Tensor all = at::randn({rows, hidden}, gen);
+    return count == rows ? all.to(dtype) : all.narrow(0, first, count).to(dtype).clone();
+  }
+  // In blocks straight into the row type (EP 256 x 4096 tokens: 2 GB of bf16, not 4 GB of fp32 first).
+  at::Tensor x = at::empty({count, hidden}, at::TensorOptions().dtype(dtype));
+  for (int64_t at = 0; at < first + count; at += kDrawBlock) {
+    const int64_t n = std::min(kDrawBlock, rows - at);
+    const at::Tensor block = at::randn({n, hidden}, gen);
+    const int64_t lo = std::max(at, first);
+    const int64_t hi = std::min(at + n, first + count);
+    if (lo < hi) {
+      x.narrow(0, lo - first, hi - lo).copy_(block.narrow(0, lo - at, hi - lo));
+    }
+  }
+  return x;
+}
+
 RoutingPlan route_scores(const at::Tensor& scores, const at::Tensor& bias, const MoeConfig& cfg) {
   cfg.validate();
   IFEC_CHECK(scores.defined() && scores.dim() == 2 && scores.size(1) == cfg.experts,

@@ -510,3 +510,26 @@ TEST(MoeCost, TheMoeConfigWrappersAreTheGpuModel) {
 }
 
 }  // namespace
+
+namespace ifec::workloads {
+namespace {
+
+// A live rank draws its own block of the tokens the simulator draws for every rank: the same values, in one draw
+// and past kDrawBlock rows (drawn in blocks), and a range outside the rows is an error naming it.
+TEST(MoeTokens, ARanksBlockIsItsSliceOfEveryRanksTokens) {
+  const at::Tensor all = draw_tokens(7, 4 * 32, 64, at::kBFloat16);
+  ASSERT_EQ(all.sizes(), (std::vector<int64_t>{128, 64}));
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(at::equal(draw_tokens(7, 128, 64, at::kBFloat16, rank * 32, 32), all.narrow(0, rank * 32, 32)));
+  }
+  EXPECT_FALSE(at::equal(draw_tokens(8, 128, 64, at::kBFloat16, 0, 32), all.narrow(0, 0, 32))) << "the seed counts";
+  const int64_t rows = kDrawBlock + 100;  // blocked: one column keeps it small
+  const at::Tensor big = draw_tokens(3, rows, 1, at::kFloat);
+  EXPECT_TRUE(at::equal(draw_tokens(3, rows, 1, at::kFloat, kDrawBlock - 10, 50), big.narrow(0, kDrawBlock - 10, 50)));
+  EXPECT_TRUE(at::equal(draw_tokens(3, rows, 1, at::kFloat, rows - 5, -1), big.narrow(0, rows - 5, 5)));
+  EXPECT_NEAR(big.mean().item<double>(), 0.0, 0.01);
+  EXPECT_THROW(draw_tokens(3, 128, 64, at::kFloat, 100, 29), common::Error);
+}
+
+}  // namespace
+}  // namespace ifec::workloads

@@ -549,6 +549,12 @@ def _merge_moe(rows):
         merged[k] = sum(r[k] for r in rows)
     for k in ("dispatch_wire_per_plane", "combine_wire_per_plane"):
         merged[k] = _sum_lists(rows, k)
+    for phase in ("dispatch", "combine"):  # the data path: the last rank's start of it to the last rank's end
+        for end in ("start", "end"):
+            merged[f"{phase}_data_{end}_ns"] = max(r[f"{phase}_data_{end}_ns"] for r in rows)
+        merged[f"{phase}_data_us"] = (merged[f"{phase}_data_end_ns"] - merged[f"{phase}_data_start_ns"]) / 1e3
+    from .replay import merged_turns
+    merged["turns"] = merged_turns([r.get("turns") or {} for r in rows])
     ep = merged["ep"]
     for phase in ("dispatch", "combine"):
         us = merged[f"{phase}_us"]
@@ -952,15 +958,62 @@ def _cmd_run(args):
     return status
 
 
+# The live MoE layer's shape (hostd's defaults, small enough for its CPU experts), the same on the simulated side.
+MOE_COMPARE_SHAPE = dict(hidden=512, inter=16, experts=32, topk=8)
+
+
 def compare(fab, what="allreduce", algo="ifec", bytes=1 << 20, seed=1):
-    """The same measurement on the simulator (this topology, its link rates) and on the live fabric: (sim, live)."""
+    """The same measurement on the simulator (this topology, its link rates) and on the live fabric: (sim, live).
+    what "moe": one MoE layer in variant `algo` on every GPU, `bytes` tokens per rank (MOE_COMPARE_SHAPE, bf16): the
+    same tokens, routing and weights on both sides."""
     from . import collectives
+    if what == "moe":
+        return _compare_moe(fab, algo, int(bytes), seed)
     lv = fab.run(what, algo=algo, bytes=int(bytes), seed=seed)
     # The simulated fabric starts where the live one did (each GPU's stripe rotor, the group counter): the same
     # frames take the same sub-links.
     sim = collectives.measure(fab.topo, kind=what, algo=algo, bytes=int(bytes), seed=seed, live_timing=True,
                               turns=lv.get("turns"))
     return sim, lv
+
+
+def _compare_moe(fab, variant, tokens, seed):
+    from . import moe
+    lv = fab.run("moe", algo=variant, dtype="bf16", seed=seed, moe=dict(MOE_COMPARE_SHAPE, tokens=tokens), timeout=300)
+    shape = MOE_COMPARE_SHAPE
+    sim = moe.measure(fab.topo, fab.topo.num_gpus, tokens, variants=[variant], mode="normal",
+                      hidden=shape["hidden"], experts=shape["experts"], topk=shape["topk"], inter=shape["inter"],
+                      run_inter=shape["inter"], bf16=True, compute=True, seed=seed, live_timing=True,
+                      turns=lv.get("turns"))[0]
+    return sim, lv
+
+
+def moe_deviations(sim, lv):
+    """Per phase (dispatch, combine): (live/sim data-path time, the largest relative difference of live from sim
+    bytes the GPUs sent on a plane)."""
+    out = {}
+    for ph in ("dispatch", "combine"):
+        planes = max((abs(l / s - 1) for l, s in zip(lv[f"{ph}_wire_per_plane"], sim[f"{ph}_wire_per_plane"]) if s),
+                     default=0.0)
+        out[ph] = (lv[f"{ph}_data_us"] / max(sim[f"{ph}_data_us"], 1e-9), planes)
+    return out
+
+
+MOE_COMPARE_HEADER = (f"#{'tokens':>7} {'variant':>10} {'phase':>8} {'sim us':>10} {'live us':>10} {'live/sim':>9} "
+                      f"{'planes dev':>10}  within 3% bytes / 10% time")
+
+
+def moe_compare_text(tokens, sim, lv):
+    """Two compare rows (dispatch, combine) of one MoE variant: data-path times (an in-fabric phase's plan apart)
+    and the largest deviation of the bytes the GPUs sent per plane."""
+    lines = []
+    for ph, (ratio, planes) in moe_deviations(sim, lv).items():
+        verdict = [w for w, bad in (("planes", planes > BYTES_TOLERANCE), ("time", abs(ratio - 1) > TIME_TOLERANCE))
+                   if bad]
+        lines.append(f" {tokens:>7} {sim['variant']:>10} {ph:>8} {sim[f'{ph}_data_us']:>10.1f} "
+                     f"{lv[f'{ph}_data_us']:>10.1f} {ratio:>9.3f} {planes:>10.2%}  "
+                     f"{'within' if not verdict else 'outside: ' + ', '.join(verdict)}")
+    return "\n".join(lines)
 
 
 def link_deviation(sim, lv, cables=None):
@@ -1013,11 +1066,12 @@ def _cmd_compare(args):
     print(f"# {args.collective} on {fab.topo.name}: sim (simulated time at the topology's link rates, the live "
           f"daemons' timers, started from the live run's turns) vs live (wall clock through software switches on "
           f"veths); times are the data path (the control plane's part apart)")
-    print(COMPARE_HEADER)
+    moe = args.collective == "moe"
+    print(MOE_COMPARE_HEADER if moe else COMPARE_HEADER)
     status = 0
     for size in [parse_size(s) for s in args.bytes.split(",")]:
         sim, lv = compare(fab, args.collective, args.algo, size, args.seed)
-        print(compare_text(size, sim, lv, fab.topo.links))
+        print(moe_compare_text(size, sim, lv) if moe else compare_text(size, sim, lv, fab.topo.links))
         if not (sim["ok"] and lv["ok"]):
             print(f"#   FAILED: sim {sim.get('error')}; live {lv.get('error')}")
             status = 1
@@ -1170,7 +1224,7 @@ def add_fabric_commands(sub, driver="live"):
     for flag, default in (("--tokens", 32), ("--hidden", 512), ("--inter", 16), ("--experts", 32), ("--topk", 8)):
         run.add_argument(flag, type=_at_least(1), default=default, help=f"moe: default {default}")
     cmp = sub.add_parser("compare", help="the same collective on the simulator and the live fabric, side by side")
-    cmp.add_argument("collective", choices=["allreduce", "reduce", "multicast", "barrier", "alltoall"],
+    cmp.add_argument("collective", choices=["allreduce", "reduce", "multicast", "barrier", "alltoall", "moe"],
                      help="alltoall: --bytes per peer, --algo stores")
     cmp.add_argument("--algo", default="ifec")
     cmp.add_argument("--bytes", default="1048576", help="SIZE[,SIZE...]")

@@ -54,8 +54,8 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
     const uint64_t seed = q.seed() == 0 ? 1 : q.seed();
     torch::set_num_threads(1);  // a daemon per GPU on a few cores
     w_ = make_weights(cfg_, seed, row_type_);
-    torch::manual_seed(seed * 7919 + 17 + 1000003ULL * static_cast<uint64_t>(ctx_.comm.rank()));
-    x_ = torch::randn({tokens_, cfg_.hidden}).to(row_type_);
+    // This rank's block of the tokens the simulator draws for every rank (the same point compares).
+    x_ = draw_tokens(seed, n * tokens_, cfg_.hidden, row_type_, ctx_.comm.rank() * tokens_, tokens_);
     row_.point.mode = "live";
     row_.point.ep = n;
     row_.point.tokens = tokens_;
@@ -134,9 +134,17 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
 
   uint8_t* window(uint16_t id) { return ctx_.comm.endpoint().memory().window(id)->data; }
 
-  // Records one phase's time, this GPU's frame bytes per plane and what the operation met.
-  bool phase(const char* name, const CollectiveResult& r, double* us, uint64_t* wire, std::vector<uint64_t>* planes) {
-    *us = (r.end_ns - r.start_ns) / 1e3;
+  // Records one phase's time (its data path on the machine's monotonic clock, so the ranks' rows compare), this
+  // GPU's frame bytes per plane and what the operation met.
+  bool phase(bool dispatch, const CollectiveResult& r) {
+    const char* name = dispatch ? "dispatch" : "combine";
+    (dispatch ? row_.dispatch_us : row_.combine_us) = (r.end_ns - r.start_ns) / 1e3;
+    (dispatch ? row_.dispatch_data_start_ns : row_.combine_data_start_ns) =
+        (r.data_start_ns ? r.data_start_ns : r.start_ns) + ctx_.epoch_ns;
+    (dispatch ? row_.dispatch_data_end_ns : row_.combine_data_end_ns) =
+        (r.data_end_ns ? r.data_end_ns : r.end_ns) + ctx_.epoch_ns;
+    uint64_t* wire = dispatch ? &row_.dispatch_wire_bytes : &row_.combine_wire_bytes;
+    std::vector<uint64_t>* planes = dispatch ? &row_.dispatch_wire_per_plane : &row_.combine_wire_per_plane;
     const std::vector<uint64_t> tx = ctx_.plane_tx();
     planes->assign(tx.size(), 0);
     *wire = 0;
@@ -157,10 +165,14 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
   void dispatch() {
     auto self = shared_from_this();
     tx0_ = ctx_.plane_tx();
+    endpoint::Endpoint& ep = ctx_.comm.endpoint();
+    row_.turns = {ctx_.comm.group_turn(), {ep.stripe_turn()}, {ep.ech().next_psn()}};
+    // The experts wait until every rank's dispatch ended: LibTorch on this host's cores would otherwise slow the
+    // daemons (switches and hostds on the same few cores) still moving other ranks' rows, and their data path's time.
     auto done = [self](CollectiveResult r) {
-      if (self->phase("dispatch", r, &self->row_.dispatch_us, &self->row_.dispatch_wire_bytes,
-                      &self->row_.dispatch_wire_per_plane)) {
-        self->experts();
+      if (self->phase(true, r)) {
+        self->ctx_.comm.bootstrap().barrier(
+            [self](Gathered g) { g.ok ? self->experts() : self->fail("barrier: " + g.error); });
       }
     };
     if (variant_ == MoeVariant::kIfec) {
@@ -192,8 +204,7 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
     auto self = shared_from_this();
     tx0_ = ctx_.plane_tx();
     auto done = [self](CollectiveResult r) {
-      if (self->phase("combine", r, &self->row_.combine_us, &self->row_.combine_wire_bytes,
-                      &self->row_.combine_wire_per_plane)) {
+      if (self->phase(false, r)) {
         try {
           self->finish();
         } catch (const std::exception& e) {

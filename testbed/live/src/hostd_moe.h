@@ -17,6 +17,7 @@ struct MoeRunContext {
   const routing::Topology& topo;
   uint16_t first_window;                            // the layer uses four window ids from here
   std::function<std::vector<uint64_t>()> plane_tx;  // frame bytes this GPU's interfaces sent so far, per plane
+  common::TimeNs epoch_ns = 0;                      // the loop clock's zero on the machine's monotonic clock
 };
 
 // Runs this rank's part of the layer `q` asks for (every rank is asked at once) and replies with its row (the sim's

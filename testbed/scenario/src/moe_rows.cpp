@@ -70,6 +70,12 @@ common::JsonObject moe_row_record(const MoeRow& r, const std::string& topology, 
   o.add("driver", driver).add("topology", topology).add("mode", r.point.mode).add("ep", r.point.ep);
   o.add("tokens", r.point.tokens).add("variant", r.variant).add("simulated_tokens", r.simulated_tokens);
   o.add("scaled", r.scaled).add("dispatch_us", r.dispatch_us).add("combine_us", r.combine_us);
+  o.add("dispatch_data_us", r.dispatch_data_us()).add("combine_data_us", r.combine_data_us());
+  o.add("dispatch_data_start_ns", r.dispatch_data_start_ns).add("dispatch_data_end_ns", r.dispatch_data_end_ns);
+  o.add("combine_data_start_ns", r.combine_data_start_ns).add("combine_data_end_ns", r.combine_data_end_ns);
+  common::JsonObject turns;
+  turns.add("group", r.turns.group).add("stripe", r.turns.stripe).add("multicast", r.turns.multicast);
+  o.add("turns", turns);
   o.add("compute_us", r.compute_us).add("compute_source", r.compute_source).add("total_us", r.total_us);
   o.add("overlap_us", r.overlap_us).add("overlap2_us", r.overlap2_us).add("fp8_dispatch", r.fp8_dispatch);
   o.add("payload", r.elided_payloads ? "elided" : "real").add("timing_only", r.elided_payloads);

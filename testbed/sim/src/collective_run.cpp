@@ -40,14 +40,15 @@ void validate_point(const CollectivePoint& p, uint64_t count, size_t es) {
   IFEC_CHECK(p.start.group >= -1 && p.start.group <= 0xFFFF, "group turn " << p.start.group << " outside 0..65535");
 }
 
-// The carried state the point starts from (CollectivePoint::start), set and recorded in the row.
-void start_turns(Cluster& c, const CollectivePoint& p, int n, CollectiveRow& row) {
-  const Turns& t = p.start;
+}  // namespace
+
+Turns start_turns(Cluster& c, const Turns& t, int n) {
   IFEC_CHECK(t.stripe.empty() || static_cast<int>(t.stripe.size()) == n,
              t.stripe.size() << " stripe turns for " << n << " members (one each, or none)");
   IFEC_CHECK(t.multicast.empty() || static_cast<int>(t.multicast.size()) == n,
              t.multicast.size() << " multicast turns for " << n << " members (one each, or none)");
-  row.turns.group = t.group >= 0 ? t.group : IfecOptions{}.first_group;
+  Turns out;
+  out.group = t.group >= 0 ? t.group : IfecOptions{}.first_group;
   for (int g = 0; g < n; ++g) {
     if (!t.stripe.empty()) {
       c.ep(g).set_stripe_turn(t.stripe[g]);
@@ -55,10 +56,13 @@ void start_turns(Cluster& c, const CollectivePoint& p, int n, CollectiveRow& row
     if (!t.multicast.empty()) {
       c.ep(g).ech().set_next_psn(t.multicast[g]);
     }
-    row.turns.stripe.push_back(c.ep(g).stripe_turn());
-    row.turns.multicast.push_back(c.ep(g).ech().next_psn());
+    out.stripe.push_back(c.ep(g).stripe_turn());
+    out.multicast.push_back(c.ep(g).ech().next_psn());
   }
+  return out;
 }
+
+namespace {
 
 CollectiveSpec spec_for(const CollectivePoint& p, int n, uint64_t count) {
   CollectiveSpec s;
@@ -248,7 +252,7 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   const CollectiveSpec s = spec_for(p, n, row.count);
   if (c.runs_gpus()) {
     prepare_windows(c, p, s);
-    start_turns(c, p, n, row);
+    row.turns = start_turns(c, p.start, n);
   }
   for (const std::string& f : p.fail) {
     const LinkEvent e = parse_link_event(topo, f, false);
@@ -308,7 +312,7 @@ CollectiveRow run_alltoall_point(const routing::Topology& fabric_topo, const Col
   for (int g = 0; g < n; ++g) {
     per_gpu.push_back(alltoall_rows(p.seed, g, n, p.bytes, kBuf, kScratch, c.window_data(g, kBuf)));
   }
-  start_turns(c, p, n, row);
+  row.turns = start_turns(c, p.start, n);
   const LinkTally before = LinkTally::read(c, n);
   const uint64_t events0 = c.events_run();
   const auto sim0 = std::chrono::steady_clock::now();

@@ -12,6 +12,7 @@
 
 #include "ifec/common/checks.h"
 #include "ifec/testbed/harness.h"
+#include "ifec/testbed/live_timing.h"
 
 namespace ifec::testbed {
 
@@ -54,6 +55,8 @@ struct PhaseMeter {
   // communicators' first initialisation waits for switch answers at a window's end).
   void finish(MoePhase* out, const CollectiveResult& r) const {
     out->us = (r.end_ns - std::max(t0, r.start_ns)) / 1e3;
+    out->data_start_ns = std::max(t0, r.data_start_ns ? r.data_start_ns : r.start_ns);
+    out->data_end_ns = r.data_end_ns ? r.data_end_ns : r.end_ns;
     const PortTotals after = gpu_totals(c, ranks);
     out->wire_per_plane.assign(after.tx_per_plane.size(), 0);
     out->wire_bytes = 0;
@@ -317,11 +320,17 @@ class MoeLayerRun {
 // once the last rank finished.
 template <typename Args>
 void start_phase(Cluster& c, int stream, std::vector<Args> parts, void (Communicator::*op)(Args, Communicator::Done),
-                 common::TimeNs limit, std::function<void(CollectiveResult)> done) {
+                 const MoeFabricOptions& opts, std::function<void(CollectiveResult)> done) {
   std::vector<int> gpus(c.size());
   std::iota(gpus.begin(), gpus.end(), 0);
   workloads::CommOptions o;
-  o.limit_ns = limit;
+  o.limit_ns = opts.phase_limit_ns;
+  if (opts.live_timing) {
+    apply_live_timing(o.ifec);
+  }
+  if (opts.first_group >= 0) {
+    o.ifec.first_group = static_cast<uint16_t>(opts.first_group);
+  }
   struct Join {
     std::vector<CollectiveResult> results;
     size_t left = 0;
@@ -391,10 +400,9 @@ class TwoBatchRun {
     MoeBatch& b = *batch_[h];
     auto done = [this, h](CollectiveResult r) { dispatched(h, r); };
     if (b.ifec()) {
-      start_phase(c_, 0, b.parts(&MoeRankPlan::dispatch_multicast), &Communicator::multicast_rows, opts_.phase_limit_ns,
-                  done);
+      start_phase(c_, 0, b.parts(&MoeRankPlan::dispatch_multicast), &Communicator::multicast_rows, opts_, done);
     } else {
-      start_phase(c_, 0, b.parts(&MoeRankPlan::dispatch_put), &Communicator::put_rows, opts_.phase_limit_ns, done);
+      start_phase(c_, 0, b.parts(&MoeRankPlan::dispatch_put), &Communicator::put_rows, opts_, done);
     }
   }
 
@@ -440,9 +448,9 @@ class TwoBatchRun {
     MoeBatch& b = *batch_[h];
     auto done = [this, h](CollectiveResult r) { combined(h, r); };
     if (b.ifec()) {
-      start_phase(c_, 1, b.parts(&MoeRankPlan::combine_reduce), &Communicator::reduce_rows, opts_.phase_limit_ns, done);
+      start_phase(c_, 1, b.parts(&MoeRankPlan::combine_reduce), &Communicator::reduce_rows, opts_, done);
     } else {
-      start_phase(c_, 1, b.parts(&MoeRankPlan::combine_put), &Communicator::put_rows, opts_.phase_limit_ns, done);
+      start_phase(c_, 1, b.parts(&MoeRankPlan::combine_put), &Communicator::put_rows, opts_, done);
     }
   }
 

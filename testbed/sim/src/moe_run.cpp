@@ -2,14 +2,16 @@
 // modelled.
 #include "ifec/testbed/moe_run.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <chrono>
+#include <optional>
 #include <sstream>
 
 #include "ifec/common/checks.h"
 #include "ifec/testbed/cluster.h"
+#include "ifec/testbed/collective_run.h"
+#include "ifec/testbed/live_timing.h"
 
 namespace ifec::testbed {
 
@@ -22,21 +24,6 @@ namespace {
 // close to the full width's (busiest of 64 ranks 1.22x the mean at 1024 and at 7168, in a 65,536-token check);
 // the rows on the wire are full width.
 constexpr int64_t kRouteHidden = 1024;
-// Past this many tokens x is drawn in blocks of it straight into the row type (EP 256 x 4096 tokens: 2 GB of bf16,
-// not 4 GB of fp32 first). Up to it, one draw, as before: the same tokens at every smaller point.
-constexpr int64_t kDrawBlock = int64_t{1} << 18;
-
-at::Tensor draw_tokens(int64_t rows, int64_t hidden, at::ScalarType dtype, at::Generator& gen) {
-  if (rows <= kDrawBlock) {
-    return torch::randn({rows, hidden}, gen).to(dtype);
-  }
-  at::Tensor x = torch::empty({rows, hidden}, torch::TensorOptions().dtype(dtype));
-  for (int64_t at = 0; at < rows; at += kDrawBlock) {
-    const int64_t n = std::min(kDrawBlock, rows - at);
-    x.narrow(0, at, n).copy_(torch::randn({n, hidden}, gen));
-  }
-  return x;
-}
 
 // What every variant of a point shares: the weights run (or only routed), x, and the reference when computed.
 struct PointInputs {
@@ -54,6 +41,7 @@ PointInputs make_inputs(const MoeRunConfig& cfg, const MoePoint& p, int64_t toke
   in.run.inter = cfg.run_inter;
   in.opts.compute = cfg.compute;
   in.opts.fp8_dispatch = cfg.fp8_dispatch;
+  in.opts.live_timing = cfg.live_timing;
   if (!cfg.compute) {
     in.run.hidden = kRouteHidden;
     in.opts.row_hidden = cfg.model.hidden;
@@ -61,8 +49,7 @@ PointInputs make_inputs(const MoeRunConfig& cfg, const MoePoint& p, int64_t toke
   in.dtype = cfg.bf16 ? torch::kBFloat16 : torch::kFloat32;
   in.w = make_weights(in.run, cfg.seed, in.dtype);
   // A generator of its own, not the global one: runs of a sweep draw their x on several threads at once.
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(cfg.seed) * 7919 + 17);
-  in.x = draw_tokens(p.ep * tokens, in.run.hidden, in.dtype, gen);
+  in.x = draw_tokens(cfg.seed, p.ep * tokens, in.run.hidden, in.dtype);
   if (cfg.compute) {
     // FP8: the experts see the dequantised rows the sources sent; the gate and the shared expert see x.
     const at::Tensor expert_x =
@@ -83,14 +70,27 @@ ClusterOptions cluster_options(const MoeRunConfig& cfg) {
     o.threads = std::max(o.threads, 1);
   }
   o.endpoint.ordering = endpoint::Ordering::kWeak;
+  if (cfg.live_timing) {
+    apply_live_timing(o.endpoint, cfg.topo);
+  }
   return o;
 }
 
+// `started`, when given, gets the carried state the EP ranks started from (MoeRunConfig::start where it is set).
 MoeFabricResult run_variant(const MoeRunConfig& cfg, const MoePoint& p, const PointInputs& in, const at::Tensor& x,
-                            MoeVariant v, bool compute) {
-  Cluster c(cfg.topo, cluster_options(cfg));
+                            MoeVariant v, bool compute, Turns* started = nullptr) {
+  std::optional<routing::Topology> live;  // the switches' in-fabric timers too, when live_timing
+  if (cfg.live_timing) {
+    apply_live_timing(live.emplace(cfg.topo).params.ifec);
+  }
+  Cluster c(live ? *live : cfg.topo, cluster_options(cfg));
+  const Turns turns = start_turns(c, cfg.start, p.ep);
+  if (started != nullptr) {
+    *started = turns;
+  }
   MoeFabricOptions fo = in.opts;
   fo.compute = compute;
+  fo.first_group = turns.group;
   MoeFabricResult r = run_moe_fabric(c, v, in.run, in.w, x, p.ep, fo);
   IFEC_CHECK(r.ok, "MoE " << moe_variant_name(v) << " at EP " << p.ep << ", " << x.size(0) / p.ep
                           << " tokens per rank: " << r.error);
@@ -184,8 +184,8 @@ std::vector<MoeRow> run_moe_point(const MoeRunConfig& cfg, const MoePoint& p, co
   std::vector<MoeRow> rows;
   for (MoeVariant v : variants) {
     const auto t0 = std::chrono::steady_clock::now();
-    const MoeFabricResult r = run_variant(cfg, p, in, in.x, v, cfg.compute);
     MoeRow row;
+    const MoeFabricResult r = run_variant(cfg, p, in, in.x, v, cfg.compute, &row.turns);
     row.point = p;
     row.variant = moe_variant_name(v);
     row.simulated_tokens = sim_tokens;
@@ -196,6 +196,12 @@ std::vector<MoeRow> run_moe_point(const MoeRunConfig& cfg, const MoePoint& p, co
     row.line_gbs = cfg.topo.gpu_access_gbps(0) / 8;
     row.dispatch_us = r.dispatch.us * scale;
     row.combine_us = r.combine.us * scale;
+    row.dispatch_data_start_ns = r.dispatch.data_start_ns;
+    row.dispatch_data_end_ns =
+        r.dispatch.data_start_ns + std::llround((r.dispatch.data_end_ns - r.dispatch.data_start_ns) * scale);
+    row.combine_data_start_ns = r.combine.data_start_ns;
+    row.combine_data_end_ns =
+        r.combine.data_start_ns + std::llround((r.combine.data_end_ns - r.combine.data_start_ns) * scale);
     row.dispatch_bound_us = r.dispatch.bound_us * scale;
     row.combine_bound_us = r.combine.bound_us * scale;
     row.compute_us = experts_us(cfg, p, r, scale);

@@ -47,7 +47,7 @@ struct QpConfig {
   // rto_ns: the live testbed's software switches queue for milliseconds. Off in the simulator (its figures).
   bool adaptive_rto = false;
   int max_retries = 10;
-  uint32_t max_outstanding = 512;    // PSNs in flight before the requester waits for ACKs
+  uint32_t max_outstanding = 512;  // PSNs in flight before the requester waits for ACKs
   // AckReq at least every this many packets, and on the first packet sent a quarter of the timeout after the last
   // request: a QP whose packets trickle out of a shared port (one turn in many) hears from its responder before its
   // timer runs out, instead of resending what was never lost.

@@ -64,6 +64,14 @@ struct MoeWeights {
 // shape is ~45 GB in fp32, so tests use small hidden/inter.
 MoeWeights make_weights(const MoeConfig& cfg, uint64_t seed, at::ScalarType dtype = at::kFloat);
 
+// The layer's input: `rows` tokens (every rank's, rank r's the r-th block) of N(0, 1) values in `dtype`, a function of
+// (seed, rows, hidden) only, drawn from a generator of their own (not the global one). Rows first..first+count-1 of
+// it (count -1: to the end), holding at most kDrawBlock rows of fp32 at a time past that many: a live rank draws
+// its own block of the tokens the simulator draws for all of its ranks.
+inline constexpr int64_t kDrawBlock = int64_t{1} << 18;
+at::Tensor draw_tokens(uint64_t seed, int64_t rows, int64_t hidden, at::ScalarType dtype, int64_t first = 0,
+                       int64_t count = -1);
+
 // The gate's decision for T tokens.
 struct RoutingPlan {
   at::Tensor expert_ids;  // [T, topk] int64, in topk order of the biased scores (best first)

@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "ifec/common/interfaces.h"
 #include "ifec/common/json.h"
+#include "ifec/testbed/collective_point.h"
 
 namespace ifec::testbed {
 
@@ -25,6 +27,16 @@ struct MoeRow {
   bool scaled = false;           // times and bytes scaled from simulated_tokens (bandwidth-bound assumption)
   double dispatch_us = 0;
   double combine_us = 0;
+  // Each phase's data path on the driver's clock (simulated ns, or live the machine's monotonic clock): from the
+  // last rank's start of it to the last rank's end (an in-fabric phase's plan and report apart; a live rank's row:
+  // its own); *_data_us the difference.
+  common::TimeNs dispatch_data_start_ns = 0;
+  common::TimeNs dispatch_data_end_ns = 0;
+  common::TimeNs combine_data_start_ns = 0;
+  common::TimeNs combine_data_end_ns = 0;
+  Turns turns;  // the carried state the EP ranks started from (a live rank's row: its own)
+  double dispatch_data_us() const { return (dispatch_data_end_ns - dispatch_data_start_ns) / 1e3; }
+  double combine_data_us() const { return (combine_data_end_ns - combine_data_start_ns) / 1e3; }
   // The line-rate bound of each phase (MoePhase::bound_us): the busiest GPU's bytes one way at its access rate
   // (0: not measured, e.g. the live driver).
   double dispatch_bound_us = 0;

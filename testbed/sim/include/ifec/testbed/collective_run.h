@@ -26,4 +26,10 @@ CollectiveRow run_collective_point(const routing::Topology& topo, const Collecti
 // what it does not take (members, loss, failures, elided payloads).
 CollectiveRow run_alltoall_point(const routing::Topology& topo, const CollectivePoint& p);
 
+class Cluster;
+// Sets the carried state GPUs 0..n-1 of `c` start from (`t`: stripe rotors and multicast PSNs, one per GPU or none;
+// the group turn is the communicators' IfecOptions::first_group) and returns what they start from. Throws naming a
+// count that is not one per GPU.
+Turns start_turns(Cluster& c, const Turns& t, int n);
+
 }  // namespace ifec::testbed

@@ -41,11 +41,17 @@ struct MoeFabricOptions {
   // experts; combine rows stay in x's type.
   bool fp8_dispatch = false;
   common::TimeNs phase_limit_ns = 10'000'000'000ULL;  // simulated time a phase may take before it is an error
+  bool live_timing = false;  // the communicators' in-fabric timers are the live daemons' (live_timing.h)
+  int first_group = -1;      // the communicators' first in-fabric group (IfecOptions::first_group; -1: its default)
 };
 
 // One phase (dispatch or combine) as the fabric saw it.
 struct MoePhase {
-  double us = 0;                         // simulated: first store posted to the last one acknowledged
+  double us = 0;  // simulated: first store posted to the last one acknowledged
+  // The data path (CollectiveResult::data_start_ns / data_end_ns merged: the last rank's start to the last rank's
+  // end; an in-fabric phase's plan and report are the control plane's), simulated ns.
+  common::TimeNs data_start_ns = 0;
+  common::TimeNs data_end_ns = 0;
   uint64_t wire_bytes = 0;               // frame bytes the GPUs sent during the phase (headers, ACKs included)
   std::vector<uint64_t> wire_per_plane;  // the GPUs' frame bytes per plane
   // The line-rate bound: the busiest GPU's bytes one way (sent or received, with the per-frame wire overhead) over

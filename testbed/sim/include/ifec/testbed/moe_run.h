@@ -33,6 +33,11 @@ struct MoeRunConfig {
   int64_t token_cap = 0;  // simulate at most this many tokens per rank, scaling times and bytes (0: none)
   GpuProfile profile;
   uint64_t seed = 1;
+  // The live daemons' timers (RC and in-fabric retransmission: live_timing.h), to compare with a live fabric.
+  bool live_timing = false;
+  // The carried state the EP ranks start each variant from (stripe rotors, multicast PSNs, the communicators' group
+  // turn): a live row's, so the same frames take the same planes. Empty: a fresh fabric's.
+  Turns start;
   int threads = 0;  // ClusterOptions::threads: 0 one event loop, N partitioned on N threads (the same rows for any N)
   // Every fabric spread over MPI processes (ClusterOptions::processes): rank 0 runs the points and returns the rows,
   // the others serve its fabrics and return none.
