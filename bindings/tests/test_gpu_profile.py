@@ -121,3 +121,13 @@ def test_the_shipped_measured_h100_profile_is_its_tables_fit(repo):
     refit = g.fit(table, H100)
     for k in g.FITTED[:4]:
         assert refit[k] == pytest.approx(shipped[k], rel=0.02), k
+
+
+def test_leaving_one_ep_out_predicts_the_grouped_kernel_within_ten_percent():
+    """Validation out of sample on the reference table: fitted to two EP sizes, the model predicts the third's
+    grouped-kernel times within 10% (measured 2.4-4%); the chains' worst is reported (up to 12.5%: the loop at EP 16,
+    4096 tokens, reaches a tensor-core fraction the others do not), not asserted."""
+    loo = g.leave_one_ep_out(g.H100_TABLE, H100, steps=200)
+    assert sorted(loo) == [8, 16, 32] and all(sorted(w) == ["grouped", "loop", "shared"] for w in loo.values())
+    assert max(w["grouped"] for w in loo.values()) <= 0.10, loo
+    assert all(0 < w["loop"] < 0.5 and 0 < w["shared"] < 0.5 for w in loo.values()), loo

@@ -1,10 +1,12 @@
 """A GPU profile from a measurement: times DeepSeek-V3's expert kernels with PyTorch on whatever CUDA GPU it finds
-(routed experts as one GEMM chain per expert and as torch._grouped_mm, and the shared expert, at EP 8/16/32 and
-128..4096 tokens per GPU: the table docs/gpu-model.md was fitted to), fits the GPU model's constants
+(routed experts as one GEMM chain per expert and as torch._grouped_mm, and the shared expert, at EP 8 to 128, i.e.
+32 down to 2 local experts, and 32..4096 tokens per GPU: the reference table docs/gpu-model.md was fitted to is its
+EP 8/16/32, 128..4096 part), fits the GPU model's constants
 (workloads/include/ifec/workloads/gpu_model.h) to them and writes the profile file `--gpu-profile` reads.
 
     python3 -m ifec.gpu_profile --out my-gpu.yaml          # measure, fit, write, print measured vs model
     python3 -m ifec.gpu_profile --fit-only TABLE.json      # fit a table measured elsewhere (--table-out writes one)
+    python3 -m ifec.gpu_profile --fit-only h100 --leave-one-out   # and predict each EP size from the others
 
 It needs PyTorch only, not the testbed's native module: on a GPU machine where the testbed is not built,
 `PYTHONPATH=bindings/python python3 -m ifec.gpu_profile --out gpu.yaml --table-out gpu.json` runs from a checkout.
@@ -147,6 +149,17 @@ def report(table, constants, peaks):
     return rows, worst(rows)
 
 
+def leave_one_ep_out(table, peaks, steps=400):
+    """Validation out of sample: for each EP size of the table, the constants fitted to the other EP sizes' rows
+    predict its rows. {ep: {"grouped": worst |ratio - 1|, "loop": ..., "shared": ...}} (a kind the table does not
+    measure at that EP is left out)."""
+    out = {}
+    for ep in sorted({r[0] for r in table}):
+        rows, _ = report([r for r in table if r[0] == ep], fit([r for r in table if r[0] != ep], peaks, steps), peaks)
+        out[ep] = {kind: max(abs(r[5] - 1) for r in rows if r[2] == kind) for kind in ("grouped", "loop", "shared")}
+    return out
+
+
 def profile_yaml(name, peaks, constants, comment):
     c = dict(DEFAULTS, **constants)
     lines = [f"# {comment}", f"name: {json.dumps(name)}", f"tflops: {peaks[0]:g}", f"hbm_gbs: {peaks[1]:g}"]
@@ -157,7 +170,7 @@ def profile_yaml(name, peaks, constants, comment):
 
 # --------------------------------------------------------------------------------------------- measuring --
 
-def measure(eps=(8, 16, 32), tokens=(128, 256, 512, 4096), iters=10, batches=5, warmup=3, progress=print,
+def measure(eps=(8, 16, 32, 64, 128), tokens=(32, 64, 128, 256, 512, 4096), iters=10, batches=5, warmup=3, progress=print,
             device="cuda", hidden=HIDDEN, inter=INTER, dtype=None):
     """The table on this machine's GPU: (ep, tokens, loop us, grouped us, shared us) rows (CUDA events: the median
     over `batches` of the mean of `iters` calls, after `warmup` and a second of GEMMs that brings the clocks up;
@@ -296,6 +309,8 @@ def main(argv=None):
     ap.add_argument("--tflops", type=float, help="peak dense bf16 TFLOP/s (default: by device name)")
     ap.add_argument("--hbm-gbs", type=float, help="peak HBM GB/s (default: by device name)")
     ap.add_argument("--quick", action="store_true", help="EP 8 and 32, 128 and 4096 tokens, 3 batches of 5")
+    ap.add_argument("--leave-one-out", action="store_true",
+                    help="also fit without each EP size and predict it: the worst error per kernel (out of sample)")
     args = ap.parse_args(argv)
     name = "NVIDIA H100 (the reference table)"
     if args.fit_only:
@@ -342,6 +357,10 @@ def main(argv=None):
     deviation = (f"worst deviation {worst(rows):.1%} (grouped kernel {worst(rows, True):.1%}, per-expert chains "
                  f"{worst(rows, False):.1%})")
     print("fitted: " + ", ".join(f"{k} {v:.4g}" for k, v in constants.items()) + f"; {deviation}")
+    if args.leave_one_out:
+        print("leave one EP out (fitted to the other EP sizes, predicting this one): worst |model/measured - 1|")
+        for ep, w in leave_one_ep_out(table, peaks).items():
+            print(f"  EP {ep:>3}: " + ", ".join(f"{k} {v:.1%}" for k, v in w.items()))
     builtin = report(table, {k: DEFAULTS[k] for k in FITTED}, peaks)[0]
     print(f"the built-in profile (fitted to the H100 reference table) at these peaks, on this table: grouped kernel "
           f"within {worst(builtin, True):.1%}, all within {worst(builtin):.1%}")
