@@ -1227,7 +1227,7 @@ def add_fabric_commands(sub, driver="live"):
     cmp.add_argument("collective", choices=["allreduce", "reduce", "multicast", "barrier", "alltoall", "moe"],
                      help="alltoall: --bytes per peer, --algo stores")
     cmp.add_argument("--algo", default="ifec")
-    cmp.add_argument("--bytes", default="1048576", help="SIZE[,SIZE...]")
+    cmp.add_argument("--bytes", default="1048576", help="SIZE[,SIZE...] (moe: tokens per rank)")
     cmp.add_argument("--seed", type=_at_least(1), default=1)
     for name in ("fail", "restore"):
         s = sub.add_parser(name, help=f"{'take links down' if name == 'fail' else 'bring links back'} "
