@@ -267,13 +267,9 @@ void Endpoint::refresh_peer(int peer) {
   for (size_t q = 0; q < k; ++q) {
     const int want = port_for(w, q);
     if (ps.qp_port[q] != want) {
-      const bool old_dead = w[ps.qp_port[q]] <= 0;
       ps.qp_port[q] = want;
       if (ps.qps[q]) {  // (one not made yet starts on this port)
         ps.qps[q]->set_headers(headers_for(peer, static_cast<int>(q), want));
-        if (old_dead) {
-          ps.qps[q]->path_failed_over();
-        }
         counters_.path_migrations++;
         wake_qp(static_cast<int>(peer * k + q));
       }

@@ -345,19 +345,6 @@ uint32_t QueuePair::go_back_psn() const {
   return next_psn_;
 }
 
-void QueuePair::path_failed_over() {
-  retries_ = 0;
-  if (error_ || !outstanding()) {
-    return;
-  }
-  rto_ = base_rto();
-  last_progress_ = clock_.now();
-  go_back(go_back_psn());
-  ++timer_generation_;  // the armed timer counted from the old path's progress
-  timer_armed_ = false;
-  arm_timer();
-}
-
 void QueuePair::go_back(uint32_t psn) {
   for (size_t i = 0; i < sq_.size(); ++i) {
     const Wqe& w = sq_[i];

@@ -123,10 +123,6 @@ class QueuePair {
   void reset_responder(uint32_t psn);
   // Replaces the Ethernet/IP/UDP template (path migration to another port).
   void set_headers(const common::FrameHeaders& h) { cfg_.headers = h; }
-  // Its old path lost its route and the endpoint moved it (set_headers) to another port (IB's path migration): what
-  // was in flight on the old one is presumed lost and goes again now, on the new path, with a fresh retry budget,
-  // rather than after the backed-off timeout, which could exhaust the budget before the fabric's routing noticed.
-  void path_failed_over();
   // Called when the requester renumbered after a fatal NAK: the peer's responder must expect `psn` next. Until
   // peer_reset(psn, true) says it does, no request goes out (the timer still runs: no answer ends in
   // kRetryExceeded); peer_reset(psn, false) fails the waiting work at once. Without a handler nothing waits.
