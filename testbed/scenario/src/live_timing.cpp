@@ -18,7 +18,7 @@ void apply_live_timing(endpoint::EndpointConfig& ec, const routing::Topology& to
   ec.adaptive_rto = true;
   common::TimeNs budget = 0;
   int retries = 0;
-  for (common::TimeNs rto = ec.rto_ns; budget < 2 * kLiveBgpHoldNs; rto = std::min(2 * rto, ec.rto_max_ns)) {
+  for (common::TimeNs rto = ec.rto_ns; budget < 4 * kLiveBgpHoldNs; rto = std::min(2 * rto, ec.rto_max_ns)) {
     budget += rto;
     ++retries;
   }

@@ -18,8 +18,10 @@ constexpr common::TimeNs kLiveBgpHoldNs = 3'000'000'000;
 // RC queue pairs: timeouts of at least 25 ms, or sixteen MTU frames on the topology's slowest link where that is
 // longer (adaptive above that, at most 8 times it and 200 ms; a loaded two-core machine can leave a daemon
 // unscheduled for over 10 ms, and on paced-4x2's 10 Mb/s sub-links a frame takes 3.4 ms, so a few frames queued ahead
-// of one reach 25 ms), and retries enough to outlast twice BGP's hold time (a QP must not give up on its peer before
-// FARE has moved it off a dead plane: 12 retries, 2.2 s, lost that race).
+// of one reach 25 ms), and retries enough to outlast four times BGP's hold time, 12 s: a QP must not give up on its
+// peer before FARE has moved it off a dead plane (12 retries, 2.2 s, lost that race), nor while the surviving plane's
+// software switch is swamped by everything the dead one carried (the containerized fabric on two cores: 6 s without
+// progress on the live plane seen in a switch-kill MoE drill).
 void apply_live_timing(endpoint::EndpointConfig& ec, const routing::Topology& topo);
 // Contributions and multicast packets: 100 ms first timeout (20..800 ms adaptive), 1 ms back-off on a busy slot.
 void apply_live_timing(workloads::IfecOptions& io);
