@@ -50,7 +50,8 @@ def test_the_sweep_64k_to_4m_agrees_within_3_percent_bytes_and_10_percent_time(f
     run's turns; endpoints and switches spread bytes over a Y-cable's sub-links by the same rotation), and the data
     path's time (the control plane's plan and report apart) within 10%."""
     lines = ["", "# paced-4x2: data-path times and bytes, live vs sim (seed 1 of 5)", live.COMPARE_HEADER]
-    points = [("allreduce", algo, size) for algo in ("ring", "ifec") for size in (64 << 10, 256 << 10, 1 << 20, 4 << 20)]
+    sizes = (64 << 10, 256 << 10, 1 << 20, 4 << 20)
+    points = [("allreduce", algo, size) for algo in ("ring", "ifec") for size in sizes]
     points += [("alltoall", "stores", size) for size in (64 << 10, 256 << 10, 1 << 20)]
     runs = {}
     for what, algo, size in points:

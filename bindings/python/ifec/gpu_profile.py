@@ -170,8 +170,8 @@ def profile_yaml(name, peaks, constants, comment):
 
 # --------------------------------------------------------------------------------------------- measuring --
 
-def measure(eps=(8, 16, 32, 64, 128), tokens=(32, 64, 128, 256, 512, 4096), iters=10, batches=5, warmup=3, progress=print,
-            device="cuda", hidden=HIDDEN, inter=INTER, dtype=None):
+def measure(eps=(8, 16, 32, 64, 128), tokens=(32, 64, 128, 256, 512, 4096), iters=10, batches=5, warmup=3,
+            progress=print, device="cuda", hidden=HIDDEN, inter=INTER, dtype=None):
     """The table on this machine's GPU: (ep, tokens, loop us, grouped us, shared us) rows (CUDA events: the median
     over `batches` of the mean of `iters` calls, after `warmup` and a second of GEMMs that brings the clocks up;
     wall time on the CPU, where the tests run it small); grouped is None where
