@@ -76,28 +76,31 @@ def test_the_sweep_64k_to_4m_agrees_within_3_percent_bytes_and_10_percent_time(f
 
 def test_an_moe_step_agrees_on_bytes_and_the_in_fabric_variant_on_time(fab, capsys):
     """One MoE layer (MOE_COMPARE_SHAPE, 128 tokens per rank, bf16) in each variant, live and simulated from the same
-    tokens, routing, weights and turns (`./ifec live compare moe`), five seeds. Every variant: each phase's bytes on
-    the wire within 3% in total (the same rows, headers and ACKs), in the median of five (a wall-clock run's odd
-    retransmission aside). The in-fabric variant (multicast dispatch, reduced combine): per plane within 3% and each
-    phase's data-path time within 10%, in the median of five. The baselines'
-    per-plane split and times are printed, not asserted: their small stores pick a plane per peer by a rotation the
-    endpoint carries across operations and the turns do not record yet."""
+    tokens, routing, weights and turns (`./ifec live compare moe`), five seeds. Every variant: each phase's bytes sent
+    the first time within 3% in total (the same rows, headers and ACKs), in the median of five; packets sent again
+    (RC retransmissions, ECH resends: the simulator takes none, a wall-clock run on a loaded machine may) are
+    counted apart, printed, and in the median under a quarter of the phase's bytes. The in-fabric variant
+    (multicast dispatch, reduced combine): per plane within 3% and each phase's data-path time within 10%, in the
+    median of five. The baselines' per-plane split and times are printed, not asserted: their small stores pick a
+    plane per peer by a rotation the endpoint carries across operations and the turns do not record yet."""
     lines = ["", "# MoE step on paced-4x2, 128 tokens per rank: data-path times and bytes, live vs sim",
              live.MOE_COMPARE_HEADER]
-    ifec, totals = [], {}
+    ifec, totals, resent = [], {}, {}
     for variant in ("per_expert", "per_rank", "ifec"):
         for seed in (1, 2, 3, 4, 5):
             sim, lv = live.compare(fab, "moe", variant, 128, seed=seed)
             assert sim["ok"] and lv["ok"], (variant, seed, sim.get("error"), lv.get("error"))
             lines.append(live.moe_compare_text(128, sim, lv))
             for ph in ("dispatch", "combine"):
-                totals.setdefault((variant, ph), []).append(lv[f"{ph}_wire_bytes"] / sim[f"{ph}_wire_bytes"])
+                totals.setdefault((variant, ph), []).append(live.first_sent_ratio(sim, lv, ph))
+                resent.setdefault((variant, ph), []).append(lv[f"{ph}_resent_bytes"] / lv[f"{ph}_wire_bytes"])
             if variant == "ifec":
                 ifec.append(live.moe_deviations(sim, lv))
     with capsys.disabled():
         print("\n".join(lines))
     for key, ratios in totals.items():
-        assert abs(statistics.median(ratios) - 1) <= live.BYTES_TOLERANCE, (key, ratios)
+        assert abs(statistics.median(ratios) - 1) <= live.BYTES_TOLERANCE, (key, ratios, "resent", resent[key])
+        assert statistics.median(resent[key]) <= 0.25, (key, "resent", resent[key])
     for ph in ("dispatch", "combine"):
         time = statistics.median(d[ph][0] for d in ifec)
         planes = statistics.median(d[ph][1] for d in ifec)

@@ -317,8 +317,10 @@ void EchAgent::send_contribution(EchReduction& r, size_t i, bool retransmit) {
   h.reth = common::Reth{c.reth_va, 0, static_cast<uint32_t>(bytes)};
   const WindowInfo* w = ep_.memory().window(r.spec_.source_window);
   if (!suppress_contributions_) {
-    ep_.send_frame(port,
-                   common::encode_frame(h, ep_.config().elided_payloads ? nullptr : w->data + c.source_offset, bytes));
+    std::vector<uint8_t> f =
+        common::encode_frame(h, ep_.config().elided_payloads ? nullptr : w->data + c.source_offset, bytes);
+    counters_.retransmit_bytes += retransmit ? f.size() : 0;
+    ep_.send_frame(port, std::move(f));
   }
   counters_.contributions_sent++;
   counters_.retransmissions += retransmit;
@@ -455,7 +457,9 @@ void EchAgent::send_packet(EchMulticast& m, size_t i, bool retransmit) {
   h.ech = ech;
   h.reth = common::Reth{pk.offset, 0, pk.len};
   const uint8_t* bytes = ep_.config().elided_payloads ? nullptr : ep_.memory().window(m.spec_.window)->data + pk.offset;
-  ep_.send_frame(port, common::encode_frame(h, bytes, pk.len));
+  std::vector<uint8_t> f = common::encode_frame(h, bytes, pk.len);
+  counters_.retransmit_bytes += retransmit ? f.size() : 0;
+  ep_.send_frame(port, std::move(f));
   counters_.multicast_sent++;
   counters_.retransmissions += retransmit;
 }
@@ -547,7 +551,7 @@ void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const ui
   }
   if (!pending) {
     counters_.duplicate_results++;  // landed already, or given up: acknowledge again, write nothing
-    send_ack(port, pf);
+    counters_.duplicate_ack_bytes += send_ack(port, pf);
     return;
   }
   if (is_notice(pf, r->spec_.op)) {
@@ -595,7 +599,7 @@ void EchAgent::on_compact_frame(int port, const common::ParsedFrame& pf, const u
   auto from = accept_from_.find(source_key(ech.window_id, ech.source_id));
   if (from != accept_from_.end() && ((psn - from->second) & kPsnMask) >= (1u << 23)) {
     counters_.stale_replicas++;
-    send_ack(port, pf);
+    counters_.duplicate_ack_bytes += send_ack(port, pf);
     return;
   }
   if (!ech.addresses(ep_.index()) || !write_checked(pf, frame)) {
@@ -603,12 +607,14 @@ void EchAgent::on_compact_frame(int port, const common::ParsedFrame& pf, const u
     return;
   }
   counters_.replicas_written++;
-  if (replicas_seen_[source_key(ech.window_id, ech.source_id)].insert(psn).second) {
+  const bool fresh = replicas_seen_[source_key(ech.window_id, ech.source_id)].insert(psn).second;
+  if (fresh) {
     ep_.remote_written(ech.source_id, pf.h.reth->rkey, pf.h.reth->virtual_address, pf.payload_size);
   } else {
     counters_.duplicate_replicas++;
   }
-  send_ack(port, pf);
+  const size_t ack = send_ack(port, pf);
+  counters_.duplicate_ack_bytes += fresh ? 0 : ack;
 }
 
 // The rkey/bounds/job check, then the write: false (nothing written) when the frame may not touch our memory.
@@ -628,7 +634,7 @@ bool EchAgent::write_checked(const common::ParsedFrame& pf, const uint8_t* frame
   return true;
 }
 
-void EchAgent::send_ack(int port, const common::ParsedFrame& pf) {
+size_t EchAgent::send_ack(int port, const common::ParsedFrame& pf) {
   common::FrameHeaders h = headers(port, pf.h.ip.src, static_cast<uint16_t>(pf.h.bth.psn),
                                    static_cast<uint8_t>(Opcode::kAcknowledge), pf.h.bth.pkey, pf.h.bth.psn);
   Ech ech = *pf.h.ech;
@@ -639,7 +645,10 @@ void EchAgent::send_ack(int port, const common::ParsedFrame& pf) {
   }
   h.ech = ech;
   h.aeth = common::Aeth::ack(0);
-  ep_.send_frame(port, common::encode_frame(h, nullptr, 0));
+  std::vector<uint8_t> f = common::encode_frame(h, nullptr, 0);
+  const size_t bytes = f.size();
+  ep_.send_frame(port, std::move(f));
+  return bytes;
 }
 
 common::FrameHeaders EchAgent::headers(int port, uint32_t dst_ip, uint16_t entropy, uint8_t opcode, uint16_t pkey,

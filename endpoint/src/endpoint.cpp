@@ -922,6 +922,13 @@ EndpointCounters Endpoint::counters() const {
   return c;
 }
 
+Endpoint::Resent Endpoint::resent() const {
+  const EndpointCounters c = counters();
+  const EchCounters& e = ech_->counters();
+  return {c.qp.retransmits + e.retransmissions,
+          c.qp.retransmit_bytes + c.qp.duplicate_answer_bytes + e.retransmit_bytes + e.duplicate_ack_bytes};
+}
+
 // ------------------------------------------------------------------------------------------------- the NIC --
 
 bool Endpoint::send_frame(int port, std::vector<uint8_t>&& frame) {

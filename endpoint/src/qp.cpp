@@ -248,12 +248,19 @@ std::vector<uint8_t> QueuePair::request_frame() {
     }
     if (retransmit) {
       counters_.retransmits++;
+      counters_.retransmit_bytes += f.size();
     } else {
       max_sent_ = psn_add(send_psn_, -1);
     }
     if (!timer_armed_) {
       last_progress_ = std::max(last_progress_, clock_.now());  // a new outstanding period starts now
       arm_timer();
+    }
+    if (resume_pending_) {  // the one packet a timeout resends went out
+      resume_pending_ = false;
+      if (psn_diff(resume_psn_, send_psn_) > 0) {
+        seek(resume_psn_);
+      }
     }
     return f;
   }
@@ -345,7 +352,22 @@ uint32_t QueuePair::go_back_psn() const {
   return next_psn_;
 }
 
+void QueuePair::seek(uint32_t psn) {
+  for (size_t i = 0; i < sq_.size(); ++i) {
+    const Wqe& w = sq_[i];
+    const int32_t k = psn_diff(psn, w.psn);
+    if (k < static_cast<int32_t>(w.npkts)) {
+      send_idx_ = i;
+      send_psn_ = k > 0 && w.kind == Wqe::kWrite ? psn : w.psn;
+      return;
+    }
+  }
+  send_idx_ = sq_.size();
+  send_psn_ = next_psn_;
+}
+
 void QueuePair::go_back(uint32_t psn) {
+  resume_pending_ = false;
   for (size_t i = 0; i < sq_.size(); ++i) {
     const Wqe& w = sq_[i];
     const int32_t k = psn_diff(psn, w.psn);
@@ -394,6 +416,7 @@ void QueuePair::reconnect_after(uint32_t failed_psn) {
   next_psn_ = psn;
   acked_ = psn_add(base, -1);
   max_sent_ = psn_add(base, -1);
+  resume_pending_ = false;
   retries_ = 0;
   rto_ = base_rto();
   last_progress_ = clock_.now();
@@ -487,7 +510,17 @@ void QueuePair::on_timer(uint64_t generation) {
   }
   rto_ = std::min(rto_ * 2, cfg_.rto_max_ns);
   last_progress_ = now;
+  // In order, the responder dropped whatever followed a lost packet: go back N. Out of order (weak) it kept them:
+  // resend the oldest unacknowledged packet, then go on where the send cursor was, not the whole window again. A
+  // timeout is as often a queue longer than the timer (everything still on its way) as a loss, and a window's
+  // copies queued behind the originals would make the next timeouts: a congestion collapse, seen on the live
+  // fabric's software switches. Once the lost packet is repaired the ACK covers the successors that arrived.
+  const uint32_t resume = send_psn_;
   go_back(go_back_psn());
+  if (cfg_.weak) {
+    resume_psn_ = resume;
+    resume_pending_ = true;
+  }
   arm_timer();
 }
 
@@ -621,6 +654,7 @@ void QueuePair::attach_external(uint32_t remote_qpn, uint32_t first_request_psn,
   send_psn_ = next_psn_;
   acked_ = psn_add(next_psn_, -1);
   max_sent_ = acked_;
+  resume_pending_ = false;
   retries_ = 0;
   rto_ = base_rto();
   timer_armed_ = false;
@@ -836,7 +870,7 @@ void QueuePair::duplicate(const common::ParsedFrame& pf) {
     if (memory_.check(r.rkey, r.virtual_address, r.dma_length, common::job_of_pkey(pf.h.bth.pkey), false) ==
         AccessError::kOk) {
       counters_.read_replays++;
-      queue_read_responses(psn, r.virtual_address, r.rkey, r.dma_length);
+      counters_.duplicate_answer_bytes += queue_read_responses(psn, r.virtual_address, r.rkey, r.dma_length);
     }
     return;
   }
@@ -844,18 +878,19 @@ void QueuePair::duplicate(const common::ParsedFrame& pf) {
     for (const auto& [cached_psn, original] : atomic_cache_) {
       if (cached_psn == psn) {
         counters_.atomic_replays++;
-        send_atomic_ack(psn, original);  // never execute twice
+        counters_.duplicate_answer_bytes += send_atomic_ack(psn, original);  // never execute twice
         return;
       }
     }
     return;  // older than the cache: stale, from before a reconnect
   }
   if (pf.h.bth.ack_req) {
-    send_ack();
+    counters_.duplicate_answer_bytes += send_ack();
   }
 }
 
-void QueuePair::queue_read_responses(uint32_t psn, uint64_t va, uint32_t rkey, uint32_t len) {
+size_t QueuePair::queue_read_responses(uint32_t psn, uint64_t va, uint32_t rkey, uint32_t len) {
+  size_t bytes = 0;
   const uint32_t n = std::max<uint32_t>(1, (len + cfg_.mtu - 1) / cfg_.mtu);
   const uint8_t* src = memory_.translate(rkey, va);
   for (uint32_t k = 0; k < n; ++k) {
@@ -875,15 +910,18 @@ void QueuePair::queue_read_responses(uint32_t psn, uint64_t va, uint32_t rkey, u
         h.aeth = common::Aeth::ack(msn_);
       }
     }));
+    bytes += out_.back().size();
   }
   wake_();
+  return bytes;
 }
 
-void QueuePair::send_ack() {
+size_t QueuePair::send_ack() {
   counters_.acks_sent++;
   out_.push_back(frame(op(Opcode::kAcknowledge), psn_add(epsn_, -1), nullptr, 0,
                        [&](FrameHeaders& h) { h.aeth = common::Aeth::ack(msn_); }));
   wake_();
+  return out_.back().size();
 }
 
 void QueuePair::send_nak(NakCode code, uint32_t psn) {
@@ -897,12 +935,13 @@ void QueuePair::send_nak(NakCode code, uint32_t psn) {
   wake_();
 }
 
-void QueuePair::send_atomic_ack(uint32_t psn, uint64_t original) {
+size_t QueuePair::send_atomic_ack(uint32_t psn, uint64_t original) {
   out_.push_back(frame(op(Opcode::kAtomicAcknowledge), psn, nullptr, 0, [&](FrameHeaders& h) {
     h.aeth = common::Aeth::ack(msn_);
     h.atomic_ack = common::AtomicAckEth{original};
   }));
   wake_();
+  return out_.back().size();
 }
 
 }  // namespace ifec::endpoint

@@ -545,7 +545,8 @@ def _merge_moe(rows):
         merged[k] = max(r[k] for r in rows)
     merged["total_us"] = merged["dispatch_us"] + merged["compute_us"] + merged["combine_us"]
     for k in ("dispatch_logical_bytes", "combine_logical_bytes", "dispatch_wire_bytes", "combine_wire_bytes",
-              "fallback_chunks", "wrong"):
+              "dispatch_resent", "dispatch_resent_bytes", "combine_resent", "combine_resent_bytes",
+              "ifec_retransmissions", "ifec_busy_naks", "ifec_duplicate_results", "fallback_chunks", "wrong"):
         merged[k] = sum(r[k] for r in rows)
     for k in ("dispatch_wire_per_plane", "combine_wire_per_plane"):
         merged[k] = _sum_lists(rows, k)
@@ -999,19 +1000,30 @@ def moe_deviations(sim, lv):
     return out
 
 
+def first_sent_ratio(sim, lv, phase):
+    """Live over sim bytes a phase put on the wire the first time: its wire bytes less the packets sent again (RC
+    retransmissions, ECH resends), which a wall-clock run may take where the simulator takes none."""
+    def first(row):
+        return row[f"{phase}_wire_bytes"] - row.get(f"{phase}_resent_bytes", 0)
+    return first(lv) / max(first(sim), 1)
+
+
 MOE_COMPARE_HEADER = (f"#{'tokens':>7} {'variant':>10} {'phase':>8} {'sim us':>10} {'live us':>10} {'live/sim':>9} "
-                      f"{'planes dev':>10}  within 3% bytes / 10% time")
+                      f"{'planes dev':>10} {'bytes l/s':>9} {'resent l/s':>10}  within 3% bytes / 10% time")
 
 
 def moe_compare_text(tokens, sim, lv):
-    """Two compare rows (dispatch, combine) of one MoE variant: data-path times (an in-fabric phase's plan apart)
-    and the largest deviation of the bytes the GPUs sent per plane."""
+    """Two compare rows (dispatch, combine) of one MoE variant: data-path times (an in-fabric phase's plan apart),
+    the largest deviation of the bytes the GPUs sent per plane, live over sim bytes sent the first time, and the
+    packets sent again (live, sim)."""
     lines = []
     for ph, (ratio, planes) in moe_deviations(sim, lv).items():
         verdict = [w for w, bad in (("planes", planes > BYTES_TOLERANCE), ("time", abs(ratio - 1) > TIME_TOLERANCE))
                    if bad]
+        resent = f"{lv.get(f'{ph}_resent', 0)}/{sim.get(f'{ph}_resent', 0)}"
         lines.append(f" {tokens:>7} {sim['variant']:>10} {ph:>8} {sim[f'{ph}_data_us']:>10.1f} "
-                     f"{lv[f'{ph}_data_us']:>10.1f} {ratio:>9.3f} {planes:>10.2%}  "
+                     f"{lv[f'{ph}_data_us']:>10.1f} {ratio:>9.3f} {planes:>10.2%} "
+                     f"{first_sent_ratio(sim, lv, ph):>9.4f} {resent:>10}  "
                      f"{'within' if not verdict else 'outside: ' + ', '.join(verdict)}")
     return "\n".join(lines)
 

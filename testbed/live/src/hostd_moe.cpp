@@ -152,6 +152,13 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
       (*planes)[p] = tx[p] - tx0_[p];
       *wire += (*planes)[p];
     }
+    const endpoint::Endpoint::Resent again = ctx_.comm.endpoint().resent();
+    (dispatch ? row_.dispatch_resent : row_.combine_resent) = again.frames - resent0_.frames;
+    (dispatch ? row_.dispatch_resent_bytes : row_.combine_resent_bytes) = again.bytes - resent0_.bytes;
+    const endpoint::EchCounters& ech = ctx_.comm.endpoint().ech().counters();
+    row_.ifec_retransmissions += ech.retransmissions - ech0_.retransmissions;
+    row_.ifec_busy_naks += ech.busy_naks - ech0_.busy_naks;
+    row_.ifec_duplicate_results += ech.duplicate_results - ech0_.duplicate_results;
     row_.fallback_chunks += r.fallback_chunks;
     for (const std::string& f : r.faults) {
       row_.faults.push_back(std::string(name) + ": " + f);
@@ -162,9 +169,16 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
     return r.ok;
   }
 
+  // Where a phase's bytes and resends count from.
+  void start_phase() {
+    tx0_ = ctx_.plane_tx();
+    resent0_ = ctx_.comm.endpoint().resent();
+    ech0_ = ctx_.comm.endpoint().ech().counters();
+  }
+
   void dispatch() {
     auto self = shared_from_this();
-    tx0_ = ctx_.plane_tx();
+    start_phase();
     endpoint::Endpoint& ep = ctx_.comm.endpoint();
     row_.turns = {ctx_.comm.group_turn(), {ep.stripe_turn()}, {ep.ech().next_psn()}};
     // The experts wait until every rank's dispatch ended: LibTorch on this host's cores would otherwise slow the
@@ -202,7 +216,7 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
 
   void combine() {
     auto self = shared_from_this();
-    tx0_ = ctx_.plane_tx();
+    start_phase();
     auto done = [self](CollectiveResult r) {
       if (self->phase(false, r)) {
         try {
@@ -257,6 +271,8 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
   MoeRankPlan plan_;
   at::Tensor expert_rows_;
   std::vector<uint64_t> tx0_;
+  endpoint::Endpoint::Resent resent0_;
+  endpoint::EchCounters ech0_;
   testbed::MoeRow row_;
 };
 

@@ -86,6 +86,8 @@ common::JsonObject moe_row_record(const MoeRow& r, const std::string& topology, 
   o.add("dispatch_logical_bytes", r.dispatch_logical_bytes).add("dispatch_wire_bytes", r.dispatch_wire_bytes);
   o.add("combine_logical_bytes", r.combine_logical_bytes).add("combine_wire_bytes", r.combine_wire_bytes);
   o.add("dispatch_wire_per_plane", r.dispatch_wire_per_plane).add("combine_wire_per_plane", r.combine_wire_per_plane);
+  o.add("dispatch_resent", r.dispatch_resent).add("dispatch_resent_bytes", r.dispatch_resent_bytes);
+  o.add("combine_resent", r.combine_resent).add("combine_resent_bytes", r.combine_resent_bytes);
   o.add("ifec_retransmissions", r.ifec_retransmissions).add("ifec_busy_naks", r.ifec_busy_naks);
   o.add("ifec_duplicate_results", r.ifec_duplicate_results);
   o.add("fallback_chunks", r.fallback_chunks).add("max_rel_error", r.max_rel_error).add("tolerance", r.tolerance);

@@ -25,6 +25,7 @@ namespace {
 struct PortTotals {
   std::vector<uint64_t> tx_per_plane;
   std::vector<uint64_t> tx_wire, rx_wire;  // per GPU
+  endpoint::Endpoint::Resent resent;       // the GPUs' packets sent again
 };
 PortTotals gpu_totals(Cluster& c, int ranks) {
   PortTotals t;
@@ -41,6 +42,9 @@ PortTotals gpu_totals(Cluster& c, int ranks) {
     }
     t.tx_wire.push_back(tx);
     t.rx_wire.push_back(rx);
+    const endpoint::Endpoint::Resent r = c.ep(g).resent();
+    t.resent.frames += r.frames;
+    t.resent.bytes += r.bytes;
   }
   return t;
 }
@@ -64,6 +68,7 @@ struct PhaseMeter {
       out->wire_per_plane[p] = after.tx_per_plane[p] - before.tx_per_plane[p];
       out->wire_bytes += out->wire_per_plane[p];
     }
+    out->resent = {after.resent.frames - before.resent.frames, after.resent.bytes - before.resent.bytes};
     out->bound_us = 0;
     for (int g = 0; g < ranks; ++g) {
       const uint64_t busiest = std::max(after.tx_wire[g] - before.tx_wire[g], after.rx_wire[g] - before.rx_wire[g]);

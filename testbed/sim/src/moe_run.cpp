@@ -222,6 +222,10 @@ std::vector<MoeRow> run_moe_point(const MoeRunConfig& cfg, const MoePoint& p, co
     for (uint64_t b : r.combine.wire_per_plane) {
       row.combine_wire_per_plane.push_back(scaled(b));
     }
+    row.dispatch_resent = r.dispatch.resent.frames;
+    row.dispatch_resent_bytes = r.dispatch.resent.bytes;
+    row.combine_resent = r.combine.resent.frames;
+    row.combine_resent_bytes = r.combine.resent.bytes;
     row.fallback_chunks = r.fallback_chunks;
     row.faults = r.faults;
     row.ifec_retransmissions = r.ifec.retransmissions;

@@ -15,6 +15,7 @@ class Fifo {
   size_t size() const { return size_; }
   T& front() { return ring_[head_]; }
   const T& front() const { return ring_[head_]; }
+  T& back() { return ring_[(head_ + size_ - 1) & (ring_.size() - 1)]; }
   void push_back(T&& v) {
     if (size_ == ring_.size()) {
       grow();

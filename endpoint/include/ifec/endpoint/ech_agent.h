@@ -204,8 +204,10 @@ class EchMulticast {
 #define IFEC_ECH_COUNTERS(X)                                                                            \
   X(contributions_sent, "")                                                                             \
   X(retransmissions, "")                                                                                \
+  X(retransmit_bytes, "frame bytes of the contributions and multicast packets sent again")              \
   X(results_written, "")                                                                                \
   X(duplicate_results, "results or replicas that had landed already (acknowledged again)")              \
+  X(duplicate_ack_bytes, "frame bytes of the ACKs answering copies that had landed already")            \
   X(protection_drops, "failed the rkey/bounds/job check (or wrong size): never written, never acked")   \
   X(anomaly_notices, "")                                                                                \
   X(busy_naks, "")                                                                                      \
@@ -265,7 +267,7 @@ class EchAgent {
   void on_compact_frame(int port, const common::ParsedFrame& pf, const uint8_t* frame);
   bool write_checked(const common::ParsedFrame& pf, const uint8_t* frame);
   // An ECH ACK of `pf`; a compact one names this endpoint as its destination.
-  void send_ack(int port, const common::ParsedFrame& pf);
+  size_t send_ack(int port, const common::ParsedFrame& pf);  // returns the ACK's frame bytes
   common::FrameHeaders headers(int port, uint32_t dst_ip, uint16_t entropy, uint8_t opcode, uint16_t pkey,
                                uint32_t psn) const;
   template <typename Fn>

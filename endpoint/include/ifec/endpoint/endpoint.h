@@ -226,6 +226,14 @@ class Endpoint {
 
   bool idle() const;
   EndpointCounters counters() const;
+  // Repairs so far, by the RC QPs and the ECH agent: how many packets were sent again, and the frame bytes of those
+  // and of the answers copies drew (ACKs, replayed read responses): what an operation's wire bytes hold beyond its
+  // first transmissions and their answers.
+  struct Resent {
+    uint64_t frames = 0;
+    uint64_t bytes = 0;
+  };
+  Resent resent() const;
   // Every counter by name (transport, the QPs summed, the ECH agent's prefixed ech_): the one list the Python
   // bindings, the live daemons' control plane and their Prometheus metrics report.
   std::vector<std::pair<std::string, uint64_t>> named_counters() const;

@@ -63,6 +63,7 @@ struct QpConfig {
 #define IFEC_QP_COUNTERS(X)                                            \
   X(tx_packets, "")                                                    \
   X(retransmits, "")                                                   \
+  X(retransmit_bytes, "frame bytes of the packets sent again")         \
   X(timeouts, "")                                                      \
   X(naks_received, "")                                                 \
   X(rx_requests, "")                                                   \
@@ -72,6 +73,7 @@ struct QpConfig {
   X(access_naks_sent, "")                                              \
   X(invalid_naks_sent, "")                                             \
   X(duplicates, "")                                                    \
+  X(duplicate_answer_bytes, "frame bytes answering duplicates")        \
   X(out_of_order, "")                                                  \
   X(far_psn_drops, "requests too far ahead of ePSN: dropped")          \
   X(atomic_replays, "duplicate atomics answered from the cache")       \
@@ -192,10 +194,11 @@ class QueuePair {
   void reconnect_after(uint32_t failed_psn);
   void maybe_reconnect();
   void duplicate(const common::ParsedFrame& pf);
-  void queue_read_responses(uint32_t psn, uint64_t va, uint32_t rkey, uint32_t len);
-  void send_ack();
+  // Each queues its frames and returns their bytes.
+  size_t queue_read_responses(uint32_t psn, uint64_t va, uint32_t rkey, uint32_t len);
+  size_t send_ack();
   void send_nak(common::NakCode code, uint32_t psn);
-  void send_atomic_ack(uint32_t psn, uint64_t original);
+  size_t send_atomic_ack(uint32_t psn, uint64_t original);
   std::vector<uint8_t> frame(uint8_t opcode, uint32_t psn, const uint8_t* payload, size_t len,
                              const std::function<void(common::FrameHeaders&)>& fill);
 
@@ -215,6 +218,10 @@ class QueuePair {
   uint32_t send_psn_ = 0;      // next PSN to transmit
   uint32_t acked_ = 0xFFFFFF;  // last PSN the responder acknowledged (cumulative)
   uint32_t max_sent_ = 0xFFFFFF;
+  // After a timeout: the one packet resent, the send cursor returns to resume_psn_ (where it was).
+  uint32_t resume_psn_ = 0;
+  bool resume_pending_ = false;
+  void seek(uint32_t psn);  // the send cursor to `psn` (a PSN of a queued WQE, or next_psn_)
   bool error_ = false;
   int retries_ = 0;
   common::TimeNs rto_;

@@ -60,6 +60,12 @@ struct MoeRow {
   uint64_t combine_wire_bytes = 0;
   std::vector<uint64_t> dispatch_wire_per_plane;
   std::vector<uint64_t> combine_wire_per_plane;
+  // Of the wire bytes: packets sent again (RC retransmissions, ECH contributions and multicast packets after a
+  // timeout), how many and their frame bytes. A wall-clock run may take some the simulator does not.
+  uint64_t dispatch_resent = 0;
+  uint64_t dispatch_resent_bytes = 0;
+  uint64_t combine_resent = 0;
+  uint64_t combine_resent_bytes = 0;
   uint64_t fallback_chunks = 0;
   // IFEC: contributions/packets sent again after a timeout, refused by a busy switch slot, results seen twice.
   uint64_t ifec_retransmissions = 0;

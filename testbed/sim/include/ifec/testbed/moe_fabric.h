@@ -54,6 +54,7 @@ struct MoePhase {
   common::TimeNs data_end_ns = 0;
   uint64_t wire_bytes = 0;               // frame bytes the GPUs sent during the phase (headers, ACKs included)
   std::vector<uint64_t> wire_per_plane;  // the GPUs' frame bytes per plane
+  endpoint::Endpoint::Resent resent;     // of wire_bytes: the GPUs' packets sent again (RC and ECH)
   // The line-rate bound: the busiest GPU's bytes one way (sent or received, with the per-frame wire overhead) over
   // its access rate, i.e. the phase's time if that GPU's ports ran at line rate the whole time, every plane alike.
   double bound_us = 0;
