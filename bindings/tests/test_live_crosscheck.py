@@ -81,16 +81,22 @@ def test_an_moe_step_agrees_on_bytes_and_the_in_fabric_variant_on_time(fab, caps
     (RC retransmissions, ECH resends: the simulator takes none, a wall-clock run on a loaded machine may) are
     counted apart, printed, and in the median under a quarter of the phase's bytes. The in-fabric variant
     (multicast dispatch, reduced combine): per plane within 3% and each phase's data-path time within 10%, in the
-    median of five. The baselines' per-plane split and times are printed, not asserted: their small stores pick a
-    plane per peer by a rotation the endpoint carries across operations and the turns do not record yet."""
+    median of five; a run whose daemons the host stalled (`live.host_stalled`: all of them unscheduled for tens of
+    milliseconds at once, seen in one run of ten) is taken again, at most twice. The baselines' per-plane split and
+    times are printed, not asserted: their small stores pick a plane per peer by a rotation the endpoint carries
+    across operations and the turns do not record yet."""
     lines = ["", "# MoE step on paced-4x2, 128 tokens per rank: data-path times and bytes, live vs sim",
              live.MOE_COMPARE_HEADER]
     ifec, totals, resent = [], {}, {}
     for variant in ("per_expert", "per_rank", "ifec"):
         for seed in (1, 2, 3, 4, 5):
-            sim, lv = live.compare(fab, "moe", variant, 128, seed=seed)
-            assert sim["ok"] and lv["ok"], (variant, seed, sim.get("error"), lv.get("error"))
-            lines.append(live.moe_compare_text(128, sim, lv))
+            for attempt in range(3):  # the in-fabric variant's time: a run the host stalled is taken again
+                sim, lv = live.compare(fab, "moe", variant, 128, seed=seed)
+                assert sim["ok"] and lv["ok"], (variant, seed, sim.get("error"), lv.get("error"))
+                lines.append(live.moe_compare_text(128, sim, lv))
+                if variant != "ifec" or not live.host_stalled(lv):
+                    break
+                lines.append(f"# seed {seed}: the host stalled the daemons (stall ms), taken again")
             for ph in ("dispatch", "combine"):
                 totals.setdefault((variant, ph), []).append(live.first_sent_ratio(sim, lv, ph))
                 resent.setdefault((variant, ph), []).append(lv[f"{ph}_resent_bytes"] / lv[f"{ph}_wire_bytes"])

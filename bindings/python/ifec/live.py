@@ -541,7 +541,8 @@ def _merge_collective(rows):
 def _merge_moe(rows):
     """The ranks' MoE rows as the sim's one row per variant: phases take the slowest rank, bytes add up."""
     merged = dict(rows[0])
-    for k in ("dispatch_us", "combine_us", "compute_us", "max_rel_error"):
+    for k in ("dispatch_us", "combine_us", "compute_us", "max_rel_error", "dispatch_host_stall_us",
+              "combine_host_stall_us", "dispatch_host_cpu_us", "combine_host_cpu_us"):
         merged[k] = max(r[k] for r in rows)
     merged["total_us"] = merged["dispatch_us"] + merged["compute_us"] + merged["combine_us"]
     for k in ("dispatch_logical_bytes", "combine_logical_bytes", "dispatch_wire_bytes", "combine_wire_bytes",
@@ -1008,8 +1009,16 @@ def first_sent_ratio(sim, lv, phase):
     return first(lv) / max(first(sim), 1)
 
 
+def host_stalled(lv):
+    """Whether the host stalled a live MoE step's data path: a rank's event loop ran a timer 20 ms or more late in a
+    phase (`*_host_stall_us`: its latest) while using little CPU (`*_host_cpu_us`: the daemons were not run; on a
+    two-core virtual machine all of them at once). Such a run's time measured the host, not the fabric."""
+    return any(lv.get(f"{ph}_host_stall_us", 0) >= 20e3 for ph in ("dispatch", "combine"))
+
+
 MOE_COMPARE_HEADER = (f"#{'tokens':>7} {'variant':>10} {'phase':>8} {'sim us':>10} {'live us':>10} {'live/sim':>9} "
-                      f"{'planes dev':>10} {'bytes l/s':>9} {'resent l/s':>10}  within 3% bytes / 10% time")
+                      f"{'planes dev':>10} {'bytes l/s':>9} {'resent l/s':>10} {'stall ms':>8}  "
+                      f"within 3% bytes / 10% time")
 
 
 def moe_compare_text(tokens, sim, lv):
@@ -1021,9 +1030,10 @@ def moe_compare_text(tokens, sim, lv):
         verdict = [w for w, bad in (("planes", planes > BYTES_TOLERANCE), ("time", abs(ratio - 1) > TIME_TOLERANCE))
                    if bad]
         resent = f"{lv.get(f'{ph}_resent', 0)}/{sim.get(f'{ph}_resent', 0)}"
+        stall = lv.get(f"{ph}_host_stall_us", 0) / 1e3
         lines.append(f" {tokens:>7} {sim['variant']:>10} {ph:>8} {sim[f'{ph}_data_us']:>10.1f} "
                      f"{lv[f'{ph}_data_us']:>10.1f} {ratio:>9.3f} {planes:>10.2%} "
-                     f"{first_sent_ratio(sim, lv, ph):>9.4f} {resent:>10}  "
+                     f"{first_sent_ratio(sim, lv, ph):>9.4f} {resent:>10} {stall:>8.1f}  "
                      f"{'within' if not verdict else 'outside: ' + ', '.join(verdict)}")
     return "\n".join(lines)
 

@@ -64,6 +64,8 @@ inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
   }
   s->set_driver(driver);
   s->set_ready(ready);
+  (*s->mutable_loop()->mutable_values())["stalls"] = rt.loop().stalls();
+  (*s->mutable_loop()->mutable_values())["stalled_us"] = static_cast<uint64_t>(rt.loop().stalled_ns() / 1000);
   for (const auto& p : rt.ports()) {
     v1::PortStatus* ps = s->add_ports();
     ps->set_port(p->port());

@@ -58,7 +58,7 @@ common::TimeNs EpollLoop::now() const {
 void EpollLoop::schedule(common::TimeNs at, std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    timers_.push(Timer{at, seq_++, std::move(fn)});
+    timers_.push(Timer{at, std::max(at, now()), seq_++, std::move(fn)});
   }
   // The loop's own thread re-arms the timer before it waits again: only other threads need to wake it (an eventfd
   // write per frame sent was a syscall on the hot path).
@@ -102,8 +102,17 @@ uint64_t EpollLoop::run_due() {
     std::function<void()> fn;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (timers_.empty() || timers_.top().at > now()) {
+      const common::TimeNs t = now();
+      if (timers_.empty() || timers_.top().at > t) {
         return n;
+      }
+      const common::TimeNs late = t - timers_.top().due;
+      if (late > worst_late_ns_.load(std::memory_order_relaxed)) {
+        worst_late_ns_.store(late, std::memory_order_relaxed);
+      }
+      if (late >= kStallNs) {
+        stalls_.fetch_add(1, std::memory_order_relaxed);
+        stalled_ns_.fetch_add(late, std::memory_order_relaxed);
       }
       fn = std::move(const_cast<Timer&>(timers_.top()).fn);
       timers_.pop();

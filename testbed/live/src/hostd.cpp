@@ -821,7 +821,9 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
   if (q.what() == "moe") {
 #ifdef IFEC_HAVE_MOE
     const auto first = static_cast<uint16_t>(kMoeWindows + 4 * (world.runs++ % 3));
-    run_moe({*comm, topo, first, [this] { return plane_tx_bytes(); }, rt->loop().epoch_ns()}, q, std::move(reply));
+    run_moe({*comm, topo, first, [this] { return plane_tx_bytes(); }, rt->loop().epoch_ns(),
+             [this] { return rt->loop().take_worst_late_ns(); }},
+            q, std::move(reply));
     return;
 #else
     IFEC_FAIL(rt->info().name << ": built without LibTorch: the MoE layer is not available here");

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <memory>
 
 #include "ifec/common/checks.h"
@@ -16,6 +17,13 @@
 namespace ifec::live {
 
 namespace {
+
+// CPU time the calling thread (the daemon's event loop) has used.
+common::TimeNs thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<common::TimeNs>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 using namespace workloads;
 
@@ -155,6 +163,8 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
     const endpoint::Endpoint::Resent again = ctx_.comm.endpoint().resent();
     (dispatch ? row_.dispatch_resent : row_.combine_resent) = again.frames - resent0_.frames;
     (dispatch ? row_.dispatch_resent_bytes : row_.combine_resent_bytes) = again.bytes - resent0_.bytes;
+    (dispatch ? row_.dispatch_host_stall_us : row_.combine_host_stall_us) = ctx_.take_worst_late_ns() / 1e3;
+    (dispatch ? row_.dispatch_host_cpu_us : row_.combine_host_cpu_us) = (thread_cpu_ns() - cpu0_) / 1e3;
     const endpoint::EchCounters& ech = ctx_.comm.endpoint().ech().counters();
     row_.ifec_retransmissions += ech.retransmissions - ech0_.retransmissions;
     row_.ifec_busy_naks += ech.busy_naks - ech0_.busy_naks;
@@ -173,6 +183,8 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
   void start_phase() {
     tx0_ = ctx_.plane_tx();
     resent0_ = ctx_.comm.endpoint().resent();
+    ctx_.take_worst_late_ns();
+    cpu0_ = thread_cpu_ns();
     ech0_ = ctx_.comm.endpoint().ech().counters();
   }
 
@@ -273,6 +285,7 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
   std::vector<uint64_t> tx0_;
   endpoint::Endpoint::Resent resent0_;
   endpoint::EchCounters ech0_;
+  common::TimeNs cpu0_ = 0;
   testbed::MoeRow row_;
 };
 

@@ -15,9 +15,10 @@ namespace ifec::live {
 struct MoeRunContext {
   workloads::Communicator& comm;
   const routing::Topology& topo;
-  uint16_t first_window;                            // the layer uses four window ids from here
-  std::function<std::vector<uint64_t>()> plane_tx;  // frame bytes this GPU's interfaces sent so far, per plane
-  common::TimeNs epoch_ns = 0;                      // the loop clock's zero on the machine's monotonic clock
+  uint16_t first_window;                               // the layer uses four window ids from here
+  std::function<std::vector<uint64_t>()> plane_tx;     // frame bytes this GPU's interfaces sent so far, per plane
+  common::TimeNs epoch_ns = 0;                         // the loop clock's zero on the machine's monotonic clock
+  std::function<common::TimeNs()> take_worst_late_ns;  // the loop's latest timer since the last call (EpollLoop)
 };
 
 // Runs this rank's part of the layer `q` asks for (every rank is asked at once) and replies with its row (the sim's

@@ -88,6 +88,8 @@ common::JsonObject moe_row_record(const MoeRow& r, const std::string& topology, 
   o.add("dispatch_wire_per_plane", r.dispatch_wire_per_plane).add("combine_wire_per_plane", r.combine_wire_per_plane);
   o.add("dispatch_resent", r.dispatch_resent).add("dispatch_resent_bytes", r.dispatch_resent_bytes);
   o.add("combine_resent", r.combine_resent).add("combine_resent_bytes", r.combine_resent_bytes);
+  o.add("dispatch_host_stall_us", r.dispatch_host_stall_us).add("combine_host_stall_us", r.combine_host_stall_us);
+  o.add("dispatch_host_cpu_us", r.dispatch_host_cpu_us).add("combine_host_cpu_us", r.combine_host_cpu_us);
   o.add("ifec_retransmissions", r.ifec_retransmissions).add("ifec_busy_naks", r.ifec_busy_naks);
   o.add("ifec_duplicate_results", r.ifec_duplicate_results);
   o.add("fallback_chunks", r.fallback_chunks).add("max_rel_error", r.max_rel_error).add("tolerance", r.tolerance);

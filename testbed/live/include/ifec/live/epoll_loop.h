@@ -45,9 +45,19 @@ class EpollLoop : public common::Clock {
   uint64_t poll();
   void stop();  // any thread
 
+  // Timers that ran 5 ms or more after their time (the loop busy, or its thread not scheduled: a daemon among many
+  // on a few cores, a virtual machine's vCPU descheduled), and how late they were in all: monotonic, any thread.
+  // A wall-clock measurement that spans such a stall measured the host as well as the fabric.
+  static constexpr common::TimeNs kStallNs = 5'000'000;
+  uint64_t stalls() const { return stalls_.load(std::memory_order_relaxed); }
+  common::TimeNs stalled_ns() const { return stalled_ns_.load(std::memory_order_relaxed); }
+  // The latest any timer ran after its time since the last call (and resets it): a phase's worst stall.
+  common::TimeNs take_worst_late_ns() { return worst_late_ns_.exchange(0, std::memory_order_relaxed); }
+
  private:
   struct Timer {
     common::TimeNs at;
+    common::TimeNs due;  // at, or when it was scheduled if that was later ("at once")
     uint64_t seq;
     std::function<void()> fn;
     bool operator>(const Timer& o) const { return at != o.at ? at > o.at : seq > o.seq; }
@@ -68,6 +78,9 @@ class EpollLoop : public common::Clock {
   bool stopped_ = false;
   std::atomic<std::thread::id> serving_{};  // the thread in serve(), if any
   std::map<int, std::function<void()>> watched_;
+  std::atomic<uint64_t> stalls_{0};
+  std::atomic<common::TimeNs> stalled_ns_{0};
+  std::atomic<common::TimeNs> worst_late_ns_{0};
 };
 
 }  // namespace ifec::live

@@ -66,6 +66,13 @@ struct MoeRow {
   uint64_t dispatch_resent_bytes = 0;
   uint64_t combine_resent = 0;
   uint64_t combine_resent_bytes = 0;
+  // Live: the latest this rank's event loop ran a timer during the phase (the daemon busy, or the host not running
+  // it: EpollLoop::take_worst_late_ns); the merged row the worst rank's. 0 simulated.
+  double dispatch_host_stall_us = 0;
+  double combine_host_stall_us = 0;
+  // Live: the CPU time this rank's event loop used during the phase (against the phase's time: busy or starved).
+  double dispatch_host_cpu_us = 0;
+  double combine_host_cpu_us = 0;
   uint64_t fallback_chunks = 0;
   // IFEC: contributions/packets sent again after a timeout, refused by a busy switch slot, results seen twice.
   uint64_t ifec_retransmissions = 0;
