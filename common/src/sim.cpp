@@ -255,6 +255,11 @@ Link::Link(Clock& clock0, Clock& clock1, Clock& arrivals0, Clock& arrivals1, con
   }
 }
 
+void Link::set_rate_bps(uint64_t bps) {
+  IFEC_CHECK(bps > 0, "link rate must be > 0 bit/s, got " << bps);
+  cfg_.rate_bps = bps;
+}
+
 uint64_t Link::serialization_ps(size_t bytes) const {
   // bits * 1e12 / rate, rounded up to the picosecond; 128-bit to stay exact for any frame size and rate.
   const unsigned __int128 bits = (static_cast<unsigned __int128>(bytes) + cfg_.overhead_bytes) * 8;

@@ -87,6 +87,9 @@ void EchReduction::finish(size_t i, EchOutcome o) {
   pending_--;
   anomalies_ += o == EchOutcome::kAnomaly;
   const EchChunk& c = spec_.chunks[i];
+  if (o == EchOutcome::kDone) {
+    progress_[spec_.lanes[c.lane].plane] = agent_.clock().now();
+  }
   if (sent_[i]) {
     if (spec_.shared_window > 0) {
       plane_inflight_[spec_.lanes[c.lane].plane]--;
@@ -152,6 +155,9 @@ void EchMulticast::finish(size_t i, EchOutcome o) {
   }
   outcome_[i] = o;
   pending_--;
+  if (o == EchOutcome::kDone) {
+    progress_[spec_.packets[i].plane] = agent_.clock().now();
+  }
   if (sent_[i]) {
     inflight_[spec_.packets[i].plane]--;
   }
@@ -336,6 +342,15 @@ void EchAgent::arm(EchReduction& r, size_t i, TimeNs delay, bool counts_as_try) 
     if (r.epoch_[i] != epoch || r.outcome_[i] != EchOutcome::kPending) {
       return;
     }
+    // Other chunks on its plane completed within a timeout: the queue ahead of this one is moving, wait on (a timer
+    // per chunk otherwise resends every chunk queued longer than the timeout, and the copies lengthen the queue). A
+    // plane that stopped answering still runs out of tries while another plane progresses.
+    const TimeNs until =
+        r.progress_[r.spec_.lanes[r.spec_.chunks[i].lane].plane] + rto(r.rtt_, r.spec_.timing, r.tries_[i]);
+    if (counts_as_try && until > clock().now()) {
+      arm(r, i, until - clock().now(), true);
+      return;
+    }
     if (counts_as_try && ++r.tries_[i] > r.spec_.timing.max_retries) {
       r.finish(i, EchOutcome::kGivenUp);
       pump(r);
@@ -346,6 +361,29 @@ void EchAgent::arm(EchReduction& r, size_t i, TimeNs delay, bool counts_as_try) 
 }
 
 // ---------------------------------------------------------------------------------------------- multicast --
+
+// A packet's timer: resent when nothing of its multicast on its plane completed for a timeout (as a reduction's
+// chunks).
+void EchAgent::arm(EchMulticast& m, size_t i, TimeNs delay) {
+  EchMulticast* mp = &m;
+  later(delay, m.id_, [this, mp, i] {
+    EchMulticast& m = *mp;
+    if (m.outcome_[i] != EchOutcome::kPending) {
+      return;
+    }
+    const TimeNs until = m.progress_[m.spec_.packets[i].plane] + rto(m.rtt_, m.spec_.timing, m.tries_[i]);
+    if (until > clock().now()) {
+      arm(m, i, until - clock().now());
+      return;
+    }
+    if (++m.tries_[i] > m.spec_.timing.max_retries) {
+      m.finish(i, EchOutcome::kGivenUp);
+      pump(m);
+      return;
+    }
+    send_packet(m, i, true);
+  });
+}
 
 std::shared_ptr<EchMulticast> EchAgent::multicast(EchMulticastSpec spec) {
   const WindowInfo* w = ep_.memory().window(spec.window);
@@ -431,19 +469,7 @@ void EchAgent::send_packet(EchMulticast& m, size_t i, bool retransmit) {
                     "GPU " + std::to_string(ep_.index()) + " has no live link on plane " + std::to_string(pk.plane));
     return;
   }
-  EchMulticast* mp = &m;
-  later(rto(m.rtt_, m.spec_.timing, m.tries_[i]), m.id_, [this, mp, i] {
-    EchMulticast& m = *mp;
-    if (m.outcome_[i] != EchOutcome::kPending) {
-      return;
-    }
-    if (++m.tries_[i] > m.spec_.timing.max_retries) {
-      m.finish(i, EchOutcome::kGivenUp);
-      pump(m);
-      return;
-    }
-    send_packet(m, i, true);
-  });
+  arm(m, i, rto(m.rtt_, m.spec_.timing, m.tries_[i]));
   common::FrameHeaders h = headers(port, pk.switch_ip, static_cast<uint16_t>(i),
                                    static_cast<uint8_t>(Opcode::kWriteOnly), common::pkey_of_job(m.spec_.job), psn);
   Ech ech;

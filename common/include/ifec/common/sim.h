@@ -226,6 +226,9 @@ class Link {
   // Takes the link down (frames in flight are lost and counted at the sender) or brings it back up.
   void set_up(bool up);
   bool up() const { return up_; }
+  // Runs the link at another rate from the next frame on (a gray failure: a link renegotiated slower, which the
+  // topology and routing still take at its configured rate). Throws on 0.
+  void set_rate_bps(uint64_t bps);
   const LinkConfig& config() const { return cfg_; }
   // Serialization time of a frame of `bytes` on this link, in picoseconds (wire overhead included).
   uint64_t serialization_ps(size_t bytes) const;

@@ -120,6 +120,7 @@ class EchReduction {
   EchReduceSpec spec_;
   uint64_t id_;
   common::RttEstimator rtt_;
+  std::map<int, common::TimeNs> progress_;  // per plane: when a chunk on it last completed (its result or ACK)
   std::vector<EchOutcome> outcome_;
   std::vector<uint8_t> tries_;
   std::vector<uint8_t> busy_;
@@ -185,6 +186,7 @@ class EchMulticast {
   uint64_t id_;
   uint32_t first_psn_;
   common::RttEstimator rtt_;
+  std::map<int, common::TimeNs> progress_;  // per plane: when a packet on it last completed (the switch's ACK)
   std::vector<EchOutcome> outcome_;
   std::vector<uint8_t> tries_;
   std::vector<common::TimeNs> sent_ns_;
@@ -260,6 +262,7 @@ class EchAgent {
   void pump(EchReduction& r);
   void send_contribution(EchReduction& r, size_t chunk, bool retransmit);
   void arm(EchReduction& r, size_t chunk, common::TimeNs delay, bool counts_as_try);
+  void arm(EchMulticast& m, size_t packet, common::TimeNs delay);
   void pump(EchMulticast& m);
   void send_packet(EchMulticast& m, size_t packet, bool retransmit);
   static common::TimeNs rto(const common::RttEstimator& rtt, const EchTiming& t, int tries);
