@@ -72,6 +72,7 @@ bool IfecEngine::reserve(const GroupReservation& r, std::string* why) {
       port_rate_bps_ > 0 ? static_cast<common::TimeNs>(4.0 * r.slots * cfg_.slot_bytes * 8e9 / port_rate_bps_) : 0;
   g.slot_timeout_ns = std::max(cfg_.slot_timeout_ns, drain);
   g.result_rto_ns = std::max(cfg_.result_retransmit_ns, drain / 4);
+  g.heard_at.assign(r.members.size(), 0);
   for (size_t i = 0; i < r.members.size(); ++i) {
     if (!r.members[i].local) {
       continue;  // another leaf aggregates it
@@ -285,6 +286,7 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
     counters_.malformed_drops++;  // not one of this switch's contributors
     return;
   }
+  g.heard_at[c] = clock_.now();
   const bool is_destination = g.destinations.test(c);
   Slot& s = g.slots[ech.chunk_index % g.slots.size()];
   if (!slot_takes(g, s, pf, c)) {
@@ -452,6 +454,9 @@ void IfecEngine::send_result(Group& g, Slot& s, int member) {
 void IfecEngine::result_ack(Group& g, const common::ParsedFrame& pf) {
   const Ech& ech = *pf.h.ech;
   counters_.acks_received++;
+  if (ech.contributor_id < g.heard_at.size()) {
+    g.heard_at[ech.contributor_id] = clock_.now();  // late or duplicate, it still says the member's link moves
+  }
   Slot& s = g.slots[ech.chunk_index % g.slots.size()];
   if (!s.busy || s.chunk != ech.chunk_index || !s.complete) {
     return;  // late or duplicate acknowledgement
@@ -519,16 +524,27 @@ void IfecEngine::arm_result_timer(Group& g, Slot& s) {
       }
       return;
     }
+    // A member heard from within a timeout (its contributions or ACKs of other results) has this result queued
+    // behind others (a link or a software GPU slower than the port's rate): wait on. Only members silent for a
+    // timeout get it again.
+    std::vector<int> silent;
+    for (size_t m = 0; m < grp.r.members.size(); ++m) {
+      if (slot->need.test(m) && !slot->acked.test(m) && grp.heard_at[m] + grp.result_rto_ns <= clock_.now()) {
+        silent.push_back(static_cast<int>(m));
+      }
+    }
+    if (silent.empty()) {
+      arm_result_timer(grp, *slot);
+      return;
+    }
     if (slot->resends++ >= cfg_.result_retries) {
       counters_.slots_reclaimed++;  // a destination never acknowledged (gone): late copies get a notice
       close(grp, *slot);
       return;
     }
-    for (size_t m = 0; m < grp.r.members.size(); ++m) {
-      if (slot->need.test(m) && !slot->acked.test(m)) {
-        counters_.result_resends++;
-        send_result(grp, *slot, static_cast<int>(m));
-      }
+    for (int m : silent) {
+      counters_.result_resends++;
+      send_result(grp, *slot, m);
     }
     arm_result_timer(grp, *slot);
   });

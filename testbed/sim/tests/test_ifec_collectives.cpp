@@ -259,8 +259,14 @@ TEST(IfecCollectives, ChunksQueuedLongerThanTheTimerAreNotResentWhileTheOperatio
       EXPECT_EQ(std::memcmp(st.cluster->window_data(g, kBuf) + s.offset, st.inputs[2].data(), st.inputs[2].size()), 0)
           << "GPU " << g;
     }
+    uint64_t result_resends = 0;
+    for (int sw = 0; sw < st.cluster->fabric().num_switches(); ++sw) {
+      result_resends += st.cluster->fabric().switch_at(sw).ifec()->counters().result_resends;
+    }
     EXPECT_EQ(st.ifec->stats().retransmissions, 0u) << name;
-    printf("%s: %lu sent again\n", name, static_cast<unsigned long>(st.ifec->stats().retransmissions));
+    EXPECT_EQ(result_resends, 0u) << name;
+    printf("%s: %lu sent again by the GPUs, %lu results by the switches\n", name,
+           static_cast<unsigned long>(st.ifec->stats().retransmissions), static_cast<unsigned long>(result_resends));
   }
 }
 

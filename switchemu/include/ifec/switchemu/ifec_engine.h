@@ -128,6 +128,7 @@ class IfecEngine {
     Members all;           // bitmap of every contributor
     Members destinations;  // bitmap of result destinations
     std::vector<Slot> slots;
+    std::vector<common::TimeNs> heard_at;  // per member: when a contribution or ACK of it last came here
   };
   struct Window {
     uint32_t ip = 0;
