@@ -44,6 +44,8 @@ def test_the_stack_runs_an_allreduce_and_is_removed(stack):
     assert all(s.get("ready") for s in stack.status().values())
     r = stack.run("allreduce", algo="ifec", bytes=256 << 10, seed=11)
     assert r["ok"] and r["wrong"] == 0 and r["ranks"] == 8, r.get("error")
-    assert r["driver"] == "live (swarm)" and all(b > 256 << 10 for b in r["plane_tx_bytes"])
+    assert r["driver"] == "live (swarm)"
+    # Both planes carried their share (about 1 MiB each over the eight GPUs); if not, say what the operation met.
+    assert all(b > 256 << 10 for b in r["plane_tx_bytes"]), (r["plane_tx_bytes"], r.get("faults"), r.get("time_us"))
     stack.down()
     assert stack.leftovers() == ""

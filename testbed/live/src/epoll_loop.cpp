@@ -58,7 +58,9 @@ common::TimeNs EpollLoop::now() const {
 void EpollLoop::schedule(common::TimeNs at, std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    timers_.push(Timer{at, std::max(at, now()), seq_++, std::move(fn)});
+    // Its lateness counts from `at`, or for one due already from the loop's last look at the clock (no clock read
+    // per timer on the hot path: a paced port schedules one per frame).
+    timers_.push(Timer{at, std::max(at, last_now_.load(std::memory_order_relaxed)), seq_++, std::move(fn)});
   }
   // The loop's own thread re-arms the timer before it waits again: only other threads need to wake it (an eventfd
   // write per frame sent was a syscall on the hot path).
@@ -103,6 +105,7 @@ uint64_t EpollLoop::run_due() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       const common::TimeNs t = now();
+      last_now_.store(t, std::memory_order_relaxed);
       if (timers_.empty() || timers_.top().at > t) {
         return n;
       }

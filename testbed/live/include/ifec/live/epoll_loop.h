@@ -57,7 +57,7 @@ class EpollLoop : public common::Clock {
  private:
   struct Timer {
     common::TimeNs at;
-    common::TimeNs due;  // at, or when it was scheduled if that was later ("at once")
+    common::TimeNs due;  // at, or about when it was scheduled if that was later ("at once")
     uint64_t seq;
     std::function<void()> fn;
     bool operator>(const Timer& o) const { return at != o.at ? at > o.at : seq > o.seq; }
@@ -81,6 +81,7 @@ class EpollLoop : public common::Clock {
   std::atomic<uint64_t> stalls_{0};
   std::atomic<common::TimeNs> stalled_ns_{0};
   std::atomic<common::TimeNs> worst_late_ns_{0};
+  std::atomic<common::TimeNs> last_now_{0};  // the loop's latest clock reading (run_due)
 };
 
 }  // namespace ifec::live
