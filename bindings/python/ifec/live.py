@@ -1011,8 +1011,9 @@ def first_sent_ratio(sim, lv, phase):
 
 def host_stalled(lv):
     """Whether the host stalled a live MoE step's data path: a rank's event loop ran a timer 20 ms or more late in a
-    phase (`*_host_stall_us`: its latest) while using little CPU (`*_host_cpu_us`: the daemons were not run; on a
-    two-core virtual machine all of them at once). Such a run's time measured the host, not the fabric."""
+    phase (`*_host_stall_us`: its latest). Measured on a two-core virtual machine, those loops had used little CPU
+    (`*_host_cpu_us`, reported beside): the daemons were not run, all of them at once. Such a run's time measured
+    the host, not the fabric."""
     return any(lv.get(f"{ph}_host_stall_us", 0) >= 20e3 for ph in ("dispatch", "combine"))
 
 

@@ -209,16 +209,12 @@ TEST_P(IfecLoss, AllReduceReduceBarrierUnderLoss) {
     // contribution (at most an MTU of payload and its headers) or an empty barrier arrival, and an ACK (headers
     // only) for every copy of a result that had landed already.
     endpoint::Endpoint::Resent again;
-    uint64_t resends = 0;
     uint64_t copies = 0;
     for (int g = 0; g < st.cluster->size(); ++g) {
       again.frames += st.cluster->ep(g).resent().frames;
       again.bytes += st.cluster->ep(g).resent().bytes;
-      const endpoint::EchCounters& k = st.cluster->ep(g).ech().counters();
-      resends += k.retransmissions;
-      copies += k.duplicate_results;
+      copies += st.cluster->ep(g).ech().counters().duplicate_results;
     }
-    EXPECT_GE(again.frames, resends);
     if (loss == 0 || kind != Collective::kBarrier) {  // a barrier's few frames may all get through
       EXPECT_EQ(again.frames == 0, loss == 0) << workloads::collective_name(kind);
     }
