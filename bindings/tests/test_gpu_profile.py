@@ -1,6 +1,7 @@
 """The GPU profile tool (ifec.gpu_profile): its differentiable model is the C++ one (gpu_model.h) to the last bit,
-its fit recovers a profile that reproduces every measured H100 row within 10% from a poor start, the file it
-writes is what --gpu-profile reads. The gpu case, measuring a real GPU, is test_gpu_profile_on_gpu.py."""
+its fit recovers a profile that reproduces every number of the built-in H100 table within 10% from a poor start,
+leaving one EP size out predicts it (validation out of sample), the file it writes is what --gpu-profile reads.
+The gpu case, measuring a real GPU, is test_gpu_profile_on_gpu.py."""
 
 import os
 import subprocess
@@ -18,27 +19,32 @@ H100 = g.PEAKS["H100"]
 
 
 @pytest.mark.parametrize("kind,per", [("grouped", g.even_spread(1024, 32)), ("grouped", [0, 5, 700, 3]),
+                                      ("grouped", [256]), ("grouped", [4096, 4096]), ("grouped", [300, 0, 0, 0]),
                                       ("loop", g.even_spread(4096 * 8, 8)), ("loop", [1, 0, 130]),
                                       ("chain", [256]), ("chain", [4096])])
 def test_the_python_model_is_the_cpp_model(kind, per, tmp_path):
     assert float(g.model_us(torch, dict(g.DEFAULTS), kind, per, H100)) == pytest.approx(
         _native.gpu_model_us("", kind, per), rel=1e-12)
-    # A profile whose chain constants differ from the grouped ones (the file as the tool writes it, 4 digits).
-    own = dict(mma_fraction=0.71, overlap_p=5.25, mma_fraction_chain=0.55, overlap_p_chain=2.5, loop_call_us=40)
+    # A profile whose chain constants differ from the grouped ones (the file as the tool writes it, 4 digits), on a
+    # GPU with fewer SMs.
+    own = dict(mma_fraction=0.71, overlap_p=5.25, mma_fraction_chain=0.55, overlap_p_chain=2.5, loop_call_us=40,
+               sms=114, cta_gbs=19.5, cta_gbs_chain=41.25, mem_fraction=0.75)
     (tmp_path / "p.yaml").write_text(g.profile_yaml("test", H100, own, "written by a test"))
     assert float(g.model_us(torch, dict(g.DEFAULTS, **own), kind, per, H100)) == pytest.approx(
         _native.gpu_model_us(str(tmp_path / "p.yaml"), kind, per), rel=1e-12)
 
 
 def test_the_fit_recovers_every_h100_row_within_ten_percent_from_a_poor_start():
-    poor = dict(mma_fraction=0.5, mem_fraction_grouped=0.6, mem_fraction_chain=0.6, grouped_launch_us=10,
-                loop_call_us=50, overlap_p=2, mma_fraction_chain=0.5, overlap_p_chain=2)
-    const = g.fit(g.H100_TABLE, H100, steps=300, start=poor)
-    rows, worst = g.report(g.H100_TABLE, const, H100)
-    assert len(rows) == 36 and worst < 0.10, [r for r in rows if abs(r[5] - 1) >= 0.10]
-    # Physically sensible: about two thirds of the tensor-core peak, small-M GEMMs stream slower than grouped ones.
-    assert 0.6 < const["mma_fraction"] < 0.72
-    assert const["mem_fraction_chain"] < const["mem_fraction_grouped"] <= 1
+    poor = dict(mma_fraction=0.5, mem_fraction=0.6, cta_gbs=60, grouped_launch_us=10, overlap_p=2,
+                mma_fraction_chain=0.5, cta_gbs_chain=30, chain_gemm_us=5, overlap_p_chain=2, loop_call_us=50)
+    table = g.builtin_table()
+    const = g.fit(table, H100, steps=300, start=poor)
+    rows, worst = g.report(table, const, H100)
+    assert len(rows) == 42 + 24 and worst < 0.10, [r for r in rows if abs(r[5] - 1) >= 0.10]
+    # Physically sensible: about 0.6 of the tensor-core peak per busy SM, 0.8-0.9 of HBM, and one CTA streaming a
+    # small fraction of it: a full wave of 132 draws more than HBM gives, the 32 tiles of EP 256 a third of it.
+    assert 0.55 < const["mma_fraction"] < 0.72 and 0.75 < const["mem_fraction"] <= 0.95
+    assert 132 * const["cta_gbs"] > 3350 * const["mem_fraction"] > 32 * const["cta_gbs"] * 2
 
 
 def test_the_written_profile_is_what_gpu_profile_reads(tmp_path):
@@ -48,11 +54,8 @@ def test_the_written_profile_is_what_gpu_profile_reads(tmp_path):
     text = out.read_text()
     assert text.startswith("# GPU profile of") and "model/measured worst deviation" in text
     assert str(out) in _native.gpu_profile_summary(str(out))
-    for ep, tokens, loop, grouped, shared in g.H100_TABLE:
-        per = g.even_spread(tokens * 8, 256 // ep)
-        assert _native.gpu_model_us(str(out), "grouped", per) == pytest.approx(grouped, rel=0.10)
-        assert _native.gpu_model_us(str(out), "loop", per) == pytest.approx(loop, rel=0.10)
-        assert _native.gpu_model_us(str(out), "chain", [tokens]) == pytest.approx(shared, rel=0.10)
+    for ep, tokens, kind, per, us in g.cases(g.builtin_table()):
+        assert _native.gpu_model_us(str(out), kind, per) == pytest.approx(us, rel=0.10), (ep, tokens, kind)
 
 
 def test_the_measurement_runs_small_on_the_cpu():
@@ -84,7 +87,7 @@ def test_it_runs_from_a_checkout_without_the_native_module(repo, tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "worst deviation" in run.stdout and (tmp_path / "p.yaml").read_text().startswith("# GPU profile of")
-    assert g.read_table(str(tmp_path / "t.json")) == [tuple(r) for r in g.H100_TABLE]
+    assert g.read_table(str(tmp_path / "t.json")) == g.builtin_table()
     run = subprocess.run([sys.executable, "-c", "import ifec; ifec.Cluster"], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and "ifec._native is not importable" in run.stderr and "./ifec build" in run.stderr
@@ -96,6 +99,7 @@ def test_it_runs_from_a_checkout_without_the_native_module(repo, tmp_path):
                                           ("[[8.5, 128, 1, 2, 3]]", "whole numbers"),
                                           ("[[true, 128, 1, 2, 3]]", "whole numbers"),
                                           ("[[8, 128, Infinity, 2, 3]]", "finite"),
+                                          ("[[8, 128, null, null, null]]", "or null where not measured"),
                                           ("[[512, 128, 1, 2, 3]]", "EP 512 does not divide the 256 experts")])
 def test_a_bad_table_is_named(tmp_path, capsys, content, says):
     bad = tmp_path / "bad.json"
@@ -105,9 +109,9 @@ def test_a_bad_table_is_named(tmp_path, capsys, content, says):
 
 
 def test_the_shipped_measured_h100_profile_is_its_tables_fit(repo):
-    """testbed/gpu-profiles/h100-sxm-measured.yaml is the fit of the table beside it (a second H100, measured): read
-    by the C++ loader, it reproduces that table's grouped times within 5% and its chains' within 16%, and a refit of
-    the table lands on the same grouped-kernel constants."""
+    """testbed/gpu-profiles/h100-sxm-measured.yaml is the fit of the table beside it (a second H100, measured
+    eagerly): read by the C++ loader, it reproduces that table's grouped times within 5% and its chains' within 16%,
+    and a refit of the table lands on the same grouped-kernel constants."""
     profile = repo / "testbed" / "gpu-profiles" / "h100-sxm-measured.yaml"
     table = g.read_table(str(repo / "testbed" / "gpu-profiles" / "h100-sxm-measured.json"))
     assert len(table) == 12
@@ -119,15 +123,21 @@ def test_the_shipped_measured_h100_profile_is_its_tables_fit(repo):
     shipped = {k: float(v) for k, v in (line.split(": ") for line in profile.read_text().splitlines()
                                         if line.split(":")[0] in g.FITTED)}
     refit = g.fit(table, H100)
-    for k in g.FITTED[:4]:
+    for k in g.FITTED[:5]:
         assert refit[k] == pytest.approx(shipped[k], rel=0.02), k
 
 
-def test_leaving_one_ep_out_predicts_the_grouped_kernel_within_ten_percent():
-    """Validation out of sample on the reference table: fitted to two EP sizes, the model predicts the third's
-    grouped-kernel times within 10% (measured 2.4-4%); the chains' worst is reported (up to 12.5%: the loop at EP 16,
-    4096 tokens, reaches a tensor-core fraction the others do not), not asserted."""
-    loo = g.leave_one_ep_out(g.H100_TABLE, H100, steps=200)
-    assert sorted(loo) == [8, 16, 32] and all(sorted(w) == ["grouped", "loop", "shared"] for w in loo.values())
-    assert max(w["grouped"] for w in loo.values()) <= 0.10, loo
-    assert all(0 < w["loop"] < 0.5 and 0 < w["shared"] < 0.5 for w in loo.values()), loo
+def test_leaving_one_ep_out_predicts_what_was_not_fitted():
+    """Validation out of sample on the built-in table: fitted without one EP size's rows, the model predicts them.
+    Held to 10%: the grouped kernel at EP 8 to 64 (measured 5.2-7.8% at 400 steps) and the shared expert at every EP
+    (8.0-9.5%). Reported, bounded to catch a regression, not held to 10%: the grouped kernel at EP 128 and 256 (18.4%,
+    14.4%: the single-wave points there, 1-2 experts, spread up to +-15% between runs and decide cta_gbs alone) and
+    the loop at EP 16 (14.7%: the reference's EP 16 at 4096 tokens ran 13% faster than EP 8's same flops)."""
+    loo = g.leave_one_ep_out(g.builtin_table(), H100, steps=250)
+    assert sorted(loo) == [8, 16, 32, 64, 128, 256]
+    assert all(sorted(loo[ep]) == ["grouped", "loop", "shared"] for ep in (8, 16, 32)), loo
+    assert all(list(loo[ep]) == ["grouped"] for ep in (64, 128, 256)), loo
+    assert max(loo[ep]["grouped"] for ep in (8, 16, 32, 64)) <= 0.10, loo
+    assert max(loo[ep]["shared"] for ep in (8, 16, 32)) <= 0.10, loo
+    assert max(loo[ep]["grouped"] for ep in (128, 256)) <= 0.22, loo
+    assert max(loo[ep]["loop"] for ep in (8, 16, 32)) <= 0.18, loo

@@ -1,11 +1,12 @@
-"""The gpu case of the GPU profile tool (ctest -L gpu): on a machine with a CUDA GPU, `python3 -m ifec.gpu_profile`
-times the expert kernels there, fits a profile and writes the file --gpu-profile reads. Every time is held to an
-analytic floor (no GEMM beats the GPU's peak tensor-core rate or streams its weights faster than peak HBM
-bandwidth), so a timer that missed the kernels fails. The grouped kernel, which the testbed's figures use, is
-GPU-bound at every point: the written profile reproduces each of its times within 10%, and on an H100 the built-in
-profile (fitted to another H100's table) within 15%. The per-expert chains (the loop, the shared expert) at few
-tokens are bounded by how fast the host launches kernels, not by the GPU: on the device machine's VM host they
-varied up to 2x between processes (docs/gpu-model.md), so they are printed and floored, not held to 10%.
+"""The gpu case of the GPU profile tool (ctest -L gpu): on a machine with a CUDA GPU, `python3 -m ifec.gpu_profile
+--quick` times the expert kernels there (CUDA graphs; EP 8, 32 and 128, i.e. 32, 8 and 2 local experts, at 32, 128
+and 4096 tokens/GPU), fits a profile and writes the file --gpu-profile reads. Every time is held to an analytic
+floor (no GEMM beats the GPU's peak tensor-core rate or streams its weights faster than peak HBM bandwidth), so a
+timer that missed the kernels fails. The grouped kernel, which the testbed's figures use: the written profile
+reproduces each of its times within 10%; fitted to the EP 8 and EP 128 rows only, the model predicts the EP 32
+rows it never saw within 10% (out of sample, measured 0.975-1.074 in 7 runs); on an H100 the built-in profile is
+within 15%. The per-expert chains (the loop, the shared expert) vary up to 1.5x between runs on the device machine
+even replayed from a CUDA graph (docs/gpu-model.md), so they are printed and floored, not held to 10%.
 It needs PyTorch only: on a GPU machine without the testbed built,
 `PYTHONPATH=bindings/python python3 -m pytest -m gpu` this file; the C++ reader's check runs where ifec._native is
 built. Without a CUDA GPU it skips, saying why."""
@@ -32,7 +33,7 @@ def floor_us(kind, ep, tokens, peaks):
 
 def profile_constants(text):
     pairs = (line.split(": ", 1) for line in text.splitlines() if ": " in line and not line.startswith("#"))
-    return {k: float(v) for k, v in pairs if k in g.FITTED}
+    return {k: float(v) for k, v in pairs if k in g.FITTED + ("sms",)}
 
 
 def test_on_a_cuda_gpu_it_measures_fits_and_writes_that_gpus_profile(tmp_path, capsys):
@@ -47,13 +48,20 @@ def test_on_a_cuda_gpu_it_measures_fits_and_writes_that_gpus_profile(tmp_path, c
     text = out.read_text()
     assert f'name: "{name}"' in text and "measured with PyTorch" in text
     rows = [tuple(r) for r in json.loads(table.read_text())]
-    assert [r[:2] for r in rows] == [(8, 128), (8, 4096), (32, 128), (32, 4096)]
+    assert [r[:2] for r in rows] == [(ep, t) for ep in g.QUICK_EPS for t in (32, 128, 4096)]
     for ep, tokens, loop, grouped, shared in rows:
         for kind, us in (("loop", loop), ("grouped", grouped), ("shared", shared)):
             assert math.isfinite(us) and us >= floor_us(kind, ep, tokens, peaks), (ep, tokens, kind, us)
     # The file's constants (as written, 4 significant digits) reproduce every grouped time within 10%.
     report, _ = g.report(rows, profile_constants(text), peaks)
     off = [r for r in report if r[2] == "grouped" and abs(r[5] - 1) >= 0.10]
+    assert not off, off
+    # Out of sample: fitted to this run's EP 8 and 128 rows, the EP 32 rows predicted.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    held_out, _ = g.report([r for r in rows if r[0] == 32], g.fit([r for r in rows if r[0] != 32], peaks,
+                                                                   start={"sms": sms}), peaks)
+    print("held out, EP 32 (model/measured):", [(r[1], r[2], round(r[5], 3)) for r in held_out])
+    off = [r for r in held_out if r[2] == "grouped" and abs(r[5] - 1) >= 0.10]
     assert not off, off
     if "H100" in name:
         report, _ = g.report(rows, {k: g.DEFAULTS[k] for k in g.FITTED}, peaks)

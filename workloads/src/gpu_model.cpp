@@ -41,24 +41,25 @@ void GpuProfile::validate() const {
   };
   positive("tflops", tflops);
   positive("hbm_gbs", hbm_gbs);
+  IFEC_CHECK(sms >= 1 && sms <= 1024, "GPU profile '" << name << "': sms must be in 1..1024, got " << sms);
   fraction("mma_fraction", mma_fraction);
   fraction("mma_fraction_chain", mma_fraction_chain);
-  fraction("mem_fraction_grouped", mem_fraction_grouped);
-  fraction("mem_fraction_chain", mem_fraction_chain);
+  fraction("mem_fraction", mem_fraction);
+  positive("cta_gbs", cta_gbs);
+  positive("cta_gbs_chain", cta_gbs_chain);
   non_negative("grouped_launch_us", grouped_launch_us);
   non_negative("chain_gemm_us", chain_gemm_us);
   non_negative("loop_call_us", loop_call_us);
   exponent("overlap_p", overlap_p);
   exponent("overlap_p_chain", overlap_p_chain);
   non_negative("l2_bytes", l2_bytes);
-  IFEC_CHECK(tile_m >= 1, "GPU profile '" << name << "': tile_m must be >= 1, got " << tile_m);
 }
 
 std::string GpuProfile::summary() const {
   std::ostringstream os;
-  os << name << ": " << tflops << " TFLOP/s x " << mma_fraction;
+  os << name << ": " << sms << " SMs, " << tflops << " TFLOP/s x " << mma_fraction;
   if (mma_fraction_chain != mma_fraction) os << " grouped / " << mma_fraction_chain << " per-expert GEMM";
-  os << ", " << hbm_gbs << " GB/s x " << mem_fraction_grouped << " grouped / " << mem_fraction_chain
+  os << ", " << hbm_gbs << " GB/s x " << mem_fraction << ", " << cta_gbs << " GB/s per CTA grouped / " << cta_gbs_chain
      << " per-expert GEMM, " << expert_kernel_name(kernel) << " experts [" << source << "]";
   return os.str();
 }
@@ -72,8 +73,9 @@ void for_each_number(GpuProfile& p, F fn) {
   fn("hbm_gbs", p.hbm_gbs);
   fn("mma_fraction", p.mma_fraction);
   fn("mma_fraction_chain", p.mma_fraction_chain);
-  fn("mem_fraction_grouped", p.mem_fraction_grouped);
-  fn("mem_fraction_chain", p.mem_fraction_chain);
+  fn("mem_fraction", p.mem_fraction);
+  fn("cta_gbs", p.cta_gbs);
+  fn("cta_gbs_chain", p.cta_gbs_chain);
   fn("grouped_launch_us", p.grouped_launch_us);
   fn("chain_gemm_us", p.chain_gemm_us);
   fn("loop_call_us", p.loop_call_us);
@@ -108,8 +110,8 @@ GpuProfile load_gpu_profile(const std::string& path) {
       } else if (key == "kernel") {
         p.kernel = parse_expert_kernel(kv.second.as<std::string>());
         known = true;
-      } else if (key == "tile_m") {
-        p.tile_m = kv.second.as<int64_t>();
+      } else if (key == "sms") {
+        p.sms = kv.second.as<int64_t>();
         known = true;
       } else {
         for_each_number(p, [&](const char* name, double& v) {
@@ -123,6 +125,11 @@ GpuProfile load_gpu_profile(const std::string& path) {
       IFEC_FAIL("GPU profile " << path << ": " << key << ": '" << kv.second.as<std::string>("?")
                                << "' is not a valid value");
     }
+    IFEC_CHECK(key != "mem_fraction_grouped" && key != "mem_fraction_chain" && key != "tile_m",
+               "GPU profile " << path << ": '" << key
+                              << "' belongs to the model before occupancy (docs/gpu-model.md): HBM is mem_fraction, a "
+                                 "kernel's streaming rate cta_gbs / cta_gbs_chain per CTA, tiles the kernel's own; "
+                                 "refit with python3 -m ifec.gpu_profile --fit-only TABLE");
     IFEC_CHECK(known, "GPU profile " << path << ": unknown field '" << key << "'");
   }
   if (!chain_own_mma) p.mma_fraction_chain = p.mma_fraction;  // one kernel-wide value, as before the split
@@ -144,28 +151,44 @@ std::string gpu_profile_yaml(const GpuProfile& p, const std::string& comment) {
   os << "name: \"" << p.name << "\"\n";
   GpuProfile copy = p;
   for_each_number(copy, [&](const char* name, double& v) { os << name << ": " << v << "\n"; });
-  os << "tile_m: " << p.tile_m << "\nkernel: " << expert_kernel_name(p.kernel) << "\n";
+  os << "sms: " << p.sms << "\nkernel: " << expert_kernel_name(p.kernel) << "\n";
   return os.str();
+}
+
+std::pair<int64_t, int64_t> tile_shape(const std::vector<int64_t>& rows, int64_t n, bool grouped) {
+  int64_t total = 0;
+  for (int64_t m : rows) total += m;
+  const bool large = grouped && total > 128 * static_cast<int64_t>(rows.size()) && n > 128;
+  return large ? std::pair<int64_t, int64_t>{128, 256} : std::pair<int64_t, int64_t>{64, 128};
 }
 
 double gemm_launch_seconds(const std::vector<int64_t>& rows, int64_t n, int64_t k, bool grouped, const GpuProfile& p,
                            double bytes_per_element) {
-  double flops = 0;
-  double weights = 0;
+  const auto [tile_rows, tile_cols] = tile_shape(rows, n, grouped);
+  int64_t tiles = 0;
+  int64_t experts = 0;
   double activations = 0;
   for (int64_t m : rows) {
     IFEC_CHECK(m >= 0, "a GEMM problem of " << m << " rows");
     if (m == 0) continue;
-    const double tiled = static_cast<double>((m + p.tile_m - 1) / p.tile_m * p.tile_m);
-    flops += 2.0 * tiled * static_cast<double>(n) * static_cast<double>(k);
-    weights += static_cast<double>(n) * static_cast<double>(k) * bytes_per_element;
+    ++experts;
+    tiles += (m + tile_rows - 1) / tile_rows * ((n + tile_cols - 1) / tile_cols);
     activations += static_cast<double>(m) * static_cast<double>(k + n) * bytes_per_element;
   }
-  if (flops == 0) return 0;
-  const double bytes = weights + std::max(0.0, activations - p.l2_bytes);
-  const double tc = flops / (p.tflops * 1e12 * (grouped ? p.mma_fraction : p.mma_fraction_chain));
-  const double tm = (grouped ? p.grouped_launch_us : p.chain_gemm_us) * 1e-6 +
-                    bytes / (p.hbm_gbs * 1e9 * (grouped ? p.mem_fraction_grouped : p.mem_fraction_chain));
+  if (tiles == 0) return 0;
+  // Tensor cores: whole waves of tiles over the SMs, each busy SM at its share of the sustained rate.
+  const double waves = static_cast<double>((tiles + p.sms - 1) / p.sms);
+  const double tile_flops = 2.0 * static_cast<double>(tile_rows * tile_cols) * static_cast<double>(k);
+  const double sm_flops =
+      p.tflops * 1e12 * (grouped ? p.mma_fraction : p.mma_fraction_chain) / static_cast<double>(p.sms);
+  const double tc = waves * tile_flops / sm_flops;
+  // HBM: every expert's weights and the activations beyond L2, at what the streaming CTAs can draw.
+  const double bytes =
+      static_cast<double>(experts) * static_cast<double>(n) * static_cast<double>(k) * bytes_per_element +
+      std::max(0.0, activations - p.l2_bytes);
+  const double streaming = static_cast<double>(std::min(tiles, p.sms)) * (grouped ? p.cta_gbs : p.cta_gbs_chain);
+  const double gbs = std::min(p.hbm_gbs * p.mem_fraction, streaming);
+  const double tm = (grouped ? p.grouped_launch_us : p.chain_gemm_us) * 1e-6 + bytes / (gbs * 1e9);
   const double q = grouped ? p.overlap_p : p.overlap_p_chain;
   const double hi = std::max(tc, tm);  // (tc^q + tm^q)^(1/q), scaled so that no power underflows
   return hi * std::pow(std::pow(tc / hi, q) + std::pow(tm / hi, q), 1.0 / q);
@@ -173,10 +196,10 @@ double gemm_launch_seconds(const std::vector<int64_t>& rows, int64_t n, int64_t 
 
 namespace {
 
-// The gated product silu(gate) * up: written and read once beyond L2, streamed at the grouped rate.
+// The gated product silu(gate) * up: written and read once beyond L2, at the achievable HBM rate.
 double swiglu_seconds(int64_t rows, int64_t inter, const GpuProfile& p, double bytes_per_element) {
   const double bytes = 3.0 * static_cast<double>(rows) * static_cast<double>(inter) * bytes_per_element;
-  return std::max(0.0, bytes - p.l2_bytes) / (p.hbm_gbs * 1e9 * p.mem_fraction_grouped);
+  return std::max(0.0, bytes - p.l2_bytes) / (p.hbm_gbs * 1e9 * p.mem_fraction);
 }
 
 }  // namespace
@@ -184,7 +207,7 @@ double swiglu_seconds(int64_t rows, int64_t inter, const GpuProfile& p, double b
 double ffn_chain_seconds(int64_t rows, int64_t hidden, int64_t inter, const GpuProfile& p, double bytes_per_element) {
   if (rows == 0) return 0;
   const std::vector<int64_t> m{rows};
-  return 2 * gemm_launch_seconds(m, inter, hidden, false, p, bytes_per_element) +
+  return gemm_launch_seconds(m, 2 * inter, hidden, false, p, bytes_per_element) +
          gemm_launch_seconds(m, hidden, inter, false, p, bytes_per_element) +
          swiglu_seconds(rows, inter, p, bytes_per_element);
 }
@@ -204,7 +227,7 @@ double routed_experts_seconds(const std::vector<int64_t>& tokens_per_expert, int
     }
     return t;
   }
-  return 2 * gemm_launch_seconds(tokens_per_expert, inter, hidden, true, p, bytes_per_element) +
+  return gemm_launch_seconds(tokens_per_expert, 2 * inter, hidden, true, p, bytes_per_element) +
          gemm_launch_seconds(tokens_per_expert, hidden, inter, true, p, bytes_per_element) +
          swiglu_seconds(rows, inter, p, bytes_per_element);
 }

@@ -1,8 +1,10 @@
-// The GPU compute-cost model against what it was fitted to: DeepSeek-V3 expert timings measured on an H100
-// (bf16, PyTorch 2.11, CUDA events; the table of docs/gpu-model.md). Every row, routed experts as a loop of GEMM
-// chains and as grouped GEMMs, and the shared expert, within 10%. Also one launch by hand, the profile file
-// (the shipped H100 one is the built-in default; bad files name the bad field) and the kernel choice.
+// The GPU compute-cost model against what it was fitted to: DeepSeek-V3 expert timings measured on H100s (bf16,
+// PyTorch 2.11, CUDA events; docs/gpu-model.md): the grouped kernel at 42 points, EP 8..256 x 32..4096 tokens
+// (testbed/gpu-profiles/h100-sxm-graphs.json), the per-expert chains at the reference table's 12 (a loop of GEMM
+// chains, and the shared expert), every number within 10%. Also launches by hand (waves, the streaming CTAs), the
+// profile file (the shipped H100 one is the built-in default; bad files name the bad field) and the kernel choice.
 #include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
 
 #include <cmath>
 #include <cstdio>
@@ -46,20 +48,38 @@ std::string error_of(const std::function<void()>& fn) {
 TEST(GpuModel, ReproducesEveryMeasuredH100RowWithinTenPercent) {
   const GpuProfile p;  // the built-in profile is the fitted H100 one
   double worst = 0;
+  auto check = [&](const char* what, const Measured& m, double model, double meas) {
+    EXPECT_NEAR(model / meas, 1.0, 0.10) << "EP " << m.ep << ", " << m.tokens << " tokens/GPU, " << what << ": model "
+                                         << model << " us, measured " << meas << " us";
+    worst = std::max(worst, std::abs(model / meas - 1));
+  };
+  // The grouped kernel: the device machine's H100, CUDA graphs, medians of 14 runs ([ep, tokens, loop, grouped,
+  // shared] rows; the chains there vary up to 1.5x between runs and are not fitted).
+  const YAML::Node graphs = YAML::LoadFile(std::string(IFEC_GPU_PROFILE_DIR) + "/h100-sxm-graphs.json");
+  ASSERT_EQ(graphs.size(), 42u);
+  for (const YAML::Node& row : graphs) {
+    const Measured m{row[0].as<int>(), row[1].as<int64_t>(), 0, row[3].as<double>(), 0};
+    const std::vector<int64_t> per_expert = even_spread(m.tokens * 8, 256 / m.ep);
+    check("grouped", m, 1e6 * routed_experts_seconds(per_expert, kHidden, kInter, p, 2, ExpertKernel::kGrouped),
+          m.grouped_us);
+  }
+  for (const Measured& m : kH100) {  // the chains: the reference H100
+    const std::vector<int64_t> per_expert = even_spread(m.tokens * 8, 256 / m.ep);
+    check("loop", m, 1e6 * routed_experts_seconds(per_expert, kHidden, kInter, p, 2, ExpertKernel::kLoop), m.loop_us);
+    check("shared", m, 1e6 * ffn_chain_seconds(m.tokens, kHidden, kInter, p, 2), m.shared_us);
+  }
+  std::printf("worst model/measured deviation over the 66 H100 numbers: %.1f%%\n", 100 * worst);
+}
+
+TEST(GpuModel, TheReferenceH100sGroupedTimesOutOfSample) {
+  // Another H100's grouped times (the reference table, not fitted): within 12% (its 4096-token rows run 5-8%
+  // faster than the device machine's).
+  const GpuProfile p;
   for (const Measured& m : kH100) {
     const std::vector<int64_t> per_expert = even_spread(m.tokens * 8, 256 / m.ep);
-    const double loop = 1e6 * routed_experts_seconds(per_expert, kHidden, kInter, p, 2, ExpertKernel::kLoop);
     const double grouped = 1e6 * routed_experts_seconds(per_expert, kHidden, kInter, p, 2, ExpertKernel::kGrouped);
-    const double shared = 1e6 * ffn_chain_seconds(m.tokens, kHidden, kInter, p, 2);
-    for (const auto& [what, model, meas] :
-         {std::tuple{"loop", loop, m.loop_us}, std::tuple{"grouped", grouped, m.grouped_us},
-          std::tuple{"shared", shared, m.shared_us}}) {
-      EXPECT_NEAR(model / meas, 1.0, 0.10) << "EP " << m.ep << ", " << m.tokens << " tokens/GPU, " << what << ": model "
-                                           << model << " us, measured " << meas << " us";
-      worst = std::max(worst, std::abs(model / meas - 1));
-    }
+    EXPECT_NEAR(grouped / m.grouped_us, 1.0, 0.12) << "EP " << m.ep << ", " << m.tokens << " tokens/GPU";
   }
-  std::printf("worst model/measured deviation over the 36 H100 numbers: %.1f%%\n", 100 * worst);
 }
 
 TEST(GpuModel, TheModelPicksTheFasterKernelTheMeasurementsDo) {
@@ -76,34 +96,59 @@ TEST(GpuModel, TheModelPicksTheFasterKernelTheMeasurementsDo) {
 TEST(GpuModel, OneLaunchByHand) {
   GpuProfile p;
   p.overlap_p = 1e9;  // a hard max, to check the two terms alone
-  // 2 experts x 100 rows (tiles of 64 -> 128 rows each), n 2048, k 7168, bf16; activations fit in L2.
-  const double flops = 2 * (2 * 128.0 * 2048 * 7168);
-  const double bytes = 2 * (2048.0 * 7168 * 2);
-  const double tc = flops / (989e12 * 0.664);
-  const double tm = 25e-6 + bytes / (3350e9 * 0.84);
-  EXPECT_NEAR(gemm_launch_seconds({100, 0, 100}, 2048, 7168, true, p, 2), std::max(tc, tm), 1e-12);
+  // 32 experts x 32 rows (they average <= 128: 64 x 128 tiles), n 4096, k 7168, bf16; activations fit in L2.
+  // Tiles 32 x 1 x 32 = 1024: 8 waves over 132 SMs; 132 streaming CTAs draw more than HBM gives.
+  const std::vector<int64_t> rows(32, 32);
+  const double tc = 8 * (2.0 * 64 * 128 * 7168) / (989e12 * p.mma_fraction / 132);
+  const double tm = p.grouped_launch_us * 1e-6 + 32 * (4096.0 * 7168 * 2) / (3350e9 * p.mem_fraction);
+  EXPECT_EQ(tile_shape(rows, 4096, true), (std::pair<int64_t, int64_t>{64, 128}));
+  EXPECT_NEAR(gemm_launch_seconds(rows, 4096, 7168, true, p, 2), std::max(tc, tm), 1e-12);
   EXPECT_GT(tm, tc) << "a few rows per expert: streaming the weights bounds the launch";
   EXPECT_EQ(gemm_launch_seconds({0, 0}, 2048, 7168, true, p, 2), 0.0);
   p.overlap_p = 3.9;
-  const double smooth = gemm_launch_seconds({100, 100}, 2048, 7168, true, p, 2);
+  const double smooth = gemm_launch_seconds(rows, 4096, 7168, true, p, 2);
   EXPECT_GT(smooth, std::max(tc, tm));
   EXPECT_LT(smooth, tc + tm);
   EXPECT_EQ(even_spread(10, 4), (std::vector<int64_t>{3, 3, 2, 2}));
 }
 
-TEST(GpuModel, AChainsGemmHasItsOwnMatrixFractionAndOverlap) {
+TEST(GpuModel, FewTilesLeaveSmsIdleAndDrawLessBandwidth) {
+  GpuProfile p;
+  p.overlap_p = 1e9;
+  // One expert, 256 rows (EP 256 at 32 tokens/GPU): 128 x 256 tiles, 2 x 16 = 32 of them, one partial wave. Each
+  // busy SM computes a whole tile at its share of the rate; 32 CTAs stream 32 x cta_gbs, not HBM's 2.8 TB/s.
+  const std::vector<int64_t> one{256};
+  EXPECT_EQ(tile_shape(one, 4096, true), (std::pair<int64_t, int64_t>{128, 256}));
+  const double tc = (2.0 * 128 * 256 * 7168) / (989e12 * p.mma_fraction / 132);
+  const double tm = p.grouped_launch_us * 1e-6 + (4096.0 * 7168 * 2) / (32 * p.cta_gbs * 1e9);
+  EXPECT_NEAR(gemm_launch_seconds(one, 4096, 7168, true, p, 2), std::max(tc, tm), 1e-12);
+  // The same flops as one full wave of 132 tiles would take the whole GPU 32/132 of the time.
+  EXPECT_GT(tc, 4 * (32 * 2.0 * 128 * 256 * 7168) / (989e12 * p.mma_fraction));
+  // A 133rd tile is a second wave: 2 x the tensor time of 132.
+  p.grouped_launch_us = 0;
+  p.cta_gbs = 1e6;  // streaming never bounds here
+  p.mem_fraction = 1;
+  p.hbm_gbs = 1e9;
+  const std::vector<int64_t> full{128 * 132};  // 132 tiles of 128 x 256 at n 256
+  const std::vector<int64_t> one_more{128 * 132 + 1};
+  EXPECT_NEAR(gemm_launch_seconds(one_more, 256, 7168, true, p, 2) / gemm_launch_seconds(full, 256, 7168, true, p, 2),
+              2.0, 1e-9);
+}
+
+TEST(GpuModel, AChainsGemmHasItsOwnConstants) {
   GpuProfile p;
   p.overlap_p_chain = 1e9;  // a hard max for the chain only
   p.mma_fraction_chain = 0.5;
-  // One expert, 4096 rows: tensor-core bound. n 2048, k 7168, bf16; activations 4096 x 9216 x 2 = 75 MB spill L2.
-  const double flops = 2 * (4096.0 * 2048 * 7168);
+  // One expert, 4096 rows: a chain's GEMM keeps 64 x 128 tiles: 64 x 16 = 1024 at n 2048, 8 waves. Activations
+  // 4096 x 9216 x 2 = 75 MB spill L2.
+  const std::vector<int64_t> rows{4096};
+  EXPECT_EQ(tile_shape(rows, 2048, false), (std::pair<int64_t, int64_t>{64, 128}));
+  const double tc = 8 * (2.0 * 64 * 128 * 7168) / (989e12 * 0.5 / 132);
   const double bytes = 2048.0 * 7168 * 2 + (4096.0 * (7168 + 2048) * 2 - 50e6);
-  const double tc = flops / (989e12 * 0.5);
-  const double tm = 5e-6 + bytes / (3350e9 * 0.43);
-  EXPECT_NEAR(gemm_launch_seconds({4096}, 2048, 7168, false, p, 2), std::max(tc, tm), 1e-12);
-  const double grouped_tc = flops / (989e12 * 0.664);  // the grouped launch keeps mma_fraction and overlap_p
-  EXPECT_GT(gemm_launch_seconds({4096}, 2048, 7168, true, p, 2), grouped_tc);
-  EXPECT_LT(gemm_launch_seconds({4096}, 2048, 7168, true, p, 2), tc);
+  const double tm = p.chain_gemm_us * 1e-6 + bytes / std::min(3350e9 * p.mem_fraction, 132 * p.cta_gbs_chain * 1e9);
+  EXPECT_NEAR(gemm_launch_seconds(rows, 2048, 7168, false, p, 2), std::max(tc, tm), 1e-12);
+  EXPECT_EQ(tile_shape(rows, 2048, true), (std::pair<int64_t, int64_t>{128, 256}));  // grouped: its own tile
+  EXPECT_LT(gemm_launch_seconds(rows, 2048, 7168, true, p, 2), tc);                  // and mma_fraction
 
   const std::string path = ::testing::TempDir() + "/one-fraction.yaml";  // a file with one value sets both
   std::ofstream(path) << "mma_fraction: 0.7\noverlap_p: 2.5\n";
@@ -142,7 +187,10 @@ TEST(GpuModel, ProfileFilesRoundTripAndBadOnesNameTheField) {
   EXPECT_NE(bad("mma_fraction: 1.5\n").find("mma_fraction must be in (0, 1], got 1.5"), std::string::npos);
   EXPECT_NE(bad("hbm_gbs: fast\n").find("hbm_gbs: 'fast' is not a valid value"), std::string::npos);
   EXPECT_NE(bad("kernel: cublas\n").find("expert kernel 'cublas'"), std::string::npos);
-  EXPECT_NE(bad("{\"tflops\": 900, \"tile_m\": 0}").find("tile_m must be >= 1"), std::string::npos);  // JSON too
+  EXPECT_NE(bad("{\"tflops\": 900, \"sms\": 0}").find("sms must be in 1..1024, got 0"), std::string::npos);  // JSON
+  EXPECT_NE(bad("cta_gbs: -1\n").find("cta_gbs must be > 0, got -1"), std::string::npos);
+  EXPECT_NE(bad("mem_fraction_chain: 0.43\n").find("'mem_fraction_chain' belongs to the model before occupancy"),
+            std::string::npos);
   EXPECT_NE(bad("- a list\n").find("expected a map"), std::string::npos);
   EXPECT_NE(error_of([] { load_gpu_profile("/nonexistent/profile.yaml"); }).find("cannot be read"), std::string::npos);
 }

@@ -1,8 +1,9 @@
 """A GPU profile from a measurement: times DeepSeek-V3's expert kernels with PyTorch on whatever CUDA GPU it finds
-(routed experts as one GEMM chain per expert and as torch._grouped_mm, and the shared expert, at EP 8 to 128, i.e.
-32 down to 2 local experts, and 32..4096 tokens per GPU: the reference table docs/gpu-model.md was fitted to is its
-EP 8/16/32, 128..4096 part), fits the GPU model's constants
-(workloads/include/ifec/workloads/gpu_model.h) to them and writes the profile file `--gpu-profile` reads.
+(routed experts as one GEMM chain per expert and as torch._grouped_mm, and the shared expert, replayed from CUDA
+graphs, at EP 8 to 256, i.e. 32 down to 1 local experts, and 32..4096 tokens per GPU: the grid of the built-in
+H100 table, docs/gpu-model.md), fits the GPU model's constants (workloads/include/ifec/workloads/gpu_model.h: tiles
+and waves over the SMs, what the streaming CTAs draw from HBM) to them and writes the profile file `--gpu-profile`
+reads.
 
     python3 -m ifec.gpu_profile --out my-gpu.yaml          # measure, fit, write, print measured vs model
     python3 -m ifec.gpu_profile --fit-only TABLE.json      # fit a table measured elsewhere (--table-out writes one)
@@ -17,19 +18,19 @@ The model is evaluated here in PyTorch (differentiable, for the fit) exactly as 
 import argparse
 import json
 import math
+import os
 import sys
 
 HIDDEN, INTER, EXPERTS, TOPK = 7168, 2048, 256, 8
 # Peak dense bf16 TFLOP/s and HBM GB/s by device name (the fractions are fitted against these).
 PEAKS = {"H100": (989.0, 3350.0), "H200": (989.0, 4800.0), "H800": (989.0, 3350.0), "A100": (312.0, 2039.0),
          "B200": (2250.0, 8000.0)}
-# The fitted constants (GpuProfile's fields); chain_gemm_us is pinned: the measurements cannot tell it from
-# mem_fraction_chain (every chain GEMM streams the same weights).
-FITTED = ("mma_fraction", "mem_fraction_grouped", "grouped_launch_us", "overlap_p", "mma_fraction_chain",
-          "mem_fraction_chain", "loop_call_us", "overlap_p_chain")
-DEFAULTS = dict(mma_fraction=0.664, mem_fraction_grouped=0.84, mem_fraction_chain=0.43, grouped_launch_us=25.0,
-                chain_gemm_us=5.0, loop_call_us=136.0, overlap_p=3.9, l2_bytes=50e6, tile_m=64,
-                mma_fraction_chain=0.664, overlap_p_chain=3.9)
+# The fitted constants (GpuProfile's fields), the grouped kernel's then the per-expert chains'.
+FITTED = ("mma_fraction", "mem_fraction", "cta_gbs", "grouped_launch_us", "overlap_p",
+          "mma_fraction_chain", "cta_gbs_chain", "chain_gemm_us", "overlap_p_chain", "loop_call_us")
+DEFAULTS = dict(mma_fraction=0.6104, mem_fraction=0.8453, cta_gbs=27.86, grouped_launch_us=24.86, overlap_p=7.405,
+                mma_fraction_chain=0.6894, cta_gbs_chain=70.03, chain_gemm_us=22.45, overlap_p_chain=4.154,
+                loop_call_us=130.6, sms=132, l2_bytes=50e6)
 # The H100 measurements the built-in profile was fitted to (../shared/references/h100-expert-timings.md):
 # (ep, tokens per GPU, routed loop us, routed grouped us, shared us).
 H100_TABLE = [(8, 128, 2691.4, 1061.7, 81.1), (8, 256, 2816.2, 1094.3, 71.1), (8, 512, 2818.4, 1131.3, 94.9),
@@ -38,70 +39,106 @@ H100_TABLE = [(8, 128, 2691.4, 1061.7, 81.1), (8, 256, 2816.2, 1094.3, 71.1), (8
               (32, 256, 722.3, 371.4, 72.7), (32, 512, 771.8, 561.2, 93.8), (32, 4096, 4471.6, 4699.8, 562.8)]
 
 
+# The device machine's H100 (testbed/gpu-profiles/README.md): 42 points, EP 8..256 x 32..4096 tokens, CUDA graphs,
+# per-cell medians of 6 runs in 3 processes.
+GRAPHS_TABLE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "testbed", "gpu-profiles",
+                            "h100-sxm-graphs.json")
+
+
+def builtin_table():
+    """What the built-in profile is fitted to: the grouped kernel's times as the device machine's H100 measured them
+    (GRAPHS_TABLE, stable within a few percent between runs), the per-expert chains' as the reference H100 did
+    (H100_TABLE): on the device machine the chains' small-M GEMMs vary up to 1.5x between runs, even replayed from
+    a CUDA graph."""
+    graphs = read_table(GRAPHS_TABLE)
+    if graphs is None:
+        raise RuntimeError(f"gpu_profile: the built-in table {GRAPHS_TABLE} cannot be read")
+    return [(ep, t, None, us, None) for ep, t, _, us, _ in graphs] + \
+        [(ep, t, loop, None, shared) for ep, t, loop, _, shared in H100_TABLE]
+
+
+QUICK_EPS = (8, 32, 128)  # --quick: 8 experts' kernels, 2 experts', and between them
+
+
 def even_spread(pairs, experts):
     return [pairs // experts + (1 if e < pairs % experts else 0) for e in range(experts)]
 
 
 # --------------------------------------------------------------------------------------------- the model --
 
+def tile_shape(rows, n, grouped):
+    """The output tile (rows x columns) a launch computes per CTA (gpu_model.cpp tile_shape): torch._grouped_mm's
+    SM90 choice, 64 x 128 where the experts average 128 rows or fewer, else 128 x 256; a chain's GEMM 64 x 128."""
+    if grouped and sum(rows) > 128 * len(rows) and n > 128:
+        return 128, 256
+    return 64, 128
+
+
 def _launch(torch, c, rows, n, k, grouped, peaks, elem=2):
     """One GEMM launch (gpu_model.cpp gemm_launch_seconds), microseconds; c holds tensors or floats."""
+    tm, tn = tile_shape(rows, n, grouped)
     rows = [m for m in rows if m > 0]
     if not rows:
         return torch.tensor(0.0, dtype=torch.float64)
-    tile = c["tile_m"]
-    flops = sum(2.0 * math.ceil(m / tile) * tile * n * k for m in rows)
-    weights = len(rows) * n * k * elem
-    act = sum(m * (k + n) * elem for m in rows)
-    nbytes = weights + max(0.0, act - c["l2_bytes"])
-    tc = flops / (peaks[0] * 1e12 * (c["mma_fraction"] if grouped else c["mma_fraction_chain"])) * 1e6
-    tm = (c["grouped_launch_us"] if grouped else c["chain_gemm_us"]) + \
-        nbytes / (peaks[1] * 1e9 * (c["mem_fraction_grouped"] if grouped else c["mem_fraction_chain"])) * 1e6
-    tc, tm = torch.as_tensor(tc, dtype=torch.float64), torch.as_tensor(tm, dtype=torch.float64)
-    hi = torch.maximum(tc, tm)
-    p = torch.as_tensor(c["overlap_p"] if grouped else c["overlap_p_chain"], dtype=torch.float64)
-    return hi * ((tc / hi) ** p + (tm / hi) ** p) ** (1 / p)
+    sms = int(c["sms"])
+    tiles = sum(-(-m // tm) * -(-n // tn) for m in rows)
+    sfx = "" if grouped else "_chain"
+    # Tensor cores: whole waves of tiles over the SMs, each SM at its share of the sustained rate.
+    tc = -(-tiles // sms) * 2.0 * tm * tn * k * sms / (peaks[0] * 1e12) * 1e6 / c["mma_fraction" + sfx]
+    # HBM: every expert's weights and the activations beyond L2, at what the streaming CTAs can draw.
+    nbytes = len(rows) * n * k * elem + max(0.0, sum(m * (k + n) * elem for m in rows) - c["l2_bytes"])
+    gbs = torch.minimum(torch.as_tensor(peaks[1] * c["mem_fraction"], dtype=torch.float64),
+                        torch.as_tensor(min(tiles, sms) * c["cta_gbs" + sfx], dtype=torch.float64))
+    tm_ = c["grouped_launch_us" if grouped else "chain_gemm_us"] + nbytes / (gbs * 1e9) * 1e6
+    tc, tm_ = torch.as_tensor(tc, dtype=torch.float64), torch.as_tensor(tm_, dtype=torch.float64)
+    hi = torch.maximum(tc, tm_)
+    p = torch.as_tensor(c["overlap_p" + sfx], dtype=torch.float64)
+    return hi * ((tc / hi) ** p + (tm_ / hi) ** p) ** (1 / p)
 
 
 def _swiglu(c, rows, inter, peaks, elem=2):
-    return max(0.0, 3.0 * rows * inter * elem - c["l2_bytes"]) / (peaks[1] * 1e9 * c["mem_fraction_grouped"]) * 1e6
+    return max(0.0, 3.0 * rows * inter * elem - c["l2_bytes"]) / (peaks[1] * 1e9 * c["mem_fraction"]) * 1e6
 
 
 def model_us(torch, c, kind, per_expert, peaks, hidden=HIDDEN, inter=INTER):
     """The model's time (us) of `kind`: "loop" / "grouped" (routed, tokens per local expert) or "chain" (one FFN on
-    per_expert[0] rows)."""
+    per_expert[0] rows). Gate and up are one launch (N = 2 x inter), down another, as measure() runs them."""
     if kind == "grouped":
-        return 2 * _launch(torch, c, per_expert, inter, hidden, True, peaks) + \
+        return _launch(torch, c, per_expert, 2 * inter, hidden, True, peaks) + \
             _launch(torch, c, per_expert, hidden, inter, True, peaks) + _swiglu(c, sum(per_expert), inter, peaks)
     from collections import Counter  # experts with the same rows cost the same: each size once
-    t = sum(n * (2 * _launch(torch, c, [m], inter, hidden, False, peaks) +
+    t = sum(n * (_launch(torch, c, [m], 2 * inter, hidden, False, peaks) +
                  _launch(torch, c, [m], hidden, inter, False, peaks) + _swiglu(c, m, inter, peaks))
             for m, n in Counter(m for m in per_expert if m > 0).items())
     return t + (c["loop_call_us"] if kind == "loop" else 0.0)
 
 
 def cases(table):
-    """(kind, tokens per local expert, measured us) from (ep, tokens, loop, grouped, shared) rows."""
+    """(ep, tokens, kind, tokens per local expert, measured us) from (ep, tokens, loop, grouped, shared) rows; a
+    kind whose cell is None (not measured there) is left out."""
     out = []
     for ep, tokens, loop, grouped, shared in table:
         per = even_spread(tokens * TOPK, EXPERTS // ep)
-        out += [("loop", per, loop), ("grouped", per, grouped), ("chain", [tokens], shared)]
+        out += [(ep, tokens, kind, p, us) for kind, p, us in
+                (("loop", per, loop), ("grouped", per, grouped), ("chain", [tokens], shared)) if us is not None]
     return out
 
 
-# The fit's stages: the grouped kernel's constants from its own numbers first (GPU-bound at every point, stable to a
-# few percent between runs), then the per-expert chain's from the loop and shared numbers with those fixed. The
-# chain's small-M numbers are bounded by how fast the host launches kernels (measured on a VM host: up to 2x
-# between processes): they cannot pull the grouped kernel's constants, which the testbed's figures use.
-STAGES = ((("grouped",), FITTED[:4]), (("loop", "chain"), FITTED[4:]))
+# The fit's stages: the grouped kernel's constants from its own numbers first (stable to a few percent between
+# runs), then the per-expert chains' from the loop and shared numbers with those fixed (mem_fraction, the HBM
+# rate, is the chip's: the chains share it). The chains' small-M GEMMs vary up to 1.5x between runs on the device
+# machine, even replayed from a CUDA graph: they cannot pull the grouped kernel's constants, which the testbed uses.
+STAGES = ((("grouped",), FITTED[:5]), (("loop", "chain"), FITTED[5:]))
 
 
 def fit(table, peaks, steps=400, start=None):
     """The constants (FITTED) minimising the worst log errors over the table, stage by stage (STAGES), from `start`
     (default: the H100 fit)."""
-    consts = dict({k: DEFAULTS[k] for k in FITTED}, **(start or {}))
+    consts = dict({k: DEFAULTS[k] for k in FITTED + ("sms",)}, **(start or {}))
     for kinds, names in STAGES:
-        consts.update(_fit_stage([c for c in cases(table) if c[0] in kinds], peaks, steps, consts, names))
+        cs = [c[2:] for c in cases(table) if c[2] in kinds]
+        if cs:  # a table without a kind's numbers leaves its constants where they start
+            consts.update(_fit_stage(cs, peaks, steps, consts, names))
     return consts
 
 
@@ -135,7 +172,7 @@ def _fit_stage(cs, peaks, steps, consts, names):
 def worst(rows, grouped=None):
     """The largest |model/measured - 1| of report()'s rows: all of them, or only the grouped kernel's (True) or only
     the per-expert chains' (False)."""
-    return max(abs(r[5] - 1) for r in rows if grouped is None or (r[2] == "grouped") == grouped)
+    return max((abs(r[5] - 1) for r in rows if grouped is None or (r[2] == "grouped") == grouped), default=0.0)
 
 
 def report(table, constants, peaks):
@@ -143,40 +180,44 @@ def report(table, constants, peaks):
     import torch
     c = dict(DEFAULTS, **constants)
     rows = []
-    for (ep, tokens, *_), (kind, per, meas) in zip([r for r in table for _ in range(3)], cases(table)):
+    for ep, tokens, kind, per, meas in cases(table):
         m = float(model_us(torch, c, kind, per, peaks))
         rows.append((ep, tokens, "shared" if kind == "chain" else kind, meas, m, m / meas))
     return rows, worst(rows)
 
 
-def leave_one_ep_out(table, peaks, steps=400):
+def leave_one_ep_out(table, peaks, steps=400, start=None):
     """Validation out of sample: for each EP size of the table, the constants fitted to the other EP sizes' rows
     predict its rows. {ep: {"grouped": worst |ratio - 1|, "loop": ..., "shared": ...}} (a kind the table does not
     measure at that EP is left out)."""
     out = {}
     for ep in sorted({r[0] for r in table}):
-        rows, _ = report([r for r in table if r[0] == ep], fit([r for r in table if r[0] != ep], peaks, steps), peaks)
-        out[ep] = {kind: max(abs(r[5] - 1) for r in rows if r[2] == kind) for kind in ("grouped", "loop", "shared")}
+        rows, _ = report([r for r in table if r[0] == ep], fit([r for r in table if r[0] != ep], peaks, steps, start),
+                         peaks)
+        out[ep] = {kind: max(abs(r[5] - 1) for r in rows if r[2] == kind) for kind in ("grouped", "loop", "shared")
+                   if any(r[2] == kind for r in rows)}
     return out
 
 
 def profile_yaml(name, peaks, constants, comment):
     c = dict(DEFAULTS, **constants)
     lines = [f"# {comment}", f"name: {json.dumps(name)}", f"tflops: {peaks[0]:g}", f"hbm_gbs: {peaks[1]:g}"]
-    lines += [f"{k}: {c[k]:.4g}" for k in FITTED + ("chain_gemm_us",)]
-    lines += [f"l2_bytes: {c['l2_bytes']:g}", f"tile_m: {int(c['tile_m'])}", "kernel: grouped"]
+    lines += [f"sms: {int(c['sms'])}"] + [f"{k}: {c[k]:.4g}" for k in FITTED]
+    lines += [f"l2_bytes: {c['l2_bytes']:g}", "kernel: grouped"]
     return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------------------------- measuring --
 
-def measure(eps=(8, 16, 32, 64, 128), tokens=(32, 64, 128, 256, 512, 4096), iters=10, batches=5, warmup=3,
-            progress=print, device="cuda", hidden=HIDDEN, inter=INTER, dtype=None):
+def measure(eps=(8, 16, 32, 64, 128, 256), tokens=(32, 64, 128, 256, 512, 1024, 4096), iters=10, batches=5,
+            warmup=3, progress=print, device="cuda", hidden=HIDDEN, inter=INTER, dtype=None, graphs=True):
     """The table on this machine's GPU: (ep, tokens, loop us, grouped us, shared us) rows (CUDA events: the median
     over `batches` of the mean of `iters` calls, after `warmup` and a second of GEMMs that brings the clocks up;
     wall time on the CPU, where the tests run it small); grouped is None where
     torch._grouped_mm is missing. Before timing, the grouped kernel's output is checked against the loop's: a
-    grouped call that computed something else would time the wrong work."""
+    grouped call that computed something else would time the wrong work. With `graphs` (on a CUDA GPU) each call
+    is captured once as a CUDA graph and replayed, as a deployment's decode step runs: the time is the GPU's, not
+    how fast the host launches the per-expert loop's hundreds of kernels (eager, it is bounded by that on a VM)."""
     import time
 
     import torch
@@ -184,6 +225,7 @@ def measure(eps=(8, 16, 32, 64, 128), tokens=(32, 64, 128, 256, 512, 4096), iter
     dev = torch.device(device)
     dt = dtype or torch.bfloat16
     grouped_mm = getattr(torch, "_grouped_mm", None)
+    how = "CUDA graphs, " if graphs and dev.type == "cuda" else ""
 
     def timed(fn):
         """Median over `batches` of the mean time of `iters` calls: a batch that met a host hiccup (the per-expert
@@ -247,8 +289,8 @@ def measure(eps=(8, 16, 32, 64, 128), tokens=(32, 64, 128, 256, 512, 4096), iter
             (lt, ls), (gt, gs), (st, ss) = timed(loop), timed(grouped) if grouped_mm else (None, 0.0), timed(shared)
             row = (ep, t, lt, gt, st)
             progress(f"gpu_profile: EP {ep}, {t} tokens/GPU: loop {lt:.1f} us, grouped "
-                     f"{gt if gt is None else round(gt, 1)} us, shared {st:.1f} us (medians of {batches} batches; "
-                     f"slowest/fastest batch +{ls:.0%}, +{gs:.0%}, +{ss:.0%})")
+                     f"{gt if gt is None else round(gt, 1)} us, shared {st:.1f} us ({how}medians of {batches} "
+                     f"batches; slowest/fastest batch +{ls:.0%}, +{gs:.0%}, +{ss:.0%})")
             rows.append(row)
         return rows
 
@@ -258,6 +300,21 @@ def measure(eps=(8, 16, 32, 64, 128), tokens=(32, 64, 128, 256, 512, 4096), iter
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return rows
+
+
+def graphed(torch, fn):
+    """fn captured as a CUDA graph (after two calls on a side stream, as capture requires): the returned function
+    replays it, one launch from the host for all of fn's kernels."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def same_as_loop(torch, grouped, loop, where):
@@ -276,8 +333,8 @@ def _whole(v):
 
 
 def read_table(path):
-    """A --fit-only table: a JSON list of [ep, tokens, loop us, grouped us, shared us] rows, positive numbers; None
-    (after saying what is wrong) otherwise."""
+    """A --fit-only table: a JSON list of [ep, tokens, loop us, grouped us, shared us] rows, positive numbers (null
+    where a kind was not measured); None (after saying what is wrong) otherwise."""
     try:
         with open(path) as f:
             rows = json.load(f)
@@ -289,9 +346,10 @@ def read_table(path):
         return None
     for i, r in enumerate(rows):
         if not (isinstance(r, list) and len(r) == 5 and all(_whole(v) for v in r[:2]) and
-                all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in r[2:])):
+                all(v is None or isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
+                    for v in r[2:]) and any(v is not None for v in r[2:])):
             print(f"gpu_profile: {path}: row {i} is {r!r}, not [ep, tokens, loop us, grouped us, shared us] (ep and "
-                  "tokens whole numbers, times positive and finite)", file=sys.stderr)
+                  "tokens whole numbers, times positive and finite, or null where not measured)", file=sys.stderr)
             return None
         if EXPERTS % r[0]:
             print(f"gpu_profile: {path}: row {i}: EP {r[0]} does not divide the {EXPERTS} experts", file=sys.stderr)
@@ -308,17 +366,24 @@ def main(argv=None):
     ap.add_argument("--table-out", metavar="JSON", help="also write the table fitted (what --fit-only reads)")
     ap.add_argument("--tflops", type=float, help="peak dense bf16 TFLOP/s (default: by device name)")
     ap.add_argument("--hbm-gbs", type=float, help="peak HBM GB/s (default: by device name)")
-    ap.add_argument("--quick", action="store_true", help="EP 8 and 32, 128 and 4096 tokens, 3 batches of 5")
+    ap.add_argument("--sms", type=int, help="streaming multiprocessors (default: the GPU's; with --fit-only, 132)")
+    ap.add_argument("--quick", action="store_true", help="EP 8, 32 and 128 at 32, 128 and 4096 tokens, 3 batches of 5")
+    ap.add_argument("--eager", action="store_true", help="launch every kernel from the host instead of replaying "
+                                                         "CUDA graphs (the per-expert loop is then host-bound)")
     ap.add_argument("--leave-one-out", action="store_true",
                     help="also fit without each EP size and predict it: the worst error per kernel (out of sample)")
     args = ap.parse_args(argv)
-    name = "NVIDIA H100 (the reference table)"
+    name = "NVIDIA H100 SXM 80GB HBM3 (the built-in table)"
+    if args.sms is not None and not 0 < args.sms <= 1024:
+        print(f"gpu_profile: --sms {args.sms} is not a streaming multiprocessor count (1..1024)", file=sys.stderr)
+        return 2
+    sms = args.sms or DEFAULTS["sms"]
     if args.fit_only:
-        table = H100_TABLE if args.fit_only == "h100" else read_table(args.fit_only)
+        table = builtin_table() if args.fit_only == "h100" else read_table(args.fit_only)
         if table is None:
             return 2
         peaks = (args.tflops or PEAKS["H100"][0], args.hbm_gbs or PEAKS["H100"][1])
-        how = f"fitted to {'the H100 reference table' if args.fit_only == 'h100' else args.fit_only}"
+        how = f"fitted to {'the built-in H100 table' if args.fit_only == 'h100' else args.fit_only}"
         name = name if args.fit_only == "h100" else f"the table {args.fit_only}"
     else:
         try:
@@ -335,18 +400,20 @@ def main(argv=None):
             print(f"gpu_profile: no peaks known for '{name}': give --tflops and --hbm-gbs", file=sys.stderr)
             return 2
         peaks = (args.tflops or known[0], args.hbm_gbs or known[1])
-        q = dict(eps=(8, 32), tokens=(128, 4096), iters=5, batches=3) if args.quick else {}
-        table = [r for r in measure(**q) if r[3] is not None] or []
+        sms = args.sms or torch.cuda.get_device_properties(0).multi_processor_count
+        q = dict(eps=QUICK_EPS, tokens=(32, 128, 4096), iters=5, batches=3) if args.quick else {}
+        table = [r for r in measure(graphs=not args.eager, **q) if r[3] is not None] or []
         if not table:
             print("gpu_profile: torch._grouped_mm is missing: the grouped kernel cannot be measured", file=sys.stderr)
             return 2
-        how = f"measured with PyTorch {torch.__version__} (bf16, CUDA events, medians of batches) and fitted"
+        how = (f"measured with PyTorch {torch.__version__} (bf16, {'eager' if args.eager else 'CUDA graphs'}, CUDA "
+               "events, medians of batches) and fitted")
     if args.table_out:
         with open(args.table_out, "w") as f:
             json.dump([list(r) for r in table], f)
         print(f"wrote {args.table_out} (the table fitted: ep, tokens, loop us, grouped us, shared us)")
     name = args.name or name
-    constants = fit(table, peaks)
+    constants = fit(table, peaks, start={"sms": sms})
     if not all(math.isfinite(v) for v in constants.values()):
         print(f"gpu_profile: the fit did not converge on this table ({constants}); no profile written", file=sys.stderr)
         return 2
@@ -359,10 +426,10 @@ def main(argv=None):
     print("fitted: " + ", ".join(f"{k} {v:.4g}" for k, v in constants.items()) + f"; {deviation}")
     if args.leave_one_out:
         print("leave one EP out (fitted to the other EP sizes, predicting this one): worst |model/measured - 1|")
-        for ep, w in leave_one_ep_out(table, peaks).items():
+        for ep, w in leave_one_ep_out(table, peaks, start={"sms": sms}).items():
             print(f"  EP {ep:>3}: " + ", ".join(f"{k} {v:.1%}" for k, v in w.items()))
-    builtin = report(table, {k: DEFAULTS[k] for k in FITTED}, peaks)[0]
-    print(f"the built-in profile (fitted to the H100 reference table) at these peaks, on this table: grouped kernel "
+    builtin = report(table, {k: DEFAULTS[k] for k in FITTED + ("sms",)}, peaks)[0]
+    print(f"the built-in profile (fitted to the built-in H100 table) at these peaks, on this table: grouped kernel "
           f"within {worst(builtin, True):.1%}, all within {worst(builtin):.1%}")
     if args.out:
         with open(args.out, "w") as f:
