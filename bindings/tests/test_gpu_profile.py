@@ -28,23 +28,23 @@ def test_the_python_model_is_the_cpp_model(kind, per, tmp_path):
     # A profile whose chain constants differ from the grouped ones (the file as the tool writes it, 4 digits), on a
     # GPU with fewer SMs.
     own = dict(mma_fraction=0.71, overlap_p=5.25, mma_fraction_chain=0.55, overlap_p_chain=2.5, loop_call_us=40,
-               sms=114, cta_gbs=19.5, cta_gbs_chain=41.25, mem_fraction=0.75)
+               sms=114, cta_gbs=19.5, cta_gbs_chain=41.25, mem_fraction=0.75, clock_boost=1.5)
     (tmp_path / "p.yaml").write_text(g.profile_yaml("test", H100, own, "written by a test"))
     assert float(g.model_us(torch, dict(g.DEFAULTS, **own), kind, per, H100)) == pytest.approx(
         _native.gpu_model_us(str(tmp_path / "p.yaml"), kind, per), rel=1e-12)
 
 
 def test_the_fit_recovers_every_h100_row_within_ten_percent_from_a_poor_start():
-    poor = dict(mma_fraction=0.5, mem_fraction=0.6, cta_gbs=60, grouped_launch_us=10, overlap_p=2,
-                mma_fraction_chain=0.5, cta_gbs_chain=30, chain_gemm_us=5, overlap_p_chain=2, loop_call_us=50)
+    poor = dict(mma_fraction=0.5, clock_boost=1.05, mem_fraction=0.6, grouped_launch_us=40, overlap_p=2,
+                mma_fraction_chain=0.5, chain_gemm_us=15, overlap_p_chain=5, loop_call_us=50)
     table = g.builtin_table()
     const = g.fit(table, H100, steps=300, start=poor)
     rows, worst = g.report(table, const, H100)
-    assert len(rows) == 42 + 24 and worst < 0.10, [r for r in rows if abs(r[5] - 1) >= 0.10]
-    # Physically sensible: about 0.6 of the tensor-core peak per busy SM, 0.8-0.9 of HBM, and one CTA streaming a
-    # small fraction of it: a full wave of 132 draws more than HBM gives, the 32 tiles of EP 256 a third of it.
-    assert 0.55 < const["mma_fraction"] < 0.72 and 0.75 < const["mem_fraction"] <= 0.95
-    assert 132 * const["cta_gbs"] > 3350 * const["mem_fraction"] > 32 * const["cta_gbs"] * 2
+    assert len(rows) == 3 * 42 and worst < 0.10, [r for r in rows if abs(r[5] - 1) >= 0.10]
+    # Physically sensible: about 0.6 of the tensor-core peak per SM under a full wave, its clock 1.1-1.5x higher
+    # with few SMs busy (an H100 boosts to 1.98 GHz; a full wave is power-limited), 0.8-0.9 of HBM's peak.
+    assert 0.55 < const["mma_fraction"] < 0.72 and 0.55 < const["mma_fraction_chain"] < 0.72
+    assert 1.1 < const["clock_boost"] < 1.5 and 0.75 < const["mem_fraction"] <= 0.95
 
 
 def test_the_written_profile_is_what_gpu_profile_reads(tmp_path):
@@ -110,8 +110,8 @@ def test_a_bad_table_is_named(tmp_path, capsys, content, says):
 
 def test_the_shipped_measured_h100_profile_is_its_tables_fit(repo):
     """testbed/gpu-profiles/h100-sxm-measured.yaml is the fit of the table beside it (a second H100, measured
-    eagerly): read by the C++ loader, it reproduces that table's grouped times within 5% and its chains' within 16%,
-    and a refit of the table lands on the same grouped-kernel constants."""
+    eagerly): read by the C++ loader, it reproduces that table's grouped times within 5% and its chains' within 16%
+    (host-bound at few tokens), and a refit of the table lands on the same grouped-kernel constants."""
     profile = repo / "testbed" / "gpu-profiles" / "h100-sxm-measured.yaml"
     table = g.read_table(str(repo / "testbed" / "gpu-profiles" / "h100-sxm-measured.json"))
     assert len(table) == 12
@@ -123,21 +123,18 @@ def test_the_shipped_measured_h100_profile_is_its_tables_fit(repo):
     shipped = {k: float(v) for k, v in (line.split(": ") for line in profile.read_text().splitlines()
                                         if line.split(":")[0] in g.FITTED)}
     refit = g.fit(table, H100)
-    for k in g.FITTED[:5]:
+    for k in g.FITTED[:6]:
         assert refit[k] == pytest.approx(shipped[k], rel=0.02), k
 
 
 def test_leaving_one_ep_out_predicts_what_was_not_fitted():
     """Validation out of sample on the built-in table: fitted without one EP size's rows, the model predicts them.
-    Held to 10%: the grouped kernel at EP 8 to 64 (measured 5.2-7.8% at 400 steps) and the shared expert at every EP
-    (8.0-9.5%). Reported, bounded to catch a regression, not held to 10%: the grouped kernel at EP 128 and 256 (18.4%,
-    14.4%: the single-wave points there, 1-2 experts, spread up to +-15% between runs and decide cta_gbs alone) and
-    the loop at EP 16 (14.7%: the reference's EP 16 at 4096 tokens ran 13% faster than EP 8's same flops)."""
+    Measured at 400 steps: grouped 5.7-9.9% at every EP (8 to 256), loop 4.6-10.5%, shared 5.4-9.2% but 13.7% with
+    EP 8 held out: the same shared-expert computation measured 176 us at 1024 tokens among EP 8's rows and 153-160 us
+    among the other five EPs' (14% apart), which no model of the computation can predict."""
     loo = g.leave_one_ep_out(g.builtin_table(), H100, steps=250)
     assert sorted(loo) == [8, 16, 32, 64, 128, 256]
-    assert all(sorted(loo[ep]) == ["grouped", "loop", "shared"] for ep in (8, 16, 32)), loo
-    assert all(list(loo[ep]) == ["grouped"] for ep in (64, 128, 256)), loo
-    assert max(loo[ep]["grouped"] for ep in (8, 16, 32, 64)) <= 0.10, loo
-    assert max(loo[ep]["shared"] for ep in (8, 16, 32)) <= 0.10, loo
-    assert max(loo[ep]["grouped"] for ep in (128, 256)) <= 0.22, loo
-    assert max(loo[ep]["loop"] for ep in (8, 16, 32)) <= 0.18, loo
+    assert all(sorted(w) == ["grouped", "loop", "shared"] for w in loo.values()), loo
+    assert max(w["grouped"] for w in loo.values()) <= 0.10, loo
+    assert max(loo[ep]["shared"] for ep in (16, 32, 64, 128, 256)) <= 0.10 and loo[8]["shared"] <= 0.15, loo
+    assert max(w["loop"] for w in loo.values()) <= 0.12, loo

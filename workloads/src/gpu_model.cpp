@@ -42,6 +42,8 @@ void GpuProfile::validate() const {
   positive("tflops", tflops);
   positive("hbm_gbs", hbm_gbs);
   IFEC_CHECK(sms >= 1 && sms <= 1024, "GPU profile '" << name << "': sms must be in 1..1024, got " << sms);
+  IFEC_CHECK(clock_boost >= 1 && clock_boost <= 4,
+             "GPU profile '" << name << "': clock_boost must be in [1, 4], got " << clock_boost);
   fraction("mma_fraction", mma_fraction);
   fraction("mma_fraction_chain", mma_fraction_chain);
   fraction("mem_fraction", mem_fraction);
@@ -57,7 +59,8 @@ void GpuProfile::validate() const {
 
 std::string GpuProfile::summary() const {
   std::ostringstream os;
-  os << name << ": " << sms << " SMs, " << tflops << " TFLOP/s x " << mma_fraction;
+  os << name << ": " << sms << " SMs, " << tflops << " TFLOP/s x " << mma_fraction << " (x" << clock_boost
+     << " with few SMs busy)";
   if (mma_fraction_chain != mma_fraction) os << " grouped / " << mma_fraction_chain << " per-expert GEMM";
   os << ", " << hbm_gbs << " GB/s x " << mem_fraction << ", " << cta_gbs << " GB/s per CTA grouped / " << cta_gbs_chain
      << " per-expert GEMM, " << expert_kernel_name(kernel) << " experts [" << source << "]";
@@ -73,6 +76,7 @@ void for_each_number(GpuProfile& p, F fn) {
   fn("hbm_gbs", p.hbm_gbs);
   fn("mma_fraction", p.mma_fraction);
   fn("mma_fraction_chain", p.mma_fraction_chain);
+  fn("clock_boost", p.clock_boost);
   fn("mem_fraction", p.mem_fraction);
   fn("cta_gbs", p.cta_gbs);
   fn("cta_gbs_chain", p.cta_gbs_chain);
@@ -176,12 +180,16 @@ double gemm_launch_seconds(const std::vector<int64_t>& rows, int64_t n, int64_t 
     activations += static_cast<double>(m) * static_cast<double>(k + n) * bytes_per_element;
   }
   if (tiles == 0) return 0;
-  // Tensor cores: whole waves of tiles over the SMs, each busy SM at its share of the sustained rate.
-  const double waves = static_cast<double>((tiles + p.sms - 1) / p.sms);
+  // Tensor cores: waves of tiles over the SMs, each busy SM at its share of the sustained rate, which rises as fewer
+  // SMs are busy (the clock is power-limited under a full wave): full waves, then the partial last one.
   const double tile_flops = 2.0 * static_cast<double>(tile_rows * tile_cols) * static_cast<double>(k);
   const double sm_flops =
       p.tflops * 1e12 * (grouped ? p.mma_fraction : p.mma_fraction_chain) / static_cast<double>(p.sms);
-  const double tc = waves * tile_flops / sm_flops;
+  const double tile_s = tile_flops / sm_flops;
+  const int64_t last = tiles % p.sms;
+  const double idle = 1 - static_cast<double>(last) / static_cast<double>(p.sms);
+  const double tc =
+      static_cast<double>(tiles / p.sms) * tile_s + (last > 0 ? tile_s / (1 + (p.clock_boost - 1) * idle) : 0.0);
   // HBM: every expert's weights and the activations beyond L2, at what the streaming CTAs can draw.
   const double bytes =
       static_cast<double>(experts) * static_cast<double>(n) * static_cast<double>(k) * bytes_per_element +

@@ -45,61 +45,78 @@ std::string error_of(const std::function<void()>& fn) {
 
 }  // namespace
 
+// The built-in table: the device machine's H100, every call replayed from a CUDA graph, medians of 6 runs.
+std::vector<Measured> graphs_table() {
+  std::vector<Measured> out;
+  for (const YAML::Node& row : YAML::LoadFile(std::string(IFEC_GPU_PROFILE_DIR) + "/h100-sxm-graphs.json")) {
+    out.push_back(
+        {row[0].as<int>(), row[1].as<int64_t>(), row[2].as<double>(), row[3].as<double>(), row[4].as<double>()});
+  }
+  return out;
+}
+
+struct Modelled {
+  double loop_us, grouped_us, shared_us;
+};
+
+Modelled model_of(const Measured& m, const GpuProfile& p) {
+  const std::vector<int64_t> per_expert = even_spread(m.tokens * 8, 256 / m.ep);
+  return {1e6 * routed_experts_seconds(per_expert, kHidden, kInter, p, 2, ExpertKernel::kLoop),
+          1e6 * routed_experts_seconds(per_expert, kHidden, kInter, p, 2, ExpertKernel::kGrouped),
+          1e6 * ffn_chain_seconds(m.tokens, kHidden, kInter, p, 2)};
+}
+
 TEST(GpuModel, ReproducesEveryMeasuredH100RowWithinTenPercent) {
   const GpuProfile p;  // the built-in profile is the fitted H100 one
+  const std::vector<Measured> table = graphs_table();
+  ASSERT_EQ(table.size(), 42u);
   double worst = 0;
-  auto check = [&](const char* what, const Measured& m, double model, double meas) {
-    EXPECT_NEAR(model / meas, 1.0, 0.10) << "EP " << m.ep << ", " << m.tokens << " tokens/GPU, " << what << ": model "
-                                         << model << " us, measured " << meas << " us";
-    worst = std::max(worst, std::abs(model / meas - 1));
-  };
-  // The grouped kernel: the device machine's H100, CUDA graphs, medians of 14 runs ([ep, tokens, loop, grouped,
-  // shared] rows; the chains there vary up to 1.5x between runs and are not fitted).
-  const YAML::Node graphs = YAML::LoadFile(std::string(IFEC_GPU_PROFILE_DIR) + "/h100-sxm-graphs.json");
-  ASSERT_EQ(graphs.size(), 42u);
-  for (const YAML::Node& row : graphs) {
-    const Measured m{row[0].as<int>(), row[1].as<int64_t>(), 0, row[3].as<double>(), 0};
-    const std::vector<int64_t> per_expert = even_spread(m.tokens * 8, 256 / m.ep);
-    check("grouped", m, 1e6 * routed_experts_seconds(per_expert, kHidden, kInter, p, 2, ExpertKernel::kGrouped),
-          m.grouped_us);
+  for (const Measured& m : table) {
+    const Modelled t = model_of(m, p);
+    for (const auto& [what, model, meas] :
+         {std::tuple{"loop", t.loop_us, m.loop_us}, std::tuple{"grouped", t.grouped_us, m.grouped_us},
+          std::tuple{"shared", t.shared_us, m.shared_us}}) {
+      EXPECT_NEAR(model / meas, 1.0, 0.10) << "EP " << m.ep << ", " << m.tokens << " tokens/GPU, " << what << ": model "
+                                           << model << " us, measured " << meas << " us";
+      worst = std::max(worst, std::abs(model / meas - 1));
+    }
   }
-  for (const Measured& m : kH100) {  // the chains: the reference H100
-    const std::vector<int64_t> per_expert = even_spread(m.tokens * 8, 256 / m.ep);
-    check("loop", m, 1e6 * routed_experts_seconds(per_expert, kHidden, kInter, p, 2, ExpertKernel::kLoop), m.loop_us);
-    check("shared", m, 1e6 * ffn_chain_seconds(m.tokens, kHidden, kInter, p, 2), m.shared_us);
-  }
-  std::printf("worst model/measured deviation over the 66 H100 numbers: %.1f%%\n", 100 * worst);
+  std::printf("worst model/measured deviation over the 126 H100 numbers: %.1f%%\n", 100 * worst);
 }
 
 TEST(GpuModel, TheReferenceH100sGroupedTimesOutOfSample) {
-  // Another H100's grouped times (the reference table, not fitted): within 12% (its 4096-token rows run 5-8%
-  // faster than the device machine's).
+  // Another H100's grouped times (the reference table, measured eagerly, not fitted): within 13% (EP 32 at 128
+  // tokens: 326 us eager there, 297 replayed from a graph here, the host's launches). Its chains' times include the
+  // host launching every kernel (the loop's 0.5-1.3 ms more at few tokens): not compared.
   const GpuProfile p;
   for (const Measured& m : kH100) {
-    const std::vector<int64_t> per_expert = even_spread(m.tokens * 8, 256 / m.ep);
-    const double grouped = 1e6 * routed_experts_seconds(per_expert, kHidden, kInter, p, 2, ExpertKernel::kGrouped);
-    EXPECT_NEAR(grouped / m.grouped_us, 1.0, 0.12) << "EP " << m.ep << ", " << m.tokens << " tokens/GPU";
+    EXPECT_NEAR(model_of(m, p).grouped_us / m.grouped_us, 1.0, 0.13) << "EP " << m.ep << ", " << m.tokens << " tokens";
   }
 }
 
 TEST(GpuModel, TheModelPicksTheFasterKernelTheMeasurementsDo) {
   const GpuProfile p;
-  for (const Measured& m : kH100) {
-    if (m.tokens > 512) continue;  // at 4096 tokens the two are within 10% of each other, measured and modelled
-    const std::vector<int64_t> per_expert = even_spread(m.tokens * 8, 256 / m.ep);
-    EXPECT_LT(routed_experts_seconds(per_expert, kHidden, kInter, p, 2, ExpertKernel::kGrouped),
-              routed_experts_seconds(per_expert, kHidden, kInter, p, 2, ExpertKernel::kLoop))
-        << "EP " << m.ep << ", " << m.tokens << " tokens";
+  int compared = 0;
+  for (const Measured& m : graphs_table()) {
+    if (std::abs(m.loop_us / m.grouped_us - 1) < 0.15) continue;  // too close to call within the model's 10%
+    const Modelled t = model_of(m, p);
+    EXPECT_EQ(t.grouped_us < t.loop_us, m.grouped_us < m.loop_us)
+        << "EP " << m.ep << ", " << m.tokens << " tokens: measured loop " << m.loop_us << " / grouped " << m.grouped_us
+        << " us, modelled " << t.loop_us << " / " << t.grouped_us;
+    ++compared;
   }
+  EXPECT_GE(compared, 15);  // the loop slower at EP 8-64 and few tokens, faster at EP 256 and 32-64 tokens
 }
 
 TEST(GpuModel, OneLaunchByHand) {
   GpuProfile p;
   p.overlap_p = 1e9;  // a hard max, to check the two terms alone
   // 32 experts x 32 rows (they average <= 128: 64 x 128 tiles), n 4096, k 7168, bf16; activations fit in L2.
-  // Tiles 32 x 1 x 32 = 1024: 8 waves over 132 SMs; 132 streaming CTAs draw more than HBM gives.
+  // Tiles 32 x 1 x 32 = 1024: 7 full waves over 132 SMs and one of 100 (32 SMs idle: a faster clock); 132
+  // streaming CTAs draw more than HBM gives.
   const std::vector<int64_t> rows(32, 32);
-  const double tc = 8 * (2.0 * 64 * 128 * 7168) / (989e12 * p.mma_fraction / 132);
+  const double tile = (2.0 * 64 * 128 * 7168) / (989e12 * p.mma_fraction / 132);
+  const double tc = 7 * tile + tile / (1 + (p.clock_boost - 1) * 32 / 132);
   const double tm = p.grouped_launch_us * 1e-6 + 32 * (4096.0 * 7168 * 2) / (3350e9 * p.mem_fraction);
   EXPECT_EQ(tile_shape(rows, 4096, true), (std::pair<int64_t, int64_t>{64, 128}));
   EXPECT_NEAR(gemm_launch_seconds(rows, 4096, 7168, true, p, 2), std::max(tc, tm), 1e-12);
@@ -119,12 +136,12 @@ TEST(GpuModel, FewTilesLeaveSmsIdleAndDrawLessBandwidth) {
   // busy SM computes a whole tile at its share of the rate; 32 CTAs stream 32 x cta_gbs, not HBM's 2.8 TB/s.
   const std::vector<int64_t> one{256};
   EXPECT_EQ(tile_shape(one, 4096, true), (std::pair<int64_t, int64_t>{128, 256}));
-  const double tc = (2.0 * 128 * 256 * 7168) / (989e12 * p.mma_fraction / 132);
+  const double tc = (2.0 * 128 * 256 * 7168) / (989e12 * p.mma_fraction / 132) / (1 + (p.clock_boost - 1) * 100 / 132);
   const double tm = p.grouped_launch_us * 1e-6 + (4096.0 * 7168 * 2) / (32 * p.cta_gbs * 1e9);
   EXPECT_NEAR(gemm_launch_seconds(one, 4096, 7168, true, p, 2), std::max(tc, tm), 1e-12);
-  // The same flops as one full wave of 132 tiles would take the whole GPU 32/132 of the time.
-  EXPECT_GT(tc, 4 * (32 * 2.0 * 128 * 256 * 7168) / (989e12 * p.mma_fraction));
-  // A 133rd tile is a second wave: 2 x the tensor time of 132.
+  // The same flops spread over the whole GPU would take about a quarter of the time.
+  EXPECT_GT(tc, 3 * (32 * 2.0 * 128 * 256 * 7168) / (989e12 * p.mma_fraction));
+  // A 133rd tile is a second wave, of one tile on one busy SM: the tensor time of 132 and of one tile boosted.
   p.grouped_launch_us = 0;
   p.cta_gbs = 1e6;  // streaming never bounds here
   p.mem_fraction = 1;
@@ -132,18 +149,19 @@ TEST(GpuModel, FewTilesLeaveSmsIdleAndDrawLessBandwidth) {
   const std::vector<int64_t> full{128 * 132};  // 132 tiles of 128 x 256 at n 256
   const std::vector<int64_t> one_more{128 * 132 + 1};
   EXPECT_NEAR(gemm_launch_seconds(one_more, 256, 7168, true, p, 2) / gemm_launch_seconds(full, 256, 7168, true, p, 2),
-              2.0, 1e-9);
+              1 + 1 / (1 + (p.clock_boost - 1) * 131 / 132), 1e-9);
 }
 
 TEST(GpuModel, AChainsGemmHasItsOwnConstants) {
   GpuProfile p;
   p.overlap_p_chain = 1e9;  // a hard max for the chain only
   p.mma_fraction_chain = 0.5;
-  // One expert, 4096 rows: a chain's GEMM keeps 64 x 128 tiles: 64 x 16 = 1024 at n 2048, 8 waves. Activations
-  // 4096 x 9216 x 2 = 75 MB spill L2.
+  // One expert, 4096 rows: a chain's GEMM keeps 64 x 128 tiles: 64 x 16 = 1024 at n 2048, 7 full waves and one of
+  // 100. Activations 4096 x 9216 x 2 = 75 MB spill L2.
   const std::vector<int64_t> rows{4096};
   EXPECT_EQ(tile_shape(rows, 2048, false), (std::pair<int64_t, int64_t>{64, 128}));
-  const double tc = 8 * (2.0 * 64 * 128 * 7168) / (989e12 * 0.5 / 132);
+  const double tile = (2.0 * 64 * 128 * 7168) / (989e12 * 0.5 / 132);
+  const double tc = 7 * tile + tile / (1 + (p.clock_boost - 1) * 32 / 132);
   const double bytes = 2048.0 * 7168 * 2 + (4096.0 * (7168 + 2048) * 2 - 50e6);
   const double tm = p.chain_gemm_us * 1e-6 + bytes / std::min(3350e9 * p.mem_fraction, 132 * p.cta_gbs_chain * 1e9);
   EXPECT_NEAR(gemm_launch_seconds(rows, 2048, 7168, false, p, 2), std::max(tc, tm), 1e-12);
@@ -189,6 +207,7 @@ TEST(GpuModel, ProfileFilesRoundTripAndBadOnesNameTheField) {
   EXPECT_NE(bad("kernel: cublas\n").find("expert kernel 'cublas'"), std::string::npos);
   EXPECT_NE(bad("{\"tflops\": 900, \"sms\": 0}").find("sms must be in 1..1024, got 0"), std::string::npos);  // JSON
   EXPECT_NE(bad("cta_gbs: -1\n").find("cta_gbs must be > 0, got -1"), std::string::npos);
+  EXPECT_NE(bad("clock_boost: 0.9\n").find("clock_boost must be in [1, 4], got 0.9"), std::string::npos);
   EXPECT_NE(bad("mem_fraction_chain: 0.43\n").find("'mem_fraction_chain' belongs to the model before occupancy"),
             std::string::npos);
   EXPECT_NE(bad("- a list\n").find("expected a map"), std::string::npos);

@@ -26,35 +26,34 @@ HIDDEN, INTER, EXPERTS, TOPK = 7168, 2048, 256, 8
 PEAKS = {"H100": (989.0, 3350.0), "H200": (989.0, 4800.0), "H800": (989.0, 3350.0), "A100": (312.0, 2039.0),
          "B200": (2250.0, 8000.0)}
 # The fitted constants (GpuProfile's fields), the grouped kernel's then the per-expert chains'.
-FITTED = ("mma_fraction", "mem_fraction", "cta_gbs", "grouped_launch_us", "overlap_p",
+FITTED = ("mma_fraction", "clock_boost", "mem_fraction", "cta_gbs", "grouped_launch_us", "overlap_p",
           "mma_fraction_chain", "cta_gbs_chain", "chain_gemm_us", "overlap_p_chain", "loop_call_us")
-DEFAULTS = dict(mma_fraction=0.6104, mem_fraction=0.8453, cta_gbs=27.86, grouped_launch_us=24.86, overlap_p=7.405,
-                mma_fraction_chain=0.6894, cta_gbs_chain=70.03, chain_gemm_us=22.45, overlap_p_chain=4.154,
-                loop_call_us=130.6, sms=132, l2_bytes=50e6)
-# The H100 measurements the built-in profile was fitted to (../shared/references/h100-expert-timings.md):
-# (ep, tokens per GPU, routed loop us, routed grouped us, shared us).
+DEFAULTS = dict(mma_fraction=0.615, clock_boost=1.267, mem_fraction=0.8381, cta_gbs=134.3, grouped_launch_us=15.52,
+                overlap_p=4.311, mma_fraction_chain=0.5918, cta_gbs_chain=100.0, chain_gemm_us=4.371,
+                overlap_p_chain=2.391, loop_call_us=0.1935, sms=132, l2_bytes=50e6)
+# The reference H100's measurements (../shared/references/h100-expert-timings.md; eager, mean of 20 calls), which
+# the project's first fitted profiles used: (ep, tokens per GPU, routed loop us, routed grouped us, shared us).
 H100_TABLE = [(8, 128, 2691.4, 1061.7, 81.1), (8, 256, 2816.2, 1094.3, 71.1), (8, 512, 2818.4, 1131.3, 94.9),
               (8, 4096, 4780.6, 4603.8, 591.8), (16, 128, 1431.8, 570.6, 79.3), (16, 256, 1369.4, 590.1, 70.5),
               (16, 512, 1261.8, 680.5, 94.5), (16, 4096, 4150.7, 4536.0, 578.9), (32, 128, 785.7, 326.0, 83.0),
               (32, 256, 722.3, 371.4, 72.7), (32, 512, 771.8, 561.2, 93.8), (32, 4096, 4471.6, 4699.8, 562.8)]
 
 
-# The device machine's H100 (testbed/gpu-profiles/README.md): 42 points, EP 8..256 x 32..4096 tokens, CUDA graphs,
-# per-cell medians of 6 runs in 3 processes.
-GRAPHS_TABLE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "testbed", "gpu-profiles",
-                            "h100-sxm-graphs.json")
+# The device machine's H100 (testbed/gpu-profiles/README.md): 42 points, EP 8..256 x 32..4096 tokens, every call
+# replayed from a CUDA graph, per-cell medians of 6 runs in 6 processes.
+GRAPHS_TABLE = os.path.join("testbed", "gpu-profiles", "h100-sxm-graphs.json")  # in the checkout
 
 
 def builtin_table():
-    """What the built-in profile is fitted to: the grouped kernel's times as the device machine's H100 measured them
-    (GRAPHS_TABLE, stable within a few percent between runs), the per-expert chains' as the reference H100 did
-    (H100_TABLE): on the device machine the chains' small-M GEMMs vary up to 1.5x between runs, even replayed from
-    a CUDA graph."""
-    graphs = read_table(GRAPHS_TABLE)
-    if graphs is None:
-        raise RuntimeError(f"gpu_profile: the built-in table {GRAPHS_TABLE} cannot be read")
-    return [(ep, t, None, us, None) for ep, t, _, us, _ in graphs] + \
-        [(ep, t, loop, None, shared) for ep, t, loop, _, shared in H100_TABLE]
+    """What the built-in profile is fitted to: GRAPHS_TABLE, every kind. (H100_TABLE, the reference H100's, was
+    measured eagerly: its chains' times include how fast the host launched their kernels.)"""
+    here = os.path.dirname(os.path.abspath(__file__))
+    while not os.path.exists(os.path.join(here, GRAPHS_TABLE)) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)  # the package runs from the checkout or from a build folder inside it
+    table = read_table(os.path.join(here, GRAPHS_TABLE))
+    if table is None:
+        raise RuntimeError(f"gpu_profile: the built-in table {GRAPHS_TABLE} is not found above {__file__}")
+    return table
 
 
 QUICK_EPS = (8, 32, 128)  # --quick: 8 experts' kernels, 2 experts', and between them
@@ -83,8 +82,11 @@ def _launch(torch, c, rows, n, k, grouped, peaks, elem=2):
     sms = int(c["sms"])
     tiles = sum(-(-m // tm) * -(-n // tn) for m in rows)
     sfx = "" if grouped else "_chain"
-    # Tensor cores: whole waves of tiles over the SMs, each SM at its share of the sustained rate.
-    tc = -(-tiles // sms) * 2.0 * tm * tn * k * sms / (peaks[0] * 1e12) * 1e6 / c["mma_fraction" + sfx]
+    # Tensor cores: waves of tiles over the SMs, each busy SM at its share of the sustained rate, which rises as
+    # fewer SMs are busy (the clock is power-limited under a full wave): full waves, then the partial last one.
+    full, last = divmod(tiles, sms)
+    tile_us = 2.0 * tm * tn * k * sms / (peaks[0] * 1e12) * 1e6 / c["mma_fraction" + sfx]
+    tc = full * tile_us + (tile_us / (1 + (c["clock_boost"] - 1) * (1 - last / sms)) if last else 0.0)
     # HBM: every expert's weights and the activations beyond L2, at what the streaming CTAs can draw.
     nbytes = len(rows) * n * k * elem + max(0.0, sum(m * (k + n) * elem for m in rows) - c["l2_bytes"])
     gbs = torch.minimum(torch.as_tensor(peaks[1] * c["mem_fraction"], dtype=torch.float64),
@@ -125,10 +127,11 @@ def cases(table):
 
 
 # The fit's stages: the grouped kernel's constants from its own numbers first (stable to a few percent between
-# runs), then the per-expert chains' from the loop and shared numbers with those fixed (mem_fraction, the HBM
-# rate, is the chip's: the chains share it). The chains' small-M GEMMs vary up to 1.5x between runs on the device
-# machine, even replayed from a CUDA graph: they cannot pull the grouped kernel's constants, which the testbed uses.
-STAGES = ((("grouped",), FITTED[:5]), (("loop", "chain"), FITTED[5:]))
+# runs), then the per-expert chains' from the loop and shared numbers with those fixed (clock_boost and
+# mem_fraction are the chip's: the chains share them). Measured eagerly, the chains' small-M GEMMs are bounded by
+# how fast the host launches kernels (up to 2x between processes on the device machine): they cannot pull the
+# grouped kernel's constants, which the testbed uses.
+STAGES = ((("grouped",), FITTED[:6]), (("loop", "chain"), FITTED[6:]))
 
 
 def fit(table, peaks, steps=400, start=None):
@@ -146,12 +149,15 @@ def _fit_stage(cs, peaks, steps, consts, names):
     import torch
 
     # Unconstrained parameters, so every constant stays in range: fractions through a sigmoid, the overlap exponents
-    # as 1 + exp, the fixed costs through exp.
+    # and the clock boost as 1 + exp, the rates and fixed costs through exp.
+    def above_one(k):
+        return k.startswith("overlap_p") or k == "clock_boost"
+
     def to_raw(k, v):
-        return math.log(v / (1 - v)) if "fraction" in k else math.log(v - 1 if k.startswith("overlap_p") else v)
+        return math.log(v / (1 - v)) if "fraction" in k else math.log(max(v - 1, 1e-6) if above_one(k) else v)
 
     def from_raw(k, r):
-        return torch.sigmoid(r) if "fraction" in k else torch.exp(r) + (1 if k.startswith("overlap_p") else 0)
+        return torch.sigmoid(r) if "fraction" in k else torch.exp(r) + (1 if above_one(k) else 0)
     raw = {k: torch.tensor(to_raw(k, consts[k]), dtype=torch.float64, requires_grad=True) for k in names}
 
     def constants():
@@ -210,10 +216,11 @@ def profile_yaml(name, peaks, constants, comment):
 # --------------------------------------------------------------------------------------------- measuring --
 
 def measure(eps=(8, 16, 32, 64, 128, 256), tokens=(32, 64, 128, 256, 512, 1024, 4096), iters=10, batches=5,
-            warmup=3, progress=print, device="cuda", hidden=HIDDEN, inter=INTER, dtype=None, graphs=True):
+            warmup=3, progress=print, device="cuda", hidden=HIDDEN, inter=INTER, dtype=None, graphs=True,
+            batch_ms=20):
     """The table on this machine's GPU: (ep, tokens, loop us, grouped us, shared us) rows (CUDA events: the median
-    over `batches` of the mean of `iters` calls, after `warmup` and a second of GEMMs that brings the clocks up;
-    wall time on the CPU, where the tests run it small); grouped is None where
+    over `batches` of the mean of a batch of calls, at least `iters` and `batch_ms` long, after `warmup` and a second
+    of GEMMs that brings the clocks up; wall time on the CPU, where the tests run it small); grouped is None where
     torch._grouped_mm is missing. Before timing, the grouped kernel's output is checked against the loop's: a
     grouped call that computed something else would time the wrong work. With `graphs` (on a CUDA GPU) each call
     is captured once as a CUDA graph and replayed, as a deployment's decode step runs: the time is the GPU's, not
@@ -228,27 +235,17 @@ def measure(eps=(8, 16, 32, 64, 128, 256), tokens=(32, 64, 128, 256, 512, 1024, 
     how = "CUDA graphs, " if graphs and dev.type == "cuda" else ""
 
     def timed(fn):
-        """Median over `batches` of the mean time of `iters` calls: a batch that met a host hiccup (the per-expert
-        loop is bounded by how fast the CPU launches kernels) does not move it. Also returns the batches' spread."""
+        """Median over `batches` of the mean time of a batch of calls (at least `iters`, and on a GPU at least
+        `batch_ms` of them: a short kernel's batch of 10 calls lasts a millisecond, and its time moves with the
+        clocks within that): a batch that met a hiccup does not move it. Also returns the batches' spread."""
+        if dev.type != "cuda":
+            return _median_of_batches(lambda n: _wall_us(fn, n), iters, warmup, batches)
+        if graphs:
+            fn = graphed(torch, fn)
         for _ in range(warmup):
             fn()
-        means = []
-        for _ in range(batches):
-            if dev.type != "cuda":
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    fn()
-                means.append((time.perf_counter() - t0) * 1e6 / iters)
-                continue
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            torch.cuda.synchronize()
-            means.append(start.elapsed_time(end) * 1000 / iters)
-        means.sort()
-        return means[len(means) // 2], means[-1] / means[0] - 1
+        n = max(iters, math.ceil(batch_ms * 1000 / _cuda_us(torch, fn, iters)))
+        return _median_of_batches(lambda n: _cuda_us(torch, fn, n), n, 0, batches)
 
     if dev.type == "cuda":  # clocks up before the first point: a second of large GEMMs
         a = torch.randn(8192, 8192, device=dev, dtype=dt)
@@ -300,6 +297,33 @@ def measure(eps=(8, 16, 32, 64, 128, 256), tokens=(32, 64, 128, 256, 512, 1024, 
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return rows
+
+
+def _wall_us(fn, n):
+    import time
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) * 1e6 / n
+
+
+def _cuda_us(torch, fn, n):
+    """The mean time of n calls of fn on the current CUDA stream, by CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / n
+
+
+def _median_of_batches(batch_us, n, warmup, batches):
+    """(median, slowest/fastest - 1) of `batches` batch means of n calls each, after `warmup` unmeasured calls."""
+    if warmup:
+        batch_us(warmup)
+    means = sorted(batch_us(n) for _ in range(batches))
+    return means[len(means) // 2], means[-1] / means[0] - 1
 
 
 def graphed(torch, fn):

@@ -1,6 +1,7 @@
 // The GPU compute-cost model of the MoE experts (docs/gpu-model.md). A GEMM launch computes output tiles, one per
 // CTA at a time, in waves over the GPU's SMs:
-//   Tc = waves * tile flops / (per-SM tensor rate),   waves = ceil(tiles / sms),
+//   Tc = sum over waves of tile flops / (per-SM tensor rate with that wave's busy SMs)
+//        (full waves at the power-limited rate, a partial last wave faster by up to clock_boost),
 //   Tm = fixed + bytes / min(hbm * mem_fraction, min(tiles, sms) * cta_gbs),   t = (Tc^p + Tm^p)^(1/p)
 // (a smooth max: streaming weights and tensor-core work overlap imperfectly), where bytes are every participating
 // expert's weights plus the activations that spill out of L2. A launch with fewer tiles than SMs leaves tensor cores
@@ -30,16 +31,17 @@ struct GpuProfile {
   double tflops = 989;                 // peak dense TFLOP/s at the element type used (bf16)
   double hbm_gbs = 3350;               // HBM GB/s (1e9 bytes)
   int64_t sms = 132;                   // streaming multiprocessors: a wave of tiles is one per SM
-  double mma_fraction = 0.6104;        // achieved fraction of the tensor-core peak per busy SM, grouped launch
-  double mem_fraction = 0.8453;        // achievable fraction of HBM bandwidth (2.83 TB/s), any kernel
-  double cta_gbs = 27.86;              // GB/s one CTA of a grouped launch streams: few tiles, less than HBM gives
-  double grouped_launch_us = 24.86;    // fixed cost of one grouped launch (setup, ramp, tail)
-  double overlap_p = 7.405;            // the smooth max's exponent: at Tc = Tm a launch takes 2^(1/p) x either
-  double mma_fraction_chain = 0.6894;  // ... of a chain's GEMM (cuBLAS; a file that sets only mma_fraction sets both)
-  double cta_gbs_chain = 70.03;        // ... per CTA of a chain's GEMM (its 64 x 128 tiles; split-K folded in)
-  double chain_gemm_us = 22.45;        // fixed cost of one GEMM of a chain
-  double overlap_p_chain = 4.154;      // ... of a chain's GEMM (a file that sets only overlap_p sets both)
-  double loop_call_us = 130.6;         // once per routed-experts loop (per-expert bookkeeping)
+  double mma_fraction = 0.615;         // achieved fraction of the tensor-core peak per SM in a full wave, grouped
+  double clock_boost = 1.267;          // per-SM tensor rate with one SM busy over that in a full wave (clocks)
+  double mem_fraction = 0.8381;        // achievable fraction of HBM bandwidth (2.81 TB/s), any kernel
+  double cta_gbs = 134.3;              // GB/s one CTA of a grouped launch can stream (few tiles: less than HBM)
+  double grouped_launch_us = 15.52;    // fixed cost of one grouped launch (setup, ramp, tail)
+  double overlap_p = 4.311;            // the smooth max's exponent: at Tc = Tm a launch takes 2^(1/p) x either
+  double mma_fraction_chain = 0.5918;  // ... of a chain's GEMM (cuBLAS; a file that sets only mma_fraction sets both)
+  double cta_gbs_chain = 100;          // ... per CTA of a chain's GEMM (its 64 x 128 tiles; split-K folded in)
+  double chain_gemm_us = 4.371;        // fixed cost of one GEMM of a chain
+  double overlap_p_chain = 2.391;      // ... of a chain's GEMM (a file that sets only overlap_p sets both)
+  double loop_call_us = 0.1935;        // once per routed-experts loop (bookkeeping beyond the chains)
   double l2_bytes = 50e6;              // activations up to this stay in L2 (no HBM traffic)
   ExpertKernel kernel = ExpertKernel::kGrouped;  // how the routed experts run
   std::string source = "built in";               // where the profile came from (a file's path), for the rows' headers
