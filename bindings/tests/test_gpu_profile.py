@@ -68,6 +68,15 @@ def test_the_measurement_runs_small_on_the_cpu():
     for ep, t, loop, grouped, shared in rows:
         assert loop > 0 and shared > 0 and (grouped is None or grouped > 0)
     assert len(lines) == 4 and lines[0].startswith("gpu_profile: EP 128, 2 tokens/GPU: loop ")
+    # Several runs, each starting at another EP: every cell the median of its runs, the rows in the grid's order.
+    lines = []
+    rows = g.measure(eps=(128, 64), tokens=(2, 5), iters=1, warmup=1, batches=1, progress=lines.append,
+                     device="cpu", hidden=64, inter=32, dtype=torch.float32, runs=3)
+    assert [r[:2] for r in rows] == [(128, 2), (128, 5), (64, 2), (64, 5)]
+    assert len(lines) == 12
+    assert [line.split(": ")[1] for line in lines[::4]] == ["run 1 of 3", "run 2 of 3", "run 3 of 3"]
+    assert [line.split(": ")[2].split(",")[0] for line in lines[::4]] == ["EP 128", "EP 64", "EP 128"]
+    assert all(r[2] > 0 and r[4] > 0 for r in rows)
 
 
 def test_a_grouped_kernel_that_computes_something_else_is_refused():

@@ -217,14 +217,17 @@ def profile_yaml(name, peaks, constants, comment):
 
 def measure(eps=(8, 16, 32, 64, 128, 256), tokens=(32, 64, 128, 256, 512, 1024, 4096), iters=10, batches=5,
             warmup=3, progress=print, device="cuda", hidden=HIDDEN, inter=INTER, dtype=None, graphs=True,
-            batch_ms=20):
+            batch_ms=20, runs=1):
     """The table on this machine's GPU: (ep, tokens, loop us, grouped us, shared us) rows (CUDA events: the median
     over `batches` of the mean of a batch of calls, at least `iters` and `batch_ms` long, after `warmup` and a second
     of GEMMs that brings the clocks up; wall time on the CPU, where the tests run it small); grouped is None where
     torch._grouped_mm is missing. Before timing, the grouped kernel's output is checked against the loop's: a
     grouped call that computed something else would time the wrong work. With `graphs` (on a CUDA GPU) each call
     is captured once as a CUDA graph and replayed, as a deployment's decode step runs: the time is the GPU's, not
-    how fast the host launches the per-expert loop's hundreds of kernels (eager, it is bounded by that on a VM)."""
+    how fast the host launches the per-expert loop's hundreds of kernels (eager, it is bounded by that on a VM).
+    With `runs` > 1 every point is measured that many times, each run starting at another EP (what drifts during a
+    run, the clock or the heat, then falls on no one EP's rows), and each cell is the median of its runs."""
+    import statistics
     import time
 
     import torch
@@ -255,7 +258,7 @@ def measure(eps=(8, 16, 32, 64, 128, 256), tokens=(32, 64, 128, 256, 512, 1024, 
             torch.cuda.synchronize()
         del a
 
-    def one_ep(ep):  # this EP's experts' weights live as long as the call
+    def one_ep(ep, run):  # this EP's experts' weights live as long as the call
         rows, local = [], EXPERTS // ep
         w13 = torch.randn(local, 2 * inter, hidden, device=dev, dtype=dt) * 0.02
         w2 = torch.randn(local, hidden, inter, device=dev, dtype=dt) * 0.02
@@ -285,18 +288,21 @@ def measure(eps=(8, 16, 32, 64, 128, 256), tokens=(32, 64, 128, 256, 512, 1024, 
                 same_as_loop(torch, grouped(), loop(), f"EP {ep}, {t} tokens")
             (lt, ls), (gt, gs), (st, ss) = timed(loop), timed(grouped) if grouped_mm else (None, 0.0), timed(shared)
             row = (ep, t, lt, gt, st)
-            progress(f"gpu_profile: EP {ep}, {t} tokens/GPU: loop {lt:.1f} us, grouped "
+            progress(f"gpu_profile: {run}EP {ep}, {t} tokens/GPU: loop {lt:.1f} us, grouped "
                      f"{gt if gt is None else round(gt, 1)} us, shared {st:.1f} us ({how}medians of {batches} "
                      f"batches; slowest/fastest batch +{ls:.0%}, +{gs:.0%}, +{ss:.0%})")
             rows.append(row)
         return rows
 
-    rows = []
-    for ep in eps:
-        rows += one_ep(ep)
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-    return rows
+    cells = {}
+    for r in range(runs):
+        for ep in eps[r % len(eps):] + eps[:r % len(eps)]:
+            for row in one_ep(ep, f"run {r + 1} of {runs}: " if runs > 1 else ""):
+                cells.setdefault(row[:2], []).append(row[2:])
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    return [(ep, t) + tuple(None if None in v else statistics.median(v) for v in zip(*cells[(ep, t)]))
+            for ep in eps for t in tokens]
 
 
 def _wall_us(fn, n):
@@ -391,7 +397,10 @@ def main(argv=None):
     ap.add_argument("--tflops", type=float, help="peak dense bf16 TFLOP/s (default: by device name)")
     ap.add_argument("--hbm-gbs", type=float, help="peak HBM GB/s (default: by device name)")
     ap.add_argument("--sms", type=int, help="streaming multiprocessors (default: the GPU's; with --fit-only, 132)")
-    ap.add_argument("--quick", action="store_true", help="EP 8, 32 and 128 at 32, 128 and 4096 tokens, 3 batches of 5")
+    ap.add_argument("--quick", action="store_true",
+                    help="EP 8, 32 and 128 at 32, 128 and 4096 tokens, 3 batches of at least 5 calls")
+    ap.add_argument("--runs", type=int, default=1, help="measure every point this many times, each run starting at "
+                                                        "another EP, and take each cell's median (1..20)")
     ap.add_argument("--eager", action="store_true", help="launch every kernel from the host instead of replaying "
                                                          "CUDA graphs (the per-expert loop is then host-bound)")
     ap.add_argument("--leave-one-out", action="store_true",
@@ -400,6 +409,9 @@ def main(argv=None):
     name = "NVIDIA H100 SXM 80GB HBM3 (the built-in table)"
     if args.sms is not None and not 0 < args.sms <= 1024:
         print(f"gpu_profile: --sms {args.sms} is not a streaming multiprocessor count (1..1024)", file=sys.stderr)
+        return 2
+    if not 1 <= args.runs <= 20:
+        print(f"gpu_profile: --runs {args.runs} is out of range (1..20)", file=sys.stderr)
         return 2
     sms = args.sms or DEFAULTS["sms"]
     if args.fit_only:
@@ -426,7 +438,7 @@ def main(argv=None):
         peaks = (args.tflops or known[0], args.hbm_gbs or known[1])
         sms = args.sms or torch.cuda.get_device_properties(0).multi_processor_count
         q = dict(eps=QUICK_EPS, tokens=(32, 128, 4096), iters=5, batches=3) if args.quick else {}
-        table = [r for r in measure(graphs=not args.eager, **q) if r[3] is not None] or []
+        table = [r for r in measure(graphs=not args.eager, runs=args.runs, **q) if r[3] is not None] or []
         if not table:
             print("gpu_profile: torch._grouped_mm is missing: the grouped kernel cannot be measured", file=sys.stderr)
             return 2
