@@ -49,7 +49,7 @@ def test_the_fit_recovers_every_h100_row_within_ten_percent_from_a_poor_start():
 
 def test_the_written_profile_is_what_gpu_profile_reads(tmp_path):
     out = tmp_path / "h100-refit.yaml"
-    assert g.main(["--fit-only", "h100", "--out", str(out), "--name", 'the "reference" H100']) == 0
+    assert g.main(["--fit-only", "h100", "--out", str(out), "--name", 'the "reference" H100', "--steps", "100"]) == 0
     assert _native.gpu_profile_summary(str(out)).startswith('the "reference" H100: ')
     text = out.read_text()
     assert text.startswith("# GPU profile of") and "model/measured worst deviation" in text
@@ -91,9 +91,9 @@ def test_a_grouped_kernel_that_computes_something_else_is_refused():
 def test_it_runs_from_a_checkout_without_the_native_module(repo, tmp_path):
     """On a GPU machine with PyTorch only: the package's sources, no build; the native names fail saying so."""
     env = dict(os.environ, PYTHONPATH=str(repo / "bindings" / "python"))
-    run = subprocess.run([sys.executable, "-m", "ifec.gpu_profile", "--fit-only", "h100", "--table-out",
-                          str(tmp_path / "t.json"), "--out", str(tmp_path / "p.yaml")], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-m", "ifec.gpu_profile", "--fit-only", "h100", "--steps", "50",
+                          "--table-out", str(tmp_path / "t.json"), "--out", str(tmp_path / "p.yaml")], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "worst deviation" in run.stdout and (tmp_path / "p.yaml").read_text().startswith("# GPU profile of")
     assert g.read_table(str(tmp_path / "t.json")) == g.builtin_table()
@@ -141,7 +141,7 @@ def test_leaving_one_ep_out_predicts_what_was_not_fitted():
     Measured at 400 steps: grouped 5.7-9.9% at every EP (8 to 256), loop 4.6-10.5%, shared 5.4-9.2% but 13.7% with
     EP 8 held out: the same shared-expert computation measured 176 us at 1024 tokens among EP 8's rows and 153-160 us
     among the other five EPs' (14% apart), which no model of the computation can predict."""
-    loo = g.leave_one_ep_out(g.builtin_table(), H100, steps=250)
+    loo = g.leave_one_ep_out(g.builtin_table(), H100, steps=150)
     assert sorted(loo) == [8, 16, 32, 64, 128, 256]
     assert all(sorted(w) == ["grouped", "loop", "shared"] for w in loo.values()), loo
     assert max(w["grouped"] for w in loo.values()) <= 0.10, loo

@@ -403,12 +403,16 @@ def main(argv=None):
                                                         "another EP, and take each cell's median (1..20)")
     ap.add_argument("--eager", action="store_true", help="launch every kernel from the host instead of replaying "
                                                          "CUDA graphs (the per-expert loop is then host-bound)")
+    ap.add_argument("--steps", type=int, default=400, help="the fit's optimiser steps per stage (10..5000)")
     ap.add_argument("--leave-one-out", action="store_true",
                     help="also fit without each EP size and predict it: the worst error per kernel (out of sample)")
     args = ap.parse_args(argv)
     name = "NVIDIA H100 SXM 80GB HBM3 (the built-in table)"
     if args.sms is not None and not 0 < args.sms <= 1024:
         print(f"gpu_profile: --sms {args.sms} is not a streaming multiprocessor count (1..1024)", file=sys.stderr)
+        return 2
+    if not 10 <= args.steps <= 5000:
+        print(f"gpu_profile: --steps {args.steps} is out of range (10..5000)", file=sys.stderr)
         return 2
     if not 1 <= args.runs <= 20:
         print(f"gpu_profile: --runs {args.runs} is out of range (1..20)", file=sys.stderr)
@@ -449,7 +453,7 @@ def main(argv=None):
             json.dump([list(r) for r in table], f)
         print(f"wrote {args.table_out} (the table fitted: ep, tokens, loop us, grouped us, shared us)")
     name = args.name or name
-    constants = fit(table, peaks, start={"sms": sms})
+    constants = fit(table, peaks, args.steps, start={"sms": sms})
     if not all(math.isfinite(v) for v in constants.values()):
         print(f"gpu_profile: the fit did not converge on this table ({constants}); no profile written", file=sys.stderr)
         return 2
@@ -462,7 +466,7 @@ def main(argv=None):
     print("fitted: " + ", ".join(f"{k} {v:.4g}" for k, v in constants.items()) + f"; {deviation}")
     if args.leave_one_out:
         print("leave one EP out (fitted to the other EP sizes, predicting this one): worst |model/measured - 1|")
-        for ep, w in leave_one_ep_out(table, peaks, start={"sms": sms}).items():
+        for ep, w in leave_one_ep_out(table, peaks, args.steps, start={"sms": sms}).items():
             print(f"  EP {ep:>3}: " + ", ".join(f"{k} {v:.1%}" for k, v in w.items()))
     builtin = report(table, {k: DEFAULTS[k] for k in FITTED + ("sms",)}, peaks)[0]
     print(f"the built-in profile (fitted to the built-in H100 table) at these peaks, on this table: grouped kernel "
