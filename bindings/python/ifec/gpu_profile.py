@@ -2,8 +2,8 @@
 (routed experts as one GEMM chain per expert and as torch._grouped_mm, and the shared expert, replayed from CUDA
 graphs, at EP 8 to 256, i.e. 32 down to 1 local experts, and 32..4096 tokens per GPU: the grid of the built-in
 H100 table, docs/gpu-model.md), fits the GPU model's constants (workloads/include/ifec/workloads/gpu_model.h: tiles
-and waves over the SMs, what the streaming CTAs draw from HBM) to them and writes the profile file `--gpu-profile`
-reads.
+in waves over the SMs, the faster clock of a partial wave, what the streaming CTAs draw from HBM) to them and writes
+the profile file `--gpu-profile` reads.
 
     python3 -m ifec.gpu_profile --out my-gpu.yaml          # measure, fit, write, print measured vs model
     python3 -m ifec.gpu_profile --fit-only TABLE.json      # fit a table measured elsewhere (--table-out writes one)

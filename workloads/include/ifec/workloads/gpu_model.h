@@ -34,11 +34,11 @@ struct GpuProfile {
   double mma_fraction = 0.615;         // achieved fraction of the tensor-core peak per SM in a full wave, grouped
   double clock_boost = 1.267;          // per-SM tensor rate with one SM busy over that in a full wave (clocks)
   double mem_fraction = 0.8381;        // achievable fraction of HBM bandwidth (2.81 TB/s), any kernel
-  double cta_gbs = 134.3;              // GB/s one CTA of a grouped launch can stream (few tiles: less than HBM)
+  double cta_gbs = 134.3;              // GB/s one CTA of a grouped launch can stream (binds nowhere on the H100)
   double grouped_launch_us = 15.52;    // fixed cost of one grouped launch (setup, ramp, tail)
   double overlap_p = 4.311;            // the smooth max's exponent: at Tc = Tm a launch takes 2^(1/p) x either
   double mma_fraction_chain = 0.5918;  // ... of a chain's GEMM (cuBLAS; a file that sets only mma_fraction sets both)
-  double cta_gbs_chain = 100;          // ... per CTA of a chain's GEMM (its 64 x 128 tiles; split-K folded in)
+  double cta_gbs_chain = 100;          // ... of a chain's GEMM (64 x 128 tiles; unfitted: binds nowhere on the H100)
   double chain_gemm_us = 4.371;        // fixed cost of one GEMM of a chain
   double overlap_p_chain = 2.391;      // ... of a chain's GEMM (a file that sets only overlap_p sets both)
   double loop_call_us = 0.1935;        // once per routed-experts loop (bookkeeping beyond the chains)
