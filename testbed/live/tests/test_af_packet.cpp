@@ -95,6 +95,42 @@ TEST(EpollLoop, TimersRunInTimeOrderAndOtherThreadsWakeIt) {
   EXPECT_GE(loop.now() - before, 15'000'000u);
 }
 
+// The pacer on a clock the test drives: a sender that sends whenever it is let runs at the link's rate, never slower;
+// a late wake-up is made up for up to kCatchUpNs and no more; an idle link lets a frame go at once.
+TEST(LinkPacer, HoldsASenderToTheLinkRateAndNeverBelowIt) {
+  using live::LinkPacer;
+  live::LinkPacer pacer(1'000'000'000ULL);  // 1 Gb/s
+  const size_t bytes = 1000;
+  const common::TimeNs cost = (bytes + LinkPacer::kWireOverheadBytes) * 8;  // ns at 1 Gb/s
+  const common::TimeNs t0 = 1'000'000'000ULL;
+  common::TimeNs now = t0;
+  for (int i = 0; i < 2000; ++i) {
+    const common::TimeNs resume = pacer.sent(now, bytes);
+    ASSERT_TRUE(resume == 0 || resume > now) << "frame " << i;
+    ASSERT_LE(resume, now + cost) << "frame " << i << ": held back longer than its own serialization";
+    now = std::max(now, resume);
+  }
+  // 2000 frames at the rate, less the credit an idle port starts with (kCatchUpNs) and the burst it may run ahead.
+  const common::TimeNs want = 2000 * cost - LinkPacer::kCatchUpNs - LinkPacer::kSlackNs;
+  EXPECT_LE(now - t0, want + cost) << "slower than the link";
+  EXPECT_GE(now - t0 + cost, want) << "faster than the link";
+
+  // A wake-up 1 ms late: 200 us of it are made up (frames go at once), the rest is lost, as on a real link.
+  now = pacer.last_bit(now, 0) + 1'000'000;
+  int at_once = 0;
+  while (pacer.sent(now, bytes) == 0) {
+    ++at_once;
+  }
+  EXPECT_NEAR(at_once, (LinkPacer::kCatchUpNs + LinkPacer::kSlackNs) / cost, 1);
+
+  // An idle link (longer than the catch-up) lets the next frame go at once; no limit never holds anything.
+  EXPECT_EQ(pacer.sent(now + 10'000'000, bytes), 0u);
+  live::LinkPacer unlimited(0);
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_EQ(unlimited.sent(now, 9000), 0u);
+  }
+}
+
 TEST_F(Veth, FabricFramesCrossByteForByteAndOtherTrafficIsFiltered) {
   const auto roce = roce_frame(pa_->mac(), pb_->mac(), false, 4096);  // a jumbo frame: the veth MTU is 9216
   const auto ech = roce_frame(pa_->mac(), pb_->mac(), true, 256);
