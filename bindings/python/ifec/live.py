@@ -84,9 +84,11 @@ class _RoleStub:
         if role not in self._by_role:
             grpc, _, rpc = _grpc()
             # Reconnects within a second once a daemon listens (gRPC's default back-off grows to two minutes: a
-            # bring-up that asked before the daemons were up would wait that long), and messages up to 1 GiB.
+            # bring-up that asked before the daemons were up would wait that long), and messages up to 1 GiB. gRPC
+            # takes the minimum back-off as how long one connection attempt (TCP, TLS, SETTINGS) may last: 5 s, as
+            # the daemons' own channels (at 100 ms a loaded host's handshakes timed out and the calls failed).
             opts = [("grpc.max_receive_message_length", 1 << 30), ("grpc.max_send_message_length", 1 << 30),
-                    ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 5000),
                     ("grpc.max_reconnect_backoff_ms", 1000)]
             if self._tls is None:
                 ch = grpc.insecure_channel(self._address, options=opts)

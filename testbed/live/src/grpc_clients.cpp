@@ -20,14 +20,19 @@ common::IfecCounters counters_from_map(const std::map<std::string, uint64_t>& m)
 
 namespace {
 
+constexpr int kConnectTimeoutMs = 5000;
+
 // A channel to another daemon that reconnects within a second once it is back (a restarted switchd or container):
 // gRPC's default reconnect back-off grows to two minutes, and every call meanwhile fails at once as unreachable;
 // and a name is resolved again after a second, not thirty (a restarted container may come back at new addresses).
+// gRPC also takes the minimum back-off as the time one connection attempt (TCP, TLS, HTTP/2 SETTINGS) may last: at
+// 100 ms a handshake with a daemon a loaded host had not scheduled yet failed, and the call with it ("connection
+// attempt timed out before receiving SETTINGS frame"), so that stays at kConnectTimeoutMs.
 std::shared_ptr<grpc::Channel> daemon_channel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kConnectTimeoutMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(address, process_channel_credentials(), args);
 }

@@ -2,9 +2,14 @@
 // groups, reads slots, counters and FARE weights, gets errors that name the switch and the reason, and a stopped
 // daemon is an error naming it within the deadline, never a hang. The switch runs in this process (its own loop
 // thread) on veths in namespaces this test makes and removes.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <optional>
@@ -99,6 +104,79 @@ class SwitchdTest : public testing::Test {
   std::unique_ptr<live::GrpcControl> control_;
 };
 
+// A TCP relay on an ephemeral loopback port that holds each connection `delay` before it connects on to
+// 127.0.0.1:`target` and relays both ways: a daemon whose host has not scheduled it for a while, as seen from a client.
+class SlowProxy {
+ public:
+  SlowProxy(int target, std::chrono::milliseconds delay) : target_(target), delay_(delay) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    IFEC_CHECK(listen_fd_ >= 0 && bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), len) == 0 &&
+                   listen(listen_fd_, 16) == 0 && getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0,
+               "SlowProxy: no loopback listener");
+    port_ = ntohs(a.sin_port);
+    accept_thread_ = std::thread([this] { accept_loop(); });
+  }
+  ~SlowProxy() {
+    stop_ = true;
+    accept_thread_.join();  // then nothing adds to relays_
+    for (std::thread& t : relays_) {
+      t.join();
+    }
+    close(listen_fd_);
+  }
+  int port() const { return port_; }
+  int connections() const { return connections_; }
+
+ private:
+  void accept_loop() {
+    while (!stop_) {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (poll(&p, 1, 50) == 1) {
+        const int fd = accept(listen_fd_, nullptr, nullptr);
+        ++connections_;
+        relays_.emplace_back([this, fd] { relay(fd); });
+      }
+    }
+  }
+  void relay(int client) {
+    std::this_thread::sleep_for(delay_);
+    const int server = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(target_));
+    if (connect(server, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+      pollfd p[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
+      char buf[16384];
+      while (!stop_) {
+        if (poll(p, 2, 50) <= 0) {
+          continue;
+        }
+        const int from = (p[0].revents != 0) ? 0 : 1;
+        const ssize_t n = read(p[from].fd, buf, sizeof buf);
+        if (n <= 0 || write(p[1 - from].fd, buf, static_cast<size_t>(n)) != n) {
+          break;
+        }
+      }
+    }
+    close(server);
+    close(client);
+  }
+
+  int target_;
+  std::chrono::milliseconds delay_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+  std::thread accept_thread_;
+  std::vector<std::thread> relays_;
+};
+
 common::GroupReservation group(uint16_t id, uint32_t slots) {
   common::GroupReservation r;
   r.group = id;
@@ -149,6 +227,20 @@ TEST_F(SwitchdTest, AStoppedDaemonIsAnErrorNamingItWithinTheDeadline) {
   EXPECT_EQ(r.error->target, "p0-sw");
   EXPECT_NE(r.error->message().find("p0-sw (127.0.0.1:"), std::string::npos) << r.error->message();
   EXPECT_LT(s, 3.0) << "the 1 s deadline bounds the wait";
+}
+
+// A daemon slow to answer a new connection (its host had other work: a loaded CI machine, many containers) is waited
+// for: gRPC bounds one connection attempt by its minimum reconnect back-off, which was 100 ms here and failed such
+// calls at once as unreachable ("timed out before receiving SETTINGS frame").
+TEST_F(SwitchdTest, ADaemonSlowToAcceptAConnectionIsWaitedFor) {
+  const std::string addr = live::daemon_address(opts_, topo_.find_node("p0-sw"));
+  SlowProxy proxy(std::stoi(addr.substr(addr.rfind(':') + 1)), std::chrono::milliseconds(400));
+  live::GrpcControl slow(
+      loop_, topo_, [&](int) { return "127.0.0.1:" + std::to_string(proxy.port()); }, 3'000'000'000ULL);
+  const auto slots = wait<uint32_t>([&](auto done) { slow.free_slots("p0-sw", done); });
+  ASSERT_TRUE(slots.ok()) << slots.error->message();
+  EXPECT_EQ(slots.value, topo_.params.ifec.slot_pool);
+  EXPECT_EQ(proxy.connections(), 1) << "one attempt that lasted its 400 ms, not tries cut short";
 }
 
 // A reconnect whose peer hostd is gone: every try is refused at once (nothing listens on the loopback port), the
