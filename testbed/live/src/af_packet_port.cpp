@@ -266,7 +266,9 @@ void TxGate::ready_soon() {
     }
     ready_pending_ = false;
     if (!busy_ && ready_) {
+      pacer_.set_backlogged(true);  // what the owner sends now was waiting for the port
       ready_();
+      pacer_.set_backlogged(false);
     }
   });
 }
@@ -276,9 +278,10 @@ common::TimeNs LinkPacer::last_bit(common::TimeNs now, size_t frame_bytes) const
     return now;
   }
   const auto cost = static_cast<common::TimeNs>((frame_bytes + kWireOverheadBytes) * 8e9 / rate_bps_);
-  // A late wake-up (the loop had other work) is made up for, up to kCatchUpNs: the long-run rate is the link's, not
-  // the link's minus the scheduler's latency.
-  return std::max(next_free_ns_, now - std::min(now, kCatchUpNs)) + cost;
+  // A late wake-up (the loop had other work) is made up for, up to kCatchUpNs (kBacklogCatchUpNs for a frame that
+  // waited for the port): the long-run rate is the link's, not the link's minus the scheduler's latency.
+  const common::TimeNs catch_up = backlogged_ ? kBacklogCatchUpNs : kCatchUpNs;
+  return std::max(next_free_ns_, now - std::min(now, catch_up)) + cost;
 }
 
 bool WireDelay::hold(common::TimeNs last_bit, std::vector<uint8_t>& frame) {

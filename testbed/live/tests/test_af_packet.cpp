@@ -96,7 +96,8 @@ TEST(EpollLoop, TimersRunInTimeOrderAndOtherThreadsWakeIt) {
 }
 
 // The pacer on a clock the test drives: a sender that sends whenever it is let runs at the link's rate, never slower;
-// a late wake-up is made up for up to kCatchUpNs and no more; an idle link lets a frame go at once.
+// a late wake-up is made up for up to kCatchUpNs (kBacklogCatchUpNs where frames waited) and no more; an idle link
+// lets a frame go at once.
 TEST(LinkPacer, HoldsASenderToTheLinkRateAndNeverBelowIt) {
   using live::LinkPacer;
   live::LinkPacer pacer(1'000'000'000ULL);  // 1 Gb/s
@@ -122,6 +123,20 @@ TEST(LinkPacer, HoldsASenderToTheLinkRateAndNeverBelowIt) {
     ++at_once;
   }
   EXPECT_NEAR(at_once, (LinkPacer::kCatchUpNs + LinkPacer::kSlackNs) / cost, 1);
+
+  // Frames that were waiting for the port (its owner answering tx-ready): a wake-up 5 ms late is made up in full,
+  // one 30 ms late up to kBacklogCatchUpNs; a new frame after that is paced again.
+  pacer.set_backlogged(true);
+  for (const common::TimeNs late : {5'000'000ULL, 30'000'000ULL}) {
+    now = pacer.last_bit(now, 0) + late;
+    at_once = 0;
+    while (pacer.sent(now, bytes) == 0) {
+      ++at_once;
+    }
+    const common::TimeNs made_up = std::min(late, LinkPacer::kBacklogCatchUpNs);
+    EXPECT_NEAR(at_once, (made_up + LinkPacer::kSlackNs) / cost, 1) << late << " ns late";
+  }
+  pacer.set_backlogged(false);
 
   // An idle link (longer than the catch-up) lets the next frame go at once; no limit never holds anything.
   EXPECT_EQ(pacer.sent(now + 10'000'000, bytes), 0u);

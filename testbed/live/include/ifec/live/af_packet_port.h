@@ -50,9 +50,15 @@ class LinkPacer {
  public:
   static constexpr common::TimeNs kSlackNs = 50'000;     // a port may run this far ahead of its rate (a small burst)
   static constexpr common::TimeNs kCatchUpNs = 200'000;  // ... and make up this much time an idle or late loop lost
-  static constexpr size_t kWireOverheadBytes = 24;       // preamble + SFD, FCS, inter-frame gap
+  // ... or this much for a frame that was waiting for the port (set_backlogged): a wake-up the host made late (a
+  // loaded machine: milliseconds) does not slow the link, whose frames would have gone back to back. Beyond it the
+  // host, not the link, set the pace (and a live run says so: its timers' lateness is reported).
+  static constexpr common::TimeNs kBacklogCatchUpNs = 20'000'000;
+  static constexpr size_t kWireOverheadBytes = 24;  // preamble + SFD, FCS, inter-frame gap
 
   explicit LinkPacer(uint64_t rate_bps) : rate_bps_(rate_bps) {}
+  // Whether the frames sent from now on were waiting for the port (its owner answering tx-ready), not new.
+  void set_backlogged(bool backlogged) { backlogged_ = backlogged; }
   // Accounts a frame of `frame_bytes` sent at `now` (0 bits/s: no limit); returns 0 when the owner may send the
   // next one at once, else the time until which the port is busy.
   common::TimeNs sent(common::TimeNs now, size_t frame_bytes);
@@ -62,6 +68,7 @@ class LinkPacer {
  private:
   uint64_t rate_bps_;
   common::TimeNs next_free_ns_ = 0;  // when the link has serialized everything sent so far
+  bool backlogged_ = false;
 };
 
 // A frame reaches the far end when its last bit has left, not its first: a port of a paced link hands a frame to the
