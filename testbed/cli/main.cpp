@@ -20,6 +20,7 @@
 #include "args.h"
 #include "ifec/common/checks.h"
 #include "ifec/common/frame.h"
+#include "ifec/common/heap.h"
 #include "ifec/common/icrc.h"
 #include "ifec/common/samples.h"
 #include "ifec/endpoint/ring_bench.h"
@@ -1111,6 +1112,7 @@ int usage(std::FILE* to, const std::vector<Command>& cs) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ifec::common::keep_freed_heap();  // frames churn through the heap: keep it, do not trim and refault it
 #ifdef IFEC_MOE_BY_EXEC
   g_argv = argv;
 #endif

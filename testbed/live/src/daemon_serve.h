@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/heap.h"
 #include "ifec/live/daemons.h"
 
 namespace ifec::live {
@@ -40,6 +41,7 @@ int serve(int argc, char** argv, const char* what) {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before any thread of ours starts: all inherit the mask
+  common::keep_freed_heap();  // frames churn through the heap: keep it, do not trim and refault it (common/heap.h)
   try {
     DaemonOptions o;
     if (!parse_daemon_options(argc, argv, &o, what)) {
