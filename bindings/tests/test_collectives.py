@@ -91,6 +91,22 @@ def test_measure_reports_faults_and_survives_a_lost_plane():
     assert r["time_us"] < 1000
 
 
+def test_a_row_counts_what_loss_made_the_members_send_again():
+    """Loss adds the packets a row reports sent again (and the answers their copies drew) to the bytes the members
+    sent: a clean run's plus `resent_bytes`, exactly for the in-fabric AllReduce; the ring's RC responders also
+    answer a gap with NAKs and ACKs of their own (a few frames of at most 72 bytes per frame lost)."""
+    topo = ifec.make_superpod(8, 2)
+    for algo in ["ring", "ifec"]:
+        clean = coll.measure(topo, algo=algo, bytes=1 << 20, seed=3)
+        lossy = coll.measure(topo, algo=algo, bytes=1 << 20, loss=0.01, seed=3)
+        assert clean["ok"] and lossy["ok"], (algo, lossy.get("error"))
+        assert clean["resent"] == clean["resent_bytes"] == clean["ifec_retransmissions"] == 0, (algo, clean)
+        assert lossy["resent"] > 0 and lossy["host_stall_us"] == 0, (algo, lossy)
+        extra = sum(lossy["plane_tx_bytes"]) - sum(clean["plane_tx_bytes"]) - lossy["resent_bytes"]
+        assert (extra == 0) if algo == "ifec" else (0 < extra <= 4 * 72 * lossy["frames_lost"]), (algo, extra)
+        assert (lossy["ifec_retransmissions"] > 0) == (algo == "ifec"), (algo, lossy["ifec_retransmissions"])
+
+
 def test_elided_payloads_time_the_collective_as_real_ones_and_check_nothing():
     topo = ifec.make_superpod(8, 2)
     for algo in ["ifec", "ring"]:
@@ -112,7 +128,7 @@ def test_a_partitioned_run_is_the_same_row_on_one_thread_and_two():
         assert one["partitions"].endswith("on 1 thread: planes 0 1 GPUs")
         assert two["partitions"].endswith("on 2 threads: GPUs | planes 0 1")
         for key in ["time_us", "plane_tx_bytes", "gpu_link_up_bytes", "frame_hops", "sim_events", "faults",
-                    "windows"]:
+                    "windows", "resent", "resent_bytes", "ifec_retransmissions"]:
             assert one[key] == two[key], (algo, key)
     with pytest.raises(ValueError, match="threads -1"):
         coll.measure(topo, threads=-1)

@@ -528,6 +528,10 @@ def _merge_collective(rows):
     # The data path: from the last rank's start of it to the last rank's end (one machine, one monotonic clock).
     merged["data_us"] = (max(r["data_end_ns"] for r in rows) - max(r["data_start_ns"] for r in rows)) / 1e3
     merged["wrong"] = sum(r["wrong"] for r in rows)
+    for k in ("resent", "resent_bytes", "ifec_retransmissions", "ifec_busy_naks", "ifec_duplicate_results"):
+        merged[k] = sum(r.get(k, 0) for r in rows)
+    for k in ("host_stall_us", "host_cpu_us"):  # the rank the host held back most, the busiest loop
+        merged[k] = max(r.get(k, 0) for r in rows)
     merged["ok"] = all(r["ok"] for r in rows)
     merged["faults"] = sorted({f for r in rows for f in r.get("faults", [])})
     merged["plane_tx_bytes"] = _sum_lists(rows, "plane_tx_bytes")
@@ -1066,7 +1070,8 @@ BYTES_TOLERANCE = 0.03
 TIME_TOLERANCE = 0.10
 
 COMPARE_HEADER = (f"#{'size(B)':>12} {'algo':>6} {'sim us':>10} {'live us':>10} {'live/sim':>9} {'setup us':>11} "
-                  f"{'planes dev':>10} {'links dev':>10} {'sub-links':>10}  within 3% bytes / 10% time")
+                  f"{'planes dev':>10} {'links dev':>10} {'sub-links':>10} {'resent l/s':>10} {'stall ms':>8}  "
+                  f"within 3% bytes / 10% time")
 
 
 def compare_text(size, sim, lv, cables):
@@ -1075,15 +1080,18 @@ def compare_text(size, sim, lv, cables):
     less the data path), the bytes' largest deviations (per plane, per link of the topology file: `cables`, and per
     sub-link), and whether they are within the tolerances. A switch spreads the frames it forwards over a Y-cable's
     sub-links by its own rotation, whose state at the operation's start the live run does not report: a sub-link
-    may carry one frame more or less than simulated (4% of a 256 KiB ring's)."""
+    may carry one frame more or less than simulated (4% of a 256 KiB ring's). Then the packets sent again (live,
+    sim) and how late the host ran a rank's loop at worst (stall ms)."""
     ratio = lv["data_us"] / max(sim["data_us"], 1e-9)
     planes, links, subs = plane_deviation(sim, lv), link_deviation(sim, lv, cables), link_deviation(sim, lv)
     verdict = [w for w, bad in (("links", links > BYTES_TOLERANCE), ("planes", planes > BYTES_TOLERANCE),
                                 ("time", abs(ratio - 1) > TIME_TOLERANCE)) if bad]
     ran = sim["algo"] if sim["collective"] == "alltoall" else lv["ran"]
+    resent = f"{lv.get('resent', 0)}/{sim.get('resent', 0)}"
+    stall = lv.get("host_stall_us", 0) / 1e3
     return (f" {size:>12} {ran:>6} {sim['data_us']:>10.1f} {lv['data_us']:>10.1f} {ratio:>9.3f} "
-            f"{lv['time_us'] - lv['data_us']:>11.1f} {planes:>10.2%} {links:>10.2%} {subs:>10.2%}  "
-            f"{'within' if not verdict else 'outside: ' + ', '.join(verdict)}")
+            f"{lv['time_us'] - lv['data_us']:>11.1f} {planes:>10.2%} {links:>10.2%} {subs:>10.2%} {resent:>10} "
+            f"{stall:>8.1f}  {'within' if not verdict else 'outside: ' + ', '.join(verdict)}")
 
 
 def _cmd_compare(args):

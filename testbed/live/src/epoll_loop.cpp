@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <thread>
 
 #include "ifec/common/checks.h"
@@ -123,6 +124,12 @@ uint64_t EpollLoop::run_due() {
     fn();
     ++n;
   }
+}
+
+common::TimeNs EpollLoop::thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<common::TimeNs>(ts.tv_sec) * 1'000'000'000 + static_cast<common::TimeNs>(ts.tv_nsec);
 }
 
 uint64_t EpollLoop::run_once(int timeout_ms) {

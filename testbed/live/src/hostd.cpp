@@ -216,9 +216,27 @@ struct HostDaemon::Impl {
     std::vector<uint64_t> tx;
     std::vector<std::array<uint64_t, 3>> links;
     testbed::Turns turns;
+    endpoint::Endpoint::Resent resent;
+    endpoint::EchCounters ech;
+    common::TimeNs cpu_ns = 0;
   };
+  // Where an operation's counters start; the loop's latest timer is taken (and so starts again) here.
   OpStart op_start(const workloads::Communicator& c) const {
-    return {plane_tx_bytes(), link_bytes(), {c.group_turn(), {ep->stripe_turn()}, {ep->ech().next_psn()}}};
+    rt->loop().take_worst_late_ns();
+    return {plane_tx_bytes(), link_bytes(),         {c.group_turn(), {ep->stripe_turn()}, {ep->ech().next_psn()}},
+            ep->resent(),     ep->ech().counters(), EpollLoop::thread_cpu_ns()};
+  }
+  // The row's packets sent again, in-fabric retries and the host's part since `at` (add_retries writes them).
+  void record_retries(testbed::CollectiveRow& row, const OpStart& at) const {
+    const endpoint::Endpoint::Resent again = ep->resent();
+    const endpoint::EchCounters& e = ep->ech().counters();
+    row.resent = again.frames - at.resent.frames;
+    row.resent_bytes = again.bytes - at.resent.bytes;
+    row.ifec_retransmissions = e.retransmissions - at.ech.retransmissions;
+    row.ifec_busy_naks = e.busy_naks - at.ech.busy_naks;
+    row.ifec_duplicate_results = e.duplicate_results - at.ech.duplicate_results;
+    row.host_stall_us = rt->loop().take_worst_late_ns() / 1e3;
+    row.host_cpu_us = (EpollLoop::thread_cpu_ns() - at.cpu_ns) / 1e3;
   }
   v1::RunReply collective_reply(workloads::Communicator& c, const testbed::CollectivePoint& p,
                                 const workloads::CollArgs& a, const workloads::CollectiveResult& res, const OpStart& at,
@@ -686,6 +704,9 @@ v1::RunReply HostDaemon::Impl::alltoall_reply(const workloads::CollectiveResult&
   common::JsonObject turns;
   turns.add("group", at.turns.group).add("stripe", at.turns.stripe).add("multicast", at.turns.multicast);
   o.add("turns", turns);
+  testbed::CollectiveRow retries;
+  record_retries(retries, at);
+  testbed::add_retries(o, retries);
   v1::RunReply r;
   r.set_ok(res.ok && wrong == 0);
   r.set_error(res.ok ? (wrong ? std::to_string(wrong) + " bytes differ from what their sender wrote" : "") : res.error);
@@ -1043,6 +1064,7 @@ v1::RunReply HostDaemon::Impl::collective_reply(workloads::Communicator& c, cons
     row.gpu_links[i][2] -= at.links[i][2];
   }
   row.turns = at.turns;
+  record_retries(row, at);
   const bool holds = p.kind != workloads::Collective::kReduce || c.rank() == a.root;
   if (res.ok && holds && !given) {
     // Broadcast: the reference is the root's input.

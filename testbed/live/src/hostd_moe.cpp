@@ -11,19 +11,13 @@
 #include <memory>
 
 #include "ifec/common/checks.h"
+#include "ifec/live/epoll_loop.h"
 #include "ifec/testbed/moe_rows.h"
 #include "ifec/workloads/moe_plan.h"
 
 namespace ifec::live {
 
 namespace {
-
-// CPU time the calling thread (the daemon's event loop) has used.
-common::TimeNs thread_cpu_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<common::TimeNs>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
 
 using namespace workloads;
 
@@ -164,7 +158,7 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
     (dispatch ? row_.dispatch_resent : row_.combine_resent) = again.frames - resent0_.frames;
     (dispatch ? row_.dispatch_resent_bytes : row_.combine_resent_bytes) = again.bytes - resent0_.bytes;
     (dispatch ? row_.dispatch_host_stall_us : row_.combine_host_stall_us) = ctx_.take_worst_late_ns() / 1e3;
-    (dispatch ? row_.dispatch_host_cpu_us : row_.combine_host_cpu_us) = (thread_cpu_ns() - cpu0_) / 1e3;
+    (dispatch ? row_.dispatch_host_cpu_us : row_.combine_host_cpu_us) = (EpollLoop::thread_cpu_ns() - cpu0_) / 1e3;
     const endpoint::EchCounters& ech = ctx_.comm.endpoint().ech().counters();
     row_.ifec_retransmissions += ech.retransmissions - ech0_.retransmissions;
     row_.ifec_busy_naks += ech.busy_naks - ech0_.busy_naks;
@@ -184,7 +178,7 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
     tx0_ = ctx_.plane_tx();
     resent0_ = ctx_.comm.endpoint().resent();
     ctx_.take_worst_late_ns();
-    cpu0_ = thread_cpu_ns();
+    cpu0_ = EpollLoop::thread_cpu_ns();
     ech0_ = ctx_.comm.endpoint().ech().counters();
   }
 

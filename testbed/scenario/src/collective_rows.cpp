@@ -136,6 +136,12 @@ std::string simulator_text(const CollectiveRow& r) {
   return line + ("#   partitioned: " + r.partitions + ", " + std::to_string(r.windows) + " windows\n");
 }
 
+void add_retries(common::JsonObject& o, const CollectiveRow& r) {
+  o.add("resent", r.resent).add("resent_bytes", r.resent_bytes).add("ifec_retransmissions", r.ifec_retransmissions);
+  o.add("ifec_busy_naks", r.ifec_busy_naks).add("ifec_duplicate_results", r.ifec_duplicate_results);
+  o.add("host_stall_us", r.host_stall_us).add("host_cpu_us", r.host_cpu_us);
+}
+
 std::string row_json(const CollectiveRow& r, const std::string& topology, const std::string& driver) {
   common::JsonObject o;
   o.add("driver", driver).add("topology", topology).add("collective", collective_name(r.point.kind));
@@ -160,6 +166,7 @@ std::string row_json(const CollectiveRow& r, const std::string& topology, const 
   o.add("frames_lost", r.frames_lost).add("frames_lost_link_down", r.frames_lost_link_down);
   o.add("faults", r.faults).add("wall_seconds", r.wall_seconds).add("sim_seconds", r.sim_seconds);
   o.add("sim_events", r.sim_events).add("frame_hops", r.frame_hops);
+  add_retries(o, r);
   if (!r.ok) {
     o.add("error", r.error);
   }

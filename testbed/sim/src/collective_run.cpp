@@ -111,6 +111,8 @@ struct LinkTally {
   std::vector<uint64_t> plane_tx, plane_rx;
   std::vector<std::array<uint64_t, 3>> gpu_links;  // (topology link id, bytes the GPU sent, bytes it received)
   uint64_t hops = 0;                               // frames sent on any link end
+  // The GPUs' packets sent again (frames, bytes) and in-fabric retransmissions, busy NAKs, duplicate results.
+  std::array<uint64_t, 5> retries{};
 
   static LinkTally read(Cluster& c, int members) {
     LinkTally t;
@@ -126,6 +128,14 @@ struct LinkTally {
       }
     }
     t.hops = over_links(c, &common::PortCounters::tx_frames);
+    for (int g = 0; c.runs_gpus() && g < members; ++g) {
+      const endpoint::Endpoint::Resent r = c.ep(g).resent();
+      const auto& e = c.ep(g).ech().counters();
+      const std::array<uint64_t, 5> mine = {r.frames, r.bytes, e.retransmissions, e.busy_naks, e.duplicate_results};
+      for (size_t k = 0; k < mine.size(); ++k) {
+        t.retries[k] += mine[k];
+      }
+    }
     return t;
   }
   // One counter summed over both ends of every link.
@@ -165,13 +175,24 @@ void fill_row(CollectiveRow& row, const CollectiveResult& res, Cluster& c, const
   row.frame_hops = after.hops - before.hops;
   row.frames_lost = LinkTally::over_links(c, &common::PortCounters::dropped_injected);
   row.frames_lost_link_down = LinkTally::over_links(c, &common::PortCounters::dropped_link_down);
-  if (spread != nullptr) {
+  std::array<uint64_t, 5> retries{};
+  for (size_t k = 0; k < retries.size(); ++k) {
+    retries[k] = after.retries[k] - before.retries[k];
+  }
+  if (spread != nullptr) {  // the GPUs' process counts the retries, the others add 0
     std::vector<uint64_t> v = {row.frame_hops, row.frames_lost, row.frames_lost_link_down};
+    v.insert(v.end(), retries.begin(), retries.end());
     spread->sum(v);
     row.frame_hops = v[0];
     row.frames_lost = v[1];
     row.frames_lost_link_down = v[2];
+    std::copy(v.begin() + 3, v.end(), retries.begin());
   }
+  row.resent = retries[0];
+  row.resent_bytes = retries[1];
+  row.ifec_retransmissions = retries[2];
+  row.ifec_busy_naks = retries[3];
+  row.ifec_duplicate_results = retries[4];
   for (const std::string& f : row.point.fail) {
     row.faults.push_back("link down: " + f);
   }

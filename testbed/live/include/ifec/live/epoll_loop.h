@@ -53,6 +53,9 @@ class EpollLoop : public common::Clock {
   common::TimeNs stalled_ns() const { return stalled_ns_.load(std::memory_order_relaxed); }
   // The latest any timer ran after its time since the last call (and resets it): a phase's worst stall.
   common::TimeNs take_worst_late_ns() { return worst_late_ns_.exchange(0, std::memory_order_relaxed); }
+  // CPU time the calling thread (a loop's own, called from it) has used: with the stalls, whether a slow phase's
+  // loop was busy or not run.
+  static common::TimeNs thread_cpu_ns();
 
  private:
   struct Timer {

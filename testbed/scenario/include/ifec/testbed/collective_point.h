@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ifec/common/ech.h"
+#include "ifec/common/json.h"
 #include "ifec/workloads/communicator.h"
 
 namespace ifec::testbed {
@@ -83,6 +84,17 @@ struct CollectiveRow {
   uint64_t frames_lost = 0;
   uint64_t frames_lost_link_down = 0;
   std::vector<std::string> faults;
+  // Packets the members sent again (RC retransmissions, ECH contributions and multicast packets) and their frame
+  // bytes; the in-fabric protocol's retransmissions, busy NAKs and duplicate results (all summed over the members).
+  uint64_t resent = 0;
+  uint64_t resent_bytes = 0;
+  uint64_t ifec_retransmissions = 0;
+  uint64_t ifec_busy_naks = 0;
+  uint64_t ifec_duplicate_results = 0;
+  // Live only: how late the rank's event loop ran its latest timer during the operation (the host not running the
+  // daemon) and the CPU time the loop's thread used.
+  double host_stall_us = 0;
+  double host_cpu_us = 0;
   double wall_seconds = 0;  // the whole point: windows, inputs, the simulation, the fp64 reference and checks
   // The simulation alone: its wall time, events run, and frame-hops (frames sent on any link, GPU or switch end).
   double sim_seconds = 0;
@@ -126,5 +138,8 @@ std::string row_text(const CollectiveRow& r);
 // serial and a parallel sweep must print alike).
 std::string simulator_text(const CollectiveRow& r);
 std::string row_json(const CollectiveRow& r, const std::string& topology, const std::string& driver = "sim");
+// The row's resent, in-fabric retry and host fields (resent ... host_cpu_us) into `o`: row_json's, and a live
+// all-to-all row's.
+void add_retries(common::JsonObject& o, const CollectiveRow& r);
 
 }  // namespace ifec::testbed
