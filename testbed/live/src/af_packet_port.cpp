@@ -229,15 +229,15 @@ void AfPacketPort::writable() {
   }
 }
 
-common::TimeNs LinkPacer::sent(common::TimeNs now, size_t frame_bytes) {
+common::TimeNs LinkPacer::sent(common::TimeNs now, size_t frame_bytes, common::TimeNs catch_up) {
   if (rate_bps_ > 0) {
-    next_free_ns_ = last_bit(now, frame_bytes);
+    next_free_ns_ = last_bit(now, frame_bytes, catch_up);
   }
   return next_free_ns_ > now + kSlackNs ? next_free_ns_ - kSlackNs : 0;
 }
 
 bool TxGate::took(size_t frame_bytes) {
-  const common::TimeNs resume = pacer_.sent(loop_.now(), frame_bytes);
+  const common::TimeNs resume = pacer_.sent(loop_.now(), frame_bytes, catch_up());
   if (resume == 0) {
     ready_soon();
     return false;
@@ -266,21 +266,32 @@ void TxGate::ready_soon() {
     }
     ready_pending_ = false;
     if (!busy_ && ready_) {
-      pacer_.set_backlogged(true);  // what the owner sends now was waiting for the port
+      in_ready_ = true;  // what the owner sends now was waiting for the port
       ready_();
-      pacer_.set_backlogged(false);
+      in_ready_ = false;
     }
   });
 }
 
-common::TimeNs LinkPacer::last_bit(common::TimeNs now, size_t frame_bytes) const {
+common::TimeNs TxGate::catch_up() const {
+  if (in_ready_) {
+    return LinkPacer::kMaxCatchUpNs;
+  }
+  const common::TimeNs now = loop_.now();
+  const common::TimeNs arrived = loop_.arrival_ns();
+  if (arrived == 0 || arrived >= now) {
+    return LinkPacer::kCatchUpNs;
+  }
+  return std::clamp(now - arrived, LinkPacer::kCatchUpNs, LinkPacer::kMaxCatchUpNs);
+}
+
+common::TimeNs LinkPacer::last_bit(common::TimeNs now, size_t frame_bytes, common::TimeNs catch_up) const {
   if (rate_bps_ == 0) {
     return now;
   }
   const auto cost = static_cast<common::TimeNs>((frame_bytes + kWireOverheadBytes) * 8e9 / rate_bps_);
-  // A late wake-up (the loop had other work) is made up for, up to kCatchUpNs (kBacklogCatchUpNs for a frame that
-  // waited for the port): the long-run rate is the link's, not the link's minus the scheduler's latency.
-  const common::TimeNs catch_up = backlogged_ ? kBacklogCatchUpNs : kCatchUpNs;
+  // A late wake-up (the loop had other work) is made up for, up to `catch_up`: the long-run rate is the link's,
+  // not the link's minus the scheduler's latency.
   return std::max(next_free_ns_, now - std::min(now, catch_up)) + cost;
 }
 

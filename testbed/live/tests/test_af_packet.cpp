@@ -96,8 +96,7 @@ TEST(EpollLoop, TimersRunInTimeOrderAndOtherThreadsWakeIt) {
 }
 
 // The pacer on a clock the test drives: a sender that sends whenever it is let runs at the link's rate, never slower;
-// a late wake-up is made up for up to kCatchUpNs (kBacklogCatchUpNs where frames waited) and no more; an idle link
-// lets a frame go at once.
+// a late wake-up is made up for up to the catch-up it is given and no more; an idle link lets a frame go at once.
 TEST(LinkPacer, HoldsASenderToTheLinkRateAndNeverBelowIt) {
   using live::LinkPacer;
   live::LinkPacer pacer(1'000'000'000ULL);  // 1 Gb/s
@@ -124,19 +123,17 @@ TEST(LinkPacer, HoldsASenderToTheLinkRateAndNeverBelowIt) {
   }
   EXPECT_NEAR(at_once, (LinkPacer::kCatchUpNs + LinkPacer::kSlackNs) / cost, 1);
 
-  // Frames that were waiting for the port (its owner answering tx-ready): a wake-up 5 ms late is made up in full,
-  // one 30 ms late up to kBacklogCatchUpNs; a new frame after that is paced again.
-  pacer.set_backlogged(true);
+  // Frames the port knows were due earlier (TxGate::catch_up): a wake-up 5 ms late is made up in full, one 30 ms
+  // late up to kMaxCatchUpNs.
   for (const common::TimeNs late : {5'000'000ULL, 30'000'000ULL}) {
     now = pacer.last_bit(now, 0) + late;
     at_once = 0;
-    while (pacer.sent(now, bytes) == 0) {
+    while (pacer.sent(now, bytes, LinkPacer::kMaxCatchUpNs) == 0) {
       ++at_once;
     }
-    const common::TimeNs made_up = std::min(late, LinkPacer::kBacklogCatchUpNs);
+    const common::TimeNs made_up = std::min(late, LinkPacer::kMaxCatchUpNs);
     EXPECT_NEAR(at_once, (made_up + LinkPacer::kSlackNs) / cost, 1) << late << " ns late";
   }
-  pacer.set_backlogged(false);
 
   // An idle link (longer than the catch-up) lets the next frame go at once; no limit never holds anything.
   EXPECT_EQ(pacer.sent(now + 10'000'000, bytes), 0u);
@@ -144,6 +141,33 @@ TEST(LinkPacer, HoldsASenderToTheLinkRateAndNeverBelowIt) {
   for (int i = 0; i < 100; ++i) {
     ASSERT_EQ(unlimited.sent(now, 9000), 0u);
   }
+}
+
+// What a frame sent now may make up (TxGate::catch_up): kCatchUpNs by default; the time since the frame being handled
+// arrived (a reply, a forwarded frame), up to kMaxCatchUpNs; kMaxCatchUpNs for what waited for the port (tx-ready).
+TEST(TxGate, CatchesUpTheTimeSinceTheFrameItAnswersArrivedOrWhileItWaited) {
+  using live::LinkPacer;
+  live::EpollLoop loop;
+  live::TxGate gate(loop, 1'000'000'000ULL);
+  while (loop.now() < 40'000'000) {  // arrivals 30 ms ago need a loop that ran that long
+    loop.serve(loop.now() + 40'000'000);
+  }
+  EXPECT_EQ(gate.catch_up(), LinkPacer::kCatchUpNs);
+  loop.set_arrival_ns(loop.now() - 5'000'000);
+  const common::TimeNs five = gate.catch_up();
+  EXPECT_GE(five, 5'000'000u);
+  EXPECT_LT(five, 6'000'000u);
+  loop.set_arrival_ns(loop.now() - 50'000);  // arrived just now: the default still
+  EXPECT_EQ(gate.catch_up(), LinkPacer::kCatchUpNs);
+  loop.set_arrival_ns(loop.now() - 30'000'000);
+  EXPECT_EQ(gate.catch_up(), LinkPacer::kMaxCatchUpNs);
+  loop.set_arrival_ns(0);
+  common::TimeNs in_ready = 0;
+  gate.set_ready([&] { in_ready = gate.catch_up(); });
+  gate.ready_soon();
+  loop.poll();
+  EXPECT_EQ(in_ready, LinkPacer::kMaxCatchUpNs);
+  EXPECT_EQ(gate.catch_up(), LinkPacer::kCatchUpNs) << "only while the owner answers tx-ready";
 }
 
 TEST_F(Veth, FabricFramesCrossByteForByteAndOtherTrafficIsFiltered) {

@@ -48,27 +48,26 @@ struct AfPacketCounters {
 // AF_PACKET and AF_XDP ports share it, so both drivers pace alike.
 class LinkPacer {
  public:
-  static constexpr common::TimeNs kSlackNs = 50'000;     // a port may run this far ahead of its rate (a small burst)
-  static constexpr common::TimeNs kCatchUpNs = 200'000;  // ... and make up this much time an idle or late loop lost
-  // ... or this much for a frame that was waiting for the port (set_backlogged): a wake-up the host made late (a
-  // loaded machine: milliseconds) does not slow the link, whose frames would have gone back to back. Beyond it the
-  // host, not the link, set the pace (and a live run says so: its timers' lateness is reported).
-  static constexpr common::TimeNs kBacklogCatchUpNs = 20'000'000;
+  static constexpr common::TimeNs kSlackNs = 50'000;  // a port may run this far ahead of its rate (a small burst)
+  // A frame may start up to `catch_up` before now where the link was free then: the time a late loop lost. By
+  // default kCatchUpNs (an idle or late loop); the port passes more where it knows the frame was due earlier
+  // (TxGate::catch_up: it waited for the port, or it answers a frame that arrived earlier), up to kMaxCatchUpNs: a
+  // wake-up the host made late (a loaded machine: milliseconds) does not slow the link. Beyond it the host, not
+  // the link, set the pace (and a live run says so: its timers' lateness is reported).
+  static constexpr common::TimeNs kCatchUpNs = 200'000;
+  static constexpr common::TimeNs kMaxCatchUpNs = 20'000'000;
   static constexpr size_t kWireOverheadBytes = 24;  // preamble + SFD, FCS, inter-frame gap
 
   explicit LinkPacer(uint64_t rate_bps) : rate_bps_(rate_bps) {}
-  // Whether the frames sent from now on were waiting for the port (its owner answering tx-ready), not new.
-  void set_backlogged(bool backlogged) { backlogged_ = backlogged; }
   // Accounts a frame of `frame_bytes` sent at `now` (0 bits/s: no limit); returns 0 when the owner may send the
   // next one at once, else the time until which the port is busy.
-  common::TimeNs sent(common::TimeNs now, size_t frame_bytes);
+  common::TimeNs sent(common::TimeNs now, size_t frame_bytes, common::TimeNs catch_up = kCatchUpNs);
   // When the last bit of a frame of `frame_bytes` sent at `now` would leave (now, with no limit); accounts nothing.
-  common::TimeNs last_bit(common::TimeNs now, size_t frame_bytes) const;
+  common::TimeNs last_bit(common::TimeNs now, size_t frame_bytes, common::TimeNs catch_up = kCatchUpNs) const;
 
  private:
   uint64_t rate_bps_;
   common::TimeNs next_free_ns_ = 0;  // when the link has serialized everything sent so far
-  bool backlogged_ = false;
 };
 
 // A frame reaches the far end when its last bit has left, not its first: a port of a paced link hands a frame to the
@@ -108,13 +107,20 @@ class TxGate {
   bool busy() const { return busy_; }
   void set_busy(bool busy) { busy_ = busy; }
   void set_ready(common::Port::TxReady ready) { ready_ = std::move(ready); }
-  common::TimeNs last_bit(common::TimeNs now, size_t frame_bytes) const { return pacer_.last_bit(now, frame_bytes); }
+  common::TimeNs last_bit(common::TimeNs now, size_t frame_bytes) const {
+    return pacer_.last_bit(now, frame_bytes, catch_up());
+  }
+  // How much lost time a frame sent now may make up (LinkPacer): up to kMaxCatchUpNs where it was waiting for the
+  // port (the owner answering tx-ready) or answers a frame that arrived earlier (the loop's arrival_ns: a reply, a
+  // switch forwarding it), else kCatchUpNs.
+  common::TimeNs catch_up() const;
 
  private:
   EpollLoop& loop_;
   LinkPacer pacer_;
   bool busy_ = false;
   bool ready_pending_ = false;
+  bool in_ready_ = false;  // the owner is answering tx-ready
   common::Port::TxReady ready_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -53,6 +53,11 @@ class EpollLoop : public common::Clock {
   common::TimeNs stalled_ns() const { return stalled_ns_.load(std::memory_order_relaxed); }
   // The latest any timer ran after its time since the last call (and resets it): a phase's worst stall.
   common::TimeNs take_worst_late_ns() { return worst_late_ns_.exchange(0, std::memory_order_relaxed); }
+  // Loop thread: when the frame being handled arrived (loop time; 0: none, or its port has no timestamps), set by
+  // whoever hands it to its receiver. What its handling sends may make up the time since (TxGate::catch_up): the
+  // reply or the forwarded frame of a loop that woke late is as early as the wire would have had it.
+  void set_arrival_ns(common::TimeNs at) { arrival_ns_ = at; }
+  common::TimeNs arrival_ns() const { return arrival_ns_; }
   // CPU time the calling thread (a loop's own, called from it) has used: with the stalls, whether a slow phase's
   // loop was busy or not run.
   static common::TimeNs thread_cpu_ns();
@@ -84,6 +89,7 @@ class EpollLoop : public common::Clock {
   std::atomic<uint64_t> stalls_{0};
   std::atomic<common::TimeNs> stalled_ns_{0};
   std::atomic<common::TimeNs> worst_late_ns_{0};
+  common::TimeNs arrival_ns_ = 0;
   std::atomic<common::TimeNs> last_now_{0};  // the loop's latest clock reading (run_due)
 };
 
