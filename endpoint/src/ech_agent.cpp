@@ -257,6 +257,9 @@ std::shared_ptr<EchReduction> EchAgent::reduce(EchReduceSpec spec) {
     note_group(k, r->spec_.timing.max_rto_ns);
   }
   pump(*r);
+  if (early_frames_ > 0) {
+    take_early(id);
+  }
   return r;
 }
 
@@ -509,6 +512,44 @@ void EchAgent::note_group(const GroupKey& k, common::TimeNs max_rto_ns) {
   }
 }
 
+void EchAgent::keep_early(const GroupKey& k, int port, const common::ParsedFrame& pf, const uint8_t* frame) {
+  if (early_frames_ >= kEarlyFrames) {
+    return;  // the switch sends it again once this side is quiet for the group's timeout
+  }
+  const size_t len = pf.elided ? pf.payload_offset : pf.ip_offset + pf.h.ip.total_length;
+  early_[k].push_back({port, clock().now(), pf, std::vector<uint8_t>(frame, frame + len)});
+  ++early_frames_;
+}
+
+// As its own event (a result may finish the reduction, whose owner may then start the next): the kept results of
+// the reduction's groups, those younger than four of its longest timeouts, as if they arrived now.
+void EchAgent::take_early(uint64_t reduction_id) {
+  std::weak_ptr<bool> alive = alive_;
+  clock().schedule(clock().now(), [this, alive, reduction_id] {
+    auto a = alive.lock();
+    auto it = reductions_.find(reduction_id);
+    std::shared_ptr<EchReduction> r = (a && *a && it != reductions_.end()) ? it->second.lock() : nullptr;
+    if (!r) {
+      return;
+    }
+    for (const EchLane& l : r->spec_.lanes) {
+      auto e = early_.find({l.switch_ip, r->spec_.job, l.group});
+      if (e == early_.end()) {
+        continue;
+      }
+      std::vector<EarlyFrame> frames = std::move(e->second);
+      early_.erase(e);
+      early_frames_ -= frames.size();
+      for (const EarlyFrame& f : frames) {
+        if (clock().now() - f.at <= 4 * r->spec_.timing.max_rto_ns) {
+          counters_.early_results_taken++;
+          on_reduce_frame(f.port, f.pf, f.bytes.data());
+        }
+      }
+    }
+  });
+}
+
 bool EchAgent::recently_used(const GroupKey& k) {
   auto it = group_activity_.find(k);
   return it != group_activity_.end() && clock().now() - it->second.first <= it->second.second;
@@ -541,9 +582,10 @@ void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const ui
   }
   if (!found) {
     if (write && !recently_used({pf.h.ip.src, ech.job_id, ech.group_id})) {
-      // A result for a group this endpoint has not started yet (its peers began the operation first): not
-      // acknowledged, so the switch sends it again once this side is there.
+      // A result for a group this endpoint has not started yet (its peers began the operation first): kept for
+      // the reduction that starts it here, unacknowledged until then (keep_early).
       counters_.early_results++;
+      keep_early({pf.h.ip.src, ech.job_id, ech.group_id}, port, pf, frame);
       return;
     }
     counters_.unmatched++;

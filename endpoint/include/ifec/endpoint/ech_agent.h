@@ -218,7 +218,8 @@ class EchMulticast {
   X(stale_replicas, "replicas from an earlier multicast of their source (acknowledged, not written)")   \
   X(duplicate_replicas, "replicas of the current multicast written again (a repair): not new arrivals") \
   X(unmatched, "ECH for no reduction or multicast in progress here (late copies)")                      \
-  X(early_results, "results of a group not started here yet: left unacknowledged (resent)")
+  X(early_results, "results of a group not started here yet: kept for when it starts, unacknowledged until then") \
+  X(early_results_taken, "early results the reduction took when it started here")
 // clang-format on
 
 struct EchCounters {
@@ -300,6 +301,21 @@ class EchAgent {
   size_t next_group_sweep_ = kGroupsRemembered;
   void note_group(const GroupKey& k, common::TimeNs max_rto_ns);
   bool recently_used(const GroupKey& k);
+  // Results for a group this endpoint has not started yet (its peers began the operation first): kept (at most
+  // kEarlyFrames) for the reduction that starts it here, which takes those younger than four of its longest
+  // timeouts. Left to the switch, such a result comes again only once this endpoint has gone quiet for the group's
+  // result timeout: hundreds of milliseconds on a slow link, while everything else of the operation is done.
+  static constexpr size_t kEarlyFrames = 1024;
+  struct EarlyFrame {
+    int port;
+    common::TimeNs at;
+    common::ParsedFrame pf;
+    std::vector<uint8_t> bytes;
+  };
+  std::unordered_map<GroupKey, std::vector<EarlyFrame>, GroupKeyHash> early_;
+  size_t early_frames_ = 0;
+  void keep_early(const GroupKey& k, int port, const common::ParsedFrame& pf, const uint8_t* frame);
+  void take_early(uint64_t reduction_id);
   std::map<uint64_t, std::weak_ptr<EchMulticast>> multicasts_;
   std::unordered_map<uint32_t, std::pair<uint64_t, uint32_t>> packet_of_psn_;  // psn -> (multicast id, packet)
   std::map<uint64_t, std::pair<uint32_t, uint32_t>> psn_range_;                // multicast id -> (first psn, packets)
