@@ -45,7 +45,7 @@ inline std::string mac_text(const uint8_t* m) {
   return b;
 }
 
-// The node's status (loop thread).
+// The node's status (loop thread): ready when the daemon says so and its routes have converged.
 inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
   const routing::Topology& topo = rt.topology();
   s->set_node(rt.info().name);
@@ -63,7 +63,7 @@ inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
     driver += (driver.empty() ? "" : "; ") + d;
   }
   s->set_driver(driver);
-  s->set_ready(ready);
+  s->set_ready(ready && rt.routes_complete());
   (*s->mutable_loop()->mutable_values())["stalls"] = rt.loop().stalls();
   (*s->mutable_loop()->mutable_values())["stalled_us"] = static_cast<uint64_t>(rt.loop().stalled_ns() / 1000);
   for (const auto& p : rt.ports()) {

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <set>
 
 #include "ifec/common/checks.h"
 #include "ifec/common/ipv4.h"
@@ -124,6 +125,31 @@ std::pair<int, int> NodeRuntime::peer_of(int port) const { return topo_.peer(lin
 
 bool NodeRuntime::heard(int port) const {
   return bgp_.established(port) && peer_macs_.at(port) != common::MacAddress{};
+}
+
+bool NodeRuntime::routes_complete() const {
+  std::set<int> planes;  // of this node's established sessions
+  for (const auto& p : ports_) {
+    const int plane = topo_.links[link_of_port_.at(p->port())].plane;
+    if (plane != routing::kNvlinkPlane && bgp_.established(p->port())) {
+      planes.insert(plane);
+    }
+  }
+  for (const routing::Node& n : topo_.nodes) {
+    if (n.kind != routing::NodeKind::kGpu || n.gpu_index == info().gpu_index) {
+      continue;
+    }
+    std::set<int> reached;
+    for (const routing::NextHop& h : bgp_.next_hops(n.gpu_index)) {
+      reached.insert(topo_.links[link_of_port_.at(h.port)].plane);
+    }
+    for (int plane : planes) {
+      if ((n.plane < 0 || n.plane == plane) && reached.count(plane) == 0) {
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 bool NodeRuntime::all_heard() const {

@@ -106,6 +106,9 @@ class NodeRuntime {
   // The topology's (node, port) on the other end of `port`.
   std::pair<int, int> peer_of(int port) const;
   bool all_heard() const;  // every port with a carrier has its session up and its neighbour's MAC
+  // FARE has a next hop to every other GPU on every plane this node has a session on (that GPU's NIC on it): the
+  // routes have converged. Before, frames for a GPU not yet learned are dropped as unroutable.
+  bool routes_complete() const;
 
   // Called on the loop after FARE's decision changed (install routes, reweigh QPs).
   void on_fare_change(std::function<void()> fn) { fare_listeners_.push_back(std::move(fn)); }
