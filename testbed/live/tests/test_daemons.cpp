@@ -235,9 +235,11 @@ TEST_F(SwitchdTest, AStoppedDaemonIsAnErrorNamingItWithinTheDeadline) {
 TEST_F(SwitchdTest, ADaemonSlowToAcceptAConnectionIsWaitedFor) {
   const std::string addr = live::daemon_address(opts_, topo_.find_node("p0-sw"));
   SlowProxy proxy(std::stoi(addr.substr(addr.rfind(':') + 1)), std::chrono::milliseconds(400));
-  live::GrpcControl slow(
-      loop_, topo_, [&](int) { return "127.0.0.1:" + std::to_string(proxy.port()); }, 3'000'000'000ULL);
-  const auto slots = wait<uint32_t>([&](auto done) { slow.free_slots("p0-sw", done); });
+  // The fixture's control plane (it outlives the call until TearDown, as the daemons' does), through the relay.
+  const int port = proxy.port();
+  control_ = std::make_unique<live::GrpcControl>(
+      loop_, topo_, [port](int) { return "127.0.0.1:" + std::to_string(port); }, 3'000'000'000ULL);
+  const auto slots = wait<uint32_t>([&](auto done) { control_->free_slots("p0-sw", done); });
   ASSERT_TRUE(slots.ok()) << slots.error->message();
   EXPECT_EQ(slots.value, topo_.params.ifec.slot_pool);
   EXPECT_EQ(proxy.connections(), 1) << "one attempt that lasted its 400 ms, not tries cut short";

@@ -383,9 +383,9 @@ TEST_F(XdpVeth, ThePortPacesAtTheLinkRate) {
   // port idle since the loop began): no more than that early.
   const double early_ms = (live::LinkPacer::kSlackNs + live::LinkPacer::kCatchUpNs) / 1e6;
   EXPECT_GT(ms, want_ms - early_ms) << "2000 frames at 1 Gb/s went out faster than the link";
-  // The loop spins while the port is busy, so a port held back too long costs this thread CPU time; time the thread
-  // was not running (a loaded CI machine) costs none, and is what a wall-clock bound here would trip on.
-  EXPECT_LT(cpu_ms, want_ms * 3) << "pacing held the port back far more than the link's rate (wall " << ms << " ms)";
+  // The exact rate is LinkPacer's test's (a clock it drives); here only a gross error, an order of magnitude: on a
+  // loaded machine this thread's time, wall or CPU (the peer's receive work runs in its softirqs), reached 3x.
+  EXPECT_LT(ms, want_ms * 10) << "pacing held the port back far more than the link's rate (CPU " << cpu_ms << " ms)";
   EXPECT_GT(static_cast<live::XdpPort*>(pa_.get())->counters().paced, 0u);
   EXPECT_TRUE(run_until(loop_, [&] { return arrived == 2000; })) << arrived;
 }
