@@ -9,7 +9,7 @@ namespace ifec::common {
 bool keep_freed_heap() {
 #if defined(__GLIBC__)
   return mallopt(M_TRIM_THRESHOLD, static_cast<int>(kKeptFreeHeapBytes)) == 1 &&
-         mallopt(M_TOP_PAD, static_cast<int>(size_t{16} << 20)) == 1 &&
+         mallopt(M_TOP_PAD, static_cast<int>(kHeapGrowthBytes)) == 1 &&
          mallopt(M_MMAP_THRESHOLD, static_cast<int>(kOwnMappingBytes)) == 1;
 #else
   return false;

@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <ctime>
 #include <memory>
 
 #include "ifec/common/checks.h"

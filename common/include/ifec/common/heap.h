@@ -5,8 +5,8 @@
 // fixed. With frames of a few KiB going through queues of thousands, the heap's top then grows and shrinks all the
 // time: every shrink unmaps pages that each core running the process may have cached (a TLB shootdown, an
 // inter-processor interrupt, costly in a virtual machine) and every regrowth faults zeroed pages in again. Measured
-// on a 2-core VM: AF_XDP forwarding of 4 KiB frames 1.6 -> 12.6 Gb/s, the 2,048-GPU simulated permutation 14.1 ->
-// 10.7 s.
+// on a 2-core VM (`./ifec bench live --quick`, `ifec-cli sim` of fat-tree-2048x8's permutation): AF_XDP forwarding of
+// 4 KiB frames 2.0 -> 12.5 Gb/s, the 2,048-GPU simulated permutation 14.1 -> 11.4 s.
 #pragma once
 
 #include <cstddef>
@@ -15,10 +15,11 @@ namespace ifec::common {
 
 inline constexpr size_t kKeptFreeHeapBytes = size_t{256} << 20;  // freed memory the heap keeps for reuse
 inline constexpr size_t kOwnMappingBytes = size_t{32} << 20;     // allocations this large are mapped on their own
+inline constexpr size_t kHeapGrowthBytes = size_t{16} << 20;     // what the heap asks the kernel for beyond a need
 
-// Keeps up to kKeptFreeHeapBytes of freed memory on the heap (it stays at its high-water mark) and maps only
-// allocations of kOwnMappingBytes or more on their own. Call once at the start of main(); false where the C
-// library refused (not glibc: nothing changed).
+// Keeps up to kKeptFreeHeapBytes of freed memory on the heap (it stays at its high-water mark), grows it
+// kHeapGrowthBytes at a time, and maps only allocations of kOwnMappingBytes or more on their own. Call once at the
+// start of main(); false where the C library refused (not glibc: nothing changed).
 bool keep_freed_heap();
 
 }  // namespace ifec::common
