@@ -306,9 +306,16 @@ bool WireDelay::hold(common::TimeNs last_bit, std::vector<uint8_t>& frame) {
   return true;
 }
 
+void WakeLead::woke(common::TimeNs armed_for, common::TimeNs ran) {
+  const auto late = static_cast<int64_t>(std::min(ran - std::min(ran, armed_for), kMaxLeadNs));
+  lead_ += (late - lead_) / kWindow;
+}
+
 void WireDelay::release() {
   const common::TimeNs now = loop_.now();
-  while (!held_.empty() && held_.front().first <= now + kHoldNs) {
+  // What its timer would have been armed for by now goes (the same test as release_at's, so it never re-arms for
+  // the past).
+  while (!held_.empty() && held_.front().first <= now + kHoldNs + lead_.lead()) {
     std::vector<uint8_t> f = std::move(held_.front().second);
     held_.pop_front();
     put_(std::move(f));
@@ -319,9 +326,11 @@ void WireDelay::release() {
 }
 
 void WireDelay::release_at(common::TimeNs at) {
+  armed_for_ = std::max(at - std::min(at, lead_.lead()), loop_.now());
   std::weak_ptr<bool> alive = alive_;
-  loop_.schedule(at, [this, alive] {
+  loop_.schedule(armed_for_, [this, alive] {
     if (!alive.expired()) {
+      lead_.woke(armed_for_, loop_.now());
       release();
     }
   });

@@ -57,15 +57,18 @@ common::TimeNs EpollLoop::now() const {
 }
 
 void EpollLoop::schedule(common::TimeNs at, std::function<void()> fn) {
+  const bool own = std::this_thread::get_id() == serving_.load(std::memory_order_relaxed);
+  // Deferred handling of an arrival keeps its arrival time (only the loop's thread reads arrival_ns_).
+  const common::TimeNs arrival = own && arrival_ns_ != 0 && at <= now() ? arrival_ns_ : 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Its lateness counts from `at`, or for one due already from the loop's last look at the clock (no clock read
     // per timer on the hot path: a paced port schedules one per frame).
-    timers_.push(Timer{at, std::max(at, last_now_.load(std::memory_order_relaxed)), seq_++, std::move(fn)});
+    timers_.push(Timer{at, std::max(at, last_now_.load(std::memory_order_relaxed)), seq_++, std::move(fn), arrival});
   }
   // The loop's own thread re-arms the timer before it waits again: only other threads need to wake it (an eventfd
   // write per frame sent was a syscall on the hot path).
-  if (std::this_thread::get_id() != serving_.load(std::memory_order_relaxed)) {
+  if (!own) {
     wake();
   }
 }
@@ -103,6 +106,7 @@ uint64_t EpollLoop::run_due() {
   uint64_t n = 0;
   for (;;) {
     std::function<void()> fn;
+    common::TimeNs arrival = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       const common::TimeNs t = now();
@@ -119,9 +123,12 @@ uint64_t EpollLoop::run_due() {
         stalled_ns_.fetch_add(late, std::memory_order_relaxed);
       }
       fn = std::move(const_cast<Timer&>(timers_.top()).fn);
+      arrival = timers_.top().arrival;
       timers_.pop();
     }
+    arrival_ns_ = arrival;
     fn();
+    arrival_ns_ = 0;
     ++n;
   }
 }

@@ -95,6 +95,30 @@ TEST(EpollLoop, TimersRunInTimeOrderAndOtherThreadsWakeIt) {
   EXPECT_GE(loop.now() - before, 15'000'000u);
 }
 
+// Work an arrival's handling defers "at once" (a collective's next store) runs with that arrival's time, and so does
+// what it defers in turn; a timer for later, and the loop outside them, see none.
+TEST(EpollLoop, WorkDeferredFromAnArrivalKeepsItsArrivalTime) {
+  live::EpollLoop loop;
+  const common::TimeNs kArrived = 12'345;
+  common::TimeNs deferred = 1, chained = 1, later = 1, plain = 1;
+  loop.schedule(0, [&] {
+    loop.set_arrival_ns(kArrived);  // as NodeRuntime sets it while handing a frame over
+    loop.schedule(loop.now(), [&] {
+      deferred = loop.arrival_ns();
+      loop.schedule(0, [&] { chained = loop.arrival_ns(); });
+    });
+    loop.schedule(loop.now() + 1'000'000, [&] { later = loop.arrival_ns(); });
+    loop.set_arrival_ns(0);
+    loop.schedule(0, [&] { plain = loop.arrival_ns(); });
+  });
+  loop.serve(loop.now() + 3'000'000);
+  EXPECT_EQ(deferred, kArrived);
+  EXPECT_EQ(chained, kArrived);
+  EXPECT_EQ(later, 0u);
+  EXPECT_EQ(plain, 0u);
+  EXPECT_EQ(loop.arrival_ns(), 0u);
+}
+
 // The pacer on a clock the test drives: a sender that sends whenever it is let runs at the link's rate, never slower;
 // a late wake-up is made up for up to the catch-up it is given and no more; an idle link lets a frame go at once.
 TEST(LinkPacer, HoldsASenderToTheLinkRateAndNeverBelowIt) {
@@ -168,6 +192,51 @@ TEST(TxGate, CatchesUpTheTimeSinceTheFrameItAnswersArrivedOrWhileItWaited) {
   loop.poll();
   EXPECT_EQ(in_ready, LinkPacer::kMaxCatchUpNs);
   EXPECT_EQ(gate.catch_up(), LinkPacer::kCatchUpNs) << "only while the owner answers tx-ready";
+}
+
+// WakeLead: a moving average of how late timers ran, each wake-up counted up to kMaxLeadNs; never negative.
+TEST(WakeLead, AveragesTheLoopsLatenessAndCapsAStall) {
+  using live::WakeLead;
+  WakeLead lead;
+  lead.woke(1'000'000, 900'000);  // ran early (an earlier wake-up): counts as on time
+  EXPECT_EQ(lead.lead(), 0u);
+  for (int i = 0; i < 64; ++i) {
+    lead.woke(1'000'000, 1'300'000);
+  }
+  EXPECT_NEAR(static_cast<double>(lead.lead()), 300'000.0, 300'000.0 * 0.01) << "converges to a steady lateness";
+  const common::TimeNs before = lead.lead();
+  lead.woke(1'000'000, 1'000'000 + 50'000'000);  // a 50 ms stall of the host
+  EXPECT_EQ(lead.lead(), before + (WakeLead::kMaxLeadNs - before) / WakeLead::kWindow);
+}
+
+// WireDelay: held frames go in order, at their last bit less the loop's usual lateness, never earlier; a loop whose
+// release timers run late (here: another timer just before each one spins 400 us) learns to arm them that much early.
+TEST(WireDelay, ReleasesInOrderAndArmsEarlyByTheLoopsLateness) {
+  live::EpollLoop loop;
+  std::vector<std::pair<common::TimeNs, uint8_t>> put;
+  live::WireDelay wire(loop, [&](std::vector<uint8_t>&& f) { put.emplace_back(loop.now(), f[0]); });
+  std::vector<common::TimeNs> due;
+  for (uint8_t i = 0; i < 16; ++i) {
+    const common::TimeNs last_bit = loop.now() + 2'000'000;
+    const common::TimeNs lead = wire.lead();
+    const common::TimeNs armed = last_bit - lead;
+    loop.schedule(armed - 1, [&loop, armed] {
+      while (loop.now() < armed + 400'000) {
+      }
+    });
+    std::vector<uint8_t> frame{i};
+    ASSERT_TRUE(wire.hold(last_bit, frame));
+    due.push_back(last_bit - lead);
+    while (put.size() <= i) {
+      loop.serve(loop.now() + 1'000'000);
+    }
+  }
+  for (size_t i = 0; i < put.size(); ++i) {
+    EXPECT_EQ(put[i].second, i);
+    EXPECT_GE(put[i].first + live::WireDelay::kHoldNs, due[i]) << "frame " << i << " went before its time";
+  }
+  EXPECT_GT(wire.lead(), 300'000u) << "after 16 wake-ups 400 us late";
+  EXPECT_LE(wire.lead(), live::WakeLead::kMaxLeadNs);
 }
 
 TEST_F(Veth, FabricFramesCrossByteForByteAndOtherTrafficIsFiltered) {

@@ -55,7 +55,9 @@ class EpollLoop : public common::Clock {
   common::TimeNs take_worst_late_ns() { return worst_late_ns_.exchange(0, std::memory_order_relaxed); }
   // Loop thread: when the frame being handled arrived (loop time; 0: none, or its port has no timestamps), set by
   // whoever hands it to its receiver. What its handling sends may make up the time since (TxGate::catch_up): the
-  // reply or the forwarded frame of a loop that woke late is as early as the wire would have had it.
+  // reply or the forwarded frame of a loop that woke late is as early as the wire would have had it. Work its
+  // handling defers "at once" (a timer due now, scheduled from the loop's thread: a collective's next store, which
+  // the message's last packet released) runs with the same arrival time, as if it ran inside the handling.
   void set_arrival_ns(common::TimeNs at) { arrival_ns_ = at; }
   common::TimeNs arrival_ns() const { return arrival_ns_; }
   // CPU time the calling thread (a loop's own, called from it) has used: with the stalls, whether a slow phase's
@@ -68,6 +70,7 @@ class EpollLoop : public common::Clock {
     common::TimeNs due;  // at, or about when it was scheduled if that was later ("at once")
     uint64_t seq;
     std::function<void()> fn;
+    common::TimeNs arrival = 0;  // the arrival being handled when it was scheduled "at once" (set_arrival_ns)
     bool operator>(const Timer& o) const { return at != o.at ? at > o.at : seq > o.seq; }
   };
   uint64_t run_once(int timeout_ms);
