@@ -44,6 +44,7 @@ EchReduction::EchReduction(EchAgent& agent, EchReduceSpec spec, uint64_t id)
     : agent_(agent), spec_(std::move(spec)), id_(id), rtt_(spec_.timing.min_rto_ns) {
   const size_t n = spec_.chunks.size();
   outcome_.assign(n, EchOutcome::kPending);
+  held_.assign(n, 0);
   tries_.assign(n, 0);
   busy_.assign(n, 0);
   epoch_.assign(n, 0);
@@ -76,6 +77,12 @@ uint32_t EchReduction::chunk_of(uint32_t lane, uint32_t seq) const {
   }
   auto it = chunk_of_other_.find(uint64_t{lane} << 32 | seq);
   return it == chunk_of_other_.end() ? kNoChunk : it->second;
+}
+
+bool EchReduction::probing(int plane, uint32_t chunk) const {
+  auto it = probe_.find(plane);
+  return it != probe_.end() && it->second != chunk && outcome_[it->second] == EchOutcome::kPending &&
+         !held_[it->second];
 }
 
 void EchReduction::finish(size_t i, EchOutcome o) {
@@ -348,16 +355,27 @@ void EchAgent::arm(EchReduction& r, size_t i, TimeNs delay, bool counts_as_try) 
     // Other chunks on its plane completed within a timeout: the queue ahead of this one is moving, wait on (a timer
     // per chunk otherwise resends every chunk queued longer than the timeout, and the copies lengthen the queue). A
     // plane that stopped answering still runs out of tries while another plane progresses.
-    const TimeNs until =
-        r.progress_[r.spec_.lanes[r.spec_.chunks[i].lane].plane] + rto(r.rtt_, r.spec_.timing, r.tries_[i]);
+    const int plane = r.spec_.lanes[r.spec_.chunks[i].lane].plane;
+    const TimeNs until = r.progress_[plane] + rto(r.rtt_, r.spec_.timing, r.tries_[i]);
     if (counts_as_try && until > clock().now()) {
       arm(r, i, until - clock().now(), true);
+      return;
+    }
+    // Another chunk's resend on this plane is out and unanswered: its answer (a result, or held: the switch waits
+    // for a member a loaded host runs late) says whether the plane loses frames. Resending every chunk whose timer
+    // ran out (a whole window, while one member is late) only lengthened the switches' queues.
+    if (counts_as_try && r.probing(plane, static_cast<uint32_t>(i))) {
+      arm(r, i, rto(r.rtt_, r.spec_.timing, r.tries_[i]), true);
       return;
     }
     if (counts_as_try && ++r.tries_[i] > r.spec_.timing.max_retries) {
       r.finish(i, EchOutcome::kGivenUp);
       pump(r);
       return;
+    }
+    if (counts_as_try) {
+      r.probe_[plane] = static_cast<uint32_t>(i);
+      r.held_[i] = 0;
     }
     send_contribution(r, i, true);
   });
@@ -374,9 +392,14 @@ void EchAgent::arm(EchMulticast& m, size_t i, TimeNs delay) {
     if (m.outcome_[i] != EchOutcome::kPending) {
       return;
     }
-    const TimeNs until = m.progress_[m.spec_.packets[i].plane] + rto(m.rtt_, m.spec_.timing, m.tries_[i]);
+    const int plane = m.spec_.packets[i].plane;
+    const TimeNs until = m.progress_[plane] + rto(m.rtt_, m.spec_.timing, m.tries_[i]);
     if (until > clock().now()) {
       arm(m, i, until - clock().now());
+      return;
+    }
+    if (m.probing(plane, static_cast<uint32_t>(i))) {  // another packet's resend on the plane is unanswered
+      arm(m, i, rto(m.rtt_, m.spec_.timing, m.tries_[i]));
       return;
     }
     if (++m.tries_[i] > m.spec_.timing.max_retries) {
@@ -384,6 +407,7 @@ void EchAgent::arm(EchMulticast& m, size_t i, TimeNs delay) {
       pump(m);
       return;
     }
+    m.probe_[plane] = static_cast<uint32_t>(i);
     send_packet(m, i, true);
   });
 }
@@ -614,6 +638,13 @@ void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const ui
       sample();
       r->finish(i, EchOutcome::kDone);
       pump(*r);
+    } else if (pending && c.contribute) {
+      // Held: the switch has our contribution and waits for other members (one a loaded host runs late). Their
+      // result, or the slot timeout's notice, ends the chunk; resending meanwhile only adds to the switch's load.
+      counters_.held_acks++;
+      r->held_[i] = 1;
+      r->progress_[r->spec_.lanes[c.lane].plane] = clock().now();  // the plane moves: its other chunks wait on
+      arm(*r, i, r->spec_.timing.max_rto_ns, true);
     }
     return;
   }

@@ -1,5 +1,5 @@
 // The IFEC engine alone (no ports, no fabric): what it emits for a compact-ECH multicast and its retransmissions,
-// and which groups it reserves.
+// which groups it reserves, and how it answers a reduction's resent contributions and silent members.
 // Reductions are tested through whole fabrics in testbed/sim/tests (test_ifec_collectives.cpp, test_ifec_rows.cpp).
 #include <gtest/gtest.h>
 
@@ -229,4 +229,114 @@ TEST(IfecEngineMulticast, ReachesGpusPast63WithABitmapBase) {
   EXPECT_EQ(done.h.ip.dst, gpu_ip(200));
   EXPECT_TRUE(done.h.ech->addresses(200));
   EXPECT_EQ(s.e.counters().multicast_completions, 1u);
+}
+
+namespace {
+
+// Member `c`'s frame about chunk `chunk` of group 7 (AllReduce, fp32, 4 elements): its contribution, or with `ack`
+// its acknowledgement of the chunk's result (as EchAgent sends them).
+std::vector<uint8_t> reduce_frame(int c, uint32_t chunk, bool ack = false) {
+  common::FrameHeaders h;
+  h.ip.src = gpu_ip(c);
+  h.ip.dst = kSwitchIp;
+  h.bth.opcode = static_cast<uint8_t>(ack ? common::Opcode::kAcknowledge : common::Opcode::kWriteOnly);
+  h.bth.pkey = common::pkey_of_job(1);
+  h.bth.dest_qp = common::kEchQpn;
+  h.bth.psn = chunk;
+  common::Ech ech;
+  ech.format = common::EchFormat::kStandard;
+  ech.op = common::EchOp::kAllReduce;
+  ech.job_id = 1;
+  ech.group_id = 7;
+  ech.contributor_id = static_cast<uint16_t>(c);
+  ech.chunk_index = chunk;
+  ech.element_count = ack ? 0 : 4;
+  h.ech = ech;
+  if (ack) {
+    h.aeth = common::Aeth::ack(0);
+    return common::encode_frame(h, nullptr, 0);
+  }
+  h.reth = common::Reth{16ULL * chunk, 0, 16};
+  const std::vector<uint8_t> data(16, 0);
+  return common::encode_frame(h, data.data(), data.size());
+}
+
+void deliver(Engine& s, const std::vector<uint8_t>& f) {
+  common::ParsedFrame pf;
+  ASSERT_TRUE(common::parse_frame(f.data(), f.size(), &pf).ok());
+  s.e.receive(pf, f.data());
+}
+
+common::ParsedFrame parsed(const std::vector<uint8_t>& f) {
+  common::ParsedFrame pf;
+  EXPECT_TRUE(common::parse_frame(f.data(), f.size(), &pf).ok());
+  return pf;
+}
+
+}  // namespace
+
+// A destination resends its contribution while the slot still waits for another member (a late host): the switch
+// acknowledges it as held (an ACK where a destination otherwise only ever gets the result), writes nothing, and
+// sends the result to every member once the last contribution arrives.
+TEST(IfecEngineReduce, AResentContributionToASlotStillWaitingIsAcknowledgedAsHeld) {
+  Engine s;
+  ASSERT_TRUE(s.e.reserve(group_of(7, 3, 0), nullptr));
+  deliver(s, reduce_frame(0, 0));
+  deliver(s, reduce_frame(1, 0));
+  EXPECT_TRUE(s.out.empty()) << "destinations hear only the result";
+  deliver(s, reduce_frame(0, 0));  // member 0's timer ran out: member 2 is late
+  ASSERT_EQ(s.out.size(), 1u);
+  const common::ParsedFrame held = parsed(s.out[0]);
+  EXPECT_EQ(held.h.bth.opcode, static_cast<uint8_t>(common::Opcode::kAcknowledge));
+  EXPECT_EQ(held.h.ip.dst, gpu_ip(0));
+  EXPECT_EQ(held.h.ech->chunk_index, 0u);
+  EXPECT_EQ(s.e.counters().held_answers, 1u);
+  EXPECT_EQ(s.e.counters().contributions, 2u) << "the copy was not aggregated again";
+  deliver(s, reduce_frame(2, 0));
+  ASSERT_EQ(s.out.size(), 4u);
+  for (size_t i = 1; i < 4; ++i) {
+    EXPECT_EQ(parsed(s.out[i]).h.bth.opcode, static_cast<uint8_t>(common::Opcode::kWriteOnly));
+  }
+  EXPECT_EQ(s.e.counters().slots_completed, 1u);
+}
+
+// A member silent past the result timeout with four results unacknowledged gets one of them again per timeout, not
+// all four (the others' timers count the try and wait for its answer); once it answers, the rest follow it.
+TEST(IfecEngineReduce, ResendsToASilentMemberOneResultAtATime) {
+  Engine s;
+  ASSERT_TRUE(s.e.reserve(group_of(7, 2, 0), nullptr));  // 4 slots
+  for (uint32_t chunk = 0; chunk < 4; ++chunk) {
+    deliver(s, reduce_frame(0, chunk));
+    deliver(s, reduce_frame(1, chunk));
+    deliver(s, reduce_frame(0, chunk, true));  // member 0 has its result; member 1 stays silent
+  }
+  ASSERT_EQ(s.e.counters().results_sent, 8u);
+  const common::TimeNs rto = routing::IfecParams{}.result_retransmit_ns;
+  s.loop.run(s.loop.now() + rto + 1);
+  EXPECT_EQ(s.e.counters().result_resends, 1u) << "one probe toward member 1";
+  ASSERT_EQ(s.out.size(), 9u);
+  EXPECT_EQ(parsed(s.out.back()).h.ip.dst, gpu_ip(1));
+  deliver(s, reduce_frame(1, parsed(s.out.back()).h.ech->chunk_index, true));  // it answers: late, not gone
+  for (uint32_t chunk = 0; chunk < 4; ++chunk) {
+    deliver(s, reduce_frame(1, chunk, true));
+  }
+  s.loop.run(s.loop.now() + 16 * rto);
+  EXPECT_EQ(s.e.counters().result_resends, 1u);
+  EXPECT_EQ(s.e.counters().slots_reclaimed, 0u);
+}
+
+// A member that never answers is still given up after result_retries tries of each slot: the slots waiting on
+// another slot's resend count their tries too.
+TEST(IfecEngineReduce, AMemberThatNeverAnswersIsStillGivenUp) {
+  Engine s;
+  ASSERT_TRUE(s.e.reserve(group_of(7, 2, 0), nullptr));
+  for (uint32_t chunk = 0; chunk < 4; ++chunk) {
+    deliver(s, reduce_frame(0, chunk));
+    deliver(s, reduce_frame(1, chunk));
+    deliver(s, reduce_frame(0, chunk, true));
+  }
+  const routing::IfecParams p;
+  s.loop.run(s.loop.now() + p.result_retransmit_ns * 8 * (p.result_retries + 2));
+  EXPECT_EQ(s.e.counters().slots_reclaimed, 4u);
+  EXPECT_LE(s.e.counters().result_resends, p.result_retries + 4u) << "about one per timeout, not four";
 }

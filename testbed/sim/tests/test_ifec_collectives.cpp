@@ -266,6 +266,41 @@ TEST(IfecCollectives, ChunksQueuedLongerThanTheTimerAreNotResentWhileTheOperatio
   }
 }
 
+// A member so slow that the operation makes no progress for many timeouts (GPU 7's links at 1/256 of their rate:
+// a host a loaded machine runs late): the other GPUs' timers run out again and again, and each time only one chunk
+// per plane is resent, a probe; the switch answers a resent contribution it holds as held (the slot waits for GPU
+// 7), and the plane's other chunks wait on; its result timers resend to a silent member one result at a time.
+// Resending every chunk whose timer ran out, and every unacknowledged result, sent 11,972 contributions and 1,576
+// results again here (34 and 212 now, for the 64 chunks of each GPU).
+TEST(IfecCollectives, AMemberLateForManyTimeoutsCostsOneProbePerPlaneNotTheWindow) {
+  const auto s = spec_for(Collective::kAllReduce, 8, 1 << 18, EchDtype::kFp32, EchRedOp::kSum, 2);
+  Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(0, 1), 9);
+  const routing::Topology& topo = st.cluster->fabric().topology();
+  for (size_t id = 0; id < topo.links.size(); ++id) {
+    const routing::Link& l = topo.links[id];
+    if (topo.nodes[l.a].gpu_index == 7 || topo.nodes[l.b].gpu_index == 7) {
+      common::Link& link = st.cluster->fabric().link(static_cast<int>(id));
+      link.set_rate_bps(link.config().rate_bps / 256);
+    }
+  }
+  st.ifec->options().timing.initial_rto_ns = 2'000;
+  st.ifec->options().timing.min_rto_ns = 2'000;
+  const auto r = st.ifec->run(s, 2'000'000'000);
+  ASSERT_TRUE(r.ok) << r.error;
+  expect_result(st, s, all_members(s));
+  uint64_t held = 0, result_resends = 0;
+  for (int sw = 0; sw < st.cluster->fabric().num_switches(); ++sw) {
+    held += st.cluster->fabric().switch_at(sw).ifec()->counters().held_answers;
+    result_resends += st.cluster->fabric().switch_at(sw).ifec()->counters().result_resends;
+  }
+  printf("%lu sent again by the GPUs, %lu answered as held, %lu results sent again\n",
+         static_cast<unsigned long>(st.ifec->stats().retransmissions), static_cast<unsigned long>(held),
+         static_cast<unsigned long>(result_resends));
+  EXPECT_LT(st.ifec->stats().retransmissions, 64u) << "fewer than one per chunk of a GPU";
+  EXPECT_GT(held, 0u);
+  EXPECT_LT(result_resends, 400u);
+}
+
 TEST(IfecCollectives, MulticastReachesEveryDestinationOnceUnderLoss) {
   for (double loss : {0.0, 0.05}) {
     const auto s = spec_for(Collective::kMulticast, 8, 40000, EchDtype::kFp32, EchRedOp::kSum, 2);

@@ -66,6 +66,7 @@ struct WindowRegistration {
   X(reservation_failures, "")                                                                                \
   X(contributions, "")                                                                                       \
   X(duplicate_contributions, "")                                                                             \
+  X(held_answers, "a destination's resent contribution to a slot still waiting for others: ACKed as held")  \
   X(results_sent, "")                                                                                        \
   X(result_resends, "results sent again: on a destination's retransmission or the result timer")             \
   X(implicit_acks, "a destination's next chunk in a slot, standing for its lost acknowledgement")            \

@@ -35,6 +35,8 @@ struct EchTiming {
   common::TimeNs max_rto_ns = 800'000;
   int max_retries = 20;                  // then the chunk or packet is given up (the caller finishes it otherwise)
   common::TimeNs busy_retry_ns = 1'000;  // after an RNR NAK (slot busy), doubling to 8x; not counted as a try
+  // A resent contribution the switch acknowledged as held (its slot waits for other members): the next resend after
+  // max_rto_ns (a try); the result, or the slot timeout's notice, normally comes first.
 };
 
 enum class EchOutcome : uint8_t {
@@ -121,7 +123,12 @@ class EchReduction {
   uint64_t id_;
   common::RttEstimator rtt_;
   std::map<int, common::TimeNs> progress_;  // per plane: when a chunk on it last completed (its result or ACK)
+  // Per plane: the chunk last resent on a timeout. While it is pending and unanswered (no held ACK), other chunks'
+  // timeouts on the plane wait for it rather than resend: one probe at a time, as TCP resends the head of its window.
+  std::map<int, uint32_t> probe_;
+  bool probing(int plane, uint32_t chunk) const;
   std::vector<EchOutcome> outcome_;
+  std::vector<uint8_t> held_;  // the switch answered its latest resend as held (the result is still to come)
   std::vector<uint8_t> tries_;
   std::vector<uint8_t> busy_;
   std::vector<uint32_t> epoch_;
@@ -187,6 +194,13 @@ class EchMulticast {
   uint32_t first_psn_;
   common::RttEstimator rtt_;
   std::map<int, common::TimeNs> progress_;  // per plane: when a packet on it last completed (the switch's ACK)
+  // Per plane: the packet last resent on a timeout; while it is pending, other packets' timeouts wait for it (as a
+  // reduction's chunks do: one probe at a time per plane).
+  std::map<int, uint32_t> probe_;
+  bool probing(int plane, uint32_t packet) const {
+    auto it = probe_.find(plane);
+    return it != probe_.end() && it->second != packet && outcome_[it->second] == EchOutcome::kPending;
+  }
   std::vector<EchOutcome> outcome_;
   std::vector<uint8_t> tries_;
   std::vector<common::TimeNs> sent_ns_;
@@ -213,6 +227,7 @@ class EchMulticast {
   X(protection_drops, "failed the rkey/bounds/job check (or wrong size): never written, never acked")   \
   X(anomaly_notices, "")                                                                                \
   X(busy_naks, "")                                                                                      \
+  X(held_acks, "ACKs of resent contributions the switch holds for a result still to come: waited for")  \
   X(multicast_sent, "")                                                                                 \
   X(replicas_written, "")                                                                               \
   X(stale_replicas, "replicas from an earlier multicast of their source (acknowledged, not written)")   \

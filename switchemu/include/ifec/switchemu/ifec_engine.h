@@ -129,6 +129,9 @@ class IfecEngine {
     Members destinations;  // bitmap of result destinations
     std::vector<Slot> slots;
     std::vector<common::TimeNs> heard_at;  // per member: when a contribution or ACK of it last came here
+    // Per member: when the result timer last resent a result to it. One resend per silent member per timeout (the
+    // member's answer to it says whether it is gone or only late), not one per slot it has not acknowledged.
+    std::vector<common::TimeNs> resent_at;
   };
   struct Window {
     uint32_t ip = 0;
