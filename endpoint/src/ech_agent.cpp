@@ -220,6 +220,11 @@ void EchAgent::later(TimeNs delay, uint64_t id, Fn fn) {
   });
 }
 
+std::string EchAgent::no_answer(int plane, int tries) const {
+  return "GPU " + std::to_string(ep_.index()) + ": no answer from the switch on plane " + std::to_string(plane) +
+         " to " + std::to_string(tries) + " resends";
+}
+
 TimeNs EchAgent::rto(const common::RttEstimator& rtt, const EchTiming& t, int tries) {
   const TimeNs base = rtt.rto(t.initial_rto_ns);
   return std::min<TimeNs>(std::max(base, t.max_rto_ns), base << std::min(tries, 3));
@@ -369,7 +374,9 @@ void EchAgent::arm(EchReduction& r, size_t i, TimeNs delay, bool counts_as_try) 
       return;
     }
     if (counts_as_try && ++r.tries_[i] > r.spec_.timing.max_retries) {
-      r.finish(i, EchOutcome::kGivenUp);
+      // The plane answered none of its resends for the whole budget (the others waited on them): it is given up,
+      // as a plane FARE lost, and its chunks finish on the planes left.
+      r.give_up_plane(plane, no_answer(plane, r.tries_[i] - 1));
       pump(r);
       return;
     }
@@ -403,7 +410,7 @@ void EchAgent::arm(EchMulticast& m, size_t i, TimeNs delay) {
       return;
     }
     if (++m.tries_[i] > m.spec_.timing.max_retries) {
-      m.finish(i, EchOutcome::kGivenUp);
+      m.give_up_plane(plane, no_answer(plane, m.tries_[i] - 1));  // as a reduction's chunk
       pump(m);
       return;
     }

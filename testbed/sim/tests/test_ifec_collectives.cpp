@@ -482,6 +482,38 @@ TEST(IfecFallback, FailedPlaneBeforeAndDuringTheOperation) {
   }
 }
 
+// A plane whose switch stops answering in the middle of an operation (its reservations gone, so every ECH frame is
+// dropped as unreserved: a gray failure FARE does not see) is given up once one resent chunk per GPU has run out its
+// tries, and its chunks are redone in the next round; the chunks waiting on that probe do not each run out a budget
+// of their own in turn.
+TEST(IfecFallback, APlaneThatStopsAnsweringIsGivenUpAfterOneResendsBudget) {
+  const auto s = spec_for(Collective::kAllReduce, 8, 1 << 18, EchDtype::kFp32, EchRedOp::kSum);
+  Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(0, 1), 9);
+  st.ifec->options().timing.initial_rto_ns = 2'000;
+  st.ifec->options().timing.min_rto_ns = 2'000;
+  testbed::Cluster& c = *st.cluster;
+  const common::TimeNs start = c.loop().now();
+  c.loop().schedule(start + 3'000, [&c] {
+    for (int sw = 0; sw < c.fabric().num_switches(); ++sw) {
+      switchemu::IfecEngine* e = c.fabric().switch_at(sw).ifec();
+      if (c.fabric().topology().nodes[c.fabric().switch_node(sw)].plane == 1) {
+        for (const common::GroupReservation& g : e->reservations()) {
+          e->release(g.job, g.group);
+        }
+      }
+    }
+  });
+  const auto r = st.ifec->run(s, 2'000'000'000);
+  ASSERT_TRUE(r.ok) << r.error;
+  ASSERT_FALSE(r.faults.empty());
+  EXPECT_NE(r.faults[0].find("plane 1 given up (GPU"), std::string::npos) << r.faults[0];
+  EXPECT_NE(r.faults[0].find("no answer from the switch on plane 1 to 20 resends"), std::string::npos) << r.faults[0];
+  expect_result(st, s, all_members(s));  // the next round re-reserves plane 1 and redoes its chunks there
+  // One resend's budget (20 tries, the timeout doubling to 8x; 1.2 ms here) and a second round; each of a plane's 32
+  // chunks in turn would take 32 times that.
+  EXPECT_LT(r.end_ns - r.start_ns, 3'000'000u);
+}
+
 TEST(IfecCollectives, SlotsAreReusedWhenTheBudgetIsSmallerThanTheChunkCount) {
   // 60 chunks through 4 slots per plane under loss: every slot is reused many times, after its acknowledgements.
   const auto s = spec_for(Collective::kAllReduce, 4, 60 * 1024, EchDtype::kFp32, EchRedOp::kSum);

@@ -281,6 +281,7 @@ class EchAgent {
   void arm(EchMulticast& m, size_t packet, common::TimeNs delay);
   void pump(EchMulticast& m);
   void send_packet(EchMulticast& m, size_t packet, bool retransmit);
+  std::string no_answer(int plane, int tries) const;  // why a plane whose resends went unanswered is given up
   static common::TimeNs rto(const common::RttEstimator& rtt, const EchTiming& t, int tries);
   void on_reduce_frame(int port, const common::ParsedFrame& pf, const uint8_t* frame);
   void on_compact_frame(int port, const common::ParsedFrame& pf, const uint8_t* frame);
