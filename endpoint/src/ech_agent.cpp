@@ -45,6 +45,7 @@ EchReduction::EchReduction(EchAgent& agent, EchReduceSpec spec, uint64_t id)
   const size_t n = spec_.chunks.size();
   outcome_.assign(n, EchOutcome::kPending);
   held_.assign(n, 0);
+  probes_.resize(n);
   tries_.assign(n, 0);
   busy_.assign(n, 0);
   epoch_.assign(n, 0);
@@ -80,9 +81,8 @@ uint32_t EchReduction::chunk_of(uint32_t lane, uint32_t seq) const {
 }
 
 bool EchReduction::probing(int plane, uint32_t chunk) const {
-  auto it = probe_.find(plane);
-  return it != probe_.end() && it->second != chunk && outcome_[it->second] == EchOutcome::kPending &&
-         !held_[it->second];
+  const uint32_t p = probes_.probe(plane);
+  return p != PlaneProbes::kNone && p != chunk && outcome_[p] == EchOutcome::kPending && !held_[p];
 }
 
 void EchReduction::finish(size_t i, EchOutcome o) {
@@ -150,6 +150,7 @@ EchMulticast::EchMulticast(EchAgent& agent, EchMulticastSpec spec, uint64_t id, 
   tries_.assign(n, 0);
   sent_ns_.assign(n, 0);
   sent_.assign(n, 0);
+  probes_.resize(n);
   for (uint32_t i = 0; i < n; ++i) {
     queue_[spec_.packets[i].plane].push_back(i);
   }
@@ -370,6 +371,7 @@ void EchAgent::arm(EchReduction& r, size_t i, TimeNs delay, bool counts_as_try) 
     // for a member a loaded host runs late) says whether the plane loses frames. Resending every chunk whose timer
     // ran out (a whole window, while one member is late) only lengthened the switches' queues.
     if (counts_as_try && r.probing(plane, static_cast<uint32_t>(i))) {
+      r.probes_.defer(plane, static_cast<uint32_t>(i));
       arm(r, i, rto(r.rtt_, r.spec_.timing, r.tries_[i]), true);
       return;
     }
@@ -381,14 +383,45 @@ void EchAgent::arm(EchReduction& r, size_t i, TimeNs delay, bool counts_as_try) 
       return;
     }
     if (counts_as_try) {
-      r.probe_[plane] = static_cast<uint32_t>(i);
+      r.probes_.set_probe(plane, static_cast<uint32_t>(i));
       r.held_[i] = 0;
     }
     send_contribution(r, i, true);
   });
 }
 
+void EchAgent::probe_answered(EchReduction& r, size_t i) {
+  const int plane = r.spec_.lanes[r.spec_.chunks[i].lane].plane;
+  if (r.probes_.probe(plane) != i) {
+    return;
+  }
+  const uint32_t j = r.probes_.take_deferred(plane, [&r](uint32_t k) {
+    return r.outcome_[k] == EchOutcome::kPending && r.tries_[k] < r.spec_.timing.max_retries;
+  });
+  if (j != PlaneProbes::kNone) {
+    r.tries_[j]++;
+    r.probes_.set_probe(plane, j);
+    r.held_[j] = 0;
+    send_contribution(r, j, true);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------- multicast --
+
+void EchAgent::probe_answered(EchMulticast& m, size_t i) {
+  const int plane = m.spec_.packets[i].plane;
+  if (m.probes_.probe(plane) != i) {
+    return;
+  }
+  const uint32_t j = m.probes_.take_deferred(plane, [&m](uint32_t k) {
+    return m.outcome_[k] == EchOutcome::kPending && m.tries_[k] < m.spec_.timing.max_retries;
+  });
+  if (j != PlaneProbes::kNone) {
+    m.tries_[j]++;
+    m.probes_.set_probe(plane, j);
+    send_packet(m, j, true);
+  }
+}
 
 // A packet's timer: resent when nothing of its multicast on its plane completed for a timeout (as a reduction's
 // chunks).
@@ -406,6 +439,7 @@ void EchAgent::arm(EchMulticast& m, size_t i, TimeNs delay) {
       return;
     }
     if (m.probing(plane, static_cast<uint32_t>(i))) {  // another packet's resend on the plane is unanswered
+      m.probes_.defer(plane, static_cast<uint32_t>(i));
       arm(m, i, rto(m.rtt_, m.spec_.timing, m.tries_[i]));
       return;
     }
@@ -414,7 +448,7 @@ void EchAgent::arm(EchMulticast& m, size_t i, TimeNs delay) {
       pump(m);
       return;
     }
-    m.probe_[plane] = static_cast<uint32_t>(i);
+    m.probes_.set_probe(plane, static_cast<uint32_t>(i));
     send_packet(m, i, true);
   });
 }
@@ -644,14 +678,15 @@ void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const ui
     if (pending && c.contribute && !c.receive) {  // contribution accepted; no result comes here
       sample();
       r->finish(i, EchOutcome::kDone);
+      probe_answered(*r, i);
       pump(*r);
     } else if (pending && c.contribute) {
       // Held: the switch has our contribution and waits for other members (one a loaded host runs late). Their
       // result, or the slot timeout's notice, ends the chunk; resending meanwhile only adds to the switch's load.
       counters_.held_acks++;
       r->held_[i] = 1;
-      r->progress_[r->spec_.lanes[c.lane].plane] = clock().now();  // the plane moves: its other chunks wait on
-      arm(*r, i, r->spec_.timing.max_rto_ns, true);
+      arm(*r, i, kHeldWaits * r->spec_.timing.max_rto_ns, true);
+      probe_answered(*r, i);
     }
     return;
   }
@@ -673,6 +708,7 @@ void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const ui
     r->flagged_results_ += (pf.h.ech->flags & common::ech_flags::kAnomaly) != 0;
     sample();
     r->finish(i, EchOutcome::kDone);
+    probe_answered(*r, i);
   }
   send_ack(port, pf);
   pump(*r);
@@ -698,6 +734,7 @@ void EchAgent::on_compact_frame(int port, const common::ParsedFrame& pf, const u
       m->rtt_.sample(clock().now() - m->sent_ns_[i]);
     }
     m->finish(i, EchOutcome::kDone);
+    probe_answered(*m, i);
     pump(*m);
     return;
   }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -36,7 +37,7 @@ struct EchTiming {
   int max_retries = 20;                  // then the chunk or packet is given up (the caller finishes it otherwise)
   common::TimeNs busy_retry_ns = 1'000;  // after an RNR NAK (slot busy), doubling to 8x; not counted as a try
   // A resent contribution the switch acknowledged as held (its slot waits for other members): the next resend after
-  // max_rto_ns (a try); the result, or the slot timeout's notice, normally comes first.
+  // EchAgent::kHeldWaits x max_rto_ns (a try); the result, or the slot timeout's notice, normally comes first.
 };
 
 enum class EchOutcome : uint8_t {
@@ -88,6 +89,50 @@ struct EchReduceSpec {
 
 class EchAgent;
 
+// Timeouts on a plane, one probe at a time (a reduction's chunks, a multicast's packets): when an item's timer runs
+// out while another item's resend on its plane is out and unanswered, it waits for that answer (deferred) rather
+// than go again, as TCP resends the head of its window, not all of it. The probe's answer (done, or held by a
+// switch waiting for a late member) sends the oldest deferred item as the next probe, as NewReno resends the next
+// hole on a partial ACK: each overdue item goes once, a round trip apart, and a held one then waits for its result
+// (lost items recovered a round trip apart, before a switch's slot times out; where a member the machine runs late
+// holds every slot, one resend per chunk, not one per timeout).
+class PlaneProbes {
+ public:
+  void resize(size_t items) { deferred_flag_.assign(items, 0); }
+  // The plane's probe, if any (kNone).
+  uint32_t probe(int plane) const {
+    auto it = probe_.find(plane);
+    return it == probe_.end() ? kNone : it->second;
+  }
+  void set_probe(int plane, uint32_t item) { probe_[plane] = item; }
+  void defer(int plane, uint32_t item) {
+    if (!deferred_flag_[item]) {
+      deferred_flag_[item] = 1;
+      deferred_[plane].push_back(item);
+    }
+  }
+  // The oldest deferred item on `plane` for which `pending(item)` holds (kNone: none), no longer deferred.
+  template <class Pending>
+  uint32_t take_deferred(int plane, Pending pending) {
+    std::deque<uint32_t>& q = deferred_[plane];
+    while (!q.empty()) {
+      const uint32_t i = q.front();
+      q.pop_front();
+      deferred_flag_[i] = 0;
+      if (pending(i)) {
+        return i;
+      }
+    }
+    return kNone;
+  }
+  static constexpr uint32_t kNone = ~0u;
+
+ private:
+  std::map<int, uint32_t> probe_;
+  std::map<int, std::deque<uint32_t>> deferred_;
+  std::vector<char> deferred_flag_;
+};
+
 // This endpoint's part of one in-fabric reduction (or batch of them), as it progresses.
 class EchReduction {
  public:
@@ -123,9 +168,8 @@ class EchReduction {
   uint64_t id_;
   common::RttEstimator rtt_;
   std::map<int, common::TimeNs> progress_;  // per plane: when a chunk on it last completed (its result or ACK)
-  // Per plane: the chunk last resent on a timeout. While it is pending and unanswered (no held ACK), other chunks'
-  // timeouts on the plane wait for it rather than resend: one probe at a time, as TCP resends the head of its window.
-  std::map<int, uint32_t> probe_;
+  PlaneProbes probes_;
+  // Another chunk's resend on `plane` is out, pending and unanswered (no held ACK): `chunk`'s timeout waits for it.
   bool probing(int plane, uint32_t chunk) const;
   std::vector<EchOutcome> outcome_;
   std::vector<uint8_t> held_;  // the switch answered its latest resend as held (the result is still to come)
@@ -194,12 +238,10 @@ class EchMulticast {
   uint32_t first_psn_;
   common::RttEstimator rtt_;
   std::map<int, common::TimeNs> progress_;  // per plane: when a packet on it last completed (the switch's ACK)
-  // Per plane: the packet last resent on a timeout; while it is pending, other packets' timeouts wait for it (as a
-  // reduction's chunks do: one probe at a time per plane).
-  std::map<int, uint32_t> probe_;
+  PlaneProbes probes_;                      // as a reduction's chunks: one resend per plane out at a time
   bool probing(int plane, uint32_t packet) const {
-    auto it = probe_.find(plane);
-    return it != probe_.end() && it->second != packet && outcome_[it->second] == EchOutcome::kPending;
+    const uint32_t p = probes_.probe(plane);
+    return p != PlaneProbes::kNone && p != packet && outcome_[p] == EchOutcome::kPending;
   }
   std::vector<EchOutcome> outcome_;
   std::vector<uint8_t> tries_;
@@ -279,8 +321,15 @@ class EchAgent {
   void send_contribution(EchReduction& r, size_t chunk, bool retransmit);
   void arm(EchReduction& r, size_t chunk, common::TimeNs delay, bool counts_as_try);
   void arm(EchMulticast& m, size_t packet, common::TimeNs delay);
+  // `i` was answered (done, or held): if it was its plane's probe, the oldest item that waited on it goes again
+  // now, the next probe (PlaneProbes).
+  void probe_answered(EchReduction& r, size_t i);
+  void probe_answered(EchMulticast& m, size_t i);
   void pump(EchMulticast& m);
   void send_packet(EchMulticast& m, size_t packet, bool retransmit);
+  // A held contribution's next resend waits this many longest timeouts: past the switch's slot timeout (2 ms
+  // simulated against 800 us; 500 ms live against 800 ms), whose notice ends a chunk a member never joined.
+  static constexpr int kHeldWaits = 4;
   std::string no_answer(int plane, int tries) const;  // why a plane whose resends went unanswered is given up
   static common::TimeNs rto(const common::RttEstimator& rtt, const EchTiming& t, int tries);
   void on_reduce_frame(int port, const common::ParsedFrame& pf, const uint8_t* frame);
