@@ -225,6 +225,18 @@ TEST_P(IfecLoss, AllReduceReduceBarrierUnderLoss) {
 
 INSTANTIATE_TEST_SUITE_P(Loss, IfecLoss, testing::Values(0.0, 0.01, 0.05));
 
+// GPU `gpu`'s links (both ends) at 1/`factor` of their rate: a gray failure the plan does not know of.
+void slow_down_gpu(Harness& st, int gpu, uint64_t factor) {
+  const routing::Topology& topo = st.cluster->fabric().topology();
+  for (size_t id = 0; id < topo.links.size(); ++id) {
+    const routing::Link& l = topo.links[id];
+    if (topo.nodes[l.a].gpu_index == gpu || topo.nodes[l.b].gpu_index == gpu) {
+      common::Link& link = st.cluster->fabric().link(static_cast<int>(id));
+      link.set_rate_bps(link.config().rate_bps / factor);
+    }
+  }
+}
+
 // A chunk queued longer than its timer while the operation's other chunks complete is not sent again: the timer
 // runs out only after a timeout without progress of the whole operation (as an RC QP's). Here GPU 7's links run
 // at an eighth of their configured rate (a gray failure the plan does not know of, as a software switch slower
@@ -235,14 +247,7 @@ TEST(IfecCollectives, ChunksQueuedLongerThanTheTimerAreNotResentWhileTheOperatio
   for (Collective kind : {Collective::kAllReduce, Collective::kMulticast}) {
     const auto s = spec_for(kind, 8, 1 << 18, EchDtype::kFp32, EchRedOp::kSum, 2);
     Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(0, 1), 9);
-    const routing::Topology& topo = st.cluster->fabric().topology();
-    for (size_t id = 0; id < topo.links.size(); ++id) {
-      const routing::Link& l = topo.links[id];
-      if (topo.nodes[l.a].gpu_index == 7 || topo.nodes[l.b].gpu_index == 7) {
-        common::Link& link = st.cluster->fabric().link(static_cast<int>(id));
-        link.set_rate_bps(link.config().rate_bps / 8);
-      }
-    }
+    slow_down_gpu(st, 7, 8);
     st.ifec->options().timing.initial_rto_ns = 2'000;  // the fit to the window's drain time only
     st.ifec->options().timing.min_rto_ns = 2'000;
     const auto r = st.ifec->run(s, 2'000'000'000);
@@ -275,14 +280,7 @@ TEST(IfecCollectives, ChunksQueuedLongerThanTheTimerAreNotResentWhileTheOperatio
 TEST(IfecCollectives, AMemberLateForManyTimeoutsCostsOneProbePerPlaneNotTheWindow) {
   const auto s = spec_for(Collective::kAllReduce, 8, 1 << 18, EchDtype::kFp32, EchRedOp::kSum, 2);
   Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(0, 1), 9);
-  const routing::Topology& topo = st.cluster->fabric().topology();
-  for (size_t id = 0; id < topo.links.size(); ++id) {
-    const routing::Link& l = topo.links[id];
-    if (topo.nodes[l.a].gpu_index == 7 || topo.nodes[l.b].gpu_index == 7) {
-      common::Link& link = st.cluster->fabric().link(static_cast<int>(id));
-      link.set_rate_bps(link.config().rate_bps / 256);
-    }
-  }
+  slow_down_gpu(st, 7, 256);
   st.ifec->options().timing.initial_rto_ns = 2'000;
   st.ifec->options().timing.min_rto_ns = 2'000;
   const auto r = st.ifec->run(s, 2'000'000'000);
