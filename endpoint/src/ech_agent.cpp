@@ -367,9 +367,9 @@ void EchAgent::arm(EchReduction& r, size_t i, TimeNs delay, bool counts_as_try) 
       arm(r, i, until - clock().now(), true);
       return;
     }
-    // Another chunk's resend on this plane is out and unanswered: its answer (a result, or held: the switch waits
-    // for a member a loaded host runs late) says whether the plane loses frames. Resending every chunk whose timer
-    // ran out (a whole window, while one member is late) only lengthened the switches' queues.
+    // Another chunk's resend on this plane is out and unanswered: this one waits, and its answer (a result, or held:
+    // the switch waits for a member a loaded host runs late) sends the oldest that waited (probe_answered).
+    // Resending every chunk whose timer ran out (a whole window, while one member is late) lengthened the queues.
     if (counts_as_try && r.probing(plane, static_cast<uint32_t>(i))) {
       r.probes_.defer(plane, static_cast<uint32_t>(i));
       arm(r, i, rto(r.rtt_, r.spec_.timing, r.tries_[i]), true);
