@@ -22,6 +22,11 @@ namespace {
 
 constexpr int kConnectTimeoutMs = 5000;
 
+// A channel resolves a name again no sooner than this after a failed resolution (daemon_channel) ...
+constexpr int kDnsMinTimeBetweenResolutionsMs = 1000;
+// ... so a call that failed on an unresolved name is made again this much later.
+constexpr int kResolveAgainMs = kDnsMinTimeBetweenResolutionsMs + 200;
+
 // A channel to another daemon that reconnects within a second once it is back (a restarted switchd or container):
 // gRPC's default reconnect back-off grows to two minutes, and every call meanwhile fails at once as unreachable;
 // and a name is resolved again after a second, not thirty (a restarted container may come back at new addresses).
@@ -30,11 +35,18 @@ constexpr int kConnectTimeoutMs = 5000;
 // attempt timed out before receiving SETTINGS frame"), so that stays at kConnectTimeoutMs.
 std::shared_ptr<grpc::Channel> daemon_channel(const std::string& address) {
   grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, kDnsMinTimeBetweenResolutionsMs);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kConnectTimeoutMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(address, process_channel_credentials(), args);
+}
+
+// The call failed before its request left because the target's name did not resolve (gRPC's resolvers say
+// "DNS resolution failed" in the status).
+bool unresolved(const grpc::Status& st) {
+  return st.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         st.error_message().find("resolution failed") != std::string::npos;
 }
 
 std::chrono::system_clock::time_point deadline_after(common::TimeNs ns) {
@@ -90,9 +102,12 @@ struct GrpcControl::Impl {
     return s.get();
   }
 
-  // One unary call: `start(stub, ctx, req, reply, callback)`; `finish(status, reply)` runs on the loop.
+  // One unary call: `start(stub, ctx, req, reply, callback)`; `finish(status, reply)` runs on the loop. A call
+  // that failed because the switch's name did not resolve (the request never left) is made once more after the
+  // channel may resolve again (kResolveAgainMs): a container platform's DNS can miss a name for a moment (Docker
+  // swarm's embedded DNS just after a stack came up), and a failed resolution fails every call at once until then.
   template <typename Req, typename Reply, typename Start, typename Finish>
-  void call(const std::string& sw, Req req, Start start, Finish finish) {
+  void call(const std::string& sw, Req req, Start start, Finish finish, int resolve_retries = 1) {
     std::string addr, why;
     v1::Switch::Stub* s = stub(sw, &addr, &why);
     if (s == nullptr) {
@@ -109,8 +124,16 @@ struct GrpcControl::Impl {
     c->ctx.set_deadline(deadline_after(deadline_ns));
     std::weak_ptr<bool> live = alive;
     EpollLoop* lp = &loop;
-    start(s, &c->ctx, &c->req, &c->reply, [c, live, lp, finish, sw, addr](grpc::Status st) {
+    start(s, &c->ctx, &c->req, &c->reply, [=, this](grpc::Status st) {
       if (live.expired()) {
+        return;
+      }
+      if (resolve_retries > 0 && unresolved(st)) {
+        lp->schedule(lp->now() + kResolveAgainMs * 1'000'000ULL, [=, this] {
+          if (!live.expired()) {
+            call<Req, Reply>(sw, c->req, start, finish, resolve_retries - 1);
+          }
+        });
         return;
       }
       std::optional<common::ControlError> err;

@@ -245,6 +245,27 @@ TEST_F(SwitchdTest, ADaemonSlowToAcceptAConnectionIsWaitedFor) {
   EXPECT_EQ(proxy.connections(), 1) << "one attempt that lasted its 400 ms, not tries cut short";
 }
 
+// A switch whose name does not resolve (a container platform's DNS that misses a name for a moment: Docker swarm's
+// just after a stack came up) is asked once more when its channel resolves again (about a second later), and the
+// answer then names the switch: nothing was sent, so the call is safe to make again.
+TEST(GrpcControlNames, AnUnresolvedSwitchIsAskedOnceMoreAfterItsNameMayResolveAgain) {
+  live::EpollLoop loop;
+  const routing::Topology topo = routing::make_superpod(2, 1, 400, 1);
+  live::GrpcControl control(
+      loop, topo, [](int) { return std::string("ifec-no-such-switch.invalid:50051"); }, 5'000'000'000ULL);
+  std::optional<common::ControlReply<uint32_t>> got;
+  const auto t0 = std::chrono::steady_clock::now();
+  control.free_slots("p0-sw", [&](const common::ControlReply<uint32_t>& r) { got = r; });
+  ASSERT_TRUE(run_until(loop, [&] { return got.has_value(); })) << "no answer within 10 s";
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(got->ok());
+  const std::string why = got->error->message();
+  EXPECT_NE(why.find("p0-sw (ifec-no-such-switch.invalid:50051): unreachable"), std::string::npos) << why;
+  EXPECT_NE(why.find("resolution failed"), std::string::npos) << why;
+  EXPECT_GE(s, 1.2) << "answered without asking again once the name could resolve again: " << why;
+  EXPECT_LT(s, 4.0) << "asked more than once more";
+}
+
 // A reconnect whose peer hostd is gone: every try is refused at once (nothing listens on the loopback port), the
 // tries are 200 ms apart, and the answer names the daemon and its address: the QP's waiting work then fails with
 // that, not a hang.
