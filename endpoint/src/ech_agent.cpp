@@ -390,20 +390,31 @@ void EchAgent::arm(EchReduction& r, size_t i, TimeNs delay, bool counts_as_try) 
   });
 }
 
+// The oldest chunk that waited on the probe goes once what has already arrived is handled (a task due now runs
+// after the frames at hand): after a stall (the switch's host, or this one) the results of the waiting chunks are
+// often right behind the probe's, and resending at its answer sent the next chunk ahead of its own result, answer
+// after answer, through the whole window.
 void EchAgent::probe_answered(EchReduction& r, size_t i) {
   const int plane = r.spec_.lanes[r.spec_.chunks[i].lane].plane;
   if (r.probes_.probe(plane) != i) {
     return;
   }
-  const uint32_t j = r.probes_.take_deferred(plane, [&r](uint32_t k) {
-    return r.outcome_[k] == EchOutcome::kPending && r.tries_[k] < r.spec_.timing.max_retries;
+  EchReduction* rp = &r;
+  later(0, r.id_, [this, rp, plane, i] {
+    EchReduction& r = *rp;
+    if (r.probes_.probe(plane) != i) {
+      return;  // another chunk's resend became the plane's probe meanwhile
+    }
+    const uint32_t j = r.probes_.take_deferred(plane, [&r](uint32_t k) {
+      return r.outcome_[k] == EchOutcome::kPending && r.tries_[k] < r.spec_.timing.max_retries;
+    });
+    if (j != PlaneProbes::kNone) {
+      r.tries_[j]++;
+      r.probes_.set_probe(plane, j);
+      r.held_[j] = 0;
+      send_contribution(r, j, true);
+    }
   });
-  if (j != PlaneProbes::kNone) {
-    r.tries_[j]++;
-    r.probes_.set_probe(plane, j);
-    r.held_[j] = 0;
-    send_contribution(r, j, true);
-  }
 }
 
 // ---------------------------------------------------------------------------------------------- multicast --
@@ -672,6 +683,13 @@ void EchAgent::on_reduce_frame(int port, const common::ParsedFrame& pf, const ui
       if (pending && c.contribute) {  // slot busy with an older chunk: retry soon, not after the loss timeout
         counters_.busy_naks++;
         arm(*r, i, r->spec_.timing.busy_retry_ns << std::min<int>(r->busy_[i]++, 3), false);
+      }
+      return;
+    }
+    if (pf.h.aeth && pf.h.aeth->kind() == common::AethKind::kNak) {
+      if (pending && c.contribute) {  // the switch has later chunks of ours but not this one: it was lost
+        counters_.resend_requests++;
+        send_contribution(*r, i, true);
       }
       return;
     }

@@ -74,6 +74,8 @@ bool IfecEngine::reserve(const GroupReservation& r, std::string* why) {
   g.result_rto_ns = std::max(cfg_.result_retransmit_ns, drain / 4);
   g.heard_at.assign(r.members.size(), 0);
   g.resent_at.assign(r.members.size(), 0);
+  g.latest.assign(r.members.size(), -1);
+  g.acked_completion.assign(r.members.size(), 0);
   for (size_t i = 0; i < r.members.size(); ++i) {
     if (!r.members[i].local) {
       continue;  // another leaf aggregates it
@@ -211,6 +213,7 @@ void IfecEngine::open_slot(Group& g, Slot& s, const common::ParsedFrame& pf) {
   s.arrived.reset();
   s.expected = ech.expected;
   s.acked.reset();
+  s.requested.reset();
   s.complete = false;
   s.anomaly = false;
   s.elements = ech.element_count;
@@ -239,8 +242,26 @@ void IfecEngine::repeat_contribution(Group& g, Slot& s, const common::ParsedFram
   // Not a destination: its contribution's acknowledgement was lost. A destination whose chunk still waits for other
   // members (or the spine): held, as each hop of a reliable aggregation tree acknowledges what it holds; the result
   // comes when they have contributed, or a notice at the slot timeout, and its sender stops resending meanwhile.
-  counters_.held_answers += is_destination;
+  if (is_destination) {
+    counters_.held_answers++;
+    request_missing(g, s, pf);
+  }
   send_ech_ack(g.r.members[c].ip, ech, pf.h.bth.psn, pf.h.bth.pkey);
+}
+
+void IfecEngine::request_missing(Group& g, Slot& s, const common::ParsedFrame& pf) {
+  if (s.expected > 0 || s.forwarded) {
+    return;  // any `expected` of the members will do, or only the spine's result is missing
+  }
+  for (size_t m = 0; m < g.r.members.size(); ++m) {
+    if (g.all.test(m) && !s.arrived.test(m) && !s.requested.test(m) && g.latest[m] > int64_t{s.chunk}) {
+      s.requested.set(m);
+      counters_.resend_requests++;
+      Ech e = *pf.h.ech;
+      e.contributor_id = static_cast<uint16_t>(m);
+      send_ech_nak(g.r.members[m].ip, e, s.chunk & 0xFFFFFF, pf.h.bth.pkey);
+    }
+  }
 }
 
 void IfecEngine::aggregate(Group& g, Slot& s, const common::ParsedFrame& pf, const uint8_t* frame,
@@ -291,6 +312,7 @@ void IfecEngine::contribute(Group& g, const common::ParsedFrame& pf, const uint8
     return;
   }
   g.heard_at[c] = clock_.now();
+  g.latest[c] = std::max<int64_t>(g.latest[c], ech.chunk_index);
   const bool is_destination = g.destinations.test(c);
   Slot& s = g.slots[ech.chunk_index % g.slots.size()];
   if (!slot_takes(g, s, pf, c)) {
@@ -370,6 +392,13 @@ void IfecEngine::upstream_result(Group& g, const common::ParsedFrame& pf, const 
       retry_partial_soon(g, s);  // the spine's slot still holds an older chunk: not an acceptance
       return;
     }
+    if (pf.h.aeth && pf.h.aeth->kind() == common::AethKind::kNak) {
+      if (s.forwarded && !s.complete) {  // the spine lacks our partial (request_missing): it was lost
+        counters_.partial_resends++;
+        forward_partial(g, s);
+      }
+      return;
+    }
     // The spine accepted our partial and has nothing to send back (reduce, no destination under this leaf).
     if (g.destinations.none() && s.forwarded) {
       s.complete = true;
@@ -399,6 +428,7 @@ void IfecEngine::upstream_result(Group& g, const common::ParsedFrame& pf, const 
 
 void IfecEngine::complete(Group& g, Slot& s, bool timed_out, bool acc_ready) {
   s.complete = true;
+  s.completion = ++g.completions;
   s.timed_out = timed_out;
   const size_t esize = common::ech_dtype_size(g.r.dtype);
   if (timed_out) {
@@ -466,6 +496,10 @@ void IfecEngine::result_ack(Group& g, const common::ParsedFrame& pf) {
     return;  // late or duplicate acknowledgement
   }
   s.acked.set(ech.contributor_id);
+  if (ech.contributor_id < g.acked_completion.size()) {
+    uint64_t& latest = g.acked_completion[ech.contributor_id];
+    latest = std::max(latest, s.completion);
+  }
   maybe_free(g, s);
 }
 
@@ -533,11 +567,15 @@ void IfecEngine::arm_result_timer(Group& g, Slot& s) {
     // timeout get it again, and only from one slot at a time: while a resend to the member is unanswered (within a
     // timeout), the other slots it has not acknowledged count the try but send nothing (a host a loaded machine
     // runs late got every result in the window again, 1,770 copies of 2,048 results in one 1 MiB AllReduce).
+    // A member that acknowledged a result completed after this one lost this one's: it gets it again at once.
     const common::TimeNs now = clock_.now();
     std::vector<int> silent;
     bool waiting = false;
     for (size_t m = 0; m < grp.r.members.size(); ++m) {
-      if (slot->need.test(m) && !slot->acked.test(m) && grp.heard_at[m] + grp.result_rto_ns <= now) {
+      if (slot->need.test(m) && !slot->acked.test(m) && grp.acked_completion[m] > slot->completion) {
+        counters_.lost_results++;
+        send_result(grp, *slot, static_cast<int>(m));
+      } else if (slot->need.test(m) && !slot->acked.test(m) && grp.heard_at[m] + grp.result_rto_ns <= now) {
         const bool probed = grp.resent_at[m] > grp.heard_at[m] && grp.resent_at[m] + grp.result_rto_ns > now;
         waiting = waiting || probed;
         if (!probed) {
@@ -641,6 +679,15 @@ void IfecEngine::send_ech_rnr(uint32_t dst_ip, const Ech& ech, uint32_t psn, uin
   // RNR timer code 1 (IBTA: 0.01 ms); the endpoint's own back-off decides when it actually retries.
   emit_(build(dst_ip, e, static_cast<uint8_t>(Opcode::kAcknowledge), psn, pkey, std::nullopt, nullptr, 0,
               common::Aeth::rnr_nak(1)),
+        spray_of(ech, psn));
+}
+
+void IfecEngine::send_ech_nak(uint32_t dst_ip, const Ech& ech, uint32_t psn, uint16_t pkey) {
+  Ech e = ech;
+  e.element_count = 0;
+  e.flags = 0;
+  emit_(build(dst_ip, e, static_cast<uint8_t>(Opcode::kAcknowledge), psn, pkey, std::nullopt, nullptr, 0,
+              common::Aeth::nak(common::NakCode::kPsnSequenceError, 0)),
         spray_of(ech, psn));
 }
 

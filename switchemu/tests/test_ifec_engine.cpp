@@ -340,3 +340,55 @@ TEST(IfecEngineReduce, AMemberThatNeverAnswersIsStillGivenUp) {
   EXPECT_EQ(s.e.counters().slots_reclaimed, 4u);
   EXPECT_LE(s.e.counters().result_resends, p.result_retries + 4u) << "about one per timeout, not four";
 }
+
+// A destination resends its contribution while the slot still lacks member 2's: if member 2 has already contributed
+// a later chunk (it sends its chunks in order), its contribution to this one was lost, and the switch asks it for
+// that chunk again at once (a NAK, PSN sequence error, once per slot); a member that has not got that far is late
+// and is not asked.
+TEST(IfecEngineReduce, AMemberThatSkippedAChunkIsAskedForItAndALateOneIsNot) {
+  Engine s;
+  ASSERT_TRUE(s.e.reserve(group_of(7, 3, 0), nullptr));  // 4 slots
+  deliver(s, reduce_frame(0, 0));
+  deliver(s, reduce_frame(1, 0));
+  deliver(s, reduce_frame(0, 0));  // member 2 has sent nothing yet: late
+  ASSERT_EQ(s.out.size(), 1u);
+  EXPECT_EQ(s.e.counters().resend_requests, 0u);
+  deliver(s, reduce_frame(2, 1));  // member 2's chunk 1 arrives: its chunk 0 was lost
+  deliver(s, reduce_frame(1, 0));  // member 1's timer runs out
+  ASSERT_EQ(s.out.size(), 3u);
+  const common::ParsedFrame nak = parsed(s.out[1]);
+  EXPECT_EQ(nak.h.ip.dst, gpu_ip(2));
+  EXPECT_EQ(nak.h.bth.opcode, static_cast<uint8_t>(common::Opcode::kAcknowledge));
+  ASSERT_TRUE(nak.h.aeth.has_value());
+  EXPECT_EQ(nak.h.aeth->kind(), common::AethKind::kNak);
+  EXPECT_EQ(nak.h.aeth->value(), static_cast<uint8_t>(common::NakCode::kPsnSequenceError));
+  EXPECT_EQ(nak.h.ech->chunk_index, 0u);
+  EXPECT_EQ(nak.h.ech->contributor_id, 2u);
+  EXPECT_EQ(parsed(s.out[2]).h.ip.dst, gpu_ip(1)) << "member 1 is answered as held";
+  deliver(s, reduce_frame(0, 0));
+  EXPECT_EQ(s.e.counters().resend_requests, 1u) << "asked once per slot";
+  deliver(s, reduce_frame(2, 0));  // its answer completes the chunk
+  EXPECT_EQ(s.e.counters().slots_completed, 1u);
+}
+
+// A member that acknowledged a later chunk's result but not this one's lost it (results leave in the order slots
+// complete): at the result timer it gets it again though it is not silent; members merely slow are left alone.
+TEST(IfecEngineReduce, AResultAMemberSkippedIsSentAgainAtTheResultTimer) {
+  Engine s;
+  ASSERT_TRUE(s.e.reserve(group_of(7, 2, 0), nullptr));
+  for (uint32_t chunk = 0; chunk < 2; ++chunk) {
+    deliver(s, reduce_frame(0, chunk));
+    deliver(s, reduce_frame(1, chunk));
+  }
+  deliver(s, reduce_frame(0, 0, true));
+  deliver(s, reduce_frame(0, 1, true));
+  deliver(s, reduce_frame(1, 1, true));  // member 1 has chunk 1's result, not chunk 0's
+  const size_t before = s.out.size();
+  const common::TimeNs rto = routing::IfecParams{}.result_retransmit_ns;
+  s.loop.run(s.loop.now() + rto + 1);
+  EXPECT_EQ(s.e.counters().lost_results, 1u);
+  EXPECT_EQ(s.e.counters().result_resends, 0u) << "member 1 was heard from: not silent";
+  ASSERT_EQ(s.out.size(), before + 1);
+  EXPECT_EQ(parsed(s.out.back()).h.ip.dst, gpu_ip(1));
+  EXPECT_EQ(parsed(s.out.back()).h.ech->chunk_index, 0u);
+}

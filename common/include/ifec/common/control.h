@@ -67,8 +67,10 @@ struct WindowRegistration {
   X(contributions, "")                                                                                       \
   X(duplicate_contributions, "")                                                                             \
   X(held_answers, "a destination's resent contribution to a slot still waiting for others: ACKed as held")  \
+  X(resend_requests, "NAKs asking a member for a contribution it skipped (it sent later chunks): lost")       \
   X(results_sent, "")                                                                                        \
   X(result_resends, "results sent again: on a destination's retransmission or the result timer")             \
+  X(lost_results, "results sent again to a member that acknowledged a later one (so lost this one)")         \
   X(implicit_acks, "a destination's next chunk in a slot, standing for its lost acknowledgement")            \
   X(late_notices, "anomaly notices for contributions to a chunk the slot already closed")                    \
   X(slots_reclaimed, "results released without every destination's acknowledgement")                         \

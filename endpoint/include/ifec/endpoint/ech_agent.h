@@ -270,6 +270,7 @@ class EchMulticast {
   X(anomaly_notices, "")                                                                                \
   X(busy_naks, "")                                                                                      \
   X(held_acks, "ACKs of resent contributions the switch holds for a result still to come: waited for")  \
+  X(resend_requests, "NAKs from the switch for a contribution it lacks while it has later ones: sent again")  \
   X(multicast_sent, "")                                                                                 \
   X(replicas_written, "")                                                                               \
   X(stale_replicas, "replicas from an earlier multicast of their source (acknowledged, not written)")   \

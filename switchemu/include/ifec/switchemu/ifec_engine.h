@@ -107,6 +107,8 @@ class IfecEngine {
     uint8_t expected = 0;              // contributors this chunk waits for (0: the group's local members)
     Members acked;                     // bitmap of result acknowledgements
     Members need;                      // who must acknowledge before the slot is free
+    Members requested;                 // members asked to resend their contribution (request_missing)
+    uint64_t completion = 0;           // the group's count of completed slots when this one completed
     bool complete = false;
     bool anomaly = false;
     bool timed_out = false;     // closed incomplete (anomaly notice instead of a result)
@@ -132,6 +134,13 @@ class IfecEngine {
     // Per member: when the result timer last resent a result to it. One resend per silent member per timeout (the
     // member's answer to it says whether it is gone or only late), not one per slot it has not acknowledged.
     std::vector<common::TimeNs> resent_at;
+    // Per member: the latest chunk it contributed (-1: none yet). A member sends its chunks in order, so a slot
+    // still missing its contribution for an older chunk lost it; one missing it for a later chunk is only late.
+    std::vector<int64_t> latest;
+    uint64_t completions = 0;  // slots completed so far
+    // Per member: the latest completion (Slot::completion) whose result it acknowledged. Results go out in
+    // completion order, so a member that acknowledged a later one lost this one's, unless it is still on its way.
+    std::vector<uint64_t> acked_completion;
   };
   struct Window {
     uint32_t ip = 0;
@@ -173,6 +182,10 @@ class IfecEngine {
   void send_ech_ack(uint32_t dst_ip, const common::Ech& ech, uint32_t psn, uint16_t pkey);
   // RNR NAK: the contribution's slot still holds an older chunk; the sender retries after a short back-off.
   void send_ech_rnr(uint32_t dst_ip, const common::Ech& ech, uint32_t psn, uint16_t pkey);
+  void send_ech_nak(uint32_t dst_ip, const common::Ech& ech, uint32_t psn, uint16_t pkey);
+  // Asks each member slot `s` still waits for and that has contributed a later chunk (so lost this one) to send its
+  // contribution again: a NAK (PSN sequence error) for the chunk, once per member per slot.
+  void request_missing(Group& g, Slot& s, const common::ParsedFrame& pf);
   void maybe_free(Group& g, Slot& s);
   void close(Group& g, Slot& s);
   void arm_timeout(Group& g, Slot& s);
