@@ -390,48 +390,46 @@ void EchAgent::arm(EchReduction& r, size_t i, TimeNs delay, bool counts_as_try) 
   });
 }
 
-// The oldest chunk that waited on the probe goes once what has already arrived is handled (a task due now runs
-// after the frames at hand): after a stall (the switch's host, or this one) the results of the waiting chunks are
-// often right behind the probe's, and resending at its answer sent the next chunk ahead of its own result, answer
-// after answer, through the whole window.
-void EchAgent::probe_answered(EchReduction& r, size_t i) {
-  const int plane = r.spec_.lanes[r.spec_.chunks[i].lane].plane;
-  if (r.probes_.probe(plane) != i) {
+// The probe `answered` of `plane` had its answer: the oldest item that waited on it goes (`resend(j)`), once what
+// has already arrived is handled (a task due now runs after the frames at hand): after a stall (the switch's host,
+// or this one) the answers of the waiting items are often right behind the probe's, and resending at its answer
+// sent the next one ahead of its own answer, answer after answer, through the whole window.
+template <class Op, class Resend>
+void EchAgent::resend_next_waiting(Op& op, int plane, uint32_t answered, Resend resend) {
+  if (op.probes_.probe(plane) != answered) {
     return;
   }
-  EchReduction* rp = &r;
-  later(0, r.id_, [this, rp, plane, i] {
-    EchReduction& r = *rp;
-    if (r.probes_.probe(plane) != i) {
-      return;  // another chunk's resend became the plane's probe meanwhile
+  Op* p = &op;
+  later(0, op.id_, [p, plane, answered, resend] {
+    Op& op = *p;
+    if (op.probes_.probe(plane) != answered) {
+      return;  // another item's resend became the plane's probe meanwhile
     }
-    const uint32_t j = r.probes_.take_deferred(plane, [&r](uint32_t k) {
-      return r.outcome_[k] == EchOutcome::kPending && r.tries_[k] < r.spec_.timing.max_retries;
+    const uint32_t j = op.probes_.take_deferred(plane, [&op](uint32_t k) {
+      return op.outcome_[k] == EchOutcome::kPending && op.tries_[k] < op.spec_.timing.max_retries;
     });
     if (j != PlaneProbes::kNone) {
-      r.tries_[j]++;
-      r.probes_.set_probe(plane, j);
-      r.held_[j] = 0;
-      send_contribution(r, j, true);
+      op.tries_[j]++;
+      op.probes_.set_probe(plane, j);
+      resend(j);
     }
+  });
+}
+
+void EchAgent::probe_answered(EchReduction& r, size_t i) {
+  EchReduction* rp = &r;
+  resend_next_waiting(r, r.spec_.lanes[r.spec_.chunks[i].lane].plane, static_cast<uint32_t>(i), [this, rp](uint32_t j) {
+    rp->held_[j] = 0;
+    send_contribution(*rp, j, true);
   });
 }
 
 // ---------------------------------------------------------------------------------------------- multicast --
 
 void EchAgent::probe_answered(EchMulticast& m, size_t i) {
-  const int plane = m.spec_.packets[i].plane;
-  if (m.probes_.probe(plane) != i) {
-    return;
-  }
-  const uint32_t j = m.probes_.take_deferred(plane, [&m](uint32_t k) {
-    return m.outcome_[k] == EchOutcome::kPending && m.tries_[k] < m.spec_.timing.max_retries;
-  });
-  if (j != PlaneProbes::kNone) {
-    m.tries_[j]++;
-    m.probes_.set_probe(plane, j);
-    send_packet(m, j, true);
-  }
+  EchMulticast* mp = &m;
+  resend_next_waiting(m, m.spec_.packets[i].plane, static_cast<uint32_t>(i),
+                      [this, mp](uint32_t j) { send_packet(*mp, j, true); });
 }
 
 // A packet's timer: resent when nothing of its multicast on its plane completed for a timeout (as a reduction's

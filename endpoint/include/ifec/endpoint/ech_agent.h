@@ -326,6 +326,8 @@ class EchAgent {
   // now, the next probe (PlaneProbes).
   void probe_answered(EchReduction& r, size_t i);
   void probe_answered(EchMulticast& m, size_t i);
+  template <class Op, class Resend>
+  void resend_next_waiting(Op& op, int plane, uint32_t answered, Resend resend);
   void pump(EchMulticast& m);
   void send_packet(EchMulticast& m, size_t packet, bool retransmit);
   // A held contribution's next resend waits this many longest timeouts: past the switch's slot timeout (2 ms
