@@ -372,7 +372,8 @@ TEST(IfecEngineReduce, AMemberThatSkippedAChunkIsAskedForItAndALateOneIsNot) {
 }
 
 // A member that acknowledged a later chunk's result but not this one's lost it (results leave in the order slots
-// complete): at the result timer it gets it again though it is not silent; members merely slow are left alone.
+// complete): at the result timer it gets it again though it is not silent (a member with no later acknowledgement
+// is only slow, and waits as in ResendsToASilentMemberOneResultAtATime).
 TEST(IfecEngineReduce, AResultAMemberSkippedIsSentAgainAtTheResultTimer) {
   Engine s;
   ASSERT_TRUE(s.e.reserve(group_of(7, 2, 0), nullptr));
