@@ -259,7 +259,8 @@ void IfecEngine::request_missing(Group& g, Slot& s, const common::ParsedFrame& p
       counters_.resend_requests++;
       Ech e = *pf.h.ech;
       e.contributor_id = static_cast<uint16_t>(m);
-      send_ech_nak(g.r.members[m].ip, e, s.chunk & 0xFFFFFF, pf.h.bth.pkey);
+      send_ech_ack(g.r.members[m].ip, e, s.chunk & 0xFFFFFF, pf.h.bth.pkey,
+                   common::Aeth::nak(common::NakCode::kPsnSequenceError, 0));
     }
   }
 }
@@ -664,31 +665,17 @@ uint64_t spray_of(const Ech& ech, uint32_t psn) {
 
 }  // namespace
 
-void IfecEngine::send_ech_ack(uint32_t dst_ip, const Ech& ech, uint32_t psn, uint16_t pkey) {
+void IfecEngine::send_ech_ack(uint32_t dst_ip, const Ech& ech, uint32_t psn, uint16_t pkey, common::Aeth aeth) {
   Ech e = ech;
   e.element_count = 0;
   e.flags = 0;
-  emit_(build(dst_ip, e, static_cast<uint8_t>(Opcode::kAcknowledge), psn, pkey, std::nullopt, nullptr, 0),
+  emit_(build(dst_ip, e, static_cast<uint8_t>(Opcode::kAcknowledge), psn, pkey, std::nullopt, nullptr, 0, aeth),
         spray_of(ech, psn));
 }
 
 void IfecEngine::send_ech_rnr(uint32_t dst_ip, const Ech& ech, uint32_t psn, uint16_t pkey) {
-  Ech e = ech;
-  e.element_count = 0;
-  e.flags = 0;
   // RNR timer code 1 (IBTA: 0.01 ms); the endpoint's own back-off decides when it actually retries.
-  emit_(build(dst_ip, e, static_cast<uint8_t>(Opcode::kAcknowledge), psn, pkey, std::nullopt, nullptr, 0,
-              common::Aeth::rnr_nak(1)),
-        spray_of(ech, psn));
-}
-
-void IfecEngine::send_ech_nak(uint32_t dst_ip, const Ech& ech, uint32_t psn, uint16_t pkey) {
-  Ech e = ech;
-  e.element_count = 0;
-  e.flags = 0;
-  emit_(build(dst_ip, e, static_cast<uint8_t>(Opcode::kAcknowledge), psn, pkey, std::nullopt, nullptr, 0,
-              common::Aeth::nak(common::NakCode::kPsnSequenceError, 0)),
-        spray_of(ech, psn));
+  send_ech_ack(dst_ip, ech, psn, pkey, common::Aeth::rnr_nak(1));
 }
 
 std::vector<uint8_t> IfecEngine::build(uint32_t dst_ip, const Ech& ech, uint8_t opcode, uint32_t psn, uint16_t pkey,

@@ -308,7 +308,7 @@ TEST(IfecCollectives, ChunksQueuedLongerThanTheTimerAreNotResentWhileTheOperatio
 // again at a time, the next on its answer, and the switch answers a resent contribution it holds as held (the
 // slot waits for GPU 7), after which that chunk waits for its result; the result timers resend to a silent member
 // one result at a time. Resending every chunk whose timer ran out, and every unacknowledged result, sent 11,972
-// contributions and 1,576 results again here (2,432 and 328 now).
+// contributions and 1,576 results again here (2,462 and 336 now).
 TEST(IfecCollectives, AMemberLateForManyTimeoutsCostsOneProbePerPlaneNotTheWindow) {
   const auto s = spec_for(Collective::kAllReduce, 8, 1 << 18, EchDtype::kFp32, EchRedOp::kSum, 2);
   Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(0, 1), 9);

@@ -92,10 +92,11 @@ class EchAgent;
 // Timeouts on a plane, one probe at a time (a reduction's chunks, a multicast's packets): when an item's timer runs
 // out while another item's resend on its plane is out and unanswered, it waits for that answer (deferred) rather
 // than go again, as TCP resends the head of its window, not all of it. The probe's answer (done, or held by a
-// switch waiting for a late member) sends the oldest deferred item as the next probe, as NewReno resends the next
-// hole on a partial ACK: each overdue item goes once, a round trip apart, and a held one then waits for its result
-// (lost items recovered a round trip apart, before a switch's slot times out; where a member the machine runs late
-// holds every slot, one resend per chunk, not one per timeout).
+// switch waiting for a late member) sends the oldest deferred item as the next probe (once the frames already
+// received are handled: its own answer may be among them), as NewReno resends the next hole on a partial ACK: each
+// overdue item goes once, a round trip apart, and a held one then waits for its result (lost items recovered a
+// round trip apart, before a switch's slot times out; where a member the machine runs late holds every slot, one
+// resend per chunk, not one per timeout). The switch also asks for a contribution it knows was lost (a NAK).
 class PlaneProbes {
  public:
   void resize(size_t items) { deferred_flag_.assign(items, 0); }
@@ -322,8 +323,8 @@ class EchAgent {
   void send_contribution(EchReduction& r, size_t chunk, bool retransmit);
   void arm(EchReduction& r, size_t chunk, common::TimeNs delay, bool counts_as_try);
   void arm(EchMulticast& m, size_t packet, common::TimeNs delay);
-  // `i` was answered (done, or held): if it was its plane's probe, the oldest item that waited on it goes again
-  // now, the next probe (PlaneProbes).
+  // `i` was answered (done, or held): if it was its plane's probe, the oldest item that waited on it goes again,
+  // the next probe (PlaneProbes), once the frames at hand are handled (resend_next_waiting).
   void probe_answered(EchReduction& r, size_t i);
   void probe_answered(EchMulticast& m, size_t i);
   template <class Op, class Resend>

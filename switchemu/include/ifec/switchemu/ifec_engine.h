@@ -179,10 +179,11 @@ class IfecEngine {
   // and sends the result, or, when timed out, the anomaly notice.
   void complete(Group& g, Slot& s, bool timed_out, bool acc_ready = false);
   void send_result(Group& g, Slot& s, int member);
-  void send_ech_ack(uint32_t dst_ip, const common::Ech& ech, uint32_t psn, uint16_t pkey);
+  // An ECH acknowledgement frame: an ACK, or with `aeth` an RNR NAK or a NAK.
+  void send_ech_ack(uint32_t dst_ip, const common::Ech& ech, uint32_t psn, uint16_t pkey,
+                    common::Aeth aeth = common::Aeth::ack(0));
   // RNR NAK: the contribution's slot still holds an older chunk; the sender retries after a short back-off.
   void send_ech_rnr(uint32_t dst_ip, const common::Ech& ech, uint32_t psn, uint16_t pkey);
-  void send_ech_nak(uint32_t dst_ip, const common::Ech& ech, uint32_t psn, uint16_t pkey);
   // Asks each member slot `s` still waits for and that has contributed a later chunk (so lost this one) to send its
   // contribution again: a NAK (PSN sequence error) for the chunk, once per member per slot.
   void request_missing(Group& g, Slot& s, const common::ParsedFrame& pf);
