@@ -1,4 +1,4 @@
-// AF_PACKET port: TPACKET_V2 receive ring, a classic BPF filter for fabric traffic, sendto() transmission.
+// AF_PACKET port: recvmmsg() with kernel timestamps, a classic BPF filter for fabric traffic, send() transmission.
 #include "ifec/live/af_packet_port.h"
 
 #include <arpa/inet.h>
@@ -9,7 +9,6 @@
 #include <net/if.h>
 #include <sched.h>
 #include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -30,12 +29,9 @@ namespace ifec::live {
 
 namespace {
 
-// The receive ring: 8 MiB of slots, each a power of two holding the largest frame and the TPACKET_V2 header
-// (8 KiB for RoCE's 4096-byte MTU: 1024 frames; 16 KiB for jumbo frames: 512). A full ring drops in the kernel
-// (counted: rx_dropped), and a burst through a software switch is thousands of frames.
-constexpr uint32_t kBlockSize = 1 << 20;
-constexpr uint32_t kBlocks = 8;
-uint32_t slot_for(size_t max_frame) { return max_frame + 128 <= 8192 ? 8192 : 16384; }
+// The socket's receive buffer: a burst through a software switch is thousands of frames; what it cannot hold the
+// kernel drops (counted: rx_dropped). 16 MiB of buffer space holds about 2,000 frames of 4 KiB.
+constexpr int kReceiveBufferBytes = 16 << 20;
 constexpr common::TimeNs kBusyRetryNs = 20'000;
 
 // ethertype PFC: accept; IPv4 UDP (not a fragment) to 4791 (RoCEv2) or 4793 (ECH): accept; else drop (ARP and
@@ -56,6 +52,18 @@ std::vector<sock_filter> fabric_filter() {
       BPF_STMT(BPF_RET | BPF_K, 0),
       BPF_STMT(BPF_RET | BPF_K, 0x40000),
   };
+}
+
+// The kernel's receive timestamp of a frame (SO_TIMESTAMPNS: CLOCK_REALTIME), 0 when it gave none.
+common::TimeNs timestamp_of(const msghdr& h) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(const_cast<msghdr*>(&h), c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+      timespec ts{};
+      std::memcpy(&ts, CMSG_DATA(c), sizeof ts);
+      return static_cast<common::TimeNs>(ts.tv_sec) * 1'000'000'000ULL + static_cast<common::TimeNs>(ts.tv_nsec);
+    }
+  }
+  return 0;
 }
 
 }  // namespace
@@ -88,9 +96,6 @@ AfPacketPort::~AfPacketPort() {
   if (fd_ >= 0) {
     loop_.unwatch(fd_);
     close(fd_);
-  }
-  if (ring_ != nullptr) {
-    munmap(ring_, ring_bytes_);
   }
 }
 
@@ -125,23 +130,14 @@ void AfPacketPort::open_socket() {
   }
   const int one = 1;
   setsockopt(fd_, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one);  // best effort (Linux >= 4.20)
-  const int v2 = TPACKET_V2;
-  if (setsockopt(fd_, SOL_PACKET, PACKET_VERSION, &v2, sizeof v2) != 0) {
-    fail("TPACKET_V2");
+  if (setsockopt(fd_, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one) != 0) {
+    fail("receive timestamps (SO_TIMESTAMPNS)");
   }
-  const uint32_t slot = slot_for(max_frame_);
-  tpacket_req req{kBlockSize, kBlocks, slot, kBlocks * (kBlockSize / slot)};
-  if (setsockopt(fd_, SOL_PACKET, PACKET_RX_RING, &req, sizeof req) != 0) {
-    fail("receive ring");
+  // Past the system's rmem_max where the process may (CAP_NET_ADMIN), else as far as it allows.
+  if (setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &kReceiveBufferBytes, sizeof kReceiveBufferBytes) != 0) {
+    setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &kReceiveBufferBytes, sizeof kReceiveBufferBytes);
   }
-  ring_bytes_ = static_cast<size_t>(kBlockSize) * kBlocks;
-  void* m = mmap(nullptr, ring_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-  if (m == MAP_FAILED) {
-    fail("mapping the receive ring");
-  }
-  ring_ = static_cast<uint8_t*>(m);
-  frame_size_ = slot;
-  frames_ = req.tp_frame_nr;
+  rx_.buffers.assign(kRxBatch * (max_frame_ + 1), 0);  // one byte more: a longer frame shows as truncated
   sockaddr_ll sll{};
   sll.sll_family = AF_PACKET;
   sll.sll_protocol = htons(ETH_P_ALL);
@@ -160,29 +156,42 @@ bool AfPacketPort::refresh_link() {
   return changed;
 }
 
+// Up to kRxBatch frames a call into the port's own buffers (reused: the kernel copies each frame once, into memory
+// the cache and TLB already hold), each with the kernel's receive timestamp, until the socket is empty.
 void AfPacketPort::drain() {
+  const size_t slot = max_frame_ + 1;
   for (;;) {
-    auto* hdr = reinterpret_cast<tpacket2_hdr*>(ring_ + static_cast<size_t>(next_) * frame_size_);
-    if (!(__atomic_load_n(&hdr->tp_status, __ATOMIC_ACQUIRE) & TP_STATUS_USER)) {
+    for (size_t i = 0; i < kRxBatch; ++i) {
+      rx_.iov[i] = {rx_.buffers.data() + i * slot, slot};
+      msghdr& h = rx_.msgs[i].msg_hdr;
+      h = msghdr{};
+      h.msg_iov = &rx_.iov[i];
+      h.msg_iovlen = 1;
+      h.msg_control = rx_.control[i];
+      h.msg_controllen = sizeof rx_.control[i];
+    }
+    const int n = recvmmsg(fd_, rx_.msgs, kRxBatch, MSG_DONTWAIT, nullptr);
+    if (n <= 0) {
       return;
     }
-    if (hdr->tp_len > hdr->tp_snaplen) {
-      counters_.rx_truncated++;
-    } else {
-      const uint8_t* data = reinterpret_cast<const uint8_t*>(hdr) + hdr->tp_mac;
-      std::vector<uint8_t> frame(data, data + hdr->tp_snaplen);
+    for (int i = 0; i < n; ++i) {
+      const msghdr& h = rx_.msgs[i].msg_hdr;
+      if ((h.msg_flags & MSG_TRUNC) != 0 || rx_.msgs[i].msg_len > max_frame_) {
+        counters_.rx_truncated++;
+        continue;
+      }
+      const uint8_t* data = rx_.buffers.data() + i * slot;
+      std::vector<uint8_t> frame(data, data + rx_.msgs[i].msg_len);
       counters_.rx_frames++;
       counters_.rx_bytes += frame.size();
-      __atomic_store_n(&hdr->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
-      next_ = (next_ + 1) % frames_;
-      if (up_ && rx_) {
-        rx_timestamp_ns_ = static_cast<common::TimeNs>(hdr->tp_sec) * 1'000'000'000ULL + hdr->tp_nsec;
-        rx_(std::move(frame));
+      if (up_ && rx_fn_) {
+        rx_timestamp_ns_ = timestamp_of(h);
+        rx_fn_(std::move(frame));
       }
-      continue;
     }
-    __atomic_store_n(&hdr->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
-    next_ = (next_ + 1) % frames_;
+    if (n < static_cast<int>(kRxBatch)) {
+      return;
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 // on a veth pair between two namespaces this test makes (and removes): fabric frames cross byte for byte, the
 // kernel-side filter passes RoCEv2, ECH, PFC and FARE frames and nothing else, and the carrier follows the peer.
 #include <gtest/gtest.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <thread>
@@ -294,6 +295,49 @@ TEST_F(Veth, CarrierFollowsThePeerAndADownPortRefusesFrames) {
   }));
   ASSERT_TRUE(pa_->send(roce_frame(pa_->mac(), pb_->mac(), false, 64)));
   EXPECT_TRUE(run_until(loop_, [&] { return got_.size() == 1; }));
+}
+
+// More frames than one recvmmsg() call takes (kRxBatch) wait in the socket: all of them arrive, in order, each
+// with the kernel's receive timestamp (real time, between the sends and the drain); a frame longer than a port's
+// max_frame is counted as truncated, not delivered.
+TEST_F(Veth, ABurstArrivesInOrderWithKernelTimestampsAndAnOversizedFrameIsCountedNotDelivered) {
+  live::AfPacketPort small(loop_, "f0", 10'000'000'000ULL, b_->name(), 1000);  // a second socket on b's f0
+  std::vector<std::vector<uint8_t>> small_got;
+  small.set_receiver([&](std::vector<uint8_t>&& f) { small_got.push_back(std::move(f)); });
+  std::vector<common::TimeNs> stamps;
+  pb_->set_receiver([&](std::vector<uint8_t>&& f) {
+    got_.push_back(std::move(f));
+    stamps.push_back(pb_->rx_timestamp_ns());
+  });
+  auto real_ns = [] {
+    timespec t{};
+    clock_gettime(CLOCK_REALTIME, &t);
+    return static_cast<common::TimeNs>(t.tv_sec) * 1'000'000'000ULL + static_cast<common::TimeNs>(t.tv_nsec);
+  };
+  constexpr uint32_t kFrames = 100;  // 256 B at 10 Gb/s: within the pacer's slack, sent without running the loop
+  std::vector<std::vector<uint8_t>> sent;
+  const common::TimeNs before = real_ns();
+  for (uint32_t i = 0; i < kFrames; ++i) {
+    sent.push_back(roce_frame(pa_->mac(), pb_->mac(), true, 256, i));
+    ASSERT_TRUE(pa_->send(std::vector<uint8_t>(sent.back()))) << "frame " << i;
+  }
+  const auto big = roce_frame(pa_->mac(), pb_->mac(), false, 2048);
+  ASSERT_TRUE(run_until(loop_, [&] { return !pa_->busy(); }));
+  ASSERT_TRUE(pa_->send(std::vector<uint8_t>(big)));
+  ASSERT_TRUE(run_until(loop_, [&] { return got_.size() == kFrames + 1 && small_got.size() == kFrames; }))
+      << got_.size() << " and " << small_got.size() << " frames arrived";
+  const common::TimeNs after = real_ns();
+  for (uint32_t i = 0; i < kFrames; ++i) {
+    ASSERT_EQ(got_[i], sent[i]) << "frame " << i;
+    ASSERT_EQ(small_got[i], sent[i]) << "frame " << i;
+    EXPECT_GE(stamps[i], before) << "frame " << i;
+    EXPECT_LE(stamps[i], after) << "frame " << i;
+    EXPECT_GE(stamps[i], i > 0 ? stamps[i - 1] : 0) << "frame " << i;
+  }
+  EXPECT_EQ(got_.back(), big);
+  EXPECT_EQ(small.counters().rx_truncated, 1u);
+  EXPECT_EQ(small.counters().rx_frames, kFrames);
+  EXPECT_EQ(pb_->counters().rx_dropped, 0u);
 }
 
 TEST(AfPacketPort, ErrorsNameTheInterface) {

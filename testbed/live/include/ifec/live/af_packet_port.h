@@ -1,8 +1,11 @@
-// A common::Port on a Linux network interface: AF_PACKET with a memory-mapped receive ring (TPACKET_V2: each frame
-// is handed over as it arrives; TPACKET_V3's block retire timer would add up to its timeout in latency at low load)
-// and sendto() for transmission. A classic BPF filter in the kernel passes only fabric traffic: RoCEv2 (UDP 4791),
-// ECH (UDP 4793) and PFC (MAC control 0x8808); the kernel's own traffic (ARP, IPv6 ND,
-// the control plane's TCP) never reaches the daemon. Frames this socket sends are not looped back to it.
+// A common::Port on a Linux network interface: AF_PACKET, frames received with recvmmsg() into the port's own
+// buffers, each with the kernel's receive timestamp (SO_TIMESTAMPNS), and send() for transmission. (A memory-mapped
+// TPACKET_V2 ring cost more here: handing each slot back was a store to a page the kernel had just written, which
+// on this project's 2-core VM took tens of microseconds, a quarter of a switch daemon's time; the kernel's copy into
+// a buffer the port reuses does not. TPACKET_V3's block retire timer would add latency at low load.) A classic BPF
+// filter in the kernel passes only fabric traffic: RoCEv2 (UDP 4791), ECH (UDP 4793) and PFC (MAC control 0x8808); the
+// kernel's own traffic (ARP, IPv6 ND, the control plane's TCP) never reaches the daemon. Frames this socket sends are
+// not looped back to it.
 //
 // Link state is the interface's carrier (IFF_RUNNING), read with refresh_link() (the daemon polls it and reacts to
 // changes). The port paces itself at the link's rate (a NIC's or switch port's serialization), so frames queue in
@@ -10,6 +13,9 @@
 // the kernel; the bring-up's tc tbf qdisc is a second limit at the same rate. A full qdisc (ENOBUFS/EAGAIN) makes
 // the port busy until the socket is writable again.
 #pragma once
+
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <cstdint>
 #include <deque>
@@ -33,8 +39,8 @@ namespace ifec::live {
   X(tx_bytes, "")                                                                       \
   X(tx_refused, "send() while down or busy")                                            \
   X(tx_errors, "sendto() failed for another reason")                                    \
-  X(rx_dropped, "the kernel dropped frames for want of ring space (PACKET_STATISTICS)") \
-  X(rx_truncated, "frames longer than a ring slot")                                     \
+  X(rx_dropped, "the kernel dropped frames for want of buffer space (PACKET_STATISTICS)") \
+  X(rx_truncated, "frames longer than the port's max_frame")                              \
   X(paced, "times the port held its owner back to keep to the link's rate")
 // clang-format on
 
@@ -149,7 +155,7 @@ class TxGate {
 class AfPacketPort : public common::Port {
  public:
   // Opens `ifname` in the calling thread's network namespace, or in `netns` (a name under /var/run/netns) when
-  // given; receive-ring slots hold frames up to `max_frame` bytes (longer ones are counted as truncated). Throws
+  // given; frames up to `max_frame` bytes are received (longer ones are counted as truncated). Throws
   // common::Error naming the interface and the reason (no such interface, no permission, ...).
   AfPacketPort(EpollLoop& loop, const std::string& ifname, uint64_t rate_bps, const std::string& netns = "",
                size_t max_frame = 9216);
@@ -161,12 +167,12 @@ class AfPacketPort : public common::Port {
   bool busy() const override { return gate_.busy(); }
   bool link_up() const override { return up_; }
   uint64_t rate_bps() const override { return rate_bps_; }
-  void set_receiver(Receiver rx) override { rx_ = std::move(rx); }
+  void set_receiver(Receiver rx) override { rx_fn_ = std::move(rx); }
   void set_tx_ready(TxReady ready) override { gate_.set_ready(std::move(ready)); }
 
   // Re-reads the carrier; true when it changed.
   bool refresh_link();
-  // During the receiver's call: when the kernel put that frame in the ring (ns, CLOCK_REALTIME).
+  // During the receiver's call: when the kernel received that frame (ns, CLOCK_REALTIME).
   common::TimeNs rx_timestamp_ns() const { return rx_timestamp_ns_; }
   const std::string& name() const { return ifname_; }
   const uint8_t* mac() const { return mac_; }
@@ -187,16 +193,20 @@ class AfPacketPort : public common::Port {
   int fd_ = -1;
   int ifindex_ = 0;
   uint8_t mac_[6] = {};
-  uint8_t* ring_ = nullptr;
-  size_t ring_bytes_ = 0;
-  uint32_t frame_size_ = 0;
-  uint32_t frames_ = 0;
-  uint32_t next_ = 0;
+  // What drain() receives into: kRxBatch buffers of max_frame + 1 bytes, their iovecs, headers and control space.
+  static constexpr size_t kRxBatch = 16;
+  struct RxBatch {
+    std::vector<uint8_t> buffers;
+    iovec iov[kRxBatch];
+    mmsghdr msgs[kRxBatch];
+    alignas(cmsghdr) char control[kRxBatch][64];
+  };
+  RxBatch rx_{};
   bool up_ = false;
   TxGate gate_;
   WireDelay wire_;
   std::vector<uint8_t> pending_;  // a frame the full qdisc refused, sent when it has room
-  Receiver rx_;
+  Receiver rx_fn_;
   common::TimeNs rx_timestamp_ns_ = 0;
   mutable AfPacketCounters counters_;
 };
