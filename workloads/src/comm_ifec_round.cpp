@@ -147,7 +147,7 @@ class IfecReduceOp : public CommOp {
 
   // This round is over here: tell everyone which chunks arrived, what was given up and why.
   void round_done() {
-    res_.data_end_ns = now();  // what follows (the round's report) is the control plane's again
+    res_.data_end_ns = event_time();  // the last result's arrival; what follows (the report) is the control plane's
     copies_.forget_incoming();
     gather(encode_report(report_round(*red_, chunks_, comm_.rank(), comm_.size())), [this](Gathered g) { resolve(g); });
   }

@@ -44,6 +44,8 @@ class CommOp : public std::enable_shared_from_this<CommOp> {
   // Calls fn(ok, error) as its own event once the transaction completes (while this operation is unfinished).
   void watch(const endpoint::OpHandle& h, std::function<void(bool ok, const std::string& error)> fn);
   common::TimeNs now() { return comm_.clock().now(); }
+  // When the frame whose handling got here arrived (Clock::event_time): where a data path ends.
+  common::TimeNs event_time() { return comm_.clock().event_time(); }
   // The bootstrap's allgather; `fn` runs only while this operation is unfinished (it may have timed out and gone),
   // and only when the gather worked (else the operation fails, naming the bootstrap's reason).
   void gather(std::vector<uint8_t> mine, std::function<void(Gathered)> fn);

@@ -169,7 +169,7 @@ class ReduceRowsOp : public CommOp {
   // Every rank's contributions were accepted (or given up): results still on their way (the switches resend lost
   // ones) get a little while, then the rest is summed point to point.
   void contributions_done() {
-    contributed_ns_ = now();
+    contributed_ns_ = event_time();
     gather({}, [this](Gathered g) {
       std::weak_ptr<CommOp> w = weak_from_this();
       comm_.clock().schedule(now() + 4 * rto_, [this, w] {
@@ -183,7 +183,7 @@ class ReduceRowsOp : public CommOp {
   }
 
   void receives_done() {
-    received_ns_ = now();
+    received_ns_ = event_time();
     receives_done_ = true;
     maybe_recover();
   }

@@ -105,6 +105,9 @@ void CommOp::fail(const std::string& why) {
 void CommOp::finish() {
   finished_ = true;
   res_.end_ns = now();
+  if (res_.data_end_ns == 0) {  // no control-plane tail: the data path ends with the frame that finished it
+    res_.data_end_ns = std::min(event_time(), res_.end_ns);
+  }
   // Handed over as its own event: the caller may start the next operation from `done`.
   auto self = shared_from_this();
   comm_.clock().schedule(now(), [self] {

@@ -56,6 +56,12 @@ common::TimeNs EpollLoop::now() const {
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count());
 }
 
+common::TimeNs EpollLoop::event_time() const {
+  const common::TimeNs t = now();
+  const bool own = std::this_thread::get_id() == serving_.load(std::memory_order_relaxed);
+  return own && arrival_ns_ != 0 ? std::min(arrival_ns_, t) : t;
+}
+
 void EpollLoop::schedule(common::TimeNs at, std::function<void()> fn) {
   const bool own = std::this_thread::get_id() == serving_.load(std::memory_order_relaxed);
   // Deferred handling of an arrival keeps its arrival time (only the loop's thread reads arrival_ns_).

@@ -20,6 +20,11 @@ class Clock {
  public:
   virtual ~Clock() = default;
   virtual TimeNs now() const = 0;
+  // When what the caller is handling happened: the arrival of the frame being handled (or of the one whose handling
+  // deferred this work "at once") where the clock's driver knows it, as a live port's kernel receive timestamp; now()
+  // otherwise (a simulated loop runs every event at its time). A measurement that ends at a frame's arrival reads
+  // this: it measures the wire, not how late a loaded host ran the handler.
+  virtual TimeNs event_time() const { return now(); }
   // Runs `fn` at time `at` (or as soon as possible if `at` has passed). Callbacks run one at a time.
   virtual void schedule(TimeNs at, std::function<void()> fn) = 0;
   // The same for an event that will read `bytes` at `data` first (a frame arriving): a loop may fetch them into the

@@ -26,7 +26,9 @@ struct CollectiveResult {
   // leader's switch reservations and the bootstrap sharing them; live, gRPC between daemons; simulated, the
   // topology's control_plane_delay_ns). Merged over ranks: the last rank's.
   common::TimeNs data_start_ns = 0;
-  // When it ended (0: at end_ns): an in-fabric round ends with the ranks reporting its outcome over the bootstrap.
+  // When it ended: the arrival of the frame that finished it (Clock::event_time: live, the kernel's receive
+  // timestamp, so a loaded host that ran the handler late does not lengthen it); an in-fabric round's data path ends
+  // before the ranks report its outcome over the bootstrap. 0 until the operation finishes.
   common::TimeNs data_end_ns = 0;
   bool fell_back = false;           // in-fabric path could not serve it (no reservation, pool exhausted, anomaly)
   uint64_t fallback_chunks = 0;     // chunks completed on the endpoint-based path instead

@@ -60,6 +60,8 @@ class EpollLoop : public common::Clock {
   // the message's last packet released) runs with the same arrival time, as if it ran inside the handling.
   void set_arrival_ns(common::TimeNs at) { arrival_ns_ = at; }
   common::TimeNs arrival_ns() const { return arrival_ns_; }
+  // The arrival being handled (arrival_ns), on the loop's own thread; now() otherwise.
+  common::TimeNs event_time() const override;
   // CPU time the calling thread (a loop's own, called from it) has used: with the stalls, whether a slow phase's
   // loop was busy or not run.
   static common::TimeNs thread_cpu_ns();
