@@ -120,6 +120,35 @@ TEST(EpollLoop, WorkDeferredFromAnArrivalKeepsItsArrivalTime) {
   EXPECT_EQ(loop.arrival_ns(), 0u);
 }
 
+// Clock::event_time: the arrival being handled, on the loop's thread (and in what its handling deferred at once); the
+// clock's time where nothing arrived, and on any other thread (a gRPC handler's).
+TEST(EpollLoop, EventTimeIsTheArrivalBeingHandledElseNow) {
+  live::EpollLoop loop;
+  common::TimeNs deferred = 0, later = 0, later_now = 0, other_thread = 0, other_now = 0;
+  common::TimeNs arrived = 0;
+  loop.schedule(0, [&] {
+    arrived = loop.now() > 500'000 ? loop.now() - 500'000 : 1;  // a frame that waited half a millisecond
+    loop.set_arrival_ns(arrived);
+    loop.schedule(loop.now(), [&] {
+      deferred = loop.event_time();
+      std::thread([&] {
+        other_now = loop.now();
+        other_thread = loop.event_time();
+      }).join();
+    });
+    loop.schedule(loop.now() + 1'000'000, [&] {
+      later = loop.event_time();
+      later_now = loop.now();
+    });
+    loop.set_arrival_ns(0);
+  });
+  loop.serve(loop.now() + 3'000'000);
+  EXPECT_EQ(deferred, arrived);
+  EXPECT_GE(other_thread, other_now);
+  EXPECT_GE(later, later_now - 100'000);  // the timer's own time, not the arrival's
+  EXPECT_GT(later, arrived + 900'000);
+}
+
 // The pacer on a clock the test drives: a sender that sends whenever it is let runs at the link's rate, never slower;
 // a late wake-up is made up for up to the catch-up it is given and no more; an idle link lets a frame go at once.
 TEST(LinkPacer, HoldsASenderToTheLinkRateAndNeverBelowIt) {
