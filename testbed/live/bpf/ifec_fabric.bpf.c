@@ -11,6 +11,11 @@
 // frame (and so drop it), this program passes the frame to the kernel, which is where the AF_PACKET port's
 // dropped frames went too.
 //
+// Each fabric frame carries its arrival time to the socket: 16 bytes of XDP metadata just before the frame in its
+// AF_XDP buffer, a tag (IFEC_RX_META_TAG) and bpf_ktime_get_ns() (CLOCK_MONOTONIC) when the program ran, so the
+// port hands frames over with their arrival times as the AF_PACKET port does with the kernel's timestamps. Where
+// the driver leaves no room for metadata the frame goes without (the port then reports no time).
+//
 // "xdp.frags": the program handles multi-buffer frames (jumbo frames on a veth with a 9216 MTU; the kernel refuses
 // a program without it on such a veth in native mode). The headers it reads are always in the first buffer.
 // linux/bpf.h first: bpf_helpers.h uses its types.
@@ -26,6 +31,12 @@
 #define IFEC_IP_FRAG_OFFSET_MASK 0x1fff
 #define IFEC_UDP_ROCEV2 4791
 #define IFEC_UDP_ECH 4793
+#define IFEC_RX_META_TAG 0x1fec7153ULL  // XdpPort's kRxMetaTag
+
+struct ifec_rx_meta {
+  __u64 tag;
+  __u64 arrival_ns;
+};
 
 // Receive queue -> the AF_XDP socket bound to it. The port binds queue 0 only (and refuses an interface with more
 // receive queues); a queue without a socket falls back to XDP_PASS.
@@ -72,6 +83,13 @@ SEC("xdp.frags")
 int ifec_fabric(struct xdp_md* ctx) {
   if (!is_fabric(ctx)) {
     return XDP_PASS;
+  }
+  if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct ifec_rx_meta)) == 0) {
+    struct ifec_rx_meta* meta = (void*)(long)ctx->data_meta;
+    if ((void*)(meta + 1) <= (void*)(long)ctx->data) {
+      meta->tag = IFEC_RX_META_TAG;
+      meta->arrival_ns = bpf_ktime_get_ns();
+    }
   }
   return bpf_redirect_map(&ifec_xsks, ctx->rx_queue_index, XDP_PASS);
 }

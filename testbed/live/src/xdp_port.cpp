@@ -9,6 +9,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -181,8 +182,8 @@ void XdpPort::retry_pending() {
 
 namespace {
 
-// UMEM: 4 KiB chunks (a page each, as copy mode and most zero-copy drivers want). RX owns kRxChunks of them (8 MiB,
-// as AfPacketPort's ring: a burst through a software switch is thousands of frames), TX kTxChunks. The kernel
+// UMEM: 4 KiB chunks (a page each, as copy mode and most zero-copy drivers want). RX owns kRxChunks of them (8 MiB:
+// a burst through a software switch is thousands of frames), TX kTxChunks. The kernel
 // writes a received frame XDP_PACKET_HEADROOM into its chunk, so one chunk holds 3840 bytes of frame; longer
 // frames take several (multi-buffer).
 constexpr uint32_t kChunk = XSK_UMEM__DEFAULT_FRAME_SIZE;
@@ -196,6 +197,25 @@ constexpr int kMaxKickRounds = 64;   // sendto() calls per kick while the kernel
 constexpr uint32_t kXskMapKey = 0;   // receive queue 0
 constexpr auto kBindWait = std::chrono::seconds(2);  // for a just-closed socket on the queue to be freed
 constexpr common::TimeNs kErrorRetryNs = 1'000'000;  // a device that refuses (down) is tried again this much later
+
+// The arrival time the XDP program left in a frame's metadata (ifec_fabric.bpf.c: struct ifec_rx_meta, just before
+// the frame), CLOCK_MONOTONIC ns; 0 where the buffer has no room before the frame or no tagged metadata. A
+// timestamp later than now is not one (room the program did not write).
+constexpr uint64_t kRxMetaTag = 0x1fec7153ULL;
+common::TimeNs arrival_of(const uint8_t* frame, uint64_t offset_in_chunk, common::TimeNs now_ns) {
+  uint64_t meta[2];
+  if (offset_in_chunk < sizeof meta) {
+    return 0;
+  }
+  std::memcpy(meta, frame - sizeof meta, sizeof meta);
+  return meta[0] == kRxMetaTag && meta[1] != 0 && meta[1] <= now_ns ? meta[1] : 0;
+}
+
+common::TimeNs clock_ns(clockid_t clock) {
+  timespec t{};
+  clock_gettime(clock, &t);
+  return static_cast<common::TimeNs>(t.tv_sec) * 1'000'000'000ULL + static_cast<common::TimeNs>(t.tv_nsec);
+}
 
 std::string trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) {
@@ -547,26 +567,31 @@ void XdpPort::drain() {
     }
     taken += n;
     counters_.rx_batches++;
+    const common::TimeNs mono_now = clock_ns(CLOCK_MONOTONIC);
     for (uint32_t i = 0; i < n; ++i) {
       const xdp_desc* d = xsk_ring_cons__rx_desc(&x.rx, idx + i);
       const uint8_t* data = x.chunk(d->addr);
       x.fill_addrs[i] = d->addr - d->addr % kChunk;
       if (rx_partial_.empty() && !(d->options & XDP_PKT_CONTD)) {
         rx_batch_.emplace_back(data, data + d->len);  // the common case: a frame in one buffer
+        rx_stamps_.push_back(arrival_of(data, d->addr % kChunk, mono_now));
       } else {
         if (rx_partial_.empty()) {
-          rx_partial_.reserve(std::min<size_t>(max_frame_, 2 * kRxRoom));  // a 4 KiB frame: one allocation
+          rx_partial_.reserve(std::min<size_t>(max_frame_, 2 * kRxRoom));    // a 4 KiB frame: one allocation
+          rx_partial_stamp_ = arrival_of(data, d->addr % kChunk, mono_now);  // the first buffer has the metadata
         }
         rx_partial_.insert(rx_partial_.end(), data, data + d->len);
         if (d->options & XDP_PKT_CONTD) {
           continue;
         }
         rx_batch_.push_back(std::move(rx_partial_));
+        rx_stamps_.push_back(rx_partial_stamp_);
         rx_partial_.clear();
       }
       if (rx_batch_.back().size() > max_frame_) {
         counters_.rx_truncated++;
         rx_batch_.pop_back();
+        rx_stamps_.pop_back();
       }
     }
     xsk_ring_cons__release(&x.rx, n);
@@ -581,17 +606,20 @@ void XdpPort::drain() {
     }
     // Handed over after the rings are settled: the receiver may send (on this port too), or even close it.
     std::weak_ptr<bool> alive = alive_;
-    for (auto& f : rx_batch_) {
+    const common::TimeNs real_minus_mono = clock_ns(CLOCK_REALTIME) - clock_ns(CLOCK_MONOTONIC);
+    for (size_t k = 0; k < rx_batch_.size(); ++k) {
       counters_.rx_frames++;
-      counters_.rx_bytes += f.size();
+      counters_.rx_bytes += rx_batch_[k].size();
       if (up_ && rx_) {
-        rx_(std::move(f));
+        rx_timestamp_ns_ = rx_stamps_[k] != 0 ? rx_stamps_[k] + real_minus_mono : 0;
+        rx_(std::move(rx_batch_[k]));
         if (alive.expired()) {
           return;
         }
       }
     }
     rx_batch_.clear();
+    rx_stamps_.clear();
   }
 }
 

@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/utsname.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -59,6 +60,13 @@ void settle(live::EpollLoop& loop, common::TimeNs ns = 200'000'000) {
 }
 
 // The BTH's PSN (Ethernet 14 + IPv4 20 + UDP 8, then 9 bytes into the BTH): roce_frame's `seq`.
+// The machine's real-time clock (the ports' receive timestamps' clock), ns.
+common::TimeNs real_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_REALTIME, &t);
+  return static_cast<common::TimeNs>(t.tv_sec) * 1'000'000'000ULL + static_cast<common::TimeNs>(t.tv_nsec);
+}
+
 uint32_t seq_of(const std::vector<uint8_t>& f) {
   constexpr size_t kPsn = 14 + 20 + 8 + 9;
   return f.size() < kPsn + 3 ? 0xFFFFFFFF : (f[kPsn] << 16) | (f[kPsn + 1] << 8) | f[kPsn + 2];
@@ -313,15 +321,21 @@ TEST_F(XdpVeth, KernelTrafficWorksWhileBothPortsAreOpenAndNoPortSeesIt) {
   EXPECT_EQ(static_cast<live::XdpPort*>(pa_.get())->counters().rx_frames, 0u);
 }
 
-TEST_F(XdpVeth, ABurstArrivesInOrderAndIsCounted) {
+TEST_F(XdpVeth, ABurstArrivesInOrderWithArrivalTimesAndIsCounted) {
   open(true);
   constexpr uint32_t kFrames = 20000;
   std::vector<uint32_t> seqs;
   seqs.reserve(kFrames);
-  pb_->set_receiver([&](std::vector<uint8_t>&& f) { seqs.push_back(seq_of(f)); });
+  std::vector<common::TimeNs> stamps;
+  stamps.reserve(kFrames);
+  pb_->set_receiver([&](std::vector<uint8_t>&& f) {
+    seqs.push_back(seq_of(f));
+    stamps.push_back(pb_->rx_timestamp_ns());
+  });
   uint32_t sent = 0;
   size_t bytes = 0;
   const common::TimeNs deadline = loop_.now() + 20'000'000'000ULL;
+  const common::TimeNs before = real_ns();
   // Mixed sizes, jumbo frames among them; up to 64 frames a loop turn (they share a kick).
   while (sent < kFrames && loop_.now() < deadline) {
     for (int i = 0; i < 64 && sent < kFrames && !pa_->busy(); ++i, ++sent) {
@@ -336,8 +350,12 @@ TEST_F(XdpVeth, ABurstArrivesInOrderAndIsCounted) {
   ASSERT_TRUE(run_until(loop_, [&] { return seqs.size() >= kFrames; })) << seqs.size() << " of " << kFrames;
   settle(loop_, 50'000'000);
   ASSERT_EQ(seqs.size(), kFrames);
+  const common::TimeNs after = real_ns();
   for (uint32_t i = 0; i < kFrames; ++i) {
     ASSERT_EQ(seqs[i], i) << "frame " << i << " out of order";
+    // Each frame, jumbo ones (several buffers) too, with the XDP program's arrival time, in order.
+    ASSERT_GE(stamps[i], i > 0 ? std::max(before, stamps[i - 1]) : before) << "frame " << i;
+    ASSERT_LE(stamps[i], after) << "frame " << i;
   }
   const live::XdpCounters ca = static_cast<live::XdpPort*>(pa_.get())->counters();
   const live::XdpCounters cb = static_cast<live::XdpPort*>(pb_.get())->counters();
@@ -447,7 +465,7 @@ TEST_F(XdpVeth, OpenFabricPortPrefersAfXdpAndFallsBackSayingWhy) {
   EXPECT_FALSE(xdp_attached(*a_, "q0")) << "the failed AF_XDP attempt left its program";
   EXPECT_THROW(live::open_fabric_port(loop_, "q0", kRate, a_->name(), 9216, live::FabricDriver::kAfXdp), common::Error);
   auto plain = live::open_fabric_port(loop_, "f0", kRate, a_->name(), 9216, live::FabricDriver::kAfPacket);
-  EXPECT_EQ(plain.description, "af_packet (TPACKET_V2 receive ring, sendto)");
+  EXPECT_EQ(plain.description, "af_packet (recvmmsg with kernel timestamps, send)");
 }
 
 TEST(XdpPort, ErrorsNameTheInterfaceAndDriversParse) {

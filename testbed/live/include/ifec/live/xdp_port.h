@@ -39,10 +39,11 @@ class FabricPort : public common::Port {
   virtual AfPacketCounters port_counters() const = 0;
   // Every counter of the driver by name (a status page's per-port table).
   virtual std::map<std::string, uint64_t> counter_map() const = 0;
-  // The driver in words: "af_xdp (native XDP, copy mode, queue 0)", "af_packet (TPACKET_V2 receive ring, sendto)".
+  // The driver in words: "af_xdp (native XDP, copy mode, queue 0)", "af_packet (recvmmsg with kernel timestamps,
+  // send)".
   virtual std::string driver() const = 0;
-  // During the receiver's call: when the kernel received that frame (ns), or 0 where the driver does not say
-  // (AF_XDP's copy mode carries no timestamp).
+  // During the receiver's call: when the kernel received that frame (ns, CLOCK_REALTIME), or 0 where the driver
+  // does not say.
   virtual common::TimeNs rx_timestamp_ns() const { return 0; }
 };
 
@@ -101,6 +102,9 @@ class XdpPort : public FabricPort {
   std::map<std::string, uint64_t> counter_map() const override;
   std::string driver() const override;
   XdpCounters counters() const;
+  // During the receiver's call: when the XDP program took that frame (ns, CLOCK_REALTIME; the program's
+  // bpf_ktime_get_ns() in the frame's metadata), 0 where the driver left it no metadata.
+  common::TimeNs rx_timestamp_ns() const override { return rx_timestamp_ns_; }
   bool native() const { return native_; }
   bool zero_copy() const { return zero_copy_; }
 
@@ -144,6 +148,9 @@ class XdpPort : public FabricPort {
   std::vector<uint8_t> pending_;     // a frame the full TX ring refused, sent when it has room
   std::vector<uint8_t> rx_partial_;  // a multi-buffer frame whose last buffer is still to come
   std::vector<std::vector<uint8_t>> rx_batch_;
+  std::vector<common::TimeNs> rx_stamps_;  // rx_batch_'s arrival times (CLOCK_MONOTONIC; 0: none)
+  common::TimeNs rx_partial_stamp_ = 0;
+  common::TimeNs rx_timestamp_ns_ = 0;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // scheduled callbacks check it: none outlives us
   Receiver rx_;
   mutable XdpCounters counters_;
@@ -168,7 +175,7 @@ class AfPacketFabricPort : public FabricPort {
   int ifindex() const override { return port_.ifindex(); }
   AfPacketCounters port_counters() const override { return port_.counters(); }
   std::map<std::string, uint64_t> counter_map() const override { return common::counters_to_map(port_.counters()); }
-  std::string driver() const override { return "af_packet (TPACKET_V2 receive ring, sendto)"; }
+  std::string driver() const override { return "af_packet (recvmmsg with kernel timestamps, send)"; }
   common::TimeNs rx_timestamp_ns() const override { return port_.rx_timestamp_ns(); }
   AfPacketPort& device() { return port_; }
 
