@@ -139,11 +139,13 @@ uint64_t EpollLoop::run_due() {
   }
 }
 
-common::TimeNs EpollLoop::thread_cpu_ns() {
+common::TimeNs EpollLoop::clock_ns(clockid_t clock) {
   timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  clock_gettime(clock, &ts);
   return static_cast<common::TimeNs>(ts.tv_sec) * 1'000'000'000 + static_cast<common::TimeNs>(ts.tv_nsec);
 }
+
+common::TimeNs EpollLoop::thread_cpu_ns() { return clock_ns(CLOCK_THREAD_CPUTIME_ID); }
 
 uint64_t EpollLoop::run_once(int timeout_ms) {
   epoll_event evs[64];

@@ -179,11 +179,9 @@ void NodeRuntime::deliver_in_arrival_order() {
   arrivals_.clear();
   std::stable_sort(batch.begin(), batch.end(), [](const Arrival& a, const Arrival& b) { return a.at < b.at; });
   // The kernel stamps a frame with the real-time clock; the loop's time is the monotonic one since the loop began.
-  timespec real{}, mono{};
-  clock_gettime(CLOCK_REALTIME, &real);
-  clock_gettime(CLOCK_MONOTONIC, &mono);
-  const auto ns = [](const timespec& t) { return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec; };
-  const int64_t real_minus_loop = ns(real) - ns(mono) + static_cast<int64_t>(loop_.epoch_ns());
+  const int64_t real_minus_loop = static_cast<int64_t>(EpollLoop::clock_ns(CLOCK_REALTIME)) -
+                                  static_cast<int64_t>(EpollLoop::clock_ns(CLOCK_MONOTONIC)) +
+                                  static_cast<int64_t>(loop_.epoch_ns());
   for (Arrival& a : batch) {
     if (ports_[a.port]->rx_) {
       const int64_t at = static_cast<int64_t>(a.at) - real_minus_loop;

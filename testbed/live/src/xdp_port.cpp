@@ -9,7 +9,6 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -213,12 +212,6 @@ common::TimeNs arrival_of(const uint8_t* frame, uint64_t offset_in_chunk, common
   }
   std::memcpy(meta, frame - sizeof meta, sizeof meta);
   return meta[0] == kRxMetaTag && meta[1] != 0 && meta[1] <= now_ns ? meta[1] : 0;
-}
-
-common::TimeNs clock_ns(clockid_t clock) {
-  timespec t{};
-  clock_gettime(clock, &t);
-  return static_cast<common::TimeNs>(t.tv_sec) * 1'000'000'000ULL + static_cast<common::TimeNs>(t.tv_nsec);
 }
 
 std::string trim(std::string s) {
@@ -571,7 +564,7 @@ void XdpPort::drain() {
     }
     taken += n;
     counters_.rx_batches++;
-    const common::TimeNs mono_now = clock_ns(CLOCK_MONOTONIC);
+    const common::TimeNs mono_now = EpollLoop::clock_ns(CLOCK_MONOTONIC);
     for (uint32_t i = 0; i < n; ++i) {
       const xdp_desc* d = xsk_ring_cons__rx_desc(&x.rx, idx + i);
       const uint8_t* data = x.chunk(d->addr);
@@ -610,7 +603,7 @@ void XdpPort::drain() {
     }
     // Handed over after the rings are settled: the receiver may send (on this port too), or even close it.
     std::weak_ptr<bool> alive = alive_;
-    const common::TimeNs real_minus_mono = clock_ns(CLOCK_REALTIME) - clock_ns(CLOCK_MONOTONIC);
+    const common::TimeNs real_minus_mono = EpollLoop::clock_ns(CLOCK_REALTIME) - EpollLoop::clock_ns(CLOCK_MONOTONIC);
     for (size_t k = 0; k < rx_batch_.size(); ++k) {
       counters_.rx_frames++;
       counters_.rx_bytes += rx_batch_[k].size();

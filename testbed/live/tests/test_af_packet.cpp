@@ -2,7 +2,6 @@
 // on a veth pair between two namespaces this test makes (and removes): fabric frames cross byte for byte, the
 // kernel-side filter passes RoCEv2, ECH, PFC and FARE frames and nothing else, and the carrier follows the peer.
 #include <gtest/gtest.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <thread>
@@ -338,14 +337,9 @@ TEST_F(Veth, ABurstArrivesInOrderWithKernelTimestampsAndAnOversizedFrameIsCounte
     got_.push_back(std::move(f));
     stamps.push_back(pb_->rx_timestamp_ns());
   });
-  auto real_ns = [] {
-    timespec t{};
-    clock_gettime(CLOCK_REALTIME, &t);
-    return static_cast<common::TimeNs>(t.tv_sec) * 1'000'000'000ULL + static_cast<common::TimeNs>(t.tv_nsec);
-  };
   constexpr uint32_t kFrames = 100;  // 256 B at 10 Gb/s: within the pacer's slack, sent without running the loop
   std::vector<std::vector<uint8_t>> sent;
-  const common::TimeNs before = real_ns();
+  const common::TimeNs before = live::EpollLoop::clock_ns(CLOCK_REALTIME);
   for (uint32_t i = 0; i < kFrames; ++i) {
     sent.push_back(roce_frame(pa_->mac(), pb_->mac(), true, 256, i));
     ASSERT_TRUE(pa_->send(std::vector<uint8_t>(sent.back()))) << "frame " << i;
@@ -355,7 +349,7 @@ TEST_F(Veth, ABurstArrivesInOrderWithKernelTimestampsAndAnOversizedFrameIsCounte
   ASSERT_TRUE(pa_->send(std::vector<uint8_t>(big)));
   ASSERT_TRUE(run_until(loop_, [&] { return got_.size() == kFrames + 1 && small_got.size() == kFrames; }))
       << got_.size() << " and " << small_got.size() << " frames arrived";
-  const common::TimeNs after = real_ns();
+  const common::TimeNs after = live::EpollLoop::clock_ns(CLOCK_REALTIME);
   for (uint32_t i = 0; i < kFrames; ++i) {
     ASSERT_EQ(got_[i], sent[i]) << "frame " << i;
     ASSERT_EQ(small_got[i], sent[i]) << "frame " << i;

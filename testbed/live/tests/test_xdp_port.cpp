@@ -13,7 +13,6 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/utsname.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -60,13 +59,6 @@ void settle(live::EpollLoop& loop, common::TimeNs ns = 200'000'000) {
 }
 
 // The BTH's PSN (Ethernet 14 + IPv4 20 + UDP 8, then 9 bytes into the BTH): roce_frame's `seq`.
-// The machine's real-time clock (the ports' receive timestamps' clock), ns.
-common::TimeNs real_ns() {
-  timespec t{};
-  clock_gettime(CLOCK_REALTIME, &t);
-  return static_cast<common::TimeNs>(t.tv_sec) * 1'000'000'000ULL + static_cast<common::TimeNs>(t.tv_nsec);
-}
-
 uint32_t seq_of(const std::vector<uint8_t>& f) {
   constexpr size_t kPsn = 14 + 20 + 8 + 9;
   return f.size() < kPsn + 3 ? 0xFFFFFFFF : (f[kPsn] << 16) | (f[kPsn + 1] << 8) | f[kPsn + 2];
@@ -335,7 +327,7 @@ TEST_F(XdpVeth, ABurstArrivesInOrderWithArrivalTimesAndIsCounted) {
   uint32_t sent = 0;
   size_t bytes = 0;
   const common::TimeNs deadline = loop_.now() + 20'000'000'000ULL;
-  const common::TimeNs before = real_ns();
+  const common::TimeNs before = live::EpollLoop::clock_ns(CLOCK_REALTIME);
   // Mixed sizes, jumbo frames among them; up to 64 frames a loop turn (they share a kick).
   while (sent < kFrames && loop_.now() < deadline) {
     for (int i = 0; i < 64 && sent < kFrames && !pa_->busy(); ++i, ++sent) {
@@ -350,7 +342,7 @@ TEST_F(XdpVeth, ABurstArrivesInOrderWithArrivalTimesAndIsCounted) {
   ASSERT_TRUE(run_until(loop_, [&] { return seqs.size() >= kFrames; })) << seqs.size() << " of " << kFrames;
   settle(loop_, 50'000'000);
   ASSERT_EQ(seqs.size(), kFrames);
-  const common::TimeNs after = real_ns();
+  const common::TimeNs after = live::EpollLoop::clock_ns(CLOCK_REALTIME);
   for (uint32_t i = 0; i < kFrames; ++i) {
     ASSERT_EQ(seqs[i], i) << "frame " << i << " out of order";
     // Each frame, jumbo ones (several buffers) too, with the XDP program's arrival time, in order.

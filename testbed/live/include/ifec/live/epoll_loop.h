@@ -3,6 +3,8 @@
 // work into it). The same Clock the simulator's EventLoop is, so the code above the seams does not change.
 #pragma once
 
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -65,6 +67,9 @@ class EpollLoop : public common::Clock {
   // CPU time the calling thread (a loop's own, called from it) has used: with the stalls, whether a slow phase's
   // loop was busy or not run.
   static common::TimeNs thread_cpu_ns();
+  // A clock's reading in ns (CLOCK_REALTIME: the ports' receive timestamps; CLOCK_MONOTONIC: steady_clock, the
+  // loops' and the XDP program's).
+  static common::TimeNs clock_ns(clockid_t clock);
 
  private:
   struct Timer {
