@@ -62,6 +62,7 @@ class FabricPort : public common::Port {
   X(tx_kicks, "sendto() calls that started transmission (one per batch of frames)")                      \
   X(tx_invalid, "TX descriptors the kernel refused (XDP_STATISTICS tx_invalid_descs)")                   \
   X(rx_batches, "RX ring reads (frames per batch: rx_frames / rx_batches)")                              \
+  X(warm_up_frames, "warm-up frames the port ran through its program at open and dropped (not rx_frames)")  \
   X(native, "1: the XDP program runs in the driver; 0: generic (skb) mode")                              \
   X(zero_copy, "1: the socket is zero-copy; 0: copy mode")
 // clang-format on
@@ -119,6 +120,8 @@ class XdpPort : public FabricPort {
   int bind_socket();
   void attach_program();
   void drain();
+  void warm_rx();
+  bool is_warm_up(const uint8_t* data) const;  // a frame of kWarmFrameBytes: warm_rx's
   bool submit(const std::vector<uint8_t>& frame);
   void submitted();
   void kick();
