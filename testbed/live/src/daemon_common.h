@@ -54,9 +54,9 @@ inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
   s->set_uptime_ns(rt.loop().now());
   s->set_fare_changes(rt.fare_changes());
   s->set_fare_last_change_ns(rt.fare_last_change());
-  std::set<std::string> drivers;  // the fabric ports' (one, unless some fell back from AF_XDP)
+  std::set<std::string> drivers;  // the fabric ports' (one, unless some fell back from AF_XDP), with the reason
   for (const auto& p : rt.ports()) {
-    drivers.insert(p->device().driver());
+    drivers.insert(p->description());
   }
   std::string driver;
   for (const std::string& d : drivers) {

@@ -42,8 +42,8 @@ int node_index(const routing::Topology& topo, const std::string& name) {
 
 }  // namespace
 
-NodePort::NodePort(NodeRuntime& rt, int port, std::unique_ptr<FabricPort> dev)
-    : rt_(rt), port_(port), dev_(std::move(dev)) {
+NodePort::NodePort(NodeRuntime& rt, int port, OpenedFabricPort opened)
+    : rt_(rt), port_(port), dev_(std::move(opened.port)), description_(std::move(opened.description)) {
   dev_->set_receiver([this](std::vector<uint8_t>&& f) { rt_.frame_in(port_, std::move(f), dev_->rx_timestamp_ns()); });
 }
 
@@ -78,7 +78,7 @@ NodeRuntime::NodeRuntime(const routing::Topology& topo, const std::string& node_
     OpenedFabricPort dev = open_fabric_port(loop_, ifname(p), static_cast<uint64_t>(link.rate_gbps * 1e9), opts_.netns,
                                             topo_.params.mtu + 128, opts_.driver);
     note("port", ifname(p) + ": " + dev.description);
-    ports_[p] = std::make_unique<NodePort>(*this, p, std::move(dev.port));
+    ports_[p] = std::make_unique<NodePort>(*this, p, std::move(dev));
   }
   for (size_t p = 0; p < ports_.size(); ++p) {
     IFEC_CHECK(ports_[p] != nullptr, "node " << node_name << ": port " << p << " has no link in the topology");

@@ -59,7 +59,7 @@ class NodeRuntime;
 // One fabric port as the switch or endpoint sees it: an AF_PACKET or AF_XDP port (FabricPort) with fault injection.
 class NodePort : public common::Port {
  public:
-  NodePort(NodeRuntime& rt, int port, std::unique_ptr<FabricPort> dev);
+  NodePort(NodeRuntime& rt, int port, OpenedFabricPort opened);
   bool send(std::vector<uint8_t>&& frame) override;
   bool busy() const override { return dev_->busy(); }
   bool link_up() const override { return dev_->link_up(); }
@@ -67,6 +67,8 @@ class NodePort : public common::Port {
   void set_receiver(Receiver rx) override { rx_ = std::move(rx); }
   void set_tx_ready(TxReady ready) override { dev_->set_tx_ready(std::move(ready)); }
   FabricPort& device() { return *dev_; }
+  // The driver in words, and where the default (auto) fell back to AF_PACKET why AF_XDP was not used.
+  const std::string& description() const { return description_; }
   int port() const { return port_; }
   // Drops what the owner sends with probability p (fault injection; BGP, in the kernel's TCP, is not affected).
   void set_loss(double p, uint64_t seed);
@@ -77,6 +79,7 @@ class NodePort : public common::Port {
   NodeRuntime& rt_;
   int port_;
   std::unique_ptr<FabricPort> dev_;
+  std::string description_;
   Receiver rx_;
   double loss_ = 0;
   std::mt19937_64 rng_;
