@@ -27,6 +27,40 @@ constexpr int kDnsMinTimeBetweenResolutionsMs = 1000;
 // ... so a call that failed on an unresolved name is made again this much later.
 constexpr int kResolveAgainMs = kDnsMinTimeBetweenResolutionsMs + 200;
 
+// gRPC as Debian builds it (1.51 on iomgr) serves every channel's callback API from one process-wide completion
+// queue, counted by the channels that used it: when the last of them is destroyed gRPC shuts that queue down and
+// joins its polling threads ("nexting_thread") while the tail of a call that just finished may still be running,
+// and now and then that aborts the whole process ("ref_counted.h:183] assertion failed: prior > 0": seen once in CI,
+// a test's only channel destroyed right after a call its stopped switchd had refused). A daemon's channels come and
+// go (a bootstrap per job, one per responder reset), so the count passes zero in production too. One channel that
+// made a callback call and is never destroyed keeps it above zero: the queue and its two threads then live as long
+// as the process and are never torn down. Its call goes nowhere (a socket path that does not exist, a deadline
+// already past) and it never tries again within the hour.
+void pin_callback_queue() {
+  static const bool pinned = [] {
+    struct Pin {
+      std::shared_ptr<grpc::Channel> channel;
+      std::unique_ptr<v1::Switch::Stub> stub;
+      grpc::ClientContext ctx;
+      v1::Empty req;
+      v1::FreeSlotsReply reply;
+    };
+    grpc::ChannelArguments args;
+    for (const char* backoff : {GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+                                GRPC_ARG_MAX_RECONNECT_BACKOFF_MS}) {
+      args.SetInt(backoff, 3'600'000);
+    }
+    auto* pin = new Pin;  // never deleted (see above)
+    pin->channel = grpc::CreateCustomChannel("unix:/nonexistent/ifec-callback-queue-pin",
+                                             grpc::InsecureChannelCredentials(), args);
+    pin->stub = v1::Switch::NewStub(pin->channel);
+    pin->ctx.set_deadline(std::chrono::system_clock::now());
+    pin->stub->async()->FreeSlots(&pin->ctx, &pin->req, &pin->reply, [](const grpc::Status&) {});
+    return true;
+  }();
+  (void)pinned;
+}
+
 // A channel to another daemon that reconnects within a second once it is back (a restarted switchd or container):
 // gRPC's default reconnect back-off grows to two minutes, and every call meanwhile fails at once as unreachable;
 // and a name is resolved again after a second, not thirty (a restarted container may come back at new addresses).
@@ -34,6 +68,7 @@ constexpr int kResolveAgainMs = kDnsMinTimeBetweenResolutionsMs + 200;
 // 100 ms a handshake with a daemon a loaded host had not scheduled yet failed, and the call with it ("connection
 // attempt timed out before receiving SETTINGS frame"), so that stays at kConnectTimeoutMs.
 std::shared_ptr<grpc::Channel> daemon_channel(const std::string& address) {
+  pin_callback_queue();
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, kDnsMinTimeBetweenResolutionsMs);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <thread>
@@ -264,6 +265,36 @@ TEST(GrpcControlNames, AnUnresolvedSwitchIsAskedOnceMoreAfterItsNameMayResolveAg
   EXPECT_NE(why.find("resolution failed"), std::string::npos) << why;
   EXPECT_GE(s, 1.2) << "answered without asking again once the name could resolve again: " << why;
   EXPECT_LT(s, 4.0) << "asked more than once more";
+}
+
+// Threads of this process with this name.
+int threads_named(const std::string& name) {
+  int n = 0;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::string comm;
+    std::getline(std::ifstream(t.path() / "comm"), comm);
+    n += comm == name ? 1 : 0;
+  }
+  return n;
+}
+
+// gRPC's process-wide queue for callback-API calls (and its polling threads) outlives every channel the project
+// makes: torn down with the last channel, right after a call a stopped daemon had refused, it once aborted a test.
+TEST(GrpcCallbackQueue, OutlivesEveryChannelTheProcessMade) {
+  const routing::Topology topo = routing::make_superpod(2, 1, 400, 1);
+  {
+    live::EpollLoop loop;
+    live::GrpcControl control(
+        loop, topo, [](int) { return std::string("127.0.0.1:1"); }, 2'000'000'000ULL);
+    std::optional<common::ControlReply<uint32_t>> got;
+    control.free_slots("p0-sw", [&](const common::ControlReply<uint32_t>& r) { got = r; });
+    ASSERT_TRUE(run_until(loop, [&] { return got.has_value(); })) << "no answer within 10 s";
+    EXPECT_FALSE(got->ok()) << "nothing listens on 127.0.0.1:1";
+    if (threads_named("nexting_thread") == 0) {
+      GTEST_SKIP() << "this gRPC gives each channel its own callback queue: nothing process-wide to keep";
+    }
+  }
+  EXPECT_GT(threads_named("nexting_thread"), 0) << "the callback queue went with the last channel";
 }
 
 // A reconnect whose peer hostd is gone: every try is refused at once (nothing listens on the loopback port), the
