@@ -148,6 +148,7 @@ def test_threads_give_the_same_run():
         r.pop("threads")
         r.pop("setup_seconds")
         r.pop("sim_seconds")
+        r.pop("sim_page_faults")
     assert runs[0] == runs[1] == runs[2]
     with pytest.raises(ValueError, match="--threads 5 outside 1..4"):
         ifec.sim.run(topo, threads=5)
@@ -158,7 +159,7 @@ def test_deepseek_fabric_forwards_inside_servers_and_gives_the_same_run_on_any_t
     assert [n["plane"] for n in topo.nodes[:8]] == [0, 1, 2, 3, 0, 1, 2, 3]
     runs = [ifec.sim.run(topo, traffic="alltoall", bytes=8192, threads=t) for t in (1, 2)]
     for r in runs:
-        for key in ("wall_seconds", "threads", "setup_seconds", "sim_seconds", "partitions"):
+        for key in ("wall_seconds", "threads", "setup_seconds", "sim_seconds", "sim_page_faults", "partitions"):
             r.pop(key)
     assert runs[0] == runs[1]
     r = runs[0]
@@ -176,7 +177,7 @@ def _sim_json(cmd):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode in (0, 3), out.stderr  # 3: incomplete (raw flows lose what failed links held)
     rep = json.loads(out.stdout)
-    for key in ("wall_seconds", "setup_seconds", "sim_seconds"):
+    for key in ("wall_seconds", "setup_seconds", "sim_seconds", "sim_page_faults"):
         rep.pop(key)
     return rep.pop("partitions"), rep.pop("threads"), rep
 

@@ -1,5 +1,14 @@
 #include "ifec/common/heap.h"
 
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "ifec/common/checks.h"
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -14,6 +23,28 @@ bool keep_freed_heap() {
 #else
   return false;
 #endif
+}
+
+uint64_t minor_page_faults() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_minflt);
+}
+
+double fresh_page_ns(size_t bytes) {
+  constexpr size_t kPage = 4096;
+  IFEC_CHECK(bytes >= kPage, "fresh_page_ns: " << bytes << " bytes is less than one page");
+  void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  IFEC_CHECK(m != MAP_FAILED, "fresh_page_ns: cannot map " << bytes << " bytes: " << std::strerror(errno));
+  madvise(m, bytes, MADV_NOHUGEPAGE);  // one fault per 4 KiB page, whatever the system's huge page policy
+  auto* p = static_cast<volatile uint8_t*>(m);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t off = 0; off < bytes; off += kPage) {
+    p[off] = 1;
+  }
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  munmap(m, bytes);
+  return ns / static_cast<double>(bytes / kPage);
 }
 
 }  // namespace ifec::common

@@ -724,7 +724,7 @@ int run_bench_scale(const Args& a) {
     std::fprintf(stderr, "bench scale: [%zu/%zu] %s...\n", i + 1, scenarios.size(), scenarios[i].describe().c_str());
     rows.push_back(tb::measure_scale(scenarios[i], true, self_path()));
   }
-  std::printf("%s%s", tb::scale_table(rows).c_str(), kScaleNotBuilt);
+  std::printf("%s%s", tb::scale_table(rows, ifec::common::fresh_page_ns()).c_str(), kScaleNotBuilt);
   for (const tb::ScaleRow& r : rows) {
     if (!r.error.empty() || !r.complete) {
       return 1;

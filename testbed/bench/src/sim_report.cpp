@@ -46,6 +46,7 @@ std::string to_json(const SimRun& r) {
   if (!r.partitions.empty()) {
     o.add("threads", r.options.threads).add("partitions", r.partitions);
     o.add("setup_seconds", r.setup_seconds).add("sim_seconds", r.sim_seconds);
+    o.add("sim_page_faults", r.sim_page_faults);  // measured, like the seconds: not part of the run's result
   }
   o.add("incomplete_flows", t.incomplete_flows).add("completion_ns", t.completion_ns);
   o.add("goodput_gbps", t.goodput_gbps).add("line_rate_gbps", t.line_rate_gbps);
@@ -144,7 +145,7 @@ std::string to_text(const SimRun& r) {
     << " s wall (" << (r.wall_seconds > 0 ? r.frame_hops / r.wall_seconds / 1e6 : 0.0) << " M frame-hops/s "
     << (!r.partitions.empty() ? "on " + std::to_string(r.options.threads) + " thread(s): " + r.partitions
                               : std::string("on one core, one event loop"))
-    << ")\n";
+    << "; " << r.sim_page_faults << " fresh pages touched while simulating)\n";
   return o.str();
 }
 

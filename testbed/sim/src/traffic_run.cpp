@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/heap.h"
 #include "ifec/common/sim.h"
 #include "ifec/testbed/fabric.h"
 #include "ifec/testbed/partitions.h"
@@ -113,6 +114,7 @@ SimRun run_on(Loop& loop, Fabric& fabric, const routing::Topology& topo, const S
     }
   }
   traffic.start(0);
+  const uint64_t faults0 = common::minor_page_faults();
   const auto sim0 = std::chrono::steady_clock::now();
   run_with_progress(loop, traffic, opts, fabric.num_gpus(), wall0);
   if (opts.processes != nullptr) {
@@ -122,6 +124,7 @@ SimRun run_on(Loop& loop, Fabric& fabric, const routing::Topology& topo, const S
   SimRun run;
   run.sim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sim0).count();
   run.setup_seconds = std::chrono::duration<double>(sim0 - wall0).count();
+  run.sim_page_faults = common::minor_page_faults() - faults0;
   run.routing_bytes = fabric.routing_bytes();
   run.link_bytes = fabric.link_bytes();
   run.traffic_bytes = traffic.memory_bytes();

@@ -425,7 +425,7 @@ TEST(RawTraffic, DeepseekFabricGivesTheSameRunOnAnyThreads) {
   const testbed::SimRun loop = run(0);  // one event loop: the same traffic (equal-time order may differ)
   EXPECT_EQ(loop.traffic.payload_bytes_offered, one.traffic.payload_bytes_offered);
   EXPECT_GT(loop.traffic.payload_bytes_delivered, 0u);
-  testbed::Processes two{0, 2, [](std::vector<uint64_t>&) {}};
+  testbed::Processes two{0, 2, [](std::vector<uint64_t>&) {}, {}};
   testbed::SimOptions o;
   o.bytes = 4096;
   o.progress = false;

@@ -1,4 +1,5 @@
-// How a long-running process that allocates and frees frames at a high rate keeps its heap (the daemons, ifec-cli).
+// How a long-running process that allocates and frees frames at a high rate keeps its heap (the daemons, ifec-cli),
+// and what fresh memory costs the machine (the benches report it beside their rates).
 //
 // glibc's malloc hands freed memory at the top of its heap back to the kernel once more than 128 KiB is free there
 // (brk, or madvise in a thread's arena), and maps allocations of 128 KiB or more on their own once that limit is
@@ -10,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace ifec::common {
 
@@ -21,5 +23,16 @@ inline constexpr size_t kHeapGrowthBytes = size_t{16} << 20;     // what the hea
 // kHeapGrowthBytes at a time, and maps only allocations of kOwnMappingBytes or more on their own. Call once at the
 // start of main(); false where the C library refused (not glibc: nothing changed).
 bool keep_freed_heap();
+
+// Pages this process has faulted in so far (minor faults, getrusage: every thread's). The difference over a phase is
+// about how many fresh pages it touched for the first time.
+uint64_t minor_page_faults();
+
+// What this machine charges for the first write to a fresh 4 KiB page, in nanoseconds: the mean over `bytes` of
+// anonymous memory mapped for the purpose (without huge pages), touched once per page and unmapped. A bare-metal
+// Linux takes well under a microsecond; the 2-core VMs this project is developed on take 15-18 us (their hypervisor
+// builds its own page table entry on that first touch too: populating the mapping in advance moves only a little
+// of the cost), which makes every simulation whose frames in flight need fresh memory markedly slower there.
+double fresh_page_ns(size_t bytes = size_t{32} << 20);
 
 }  // namespace ifec::common

@@ -46,14 +46,15 @@ struct ScaleRow {
   uint64_t frame_hops = 0;
   double setup_seconds = 0;
   double sim_seconds = 0;
-  uint64_t peak_bytes = 0;     // the child's maximum resident set
-  uint64_t routing_bytes = 0;  // Fabric::routing_bytes()
-  uint64_t traffic_bytes = 0;  // RawTraffic::memory_bytes()
-  uint64_t link_bytes = 0;     // Fabric::link_bytes(): links and switch ports
-  bool complete = false;       // every byte delivered
-  bool one_loop = false;       // ran on one event loop (threads 0, or a fabric whose planes cannot run apart)
-  std::string error;           // why the child failed ("" when it ran)
-  double speedup = 0;          // rate over the same traffic's on one thread (scale_table fills it; 0: none)
+  uint64_t peak_bytes = 0;       // the child's maximum resident set
+  uint64_t sim_page_faults = 0;  // fresh pages touched while simulating (SimRun::sim_page_faults; 0: not counted)
+  uint64_t routing_bytes = 0;    // Fabric::routing_bytes()
+  uint64_t traffic_bytes = 0;    // RawTraffic::memory_bytes()
+  uint64_t link_bytes = 0;       // Fabric::link_bytes(): links and switch ports
+  bool complete = false;         // every byte delivered
+  bool one_loop = false;         // ran on one event loop (threads 0, or a fabric whose planes cannot run apart)
+  std::string error;             // why the child failed ("" when it ran)
+  double speedup = 0;            // rate over the same traffic's on one thread (scale_table fills it; 0: none)
   // An AllReduce scenario's outcome: "ran tree: 57.18 us simulated, busbw 146.7 GB/s" ("" for raw traffic)
   std::string result;
   double rate() const { return sim_seconds > 0 ? frame_hops / sim_seconds : 0; }  // frame-hops/s
@@ -76,6 +77,8 @@ ScaleRow measure_scale(const ScaleScenario& s, bool progress, const std::string&
 // One line per row under a header naming the columns, then the AllReduce rows' outcomes, then one line per target:
 // measured, target, met or not.
 // Fills each threaded row's speedup from the one-thread row of the same traffic.
-std::string scale_table(std::vector<ScaleRow>& rows);
+// With `fresh_page_ns` (common::fresh_page_ns, measured once by the caller), also what this machine charges for a
+// fresh page and, beside a rate target, the simulation's rate without its first touches (an estimate).
+std::string scale_table(std::vector<ScaleRow>& rows, double fresh_page_ns = 0);
 
 }  // namespace ifec::testbed

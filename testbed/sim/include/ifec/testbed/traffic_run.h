@@ -77,6 +77,9 @@ struct SimRun {
   double wall_seconds = 0;   // the whole run: setup, simulation and the report's collection
   double setup_seconds = 0;  // building the fabric (switches, FARE's rounds to convergence) and the flows
   double sim_seconds = 0;    // the event loop alone, from the first frame to the last byte delivered
+  // Pages faulted in during the simulation: fresh memory touched the first time (common::minor_page_faults), mostly
+  // the frames in flight at the run's peak; each costs what common::fresh_page_ns says on this machine.
+  uint64_t sim_page_faults = 0;
   size_t routing_bytes = 0;  // Fabric::routing_bytes(): the RIB, the class table and every switch's FIB
   size_t link_bytes = 0;     // Fabric::link_bytes() at the end: links and switch ports (their queues' rings)
   size_t traffic_bytes = 0;  // RawTraffic::memory_bytes(): flows and their counters
