@@ -48,21 +48,66 @@ const WindowInfo& SymmetricMemory::allocate_window(uint16_t id, uint64_t size, u
   IFEC_CHECK(size > 0 && size <= (uint64_t{1} << 32),
              "endpoint " << endpoint_ << ": allocated window size " << size << " outside 1..4 GiB");
   IFEC_CHECK(windows_.count(id) == 0, "endpoint " << endpoint_ << ": window " << id << " is already registered");
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  IFEC_CHECK(p != MAP_FAILED,
-             "endpoint " << endpoint_ << ": window " << id << " of " << size << " bytes: " << std::strerror(errno));
-  owned_.emplace(id, std::unique_ptr<uint8_t, Unmap>(static_cast<uint8_t*>(p), Unmap{size}));
-  return register_window(id, p, size, job);
+  std::unique_ptr<uint8_t, Unmap> m = take_spare(size);
+  if (m) {
+    std::memset(m.get(), 0, size);
+    ++reused_;
+  } else {
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    IFEC_CHECK(p != MAP_FAILED,
+               "endpoint " << endpoint_ << ": window " << id << " of " << size << " bytes: " << std::strerror(errno));
+    m = std::unique_ptr<uint8_t, Unmap>(static_cast<uint8_t*>(p), Unmap{size});
+  }
+  uint8_t* data = m.get();
+  owned_.emplace(id, std::move(m));
+  return register_window(id, data, size, job);
 }
 
 void SymmetricMemory::Unmap::operator()(uint8_t* p) const { munmap(p, size); }
+
+std::unique_ptr<uint8_t, SymmetricMemory::Unmap> SymmetricMemory::take_spare(uint64_t size) {
+  size_t best = spare_.size();
+  for (size_t i = 0; i < spare_.size(); ++i) {
+    const uint64_t have = spare_[i].get_deleter().size;
+    if (have >= size && have / 2 <= size && (best == spare_.size() || have < spare_[best].get_deleter().size)) {
+      best = i;
+    }
+  }
+  if (best == spare_.size()) {
+    return nullptr;
+  }
+  std::unique_ptr<uint8_t, Unmap> m = std::move(spare_[best]);
+  spare_.erase(spare_.begin() + static_cast<long>(best));
+  spare_bytes_ -= m.get_deleter().size;
+  return m;
+}
+
+void SymmetricMemory::keep_freed_windows(uint64_t bytes) {
+  spare_limit_ = bytes;
+  while (spare_bytes_ > spare_limit_) {
+    spare_bytes_ -= spare_.front().get_deleter().size;
+    spare_.erase(spare_.begin());
+  }
+}
 
 void SymmetricMemory::free_window(uint16_t id) {
   auto it = windows_.find(id);
   IFEC_CHECK(it != windows_.end(), "endpoint " << endpoint_ << ": no window " << id << " to free");
   by_rkey_.erase(it->second.rkey);
   windows_.erase(it);
-  owned_.erase(id);
+  auto own = owned_.find(id);
+  if (own == owned_.end()) {
+    return;
+  }
+  std::unique_ptr<uint8_t, Unmap> m = std::move(own->second);
+  owned_.erase(own);
+  const uint64_t size = m.get_deleter().size;
+  if (size > spare_limit_) {
+    return;  // unmapped here
+  }
+  spare_bytes_ += size;
+  spare_.push_back(std::move(m));
+  keep_freed_windows(spare_limit_);  // the oldest go while over the limit
 }
 
 const WindowInfo* SymmetricMemory::window(uint16_t id) const {

@@ -1,6 +1,7 @@
 // Symmetric memory: registration errors and the rkey / bounds / job / alignment check.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "ifec/common/checks.h"
@@ -47,4 +48,42 @@ TEST(SymmetricMemory, RegistrationErrorsNameTheValue) {
   EXPECT_THROW(m.register_window(6, buf.data(), 0, 1), ifec::common::Error);
   EXPECT_THROW(m.register_window(7, nullptr, 64, 1), ifec::common::Error);
   EXPECT_THROW(m.register_window(8, buf.data(), 64, 0x8000), ifec::common::Error);
+}
+
+// Freed windows' mappings are kept (when asked) and reused zeroed by a later window of the same size, or up to twice
+// as large; the oldest go past the limit; by default nothing is kept.
+TEST(SymmetricMemory, FreedWindowsAreReusedZeroedWithinTheLimit) {
+  constexpr uint64_t kMiB = 1 << 20;
+  SymmetricMemory plain(0);
+  uint8_t* first = plain.allocate_window(1, kMiB, 1).data;
+  first[5] = 7;
+  plain.free_window(1);
+  plain.allocate_window(2, kMiB, 1);
+  EXPECT_EQ(plain.reused_windows(), 0u) << "nothing is kept unless asked";
+
+  SymmetricMemory m(0);
+  m.keep_freed_windows(3 * kMiB);
+  uint8_t* a = m.allocate_window(1, kMiB, 1).data;
+  std::fill(a, a + kMiB, 0xAB);
+  m.free_window(1);
+  const WindowInfo& again = m.allocate_window(2, kMiB - 100, 1);
+  EXPECT_EQ(again.data, a) << "the freed mapping, reused";
+  EXPECT_EQ(again.size, kMiB - 100);
+  EXPECT_EQ(m.reused_windows(), 1u);
+  EXPECT_EQ(std::count(again.data, again.data + again.size, 0), static_cast<long>(again.size)) << "zeroed";
+  m.free_window(2);
+  m.allocate_window(3, kMiB / 2 - 1, 1);  // less than half the kept mapping: a fresh one
+  EXPECT_EQ(m.reused_windows(), 1u);
+  m.free_window(3);
+  // 1 MiB and 0.5 MiB kept; two more MiB push the oldest (the first 1 MiB) out.
+  m.allocate_window(4, 2 * kMiB, 1);
+  m.free_window(4);
+  m.allocate_window(5, kMiB - 4096, 1);  // the 2 MiB mapping is more than twice that, the 0.5 MiB one too small
+  EXPECT_EQ(m.reused_windows(), 1u) << "the 1 MiB mapping was let go for the 2 MiB one";
+  m.allocate_window(6, 2 * kMiB, 1);
+  EXPECT_EQ(m.reused_windows(), 2u);
+  m.allocate_window(7, 8 * kMiB, 1);  // more than the limit: mapped, and unmapped when freed
+  m.free_window(7);
+  m.allocate_window(8, 8 * kMiB, 1);
+  EXPECT_EQ(m.reused_windows(), 2u);
 }
