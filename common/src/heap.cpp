@@ -5,7 +5,9 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "ifec/common/checks.h"
 
@@ -23,6 +25,22 @@ bool keep_freed_heap() {
 #else
   return false;
 #endif
+}
+
+void warm_heap(size_t bytes) {
+  constexpr size_t kBlock = size_t{256} << 10;
+  std::vector<void*> blocks;
+  for (size_t done = 0; done < bytes; done += kBlock) {
+    void* p = std::malloc(kBlock);
+    if (p == nullptr) {
+      break;
+    }
+    std::memset(p, 0, kBlock);
+    blocks.push_back(p);
+  }
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    std::free(*it);
+  }
 }
 
 uint64_t minor_page_faults() {

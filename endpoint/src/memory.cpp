@@ -2,6 +2,7 @@
 #include "ifec/endpoint/memory.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -22,6 +23,33 @@ constexpr common::Name<AccessError> kAccessErrorNames[] = {
     {AccessError::kMisaligned, "misaligned"},
 };
 constexpr common::Vocabulary kAccessErrors("access error", kAccessErrorNames);
+
+// Zeroes the first `size` bytes of a kept mapping: the pages in memory by writing (they are warm), the others by
+// dropping them (MADV_DONTNEED: zero when next touched, whatever swap held), so the parts of a sparse window its
+// last user never touched are not faulted in now.
+void zero_reused(uint8_t* p, uint64_t size) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t pages = (size + page - 1) / page;
+  std::vector<unsigned char> in(pages);
+  if (mincore(p, size, in.data()) != 0) {
+    std::memset(p, 0, size);
+    return;
+  }
+  for (size_t i = 0; i < pages;) {
+    const bool resident = in[i] & 1;
+    size_t j = i;
+    while (j < pages && (in[j] & 1) == resident) {
+      ++j;
+    }
+    const uint64_t from = i * page, to = std::min<uint64_t>(size, j * page);
+    if (resident) {
+      std::memset(p + from, 0, to - from);
+    } else {
+      madvise(p + from, j * page - from, MADV_DONTNEED);
+    }
+    i = j;
+  }
+}
 
 }  // namespace
 
@@ -50,7 +78,7 @@ const WindowInfo& SymmetricMemory::allocate_window(uint16_t id, uint64_t size, u
   IFEC_CHECK(windows_.count(id) == 0, "endpoint " << endpoint_ << ": window " << id << " is already registered");
   std::unique_ptr<uint8_t, Unmap> m = take_spare(size);
   if (m) {
-    std::memset(m.get(), 0, size);
+    zero_reused(m.get(), size);
     ++reused_;
   } else {
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

@@ -1,5 +1,6 @@
 // Symmetric memory: registration errors and the rkey / bounds / job / alignment check.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <vector>
@@ -86,4 +87,24 @@ TEST(SymmetricMemory, FreedWindowsAreReusedZeroedWithinTheLimit) {
   m.free_window(7);
   m.allocate_window(8, 8 * kMiB, 1);
   EXPECT_EQ(m.reused_windows(), 2u);
+}
+
+// A sparse window's reuse zeroes what its last user wrote and leaves the pages it never touched out of memory.
+TEST(SymmetricMemory, AReusedSparseWindowIsZeroedWithoutFaultingInItsUntouchedPages) {
+  constexpr uint64_t kSize = 256 * 4096;
+  SymmetricMemory m(0);
+  m.keep_freed_windows(kSize);
+  uint8_t* a = m.allocate_window(1, kSize, 1).data;
+  a[3] = 0xCD;
+  a[100 * 4096 + 7] = 0xCD;
+  m.free_window(1);
+  const WindowInfo& b = m.allocate_window(2, kSize, 1);
+  ASSERT_EQ(b.data, a);
+  std::vector<unsigned char> in(256);
+  ASSERT_EQ(mincore(b.data, kSize, in.data()), 0);
+  EXPECT_LE(std::count_if(in.begin(), in.end(), [](unsigned char c) { return c & 1; }), 2)
+      << "only the two pages written before are in memory";
+  EXPECT_EQ(b.data[3], 0);
+  EXPECT_EQ(b.data[100 * 4096 + 7], 0);
+  EXPECT_EQ(std::count(b.data, b.data + kSize, 0), static_cast<long>(kSize));
 }

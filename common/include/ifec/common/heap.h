@@ -24,6 +24,11 @@ inline constexpr size_t kHeapGrowthBytes = size_t{16} << 20;     // what the hea
 // start of main(); false where the C library refused (not glibc: nothing changed).
 bool keep_freed_heap();
 
+// Writes `bytes` of heap on this thread's arena (blocks well below the own-mapping size, freed again): call after
+// keep_freed_heap, on the thread whose loop will allocate, so its first frames and buffers reuse pages already
+// touched (see fresh_page_ns) instead of faulting them in at the first operation.
+void warm_heap(size_t bytes);
+
 // Pages this process has faulted in so far (minor faults, getrusage: every thread's). The difference over a phase is
 // about how many fresh pages it touched for the first time.
 uint64_t minor_page_faults();
