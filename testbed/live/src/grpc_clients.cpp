@@ -33,7 +33,7 @@ constexpr int kResolveAgainMs = kDnsMinTimeBetweenResolutionsMs + 200;
 // and now and then that aborts the whole process ("ref_counted.h:183] assertion failed: prior > 0": seen once in CI,
 // a test's only channel destroyed right after a call its stopped switchd had refused). A daemon's channels come and
 // go (a bootstrap per job, one per responder reset), so the count passes zero in production too. One channel that
-// made a callback call and is never destroyed keeps it above zero: the queue and its two threads then live as long
+// made a callback call and is never destroyed keeps it above zero: the queue and its threads then live as long
 // as the process and are never torn down. Its call goes nowhere (a socket path that does not exist, a deadline
 // already past) and it never tries again within the hour.
 void pin_callback_queue() {

@@ -51,7 +51,8 @@ class SymmetricMemory {
   // A daemon that allocates an operation's windows and frees them after it (ifec-hostd) then writes into memory it
   // has touched before: the first write to a fresh page costs 15-19 us on the VMs this project runs on (a 4 MiB
   // window, 1,024 of them: 16 ms on the endpoint's one thread, inside the operation), zeroing a reused one 1-2 %
-  // of that. The memory a sparse window never touched is touched by that zeroing: RAM for its whole size.
+  // of that; the pages of a sparse window its last user never touched are dropped, not written, so they stay out
+  // of memory.
   void keep_freed_windows(uint64_t bytes);
   uint64_t reused_windows() const { return reused_; }
 
