@@ -27,7 +27,7 @@ TEST(KeepFreedHeap, FreedFramesStayOnTheHeap) {
 }
 
 // Touching fresh pages is counted as that many faults, and the machine's price of one is measured on the same kind of
-// memory (a positive figure; what it is depends on the machine: under a microsecond bare, 15-18 us on this VM).
+// memory (a positive figure; what it is depends on the machine: under a microsecond bare, 15-19 us on this VM).
 TEST(FreshPages, TouchesAreCountedAndPriced) {
   constexpr size_t kPages = 512;
   void* m = mmap(nullptr, kPages * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

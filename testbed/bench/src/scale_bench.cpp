@@ -355,8 +355,9 @@ void fill_speedups(std::vector<ScaleRow>& rows) {
   }
 }
 
-// "[about 3.2 s of the 9.1 s simulating were first touches of 0.83 GB of fresh pages at 16 us each: 0.70 M
-// frame-hops/s without them, an estimate]", or "" when there is nothing to estimate.
+// "[about 1.9 s of the 9.5 s simulating were first touches of 0.46 GB of fresh pages at 17.3 us each: 0.55 M
+// frame-hops/s without them, an estimate]" (the 2,048-GPU permutation on a 2-core VM), or "" when there is
+// nothing to estimate.
 std::string first_touch_note(const ScaleRow& r, double fresh_page_ns) {
   const double touch_s = static_cast<double>(r.sim_page_faults) * fresh_page_ns * 1e-9;
   if (fresh_page_ns <= 0 || r.sim_page_faults == 0 || r.sim_seconds <= touch_s) {

@@ -35,7 +35,7 @@ uint64_t minor_page_faults();
 
 // What this machine charges for the first write to a fresh 4 KiB page, in nanoseconds: the mean over `bytes` of
 // anonymous memory mapped for the purpose (without huge pages), touched once per page and unmapped. A bare-metal
-// Linux takes well under a microsecond; the 2-core VMs this project is developed on take 15-18 us (their hypervisor
+// Linux takes well under a microsecond; the 2-core VMs this project is developed on take 15-19 us (their hypervisor
 // builds its own page table entry on that first touch too: populating the mapping in advance moves only a little
 // of the cost), which makes every simulation whose frames in flight need fresh memory markedly slower there.
 double fresh_page_ns(size_t bytes = size_t{32} << 20);
