@@ -52,7 +52,11 @@ class TestThroughIfecSwitchd:
         rows, facts = rxe.run_matrix(rf, "gpu1", "gpu0", capture_dir=tmp_path)
         _all_pass(rows)
         assert {r["tool"] for r in rows} == {t for t, _ in rxe.TOOLS}
-        assert all(r["gbps"] and r["gbps"] > 0 for r in rows), rxe.table(rows)
+        # Each tool printed a positive rate in the unit it resolves: an atomic's 8 bytes make perftest's MB/s (two
+        # decimals) read 0.00 below 625 operations a second, which QEMU's software emulation reaches on a slow
+        # machine, so the atomics' rate is their message rate (six decimals).
+        rate = lambda r: r["mpps"] if r["tool"].startswith("ib_atomic_bw") else r["gbps"]
+        assert all(rate(r) and rate(r) > 0 for r in rows), (rxe.table(rows), facts["switch"], facts["seconds"])
         # Every frame went through ifec-switchd (the guests share no other path) and both sides of it captured
         # them: every RoCEv2 frame's ICRC, recomputed here, is the one on the wire.
         assert facts["switch"]["switch_rx_frames"] > 10000, facts["switch"]
