@@ -118,13 +118,17 @@ class IfecReduceOp : public CommOp {
     std::vector<double> weights;
     double slowest = 0;
     for (const PlanePlan& pp : plan.planes) {
-      // Slack for the other members' ACKs (fewer RNR NAKs).
-      lane_of.push_back(lanes.lane(pp.plane, plan.group, std::max<uint32_t>(1, pp.budget * 3 / 4)));
+      // A member's window is half the slot budget, so the slot its next chunk needs is already free: it sends chunk
+      // j + W once chunk j's result came, every member contributed chunk j only after acknowledging chunk j - W's
+      // result (its window), on the same link, and slot (j + W) mod 2W last held chunk j - W (frames not reordered
+      // on the way). With three quarters, a member slow to acknowledge (a loaded host, a slow link) held the slot,
+      // and each early contribution drew an RNR NAK and went again (live 4 MiB AllReduce: 112-692 a run).
+      lane_of.push_back(lanes.lane(pp.plane, plan.group, std::max<uint32_t>(1, pp.budget / 2)));
       weights.push_back(pp.weight);
       slowest = slowest > 0 ? std::min(slowest, pp.weight) : pp.weight;
     }
-    // Every rank contributes and receives at its own rate (no fan-in): four windows' drain time is a safe first
-    // timeout here, before round trips are measured.
+    // Every rank contributes and receives at its own rate (no fan-in): four slot budgets' drain time (eight
+    // windows') is a safe first timeout here, before round trips are measured.
     fit_ech_timing(s.timing,
                    plan.planes[0].budget * static_cast<double>(chunks_.per_chunk() * chunks_.element_bytes() + 100),
                    slowest, s.timing.min_rto_ns);

@@ -274,10 +274,13 @@ void slow_down_gpu(Harness& st, int gpu, uint64_t factor) {
 // at an eighth of their configured rate (a gray failure the plan does not know of, as a software switch slower
 // than its links), so every chunk's result waits behind far more than the timeout fitted to the configured rate;
 // results still come, one per GPU-7 chunk time. A timer per chunk, as before, sent 1,116 contributions and 16
-// multicast packets again here.
+// multicast packets again here (256 KiB). Nor is a contribution refused for a busy slot: GPU 7 acknowledges each
+// result late, so a slot is freed late, and with a member's window three quarters of the group's slot budget the
+// others' next chunks found their slots still held (1 MiB: 26,880 RNR NAKs, each a contribution sent again); with
+// half the budget, the slot a member's next chunk needs was freed before that member could send it.
 TEST(IfecCollectives, ChunksQueuedLongerThanTheTimerAreNotResentWhileTheOperationProgresses) {
   for (Collective kind : {Collective::kAllReduce, Collective::kMulticast}) {
-    const auto s = spec_for(kind, 8, 1 << 18, EchDtype::kFp32, EchRedOp::kSum, 2);
+    const auto s = spec_for(kind, 8, 1 << 20, EchDtype::kFp32, EchRedOp::kSum, 2);
     Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(0, 1), 9);
     slow_down_gpu(st, 7, 8);
     st.ifec->options().timing.initial_rto_ns = 2'000;  // the fit to the window's drain time only
@@ -298,8 +301,10 @@ TEST(IfecCollectives, ChunksQueuedLongerThanTheTimerAreNotResentWhileTheOperatio
     }
     EXPECT_EQ(st.ifec->stats().retransmissions, 0u) << name;
     EXPECT_EQ(result_resends, 0u) << name;
-    printf("%s: %lu sent again by the GPUs, %lu results by the switches\n", name,
-           static_cast<unsigned long>(st.ifec->stats().retransmissions), static_cast<unsigned long>(result_resends));
+    EXPECT_EQ(st.ifec->stats().busy_naks, 0u) << name;
+    printf("%s: %lu sent again by the GPUs, %lu results by the switches, %lu busy NAKs\n", name,
+           static_cast<unsigned long>(st.ifec->stats().retransmissions), static_cast<unsigned long>(result_resends),
+           static_cast<unsigned long>(st.ifec->stats().busy_naks));
   }
 }
 
