@@ -313,7 +313,8 @@ TEST(IfecCollectives, ChunksQueuedLongerThanTheTimerAreNotResentWhileTheOperatio
 // again at a time, the next on its answer, and the switch answers a resent contribution it holds as held (the
 // slot waits for GPU 7), after which that chunk waits for its result; the result timers resend to a silent member
 // one result at a time. Resending every chunk whose timer ran out, and every unacknowledged result, sent 11,972
-// contributions and 1,576 results again here (2,462 and 336 now).
+// contributions and 1,576 results again here (2,164 and 398 now: with a member's window half the slot budget,
+// 2,462 and 336 with three quarters).
 TEST(IfecCollectives, AMemberLateForManyTimeoutsCostsOneProbePerPlaneNotTheWindow) {
   const auto s = spec_for(Collective::kAllReduce, 8, 1 << 18, EchDtype::kFp32, EchRedOp::kSum, 2);
   Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(0, 1), 9);
@@ -333,7 +334,7 @@ TEST(IfecCollectives, AMemberLateForManyTimeoutsCostsOneProbePerPlaneNotTheWindo
          static_cast<unsigned long>(result_resends));
   EXPECT_LT(st.ifec->stats().retransmissions, 3000u);
   EXPECT_GT(held, 0u);
-  EXPECT_LT(result_resends, 400u);
+  EXPECT_LT(result_resends, 500u);
 }
 
 TEST(IfecCollectives, MulticastReachesEveryDestinationOnceUnderLoss) {
