@@ -385,12 +385,15 @@ void Switch::transmit(int port) {
     p->send(std::move(f));
     return;
   }
-  const TimeNs now = clock_.now();
+  TimeNs now = 0;  // read only where a pause was received (a clock read per frame costs on a live switch)
   TimeNs earliest_unpause = common::kForever;
   for (int prio = cfg_.params.priorities - 1; prio >= 0; --prio) {
     auto& q = s.queues[prio];
     if (q.empty()) {
       continue;
+    }
+    if (s.paused_until[prio] != 0 && now == 0) {
+      now = clock_.now();
     }
     if (s.paused_until[prio] > now) {
       earliest_unpause = std::min(earliest_unpause, s.paused_until[prio]);
@@ -409,7 +412,7 @@ void Switch::transmit(int port) {
     if (!p->send(std::move(pkt.bytes))) {
       s.counters.link_down_drops++;
       // The port refused (link down): keep draining so buffers and PFC state do not wedge.
-      clock_.schedule(now, [this, port] { transmit(port); });
+      clock_.schedule(clock_.now(), [this, port] { transmit(port); });
       return;
     }
     qc.tx_frames++;

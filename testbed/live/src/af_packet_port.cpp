@@ -201,20 +201,21 @@ bool AfPacketPort::send(std::vector<uint8_t>&& frame) {
     return false;
   }
   const size_t bytes = frame.size();
-  if (wire_.hold(gate_.last_bit(loop_.now(), bytes), frame)) {
-    took(bytes);
+  const common::TimeNs now = loop_.now();
+  if (wire_.hold(gate_.last_bit(now, bytes), frame, now)) {
+    took(bytes, now);
     return true;
   }
   const ssize_t n = ::send(fd_, frame.data(), frame.size(), MSG_DONTWAIT);
   if (n == static_cast<ssize_t>(frame.size())) {
-    took(frame.size());
+    took(frame.size(), now);
     return true;
   }
   if (n < 0 && (errno == EAGAIN || errno == ENOBUFS)) {
     // The qdisc (tbf pacing) is full: keep this frame and try again shortly; the owner waits for tx_ready.
     pending_ = std::move(frame);
     gate_.set_busy(true);
-    loop_.schedule(loop_.now() + kBusyRetryNs, [this] { writable(); });
+    loop_.schedule(now + kBusyRetryNs, [this] { writable(); });
     return true;
   }
   counters_.tx_errors++;
@@ -231,7 +232,7 @@ void AfPacketPort::writable() {
   pending_.clear();
   gate_.set_busy(false);
   if (n == static_cast<ssize_t>(bytes)) {
-    took(bytes);
+    took(bytes, loop_.now());
   } else {
     counters_.tx_errors++;
     gate_.ready_soon();
@@ -245,8 +246,8 @@ common::TimeNs LinkPacer::sent(common::TimeNs now, size_t frame_bytes, common::T
   return next_free_ns_ > now + kSlackNs ? next_free_ns_ - kSlackNs : 0;
 }
 
-bool TxGate::took(size_t frame_bytes) {
-  const common::TimeNs resume = pacer_.sent(loop_.now(), frame_bytes, catch_up());
+bool TxGate::took(size_t frame_bytes, common::TimeNs now) {
+  const common::TimeNs resume = pacer_.sent(now, frame_bytes, catch_up(now));
   if (resume == 0) {
     ready_soon();
     return false;
@@ -282,11 +283,10 @@ void TxGate::ready_soon() {
   });
 }
 
-common::TimeNs TxGate::catch_up() const {
+common::TimeNs TxGate::catch_up(common::TimeNs now) const {
   if (in_ready_) {
     return LinkPacer::kMaxCatchUpNs;
   }
-  const common::TimeNs now = loop_.now();
   const common::TimeNs arrived = loop_.arrival_ns();
   if (arrived == 0 || arrived >= now) {
     return LinkPacer::kCatchUpNs;
@@ -304,8 +304,8 @@ common::TimeNs LinkPacer::last_bit(common::TimeNs now, size_t frame_bytes, commo
   return std::max(next_free_ns_, now - std::min(now, catch_up)) + cost;
 }
 
-bool WireDelay::hold(common::TimeNs last_bit, std::vector<uint8_t>& frame) {
-  if (held_.empty() && last_bit <= loop_.now() + kHoldNs) {
+bool WireDelay::hold(common::TimeNs last_bit, std::vector<uint8_t>& frame, common::TimeNs now) {
+  if (held_.empty() && last_bit <= now + kHoldNs) {
     return false;
   }
   if (held_.empty()) {
@@ -345,10 +345,10 @@ void WireDelay::release_at(common::TimeNs at) {
   });
 }
 
-void AfPacketPort::took(size_t frame_bytes) {
+void AfPacketPort::took(size_t frame_bytes, common::TimeNs now) {
   counters_.tx_frames++;
   counters_.tx_bytes += frame_bytes;
-  counters_.paced += gate_.took(frame_bytes);
+  counters_.paced += gate_.took(frame_bytes, now);
 }
 
 AfPacketCounters AfPacketPort::counters() const {

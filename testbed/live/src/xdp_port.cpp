@@ -127,10 +127,10 @@ void XdpPort::later(common::TimeNs at, void (XdpPort::*fn)()) {
   });
 }
 
-void XdpPort::took(size_t frame_bytes) {
+void XdpPort::took(size_t frame_bytes, common::TimeNs now) {
   counters_.tx_frames++;
   counters_.tx_bytes += frame_bytes;
-  counters_.paced += gate_.took(frame_bytes);
+  counters_.paced += gate_.took(frame_bytes, now);
 }
 
 bool XdpPort::send(std::vector<uint8_t>&& frame) {
@@ -143,13 +143,14 @@ bool XdpPort::send(std::vector<uint8_t>&& frame) {
     return false;
   }
   const size_t bytes = frame.size();
-  if (wire_.hold(gate_.last_bit(loop_.now(), bytes), frame)) {
-    took(bytes);
+  const common::TimeNs now = loop_.now();
+  if (wire_.hold(gate_.last_bit(now, bytes), frame, now)) {
+    took(bytes, now);
     return true;
   }
   if (submit(frame)) {
     submitted();
-    took(frame.size());
+    took(frame.size(), now);
     return true;
   }
   // The TX ring or its chunks are all in use: keep this frame and try again shortly; the owner waits for tx_ready.
@@ -175,7 +176,7 @@ void XdpPort::retry_pending() {
   pending_.clear();
   gate_.set_busy(false);
   submitted();
-  took(bytes);
+  took(bytes, loop_.now());
 }
 
 #if IFEC_HAVE_XDP

@@ -205,22 +205,22 @@ TEST(TxGate, CatchesUpTheTimeSinceTheFrameItAnswersArrivedOrWhileItWaited) {
   while (loop.now() < 40'000'000) {  // arrivals 30 ms ago need a loop that ran that long
     loop.serve(loop.now() + 40'000'000);
   }
-  EXPECT_EQ(gate.catch_up(), LinkPacer::kCatchUpNs);
+  EXPECT_EQ(gate.catch_up(loop.now()), LinkPacer::kCatchUpNs);
   loop.set_arrival_ns(loop.now() - 5'000'000);
-  const common::TimeNs five = gate.catch_up();
+  const common::TimeNs five = gate.catch_up(loop.now());
   EXPECT_GE(five, 5'000'000u);
   EXPECT_LT(five, 6'000'000u);
   loop.set_arrival_ns(loop.now() - 50'000);  // arrived just now: the default still
-  EXPECT_EQ(gate.catch_up(), LinkPacer::kCatchUpNs);
+  EXPECT_EQ(gate.catch_up(loop.now()), LinkPacer::kCatchUpNs);
   loop.set_arrival_ns(loop.now() - 30'000'000);
-  EXPECT_EQ(gate.catch_up(), LinkPacer::kMaxCatchUpNs);
+  EXPECT_EQ(gate.catch_up(loop.now()), LinkPacer::kMaxCatchUpNs);
   loop.set_arrival_ns(0);
   common::TimeNs in_ready = 0;
-  gate.set_ready([&] { in_ready = gate.catch_up(); });
+  gate.set_ready([&] { in_ready = gate.catch_up(loop.now()); });
   gate.ready_soon();
   loop.poll();
   EXPECT_EQ(in_ready, LinkPacer::kMaxCatchUpNs);
-  EXPECT_EQ(gate.catch_up(), LinkPacer::kCatchUpNs) << "only while the owner answers tx-ready";
+  EXPECT_EQ(gate.catch_up(loop.now()), LinkPacer::kCatchUpNs) << "only while the owner answers tx-ready";
 }
 
 // WakeLead: a moving average of how late timers ran, each wake-up counted up to kMaxLeadNs; never negative.
@@ -254,7 +254,7 @@ TEST(WireDelay, ReleasesInOrderAndArmsEarlyByTheLoopsLateness) {
       }
     });
     std::vector<uint8_t> frame{i};
-    ASSERT_TRUE(wire.hold(last_bit, frame));
+    ASSERT_TRUE(wire.hold(last_bit, frame, loop.now()));
     due.push_back(last_bit - lead);
     while (put.size() <= i) {
       loop.serve(loop.now() + 1'000'000);

@@ -105,8 +105,9 @@ class WireDelay {
   using Put = std::function<void(std::vector<uint8_t>&&)>;  // the port's own transmission to the kernel
 
   WireDelay(EpollLoop& loop, Put put) : loop_(loop), put_(std::move(put)) {}
-  // True when it took `frame` (to `put` at `last_bit`, after what it holds already), false when it may go now.
-  bool hold(common::TimeNs last_bit, std::vector<uint8_t>& frame);
+  // True when it took `frame` (to `put` at `last_bit`, after what it holds already), false when it may go now (the
+  // loop's clock read `now`).
+  bool hold(common::TimeNs last_bit, std::vector<uint8_t>& frame, common::TimeNs now);
   common::TimeNs lead() const { return lead_.lead(); }
 
  private:
@@ -127,20 +128,21 @@ class WireDelay {
 class TxGate {
  public:
   TxGate(EpollLoop& loop, uint64_t rate_bps) : loop_(loop), pacer_(rate_bps) {}
-  // A frame of `frame_bytes` left now; true when that holds the port back to keep to the link's rate.
-  bool took(size_t frame_bytes);
+  // A frame of `frame_bytes` left at `now` (the loop's clock, read once per frame sent: on a VM a read costs about
+  // 25 ns, and a forwarded frame took eight); true when that holds the port back to keep to the link's rate.
+  bool took(size_t frame_bytes, common::TimeNs now);
   // tx_ready as its own event (once, however often asked before it runs), if the port is not busy by then.
   void ready_soon();
   bool busy() const { return busy_; }
   void set_busy(bool busy) { busy_ = busy; }
   void set_ready(common::Port::TxReady ready) { ready_ = std::move(ready); }
   common::TimeNs last_bit(common::TimeNs now, size_t frame_bytes) const {
-    return pacer_.last_bit(now, frame_bytes, catch_up());
+    return pacer_.last_bit(now, frame_bytes, catch_up(now));
   }
   // How much lost time a frame sent now may make up (LinkPacer): up to kMaxCatchUpNs where it was waiting for the
   // port (the owner answering tx-ready) or answers a frame that arrived earlier (the loop's arrival_ns: a reply, a
   // switch forwarding it), else kCatchUpNs.
-  common::TimeNs catch_up() const;
+  common::TimeNs catch_up(common::TimeNs now) const;
 
  private:
   EpollLoop& loop_;
@@ -183,8 +185,8 @@ class AfPacketPort : public common::Port {
   void open_socket();
   void drain();
   void writable();
-  // Counts a frame of `frame_bytes` as sent and keeps to the link's rate (busy while ahead of it).
-  void took(size_t frame_bytes);
+  // Counts a frame of `frame_bytes` as sent at `now` and keeps to the link's rate (busy while ahead of it).
+  void took(size_t frame_bytes, common::TimeNs now);
 
   EpollLoop& loop_;
   std::string ifname_;

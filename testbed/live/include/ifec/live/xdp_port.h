@@ -127,8 +127,8 @@ class XdpPort : public FabricPort {
   void kick();
   void reap();
   void retry_pending();
-  // Counts a frame of `frame_bytes` as sent and keeps to the link's rate (busy while ahead of it).
-  void took(size_t frame_bytes);
+  // Counts a frame of `frame_bytes` as sent at `now` and keeps to the link's rate (busy while ahead of it).
+  void took(size_t frame_bytes, common::TimeNs now);
   void later(common::TimeNs at, void (XdpPort::*fn)());
 
   EpollLoop& loop_;
