@@ -720,13 +720,16 @@ int run_bench_scale(const Args& a) {
       "# fabric-wide events: only one plane's frames are in flight at once); route B/G and flow B/G: bytes per GPU\n"
       "# of the routing state (RIB, class table, FIBs) and of the flows (not reported under mpirun); B/link: bytes "
       "per\n"
-      "# link of the links and switch ports (queue rings at their high water; frames aside)\n");
+      "# link of the links and switch ports (queue rings at their high water; frames aside); a speedup target's\n"
+      "# row is over the same traffic on one thread run just before it, beside what plain arithmetic got on as many\n"
+      "# threads then (the cores the host gave this machine at the time)\n");
   std::fflush(stdout);
   const std::vector<tb::ScaleScenario> scenarios = tb::scale_scenarios(IFEC_TOPOLOGY_DIR, quick);
   std::vector<tb::ScaleRow> rows;
   for (size_t i = 0; i < scenarios.size(); ++i) {
     std::fprintf(stderr, "bench scale: [%zu/%zu] %s...\n", i + 1, scenarios.size(), scenarios[i].describe().c_str());
-    rows.push_back(tb::measure_scale(scenarios[i], true, self_path()));
+    rows.push_back(scenarios[i].target_speedup > 0 ? tb::measure_speedup(scenarios[i], true, self_path())
+                                                   : tb::measure_scale(scenarios[i], true, self_path()));
   }
   std::printf("%s%s", tb::scale_table(rows, ifec::common::fresh_page_ns()).c_str(), kScaleNotBuilt);
   for (const tb::ScaleRow& r : rows) {

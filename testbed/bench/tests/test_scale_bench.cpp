@@ -126,6 +126,41 @@ TEST(ScaleBench, SpeedupIsOverTheSameTrafficOnOneThread) {
       << t;
 }
 
+// A pair measured back to back (measure_speedup): the speedup is over that one-thread run, not the table's earlier
+// one-thread row, and the line says what plain arithmetic got on as many threads at the time.
+TEST(ScaleBench, APairedSpeedupIsOverTheOneThreadRunJustBeforeIt) {
+  testbed::ScaleRow one;
+  one.scenario.topo_path = "x/fabric.yaml";
+  one.scenario.threads = 1;
+  one.frame_hops = 1'000'000;
+  one.sim_seconds = 1;  // 1 M frame-hops/s, minutes earlier
+  one.complete = true;
+  testbed::ScaleRow two = one;
+  two.scenario.threads = 2;
+  two.scenario.target_speedup = 1.7;
+  two.sim_seconds = 0.5;            // 2 M
+  two.paired_one_rate = 1'250'000;  // 1.6x
+  two.host_parallelism = 1.93;
+  std::vector<testbed::ScaleRow> rows = {one, two};
+  const std::string t = testbed::scale_table(rows);
+  EXPECT_DOUBLE_EQ(rows[1].speedup, 1.6);
+  EXPECT_NE(t.find("2 threads: 1.60x one thread (at least 1.7x: NOT MET) [over 1.25 M frame-hops/s on one, run just "
+                   "before; plain arithmetic on 2 threads got 1.93x one then]"),
+            std::string::npos)
+      << t;
+}
+
+// Plain arithmetic on one thread against itself is 1x (within the scheduler's noise), and never more than the
+// threads asked for by much.
+TEST(ScaleBench, HostParallelismOfOneThreadIsOne) {
+  const double one = testbed::host_parallelism(1);
+  EXPECT_GT(one, 0.5);
+  EXPECT_LT(one, 1.5);
+  const double two = testbed::host_parallelism(2);
+  EXPECT_GT(two, 0.3);
+  EXPECT_LT(two, 2.5);
+}
+
 // Over two MPI processes (where Open MPI is installed): the figures come back from ifec-cli's JSON report and are
 // the one-process run's.
 TEST(ScaleBench, MpirunScenarioReportsTheOneProcessRun) {

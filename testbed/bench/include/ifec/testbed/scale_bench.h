@@ -55,6 +55,11 @@ struct ScaleRow {
   bool one_loop = false;         // ran on one event loop (threads 0, or a fabric whose planes cannot run apart)
   std::string error;             // why the child failed ("" when it ran)
   double speedup = 0;            // rate over the same traffic's on one thread (scale_table fills it; 0: none)
+  // A scenario with a speedup target (measure_speedup): the same traffic on one thread (one process) run just
+  // before it, its speedup's base, and what as many threads of plain arithmetic got over one just before that:
+  // the cores the host gave this VM then (0: not measured).
+  double paired_one_rate = 0;
+  double host_parallelism = 0;
   // An AllReduce scenario's outcome: "ran tree: 57.18 us simulated, busbw 146.7 GB/s" ("" for raw traffic)
   std::string result;
   double rate() const { return sim_seconds > 0 ? frame_hops / sim_seconds : 0; }  // frame-hops/s
@@ -74,9 +79,19 @@ std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool qui
 // gives a row with `error` set; the parent goes on.
 ScaleRow measure_scale(const ScaleScenario& s, bool progress, const std::string& cli = "");
 
+// A scenario with a speedup target, measured as a pair: how many cores the host gives now (host_parallelism), the
+// same traffic on one thread (one process), then `s` itself; the row's speedup is over that one-thread run, not
+// one measured minutes earlier (on a shared VM the second core comes and goes: plain arithmetic on two threads has
+// measured anywhere from 0.76x to 2.05x one thread within a minute).
+ScaleRow measure_speedup(const ScaleScenario& s, bool progress, const std::string& cli = "");
+
+// `threads` threads of plain arithmetic at once against one (the median of three tries): 2.0 on two free cores.
+double host_parallelism(int threads);
+
 // One line per row under a header naming the columns, then the AllReduce rows' outcomes, then one line per target:
 // measured, target, met or not.
-// Fills each threaded row's speedup from the one-thread row of the same traffic.
+// Fills each threaded row's speedup from its paired one-thread run (measure_speedup), else from the one-thread row
+// of the same traffic.
 // With `fresh_page_ns` (common::fresh_page_ns, measured once by the caller), also what this machine charges for a
 // fresh page and, beside a rate target, the simulation's rate without its first touches (an estimate).
 std::string scale_table(std::vector<ScaleRow>& rows, double fresh_page_ns = 0);
