@@ -65,9 +65,10 @@ common::TimeNs EpollLoop::event_time() const {
 void EpollLoop::schedule(common::TimeNs at, std::function<void()> fn) {
   const bool own = std::this_thread::get_id() == serving_.load(std::memory_order_relaxed);
   // Deferred handling of an arrival keeps its arrival time (only the loop's thread reads arrival_ns_).
-  // "At once" is judged against the loop's last look at the clock first (most such timers are for 0).
-  const bool at_once = at <= last_now_.load(std::memory_order_relaxed) || at <= now();
-  const common::TimeNs arrival = own && arrival_ns_ != 0 && at_once ? arrival_ns_ : 0;
+  // "At once" is judged against the loop's last look at the clock first (most such timers are for 0), and the clock
+  // read only where that does not tell.
+  const common::TimeNs arrival =
+      own && arrival_ns_ != 0 && (at <= last_now_.load(std::memory_order_relaxed) || at <= now()) ? arrival_ns_ : 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Its lateness counts from `at`, or for one due already from the loop's last look at the clock (no clock read
