@@ -273,8 +273,15 @@ void Fabric::install_gpu_routes() {
 
 // Every switch reaches every other switch's loopback over shortest paths of live switch-to-switch links (what the
 // fabric's IGP would advertise): ECH replies from GPUs under one leaf reach an engine on another (multicast ACKs).
+// Loopbacks a switch reaches over the same ports share one group, as routers share a next-hop group among the
+// prefixes that resolve to it: a leaf reaches every other leaf over all its up links, a spine every other spine
+// over all its down links, so a plane of L leaves and S spines holds a few groups per switch, not (L + S)^2 of up
+// to L members each (about 126 MB of a 2,048-GPU fat tree's 330 MB before).
 void Fabric::install_loopback_routes() {
   const int n = static_cast<int>(switches_.size());
+  // Per switch: next-hop ports -> (the group, the loopbacks it reaches).
+  using Shared = std::map<std::vector<int>, std::pair<std::vector<NextHopPort>, std::vector<uint32_t>>>;
+  std::vector<Shared> shared(n);
   for (int t = 0; t < n; ++t) {
     const int target = switch_nodes_[t];
     std::vector<int> dist(topo_.nodes.size(), -1);
@@ -298,15 +305,24 @@ void Fabric::install_loopback_routes() {
       if (dist[node] < 2) {
         continue;  // itself, a neighbour (routed above), or unreachable
       }
+      std::vector<int> ports;
       std::vector<NextHopPort> group;
       for (int l : adj_[node]) {
         const auto [peer, peer_port] = topo_.peer(l, node);
         if (rib_->link_up(l) && dist[peer] == dist[node] - 1) {
           const int my_port = topo_.links[l].a == node ? topo_.links[l].a_port : topo_.links[l].b_port;
+          ports.push_back(my_port);
           group.push_back(NextHopPort{my_port, topo_.links[l].rate_gbps, node_port_mac(topo_, peer, peer_port)});
         }
       }
-      switches_[s]->set_route(topo_.nodes[target].loopback, std::move(group));
+      auto& [hops, loopbacks] = shared[s][std::move(ports)];
+      hops = std::move(group);
+      loopbacks.push_back(topo_.nodes[target].loopback);
+    }
+  }
+  for (int s = 0; s < n; ++s) {
+    for (auto& [ports, route] : shared[s]) {
+      switches_[s]->set_route(route.second, std::move(route.first));
     }
   }
 }
