@@ -1,6 +1,9 @@
 // Fabric builder: FIBs from FARE, and hop-by-hop reinstallation after link events at the control-plane delay.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <set>
+
 #include "ifec/common/sim.h"
 #include "ifec/testbed/fabric.h"
 #include "ifec/testbed/raw_traffic.h"
@@ -79,4 +82,47 @@ TEST(Fabric, RoutingAndTrafficStateGrowLinearlyWithGpus) {
   EXPECT_LT(routes512, routes256 * 5 / 2) << routes256 << " -> " << routes512 << " bytes of routes";
   EXPECT_LT(flows512, flows256 * 5 / 2) << flows256 << " -> " << flows512 << " bytes of flows";
   EXPECT_LT(routes512 / 512, size_t{64} << 10) << "bytes of routes per GPU";
+}
+
+// Loopbacks a switch reaches over the same ports share one next-hop group (as routers share one among prefixes):
+// a leaf reaches every other leaf over all its up links, a spine every other spine over all its down links. One
+// group per destination switch kept (leaves + spines)^2 groups of up to 64 members per plane: 126 MB of a 2,048-GPU
+// fat tree's routing state.
+TEST(Fabric, LoopbacksReachedOverTheSamePortsShareOneGroup) {
+  common::EventLoop loop;
+  const routing::Topology topo = routing::make_fat_tree(64, 2, 8, 4);
+  testbed::Fabric f(loop, topo, {});
+  for (int s = 0; s < f.num_switches(); ++s) {
+    std::set<int> neighbours;  // switches one link away: routed over the links to each
+    for (const routing::Link& l : topo.links) {
+      for (int side = 0; side < 2; ++side) {
+        const int me = side == 0 ? l.a : l.b;
+        const int peer = side == 0 ? l.b : l.a;
+        if (me == f.switch_node(s) && topo.nodes[peer].kind == routing::NodeKind::kSwitch) {
+          neighbours.insert(peer);
+        }
+      }
+    }
+    std::map<std::vector<int>, const void*> group_of_ports;
+    std::set<const void*> groups;
+    int far = 0;
+    for (int t = 0; t < f.num_switches(); ++t) {
+      const bool same_plane = topo.nodes[f.switch_node(t)].plane == topo.nodes[f.switch_node(s)].plane;
+      const auto* hops = f.switch_at(s).route(f.switch_ip(t));
+      if (t == s || !same_plane) {
+        continue;
+      }
+      ASSERT_NE(hops, nullptr) << "switch " << s << " to switch " << t << "'s loopback";
+      std::vector<int> ports;
+      for (const switchemu::NextHopPort& h : *hops) {
+        ports.push_back(h.port);
+      }
+      const auto [it, fresh] = group_of_ports.emplace(ports, hops);
+      EXPECT_EQ(it->second, hops) << "switch " << s << ": loopbacks over the same ports in different groups";
+      groups.insert(hops);
+      far += neighbours.count(f.switch_node(t)) == 0;
+    }
+    EXPECT_GT(far, 0) << "switch " << s << " has loopbacks two hops away";
+    EXPECT_EQ(groups.size(), neighbours.size() + 1) << "switch " << s << ": a group per neighbour and one for the rest";
+  }
 }
