@@ -128,10 +128,12 @@ class IfecReduceOp : public CommOp {
       slowest = slowest > 0 ? std::min(slowest, pp.weight) : pp.weight;
     }
     // Every rank contributes and receives at its own rate (no fan-in): four slot budgets' drain time (eight
-    // windows') is a safe first timeout here, before round trips are measured.
+    // windows') is a safe first timeout here, before round trips are measured, unless the hosts add delays of their
+    // own (IfecOptions::reduce_initial_rto_ns).
+    const common::TimeNs first = comm_.options().ifec.reduce_initial_rto_ns;
     fit_ech_timing(s.timing,
                    plan.planes[0].budget * static_cast<double>(chunks_.per_chunk() * chunks_.element_bytes() + 100),
-                   slowest, s.timing.min_rto_ns);
+                   slowest, first > 0 ? first : s.timing.min_rto_ns);
     common::SmoothWrr wrr(weights);
     std::vector<uint32_t> next_seq(plan.planes.size(), 0);
     for (uint32_t k : todo_) {

@@ -30,6 +30,7 @@ void apply_live_timing(workloads::IfecOptions& io) {
   io.timing.min_rto_ns = 20'000'000;
   io.timing.max_rto_ns = 800'000'000;
   io.timing.busy_retry_ns = 1'000'000;
+  io.reduce_initial_rto_ns = io.timing.initial_rto_ns;
 }
 
 void apply_live_timing(routing::IfecParams& p) {

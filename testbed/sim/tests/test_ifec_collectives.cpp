@@ -337,6 +337,28 @@ TEST(IfecCollectives, AMemberLateForManyTimeoutsCostsOneProbePerPlaneNotTheWindo
   EXPECT_LT(result_resends, 500u);
 }
 
+// Members that start apart (rank r r x 30 us late: the live testbed's first AllReduce after bring-up, its daemons
+// sharing two cores) draw resends from a first timeout of a few drains of the window, before any round trip is
+// measured; IfecOptions::reduce_initial_rto_ns (the live testbed's 100 ms) waits the start out.
+TEST(IfecCollectives, AFirstTimeoutLongerThanTheMembersStartSpreadResendsNothing) {
+  const auto s = spec_for(Collective::kAllReduce, 8, 1 << 18, EchDtype::kFp32, EchRedOp::kSum, 2);
+  uint64_t resent[2] = {};
+  for (int longer = 0; longer < 2; ++longer) {
+    testbed::ClusterOptions o = cluster_options(0, 1);
+    o.bootstrap_skew_ns = 30'000;
+    Harness st = make_setup(routing::make_superpod(8, 2), s, o, 9);
+    st.ifec->options().reduce_initial_rto_ns = longer ? 1'000'000 : 0;
+    const auto r = st.ifec->run(s, 2'000'000'000);
+    ASSERT_TRUE(r.ok) << r.error;
+    expect_result(st, s, all_members(s));
+    resent[longer] = st.ifec->stats().retransmissions;
+  }
+  printf("first timeout from the window's drain: %lu resent; 1 ms: %lu\n", static_cast<unsigned long>(resent[0]),
+         static_cast<unsigned long>(resent[1]));
+  EXPECT_GT(resent[0], 0u) << "the start spread must outlast the drain-based first timeout";
+  EXPECT_EQ(resent[1], 0u);
+}
+
 TEST(IfecCollectives, MulticastReachesEveryDestinationOnceUnderLoss) {
   for (double loss : {0.0, 0.05}) {
     const auto s = spec_for(Collective::kMulticast, 8, 40000, EchDtype::kFp32, EchRedOp::kSum, 2);

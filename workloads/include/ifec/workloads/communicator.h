@@ -43,7 +43,12 @@ struct IfecOptions {
   uint32_t row_window = 64;         // batch reduction: contributions in flight per plane, in the batch's global order
   int max_rounds = 3;               // in-fabric rounds (the first and redos) before the endpoint path takes the rest
   endpoint::EchTiming timing;       // retransmission and RNR back-off of contributions and packets
-  uint16_t first_group = 1;         // a new communicator's group counter (group_turn); a replay sets the traced one
+  // In-fabric reductions' first timeout, before round trips are measured. 0: four slot budgets' drain at the plane's
+  // rate, at least timing.min_rto_ns (no fan-in: safe where only links delay an answer, as simulated). The live
+  // testbed sets timing.initial_rto_ns: its daemons share cores and a first large operation's answers took 20-40 ms
+  // there, so 20 ms resent 58-134 contributions of a first 1 MiB AllReduce on superpod-8x2.
+  common::TimeNs reduce_initial_rto_ns = 0;
+  uint16_t first_group = 1;  // a new communicator's group counter (group_turn); a replay sets the traced one
 };
 
 struct CommOptions {

@@ -23,7 +23,8 @@ constexpr common::TimeNs kLiveBgpHoldNs = 3'000'000'000;
 // software switch is swamped by everything the dead one carried (the containerized fabric on two cores: 6 s without
 // progress on the live plane seen in a switch-kill MoE drill).
 void apply_live_timing(endpoint::EndpointConfig& ec, const routing::Topology& topo);
-// Contributions and multicast packets: 100 ms first timeout (20..800 ms adaptive), 1 ms back-off on a busy slot.
+// Contributions and multicast packets: 100 ms first timeout (20..800 ms adaptive; in-fabric reductions' too, not
+// the simulator's few drains of a window), 1 ms back-off on a busy slot.
 void apply_live_timing(workloads::IfecOptions& io);
 // The switch's IFEC engine: slots wait at least 500 ms for contributors, results are resent after 20 ms or more.
 void apply_live_timing(routing::IfecParams& p);
