@@ -5,13 +5,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "ifec/common/counters.h"
+#include "ifec/common/fifo.h"
 #include "ifec/common/interfaces.h"
 
 namespace ifec::common {
@@ -183,7 +183,7 @@ class LinkPort : public Port {
 
   struct InFlight {
     std::vector<uint8_t> frame;
-    uint64_t epoch;
+    uint64_t epoch = 0;
   };
   Link& link_;
   Clock& clock_;
@@ -203,8 +203,9 @@ class LinkPort : public Port {
   Remote remote_;
   PortCounters counters_;
   // Frames on the wire from this end, oldest first: they arrive in the order sent (one serializer, one delay), so
-  // the arrival event needs only the port, not its own copy of the frame.
-  std::deque<InFlight> in_flight_;
+  // the arrival event needs only the port, not its own copy of the frame. A Fifo allocates nothing until the first
+  // frame (std::deque's 576 bytes per end were 38 MB of a 2,048-GPU fabric's 32,768 links before any traffic).
+  Fifo<InFlight> in_flight_;
 };
 
 // A full-duplex point-to-point link between two LinkPorts, on any Clock. Serialization is exact: the port keeps
