@@ -129,24 +129,34 @@ void Switch::set_class_route(int cls, std::vector<NextHopPort> group) {
   class_groups_[cls] = group.empty() ? -1 : new_group(std::move(group), 1);
 }
 
-// A validated group in a free slot, routing `refs` destinations.
+bool Switch::SameHops::operator()(const std::shared_ptr<const Members>& a,
+                                  const std::shared_ptr<const Members>& b) const {
+  return std::lexicographical_compare(a->hops.begin(), a->hops.end(), b->hops.begin(), b->hops.end(),
+                                      [](const NextHopPort& x, const NextHopPort& y) {
+                                        if (x.port != y.port) return x.port < y.port;
+                                        if (x.weight != y.weight) return x.weight < y.weight;
+                                        return x.next_mac < y.next_mac;
+                                      });
+}
+
+// A validated group in a free slot, routing `refs` destinations, over the member list of any other group with the
+// same hops.
 int32_t Switch::new_group(std::vector<NextHopPort> hops, int refs) {
-  Group g;
+  auto m = std::make_shared<Members>();
   for (const NextHopPort& h : hops) {
     IFEC_CHECK(h.port >= 0 && h.port < num_ports(),
                "switch " << cfg_.name << ": next hop port " << h.port << " outside 0.." << num_ports() - 1);
     IFEC_CHECK(h.weight >= 0 && std::isfinite(h.weight),
                "switch " << cfg_.name << ": next hop weight " << h.weight << " must be finite and >= 0");
-    g.total += h.weight;
-    g.cumulative.push_back(g.total);
+    m->total += h.weight;
+    m->cumulative.push_back(m->total);
+    m->weights.push_back(h.weight);
   }
-  IFEC_CHECK(g.total > 0, "switch " << cfg_.name << ": WECMP group weights sum to 0");
-  std::vector<double> weights;
-  for (const NextHopPort& h : hops) {
-    weights.push_back(h.weight);
-  }
-  g.swrr.reset(std::move(weights));
-  g.hops = std::move(hops);
+  IFEC_CHECK(m->total > 0, "switch " << cfg_.name << ": WECMP group weights sum to 0");
+  m->hops = std::move(hops);
+  Group g;
+  g.members = *members_.insert(std::move(m)).first;  // the list already there, if any
+  g.rotation.assign(g.members->hops.size(), 0.0);
   g.refs = refs;
   if (free_groups_.empty()) {
     groups_.push_back(std::move(g));
@@ -169,6 +179,9 @@ int32_t Switch::lookup(uint32_t dst_ip) const {
 
 void Switch::release_group(int32_t slot) {
   if (slot >= 0 && --groups_[slot].refs == 0) {
+    if (groups_[slot].members.use_count() == 2) {  // this group's and the set's: no other group uses the list
+      members_.erase(groups_[slot].members);
+    }
     groups_[slot] = Group{};
     free_groups_.push_back(slot);
   }
@@ -176,13 +189,17 @@ void Switch::release_group(int32_t slot) {
 
 const std::vector<NextHopPort>* Switch::route(uint32_t dst_ip) const {
   const int32_t slot = lookup(dst_ip);
-  return slot < 0 ? nullptr : &groups_[slot].hops;
+  return slot < 0 ? nullptr : &groups_[slot].members->hops;
 }
 
 size_t Switch::fib_bytes() const {
   size_t bytes = fib_.memory_bytes() + class_groups_.capacity() * sizeof(int32_t) + groups_.capacity() * sizeof(Group);
   for (const Group& g : groups_) {
-    bytes += g.hops.capacity() * sizeof(NextHopPort) + g.cumulative.capacity() * sizeof(double) + g.swrr.memory_bytes();
+    bytes += g.rotation.capacity() * sizeof(double);
+  }
+  for (const auto& m : members_) {
+    bytes += sizeof(Members) + m->hops.capacity() * sizeof(NextHopPort) +
+             (m->cumulative.capacity() + m->weights.capacity()) * sizeof(double);
   }
   return bytes;
 }
@@ -200,28 +217,32 @@ size_t Switch::port_state_bytes() const {
 
 // The member a hash falls on, each as likely as its share of the group's weight.
 int Switch::weighted_pick(const Group& g, uint64_t hash) {
-  const double x = static_cast<double>(hash >> 11) * (1.0 / 9007199254740992.0) * g.total;
-  auto it = std::upper_bound(g.cumulative.begin(), g.cumulative.end(), x);
-  return static_cast<int>(std::min<size_t>(it - g.cumulative.begin(), g.hops.size() - 1));
+  const Members& m = *g.members;
+  const double x = static_cast<double>(hash >> 11) * (1.0 / 9007199254740992.0) * m.total;
+  auto it = std::upper_bound(m.cumulative.begin(), m.cumulative.end(), x);
+  return static_cast<int>(std::min<size_t>(it - m.cumulative.begin(), m.hops.size() - 1));
 }
 
 int Switch::choose(Group& g, uint64_t flow_hash, size_t bytes) {
-  if (g.hops.size() == 1) {
+  const Members& m = *g.members;
+  if (m.hops.size() == 1) {
     return 0;
   }
   if (cfg_.lb == LoadBalance::kPerFlow) {
     return weighted_pick(g, flow_hash);
   }
-  return g.swrr.next(static_cast<double>(bytes));  // exact long-run shares of the bytes, no bursts to one hop
+  // Exact long-run shares of the bytes, no bursts to one hop.
+  return common::SmoothWrr::next(m.weights, m.total, g.rotation.data(), static_cast<double>(bytes));
 }
 
 // A frame that names its member (inject's spray): spray mod the members where their weights are equal (a Y-cable's
 // sub-links), otherwise a weighted pick from the spray's hash.
 int Switch::choose_sprayed(const Group& g, uint64_t spray) const {
-  const size_t n = g.hops.size();
+  const std::vector<NextHopPort>& hops = g.members->hops;
+  const size_t n = hops.size();
   bool equal = true;
-  for (const NextHopPort& h : g.hops) {
-    equal = equal && h.weight == g.hops[0].weight;
+  for (const NextHopPort& h : hops) {
+    equal = equal && h.weight == hops[0].weight;
   }
   if (equal) {
     return static_cast<int>(spray % n);
@@ -230,17 +251,18 @@ int Switch::choose_sprayed(const Group& g, uint64_t spray) const {
 }
 
 int Switch::choose_live(Group& g, uint64_t flow_hash, size_t bytes) {
+  const std::vector<NextHopPort>& hops = g.members->hops;
   double live_total = 0;
-  for (const NextHopPort& h : g.hops) {
+  for (const NextHopPort& h : hops) {
     live_total += ports_[h.port]->link_up() ? h.weight : 0;
   }
   if (live_total <= 0) {
     return -1;
   }
   if (cfg_.lb == LoadBalance::kPerPacket) {
-    for (size_t tries = 0; tries < g.hops.size() * 2; ++tries) {
+    for (size_t tries = 0; tries < hops.size() * 2; ++tries) {
       const int i = choose(g, flow_hash, bytes);
-      if (ports_[g.hops[i].port]->link_up()) {
+      if (ports_[hops[i].port]->link_up()) {
         return i;
       }
     }
@@ -248,12 +270,12 @@ int Switch::choose_live(Group& g, uint64_t flow_hash, size_t bytes) {
   // Per flow (or spraying that keeps landing on dead members): rehash over the live members by weight.
   double x = static_cast<double>(common::splitmix64(flow_hash) >> 11) * (1.0 / 9007199254740992.0) * live_total;
   int last_live = -1;
-  for (size_t i = 0; i < g.hops.size(); ++i) {
-    if (!ports_[g.hops[i].port]->link_up()) {
+  for (size_t i = 0; i < hops.size(); ++i) {
+    if (!ports_[hops[i].port]->link_up()) {
       continue;
     }
     last_live = static_cast<int>(i);
-    x -= g.hops[i].weight;
+    x -= hops[i].weight;
     if (x < 0) {
       return last_live;
     }
@@ -307,7 +329,8 @@ void Switch::forward(int in_port, std::vector<uint8_t>&& frame, const common::L3
                                      (uint64_t{l3.protocol} << 32 | uint64_t{l3.src_port} << 16 | l3.dst_port)));
   const bool named = spray != IfecEngine::kSwitchChooses && cfg_.lb == LoadBalance::kPerPacket;
   int idx = named ? choose_sprayed(group, spray) : choose(group, flow, wire_size(frame));
-  if (!ports_[group.hops[idx].port]->link_up()) {
+  const std::vector<NextHopPort>& hops = group.members->hops;
+  if (!ports_[hops[idx].port]->link_up()) {
     // Local failover: the data plane sees its own link go down at once and stops using that member, as ECMP
     // hardware does; FARE reweighs the rest of the fabric one control-plane delay per hop later.
     idx = choose_live(group, flow, wire_size(frame));
@@ -317,7 +340,7 @@ void Switch::forward(int in_port, std::vector<uint8_t>&& frame, const common::L3
     }
     in_counters.failovers++;
   }
-  const NextHopPort& hop = group.hops[idx];
+  const NextHopPort& hop = hops[idx];
   const int prio = priority_of(l3.dscp);
   PortState& out = state_[hop.port];
 

@@ -207,6 +207,46 @@ TEST(Switch, DestinationsSharingAGroupShareItsSprayingAndLeaveItOneByOne) {
   EXPECT_EQ(b.sw->route(y), nullptr);
 }
 
+TEST(Switch, GroupsOverTheSameHopsShareTheirMemberListButEachKeepsItsRotation) {
+  common::EventLoop loop;
+  Bench<common::EventLoop> b(loop, {k100G, k100G, k100G}, config());
+  // Two destinations, each its own group over ports 1 and 2 (1:1; a leaf's routes toward two other leaves): one
+  // member list in memory, but each destination's frames alternate on their own, so interleaved, both first frames
+  // take port 1 (one shared rotation would send every frame to x over port 1, every frame to y over port 2).
+  const uint32_t x = host_ip(98);
+  const uint32_t y = host_ip(99);
+  b.sw->set_route(x, {{1, 1.0, {}}, {2, 1.0, {}}});
+  b.sw->set_route(y, {{1, 1.0, {}}, {2, 1.0, {}}});
+  EXPECT_EQ(b.sw->route(x), b.sw->route(y)) << "one member list";
+  const size_t shared = b.sw->fib_bytes();
+  b.sw->set_route(y, {{2, 1.0, {}}, {1, 1.0, {}}});  // the same ports in another order: another list
+  EXPECT_NE(b.sw->route(x), b.sw->route(y));
+  EXPECT_GT(b.sw->fib_bytes(), shared);
+  b.sw->set_route(y, {{1, 1.0, {}}, {2, 1.0, {}}});
+  std::vector<std::vector<uint8_t>> frames;
+  for (uint32_t i = 0; i < 4; ++i) {
+    frames.push_back(roce_frame(0, 98 + static_cast<int>(i % 2), i, 64));
+  }
+  blast(b, 0, frames);
+  loop.run();
+  ASSERT_EQ(b.received[1].size(), 2u);
+  ASSERT_EQ(b.received[2].size(), 2u);
+  for (int port : {1, 2}) {
+    std::set<uint32_t> dests;
+    for (const auto& f : b.received[port]) {
+      common::L3View l3;
+      ASSERT_TRUE(common::parse_l3(f.data(), f.size(), &l3).ok());
+      dests.insert(l3.dst);
+    }
+    EXPECT_EQ(dests, (std::set<uint32_t>{x, y})) << "port " << port << " carried one frame to each";
+  }
+  // Withdrawn, the list goes when its last group does.
+  b.sw->set_route(x, {});
+  EXPECT_NE(b.sw->route(y), nullptr);
+  b.sw->set_route(y, {});
+  EXPECT_EQ(b.sw->route(y), nullptr);
+}
+
 TEST(Switch, PerFlowHashingKeepsFlowsOnOnePathAndSplitsFlowsByWeight) {
   common::EventLoop loop;
   switchemu::SwitchConfig cfg = config();

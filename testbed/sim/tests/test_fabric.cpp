@@ -84,10 +84,10 @@ TEST(Fabric, RoutingAndTrafficStateGrowLinearlyWithGpus) {
   EXPECT_LT(routes512 / 512, size_t{64} << 10) << "bytes of routes per GPU";
 }
 
-// Loopbacks a switch reaches over the same ports share one next-hop group (as routers share one among prefixes):
-// a leaf reaches every other leaf over all its up links, a spine every other spine over all its down links. One
-// group per destination switch kept (leaves + spines)^2 groups of up to 64 members per plane: 126 MB of a 2,048-GPU
-// fat tree's routing state.
+// Loopbacks a switch reaches over the same ports share one next-hop group (as routers share one among prefixes),
+// and groups over the same hops one member list (route() returns it): a leaf reaches every other leaf over all its
+// up links, a spine every other spine over all its down links. A group and a list per destination switch kept
+// (leaves + spines)^2 lists of up to 64 members per plane: 126 MB of a 2,048-GPU fat tree's routing state.
 TEST(Fabric, LoopbacksReachedOverTheSamePortsShareOneGroup) {
   common::EventLoop loop;
   const routing::Topology topo = routing::make_fat_tree(64, 2, 8, 4);

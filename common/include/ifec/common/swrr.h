@@ -30,19 +30,23 @@ class SmoothWrr {
   }
 
   // The next index, or -1 when no weight is positive; `cost` is what this pick takes of its index's share.
-  int next(double cost = 1.0) {
+  int next(double cost = 1.0) { return next(weights_, total_, current_.data(), cost); }
+  // The same pick for a rotation that keeps only its `current` state (one per weight), over weights (>= 0, summing
+  // to `total`) kept elsewhere: several rotations over one list of weights (a switch's groups toward destinations
+  // it reaches over the same members) share it.
+  static int next(const std::vector<double>& weights, double total, double* current, double cost) {
     int best = -1;
-    for (size_t i = 0; i < weights_.size(); ++i) {
-      if (weights_[i] <= 0) {
+    for (size_t i = 0; i < weights.size(); ++i) {
+      if (weights[i] <= 0) {
         continue;
       }
-      current_[i] += weights_[i] * cost;
-      if (best < 0 || current_[i] > current_[best]) {
+      current[i] += weights[i] * cost;
+      if (best < 0 || current[i] > current[best]) {
         best = static_cast<int>(i);
       }
     }
     if (best >= 0) {
-      current_[best] -= total_ * cost;
+      current[best] -= total * cost;
     }
     return best;
   }

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -171,12 +172,22 @@ class Switch {
     bool wakeup_pending = false;
     SwitchPortCounters counters;
   };
-  struct Group {
+  // A group's next hops and weights, immutable once made and shared by every group over the same ones (a leaf's
+  // groups toward the other leaves' classes all go over its up links at the same weights): a group keeps only its
+  // own rotation.
+  struct Members {
     std::vector<NextHopPort> hops;
     std::vector<double> cumulative;  // for per-flow weighted hashing
-    common::SmoothWrr swrr;          // per-packet choice
+    std::vector<double> weights;     // the hops' weights, for the per-packet smooth round robin
     double total = 0;
-    int refs = 0;  // destinations routed by it
+  };
+  struct Group {
+    std::shared_ptr<const Members> members;
+    std::vector<double> rotation;  // this group's smooth weighted round robin state (common::SmoothWrr::next)
+    int refs = 0;                  // destinations routed by it
+  };
+  struct SameHops {  // orders member lists by their hops (ports, weights, next MACs)
+    bool operator()(const std::shared_ptr<const Members>& a, const std::shared_ptr<const Members>& b) const;
   };
 
   void receive(int in_port, std::vector<uint8_t>&& frame);
@@ -211,6 +222,7 @@ class Switch {
   std::vector<int32_t> class_groups_;     // class -> groups_ slot or -1
   std::vector<Group> groups_;
   std::vector<int32_t> free_groups_;
+  std::set<std::shared_ptr<const Members>, SameHops> members_;  // every member list a group uses, once
   SwitchPortCounters originated_;  // what frames the switch itself originates count against (no ingress port)
   std::mt19937_64 rng_;
   uint64_t shared_used_ = 0;
