@@ -576,7 +576,32 @@ class SwarmFabric(ContainerFabric):
         self._make_certificates(progress)
         _docker(["stack", "deploy", "-c", f"{self.compose_dir}/{self.compose_file}", self.project])
         progress(f"testbed: stack {self.project} deployed ({time.time() - t0:.1f} s); waiting for the daemons")
-        return self._wait_ready(t0, progress)
+        self._wait_ready(t0, progress)
+        return self._wait_names(t0, progress)
+
+    def _wait_names(self, t0, progress):
+        """Waits until every GPU's container resolves every switch's name. The daemons answer on their published
+        ports before the swarm's embedded DNS knows every service: a first AllReduce's reservation once found no
+        p1-sw for over a second (its one retry included) and ran without plane 1."""
+        switches = [n["name"] for n in self.topo.nodes if n["kind"] == "switch"]
+        gpus = [n["name"] for n in self.topo.nodes if n["kind"] == "gpu"]
+        while True:
+            missing = []
+            for g in gpus:
+                ids = _docker(["ps", "-q", "--filter", f"label=com.docker.swarm.service.name={self.project}_{g}"])
+                if not ids.split():
+                    missing.append(f"{g} (no container)")
+                    continue
+                r = subprocess.run(["docker", "exec", ids.split()[0], "getent", "hosts"] + switches,
+                                   capture_output=True, text=True, timeout=30)
+                known = {w for line in r.stdout.splitlines() for w in line.split()[1:]}
+                missing += [f"{g} -> {sw}" for sw in switches if sw not in known]
+            if not missing:
+                progress(f"testbed: every switch's name resolves in every GPU's container ({time.time() - t0:.1f} s)")
+                return self
+            if time.time() - t0 > self.ready_timeout:
+                raise live.LiveError(f"names unresolved after {self.ready_timeout:.0f} s: {', '.join(missing[:8])}")
+            time.sleep(1)
 
     def down(self, timeout=60):
         """Removes the stack and waits until its services, containers and networks are gone."""
