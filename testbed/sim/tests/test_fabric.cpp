@@ -84,11 +84,11 @@ TEST(Fabric, RoutingAndTrafficStateGrowLinearlyWithGpus) {
   EXPECT_LT(routes512 / 512, size_t{64} << 10) << "bytes of routes per GPU";
 }
 
-// Loopbacks a switch reaches over the same ports share one next-hop group (as routers share one among prefixes),
-// and groups over the same hops one member list (route() returns it): a leaf reaches every other leaf over all its
-// up links, a spine every other spine over all its down links. A group and a list per destination switch kept
-// (leaves + spines)^2 lists of up to 64 members per plane: 126 MB of a 2,048-GPU fat tree's routing state.
-TEST(Fabric, LoopbacksReachedOverTheSamePortsShareOneGroup) {
+// Loopbacks a switch reaches over the same ports share one member list (route() returns it): a leaf reaches every
+// other leaf over all its up links, a spine every other spine over all its down links. A list per destination switch
+// kept (leaves + spines)^2 lists of up to 64 members per plane: 126 MB of a 2,048-GPU fat tree's routing state. (They
+// also share one group, so one rotation: not visible here; `./ifec bench scale` prints the routing bytes per GPU.)
+TEST(Fabric, LoopbacksReachedOverTheSamePortsShareOneMemberList) {
   common::EventLoop loop;
   const routing::Topology topo = routing::make_fat_tree(64, 2, 8, 4);
   testbed::Fabric f(loop, topo, {});
@@ -123,6 +123,6 @@ TEST(Fabric, LoopbacksReachedOverTheSamePortsShareOneGroup) {
       far += neighbours.count(f.switch_node(t)) == 0;
     }
     EXPECT_GT(far, 0) << "switch " << s << " has loopbacks two hops away";
-    EXPECT_EQ(groups.size(), neighbours.size() + 1) << "switch " << s << ": a group per neighbour and one for the rest";
+    EXPECT_EQ(groups.size(), neighbours.size() + 1) << "switch " << s << ": a list per neighbour and one for the rest";
   }
 }
