@@ -159,11 +159,13 @@ def test_incomplete_raw_traffic_exits_non_zero_and_says_why(build_dir, repo):
     (["--bytes", "1MiB", "--loss", "1.5"], "--loss '1.5'"),
     (["--bytes", "1MiB", "--lb", "flow"], "--lb does not apply to --collective"),
     (["--bytes", "6B"], "not a whole number of fp32 elements"),
+    (["--bytes", "64KiB", "--threads", "9"], "--threads 9 outside 1..3"),
 ])
 def test_collective_arguments_are_checked(build_dir, repo, args, message):
     out = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--collective", "allreduce", "--algo", "ifec", *args)
     assert out.returncode == 1, out.stdout
     assert message in out.stderr, out.stderr
+    assert out.stdout == ""  # no table header above the error
 
 
 @pytest.mark.parametrize("args,message", [

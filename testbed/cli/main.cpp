@@ -235,13 +235,18 @@ int run_sim_collective(const Args& a, SpreadRun& spread) {
     return v[0] == 1;
   };
   const bool json = a.has("--json");
-  if (!json) {
+  // The header goes out with the first row, so that a point refused at once (--threads out of range) prints only
+  // its error.
+  bool headed = json;
+  auto header = [&] {
+    if (headed) return;
+    headed = true;
     std::printf("# %s %s on %s, %d GPUs, loss %g%s%s\n", wl::collective_name(base.kind), wl::algo_name(base.algo),
                 topo.name.c_str(), base.members ? base.members : topo.num_gpus(), base.loss,
                 base.reproducible ? ", reproducible" : "",
                 base.elided_payloads ? ", payloads elided (timing only)" : "");
     std::printf("%s", tb::rows_header().c_str());
-  }
+  };
   // best: the endpoint algorithm the communicator's cost model picks, then the in-fabric one at the same size.
   const bool compare =
       base.algo == wl::Algo::kBest && (base.kind == wl::Collective::kAllReduce || base.kind == wl::Collective::kReduce);
@@ -252,6 +257,7 @@ int run_sim_collective(const Args& a, SpreadRun& spread) {
     p.bytes = size;
     const tb::CollectiveRow r = tb::run_collective_point(topo, p, procs);
     failures += !r.ok;
+    header();
     std::printf("%s", json ? (tb::row_json(r, topo.name) + "\n").c_str() : tb::row_text(r).c_str());
     if (!json) {
       std::printf("%s", tb::simulator_text(r).c_str());
