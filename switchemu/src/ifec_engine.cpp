@@ -214,6 +214,7 @@ void IfecEngine::open_slot(Group& g, Slot& s, const common::ParsedFrame& pf) {
   s.expected = ech.expected;
   s.acked.reset();
   s.requested.reset();
+  s.presumed_lost.reset();
   s.complete = false;
   s.anomaly = false;
   s.elements = ech.element_count;
@@ -568,12 +569,17 @@ void IfecEngine::arm_result_timer(Group& g, Slot& s) {
     // timeout get it again, and only from one slot at a time: while a resend to the member is unanswered (within a
     // timeout), the other slots it has not acknowledged count the try but send nothing (a host a loaded machine
     // runs late got every result in the window again, 1,770 copies of 2,048 results in one 1 MiB AllReduce).
-    // A member that acknowledged a result completed after this one lost this one's: it gets it again at once.
+    // A member that acknowledged a result completed after this one lost this one's: it gets it again at once, but
+    // once: results to one member may also pass each other (a Y-cable's sub-links queue apart), and a member whose
+    // link is slower than the timer got a copy of every such result on every round (8,151 copies of 128 results per
+    // switch to a GPU on a 1/256-rate link); after that, the silent-member rule below covers it.
     const common::TimeNs now = clock_.now();
     std::vector<int> silent;
     bool waiting = false;
     for (size_t m = 0; m < grp.r.members.size(); ++m) {
-      if (slot->need.test(m) && !slot->acked.test(m) && grp.acked_completion[m] > slot->completion) {
+      if (slot->need.test(m) && !slot->acked.test(m) && grp.acked_completion[m] > slot->completion &&
+          !slot->presumed_lost.test(m)) {
+        slot->presumed_lost.set(m);
         counters_.lost_results++;
         send_result(grp, *slot, static_cast<int>(m));
       } else if (slot->need.test(m) && !slot->acked.test(m) && grp.heard_at[m] + grp.result_rto_ns <= now) {

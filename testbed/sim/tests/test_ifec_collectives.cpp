@@ -313,8 +313,10 @@ TEST(IfecCollectives, ChunksQueuedLongerThanTheTimerAreNotResentWhileTheOperatio
 // again at a time, the next on its answer, and the switch answers a resent contribution it holds as held (the
 // slot waits for GPU 7), after which that chunk waits for its result; the result timers resend to a silent member
 // one result at a time. Resending every chunk whose timer ran out, and every unacknowledged result, sent 11,972
-// contributions and 1,576 results again here (2,164 and 398 now: with a member's window half the slot budget,
-// 2,462 and 336 with three quarters).
+// contributions and 1,576 results again here (2,142 and 292 now: with a member's window half the slot budget,
+// 2,462 and 336 with three quarters). GPU 7's results pass each other on its Y-cable's two slow sub-links, so it
+// acknowledges later ones first: a result presumed lost for that goes again once, not on every timer round
+// (16,302 such copies on the two switches, about 64 per result, ran the RC copies to GPU 7 out of retries; 118 now).
 TEST(IfecCollectives, AMemberLateForManyTimeoutsCostsOneProbePerPlaneNotTheWindow) {
   const auto s = spec_for(Collective::kAllReduce, 8, 1 << 18, EchDtype::kFp32, EchRedOp::kSum, 2);
   Harness st = make_setup(routing::make_superpod(8, 2), s, cluster_options(0, 1), 9);
@@ -324,17 +326,19 @@ TEST(IfecCollectives, AMemberLateForManyTimeoutsCostsOneProbePerPlaneNotTheWindo
   const auto r = st.ifec->run(s, 2'000'000'000);
   ASSERT_TRUE(r.ok) << r.error;
   expect_result(st, s, all_members(s));
-  uint64_t held = 0, result_resends = 0;
+  uint64_t held = 0, result_resends = 0, lost = 0;
   for (int sw = 0; sw < st.cluster->fabric().num_switches(); ++sw) {
     held += st.cluster->fabric().switch_at(sw).ifec()->counters().held_answers;
     result_resends += st.cluster->fabric().switch_at(sw).ifec()->counters().result_resends;
+    lost += st.cluster->fabric().switch_at(sw).ifec()->counters().lost_results;
   }
-  printf("%lu sent again by the GPUs, %lu answered as held, %lu results sent again\n",
+  printf("%lu sent again by the GPUs, %lu answered as held, %lu results sent again, %lu presumed lost\n",
          static_cast<unsigned long>(st.ifec->stats().retransmissions), static_cast<unsigned long>(held),
-         static_cast<unsigned long>(result_resends));
+         static_cast<unsigned long>(result_resends), static_cast<unsigned long>(lost));
   EXPECT_LT(st.ifec->stats().retransmissions, 3000u);
   EXPECT_GT(held, 0u);
   EXPECT_LT(result_resends, 500u);
+  EXPECT_LT(lost, 500u);
 }
 
 // Members that start apart (rank r r x 30 us late: the live testbed's first AllReduce after bring-up, its daemons

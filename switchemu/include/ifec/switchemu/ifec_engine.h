@@ -108,6 +108,7 @@ class IfecEngine {
     Members acked;                     // bitmap of result acknowledgements
     Members need;                      // who must acknowledge before the slot is free
     Members requested;                 // members asked to resend their contribution (request_missing)
+    Members presumed_lost;             // members sent the result again for acknowledging a later one (once each)
     uint64_t completion = 0;           // the group's count of completed slots when this one completed
     bool complete = false;
     bool anomaly = false;
