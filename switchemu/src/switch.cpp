@@ -156,16 +156,32 @@ int32_t Switch::new_group(std::vector<NextHopPort> hops, int refs) {
   m->hops = std::move(hops);
   Group g;
   g.members = *members_.insert(std::move(m)).first;  // the list already there, if any
-  g.rotation.assign(g.members->hops.size(), 0.0);
   g.refs = refs;
+  int32_t slot;
   if (free_groups_.empty()) {
+    slot = static_cast<int32_t>(groups_.size());
     groups_.push_back(std::move(g));
-    return static_cast<int32_t>(groups_.size() - 1);
+  } else {
+    slot = free_groups_.back();
+    free_groups_.pop_back();
+    groups_[slot] = std::move(g);
   }
-  const int32_t slot = free_groups_.back();
-  free_groups_.pop_back();
-  groups_[slot] = std::move(g);
+  start_rotation(groups_[slot], slot);
   return slot;
+}
+
+// A group's rotation starts at a member of its own (a hash of the switch's seed and the group), as a real switch's
+// round-robin pointers stand wherever its earlier traffic left them. Rotations all starting at the first member
+// move in lockstep when traffic starts everywhere at once, every group of a leaf sending its frames of one moment
+// to the same spine: a 2,048-GPU permutation took 10.64 us (49% of line rate), 8.96 us (58%) starting apart.
+void Switch::start_rotation(Group& g, int32_t slot) {
+  const Members& m = *g.members;
+  g.rotation.assign(m.hops.size(), 0.0);
+  const uint64_t steps =
+      common::splitmix64(cfg_.seed ^ common::splitmix64(static_cast<uint64_t>(slot))) % m.hops.size();
+  for (uint64_t k = 0; k < steps; ++k) {
+    common::SmoothWrr::next(m.weights, m.total, g.rotation.data(), 1.0);
+  }
 }
 
 int32_t Switch::lookup(uint32_t dst_ip) const {

@@ -121,6 +121,18 @@ void send_interleaved_to_98_and_99(B& b, common::EventLoop& loop) {
   ASSERT_EQ(b.received[2].size(), 2u);
 }
 
+// The destination addresses of the frames port `port` carried.
+template <class B>
+std::set<uint32_t> destinations_on(const B& b, int port) {
+  std::set<uint32_t> dests;
+  for (const auto& f : b.received[port]) {
+    common::L3View l3;
+    EXPECT_TRUE(common::parse_l3(f.data(), f.size(), &l3).ok());
+    dests.insert(l3.dst);
+  }
+  return dests;
+}
+
 }  // namespace
 
 TEST(Switch, ForwardsByDestinationAndRewritesTtlMacsKeepingIcrcValid) {
@@ -189,21 +201,42 @@ TEST(Switch, PerPacketSprayingFollowsWeightsExactly) {
   EXPECT_EQ(b.received[2].size(), 100u);
 }
 
+TEST(Switch, RotationsOfSeparateGroupsStartApart) {
+  common::EventLoop loop;
+  Bench<common::EventLoop> b(loop, {k100G, k100G, k100G, k100G, k100G}, config());
+  // Sixteen destinations, each its own group over ports 1-4 (1:1:1:1; a leaf's classes over its spines), one frame
+  // to each at once: rotations all starting at the first member would send all sixteen over port 1 (a leaf's
+  // frames of one moment all to one spine, the next moment's to the next), queues at both tiers of a 2,048-GPU
+  // permutation 32 frames deep and its goodput half its line rate.
+  std::vector<std::vector<uint8_t>> frames;
+  for (int d = 80; d < 96; ++d) {
+    b.sw->set_route(host_ip(d), {{1, 1.0, {}}, {2, 1.0, {}}, {3, 1.0, {}}, {4, 1.0, {}}});
+    frames.push_back(roce_frame(0, d, 0, 64));
+  }
+  blast(b, 0, frames);
+  loop.run();
+  size_t most = 0;
+  for (int port = 1; port <= 4; ++port) {
+    most = std::max(most, b.received[port].size());
+  }
+  EXPECT_EQ(b.received[1].size() + b.received[2].size() + b.received[3].size() + b.received[4].size(), 16u);
+  EXPECT_LE(most, 8u) << "the sixteen groups' first frames on one port";
+}
+
 TEST(Switch, DestinationsSharingAGroupShareItsSprayingAndLeaveItOneByOne) {
   common::EventLoop loop;
   Bench<common::EventLoop> b(loop, {k100G, k100G, k100G}, config());
   // Two destinations behind one group of ports 1 and 2 (1:1): their frames, interleaved, alternate between the
-  // ports as one stream would (one shared round robin), not each on its own.
+  // ports as one stream would (one shared round robin), so each port carries one destination's frames; with a
+  // round robin each, each destination's frames would alternate, and each port would carry one frame to each.
   const uint32_t x = host_ip(98);
   const uint32_t y = host_ip(99);
   b.sw->set_route(std::vector<uint32_t>{x, y}, {{1, 1.0, {}}, {2, 1.0, {}}});
   send_interleaved_to_98_and_99(b, loop);
   ASSERT_FALSE(HasFatalFailure());
-  common::L3View l3;
-  ASSERT_TRUE(common::parse_l3(b.received[1][0].data(), b.received[1][0].size(), &l3).ok());
-  EXPECT_EQ(l3.dst, x);
-  ASSERT_TRUE(common::parse_l3(b.received[1][1].data(), b.received[1][1].size(), &l3).ok());
-  EXPECT_EQ(l3.dst, x) << "with a round robin each, both destinations' first frames would take port 1";
+  EXPECT_EQ(destinations_on(b, 1).size(), 1u);
+  EXPECT_EQ(destinations_on(b, 2).size(), 1u);
+  EXPECT_NE(destinations_on(b, 1), destinations_on(b, 2));
   // One destination re-routed alone keeps the other on the group; withdrawing the last one frees it.
   b.sw->set_route(x, {{1, 1.0, {}}});
   ASSERT_NE(b.sw->route(y), nullptr);
@@ -218,8 +251,8 @@ TEST(Switch, GroupsOverTheSameHopsShareTheirMemberListButEachKeepsItsRotation) {
   common::EventLoop loop;
   Bench<common::EventLoop> b(loop, {k100G, k100G, k100G}, config());
   // Two destinations, each its own group over ports 1 and 2 (1:1; a leaf's routes toward two other leaves): one
-  // member list in memory, but each destination's frames alternate on their own, so interleaved, both first frames
-  // take port 1 (one shared rotation would send every frame to x over port 1, every frame to y over port 2).
+  // member list in memory, but each destination's frames alternate on their own, so interleaved, each port carries one
+  // frame to each (one shared rotation would send every frame to x over one port, every frame to y over the other).
   const uint32_t x = host_ip(98);
   const uint32_t y = host_ip(99);
   b.sw->set_route(x, {{1, 1.0, {}}, {2, 1.0, {}}});
@@ -233,13 +266,7 @@ TEST(Switch, GroupsOverTheSameHopsShareTheirMemberListButEachKeepsItsRotation) {
   send_interleaved_to_98_and_99(b, loop);
   ASSERT_FALSE(HasFatalFailure());
   for (int port : {1, 2}) {
-    std::set<uint32_t> dests;
-    for (const auto& f : b.received[port]) {
-      common::L3View l3;
-      ASSERT_TRUE(common::parse_l3(f.data(), f.size(), &l3).ok());
-      dests.insert(l3.dst);
-    }
-    EXPECT_EQ(dests, (std::set<uint32_t>{x, y})) << "port " << port << " carried one frame to each";
+    EXPECT_EQ(destinations_on(b, port), (std::set<uint32_t>{x, y})) << "port " << port << " carried one frame to each";
   }
   // Withdrawn, the list goes when its last group does.
   b.sw->set_route(x, {});

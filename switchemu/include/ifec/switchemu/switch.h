@@ -211,6 +211,7 @@ class Switch {
   }
   void release_group(int32_t slot);  // one destination fewer on it (-1: none)
   int32_t new_group(std::vector<NextHopPort> hops, int refs);
+  void start_rotation(Group& g, int32_t slot);
   int32_t lookup(uint32_t dst_ip) const;  // the group slot toward `dst_ip`, or -1
 
   common::Clock& clock_;
