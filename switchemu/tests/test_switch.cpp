@@ -206,8 +206,8 @@ TEST(Switch, RotationsOfSeparateGroupsStartApart) {
   Bench<common::EventLoop> b(loop, {k100G, k100G, k100G, k100G, k100G}, config());
   // Sixteen destinations, each its own group over ports 1-4 (1:1:1:1; a leaf's classes over its spines), one frame
   // to each at once: rotations all starting at the first member would send all sixteen over port 1 (a leaf's
-  // frames of one moment all to one spine, the next moment's to the next), queues at both tiers of a 2,048-GPU
-  // permutation 32 frames deep and its goodput half its line rate.
+  // frames of one moment all to one spine, the next moment's to the next: a 2,048-GPU permutation took 10.64 us,
+  // 49% of its line rate, against 8.96 us with rotations starting apart).
   std::vector<std::vector<uint8_t>> frames;
   for (int d = 80; d < 96; ++d) {
     b.sw->set_route(host_ip(d), {{1, 1.0, {}}, {2, 1.0, {}}, {3, 1.0, {}}, {4, 1.0, {}}});
