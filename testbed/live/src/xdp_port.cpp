@@ -237,6 +237,24 @@ common::TimeNs arrival_of(const uint8_t* frame, uint64_t offset_in_chunk, common
   return meta[0] == kRxMetaTag && meta[1] != 0 && meta[1] <= now_ns ? meta[1] : 0;
 }
 
+// CLOCK_REALTIME minus CLOCK_MONOTONIC from the tightest of three brackets: a read preempted between two clock
+// reads is off by the preemption (one made of two plain reads per batch put a batch's arrival times a microsecond
+// before the last batch's, under load).
+common::TimeNs read_real_minus_mono() {
+  common::TimeNs best = 0;
+  common::TimeNs width = common::kForever;
+  for (int i = 0; i < 3; ++i) {
+    const common::TimeNs a = EpollLoop::clock_ns(CLOCK_MONOTONIC);
+    const common::TimeNs real = EpollLoop::clock_ns(CLOCK_REALTIME);
+    const common::TimeNs b = EpollLoop::clock_ns(CLOCK_MONOTONIC);
+    if (b - a < width) {
+      width = b - a;
+      best = real - (a + (b - a) / 2);
+    }
+  }
+  return best;
+}
+
 std::string trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) {
     s.pop_back();
@@ -657,12 +675,20 @@ void XdpPort::drain() {
     }
     // Handed over after the rings are settled: the receiver may send (on this port too), or even close it.
     std::weak_ptr<bool> alive = alive_;
-    const common::TimeNs real_minus_mono = EpollLoop::clock_ns(CLOCK_REALTIME) - EpollLoop::clock_ns(CLOCK_MONOTONIC);
+    if (real_minus_mono_at_ == 0 || mono_now - real_minus_mono_at_ >= 100'000'000) {
+      real_minus_mono_ = read_real_minus_mono();
+      real_minus_mono_at_ = mono_now;
+    }
     for (size_t k = 0; k < rx_batch_.size(); ++k) {
       counters_.rx_frames++;
       counters_.rx_bytes += rx_batch_[k].size();
       if (up_ && rx_) {
-        rx_timestamp_ns_ = rx_stamps_[k] != 0 ? rx_stamps_[k] + real_minus_mono : 0;
+        // Frames arrive in order: a stamp never goes before the last one (a new reading of the clocks' difference
+        // may have moved by its uncertainty).
+        if (rx_stamps_[k] != 0) {
+          last_rx_stamp_ = std::max(rx_stamps_[k] + real_minus_mono_, last_rx_stamp_);
+        }
+        rx_timestamp_ns_ = rx_stamps_[k] != 0 ? last_rx_stamp_ : 0;
         rx_(std::move(rx_batch_[k]));
         if (alive.expired()) {
           return;

@@ -154,6 +154,11 @@ class XdpPort : public FabricPort {
   std::vector<common::TimeNs> rx_stamps_;  // rx_batch_'s arrival times (CLOCK_MONOTONIC; 0: none)
   common::TimeNs rx_partial_stamp_ = 0;
   common::TimeNs rx_timestamp_ns_ = 0;
+  // CLOCK_REALTIME minus CLOCK_MONOTONIC (what turns the XDP program's arrival times into the receivers'), and the
+  // monotonic time it was read at: read again every 100 ms, not per batch.
+  common::TimeNs real_minus_mono_ = 0;
+  common::TimeNs real_minus_mono_at_ = 0;
+  common::TimeNs last_rx_stamp_ = 0;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // scheduled callbacks check it: none outlives us
   Receiver rx_;
   mutable XdpCounters counters_;
