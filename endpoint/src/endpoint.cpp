@@ -971,12 +971,11 @@ void Endpoint::kick(int port) {
     }
     return;
   }
-  if (!ps.raw.empty()) {
-    std::vector<uint8_t> f = std::move(ps.raw.front());
-    ps.raw.pop_front();
-    counters_.tx_frames++;
-    ech_frames_sent_++;
-    p->send(std::move(f));
+  // The ECH agent's frames and the QPs' take turns while both wait: a GPU whose port is slow (a gray failure) and
+  // full of ECH resends still acknowledges RC requests (its ACKs behind every queued contribution ran its peers'
+  // retries out).
+  if (!ps.raw.empty() && (!ps.qp_turn || ps.active.empty())) {
+    send_raw(ps, p);
     return;
   }
   while (!ps.active.empty()) {
@@ -1000,8 +999,21 @@ void Endpoint::kick(int port) {
     }
     counters_.tx_frames++;
     p->send(std::move(f));
+    ps.qp_turn = false;
     return;
   }
+  if (!ps.raw.empty()) {  // no QP had a frame after all
+    send_raw(ps, p);
+  }
+}
+
+void Endpoint::send_raw(PortState& ps, common::Port* p) {
+  std::vector<uint8_t> f = std::move(ps.raw.front());
+  ps.raw.pop_front();
+  counters_.tx_frames++;
+  ech_frames_sent_++;
+  ps.qp_turn = true;
+  p->send(std::move(f));
 }
 
 void Endpoint::receive(int port, std::vector<uint8_t>&& frame) {

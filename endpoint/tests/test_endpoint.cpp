@@ -124,4 +124,26 @@ TEST(EndpointSubscription, OutlivingTheEndpointIsSafe) {
   SUCCEED();
 }
 
+// The NIC's two kinds of send queue, the ECH agent's frames and the QPs', take turns on a port while both wait: an
+// endpoint with a long ECH backlog (resends on a slow port, say) still answers RC requests. Its ACK waited behind
+// every queued ECH frame before, and a backlog longer than the requester's timeout ran its retries out.
+TEST(EndpointNic, AnAckDoesNotWaitBehindTheEchBacklog) {
+  Pair p;
+  constexpr int kBacklog = 200;
+  std::vector<uint8_t> junk(4096 + 64, 0);  // not IP: endpoint 0 counts each as malformed
+  junk[12] = 0x88;
+  junk[13] = 0xB5;  // a local experimental ethertype
+  for (int i = 0; i < kBacklog; ++i) {
+    ASSERT_TRUE(p.ep[1]->send_frame(0, std::vector<uint8_t>(junk)));
+  }
+  const common::TimeNs frame_ns = (junk.size() + 24) * 8 / 100;  // at 100 Gb/s
+  p.store(0, 64);
+  const common::TimeNs done = p.loop.now();
+  EXPECT_LT(p.ep[1]->ech_frames_sent(), uint64_t{kBacklog} / 4) << "the store's ACK went out behind the backlog";
+  EXPECT_LT(done, 8 * frame_ns) << "the store took " << done << " ns, the whole backlog " << kBacklog * frame_ns;
+  p.loop.run();
+  EXPECT_EQ(p.ep[1]->ech_frames_sent(), uint64_t{kBacklog});
+  EXPECT_EQ(p.ep[0]->counters().rx_malformed, uint64_t{kBacklog});
+}
+
 }  // namespace

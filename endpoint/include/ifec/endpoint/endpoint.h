@@ -173,7 +173,8 @@ class Endpoint {
   using ResetDone = std::function<void(const std::string& error)>;
   using ConnectionManager = std::function<void(int peer, int qp, uint32_t psn, ResetDone done)>;
   void set_connection_manager(ConnectionManager fn) { cm_ = std::move(fn); }
-  // Queues a ready-made frame on `port` (sent before QP traffic); false when the port index is invalid.
+  // Queues a ready-made frame on `port` (the ECH agent's; these and the QPs' frames take turns while both wait);
+  // false when the port index is invalid.
   bool send_frame(int port, std::vector<uint8_t>&& frame);
   int num_ports() const { return static_cast<int>(ports_.size()); }
   const EndpointPort& port_info(int port) const { return ports_.at(port); }
@@ -268,12 +269,14 @@ class Endpoint {
     std::vector<uint64_t> queued;                 // per QP index: the ports whose active list holds it (bits)
   };
   struct PortState {
-    std::deque<std::vector<uint8_t>> raw;  // frames queued by send_frame (ECH), ahead of QP traffic
+    std::deque<std::vector<uint8_t>> raw;  // frames queued by send_frame (ECH)
     std::deque<int> active;                // QP ids (peer * ports + index) with frames to send
     common::TimeNs paused_until = 0;
     bool wakeup_pending = false;
+    bool qp_turn = false;  // raw and QP frames take turns while both wait
   };
   struct Op;
+  void send_raw(PortState& ps, common::Port* p);
 
   OpHandle new_op(uint64_t* id);
   void finish_op(uint64_t id, const OpHandle& h);
