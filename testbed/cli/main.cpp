@@ -727,8 +727,8 @@ int run_bench_scale(const Args& a) {
       "# of the routing state (RIB, class table, FIBs) and of the flows (not reported under mpirun); B/link: bytes "
       "per\n"
       "# link of the links and switch ports (queue rings at their high water; frames aside); a speedup target's\n"
-      "# row is over the same traffic on one thread run just before it, beside what plain arithmetic got on as many\n"
-      "# threads then (the cores the host gave this machine at the time)\n");
+      "# row is the median of three alternated pairs (the same traffic on one thread, then the scenario), beside\n"
+      "# what plain arithmetic got on as many threads first (the cores the host gave this machine at the time)\n");
   std::fflush(stdout);
   const std::vector<tb::ScaleScenario> scenarios = tb::scale_scenarios(IFEC_TOPOLOGY_DIR, quick);
   std::vector<tb::ScaleRow> rows;

@@ -2,6 +2,7 @@
 // is the child's own, and a child that fails reports why without taking the bench down.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "ifec/routing/topology.h"
@@ -126,8 +127,9 @@ TEST(ScaleBench, SpeedupIsOverTheSameTrafficOnOneThread) {
       << t;
 }
 
-// A pair measured back to back (measure_speedup): the speedup is over that one-thread run, not the table's earlier
-// one-thread row, and the line says what plain arithmetic got on as many threads at the time.
+// Pairs measured back to back (measure_speedup): the speedup is over the median pair's one-thread run, not the
+// table's earlier one-thread row, and the line gives every pair's ratio and what plain arithmetic got on as many
+// threads at the time.
 TEST(ScaleBench, APairedSpeedupIsOverTheOneThreadRunJustBeforeIt) {
   testbed::ScaleRow one;
   one.scenario.topo_path = "x/fabric.yaml";
@@ -141,11 +143,13 @@ TEST(ScaleBench, APairedSpeedupIsOverTheOneThreadRunJustBeforeIt) {
   two.sim_seconds = 0.5;            // 2 M
   two.paired_one_rate = 1'250'000;  // 1.6x
   two.host_parallelism = 1.93;
+  two.pair_speedups = {1.55, 1.6, 1.8};  // the kept pair's is the median
   std::vector<testbed::ScaleRow> rows = {one, two};
   const std::string t = testbed::scale_table(rows);
   EXPECT_DOUBLE_EQ(rows[1].speedup, 1.6);
-  EXPECT_NE(t.find("2 threads: 1.60x one thread (at least 1.7x: NOT MET) [over 1.25 M frame-hops/s on one, run just "
-                   "before; plain arithmetic on 2 threads got 1.93x one then]"),
+  EXPECT_NE(t.find("2 threads: 1.60x one thread (at least 1.7x: NOT MET) [the median of 3 alternated pairs: 1.55x "
+                   "1.60x 1.80x; over 1.25 M frame-hops/s on one, run just before; plain arithmetic on 2 threads got "
+                   "1.93x one then]"),
             std::string::npos)
       << t;
 }
@@ -182,6 +186,31 @@ TEST(ScaleBench, MpirunScenarioReportsTheOneProcessRun) {
   EXPECT_EQ(two.events, one.events);
   EXPECT_GT(two.sim_seconds, 0);
   EXPECT_NE(s.describe().find("mpirun -np 2"), std::string::npos) << s.describe();
+}
+
+// A speedup scenario runs kSpeedupPairs alternated pairs and keeps the pair of the median ratio: the row's rate over
+// its one-thread run is that median, and every pair ran the same traffic.
+TEST(ScaleBench, ASpeedupKeepsThePairOfTheMedianRatio) {
+  testbed::ScaleScenario s;
+  s.topo_path = IFEC_TOPOLOGY_DIR "/superpod-8x2.yaml";
+  s.pattern = testbed::Pattern::kAllToAll;
+  s.bytes = 64 * 1024;
+  s.threads = 2;
+  s.target_speedup = 1.7;
+  const testbed::ScaleRow row = testbed::measure_speedup(s, false);
+  ASSERT_EQ(row.error, "");
+  const testbed::ScaleRow one = testbed::measure_scale(
+      [&] {
+        testbed::ScaleScenario o = s;
+        o.threads = 1;
+        return o;
+      }(),
+      false);
+  EXPECT_EQ(row.frame_hops, one.frame_hops);
+  ASSERT_EQ(row.pair_speedups.size(), size_t{testbed::kSpeedupPairs});
+  EXPECT_TRUE(std::is_sorted(row.pair_speedups.begin(), row.pair_speedups.end()));
+  ASSERT_GT(row.paired_one_rate, 0);
+  EXPECT_DOUBLE_EQ(row.rate() / row.paired_one_rate, row.pair_speedups[testbed::kSpeedupPairs / 2]);
 }
 
 // An AllReduce scenario: the child's figures and outcome are the same point run in this process.

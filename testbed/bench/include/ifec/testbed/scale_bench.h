@@ -60,6 +60,7 @@ struct ScaleRow {
   // the cores the host gave this VM then (0: not measured).
   double paired_one_rate = 0;
   double host_parallelism = 0;
+  std::vector<double> pair_speedups;  // every alternated pair's ratio, ascending (the row is the median's pair)
   // An AllReduce scenario's outcome: "ran tree: 57.18 us simulated, busbw 146.7 GB/s" ("" for raw traffic)
   std::string result;
   double rate() const { return sim_seconds > 0 ? frame_hops / sim_seconds : 0; }  // frame-hops/s
@@ -79,10 +80,12 @@ std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool qui
 // gives a row with `error` set; the parent goes on.
 ScaleRow measure_scale(const ScaleScenario& s, bool progress, const std::string& cli = "");
 
-// A scenario with a speedup target, measured as a pair: how many cores the host gives now (host_parallelism), the
-// same traffic on one thread (one process), then `s` itself; the row's speedup is over that one-thread run, not
-// one measured minutes earlier (on a shared VM the second core comes and goes: plain arithmetic on two threads has
-// measured anywhere from 0.76x to 2.05x one thread within a minute).
+// A scenario with a speedup target, measured in pairs: how many cores the host gives now (host_parallelism), then
+// kSpeedupPairs times the same traffic on one thread (one process) and `s` itself; the row is the pair of the median
+// ratio, its speedup over that pair's one-thread run, not one measured minutes earlier (on a shared VM the second
+// core comes and goes: plain arithmetic on two threads has measured anywhere from 0.76x to 2.05x one thread within
+// a minute).
+inline constexpr int kSpeedupPairs = 3;
 ScaleRow measure_speedup(const ScaleScenario& s, bool progress, const std::string& cli = "");
 
 // `threads` threads of plain arithmetic at once against one (the median of three tries): 2.0 on two free cores.
