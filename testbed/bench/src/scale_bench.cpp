@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
-#include <numeric>
 #include <sstream>
 #include <thread>
 
@@ -351,26 +350,34 @@ ScaleRow measure_speedup(const ScaleScenario& s, bool progress, const std::strin
   // Alternated pairs (one thread, then the scenario), the pair of the median ratio kept: a VM's speed drifts by
   // 10-20% between runs, and one pair's ratio with it (the 64 x 4 all-to-all on two threads: 1.61x to 1.91x).
   std::vector<ScaleRow> pairs;
-  std::vector<double> ratios;
   for (int i = 0; i < kSpeedupPairs; ++i) {
     const ScaleRow base = measure_scale(one, progress, cli);
     ScaleRow row = measure_scale(s, progress, cli);
     row.paired_one_rate = base.error.empty() ? base.rate() : 0;
+    row.host_parallelism = host;
     row.gpus = row.gpus > 0 ? row.gpus : base.gpus;  // an mpirun row reports no fabric of its own
     row.links = row.links > 0 ? row.links : base.links;
-    if (!row.error.empty() || row.paired_one_rate <= 0) {
-      return row;  // (its error says why)
+    if (row.error.empty() && row.paired_one_rate <= 0) {
+      row.error = "the one-thread run paired with it: " + (base.error.empty() ? "no frame-hops" : base.error);
     }
-    ratios.push_back(row.rate() / row.paired_one_rate);
+    if (!row.error.empty()) {
+      return row;
+    }
     pairs.push_back(std::move(row));
   }
-  std::vector<size_t> order(pairs.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ratios[a] < ratios[b]; });
-  ScaleRow row = std::move(pairs[order[order.size() / 2]]);
-  std::sort(ratios.begin(), ratios.end());
-  row.pair_speedups = ratios;
-  row.host_parallelism = host;
+  return median_pair(std::move(pairs));
+}
+
+ScaleRow median_pair(std::vector<ScaleRow> pairs) {
+  IFEC_CHECK(!pairs.empty(), "median_pair: no pairs");
+  auto ratio = [](const ScaleRow& r) { return r.rate() / r.paired_one_rate; };
+  std::sort(pairs.begin(), pairs.end(), [&](const ScaleRow& a, const ScaleRow& b) { return ratio(a) < ratio(b); });
+  std::vector<double> ratios;
+  for (const ScaleRow& r : pairs) {
+    ratios.push_back(ratio(r));
+  }
+  ScaleRow row = std::move(pairs[pairs.size() / 2]);
+  row.pair_speedups = std::move(ratios);
   return row;
 }
 

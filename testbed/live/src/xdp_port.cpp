@@ -683,10 +683,12 @@ void XdpPort::drain() {
       counters_.rx_frames++;
       counters_.rx_bytes += rx_batch_[k].size();
       if (up_ && rx_) {
-        // Frames arrive in order: a stamp never goes before the last one (a new reading of the clocks' difference
-        // may have moved by its uncertainty).
+        // Frames arrive in order: a stamp a little before the last one (a new reading of the clocks' difference,
+        // off by its uncertainty) is taken as the last one; one far before it (the realtime clock stepped back)
+        // stands.
         if (rx_stamps_[k] != 0) {
-          last_rx_stamp_ = std::max(rx_stamps_[k] + real_minus_mono_, last_rx_stamp_);
+          const common::TimeNs t = rx_stamps_[k] + real_minus_mono_;
+          last_rx_stamp_ = t < last_rx_stamp_ && last_rx_stamp_ - t < 1'000'000 ? last_rx_stamp_ : t;
         }
         rx_timestamp_ns_ = rx_stamps_[k] != 0 ? last_rx_stamp_ : 0;
         rx_(std::move(rx_batch_[k]));

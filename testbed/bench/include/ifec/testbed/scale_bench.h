@@ -87,6 +87,9 @@ ScaleRow measure_scale(const ScaleScenario& s, bool progress, const std::string&
 // a minute).
 inline constexpr int kSpeedupPairs = 3;
 ScaleRow measure_speedup(const ScaleScenario& s, bool progress, const std::string& cli = "");
+// Of rows measured as pairs (each with its paired_one_rate > 0), the one of the median speedup, with every pair's
+// speedup in pair_speedups, ascending.
+ScaleRow median_pair(std::vector<ScaleRow> pairs);
 
 // `threads` threads of plain arithmetic at once against one (the median of three tries): 2.0 on two free cores.
 double host_parallelism(int threads);
