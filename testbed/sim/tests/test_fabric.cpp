@@ -1,8 +1,11 @@
 // Fabric builder: FIBs from FARE, and hop-by-hop reinstallation after link events at the control-plane delay.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <set>
+#include <string>
 
 #include "ifec/common/sim.h"
 #include "ifec/testbed/fabric.h"
@@ -82,6 +85,33 @@ TEST(Fabric, RoutingAndTrafficStateGrowLinearlyWithGpus) {
   EXPECT_LT(routes512, routes256 * 5 / 2) << routes256 << " -> " << routes512 << " bytes of routes";
   EXPECT_LT(flows512, flows256 * 5 / 2) << flows256 << " -> " << flows512 << " bytes of flows";
   EXPECT_LT(routes512 / 512, size_t{64} << 10) << "bytes of routes per GPU";
+}
+
+// Each plane's links lie together in memory: with a thread per plane, a GPU's links to two planes side by side (the
+// topology's order) shared cache lines between the threads. No plane's address range holds another plane's link.
+TEST(Fabric, EachPlanesLinksLieTogetherInMemory) {
+  common::EventLoop loop;
+  const routing::Topology topo = routing::make_superpod(16, 4, 400, 1);
+  testbed::Fabric f(loop, topo, {});
+  std::map<int, std::pair<uintptr_t, uintptr_t>> range;  // plane: lowest and highest link address
+  for (const routing::Link& l : topo.links) {
+    const auto at = reinterpret_cast<uintptr_t>(&f.link(l.id));
+    auto [it, fresh] = range.try_emplace(l.plane, at, at);
+    it->second = {std::min(it->second.first, at), std::max(it->second.second, at)};
+  }
+  ASSERT_EQ(range.size(), 4u);
+  int among_others = 0;
+  std::string first;
+  for (const routing::Link& l : topo.links) {
+    const auto at = reinterpret_cast<uintptr_t>(&f.link(l.id));
+    for (const auto& [plane, r] : range) {
+      if (plane != l.plane && at >= r.first && at <= r.second && among_others++ == 0) {
+        first = "link " + std::to_string(l.id) + " of plane " + std::to_string(l.plane) + " lies among plane " +
+                std::to_string(plane) + "'s";
+      }
+    }
+  }
+  EXPECT_EQ(among_others, 0) << first;
 }
 
 // Loopbacks a switch reaches over the same ports share one member list (route() returns it): a leaf reaches every
