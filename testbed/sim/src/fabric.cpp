@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <numeric>
+#include <optional>
 
 #include "ifec/common/checks.h"
 #include "ifec/testbed/partitions.h"
@@ -28,41 +28,46 @@ Fabric::Fabric(common::Clock& clock, const routing::Topology& topo, FabricOption
 
 namespace {
 
+// What a link's two ends run on (Link's constructor): each end's clock, and the clock its frames arrive through.
+struct LinkClocks {
+  common::Clock* end[2];
+  common::Clock* arrivals[2];
+  static LinkClocks one(common::Clock& c) { return {{&c, &c}, {&c, &c}}; }
+};
+
 // A server's in-node link between GPUs of two planes on a partitioned fabric: each end on its plane's clock, its
 // frames through the far partition's mailbox.
-std::unique_ptr<common::Link> make_in_node_link(const routing::Topology& topo, const routing::Link& l,
-                                                const std::vector<common::Clock*>& clocks,
-                                                const Fabric::MailboxFn& mailbox, const common::LinkConfig& cfg) {
+LinkClocks in_node_link_clocks(const routing::Topology& topo, const routing::Link& l,
+                               const std::vector<common::Clock*>& clocks, const Fabric::MailboxFn& mailbox) {
   const int pa = topo.nodes[l.a].plane;
   const int pb = topo.nodes[l.b].plane;
   IFEC_CHECK(pa >= 0 && pb >= 0, "topology '" << topo.name << "': link " << l.id << " joins GPUs on every plane "
                                               << "over NVLink: it cannot be split between plane partitions");
   if (pa == pb) {
-    return std::make_unique<common::Link>(*clocks.at(pa), cfg);
+    return LinkClocks::one(*clocks.at(pa));
   }
   IFEC_CHECK(mailbox != nullptr, "topology '" << topo.name << "': its NVLink-class links join GPUs of different "
                                               << "planes, and this fabric's planes run apart without mailboxes");
-  return std::make_unique<common::Link>(*clocks.at(pa), *clocks.at(pb), *mailbox(pa, pb), *mailbox(pb, pa), cfg);
+  return {{clocks.at(pa), clocks.at(pb)}, {mailbox(pa, pb), mailbox(pb, pa)}};
 }
 
 // A link of a fabric whose GPUs run on a partition of their own (partition `planes`): a GPU's link to its switch
 // joins that partition to the switch's plane, through their mailboxes; the others stay within one partition.
-std::unique_ptr<common::Link> make_gpu_partition_link(const routing::Topology& topo, const routing::Link& l,
-                                                      const std::vector<common::Clock*>& clocks,
-                                                      common::Clock& gpu_clock, const Fabric::MailboxFn& mailbox,
-                                                      const common::LinkConfig& cfg) {
+LinkClocks gpu_partition_link_clocks(const routing::Topology& topo, const routing::Link& l,
+                                     const std::vector<common::Clock*>& clocks, common::Clock& gpu_clock,
+                                     const Fabric::MailboxFn& mailbox) {
   const bool gpu_a = topo.nodes[l.a].kind == routing::NodeKind::kGpu;
   const bool gpu_b = topo.nodes[l.b].kind == routing::NodeKind::kGpu;
   if (gpu_a == gpu_b) {
-    return std::make_unique<common::Link>(gpu_a ? gpu_clock : *clocks.at(l.plane), cfg);
+    return LinkClocks::one(gpu_a ? gpu_clock : *clocks.at(l.plane));
   }
   IFEC_CHECK(mailbox != nullptr, "a fabric with a GPUs' partition needs mailboxes between it and the planes'");
   const int gpus = static_cast<int>(clocks.size());
   const int pa = gpu_a ? gpus : l.plane;
   const int pb = gpu_b ? gpus : l.plane;
-  common::Clock& ca = gpu_a ? gpu_clock : *clocks.at(l.plane);
-  common::Clock& cb = gpu_b ? gpu_clock : *clocks.at(l.plane);
-  return std::make_unique<common::Link>(ca, cb, *mailbox(pa, pb), *mailbox(pb, pa), cfg);
+  common::Clock* ca = gpu_a ? &gpu_clock : clocks.at(l.plane);
+  common::Clock* cb = gpu_b ? &gpu_clock : clocks.at(l.plane);
+  return {{ca, cb}, {mailbox(pa, pb), mailbox(pb, pa)}};
 }
 
 }  // namespace
@@ -86,14 +91,7 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
   }
   const bool one_clock =
       std::all_of(plane_clocks_.begin(), plane_clocks_.end(), [this](const common::Clock* c) { return c == &clock_; });
-  auto make_link = [&](const routing::Link& l) -> std::unique_ptr<common::Link> {
-    common::LinkConfig cfg;
-    cfg.rate_bps = static_cast<uint64_t>(std::llround(l.rate_gbps * 1e9));
-    cfg.delay_ns = l.delay_ns;
-    cfg.overhead_bytes = topo_.params.wire_overhead_bytes;
-    cfg.loss_probability = opts_.loss;
-    cfg.loss_seed = opts_.seed * 7919 + static_cast<uint64_t>(l.id);
-    cfg.elided_payloads = opts_.elided_payloads;
+  auto clocks_of = [&](const routing::Link& l) -> LinkClocks {
     const bool nvlink = l.plane == routing::kNvlinkPlane;
     has_nvlink_ = has_nvlink_ || nvlink;
     if (gpu_clock != nullptr) {
@@ -101,24 +99,37 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
           (topo_.nodes[l.a].kind == routing::NodeKind::kGpu) != (topo_.nodes[l.b].kind == routing::NodeKind::kGpu)) {
         cross_delay_ = std::min(cross_delay_, l.delay_ns);
       }
-      return make_gpu_partition_link(topo_, l, plane_clocks_, *gpu_clock, mailbox, cfg);
+      return gpu_partition_link_clocks(topo_, l, plane_clocks_, *gpu_clock, mailbox);
     }
     if (!nvlink || one_clock) {
-      return std::make_unique<common::Link>(nvlink ? clock_ : *plane_clocks_.at(l.plane), cfg);
+      return LinkClocks::one(nvlink ? clock_ : *plane_clocks_.at(l.plane));
     }
     if (topo_.nodes[l.a].plane != topo_.nodes[l.b].plane) cross_delay_ = std::min(cross_delay_, l.delay_ns);
-    return make_in_node_link(topo_, l, plane_clocks_, mailbox, cfg);
+    return in_node_link_clocks(topo_, l, plane_clocks_, mailbox);
   };
-  // Each plane's links made together, so they lie together in memory: a plane's partition may run on a thread of
-  // its own, and the topology lists a GPU's links to every plane side by side (their cache lines were shared between
+  // Each plane's links in one array of their own: a plane's partition may run on a thread of its own, and the
+  // topology lists a GPU's links to every plane side by side (made one by one, neighbours shared cache lines between
   // the threads: the 64 x 4 all-to-all on two threads ran 1.8x one, on two processes 2.0x).
-  std::vector<size_t> by_plane(topo_.links.size());
-  std::iota(by_plane.begin(), by_plane.end(), size_t{0});
-  std::stable_sort(by_plane.begin(), by_plane.end(),
-                   [this](size_t a, size_t b) { return topo_.links[a].plane < topo_.links[b].plane; });
+  std::map<int, std::vector<size_t>> of_plane;
+  for (size_t i = 0; i < topo_.links.size(); ++i) {
+    of_plane[topo_.links[i].plane].push_back(i);
+  }
   links_.resize(topo_.links.size());
-  for (size_t i : by_plane) {
-    links_[i] = make_link(topo_.links[i]);
+  for (const auto& [plane, ids] : of_plane) {
+    auto store = std::make_unique<std::optional<common::Link>[]>(ids.size());
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const routing::Link& l = topo_.links[ids[k]];
+      common::LinkConfig cfg;
+      cfg.rate_bps = static_cast<uint64_t>(std::llround(l.rate_gbps * 1e9));
+      cfg.delay_ns = l.delay_ns;
+      cfg.overhead_bytes = topo_.params.wire_overhead_bytes;
+      cfg.loss_probability = opts_.loss;
+      cfg.loss_seed = opts_.seed * 7919 + static_cast<uint64_t>(l.id);
+      cfg.elided_payloads = opts_.elided_payloads;
+      const LinkClocks c = clocks_of(l);
+      links_[ids[k]] = &store[k].emplace(*c.end[0], *c.end[1], *c.arrivals[0], *c.arrivals[1], cfg);
+    }
+    link_store_.push_back(std::move(store));
   }
   for (size_t i = 0; i < topo_.links.size(); ++i) {
     const routing::Link& l = topo_.links[i];
@@ -394,7 +405,7 @@ size_t Fabric::routing_bytes() const {
 }
 
 size_t Fabric::link_bytes() const {
-  size_t bytes = links_.size() * (sizeof(common::Link) + sizeof(std::unique_ptr<common::Link>));
+  size_t bytes = links_.size() * (sizeof(std::optional<common::Link>) + sizeof(common::Link*));
   for (const auto& s : switches_) {
     bytes += s->port_state_bytes();
   }

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "ifec/common/sim.h"
@@ -121,7 +122,9 @@ class Fabric {
   std::vector<common::Clock*> plane_clocks_;
   routing::Topology topo_;
   FabricOptions opts_;
-  std::vector<std::unique_ptr<common::Link>> links_;
+  // The links, by id; each plane's lie in one array of link_store_ (their partition's thread touches only its own).
+  std::vector<std::unique_ptr<std::optional<common::Link>[]>> link_store_;
+  std::vector<common::Link*> links_;
   std::vector<std::unique_ptr<Switch>> switches_;
   std::vector<int> switch_nodes_;
   std::vector<int> node_switch_;       // node -> switch index or -1
