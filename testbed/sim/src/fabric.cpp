@@ -89,48 +89,7 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
   for (int g = 0; g < topo_.num_gpus(); ++g) {
     gpu_ips_.push_back(topo_.nodes[topo_.gpu_node(g)].loopback);
   }
-  const bool one_clock =
-      std::all_of(plane_clocks_.begin(), plane_clocks_.end(), [this](const common::Clock* c) { return c == &clock_; });
-  auto clocks_of = [&](const routing::Link& l) -> LinkClocks {
-    const bool nvlink = l.plane == routing::kNvlinkPlane;
-    has_nvlink_ = has_nvlink_ || nvlink;
-    if (gpu_clock != nullptr) {
-      if (!nvlink &&
-          (topo_.nodes[l.a].kind == routing::NodeKind::kGpu) != (topo_.nodes[l.b].kind == routing::NodeKind::kGpu)) {
-        cross_delay_ = std::min(cross_delay_, l.delay_ns);
-      }
-      return gpu_partition_link_clocks(topo_, l, plane_clocks_, *gpu_clock, mailbox);
-    }
-    if (!nvlink || one_clock) {
-      return LinkClocks::one(nvlink ? clock_ : *plane_clocks_.at(l.plane));
-    }
-    if (topo_.nodes[l.a].plane != topo_.nodes[l.b].plane) cross_delay_ = std::min(cross_delay_, l.delay_ns);
-    return in_node_link_clocks(topo_, l, plane_clocks_, mailbox);
-  };
-  // Each plane's links in one array of their own: a plane's partition may run on a thread of its own, and the
-  // topology lists a GPU's links to every plane side by side (made one by one, neighbours shared cache lines between
-  // the threads: the 64 x 4 all-to-all on two threads ran 1.8x one, on two processes 2.0x).
-  std::map<int, std::vector<size_t>> of_plane;
-  for (size_t i = 0; i < topo_.links.size(); ++i) {
-    of_plane[topo_.links[i].plane].push_back(i);
-  }
-  links_.resize(topo_.links.size());
-  for (const auto& [plane, ids] : of_plane) {
-    auto store = std::make_unique<std::optional<common::Link>[]>(ids.size());
-    for (size_t k = 0; k < ids.size(); ++k) {
-      const routing::Link& l = topo_.links[ids[k]];
-      common::LinkConfig cfg;
-      cfg.rate_bps = static_cast<uint64_t>(std::llround(l.rate_gbps * 1e9));
-      cfg.delay_ns = l.delay_ns;
-      cfg.overhead_bytes = topo_.params.wire_overhead_bytes;
-      cfg.loss_probability = opts_.loss;
-      cfg.loss_seed = opts_.seed * 7919 + static_cast<uint64_t>(l.id);
-      cfg.elided_payloads = opts_.elided_payloads;
-      const LinkClocks c = clocks_of(l);
-      links_[ids[k]] = &store[k].emplace(*c.end[0], *c.end[1], *c.arrivals[0], *c.arrivals[1], cfg);
-    }
-    link_store_.push_back(std::move(store));
-  }
+  make_links(mailbox, gpu_clock);
   for (size_t i = 0; i < topo_.links.size(); ++i) {
     const routing::Link& l = topo_.links[i];
     const bool nvlink = l.plane == routing::kNvlinkPlane;
@@ -202,6 +161,51 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
   rib_ = std::make_unique<routing::FareRib>(topo_);
   rib_->converge();
   install_routes();
+}
+
+void Fabric::make_links(const MailboxFn& mailbox, common::Clock* gpu_clock) {
+  const bool one_clock =
+      std::all_of(plane_clocks_.begin(), plane_clocks_.end(), [this](const common::Clock* c) { return c == &clock_; });
+  auto clocks_of = [&](const routing::Link& l) -> LinkClocks {
+    const bool nvlink = l.plane == routing::kNvlinkPlane;
+    has_nvlink_ = has_nvlink_ || nvlink;
+    if (gpu_clock != nullptr) {
+      if (!nvlink &&
+          (topo_.nodes[l.a].kind == routing::NodeKind::kGpu) != (topo_.nodes[l.b].kind == routing::NodeKind::kGpu)) {
+        cross_delay_ = std::min(cross_delay_, l.delay_ns);
+      }
+      return gpu_partition_link_clocks(topo_, l, plane_clocks_, *gpu_clock, mailbox);
+    }
+    if (!nvlink || one_clock) {
+      return LinkClocks::one(nvlink ? clock_ : *plane_clocks_.at(l.plane));
+    }
+    if (topo_.nodes[l.a].plane != topo_.nodes[l.b].plane) cross_delay_ = std::min(cross_delay_, l.delay_ns);
+    return in_node_link_clocks(topo_, l, plane_clocks_, mailbox);
+  };
+  // Each plane's links in one array of their own: a plane's partition may run on a thread of its own, and the
+  // topology lists a GPU's links to every plane side by side (made one by one, neighbours shared cache lines between
+  // the threads: the 64 x 4 all-to-all on two threads ran 1.8x one, on two processes 2.0x).
+  std::map<int, std::vector<size_t>> of_plane;
+  for (size_t i = 0; i < topo_.links.size(); ++i) {
+    of_plane[topo_.links[i].plane].push_back(i);
+  }
+  links_.resize(topo_.links.size());
+  for (const auto& [plane, ids] : of_plane) {
+    auto store = std::make_unique<std::optional<common::Link>[]>(ids.size());
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const routing::Link& l = topo_.links[ids[k]];
+      common::LinkConfig cfg;
+      cfg.rate_bps = static_cast<uint64_t>(std::llround(l.rate_gbps * 1e9));
+      cfg.delay_ns = l.delay_ns;
+      cfg.overhead_bytes = topo_.params.wire_overhead_bytes;
+      cfg.loss_probability = opts_.loss;
+      cfg.loss_seed = opts_.seed * 7919 + static_cast<uint64_t>(l.id);
+      cfg.elided_payloads = opts_.elided_payloads;
+      const LinkClocks c = clocks_of(l);
+      links_[ids[k]] = &store[k].emplace(*c.end[0], *c.end[1], *c.arrivals[0], *c.arrivals[1], cfg);
+    }
+    link_store_.push_back(std::move(store));
+  }
 }
 
 Fabric::~Fabric() = default;

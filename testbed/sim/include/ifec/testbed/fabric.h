@@ -117,6 +117,8 @@ class Fabric {
   void install_loopback_routes();
   void install_gpu_routes();
   void fare_round(uint64_t generation);
+  // Every link of the topology (links_), each plane's in one array (link_store_), on its partitions' clocks.
+  void make_links(const MailboxFn& mailbox, common::Clock* gpu_clock);
 
   common::Clock& clock_;
   std::vector<common::Clock*> plane_clocks_;
