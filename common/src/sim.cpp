@@ -42,6 +42,7 @@ void EventLoop::push(TimeNs at, std::function<void()> fn, const void* reads, siz
     if (bucket.head == kNone) {
       bucket.head = id;
       occupied_[b / 64] |= uint64_t{1} << (b % 64);
+      occupied_words_ |= uint64_t{1} << (b / 64);
     } else {
       nodes_[bucket.tail].next = id;
     }
@@ -62,20 +63,18 @@ void EventLoop::push(TimeNs at, std::function<void()> fn, const void* reads, siz
 EventLoop::Next EventLoop::scan() const {
   Next w;
   if (in_wheel_ > 0) {
-    // The first occupied bucket at or after base_'s, going round once.
+    // The first occupied bucket at or after base_'s, going round once: in base_'s word from its bucket on, else
+    // the first occupied word after it, else from the wheel's start (base_'s word last: its buckets before base_'s
+    // hold the next round's times).
     const uint32_t start = static_cast<uint32_t>(base_ % kWheel);
-    const uint32_t words = kWheel / 64;
-    for (uint32_t i = 0; i <= words; ++i) {
-      const uint32_t word = (start / 64 + i) % words;
-      uint64_t bits = occupied_[word];
-      if (i == 0) {
-        bits &= ~uint64_t{0} << (start % 64);  // buckets before base_'s in its word hold later times: next round
-      }
-      if (bits != 0) {
-        w.node = wheel_[word * 64 + static_cast<uint32_t>(__builtin_ctzll(bits))].head;
-        break;
-      }
+    uint32_t word = start / 64;
+    uint64_t bits = occupied_[word] & (~uint64_t{0} << (start % 64));
+    if (bits == 0) {
+      const uint64_t after = word == 63 ? 0 : occupied_words_ & (~uint64_t{0} << (word + 1));
+      word = static_cast<uint32_t>(__builtin_ctzll(after != 0 ? after : occupied_words_));
+      bits = occupied_[word];
     }
+    w.node = wheel_[word * 64 + static_cast<uint32_t>(__builtin_ctzll(bits))].head;
   }
   if (events_.empty()) {
     return w;
@@ -121,6 +120,9 @@ std::function<void()> EventLoop::pop(Next n) {
     if (bucket.head == kNone) {
       bucket.tail = kNone;
       occupied_[b / 64] &= ~(uint64_t{1} << (b % 64));
+      if (occupied_[b / 64] == 0) {
+        occupied_words_ &= ~(uint64_t{1} << (b / 64));
+      }
     }
     --in_wheel_;
   }

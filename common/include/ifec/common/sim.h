@@ -46,6 +46,7 @@ class EventLoop : public Clock {
   // is scanned once per event.
   static constexpr uint32_t kWheel = 4096;
   static constexpr uint32_t kNone = 0xFFFFFFFF;
+  static_assert(kWheel == 64 * 64, "occupied_words_ has a bit for each of occupied_'s words");
   struct Node {
     TimeNs at = 0;
     uint64_t seq = 0;
@@ -81,6 +82,7 @@ class EventLoop : public Clock {
   std::vector<Key> events_;         // binary heap ordered by Later: the earliest first
   std::vector<Bucket> wheel_;       // [at % kWheel], for base_ <= at < base_ + kWheel
   std::vector<uint64_t> occupied_;  // one bit per bucket
+  uint64_t occupied_words_ = 0;     // one bit per word of occupied_ that has one set
   TimeNs base_ = 0;                 // no event in the wheel is earlier
   size_t in_wheel_ = 0;
   mutable Next next_;  // earliest(), when next_known_
