@@ -256,6 +256,20 @@ def test_launcher_help_lists_every_option(build_dir, repo):
                 assert option in launcher, f"./ifec help omits {name} {option}"
 
 
+def test_every_launcher_command_answers_help_without_running(repo):
+    """`./ifec CMD --help` prints CMD's part of ./ifec help for the commands that run scripts of their own (it once
+    ran them: test the whole suite, fuzz failed on SECONDS, gpu-bundle took --help for a folder)."""
+    launcher = subprocess.run([str(repo / "ifec"), "help"], capture_output=True, text=True, timeout=30).stdout
+    for cmd in ["setup", "build", "test", "demo", "fuzz", "gpu-bundle", "format", "bench", "interop"]:
+        out = subprocess.run([str(repo / "ifec"), cmd, "--help"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, (cmd, out.stderr)
+        starts = re.findall(r"^  ([\w-]+)", out.stdout, re.M)
+        assert starts and set(starts) == {cmd}, (cmd, out.stdout)  # its sections and no other command's
+        assert all(line in launcher for line in out.stdout.splitlines()), cmd
+    assert len(re.findall(r"^  bench ", subprocess.run([str(repo / "ifec"), "bench", "-h"], capture_output=True,
+                                                       text=True, timeout=30).stdout, re.M)) >= 7
+
+
 # ------------------------------------------------------------------------------------------------- reports --
 
 def test_bench_moe_files_follow_the_one_report_rule(build_dir, repo, tmp_path):

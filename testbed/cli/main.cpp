@@ -985,7 +985,8 @@ std::vector<Command> tool_commands() {
           "raw: one partition per plane, run by N threads (1..planes; default 1), the same result for every N; 0: "
           "one event loop for the whole fabric (every plane's frames in flight together). collective: 0 (default) "
           "one event loop; N >= 1 one partition per plane and one for the GPUs, on N threads (1..planes + 1), the "
-          "same result for every N"},
+          "same result for every N (the GPUs' partition, most of an operation's work, runs on one thread: a "
+          "64 x 4 ring AllReduce ran 1.01x as fast on two)"},
          {"--group", "N",
           "raw alltoall or permutation within consecutive groups of N GPUs (expert-parallel groups; N divides "
           "the GPUs; default: one group of all)"},
@@ -1015,7 +1016,7 @@ std::vector<Command> bench_commands() {
   cs.push_back({{"bench live",
                  "[--quick]",
                  "switchd's pipeline forwarding on veths between namespaces (needs root): frames/s and Gb/s for\n"
-                 "64 B, 1 KiB and 4 KiB frames, per switch CPU second, and the latency one hop adds.",
+                 "74 B, 1 KiB and 4 KiB frames, per switch CPU second, and the latency one hop adds.",
                  {{"--quick", "", "0.5 s per size, 200 round trips"}},
                  0},
                 run_bench_live});
@@ -1075,8 +1076,8 @@ std::vector<Command> bench_commands() {
 #ifdef IFEC_CLI_MOE
   cs.push_back(
       {{"bench moe",
-        "[--quick] [--ep LIST] [--mode normal|ll|both] [--variant LIST] [--dispatch fp8|bf16] [--payload real|elided] "
-        "[--overlap] [--token-cap N] [--jobs N] [--gpu-profile FILE] [--out DIR] [--topo FILE]",
+        "[--quick] [--ep LIST] [--mode normal|ll|both] [--variant LIST] [--threads N] [--dispatch fp8|bf16] "
+        "[--payload real|elided] [--overlap] [--token-cap N] [--jobs N] [--gpu-profile FILE] [--out DIR] [--topo FILE]",
         "MoE dispatch/combine at DeepEP's points (4096 tokens normal, 128 low latency, hidden 7168, top-8 of 256,\n"
         "FP8 dispatch, bf16 combine), simulated directly, per variant (per_expert, per_rank, ifec): times, GB/s per\n"
         "GPU, fractions of line rate and of the line-rate bound, modelled expert compute, wire bytes per plane.",
@@ -1141,7 +1142,7 @@ int main(int argc, char** argv) {
   int skip = 2;
   if (name == "bench") {
     if (argc < 3 || std::string(argv[2]).rfind("-", 0) == 0) {
-      std::fprintf(stderr, "ifec bench: name a benchmark: endpoint, collectives, live, property, sim%s\n",
+      std::fprintf(stderr, "ifec bench: name a benchmark: endpoint, collectives, live, property, sim, scale%s\n",
 #ifdef IFEC_CLI_MOE
                    ", moe"
 #else
