@@ -1088,13 +1088,7 @@ v1::RunReply HostDaemon::Impl::collective_reply(workloads::Communicator& c, cons
 HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
   d.o = std::move(o);
-  d.topo = load_daemon_topology(d.o);
-  for (const routing::Node& n : d.topo.nodes) {
-    d.o.node_names.push_back(n.name);
-  }
-  d.rt = std::make_unique<NodeRuntime>(d.topo, d.o.node, runtime_options(d.o, d.topo));
-  IFEC_CHECK(d.rt->info().kind == routing::NodeKind::kGpu,
-             "node " << d.o.node << " is a switch: run ifec-switchd for it, not ifec-hostd");
+  d.rt = start_node(d.o, d.topo, routing::NodeKind::kGpu);
   d.gpu = d.rt->info().gpu_index;
   d.external.assign(d.topo.num_gpus(), 0);
   for (const std::string& name : d.o.external_peers) {

@@ -69,6 +69,20 @@ RuntimeOptions runtime_options(const DaemonOptions& o, const routing::Topology& 
   return ro;
 }
 
+std::unique_ptr<NodeRuntime> start_node(DaemonOptions& o, routing::Topology& topo, routing::NodeKind kind) {
+  topo = load_daemon_topology(o);
+  for (const routing::Node& n : topo.nodes) {
+    o.node_names.push_back(n.name);
+  }
+  const int node = topo.find_node(o.node);
+  IFEC_CHECK(node >= 0, "no node '" << o.node << "' in topology " << topo.name);
+  const bool gpu = kind == routing::NodeKind::kGpu;
+  IFEC_CHECK(topo.nodes[node].kind == kind, "node " << o.node << " is a " << (gpu ? "switch" : "GPU") << ": run "
+                                                    << (gpu ? "ifec-switchd" : "ifec-hostd") << " for it, not "
+                                                    << (gpu ? "ifec-hostd" : "ifec-switchd"));
+  return std::make_unique<NodeRuntime>(topo, o.node, runtime_options(o, topo));
+}
+
 namespace {
 
 grpc::Status error(grpc::StatusCode code, const std::string& node, const std::string& why) {
@@ -277,13 +291,7 @@ struct SwitchDaemon::Impl {
 SwitchDaemon::SwitchDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
   d.o = std::move(o);
-  d.topo = load_daemon_topology(d.o);
-  for (const routing::Node& n : d.topo.nodes) {
-    d.o.node_names.push_back(n.name);
-  }
-  d.rt = std::make_unique<NodeRuntime>(d.topo, d.o.node, runtime_options(d.o, d.topo));
-  IFEC_CHECK(d.rt->info().kind == routing::NodeKind::kSwitch,
-             "node " << d.o.node << " is a GPU: run ifec-hostd for it, not ifec-switchd");
+  d.rt = start_node(d.o, d.topo, routing::NodeKind::kSwitch);
   switchemu::SwitchConfig cfg;
   cfg.name = d.o.node;
   cfg.ip = d.rt->info().loopback;

@@ -314,6 +314,33 @@ TEST(ResetPeerResponder, ADeadPeerIsNamedAfterItsTries) {
   EXPECT_LT(s, 3.0);
 }
 
+// A daemon started for a node of the other kind, or for no node, says so before it opens anything.
+TEST(DaemonNode, TheWrongKindOfNodeIsNamedWithTheDaemonThatRunsIt) {
+  setenv("IFEC_TEST_TOPO", routing::to_yaml(routing::make_superpod(2, 1, 800, 1)).c_str(), 1);
+  auto error_of = [](auto make, const std::string& node) -> std::string {
+    live::DaemonOptions o;
+    o.topology_file = "env:IFEC_TEST_TOPO";
+    o.node = node;
+    o.insecure = true;
+    try {
+      make(o);
+    } catch (const common::Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  auto switchd = [](live::DaemonOptions o) { live::SwitchDaemon d(std::move(o)); };
+  auto hostd = [](live::DaemonOptions o) { live::HostDaemon d(std::move(o)); };
+  EXPECT_NE(error_of(switchd, "gpu0").find("node gpu0 is a GPU: run ifec-hostd for it, not ifec-switchd"),
+            std::string::npos)
+      << error_of(switchd, "gpu0");
+  EXPECT_NE(error_of(hostd, "p0-sw").find("node p0-sw is a switch: run ifec-switchd for it, not ifec-hostd"),
+            std::string::npos)
+      << error_of(hostd, "p0-sw");
+  EXPECT_NE(error_of(hostd, "gpu9").find("no node 'gpu9'"), std::string::npos) << error_of(hostd, "gpu9");
+  unsetenv("IFEC_TEST_TOPO");
+}
+
 // Containers: Docker names a container's interfaces; the daemons find their end of link L by its address in the
 // compose file's /29 for L (ifec.containers), whatever the interface is called.
 TEST(InterfacesBySubnet, EachLinksInterfaceIsFoundByItsAddress) {

@@ -46,6 +46,10 @@ routing::Topology load_daemon_topology(const DaemonOptions& o);
 // The node runtime's options under `o` (namespace, and the interfaces when found by address).
 struct RuntimeOptions;
 RuntimeOptions runtime_options(const DaemonOptions& o, const routing::Topology& topo);
+// What both daemons do first: load the topology `o` names into `topo`, note its node names in `o`, and start
+// o.node's runtime, which must be a node of `kind` (else the error names the daemon that runs it).
+class NodeRuntime;
+std::unique_ptr<NodeRuntime> start_node(DaemonOptions& o, routing::Topology& topo, routing::NodeKind kind);
 
 // Runs a daemon until SIGTERM/SIGINT (or stop()); throws common::Error naming what is wrong before it serves.
 class SwitchDaemon {
