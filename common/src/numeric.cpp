@@ -155,8 +155,7 @@ Acc load_element(EchDtype t, const uint8_t* data, size_t i) {
 }
 
 // Cloned for AVX-512 where the CPU has it (whole-buffer checks widen 64 x 64 MiB): exact conversions either way.
-__attribute__((target_clones("arch=x86-64-v4", "default"))) void load_elements(EchDtype t, const uint8_t* data,
-                                                                               size_t count, double* out) {
+IFEC_AVX512_CLONES void load_elements(EchDtype t, const uint8_t* data, size_t count, double* out) {
   switch (t) {
     case EchDtype::kFp32:
       for (size_t i = 0; i < count; ++i) {

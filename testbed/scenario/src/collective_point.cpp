@@ -96,9 +96,8 @@ struct ReferenceBlock {
 }  // namespace
 
 // Cloned for AVX-512 where the CPU has it (its 64-bit multiplies vectorize the generator): same bytes either way.
-__attribute__((target_clones("arch=x86-64-v4", "default"))) void collective_input(const CollectivePoint& p, int member,
-                                                                                  uint64_t count, uint8_t* out,
-                                                                                  uint64_t first) {
+IFEC_AVX512_CLONES void collective_input(const CollectivePoint& p, int member, uint64_t count, uint8_t* out,
+                                         uint64_t first) {
   // Bell-shaped floats of mean 0 and variance 1 (the sum of four uniforms, Irwin-Hall, scaled), or small integers
   // for int32 so that sums stay meaningful; element i of the member from (seed, member, i) alone, 64 well-mixed
   // bits of them (a counter-based generator on splitmix64), so any member's input is a pure function of the three.
@@ -136,9 +135,9 @@ __attribute__((target_clones("arch=x86-64-v4", "default"))) void collective_inpu
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "default"))) OutputCheck check_outputs(
-    const CollectivePoint& p, int n, uint64_t count, bool rounds_per_step, const std::vector<const uint8_t*>& outputs,
-    int source, uint64_t lo, uint64_t hi) {
+IFEC_AVX512_CLONES OutputCheck check_outputs(const CollectivePoint& p, int n, uint64_t count, bool rounds_per_step,
+                                             const std::vector<const uint8_t*>& outputs, int source, uint64_t lo,
+                                             uint64_t hi) {
   OutputCheck c;
   if (p.kind == Collective::kBarrier || n <= 0 || count == 0) {
     return c;

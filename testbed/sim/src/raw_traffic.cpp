@@ -177,7 +177,7 @@ void RawTraffic::gather_sent() {
     for (size_t pi = 0; pi < nic.ports.size(); ++pi) {
       v[pi * nf + fi] = active_[nic.ports[pi].plane] ? port_of(static_cast<int>(fi), pi).sent : 0;
     }
-    v[max_ports_ * nf + fi] = flows_[fi].short_port < 0 ? 1 : 0;
+    v[max_ports_ * nf + fi] = short_pending(static_cast<int>(fi)) ? 0 : 1;
   }
   sum_(v);
   for (size_t fi = 0; fi < nf; ++fi) {
@@ -286,7 +286,7 @@ void RawTraffic::resplit(int gpu) {
       }
     }
     // The short last packet (if still to send) goes as the last packet of the port given the most.
-    if (f.short_port >= 0) {
+    if (short_pending(fi)) {
       f.short_port = static_cast<int>(std::max_element(alloc.begin(), alloc.end()) - alloc.begin());
     }
   }
@@ -370,9 +370,9 @@ void RawTraffic::send_packet(int gpu, int pi, int fi, bool last_of_port) {
   const testbed::GpuPort& gp = *nics_[gpu].ports[pi].io;
   const uint64_t k = fp.sent++;
   uint32_t len = mtu_;
-  if (last_of_port && f.short_port == pi) {
+  if (last_of_port && f.short_port == pi && !fp.sent_short) {  // (short_port: read only while partitions run)
     len = static_cast<uint32_t>(f.spec.bytes % mtu_);
-    f.short_port = -1;
+    fp.sent_short = true;
   }
   // Each port writes its own stretch of the window (the packets a port sends are its own sequence).
   const uint64_t offset = (static_cast<uint64_t>(pi) << 36) + k * mtu_;

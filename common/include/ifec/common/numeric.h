@@ -9,6 +9,14 @@
 
 #include "ifec/common/ech.h"
 
+// A function cloned for AVX-512 where the CPU has it (the loader picks the clone). One version under
+// ThreadSanitizer: the clones' resolver runs at load time, before its runtime is up, and crashed there.
+#if defined(__SANITIZE_THREAD__)
+#define IFEC_AVX512_CLONES
+#else
+#define IFEC_AVX512_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
+#endif
+
 namespace ifec::common {
 
 float fp16_to_float(uint16_t h);

@@ -95,12 +95,15 @@ class RawTraffic {
   struct Flow {
     FlowSpec spec;
     uint64_t packets = 0;
-    int short_port = -1;  // the port that sends the flow's short last packet (-1: none, or sent)
+    // The port that sends the flow's short last packet (-1: none, or sent): the control plane's (a port that sends
+    // it says so in its own FlowPort, short_pending).
+    int short_port = -1;
   };
-  struct FlowPort {      // a flow on one of its source's ports
-    uint64_t alloc = 0;  // packets assigned, not yet sent
-    uint64_t sent = 0;   // packets sent
-    uint32_t psn = 0;    // each port is its own QP
+  struct FlowPort {           // a flow on one of its source's ports
+    uint64_t alloc = 0;       // packets assigned, not yet sent
+    uint64_t sent = 0;        // packets sent
+    uint32_t psn = 0;         // each port is its own QP
+    bool sent_short = false;  // this port sent the flow's short last packet
   };
   struct alignas(64) PlaneCounters {  // what one plane's NIC ports counted (a cache line of its own)
     uint64_t packets_sent = 0;
@@ -151,6 +154,10 @@ class RawTraffic {
   size_t at(int fi, int plane) const { return static_cast<size_t>(plane) * flows_.size() + fi; }
   // Flow `fi` on its source's port `pi`: port-major, so that each port's (each plane's) counters lie apart.
   FlowPort& port_of(int fi, size_t pi) { return ports_[pi * flows_.size() + fi]; }
+  // Whether flow `fi`'s short last packet waits to be sent (by port short_port, which it stays with once sent).
+  bool short_pending(int fi) {
+    return flows_[fi].short_port >= 0 && !port_of(fi, static_cast<size_t>(flows_[fi].short_port)).sent_short;
+  }
 
   testbed::Fabric& fabric_;
   common::Clock& clock_;  // the control plane's: the start
