@@ -119,6 +119,7 @@ def slow_topology(tmp_path, repo, old, new):
 @pytest.mark.parametrize("extra", [
     ["--fail", "gpu5:plane1:sub0@1ms"],
     ["--fail", "gpu3:plane1@5us", "--restore", "gpu3:plane1@200us"],
+    ["--fail", "gpu5:plane1@100000s"],  # ran empty time in 50 us slices: days of wall clock
 ])
 def test_raw_traffic_with_far_events_ends(build_dir, repo, extra):
     out = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "64KiB", "--quiet",
@@ -180,11 +181,41 @@ def test_collective_arguments_are_checked(build_dir, repo, args, message):
     (["bench", "property", "--cases", "0"], "--cases '0' outside 1.."),
     (["bench", "sim", "--runs", "0"], "--runs '0' outside 1.."),
     (["pcap"], "expected 1 argument(s), got 0"),
+    (["sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "1.5GiB"], "'1.5GiB' is not a whole number"),
+    (["sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "18446744073709551615"],
+     "--bytes 18446744073709551615 outside 1..1099511627776"),
+    (["sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "1", "--fail", "gpu5:plane1@1e19ns"],
+     "time '1e19ns' outside 0..1000000 s"),
+    (["sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "1", "--fail", "gpu5:plane1@nanus"],
+     "bad time 'nanus'"),
+    (["sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "1", "--incast-target", "3"],
+     "--incast-target does not apply to --traffic alltoall"),
+    (["bench", "moe", "--jobs", "4294967297"], "--jobs 4294967297 must be 1..256"),
 ])
 def test_other_arguments_are_checked(build_dir, repo, args, message):
     out = cli(build_dir, repo, *args)
     assert out.returncode == 1, out.stdout
     assert message in out.stderr, out.stderr
+
+
+def test_an_algorithm_that_does_not_run_the_collective_names_the_ring_that_ran(build_dir, repo):
+    out = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--collective", "reduce", "--algo", "rd", "--bytes", "4KiB")
+    assert out.returncode == 0, out.stdout + out.stderr  # its scratch was sized for rd, not for the ring
+    (row,) = rows(out.stdout)
+    assert row[4] == "ring"
+    assert "rd does not run reduce: ring ran instead" in out.stdout
+
+
+def test_huge_delays_and_timers_in_a_topology_name_file_and_line(build_dir, repo, tmp_path):
+    text = (repo / TOPO_8x2).read_text()
+    for old, new, message in [("delay_ns: 500}", "delay_ns: 18446744073709551615}", "exceeds 1000000000"),
+                              ("control_plane_delay_ns: 10000", "control_plane_delay_ns: 99999999999999",
+                               "exceeds 60000000000")]:
+        assert old in text
+        path = tmp_path / "t.yaml"
+        path.write_text(text.replace(old, new, 1))
+        out = cli(build_dir, repo, "sim", "--topo", str(path), "--traffic", "alltoall", "--bytes", "4KiB")
+        assert out.returncode == 1 and message in out.stderr and "t.yaml:" in out.stderr, out.stderr
 
 
 def test_a_rate_beyond_the_link_model_names_file_and_line(build_dir, repo, tmp_path):

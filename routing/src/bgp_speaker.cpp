@@ -389,7 +389,9 @@ int BgpSpeaker::bundle_source(int bundle) const {
 
 void BgpSpeaker::feed(int bundle, int d, const Route* r) {
   std::vector<uint64_t> path(static_cast<size_t>(fare_path_words(topo_)), 0);
-  if (r == nullptr || r->as_path.empty()) {
+  // A path of no bandwidth (0, or a negative or NaN one, read as 0) carries nothing: unreachable, as a withdrawn
+  // one, so a longer path with bandwidth is taken instead (its hop count must not stand as the shortest).
+  if (r == nullptr || r->as_path.empty() || r->gbps == 0) {
     fare_.set_advert(bundle, d, 0, -1, path.data());
     return;
   }
@@ -468,7 +470,19 @@ void BgpSpeaker::export_to(int port, bool full, TimeNs now) {
     }
     u->nlri.push_back(entry.first);
   }
-  for (const BgpUpdate& u : updates) s.send_update(u, now);
+  BgpUpdate unsent;  // routes whose path is too long for one UPDATE: not announced, and withdrawn if they were
+  for (const BgpUpdate& u : updates) {
+    try {
+      s.send_update(u, now);
+    } catch (const common::Error& e) {
+      for (const BgpPrefix& x : u.nlri) {
+        want.erase(x);
+        if (p.out.count(x)) unsent.withdrawn.push_back(x);
+      }
+      log(port, std::string("not announced (") + std::to_string(u.nlri.size()) + " routes): " + e.what());
+    }
+  }
+  if (!unsent.withdrawn.empty()) s.send_update(unsent, now);
   p.out = std::move(want);
 }
 

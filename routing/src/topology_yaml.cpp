@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iomanip>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -21,6 +22,12 @@
 namespace ifec::routing {
 
 namespace {
+
+// A link's delay at most a second; the control plane's and the switches' timers at most a minute (beyond these a
+// run is nonsense, and their sums would wrap simulated time).
+constexpr uint64_t kMaxDelayNs = 1'000'000'000;
+constexpr uint64_t kMaxTimerNs = 60'000'000'000;
+constexpr int kMaxGpus = 64000;  // the loopback scheme's (topology.cpp), checked before a generator builds anything
 
 // yaml-cpp lines are 0-based; messages are 1-based like every editor. A null mark (no position) becomes line 1.
 int line_of(const YAML::Mark& m) { return m.line < 0 ? 1 : m.line + 1; }
@@ -112,12 +119,13 @@ class Parser {
     try {
       t = generate(gen);
     } catch (const common::Error& e) {
+      if (std::string(e.what()).rfind(source_ + ":", 0) == 0) throw;  // a parameter's own error, at its line
       fail(gen.Mark(), std::string("generator: ") + e.what());
     }
     t.name = string_value(top.require("name"), "name");
     t.source = source_ + " (" + t.source + ")";
     if (const YAML::Node* params = top.get("params")) parse_params(*params, t.params);
-    if (auto problem = detail::find_problem(t)) fail(gen.Mark(), problem->message);
+    if (auto problem = detail::find_problem(t)) fail_line(problem_line(*problem, gen.Mark()), problem->message);
     return t;
   }
 
@@ -131,7 +139,8 @@ class Parser {
       const double v = double_value(n, std::string("generator ") + key);
       if (!(v >= lo && v <= hi)) {
         std::ostringstream os;
-        os << "generator " << key << " " << n.Scalar() << " outside [" << lo << ", " << hi << "]";
+        os << std::setprecision(15) << "generator " << key << " " << n.Scalar() << " outside [" << lo << ", " << hi
+           << "]";
         fail(n.Mark(), os.str());
       }
       return v;
@@ -143,27 +152,36 @@ class Parser {
     };
     if (kind == "superpod") {
       Fields(*this, gen, "generator", {"kind", "gpus", "planes", "port_gbps", "subports", "delay_ns"});
-      return make_superpod(whole("gpus", kRequired, 1, 1 << 20), whole("planes", kRequired, 1, 256),
+      return make_superpod(whole("gpus", kRequired, 1, kMaxGpus), whole("planes", kRequired, 1, 256),
                            num("port_gbps", 800, 1e-3, 1e6), whole("subports", 2, 1, 8),
-                           static_cast<uint64_t>(whole("delay_ns", 500, 0, 1e9)));
+                           static_cast<uint64_t>(whole("delay_ns", 500, 0, kMaxDelayNs)));
     }
     if (kind == "fat_tree") {
       Fields(*this, gen, "generator",
              {"kind", "gpus", "planes", "leaves", "spines", "nic_gbps", "fabric_gbps", "delay_ns", "nic_subports"});
-      return make_fat_tree(whole("gpus", kRequired, 1, 1 << 20), whole("planes", kRequired, 1, 256),
+      return make_fat_tree(whole("gpus", kRequired, 1, kMaxGpus), whole("planes", kRequired, 1, 256),
                            whole("leaves", kRequired, 1, 1 << 16), whole("spines", kRequired, 1, 1 << 16),
                            num("nic_gbps", 400, 1e-3, 1e6), num("fabric_gbps", 400, 1e-3, 1e6),
-                           static_cast<uint64_t>(whole("delay_ns", 500, 0, 1e9)), whole("nic_subports", 1, 1, 8));
+                           static_cast<uint64_t>(whole("delay_ns", 500, 0, kMaxDelayNs)),
+                           whole("nic_subports", 1, 1, 8));
     }
     if (kind == "deepseek") {
       Fields(*this, gen, "generator",
              {"kind", "nodes", "gpus_per_node", "leaves", "spines", "nic_gbps", "nvlink_gbps", "delay_ns",
               "nvlink_delay_ns"});
-      return make_deepseek_fabric(whole("nodes", kRequired, 1, 1 << 20), whole("gpus_per_node", 8, 1, 256),
-                                  whole("leaves", kRequired, 1, 1 << 16), whole("spines", kRequired, 1, 1 << 16),
-                                  num("nic_gbps", 400, 1e-3, 1e6), num("nvlink_gbps", 1280, 1e-3, 1e6),
-                                  static_cast<uint64_t>(whole("delay_ns", 500, 0, 1e9)),
-                                  static_cast<uint64_t>(whole("nvlink_delay_ns", 200, 0, 1e9)));
+      const int nodes = whole("nodes", kRequired, 1, kMaxGpus);
+      const int per_node = whole("gpus_per_node", 8, 1, 256);
+      if (static_cast<long long>(nodes) * per_node > kMaxGpus) {
+        fail(gen["nodes"].Mark(), "generator nodes " + std::to_string(nodes) + " x gpus_per_node " +
+                                      std::to_string(per_node) + " = " +
+                                      std::to_string(static_cast<long long>(nodes) * per_node) +
+                                      " GPUs; the loopback scheme allows " + std::to_string(kMaxGpus));
+      }
+      return make_deepseek_fabric(nodes, per_node, whole("leaves", kRequired, 1, 1 << 16),
+                                  whole("spines", kRequired, 1, 1 << 16), num("nic_gbps", 400, 1e-3, 1e6),
+                                  num("nvlink_gbps", 1280, 1e-3, 1e6),
+                                  static_cast<uint64_t>(whole("delay_ns", 500, 0, kMaxDelayNs)),
+                                  static_cast<uint64_t>(whole("nvlink_delay_ns", 200, 0, kMaxDelayNs)));
     }
     fail(gen.Mark(), "generator kind '" + kind + "': expected superpod, fat_tree or deepseek");
   }
@@ -230,7 +248,7 @@ class Parser {
       p.wire_overhead_bytes = static_cast<uint32_t>(uint_value(*v, "wire_overhead_bytes", u32));
     }
     if (auto* v = field(f, "params.control_plane_delay_ns")) {
-      p.control_plane_delay_ns = uint_value(*v, "control_plane_delay_ns");
+      p.control_plane_delay_ns = uint_value(*v, "control_plane_delay_ns", kMaxTimerNs);
     }
     if (auto* v = field(f, "params.priorities")) p.priorities = static_cast<int>(int_value(*v, "priorities", 1, 8));
     if (auto* ecn = field(f, "params.ecn")) {
@@ -263,9 +281,10 @@ class Parser {
       p.slot_pool = static_cast<uint32_t>(uint_value(*v, "slot_pool", u32));
     if (auto* v = field(e, "params.ifec.slot_bytes"))
       p.slot_bytes = static_cast<uint32_t>(uint_value(*v, "slot_bytes", u32));
-    if (auto* v = field(e, "params.ifec.slot_timeout_ns")) p.slot_timeout_ns = uint_value(*v, "slot_timeout_ns");
+    if (auto* v = field(e, "params.ifec.slot_timeout_ns"))
+      p.slot_timeout_ns = uint_value(*v, "slot_timeout_ns", kMaxTimerNs);
     if (auto* v = field(e, "params.ifec.result_retransmit_ns")) {
-      p.result_retransmit_ns = uint_value(*v, "result_retransmit_ns");
+      p.result_retransmit_ns = uint_value(*v, "result_retransmit_ns", kMaxTimerNs);
     }
     if (auto* v = field(e, "params.ifec.result_retries")) {
       p.result_retries = static_cast<uint32_t>(uint_value(*v, "result_retries", 1000));
@@ -292,7 +311,7 @@ class Parser {
     Fields f(*this, n, "link_defaults", {"rate_gbps", "subports", "delay_ns"});
     if (auto* v = f.get("rate_gbps")) default_rate_ = rate_value(*v, "rate_gbps");
     if (auto* v = f.get("subports")) default_subports_ = subports_value(*v);
-    if (auto* v = f.get("delay_ns")) default_delay_ = uint_value(*v, "delay_ns");
+    if (auto* v = f.get("delay_ns")) default_delay_ = uint_value(*v, "delay_ns", kMaxDelayNs);
   }
 
   // Link rates the link model can time exactly: 1 Mb/s .. 1 Pb/s.
@@ -446,7 +465,8 @@ class Parser {
         const double cable_rate = whole != nullptr ? rate_value(*whole, "rate_gbps") : default_rate_;
         sub_rate = cable_rate / subports;
       }
-      const uint64_t delay = f.get("delay_ns") != nullptr ? uint_value(*f.get("delay_ns"), "delay_ns") : default_delay_;
+      const uint64_t delay =
+          f.get("delay_ns") != nullptr ? uint_value(*f.get("delay_ns"), "delay_ns", kMaxDelayNs) : default_delay_;
       const int first_link = static_cast<int>(t.links.size());
       int first_port[2] = {next_port[a], next_port[b]};
       const YAML::Mark port_mark[2] = {f.get("a_port") ? f.get("a_port")->Mark() : e.Mark(),

@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 
+#include "ifec/common/byte_order.h"
 #include "ifec/common/checks.h"
 #include "ifec/common/ipv4.h"
 #include "ifec/routing/bgp_speaker.h"
@@ -332,4 +333,88 @@ TEST(BgpSpeaker, AGpuReadvertisesItsBundleBandwidthWhenASubLinkComesUpWithNothin
     EXPECT_DOUBLE_EQ(r.gbps, 800) << "port " << r.port << ": GPU 0's route still carries one sub-link's bandwidth";
   }
   EXPECT_EQ(rows, 2);
+}
+
+// A peer's route whose AS_PATH, with this switch's AS prepended, no longer fits one UPDATE (RFC 4271 §9.2: a
+// speaker advertises what it can send): that route alone is not announced (and withdrawn where it was), and the
+// switch goes on exporting every other change; it threw out of its export loop before, and its other peers never
+// heard from it again.
+TEST(BgpSpeaker, ARouteTooLongToReannounceIsWithdrawnAndTheRestStillFlow) {
+  const Topology topo = make_superpod(2, 1, 800, 1);
+  Fabric f(topo);
+  f.run();
+  const int g0 = topo.gpu_node(0);
+  const int g1 = topo.gpu_node(1);
+  const int sw = switch_of_plane(topo, 0);
+  ASSERT_EQ(f.sp[g1]->next_hops(0).size(), 1u);
+  int conn = -1;  // the switch's end of GPU 0's session
+  for (const auto& [a, b] : f.pairs) {
+    if (a.node == g0 && b.node == sw) conn = b.conn;
+  }
+  ASSERT_GE(conn, 0);
+  auto announce = [&](size_t extra_ases) {
+    BgpUpdate u;
+    u.attrs.origin = BgpOrigin::kIgp;
+    BgpAsPathSegment seg{kAsSequence, {bgp_as_of(g0)}};
+    std::vector<BgpAsPathSegment> path;
+    for (uint32_t as = 64512; as < 64512 + extra_ases; ++as) {
+      if (seg.asns.size() == 255) path.push_back(std::exchange(seg, BgpAsPathSegment{kAsSequence, {}}));
+      seg.asns.push_back(as);
+    }
+    path.push_back(seg);
+    u.attrs.as_path = path;
+    u.attrs.next_hop = bgp_link_address(topo, topo.links_of(g0).at(0), g0);
+    u.attrs.ext_communities = {encode_path_bandwidth(bgp_as_of(g0), 800, BgpSpeakerOptions{}.units)};
+    u.nlri = {BgpPrefix{topo.nodes[g0].loopback, 32}};
+    const std::vector<std::vector<uint8_t>> msgs = encode_bgp_updates(u, true);
+    ASSERT_EQ(msgs.size(), 1u);
+    f.sp[sw]->received(conn, msgs[0].data(), msgs[0].size(), f.now);
+    f.run();
+  };
+  announce(1007);  // 4094 bytes: fits as sent, not with the switch's AS in front
+  EXPECT_TRUE(f.sp[g1]->next_hops(0).empty()) << "GPU 1 kept a route the switch could no longer announce";
+  EXPECT_TRUE(std::any_of(f.log.begin(), f.log.end(), [](const std::string& l) {
+    return l.find("not announced (1 routes)") != std::string::npos;
+  }));
+  announce(2);  // a path that fits again: announced as any change is
+  EXPECT_EQ(f.sp[g1]->next_hops(0).size(), 1u) << "the switch stopped exporting after the long route";
+}
+
+// A route whose link bandwidth reads as nothing (NaN, negative or 0) carries nothing: the spine takes the longer
+// path that has bandwidth, as if the short one were withdrawn (it took the short one's hop count as the shortest
+// and then dropped its next hop for having no bandwidth, leaving GPU 0 unreachable).
+TEST(BgpSpeaker, ARouteWithoutBandwidthCountsAsWithdrawn) {
+  const Topology topo = make_fat_tree(4, 1, 2, 2);
+  const int g0 = topo.gpu_node(0);
+  for (const uint32_t bits : {0x7fc00000u, 0xc8435000u, 0u}) {  // NaN, -200000 B/s, 0
+    Fabric f(topo);
+    f.run();
+    const int spine = topo.find_node("p0-spine0");
+    int leaf = -1;
+    for (int l : topo.links_of(g0)) leaf = topo.links[l].a == g0 ? topo.links[l].b : topo.links[l].a;
+    int conn = -1;  // the spine's end of the session with GPU 0's leaf
+    for (const auto& [a, b] : f.pairs) {
+      if (a.node == leaf && b.node == spine) conn = b.conn;
+    }
+    ASSERT_GE(conn, 0);
+    ASSERT_EQ(f.sp[spine]->fare().hops(0), 2);
+    BgpUpdate u;
+    u.attrs.origin = BgpOrigin::kIgp;
+    u.attrs.as_path = std::vector<BgpAsPathSegment>{{kAsSequence, {bgp_as_of(leaf), bgp_as_of(g0)}}};
+    int link = -1;
+    for (int l : topo.links_of(spine)) {
+      if (topo.links[l].a == leaf || topo.links[l].b == leaf) link = l;
+    }
+    u.attrs.next_hop = bgp_link_address(topo, link, leaf);
+    BgpExtCommunity bw = encode_path_bandwidth(bgp_as_of(leaf), 400, BgpSpeakerOptions{}.units);
+    common::store_be32(bw.bytes.data() + 4, bits);
+    u.attrs.ext_communities = {bw};
+    u.nlri = {BgpPrefix{topo.nodes[g0].loopback, 32}};
+    const std::vector<std::vector<uint8_t>> msgs = encode_bgp_updates(u, true);
+    f.sp[spine]->received(conn, msgs[0].data(), msgs[0].size(), f.now);
+    f.run();
+    EXPECT_GT(f.sp[spine]->fare().hops(0), 2) << std::hex << bits;
+    EXPECT_FALSE(f.sp[spine]->next_hops(0).empty()) << "GPU 0 unreachable from the spine, bandwidth bits " << bits;
+    EXPECT_GT(f.sp[spine]->advertised_gbps(0), 0);
+  }
 }

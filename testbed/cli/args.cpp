@@ -108,6 +108,8 @@ uint64_t parse_size(const std::string& text, const std::string& flag) {
   IFEC_CHECK(digits != 0 && !text.empty(),
              flag << " '" << text << "' is not a size (a whole number of bytes, or with B, KiB, MiB or GiB)");
   const std::string unit = digits == std::string::npos ? "" : text.substr(digits);
+  IFEC_CHECK(unit.empty() || (unit[0] != '.' && unit[0] != 'e' && unit[0] != 'E'),
+             flag << " '" << text << "' is not a whole number of bytes (write 1536MiB, not 1.5GiB)");
   uint64_t shift = 0;
   if (unit == "" || unit == "B") {
     shift = 0;

@@ -308,6 +308,8 @@ int run_sim_raw(const Args& a) {
   opts.seed = ifec::cli::parse_uint(a.get("--seed", "1"), "--seed");
   opts.incast_target =
       static_cast<int>(ifec::cli::parse_uint(a.get("--incast-target", "0"), "--incast-target", 0, 1 << 20));
+  IFEC_CHECK(!a.has("--incast-target") || opts.pattern == tb::Pattern::kIncast,
+             "--incast-target does not apply to --traffic " << a.get("--traffic"));
   opts.group = static_cast<int>(ifec::cli::parse_uint(a.get("--group", "0"), "--group", 0, 1 << 20));
   opts.threads = static_cast<int>(ifec::cli::parse_uint(a.get("--threads", "1"), "--threads", 0, 1024));
   opts.verify_icrc = !a.has("--no-verify");
@@ -521,10 +523,10 @@ std::vector<wl::Algo> candidates(uint64_t size, int n) {
 }
 
 unsigned parse_jobs(const Args& a) {
-  const auto jobs = static_cast<unsigned>(ifec::cli::parse_uint(
-      a.get("--jobs", std::to_string(std::max(1u, std::thread::hardware_concurrency()))), "--jobs"));
+  const uint64_t jobs = ifec::cli::parse_uint(
+      a.get("--jobs", std::to_string(std::max(1u, std::thread::hardware_concurrency()))), "--jobs");
   IFEC_CHECK(jobs >= 1 && jobs <= 256, "--jobs " << jobs << " must be 1..256");
-  return jobs;
+  return static_cast<unsigned>(jobs);
 }
 
 void print_progress(size_t done, size_t total, const std::string& running) {
@@ -873,7 +875,7 @@ int run_bench_moe_spread(const Args& a, SpreadRun& spread) {
   const bool quick = a.has("--quick");
   std::vector<uint64_t> eps = ifec::cli::parse_uints(a.get("--ep", quick ? "8,16" : "8,16,32,64"), "--ep", 2,
                                                      static_cast<uint64_t>(cfg.topo.num_gpus()));
-  const uint64_t cap = ifec::cli::parse_uint(a.get("--token-cap", quick ? "32" : "0"), "--token-cap");
+  const uint64_t cap = ifec::cli::parse_uint(a.get("--token-cap", quick ? "32" : "0"), "--token-cap", 0, 1 << 30);
   const std::string mode = ifec::cli::parse_choice(a.get("--mode", "both"), "--mode", {"normal", "ll", "both"});
   const std::vector<std::string> modes =
       mode == "both" ? std::vector<std::string>{"normal", "ll"} : std::vector<std::string>{mode};

@@ -354,7 +354,9 @@ uint64_t Communicator::scratch_bytes(const CollArgs& a, int ranks, Algo algo, co
   if (algo == Algo::kBest && topo != nullptr) {
     algo = choose_algorithm(a, ranks, *topo, first_gpu);
   }
-  const Algorithm& row = algorithm(algo);
+  // What runs: the ring where the algorithm asked for does not run this collective (as run() does).
+  const Algorithm& asked = algorithm(algo);
+  const Algorithm& row = algo == Algo::kBest || (asked.runs & bit(a.kind)) != 0 ? asked : algorithm(Algo::kRing);
   if (row.scratch != Algo::kBest) {
     return schedule::scratch_bytes(a, ranks, row.scratch);
   }

@@ -110,6 +110,11 @@ std::string row_text(const CollectiveRow& r) {
                 static_cast<unsigned long long>(r.fallback_chunks), r.modelled ? "(modelled) " : "",
                 r.modelled ? "" : planes.str().c_str());
   std::string out = line;
+  const std::string asked = workloads::algo_name(r.point.algo);
+  if (!r.ran.empty() && r.ran != asked && asked != "best") {
+    out +=
+        "#   " + asked + " does not run " + workloads::collective_name(r.point.kind) + ": " + r.ran + " ran instead\n";
+  }
   if (r.point.elided_payloads) {
     out += "#   timing only: payloads elided, nothing computed or checked (#wrong and max_err do not apply)\n";
   }

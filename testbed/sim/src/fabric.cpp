@@ -141,7 +141,9 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
       continue;
     }
     for (size_t p = 0; p < node_ports[n].size(); ++p) {
-      IFEC_CHECK(node_ports[n][p] != nullptr, "switch " << nd.name << " port " << p << " has no link");
+      IFEC_CHECK(node_ports[n][p] != nullptr,
+                 topo_.source << ": switch " << nd.name << " port " << p
+                              << " has no link (the simulator runs a switch whose every port has one)");
     }
     SwitchConfig cfg;
     cfg.name = nd.name;

@@ -30,7 +30,10 @@ TimeNs parse_time(const std::string& text) {
   } else {
     IFEC_FAIL("bad time unit '" << unit << "' in '" << text << "': expected ns, us, ms or s");
   }
-  IFEC_CHECK(v >= 0 && std::isfinite(v), "time '" << text << "' must be >= 0");
+  IFEC_CHECK(std::isfinite(v), "bad time '" << text << "': expected a number with ns, us, ms or s");
+  IFEC_CHECK(v >= 0 && v * scale <= kMaxEventTimeNs, "time '" << text << "' outside 0.."
+                                                              << static_cast<uint64_t>(kMaxEventTimeNs / 1e9)
+                                                              << " s of simulated time");
   return static_cast<TimeNs>(std::llround(v * scale));
 }
 

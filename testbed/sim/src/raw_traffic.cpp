@@ -42,7 +42,8 @@ const char* pattern_name(Pattern p) { return kPatterns.name(p); }
 
 std::vector<FlowSpec> make_flows(Pattern p, int gpus, uint64_t bytes, uint64_t seed, int incast_target, int group) {
   IFEC_CHECK(gpus >= 2, "traffic needs at least 2 GPUs, topology has " << gpus);
-  IFEC_CHECK(bytes > 0, "--bytes must be > 0, got " << bytes);
+  IFEC_CHECK(bytes > 0 && bytes <= kMaxFlowBytes,
+             "--bytes " << bytes << " outside 1.." << kMaxFlowBytes << " (1 TiB per flow)");
   IFEC_CHECK(group == 0 || (group >= 2 && group <= gpus && gpus % group == 0),
              "--group " << group << " must be 0 (every GPU) or 2.." << gpus << " dividing the " << gpus << " GPUs");
   IFEC_CHECK(group == 0 || p != Pattern::kIncast, "--group " << group << " does not apply to incast");

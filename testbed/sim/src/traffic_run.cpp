@@ -29,7 +29,9 @@ void run_with_progress(Loop& loop, const RawTraffic& traffic, const SimOptions& 
     offered += f.bytes;
   }
   while (!loop.idle()) {
-    loop.run(loop.now() + slice);
+    // A slice at a time while events are dense; straight to the next one across empty time (a link event long
+    // after the traffic ended is one step, not one per slice).
+    loop.run(std::max(loop.now() + slice, loop.next_event_time()));
     const auto now = std::chrono::steady_clock::now();
     if (opts.progress && now - last_print > std::chrono::seconds(2)) {
       last_print = now;

@@ -600,6 +600,11 @@ TEST(EndpointCollectives, NamesAndSizes) {
   EXPECT_EQ(testbed::ring_scratch_bytes(big, workloads::Algo::kBest, &topo), testbed::ring_scratch_bytes(big, choice));
   EXPECT_GE(testbed::ring_scratch_bytes(big, workloads::Algo::kBest), 63ull * 4 * big.count);
   EXPECT_LT(testbed::ring_scratch_bytes(big, workloads::Algo::kBest, &topo), 16ull * 4 * big.count);
+  // An algorithm that does not run the collective: the ring runs, and its scratch is what is asked for (reduce
+  // with recursive doubling failed on a scratch window sized for recursive doubling).
+  CollectiveSpec reduce = big;
+  reduce.kind = workloads::Collective::kReduce;
+  EXPECT_EQ(testbed::ring_scratch_bytes(reduce, workloads::Algo::kRd), testbed::ring_scratch_bytes(reduce));
 }
 
 namespace {

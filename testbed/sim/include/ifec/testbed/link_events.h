@@ -18,6 +18,8 @@ struct LinkEvent {
 };
 
 // "10us", "2500ns", "1.5ms", "3s" or a bare number of ns; throws Error naming the text.
+// Link events at most this far into a run (a million seconds of simulated time).
+constexpr double kMaxEventTimeNs = 1e15;
 common::TimeNs parse_time(const std::string& text);
 
 // Link selectors: a link id ("17"), "NODE:NODE" (every link between them), "NODE:NODE:SUB" (one sub-link),

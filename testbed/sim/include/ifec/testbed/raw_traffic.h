@@ -33,6 +33,7 @@ struct FlowSpec {
 // all-to-all: every ordered pair; permutation: a seeded derangement; incast: every GPU to GPU `incast_target`.
 // `group` > 0: all-to-all and permutation within consecutive groups of that many GPUs (expert-parallel groups),
 // which must divide the GPUs; 0: one group of every GPU. Bad values throw Error naming them.
+constexpr uint64_t kMaxFlowBytes = uint64_t{1} << 40;  // a flow's bytes at most (its packet count and sums fit)
 std::vector<FlowSpec> make_flows(Pattern p, int gpus, uint64_t bytes, uint64_t seed, int incast_target = 0,
                                  int group = 0);
 
