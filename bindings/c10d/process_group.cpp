@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -184,13 +185,15 @@ class Work : public c10d::Work {
       : c10d::Work(rank, type),
         outputs_(std::move(outputs)),
         future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+  // The future first: wait() returns once finish() ran, and the future must be complete by then (its value() was
+  // read before markCompleted and failed torch's assertion, about one call in ten).
   void complete(std::exception_ptr error) {
-    finish(error);
     if (error) {
       future_->setError(error);
     } else {
       future_->markCompleted(c10::IValue(outputs_));
     }
+    finish(error);
   }
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
@@ -258,6 +261,9 @@ class Runner {
 
  private:
   void loop() {
+    // Results are written into the caller's tensors in place, as NCCL's and Gloo's are: a parameter that requires
+    // grad is a leaf autograd would refuse (avg's division, a non-contiguous tensor's copy).
+    at::NoGradGuard no_grad;
     for (;;) {
       Job next;
       {
@@ -397,7 +403,13 @@ ProcessGroup::~ProcessGroup() = default;
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(c10d::OpType type, std::vector<at::Tensor> outputs, Call call,
                                                     std::function<void(const std::string&)> finish) {
+  const bool empty = call.bytes == 0 && call.what != "barrier" &&
+                     std::all_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) { return t.nbytes() == 0; });
   auto work = c10::make_intrusive<Work>(getRank(), type, std::move(outputs));
+  if (empty) {  // no elements in or out: nothing to move (as Gloo), done at once
+    work->complete(nullptr);
+    return work;
+  }
   const int64_t issued = now_ns();
   const uint64_t first = o_.first_run_id;
   const uint64_t run_id = next_run_id_++;
@@ -424,10 +436,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(c10d::OpType type, std::vect
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_at_ranks(c10d::OpType type, const std::string& torch_op,
                                                              at::Tensor input, c10d::ReduceOp op,
-                                                             std::function<void(const at::Tensor&)> finish) {
+                                                             std::function<void(const at::Tensor&)> finish,
+                                                             std::vector<at::Tensor> outputs) {
   const std::string name = reduce_op_name(op);
-  TORCH_CHECK(at::isIntegralType(input.scalar_type(), false) || input.scalar_type() == at::kDouble, "ifec: ", torch_op,
-              " of ", torch_dtype(input.scalar_type()),
+  TORCH_CHECK(input.scalar_type() == at::kLong || input.scalar_type() == at::kDouble, "ifec: ", torch_op, " of ",
+              torch_dtype(input.scalar_type()),
               " is not supported (float32, bfloat16, float16, int32 reduce in the fabric; int64 and float64 at the "
               "ranks)");
   TORCH_CHECK(name == "sum" || name == "min" || name == "max" || (name == "avg" && input.is_floating_point()),
@@ -437,7 +450,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_at_ranks(c10d::OpType type, 
   c.reduce_op = name;
   const uint64_t block = c.input.size();
   const int n = getSize();
-  return submit(type, {input}, std::move(c), [input, block, n, name, finish](const std::string& out) {
+  if (outputs.empty()) {
+    outputs = {input};
+  }
+  return submit(type, std::move(outputs), std::move(c), [input, block, n, name, finish](const std::string& out) {
     std::vector<at::Tensor> parts;
     for (int r = 0; r < n; ++r) {
       parts.push_back(tensor_from(out.data() + r * block, input));
@@ -582,7 +598,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(at::Tensor& ou
     return reduce_at_ranks(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", input, opts.reduceOp,
                            [out_t, block, me = getRank()](const at::Tensor& r) mutable {
                              out_t.copy_(r.reshape({-1}).narrow(0, me * block, block).view(out_t.sizes()));
-                           });
+                           },
+                           {output});
   }
   Call c = reduction("reduce-scatter", "reduce_scatter", input, opts.reduceOp, dtype);
   const bool avg = c.reduce_op == "avg";
@@ -626,6 +643,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& output, a
                 " equal blocks: give the output splits");
     c.recv_splits.assign(n, output.nbytes() / n);
   }
+  auto sum = [](const std::vector<uint64_t>& v) { return std::accumulate(v.begin(), v.end(), uint64_t{0}); };
+  TORCH_CHECK(sum(c.send_splits) == input.nbytes() && sum(c.recv_splits) == output.nbytes(),
+              "ifec: all_to_all_single: the input splits add up to ", sum(c.send_splits), " B of an input of ",
+              input.nbytes(), " B, the output splits to ", sum(c.recv_splits), " B of an output of ", output.nbytes(),
+              " B (each must be its tensor's first dimension)");
   at::Tensor out_t = output;
   return submit(c10d::OpType::ALLTOALL_BASE, {output}, std::move(c),
                 [out_t](const std::string& out) mutable { write_into(out_t, out.data(), out.size()); });

@@ -87,7 +87,8 @@ class ProcessGroup : public c10d::ProcessGroup {
   // ranks all-gather the inputs and each reduces them itself, in rank order (the same result on every rank).
   c10::intrusive_ptr<c10d::Work> reduce_at_ranks(c10d::OpType type, const std::string& torch_op, at::Tensor input,
                                                  c10d::ReduceOp op,
-                                                 std::function<void(const at::Tensor& reduced)> finish);
+                                                 std::function<void(const at::Tensor& reduced)> finish,
+                                                 std::vector<at::Tensor> outputs = {});  // the Work's ({input})
 
   BackendOptions o_;
   std::shared_ptr<Runner> runner_;

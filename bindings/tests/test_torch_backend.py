@@ -78,6 +78,13 @@ def test_every_operation_equals_the_same_computation_in_one_process(fab):
         assert f"[rank {r}] ok all_to_all_single uneven" in out
         assert f"[rank {r}] ok all_reduce sum torch.int64" in out  # reduced at the ranks
         assert f"[rank {r}] ok async all_reduce x3" in out
+        assert f"[rank {r}] ok future after wait 29" in out
+        assert f"[rank {r}] ok reduce_scatter int64's Work holds its output" in out
+        assert f"[rank {r}] ok broadcast of 0 elements" in out
+        assert f"[rank {r}] ok all_reduce float64 into an nn.Parameter" in out
+        assert f"[rank {r}] refused small all_to_all_single output: ifec: all_to_all_single: the input splits" in out
+        assert f"[rank {r}] ok all_reduce after a refused operation" in out
+        assert f"[rank {r}] refused int8 sum: ifec: all_reduce of int8" in out
     assert "[rank 5] ok reduce to 5" in out
     assert "refused product: ifec: all_reduce with product on float32 is not supported" in out
     assert "refused bool: ifec: all_reduce of bool is not supported" in out

@@ -15,6 +15,7 @@ process group is C++ (ifec._c10d, a c10d ProcessGroup of PyTorch 1.13). The envi
   IFEC_TLS      the testbed's certificates (set by torchrun): the rank presents DIR/rank.pem, trusting DIR/ca.pem;
                 unset, it speaks plaintext (a testbed brought up --insecure)
 """
+import math
 import os
 import pathlib
 import time
@@ -50,9 +51,12 @@ def _create(store, rank, size, timeout):
         limit = float(_setting("IFEC_TIMEOUT", str(DEFAULT_TIMEOUT_S)))
     except ValueError:
         raise RuntimeError(f"ifec: IFEC_TIMEOUT={os.environ['IFEC_TIMEOUT']!r} is not a number of seconds")
-    if limit <= 0:
-        raise RuntimeError(f"ifec: IFEC_TIMEOUT={limit:g} s must be > 0")
-    gpu = int(_setting("IFEC_GPU", str(dist.get_rank() if dist.is_initialized() else rank)))
+    if not (math.isfinite(limit) and 0.001 <= limit <= 86400):
+        raise RuntimeError(f"ifec: IFEC_TIMEOUT={os.environ['IFEC_TIMEOUT']!r} s outside 0.001..86400")
+    try:
+        gpu = int(_setting("IFEC_GPU", str(dist.get_rank() if dist.is_initialized() else rank)))
+    except ValueError:
+        raise RuntimeError(f"ifec: IFEC_GPU={os.environ['IFEC_GPU']!r} is not a GPU index")
     if dist.is_initialized():  # a new_group: torch numbers every group alike on every rank (members or not)
         group, global_rank = dist.distributed_c10d._group_count - 1, dist.get_rank()
         store.set(f"ifec_gpu_{rank}", str(gpu))

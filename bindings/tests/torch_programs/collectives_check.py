@@ -80,7 +80,35 @@ dist.all_to_all_single(y, torch.full((len(members),), float(rank)), group=mine_g
 check("all_to_all_single in a group", y, torch.tensor([float(m) for m in members]))
 dist.barrier()
 print("ok barrier")
+# A Work's future is complete once wait() returns (its value was read before it was marked, now and then).
+for k in range(30):
+    w = dist.all_reduce(torch.full((4,), float(rank)), async_op=True)
+    w.wait()
+    check(f"future after wait {k}", w.get_future().value()[0], torch.full((4,), float(sum(range(n)))))
+rs64 = torch.empty(2, dtype=torch.int64)
+w = dist.reduce_scatter_tensor(rs64, torch.arange(n * 2, dtype=torch.int64) + rank, async_op=True)
+w.wait()
+check("reduce_scatter int64's Work holds its output", w.result()[0], rs64)
+for name, t in (("all_reduce", torch.empty(0)), ("broadcast", torch.empty(0, 3))):  # as Gloo: nothing to do
+    (dist.all_reduce if name == "all_reduce" else lambda x: dist.broadcast(x, src=0))(t)
+    print(f"ok {name} of 0 elements")
+# Results land in place also in a parameter that requires grad (an optimizer's own step), as NCCL's and Gloo's do.
+p = torch.nn.Parameter(torch.full((4,), float(rank)))
+dist.all_reduce(p, op=dist.ReduceOp.AVG)
+check("all_reduce avg into an nn.Parameter", p.detach(), torch.full((4,), sum(range(n)) / n), exact=False)
+p = torch.nn.Parameter(torch.full((4,), float(rank), dtype=torch.float64))
+dist.all_reduce(p)
+check("all_reduce float64 into an nn.Parameter", p.detach(), torch.full((4,), float(sum(range(n))), dtype=torch.float64))
+try:  # an output too small for the splits: refused on every rank before anything moves, not truncated
+    dist.all_to_all_single(torch.empty(n - 1, 2), torch.ones(n, 2), [1] * n, [1] * n)
+    raise AssertionError("all_to_all_single into too small an output: no error")
+except RuntimeError as e:
+    print(f"refused small all_to_all_single output: {str(e).splitlines()[0]}")
+t = mine.clone()
+dist.all_reduce(t)
+check("all_reduce after a refused operation", t, sum(every))
 for what, call in (("product", lambda: dist.all_reduce(mine.clone(), op=dist.ReduceOp.PRODUCT)),
+                   ("int8 sum", lambda: dist.all_reduce(torch.full((2,), 100, dtype=torch.int8))),
                    ("bool", lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)))):
     try:
         call()

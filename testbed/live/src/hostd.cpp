@@ -177,9 +177,14 @@ struct HostDaemon::Impl {
     uint16_t first_window = kWorldWindows;
     uint64_t runs = 0;  // its operations (every member counts the same)
     std::vector<int> members;
-    // Consecutive operations use different windows (three pairs in turn): (buffer, scratch).
-    std::pair<uint16_t, uint16_t> next_windows() {
-      const auto buf = static_cast<uint16_t>(first_window + 2 * (runs++ % 3));
+    // Consecutive operations use different windows (three pairs in turn): (buffer, scratch). By the operation's
+    // number where the driver gives one (RunRequest.run_id, the same on every rank): a rank that missed an
+    // operation (it failed before reaching here, or never came) then picks the others' windows for the next, where
+    // counting its own operations left it out of step with them for good.
+    std::pair<uint16_t, uint16_t> next_windows(uint64_t run_id) {
+      const uint64_t k = run_id != 0 ? run_id : runs;
+      ++runs;
+      const auto buf = static_cast<uint16_t>(first_window + 2 * (k % 3));
       return {buf, static_cast<uint16_t>(buf + 1)};
     }
   };
@@ -658,7 +663,7 @@ void HostDaemon::Impl::run_alltoall(const v1::RunRequest& q, std::function<void(
   IFEC_CHECK(bytes > 0, "all-to-all: size " << bytes << " B per peer must be > 0");
   const int n = comm->size();
   const int me = comm->rank();
-  const std::pair<uint16_t, uint16_t> w = world.next_windows();
+  const std::pair<uint16_t, uint16_t> w = world.next_windows(q.run_id());
   const uint16_t src = w.first, dst = w.second;  // not a structured binding: lambdas capture them (clang 14)
   comm->allocate_window(src, bytes * n, [=](const std::string& e1) {
     comm->allocate_window(dst, bytes * n, [=](const std::string& e2) {
@@ -759,7 +764,7 @@ void HostDaemon::Impl::run_alltoall_given(Group& grp, const v1::RunRequest& q,
                                                      << total_of(send) << " B, the input is " << q.input().size()
                                                      << " B");
   const std::vector<uint64_t> recv = splits_of(q.recv_splits(), q.input().size(), n, "recv");
-  const std::pair<uint16_t, uint16_t> w = grp.next_windows();
+  const std::pair<uint16_t, uint16_t> w = grp.next_windows(q.run_id());
   const uint16_t src = w.first, dst = w.second;
   auto input = std::make_shared<std::string>(q.input());
   c->allocate_window(src, std::max<uint64_t>(64, input->size()), [=](const std::string& e1) {
@@ -999,7 +1004,7 @@ void HostDaemon::Impl::run_collective(Group& grp, const v1::RunRequest& q, std::
       given->out = given->out_bytes * c->rank();
     }
   }
-  const auto [buf, scratch_window] = grp.next_windows();
+  const auto [buf, scratch_window] = grp.next_windows(q.run_id());
   workloads::CollArgs a;
   a.kind = p.kind;
   a.root = q.root();
