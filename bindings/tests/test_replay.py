@@ -3,6 +3,7 @@ scaled out. The traces here are written by hand in the backend's format (docs/to
 replay is checked against its live bytes in test_torch_backend.py."""
 import io
 import json
+import re
 
 import pytest
 
@@ -133,3 +134,15 @@ def test_bad_traces_are_named(repo, tmp_path):
     with pytest.raises(replay.TraceError, match="--ranks 9: topology superpod-8x2 has 8 GPUs"):
         replay.report(_write_trace(tmp_path / "u"), repo / TOPO, k=9, out=io.StringIO())
     assert replay.main(["--replay", str(tmp_path / "none"), "--topo", str(repo / TOPO)]) == 1
+    # Fields only the replay reads: missing, of the wrong type or negative, each named at its line (tracebacks).
+    for i, (edit, named) in enumerate([(lambda op: op.pop("op"), "KeyError: 'op'"),
+                                       (lambda op: op.update(row="oops"), "row 'oops' is not an object"),
+                                       (lambda op: op["row"].update(size=-4096), "row size -4096 < 0")]):
+        bad = _write_trace(tmp_path / f"b{i}")
+        ops = [json.loads(line) for line in (bad / "rank0.jsonl").read_text().splitlines()]
+        edit(ops[0])
+        (bad / "rank0.jsonl").write_text("\n".join(json.dumps(op) for op in ops) + "\n")
+        with pytest.raises(replay.TraceError, match=r"rank0.jsonl:1: not an operation record .*" + re.escape(named)):
+            replay.load(bad)
+    with pytest.raises(replay.TraceError, match="--ranks 0: topology"):  # was taken as "as recorded"
+        replay.report(_write_trace(tmp_path / "z"), repo / TOPO, k=0, out=io.StringIO())

@@ -262,3 +262,28 @@ def test_mpirun_two_processes_give_the_one_process_deepseek_run(build_dir, tmp_p
     assert parts == "4 partitions (one per plane) on 2 processes x 1 thread: rank 0 planes 0 2 | rank 1 planes 1 3"
     assert one["complete"] and one["relayed_frames"] > 0 and one["nvlink_bytes"] > 0
     assert two == one
+
+
+@pytest.mark.parametrize("kwargs,named", [
+    (dict(pfc="off"), "pfc='off': expected True or False"),  # bool('off') is True: PFC stayed on
+    (dict(bytes=2.7), "bytes=2.7: expected a whole number"),  # ran 2 bytes per flow
+    (dict(bytes=-1), "bytes=-1 outside 1.."),
+    (dict(fail=3), "fail=3: expected a string or a list of strings"),
+])
+def test_python_arguments_are_named(repo, kwargs, named):
+    with pytest.raises((TypeError, ValueError)) as e:
+        ifec.sim.run(str(repo / "testbed/topologies/superpod-8x2.yaml"), traffic="incast", **kwargs)
+    assert named in str(e.value)
+
+
+def test_one_link_event_string_is_one_event_and_a_path_object_a_topology(repo):
+    topo = repo / "testbed/topologies/superpod-8x2.yaml"  # a pathlib.Path, not a str
+    r = ifec.sim.run(topo, bytes=4096, fail="gpu5:plane1@1us")  # was split into its characters
+    assert r["fare_rounds"] > 0 and [g["gpu"] for g in r["event_gpus"]] == [5]
+    from ifec import collectives
+    import numpy as np
+    assert collectives.measure(topo, "allreduce", "ifec", bytes=4096)["ok"]
+    c = ifec.Cluster(ifec.make_superpod(4, 2))
+    collectives.prepare(c, 4, "bf16")
+    with pytest.raises(ValueError, match="uint16 bit patterns"):  # floats were cast to garbage bit patterns, ok=True
+        collectives.allreduce(c, [np.array([1.5, 2, -3, .25], np.float32)] * 4, algo="ring", dtype="bf16")

@@ -10,7 +10,7 @@ import importlib
 _NATIVE = ("ECH_PORT", "ROCEV2_PORT", "compute_icrc", "parse_frame", "sample_frames", "write_sample_pcap", "Cluster",
            "IfecCollectives", "IfecError", "OpStatus", "Topology", "fare_plane_gbps", "load_topology",
            "make_deepseek_fabric", "make_fat_tree", "make_superpod", "parse_topology")
-_SUBMODULES = ("collectives", "endpoint", "pcap", "sim")
+_SUBMODULES = ("collectives", "endpoint", "moe", "pcap", "sim")
 
 
 def _native_module():

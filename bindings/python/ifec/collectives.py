@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from ifec import _native
+from ifec import _args, _native
 
 _DTYPES = {"fp32": np.float32, "fp16": np.float16, "int32": np.int32, "bf16": np.uint16}
 BUF, SCRATCH = 1, 2
@@ -23,6 +23,19 @@ def from_bf16_bits(b):
     return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def _as_elements(a, dtype):
+    """One GPU's input as `dtype`'s elements; a cast that would change values is refused (floats given for bf16's
+    bit patterns, or for int32; integers beyond int32)."""
+    a = np.asarray(a)
+    target = np.dtype(_DTYPES[dtype])
+    if dtype == "bf16" and a.dtype.kind == "f":
+        raise ValueError("bf16 inputs are uint16 bit patterns: convert floats with to_bf16_bits(array)")
+    if dtype == "int32" and (a.dtype.kind not in "iub" or
+                             (a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max))):
+        raise ValueError(f"int32 inputs: {a.dtype} values that are not all int32 (a cast would change them)")
+    return np.ascontiguousarray(a, dtype=target).ravel()
+
+
 def allreduce(cluster, arrays, algo="ifec", dtype="fp32", op="sum", engine=None):
     """In-place AllReduce of one array per GPU (GPU i holds arrays[i]); returns (results per GPU, result dict).
 
@@ -32,7 +45,7 @@ def allreduce(cluster, arrays, algo="ifec", dtype="fp32", op="sum", engine=None)
     n = len(arrays)
     if not 2 <= n <= cluster.size:
         raise ValueError(f"{n} arrays: expected one per GPU, 2..{cluster.size}")
-    arrays = [np.ascontiguousarray(a, dtype=_DTYPES[dtype]).ravel() for a in arrays]
+    arrays = [_as_elements(a, dtype) for a in arrays]
     count = arrays[0].size
     sizes = sorted({a.size for a in arrays})
     if len(sizes) > 1:
@@ -86,15 +99,18 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32"
         raise ValueError(f"alltoall: algo {algo!r}: an all-to-all is point-to-point stores (algo 'stores')")
     if members is not None and members < 2:
         raise ValueError(f"members {members}: expected at least 2 (or None for every GPU)")
-    if isinstance(fail, str):
-        fail = [fail]
     if not isinstance(threads, int) or threads < 0:
         raise ValueError(f"threads {threads!r}: expected 0 (one event loop) or a positive count")
-    row = json.loads(_native.run_collective_json(topology, kind, algo, int(bytes), dtype, op, float(loss), int(seed),
-                                                 bool(reproducible), int(members or 0), list(fail), int(slot_pool),
-                                                 int(slot_budget), bool(live_timing), _elided(payload), threads,
-                                                 int(root), {k: v for k, v in (turns or {}).items()
-                                                             if v is not None}))
+    topology = _args.topology(topology, _native.load_topology)
+    row = json.loads(_native.run_collective_json(topology, kind, algo, _args.whole(bytes, "bytes", 1), dtype, op,
+                                                 float(loss), _args.whole(seed, "seed"),
+                                                 _args.flag(reproducible, "reproducible"),
+                                                 _args.whole(members or 0, "members", 0, 2**20),
+                                                 _args.items(fail, "fail"), _args.whole(slot_pool, "slot_pool"),
+                                                 _args.whole(slot_budget, "slot_budget"),
+                                                 _args.flag(live_timing, "live_timing"), _elided(payload), threads,
+                                                 _args.whole(root, "root", 0, 2**20),
+                                                 {k: v for k, v in (turns or {}).items() if v is not None}))
     if kind == "alltoall":  # the row's point names no collective of its own: every rank stores to every other
         row.update(collective="alltoall", algo="stores")
     if trace:

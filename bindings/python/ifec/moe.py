@@ -8,7 +8,7 @@ row carries the output's max error against the single-process reference.
 
 import json
 
-from ifec import _native
+from ifec import _args, _native
 
 VARIANTS = ("per_expert", "per_rank", "ifec")
 
@@ -33,11 +33,15 @@ def measure(topology, ep, tokens, variants=VARIANTS, mode="scaled", hidden=7168,
     from, as collectives.measure takes it (a live row's "turns"); row["turns"] says where each variant started."""
     if not available():
         raise RuntimeError("ifec was built without LibTorch: the MoE layer is not available")
-    return json.loads(_native.run_moe_json(topology, mode, int(ep), int(tokens), list(variants), int(hidden),
-                                           int(experts), int(topk), int(inter), int(run_inter), bool(bf16),
-                                           bool(compute), int(token_cap), int(seed), str(gpu_profile or ""),
-                                           bool(fp8_dispatch), bool(overlap), _elided(payload), int(threads),
-                                           bool(live_timing),
+    w, f = _args.whole, _args.flag
+    return json.loads(_native.run_moe_json(_args.topology(topology, _native.load_topology), mode, w(ep, "ep", 1),
+                                           w(tokens, "tokens", 0), _args.items(variants, "variants"),
+                                           w(hidden, "hidden", 1), w(experts, "experts", 1), w(topk, "topk", 1),
+                                           w(inter, "inter", 1), w(run_inter, "run_inter", 1), f(bf16, "bf16"),
+                                           f(compute, "compute"), w(token_cap, "token_cap", 0, 2**30),
+                                           w(seed, "seed"), str(gpu_profile or ""), f(fp8_dispatch, "fp8_dispatch"),
+                                           f(overlap, "overlap"), _elided(payload), w(threads, "threads", 0, 1024),
+                                           f(live_timing, "live_timing"),
                                            {k: v for k, v in (turns or {}).items() if v is not None}))
 
 

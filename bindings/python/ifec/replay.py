@@ -27,6 +27,19 @@ class TraceError(ValueError):
     pass
 
 
+def _check_record(op):
+    """The fields a replay reads beyond the ones load() converts: their types and signs (ValueError or TypeError)."""
+    for key in ("op", "dtype"):
+        if not isinstance(op[key], str):
+            raise TypeError(f"{key} {op[key]!r} is not a string")
+    row = op.get("row") or {}
+    if not isinstance(row, dict):
+        raise TypeError(f"row {row!r} is not an object")
+    for what, v in (("bytes", op["bytes"]), ("row size", row.get("size", 0))):
+        if int(v) < 0:
+            raise ValueError(f"{what} {v} < 0")
+
+
 def load(path):
     """rank -> [its operation records in the order it issued them]; raises TraceError naming the file and line of a
     bad record, or the rank whose operations in a group differ from the group's other members'."""
@@ -40,9 +53,10 @@ def load(path):
             try:
                 op = json.loads(line)
                 rank, fop = int(op["rank"]), op["fabric_op"]
-                int(op["group"]), int(op["group_size"]), int(op["seq"]), int(op["bytes"])
+                int(op["group"]), int(op["group_size"]), int(op["seq"])
                 int(op["issued_ns"]), int(op["end_ns"])
-            except (ValueError, KeyError, TypeError) as e:
+                _check_record(op)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
                 raise TraceError(f"{f}:{i}: not an operation record ({type(e).__name__}: {e})")
             if fop not in FABRIC_OPS:
                 raise TraceError(f"{f}:{i}: fabric_op {fop!r} is not one of {', '.join(FABRIC_OPS)}")
@@ -202,7 +216,11 @@ def report(trace, topology, k=None, algos=("ifec", "best"), out=sys.stdout):
     ranks = load(trace)
     ops = operations(ranks)
     n = len(ranks)
-    k = k or n
+    if not ops:
+        raise TraceError(f"{trace}: no operations traced")
+    if k is not None and not 2 <= k <= topo.num_gpus:
+        raise TraceError(f"--ranks {k}: topology {topo.name} has {topo.num_gpus} GPUs (2..{topo.num_gpus})")
+    k = n if k is None else k
     if not 2 <= k <= topo.num_gpus:
         raise TraceError(f"--ranks {k}: topology {topo.name} has {topo.num_gpus} GPUs (2..{topo.num_gpus})")
     rep = Replay(topo, k)

@@ -2,7 +2,7 @@
 
 import json
 
-from ifec import _native
+from ifec import _args, _native
 
 
 def run(topology, traffic="alltoall", bytes=1 << 20, lb="packet", pfc=True, seed=1, fail=(), restore=(),
@@ -21,7 +21,10 @@ def run(topology, traffic="alltoall", bytes=1 << 20, lb="packet", pfc=True, seed
     """
     if payload not in ("real", "elided"):
         raise ValueError(f"payload {payload!r}: expected 'real' or 'elided'")
-    topo = _native.load_topology(topology) if isinstance(topology, str) else topology
-    return json.loads(_native.run_sim_json(topo, traffic, int(bytes), lb, bool(pfc), int(seed), list(fail),
-                                           list(restore), int(incast_target), payload == "elided",
-                                           int(group), int(threads)))
+    topo = _args.topology(topology, _native.load_topology)
+    return json.loads(_native.run_sim_json(topo, traffic, _args.whole(bytes, "bytes", 1), lb, _args.flag(pfc, "pfc"),
+                                           _args.whole(seed, "seed"), _args.items(fail, "fail"),
+                                           _args.items(restore, "restore"),
+                                           _args.whole(incast_target, "incast_target", 0, 2**20),
+                                           payload == "elided", _args.whole(group, "group", 0, 2**20),
+                                           _args.whole(threads, "threads", 0, 1024)))

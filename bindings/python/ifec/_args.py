@@ -1,0 +1,40 @@
+"""Checks of the Python API's arguments: each names the argument and the value it refuses (the native layer would
+raise a bare TypeError, or take a string for a list of its characters and 'off' for True)."""
+
+import numbers
+import os
+
+
+def flag(value, name):
+    """A bool (or 0/1); 'off', None or 2 are refused, not taken for their truth."""
+    if isinstance(value, bool) or (isinstance(value, numbers.Integral) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name}={value!r}: expected True or False")
+
+
+def whole(value, name, lo=0, hi=2**63 - 1):
+    """A whole number in lo..hi (an integral float such as 4096.0 too; 2.7 is refused, not truncated)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != int(value):
+        raise TypeError(f"{name}={value!r}: expected a whole number")
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"{name}={value!r} outside {lo}..{hi}")
+    return int(value)
+
+
+def items(value, name):
+    """A list of strings; one string is one item (not a list of its characters)."""
+    if isinstance(value, str):
+        return [value]
+    try:
+        out = list(value)
+    except TypeError:
+        raise TypeError(f"{name}={value!r}: expected a string or a list of strings") from None
+    for v in out:
+        if not isinstance(v, str):
+            raise TypeError(f"{name}: {v!r} is not a string")
+    return out
+
+
+def topology(value, load):
+    """A path (str or os.PathLike) is loaded with `load`; anything else is taken as an ifec.Topology."""
+    return load(os.fspath(value)) if isinstance(value, (str, os.PathLike)) else value
