@@ -215,7 +215,13 @@ void BgpSession::receive(const uint8_t* data, size_t len, TimeNs now) {
   while (state_ != BgpState::kIdle) {
     BgpError err;
     const size_t n = bgp_frame_length(in_.data() + pos, in_.size() - pos, &err);
-    if (err.action != BgpErrorAction::kNone) return fail(err.notification, err.what, now);
+    if (err.action != BgpErrorAction::kNone) {
+      // RFC 4271 §6.4: an error in a NOTIFICATION is not answered with one (the session just closes).
+      const bool notification =
+          in_.size() - pos > 18 && in_[pos + 18] == static_cast<uint8_t>(BgpMessageType::kNotification);
+      return fail(notification ? std::nullopt : std::optional<BgpNotification>(err.notification),
+                  (notification ? "malformed NOTIFICATION: " : "") + err.what, now);
+    }
     if (n == 0) break;
     const std::vector<uint8_t> msg(in_.begin() + static_cast<long>(pos), in_.begin() + static_cast<long>(pos + n));
     pos += n;
@@ -232,6 +238,9 @@ void BgpSession::handle(const uint8_t* msg, size_t len, TimeNs now) {
   opt.peer_as = config_.check_first_as ? config_.peer_as : 0;
   const BgpMessage m = decode_bgp(msg, len, opt);
   const auto type = static_cast<BgpMessageType>(m.type);
+  if (type == BgpMessageType::kNotification && !m.ok()) {  // RFC 4271 §6.4: not answered with a NOTIFICATION
+    return fail(std::nullopt, "malformed NOTIFICATION: " + m.worst()->what, now);
+  }
   if (type == BgpMessageType::kNotification && m.ok()) {
     BgpSessionEvent e;
     e.kind = Kind::kNotificationReceived;

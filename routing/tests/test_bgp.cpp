@@ -1118,6 +1118,21 @@ TEST(BgpSession, BadHeaderResetsTheSession) {
   EXPECT_EQ(s.state(), BgpState::kIdle);
 }
 
+// RFC 4271 §6.4: an error found in a received NOTIFICATION is not reported with a NOTIFICATION; the session
+// closes (it answered a NOTIFICATION of a bad length with Message Header Error / Bad Message Length).
+TEST(BgpSession, AMalformedNotificationIsNotAnsweredWithOne) {
+  for (const uint16_t len : {uint16_t{19}, uint16_t{20}}) {
+    BgpSession s = open_sent();
+    Bytes n = notification_bytes(6, 2);
+    n.resize(len);
+    n[16] = 0;
+    n[17] = static_cast<uint8_t>(len);
+    feed(s, n);
+    EXPECT_TRUE(s.take_output().empty()) << "length " << len;
+    EXPECT_EQ(s.state(), BgpState::kIdle);
+  }
+}
+
 TEST(BgpSession, StopSendsCeaseAndStaysIdle) {
   BgpSession a(config(kAsA, kAsB, ip(10, 0, 0, 1)));
   BgpSession b(config(kAsB, kAsA, ip(10, 0, 0, 2), true));
