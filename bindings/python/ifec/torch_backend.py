@@ -66,7 +66,8 @@ def _create(store, rank, size, timeout):
     else:
         group, global_rank, members = 0, rank, []
     if rank == 0:  # the group's operations are numbered from here on every member (RunRequest.run_id)
-        store.set("ifec_first_run_id", str(time.time_ns() // 1000))
+        # (a multiple of 3: hostd takes an operation's windows by its number mod 3, the first gets the first pair)
+        store.set("ifec_first_run_id", str((time.time_ns() // 1000 // 3 + 1) * 3))
     first_run_id = int(store.get("ifec_first_run_id"))
     trace = ""
     if os.environ.get("IFEC_TRACE"):
