@@ -346,12 +346,14 @@ class LiveFabric:
             raise LiveError("a trace holds collectives and all-to-alls, not the MoE layer")
         grpc, pb, _ = _grpc()
         gpus = [n for n in self.nodes if n["kind"] == "gpu"]
-        # Operations are numbered alike on every rank and upward across drivers (a driver's first from microseconds
-        # since the epoch, then one by one): one that a failed operation left some rank behind in starts clean
-        # (RunRequest.run_id). hostd takes an operation's windows by its number mod 3 (three pairs in turn), so the
-        # first starts at a multiple of 3: its windows are 1 and 2 (what ReadWindow and the security matrix read).
-        first = (time.time_ns() // 1000 // 3 + 1) * 3
-        self._run_id = getattr(self, "_run_id", 0) + 1 if hasattr(self, "_run_id") else first
+        # Operations are numbered alike on every rank and upward across drivers (at least the microseconds since the
+        # epoch): one that a failed operation left some rank behind in starts clean (RunRequest.run_id). hostd takes
+        # an operation's windows by its number mod 3, so a driver's numbers keep that turn (three pairs in turn) and
+        # its first is a multiple of 3: windows 1 and 2 (what ReadWindow and the security matrix read).
+        now_us = time.time_ns() // 1000
+        nxt = getattr(self, "_run_id", None)
+        nxt = (now_us // 3 + 1) * 3 if nxt is None else nxt + 1 + max(0, now_us - nxt - 1 + 2) // 3 * 3
+        self._run_id = nxt
         req = pb.RunRequest(what=what, algo=algo, bytes=int(bytes), dtype=dtype, op=op, root=int(root),
                             seed=int(seed), moe=pb.MoeShape(**(moe or {})), run_id=self._run_id)
         def request(g):
