@@ -287,3 +287,16 @@ def test_one_link_event_string_is_one_event_and_a_path_object_a_topology(repo):
     collectives.prepare(c, 4, "bf16")
     with pytest.raises(ValueError, match="uint16 bit patterns"):  # floats were cast to garbage bit patterns, ok=True
         collectives.allreduce(c, [np.array([1.5, 2, -3, .25], np.float32)] * 4, algo="ring", dtype="bf16")
+
+
+def test_live_operation_numbers_rise_with_time_and_keep_the_windows_turn():
+    """hostd takes an operation's windows by its number mod 3: a driver's numbers must keep turning (three pairs in
+    turn), never fall behind the clock (another driver's later numbers would make its operations stale), and start
+    at a multiple of 3 (its first operation has windows 1 and 2)."""
+    from ifec.live import _next_run_id
+    prev, seen = None, []
+    for now in [1000, 1000, 1001, 5000, 5000, 9999, 10_000]:
+        prev = _next_run_id(prev, now)
+        assert prev >= now and (not seen or prev > seen[-1])
+        seen.append(prev)
+    assert [s % 3 for s in seen] == [0, 1, 2, 0, 1, 2, 0]

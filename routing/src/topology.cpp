@@ -274,8 +274,9 @@ std::optional<Problem> nodes_problem(const Topology& t) {
     }
   }
   if (gpus == 0) return fail(-1, "topology has no GPUs");
-  if (gpus > 64000)
-    return fail(gpus - 1, "topology has " + std::to_string(gpus) + " GPUs; the loopback scheme allows 64000");
+  if (gpus > kMaxGpus)
+    return fail(gpus - 1, "topology has " + std::to_string(gpus) + " GPUs; the loopback scheme allows " +
+                              std::to_string(kMaxGpus));
   return std::nullopt;
 }
 

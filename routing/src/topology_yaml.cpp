@@ -27,7 +27,6 @@ namespace {
 // run is nonsense, and their sums would wrap simulated time).
 constexpr uint64_t kMaxDelayNs = 1'000'000'000;
 constexpr uint64_t kMaxTimerNs = 60'000'000'000;
-constexpr int kMaxGpus = 64000;  // the loopback scheme's (topology.cpp), checked before a generator builds anything
 
 // yaml-cpp lines are 0-based; messages are 1-based like every editor. A null mark (no position) becomes line 1.
 int line_of(const YAML::Mark& m) { return m.line < 0 ? 1 : m.line + 1; }

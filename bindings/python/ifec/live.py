@@ -110,6 +110,14 @@ def _bin_dir():
     return pathlib.Path(os.environ.get("IFEC_BIN_DIR", here.parent.parent / "bin"))
 
 
+def _next_run_id(prev, now_us):
+    """An operation's number: the first a multiple of 3 past `now_us`; then the smallest one at least `now_us` that
+    continues the previous one's turn mod 3 (prev + 1, prev + 4, ...)."""
+    if prev is None:
+        return (now_us // 3 + 1) * 3
+    return prev + 1 + 3 * max(0, -(-(now_us - prev - 1) // 3))
+
+
 class LiveFabric:
     """Brings a topology up as live daemons in Mininet hosts, runs measurements on it, and takes it down again."""
 
@@ -350,10 +358,7 @@ class LiveFabric:
         # epoch): one that a failed operation left some rank behind in starts clean (RunRequest.run_id). hostd takes
         # an operation's windows by its number mod 3, so a driver's numbers keep that turn (three pairs in turn) and
         # its first is a multiple of 3: windows 1 and 2 (what ReadWindow and the security matrix read).
-        now_us = time.time_ns() // 1000
-        nxt = getattr(self, "_run_id", None)
-        nxt = (now_us // 3 + 1) * 3 if nxt is None else nxt + 1 + max(0, now_us - nxt - 1 + 2) // 3 * 3
-        self._run_id = nxt
+        self._run_id = _next_run_id(getattr(self, "_run_id", None), time.time_ns() // 1000)
         req = pb.RunRequest(what=what, algo=algo, bytes=int(bytes), dtype=dtype, op=op, root=int(root),
                             seed=int(seed), moe=pb.MoeShape(**(moe or {})), run_id=self._run_id)
         def request(g):

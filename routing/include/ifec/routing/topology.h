@@ -29,6 +29,8 @@ struct Node {
 // Link rates the link model times exactly (bits per second fit 64 bits; a frame serializes in under a minute).
 inline constexpr double kMinLinkGbps = 0.001;
 inline constexpr double kMaxLinkGbps = 1e6;
+// GPUs a topology may have: the loopback scheme 10.0.(i / 250).(i % 250 + 1) holds 64,000.
+inline constexpr int kMaxGpus = 64000;
 
 // One physical, full-duplex link between (a, a_port) and (b, b_port). A Y-cable of k sub-ports becomes k links
 // that share a `cable` id; `subport` numbers them 0..k-1.
