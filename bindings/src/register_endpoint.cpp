@@ -122,7 +122,7 @@ void register_cluster(py::module_& m) {
       .def(py::init(&make_cluster), py::arg("topology"), py::arg("ordering") = "partial", py::arg("loss") = 0.0,
            py::arg("lb") = "packet", py::arg("planes") = 0, py::arg("seed") = 1)
       .def_property_readonly("size", &testbed::Cluster::size)
-      .def_property_readonly("now_ns", [](testbed::Cluster& c) { return c.loop().now(); })
+      .def_property_readonly("now_ns", [](testbed::Cluster& c) { return c.now(); })
       .def("allocate_window", &testbed::Cluster::allocate_window, py::arg("id"), py::arg("bytes"), py::arg("job") = 1,
            py::arg("shared") = false)
       .def("window_bytes",
@@ -249,7 +249,7 @@ void register_collectives(py::module_& m) {
       [](const routing::Topology& topo, const std::string& kind, const std::string& algo, uint64_t bytes,
          const std::string& dtype, const std::string& op, double loss, uint64_t seed, bool reproducible, int members,
          const std::vector<std::string>& fail, uint32_t slot_pool, uint32_t slot_budget, bool live_timing,
-         bool elided_payloads, int threads, int root, const py::dict& turns) {
+         bool elided_payloads, int threads, int root, const py::dict& turns, int gpu_groups) {
         testbed::CollectivePoint p;
         const bool alltoall = kind == "alltoall";  // point-to-point stores (testbed/scenario's alltoall_point.h)
         p.kind = alltoall ? workloads::Collective::kAllGather : workloads::parse_collective(kind);
@@ -267,6 +267,7 @@ void register_collectives(py::module_& m) {
         p.live_timing = live_timing;
         p.elided_payloads = elided_payloads;
         p.threads = threads;
+        p.gpu_groups = gpu_groups;
         p.root = root;
         p.start = turns_from(turns);
         return interruptible([&] {
@@ -278,7 +279,7 @@ void register_collectives(py::module_& m) {
       py::arg("op") = "sum", py::arg("loss") = 0.0, py::arg("seed") = 1, py::arg("reproducible") = false,
       py::arg("members") = 0, py::arg("fail") = std::vector<std::string>{}, py::arg("slot_pool") = 8192,
       py::arg("slot_budget") = 128, py::arg("live_timing") = false, py::arg("elided_payloads") = false,
-      py::arg("threads") = 0, py::arg("root") = 0, py::arg("turns") = py::dict());
+      py::arg("threads") = 0, py::arg("root") = 0, py::arg("turns") = py::dict(), py::arg("gpu_groups") = 0);
 }
 
 }  // namespace

@@ -160,7 +160,9 @@ def test_incomplete_raw_traffic_exits_non_zero_and_says_why(build_dir, repo):
     (["--bytes", "1MiB", "--loss", "1.5"], "--loss '1.5'"),
     (["--bytes", "1MiB", "--lb", "flow"], "--lb does not apply to --collective"),
     (["--bytes", "6B"], "not a whole number of fp32 elements"),
-    (["--bytes", "64KiB", "--threads", "9"], "--threads 9 outside 1..3"),
+    (["--bytes", "64KiB", "--threads", "9", "--gpu-groups", "1"], "--threads 9 outside 1..3"),
+    (["--bytes", "64KiB", "--gpu-groups", "2"], "--gpu-groups 2 needs a partitioned run"),
+    (["--bytes", "64KiB", "--threads", "2", "--gpu-groups", "9"], "GPU groups 9 outside 1..8"),
 ])
 def test_collective_arguments_are_checked(build_dir, repo, args, message):
     out = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--collective", "allreduce", "--algo", "ifec", *args)

@@ -122,15 +122,20 @@ def test_elided_payloads_time_the_collective_as_real_ones_and_check_nothing():
 def test_a_partitioned_run_is_the_same_row_on_one_thread_and_two():
     topo = ifec.make_superpod(8, 2)
     for algo in ["ifec", "ring"]:
-        one, two = (coll.measure(topo, algo=algo, bytes=1 << 20, loss=0.01, fail=["gpu5:plane1@2us"], threads=t)
-                    for t in (1, 2))
+        one, two, three = (coll.measure(topo, algo=algo, bytes=1 << 20, loss=0.01, fail=["gpu5:plane1@2us"],
+                                        threads=t, gpu_groups=g) for t, g in ((1, 0), (2, 0), (2, 3)))
         assert one["ok"] and one["wrong"] == 0, one.get("error")
-        assert one["partitions"].endswith("on 1 thread: planes 0 1 GPUs")
-        assert two["partitions"].endswith("on 2 threads: GPUs | planes 0 1")
+        assert one["partitions"].endswith("on 1 thread: GPUs 0-7 planes 0 1")
+        assert two["partitions"].endswith("on 2 threads: GPUs 0-3 planes 0 | GPUs 4-7 planes 1")
+        assert three["partitions"].endswith("on 2 threads: GPUs 0-1 GPUs 5-7 planes 1 | GPUs 2-4 planes 0")
         for key in ["time_us", "plane_tx_bytes", "gpu_link_up_bytes", "frame_hops", "sim_events", "faults",
                     "windows", "resent", "resent_bytes", "ifec_retransmissions"]:
-            assert one[key] == two[key], (algo, key)
+            assert one[key] == two[key] == three[key], (algo, key)
     with pytest.raises(ValueError, match="threads -1"):
         coll.measure(topo, threads=-1)
     with pytest.raises(Exception, match="--threads 4 outside 1..3"):
-        coll.measure(topo, threads=4)
+        coll.measure(topo, threads=4, gpu_groups=1)
+    with pytest.raises(ValueError, match="gpu_groups 2: needs a partitioned run"):
+        coll.measure(topo, gpu_groups=2)
+    with pytest.raises(Exception, match="GPU groups 9 outside 1..8"):
+        coll.measure(topo, threads=2, gpu_groups=9)

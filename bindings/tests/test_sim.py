@@ -210,8 +210,9 @@ def _collective_json(cmd):
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (./ifec setup)")
 def test_mpirun_two_processes_give_the_threads_collective_run(repo, build_dir):
-    """Rank 0 runs the GPUs, rank 1 the planes: frames, switch calls and their answers cross the processes, and the
-    rows (times, bytes per link, frame-hops, events, faults) are the one-process partitioned run's."""
+    """Rank 0 runs the GPUs (in three groups), rank 1 the planes: frames, switch calls and their answers cross the
+    processes, and the rows (times, bytes per link, frame-hops, events, faults) are the one-process partitioned
+    run's (one GPU group)."""
     cli = str(build_dir / "bin" / "ifec-cli")
     mpirun = ["mpirun", "--oversubscribe", "-np", "2"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
     for topo, algo, size, fail in [("superpod-8x2.yaml", "ring", "1MiB", "gpu5:plane1:sub0@3us"),
@@ -220,7 +221,7 @@ def test_mpirun_two_processes_give_the_threads_collective_run(repo, build_dir):
         args = ["sim", "--topo", str(repo / "testbed" / "topologies" / topo), "--collective", "allreduce", "--algo",
                 algo, "--bytes", size, "--loss", "0.01", "--fail", fail, "--json", "--threads", "1"]
         one = _collective_json([cli] + args)
-        two = _collective_json(mpirun + [cli] + args)
+        two = _collective_json(mpirun + [cli] + args + ["--gpu-groups", "3"])
         assert len(one) == 1 and one[0]["ok"] and one[0]["wrong"] == 0, one
         assert any("frames lost" in f for f in one[0]["faults"])
         assert two == one, (topo, algo)
@@ -228,8 +229,8 @@ def test_mpirun_two_processes_give_the_threads_collective_run(repo, build_dir):
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (./ifec setup)")
 def test_mpirun_two_processes_give_the_threads_moe_rows(repo, build_dir):
-    """bench moe under mpirun: every variant's fabric (and the two micro-batches') spread over two processes gives
-    the rows of the one-process partitioned run."""
+    """bench moe under mpirun: every variant's fabric (and the two micro-batches') spread over two processes, the
+    GPUs in two groups, gives the rows of the one-process partitioned run (one group)."""
     cli = str(build_dir / "bin" / "ifec-cli")
     if not (build_dir / "bin" / "ifec-cli-moe").exists():
         pytest.skip("built without LibTorch: no bench moe")
@@ -245,7 +246,7 @@ def test_mpirun_two_processes_give_the_threads_moe_rows(repo, build_dir):
                 "--overlap", "--topo", str(repo / "testbed" / "topologies" / topo)]
         one = rows([cli] + args)
         assert len(one) == 3
-        assert rows(mpirun + [cli] + args) == one, topo
+        assert rows(mpirun + [cli] + args + ["--gpu-groups", "2"]) == one, topo
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (./ifec setup)")

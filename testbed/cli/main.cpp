@@ -139,9 +139,9 @@ int run_netns_plan(const Args& a) {
 
 const std::vector<std::string> kRawOnly = {"--traffic",       "--lb",        "--pfc",      "--restore",
                                            "--incast-target", "--no-verify", "--counters", "--group"};
-const std::vector<std::string> kCollectiveOnly = {"--collective", "--algo",        "--dtype",
-                                                  "--op",         "--loss",        "--members",
-                                                  "--slot-pool",  "--slot-budget", "--reproducible"};
+const std::vector<std::string> kCollectiveOnly = {"--collective",   "--algo",      "--dtype",     "--op",
+                                                  "--loss",         "--members",   "--slot-pool", "--slot-budget",
+                                                  "--reproducible", "--gpu-groups"};
 
 void refuse(const Args& a, const std::vector<std::string>& names, const char* mode) {
   for (const std::string& n : names) {
@@ -152,6 +152,14 @@ void refuse(const Args& a, const std::vector<std::string>& names, const char* mo
 // --payload real (the default) or elided: frames of headers and lengths only, the same times and bytes.
 bool payload_elided(const Args& a) {
   return ifec::cli::parse_choice(a.get("--payload", "real"), "--payload", {"real", "elided"}) == "elided";
+}
+
+// --gpu-groups N (partitioned runs only: --threads >= 1 or under mpirun; 0, the default: one per thread).
+int gpu_groups_arg(const Args& a, int threads) {
+  const int n = static_cast<int>(ifec::cli::parse_uint(a.get("--gpu-groups", "0"), "--gpu-groups", 0, 64000));
+  IFEC_CHECK(n == 0 || threads > 0 || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr,  // mpirun: partitioned
+             "--gpu-groups " << n << " needs a partitioned run (--threads N >= 1): one event loop has no groups");
+  return n;
 }
 
 // Started by mpirun (and built with MPI): the processes one endpoint-runtime run spreads over, for the life of
@@ -215,6 +223,7 @@ int run_sim_collective(const Args& a, SpreadRun& spread) {
   base.reproducible = a.has("--reproducible");
   base.elided_payloads = payload_elided(a);
   base.threads = static_cast<int>(ifec::cli::parse_uint(a.get("--threads", "0"), "--threads", 0, 1024));
+  base.gpu_groups = gpu_groups_arg(a, base.threads);
   std::vector<uint64_t> sizes;
   if (base.kind == wl::Collective::kBarrier) {
     IFEC_CHECK(!a.has("--bytes"),
@@ -706,8 +715,8 @@ int run_bench_sim(const Args& a) {
 const char* const kScaleNotBuilt =
     "# not in this bench: MoE at EP 256, 4096 tokens per GPU, every variant, elided (target under 15 minutes each:\n"
     "#   ./ifec bench moe --ep 256 --mode normal --payload elided --topo testbed/topologies/superpod-256x8.yaml);\n"
-    "# collectives and MoE run partitioned too (sim --collective and bench moe: --threads N, or under mpirun), the\n"
-    "#   same rows whatever the threads or processes; their speedup is bounded by the GPUs' one partition\n";
+    "# collectives and MoE run partitioned too (sim --collective and bench moe: --threads N, a GPU group per thread\n"
+    "#   or --gpu-groups G, or under mpirun), the same rows whatever the threads, groups or processes\n";
 
 // This program's path (what mpirun starts for bench scale's runs over processes).
 std::string self_path() {
@@ -883,6 +892,7 @@ int run_bench_moe_spread(const Args& a, SpreadRun& spread) {
   cfg.overlap = a.has("--overlap");
   cfg.elided_payloads = payload_elided(a);
   cfg.threads = static_cast<int>(ifec::cli::parse_uint(a.get("--threads", "0"), "--threads", 0, 1024));
+  cfg.gpu_groups = gpu_groups_arg(a, cfg.threads);
   std::vector<tb::MoeVariant> variants;
   for (const std::string& v : ifec::cli::parse_choices(a.get("--variant", "per_expert,per_rank,ifec"), "--variant",
                                                        {"per_expert", "per_rank", "ifec"})) {
@@ -986,9 +996,11 @@ std::vector<Command> tool_commands() {
          {"--threads", "N",
           "raw: one partition per plane, run by N threads (1..planes; default 1), the same result for every N; 0: "
           "one event loop for the whole fabric (every plane's frames in flight together). collective: 0 (default) "
-          "one event loop; N >= 1 one partition per plane and one for the GPUs, on N threads (1..planes + 1), the "
-          "same result for every N (the GPUs' partition, most of an operation's work, runs on one thread: a "
-          "64 x 4 ring AllReduce ran 1.01x as fast on two)"},
+          "one event loop; N >= 1 one partition per plane and one per group of GPUs (--gpu-groups), on N threads, "
+          "the same result for every N and grouping"},
+         {"--gpu-groups", "N",
+          "collective, partitioned (--threads N >= 1): the GPUs in N groups of consecutive GPUs, a partition each "
+          "(default: one per thread; 1..GPUs), the same result for every N"},
          {"--group", "N",
           "raw alltoall or permutation within consecutive groups of N GPUs (expert-parallel groups; N divides "
           "the GPUs; default: one group of all)"},
@@ -1088,8 +1100,11 @@ std::vector<Command> bench_commands() {
          {"--mode", "MODE", "normal, ll or both (default both)"},
          {"--variant", "LIST", "variants to run (default per_expert,per_rank,ifec)"},
          {"--threads", "N",
-          "0 (default): each run on one event loop; N >= 1: each run partitioned (a partition per plane and the "
-          "GPUs') on N threads, the same rows for every N (with --jobs, jobs x N threads in all)"},
+          "0 (default): each run on one event loop; N >= 1: each run partitioned (a partition per plane and per "
+          "group of GPUs) on N threads, the same rows for every N (with --jobs, jobs x N threads in all)"},
+         {"--gpu-groups", "N",
+          "partitioned (--threads N >= 1): the GPUs in N groups, a partition each (default: one per thread), the "
+          "same rows for every N"},
          {"--dispatch", "TYPE", "dispatch rows: fp8 (E4M3 + a scale per 128 channels, DeepEP's; default) or bf16"},
          {"--payload", "real|elided",
           "real (default): frames carry the rows' bytes; elided: headers and lengths only, the same simulated times "

@@ -110,7 +110,7 @@ void CommOp::finish() {
   }
   // Handed over as its own event: the caller may start the next operation from `done`.
   auto self = shared_from_this();
-  comm_.clock().schedule(now(), [self] {
+  comm_.hand_over([self] {
     self->comm_.finished(self.get());
     if (self->done_) {
       self->done_(self->res_);
@@ -298,7 +298,7 @@ void Communicator::run(const CollArgs& a, Algo algo, Done done) {
     CollectiveResult r;
     r.error = err;
     r.start_ns = r.end_ns = clock().now();
-    clock().schedule(clock().now(), [done, r] { done(r); });
+    hand_over([done, r] { done(r); });
     return;
   }
   start(row->make(*this, a, row->value, std::move(done)));
@@ -324,6 +324,14 @@ void Communicator::set_options(const CommOptions& o) {
   opts_ = o;
   if (!opts_.keep_early_arrivals) {
     early_.clear();
+  }
+}
+
+void Communicator::hand_over(std::function<void()> fn) {
+  if (handover_) {
+    handover_(std::move(fn));
+  } else {
+    clock().schedule(clock().now(), std::move(fn));
   }
 }
 

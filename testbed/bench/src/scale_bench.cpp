@@ -100,7 +100,7 @@ ChildFigures run_mpirun(const ScaleScenario& s, bool progress, const std::string
 }
 
 // An AllReduce over every GPU of `topo` (run_collective_point: a fresh fabric and cluster, on one event loop or
-// partitioned with the GPUs' partition on `s.threads` threads).
+// partitioned on `s.threads` threads, a GPU group per thread).
 void run_allreduce(const ScaleScenario& s, const routing::Topology& topo, ChildFigures& f) {
   CollectivePoint p;
   p.kind = workloads::Collective::kAllReduce;
@@ -231,7 +231,7 @@ std::string ScaleScenario::traffic() const {
 }
 
 std::string ScaleScenario::describe() const {
-  if (!allreduce.empty()) {  // one event loop, or partitioned with the GPUs' partition on N threads
+  if (!allreduce.empty()) {  // one event loop, or partitioned, a GPU group per thread, on N threads
     return traffic() + (threads == 0   ? ""
                         : threads == 1 ? ", partitioned"
                                        : ", " + std::to_string(threads) + " threads");
@@ -275,7 +275,7 @@ std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool qui
                                   target,
                                   one_loop,
                                   make(ft, Pattern::kPermutation, 2 * mib, true)};
-  for (int threads : {1, 2}) {  // the endpoint runtime partitioned: the GPUs' partition beside the planes'
+  for (int threads : {1, 2}) {  // the endpoint runtime partitioned: a GPU group per thread beside the planes'
     ScaleScenario ring = make(pod, Pattern::kPermutation, 16 * mib, true);
     ring.allreduce = "ring";
     ring.threads = threads;

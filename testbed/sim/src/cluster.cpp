@@ -13,6 +13,14 @@ namespace ifec::testbed {
 
 using common::TimeNs;
 
+namespace {
+
+std::string gpu_range(int first, int last) {
+  return last > first ? std::to_string(first) + "-" + std::to_string(last) : std::to_string(first);
+}
+
+}  // namespace
+
 Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(topo), opts_(opts) {
   IFEC_CHECK(!topo_.single_plane_gpus(),
              "topology '" << topo_.name << "' has GPUs on one plane each (in-node NVLink forwarding, DeepSeek-V3's "
@@ -26,6 +34,7 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
   IFEC_CHECK(!spread || opts_.threads >= 1, "cluster over processes: threads " << opts_.threads << ", expected >= 1");
   if (opts_.threads == 0) {
     fabric_ = std::make_unique<testbed::Fabric>(loop_, topo_, opts_.fabric);
+    gpu_loops_.assign(fabric_->num_gpus(), &loop_);
   } else {
     make_partitions(spread);
   }
@@ -53,13 +62,15 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
     c.mtu = std::min<uint32_t>(c.mtu, topo_.params.mtu);
     c.lossless_priority = topo_.params.pfc.lossless_priority;
     c.elided_payloads = opts_.fabric.elided_payloads;  // one mode for the whole run
-    endpoints_.push_back(std::make_unique<endpoint::Endpoint>(*gpus_, c, std::move(ports), ips));
+    endpoints_.push_back(std::make_unique<endpoint::Endpoint>(*gpu_loops_[g], c, std::move(ports), ips));
   }
   for (int g = 0; g < n; ++g) {
     endpoint::Endpoint& e = *endpoints_[g];
     e.set_connection_manager([this, g](int peer, int q, uint32_t psn, const endpoint::Endpoint::ResetDone& done) {
-      endpoints_[peer]->reset_responder(g, q, psn);  // one clock: the peer's responder is reset at once
-      done("");
+      later(g, [this, g, peer, q, psn, done] {  // the peer's responder is reset at once (partitioned: after the window)
+        endpoints_[peer]->reset_responder(g, q, psn);
+        done("");
+      });
     });
     // FARE's WECMP group at this GPU toward `peer`, as a weight per endpoint port.
     e.set_weight_source([this, g](int peer, std::vector<double>* w) {
@@ -90,52 +101,156 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
     switches[n.name] = &fabric_->switch_at(i);
     switch_planes_[n.name] = n.plane;
   }
+  make_control(std::move(switches));
+}
+
+void Cluster::make_control(std::map<std::string, switchemu::Switch*> switches) {
   auto set_link = [this](int link, bool up) { fabric_->schedule_link_state(link, up, fabric_->clock().now()); };
   if (!parts_) {
     control_ =
         std::make_unique<InProcessControl>(topo_, std::move(switches), set_link, poster_of(loop_), poster_of(loop_));
     return;
   }
-  // Partitioned, a call to a switch is a message the control loop runs at the end of the GPUs' window, where the
-  // switch runs; its answer comes back as one.
+  // Partitioned, a call to a switch is a message the control loop runs at the end of the window it was made in,
+  // where the switch runs; its answer comes back as one. Each GPU's communicators have a client of their own
+  // (its messages are posted after the window, in later()'s order), the driver one more (source: the GPU count).
   Poster now = [](std::function<void()> fn) { fn(); };
   switch_control_ = std::make_unique<InProcessControl>(topo_, std::move(switches), set_link, now, now);
-  auto client =
-      std::make_unique<MessageControlClient>([this](std::vector<uint8_t> m) { parts_->post_message(std::move(m)); });
+  const int n = size();
+  for (int g = 0; g < n; ++g) {
+    gpu_control_.push_back(std::make_unique<MessageControlClient>([this, g](std::vector<uint8_t> m) {
+      auto msg = std::make_shared<std::vector<uint8_t>>(std::move(m));
+      later(g, [this, g, msg] { parts_->post_message(static_cast<uint32_t>(g), std::move(*msg)); });
+    }));
+  }
+  auto driver = std::make_unique<MessageControlClient>(
+      [this, n](std::vector<uint8_t> m) { parts_->post_message(static_cast<uint32_t>(n), std::move(m)); });
   parts_->on_message([this](const std::vector<uint8_t>& m) { serve_message(m); });
-  parts_->on_reply([this, c = client.get()](std::vector<uint8_t> m) {
-    gpus_->schedule(gpus_->now(), [c, m = std::move(m)] { c->on_reply(m); });
+  parts_->on_reply([this, n, c = driver.get()](uint32_t source, std::vector<uint8_t> m) {
+    IFEC_CHECK(source <= static_cast<uint32_t>(n), "control answer for source " << source << " of 0.." << n);
+    if (source == static_cast<uint32_t>(n)) {
+      c->on_reply(m);  // the driver's, between steps
+      return;
+    }
+    MessageControlClient* gc = gpu_control_[source].get();
+    common::EventLoop* loop = gpu_loops_[source];
+    loop->schedule(loop->now(), [gc, m = std::move(m)] { gc->on_reply(m); });
   });
-  control_ = std::move(client);
+  control_ = std::move(driver);
 }
 
 void Cluster::make_partitions(bool spread) {
   const int planes = std::max(topo_.num_planes, 1);
+  const int n = topo_.num_gpus();
+  const int groups = opts_.gpu_groups == 0 ? std::min(opts_.threads, n) : opts_.gpu_groups;
+  IFEC_CHECK(opts_.gpu_groups >= 0 && groups >= 1 && groups <= n, "cluster: GPU groups "
+                                                                      << opts_.gpu_groups << " outside 1.." << n
+                                                                      << " (one per GPU at most; 0: one per thread)");
   const Processes solo;
   const Processes& procs = spread ? *opts_.processes : solo;
   int threads = opts_.threads;
-  if (spread) {  // rank 0 runs the GPUs, ranks 1.. the planes: at most one thread per partition there
-    const int mine = procs.rank == 0 ? 1 : (planes - (procs.rank - 1) + procs.size - 2) / (procs.size - 1);
+  if (spread) {  // rank 0 runs the GPUs' groups, ranks 1.. the planes: at most one thread per partition there
+    const int mine = procs.rank == 0 ? groups : (planes - (procs.rank - 1) + procs.size - 2) / (procs.size - 1);
     threads = std::min(threads, std::max(mine, 1));
   }
-  parts_ = std::make_unique<PlanePartitions>(planes, threads, procs.rank, procs.size, true,
+  parts_ = std::make_unique<PlanePartitions>(planes, threads, procs.rank, procs.size, groups,
                                              spread ? opts_.processes : nullptr);
-  gpus_ = &parts_->gpu_loop();
+  std::vector<int> group_of(n);
+  for (int k = 0; k <= groups; ++k) {
+    group_first_.push_back(static_cast<int>(static_cast<int64_t>(n) * k / groups));
+  }
+  for (int k = 0; k < groups; ++k) {
+    for (int g = group_first_[k]; g < group_first_[k + 1]; ++g) {
+      group_of[g] = k;
+      gpu_loops_.push_back(&parts_->gpu_loop(k));
+    }
+  }
+  later_.resize(n);
+  std::vector<std::string> names;
+  for (int k = 0; k < groups; ++k) {
+    names.push_back("GPUs " + gpu_range(group_first_[k], group_first_[k + 1] - 1));
+  }
+  parts_->set_gpu_group_names(std::move(names));
   fabric_ = std::make_unique<testbed::Fabric>(
       parts_->control(), parts_->plane_clocks(), topo_, opts_.fabric,
-      [this](int from, int to) { return parts_->mailbox(from, to); }, gpus_);
+      [this](int from, int to, int source) { return parts_->mailbox(from, to, source); },
+      [this, group_of](int g) -> Fabric::GpuPartition {
+        return {parts_->gpu_partition(group_of[g]), &parts_->gpu_loop(group_of[g])};
+      });
   parts_->set_lookahead(fabric_->cross_partition_delay());
+  parts_->on_window_end([this] { run_later(); });
   if (!spread) {
     return;
   }
-  connect_processes(*fabric_, *parts_);
+  connect_processes(*fabric_, *parts_, [this, group_of](int g) { return parts_->gpu_partition(group_of[g]); });
 }
+
+void Cluster::later(int gpu, std::function<void()> fn) {
+  if (parts_ && parts_->in_window()) {
+    later_[gpu].push_back({gpu_loops_[gpu]->now(), std::move(fn)});
+  } else {
+    fn();
+  }
+}
+
+void Cluster::run_later() {
+  std::vector<Later*> order;  // by time; GPU, then the order asked, at equal times (a stable sort)
+  for (auto& asked : later_) {
+    for (Later& l : asked) order.push_back(&l);
+  }
+  if (order.empty()) {
+    return;
+  }
+  std::stable_sort(order.begin(), order.end(), [](const Later* a, const Later* b) { return a->at < b->at; });
+  for (Later* l : order) {
+    l->fn();  // not in a window: what it asks runs at once
+  }
+  for (auto& asked : later_) {
+    asked.clear();
+  }
+}
+
+common::ControlPlane& Cluster::control_of(int gpu) { return parts_ ? *gpu_control_.at(gpu) : *control_; }
+
+common::EventLoop& Cluster::loop() {
+  IFEC_CHECK(!parts_, "Cluster::loop: a partitioned cluster has no one loop (gpu_loop(gpu), now(), at())");
+  return loop_;
+}
+
+TimeNs Cluster::now() const { return parts_ ? std::max(parts_->time(), parts_->now()) : loop_.now(); }
+
+void Cluster::at(TimeNs t, std::function<void()> fn) {
+  if (!parts_) {
+    loop_.schedule(t, std::move(fn));
+    return;
+  }
+  // On GPU 0's loop, then after its window: on every process alike (a control event would be rank 0's alone).
+  gpu_loops_[0]->schedule(t, [this, fn = std::move(fn)] { later(0, fn); });
+}
+
+// A rank's bootstrap on a partitioned cluster: its allgathers reach the hub after the window (later()), in one order
+// whatever the grouping, and their answers come as events on the rank's loop.
+class Cluster::LaterBootstrap : public workloads::Bootstrap {
+ public:
+  LaterBootstrap(Cluster& c, int gpu, workloads::Bootstrap& hub) : c_(c), gpu_(gpu), hub_(hub) {}
+  int rank() const override { return hub_.rank(); }
+  int size() const override { return hub_.size(); }
+  void allgather(std::vector<uint8_t> mine, std::function<void(workloads::Gathered)> done) override {
+    auto m = std::make_shared<std::vector<uint8_t>>(std::move(mine));
+    c_.later(gpu_, [this, m, done = std::move(done)] { hub_.allgather(std::move(*m), done); });
+  }
+
+ private:
+  Cluster& c_;
+  int gpu_;
+  workloads::Bootstrap& hub_;
+};
 
 // A control message on this process's control loop: run where its switch runs (a link state change everywhere),
 // answered by that process (by the GPUs' for a change of link state or a switch nobody has).
 void Cluster::serve_message(const std::vector<uint8_t>& m) {
   const ControlRequestInfo info = peek_control_request(m);
-  int answers = parts_->process_of(parts_->gpu_partition());
+  int answers = parts_->process_of(parts_->gpu_partition());  // every group's is rank 0
   if (auto it = switch_planes_.find(info.sw); it != switch_planes_.end()) {
     answers = parts_->process_of(it->second);
   }
@@ -163,11 +278,21 @@ std::vector<workloads::Communicator*> Cluster::communicators(const std::vector<i
     set.boot = std::make_unique<InProcessBootstrap>(n);
     auto inits = std::make_shared<std::vector<std::string>>(n, "?");
     for (int r = 0; r < n; ++r) {
-      common::EventLoop* loop = gpus_;
+      const int g = gpus[r];
+      common::EventLoop* loop = gpu_loops_[g];
       const TimeNs skew = opts_.bootstrap_skew_ns * r;
       Poster post = [loop, skew](std::function<void()> fn) { loop->schedule(loop->now() + skew, std::move(fn)); };
-      set.comms.push_back(std::make_unique<workloads::Communicator>(ep(gpus[r]), set.boot->rank(r, std::move(post)),
-                                                                    *control_, topo_, o));
+      workloads::Bootstrap* boot = &set.boot->rank(r, std::move(post));
+      if (parts_) {
+        set.views.push_back(std::make_unique<LaterBootstrap>(*this, g, *boot));
+        boot = set.views.back().get();
+      }
+      set.comms.push_back(std::make_unique<workloads::Communicator>(ep(g), *boot, control_of(g), topo_, o));
+      if (parts_) {  // an operation's end after the window, where drivers may touch every rank
+        set.comms.back()->set_handover([this, g, loop](std::function<void()> fn) {
+          loop->schedule(loop->now(), [this, g, fn = std::move(fn)] { later(g, fn); });
+        });
+      }
       set.comms.back()->init([inits, r](const std::string& err) { (*inits)[r] = err; });
     }
     run_until([&] { return std::count(inits->begin(), inits->end(), "?") == 0; }, now() + 1'000'000);

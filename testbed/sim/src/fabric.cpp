@@ -48,32 +48,40 @@ LinkClocks in_node_link_clocks(const routing::Topology& topo, const routing::Lin
   }
   IFEC_CHECK(mailbox != nullptr, "topology '" << topo.name << "': its NVLink-class links join GPUs of different "
                                               << "planes, and this fabric's planes run apart without mailboxes");
-  return {{clocks.at(pa), clocks.at(pb)}, {mailbox(pa, pb), mailbox(pb, pa)}};
+  return {{clocks.at(pa), clocks.at(pb)}, {mailbox(pa, pb, pa), mailbox(pb, pa, pb)}};
 }
 
-// A link of a fabric whose GPUs run on a partition of their own (partition `planes`): a GPU's link to its switch
-// joins that partition to the switch's plane, through their mailboxes; the others stay within one partition.
+// A link of a fabric whose GPUs run on partitions of their own (GPU groups): a GPU's link to its switch joins its
+// group's partition to the switch's plane, through their mailboxes (the GPU's frames through one of its own,
+// source planes + GPU); the others stay within one partition.
 LinkClocks gpu_partition_link_clocks(const routing::Topology& topo, const routing::Link& l,
-                                     const std::vector<common::Clock*>& clocks, common::Clock& gpu_clock,
-                                     const Fabric::MailboxFn& mailbox) {
-  const bool gpu_a = topo.nodes[l.a].kind == routing::NodeKind::kGpu;
-  const bool gpu_b = topo.nodes[l.b].kind == routing::NodeKind::kGpu;
-  if (gpu_a == gpu_b) {
-    return LinkClocks::one(gpu_a ? gpu_clock : *clocks.at(l.plane));
+                                     const std::vector<common::Clock*>& clocks,
+                                     const Fabric::GpuPartitionFn& gpu_partition, const Fabric::MailboxFn& mailbox) {
+  const routing::Node& a = topo.nodes[l.a];
+  const routing::Node& b = topo.nodes[l.b];
+  const bool gpu_a = a.kind == routing::NodeKind::kGpu;
+  const bool gpu_b = b.kind == routing::NodeKind::kGpu;
+  IFEC_CHECK(!(gpu_a && gpu_b), "link " << l.id << " joins two GPUs: the GPUs' partitions take no in-node links");
+  if (!gpu_a && !gpu_b) {
+    return LinkClocks::one(*clocks.at(l.plane));
   }
-  IFEC_CHECK(mailbox != nullptr, "a fabric with a GPUs' partition needs mailboxes between it and the planes'");
-  const int gpus = static_cast<int>(clocks.size());
-  const int pa = gpu_a ? gpus : l.plane;
-  const int pb = gpu_b ? gpus : l.plane;
-  common::Clock* ca = gpu_a ? &gpu_clock : clocks.at(l.plane);
-  common::Clock* cb = gpu_b ? &gpu_clock : clocks.at(l.plane);
-  return {{ca, cb}, {mailbox(pa, pb), mailbox(pb, pa)}};
+  IFEC_CHECK(mailbox != nullptr, "a fabric with GPU partitions needs mailboxes between them and the planes'");
+  const int gpu = gpu_a ? a.gpu_index : b.gpu_index;
+  const Fabric::GpuPartition g = gpu_partition(gpu);
+  const int planes = static_cast<int>(clocks.size());
+  const int pa = gpu_a ? g.partition : l.plane;
+  const int pb = gpu_b ? g.partition : l.plane;
+  common::Clock* ca = gpu_a ? g.clock : clocks.at(l.plane);
+  common::Clock* cb = gpu_b ? g.clock : clocks.at(l.plane);
+  const int sa = gpu_a ? planes + gpu : l.plane;
+  const int sb = gpu_b ? planes + gpu : l.plane;
+  return {{ca, cb}, {mailbox(pa, pb, sa), mailbox(pb, pa, sb)}};
 }
 
 }  // namespace
 
 Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks, const routing::Topology& topo,
-               FabricOptions opts, MailboxFn mailbox, common::Clock* gpu_clock)
+               FabricOptions opts, MailboxFn mailbox, GpuPartitionFn gpu_partition)
     : clock_(control), plane_clocks_(std::move(plane_clocks)), topo_(topo), opts_(opts) {
   routing::validate(topo_);
   IFEC_CHECK(plane_clocks_.size() == static_cast<size_t>(std::max(topo_.num_planes, 1)),
@@ -89,7 +97,7 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
   for (int g = 0; g < topo_.num_gpus(); ++g) {
     gpu_ips_.push_back(topo_.nodes[topo_.gpu_node(g)].loopback);
   }
-  make_links(mailbox, gpu_clock);
+  make_links(mailbox, gpu_partition);
   for (size_t i = 0; i < topo_.links.size(); ++i) {
     const routing::Link& l = topo_.links[i];
     const bool nvlink = l.plane == routing::kNvlinkPlane;
@@ -165,18 +173,18 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
   install_routes();
 }
 
-void Fabric::make_links(const MailboxFn& mailbox, common::Clock* gpu_clock) {
+void Fabric::make_links(const MailboxFn& mailbox, const GpuPartitionFn& gpu_partition) {
   const bool one_clock =
       std::all_of(plane_clocks_.begin(), plane_clocks_.end(), [this](const common::Clock* c) { return c == &clock_; });
   auto clocks_of = [&](const routing::Link& l) -> LinkClocks {
     const bool nvlink = l.plane == routing::kNvlinkPlane;
     has_nvlink_ = has_nvlink_ || nvlink;
-    if (gpu_clock != nullptr) {
+    if (gpu_partition != nullptr) {
       if (!nvlink &&
           (topo_.nodes[l.a].kind == routing::NodeKind::kGpu) != (topo_.nodes[l.b].kind == routing::NodeKind::kGpu)) {
         cross_delay_ = std::min(cross_delay_, l.delay_ns);
       }
-      return gpu_partition_link_clocks(topo_, l, plane_clocks_, *gpu_clock, mailbox);
+      return gpu_partition_link_clocks(topo_, l, plane_clocks_, gpu_partition, mailbox);
     }
     if (!nvlink || one_clock) {
       return LinkClocks::one(nvlink ? clock_ : *plane_clocks_.at(l.plane));
@@ -454,24 +462,27 @@ SwitchTotals Fabric::switch_totals() const {
   return t;
 }
 
-void connect_processes(Fabric& fabric, PlanePartitions& parts) {
+void connect_processes(Fabric& fabric, PlanePartitions& parts, const std::function<int(int gpu)>& gpu_partition) {
   const routing::Topology& topo = fabric.topology();
-  auto partition = [&](const routing::Link& l, int side) {
+  // Which partition runs a link's end, and the source its frames are sorted by (mailbox).
+  auto partition = [&](const routing::Link& l, int side) -> std::pair<int, int> {
     const routing::Node& n = topo.nodes[side == 0 ? l.a : l.b];
-    if (n.kind == routing::NodeKind::kGpu && parts.gpu_partition() >= 0) {
-      return parts.gpu_partition();
+    if (n.kind == routing::NodeKind::kGpu && gpu_partition) {
+      return {gpu_partition(n.gpu_index), parts.planes() + n.gpu_index};
     }
-    return l.plane >= 0 ? l.plane : n.plane;  // an in-node link: each GPU on its own plane
+    const int p = l.plane >= 0 ? l.plane : n.plane;  // an in-node link: each GPU on its own plane
+    return {p, p};
   };
   for (const routing::Link& l : topo.links) {
-    const int p[2] = {partition(l, 0), partition(l, 1)};
-    if (!parts.remote(p[0], p[1])) {
+    const std::pair<int, int> p[2] = {partition(l, 0), partition(l, 1)};
+    if (!parts.remote(p[0].first, p[1].first)) {
       continue;
     }
     for (int side = 0; side < 2; ++side) {
-      if (parts.owns(p[side])) {
+      if (parts.owns(p[side].first)) {
         const uint32_t key = static_cast<uint32_t>(l.id) * 2 + static_cast<uint32_t>(1 - side);
-        fabric.link(l.id).end(side).set_remote(parts.remote_sender(p[side], p[1 - side], key));
+        fabric.link(l.id).end(side).set_remote(
+            parts.remote_sender(p[side].first, p[1 - side].first, key, p[side].second));
       }
     }
   }

@@ -396,7 +396,8 @@ class TwoBatchRun {
 
  private:
   static common::TimeNs to_ns(double us) { return static_cast<common::TimeNs>(std::llround(std::max(0.0, us) * 1e3)); }
-  double since_start() const { return (c_.loop().now() - t0_) / 1e3; }
+  double since_start() const { return (c_.now() - t0_) / 1e3; }
+  double since_start(const CollectiveResult& r) const { return (static_cast<double>(r.end_ns) - t0_) / 1e3; }
   bool finished() const { return combined_[0] && combined_[1]; }
 
   // Dispatches on stream 0, one after the other.
@@ -412,7 +413,7 @@ class TwoBatchRun {
   }
 
   void dispatched(int h, const CollectiveResult& r) {
-    res_.dispatch[h].end_us = since_start();
+    res_.dispatch[h].end_us = since_start(r);
     if (!note(h == 0 ? "dispatch 0" : "dispatch 1", r)) {
       return;
     }
@@ -433,7 +434,7 @@ class TwoBatchRun {
     computing_ = h;
     computing_busy_ = true;
     batch_[h]->experts();
-    c_.loop().schedule(c_.loop().now() + experts_ns_[h], [this, h] {
+    c_.at(c_.now() + experts_ns_[h], [this, h] {
       computing_busy_ = false;
       ready_[h] = true;
       maybe_combine();
@@ -460,7 +461,7 @@ class TwoBatchRun {
   }
 
   void combined(int h, const CollectiveResult& r) {
-    res_.combine[h].end_us = since_start();
+    res_.combine[h].end_us = since_start(r);
     combining_busy_ = false;
     if (note(h == 0 ? "combine 0" : "combine 1", r)) {
       combined_[h] = true;

@@ -65,6 +65,7 @@ ClusterOptions cluster_options(const MoeRunConfig& cfg) {
   o.fabric.seed = cfg.seed;
   o.fabric.elided_payloads = cfg.elided_payloads;
   o.threads = cfg.threads;
+  o.gpu_groups = cfg.gpu_groups;
   o.processes = cfg.processes;
   if (cfg.processes != nullptr && cfg.processes->size > 1) {
     o.threads = std::max(o.threads, 1);

@@ -118,14 +118,16 @@ class PlanePartitions::Workers {
 
 PlanePartitions::~PlanePartitions() = default;
 
-PlanePartitions::PlanePartitions(int planes, int threads, int rank, int processes, bool gpu_partition,
+PlanePartitions::PlanePartitions(int planes, int threads, int rank, int processes, int gpu_groups,
                                  const Processes* procs)
-    : procs_(procs), threads_(threads), rank_(rank), processes_(processes), gpu_partition_(gpu_partition) {
+    : procs_(procs), threads_(threads), rank_(rank), processes_(processes), gpu_groups_(gpu_groups) {
   IFEC_CHECK(planes >= 1, "partitions: " << planes << " planes, expected at least 1");
-  const int most = planes + (gpu_partition ? 1 : 0);
-  IFEC_CHECK(processes >= 1 && processes <= most,
-             processes << " processes outside 1.." << most << " (one partition per plane"
-                       << (gpu_partition ? " and the GPUs'" : "") << ", " << planes << " planes)");
+  IFEC_CHECK(gpu_groups >= 0, "partitions: " << gpu_groups << " GPU groups");
+  const int most = planes + gpu_groups;
+  const int most_processes = planes + (gpu_groups > 0 ? 1 : 0);  // the GPUs' groups share rank 0
+  IFEC_CHECK(processes >= 1 && processes <= most_processes,
+             processes << " processes outside 1.." << most_processes << " (one partition per plane"
+                       << (gpu_groups > 0 ? " and the GPUs'" : "") << ", " << planes << " planes)");
   IFEC_CHECK(rank >= 0 && rank < processes, "rank " << rank << " outside 0.." << processes - 1);
   for (int p = 0; p < most; ++p) {
     loops_.push_back(std::make_unique<common::EventLoop>());
@@ -140,7 +142,7 @@ PlanePartitions::PlanePartitions(int planes, int threads, int rank, int processe
   const int mine = static_cast<int>(owned_.size());
   IFEC_CHECK(threads >= 1 && threads <= mine,
              "--threads " << threads << " outside 1.." << mine << " (one partition per plane"
-                          << (gpu_partition ? " and the GPUs'" : "") << ", " << most << " partitions"
+                          << (gpu_groups > 0 ? " and per GPU group" : "") << ", " << most << " partitions"
                           << (processes > 1 ? ", " + std::to_string(mine) + " in this process" : "") << ")");
   by_thread_.resize(threads);
   for (int p = 0; p < most; ++p) {
@@ -158,26 +160,27 @@ PlanePartitions::PlanePartitions(int planes, int threads, int rank, int processe
 }
 
 int PlanePartitions::process_of(int partition) const {
-  if (!gpu_partition_ || processes_ == 1) {
+  if (gpu_groups_ == 0 || processes_ == 1) {
     return partition % processes_;
   }
-  return partition == planes() ? 0 : 1 + partition % (processes_ - 1);
+  return is_gpu_partition(partition) ? 0 : 1 + partition % (processes_ - 1);
 }
 
 int PlanePartitions::thread_of(int partition) const {
-  // This process's partitions in order, spread over its threads; the GPUs' partition has thread 0 to itself.
-  const bool gpus_here = gpu_partition_ && owns(planes());
-  if (gpus_here && partition == planes()) {
-    return 0;
+  // This process's partitions spread over its threads in order, the GPU groups' first: one GPU group has thread 0
+  // to itself (the planes share the others), several take turns with the planes.
+  const bool gpus_here = gpu_groups_ > 0 && owns(planes());
+  if (gpus_here && is_gpu_partition(partition)) {
+    return gpu_groups_ == 1 ? 0 : (partition - planes()) % threads_;
   }
   int index = 0;
   for (int p = 0; p < partition; ++p) {
     index += owns(p) ? 1 : 0;
   }
-  if (gpus_here && threads_ > 1) {
+  if (gpus_here && gpu_groups_ == 1 && threads_ > 1) {
     return 1 + index % (threads_ - 1);
   }
-  return index % threads_;
+  return (index + (gpus_here ? gpu_groups_ : 0)) % threads_;
 }
 
 std::vector<common::Clock*> PlanePartitions::plane_clocks() {
@@ -188,54 +191,61 @@ std::vector<common::Clock*> PlanePartitions::plane_clocks() {
   return v;
 }
 
-common::EventLoop& PlanePartitions::gpu_loop() {
-  IFEC_CHECK(gpu_partition_, "partitions: no GPUs' partition (made without gpu_partition)");
-  return *loops_[planes()];
+common::EventLoop& PlanePartitions::gpu_loop(int group) {
+  IFEC_CHECK(group >= 0 && group < gpu_groups_, "partitions: GPU group " << group << " outside 0.." << gpu_groups_ - 1);
+  return *loops_[planes() + group];
 }
 
-common::Clock* PlanePartitions::mailbox(int from, int to) {
+common::Clock* PlanePartitions::mailbox(int from, int to, int source) {
   const int n = partitions();
   IFEC_CHECK(from >= 0 && from < n && to >= 0 && to < n && from != to,
              "mailbox from partition " << from << " to " << to << " (partitions 0.." << n - 1 << ", two different)");
+  if (source < 0) {
+    source = from;
+  }
   if (processes_ > 1 && remote(from, to)) {
     IFEC_CHECK(procs_ != nullptr && procs_->exchange,
                "a link between partitions " << from << " and " << to << " of two processes needs their exchange");
     crossing_ = true;
   }
-  return &mail(from, to);
+  return &mail(from, to, source);
 }
 
-PlanePartitions::Mailbox& PlanePartitions::mail(int from, int to) {
-  const size_t n = loops_.size();
-  mail_.resize(n * n);
-  std::unique_ptr<Mailbox>& m = mail_[static_cast<size_t>(from) * n + to];
+PlanePartitions::Mailbox& PlanePartitions::mail(int from, int to, int source) {
+  mail_.resize(loops_.size());
+  std::unique_ptr<Mailbox>& m = mail_[to][{source, from}];
   if (!m) {
     m = std::make_unique<Mailbox>(*loops_[from]);
   }
   return *m;
 }
 
-common::LinkPort::Remote PlanePartitions::remote_sender(int from, int to, uint32_t key) {
+common::LinkPort::Remote PlanePartitions::remote_sender(int from, int to, uint32_t key, int source) {
   IFEC_CHECK(owns(from) && remote(from, to),
              "remote sender from partition " << from << " to " << to << ": not a link leaving this process");
-  return [this, from, to, key](TimeNs at, std::vector<uint8_t>&& frame, uint64_t epoch) {
-    outbox_[from].push_back({from, to, at, key, epoch, std::move(frame)});
+  source = source < 0 ? from : source;
+  return [this, from, to, source, key](TimeNs at, std::vector<uint8_t>&& frame, uint64_t epoch) {
+    outbox_[from].push_back({from, to, source, at, key, epoch, std::move(frame)});
   };
 }
 
-void PlanePartitions::post_message(std::vector<uint8_t> msg) {
-  if (gpu_partition_ && owns(gpu_partition())) {
-    messages_.push_back(std::move(msg));
+void PlanePartitions::post_message(uint32_t source, std::vector<uint8_t> msg) {
+  IFEC_CHECK(!in_window_, "a control message posted inside a window (from a partition's thread)");
+  if (gpu_groups_ > 0 && owns(gpu_partition())) {
+    messages_.push_back({source, std::move(msg)});
   }
 }
 
-void PlanePartitions::reply(std::vector<uint8_t> msg) { replies_.push_back({handling_, std::move(msg)}); }
+void PlanePartitions::reply(std::vector<uint8_t> msg) {
+  replies_.push_back({handling_, handling_source_, std::move(msg)});
+}
 
-void PlanePartitions::schedule_messages(std::vector<std::vector<uint8_t>> msgs, TimeNs at) {
-  for (auto& m : msgs) {
+void PlanePartitions::schedule_messages(std::vector<Message> msgs, TimeNs at) {
+  for (auto& [source, m] : msgs) {
     const uint64_t seq = ++messages_seen_;
-    control_.schedule(at, [this, seq, m = std::move(m)] {
+    control_.schedule(at, [this, seq, source = source, m = std::move(m)] {
       handling_ = seq;
+      handling_source_ = source;
       if (on_message_) on_message_(m);
       handling_ = 0;
     });
@@ -246,14 +256,20 @@ namespace {
 
 using Bytes = std::vector<uint8_t>;
 
-void put_messages(common::ByteWriter& w, const std::vector<Bytes>& msgs) {
+void put_messages(common::ByteWriter& w, const std::vector<std::pair<uint32_t, Bytes>>& msgs) {
   w.u32(static_cast<uint32_t>(msgs.size()));
-  for (const Bytes& m : msgs) w.blob(m);
+  for (const auto& [source, m] : msgs) {
+    w.u32(source);
+    w.blob(m);
+  }
 }
 
-std::vector<Bytes> get_messages(common::ByteReader& r) {
-  std::vector<Bytes> msgs(r.count("message count", 4));
-  for (Bytes& m : msgs) m = r.blob("message");
+std::vector<std::pair<uint32_t, Bytes>> get_messages(common::ByteReader& r) {
+  std::vector<std::pair<uint32_t, Bytes>> msgs(r.count("message count", 8));
+  for (auto& [source, m] : msgs) {
+    source = r.u32("message source");
+    m = r.blob("message");
+  }
   return msgs;
 }
 
@@ -285,7 +301,7 @@ PlanePartitions::Turn PlanePartitions::sync(Turn turn) {
     t.done = r.boolean("done");
     t.stop = r.boolean("stop");
     t.deadline = r.u64("deadline");
-    std::vector<Bytes> msgs = get_messages(r);
+    std::vector<Message> msgs = get_messages(r);
     r.end("a sync");
     if (p == process_of(gpu_partition())) {
       gpus = t;
@@ -315,6 +331,7 @@ void PlanePartitions::exchange_window(TimeNs last) {
         if (process_of(f.to) != p) continue;
         w.i32(f.from);
         w.i32(f.to);
+        w.i32(f.source);
         w.u64(f.at);
         w.u32(f.key);
         w.u64(f.epoch);
@@ -328,11 +345,12 @@ void PlanePartitions::exchange_window(TimeNs last) {
   const std::vector<Bytes> in = procs_->exchange(out);
   for (int p = 0; p < processes_; ++p) {
     common::ByteReader r(in[p], "window from rank " + std::to_string(p));
-    std::vector<Bytes> msgs = get_messages(r);
+    std::vector<Message> msgs = get_messages(r);
     if (p == process_of(gpu_partition())) schedule_messages(std::move(msgs), last + 1);
-    for (uint32_t k = r.count("frame count", 32); k > 0; --k) {
+    for (uint32_t k = r.count("frame count", 36); k > 0; --k) {
       const int from = r.i32("from");
       const int to = r.i32("to");
+      const int source = r.i32("source");
       const TimeNs at = r.u64("arrival");
       const uint32_t key = r.u32("key");
       const uint64_t epoch = r.u64("epoch");
@@ -342,23 +360,25 @@ void PlanePartitions::exchange_window(TimeNs last) {
                                     << " ns: not this process's, or inside the window that ended at " << last);
       const uint8_t* data = frame->data();
       const size_t bytes = frame->size();
-      mail(from, to).events_.push_back(
-          {at, [this, key, epoch, frame] { on_remote_frame_(key, std::move(*frame), epoch); }, data, bytes});
+      mail(from, to, source)
+          .events_.push_back(
+              {at, [this, key, epoch, frame] { on_remote_frame_(key, std::move(*frame), epoch); }, data, bytes});
     }
     r.end("a window's frames");
   }
 }
 
 void PlanePartitions::deliver_replies() {
-  std::vector<std::pair<uint64_t, Bytes>> got = std::move(replies_);
+  std::vector<Reply> got = std::move(replies_);
   replies_.clear();
-  if (spread() && gpu_partition_) {  // every process's answers to the GPUs' process
+  if (spread() && gpu_groups_ > 0) {  // every process's answers to the GPUs' process
     std::vector<Bytes> out(processes_);
     common::ByteWriter w;
     w.u32(static_cast<uint32_t>(got.size()));
-    for (const auto& [seq, msg] : got) {
-      w.u64(seq);
-      w.blob(msg);
+    for (const Reply& a : got) {
+      w.u64(a.seq);
+      w.u32(a.source);
+      w.blob(a.msg);
     }
     out[process_of(gpu_partition())] = w.take();
     const std::vector<Bytes> in = procs_->exchange(out);
@@ -366,16 +386,17 @@ void PlanePartitions::deliver_replies() {
     for (int p = 0; p < processes_; ++p) {
       if (in[p].empty()) continue;
       common::ByteReader r(in[p], "answers from rank " + std::to_string(p));
-      for (uint32_t k = r.count("answer count", 12); k > 0; --k) {
+      for (uint32_t k = r.count("answer count", 16); k > 0; --k) {
         const uint64_t seq = r.u64("message");
-        got.push_back({seq, r.blob("answer")});
+        const uint32_t source = r.u32("source");
+        got.push_back({seq, source, r.blob("answer")});
       }
       r.end("the answers");
     }
   }
-  std::stable_sort(got.begin(), got.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (auto& [seq, msg] : got) {
-    if (on_reply_) on_reply_(std::move(msg));
+  std::stable_sort(got.begin(), got.end(), [](const Reply& a, const Reply& b) { return a.seq < b.seq; });
+  for (Reply& a : got) {
+    if (on_reply_) on_reply_(a.source, std::move(a.msg));
   }
 }
 
@@ -385,21 +406,17 @@ void PlanePartitions::set_lookahead(TimeNs ns) {
 }
 
 void PlanePartitions::deliver_mail() {
-  const size_t n = loops_.size();
-  for (size_t to = 0; to < n && !mail_.empty(); ++to) {
-    std::vector<Mailbox::Event*> in;  // by time; sending partition then order at equal times (a stable sort)
-    for (size_t from = 0; from < n; ++from) {
-      if (const auto& m = mail_[from * n + to]) {
-        for (Mailbox::Event& e : m->events_) in.push_back(&e);
-      }
+  std::vector<Mailbox::Event*> in;
+  for (size_t to = 0; to < mail_.size(); ++to) {
+    in.clear();  // by time; source, sending partition, then order at equal times (a stable sort)
+    for (auto& [key, m] : mail_[to]) {
+      for (Mailbox::Event& e : m->events_) in.push_back(&e);
     }
     std::stable_sort(in.begin(), in.end(), [](const auto* a, const auto* b) { return a->at < b->at; });
     for (Mailbox::Event* e : in) {
       loops_[to]->schedule_reading(e->at, std::move(e->fn), e->data, e->bytes);
     }
-    for (size_t from = 0; from < n; ++from) {
-      if (const auto& m = mail_[from * n + to]) m->events_.clear();
-    }
+    for (auto& [key, m] : mail_[to]) m->events_.clear();
   }
 }
 
@@ -416,15 +433,22 @@ uint64_t PlanePartitions::events_run() const {
 std::string PlanePartitions::describe() const {
   std::ostringstream o;
   o << loops_.size() << " partition" << (loops_.size() == 1 ? "" : "s") << " (one per plane"
-    << (gpu_partition_ ? " and the GPUs'" : "") << ") on ";
-  // " planes 0 2 4", " GPUs", " GPUs planes 1 3": the word "planes" once per rank's list (`named`: said already)
+    << (gpu_groups_ == 1  ? " and the GPUs'"
+        : gpu_groups_ > 1 ? " and per GPU group"
+                          : "")
+    << ") on ";
+  // " planes 0 2 4", " GPUs", " GPUs 0-3 planes 1 3": a list's GPU groups, then its planes; the word "planes"
+  // once per rank's list, or after a GPU group (`named`: said already)
   auto list = [this, &o](int rank, int thread, bool& named) {
-    for (int p = 0; p < partitions(); ++p) {
-      if (process_of(p) != rank || (thread >= 0 && thread_of(p) != thread)) continue;
-      if (p == gpu_partition()) {
-        o << " GPUs";
-        continue;
-      }
+    auto here = [&](int p) { return process_of(p) == rank && (thread < 0 || thread_of(p) == thread); };
+    for (int p = planes(); p < partitions(); ++p) {
+      if (!here(p)) continue;
+      const int k = p - planes();
+      o << " " << (k < static_cast<int>(group_names_.size()) ? group_names_[k] : "GPUs " + std::to_string(k));
+      named = false;
+    }
+    for (int p = 0; p < planes(); ++p) {
+      if (!here(p)) continue;
       o << (named ? " " : " planes ") << p;
       named = true;
     }
@@ -457,6 +481,11 @@ TimeNs PlanePartitions::next_partition_event() const {
 
 void PlanePartitions::run_partitions_through(TimeNs last) {
   window_last_ = last;
+  in_window_ = true;
+  struct Out {
+    bool& flag;
+    ~Out() { flag = false; }
+  } out{in_window_};
   if (workers_) {
     workers_->run_all();  // the calling thread runs thread 0's share (it alone sees an interrupt check)
     return;
@@ -495,6 +524,12 @@ bool PlanePartitions::step(TimeNs until) {
     deliver_mail();
     time_ = std::max(time_, last);
     frontier_ = last + 1;
+    for (int k = 0; k < gpu_groups_; ++k) {  // what the GPUs start between windows starts at one time, whatever
+      if (owns(gpu_partition(k))) {          // each group's last event was
+        loops_[gpu_partition(k)]->advance_to(last);
+      }
+    }
+    if (on_window_end_) on_window_end_();
     return true;
   }
   for (auto* l : owned_) {

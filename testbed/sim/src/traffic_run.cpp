@@ -165,13 +165,13 @@ SimRun run_partitioned(const routing::Topology& topo, const SimOptions& opts,
   const Processes solo;
   const Processes& procs = opts.processes != nullptr ? *opts.processes : solo;
   const int planes = std::max(topo.num_planes, 1);
-  PlanePartitions parts(planes, opts.threads, procs.rank, procs.size, false,
+  PlanePartitions parts(planes, opts.threads, procs.rank, procs.size, 0,
                         opts.processes != nullptr ? opts.processes : nullptr);
   if (opts.progress) {
     std::fprintf(stderr, "sim: %s\n", parts.describe().c_str());
   }
   Fabric fabric(parts.control(), parts.plane_clocks(), topo, fabric_options(opts),
-                [&parts](int from, int to) { return parts.mailbox(from, to); });
+                [&parts](int from, int to, int source) { return parts.mailbox(from, to, source); });
   if (fabric.cross_partition_delay() != common::kForever) {
     parts.set_lookahead(fabric.cross_partition_delay());
     if (opts.progress) {

@@ -100,9 +100,9 @@ TEST(CollectiveRun, PartitionedRunsAreTheSameOnOneThreadAndTwo) {
     p.bytes = c.bytes;
     p.loss = 0.01;
     p.fail = {c.fail};
-    p.threads = 1;
+    p.threads = 1;  // and one GPU group
     const testbed::CollectiveRow one = testbed::run_collective_point(*c.topo, p);
-    p.threads = 2;
+    p.threads = 2;  // and two GPU groups
     const testbed::CollectiveRow two = testbed::run_collective_point(*c.topo, p);
     const std::string what = c.topo->name + " " + workloads::algo_name(c.algo) + " " + std::to_string(c.bytes);
     ASSERT_TRUE(one.ok) << what << ": " << one.error;
@@ -114,10 +114,25 @@ TEST(CollectiveRun, PartitionedRunsAreTheSameOnOneThreadAndTwo) {
     EXPECT_EQ(one.windows, two.windows) << what;
     EXPECT_GT(one.windows, 1u) << what;
     const int planes = c.topo->num_planes;
-    EXPECT_EQ(two.partitions, std::to_string(planes + 1) +
-                                  " partitions (one per plane and the GPUs') on 2 threads: "
-                                  "GPUs | planes 0 1" +
-                                  (planes == 4 ? " 2 3" : ""));
+    const int n = c.topo->num_gpus();
+    EXPECT_EQ(one.partitions, std::to_string(planes + 1) + " partitions (one per plane and the GPUs') on 1 thread: " +
+                                  "GPUs 0-" + std::to_string(n - 1) + " planes 0 1" + (planes == 4 ? " 2 3" : ""));
+    EXPECT_EQ(two.partitions, std::to_string(planes + 2) + " partitions (one per plane and per GPU group) on 2 " +
+                                  "threads: GPUs 0-" + std::to_string(n / 2 - 1) + " planes 0" +
+                                  (planes == 4 ? " 2" : "") + " | GPUs " + std::to_string(n / 2) + "-" +
+                                  std::to_string(n - 1) + " planes 1" + (planes == 4 ? " 3" : ""));
+    // Any grouping gives the same run: a GPU group each, uneven groups, on one thread and two.
+    for (const auto& [threads, groups] : std::vector<std::pair<int, int>>{{1, n}, {2, 3}, {2, 1}}) {
+      p.threads = threads;
+      p.gpu_groups = groups;
+      const testbed::CollectiveRow g = testbed::run_collective_point(*c.topo, p);
+      EXPECT_TRUE(seen(g) == seen(one)) << what << ": " << groups << " GPU groups on " << threads
+                                        << " threads: " << g.time_us << " us against " << one.time_us << " us; events "
+                                        << g.sim_events << " vs " << one.sim_events << " (" << g.partitions << ")";
+      if (c.topo == &pod64) break;  // 64 groups: the 8 x 2 case says it
+    }
+    p.gpu_groups = 0;
+    p.threads = 2;
     if (c.topo == &pod8) {  // and elided payloads, partitioned: the same run again
       p.elided_payloads = true;
       const testbed::CollectiveRow elided = testbed::run_collective_point(*c.topo, p);
@@ -129,12 +144,20 @@ TEST(CollectiveRun, PartitionedRunsAreTheSameOnOneThreadAndTwo) {
 TEST(CollectiveRun, ThreadsBeyondThePartitionsAreRefusedByName) {
   testbed::CollectivePoint p;
   p.bytes = 4096;
-  p.threads = 4;  // 8 x 2: two planes and the GPUs, three partitions
+  p.threads = 4;  // 8 x 2: two planes and one GPU group, three partitions
+  p.gpu_groups = 1;
   try {
     testbed::run_collective_point(routing::make_superpod(8, 2), p);
     FAIL() << "4 threads for 3 partitions ran";
   } catch (const common::Error& e) {
     EXPECT_NE(std::string(e.what()).find("--threads 4 outside 1..3"), std::string::npos) << e.what();
+  }
+  p.gpu_groups = 9;  // 8 GPUs
+  try {
+    testbed::run_collective_point(routing::make_superpod(8, 2), p);
+    FAIL() << "9 GPU groups of 8 GPUs ran";
+  } catch (const common::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("GPU groups 9 outside 1..8"), std::string::npos) << e.what();
   }
 }
 

@@ -315,9 +315,9 @@ TEST(MoeFabric, TwoMicroBatchesEqualTheReference) {
                common::Error);
 }
 
-// Partitioned (a partition per plane and the GPUs'), the layer under 1% loss is the same run on one thread and on
-// two: outputs bit for bit, phase times, bytes on every cable; and it still equals the reference. The same for
-// the two micro-batches.
+// Partitioned (a partition per plane and per GPU group), the layer under 1% loss is the same run on one thread and
+// on two, whatever the GPUs' grouping (one group, one per thread, one per GPU or uneven ones): outputs bit for bit,
+// phase times, bytes on every cable; and it still equals the reference. The same for the two micro-batches.
 TEST(MoeFabric, PartitionedRunsAreTheSameOnOneThreadAndTwo) {
   const workloads::MoeConfig cfg = small_config();
   const workloads::MoeWeights w = workloads::make_weights(cfg, 3);
@@ -326,44 +326,53 @@ TEST(MoeFabric, PartitionedRunsAreTheSameOnOneThreadAndTwo) {
     const routing::Topology topo = routing::make_superpod(ranks, ranks == 8 ? 2 : 4);
     const at::Tensor x = torch::randn({ranks * (ranks == 8 ? 16 : 4), cfg.hidden});
     const at::Tensor ref = workloads::reference_forward(x, w, cfg);
+    // (threads, GPU groups): one group on one thread, one per thread on two, one per GPU (8) or 5 uneven ones (64)
+    const std::pair<int, int> runs[3] = {{1, 1}, {2, 0}, {2, ranks == 8 ? 8 : 5}};
+    auto options = [&](int k) {
+      testbed::ClusterOptions o;
+      o.endpoint.ordering = endpoint::Ordering::kWeak;
+      o.threads = runs[k].first;
+      o.gpu_groups = runs[k].second;
+      return o;
+    };
     for (MoeVariant v : {MoeVariant::kPerExpert, MoeVariant::kPerRank, MoeVariant::kIfec}) {
       SCOPED_TRACE(std::string(testbed::moe_variant_name(v)) + " EP " + std::to_string(ranks));
-      testbed::MoeFabricResult r[2];
-      std::vector<uint64_t> cables[2];
-      for (int t = 0; t < 2; ++t) {
-        testbed::ClusterOptions o;
-        o.endpoint.ordering = endpoint::Ordering::kWeak;
+      testbed::MoeFabricResult r[3];
+      std::vector<uint64_t> cables[3];
+      for (int k = 0; k < 3; ++k) {
+        testbed::ClusterOptions o = options(k);
         o.fabric.loss = 0.01;
-        o.threads = t + 1;
         testbed::Cluster c(topo, o);
-        r[t] = testbed::run_moe_fabric(c, v, cfg, w, x, ranks);
-        ASSERT_TRUE(r[t].ok) << r[t].error;
-        cables[t] = cable_bytes(c);
+        r[k] = testbed::run_moe_fabric(c, v, cfg, w, x, ranks);
+        ASSERT_TRUE(r[k].ok) << r[k].error;
+        cables[k] = cable_bytes(c);
       }
       EXPECT_LT(max_rel_error(r[0].output, ref), 1e-5);
-      EXPECT_TRUE(torch::equal(r[0].output, r[1].output));
-      EXPECT_EQ(r[0].dispatch.us, r[1].dispatch.us);
-      EXPECT_EQ(r[0].combine.us, r[1].combine.us);
-      EXPECT_EQ(r[0].dispatch.wire_per_plane, r[1].dispatch.wire_per_plane);
-      EXPECT_EQ(r[0].combine.wire_per_plane, r[1].combine.wire_per_plane);
-      EXPECT_EQ(cables[0], cables[1]);
+      for (int k = 1; k < 3; ++k) {
+        SCOPED_TRACE(std::to_string(runs[k].second) + " GPU groups on " + std::to_string(runs[k].first) + " threads");
+        EXPECT_TRUE(torch::equal(r[0].output, r[k].output));
+        EXPECT_EQ(r[0].dispatch.us, r[k].dispatch.us);
+        EXPECT_EQ(r[0].combine.us, r[k].combine.us);
+        EXPECT_EQ(r[0].dispatch.wire_per_plane, r[k].dispatch.wire_per_plane);
+        EXPECT_EQ(r[0].combine.wire_per_plane, r[k].combine.wire_per_plane);
+        EXPECT_EQ(cables[0], cables[k]);
+      }
       if (ranks > 8) {
         continue;
       }
-      testbed::MoeTwoBatchResult two[2];
+      testbed::MoeTwoBatchResult two[3];
       const double experts_us[2] = {2, 1};
-      for (int t = 0; t < 2; ++t) {
-        testbed::ClusterOptions o;
-        o.endpoint.ordering = endpoint::Ordering::kWeak;
-        o.threads = t + 1;
-        testbed::Cluster c(topo, o);
-        two[t] = testbed::run_moe_two_batches(c, v, cfg, w, x, ranks, experts_us);
-        ASSERT_TRUE(two[t].ok) << two[t].error;
+      for (int k = 0; k < 3; ++k) {
+        testbed::Cluster c(topo, options(k));
+        two[k] = testbed::run_moe_two_batches(c, v, cfg, w, x, ranks, experts_us);
+        ASSERT_TRUE(two[k].ok) << two[k].error;
       }
       EXPECT_LT(max_rel_error(two[0].output, ref), 1e-5);
-      EXPECT_TRUE(torch::equal(two[0].output, two[1].output));
-      EXPECT_EQ(two[0].us, two[1].us);
-      EXPECT_EQ(two[0].combine[0].start_us, two[1].combine[0].start_us);
+      for (int k = 1; k < 3; ++k) {
+        EXPECT_TRUE(torch::equal(two[0].output, two[k].output)) << runs[k].second << " GPU groups";
+        EXPECT_EQ(two[0].us, two[k].us) << runs[k].second << " GPU groups";
+        EXPECT_EQ(two[0].combine[0].start_us, two[k].combine[0].start_us) << runs[k].second << " GPU groups";
+      }
     }
   }
 }

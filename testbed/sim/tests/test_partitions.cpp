@@ -167,11 +167,12 @@ TEST(PlanePartitions, MailboxesDeliverBetweenWindowsInOneOrder) {
   EXPECT_THROW(parts.set_lookahead(0), common::Error);
 }
 
-// The GPUs' partition's messages: those posted in a window run on the control loop at its end, in the order
-// posted, and their answers come back after that time's control events, in the same order, on one thread or two.
+// The GPUs' messages: those posted after a window (as Cluster posts what its GPUs asked in it) run on the control
+// loop at the window's end, in the order posted, and their answers come back with their source after that time's
+// control events, in the same order, on one thread or two.
 TEST(PlanePartitions, MessagesRunAtTheWindowsEndAndAnswerInOrder) {
   for (int threads : {1, 2}) {
-    testbed::PlanePartitions parts(2, threads, 0, 1, /*gpu_partition=*/true);
+    testbed::PlanePartitions parts(2, threads, 0, 1, /*gpu_groups=*/1);
     parts.set_lookahead(100);
     common::EventLoop& gpus = parts.gpu_loop();
     std::vector<std::string> log;  // written by the GPUs' partition and the control loop, never at once
@@ -179,10 +180,21 @@ TEST(PlanePartitions, MessagesRunAtTheWindowsEndAndAnswerInOrder) {
       log.push_back("handle " + std::string(m.begin(), m.end()) + " @" + std::to_string(parts.control().now()));
       parts.reply(std::vector<uint8_t>(m.rbegin(), m.rend()));
     });
-    parts.on_reply([&](std::vector<uint8_t> m) {
-      log.push_back("answer " + std::string(m.begin(), m.end()) + " @" + std::to_string(gpus.now()));
+    parts.on_reply([&](uint32_t source, std::vector<uint8_t> m) {
+      log.push_back("answer " + std::string(m.begin(), m.end()) + " to " + std::to_string(source) + " @" +
+                    std::to_string(gpus.now()));
     });
-    auto post = [&](const char* s) { parts.post_message(std::vector<uint8_t>(s, s + std::strlen(s))); };
+    std::vector<std::string> asked;  // in the window
+    parts.on_window_end([&] {
+      for (size_t i = 0; i < asked.size(); ++i) {
+        parts.post_message(static_cast<uint32_t>(i), std::vector<uint8_t>(asked[i].begin(), asked[i].end()));
+      }
+      asked.clear();
+    });
+    auto post = [&](const char* s) {
+      EXPECT_THROW(parts.post_message(0, {1}), common::Error) << "inside a window";
+      asked.push_back(s);
+    };
     gpus.schedule(10, [&] { post("ab"); });
     gpus.schedule(30, [&] { post("cd"); });
     parts.plane_clocks()[1]->schedule(40, [] {});
@@ -190,8 +202,8 @@ TEST(PlanePartitions, MessagesRunAtTheWindowsEndAndAnswerInOrder) {
     parts.run();
     // The window from 10 runs to 109 (a lookahead past the earliest event): both messages run at 110, after the
     // control event already there, and their answers follow at 110.
-    const std::vector<std::string> want = {"control @110", "handle ab @110", "handle cd @110", "answer ba @110",
-                                           "answer dc @110"};
+    const std::vector<std::string> want = {"control @110", "handle ab @110", "handle cd @110", "answer ba to 0 @110",
+                                           "answer dc to 1 @110"};
     EXPECT_EQ(log, want) << threads << " threads";
   }
 }

@@ -169,6 +169,12 @@ class Communicator : private endpoint::EndpointSubscriber {
   const CommOptions& options() const { return opts_; }
   // Replaces the options (between operations).
   void set_options(const CommOptions& o);
+  // Where an operation's `done` runs: by default as an event of its own on this rank's clock, at once (the caller
+  // may start the next operation from it); a partitioned Cluster hands it to its calling thread between windows,
+  // where a driver may touch every rank.
+  using Handover = std::function<void(std::function<void()>)>;
+  void set_handover(Handover h) { handover_ = std::move(h); }
+  void hand_over(std::function<void()> fn);
   common::Clock& clock() { return ep_.clock(); }
   uint16_t next_group() { return next_group_++; }
   // The counter the next in-fabric operation numbers its switch groups from (it picks, among other things, the
@@ -227,6 +233,7 @@ class Communicator : private endpoint::EndpointSubscriber {
   static constexpr size_t kMaxEarly = 1 << 20;
   std::vector<Arrival> early_;
   bool fence_next_ = false;
+  Handover handover_;
   endpoint::Subscription subscription_;  // last: released before anything the deliveries touch goes
 };
 

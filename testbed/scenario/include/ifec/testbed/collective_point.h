@@ -51,7 +51,8 @@ struct CollectivePoint {
   // real payloads, nothing computed or checked; the row says "timing only".
   bool elided_payloads = false;
   int threads = 0;  // the simulated driver's ClusterOptions::threads (0: one event loop; N: partitioned on N threads)
-  Turns start;      // where the carried state starts (a replay sets the traced operation's); fresh by default
+  int gpu_groups = 0;  // and its GPU groups (0: one per thread); the same rows for every grouping
+  Turns start;         // where the carried state starts (a replay sets the traced operation's); fresh by default
 };
 
 struct CollectiveRow {

@@ -34,11 +34,14 @@ struct ClusterOptions {
   // Rank r's bootstrap answers arrive r x this later: ranks that learn a shared outcome at different times, as on
   // their own clocks in the live testbed (tests of the races that follows from).
   common::TimeNs bootstrap_skew_ns = 0;
-  // 0: one event loop for the whole fabric. N >= 1: partitioned (partitions.h): one partition per plane and one
-  // for the GPUs (endpoints, communicators, bootstrap), on N threads; the same result for every N (not the one
-  // loop's: equal-time events between partitions meet in the mailboxes' order).
+  // 0: one event loop for the whole fabric. N >= 1: partitioned (partitions.h): one partition per plane and one per
+  // group of GPUs (endpoints, communicators), on N threads; the same result for every N and every grouping (not the
+  // one loop's: equal-time events between partitions meet in the mailboxes' order, and what one GPU does to another
+  // waits for the window's end).
   int threads = 0;
-  // Spread over MPI processes (threads >= 1): rank 0 runs the GPUs, ranks 1.. the planes; every process makes
+  // Partitioned: the GPUs in this many groups of consecutive GPUs (0: one per thread; at most one per GPU).
+  int gpu_groups = 0;
+  // Spread over MPI processes (threads >= 1): rank 0 runs the GPUs' groups, ranks 1.. the planes; every process makes
   // the same calls on its Cluster, and the GPUs' results (windows, operations, their ports' counters) are rank 0's.
   const Processes* processes = nullptr;
 };
@@ -50,12 +53,21 @@ class Cluster {
   Cluster(const routing::Topology& topo, ClusterOptions opts);
   ~Cluster();
 
-  // The GPUs' event loop (the whole fabric's when not partitioned): what their callbacks schedule on and read the
-  // time of. Run the simulation with run/step/run_until, not this loop's run.
-  common::EventLoop& loop() { return *gpus_; }
-  // The simulated time between steps: the same on every process of a spread run (inside the GPUs' events, their
-  // loop's time is the event's).
-  common::TimeNs now() const { return parts_ ? parts_->time() : gpus_->now(); }
+  // The whole fabric's event loop (not partitioned only; throws otherwise). Run the simulation with
+  // run/step/run_until, not this loop's run.
+  common::EventLoop& loop();
+  // GPU `gpu`'s event loop: what its endpoint's callbacks schedule on and read the time of.
+  common::EventLoop& gpu_loop(int gpu) { return *gpu_loops_.at(gpu); }
+  // The simulated time of a driver, between steps, in an operation's `done` or an at() event: the same on every
+  // process of a spread run (inside a GPU's events, its loop's time is the event's).
+  common::TimeNs now() const;
+  // Runs `fn` at simulated time `t` (>= now()) as the driver: partitioned, on the control loop (between windows),
+  // where it may start operations on every rank.
+  void at(common::TimeNs t, std::function<void()> fn);
+  // What GPU `gpu` does to other GPUs (or to what drivers share) from within its events: partitioned, `fn` runs
+  // after the window, on the calling thread, in an order no grouping or thread count changes (by the time it was
+  // asked, then GPU, then the order asked); otherwise at once.
+  void later(int gpu, std::function<void()> fn);
   bool idle() const;
   common::TimeNs next_event_time() const;
   uint64_t events_run() const;
@@ -108,11 +120,20 @@ class Cluster {
 
  private:
   void make_partitions(bool spread);
+  void make_control(std::map<std::string, switchemu::Switch*> switches);
   void serve_message(const std::vector<uint8_t>& m);
+  void run_later();  // between windows: what later() kept, in order
+  common::ControlPlane& control_of(int gpu);
 
+  class LaterBootstrap;
   struct RankSet {
     std::unique_ptr<InProcessBootstrap> boot;
+    std::vector<std::unique_ptr<workloads::Bootstrap>> views;  // partitioned: each rank's, through later()
     std::vector<std::unique_ptr<workloads::Communicator>> comms;
+  };
+  struct Later {
+    common::TimeNs at;
+    std::function<void()> fn;
   };
 
   struct Unmap {
@@ -120,9 +141,11 @@ class Cluster {
     void operator()(uint8_t* p) const;
   };
 
-  common::EventLoop loop_;                  // the whole fabric's, when not partitioned
-  std::unique_ptr<PlanePartitions> parts_;  // when partitioned
-  common::EventLoop* gpus_ = &loop_;        // the GPUs' loop
+  common::EventLoop loop_;                     // the whole fabric's, when not partitioned
+  std::unique_ptr<PlanePartitions> parts_;     // when partitioned
+  std::vector<common::EventLoop*> gpu_loops_;  // [gpu]: its loop (its group's, partitioned)
+  std::vector<int> group_first_;               // partitioned: [group] its first GPU, then the GPU count
+  std::vector<std::vector<Later>> later_;      // [gpu]: asked in this window (written by its group's thread)
   routing::Topology topo_;
   ClusterOptions opts_;
   std::unique_ptr<testbed::Fabric> fabric_;
@@ -130,8 +153,9 @@ class Cluster {
   std::vector<std::unique_ptr<endpoint::Endpoint>> endpoints_;
   std::vector<std::vector<int>> used_ports_;  // per GPU: fabric port indices its endpoint owns
   uint64_t barrier_epoch_ = 0;
-  bool stopped_ = false;                              // stop_serving() done
-  std::unique_ptr<common::ControlPlane> control_;     // the GPUs' (partitioned: a MessageControlClient)
+  bool stopped_ = false;                           // stop_serving() done
+  std::unique_ptr<common::ControlPlane> control_;  // the driver's (partitioned: a MessageControlClient)
+  std::vector<std::unique_ptr<MessageControlClient>> gpu_control_;  // partitioned: [gpu] its communicators'
   std::unique_ptr<InProcessControl> switch_control_;  // partitioned: what serves its messages, at the switches
   std::map<std::string, int> switch_planes_;          // switch name -> its plane (which process answers a call)
   std::map<std::pair<std::vector<int>, int>, RankSet> rank_sets_;  // (GPUs, stream); after endpoints_: go first

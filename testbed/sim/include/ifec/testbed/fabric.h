@@ -52,11 +52,17 @@ class Fabric {
   // runs the planes' clocks apart, up to each control event, and the control events between them.
   // A link joining two planes (a server's NVLink-class link between GPUs of two planes) sends its frames through
   // mailbox(from plane, to plane) (PlanePartitions::mailbox); without one such a topology needs a single clock.
-  // With `gpu_clock` (the endpoint runtime's partitioned run), every GPU port runs on it instead, the GPUs being
-  // partition `planes` (PlanePartitions' GPU partition): each GPU-to-switch link joins it to a plane's partition.
-  using MailboxFn = std::function<common::Clock*(int from, int to)>;
+  // With `gpu_partition` (the endpoint runtime's partitioned run), GPU g's ports run on the clock of a partition of
+  // the GPUs' own instead (PlanePartitions' GPU groups): each GPU-to-switch link joins it to a plane's partition, and
+  // what the GPU sends goes through a mailbox of its own (source planes + g).
+  using MailboxFn = std::function<common::Clock*(int from, int to, int source)>;
+  struct GpuPartition {
+    int partition = -1;
+    common::Clock* clock = nullptr;
+  };
+  using GpuPartitionFn = std::function<GpuPartition(int gpu)>;
   Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks, const routing::Topology& topo,
-         FabricOptions opts, MailboxFn mailbox = nullptr, common::Clock* gpu_clock = nullptr);
+         FabricOptions opts, MailboxFn mailbox = nullptr, GpuPartitionFn gpu_partition = nullptr);
   ~Fabric();
 
   const routing::Topology& topology() const { return topo_; }
@@ -118,7 +124,7 @@ class Fabric {
   void install_gpu_routes();
   void fare_round(uint64_t generation);
   // Every link of the topology (links_), each plane's in one array (link_store_), on its partitions' clocks.
-  void make_links(const MailboxFn& mailbox, common::Clock* gpu_clock);
+  void make_links(const MailboxFn& mailbox, const GpuPartitionFn& gpu_partition);
 
   common::Clock& clock_;
   std::vector<common::Clock*> plane_clocks_;
@@ -151,8 +157,9 @@ class Fabric {
 class PlanePartitions;
 // A fabric spread over MPI processes: each link end whose far end runs in another process's partition sends
 // through the partitions' exchange (key: link id x 2 + the receiving side), and what arrives here goes to its end.
-// Ends: a GPU's in the GPUs' partition when there is one, else its plane's; a switch's in its plane's.
-void connect_processes(Fabric& fabric, PlanePartitions& parts);
+// Ends: a GPU's in its group's partition, gpu_partition(gpu), when there is one, else its plane's; a switch's in
+// its plane's.
+void connect_processes(Fabric& fabric, PlanePartitions& parts, const std::function<int(int gpu)>& gpu_partition = {});
 
 // MAC address of port `port` of topology node `node` (locally administered, unique per node and port).
 common::MacAddress node_port_mac(const routing::Topology& topo, int node, int port);

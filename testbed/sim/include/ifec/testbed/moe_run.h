@@ -39,6 +39,7 @@ struct MoeRunConfig {
   // turn): a live row's, so the same frames take the same planes. Empty: a fresh fabric's.
   Turns start;
   int threads = 0;  // ClusterOptions::threads: 0 one event loop, N partitioned on N threads (the same rows for any N)
+  int gpu_groups = 0;  // ClusterOptions::gpu_groups (0: one per thread; the same rows for any grouping)
   // Every fabric spread over MPI processes (ClusterOptions::processes): rank 0 runs the points and returns the rows,
   // the others serve its fabrics and return none.
   const Processes* processes = nullptr;

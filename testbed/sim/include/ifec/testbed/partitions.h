@@ -15,12 +15,14 @@
 // it. Between windows each partition takes its mailboxes' events in one order, by time, then sending partition,
 // then sending order: the same whatever the threads.
 //
-// The endpoint runtime (collectives, MoE: Cluster with threads) adds one more partition, the GPUs': every endpoint,
-// its communicators and their in-process bootstrap share it, and each GPU's links to its switches join it to the
-// planes' partitions (the GPU-to-switch delay is the lookahead). Its calls to switches (the control plane's
-// reservations and window registrations) are byte messages (post_message): each runs on the control loop at the
-// end of the window it was made in (or at once between windows), in the order made, and its answer (reply) comes
-// back to the GPUs' partition after that time's control events, in the same order.
+// The endpoint runtime (collectives, MoE: Cluster with threads) adds partitions for the GPUs, one per group of GPUs
+// (gpu_groups): each GPU's links to its switches join its group's partition to the planes' (the GPU-to-switch delay
+// is the lookahead). Frames a GPU sends go through a mailbox of its own (mailbox's `source`: planes + GPU), so mail
+// of one time is taken in an order no grouping changes (by time, then source, then sending order). What a GPU does
+// to another (Cluster: bootstrap, connection resets, an operation's end) waits for the window's end
+// (on_window_end). Calls to switches (the control plane's reservations and window registrations) are byte messages
+// (post_message, from between windows): each runs on the control loop at the window's end, in the order posted,
+// and its answer (reply) comes back, with the message's source, after that time's control events, in that order.
 //
 // Spread over MPI processes with the GPUs' partition (mpirun -np N ifec ... --collective, bench moe): rank 0 runs
 // the GPUs, ranks 1.. the planes. Each step then starts with an exchange (every process's next event, rank 0's
@@ -31,6 +33,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,10 +58,10 @@ class PlanePartitions {
   // `planes` partitions (>= 1) run by `threads` threads (1..planes; plane p on thread p % threads). Spread over
   // `processes` processes (MPI ranks; 1..planes), this one, `rank`, runs the planes p with p % processes == rank
   // (on its threads) and the control loop, which every process runs alike; the others' partitions stay unrun here.
-  // With `gpu_partition`, one more partition (index `planes`, gpu_loop()) that thread 0 runs alone when there are
-  // more threads, and rank 0 when there are more processes.
-  // With `gpu_partition` over processes, `procs` carries the exchanges.
-  PlanePartitions(int planes, int threads, int rank = 0, int processes = 1, bool gpu_partition = false,
+  // With `gpu_groups` >= 1, that many more partitions (indices planes.., gpu_loop(k)), all on rank 0 when there
+  // are more processes; one group has thread 0 to itself when there are more threads, several share the threads
+  // with the planes (groups first). Over processes, `procs` carries the exchanges.
+  PlanePartitions(int planes, int threads, int rank = 0, int processes = 1, int gpu_groups = 0,
                   const Processes* procs = nullptr);
   ~PlanePartitions();
   PlanePartitions(const PlanePartitions&) = delete;
@@ -66,26 +69,36 @@ class PlanePartitions {
 
   common::EventLoop& control() { return control_; }
   std::vector<common::Clock*> plane_clocks();
-  common::EventLoop& gpu_loop();  // the GPUs' partition (gpu_partition only)
-  int gpu_partition() const { return gpu_partition_ ? planes() : -1; }
-  // What partition `from` schedules for partition `to` (a link's arrivals): held until the window ends.
-  common::Clock* mailbox(int from, int to);
+  common::EventLoop& gpu_loop(int group = 0);  // GPU group `group`'s partition (gpu_groups >= 1 only)
+  int gpu_partition(int group = 0) const { return gpu_groups_ > 0 ? planes() + group : -1; }
+  int gpu_groups() const { return gpu_groups_; }
+  bool is_gpu_partition(int p) const { return gpu_groups_ > 0 && p >= planes(); }
+  // What partition `from` schedules for partition `to` (a link's arrivals): held until the window ends, then taken
+  // by time, then `source` (default: `from`; a GPU's own: planes + its index), then sending order.
+  common::Clock* mailbox(int from, int to, int source = -1);
+  // What describe() calls each GPU group ("GPUs 0-31"; default "GPUs" for one, "GPUs k" for several).
+  void set_gpu_group_names(std::vector<std::string> names) { group_names_ = std::move(names); }
+  // Whether a window's partitions are running (their threads may be in their events).
+  bool in_window() const { return in_window_; }
+  // Runs after every window, on the calling thread, once the window's mail is in and time() is its last ns.
+  void on_window_end(std::function<void()> fn) { on_window_end_ = std::move(fn); }
   // The shortest delay of a link that joins two partitions (kForever, the default: none does).
   void set_lookahead(common::TimeNs ns);
   int threads() const { return threads_; }
   int partitions() const { return static_cast<int>(loops_.size()); }
-  int planes() const { return partitions() - (gpu_partition_ ? 1 : 0); }
-  // Control messages (see above). post_message: from the GPUs' partition's thread (or between steps); ignored
-  // on a process that does not run the GPUs. on_message's handler runs on every process's control loop; the
-  // process that answers calls reply() from within it; on_reply's handler gets each answer on the GPUs' process.
-  void post_message(std::vector<uint8_t> msg);
+  int planes() const { return partitions() - gpu_groups_; }
+  // Control messages (see above). post_message: between windows, on the calling thread (the GPUs' process); ignored
+  // on a process that does not run the GPUs; `source` says whose it is and comes back with its answer. on_message's
+  // handler runs on every process's control loop; the process that answers calls reply() from within it;
+  // on_reply's handler gets each answer on the GPUs' process.
+  void post_message(uint32_t source, std::vector<uint8_t> msg);
   void on_message(std::function<void(const std::vector<uint8_t>&)> fn) { on_message_ = std::move(fn); }
   void reply(std::vector<uint8_t> msg);
-  void on_reply(std::function<void(std::vector<uint8_t>)> fn) { on_reply_ = std::move(fn); }
+  void on_reply(std::function<void(uint32_t source, std::vector<uint8_t>)> fn) { on_reply_ = std::move(fn); }
   // Frames between processes: the sending end of a link from partition `from` to `to` (owned by another process)
   // sends through remote_sender (key: which end receives, the caller's numbering); the receiving process hands
   // each to on_remote_frame's handler at its arrival time, in the mailboxes' order.
-  common::LinkPort::Remote remote_sender(int from, int to, uint32_t key);
+  common::LinkPort::Remote remote_sender(int from, int to, uint32_t key, int source = -1);
   void on_remote_frame(std::function<void(uint32_t key, std::vector<uint8_t>&&, uint64_t epoch)> fn) {
     on_remote_frame_ = std::move(fn);
   }
@@ -103,7 +116,7 @@ class PlanePartitions {
   Turn sync(Turn turn);
   // Over processes with something crossing them (the GPUs' partition, or links between partitions of two
   // processes): every step exchanges, as above.
-  bool spread() const { return processes_ > 1 && (gpu_partition_ || crossing_); }
+  bool spread() const { return processes_ > 1 && (gpu_groups_ > 0 || crossing_); }
   int rank() const { return rank_; }
 
   // Runs every event up to and including `until` in windows as above, then sets every time to `until` (when
@@ -124,7 +137,7 @@ class PlanePartitions {
   int process_of(int partition) const;
   uint64_t windows_run() const { return windows_; }
   // "8 partitions (one per plane) on 2 threads: planes 0 2 4 6 | 1 3 5 7"; over processes: "... on 2 processes
-  // x 1 thread: rank 0 planes 0 2 4 6 | rank 1 planes 1 3 5 7"
+  // x 1 thread: rank 0 planes 0 2 4 6 | rank 1 planes 1 3 5 7"; GPU groups: "... GPUs 0 | planes 0 1 GPUs 1"
   std::string describe() const;
 
  private:
@@ -133,6 +146,7 @@ class PlanePartitions {
   struct RemoteFrame {
     int from;
     int to;
+    int source;
     common::TimeNs at;
     uint32_t key;
     uint64_t epoch;
@@ -141,8 +155,9 @@ class PlanePartitions {
   int thread_of(int partition) const;
   common::TimeNs next_partition_event() const;    // this process's partitions'
   common::TimeNs global_partition_event() const;  // every process's (spread: as of the last sync)
-  Mailbox& mail(int from, int to);
-  void schedule_messages(std::vector<std::vector<uint8_t>> msgs, common::TimeNs at);
+  Mailbox& mail(int from, int to, int source);
+  using Message = std::pair<uint32_t, std::vector<uint8_t>>;  // (source, bytes)
+  void schedule_messages(std::vector<Message> msgs, common::TimeNs at);
   void exchange_window(common::TimeNs last);         // frames to their processes, the window's messages to every one
   void deliver_replies();                            // the control step's answers to the GPUs' process, in order
   void run_partitions_through(common::TimeNs last);  // every partition's events up to `last`, on the threads
@@ -152,15 +167,23 @@ class PlanePartitions {
   std::vector<std::unique_ptr<common::EventLoop>> loops_;   // [partition]: the planes', then the GPUs'
   std::vector<common::EventLoop*> owned_;                   // this process's partitions
   std::vector<std::vector<common::EventLoop*>> by_thread_;  // [thread]: the owned partitions it runs
-  std::vector<std::unique_ptr<Mailbox>> mail_;              // [from * partitions + to], made on first use
+  // [to]: (source, from) -> its mailbox, made on first use; a map's order is the sources' (then senders')
+  std::vector<std::map<std::pair<int, int>, std::unique_ptr<Mailbox>>> mail_;
   const Processes* procs_ = nullptr;
-  std::vector<std::vector<uint8_t>> messages_;  // posted since the last exchange (the GPUs' process only)
+  std::vector<Message> messages_;  // posted since the last exchange (the GPUs' process only)
   std::function<void(const std::vector<uint8_t>&)> on_message_;
-  std::function<void(std::vector<uint8_t>)> on_reply_;
-  uint64_t messages_seen_ = 0;  // messages scheduled so far (the same count on every process)
-  uint64_t handling_ = 0;       // the message whose handler runs (its answers carry it)
-  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> replies_;  // made in this control step, here
-  std::vector<std::vector<RemoteFrame>> outbox_;                    // [sending partition]: this window's
+  std::function<void(uint32_t, std::vector<uint8_t>)> on_reply_;
+  std::function<void()> on_window_end_;
+  uint64_t messages_seen_ = 0;    // messages scheduled so far (the same count on every process)
+  uint64_t handling_ = 0;         // the message whose handler runs (its answers carry it)
+  uint32_t handling_source_ = 0;  // and its source
+  struct Reply {
+    uint64_t seq;
+    uint32_t source;
+    std::vector<uint8_t> msg;
+  };
+  std::vector<Reply> replies_;                    // made in this control step, here
+  std::vector<std::vector<RemoteFrame>> outbox_;  // [sending partition]: this window's
   std::function<void(uint32_t, std::vector<uint8_t>&&, uint64_t)> on_remote_frame_;
   common::TimeNs time_ = 0;
   common::TimeNs frontier_ = 0;  // where between-window messages go: the last window's end or control time
@@ -172,7 +195,9 @@ class PlanePartitions {
   int threads_;
   int rank_;
   int processes_;
-  bool gpu_partition_ = false;
+  int gpu_groups_ = 0;
+  std::vector<std::string> group_names_;
+  bool in_window_ = false;
   bool crossing_ = false;  // a mailbox joins partitions of two processes
   uint64_t windows_ = 0;
 };
