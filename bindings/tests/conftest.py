@@ -3,6 +3,7 @@
 import contextlib
 import os
 import pathlib
+import signal
 import sys
 
 import pytest
@@ -14,6 +15,13 @@ sys.path.insert(0, str(BUILD / "python"))
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (also ctest -L gpu); skips, saying why, without one")
+    # SIGTERM (timeout(1), a CI limit) ends the run as Ctrl-C does: fixtures still take their fabrics, containers and
+    # namespaces down (killed outright, the daemons were left for the next fabric's reap_leftovers).
+    signal.signal(signal.SIGTERM, _interrupted)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 @pytest.fixture(scope="session")

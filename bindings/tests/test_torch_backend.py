@@ -95,6 +95,17 @@ def test_every_operation_equals_the_same_computation_in_one_process(fab):
     assert "[rank 0] refused one-rank group: ifec: new_group of one rank (0)" in out
 
 
+def test_a_later_programs_groups_of_other_ranks_run(fab):
+    """After collectives_check.py (its first group: every rank), a program whose first group is half the ranks: the
+    hostds kept the earlier program's groups, and the new ones must not be taken for them."""
+    rc, out = _run(fab, "groups_again.py")
+    assert rc == 0, out[-3000:]
+    for r in range(4):
+        assert f"[rank {r}] ok all_reduce in the first group, other ranks than the earlier program's" in out
+    for r in range(8):
+        assert f"[rank {r}] ok all_reduce in a group of every rank" in out
+
+
 def test_ddp_equals_gloo_and_repeats_bitwise(fab, tmp_path):
     import torch
     rc, out = _run(fab, "ddp_train.py", "--out", tmp_path / "a.pt", trace=tmp_path / "trace")

@@ -781,7 +781,13 @@ void UpdateDecoder::attributes(size_t at, size_t end) {
       error(BgpErrorAction::kTreatAsWithdraw, kUpdMalformedAttrList, at, {}, os.str());
       return;
     }
-    if (seen[type]) {  // RFC 7606 §3 g: repeats after the first are discarded
+    if (seen[type] && (type == kAttrMpReach || type == kAttrMpUnreach)) {  // RFC 7606 §3 g: these reset the session
+      std::ostringstream os;
+      os << (type == kAttrMpReach ? "MP_REACH_NLRI" : "MP_UNREACH_NLRI") << " repeated at byte " << at;
+      error(BgpErrorAction::kSessionReset, kUpdMalformedAttrList, at, {}, os.str());
+      return;
+    }
+    if (seen[type]) {  // RFC 7606 §3 g: repeats of the others after the first are discarded
       std::ostringstream os;
       os << attr_name(type) << " (type " << int(type) << ") repeated at byte " << at << ": discarded";
       error(BgpErrorAction::kAttributeDiscard, kUpdMalformedAttrList, at, {}, os.str());

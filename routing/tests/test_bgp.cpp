@@ -523,6 +523,18 @@ TEST(BgpRfc7606, RepeatedAttributesAfterTheFirstAreDiscarded) {
   EXPECT_EQ(*m.update.attrs.med, 5u);
 }
 
+TEST(BgpRfc7606, RepeatedMultiprotocolAttributesResetTheSession) {
+  // RFC 7606 §3 g: MP_REACH_NLRI or MP_UNREACH_NLRI more than once is a Malformed Attribute List NOTIFICATION.
+  const Bytes unreach = {0x80, 0x0f, 0x03, 0x00, 0x01, 0x01};  // AFI 1, SAFI 1, no withdrawn routes
+  expect_error(update_msg({}, cat({kOrigin, kAsPath, kNextHop, unreach, unreach}), kNlri), kReset, 3, 1, {},
+               "MP_UNREACH_NLRI repeated");
+  const Bytes reach = {0x80, 0x0e, 0x05, 0x00, 0x01, 0x01, 0x00, 0x00};  // no next hop, no NLRI
+  expect_error(update_msg({}, cat({kOrigin, kAsPath, kNextHop, reach, reach}), kNlri), kReset, 3, 1, {},
+               "MP_REACH_NLRI repeated");
+  // Once is accepted (and not decoded: this speaker's routes are IPv4 unicast in the NLRI field).
+  EXPECT_TRUE(decode(update_msg({}, cat({kOrigin, kAsPath, kNextHop, unreach}), kNlri), from_peer()).ok());
+}
+
 TEST(BgpRfc7606, BadExtendedCommunitiesAreTreatAsWithdraw) {
   const Bytes seven = {0xc0, 0x10, 0x07, 0, 4, 0xfd, 0xe9, 0x51, 0x3a, 0x43};
   expect_error(update_msg({}, cat({kOrigin, kAsPath, kNextHop, seven}), kNlri), kWithdraw, 3, 9, seven, "length 7");

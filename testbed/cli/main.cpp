@@ -210,6 +210,9 @@ int run_sim_collective(const Args& a, SpreadRun& spread) {
   base.algo = wl::parse_algo(a.get("--algo"));
   base.dtype = ifec::common::parse_ech_dtype(a.get("--dtype", "fp32"));
   base.op = ifec::common::parse_ech_redop(a.get("--op", "sum"));
+  IFEC_CHECK(!a.has("--op") || base.kind == wl::Collective::kAllReduce || base.kind == wl::Collective::kReduce ||
+                 base.kind == wl::Collective::kReduceScatter,
+             "--op does not apply to --collective " << a.get("--collective") << " (it reduces nothing)");
   base.loss = ifec::cli::parse_probability(a.get("--loss", "0"), "--loss");
   base.fail = a.all("--fail");
   base.seed = ifec::cli::parse_uint(a.get("--seed", "1"), "--seed");
@@ -549,7 +552,10 @@ void print_progress(size_t done, size_t total, const std::string& running) {
 int run_bench_collectives(const Args& a) {
   const bool quick = a.has("--quick");
   const uint64_t max_sim = ifec::cli::parse_size(a.get("--max-sim", quick ? "1MiB" : "64MiB"), "--max-sim");
-  IFEC_CHECK(max_sim >= 8, "--max-sim '" << a.get("--max-sim") << "' must be at least 8 B");
+  // Sizes above it are scaled from it as bandwidth-bound: it must be past the latency-bound sizes.
+  IFEC_CHECK(max_sim >= (64 << 10), "--max-sim '" << a.get("--max-sim")
+                                                  << "' below 64 KiB: the sizes above it are the largest simulated "
+                                                     "time scaled by size, which holds only where bandwidth bounds it");
   const ifec::routing::Topology topo = topology(a);
   const int n = topo.num_gpus();
   std::printf("# AllReduce fp32 sum, %s (%d GPUs x %d planes) [driver: sim]\n", topo.name.c_str(), n, topo.num_planes);

@@ -34,6 +34,18 @@ def _setting(name, default=None):
     return value
 
 
+_WORLD_TAG = [None]  # this process's ifec world's first operation number (the same on every rank)
+
+
+def _group_number(world_tag, count):
+    """A new_group's number at the hostds: torch's count of groups, apart from another program's on the same fabric
+    (a hostd keeps a program's groups after it ends; another program's group of the same number and other members
+    was refused there) by the world's first operation number (microseconds when it started, the same on every rank):
+    tag * 4096 + count, consecutive within a program (a hostd takes a group's windows by its number mod 1000)."""
+    tag = 1 + (world_tag // 3) % ((1 << 20) - 1)
+    return tag * 4096 + count % 4096
+
+
 def _create(store, rank, size, timeout):
     """torch.distributed's factory for the backend: (prefix store, group rank, group size, timeout) -> group."""
     from . import _c10d
@@ -58,7 +70,9 @@ def _create(store, rank, size, timeout):
     except ValueError:
         raise RuntimeError(f"ifec: IFEC_GPU={os.environ['IFEC_GPU']!r} is not a GPU index")
     if dist.is_initialized():  # a new_group: torch numbers every group alike on every rank (members or not)
-        group, global_rank = dist.distributed_c10d._group_count - 1, dist.get_rank()
+        if _WORLD_TAG[0] is None:
+            raise RuntimeError("ifec: new_group before an ifec world: init_process_group('ifec') makes the world first")
+        group, global_rank = _group_number(_WORLD_TAG[0], dist.distributed_c10d._group_count - 1), dist.get_rank()
         store.set(f"ifec_gpu_{rank}", str(gpu))
         members = [int(store.get(f"ifec_gpu_{r}")) for r in range(size)]
         if size < 2:
@@ -69,6 +83,8 @@ def _create(store, rank, size, timeout):
         # (a multiple of 3: hostd takes an operation's windows by its number mod 3, the first gets the first pair)
         store.set("ifec_first_run_id", str((time.time_ns() // 1000 // 3 + 1) * 3))
     first_run_id = int(store.get("ifec_first_run_id"))
+    if not dist.is_initialized():  # the world's: its groups' numbers at the hostds start from it (_group_number)
+        _WORLD_TAG[0] = first_run_id
     trace = ""
     if os.environ.get("IFEC_TRACE"):
         folder = pathlib.Path(os.environ["IFEC_TRACE"])

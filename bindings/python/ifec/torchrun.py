@@ -9,6 +9,7 @@ with the `ifec` backend registered before the script starts (`python3 -m ifec.to
 exits with the worst rank's status, and once a rank failed, ends the others after a grace period.
 """
 import argparse
+import ctypes
 import os
 import pathlib
 import runpy
@@ -40,6 +41,7 @@ def rank_env(fab, rank, nproc, master_addr, master_port=29500, algo="ifec", trac
         env["IFEC_TLS"] = str(fab.tls_dir)
     else:
         env.pop("IFEC_TLS", None)
+    env["IFEC_LAUNCHER_PID"] = str(os.getpid())
     if trace:
         env["IFEC_TRACE"] = str(pathlib.Path(trace).resolve())
     if timeout:
@@ -118,8 +120,19 @@ def _end(procs):
             time.sleep(0.1)
 
 
+def _die_with_launcher():
+    """A rank ends when the process that launched it does (a test or ./ifec live torchrun killed by SIGTERM or
+    SIGKILL, which has no chance to end its ranks), not orphaned and waiting on its peers."""
+    launcher = int(os.environ.get("IFEC_LAUNCHER_PID", "0"))
+    if launcher:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        if os.getppid() != launcher:  # it went before the call took
+            os._exit(128 + int(signal.SIGTERM))
+
+
 def _rank_entry(argv):
     """In the rank's namespace: register the backend, then run the script as __main__ with its own argv."""
+    _die_with_launcher()
     from . import torch_backend  # noqa: F401  (registers "ifec")
     sys.argv = list(argv)
     sys.path.insert(0, str(pathlib.Path(argv[0]).resolve().parent))

@@ -71,6 +71,8 @@ enum BgpAttrType : uint8_t {
   kAttrLocalPref = 5,
   kAttrAtomicAggregate = 6,
   kAttrAggregator = 7,
+  kAttrMpReach = 14,  // RFC 4760: not decoded (IPv4 unicast only, in the NLRI field), but never twice
+  kAttrMpUnreach = 15,
   kAttrExtCommunities = 16,
   kAttrAs4Path = 17,
   kAttrAs4Aggregator = 18,
