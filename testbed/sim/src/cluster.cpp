@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 
 #include "ifec/common/checks.h"
 
@@ -194,19 +195,14 @@ void Cluster::later(int gpu, std::function<void()> fn) {
 }
 
 void Cluster::run_later() {
-  std::vector<Later*> order;  // by time; GPU, then the order asked, at equal times (a stable sort)
+  std::vector<Later> order;  // by time; GPU, then the order asked, at equal times (a stable sort)
   for (auto& asked : later_) {
-    for (Later& l : asked) order.push_back(&l);
+    std::move(asked.begin(), asked.end(), std::back_inserter(order));
+    asked.clear();  // taken before any runs: one that throws leaves none behind to run twice
   }
-  if (order.empty()) {
-    return;
-  }
-  std::stable_sort(order.begin(), order.end(), [](const Later* a, const Later* b) { return a->at < b->at; });
-  for (Later* l : order) {
-    l->fn();  // not in a window: what it asks runs at once
-  }
-  for (auto& asked : later_) {
-    asked.clear();
+  std::stable_sort(order.begin(), order.end(), [](const Later& a, const Later& b) { return a.at < b.at; });
+  for (Later& l : order) {
+    l.fn();  // not in a window: what it asks runs at once
   }
 }
 
@@ -224,7 +220,8 @@ void Cluster::at(TimeNs t, std::function<void()> fn) {
     loop_.schedule(t, std::move(fn));
     return;
   }
-  // On GPU 0's loop, then after its window: on every process alike (a control event would be rank 0's alone).
+  // On GPU 0's loop, then after its window (not a control event: every process runs the control loop alike, and
+  // only rank 0 runs the driver).
   gpu_loops_[0]->schedule(t, [this, fn = std::move(fn)] { later(0, fn); });
 }
 
