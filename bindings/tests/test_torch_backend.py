@@ -84,6 +84,9 @@ def test_every_operation_equals_the_same_computation_in_one_process(fab):
         assert f"[rank {r}] ok all_reduce float64 into an nn.Parameter" in out
         assert f"[rank {r}] refused small all_to_all_single output: ifec: all_to_all_single: the input splits" in out
         assert f"[rank {r}] ok all_reduce after a refused operation" in out
+        assert (f"[rank {r}] refused mismatched sizes: ifec: " in out and "rank 3 runs allreduce of 7 fp32 elements"
+                in out.split(f"[rank {r}] refused mismatched sizes:")[1].splitlines()[0]), out[-3000:]
+        assert f"[rank {r}] ok all_reduce after mismatched sizes" in out
         assert f"[rank {r}] refused int8 sum: ifec: all_reduce of int8" in out
     assert "[rank 5] ok reduce to 5" in out
     assert "refused product: ifec: all_reduce with product on float32 is not supported" in out

@@ -1,5 +1,7 @@
 """Every operation the ifec backend offers, checked against the same computation in this process: an unmodified
 PyTorch program. Prints one line per check; exits non-zero at the first that fails."""
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -107,6 +109,16 @@ except RuntimeError as e:
 t = mine.clone()
 dist.all_reduce(t)
 check("all_reduce after a refused operation", t, sum(every))
+t0 = time.monotonic()
+try:  # rank 3 gives one element more: named at every rank at once (the entry barrier compares), not a timeout
+    dist.all_reduce(torch.ones(7 if rank == 3 else 6))
+    raise AssertionError("all_reduce of mismatched sizes: no error")
+except RuntimeError as e:
+    assert time.monotonic() - t0 < 10, f"mismatched sizes took {time.monotonic() - t0:.1f} s to fail"
+    print(f"refused mismatched sizes: {str(e).splitlines()[0]}")
+t = mine.clone()
+dist.all_reduce(t)
+check("all_reduce after mismatched sizes", t, sum(every))
 for what, call in (("product", lambda: dist.all_reduce(mine.clone(), op=dist.ReduceOp.PRODUCT)),
                    ("int8 sum", lambda: dist.all_reduce(torch.full((2,), 100, dtype=torch.int8))),
                    ("bool", lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)))):

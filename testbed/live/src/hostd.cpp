@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <sstream>
 
 #include "daemon_common.h"
 #include "daemon_serve.h"
@@ -974,6 +975,38 @@ testbed::CollectivePoint point_of(const v1::RunRequest& q) {
 
 }  // namespace
 
+namespace {
+
+// What every rank of a collective must give alike: "allreduce of 1024 fp32 elements, sum, algorithm ifec".
+std::string operation_text(const workloads::CollArgs& a, workloads::Algo algo) {
+  std::ostringstream os;
+  os << workloads::collective_name(a.kind) << " of " << a.count << " " << common::ech_dtype_name(a.dtype)
+     << " elements";
+  if (a.kind == workloads::Collective::kAllReduce || a.kind == workloads::Collective::kReduce ||
+      a.kind == workloads::Collective::kReduceScatter) {
+    os << ", " << common::ech_redop_name(a.op);
+  }
+  if (a.kind == workloads::Collective::kReduce || a.kind == workloads::Collective::kMulticast) {
+    os << ", root " << a.root;
+  }
+  os << ", algorithm " << workloads::algo_name(algo);
+  return os.str();
+}
+
+// "" when every rank's entry (operation_text) is rank 0's, else the first that is not, with rank 0's.
+std::string operation_mismatch(const workloads::Gathered& g) {
+  for (size_t r = 1; r < g.parts.size(); ++r) {
+    if (g.parts[r] != g.parts[0]) {
+      return "rank " + std::to_string(r) + " runs " + std::string(g.parts[r].begin(), g.parts[r].end()) +
+             " where rank 0 runs " + std::string(g.parts[0].begin(), g.parts[0].end()) +
+             ": every rank of a collective must give the same";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 // One collective, this rank's part: its windows (a fresh pair per run, in turn), its input, an entry barrier, then
 // the operation.
 void HostDaemon::Impl::run_collective(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
@@ -1034,20 +1067,28 @@ void HostDaemon::Impl::run_collective(Group& grp, const v1::RunRequest& q, std::
           }
           // Every rank holds its input before any rank starts (a peer's first store must not land before this rank's
           // own input is written, which would overwrite it). The byte counts start before the barrier: no peer's
-          // frame of this operation can arrive before this rank entered it.
-          c->bootstrap().barrier([this, c, a, p, reply, input, given, at = op_start(*c)](workloads::Gathered g) {
-            if (!g.ok) {
-              reply(error_reply("entry barrier: " + g.error));
-              return;
-            }
-            c->run(a, p.algo, [this, c, a, p, reply, at, input, given](workloads::CollectiveResult res) {
-              v1::RunReply r = collective_reply(*c, p, a, res, at, !input->empty());
-              if (!input->empty() && res.ok) {
-                r.set_output(ep->memory().window(a.window)->data + given->out, given->out_bytes);
-              }
-              reply(std::move(r));
-            });
-          });
+          // frame of this operation can arrive before this rank entered it. The barrier carries what this rank
+          // runs: one that gave another size, type, reduction, root or algorithm is named at every rank at once.
+          const std::string mine = operation_text(a, p.algo);
+          c->bootstrap().allgather(
+              std::vector<uint8_t>(mine.begin(), mine.end()),
+              [this, c, a, p, reply, input, given, at = op_start(*c)](workloads::Gathered g) {
+                if (!g.ok) {
+                  reply(error_reply("entry barrier: " + g.error));
+                  return;
+                }
+                if (const std::string e = operation_mismatch(g); !e.empty()) {
+                  reply(error_reply(e));
+                  return;
+                }
+                c->run(a, p.algo, [this, c, a, p, reply, at, input, given](workloads::CollectiveResult res) {
+                  v1::RunReply r = collective_reply(*c, p, a, res, at, !input->empty());
+                  if (!input->empty() && res.ok) {
+                    r.set_output(ep->memory().window(a.window)->data + given->out, given->out_bytes);
+                  }
+                  reply(std::move(r));
+                });
+              });
         });
       });
 }
