@@ -25,6 +25,7 @@ PYBIND11_MODULE(_c10d, m) {
         o.trace = trace;
         o.group = group;
         o.members = members;
+        o.world_size = group == 0 ? size : 0;  // a group's size is not the world's
         return ifec::c10d_backend::create(rank, size, o);
       },
       py::arg("rank"), py::arg("size"), py::arg("hostd"), py::arg("node"), py::arg("algo"), py::arg("timeout_s"),

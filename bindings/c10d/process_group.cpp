@@ -315,6 +315,7 @@ std::string call_hostd(Runner& runner, const BackendOptions& o, Call& c, uint64_
   q.set_root(c.root);
   q.set_run_id(run_id);
   q.set_group(o.group);
+  q.set_world_size(static_cast<uint32_t>(o.world_size));
   for (int m : o.members) {
     q.add_members(m);
   }

@@ -30,6 +30,7 @@ struct BackendOptions {
   std::string trace;                          // a JSON-lines file each operation is appended to ("": none)
   uint32_t group = 0;                         // the program's number for the group (0: the world, every rank)
   std::vector<int> members;                   // a group's GPUs in group-rank order (the world: empty)
+  int world_size = 0;                         // the world's size, said to hostd (RunRequest.world_size; 0: not)
 };
 
 // One operation as hostd runs it: the RunRequest's fields, and what the trace says of it.

@@ -109,6 +109,14 @@ def test_a_later_programs_groups_of_other_ranks_run(fab):
         assert f"[rank {r}] ok all_reduce in a group of every rank" in out
 
 
+def test_a_world_smaller_than_the_fabric_is_refused_at_once(fab):
+    rc, out = _run(fab, "small_world.py")
+    assert rc == 0, out[-3000:]
+    for r in range(4):
+        line = out.split(f"[rank {r}] refused small world: ")[1].splitlines()[0] if f"[rank {r}] refused" in out else ""
+        assert "the program's world has 4 rank(s), the fabric 8" in line, out[-3000:]
+
+
 def test_ddp_equals_gloo_and_repeats_bitwise(fab, tmp_path):
     import torch
     rc, out = _run(fab, "ddp_train.py", "--out", tmp_path / "a.pt", trace=tmp_path / "trace")

@@ -836,6 +836,10 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
              rt->info().name << ": an external peer (" << o.guest_mac << ") is this GPU: its hostd runs no operations");
   IFEC_CHECK(ready_error.empty(), rt->info().name << ": not bootstrapped: " << ready_error);
   const bool given = !q.input().empty() || q.send_splits_size() > 0 || q.recv_splits_size() > 0;
+  IFEC_CHECK(q.world_size() == 0 || q.world_size() == ranks.size(),
+             "the program's world has " << q.world_size() << " rank(s), the fabric " << ranks.size()
+                                        << ": every GPU of topology " << topo.name << " is a rank (WORLD_SIZE "
+                                        << ranks.size() << ", as ./ifec live torchrun starts them)");
   if (q.group() != 0) {
     IFEC_CHECK(q.what() != "moe" && (q.what() != "alltoall" || given),
                "group " << q.group() << ": a " << q.what() << " runs among every rank only");
