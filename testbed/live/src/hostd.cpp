@@ -977,10 +977,6 @@ testbed::CollectivePoint point_of(const v1::RunRequest& q) {
   return p;
 }
 
-}  // namespace
-
-namespace {
-
 // What every rank of a collective must give alike: "allreduce of 1024 fp32 elements, sum, algorithm ifec".
 std::string operation_text(const workloads::CollArgs& a, workloads::Algo algo) {
   std::ostringstream os;

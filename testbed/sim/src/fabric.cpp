@@ -61,7 +61,9 @@ LinkClocks gpu_partition_link_clocks(const routing::Topology& topo, const routin
   const routing::Node& b = topo.nodes[l.b];
   const bool gpu_a = a.kind == routing::NodeKind::kGpu;
   const bool gpu_b = b.kind == routing::NodeKind::kGpu;
-  IFEC_CHECK(!(gpu_a && gpu_b), "link " << l.id << " joins two GPUs: the GPUs' partitions take no in-node links");
+  IFEC_CHECK(!(gpu_a && gpu_b), "link " << l.id << " joins GPUs '" << a.name << "' and '" << b.name
+                                        << "' (an in-node link): a partitioned endpoint runtime takes none; run it on "
+                                           "one event loop (--threads 0)");
   if (!gpu_a && !gpu_b) {
     return LinkClocks::one(*clocks.at(l.plane));
   }
