@@ -17,7 +17,7 @@ namespace {
 std::string run_sim_json(const routing::Topology& topo, const std::string& traffic, uint64_t bytes,
                          const std::string& lb, bool pfc, uint64_t seed, const std::vector<std::string>& fail,
                          const std::vector<std::string>& restore, int incast_target, bool elided_payloads, int group,
-                         int threads) {
+                         int threads, int leaf_groups) {
   testbed::SimOptions o;
   o.pattern = testbed::parse_pattern(traffic);
   o.bytes = bytes;
@@ -27,6 +27,7 @@ std::string run_sim_json(const routing::Topology& topo, const std::string& traff
   o.incast_target = incast_target;
   o.group = group;
   o.threads = threads;
+  o.leaf_groups = leaf_groups;
   o.progress = false;
   o.elided_payloads = elided_payloads;
   for (const auto& f : fail) {
@@ -45,7 +46,7 @@ void register_workloads(py::module_& m) {
         py::arg("lb") = "packet", py::arg("pfc") = true, py::arg("seed") = 1,
         py::arg("fail") = std::vector<std::string>{}, py::arg("restore") = std::vector<std::string>{},
         py::arg("incast_target") = 0, py::arg("elided_payloads") = false, py::arg("group") = 0, py::arg("threads") = 1,
-        "Raw traffic over the simulated fabric; returns the report as JSON text");
+        py::arg("leaf_groups") = 0, "Raw traffic over the simulated fabric; returns the report as JSON text");
   m.def("resolve_links", &testbed::resolve_links, py::arg("topology"), py::arg("selector"),
         "link ids a selector names: ID, NODE:NODE[:SUB] or GPU:planeP[:subS] (the sim's --fail syntax); "
         "IfecError naming the selector when it is malformed or matches nothing");

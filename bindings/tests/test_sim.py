@@ -154,6 +154,37 @@ def test_threads_give_the_same_run():
         ifec.sim.run(topo, threads=5)
 
 
+def _without_wall_clock(r):
+    for key in ("wall_seconds", "threads", "setup_seconds", "sim_seconds", "sim_page_faults"):
+        r.pop(key)
+    return r.pop("partitions"), r
+
+
+@pytest.mark.parametrize("topo,traffic,most", [
+    (ifec.make_fat_tree(64, 1, 8, 4), "alltoall", (2, 8)),  # one plane: one partition per plane is one partition
+    (ifec.make_deepseek_fabric(8, 4, 2, 2), "alltoall", (3, 2)),  # in-node links between planes' leaf groups
+])
+def test_leaf_groups_give_the_same_run_whatever_the_groups_and_threads(topo, traffic, most):
+    runs = [_without_wall_clock(ifec.sim.run(topo, traffic=traffic, bytes=12000, threads=t, leaf_groups=k))
+            for t, k in ((1, 1), (2, 2), (1, 2), most)]
+    assert runs[1][0].startswith("%d partitions (one per plane and leaf group) on 2 threads: p0 leaves 0"
+                                 % (2 * topo.num_planes)), runs[1][0]
+    assert runs[0][1]["complete"]
+    assert all(r[1] == runs[0][1] for r in runs)
+    by_plane = ifec.sim.run(topo, traffic=traffic, bytes=12000)
+    assert by_plane["payload_bytes_delivered"] == runs[0][1]["payload_bytes_delivered"]
+
+
+def test_bad_leaf_groups_are_named():
+    topo = ifec.make_fat_tree(64, 1, 8, 4)
+    with pytest.raises(ValueError, match="--leaf-groups 9: plane 0 of topology .* has 8 leaf switches"):
+        ifec.sim.run(topo, leaf_groups=9)
+    with pytest.raises(ValueError, match="--leaf-groups 2: needs a partitioned run"):
+        ifec.sim.run(topo, leaf_groups=2, threads=0)
+    with pytest.raises(ValueError, match="leaf_groups=-1 outside 0..4096"):
+        ifec.sim.run(topo, leaf_groups=-1)
+
+
 def test_deepseek_fabric_forwards_inside_servers_and_gives_the_same_run_on_any_threads():
     topo = ifec.make_deepseek_fabric(8, 4, 2, 2)  # 32 GPUs, GPU i of each server on plane i
     assert [n["plane"] for n in topo.nodes[:8]] == [0, 1, 2, 3, 0, 1, 2, 3]
@@ -262,6 +293,24 @@ def test_mpirun_two_processes_give_the_one_process_deepseek_run(build_dir, tmp_p
     parts, _, two = _sim_json(mpirun + [cli] + args)
     assert parts == "4 partitions (one per plane) on 2 processes x 1 thread: rank 0 planes 0 2 | rank 1 planes 1 3"
     assert one["complete"] and one["relayed_frames"] > 0 and one["nvlink_bytes"] > 0
+    assert two == one
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (./ifec setup)")
+def test_mpirun_two_processes_give_the_leaf_groups_run(build_dir, tmp_path):
+    """A one-plane fat tree over two processes, by leaf group: frames between a leaf and a spine of the other
+    process cross in the windows' exchanges, through a link failure; the run is the one-thread run's."""
+    topo = tmp_path / "ft64x1.yaml"
+    topo.write_text("name: ft64x1\ngenerator: {kind: fat_tree, gpus: 64, planes: 1, leaves: 8, spines: 4}\n")
+    cli = str(build_dir / "bin" / "ifec-cli")
+    args = ["sim", "--topo", str(topo), "--traffic", "permutation", "--bytes", "300000", "--quiet", "--json",
+            "--fail", "p0-leaf1:p0-spine2@2us", "--restore", "p0-leaf1:p0-spine2@9us"]
+    _, _, one = _sim_json([cli] + args + ["--threads", "1", "--leaf-groups", "1"])
+    mpirun = ["mpirun", "--oversubscribe", "-np", "2"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    parts, _, two = _sim_json(mpirun + [cli] + args + ["--leaf-groups", "4"])
+    assert parts == ("4 partitions (one per plane and leaf group) on 2 processes x 1 thread: "
+                     "rank 0 p0 leaves 0-1, p0 leaves 4-5 | rank 1 p0 leaves 2-3, p0 leaves 6-7")
+    assert one["fare_rounds"] > 0 and one["frame_hops"] > 0
     assert two == one
 
 

@@ -349,6 +349,7 @@ TEST(ShippedTopologies, MatchTheGenerators) {
       {"paced-4x2.yaml", make_paced_superpod()},
       {"sun-1024x8.yaml", named(make_fat_tree(1024, 8, 64, 32, 800, 400, 500, 2), "sun-1024x8")},
       {"fat-tree-2048x8.yaml", named(make_fat_tree(2048, 8, 64, 32), "fat-tree-2048x8")},
+      {"fat-tree-1024x1.yaml", named(make_fat_tree(1024, 1, 32, 32), "fat-tree-1024x1")},
       {"deepseek-v3-16k.yaml", named(make_deepseek_fabric(2048, 8, 64, 32), "deepseek-v3-16k")},
       {"superpod-256x8.yaml",
        [] {

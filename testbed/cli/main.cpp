@@ -137,8 +137,8 @@ int run_netns_plan(const Args& a) {
 
 // ------------------------------------------------------------------------------------------------------- sim --
 
-const std::vector<std::string> kRawOnly = {"--traffic",       "--lb",        "--pfc",      "--restore",
-                                           "--incast-target", "--no-verify", "--counters", "--group"};
+const std::vector<std::string> kRawOnly = {"--traffic",   "--lb",       "--pfc",   "--restore",    "--incast-target",
+                                           "--no-verify", "--counters", "--group", "--leaf-groups"};
 const std::vector<std::string> kCollectiveOnly = {"--collective",   "--algo",      "--dtype",     "--op",
                                                   "--loss",         "--members",   "--slot-pool", "--slot-budget",
                                                   "--reproducible", "--gpu-groups"};
@@ -324,6 +324,7 @@ int run_sim_raw(const Args& a) {
              "--incast-target does not apply to --traffic " << a.get("--traffic"));
   opts.group = static_cast<int>(ifec::cli::parse_uint(a.get("--group", "0"), "--group", 0, 1 << 20));
   opts.threads = static_cast<int>(ifec::cli::parse_uint(a.get("--threads", "1"), "--threads", 0, 1024));
+  opts.leaf_groups = static_cast<int>(ifec::cli::parse_uint(a.get("--leaf-groups", "0"), "--leaf-groups", 0, 4096));
   opts.verify_icrc = !a.has("--no-verify");
   opts.progress = !a.has("--quiet");
   opts.elided_payloads = payload_elided(a);
@@ -1001,10 +1002,16 @@ std::vector<Command> tool_commands() {
          {"--pfc", "on|off", "raw: priority flow control (default on)"},
          {"--incast-target", "GPU", "raw incast: the GPU every flow goes to (default 0)"},
          {"--threads", "N",
-          "raw: one partition per plane, run by N threads (1..planes; default 1), the same result for every N; 0: "
+          "raw: one partition per plane (or per leaf group: --leaf-groups), run by N threads (1..partitions; default "
+          "1), "
+          "the same result for every N; 0: "
           "one event loop for the whole fabric (every plane's frames in flight together). collective: 0 (default) "
           "one event loop; N >= 1 one partition per plane and one per group of GPUs (--gpu-groups), on N threads, "
           "the same result for every N and grouping"},
+         {"--leaf-groups", "N",
+          "raw, partitioned: each plane's leaf switches in N groups of consecutive leaves (its spines spread over "
+          "them), a partition each, for more threads or processes than planes; every switch-to-switch link through "
+          "mailboxes, the same result for every N >= 1, thread count and process count (0, default: per plane)"},
          {"--gpu-groups", "N",
           "collective, partitioned (--threads N >= 1): the GPUs in N groups of consecutive GPUs, a partition each "
           "(default: one per thread; 1..GPUs), the same result for every N"},

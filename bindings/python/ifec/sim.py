@@ -6,7 +6,7 @@ from ifec import _args, _native
 
 
 def run(topology, traffic="alltoall", bytes=1 << 20, lb="packet", pfc=True, seed=1, fail=(), restore=(),
-        incast_target=0, payload="real", group=0, threads=1):
+        incast_target=0, payload="real", group=0, threads=1, leaf_groups=0):
     """Runs raw traffic over the simulated fabric and returns the report (see `./ifec sim --json`).
 
     topology: a path to a YAML file or an ifec.Topology (e.g. ifec.make_superpod(8, 2)).
@@ -17,6 +17,10 @@ def run(topology, traffic="alltoall", bytes=1 << 20, lb="packet", pfc=True, seed
     divides the GPUs); 0, the default, is one group of every GPU.
     threads: N >= 1 (default 1) runs one partition per plane on N threads, the same result for every N
     (report["partitions"] says how they were laid out); 0 runs the whole fabric on one event loop.
+    leaf_groups: K >= 1 partitions each plane further, into K groups of consecutive leaf switches (its spines spread
+    over them), for more threads than planes (a one-plane fabric on several cores): the same result for every
+    K >= 1 and every N; every switch-to-switch link then goes through the partitions' mailboxes, so equal-time
+    arrivals at a switch may run in another order than with 0 (one partition per plane). Needs threads >= 1.
     Times in the report are simulated-fabric times (report["driver"] == "sim").
     """
     if payload not in ("real", "elided"):
@@ -27,4 +31,5 @@ def run(topology, traffic="alltoall", bytes=1 << 20, lb="packet", pfc=True, seed
                                            _args.items(restore, "restore"),
                                            _args.whole(incast_target, "incast_target", 0, 2**20),
                                            payload == "elided", _args.whole(group, "group", 0, 2**20),
-                                           _args.whole(threads, "threads", 0, 1024)))
+                                           _args.whole(threads, "threads", 0, 1024),
+                                           _args.whole(leaf_groups, "leaf_groups", 0, 4096)))

@@ -74,7 +74,7 @@ ChildFigures run_mpirun(const ScaleScenario& s, bool progress, const std::string
   cmd << "mpirun --oversubscribe " << (::geteuid() == 0 ? "--allow-run-as-root " : "") << "-np " << s.processes << " '"
       << cli << "' sim --topo '" << s.topo_path << "' --traffic " << pattern_name(s.pattern) << " --bytes " << s.bytes
       << " --threads " << std::max(1, s.threads) << " --payload " << (s.elided_payloads ? "elided" : "real")
-      << " --group " << s.group << " --json" << (progress ? "" : " --quiet");
+      << " --group " << s.group << " --leaf-groups " << s.leaf_groups << " --json" << (progress ? "" : " --quiet");
   std::FILE* out = ::popen(cmd.str().c_str(), "r");
   if (out == nullptr) {
     std::snprintf(f.error, sizeof(f.error), "cannot start: %s", cmd.str().c_str());
@@ -141,6 +141,7 @@ ChildFigures run_child(const ScaleScenario& s, bool progress, const std::string&
     o.elided_payloads = s.elided_payloads;
     o.group = s.group;
     o.threads = s.threads;
+    o.leaf_groups = s.leaf_groups;
     o.progress = progress;
     const SimRun r = run_sim(topo, o);
     f.complete = r.traffic.complete ? 1 : 0;
@@ -236,12 +237,15 @@ std::string ScaleScenario::describe() const {
                         : threads == 1 ? ", partitioned"
                                        : ", " + std::to_string(threads) + " threads");
   }
+  const std::string groups = leaf_groups > 0 ? ", " + std::to_string(leaf_groups) + " leaf groups" : "";
   if (processes > 1) {
-    return traffic() + ", mpirun -np " + std::to_string(processes);
+    return traffic() + ", mpirun -np " + std::to_string(processes) + groups;
   }
-  return traffic() + (threads == 0  ? ", one event loop"
-                      : threads > 1 ? ", " + std::to_string(threads) + " threads"
-                                    : "");
+  return traffic() +
+         (threads == 0  ? ", one event loop"
+          : threads > 1 ? ", " + std::to_string(threads) + " threads"
+                        : "") +
+         groups;
 }
 
 std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool quick) {
@@ -287,6 +291,17 @@ std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool qui
     over.processes = 2;
     over.target_speedup = 1.6;
     v.push_back(over);
+  }
+  // One plane: one partition per plane leaves a second thread nothing to run; leaf groups give it one. Over
+  // processes every frame between a leaf and a spine of the other process is copied through MPI: elided there.
+  for (const bool elided : {false, true}) {
+    const ScaleScenario flat = make(topo_dir + "/fat-tree-1024x1.yaml", Pattern::kPermutation, 2 * mib, elided);
+    v.push_back(flat);
+    ScaleScenario split = flat;
+    split.leaf_groups = 2;
+    split.threads = elided ? 1 : 2;
+    split.processes = elided ? 2 : 0;
+    v.push_back(split);
   }
   if (!quick) {
     v.push_back(make(ft, Pattern::kAllToAll, 4096, false));

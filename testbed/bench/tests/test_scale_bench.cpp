@@ -185,6 +185,18 @@ TEST(ScaleBench, MpirunScenarioReportsTheOneProcessRun) {
   EXPECT_EQ(two.events, one.events);
   EXPECT_GT(two.sim_seconds, 0);
   EXPECT_NE(s.describe().find("mpirun -np 2"), std::string::npos) << s.describe();
+
+  // Leaf groups: the processes' partitions are a plane's leaf groups (the flag reaches ifec-cli).
+  s.topo_path = IFEC_TOPOLOGY_DIR "/fat-tree-64x4.yaml";
+  s.leaf_groups = 2;
+  s.processes = 0;
+  const testbed::ScaleRow grouped = testbed::measure_scale(s, false);
+  s.processes = 2;
+  const testbed::ScaleRow spread = testbed::measure_scale(s, false, IFEC_CLI);
+  ASSERT_EQ(spread.error, "") << spread.error;
+  EXPECT_EQ(spread.events, grouped.events);
+  EXPECT_EQ(spread.frame_hops, grouped.frame_hops);
+  EXPECT_EQ(s.describe(), "fat-tree-64x4.yaml alltoall 64 KiB/pair real, mpirun -np 2, 2 leaf groups");
 }
 
 // A speedup scenario runs kSpeedupPairs alternated pairs and keeps the pair of the median ratio: the row's rate over

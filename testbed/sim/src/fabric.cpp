@@ -24,7 +24,11 @@ common::MacAddress node_port_mac(const routing::Topology& topo, int node, int po
 }
 
 Fabric::Fabric(common::Clock& clock, const routing::Topology& topo, FabricOptions opts)
-    : Fabric(clock, std::vector<common::Clock*>(std::max(topo.num_planes, 1), &clock), topo, opts) {}
+    : Fabric(clock,
+             std::vector<common::Clock*>(
+                 static_cast<size_t>(std::max(topo.num_planes, 1)) * static_cast<size_t>(std::max(opts.leaf_groups, 1)),
+                 &clock),
+             topo, opts) {}
 
 namespace {
 
@@ -34,22 +38,6 @@ struct LinkClocks {
   common::Clock* arrivals[2];
   static LinkClocks one(common::Clock& c) { return {{&c, &c}, {&c, &c}}; }
 };
-
-// A server's in-node link between GPUs of two planes on a partitioned fabric: each end on its plane's clock, its
-// frames through the far partition's mailbox.
-LinkClocks in_node_link_clocks(const routing::Topology& topo, const routing::Link& l,
-                               const std::vector<common::Clock*>& clocks, const Fabric::MailboxFn& mailbox) {
-  const int pa = topo.nodes[l.a].plane;
-  const int pb = topo.nodes[l.b].plane;
-  IFEC_CHECK(pa >= 0 && pb >= 0, "topology '" << topo.name << "': link " << l.id << " joins GPUs on every plane "
-                                              << "over NVLink: it cannot be split between plane partitions");
-  if (pa == pb) {
-    return LinkClocks::one(*clocks.at(pa));
-  }
-  IFEC_CHECK(mailbox != nullptr, "topology '" << topo.name << "': its NVLink-class links join GPUs of different "
-                                              << "planes, and this fabric's planes run apart without mailboxes");
-  return {{clocks.at(pa), clocks.at(pb)}, {mailbox(pa, pb, pa), mailbox(pb, pa, pb)}};
-}
 
 // A link of a fabric whose GPUs run on partitions of their own (GPU groups): a GPU's link to its switch joins its
 // group's partition to the switch's plane, through their mailboxes (the GPU's frames through one of its own,
@@ -80,14 +68,99 @@ LinkClocks gpu_partition_link_clocks(const routing::Topology& topo, const routin
   return {{ca, cb}, {mailbox(pa, pb, sa), mailbox(pb, pa, sb)}};
 }
 
+// Each plane's switches with a GPU link (its leaves), and its others, by node index.
+struct PlaneSwitches {
+  std::vector<int> leaves;
+  std::vector<int> others;
+};
+
+std::vector<PlaneSwitches> plane_switches(const routing::Topology& topo) {
+  std::vector<PlaneSwitches> planes(std::max(topo.num_planes, 1));
+  std::vector<bool> leaf(topo.nodes.size(), false);
+  for (const routing::Link& l : topo.links) {
+    const bool gpu_a = topo.nodes[l.a].kind == routing::NodeKind::kGpu;
+    const bool gpu_b = topo.nodes[l.b].kind == routing::NodeKind::kGpu;
+    if (gpu_a != gpu_b) leaf[gpu_a ? l.b : l.a] = true;
+  }
+  for (size_t n = 0; n < topo.nodes.size(); ++n) {
+    const routing::Node& nd = topo.nodes[n];
+    if (nd.kind == routing::NodeKind::kSwitch) {
+      PlaneSwitches& p = planes.at(std::max(nd.plane, 0));
+      (leaf[n] ? p.leaves : p.others).push_back(static_cast<int>(n));
+    }
+  }
+  return planes;
+}
+
+// The partitions of a fabric's nodes: leaf_group_partitions with `groups` >= 1; one per plane with 0.
+std::vector<int> node_partitions(const routing::Topology& topo, int groups) {
+  if (groups > 0) {
+    return leaf_group_partitions(topo, groups);
+  }
+  std::vector<int> part(topo.nodes.size());
+  for (size_t n = 0; n < topo.nodes.size(); ++n) {
+    part[n] = topo.nodes[n].plane >= 0 ? topo.nodes[n].plane : (topo.nodes[n].kind == routing::NodeKind::kGpu ? -1 : 0);
+  }
+  return part;
+}
+
 }  // namespace
+
+std::vector<int> leaf_group_partitions(const routing::Topology& topo, int groups) {
+  IFEC_CHECK(groups >= 1, "--leaf-groups " << groups << ": expected at least 1");
+  const std::vector<PlaneSwitches> planes = plane_switches(topo);
+  std::vector<int> part(topo.nodes.size(), -1);
+  for (size_t p = 0; p < planes.size(); ++p) {
+    const size_t leaves = planes[p].leaves.size();
+    IFEC_CHECK(leaves >= static_cast<size_t>(groups), "--leaf-groups " << groups << ": plane " << p << " of topology '"
+                                                                       << topo.name << "' has " << leaves
+                                                                       << " leaf switches (each group needs one)");
+    for (const std::vector<int>* run : {&planes[p].leaves, &planes[p].others}) {
+      for (size_t i = 0; i < run->size(); ++i) {
+        part[(*run)[i]] = static_cast<int>(p) * groups + static_cast<int>(i * groups / run->size());
+      }
+    }
+  }
+  for (const routing::Link& l : topo.links) {  // a GPU of one plane: its switch's
+    for (const auto& [gpu, sw] : {std::pair{l.a, l.b}, std::pair{l.b, l.a}}) {
+      if (topo.nodes[gpu].kind == routing::NodeKind::kGpu && topo.nodes[sw].kind == routing::NodeKind::kSwitch &&
+          topo.nodes[gpu].plane >= 0 && part[gpu] < 0) {
+        part[gpu] = part[sw];
+      }
+    }
+  }
+  return part;
+}
+
+std::vector<std::string> leaf_group_names(const routing::Topology& topo, int groups) {
+  const std::vector<PlaneSwitches> planes = plane_switches(topo);
+  std::vector<std::string> names;
+  for (size_t p = 0; p < planes.size(); ++p) {
+    const size_t leaves = planes[p].leaves.size();
+    for (int g = 0; g < groups; ++g) {
+      // leaf i is in group i * groups / leaves: group g holds ceil(g * leaves / groups) .. ceil((g+1) ...) - 1
+      const size_t first = (static_cast<size_t>(g) * leaves + groups - 1) / groups;
+      const size_t end = ((static_cast<size_t>(g) + 1) * leaves + groups - 1) / groups;
+      names.push_back("p" + std::to_string(p) + " leaves " + std::to_string(first) +
+                      (end - first > 1 ? "-" + std::to_string(end - 1) : ""));
+    }
+  }
+  return names;
+}
 
 Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks, const routing::Topology& topo,
                FabricOptions opts, MailboxFn mailbox, GpuPartitionFn gpu_partition)
     : clock_(control), plane_clocks_(std::move(plane_clocks)), topo_(topo), opts_(opts) {
   routing::validate(topo_);
-  IFEC_CHECK(plane_clocks_.size() == static_cast<size_t>(std::max(topo_.num_planes, 1)),
-             plane_clocks_.size() << " plane clocks for " << topo_.num_planes << " planes");
+  IFEC_CHECK(opts_.leaf_groups >= 0, "leaf groups " << opts_.leaf_groups << ": expected 0 (one partition per plane) "
+                                                    << "or more");
+  IFEC_CHECK(opts_.leaf_groups == 0 || gpu_partition == nullptr,
+             "leaf groups (" << opts_.leaf_groups << ") with GPU partitions: the endpoint runtime partitions by plane");
+  const size_t partitions = static_cast<size_t>(std::max(topo_.num_planes, 1)) * std::max(opts_.leaf_groups, 1);
+  IFEC_CHECK(plane_clocks_.size() == partitions, plane_clocks_.size()
+                                                     << " partition clocks for " << topo_.num_planes << " planes x "
+                                                     << std::max(opts_.leaf_groups, 1) << " leaf groups");
+  node_partition_ = node_partitions(topo_, opts_.leaf_groups);
   topo_.params.pfc.enabled = topo_.params.pfc.enabled && opts_.pfc;
   const size_t n_nodes = topo_.nodes.size();
   std::vector<std::vector<common::Port*>> node_ports(n_nodes);
@@ -116,6 +189,14 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
         gp.link = l.id;
         gp.plane = l.plane;
         gp.io = &link.end(side);
+        if (gpu_partition != nullptr) {
+          const GpuPartition g = gpu_partition(nd.gpu_index);
+          gp.partition = g.partition;
+          gp.clock = g.clock;
+        } else {
+          gp.partition = end_partition(l.id, side).first;
+          gp.clock = plane_clocks_.at(gp.partition);
+        }
         link.end(side).set_read_on_arrival(SIZE_MAX);  // the NIC checks the ICRC: it reads every byte
         gp.mac = node_port_mac(topo_, node, port);
         gp.peer_mac = node_port_mac(topo_, ends[1 - side][0], ends[1 - side][1]);
@@ -166,7 +247,7 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
     cfg.elided_payloads = opts_.elided_payloads;
     node_switch_[n] = static_cast<int>(switches_.size());
     switch_nodes_.push_back(static_cast<int>(n));
-    switches_.push_back(std::make_unique<Switch>(*plane_clocks_.at(nd.plane), cfg, node_ports[n]));
+    switches_.push_back(std::make_unique<Switch>(*plane_clocks_.at(node_partition_[n]), cfg, node_ports[n]));
     switches_.back()->set_class_table(class_tables_[per_plane_tables ? nd.plane : 0]);
   }
   adj_ = routing::adjacency(topo_);
@@ -188,11 +269,22 @@ void Fabric::make_links(const MailboxFn& mailbox, const GpuPartitionFn& gpu_part
       }
       return gpu_partition_link_clocks(topo_, l, plane_clocks_, gpu_partition, mailbox);
     }
-    if (!nvlink || one_clock) {
-      return LinkClocks::one(nvlink ? clock_ : *plane_clocks_.at(l.plane));
+    if (one_clock) {
+      return LinkClocks::one(clock_);
     }
-    if (topo_.nodes[l.a].plane != topo_.nodes[l.b].plane) cross_delay_ = std::min(cross_delay_, l.delay_ns);
-    return in_node_link_clocks(topo_, l, plane_clocks_, mailbox);
+    const auto [pa, sa] = end_partition(l.id, 0);
+    const auto [pb, sb] = end_partition(l.id, 1);
+    IFEC_CHECK(pa >= 0 && pb >= 0, "topology '" << topo_.name << "': link " << l.id << " joins GPUs on every plane "
+                                                << "over NVLink: it cannot be split between plane partitions");
+    const bool switches =
+        topo_.nodes[l.a].kind == routing::NodeKind::kSwitch && topo_.nodes[l.b].kind == routing::NodeKind::kSwitch;
+    if (opts_.leaf_groups > 0 ? !(switches || nvlink) : pa == pb) {
+      return LinkClocks::one(*plane_clocks_.at(pa));
+    }
+    IFEC_CHECK(mailbox != nullptr, "topology '" << topo_.name << "': link " << l.id << " joins partitions " << pa
+                                                << " and " << pb << ", and this fabric runs them without mailboxes");
+    cross_delay_ = std::min(cross_delay_, l.delay_ns);
+    return {{plane_clocks_.at(pa), plane_clocks_.at(pb)}, {mailbox(pa, pb, sa), mailbox(pb, pa, sb)}};
   };
   // Each plane's links in one array of their own: a plane's partition may run on a thread of its own, and the
   // topology lists a GPU's links to every plane side by side (made one by one, neighbours shared cache lines between
@@ -221,6 +313,19 @@ void Fabric::make_links(const MailboxFn& mailbox, const GpuPartitionFn& gpu_part
 }
 
 Fabric::~Fabric() = default;
+
+std::pair<int, int> Fabric::end_partition(int link, int side) const {
+  const routing::Link& l = topo_.links.at(link);
+  const int node = side == 0 ? l.a : l.b;
+  const int far = side == 0 ? l.b : l.a;
+  // A GPU's NIC port runs with its switch; its in-node port with the GPU (its plane's port's switch).
+  const bool nic = topo_.nodes[node].kind == routing::NodeKind::kGpu && l.plane != routing::kNvlinkPlane;
+  int part = node_partition_[nic ? far : node];
+  if (part < 0 && l.plane >= 0) {  // a cable between two GPUs of every plane: its plane's (first group's)
+    part = l.plane * std::max(opts_.leaf_groups, 1);
+  }
+  return {part, opts_.leaf_groups > 0 ? node : part};
+}
 
 int Fabric::nvlink_port_to(int gpu, int peer) const {
   const std::vector<GpuPort>& ports = nvlink_ports_.at(gpu);
@@ -472,8 +577,7 @@ void connect_processes(Fabric& fabric, PlanePartitions& parts, const std::functi
     if (n.kind == routing::NodeKind::kGpu && gpu_partition) {
       return {gpu_partition(n.gpu_index), parts.planes() + n.gpu_index};
     }
-    const int p = l.plane >= 0 ? l.plane : n.plane;  // an in-node link: each GPU on its own plane
-    return {p, p};
+    return fabric.end_partition(l.id, side);
   };
   for (const routing::Link& l : topo.links) {
     const std::pair<int, int> p[2] = {partition(l, 0), partition(l, 1)};

@@ -198,8 +198,8 @@ common::EventLoop& PlanePartitions::gpu_loop(int group) {
 
 common::Clock* PlanePartitions::mailbox(int from, int to, int source) {
   const int n = partitions();
-  IFEC_CHECK(from >= 0 && from < n && to >= 0 && to < n && from != to,
-             "mailbox from partition " << from << " to " << to << " (partitions 0.." << n - 1 << ", two different)");
+  IFEC_CHECK(from >= 0 && from < n && to >= 0 && to < n,
+             "mailbox from partition " << from << " to " << to << " (partitions 0.." << n - 1 << ")");
   if (source < 0) {
     source = from;
   }
@@ -433,6 +433,7 @@ uint64_t PlanePartitions::events_run() const {
 std::string PlanePartitions::describe() const {
   std::ostringstream o;
   o << loops_.size() << " partition" << (loops_.size() == 1 ? "" : "s") << " (one per plane"
+    << (names_.empty() ? "" : " and leaf group")
     << (gpu_groups_ == 1  ? " and the GPUs'"
         : gpu_groups_ > 1 ? " and per GPU group"
                           : "")
@@ -447,10 +448,16 @@ std::string PlanePartitions::describe() const {
       o << " " << (k < static_cast<int>(group_names_.size()) ? group_names_[k] : "GPUs " + std::to_string(k));
       named = false;
     }
+    bool first = true;
     for (int p = 0; p < planes(); ++p) {
       if (!here(p)) continue;
-      o << (named ? " " : " planes ") << p;
+      if (!names_.empty()) {
+        o << (first ? " " : ", ") << names_[p];
+      } else {
+        o << (named ? " " : " planes ") << p;
+      }
       named = true;
+      first = false;
     }
   };
   if (processes_ > 1) {

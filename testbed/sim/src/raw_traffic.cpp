@@ -86,7 +86,10 @@ std::vector<FlowSpec> make_flows(Pattern p, int gpus, uint64_t bytes, uint64_t s
 }
 
 RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, bool verify_icrc)
-    : fabric_(fabric), clock_(fabric.clock()), verify_icrc_(verify_icrc) {
+    : fabric_(fabric),
+      clock_(fabric.clock()),
+      verify_icrc_(verify_icrc),
+      groups_(static_cast<size_t>(std::max(fabric.options().leaf_groups, 1))) {
   const auto& topo = fabric_.topology();
   const int gpus = fabric_.num_gpus();
   mtu_ = topo.params.mtu;
@@ -101,12 +104,13 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
       NicPort& p = nics_[g].ports[i];
       p.io = i < gp.size() ? &gp[i] : &nv[i - gp.size()];
       p.paused_until.assign(topo.params.priorities, 0);
-      // An in-node port runs on its GPU's plane's clock and counts on that plane's in-node lane (planes + plane):
-      // the partition that owns the GPU owns it.
+      // An in-node port runs on its GPU's partition's clock and counts on its plane's in-node lane (planes +
+      // plane): the partition that owns the GPU owns it. Its counters: its lane's, in its leaf group's slot.
       const int own = std::max(topo.nodes[topo.gpu_node(g)].plane, 0);
       const bool in_node = p.io->plane == routing::kNvlinkPlane;
       p.plane = in_node ? topo.num_planes + own : p.io->plane;
-      p.clock = &fabric_.plane_clock(in_node ? own : p.io->plane);
+      p.slot = p.plane * groups_ + p.io->partition % groups_;
+      p.clock = p.io->clock;
     }
   }
   for (const FlowSpec& f : flows) {
@@ -133,12 +137,12 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
   for (int g = 0; g < gpus; ++g) {
     order_flows(g);
   }
-  const size_t planes = static_cast<size_t>(topo.num_planes) * (fabric_.has_nvlink() ? 2 : 1);  // lanes
-  rx_by_plane_.assign(flows_.size() * planes, 0);
+  lanes_ = static_cast<size_t>(topo.num_planes) * (fabric_.has_nvlink() ? 2 : 1);
+  rx_by_plane_.assign(flows_.size() * lanes_, 0);
   tx_by_plane_.assign(rx_by_plane_.size(), 0);
   last_rx_.assign(rx_by_plane_.size(), 0);
-  planes_.assign(planes, PlaneCounters{});
-  active_.assign(planes, true);
+  counters_.assign(lanes_ * groups_, PlaneCounters{});
+  active_.assign(counters_.size(), true);
   for (int g = 0; g < gpus; ++g) {
     for (size_t i = 0; i < nics_[g].ports.size(); ++i) {
       const int pi = static_cast<int>(i);
@@ -158,10 +162,10 @@ RawTraffic::RawTraffic(testbed::Fabric& fabric, std::vector<FlowSpec> flows, boo
   });
 }
 
-void RawTraffic::spread_over_processes(std::vector<bool> active_planes, SumFn sum) {
-  IFEC_CHECK(active_planes.size() == planes_.size(), active_planes.size()
-                                                         << " active-plane flags for " << planes_.size() << " planes");
-  active_ = std::move(active_planes);
+void RawTraffic::spread_over_processes(std::vector<bool> active_slots, SumFn sum) {
+  IFEC_CHECK(active_slots.size() == counters_.size(),
+             active_slots.size() << " active-port flags for " << counters_.size() << " lanes x leaf groups");
+  active_ = std::move(active_slots);
   sum_ = std::move(sum);
 }
 
@@ -176,7 +180,7 @@ void RawTraffic::gather_sent() {
   for (size_t fi = 0; fi < nf; ++fi) {
     const Nic& nic = nics_[flows_[fi].spec.src];
     for (size_t pi = 0; pi < nic.ports.size(); ++pi) {
-      v[pi * nf + fi] = active_[nic.ports[pi].plane] ? port_of(static_cast<int>(fi), pi).sent : 0;
+      v[pi * nf + fi] = active_[nic.ports[pi].slot] ? port_of(static_cast<int>(fi), pi).sent : 0;
     }
     v[max_ports_ * nf + fi] = short_pending(static_cast<int>(fi)) ? 0 : 1;
   }
@@ -196,7 +200,7 @@ void RawTraffic::merge(const SumFn& sum) {
   for (const auto* a : {&rx_by_plane_, &tx_by_plane_, &last_rx_}) {
     v.insert(v.end(), a->begin(), a->end());
   }
-  for (PlaneCounters& c : planes_) {
+  for (PlaneCounters& c : counters_) {
     for (uint64_t* x : c.fields()) {
       v.push_back(*x);
     }
@@ -208,7 +212,7 @@ void RawTraffic::merge(const SumFn& sum) {
       x = v[i++];
     }
   }
-  for (PlaneCounters& c : planes_) {
+  for (PlaneCounters& c : counters_) {
     for (uint64_t* x : c.fields()) {
       *x = v[i++];
     }
@@ -320,14 +324,14 @@ void RawTraffic::pump(int gpu, int pi) {
   Nic& nic = nics_[gpu];
   NicPort& np = nic.ports[pi];
   const testbed::GpuPort& gp = *np.io;
-  if (!started_ || gp.io->busy() || !gp.io->link_up() || !active_[np.plane]) {
-    return;  // (another process sends this plane's traffic)
+  if (!started_ || gp.io->busy() || !gp.io->link_up() || !active_[np.slot]) {
+    return;  // (another process sends this port's traffic)
   }
   if (!np.relay.empty()) {  // forwarded frames first: they have crossed the fabric already
     std::vector<uint8_t> frame = std::move(np.relay.front());
     np.relay.pop_front();
     const size_t fbytes = fabric_.options().elided_payloads ? common::wire_frame_bytes(frame) : frame.size();
-    PlaneCounters& pc = planes_[np.plane];
+    PlaneCounters& pc = counters_[np.slot];
     if (!gp.io->send(std::move(frame))) {
       pc.nic_drops++;
       return;
@@ -398,7 +402,7 @@ void RawTraffic::send_packet(int gpu, int pi, int fi, bool last_of_port) {
 
   const size_t fbytes = elided ? common::wire_frame_bytes(frame) : frame.size();
   const int plane = nics_[gpu].ports[pi].plane;  // its lane
-  PlaneCounters& pc = planes_[plane];
+  PlaneCounters& pc = counters_[nics_[gpu].ports[pi].slot];
   if (!gp.io->send(std::move(frame))) {
     pc.nic_drops++;
     return;
@@ -413,14 +417,14 @@ void RawTraffic::receive_pfc(int gpu, int pi, const std::vector<uint8_t>& frame)
   common::PfcFrame pfc;
   NicPort& np = nics_[gpu].ports[pi];
   if (!common::PfcFrame::decode(frame.data(), frame.size(), &pfc).ok()) {
-    planes_[np.plane].rx_bad_frames++;
+    counters_[np.slot].rx_bad_frames++;
     return;
   }
   const uint64_t rate = np.io->io->rate_bps();
   for (size_t p = 0; p < np.paused_until.size(); ++p) {
     if (pfc.class_enable & (1u << p)) {
       np.paused_until[p] = pfc.quanta[p] == 0 ? 0 : np.clock->now() + common::pfc_quanta_ns(pfc.quanta[p], rate);
-      planes_[np.plane].pfc_pauses_at_nics += pfc.quanta[p] != 0;
+      counters_[np.slot].pfc_pauses_at_nics += pfc.quanta[p] != 0;
     }
   }
   pump(gpu, pi);
@@ -436,7 +440,7 @@ bool RawTraffic::relay(int gpu, int dst, std::vector<uint8_t>&& frame) {
   std::copy(np.io->peer_mac.begin(), np.io->peer_mac.end(), frame.begin());
   std::copy(np.io->mac.begin(), np.io->mac.end(), frame.begin() + 6);
   np.relay.push_back(std::move(frame));
-  planes_[np.plane].relayed_frames++;
+  counters_[np.slot].relayed_frames++;
   pump(gpu, pi);
   return true;
 }
@@ -447,7 +451,7 @@ void RawTraffic::receive(int gpu, int pi, std::vector<uint8_t>&& frame) {
     return;
   }
   const NicPort& np = nics_[gpu].ports[pi];
-  PlaneCounters& pc = planes_[np.plane];
+  PlaneCounters& pc = counters_[np.slot];
   common::ParsedFrame pf;
   common::ParseOptions opts;
   opts.verify_icrc = verify_icrc_;
@@ -482,12 +486,12 @@ void RawTraffic::receive(int gpu, int pi, std::vector<uint8_t>&& frame) {
 
 uint64_t RawTraffic::received_bytes(int src, int dst, int plane) const {
   const int fi = flow_between(src, dst);
-  return fi < 0 || plane < 0 || plane >= static_cast<int>(planes_.size()) ? 0 : rx_by_plane_[at(fi, plane)];
+  return fi < 0 || plane < 0 || plane >= static_cast<int>(lanes_) ? 0 : rx_by_plane_[at(fi, plane)];
 }
 
 uint64_t RawTraffic::sent_bytes(int src, int dst, int plane) const {
   const int fi = flow_between(src, dst);
-  return fi < 0 || plane < 0 || plane >= static_cast<int>(planes_.size()) ? 0 : tx_by_plane_[at(fi, plane)];
+  return fi < 0 || plane < 0 || plane >= static_cast<int>(lanes_) ? 0 : tx_by_plane_[at(fi, plane)];
 }
 
 size_t RawTraffic::memory_bytes() const {
@@ -509,8 +513,9 @@ TrafficResult RawTraffic::result() const {
   r.flows = flows_.size();
   const size_t planes = static_cast<size_t>(fabric_.topology().num_planes);
   r.plane_bytes.assign(planes, 0);
-  for (size_t p = 0; p < planes_.size(); ++p) {
-    const PlaneCounters& c = planes_[p];
+  for (size_t k = 0; k < counters_.size(); ++k) {
+    const PlaneCounters& c = counters_[k];
+    const size_t p = k / groups_;  // its lane
     r.packets_sent += c.packets_sent;
     r.frame_bytes_sent += c.frame_bytes_sent;
     r.wire_bytes_sent += c.wire_bytes_sent;
@@ -521,7 +526,7 @@ TrafficResult RawTraffic::result() const {
     r.pfc_pauses_at_nics += c.pfc_pauses_at_nics;
     r.relayed_frames += c.relayed_frames;
     if (p < planes) {
-      r.plane_bytes[p] = c.frame_bytes_sent;
+      r.plane_bytes[p] += c.frame_bytes_sent;
     } else {
       r.nvlink_bytes += c.frame_bytes_sent + c.relayed_bytes;
     }
@@ -533,7 +538,7 @@ TrafficResult RawTraffic::result() const {
     const Flow& f = flows_[fi];
     r.payload_bytes_offered += f.spec.bytes;
     uint64_t delivered = 0;
-    for (size_t p = 0; p < planes_.size(); ++p) {
+    for (size_t p = 0; p < lanes_; ++p) {
       delivered += rx_by_plane_[at(static_cast<int>(fi), static_cast<int>(p))];
       last = std::max(last, last_rx_[at(static_cast<int>(fi), static_cast<int>(p))]);
     }

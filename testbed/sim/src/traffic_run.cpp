@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "ifec/common/checks.h"
 #include "ifec/common/heap.h"
@@ -156,17 +158,31 @@ FabricOptions fabric_options(const SimOptions& opts) {
   fo.pfc = opts.pfc;
   fo.seed = opts.seed;
   fo.elided_payloads = opts.elided_payloads;
+  fo.leaf_groups = opts.leaf_groups;
   return fo;
 }
 
-// One partition per plane on opts.threads threads, in this process or spread over opts.processes.
+// One partition per plane (or per plane and leaf group) on opts.threads threads, in this process or spread over
+// opts.processes.
 SimRun run_partitioned(const routing::Topology& topo, const SimOptions& opts,
                        std::chrono::steady_clock::time_point wall0) {
   const Processes solo;
   const Processes& procs = opts.processes != nullptr ? *opts.processes : solo;
   const int planes = std::max(topo.num_planes, 1);
-  PlanePartitions parts(planes, opts.threads, procs.rank, procs.size, 0,
+  const int groups = std::max(opts.leaf_groups, 1);
+  std::vector<std::string> names;
+  if (opts.leaf_groups > 0) {
+    leaf_group_partitions(topo, opts.leaf_groups);  // a bad count is named before the partitions are made
+    names = leaf_group_names(topo, opts.leaf_groups);
+    IFEC_CHECK(opts.threads <= planes * groups && procs.size <= planes * groups,
+               (opts.threads > planes * groups ? "--threads " + std::to_string(opts.threads)
+                                               : std::to_string(procs.size) + " processes")
+                   << " outside 1.." << planes * groups << " (one partition per plane and leaf group: " << planes
+                   << (planes == 1 ? " plane x " : " planes x ") << groups << ")");
+  }
+  PlanePartitions parts(planes * groups, opts.threads, procs.rank, procs.size, 0,
                         opts.processes != nullptr ? opts.processes : nullptr);
+  parts.set_partition_names(std::move(names));
   if (opts.progress) {
     std::fprintf(stderr, "sim: %s\n", parts.describe().c_str());
   }
@@ -175,21 +191,25 @@ SimRun run_partitioned(const routing::Topology& topo, const SimOptions& opts,
   if (fabric.cross_partition_delay() != common::kForever) {
     parts.set_lookahead(fabric.cross_partition_delay());
     if (opts.progress) {
-      std::fprintf(stderr, "sim: links between partitions (in-node): lookahead %llu ns\n",
+      std::fprintf(stderr, "sim: links through mailboxes (%s): lookahead %llu ns\n",
+                   opts.leaf_groups > 0 ? "switch to switch, in-node" : "in-node",
                    static_cast<unsigned long long>(fabric.cross_partition_delay()));
     }
   }
-  if (parts.spread()) {  // in-node links between processes' planes: their frames cross in the exchanges
+  if (parts.spread()) {  // links between processes' partitions: their frames cross in the exchanges
     connect_processes(fabric, parts);
   }
   SimRun run;
   if (opts.processes == nullptr) {
     run = run_on(parts, fabric, topo, opts, wall0);
   } else {
-    // Each lane a process runs: a plane's NIC ports, and (in-node links) the NVLink lane of its plane's GPUs.
-    std::vector<bool> mine(static_cast<size_t>(planes) * (fabric.has_nvlink() ? 2 : 1));
-    for (size_t lane = 0; lane < mine.size(); ++lane) {
-      mine[lane] = parts.owns(static_cast<int>(lane % planes));
+    // Each slot of counters a process runs (RawTraffic::spread_over_processes): lane x groups + leaf group, a lane
+    // a plane's NIC ports or (in-node links) the NVLink lane of its plane's GPUs; its partition plane x groups +
+    // group.
+    std::vector<bool> mine(static_cast<size_t>(planes) * (fabric.has_nvlink() ? 2 : 1) * groups);
+    for (size_t slot = 0; slot < mine.size(); ++slot) {
+      const int plane = static_cast<int>(slot / groups) % planes;
+      mine[slot] = parts.owns(plane * groups + static_cast<int>(slot % groups));
     }
     run = run_on(parts, fabric, topo, opts, wall0, std::move(mine));
     // Every process ran the control events; the partitions' events are each process's own.
@@ -205,6 +225,8 @@ SimRun run_partitioned(const routing::Topology& topo, const SimOptions& opts,
 }  // namespace
 
 SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
+  IFEC_CHECK(opts.leaf_groups == 0 || opts.threads >= 1,
+             "--leaf-groups " << opts.leaf_groups << ": needs a partitioned run (--threads 1 or more)");
   const auto wall0 = std::chrono::steady_clock::now();
   SimRun run;
   if (opts.threads == 0) {

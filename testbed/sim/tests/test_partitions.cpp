@@ -64,13 +64,15 @@ TEST(PlanePartitions, BadThreadCountsAndControlEventsFromAPartitionAreNamed) {
 namespace {
 
 testbed::SimRun run(const routing::Topology& topo, testbed::Pattern p, uint64_t bytes, int threads,
-                    const std::vector<testbed::LinkEvent>& events = {}) {
+                    const std::vector<testbed::LinkEvent>& events = {}, int leaf_groups = 0, bool elided = false) {
   testbed::SimOptions o;
   o.pattern = p;
   o.bytes = bytes;
   o.progress = false;
   o.threads = threads;
   o.events = events;
+  o.leaf_groups = leaf_groups;
+  o.elided_payloads = elided;
   return testbed::run_sim(topo, o);
 }
 
@@ -140,6 +142,60 @@ TEST(PartitionedTraffic, LinkEventsGiveTheSameRunWithOneThreadAndTwo) {
   expect_same_run(four, one, "four threads vs one");
 }
 
+// Planes split further, by leaf group: a one-plane fat tree (where planes alone give one partition) and a
+// four-plane one with link events, in 1, 2 and 4 (or 8) groups of leaves on 1, 2 and 3 threads, with real and
+// elided payloads: every run the same. Against one partition per plane: the same bytes delivered (equal-time
+// arrivals at a switch may take another order, through the mailboxes).
+TEST(PartitionedTraffic, LeafGroupsGiveTheSameRunWhateverTheGroupsAndThreads) {
+  const routing::Topology flat = routing::make_fat_tree(64, 1, 8, 4);
+  const testbed::SimRun base = run(flat, testbed::Pattern::kAllToAll, 20'000, 1, {}, 1);
+  EXPECT_TRUE(base.traffic.complete);
+  EXPECT_NE(base.partitions.find("1 partition (one per plane and leaf group) on 1 thread: p0 leaves 0-7"),
+            std::string::npos)
+      << base.partitions;
+  EXPECT_GT(base.windows, 10u) << "windows of a lookahead (500 ns) each";
+  for (const auto& [groups, threads] : {std::pair{2, 1}, std::pair{2, 2}, std::pair{8, 3}}) {
+    const testbed::SimRun r = run(flat, testbed::Pattern::kAllToAll, 20'000, threads, {}, groups);
+    expect_same_run(r, base, std::to_string(groups) + " leaf groups, " + std::to_string(threads) + " threads");
+  }
+  const testbed::SimRun elided = run(flat, testbed::Pattern::kAllToAll, 20'000, 2, {}, 2, true);
+  expect_same_run(elided, base, "elided payloads");
+  const testbed::SimRun by_plane = run(flat, testbed::Pattern::kAllToAll, 20'000, 1);
+  EXPECT_EQ(by_plane.traffic.payload_bytes_delivered, base.traffic.payload_bytes_delivered);
+
+  const routing::Topology topo = routing::make_fat_tree(32, 4, 4, 4);
+  const std::vector<testbed::LinkEvent> events = {testbed::parse_link_event(topo, "p1-leaf0:p1-spine2@2us", false),
+                                                  testbed::parse_link_event(topo, "p1-leaf0:p1-spine2@9us", true),
+                                                  testbed::parse_link_event(topo, "gpu5:plane3@3us", false)};
+  const testbed::SimRun one = run(topo, testbed::Pattern::kPermutation, 300'000, 1, events, 1);
+  EXPECT_GT(one.fare_rounds, 0);
+  EXPECT_FALSE(one.event_gpus.empty());
+  const testbed::SimRun four = run(topo, testbed::Pattern::kPermutation, 300'000, 3, events, 4);
+  EXPECT_NE(four.partitions.find("16 partitions (one per plane and leaf group) on 3 threads: p0 leaves 0, p0 leaves "
+                                 "3, p1 leaves 2, p2 leaves 1, p3 leaves 0, p3 leaves 3 |"),
+            std::string::npos)
+      << four.partitions;
+  expect_same_run(four, one, "4 leaf groups on 3 threads vs 1 on 1");
+}
+
+// Leaf groups a plane cannot give, or without partitions, or more threads than partitions: named.
+TEST(PartitionedTraffic, BadLeafGroupsAreNamed) {
+  const routing::Topology topo = routing::make_fat_tree(32, 4, 4, 4);
+  auto fails_with = [&](int threads, int groups, const std::string& named) {
+    try {
+      run(topo, testbed::Pattern::kPermutation, 4096, threads, {}, groups);
+      ADD_FAILURE() << "no error for " << groups << " leaf groups on " << threads << " threads";
+    } catch (const common::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+  };
+  fails_with(1, 5, "--leaf-groups 5: plane 0 of topology 'fat-tree-32x4' has 4 leaf switches");
+  fails_with(0, 2, "--leaf-groups 2: needs a partitioned run (--threads 1 or more)");
+  fails_with(9, 2, "--threads 9 outside 1..8 (one partition per plane and leaf group: 4 planes x 2)");
+  EXPECT_THROW(run(routing::make_superpod(8, 2), testbed::Pattern::kAllToAll, 4096, 1, {}, 2), common::Error)
+      << "one switch per plane: one leaf";
+}
+
 // Events one partition sends another through a mailbox arrive between windows, a lookahead or more later, in one
 // order whatever the threads: by time, then sending partition, then sending order (after the receiver's own
 // events at that time scheduled in an earlier window); windows end a lookahead after the earliest event.
@@ -163,7 +219,8 @@ TEST(PlanePartitions, MailboxesDeliverBetweenWindowsInOneOrder) {
     EXPECT_EQ(parts.windows_run(), 2u) << "[10, 110) and [105, 205)";
   }
   testbed::PlanePartitions parts(2, 1);
-  EXPECT_THROW(parts.mailbox(1, 1), common::Error);
+  EXPECT_THROW(parts.mailbox(1, 2), common::Error);
+  EXPECT_NE(parts.mailbox(1, 1), nullptr);  // a partition's own (a link that always sends through mailboxes)
   EXPECT_THROW(parts.set_lookahead(0), common::Error);
 }
 

@@ -18,9 +18,10 @@ struct ScaleScenario {
   Pattern pattern = Pattern::kPermutation;
   uint64_t bytes = 2 << 20;  // per GPU (permutation) or per ordered pair (all-to-all)
   bool elided_payloads = false;
-  int group = 0;      // make_flows' expert-parallel groups (0: one group of every GPU)
-  int threads = 1;    // SimOptions::threads: N one partition per plane on N threads; 0 one event loop
-  int processes = 0;  // > 1: under mpirun -np processes (threads each, at least 1), figures from its JSON report
+  int group = 0;        // make_flows' expert-parallel groups (0: one group of every GPU)
+  int threads = 1;      // SimOptions::threads: N one partition per plane on N threads; 0 one event loop
+  int processes = 0;    // > 1: under mpirun -np processes (threads each, at least 1), figures from its JSON report
+  int leaf_groups = 0;  // SimOptions::leaf_groups: K >= 1 partitions per plane and leaf group (raw traffic)
   // "ring", "best", "ifec", ...: an AllReduce of `bytes` per GPU with this algorithm (workloads::parse_algo) over
   // every GPU, on one event loop (threads 0) or partitioned on `threads`; "": raw traffic of `pattern`
   std::string allreduce;
@@ -31,7 +32,7 @@ struct ScaleScenario {
   double target_speedup = 0;
   double target_seconds = 0;  // setup and simulation together, at most
   // "fat-tree-2048x8.yaml permutation 2 MiB/GPU real" (one thread), "... in groups of 256", "..., 2 threads",
-  // "..., one event loop", "..., mpirun -np 2"
+  // "..., one event loop", "..., mpirun -np 2", "..., 2 threads, 2 leaf groups"
   std::string describe() const;
   std::string traffic() const;  // the same without the threads
 };
@@ -72,7 +73,9 @@ struct ScaleRow {
 // targets; under mpirun the peak is the largest process's and the bytes per GPU are not reported), and, unless
 // quick, the 2,048-GPU all-to-all of 4 KiB per pair and within expert-parallel groups of 256 (64 KiB, elided), and
 // AllReduce of 4 MiB over the 1,024-GPU SUN, ring, best and in-fabric, elided, and DeepSeek-V3's 16,384-GPU fabric's
-// permutation of 2 MiB per GPU, elided (its targets: 5 minutes, 12 GB).
+// permutation of 2 MiB per GPU, elided (its targets: 5 minutes, 12 GB). Also a one-plane 1,024-GPU fat tree's
+// permutation on one thread and on two threads with two leaf groups (more partitions than its one plane gives),
+// and elided on one thread and two processes with two leaf groups.
 std::vector<ScaleScenario> scale_scenarios(const std::string& topo_dir, bool quick);
 
 // Runs `s` in a child process (progress lines on stderr from the child every 2 s); a scenario over processes runs

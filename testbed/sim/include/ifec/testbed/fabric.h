@@ -6,6 +6,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ifec/common/sim.h"
@@ -31,14 +33,31 @@ struct FabricOptions {
   // Simulated times, frame counts and bytes per link are those of real payloads; results are meaningless (timing
   // only). What lets the largest fabrics fit.
   bool elided_payloads = false;
+  // 0: a partitioned fabric runs one partition per plane (the plane-clocks constructor takes one clock per plane).
+  // K >= 1: one per plane and leaf group, K groups of a plane's consecutive leaves (and as many runs of its other
+  // switches, by index): planes x K clocks, partition plane x K + group (leaf_group_partitions). Every
+  // switch-to-switch and in-node link then sends through mailboxes, whether its ends share a partition or not, so
+  // a run is the same whatever K, the threads or the processes (raw traffic only; not with GPU partitions).
+  int leaf_groups = 0;
 };
+
+// Which partition runs each topology node of a fabric partitioned by plane and leaf group (`groups` per plane):
+// a plane's leaves (switches with a GPU link, by node index) in `groups` runs of consecutive ones, its other
+// switches spread over the groups the same way; partition plane x groups + group. A GPU: the partition of the
+// switch its plane's port hangs from, or -1 when it has ports on several planes (each port runs with its switch).
+// Throws Error naming the bad value when a plane has fewer leaves than groups.
+std::vector<int> leaf_group_partitions(const routing::Topology& topo, int groups);
+// What describe() calls each partition of leaf_group_partitions: "p0 leaves 0-15" (leaf indices within the plane).
+std::vector<std::string> leaf_group_names(const routing::Topology& topo, int groups);
 
 // One port of a GPU: which link (sub-link) and plane it is on, and the port to send on.
 struct GpuPort {
-  int port = 0;       // port number at the GPU node
-  int link = 0;       // topology link id
-  int plane = 0;      // routing::kNvlinkPlane for an in-node port
-  int peer_gpu = -1;  // an in-node port's GPU at the other end
+  int port = 0;                    // port number at the GPU node
+  int link = 0;                    // topology link id
+  int plane = 0;                   // routing::kNvlinkPlane for an in-node port
+  int peer_gpu = -1;               // an in-node port's GPU at the other end
+  int partition = 0;               // the partition (index of the plane clocks) it runs on: its switch's, or its GPU's
+  common::Clock* clock = nullptr;  // that partition's clock
   common::LinkPort* io = nullptr;
   common::MacAddress mac{};       // this port's MAC
   common::MacAddress peer_mac{};  // the switch port at the other end
@@ -52,6 +71,9 @@ class Fabric {
   // runs the planes' clocks apart, up to each control event, and the control events between them.
   // A link joining two planes (a server's NVLink-class link between GPUs of two planes) sends its frames through
   // mailbox(from plane, to plane) (PlanePartitions::mailbox); without one such a topology needs a single clock.
+  // With opts.leaf_groups K >= 1, plane_clocks holds planes x K clocks (see FabricOptions::leaf_groups), and every
+  // switch-to-switch and in-node link sends through mailbox(from, to, source: the sending node's index), `from`
+  // and `to` equal where its ends share a partition.
   // With `gpu_partition` (the endpoint runtime's partitioned run), GPU g's ports run on the clock of a partition of
   // the GPUs' own instead (PlanePartitions' GPU groups): each GPU-to-switch link joins it to a plane's partition, and
   // what the GPU sends goes through a mailbox of its own (source planes + g).
@@ -68,7 +90,8 @@ class Fabric {
   const routing::Topology& topology() const { return topo_; }
   const FabricOptions& options() const { return opts_; }
   common::Clock& clock() { return clock_; }  // the control plane's (every plane's, unpartitioned)
-  common::Clock& plane_clock(int plane) { return *plane_clocks_.at(plane); }
+  // The partition running a link's end (side 0: link.a), and the source its frames are sorted by in a mailbox.
+  std::pair<int, int> end_partition(int link, int side) const;
 
   int num_gpus() const { return static_cast<int>(gpu_ports_.size()); }
   // A GPU's NIC ports (one per plane and sub-link), by port number.
@@ -127,7 +150,7 @@ class Fabric {
   void make_links(const MailboxFn& mailbox, const GpuPartitionFn& gpu_partition);
 
   common::Clock& clock_;
-  std::vector<common::Clock*> plane_clocks_;
+  std::vector<common::Clock*> plane_clocks_;  // one per partition of the fabric (plane, or plane and leaf group)
   routing::Topology topo_;
   FabricOptions opts_;
   // The links, by id; each plane's lie in one array of link_store_ (their partition's thread touches only its own).
@@ -136,6 +159,7 @@ class Fabric {
   std::vector<std::unique_ptr<Switch>> switches_;
   std::vector<int> switch_nodes_;
   std::vector<int> node_switch_;       // node -> switch index or -1
+  std::vector<int> node_partition_;    // node -> its partition (leaf_group_partitions; a GPU on every plane: -1)
   std::vector<std::vector<int>> adj_;  // node -> its links (routing::adjacency)
   // GPU address -> destination class (routing::FareRib), shared by every switch's FIB: one table, or one per
   // plane when GPUs sit on one plane each (a GPU of another plane maps to its node peer's class on this plane).
@@ -157,8 +181,7 @@ class Fabric {
 class PlanePartitions;
 // A fabric spread over MPI processes: each link end whose far end runs in another process's partition sends
 // through the partitions' exchange (key: link id x 2 + the receiving side), and what arrives here goes to its end.
-// Ends: a GPU's in its group's partition, gpu_partition(gpu), when there is one, else its plane's; a switch's in
-// its plane's.
+// Ends: a GPU's in its group's partition, gpu_partition(gpu), when there is one, else Fabric::end_partition's.
 void connect_processes(Fabric& fabric, PlanePartitions& parts, const std::function<int(int gpu)>& gpu_partition = {});
 
 // MAC address of port `port` of topology node `node` (locally administered, unique per node and port).

@@ -15,6 +15,10 @@
 // it. Between windows each partition takes its mailboxes' events in one order, by time, then sending partition,
 // then sending order: the same whatever the threads.
 //
+// Raw traffic may split planes further, by leaf group (FabricOptions::leaf_groups): the "planes" here are then
+// planes x K partitions, each plane's K leaf groups, and every switch-to-switch link goes through mailboxes (a
+// partition's own among them) with the sending node as its source, so the run is the same whatever K.
+//
 // The endpoint runtime (collectives, MoE: Cluster with threads) adds partitions for the GPUs, one per group of GPUs
 // (gpu_groups): each GPU's links to its switches join its group's partition to the planes' (the GPU-to-switch delay
 // is the lookahead). Frames a GPU sends go through a mailbox of its own (mailbox's `source`: planes + GPU), so mail
@@ -74,8 +78,13 @@ class PlanePartitions {
   int gpu_groups() const { return gpu_groups_; }
   bool is_gpu_partition(int p) const { return gpu_groups_ > 0 && p >= planes(); }
   // What partition `from` schedules for partition `to` (a link's arrivals): held until the window ends, then taken
-  // by time, then `source` (default: `from`; a GPU's own: planes + its index), then sending order.
+  // by time, then `source` (default: `from`; a GPU's own: planes + its index; leaf groups: the sending node), then
+  // sending order. `from` may be `to` (a link that always sends through mailboxes, whichever partitions its ends
+  // are in, so that its frames arrive in the same order whatever the partitioning).
   common::Clock* mailbox(int from, int to, int source = -1);
+  // What describe() calls each of the fabric's partitions when they are not one per plane (leaf groups: "p0
+  // leaves 0-15", Fabric's leaf_group_names); describe() then lists them by name.
+  void set_partition_names(std::vector<std::string> names) { names_ = std::move(names); }
   // What describe() calls each GPU group ("GPUs 0-31"; default "GPUs" for one, "GPUs k" for several).
   void set_gpu_group_names(std::vector<std::string> names) { group_names_ = std::move(names); }
   // Whether a window's partitions are running (their threads may be in their events).
@@ -197,6 +206,7 @@ class PlanePartitions {
   int processes_;
   int gpu_groups_ = 0;
   std::vector<std::string> group_names_;
+  std::vector<std::string> names_;  // the fabric's partitions' (set_partition_names); empty: one per plane
   bool in_window_ = false;
   bool crossing_ = false;  // a mailbox joins partitions of two processes
   uint64_t windows_ = 0;

@@ -80,9 +80,11 @@ class RawTraffic {
 
   // Adds a vector element-wise over every process of a run spread over MPI processes (a collective call).
   using SumFn = std::function<void(std::vector<uint64_t>&)>;
-  // Spread over processes: only the ports of `active_planes` send here; before each re-split of the flows over
-  // planes, `sum` gathers what every process's ports sent (so every process splits alike).
-  void spread_over_processes(std::vector<bool> active_planes, SumFn sum);
+  // Spread over processes: only the ports of `active_slots` send here (slot: lane x leaf groups + the port's leaf
+  // group; a lane is a plane, or planes + p for plane p's GPUs' in-node ports; one group but with
+  // FabricOptions::leaf_groups); before each re-split of the flows over planes, `sum` gathers what every process's
+  // ports sent (so every process splits alike).
+  void spread_over_processes(std::vector<bool> active_slots, SumFn sum);
   // After the run: adds every process's deliveries and NIC counters into this one's (each process counted only
   // its own planes), so that result() and the per-plane bytes are the whole run's.
   void merge(const SumFn& sum);
@@ -90,9 +92,10 @@ class RawTraffic {
  private:
   // State grows with the flows, not with GPUs x GPUs: a flow's per-port and per-plane counters sit in flat arrays
   // at its own offsets, and a receiver finds the flow among its own incoming ones. Nothing a port's sending or
-  // receiving writes is shared with another plane's ports, so a fabric partitioned by plane (partitions.h) runs
-  // each plane's traffic on its own thread; what the planes share (how many packets of a flow every port sent) is
-  // read only by the control plane's events, between the partitions' runs.
+  // receiving writes is shared with another partition's ports (counters are per lane and leaf group), so a fabric
+  // partitioned by plane, or plane and leaf group (partitions.h), runs each partition's traffic on its own thread; what
+  // the planes share (how many packets of a flow every port sent) is read only by the control plane's events, between
+  // the partitions' runs.
   struct Flow {
     FlowSpec spec;
     uint64_t packets = 0;
@@ -106,7 +109,7 @@ class RawTraffic {
     uint32_t psn = 0;         // each port is its own QP
     bool sent_short = false;  // this port sent the flow's short last packet
   };
-  struct alignas(64) PlaneCounters {  // what one plane's NIC ports counted (a cache line of its own)
+  struct alignas(64) PlaneCounters {  // what one lane's ports of one leaf group counted (a cache line of its own)
     uint64_t packets_sent = 0;
     uint64_t frame_bytes_sent = 0;
     uint64_t wire_bytes_sent = 0;
@@ -130,7 +133,8 @@ class RawTraffic {
     std::vector<common::TimeNs> paused_until;
     bool wakeup_pending = false;
     int plane = 0;                             // its lane: a plane, or in-node num_planes + its GPU's plane
-    common::Clock* clock = nullptr;            // its plane's
+    size_t slot = 0;                           // its counters: lane x leaf groups + its partition's leaf group
+    common::Clock* clock = nullptr;            // its partition's
     const GpuPort* io = nullptr;               // the fabric's port (a NIC port or an in-node one)
     common::Fifo<std::vector<uint8_t>> relay;  // in-node ports: frames forwarded for the peer, sent first
   };
@@ -176,9 +180,11 @@ class RawTraffic {
   std::vector<uint64_t> rx_by_plane_;
   std::vector<uint64_t> tx_by_plane_;
   std::vector<common::TimeNs> last_rx_;
-  std::vector<PlaneCounters> planes_;
-  std::vector<bool> active_;  // planes whose ports send in this process (all but in a run over processes)
-  SumFn sum_;                 // set in a run over processes
+  size_t lanes_ = 0;                     // planes, and as many in-node lanes on a fabric with in-node links
+  size_t groups_ = 1;                    // leaf groups per plane (FabricOptions::leaf_groups, at least 1)
+  std::vector<PlaneCounters> counters_;  // [slot]
+  std::vector<bool> active_;             // slots whose ports send in this process (all but in a run over processes)
+  SumFn sum_;                            // set in a run over processes
 };
 
 }  // namespace ifec::testbed

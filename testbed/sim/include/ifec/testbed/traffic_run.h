@@ -32,6 +32,11 @@ struct SimOptions {
   // 0: one event loop for the whole fabric (the same result but for the order of events at the very time of a
   // link event; every frame of every plane in flight together).
   int threads = 1;
+  // K >= 1: the partitions are per plane and leaf group, K of each plane's (FabricOptions::leaf_groups), for more
+  // threads or processes than planes; the same result whatever K >= 1, the threads or processes (every
+  // switch-to-switch link then sends through mailboxes: equal-time arrivals at a switch may run in another order
+  // than with 0, one partition per plane). Needs threads >= 1.
+  int leaf_groups = 0;
   const Processes* processes = nullptr;  // spread over MPI processes (threads >= 1 each); null: this process alone
   std::vector<LinkEvent> events;
 };
