@@ -739,8 +739,8 @@ int run_bench_scale(const Args& a) {
   std::printf(
       "# M hops/s: frame-hops (frames sent on any link) per second of the event loop(s); threads: loop = one\n"
       "# event loop for the whole fabric, N = one partition per plane (and, for an AllReduce, one per GPU group:\n"
-      "# one per thread) on N threads, PxN = P MPI processes of N\n"
-      "# (speedup: over the same traffic on 1 thread); setup: the fabric, FARE to convergence and the flows; peak:\n"
+      "# one per thread; \"K leaf groups\": one per plane and leaf group) on N threads, PxN = P MPI processes of N\n"
+      "# (speedup: over the same traffic on 1 thread, by plane); setup: the fabric, FARE to convergence and the flows; peak:\n"
       "# the largest process's maximum resident set (a thread runs its partitions one after another between\n"
       "# fabric-wide events: only one plane's frames are in flight at once); route B/G and flow B/G: bytes per GPU\n"
       "# of the routing state (RIB, class table, FIBs) and of the flows (not reported under mpirun); B/link: bytes "

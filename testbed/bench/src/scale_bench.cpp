@@ -514,9 +514,13 @@ std::string scale_table(std::vector<ScaleRow>& rows, double fresh_page_ns) {
                   fresh_page_ns / 1e3);
     o << line;
   }
-  std::snprintf(line, sizeof(line), "# %-64s %6s %6s %11s %11s %7s %7s %8s %7s %7s %8s %8s %9s %9s %8s\n", "scenario",
-                "GPUs", "links", "events", "frame-hops", "setup s", "sim s", "M hops/s", "threads", "speedup",
-                "peak GB", "touch GB", "route B/G", "flow B/G", "B/link");
+  int width = 64;  // the scenario column: as wide as its longest
+  for (const ScaleRow& r : rows) {
+    width = std::max(width, static_cast<int>(r.scenario.describe().size()));
+  }
+  std::snprintf(line, sizeof(line), "# %-*s %6s %6s %11s %11s %7s %7s %8s %7s %7s %8s %8s %9s %9s %8s\n", width,
+                "scenario", "GPUs", "links", "events", "frame-hops", "setup s", "sim s", "M hops/s", "threads",
+                "speedup", "peak GB", "touch GB", "route B/G", "flow B/G", "B/link");
   o << line;
   for (const ScaleRow& r : rows) {
     if (!r.error.empty()) {
@@ -536,8 +540,8 @@ std::string scale_table(std::vector<ScaleRow>& rows, double fresh_page_ns) {
       std::snprintf(speedup, sizeof(speedup), "%.2fx", r.speedup);
     }
     std::snprintf(
-        line, sizeof(line), "  %-64s %6d %6d %11llu %11llu %7.2f %7.2f %8.3f %7s %7s %8.2f %8s %9.0f %9.0f %8.0f%s\n",
-        r.scenario.describe().c_str(), r.gpus, r.links, static_cast<unsigned long long>(r.events),
+        line, sizeof(line), "  %-*s %6d %6d %11llu %11llu %7.2f %7.2f %8.3f %7s %7s %8.2f %8s %9.0f %9.0f %8.0f%s\n",
+        width, r.scenario.describe().c_str(), r.gpus, r.links, static_cast<unsigned long long>(r.events),
         static_cast<unsigned long long>(r.frame_hops), r.setup_seconds, r.sim_seconds, r.rate() / 1e6, threads.c_str(),
         speedup, r.peak_bytes / 1e9, touched, static_cast<double>(r.routing_bytes) / std::max(1, r.gpus),
         static_cast<double>(r.traffic_bytes) / std::max(1, r.gpus),
