@@ -740,13 +740,12 @@ int run_bench_scale(const Args& a) {
       "# M hops/s: frame-hops (frames sent on any link) per second of the event loop(s); threads: loop = one\n"
       "# event loop for the whole fabric, N = one partition per plane (and, for an AllReduce, one per GPU group:\n"
       "# one per thread; \"K leaf groups\": one per plane and leaf group) on N threads, PxN = P MPI processes of N\n"
-      "# (speedup: over the same traffic on 1 thread, by plane); setup: the fabric, FARE to convergence and the flows; peak:\n"
-      "# the largest process's maximum resident set (a thread runs its partitions one after another between\n"
-      "# fabric-wide events: only one plane's frames are in flight at once); route B/G and flow B/G: bytes per GPU\n"
-      "# of the routing state (RIB, class table, FIBs) and of the flows (not reported under mpirun); B/link: bytes "
-      "per\n"
-      "# link of the links and switch ports (queue rings at their high water; frames aside); a speedup target's\n"
-      "# row is the median of three alternated pairs (the same traffic on one thread, then the scenario), beside\n"
+      "# (speedup: over the same traffic on 1 thread, by plane); setup: the fabric, FARE to convergence and the\n"
+      "# flows; peak: the largest process's maximum resident set (a thread runs its partitions one after another\n"
+      "# between fabric-wide events: only one plane's frames are in flight at once); route B/G and flow B/G: bytes\n"
+      "# per GPU of the routing state (RIB, class table, FIBs) and of the flows (not reported under mpirun);\n"
+      "# B/link: bytes per link of the links and switch ports (queue rings at their high water; frames aside); a\n"
+      "# speedup target's row is the median of three alternated pairs (the same traffic on one thread, then the scenario), beside\n"
       "# what plain arithmetic got on as many threads first (the cores the host gave this machine at the time)\n");
   std::fflush(stdout);
   const std::vector<tb::ScaleScenario> scenarios = tb::scale_scenarios(IFEC_TOPOLOGY_DIR, quick);
