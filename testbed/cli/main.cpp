@@ -745,8 +745,9 @@ int run_bench_scale(const Args& a) {
       "# between fabric-wide events: only one plane's frames are in flight at once); route B/G and flow B/G: bytes\n"
       "# per GPU of the routing state (RIB, class table, FIBs) and of the flows (not reported under mpirun);\n"
       "# B/link: bytes per link of the links and switch ports (queue rings at their high water; frames aside); a\n"
-      "# speedup target's row is the median of three alternated pairs (the same traffic on one thread, then the scenario), beside\n"
-      "# what plain arithmetic got on as many threads first (the cores the host gave this machine at the time)\n");
+      "# speedup target's row is the median of three alternated pairs (the same traffic on one thread, then the\n"
+      "# scenario), beside what plain arithmetic got on as many threads first (the cores the host gave this\n"
+      "# machine at the time)\n");
   std::fflush(stdout);
   const std::vector<tb::ScaleScenario> scenarios = tb::scale_scenarios(IFEC_TOPOLOGY_DIR, quick);
   std::vector<tb::ScaleRow> rows;
