@@ -289,6 +289,12 @@ void Link::set_up(bool up) {
   }
 }
 
+PortCounters LinkPort::counters() const {
+  PortCounters c = counters_;
+  c.dropped_link_down += link_.ends_[1 - side_].lost_arriving_;
+  return c;
+}
+
 bool LinkPort::busy() const { return clock_.now() * 1000 < busy_until_ps_; }
 
 bool LinkPort::send(std::vector<uint8_t>&& frame) {
@@ -364,7 +370,7 @@ bool LinkPort::lost_in_flight() {
 
 void LinkPort::deliver(std::vector<uint8_t>&& frame, uint64_t epoch) {
   if (epoch != link_.epoch_ || !link_.up_) {
-    ++peer().counters_.dropped_link_down;  // lost in flight: counted at the sender
+    ++lost_arriving_;  // lost in flight: the sender's loss (counters()), kept here, where this end's thread runs
     return;
   }
   counters_.rx_frames++;

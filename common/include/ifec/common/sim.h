@@ -159,11 +159,14 @@ class LinkPort : public Port {
   uint32_t overhead_bytes() const;
   void set_receiver(Receiver rx) override { rx_ = std::move(rx); }
   void set_tx_ready(TxReady ready) override { ready_ = std::move(ready); }
-  const PortCounters& counters() const { return counters_; }
+  // This end's counters; dropped_link_down includes what its frames lost in flight, which the far end counts when
+  // they arrive (lost_arriving_: each end writes only its own, the two ends may run on two threads).
+  PortCounters counters() const;
   // Every counter, writable, in a fixed order: a run spread over processes adds theirs together.
   template <typename F>
   void visit_counters(F&& fn) {
     counters_.for_each([&](const char*, uint64_t& v) { fn(v); });
+    fn(lost_arriving_);
   }
   LinkPort& peer();
   // How much of each arriving frame its receiver reads at once: the headers (default) for a switch that forwards,
@@ -204,6 +207,7 @@ class LinkPort : public Port {
   TxReady ready_;
   Remote remote_;
   PortCounters counters_;
+  uint64_t lost_arriving_ = 0;  // frames for this end lost in flight when the link went down (the sender's loss)
   // Frames on the wire from this end, oldest first: they arrive in the order sent (one serializer, one delay), so
   // the arrival event needs only the port, not its own copy of the frame. A Fifo allocates nothing until the first
   // frame (std::deque's 576 bytes per end were 38 MB of a 2,048-GPU fabric's 32,768 links before any traffic).
