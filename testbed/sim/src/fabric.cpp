@@ -121,13 +121,28 @@ std::vector<int> leaf_group_partitions(const routing::Topology& topo, int groups
       }
     }
   }
-  for (const routing::Link& l : topo.links) {  // a GPU of one plane: its switch's
-    for (const auto& [gpu, sw] : {std::pair{l.a, l.b}, std::pair{l.b, l.a}}) {
-      if (topo.nodes[gpu].kind == routing::NodeKind::kGpu && topo.nodes[sw].kind == routing::NodeKind::kSwitch &&
-          topo.nodes[gpu].plane >= 0 && part[gpu] < 0) {
-        part[gpu] = part[sw];
-      }
+  // A GPU's ports on one plane must hang from one leaf group (its NIC's counters and frames are that partition's);
+  // a GPU of one plane runs in it (its in-node ports).
+  std::map<std::pair<int, int>, int> group_of;  // (GPU node, plane) -> partition
+  for (const routing::Link& l : topo.links) {
+    const bool gpu_a = topo.nodes[l.a].kind == routing::NodeKind::kGpu;
+    const bool gpu_b = topo.nodes[l.b].kind == routing::NodeKind::kGpu;
+    if (gpu_a && gpu_b) {
+      IFEC_CHECK(l.plane == routing::kNvlinkPlane, "--leaf-groups " << groups << ": link " << l.id << " joins GPUs '"
+                                                                    << topo.nodes[l.a].name << "' and '"
+                                                                    << topo.nodes[l.b].name << "' on plane " << l.plane
+                                                                    << " (leaf groups take GPUs' links to switches)");
+      continue;
     }
+    if (gpu_a == gpu_b) continue;
+    const int gpu = gpu_a ? l.a : l.b;
+    const int sw = gpu_a ? l.b : l.a;
+    const auto [it, fresh] = group_of.emplace(std::pair{gpu, l.plane}, part[sw]);
+    IFEC_CHECK(fresh || it->second == part[sw],
+               "--leaf-groups " << groups << ": GPU '" << topo.nodes[gpu].name << "' has ports on plane " << l.plane
+                                << " under leaves of two groups (its leaf '" << topo.nodes[sw].name
+                                << "' and another); fewer groups keep its leaves together");
+    if (topo.nodes[gpu].plane >= 0) part[gpu] = part[sw];
   }
   return part;
 }
@@ -193,8 +208,8 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
           const GpuPartition g = gpu_partition(nd.gpu_index);
           gp.partition = g.partition;
           gp.clock = g.clock;
-        } else {
-          gp.partition = end_partition(l.id, side).first;
+        } else {  // (-1: an in-node link of GPUs on every plane, on one clock: make_links refuses it partitioned)
+          gp.partition = std::max(end_partition(l.id, side).first, 0);
           gp.clock = plane_clocks_.at(gp.partition);
         }
         link.end(side).set_read_on_arrival(SIZE_MAX);  // the NIC checks the ICRC: it reads every byte
@@ -286,7 +301,8 @@ void Fabric::make_links(const MailboxFn& mailbox, const GpuPartitionFn& gpu_part
     cross_delay_ = std::min(cross_delay_, l.delay_ns);
     return {{plane_clocks_.at(pa), plane_clocks_.at(pb)}, {mailbox(pa, pb, sa), mailbox(pb, pa, sb)}};
   };
-  // Each plane's links in one array of their own: a plane's partition may run on a thread of its own, and the
+  // Each plane's links in one array of their own (its leaf groups' partitions share it): a plane's partition may run
+  // on a thread of its own, and the
   // topology lists a GPU's links to every plane side by side (made one by one, neighbours shared cache lines between
   // the threads: the 64 x 4 all-to-all on two threads ran 1.8x one, on two processes 2.0x).
   std::map<int, std::vector<size_t>> of_plane;

@@ -141,8 +141,8 @@ PlanePartitions::PlanePartitions(int planes, int threads, int rank, int processe
   }
   const int mine = static_cast<int>(owned_.size());
   IFEC_CHECK(threads >= 1 && threads <= mine,
-             "--threads " << threads << " outside 1.." << mine << " (one partition per plane"
-                          << (gpu_groups > 0 ? " and per GPU group" : "") << ", " << most << " partitions"
+             "--threads " << threads << " outside 1.." << mine << " (" << most << " partitions: " << planes
+                          << " of the fabric's" << (gpu_groups > 0 ? " and one per GPU group" : "")
                           << (processes > 1 ? ", " + std::to_string(mine) + " in this process" : "") << ")");
   by_thread_.resize(threads);
   for (int p = 0; p < most; ++p) {

@@ -196,6 +196,42 @@ TEST(PartitionedTraffic, BadLeafGroupsAreNamed) {
       << "one switch per plane: one leaf";
 }
 
+// Shapes leaf groups cannot split are named: a GPU whose ports on one plane hang from leaves of two groups (its
+// counters would be two threads'), a cable between two GPUs on a plane. An in-node link between GPUs on every
+// plane runs on one event loop (and is refused, by name, partitioned).
+TEST(PartitionedTraffic, ShapesLeafGroupsCannotSplitAreNamed) {
+  auto error_of = [](const routing::Topology& topo, int threads, int groups) -> std::string {
+    try {
+      run(topo, testbed::Pattern::kPermutation, 8192, threads, {}, groups);
+    } catch (const common::Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const std::string head =
+      "name: odd\nplanes: 1\ngpus: [g0, g1, g2, g3]\nswitches: [{name: l0, plane: 0}, {name: l1, plane: 0}, "
+      "{name: s0, plane: 0}]\nlinks:\n";
+  const std::string leaves = "  - {a: g2, b: l0}\n  - {a: g3, b: l1}\n  - {a: l0, b: s0}\n  - {a: l1, b: s0}\n";
+  const routing::Topology homed =
+      routing::parse_topology(head + leaves + "  - {a: g0, b: l0}\n  - {a: g0, b: l1}\n  - {a: g1, b: l1}\n", "h.yaml");
+  EXPECT_TRUE(run(homed, testbed::Pattern::kPermutation, 8192, 1, {}, 1).traffic.complete) << "one group: fine";
+  EXPECT_NE(error_of(homed, 2, 2).find("GPU 'g0' has ports on plane 0 under leaves of two groups"), std::string::npos)
+      << error_of(homed, 2, 2);
+  const routing::Topology cabled = routing::parse_topology(
+      head + leaves + "  - {a: g0, b: l0}\n  - {a: g1, b: l1}\n  - {a: g0, b: g1, plane: 0}\n", "c.yaml");
+  EXPECT_NE(error_of(cabled, 1, 1).find("joins GPUs 'g0' and 'g1' on plane 0"), std::string::npos)
+      << error_of(cabled, 1, 1);
+
+  const routing::Topology every = routing::parse_topology(
+      "name: pair\nplanes: 2\ngpus: [g0, g1]\nswitches: [{name: s0, plane: 0}, {name: s1, plane: 1}]\nlinks:\n"
+      "  - {a: g0, b: s0}\n  - {a: g1, b: s0}\n  - {a: g0, b: s1}\n  - {a: g1, b: s1}\n"
+      "  - {a: g0, b: g1, plane: nvlink}\n",
+      "p.yaml");
+  EXPECT_TRUE(run(every, testbed::Pattern::kAllToAll, 8192, 0).traffic.complete);
+  EXPECT_NE(error_of(every, 1, 0).find("joins GPUs on every plane over NVLink"), std::string::npos)
+      << error_of(every, 1, 0);
+}
+
 // Events one partition sends another through a mailbox arrive between windows, a lookahead or more later, in one
 // order whatever the threads: by time, then sending partition, then sending order (after the receiver's own
 // events at that time scheduled in an earlier window); windows end a lookahead after the earliest event.

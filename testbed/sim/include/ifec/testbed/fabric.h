@@ -45,7 +45,8 @@ struct FabricOptions {
 // a plane's leaves (switches with a GPU link, by node index) in `groups` runs of consecutive ones, its other
 // switches spread over the groups the same way; partition plane x groups + group. A GPU: the partition of the
 // switch its plane's port hangs from, or -1 when it has ports on several planes (each port runs with its switch).
-// Throws Error naming the bad value when a plane has fewer leaves than groups.
+// Throws Error naming the bad value when a plane has fewer leaves than groups, when a GPU's ports on one plane hang
+// from leaves of two groups, or when a link joins two GPUs on a plane (not in-node).
 std::vector<int> leaf_group_partitions(const routing::Topology& topo, int groups);
 // What describe() calls each partition of leaf_group_partitions: "p0 leaves 0-15" (leaf indices within the plane).
 std::vector<std::string> leaf_group_names(const routing::Topology& topo, int groups);
@@ -153,7 +154,8 @@ class Fabric {
   std::vector<common::Clock*> plane_clocks_;  // one per partition of the fabric (plane, or plane and leaf group)
   routing::Topology topo_;
   FabricOptions opts_;
-  // The links, by id; each plane's lie in one array of link_store_ (their partition's thread touches only its own).
+  // The links, by id; each plane's lie in one array of link_store_ (a plane partition's thread touches only its own;
+  // a plane's leaf groups share its array).
   std::vector<std::unique_ptr<std::optional<common::Link>[]>> link_store_;
   std::vector<common::Link*> links_;
   std::vector<std::unique_ptr<Switch>> switches_;

@@ -12,8 +12,8 @@
 // Links may also join partitions (a server's NVLink-class links between GPUs of different planes): such a link's
 // frames arrive through a mailbox (mailbox(from, to)), and the link's delay is the lookahead (set_lookahead): a
 // window then also ends a lookahead after the earliest partition event, so nothing a window sends arrives inside
-// it. Between windows each partition takes its mailboxes' events in one order, by time, then sending partition,
-// then sending order: the same whatever the threads.
+// it. Between windows each partition takes its mailboxes' events in one order, by time, then source (the sending
+// partition unless the link says otherwise, below), then sending order: the same whatever the threads.
 //
 // Raw traffic may split planes further, by leaf group (FabricOptions::leaf_groups): the "planes" here are then
 // planes x K partitions, each plane's K leaf groups, and every switch-to-switch link goes through mailboxes (a
