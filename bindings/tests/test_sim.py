@@ -150,7 +150,8 @@ def test_threads_give_the_same_run():
         r.pop("sim_seconds")
         r.pop("sim_page_faults")
     assert runs[0] == runs[1] == runs[2]
-    with pytest.raises(ValueError, match="--threads 5 outside 1..4"):
+    with pytest.raises(ValueError, match=r"--threads 5 outside 1..4 \(one partition per plane, 4 planes; "
+                                         r"--leaf-groups K splits each plane into K\)"):
         ifec.sim.run(topo, threads=5)
 
 

@@ -179,6 +179,12 @@ SimRun run_partitioned(const routing::Topology& topo, const SimOptions& opts,
                                                : std::to_string(procs.size) + " processes")
                    << " outside 1.." << planes * groups << " (one partition per plane and leaf group: " << planes
                    << (planes == 1 ? " plane x " : " planes x ") << groups << ")");
+  } else {
+    IFEC_CHECK(opts.threads <= planes && procs.size <= planes,
+               (opts.threads > planes ? "--threads " + std::to_string(opts.threads)
+                                      : std::to_string(procs.size) + " processes")
+                   << " outside 1.." << planes << " (one partition per plane, " << planes
+                   << (planes == 1 ? " plane" : " planes") << "; --leaf-groups K splits each plane into K)");
   }
   PlanePartitions parts(planes * groups, opts.threads, procs.rank, procs.size, 0,
                         opts.processes != nullptr ? opts.processes : nullptr);
