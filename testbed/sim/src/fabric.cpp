@@ -302,9 +302,9 @@ void Fabric::make_links(const MailboxFn& mailbox, const GpuPartitionFn& gpu_part
     return {{plane_clocks_.at(pa), plane_clocks_.at(pb)}, {mailbox(pa, pb, sa), mailbox(pb, pa, sb)}};
   };
   // Each plane's links in one array of their own (its leaf groups' partitions share it): a plane's partition may run
-  // on a thread of its own, and the
-  // topology lists a GPU's links to every plane side by side (made one by one, neighbours shared cache lines between
-  // the threads: the 64 x 4 all-to-all on two threads ran 1.8x one, on two processes 2.0x).
+  // on a thread of its own, and the topology lists a GPU's links to every plane side by side (made one by one,
+  // neighbours shared cache lines between the threads: the 64 x 4 all-to-all on two threads ran 1.8x one, on two
+  // processes 2.0x).
   std::map<int, std::vector<size_t>> of_plane;
   for (size_t i = 0; i < topo_.links.size(); ++i) {
     of_plane[topo_.links[i].plane].push_back(i);
