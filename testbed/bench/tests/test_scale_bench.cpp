@@ -197,6 +197,9 @@ TEST(ScaleBench, MpirunScenarioReportsTheOneProcessRun) {
   EXPECT_EQ(spread.events, grouped.events);
   EXPECT_EQ(spread.frame_hops, grouped.frame_hops);
   EXPECT_EQ(s.describe(), "fat-tree-64x4.yaml alltoall 64 KiB/pair real, mpirun -np 2, 2 leaf groups");
+  s.leaf_groups = 9;  // more than a plane's 8 leaves: ifec-cli under mpirun names it, so the flag reached it
+  const testbed::ScaleRow bad = testbed::measure_scale(s, false, IFEC_CLI);
+  EXPECT_NE(bad.error, "");
 }
 
 // A speedup scenario runs kSpeedupPairs alternated pairs and keeps the pair of the median ratio: the row's rate over

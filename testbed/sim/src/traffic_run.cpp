@@ -170,25 +170,22 @@ SimRun run_partitioned(const routing::Topology& topo, const SimOptions& opts,
   const Processes& procs = opts.processes != nullptr ? *opts.processes : solo;
   const int planes = std::max(topo.num_planes, 1);
   const int groups = std::max(opts.leaf_groups, 1);
-  std::vector<std::string> names;
-  if (opts.leaf_groups > 0) {
-    leaf_group_partitions(topo, opts.leaf_groups);  // a bad count is named before the partitions are made
-    names = leaf_group_names(topo, opts.leaf_groups);
-    IFEC_CHECK(opts.threads <= planes * groups && procs.size <= planes * groups,
-               (opts.threads > planes * groups ? "--threads " + std::to_string(opts.threads)
-                                               : std::to_string(procs.size) + " processes")
-                   << " outside 1.." << planes * groups << " (one partition per plane and leaf group: " << planes
-                   << (planes == 1 ? " plane x " : " planes x ") << groups << ")");
-  } else {
-    IFEC_CHECK(opts.threads <= planes && procs.size <= planes,
-               (opts.threads > planes ? "--threads " + std::to_string(opts.threads)
-                                      : std::to_string(procs.size) + " processes")
-                   << " outside 1.." << planes << " (one partition per plane, " << planes
-                   << (planes == 1 ? " plane" : " planes") << "; --leaf-groups K splits each plane into K)");
-  }
+  // What the partitions are, for the count's error and describe(); a bad leaf-group count is named by Fabric.
+  const int most = planes * groups;
+  const std::string layout =
+      opts.leaf_groups > 0 ? "one partition per plane and leaf group: " + std::to_string(planes) +
+                                 (planes == 1 ? " plane x " : " planes x ") + std::to_string(groups)
+                           : "one partition per plane, " + std::to_string(planes) +
+                                 (planes == 1 ? " plane" : " planes") + "; --leaf-groups K splits each plane into K";
+  IFEC_CHECK(
+      opts.threads <= most && procs.size <= most,
+      (opts.threads > most ? "--threads " + std::to_string(opts.threads) : std::to_string(procs.size) + " processes")
+          << " outside 1.." << most << " (" << layout << ")");
   PlanePartitions parts(planes * groups, opts.threads, procs.rank, procs.size, 0,
                         opts.processes != nullptr ? opts.processes : nullptr);
-  parts.set_partition_names(std::move(names));
+  if (opts.leaf_groups > 0) {
+    parts.set_partition_names(leaf_group_names(topo, opts.leaf_groups));
+  }
   if (opts.progress) {
     std::fprintf(stderr, "sim: %s\n", parts.describe().c_str());
   }
