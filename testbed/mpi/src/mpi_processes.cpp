@@ -1,5 +1,5 @@
-// MPI_COMM_WORLD as the sum a partitioned run needs: MPI_Allreduce of 64-bit counters, in chunks MPI's int counts
-// can hold.
+// MPI_COMM_WORLD as what a partitioned run needs: a sum (MPI_Allreduce of 64-bit counters, in chunks MPI's int
+// counts can hold) and an exchange of byte messages (their sizes by MPI_Alltoall, then point to point).
 #include "ifec/testbed/mpi_processes.h"
 
 #include <mpi.h>
@@ -11,6 +11,10 @@
 
 namespace ifec::testbed {
 
+namespace {
+constexpr int kExchangeTag = 17;  // the exchange's point-to-point messages (the other calls are collectives)
+}  // namespace
+
 bool launched_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }
 
 MpiProcesses::MpiProcesses() {
@@ -21,33 +25,40 @@ MpiProcesses::MpiProcesses() {
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &procs_.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &procs_.size);
-  procs_.exchange = [n = procs_.size](const std::vector<Processes::Bytes>& out) {
+  procs_.exchange = [n = procs_.size, rank = procs_.rank](std::vector<Processes::Bytes>& out,
+                                                          std::vector<Processes::Bytes>& in) {
     IFEC_CHECK(static_cast<int>(out.size()) == n, "exchange: " << out.size() << " messages for " << n << " ranks");
-    std::vector<int> send(n), recv(n), send_at(n), recv_at(n);
-    Processes::Bytes all;
+    in.resize(static_cast<size_t>(n));
+    std::vector<int> send(n), recv(n);
     for (int p = 0; p < n; ++p) {
-      IFEC_CHECK(out[p].size() < (1u << 31) - all.size(),
+      IFEC_CHECK(out[p].size() < (1u << 31),
                  "exchange: " << out[p].size() << " bytes for rank " << p << " overflow MPI's int counts");
-      send_at[p] = static_cast<int>(all.size());
       send[p] = static_cast<int>(out[p].size());
-      all.insert(all.end(), out[p].begin(), out[p].end());
     }
     IFEC_CHECK(MPI_Alltoall(send.data(), 1, MPI_INT, recv.data(), 1, MPI_INT, MPI_COMM_WORLD) == MPI_SUCCESS,
                "MPI_Alltoall of message sizes failed");
-    size_t total = 0;
+    // Straight from each message to its rank and into the buffer it ends in (one copy, MPI's), not through one
+    // concatenated buffer as MPI_Alltoallv would need: a window's frames can be hundreds of megabytes.
+    std::vector<MPI_Request> reqs;
+    reqs.reserve(2 * static_cast<size_t>(n));
     for (int p = 0; p < n; ++p) {
-      recv_at[p] = static_cast<int>(total);
-      total += static_cast<size_t>(recv[p]);
+      if (p == rank) continue;
+      in[p].resize(static_cast<size_t>(recv[p]));
+      reqs.emplace_back();
+      IFEC_CHECK(MPI_Irecv(in[p].data(), recv[p], MPI_BYTE, p, kExchangeTag, MPI_COMM_WORLD, &reqs.back()) ==
+                     MPI_SUCCESS,
+                 "MPI_Irecv of " << recv[p] << " bytes from rank " << p << " failed");
     }
-    Processes::Bytes got(total);
-    IFEC_CHECK(MPI_Alltoallv(all.data(), send.data(), send_at.data(), MPI_BYTE, got.data(), recv.data(), recv_at.data(),
-                             MPI_BYTE, MPI_COMM_WORLD) == MPI_SUCCESS,
-               "MPI_Alltoallv of " << all.size() << " bytes failed");
-    std::vector<Processes::Bytes> in(n);
     for (int p = 0; p < n; ++p) {
-      in[p].assign(got.begin() + recv_at[p], got.begin() + recv_at[p] + recv[p]);
+      if (p == rank) continue;
+      reqs.emplace_back();
+      IFEC_CHECK(MPI_Isend(out[p].data(), send[p], MPI_BYTE, p, kExchangeTag, MPI_COMM_WORLD, &reqs.back()) ==
+                     MPI_SUCCESS,
+                 "MPI_Isend of " << send[p] << " bytes to rank " << p << " failed");
     }
-    return in;
+    IFEC_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS,
+               "the exchange's " << reqs.size() << " sends and receives failed");
+    in[rank].swap(out[rank]);
   };
   procs_.sum = [](std::vector<uint64_t>& v) {
     constexpr size_t kChunk = size_t{1} << 28;

@@ -291,7 +291,9 @@ PlanePartitions::Turn PlanePartitions::sync(Turn turn) {
   put_messages(w, messages_);
   const Bytes mine = w.take();
   messages_.clear();
-  const std::vector<Bytes> in = procs_->exchange(std::vector<Bytes>(processes_, mine));
+  std::vector<Bytes> out(processes_, mine);
+  std::vector<Bytes> in;
+  procs_->exchange(out, in);
   global_next_ = common::kForever;
   Turn gpus;
   for (int p = 0; p < processes_; ++p) {
@@ -317,15 +319,26 @@ void PlanePartitions::exchange_window(TimeNs last) {
     messages_.clear();
     return;
   }
-  std::vector<Bytes> out(processes_);
-  for (int p = 0; p < processes_; ++p) {  // the window's messages to every process, then the frames for it
-    common::ByteWriter w;
-    put_messages(w, messages_);
-    uint32_t frames = 0;
-    for (const auto& box : outbox_) {
-      for (const RemoteFrame& f : box) frames += process_of(f.to) == p ? 1 : 0;
+  // The window's messages to every process, then the frames for it, each process's message written once at its
+  // final size (a window can carry hundreds of megabytes of frames between processes: every copy counts).
+  constexpr size_t kFrameHeader = 4 * 3 + 8 + 4 + 8 + 4;  // from, to, source, arrival, key, epoch, blob length
+  std::vector<uint32_t> frames(processes_, 0);
+  std::vector<size_t> bytes(processes_, 0);
+  for (const auto& box : outbox_) {
+    for (const RemoteFrame& f : box) {
+      const int p = process_of(f.to);
+      ++frames[p];
+      bytes[p] += kFrameHeader + f.frame.size();
     }
-    w.u32(frames);
+  }
+  size_t message_bytes = 8;
+  for (const auto& m : messages_) message_bytes += 8 + m.second.size();
+  std::vector<Bytes> out(processes_);
+  for (int p = 0; p < processes_; ++p) {
+    common::ByteWriter w;
+    w.reserve(message_bytes + bytes[p]);
+    put_messages(w, messages_);
+    w.u32(frames[p]);
     for (const auto& box : outbox_) {
       for (const RemoteFrame& f : box) {
         if (process_of(f.to) != p) continue;
@@ -342,7 +355,8 @@ void PlanePartitions::exchange_window(TimeNs last) {
   }
   messages_.clear();
   for (auto& box : outbox_) box.clear();
-  const std::vector<Bytes> in = procs_->exchange(out);
+  std::vector<Bytes> in;
+  procs_->exchange(out, in);
   for (int p = 0; p < processes_; ++p) {
     common::ByteReader r(in[p], "window from rank " + std::to_string(p));
     std::vector<Message> msgs = get_messages(r);
@@ -381,7 +395,8 @@ void PlanePartitions::deliver_replies() {
       w.blob(a.msg);
     }
     out[process_of(gpu_partition())] = w.take();
-    const std::vector<Bytes> in = procs_->exchange(out);
+    std::vector<Bytes> in;
+    procs_->exchange(out, in);
     got.clear();
     for (int p = 0; p < processes_; ++p) {
       if (in[p].empty()) continue;

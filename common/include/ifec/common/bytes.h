@@ -37,17 +37,20 @@ class ByteWriter {
     bytes_.insert(bytes_.end(), b.begin(), b.end());
   }
   std::vector<uint8_t> take() { return std::move(bytes_); }
+  void reserve(size_t bytes) { bytes_.reserve(bytes); }  // a message of known size written without regrowing
+  size_t size() const { return bytes_.size(); }
 
  private:
   void put(uint64_t v, int n) {
+    uint8_t le[8];
     for (int i = 0; i < n; ++i) {
-      bytes_.push_back(static_cast<uint8_t>(v >> (8 * i)));
+      le[i] = static_cast<uint8_t>(v >> (8 * i));
     }
+    bytes_.insert(bytes_.end(), le, le + n);
   }
   std::vector<uint8_t> bytes_;
 };
 
-// Every read names its field, so an error says where a message went wrong and what was being read there.
 // Every read names its field, so an error says where a message went wrong and what was being read there.
 class ByteReader {
  public:

@@ -52,9 +52,10 @@ struct Processes {
   int rank = 0;
   int size = 1;
   std::function<void(std::vector<uint64_t>&)> sum;  // element-wise sum over every process, in place (collective)
-  // Every process hands out[p] to process p and gets what each process handed it (a collective call).
+  // Every process hands out[p] to process p and gets in[p], what process p handed it (a collective call; `in` is
+  // sized to the processes). Its own message is swapped into in[rank], not copied.
   using Bytes = std::vector<uint8_t>;
-  std::function<std::vector<Bytes>(const std::vector<Bytes>& out)> exchange;
+  std::function<void(std::vector<Bytes>& out, std::vector<Bytes>& in)> exchange;
 };
 
 class PlanePartitions {
