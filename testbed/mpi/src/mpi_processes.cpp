@@ -45,16 +45,16 @@ MpiProcesses::MpiProcesses() {
       if (p == rank) continue;
       in[p].resize(static_cast<size_t>(recv[p]));
       reqs.emplace_back();
-      IFEC_CHECK(MPI_Irecv(in[p].data(), recv[p], MPI_BYTE, p, kExchangeTag, MPI_COMM_WORLD, &reqs.back()) ==
-                     MPI_SUCCESS,
-                 "MPI_Irecv of " << recv[p] << " bytes from rank " << p << " failed");
+      IFEC_CHECK(
+          MPI_Irecv(in[p].data(), recv[p], MPI_BYTE, p, kExchangeTag, MPI_COMM_WORLD, &reqs.back()) == MPI_SUCCESS,
+          "MPI_Irecv of " << recv[p] << " bytes from rank " << p << " failed");
     }
     for (int p = 0; p < n; ++p) {
       if (p == rank) continue;
       reqs.emplace_back();
-      IFEC_CHECK(MPI_Isend(out[p].data(), send[p], MPI_BYTE, p, kExchangeTag, MPI_COMM_WORLD, &reqs.back()) ==
-                     MPI_SUCCESS,
-                 "MPI_Isend of " << send[p] << " bytes to rank " << p << " failed");
+      IFEC_CHECK(
+          MPI_Isend(out[p].data(), send[p], MPI_BYTE, p, kExchangeTag, MPI_COMM_WORLD, &reqs.back()) == MPI_SUCCESS,
+          "MPI_Isend of " << send[p] << " bytes to rank " << p << " failed");
     }
     IFEC_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS,
                "the exchange's " << reqs.size() << " sends and receives failed");
