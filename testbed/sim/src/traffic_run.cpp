@@ -38,9 +38,17 @@ void run_with_progress(Loop& loop, const RawTraffic& traffic, const SimOptions& 
     if (opts.progress && now - last_print > std::chrono::seconds(2)) {
       last_print = now;
       const TrafficResult r = traffic.result();
-      std::fprintf(stderr, "sim: t=%.1f us simulated, %.1f%% of %.1f MB delivered, %.1f s wall\n", loop.now() / 1e3,
-                   100.0 * r.payload_bytes_delivered / std::max<uint64_t>(1, offered), offered / 1e6,
-                   std::chrono::duration<double>(now - wall0).count());
+      const double wall = std::chrono::duration<double>(now - wall0).count();
+      if (opts.processes != nullptr && opts.processes->size > 1) {  // this process's deliveries only (no collective)
+        std::fprintf(stderr,
+                     "sim: t=%.1f us simulated, %.1f MB delivered into rank %d's partitions (%.1f MB offered to all %d "
+                     "ranks), %.1f s wall\n",
+                     loop.now() / 1e3, r.payload_bytes_delivered / 1e6, opts.processes->rank, offered / 1e6,
+                     opts.processes->size, wall);
+      } else {
+        std::fprintf(stderr, "sim: t=%.1f us simulated, %.1f%% of %.1f MB delivered, %.1f s wall\n", loop.now() / 1e3,
+                     100.0 * r.payload_bytes_delivered / std::max<uint64_t>(1, offered), offered / 1e6, wall);
+      }
     }
   }
 }
