@@ -249,7 +249,7 @@ void register_collectives(py::module_& m) {
       [](const routing::Topology& topo, const std::string& kind, const std::string& algo, uint64_t bytes,
          const std::string& dtype, const std::string& op, double loss, uint64_t seed, bool reproducible, int members,
          const std::vector<std::string>& fail, uint32_t slot_pool, uint32_t slot_budget, bool live_timing,
-         bool elided_payloads, int threads, int root, const py::dict& turns, int gpu_groups) {
+         bool elided_payloads, int threads, int root, const py::dict& turns, int gpu_groups, int leaf_groups) {
         testbed::CollectivePoint p;
         const bool alltoall = kind == "alltoall";  // point-to-point stores (testbed/scenario's alltoall_point.h)
         p.kind = alltoall ? workloads::Collective::kAllGather : workloads::parse_collective(kind);
@@ -268,6 +268,7 @@ void register_collectives(py::module_& m) {
         p.elided_payloads = elided_payloads;
         p.threads = threads;
         p.gpu_groups = gpu_groups;
+        p.leaf_groups = leaf_groups;
         p.root = root;
         p.start = turns_from(turns);
         return interruptible([&] {
@@ -279,7 +280,8 @@ void register_collectives(py::module_& m) {
       py::arg("op") = "sum", py::arg("loss") = 0.0, py::arg("seed") = 1, py::arg("reproducible") = false,
       py::arg("members") = 0, py::arg("fail") = std::vector<std::string>{}, py::arg("slot_pool") = 8192,
       py::arg("slot_budget") = 128, py::arg("live_timing") = false, py::arg("elided_payloads") = false,
-      py::arg("threads") = 0, py::arg("root") = 0, py::arg("turns") = py::dict(), py::arg("gpu_groups") = 0);
+      py::arg("threads") = 0, py::arg("root") = 0, py::arg("turns") = py::dict(), py::arg("gpu_groups") = 0,
+      py::arg("leaf_groups") = 0);
 }
 
 }  // namespace

@@ -60,12 +60,13 @@ std::string run_moe_json(const routing::Topology& topo, const std::string& mode,
                          const std::vector<std::string>& variants, int64_t hidden, int64_t experts, int64_t topk,
                          int64_t inter, int64_t run_inter, bool bf16, bool compute, int64_t token_cap, uint64_t seed,
                          const std::string& gpu_profile, bool fp8_dispatch, bool overlap, bool elided_payloads,
-                         int threads, bool live_timing, const pybind11::dict& turns, int gpu_groups) {
+                         int threads, bool live_timing, const pybind11::dict& turns, int gpu_groups, int leaf_groups) {
   testbed::MoeRunConfig cfg = moe_config(topo, hidden, experts, topk, inter, run_inter, bf16, compute, token_cap, seed,
                                          gpu_profile, fp8_dispatch, overlap);
   cfg.elided_payloads = elided_payloads;
   cfg.threads = threads;
   cfg.gpu_groups = gpu_groups;
+  cfg.leaf_groups = leaf_groups;
   cfg.live_timing = live_timing;
   cfg.start = turns_from(turns);
   const std::vector<testbed::MoeVariant> vs = moe_variants(variants);
@@ -122,6 +123,7 @@ void register_moe(py::module_& m) {
         py::arg("token_cap") = 0, py::arg("seed") = 1, py::arg("gpu_profile") = "", py::arg("fp8_dispatch") = false,
         py::arg("overlap") = false, py::arg("elided_payloads") = false, py::arg("threads") = 0,
         py::arg("live_timing") = false, py::arg("turns") = py::dict(), py::arg("gpu_groups") = 0,
+        py::arg("leaf_groups") = 0,
         "One MoE point (DeepSeek-V3 routing) in each variant over the simulated fabric; rows as JSON text");
   m.def("run_moe_points_json", &run_moe_points_json, py::arg("topology"), py::arg("mode"), py::arg("eps"),
         py::arg("tokens"), py::arg("variants"), py::arg("hidden") = 7168, py::arg("experts") = 256, py::arg("topk") = 8,

@@ -139,3 +139,21 @@ def test_a_partitioned_run_is_the_same_row_on_one_thread_and_two():
         coll.measure(topo, gpu_groups=2)
     with pytest.raises(Exception, match="GPU groups 9 outside 1..8"):
         coll.measure(topo, threads=2, gpu_groups=9)
+
+
+def test_leaf_groups_give_the_same_row_whatever_the_groups_and_threads():
+    topo = ifec.make_fat_tree(32, 2, 4, 2)
+    for algo in ["ifec", "ring"]:
+        rows = [coll.measure(topo, algo=algo, bytes=256 << 10, loss=0.01, fail=["p0-leaf1:p0-spine1@2us"],
+                             threads=t, leaf_groups=k, gpu_groups=g) for t, k, g in ((1, 1, 0), (2, 2, 0), (2, 4, 3))]
+        assert rows[0]["ok"] and rows[0]["wrong"] == 0, rows[0].get("error")
+        assert rows[0]["partitions"] == ("3 partitions (one per plane and leaf group, and the GPUs') on 1 thread: "
+                                         "GPUs 0-31 p0 leaves 0-3, p1 leaves 0-3")
+        assert "p0 leaves 0-1" in rows[1]["partitions"] and "p1 leaves 3" in rows[2]["partitions"]
+        for key in ["time_us", "plane_tx_bytes", "gpu_link_up_bytes", "frame_hops", "sim_events", "faults",
+                    "windows", "resent", "ifec_retransmissions"]:
+            assert rows[0][key] == rows[1][key] == rows[2][key], (algo, key)
+    with pytest.raises(ValueError, match="leaf_groups 2: needs a partitioned run"):
+        coll.measure(topo, leaf_groups=2)
+    with pytest.raises(Exception, match="--leaf-groups 5: plane 0 of topology 'fat-tree-32x2' has 4 leaf switches"):
+        coll.measure(topo, threads=1, leaf_groups=5)

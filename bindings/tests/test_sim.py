@@ -260,6 +260,39 @@ def test_mpirun_two_processes_give_the_threads_collective_run(repo, build_dir):
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (./ifec setup)")
+def test_mpirun_gives_the_threads_collective_and_moe_rows_in_leaf_groups(repo, build_dir):
+    """The switches in leaf groups too: rank 0 runs the GPUs, ranks 1 and 2 the 32 leaf groups of a two-tier fat
+    tree; the AllReduce (1% loss, a leaf-spine link failing) and the MoE rows are the one-thread run's."""
+    cli = str(build_dir / "bin" / "ifec-cli")
+    topo = str(repo / "testbed" / "topologies" / "fat-tree-64x4.yaml")
+    mpirun = ["mpirun", "--oversubscribe", "-np", "3"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    args = ["sim", "--topo", topo, "--collective", "allreduce", "--algo", "ifec", "--bytes", "256KiB", "--loss",
+            "0.01", "--fail", "p2-leaf3:p2-spine1@2us", "--json", "--threads", "1"]
+    one = _collective_json([cli] + args + ["--leaf-groups", "1"])
+    spread = _collective_json(mpirun + [cli] + args + ["--leaf-groups", "8", "--gpu-groups", "2"])
+    assert len(one) == 1 and one[0]["ok"] and one[0]["wrong"] == 0, one
+    assert any("frames lost" in f for f in one[0]["faults"])
+    assert spread == one
+    by_plane = _collective_json([cli] + args)
+    assert by_plane[0]["ok"] and by_plane[0]["plane_tx_bytes"] != one[0]["plane_tx_bytes"]  # another run: loss
+    if not (build_dir / "bin" / "ifec-cli-moe").exists():
+        return  # built without LibTorch: no bench moe
+
+    def rows(cmd):
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return [line for line in out.stdout.splitlines() if line.startswith(" normal")]
+
+    args = ["bench", "moe", "--ep", "16", "--mode", "normal", "--token-cap", "8", "--jobs", "1", "--threads", "1",
+            "--topo", topo]
+    one = rows([cli] + args + ["--leaf-groups", "1"])
+    assert len(one) == 3
+    assert rows(mpirun + [cli] + args + ["--leaf-groups", "4"]) == one
+    bad = subprocess.run(mpirun + [cli] + args + ["--leaf-groups", "9"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "--leaf-groups 9: plane 0 of topology 'fat-tree-64x4' has 8 leaf" in bad.stderr
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (./ifec setup)")
 def test_mpirun_two_processes_give_the_threads_moe_rows(repo, build_dir):
     """bench moe under mpirun: every variant's fabric (and the two micro-batches') spread over two processes, the
     GPUs in two groups, gives the rows of the one-process partitioned run (one group)."""

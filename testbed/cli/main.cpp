@@ -137,8 +137,8 @@ int run_netns_plan(const Args& a) {
 
 // ------------------------------------------------------------------------------------------------------- sim --
 
-const std::vector<std::string> kRawOnly = {"--traffic",   "--lb",       "--pfc",   "--restore",    "--incast-target",
-                                           "--no-verify", "--counters", "--group", "--leaf-groups"};
+const std::vector<std::string> kRawOnly = {"--traffic",       "--lb",        "--pfc",      "--restore",
+                                           "--incast-target", "--no-verify", "--counters", "--group"};
 const std::vector<std::string> kCollectiveOnly = {"--collective",   "--algo",      "--dtype",     "--op",
                                                   "--loss",         "--members",   "--slot-pool", "--slot-budget",
                                                   "--reproducible", "--gpu-groups"};
@@ -160,6 +160,15 @@ int gpu_groups_arg(const Args& a, int threads) {
   IFEC_CHECK(n == 0 || threads > 0 || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr,  // mpirun: partitioned
              "--gpu-groups " << n << " needs a partitioned run (--threads N >= 1): one event loop has no groups");
   return n;
+}
+
+// --leaf-groups K: the switches' partitions per plane and leaf group (partitioned runs only; 0, the default: per
+// plane).
+int leaf_groups_arg(const Args& a, int threads) {
+  const int k = static_cast<int>(ifec::cli::parse_uint(a.get("--leaf-groups", "0"), "--leaf-groups", 0, 4096));
+  IFEC_CHECK(k == 0 || threads > 0 || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr,  // mpirun: partitioned
+             "--leaf-groups " << k << " needs a partitioned run (--threads N >= 1): one event loop has no groups");
+  return k;
 }
 
 // Started by mpirun (and built with MPI): the processes one endpoint-runtime run spreads over, for the life of
@@ -227,6 +236,7 @@ int run_sim_collective(const Args& a, SpreadRun& spread) {
   base.elided_payloads = payload_elided(a);
   base.threads = static_cast<int>(ifec::cli::parse_uint(a.get("--threads", "0"), "--threads", 0, 1024));
   base.gpu_groups = gpu_groups_arg(a, base.threads);
+  base.leaf_groups = leaf_groups_arg(a, base.threads);
   std::vector<uint64_t> sizes;
   if (base.kind == wl::Collective::kBarrier) {
     IFEC_CHECK(!a.has("--bytes"),
@@ -901,6 +911,7 @@ int run_bench_moe_spread(const Args& a, SpreadRun& spread) {
   cfg.elided_payloads = payload_elided(a);
   cfg.threads = static_cast<int>(ifec::cli::parse_uint(a.get("--threads", "0"), "--threads", 0, 1024));
   cfg.gpu_groups = gpu_groups_arg(a, cfg.threads);
+  cfg.leaf_groups = leaf_groups_arg(a, cfg.threads);
   std::vector<tb::MoeVariant> variants;
   for (const std::string& v : ifec::cli::parse_choices(a.get("--variant", "per_expert,per_rank,ifec"), "--variant",
                                                        {"per_expert", "per_rank", "ifec"})) {
@@ -1009,9 +1020,10 @@ std::vector<Command> tool_commands() {
           "one event loop; N >= 1 one partition per plane and one per group of GPUs (--gpu-groups), on N threads, "
           "the same result for every N and grouping"},
          {"--leaf-groups", "N",
-          "raw, partitioned: each plane's leaf switches in N groups of consecutive leaves (its spines spread over "
+          "partitioned: each plane's leaf switches in N groups of consecutive leaves (its spines spread over "
           "them), a partition each, for more threads or processes than planes; every switch-to-switch link through "
-          "mailboxes, the same result for every N >= 1, thread count and process count (0, default: per plane)"},
+          "mailboxes, the same result for every N >= 1, thread count, process count and GPU grouping (0, default: "
+          "per plane)"},
          {"--gpu-groups", "N",
           "collective, partitioned (--threads N >= 1): the GPUs in N groups of consecutive GPUs, a partition each "
           "(default: one per thread; 1..GPUs), the same result for every N"},
@@ -1119,6 +1131,9 @@ std::vector<Command> bench_commands() {
          {"--gpu-groups", "N",
           "partitioned (--threads N >= 1): the GPUs in N groups, a partition each (default: one per thread), the "
           "same rows for every N"},
+         {"--leaf-groups", "N",
+          "partitioned: each plane's switches in N leaf groups, a partition each (see sim --leaf-groups; default 0: "
+          "one per plane), the same rows for every N >= 1"},
          {"--dispatch", "TYPE", "dispatch rows: fp8 (E4M3 + a scale per 128 channels, DeepEP's; default) or bf16"},
          {"--payload", "real|elided",
           "real (default): frames carry the rows' bytes; elided: headers and lengths only, the same simulated times "

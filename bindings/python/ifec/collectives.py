@@ -77,7 +77,7 @@ def prepare(cluster, count, dtype="fp32", members=None):
 
 def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32", op="sum", loss=0.0, seed=1,
             reproducible=False, members=None, fail=(), slot_pool=8192, slot_budget=128, live_timing=False,
-            payload="real", threads=0, root=0, trace=None, turns=None, gpu_groups=0):
+            payload="real", threads=0, root=0, trace=None, turns=None, gpu_groups=0, leaf_groups=0):
     """One nccl-tests-style row (`./ifec sim --collective ... --json`) as a dict; times are simulated.
 
     kind "alltoall": every GPU stores `bytes` to every other GPU (RC WRITEs, one row per peer: what a live hostd's
@@ -88,7 +88,8 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32"
     "elided" (frames of headers and lengths only: the same times and bytes, nothing checked, row["timing_only"]).
     threads: 0 runs one event loop; N >= 1 a partition per plane and one per group of GPUs on N threads (the same
     row for every N, row["partitions"] says which); gpu_groups: how many groups (0: one per thread; the same row for
-    every grouping). root: reduce's destination, broadcast's source (a member).
+    every grouping); leaf_groups: K >= 1 partitions each plane's switches further, in K leaf groups (as
+    ifec.sim.run's; the same row for every K >= 1, not always the per-plane one's). root: reduce's destination, broadcast's source (a member).
     trace: a folder each member's part is appended to (ifec.trace), in simulated time: this operation starts where
     the folder's last one ended.
     turns: the state a fabric carries between operations to start from, {"group": the first member's in-fabric
@@ -102,8 +103,9 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32"
         raise ValueError(f"members {members}: expected at least 2 (or None for every GPU)")
     if not isinstance(threads, int) or threads < 0:
         raise ValueError(f"threads {threads!r}: expected 0 (one event loop) or a positive count")
-    if _args.whole(gpu_groups, "gpu_groups", 0, 64000) and threads == 0:
-        raise ValueError(f"gpu_groups {gpu_groups}: needs a partitioned run (threads >= 1)")
+    for name, groups in (("gpu_groups", gpu_groups), ("leaf_groups", leaf_groups)):
+        if _args.whole(groups, name, 0, 64000) and threads == 0:
+            raise ValueError(f"{name} {groups}: needs a partitioned run (threads >= 1)")
     topology = _args.topology(topology, _native.load_topology)
     row = json.loads(_native.run_collective_json(topology, kind, algo, _args.whole(bytes, "bytes", 1), dtype, op,
                                                  float(loss), _args.whole(seed, "seed"),
@@ -114,7 +116,7 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32"
                                                  _args.flag(live_timing, "live_timing"), _elided(payload), threads,
                                                  _args.whole(root, "root", 0, 2**20),
                                                  {k: v for k, v in (turns or {}).items() if v is not None},
-                                                 gpu_groups))
+                                                 gpu_groups, leaf_groups))
     if kind == "alltoall":  # the row's point names no collective of its own: every rank stores to every other
         row.update(collective="alltoall", algo="stores")
     if trace:

@@ -20,7 +20,8 @@ def available():
 
 def measure(topology, ep, tokens, variants=VARIANTS, mode="scaled", hidden=7168, experts=256, topk=8, inter=2048,
             run_inter=8, bf16=True, compute=False, token_cap=0, seed=1, gpu_profile="", fp8_dispatch=False,
-            overlap=False, payload="real", threads=0, live_timing=False, turns=None, gpu_groups=0):
+            overlap=False, payload="real", threads=0, live_timing=False, turns=None, gpu_groups=0,
+            leaf_groups=0):
     """Runs one point; returns one dict per variant (see `./ifec bench moe` for the columns). The experts' time
     comes from the GPU model: the fitted H100 built in, or the profile file `gpu_profile` (YAML/JSON).
     fp8_dispatch: dispatch rows in FP8 (E4M3 + a scale per 128 channels; hidden a multiple of 128), as DeepEP.
@@ -29,14 +30,16 @@ def measure(topology, ep, tokens, variants=VARIANTS, mode="scaled", hidden=7168,
     payload: "real", or "elided" (frames of headers and lengths only: the same times and bytes, timing only,
     row["timing_only"]; not with compute=True). threads: 0 runs each variant on one event loop; N >= 1 partitioned
     (a partition per plane and one per group of GPUs: gpu_groups, 0 for one per thread) on N threads, the same rows
-    for every N and grouping. live_timing: the live daemons'
+    for every N and grouping; leaf_groups: K >= 1 partitions each plane's switches further, in K leaf groups (the
+    same rows for every K >= 1). live_timing: the live daemons'
     millisecond, adaptive retransmission timers (to compare with a live fabric). turns: the state the EP ranks start
     from, as collectives.measure takes it (a live row's "turns"); row["turns"] says where each variant started."""
     if not available():
         raise RuntimeError("ifec was built without LibTorch: the MoE layer is not available")
     w, f = _args.whole, _args.flag
-    if w(gpu_groups, "gpu_groups", 0, 64000) and threads == 0:
-        raise ValueError(f"gpu_groups {gpu_groups}: needs a partitioned run (threads >= 1)")
+    for name, groups in (("gpu_groups", gpu_groups), ("leaf_groups", leaf_groups)):
+        if w(groups, name, 0, 64000) and threads == 0:
+            raise ValueError(f"{name} {groups}: needs a partitioned run (threads >= 1)")
     return json.loads(_native.run_moe_json(_args.topology(topology, _native.load_topology), mode, w(ep, "ep", 1),
                                            w(tokens, "tokens", 0), _args.items(variants, "variants"),
                                            w(hidden, "hidden", 1), w(experts, "experts", 1), w(topk, "topk", 1),
@@ -45,7 +48,8 @@ def measure(topology, ep, tokens, variants=VARIANTS, mode="scaled", hidden=7168,
                                            w(seed, "seed"), str(gpu_profile or ""), f(fp8_dispatch, "fp8_dispatch"),
                                            f(overlap, "overlap"), _elided(payload), w(threads, "threads", 0, 1024),
                                            f(live_timing, "live_timing"),
-                                           {k: v for k, v in (turns or {}).items() if v is not None}, gpu_groups))
+                                           {k: v for k, v in (turns or {}).items() if v is not None}, gpu_groups,
+                                           leaf_groups))
 
 
 def _elided(payload):

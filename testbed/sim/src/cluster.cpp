@@ -33,6 +33,9 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
   IFEC_CHECK(opts_.threads >= 0, "cluster: threads " << opts_.threads << " (0: one loop, N >= 1: partitioned)");
   const bool spread = opts_.processes != nullptr && opts_.processes->size > 1;
   IFEC_CHECK(!spread || opts_.threads >= 1, "cluster over processes: threads " << opts_.threads << ", expected >= 1");
+  IFEC_CHECK(
+      opts_.fabric.leaf_groups == 0 || opts_.threads >= 1,
+      "leaf groups (" << opts_.fabric.leaf_groups << ") on one event loop: they partition a run (--threads >= 1)");
   if (opts_.threads == 0) {
     fabric_ = std::make_unique<testbed::Fabric>(loop_, topo_, opts_.fabric);
     gpu_loops_.assign(fabric_->num_gpus(), &loop_);
@@ -100,7 +103,7 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
   for (int i = 0; i < fabric_->num_switches(); ++i) {
     const routing::Node& n = topo_.nodes.at(fabric_->switch_node(i));
     switches[n.name] = &fabric_->switch_at(i);
-    switch_planes_[n.name] = n.plane;
+    switch_partitions_[n.name] = fabric_->switch_partition(fabric_->switch_node(i));
   }
   make_control(std::move(switches));
 }
@@ -141,7 +144,8 @@ void Cluster::make_control(std::map<std::string, switchemu::Switch*> switches) {
 }
 
 void Cluster::make_partitions(bool spread) {
-  const int planes = std::max(topo_.num_planes, 1);
+  // The switches' partitions: one per plane, or per plane and leaf group.
+  const int planes = std::max(topo_.num_planes, 1) * std::max(opts_.fabric.leaf_groups, 1);
   const int n = topo_.num_gpus();
   const int groups = opts_.gpu_groups == 0 ? std::min(opts_.threads, n) : opts_.gpu_groups;
   IFEC_CHECK(opts_.gpu_groups >= 0 && groups >= 1 && groups <= n, "cluster: GPU groups "
@@ -172,6 +176,9 @@ void Cluster::make_partitions(bool spread) {
     names.push_back("GPUs " + gpu_range(group_first_[k], group_first_[k + 1] - 1));
   }
   parts_->set_gpu_group_names(std::move(names));
+  if (opts_.fabric.leaf_groups > 0) {
+    parts_->set_partition_names(leaf_group_names(topo_, opts_.fabric.leaf_groups));
+  }
   fabric_ = std::make_unique<testbed::Fabric>(
       parts_->control(), parts_->plane_clocks(), topo_, opts_.fabric,
       [this](int from, int to, int source) { return parts_->mailbox(from, to, source); },
@@ -183,7 +190,7 @@ void Cluster::make_partitions(bool spread) {
   if (!spread) {
     return;
   }
-  connect_processes(*fabric_, *parts_, [this, group_of](int g) { return parts_->gpu_partition(group_of[g]); });
+  connect_processes(*fabric_, *parts_);
 }
 
 void Cluster::later(int gpu, std::function<void()> fn) {
@@ -248,7 +255,7 @@ class Cluster::LaterBootstrap : public workloads::Bootstrap {
 void Cluster::serve_message(const std::vector<uint8_t>& m) {
   const ControlRequestInfo info = peek_control_request(m);
   int answers = parts_->process_of(parts_->gpu_partition());  // every group's is rank 0
-  if (auto it = switch_planes_.find(info.sw); it != switch_planes_.end()) {
+  if (auto it = switch_partitions_.find(info.sw); it != switch_partitions_.end()) {
     answers = parts_->process_of(it->second);
   }
   const bool here = answers == parts_->rank();

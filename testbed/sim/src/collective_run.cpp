@@ -241,6 +241,7 @@ ClusterOptions cluster_options(routing::Topology& topo, const CollectivePoint& p
   o.fabric.elided_payloads = p.elided_payloads;
   o.threads = p.threads;
   o.gpu_groups = p.gpu_groups;
+  o.fabric.leaf_groups = p.leaf_groups;
   o.processes = procs;
   if (procs != nullptr && procs->size > 1) {
     o.threads = std::max(o.threads, 1);

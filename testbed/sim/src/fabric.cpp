@@ -39,35 +39,6 @@ struct LinkClocks {
   static LinkClocks one(common::Clock& c) { return {{&c, &c}, {&c, &c}}; }
 };
 
-// A link of a fabric whose GPUs run on partitions of their own (GPU groups): a GPU's link to its switch joins its
-// group's partition to the switch's plane, through their mailboxes (the GPU's frames through one of its own,
-// source planes + GPU); the others stay within one partition.
-LinkClocks gpu_partition_link_clocks(const routing::Topology& topo, const routing::Link& l,
-                                     const std::vector<common::Clock*>& clocks,
-                                     const Fabric::GpuPartitionFn& gpu_partition, const Fabric::MailboxFn& mailbox) {
-  const routing::Node& a = topo.nodes[l.a];
-  const routing::Node& b = topo.nodes[l.b];
-  const bool gpu_a = a.kind == routing::NodeKind::kGpu;
-  const bool gpu_b = b.kind == routing::NodeKind::kGpu;
-  IFEC_CHECK(!(gpu_a && gpu_b), "link " << l.id << " joins GPUs '" << a.name << "' and '" << b.name
-                                        << "' (an in-node link): a partitioned endpoint runtime takes none; run it on "
-                                           "one event loop (--threads 0)");
-  if (!gpu_a && !gpu_b) {
-    return LinkClocks::one(*clocks.at(l.plane));
-  }
-  IFEC_CHECK(mailbox != nullptr, "a fabric with GPU partitions needs mailboxes between them and the planes'");
-  const int gpu = gpu_a ? a.gpu_index : b.gpu_index;
-  const Fabric::GpuPartition g = gpu_partition(gpu);
-  const int planes = static_cast<int>(clocks.size());
-  const int pa = gpu_a ? g.partition : l.plane;
-  const int pb = gpu_b ? g.partition : l.plane;
-  common::Clock* ca = gpu_a ? g.clock : clocks.at(l.plane);
-  common::Clock* cb = gpu_b ? g.clock : clocks.at(l.plane);
-  const int sa = gpu_a ? planes + gpu : l.plane;
-  const int sb = gpu_b ? planes + gpu : l.plane;
-  return {{ca, cb}, {mailbox(pa, pb, sa), mailbox(pb, pa, sb)}};
-}
-
 // Each plane's switches with a GPU link (its leaves), and its others, by node index.
 struct PlaneSwitches {
   std::vector<int> leaves;
@@ -93,9 +64,9 @@ std::vector<PlaneSwitches> plane_switches(const routing::Topology& topo) {
 }
 
 // The partitions of a fabric's nodes: leaf_group_partitions with `groups` >= 1; one per plane with 0.
-std::vector<int> node_partitions(const routing::Topology& topo, int groups) {
+std::vector<int> node_partitions(const routing::Topology& topo, int groups, bool nics_with_leaves) {
   if (groups > 0) {
-    return leaf_group_partitions(topo, groups);
+    return leaf_group_partitions(topo, groups, nics_with_leaves);
   }
   std::vector<int> part(topo.nodes.size());
   for (size_t n = 0; n < topo.nodes.size(); ++n) {
@@ -106,7 +77,7 @@ std::vector<int> node_partitions(const routing::Topology& topo, int groups) {
 
 }  // namespace
 
-std::vector<int> leaf_group_partitions(const routing::Topology& topo, int groups) {
+std::vector<int> leaf_group_partitions(const routing::Topology& topo, int groups, bool nics_with_leaves) {
   IFEC_CHECK(groups >= 1, "--leaf-groups " << groups << ": expected at least 1");
   const std::vector<PlaneSwitches> planes = plane_switches(topo);
   std::vector<int> part(topo.nodes.size(), -1);
@@ -134,7 +105,7 @@ std::vector<int> leaf_group_partitions(const routing::Topology& topo, int groups
                                                                     << " (leaf groups take GPUs' links to switches)");
       continue;
     }
-    if (gpu_a == gpu_b) continue;
+    if (gpu_a == gpu_b || !nics_with_leaves) continue;
     const int gpu = gpu_a ? l.a : l.b;
     const int sw = gpu_a ? l.b : l.a;
     const auto [it, fresh] = group_of.emplace(std::pair{gpu, l.plane}, part[sw]);
@@ -169,13 +140,16 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
   routing::validate(topo_);
   IFEC_CHECK(opts_.leaf_groups >= 0, "leaf groups " << opts_.leaf_groups << ": expected 0 (one partition per plane) "
                                                     << "or more");
-  IFEC_CHECK(opts_.leaf_groups == 0 || gpu_partition == nullptr,
-             "leaf groups (" << opts_.leaf_groups << ") with GPU partitions: the endpoint runtime partitions by plane");
   const size_t partitions = static_cast<size_t>(std::max(topo_.num_planes, 1)) * std::max(opts_.leaf_groups, 1);
   IFEC_CHECK(plane_clocks_.size() == partitions, plane_clocks_.size()
                                                      << " partition clocks for " << topo_.num_planes << " planes x "
                                                      << std::max(opts_.leaf_groups, 1) << " leaf groups");
-  node_partition_ = node_partitions(topo_, opts_.leaf_groups);
+  node_partition_ = node_partitions(topo_, opts_.leaf_groups, gpu_partition == nullptr);
+  if (gpu_partition != nullptr) {
+    for (int g = 0; g < topo_.num_gpus(); ++g) {
+      gpu_partition_.push_back(gpu_partition(g));
+    }
+  }
   topo_.params.pfc.enabled = topo_.params.pfc.enabled && opts_.pfc;
   const size_t n_nodes = topo_.nodes.size();
   std::vector<std::vector<common::Port*>> node_ports(n_nodes);
@@ -187,7 +161,7 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
   for (int g = 0; g < topo_.num_gpus(); ++g) {
     gpu_ips_.push_back(topo_.nodes[topo_.gpu_node(g)].loopback);
   }
-  make_links(mailbox, gpu_partition);
+  make_links(mailbox);
   for (size_t i = 0; i < topo_.links.size(); ++i) {
     const routing::Link& l = topo_.links[i];
     const bool nvlink = l.plane == routing::kNvlinkPlane;
@@ -204,14 +178,9 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
         gp.link = l.id;
         gp.plane = l.plane;
         gp.io = &link.end(side);
-        if (gpu_partition != nullptr) {
-          const GpuPartition g = gpu_partition(nd.gpu_index);
-          gp.partition = g.partition;
-          gp.clock = g.clock;
-        } else {  // (-1: an in-node link of GPUs on every plane, on one clock: make_links refuses it partitioned)
-          gp.partition = std::max(end_partition(l.id, side).first, 0);
-          gp.clock = plane_clocks_.at(gp.partition);
-        }
+        // (-1: an in-node link of GPUs on every plane, on one clock: make_links refuses it partitioned)
+        gp.partition = std::max(end_partition(l.id, side).first, 0);
+        gp.clock = &end_clock(l.id, side);
         link.end(side).set_read_on_arrival(SIZE_MAX);  // the NIC checks the ICRC: it reads every byte
         gp.mac = node_port_mac(topo_, node, port);
         gp.peer_mac = node_port_mac(topo_, ends[1 - side][0], ends[1 - side][1]);
@@ -271,20 +240,19 @@ Fabric::Fabric(common::Clock& control, std::vector<common::Clock*> plane_clocks,
   install_routes();
 }
 
-void Fabric::make_links(const MailboxFn& mailbox, const GpuPartitionFn& gpu_partition) {
+void Fabric::make_links(const MailboxFn& mailbox) {
   const bool one_clock =
       std::all_of(plane_clocks_.begin(), plane_clocks_.end(), [this](const common::Clock* c) { return c == &clock_; });
   auto clocks_of = [&](const routing::Link& l) -> LinkClocks {
     const bool nvlink = l.plane == routing::kNvlinkPlane;
     has_nvlink_ = has_nvlink_ || nvlink;
-    if (gpu_partition != nullptr) {
-      if (!nvlink &&
-          (topo_.nodes[l.a].kind == routing::NodeKind::kGpu) != (topo_.nodes[l.b].kind == routing::NodeKind::kGpu)) {
-        cross_delay_ = std::min(cross_delay_, l.delay_ns);
-      }
-      return gpu_partition_link_clocks(topo_, l, plane_clocks_, gpu_partition, mailbox);
-    }
-    if (one_clock) {
+    const bool gpus =
+        topo_.nodes[l.a].kind == routing::NodeKind::kGpu && topo_.nodes[l.b].kind == routing::NodeKind::kGpu;
+    IFEC_CHECK(gpu_partition_.empty() || !gpus,
+               "link " << l.id << " joins GPUs '" << topo_.nodes[l.a].name << "' and '" << topo_.nodes[l.b].name
+                       << "' (an in-node link): a partitioned endpoint runtime takes none; run it on one event loop "
+                          "(--threads 0)");
+    if (one_clock && gpu_partition_.empty()) {
       return LinkClocks::one(clock_);
     }
     const auto [pa, sa] = end_partition(l.id, 0);
@@ -293,13 +261,15 @@ void Fabric::make_links(const MailboxFn& mailbox, const GpuPartitionFn& gpu_part
                                                 << "over NVLink: it cannot be split between plane partitions");
     const bool switches =
         topo_.nodes[l.a].kind == routing::NodeKind::kSwitch && topo_.nodes[l.b].kind == routing::NodeKind::kSwitch;
-    if (opts_.leaf_groups > 0 ? !(switches || nvlink) : pa == pb) {
-      return LinkClocks::one(*plane_clocks_.at(pa));
+    // In leaf groups every switch-to-switch and in-node link goes through mailboxes, within a partition too: which
+    // links cross partitions then changes no order of events.
+    if (pa == pb && !(opts_.leaf_groups > 0 && (switches || nvlink))) {
+      return LinkClocks::one(end_clock(l.id, 0));
     }
     IFEC_CHECK(mailbox != nullptr, "topology '" << topo_.name << "': link " << l.id << " joins partitions " << pa
                                                 << " and " << pb << ", and this fabric runs them without mailboxes");
     cross_delay_ = std::min(cross_delay_, l.delay_ns);
-    return {{plane_clocks_.at(pa), plane_clocks_.at(pb)}, {mailbox(pa, pb, sa), mailbox(pb, pa, sb)}};
+    return {{&end_clock(l.id, 0), &end_clock(l.id, 1)}, {mailbox(pa, pb, sa), mailbox(pb, pa, sb)}};
   };
   // Each plane's links in one array of their own (its leaf groups' partitions share it): a plane's partition may run
   // on a thread of its own, and the topology lists a GPU's links to every plane side by side (made one by one,
@@ -334,6 +304,10 @@ std::pair<int, int> Fabric::end_partition(int link, int side) const {
   const routing::Link& l = topo_.links.at(link);
   const int node = side == 0 ? l.a : l.b;
   const int far = side == 0 ? l.b : l.a;
+  if (!gpu_partition_.empty() && topo_.nodes[node].kind == routing::NodeKind::kGpu) {  // its GPU group's
+    const int g = topo_.nodes[node].gpu_index;
+    return {gpu_partition_[g].partition, opts_.leaf_groups > 0 ? node : static_cast<int>(plane_clocks_.size()) + g};
+  }
   // A GPU's NIC port runs with its switch; its in-node port with the GPU (its plane's port's switch).
   const bool nic = topo_.nodes[node].kind == routing::NodeKind::kGpu && l.plane != routing::kNvlinkPlane;
   int part = node_partition_[nic ? far : node];
@@ -341,6 +315,15 @@ std::pair<int, int> Fabric::end_partition(int link, int side) const {
     part = l.plane * std::max(opts_.leaf_groups, 1);
   }
   return {part, opts_.leaf_groups > 0 ? node : part};
+}
+
+common::Clock& Fabric::end_clock(int link, int side) const {
+  const routing::Link& l = topo_.links.at(link);
+  const int node = side == 0 ? l.a : l.b;
+  if (!gpu_partition_.empty() && topo_.nodes[node].kind == routing::NodeKind::kGpu) {
+    return *gpu_partition_[topo_.nodes[node].gpu_index].clock;
+  }
+  return *plane_clocks_.at(std::max(end_partition(link, side).first, 0));
 }
 
 int Fabric::nvlink_port_to(int gpu, int peer) const {
@@ -585,18 +568,9 @@ SwitchTotals Fabric::switch_totals() const {
   return t;
 }
 
-void connect_processes(Fabric& fabric, PlanePartitions& parts, const std::function<int(int gpu)>& gpu_partition) {
-  const routing::Topology& topo = fabric.topology();
-  // Which partition runs a link's end, and the source its frames are sorted by (mailbox).
-  auto partition = [&](const routing::Link& l, int side) -> std::pair<int, int> {
-    const routing::Node& n = topo.nodes[side == 0 ? l.a : l.b];
-    if (n.kind == routing::NodeKind::kGpu && gpu_partition) {
-      return {gpu_partition(n.gpu_index), parts.planes() + n.gpu_index};
-    }
-    return fabric.end_partition(l.id, side);
-  };
-  for (const routing::Link& l : topo.links) {
-    const std::pair<int, int> p[2] = {partition(l, 0), partition(l, 1)};
+void connect_processes(Fabric& fabric, PlanePartitions& parts) {
+  for (const routing::Link& l : fabric.topology().links) {
+    const std::pair<int, int> p[2] = {fabric.end_partition(l.id, 0), fabric.end_partition(l.id, 1)};
     if (!parts.remote(p[0].first, p[1].first)) {
       continue;
     }

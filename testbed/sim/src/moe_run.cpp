@@ -66,6 +66,7 @@ ClusterOptions cluster_options(const MoeRunConfig& cfg) {
   o.fabric.elided_payloads = cfg.elided_payloads;
   o.threads = cfg.threads;
   o.gpu_groups = cfg.gpu_groups;
+  o.fabric.leaf_groups = cfg.leaf_groups;
   o.processes = cfg.processes;
   if (cfg.processes != nullptr && cfg.processes->size > 1) {
     o.threads = std::max(o.threads, 1);

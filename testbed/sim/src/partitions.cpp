@@ -447,10 +447,11 @@ uint64_t PlanePartitions::events_run() const {
 
 std::string PlanePartitions::describe() const {
   std::ostringstream o;
+  const char* join = names_.empty() ? " and" : ", and";  // "one per plane and leaf group, and the GPUs'"
   o << loops_.size() << " partition" << (loops_.size() == 1 ? "" : "s") << " (one per plane"
-    << (names_.empty() ? "" : " and leaf group")
-    << (gpu_groups_ == 1  ? " and the GPUs'"
-        : gpu_groups_ > 1 ? " and per GPU group"
+    << (names_.empty() ? "" : " and leaf group") << (gpu_groups_ > 0 ? join : "")
+    << (gpu_groups_ == 1  ? " the GPUs'"
+        : gpu_groups_ > 1 ? (names_.empty() ? " per GPU group" : " one per GPU group")
                           : "")
     << ") on ";
   // " planes 0 2 4", " GPUs", " GPUs 0-3 planes 1 3": a list's GPU groups, then its planes; the word "planes"

@@ -3,6 +3,7 @@
 // partitioned run (planes' and GPUs' partitions) is the same run on one thread and on two.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -141,6 +142,45 @@ TEST(CollectiveRun, PartitionedRunsAreTheSameOnOneThreadAndTwo) {
   }
 }
 
+// The switches in leaf groups too: under loss and a leaf-spine link's failure, ring and in-fabric AllReduce give
+// one run for every group count >= 1, thread count and GPU grouping (in-fabric reductions at leaves and spines of
+// different partitions, their results and retransmissions through the mailboxes).
+TEST(CollectiveRun, LeafGroupsGiveTheSameRunWhateverTheGroupsThreadsAndGpuGroups) {
+  const routing::Topology tree = routing::make_fat_tree(32, 2, 4, 2);
+  for (const workloads::Algo algo : {workloads::Algo::kRing, workloads::Algo::kIfec}) {
+    testbed::CollectivePoint p;
+    p.algo = algo;
+    p.bytes = 256 << 10;
+    p.loss = 0.01;
+    p.fail = {"p1-leaf2:p1-spine0@2us", "gpu5:plane0@4us"};
+    p.threads = 1;
+    p.leaf_groups = 1;
+    const testbed::CollectiveRow one = testbed::run_collective_point(tree, p);
+    const std::string what = std::string(workloads::algo_name(algo));
+    ASSERT_TRUE(one.ok) << what << ": " << one.error;
+    EXPECT_EQ(one.wrong, 0u) << what;
+    EXPECT_GT(one.frames_lost, 0u) << what << ": the loss and the failure met frames";
+    EXPECT_EQ(one.partitions,
+              "3 partitions (one per plane and leaf group, and the GPUs') on 1 thread: GPUs 0-31 p0 "
+              "leaves 0-3, p1 leaves 0-3")
+        << what;
+    for (const auto& [groups, threads, gpu_groups] : std::vector<std::array<int, 3>>{{2, 2, 0}, {4, 2, 3}, {4, 1, 1}}) {
+      p.leaf_groups = groups;
+      p.threads = threads;
+      p.gpu_groups = gpu_groups;
+      const testbed::CollectiveRow r = testbed::run_collective_point(tree, p);
+      EXPECT_TRUE(seen(r) == seen(one)) << what << ": " << groups << " leaf groups, " << gpu_groups << " GPU groups on "
+                                        << threads << " threads: " << r.time_us << " us against " << one.time_us
+                                        << " us; events " << r.sim_events << " vs " << one.sim_events << " ("
+                                        << r.partitions << ")";
+      EXPECT_EQ(r.windows, one.windows) << what;
+    }
+    p.elided_payloads = true;  // and elided payloads: the same run again
+    const testbed::CollectiveRow elided = testbed::run_collective_point(tree, p);
+    EXPECT_TRUE(seen(elided) == seen(one)) << what << ": elided " << elided.time_us << " us";
+  }
+}
+
 TEST(CollectiveRun, ThreadsBeyondThePartitionsAreRefusedByName) {
   testbed::CollectivePoint p;
   p.bytes = 4096;
@@ -158,6 +198,25 @@ TEST(CollectiveRun, ThreadsBeyondThePartitionsAreRefusedByName) {
     FAIL() << "9 GPU groups of 8 GPUs ran";
   } catch (const common::Error& e) {
     EXPECT_NE(std::string(e.what()).find("GPU groups 9 outside 1..8"), std::string::npos) << e.what();
+  }
+  p.gpu_groups = 0;
+  p.threads = 0;  // leaf groups on one event loop
+  p.leaf_groups = 2;
+  try {
+    testbed::run_collective_point(routing::make_fat_tree(16, 2, 4, 2), p);
+    FAIL() << "leaf groups on one event loop ran";
+  } catch (const common::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("leaf groups (2) on one event loop"), std::string::npos) << e.what();
+  }
+  p.threads = 1;  // more groups than a plane has leaves
+  p.leaf_groups = 5;
+  try {
+    testbed::run_collective_point(routing::make_fat_tree(16, 2, 4, 2), p);
+    FAIL() << "5 leaf groups of 4 leaves ran";
+  } catch (const common::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--leaf-groups 5: plane 0 of topology 'fat-tree-16x2' has 4 leaf switches"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <vector>
 
 #include "ifec/common/checks.h"
@@ -373,6 +374,46 @@ TEST(MoeFabric, PartitionedRunsAreTheSameOnOneThreadAndTwo) {
         EXPECT_EQ(two[0].us, two[k].us) << runs[k].second << " GPU groups";
         EXPECT_EQ(two[0].combine[0].start_us, two[k].combine[0].start_us) << runs[k].second << " GPU groups";
       }
+    }
+  }
+}
+
+// The switches in leaf groups too (a two-tier fat tree, 1% loss): the same layer for every group count >= 1, thread
+// count and GPU grouping, and still the reference's.
+TEST(MoeFabric, LeafGroupsGiveTheSameLayerWhateverTheGroupsAndThreads) {
+  const workloads::MoeConfig cfg = small_config();
+  const workloads::MoeWeights w = workloads::make_weights(cfg, 3);
+  torch::manual_seed(17);
+  const int ranks = 16;
+  const routing::Topology topo = routing::make_fat_tree(ranks, 2, 4, 2);
+  const at::Tensor x = torch::randn({ranks * 8, cfg.hidden});
+  const at::Tensor ref = workloads::reference_forward(x, w, cfg);
+  const std::array<int, 3> runs[3] = {{1, 1, 1}, {2, 2, 0}, {2, 4, 5}};  // (threads, leaf groups, GPU groups)
+  for (MoeVariant v : {MoeVariant::kPerExpert, MoeVariant::kIfec}) {
+    SCOPED_TRACE(testbed::moe_variant_name(v));
+    testbed::MoeFabricResult r[3];
+    std::vector<uint64_t> cables[3];
+    for (int k = 0; k < 3; ++k) {
+      testbed::ClusterOptions o;
+      o.endpoint.ordering = endpoint::Ordering::kWeak;
+      o.fabric.loss = 0.01;
+      o.threads = runs[k][0];
+      o.fabric.leaf_groups = runs[k][1];
+      o.gpu_groups = runs[k][2];
+      testbed::Cluster c(topo, o);
+      r[k] = testbed::run_moe_fabric(c, v, cfg, w, x, ranks);
+      ASSERT_TRUE(r[k].ok) << r[k].error;
+      cables[k] = cable_bytes(c);
+    }
+    EXPECT_LT(max_rel_error(r[0].output, ref), 1e-5);
+    for (int k = 1; k < 3; ++k) {
+      SCOPED_TRACE(std::to_string(runs[k][1]) + " leaf groups on " + std::to_string(runs[k][0]) + " threads");
+      EXPECT_TRUE(torch::equal(r[0].output, r[k].output));
+      EXPECT_EQ(r[0].dispatch.us, r[k].dispatch.us);
+      EXPECT_EQ(r[0].combine.us, r[k].combine.us);
+      EXPECT_EQ(r[0].dispatch.wire_per_plane, r[k].dispatch.wire_per_plane);
+      EXPECT_EQ(r[0].combine.wire_per_plane, r[k].combine.wire_per_plane);
+      EXPECT_EQ(cables[0], cables[k]);
     }
   }
 }

@@ -51,8 +51,9 @@ struct CollectivePoint {
   // real payloads, nothing computed or checked; the row says "timing only".
   bool elided_payloads = false;
   int threads = 0;  // the simulated driver's ClusterOptions::threads (0: one event loop; N: partitioned on N threads)
-  int gpu_groups = 0;  // and its GPU groups (0: one per thread); the same rows for every grouping
-  Turns start;         // where the carried state starts (a replay sets the traced operation's); fresh by default
+  int gpu_groups = 0;   // and its GPU groups (0: one per thread); the same rows for every grouping
+  int leaf_groups = 0;  // the switches by plane (0) or by plane and leaf group (FabricOptions::leaf_groups)
+  Turns start;          // where the carried state starts (a replay sets the traced operation's); fresh by default
 };
 
 struct CollectiveRow {

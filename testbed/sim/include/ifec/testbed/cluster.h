@@ -41,6 +41,8 @@ struct ClusterOptions {
   int threads = 0;
   // Partitioned: the GPUs in this many groups of consecutive GPUs (0: one per thread; at most one per GPU).
   int gpu_groups = 0;
+  // (fabric.leaf_groups K >= 1, partitioned only: the switches' partitions are per plane and leaf group, every
+  // switch-to-switch link through mailboxes; the same result for every K >= 1, thread count and grouping.)
   // Spread over MPI processes (threads >= 1): rank 0 runs the GPUs' groups, ranks 1.. the planes; every process makes
   // the same calls on its Cluster, and the GPUs' results (windows, operations, their ports' counters) are rank 0's.
   const Processes* processes = nullptr;
@@ -157,7 +159,7 @@ class Cluster {
   std::unique_ptr<common::ControlPlane> control_;  // the driver's (partitioned: a MessageControlClient)
   std::vector<std::unique_ptr<MessageControlClient>> gpu_control_;  // partitioned: [gpu] its communicators'
   std::unique_ptr<InProcessControl> switch_control_;  // partitioned: what serves its messages, at the switches
-  std::map<std::string, int> switch_planes_;          // switch name -> its plane (which process answers a call)
+  std::map<std::string, int> switch_partitions_;      // switch name -> its partition (which process answers a call)
   std::map<std::pair<std::vector<int>, int>, RankSet> rank_sets_;  // (GPUs, stream); after endpoints_: go first
 };
 

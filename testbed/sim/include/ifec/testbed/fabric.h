@@ -46,8 +46,9 @@ struct FabricOptions {
 // switches spread over the groups the same way; partition plane x groups + group. A GPU: the partition of the
 // switch its plane's port hangs from, or -1 when it has ports on several planes (each port runs with its switch).
 // Throws Error naming the bad value when a plane has fewer leaves than groups, when a GPU's ports on one plane hang
-// from leaves of two groups, or when a link joins two GPUs on a plane (not in-node).
-std::vector<int> leaf_group_partitions(const routing::Topology& topo, int groups);
+// from leaves of two groups (only with `nics_with_leaves`: raw traffic runs a NIC port with its leaf; the endpoint
+// runtime runs it with its GPU), or when a link joins two GPUs on a plane (not in-node).
+std::vector<int> leaf_group_partitions(const routing::Topology& topo, int groups, bool nics_with_leaves = true);
 // What describe() calls each partition of leaf_group_partitions: "p0 leaves 0-15" (leaf indices within the plane).
 std::vector<std::string> leaf_group_names(const routing::Topology& topo, int groups);
 
@@ -76,8 +77,9 @@ class Fabric {
   // switch-to-switch and in-node link sends through mailbox(from, to, source: the sending node's index), `from`
   // and `to` equal where its ends share a partition.
   // With `gpu_partition` (the endpoint runtime's partitioned run), GPU g's ports run on the clock of a partition of
-  // the GPUs' own instead (PlanePartitions' GPU groups): each GPU-to-switch link joins it to a plane's partition, and
-  // what the GPU sends goes through a mailbox of its own (source planes + g).
+  // the GPUs' own instead (PlanePartitions' GPU groups): each GPU-to-switch link joins it to its switch's partition,
+  // and what the GPU sends goes through a mailbox of its own (source: partitions + g by plane, its node index in
+  // leaf groups).
   using MailboxFn = std::function<common::Clock*(int from, int to, int source)>;
   struct GpuPartition {
     int partition = -1;
@@ -93,6 +95,8 @@ class Fabric {
   common::Clock& clock() { return clock_; }  // the control plane's (every plane's, unpartitioned)
   // The partition running a link's end (side 0: link.a), and the source its frames are sorted by in a mailbox.
   std::pair<int, int> end_partition(int link, int side) const;
+  // The partition running a switch (a topology node index).
+  int switch_partition(int node) const { return node_partition_.at(node); }
 
   int num_gpus() const { return static_cast<int>(gpu_ports_.size()); }
   // A GPU's NIC ports (one per plane and sub-link), by port number.
@@ -148,7 +152,8 @@ class Fabric {
   void install_gpu_routes();
   void fare_round(uint64_t generation);
   // Every link of the topology (links_), each plane's in one array (link_store_), on its partitions' clocks.
-  void make_links(const MailboxFn& mailbox, const GpuPartitionFn& gpu_partition);
+  void make_links(const MailboxFn& mailbox);
+  common::Clock& end_clock(int link, int side) const;  // the clock of end_partition's partition
 
   common::Clock& clock_;
   std::vector<common::Clock*> plane_clocks_;  // one per partition of the fabric (plane, or plane and leaf group)
@@ -160,9 +165,10 @@ class Fabric {
   std::vector<common::Link*> links_;
   std::vector<std::unique_ptr<Switch>> switches_;
   std::vector<int> switch_nodes_;
-  std::vector<int> node_switch_;       // node -> switch index or -1
-  std::vector<int> node_partition_;    // node -> its partition (leaf_group_partitions; a GPU on every plane: -1)
-  std::vector<std::vector<int>> adj_;  // node -> its links (routing::adjacency)
+  std::vector<int> node_switch_;             // node -> switch index or -1
+  std::vector<int> node_partition_;          // node -> its partition (leaf_group_partitions; a GPU on every plane: -1)
+  std::vector<GpuPartition> gpu_partition_;  // GPU -> its group's partition (the endpoint runtime's), or empty
+  std::vector<std::vector<int>> adj_;        // node -> its links (routing::adjacency)
   // GPU address -> destination class (routing::FareRib), shared by every switch's FIB: one table, or one per
   // plane when GPUs sit on one plane each (a GPU of another plane maps to its node peer's class on this plane).
   std::vector<std::shared_ptr<switchemu::IpMap>> class_tables_;
@@ -183,8 +189,8 @@ class Fabric {
 class PlanePartitions;
 // A fabric spread over MPI processes: each link end whose far end runs in another process's partition sends
 // through the partitions' exchange (key: link id x 2 + the receiving side), and what arrives here goes to its end.
-// Ends: a GPU's in its group's partition, gpu_partition(gpu), when there is one, else Fabric::end_partition's.
-void connect_processes(Fabric& fabric, PlanePartitions& parts, const std::function<int(int gpu)>& gpu_partition = {});
+// Ends: Fabric::end_partition's (a GPU's in its group's partition when the fabric has GPU partitions).
+void connect_processes(Fabric& fabric, PlanePartitions& parts);
 
 // MAC address of port `port` of topology node `node` (locally administered, unique per node and port).
 common::MacAddress node_port_mac(const routing::Topology& topo, int node, int port);

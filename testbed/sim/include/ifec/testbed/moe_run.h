@@ -39,7 +39,8 @@ struct MoeRunConfig {
   // turn): a live row's, so the same frames take the same planes. Empty: a fresh fabric's.
   Turns start;
   int threads = 0;  // ClusterOptions::threads: 0 one event loop, N partitioned on N threads (the same rows for any N)
-  int gpu_groups = 0;  // ClusterOptions::gpu_groups (0: one per thread; the same rows for any grouping)
+  int gpu_groups = 0;   // ClusterOptions::gpu_groups (0: one per thread; the same rows for any grouping)
+  int leaf_groups = 0;  // FabricOptions::leaf_groups: the switches by plane (0) or by plane and leaf group
   // Every fabric spread over MPI processes (ClusterOptions::processes): rank 0 runs the points and returns the rows,
   // the others serve its fabrics and return none.
   const Processes* processes = nullptr;
