@@ -733,7 +733,8 @@ const char* const kScaleNotBuilt =
     "# not in this bench: MoE at EP 256, 4096 tokens per GPU, every variant, elided (target under 15 minutes each:\n"
     "#   ./ifec bench moe --ep 256 --mode normal --payload elided --topo testbed/topologies/superpod-256x8.yaml);\n"
     "# collectives and MoE run partitioned too (sim --collective and bench moe: --threads N, a GPU group per thread\n"
-    "#   or --gpu-groups G, or under mpirun), the same rows whatever the threads, groups or processes\n";
+    "#   or --gpu-groups G, the switches by plane or --leaf-groups K, or under mpirun), the same rows whatever the\n"
+    "#   threads, groups or processes\n";
 
 // This program's path (what mpirun starts for bench scale's runs over processes).
 std::string self_path() {

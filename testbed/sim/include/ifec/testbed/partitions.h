@@ -15,13 +15,14 @@
 // it. Between windows each partition takes its mailboxes' events in one order, by time, then source (the sending
 // partition unless the link says otherwise, below), then sending order: the same whatever the threads.
 //
-// Raw traffic may split planes further, by leaf group (FabricOptions::leaf_groups): the "planes" here are then
-// planes x K partitions, each plane's K leaf groups, and every switch-to-switch link goes through mailboxes (a
-// partition's own among them) with the sending node as its source, so the run is the same whatever K.
+// A run may split planes further, by leaf group (FabricOptions::leaf_groups): the "planes" here are then planes x K
+// partitions, each plane's K leaf groups, and every switch-to-switch link goes through mailboxes (a partition's own
+// among them) with the sending node as its source, so the run is the same whatever K.
 //
 // The endpoint runtime (collectives, MoE: Cluster with threads) adds partitions for the GPUs, one per group of GPUs
 // (gpu_groups): each GPU's links to its switches join its group's partition to the planes' (the GPU-to-switch delay
-// is the lookahead). Frames a GPU sends go through a mailbox of its own (mailbox's `source`: planes + GPU), so mail
+// is the lookahead). Frames a GPU sends go through a mailbox of its own (mailbox's `source`: planes + GPU; in leaf
+// groups its node index), so mail
 // of one time is taken in an order no grouping changes (by time, then source, then sending order). What a GPU does
 // to another (Cluster: bootstrap, connection resets, an operation's end) waits for the window's end
 // (on_window_end). Calls to switches (the control plane's reservations and window registrations) are byte messages
