@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ifec/common/checks.h"
@@ -316,6 +318,33 @@ TEST(MoeFabric, TwoMicroBatchesEqualTheReference) {
                common::Error);
 }
 
+// The layer under 1% loss on a cluster of each of `clusters` (named): the first run equals the reference, and every
+// other run is the first bit for bit (outputs, phase times, bytes per plane and on every cable).
+void expect_the_same_layer_on_each(const routing::Topology& topo, MoeVariant v, const workloads::MoeConfig& cfg,
+                                   const workloads::MoeWeights& w, const at::Tensor& x, const at::Tensor& ref,
+                                   int ranks,
+                                   const std::vector<std::pair<std::string, testbed::ClusterOptions>>& clusters) {
+  std::vector<testbed::MoeFabricResult> r;
+  std::vector<std::vector<uint64_t>> cables;
+  for (auto [name, o] : clusters) {
+    o.fabric.loss = 0.01;
+    testbed::Cluster c(topo, o);
+    r.push_back(testbed::run_moe_fabric(c, v, cfg, w, x, ranks));
+    ASSERT_TRUE(r.back().ok) << name << ": " << r.back().error;
+    cables.push_back(cable_bytes(c));
+  }
+  EXPECT_LT(max_rel_error(r[0].output, ref), 1e-5);
+  for (size_t k = 1; k < r.size(); ++k) {
+    SCOPED_TRACE(clusters[k].first + " against " + clusters[0].first);
+    EXPECT_TRUE(torch::equal(r[0].output, r[k].output));
+    EXPECT_EQ(r[0].dispatch.us, r[k].dispatch.us);
+    EXPECT_EQ(r[0].combine.us, r[k].combine.us);
+    EXPECT_EQ(r[0].dispatch.wire_per_plane, r[k].dispatch.wire_per_plane);
+    EXPECT_EQ(r[0].combine.wire_per_plane, r[k].combine.wire_per_plane);
+    EXPECT_EQ(cables[0], cables[k]);
+  }
+}
+
 // Partitioned (a partition per plane and per GPU group), the layer under 1% loss is the same run on one thread and
 // on two, whatever the GPUs' grouping (one group, one per thread, one per GPU or uneven ones): outputs bit for bit,
 // phase times, bytes on every cable; and it still equals the reference. The same for the two micro-batches.
@@ -338,26 +367,13 @@ TEST(MoeFabric, PartitionedRunsAreTheSameOnOneThreadAndTwo) {
     };
     for (MoeVariant v : {MoeVariant::kPerExpert, MoeVariant::kPerRank, MoeVariant::kIfec}) {
       SCOPED_TRACE(std::string(testbed::moe_variant_name(v)) + " EP " + std::to_string(ranks));
-      testbed::MoeFabricResult r[3];
-      std::vector<uint64_t> cables[3];
+      std::vector<std::pair<std::string, testbed::ClusterOptions>> clusters;
       for (int k = 0; k < 3; ++k) {
-        testbed::ClusterOptions o = options(k);
-        o.fabric.loss = 0.01;
-        testbed::Cluster c(topo, o);
-        r[k] = testbed::run_moe_fabric(c, v, cfg, w, x, ranks);
-        ASSERT_TRUE(r[k].ok) << r[k].error;
-        cables[k] = cable_bytes(c);
+        clusters.emplace_back(
+            std::to_string(runs[k].second) + " GPU groups on " + std::to_string(runs[k].first) + " threads",
+            options(k));
       }
-      EXPECT_LT(max_rel_error(r[0].output, ref), 1e-5);
-      for (int k = 1; k < 3; ++k) {
-        SCOPED_TRACE(std::to_string(runs[k].second) + " GPU groups on " + std::to_string(runs[k].first) + " threads");
-        EXPECT_TRUE(torch::equal(r[0].output, r[k].output));
-        EXPECT_EQ(r[0].dispatch.us, r[k].dispatch.us);
-        EXPECT_EQ(r[0].combine.us, r[k].combine.us);
-        EXPECT_EQ(r[0].dispatch.wire_per_plane, r[k].dispatch.wire_per_plane);
-        EXPECT_EQ(r[0].combine.wire_per_plane, r[k].combine.wire_per_plane);
-        EXPECT_EQ(cables[0], cables[k]);
-      }
+      expect_the_same_layer_on_each(topo, v, cfg, w, x, ref, ranks, clusters);
       if (ranks > 8) {
         continue;
       }
@@ -391,30 +407,16 @@ TEST(MoeFabric, LeafGroupsGiveTheSameLayerWhateverTheGroupsAndThreads) {
   const std::array<int, 3> runs[3] = {{1, 1, 1}, {2, 2, 0}, {2, 4, 5}};  // (threads, leaf groups, GPU groups)
   for (MoeVariant v : {MoeVariant::kPerExpert, MoeVariant::kIfec}) {
     SCOPED_TRACE(testbed::moe_variant_name(v));
-    testbed::MoeFabricResult r[3];
-    std::vector<uint64_t> cables[3];
-    for (int k = 0; k < 3; ++k) {
+    std::vector<std::pair<std::string, testbed::ClusterOptions>> clusters;
+    for (const auto& [threads, leaf_groups, gpu_groups] : runs) {
       testbed::ClusterOptions o;
       o.endpoint.ordering = endpoint::Ordering::kWeak;
-      o.fabric.loss = 0.01;
-      o.threads = runs[k][0];
-      o.fabric.leaf_groups = runs[k][1];
-      o.gpu_groups = runs[k][2];
-      testbed::Cluster c(topo, o);
-      r[k] = testbed::run_moe_fabric(c, v, cfg, w, x, ranks);
-      ASSERT_TRUE(r[k].ok) << r[k].error;
-      cables[k] = cable_bytes(c);
+      o.threads = threads;
+      o.fabric.leaf_groups = leaf_groups;
+      o.gpu_groups = gpu_groups;
+      clusters.emplace_back(std::to_string(leaf_groups) + " leaf groups on " + std::to_string(threads) + " threads", o);
     }
-    EXPECT_LT(max_rel_error(r[0].output, ref), 1e-5);
-    for (int k = 1; k < 3; ++k) {
-      SCOPED_TRACE(std::to_string(runs[k][1]) + " leaf groups on " + std::to_string(runs[k][0]) + " threads");
-      EXPECT_TRUE(torch::equal(r[0].output, r[k].output));
-      EXPECT_EQ(r[0].dispatch.us, r[k].dispatch.us);
-      EXPECT_EQ(r[0].combine.us, r[k].combine.us);
-      EXPECT_EQ(r[0].dispatch.wire_per_plane, r[k].dispatch.wire_per_plane);
-      EXPECT_EQ(r[0].combine.wire_per_plane, r[k].combine.wire_per_plane);
-      EXPECT_EQ(cables[0], cables[k]);
-    }
+    expect_the_same_layer_on_each(topo, v, cfg, w, x, ref, ranks, clusters);
   }
 }
 
