@@ -89,7 +89,8 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32"
     threads: 0 runs one event loop; N >= 1 a partition per plane and one per group of GPUs on N threads (the same
     row for every N, row["partitions"] says which); gpu_groups: how many groups (0: one per thread; the same row for
     every grouping); leaf_groups: K >= 1 partitions each plane's switches further, in K leaf groups (as
-    ifec.sim.run's; the same row for every K >= 1, not always the per-plane one's). root: reduce's destination, broadcast's source (a member).
+    ifec.sim.run's; the same row for every K >= 1, not always the per-plane one's).
+    root: reduce's destination, broadcast's source (a member).
     trace: a folder each member's part is appended to (ifec.trace), in simulated time: this operation starts where
     the folder's last one ended.
     turns: the state a fabric carries between operations to start from, {"group": the first member's in-fabric
@@ -103,8 +104,8 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32"
         raise ValueError(f"members {members}: expected at least 2 (or None for every GPU)")
     if not isinstance(threads, int) or threads < 0:
         raise ValueError(f"threads {threads!r}: expected 0 (one event loop) or a positive count")
-    for name, groups in (("gpu_groups", gpu_groups), ("leaf_groups", leaf_groups)):
-        if _args.whole(groups, name, 0, 64000) and threads == 0:
+    for name, groups, most in (("gpu_groups", gpu_groups, 64000), ("leaf_groups", leaf_groups, 4096)):
+        if _args.whole(groups, name, 0, most) and threads == 0:
             raise ValueError(f"{name} {groups}: needs a partitioned run (threads >= 1)")
     topology = _args.topology(topology, _native.load_topology)
     row = json.loads(_native.run_collective_json(topology, kind, algo, _args.whole(bytes, "bytes", 1), dtype, op,

@@ -25,6 +25,8 @@ if rank < 4:
         assert time.monotonic() - t0 < 10, f"refused after {time.monotonic() - t0:.1f} s"
         print(f"refused small world: {str(e).splitlines()[0]}")
     store.add("checked", 1)
+    deadline = time.monotonic() + 60
     while rank == 0 and store.add("checked", 0) < 4:  # the store's host waits for every rank's check
+        assert time.monotonic() < deadline, f"{store.add('checked', 0)} of 4 ranks checked in 60 s"
         time.sleep(0.01)
     dist.destroy_process_group()

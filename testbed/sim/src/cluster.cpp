@@ -33,6 +33,8 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
   IFEC_CHECK(opts_.threads >= 0, "cluster: threads " << opts_.threads << " (0: one loop, N >= 1: partitioned)");
   const bool spread = opts_.processes != nullptr && opts_.processes->size > 1;
   IFEC_CHECK(!spread || opts_.threads >= 1, "cluster over processes: threads " << opts_.threads << ", expected >= 1");
+  IFEC_CHECK(opts_.fabric.leaf_groups >= 0,
+             "leaf groups " << opts_.fabric.leaf_groups << ": expected 0 (the switches by plane) or more");
   IFEC_CHECK(
       opts_.fabric.leaf_groups == 0 || opts_.threads >= 1,
       "leaf groups (" << opts_.fabric.leaf_groups << ") on one event loop: they partition a run (--threads >= 1)");
@@ -144,8 +146,12 @@ void Cluster::make_control(std::map<std::string, switchemu::Switch*> switches) {
 }
 
 void Cluster::make_partitions(bool spread) {
-  // The switches' partitions: one per plane, or per plane and leaf group.
+  // The switches' partitions: one per plane, or per plane and leaf group (a count the planes' leaves cannot give
+  // refused by name here, before its loops are made).
   const int planes = std::max(topo_.num_planes, 1) * std::max(opts_.fabric.leaf_groups, 1);
+  if (opts_.fabric.leaf_groups > 0) {
+    leaf_group_partitions(topo_, opts_.fabric.leaf_groups, false);
+  }
   const int n = topo_.num_gpus();
   const int groups = opts_.gpu_groups == 0 ? std::min(opts_.threads, n) : opts_.gpu_groups;
   IFEC_CHECK(opts_.gpu_groups >= 0 && groups >= 1 && groups <= n, "cluster: GPU groups "

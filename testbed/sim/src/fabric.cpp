@@ -251,7 +251,7 @@ void Fabric::make_links(const MailboxFn& mailbox) {
     IFEC_CHECK(gpu_partition_.empty() || !gpus,
                "link " << l.id << " joins GPUs '" << topo_.nodes[l.a].name << "' and '" << topo_.nodes[l.b].name
                        << "' (an in-node link): a partitioned endpoint runtime takes none; run it on one event loop "
-                          "(--threads 0)");
+                          "(--threads 0, no leaf groups)");
     if (one_clock && gpu_partition_.empty()) {
       return LinkClocks::one(clock_);
     }

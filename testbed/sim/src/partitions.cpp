@@ -126,8 +126,9 @@ PlanePartitions::PlanePartitions(int planes, int threads, int rank, int processe
   const int most = planes + gpu_groups;
   const int most_processes = planes + (gpu_groups > 0 ? 1 : 0);  // the GPUs' groups share rank 0
   IFEC_CHECK(processes >= 1 && processes <= most_processes,
-             processes << " processes outside 1.." << most_processes << " (one partition per plane"
-                       << (gpu_groups > 0 ? " and the GPUs'" : "") << ", " << planes << " planes)");
+             processes << " processes outside 1.." << most_processes << " (" << planes << " partitions of the fabric's "
+                       << "switches, by plane or leaf group"
+                       << (gpu_groups > 0 ? ", and one process for the GPUs'" : "") << ")");
   IFEC_CHECK(rank >= 0 && rank < processes, "rank " << rank << " outside 0.." << processes - 1);
   for (int p = 0; p < most; ++p) {
     loops_.push_back(std::make_unique<common::EventLoop>());

@@ -319,11 +319,13 @@ TEST(MoeFabric, TwoMicroBatchesEqualTheReference) {
 }
 
 // The layer under 1% loss on a cluster of each of `clusters` (named): the first run equals the reference, and every
-// other run is the first bit for bit (outputs, phase times, bytes per plane and on every cable).
+// other run is the first bit for bit (outputs, phase times, bytes per plane and on every cable). Appends each
+// cluster's partitions, described, to `described`.
 void expect_the_same_layer_on_each(const routing::Topology& topo, MoeVariant v, const workloads::MoeConfig& cfg,
                                    const workloads::MoeWeights& w, const at::Tensor& x, const at::Tensor& ref,
                                    int ranks,
-                                   const std::vector<std::pair<std::string, testbed::ClusterOptions>>& clusters) {
+                                   const std::vector<std::pair<std::string, testbed::ClusterOptions>>& clusters,
+                                   std::vector<std::string>* described = nullptr) {
   std::vector<testbed::MoeFabricResult> r;
   std::vector<std::vector<uint64_t>> cables;
   for (auto [name, o] : clusters) {
@@ -332,6 +334,7 @@ void expect_the_same_layer_on_each(const routing::Topology& topo, MoeVariant v, 
     r.push_back(testbed::run_moe_fabric(c, v, cfg, w, x, ranks));
     ASSERT_TRUE(r.back().ok) << name << ": " << r.back().error;
     cables.push_back(cable_bytes(c));
+    if (described != nullptr) described->push_back(c.partitions() ? c.partitions()->describe() : "one loop");
   }
   EXPECT_LT(max_rel_error(r[0].output, ref), 1e-5);
   for (size_t k = 1; k < r.size(); ++k) {
@@ -416,7 +419,12 @@ TEST(MoeFabric, LeafGroupsGiveTheSameLayerWhateverTheGroupsAndThreads) {
       o.gpu_groups = gpu_groups;
       clusters.emplace_back(std::to_string(leaf_groups) + " leaf groups on " + std::to_string(threads) + " threads", o);
     }
-    expect_the_same_layer_on_each(topo, v, cfg, w, x, ref, ranks, clusters);
+    std::vector<std::string> described;
+    expect_the_same_layer_on_each(topo, v, cfg, w, x, ref, ranks, clusters, &described);
+    ASSERT_EQ(described.size(), 3u);
+    EXPECT_NE(described[1].find("GPUs 0-7 p0 leaves 0-1, p1 leaves 0-1 | GPUs 8-15 p0 leaves 2-3"), std::string::npos)
+        << described[1];
+    EXPECT_NE(described[2].find("p1 leaves 3"), std::string::npos) << described[2];
   }
 }
 

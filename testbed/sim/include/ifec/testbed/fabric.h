@@ -37,7 +37,8 @@ struct FabricOptions {
   // K >= 1: one per plane and leaf group, K groups of a plane's consecutive leaves (and as many runs of its other
   // switches, by index): planes x K clocks, partition plane x K + group (leaf_group_partitions). Every
   // switch-to-switch and in-node link then sends through mailboxes, whether its ends share a partition or not, so
-  // a run is the same whatever K, the threads or the processes (raw traffic only; not with GPU partitions).
+  // a run is the same whatever K, the threads or the processes (raw traffic, and the endpoint runtime's GPU
+  // partitions beside them).
   int leaf_groups = 0;
 };
 
