@@ -148,7 +148,7 @@ def test_leaf_groups_give_the_same_row_whatever_the_groups_and_threads():
                              threads=t, leaf_groups=k, gpu_groups=g) for t, k, g in ((1, 1, 0), (2, 2, 0), (2, 4, 3))]
         assert rows[0]["ok"] and rows[0]["wrong"] == 0, rows[0].get("error")
         assert rows[0]["partitions"] == ("3 partitions (one per plane and leaf group, and the GPUs') on 1 thread: "
-                                         "GPUs 0-31 p0 leaves 0-3, p1 leaves 0-3")
+                                         "GPUs 0-31, p0 leaves 0-3, p1 leaves 0-3")
         assert "p0 leaves 0-1" in rows[1]["partitions"] and "p1 leaves 3" in rows[2]["partitions"]
         for key in ["time_us", "plane_tx_bytes", "gpu_link_up_bytes", "frame_hops", "sim_events", "faults",
                     "windows", "resent", "ifec_retransmissions"]:

@@ -456,16 +456,19 @@ std::string PlanePartitions::describe() const {
                           : "")
     << ") on ";
   // " planes 0 2 4", " GPUs", " GPUs 0-3 planes 1 3": a list's GPU groups, then its planes; the word "planes"
-  // once per rank's list, or after a GPU group (`named`: said already)
+  // once per rank's list, or after a GPU group (`named`: said already). Named partitions (leaf groups) are a list
+  // with commas: " GPUs 0-3, p0 leaves 0-1, p1 leaves 0-1".
   auto list = [this, &o](int rank, int thread, bool& named) {
     auto here = [&](int p) { return process_of(p) == rank && (thread < 0 || thread_of(p) == thread); };
+    bool first = true;
     for (int p = planes(); p < partitions(); ++p) {
       if (!here(p)) continue;
       const int k = p - planes();
-      o << " " << (k < static_cast<int>(group_names_.size()) ? group_names_[k] : "GPUs " + std::to_string(k));
+      o << (first || names_.empty() ? " " : ", ")
+        << (k < static_cast<int>(group_names_.size()) ? group_names_[k] : "GPUs " + std::to_string(k));
       named = false;
+      first = false;
     }
-    bool first = true;
     for (int p = 0; p < planes(); ++p) {
       if (!here(p)) continue;
       if (!names_.empty()) {

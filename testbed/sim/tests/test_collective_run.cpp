@@ -161,7 +161,7 @@ TEST(CollectiveRun, LeafGroupsGiveTheSameRunWhateverTheGroupsThreadsAndGpuGroups
     EXPECT_EQ(one.wrong, 0u) << what;
     EXPECT_GT(one.frames_lost, 0u) << what << ": the loss and the failure met frames";
     EXPECT_EQ(one.partitions,
-              "3 partitions (one per plane and leaf group, and the GPUs') on 1 thread: GPUs 0-31 p0 "
+              "3 partitions (one per plane and leaf group, and the GPUs') on 1 thread: GPUs 0-31, p0 "
               "leaves 0-3, p1 leaves 0-3")
         << what;
     for (const auto& [groups, threads, gpu_groups] : std::vector<std::array<int, 3>>{{2, 2, 0}, {4, 2, 3}, {4, 1, 1}}) {

@@ -422,7 +422,7 @@ TEST(MoeFabric, LeafGroupsGiveTheSameLayerWhateverTheGroupsAndThreads) {
     std::vector<std::string> described;
     expect_the_same_layer_on_each(topo, v, cfg, w, x, ref, ranks, clusters, &described);
     ASSERT_EQ(described.size(), 3u);
-    EXPECT_NE(described[1].find("GPUs 0-7 p0 leaves 0-1, p1 leaves 0-1 | GPUs 8-15 p0 leaves 2-3"), std::string::npos)
+    EXPECT_NE(described[1].find("GPUs 0-7, p0 leaves 0-1, p1 leaves 0-1 | GPUs 8-15, p0 leaves 2-3"), std::string::npos)
         << described[1];
     EXPECT_NE(described[2].find("p1 leaves 3"), std::string::npos) << described[2];
   }
