@@ -436,7 +436,8 @@ def run_matrix(rf, server, client, loss=0.0, tools=TOOLS, capture_dir=None, extr
         ok = c["rc"] == 0 and s["rc"] == 0
         rows.append(dict(tool=name, direction=f"{client} -> {server}", path=label or "through ifec-switchd",
                          loss=loss, ok=ok, gbps=c.get("gbps"), mpps=c.get("mpps"), usec=c.get("usec"),
-                         detail="" if ok else " | ".join((c["text"] + s["text"])[-6:])))
+                         detail="" if ok else " | ".join((c["text"] + s["text"])[-6:]),
+                         client_tail=c["text"][-4:]))  # what the rates were read from
     facts = dict(switch=delta, seconds=time.time() - t0, guests={n: st for n, (st, _) in out.items()},
                  icrc=icrc_report(cap.files) if capture_dir else {})
     return rows, facts
