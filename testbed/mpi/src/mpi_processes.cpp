@@ -20,9 +20,17 @@ bool launched_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullpt
 MpiProcesses::MpiProcesses() {
   int initialized = 0;
   MPI_Initialized(&initialized);
+  // A partitioned run's worker threads never call MPI; the thread that made this one does (between windows).
+  int provided = MPI_THREAD_SINGLE;
   if (!initialized) {
-    IFEC_CHECK(MPI_Init(nullptr, nullptr) == MPI_SUCCESS, "MPI_Init failed");
+    IFEC_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) == MPI_SUCCESS,
+               "MPI_Init_thread failed");
+  } else {
+    MPI_Query_thread(&provided);
   }
+  IFEC_CHECK(provided >= MPI_THREAD_FUNNELED, "MPI gives thread level " << provided << ", below MPI_THREAD_FUNNELED ("
+                                                                        << MPI_THREAD_FUNNELED
+                                                                        << "): worker threads live beside MPI here");
   MPI_Comm_rank(MPI_COMM_WORLD, &procs_.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &procs_.size);
   procs_.exchange = [n = procs_.size, rank = procs_.rank](std::vector<Processes::Bytes>& out,
