@@ -2,6 +2,9 @@
 #pragma once
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <type_traits>
 
 #include "ifec/common/checks.h"
 #include "ifec/common/sim.h"
@@ -30,15 +33,28 @@ auto interruptible(Fn&& fn) -> decltype(fn()) {
 
 // The carried state a simulated operation starts from, as a replay or a live comparison passes it: {"group": int,
 // "stripe": [one per member], "multicast": [one per member]}, each optional.
+// A key or value it cannot take is named (pybind11's own cast error names neither).
 inline testbed::Turns turns_from(const pybind11::dict& turns) {
+  for (const auto& kv : turns) {
+    const std::string key = pybind11::str(kv.first);
+    IFEC_CHECK(key == "group" || key == "stripe" || key == "multicast",
+               "turns: unknown key '" << key << "' (expected group, stripe or multicast)");
+  }
+  auto take = [&](const char* key, const char* expected, auto* out) {
+    if (!turns.contains(key)) {
+      return;
+    }
+    try {
+      *out = turns[key].template cast<std::remove_pointer_t<decltype(out)>>();
+    } catch (const pybind11::cast_error&) {
+      IFEC_FAIL("turns: " << key << " " << pybind11::repr(turns[key]).cast<std::string>() << ": expected " << expected);
+    }
+  };
   testbed::Turns t;
-  t.group = turns.contains("group") ? turns["group"].cast<int>() : -1;
-  if (turns.contains("stripe")) {
-    t.stripe = turns["stripe"].cast<std::vector<uint64_t>>();
-  }
-  if (turns.contains("multicast")) {
-    t.multicast = turns["multicast"].cast<std::vector<uint32_t>>();
-  }
+  take("group", "a group counter in 0..2147483647", &t.group);
+  IFEC_CHECK(t.group >= -1, "turns: group " << t.group << ": expected a group counter in 0..2147483647");
+  take("stripe", "a list of stripe rotors (whole numbers >= 0), one per member", &t.stripe);
+  take("multicast", "a list of multicast PSNs (whole numbers in 0..4294967295), one per member", &t.multicast);
   return t;
 }
 

@@ -142,8 +142,13 @@ void register_cluster(py::module_& m) {
       .def("load",
            [](testbed::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset, uint64_t length) {
              PendingLoad p;
-             p.buffer = std::make_shared<std::vector<uint8_t>>(length);
-             p.handle = ep(c, gpu).load(p.buffer->data(), peer, window, offset, length);
+             endpoint::Endpoint& e = ep(c, gpu);
+             // A buffer only for a load the peer's window holds: any other fails in load() (naming its values)
+             // before it touches one, and a huge length must not be allocated first.
+             const endpoint::WindowInfo* w =
+                 peer >= 0 && peer < e.num_endpoints() ? e.peer_window(peer, window) : nullptr;
+             p.buffer = std::make_shared<std::vector<uint8_t>>(w != nullptr && length <= w->size ? length : 0);
+             p.handle = e.load(p.buffer->data(), peer, window, offset, length);
              return p;
            })
       .def("fetch_add", [](testbed::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset,

@@ -95,7 +95,7 @@ def test_status_signals_and_bad_arguments(bare, repo, tmp_path):
     assert rc == 2 and "ifec-cli: missing" in err
     r = subprocess.run([str(repo / "testbed" / "live" / "bare-up.sh"), str(tmp_path / "no.yaml"), "build/bin"],
                        cwd=repo, capture_output=True, text=True, timeout=30)
-    assert r.returncode == 2 and "no.yaml: cannot open topology file" in r.stderr
+    assert r.returncode == 2 and "no.yaml: cannot open the topology file" in r.stderr
 
 
 def test_down_removes_what_a_killed_run_left(bare, repo):

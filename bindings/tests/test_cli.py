@@ -196,11 +196,30 @@ def test_collective_arguments_are_checked(build_dir, repo, args, message):
     (["sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "1", "--incast-target", "3"],
      "--incast-target does not apply to --traffic alltoall"),
     (["bench", "moe", "--jobs", "4294967297"], "--jobs 4294967297 must be 1..256"),
+    (["pcap", "-x"], "'-x' looks like an option, not a file name"),
+    (["sim", "--topo", TOPO_8x2, "--collective", "allreduce", "--algo", "ring", "--bytes", "64KiB", "--reproducible"],
+     "--reproducible applies to --algo ifec"),
+    (["sim", "--topo", TOPO_8x2, "--collective", "barrier", "--algo", "ifec", "--dtype", "int32"],
+     "--dtype does not apply to --collective barrier"),
+    (["sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "8KiB", "--fail", "gpu5:plane1@5us",
+      "--restore", "gpu5:plane1@2us"], "restore 'gpu5:plane1@2us': link 22 is up at 2000 ns"),
 ])
 def test_other_arguments_are_checked(build_dir, repo, args, message):
     out = cli(build_dir, repo, *args)
     assert out.returncode == 1, out.stdout
     assert message in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["bench", "moe", "--quick", "--ep", "8", "--threads", "1", "--gpu-groups", "100"], "GPU groups 100 outside 1..64"),
+    (["bench", "moe", "--quick", "--ep", "8,8"], "--ep 8 given twice"),
+    (["bench", "collectives", "--jobs", "0"], "--jobs 0 must be 1..256"),
+])
+def test_a_bench_checks_every_point_before_its_table(build_dir, repo, args, message):
+    """Options only a run would have refused were found after every run (or under the table's header)."""
+    out = cli(build_dir, repo, *args)
+    assert out.returncode == 1 and message in out.stderr, out.stderr
+    assert "#" not in out.stdout, out.stdout
 
 
 def test_an_algorithm_that_does_not_run_the_collective_names_the_ring_that_ran(build_dir, repo):

@@ -70,8 +70,23 @@ def test_bad_collective_arguments_name_the_value():
 
 def test_measure_and_allreduce_check_their_arguments():
     topo = ifec.make_superpod(4, 2)
-    with pytest.raises(ValueError, match="members -5"):
+    with pytest.raises(ValueError, match="members=-5 outside 2.."):
         coll.measure(topo, members=-5)
+    # Each refused by name, before anything runs (they were bare casts, or wrong types taken).
+    for kwargs, error, named in [
+            (dict(members="4"), TypeError, "members='4': expected a whole number"),
+            (dict(loss=None), TypeError, "loss=None: expected a number"),
+            (dict(loss="0.1"), TypeError, "loss='0.1': expected a number"),
+            (dict(bytes=float("nan")), TypeError, "bytes=nan: expected a whole number"),
+            (dict(slot_pool=2**40), ValueError, "slot_pool=1099511627776 outside 0..4294967295"),
+            (dict(turns=[1, 2]), TypeError, r"turns=\[1, 2\]: expected a dict"),
+            (dict(turns={"bogus": 1}), ifec.IfecError, "turns: unknown key 'bogus'"),
+            (dict(turns={"group": "x"}), ifec.IfecError, "turns: group 'x': expected a group counter"),
+            (dict(turns={"stripe": [-1] * 4}), ifec.IfecError, r"turns: stripe \[-1, -1, -1, -1\]: expected a list")]:
+        with pytest.raises(error, match=named):
+            coll.measure(topo, bytes=kwargs.pop("bytes", 4096), **kwargs)
+    assert coll.measure(topo, bytes=4096, threads=2.0)["ok"]  # a whole float, as every other count
+    assert coll.measure(topo, kind="barrier")["ok"]  # a barrier's size is 0 (1 MiB was the default for every kind)
     with pytest.raises(ValueError, match="members 9 outside 2..4"):
         coll.measure(topo, members=9)
     with pytest.raises(ValueError, match="slot budget 0"):
@@ -131,7 +146,7 @@ def test_a_partitioned_run_is_the_same_row_on_one_thread_and_two():
         for key in ["time_us", "plane_tx_bytes", "gpu_link_up_bytes", "frame_hops", "sim_events", "faults",
                     "windows", "resent", "resent_bytes", "ifec_retransmissions"]:
             assert one[key] == two[key] == three[key], (algo, key)
-    with pytest.raises(ValueError, match="threads -1"):
+    with pytest.raises(ValueError, match="threads=-1 outside 0.."):
         coll.measure(topo, threads=-1)
     with pytest.raises(Exception, match="--threads 4 outside 1..3"):
         coll.measure(topo, threads=4, gpu_groups=1)

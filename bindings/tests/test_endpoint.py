@@ -56,6 +56,11 @@ def test_bad_arguments_raise_or_fail_with_the_value_named():
     c = make("weak")
     h = c.store(0, 1, DATA, (1 << 20) - 4, b"12345678")
     assert h.status == ifec.OpStatus.INVALID_ARGUMENT and "out of bounds" in h.error
+    # A load its window cannot hold fails at once, its buffer never made (2^40 bytes: std::bad_alloc before).
+    for peer, window, named in [(1, DATA, "out of bounds"), (99, DATA, "peer 99 outside"), (1, 77, "not registered")]:
+        p = c.load(0, peer, window, 0, 1 << 40)
+        assert c.wait([p.handle]) and p.handle.status == ifec.OpStatus.INVALID_ARGUMENT and named in p.handle.error
+        assert len(p.data()) == 0
     with pytest.raises(ep.TransactionError, match="aligned"):
         ep.fetch_add(c, 0, 1, COUNTERS, 3, 1)
     with pytest.raises(ValueError, match="GPU 9"):

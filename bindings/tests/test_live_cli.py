@@ -120,7 +120,7 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
 def test_a_bad_file_is_named_and_an_up_that_times_out_is_taken_down_again(repo, build_dir, tmp_path):
     cli = _cli(repo, build_dir, tmp_path)
     missing = cli("up", str(tmp_path / "no.yaml"), ok=False)
-    assert missing.returncode == 1 and f"{tmp_path}/no.yaml: cannot open topology file" in missing.stderr
+    assert missing.returncode == 1 and f"{tmp_path}/no.yaml: cannot open the topology file" in missing.stderr
     try:
         slow = cli("up", "testbed/topologies/superpod-8x2.yaml", "--logs", str(tmp_path / "logs"), "--timeout", "3",
                    ok=False)

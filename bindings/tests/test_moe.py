@@ -119,7 +119,12 @@ def test_in_switch_allreduce_is_at_least_as_fast_as_ring_from_1mib(size):
 
 @pytest.mark.parametrize("kwargs,named", [(dict(ep=3), "EP size 3"), (dict(ep=128), "EP size 128"),
                                           (dict(variants=["sharp"]), "sharp"), (dict(tokens=0), "tokens per rank 0"),
-                                          (dict(mode="bogus"), "mode 'bogus'")])
+                                          (dict(mode="bogus"), "mode 'bogus'"),
+                                          # sizes whose data outgrows the machine: named before any is allocated
+                                          (dict(hidden=10**9), "hidden 1000000000, 256 experts, top-8 needs about"),
+                                          (dict(run_inter=10**6, compute=True), "run_inter 1000000 needs about"),
+                                          (dict(tokens=10**12), "x 1000000000000 tokens per rank"),
+                                          (dict(threads=1, gpu_groups=100), "GPU groups 100 outside 1..8")])
 def test_bad_arguments_are_named(kwargs, named):
     args = dict(topology=ifec.make_superpod(8, 2), ep=8, tokens=4, hidden=64)
     args.update(kwargs)
@@ -144,3 +149,21 @@ def test_ifec_phases_beat_per_rank_without_retransmission_bloat():
     assert inc["combine_wire_bytes"] <= 1.02 * base["combine_wire_bytes"]
     assert inc["dispatch_wire_bytes"] < 0.25 * base["dispatch_wire_bytes"]
     assert inc["fallback_chunks"] == 0 and inc["faults"] == []
+
+
+def test_measure_eps_checks_its_arguments_as_measure_does(repo):
+    topo = ifec.make_superpod(8, 2)
+    small = dict(hidden=64, experts=16, topk=2, inter=64)
+    for kwargs, error, named in [(dict(eps=8), TypeError, "eps=8: expected a list of EP sizes"),
+                                 (dict(eps=[8.7]), TypeError, "eps=8.7: expected a whole number"),
+                                 (dict(tokens=4.9), TypeError, "tokens=4.9: expected a whole number"),
+                                 (dict(jobs=100000), ValueError, "jobs=100000 outside 0..4096"),
+                                 (dict(jobs=-1), ValueError, "jobs=-1 outside 0..4096")]:
+        args = dict(eps=[8], tokens=4, jobs=1)
+        args.update(kwargs)
+        with pytest.raises(error, match=named):
+            moe.measure_eps(topo, **args, **small)
+    # One variant given as a string, a path for the topology, and more jobs than runs (no more threads are made).
+    rows = moe.measure_eps(str(repo / "testbed/topologies/superpod-8x2.yaml"), [8], 4, variants="ifec", jobs=4096,
+                           **small)
+    assert [r["variant"] for r in rows] == ["ifec"]

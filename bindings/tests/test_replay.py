@@ -135,14 +135,65 @@ def test_bad_traces_are_named(repo, tmp_path):
         replay.report(_write_trace(tmp_path / "u"), repo / TOPO, k=9, out=io.StringIO())
     assert replay.main(["--replay", str(tmp_path / "none"), "--topo", str(repo / TOPO)]) == 1
     # Fields only the replay reads: missing, of the wrong type or negative, each named at its line (tracebacks).
-    for i, (edit, named) in enumerate([(lambda op: op.pop("op"), "KeyError: 'op'"),
-                                       (lambda op: op.update(row="oops"), "row 'oops' is not an object"),
-                                       (lambda op: op["row"].update(size=-4096), "row size -4096 < 0")]):
+    for i, (edit, named) in enumerate([
+            (lambda op: op.pop("op"), "KeyError: 'op'"),
+            (lambda op: op.update(row="oops"), "row 'oops': expected an object"),
+            (lambda op: op["row"].update(size=-4096), "row size -4096: expected a whole number >= 0"),
+            (lambda op: op.update(bytes=1.5), "bytes 1.5: expected a whole number >= 0"),
+            (lambda op: op.update(root="x"), "root 'x': expected a whole number >= 0"),
+            (lambda op: op.update(issued_ns=-1), "issued_ns -1: expected a whole number >= 0"),
+            (lambda op: op.update(send_splits="abc"), "send_splits 'abc': expected a list of whole numbers"),
+            (lambda op: op.update(algo="fast"), "algo 'fast': expected one of ifec, best"),
+            (lambda op: op.update(members=[0, 0, 1, 2, 3, 4, 5, 6]), "expected 8 distinct ranks"),
+            (lambda op: op["row"].update(time_us="fast"), "row time_us 'fast': expected a time >= 0"),
+            (lambda op: op["row"].update(driver=["a"]), "row driver ['a']: expected a string"),
+            (lambda op: op["row"].update(gpu_link_ids=5), "row gpu_link_ids 5: expected a list of whole numbers"),
+            (lambda op: op["row"].update(turns={"stripe": 5}), "row turns stripe 5: expected a list"),
+            (lambda op: op["row"].update(turns="xyz"), "row turns 'xyz': expected an object")]):
         bad = _write_trace(tmp_path / f"b{i}")
         ops = [json.loads(line) for line in (bad / "rank0.jsonl").read_text().splitlines()]
         edit(ops[0])
         (bad / "rank0.jsonl").write_text("\n".join(json.dumps(op) for op in ops) + "\n")
         with pytest.raises(replay.TraceError, match=r"rank0.jsonl:1: not an operation record .*" + re.escape(named)):
             replay.load(bad)
+    # What only the whole trace or the topology can say: members beyond the world, an operation number twice, link
+    # ids another topology has, a dtype the simulator does not know (named with its operation), the same algorithm
+    # twice on the command line; a file that is not text.
+    def edited(name, edit, rank_files=range(8)):
+        bad = _write_trace(tmp_path / name)
+        for r in rank_files:
+            ops = [json.loads(line) for line in (bad / f"rank{r}.jsonl").read_text().splitlines()]
+            edit(ops)
+            (bad / f"rank{r}.jsonl").write_text("\n".join(json.dumps(op) for op in ops) + "\n")
+        return bad
+    with pytest.raises(replay.TraceError, match=r"rank 0, operation 0: group of 8 \(members \[1, .*, 7, 9\]"):
+        replay.load(edited("m", lambda ops: ops[0].update(members=[1, 2, 3, 4, 5, 6, 7, 9]), [0]))
+    with pytest.raises(replay.TraceError, match=r"group 0: rank 0 traced operation numbers \(seq\) more than once"):
+        replay.load(edited("s", lambda ops: ops[1].update(seq=0)))
+    with pytest.raises(replay.TraceError, match=r"operation 0 \(all_reduce\): link ids \[99999\] outside superpod-8x2"):
+        replay.report(edited("l", lambda ops: ops[0]["row"].update(gpu_link_ids=[99999], gpu_link_up_bytes=[1],
+                                                                   gpu_link_down_bytes=[1]), [0]),
+                      repo / TOPO, out=io.StringIO())
+    with pytest.raises(replay.TraceError, match=r"operation 0 \(all_reduce, float32, 65536 B, group 0\) with ifec: "
+                                                r"unknown dtype 'nonsense'"):
+        replay.report(edited("d", lambda ops: ops[0]["row"].update(type="nonsense")), repo / TOPO, out=io.StringIO())
+    assert replay.main(["--replay", str(_write_trace(tmp_path / "a")), "--topo", str(repo / TOPO),
+                        "--algo", "ifec,ifec"]) == 1
+    (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe")
+    with pytest.raises(replay.TraceError, match="bin.jsonl: not a text file of JSON lines"):
+        replay.load(tmp_path / "bin.jsonl")
     with pytest.raises(replay.TraceError, match="--ranks 0: topology"):  # was taken as "as recorded"
         replay.report(_write_trace(tmp_path / "z"), repo / TOPO, k=0, out=io.StringIO())
+
+
+def test_a_traced_barrier_replays(repo, tmp_path):
+    """The torch backend traces a barrier with 0 bytes; the replay simulates it (it once refused any size 0)."""
+    folder = tmp_path / "b"
+    folder.mkdir()
+    for r in range(8):
+        (folder / f"rank{r}.jsonl").write_text(json.dumps(dict(
+            op="barrier", dtype="float32", bytes=0, fabric_op="barrier", rank=r, group=0, group_size=8, seq=0,
+            algo="ifec", issued_ns=0, start_ns=0, end_ns=1000, ok=True,
+            row=dict(size=0, type="fp32", ran="ifec", time_us=1.0))) + "\n")
+    res = replay.report(folder, repo / TOPO, out=io.StringIO())
+    assert res["operations"] == 1 and res["comm_us"]["ifec"] > 0 and res["comm_us"]["best"] > 0

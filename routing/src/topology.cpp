@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iomanip>
 #include <map>
 #include <numeric>
 #include <set>
@@ -178,6 +179,15 @@ std::optional<Problem> params_problem(const Topology& t) {
   };
   std::ostringstream os;
   if (t.name.empty()) return fail("topology name is empty", {"name"});
+  // The name names files and folders (a compose project's, reports'): one path component of printable characters.
+  const auto unprintable = [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; };
+  if (t.name == "." || t.name == ".." || t.name.find('/') != std::string::npos ||
+      std::any_of(t.name.begin(), t.name.end(), unprintable)) {
+    std::string shown;
+    for (char c : t.name) shown += unprintable(c) ? '?' : c;
+    return fail("topology name '" + shown + "': expected printable characters without '/' (it names folders)",
+                {"name"});
+  }
   // 256 planes at most: the plane is one octet of the switch loopback 10.255.plane.n.
   if (t.num_planes < 1 || t.num_planes > 256) {
     os << "planes must be in [1, 256], got " << t.num_planes;
@@ -187,7 +197,12 @@ std::optional<Problem> params_problem(const Topology& t) {
     os << "mtu " << p.mtu << " outside [256, 9000]";
     return fail(os.str(), {"params.mtu"});
   }
-  if (p.buffer_bytes == 0) return fail("buffer_bytes must be > 0, got 0", {"params.buffer_bytes"});
+  // A full-sized frame with every header (Ethernet, IPv4, UDP, ECH, BTH, RETH, ICRC) must fit the shared buffer.
+  if (p.buffer_bytes < p.mtu + 256ULL) {
+    os << "buffer_bytes " << p.buffer_bytes << " holds no full-sized frame: at least mtu " << p.mtu
+       << " + 256 bytes of headers (" << p.mtu + 256ULL << ")";
+    return fail(os.str(), {"params.buffer_bytes", "params.mtu"});
+  }
   if (p.priorities < 1 || p.priorities > 8) {
     os << "priorities must be in [1, 8], got " << p.priorities;
     return fail(os.str(), {"params.priorities"});
@@ -205,6 +220,10 @@ std::optional<Problem> params_problem(const Topology& t) {
     return fail(os.str(), {"params.pfc.xon_bytes", "params.pfc.xoff_bytes"});
   }
   if (p.ifec.slot_pool == 0) return fail("ifec slot_pool must be > 0, got 0", {"params.ifec.slot_pool"});
+  if (p.ifec.multicast_entries == 0) {
+    return fail("ifec multicast_entries must be > 0, got 0 (no multicast could be held)",
+                {"params.ifec.multicast_entries"});
+  }
   if (p.ifec.slot_bytes < 64 || p.ifec.slot_bytes > 65536) {
     os << "ifec slot_bytes " << p.ifec.slot_bytes << " outside [64, 65536]";
     return fail(os.str(), {"params.ifec.slot_bytes"});
@@ -536,13 +555,36 @@ void add_leaf_spine_mesh(Topology& t, const std::vector<std::vector<int>>& leaf,
   }
 }
 
+// A generator's arguments against the limits a topology file has, and the links it would lay out, before anything is
+// built: `links` is computed in floating point by the caller (a product of counts can overflow an int).
+struct GeneratorLimits {
+  const char* fn;
+  void count(const char* what, long long v, long long lo, long long hi) const {
+    IFEC_CHECK(v >= lo && v <= hi, fn << ": " << what << " must be " << lo << ".." << hi << ", got " << v);
+  }
+  void rate(const char* what, double gbps) const {
+    IFEC_CHECK(gbps >= kMinLinkGbps && gbps <= kMaxLinkGbps,
+               fn << ": " << what << " must be " << kMinLinkGbps << ".." << kMaxLinkGbps << " Gb/s, got " << gbps);
+  }
+  void delay(const char* what, uint64_t ns) const {
+    IFEC_CHECK(ns <= kMaxDelayNs, fn << ": " << what << " must be at most " << kMaxDelayNs << " ns, got " << ns);
+  }
+  void links(double n) const {
+    IFEC_CHECK(n <= static_cast<double>(kMaxGeneratedLinks), fn << ": these arguments lay out " << std::setprecision(4)
+                                                                << n << " links; at most " << kMaxGeneratedLinks);
+  }
+};
+
 }  // namespace
 
 Topology make_superpod(int gpus, int planes, double port_gbps, int subports, uint64_t delay_ns) {
-  IFEC_CHECK(gpus >= 1, "make_superpod: gpus must be >= 1, got " << gpus);
-  IFEC_CHECK(planes >= 1, "make_superpod: planes must be >= 1, got " << planes);
-  IFEC_CHECK(port_gbps > 0, "make_superpod: port_gbps must be > 0, got " << port_gbps);
-  IFEC_CHECK(subports >= 1, "make_superpod: subports must be >= 1, got " << subports);
+  const GeneratorLimits check{"make_superpod"};
+  check.count("gpus", gpus, 1, kMaxGpus);
+  check.count("planes", planes, 1, kMaxPlanes);
+  check.rate("port_gbps", port_gbps);
+  check.count("subports", subports, 1, 8);
+  check.delay("delay_ns", delay_ns);
+  check.links(static_cast<double>(gpus) * planes * subports);
   Topology t;
   t.name = "superpod-" + std::to_string(gpus) + "x" + std::to_string(planes);
   std::ostringstream src;
@@ -573,14 +615,18 @@ Topology make_paced_superpod() {
 
 Topology make_fat_tree(int gpus, int planes, int leaves, int spines, double nic_gbps, double fabric_gbps,
                        uint64_t delay_ns, int nic_subports) {
-  IFEC_CHECK(gpus >= 1, "make_fat_tree: gpus must be >= 1, got " << gpus);
-  IFEC_CHECK(planes >= 1, "make_fat_tree: planes must be >= 1, got " << planes);
+  const GeneratorLimits check{"make_fat_tree"};
+  check.count("gpus", gpus, 1, kMaxGpus);
+  check.count("planes", planes, 1, kMaxPlanes);
   IFEC_CHECK(leaves >= 1 && gpus % leaves == 0,
              "make_fat_tree: leaves must be >= 1 and divide gpus (" << gpus << "), got " << leaves);
-  IFEC_CHECK(spines >= 1, "make_fat_tree: spines must be >= 1, got " << spines);
-  IFEC_CHECK(nic_gbps > 0, "make_fat_tree: nic_gbps must be > 0, got " << nic_gbps);
-  IFEC_CHECK(fabric_gbps > 0, "make_fat_tree: fabric_gbps must be > 0, got " << fabric_gbps);
-  IFEC_CHECK(nic_subports >= 1 && nic_subports <= 8, "make_fat_tree: nic_subports must be 1..8, got " << nic_subports);
+  check.count("spines", spines, 1, 1 << 16);
+  check.rate("nic_gbps", nic_gbps);
+  check.rate("fabric_gbps", fabric_gbps);
+  check.delay("delay_ns", delay_ns);
+  check.count("nic_subports", nic_subports, 1, 8);
+  check.links(static_cast<double>(planes) *
+              (static_cast<double>(gpus) * nic_subports + static_cast<double>(leaves) * spines));
   Topology t;
   t.name = "fat-tree-" + std::to_string(gpus) + "x" + std::to_string(planes);
   std::ostringstream src;
@@ -608,14 +654,19 @@ Topology make_fat_tree(int gpus, int planes, int leaves, int spines, double nic_
 
 Topology make_deepseek_fabric(int nodes, int gpus_per_node, int leaves, int spines, double nic_gbps, double nvlink_gbps,
                               uint64_t delay_ns, uint64_t nvlink_delay_ns) {
-  IFEC_CHECK(nodes >= 1, "make_deepseek_fabric: nodes must be >= 1, got " << nodes);
-  IFEC_CHECK(gpus_per_node >= 1 && gpus_per_node <= 256,
-             "make_deepseek_fabric: gpus_per_node (the planes) must be 1..256, got " << gpus_per_node);
+  const GeneratorLimits check{"make_deepseek_fabric"};
+  check.count("nodes", nodes, 1, kMaxGpus);
+  check.count("gpus_per_node (the planes)", gpus_per_node, 1, kMaxPlanes);
+  check.count("nodes x gpus_per_node (the GPUs)", static_cast<long long>(nodes) * gpus_per_node, 1, kMaxGpus);
   IFEC_CHECK(leaves >= 1 && nodes % leaves == 0,
              "make_deepseek_fabric: leaves must be >= 1 and divide nodes (" << nodes << "), got " << leaves);
-  IFEC_CHECK(spines >= 1, "make_deepseek_fabric: spines must be >= 1, got " << spines);
-  IFEC_CHECK(nic_gbps > 0, "make_deepseek_fabric: nic_gbps must be > 0, got " << nic_gbps);
-  IFEC_CHECK(nvlink_gbps > 0, "make_deepseek_fabric: nvlink_gbps must be > 0, got " << nvlink_gbps);
+  check.count("spines", spines, 1, 1 << 16);
+  check.rate("nic_gbps", nic_gbps);
+  check.rate("nvlink_gbps", nvlink_gbps);
+  check.delay("delay_ns", delay_ns);
+  check.delay("nvlink_delay_ns", nvlink_delay_ns);
+  const double g = gpus_per_node;
+  check.links(static_cast<double>(nodes) * (g + g * (g - 1) / 2) + g * leaves * static_cast<double>(spines));
   const int planes = gpus_per_node;
   const int gpus = nodes * gpus_per_node;
   Topology t;

@@ -1,14 +1,10 @@
 // YAML form of a Topology (schema in testbed/topologies/README.md): load_topology, parse_topology and to_yaml.
-#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <iomanip>
 #include <limits>
 #include <map>
@@ -16,6 +12,7 @@
 #include <tuple>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/files.h"
 #include "ifec/routing/topology.h"
 #include "topology_internal.h"
 
@@ -23,18 +20,20 @@ namespace ifec::routing {
 
 namespace {
 
-// A link's delay at most a second; the control plane's and the switches' timers at most a minute (beyond these a
-// run is nonsense, and their sums would wrap simulated time).
-constexpr uint64_t kMaxDelayNs = 1'000'000'000;
+// The control plane's and the switches' timers at most a minute (as a link's delay at most kMaxDelayNs: beyond
+// these a run is nonsense, and their sums would wrap simulated time).
 constexpr uint64_t kMaxTimerNs = 60'000'000'000;
 
 // yaml-cpp lines are 0-based; messages are 1-based like every editor. A null mark (no position) becomes line 1.
 int line_of(const YAML::Mark& m) { return m.line < 0 ? 1 : m.line + 1; }
 
+// A node as an error shows it: a scalar quoted, cut after 60 characters (a file of one 50 MB line is one scalar).
 std::string describe(const YAML::Node& n) {
   switch (n.Type()) {
     case YAML::NodeType::Scalar:
-      return "'" + n.Scalar() + "'";
+      return n.Scalar().size() <= 60
+                 ? "'" + n.Scalar() + "'"
+                 : "'" + n.Scalar().substr(0, 60) + "...' (" + std::to_string(n.Scalar().size()) + " characters)";
     case YAML::NodeType::Sequence:
       return "a list";
     case YAML::NodeType::Map:
@@ -151,14 +150,14 @@ class Parser {
     };
     if (kind == "superpod") {
       Fields(*this, gen, "generator", {"kind", "gpus", "planes", "port_gbps", "subports", "delay_ns"});
-      return make_superpod(whole("gpus", kRequired, 1, kMaxGpus), whole("planes", kRequired, 1, 256),
+      return make_superpod(whole("gpus", kRequired, 1, kMaxGpus), whole("planes", kRequired, 1, kMaxPlanes),
                            num("port_gbps", 800, 1e-3, 1e6), whole("subports", 2, 1, 8),
                            static_cast<uint64_t>(whole("delay_ns", 500, 0, kMaxDelayNs)));
     }
     if (kind == "fat_tree") {
       Fields(*this, gen, "generator",
              {"kind", "gpus", "planes", "leaves", "spines", "nic_gbps", "fabric_gbps", "delay_ns", "nic_subports"});
-      return make_fat_tree(whole("gpus", kRequired, 1, kMaxGpus), whole("planes", kRequired, 1, 256),
+      return make_fat_tree(whole("gpus", kRequired, 1, kMaxGpus), whole("planes", kRequired, 1, kMaxPlanes),
                            whole("leaves", kRequired, 1, 1 << 16), whole("spines", kRequired, 1, 1 << 16),
                            num("nic_gbps", 400, 1e-3, 1e6), num("fabric_gbps", 400, 1e-3, 1e6),
                            static_cast<uint64_t>(whole("delay_ns", 500, 0, kMaxDelayNs)),
@@ -169,7 +168,7 @@ class Parser {
              {"kind", "nodes", "gpus_per_node", "leaves", "spines", "nic_gbps", "nvlink_gbps", "delay_ns",
               "nvlink_delay_ns"});
       const int nodes = whole("nodes", kRequired, 1, kMaxGpus);
-      const int per_node = whole("gpus_per_node", 8, 1, 256);
+      const int per_node = whole("gpus_per_node", 8, 1, kMaxPlanes);
       if (static_cast<long long>(nodes) * per_node > kMaxGpus) {
         fail(gen["nodes"].Mark(), "generator nodes " + std::to_string(nodes) + " x gpus_per_node " +
                                       std::to_string(per_node) + " = " +
@@ -616,16 +615,7 @@ Topology parse_topology(const std::string& yaml_text, const std::string& source_
 }
 
 Topology load_topology(const std::string& path) {
-  struct stat st {};
-  IFEC_CHECK(stat(path.c_str(), &st) == 0, path << ": cannot open topology file: " << std::strerror(errno));
-  IFEC_CHECK(S_ISREG(st.st_mode), path << ": is " << (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file")
-                                       << ", expected a topology YAML file (testbed/topologies/*.yaml)");
-  std::ifstream in(path, std::ios::binary);
-  IFEC_CHECK(in.good(), path << ": cannot open topology file: " << std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  IFEC_CHECK(!in.bad(), path << ": cannot read topology file: " << std::strerror(errno));
-  return parse_topology(text.str(), path);
+  return parse_topology(common::read_regular_file(path, "topology file"), path);
 }
 
 std::string to_yaml(const Topology& t) {

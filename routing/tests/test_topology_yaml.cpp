@@ -2,6 +2,7 @@
 // and the shipped testbed/topologies files.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 
 #include "ifec/common/checks.h"
@@ -227,6 +228,14 @@ TEST(ParseTopology, ThresholdRelations) {
   expect_error(kTiny + "params:\n  ecn: {pmax: -0.1}\n", 13, {"pmax -0.1"});
   expect_error(kTiny + "params:\n  mtu: 100\n", 13, {"mtu 100 outside [256, 9000]"});
   expect_error(kTiny + "params:\n  mtu: 9001\n", 13, {"mtu 9001"});
+  // A buffer that holds no full-sized frame dropped every one (blamed on failed links); the name names folders.
+  expect_error(kTiny + "params:\n  buffer_bytes: 1\n", 13,
+               {"buffer_bytes 1 holds no full-sized frame: at least mtu 4096 + 256 bytes of headers (4352)"});
+  EXPECT_EQ(parse_topology(kTiny + "params:\n  buffer_bytes: 4352\n", "t.yaml").params.buffer_bytes, 4352u);
+  for (const char* name : {"\"../../x\"", "\"a/b\"", "..", "\"two\\nlines\""}) {
+    const std::string yaml = "name: " + std::string(name) + kTiny.substr(kTiny.find('\n'));
+    expect_error(yaml, 1, {"expected printable characters without '/'"});
+  }
 }
 
 TEST(ParseTopology, IfecEngineSettings) {
@@ -240,6 +249,7 @@ TEST(ParseTopology, IfecEngineSettings) {
   EXPECT_EQ(t.params.ifec.result_retries, IfecParams{}.result_retries);       // unset keys keep their defaults
   EXPECT_EQ(parse_topology(to_yaml(t), "again").params.ifec.slot_pool, 64u);  // and they round-trip
   expect_error(kTiny + "params:\n  ifec: {slot_pool: 0}\n", 13, {"ifec slot_pool must be > 0"});
+  expect_error(kTiny + "params:\n  ifec: {multicast_entries: 0}\n", 13, {"ifec multicast_entries must be > 0"});
   expect_error(kTiny + "params:\n  ifec: {slot_bytes: 8}\n", 13, {"ifec slot_bytes 8 outside [64, 65536]"});
   expect_error(kTiny + "params:\n  ifec: {slots: 3}\n", 13, {"unknown key 'slots' in ifec"});
   // Group size: 64 by default (and then not written), up to the 256 ECH's expected-contributor byte can count.
@@ -387,6 +397,33 @@ TEST(ParseTopology, AGeneratorNamesTheFabricAndItsArgumentsAreChecked) {
   expect_error("name: x\ngpus: 4\ngenerator: {kind: superpod, gpus: 8, planes: 2}\n", 2,
                {"gpus does not go with a generator"});
   expect_error("name: x\ngenerator: [superpod]\n", 2, {"generator must be a mapping"});
+  // Counts each in range whose product is not: refused before a link is laid out (they filled memory first).
+  expect_error("name: x\ngenerator: {kind: fat_tree, gpus: 1024, planes: 1, leaves: 1024, spines: 65536}\n", 2,
+               {"make_fat_tree: these arguments lay out 6.711e+07 links; at most 4194304"});
+  expect_error("name: x\ngenerator: {kind: superpod, gpus: 64000, planes: 256}\n", 2,
+               {"make_superpod: these arguments lay out 3.277e+07 links"});
+}
+
+// The generators called directly (from Python, say) check what a topology file's generator does, up front.
+TEST(Generators, RefuseWhatATopologyFileWouldBeforeBuildingAnything) {
+  auto error = [](const std::function<void()>& make) -> std::string {
+    try {
+      make();
+    } catch (const common::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error([] { make_superpod(100'000'000, 2); }), "make_superpod: gpus must be 1..64000, got 100000000");
+  EXPECT_EQ(error([] { make_fat_tree(8, 2, 2, 10'000'000); }), "make_fat_tree: spines must be 1..65536, got 10000000");
+  EXPECT_EQ(error([] { make_fat_tree(8, 2, 2, 1, 400, 400, uint64_t{1} << 62); }),
+            "make_fat_tree: delay_ns must be at most 1000000000 ns, got 4611686018427387904");
+  EXPECT_EQ(error([] { make_fat_tree(8, 2, 2, 1, 2e6); }),
+            "make_fat_tree: nic_gbps must be 0.001..1e+06 Gb/s, got 2e+06");
+  EXPECT_EQ(error([] { make_deepseek_fabric(10'000, 8, 2, 1); }),
+            "make_deepseek_fabric: nodes x gpus_per_node (the GPUs) must be 1..64000, got 80000");
+  EXPECT_EQ(error([] { make_superpod(8, 300); }), "make_superpod: planes must be 1..256, got 300");
+  EXPECT_EQ(error([] { make_deepseek_fabric(2048, 8, 64, 32); }), "");  // DeepSeek-V3's 16,384 GPUs fit
 }
 
 TEST(ParseTopology, DirectGpuLinkWithPlaneLoadsAndRoundTrips) {

@@ -98,7 +98,10 @@ void write_file(const std::string& path, const std::string& text) {
 // ---------------------------------------------------------------------------------------------- pcap, frames --
 
 int run_pcap(const Args& a) {
-  const size_t n = ifec::common::write_sample_pcap(a.positionals()[0]);
+  const std::string& file = a.positionals()[0];
+  IFEC_CHECK(file.empty() || file[0] != '-',
+             "'" << file << "' looks like an option, not a file name (write ./" << file << " for a file of that name)");
+  const size_t n = ifec::common::write_sample_pcap(file);
   std::printf("wrote %zu frames to %s\n", n, a.positionals()[0].c_str());
   return 0;
 }
@@ -233,6 +236,10 @@ int run_sim_collective(const Args& a, SpreadRun& spread) {
   base.slot_budget =
       static_cast<uint32_t>(ifec::cli::parse_uint(a.get("--slot-budget", "128"), "--slot-budget", 1, 1u << 20));
   base.reproducible = a.has("--reproducible");
+  IFEC_CHECK(!base.reproducible || base.algo == wl::Algo::kIfec,
+             "--reproducible applies to --algo ifec (the switches' reduction order), not " << a.get("--algo"));
+  IFEC_CHECK(!a.has("--dtype") || base.kind != wl::Collective::kBarrier,
+             "--dtype does not apply to --collective barrier (it moves no data)");
   base.elided_payloads = payload_elided(a);
   base.threads = static_cast<int>(ifec::cli::parse_uint(a.get("--threads", "0"), "--threads", 0, 1024));
   base.gpu_groups = gpu_groups_arg(a, base.threads);
@@ -567,6 +574,7 @@ int run_bench_collectives(const Args& a) {
   IFEC_CHECK(max_sim >= (64 << 10), "--max-sim '" << a.get("--max-sim")
                                                   << "' below 64 KiB: the sizes above it are the largest simulated "
                                                      "time scaled by size, which holds only where bandwidth bounds it");
+  const unsigned jobs = parse_jobs(a);  // every option before the table starts
   const ifec::routing::Topology topo = topology(a);
   const int n = topo.num_gpus();
   std::printf("# AllReduce fp32 sum, %s (%d GPUs x %d planes) [driver: sim]\n", topo.name.c_str(), n, topo.num_planes);
@@ -608,7 +616,7 @@ int run_bench_collectives(const Args& a) {
     p.bytes = size;
     points.push_back(p);
   }
-  const std::vector<tb::CollectiveRow> rows = tb::run_collective_points(topo, points, parse_jobs(a), print_progress);
+  const std::vector<tb::CollectiveRow> rows = tb::run_collective_points(topo, points, jobs, print_progress);
   std::map<std::pair<uint64_t, wl::Algo>, double> time_of;
   for (const tb::CollectiveRow& r : rows) {
     IFEC_CHECK(r.ok, "bench " << wl::algo_name(r.point.algo) << " at " << r.point.bytes << " B: " << r.error);
@@ -929,13 +937,15 @@ int run_bench_moe_spread(const Args& a, SpreadRun& spread) {
     cfg.profile = ifec::workloads::load_gpu_profile(a.get("--gpu-profile"));
   }
   cfg.processes = spread.procs;  // under mpirun: each variant's fabric spread over the processes, rank 0 prints
-  print_moe_header(cfg, eps, cap);
   std::vector<tb::MoePoint> points;
   for (const std::string& m : modes) {
     for (uint64_t ep : eps) {
+      IFEC_CHECK(std::count(eps.begin(), eps.end(), ep) == 1, "--ep " << ep << " given twice");
       points.push_back({m, static_cast<int>(ep), m == "normal" ? 4096 : 128});
+      tb::validate_moe_point(cfg, points.back());  // every point, before the table starts
     }
   }
+  print_moe_header(cfg, eps, cap);
   const auto rows = tb::run_moe_points(cfg, points, variants, jobs, spread.reports() ? print_progress : nullptr);
   if (!spread.reports()) {
     return 0;
@@ -996,7 +1006,7 @@ std::vector<Command> tool_commands() {
         "met (exit 1 when a row fails or is wrong). LINK: a link id, NODE:NODE[:SUB] or GPU:planeP[:subS].",
         {{"--topo", "FILE", "topology file (testbed/topologies/*.yaml)"},
          {"--traffic", "PATTERN", "raw flows: alltoall, permutation or incast"},
-         {"--collective", "KIND", "allreduce, reduce, multicast or barrier"},
+         {"--collective", "KIND", "allreduce, reduce, reduce-scatter, all-gather, multicast (broadcast) or barrier"},
          {"--algo", "ALGO",
           "collective: ring, tree, rd (recursive doubling), oneshot (endpoint-based), best (the endpoint algorithm "
           "the cost model picks per size; also runs ifec and prints the speedup), or ifec (in-switch)"},

@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <sstream>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/files.h"
 #include "ifec/common/names.h"
 
 namespace ifec::workloads {
@@ -91,11 +91,10 @@ void for_each_number(GpuProfile& p, F fn) {
 }  // namespace
 
 GpuProfile load_gpu_profile(const std::string& path) {
-  std::ifstream in(path);
-  IFEC_CHECK(in.good(), "GPU profile " << path << ": cannot be read");
+  const std::string text = common::read_regular_file(path, "GPU profile (YAML or JSON)");
   YAML::Node root;
   try {
-    root = YAML::Load(in);
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     IFEC_FAIL("GPU profile " << path << ": line " << e.mark.line + 1 << ": " << e.msg);
   }

@@ -211,5 +211,7 @@ TEST(GpuModel, ProfileFilesRoundTripAndBadOnesNameTheField) {
   EXPECT_NE(bad("mem_fraction_chain: 0.43\n").find("'mem_fraction_chain' belongs to the model before occupancy"),
             std::string::npos);
   EXPECT_NE(bad("- a list\n").find("expected a map"), std::string::npos);
-  EXPECT_NE(error_of([] { load_gpu_profile("/nonexistent/profile.yaml"); }).find("cannot be read"), std::string::npos);
+  EXPECT_EQ(error_of([] { load_gpu_profile("/nonexistent/profile.yaml"); }),
+            "/nonexistent/profile.yaml: cannot open the GPU profile (YAML or JSON): No such file or directory");
+  EXPECT_EQ(error_of([] { load_gpu_profile("/tmp"); }), "/tmp: is a directory, expected a GPU profile (YAML or JSON)");
 }

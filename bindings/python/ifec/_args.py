@@ -1,6 +1,7 @@
 """Checks of the Python API's arguments: each names the argument and the value it refuses (the native layer would
 raise a bare TypeError, or take a string for a list of its characters and 'off' for True)."""
 
+import math
 import numbers
 import os
 
@@ -14,7 +15,8 @@ def flag(value, name):
 
 def whole(value, name, lo=0, hi=2**63 - 1):
     """A whole number in lo..hi (an integral float such as 4096.0 too; 2.7 is refused, not truncated)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != int(value):
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+            or value != int(value)):
         raise TypeError(f"{name}={value!r}: expected a whole number")
     if not lo <= int(value) <= hi:
         raise ValueError(f"{name}={value!r} outside {lo}..{hi}")
@@ -38,3 +40,21 @@ def items(value, name):
 def topology(value, load):
     """A path (str or os.PathLike) is loaded with `load`; anything else is taken as an ifec.Topology."""
     return load(os.fspath(value)) if isinstance(value, (str, os.PathLike)) else value
+
+
+def turns(value):
+    """The carried state an operation starts from: a dict (or None), its None values left out."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"turns={value!r}: expected a dict of group, stripe and multicast")
+    return {k: v for k, v in value.items() if v is not None}
+
+
+def real(value, name, lo, hi):
+    """A finite real number in lo..hi (not a bool or a string)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise TypeError(f"{name}={value!r}: expected a number")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}={value!r} outside {lo}..{hi}")
+    return float(value)

@@ -75,10 +75,12 @@ def prepare(cluster, count, dtype="fp32", members=None):
     cluster.allocate_window(SCRATCH, max(4096, need))
 
 
-def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32", op="sum", loss=0.0, seed=1,
+def measure(topology, kind="allreduce", algo="ifec", bytes=None, dtype="fp32", op="sum", loss=0.0, seed=1,
             reproducible=False, members=None, fail=(), slot_pool=8192, slot_budget=128, live_timing=False,
             payload="real", threads=0, root=0, trace=None, turns=None, gpu_groups=0, leaf_groups=0):
     """One nccl-tests-style row (`./ifec sim --collective ... --json`) as a dict; times are simulated.
+
+    bytes: the operation's size (None: 1 MiB; a barrier moves none, and takes only None or 0).
 
     kind "alltoall": every GPU stores `bytes` to every other GPU (RC WRITEs, one row per peer: what a live hostd's
     all-to-all runs), algo "stores"; the row checks what each GPU received.
@@ -100,30 +102,31 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32"
     what it met."""
     if kind == "alltoall" and algo not in ("stores", "ifec"):
         raise ValueError(f"alltoall: algo {algo!r}: an all-to-all is point-to-point stores (algo 'stores')")
-    if members is not None and members < 2:
-        raise ValueError(f"members {members}: expected at least 2 (or None for every GPU)")
-    if not isinstance(threads, int) or threads < 0:
-        raise ValueError(f"threads {threads!r}: expected 0 (one event loop) or a positive count")
+    w = _args.whole
+    if members is not None:
+        w(members, "members", 2, 2**20)
+    threads = w(threads, "threads", 0, 1024)
+    barrier = kind == "barrier"
+    bytes = (0 if barrier else 1 << 20) if bytes is None else w(bytes, "bytes", 0 if barrier else 1)
     for name, groups, most in (("gpu_groups", gpu_groups, 64000), ("leaf_groups", leaf_groups, 4096)):
-        if _args.whole(groups, name, 0, most) and threads == 0:
+        if w(groups, name, 0, most) and threads == 0:
             raise ValueError(f"{name} {groups}: needs a partitioned run (threads >= 1)")
     topology = _args.topology(topology, _native.load_topology)
-    row = json.loads(_native.run_collective_json(topology, kind, algo, _args.whole(bytes, "bytes", 1), dtype, op,
-                                                 float(loss), _args.whole(seed, "seed"),
-                                                 _args.flag(reproducible, "reproducible"),
-                                                 _args.whole(members or 0, "members", 0, 2**20),
-                                                 _args.items(fail, "fail"), _args.whole(slot_pool, "slot_pool"),
-                                                 _args.whole(slot_budget, "slot_budget"),
+    if trace:
+        from . import trace as tr
+        start = tr.last_end_ns(trace)  # a bad folder is named before the operation runs
+    row = json.loads(_native.run_collective_json(topology, kind, algo, bytes, dtype, op,
+                                                 _args.real(loss, "loss", 0.0, 1.0), w(seed, "seed"),
+                                                 _args.flag(reproducible, "reproducible"), w(members or 0, "members"),
+                                                 _args.items(fail, "fail"), w(slot_pool, "slot_pool", 0, 2**32 - 1),
+                                                 w(slot_budget, "slot_budget", 0, 2**32 - 1),
                                                  _args.flag(live_timing, "live_timing"), _elided(payload), threads,
-                                                 _args.whole(root, "root", 0, 2**20),
-                                                 {k: v for k, v in (turns or {}).items() if v is not None},
-                                                 gpu_groups, leaf_groups))
+                                                 w(root, "root", 0, 2**20), _args.turns(turns), gpu_groups,
+                                                 leaf_groups))
     if kind == "alltoall":  # the row's point names no collective of its own: every rank stores to every other
         row.update(collective="alltoall", algo="stores")
     if trace:
-        from . import trace as tr
         topo = _native.load_topology(str(topology)) if not hasattr(topology, "links") else topology
-        start = tr.last_end_ns(trace)
         tr.append(trace, tr.split_by_gpu(row, topo), kind, algo, dtype, bytes, root, start, start,
                   start + round(row["time_us"] * 1e3))
     return row

@@ -48,7 +48,7 @@ def measure(topology, ep, tokens, variants=VARIANTS, mode="scaled", hidden=7168,
                                            w(seed, "seed"), str(gpu_profile or ""), f(fp8_dispatch, "fp8_dispatch"),
                                            f(overlap, "overlap"), _elided(payload), w(threads, "threads", 0, 1024),
                                            f(live_timing, "live_timing"),
-                                           {k: v for k, v in (turns or {}).items() if v is not None}, gpu_groups,
+                                           _args.turns(turns), gpu_groups,
                                            leaf_groups))
 
 
@@ -64,9 +64,15 @@ def measure_eps(topology, eps, tokens, variants=VARIANTS, mode="sweep", hidden=7
     variant) order, are those measure() gives one point at a time."""
     if not available():
         raise RuntimeError("ifec was built without LibTorch: the MoE layer is not available")
-    return json.loads(_native.run_moe_points_json(topology, mode, [int(e) for e in eps], int(tokens), list(variants),
-                                                  int(hidden), int(experts), int(topk), int(inter), int(seed),
-                                                  str(gpu_profile or ""), bool(fp8_dispatch), int(jobs)))
+    w = _args.whole
+    if isinstance(eps, (str, bytes)) or not hasattr(eps, "__iter__"):
+        raise TypeError(f"eps={eps!r}: expected a list of EP sizes")
+    eps = [w(e, "eps", 1, 64000) for e in eps]
+    return json.loads(_native.run_moe_points_json(_args.topology(topology, _native.load_topology), mode, eps,
+                                                  w(tokens, "tokens", 0), _args.items(variants, "variants"),
+                                                  w(hidden, "hidden", 1), w(experts, "experts", 1), w(topk, "topk", 1),
+                                                  w(inter, "inter", 1), w(seed, "seed"), str(gpu_profile or ""),
+                                                  _args.flag(fp8_dispatch, "fp8_dispatch"), w(jobs, "jobs", 0, 4096)))
 
 
 def speedup_rows(rows, topk):

@@ -27,17 +27,67 @@ class TraceError(ValueError):
     pass
 
 
+ALGOS = ("ifec", "best", "ring", "tree", "rd", "oneshot")
+
+
+def _whole(v, what):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{what} {v!r}: expected a whole number >= 0")
+    return v
+
+
+def _wholes(v, what):
+    if not isinstance(v, list):
+        raise ValueError(f"{what} {v!r}: expected a list of whole numbers")
+    return [_whole(x, what) for x in v]
+
+
+def _text(v, what):
+    if not isinstance(v, str):
+        raise ValueError(f"{what} {v!r}: expected a string")
+    return v
+
+
 def _check_record(op):
-    """The fields a replay reads beyond the ones load() converts: their types and signs (ValueError or TypeError)."""
-    for key in ("op", "dtype"):
-        if not isinstance(op[key], str):
-            raise TypeError(f"{key} {op[key]!r} is not a string")
+    """Every field a replay reads, its type and range (ValueError naming the field and value)."""
+    _text(op["op"], "op"), _text(op["dtype"], "dtype")
+    for key in ("rank", "group", "seq", "issued_ns", "end_ns", "bytes") + tuple(
+            k for k in ("start_ns", "root") if k in op):
+        _whole(op[key], key)
+    if _whole(op["group_size"], "group_size") < 1:
+        raise ValueError(f"group_size {op['group_size']}: expected at least 1")
+    if op.get("members") is not None:
+        members = _wholes(op["members"], "members")
+        if len(set(members)) != len(members) or len(members) != op["group_size"]:
+            raise ValueError(f"members {members}: expected {op['group_size']} distinct ranks (group_size)")
+        if op.get("root", 0) >= len(members):
+            raise ValueError(f"root {op['root']}: expected a place among the {len(members)} members")
+    for key in ("send_splits", "recv_splits"):
+        if key in op:
+            _wholes(op[key], key)
+    if op.get("algo", "ifec") not in ALGOS:
+        raise ValueError(f"algo {op.get('algo')!r}: expected one of {', '.join(ALGOS)}")
     row = op.get("row") or {}
     if not isinstance(row, dict):
-        raise TypeError(f"row {row!r} is not an object")
-    for what, v in (("bytes", op["bytes"]), ("row size", row.get("size", 0))):
-        if int(v) < 0:
-            raise ValueError(f"{what} {v} < 0")
+        raise ValueError(f"row {row!r}: expected an object")
+    _whole(row.get("size", 0), "row size")
+    for key in ("type", "redop", "ran", "driver"):
+        _text(row.get(key, ""), "row " + key)
+    t = row.get("time_us", 0.0)
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
+        raise ValueError(f"row time_us {t!r}: expected a time >= 0")
+    lists = [_wholes(row.get(k, []), "row " + k) for k in ("gpu_link_ids", "gpu_link_up_bytes", "gpu_link_down_bytes")]
+    if len({len(x) for x in lists}) > 1:
+        raise ValueError("row gpu_link_ids, gpu_link_up_bytes and gpu_link_down_bytes: lengths "
+                         f"{[len(x) for x in lists]}")
+    turns = row.get("turns") or {}
+    if not isinstance(turns, dict):
+        raise ValueError(f"row turns {turns!r}: expected an object (group, stripe, multicast)")
+    for key in ("stripe", "multicast"):  # a member's own: a list of one
+        if key in turns:
+            _wholes(turns[key], "row turns " + key)
+    if turns.get("group") is not None:
+        _whole(turns["group"], "row turns group")
 
 
 def load(path):
@@ -49,7 +99,11 @@ def load(path):
         raise TraceError(f"{path}: no rank<R>.jsonl files")
     ranks = {}
     for f in files:
-        for i, line in enumerate(f.read_text().splitlines(), 1):
+        try:
+            lines = f.read_text().splitlines()
+        except UnicodeDecodeError as e:
+            raise TraceError(f"{f}: not a text file of JSON lines ({e})") from None
+        for i, line in enumerate(lines, 1):
             try:
                 op = json.loads(line)
                 rank, fop = int(op["rank"]), op["fabric_op"]
@@ -57,18 +111,26 @@ def load(path):
                 int(op["issued_ns"]), int(op["end_ns"])
                 _check_record(op)
             except (ValueError, KeyError, TypeError, AttributeError) as e:
-                raise TraceError(f"{f}:{i}: not an operation record ({type(e).__name__}: {e})")
+                raise TraceError(f"{f}:{i}: not an operation record ({type(e).__name__}: {e})") from None
             if fop not in FABRIC_OPS:
                 raise TraceError(f"{f}:{i}: fabric_op {fop!r} is not one of {', '.join(FABRIC_OPS)}")
             ranks.setdefault(rank, []).append(op)
     n = len(ranks)
     if sorted(ranks) != list(range(n)):
         raise TraceError(f"{path}: ranks {sorted(ranks)}: expected 0..{n - 1}, one file each")
+    for r, ops in ranks.items():
+        for op in ops:
+            if op["group_size"] > n or any(m >= n for m in op.get("members") or []):
+                raise TraceError(f"{path}: rank {r}, operation {op['seq']}: group of {op['group_size']} "
+                                 f"(members {op.get('members')}) in a world of {n} ranks")
     for g, members in _groups(ranks).items():
         first = members[min(members)]
         size = first[0]["group_size"]
         if len(members) != size:
             raise TraceError(f"{path}: group {g} has {size} ranks, {len(members)} traced its operations")
+        seqs = [op["seq"] for op in first]
+        if len(set(seqs)) != len(seqs):
+            raise TraceError(f"{path}: group {g}: rank {min(members)} traced operation numbers (seq) more than once")
         for r, ops in members.items():
             if len(ops) != len(first):
                 raise TraceError(f"{path}: group {g}: rank {r} traced {len(ops)} operations, rank {min(members)} "
@@ -199,6 +261,10 @@ def link_deviation(ops, rep, topo, scope="port"):
     for op in ops:  # all-to-alls are raw flows; a group other than GPUs 0..m-1 is simulated on those
         if op["fabric_op"] == "alltoall" or op["members"] not in (None, list(range(op["n"]))):
             continue
+        bad = [lid for lid in op["links"] if lid >= len(topo.links)]
+        if bad:
+            raise TraceError(f"operation {op['seq']} ({op['op']}): link ids {bad[:4]} outside {topo.name}'s "
+                             f"0..{len(topo.links) - 1}: traced on another topology?")
         for table, links in ((traced, op["links"]), (simulated, rep.as_traced(op)["links"])):
             for lid, (up, down) in links.items():
                 a = table.setdefault(key(lid), [0, 0])
@@ -235,7 +301,11 @@ def report(trace, topology, k=None, algos=("ifec", "best"), out=sys.stdout):
         g["count"] += 1
         g["traced"] += op["traced_us"]
         for a in algos:
-            row = rep.run(op, a)
+            try:
+                row = rep.run(op, a)
+            except (ValueError, RuntimeError) as e:
+                raise TraceError(f"operation {op['seq']} ({op['op']}, {op['dtype']}, {size} B, group {op['group']}) "
+                                 f"with {a}: {e}") from None
             if not row["ok"]:
                 raise TraceError(f"operation {op['seq']} ({op['op']}, {size} B) failed on the simulator with {a}: "
                                  f"{row.get('error')}")
@@ -284,10 +354,10 @@ def main(argv=None):
     p.add_argument("--json", action="store_true", help="print the totals as JSON too")
     a = p.parse_args(argv)
     algos = tuple(x for x in a.algo.split(",") if x)
-    bad = [x for x in algos if x not in ("ifec", "best", "ring", "tree", "rd", "oneshot")]
+    bad = [x for x in algos if x not in ALGOS]
     try:
-        if bad or not algos:
-            raise TraceError(f"--algo {a.algo!r}: expected ifec, best, ring, tree, rd or oneshot (comma-separated)")
+        if bad or not algos or len(set(algos)) != len(algos):
+            raise TraceError(f"--algo {a.algo!r}: expected distinct ones of {', '.join(ALGOS)} (comma-separated)")
         res = report(a.replay, a.topo, a.ranks, algos)
     except (TraceError, ValueError, OSError) as e:
         print(f"sim --replay: {e}", file=sys.stderr)

@@ -19,10 +19,18 @@ def next_seq(folder):
 
 
 def last_end_ns(folder):
-    """When the last operation traced in `folder` ended (rank 0's), or 0."""
+    """When the last operation traced in `folder` ended (rank 0's), or 0. A folder that is a file, or a last record
+    that is not one, is refused naming the path (before a driver runs the operation it would append)."""
+    if pathlib.Path(folder).exists() and not pathlib.Path(folder).is_dir():
+        raise NotADirectoryError(f"trace {str(folder)!r}: not a folder")
     f = _file(folder, 0)
     lines = f.read_text().splitlines() if f.exists() else []
-    return json.loads(lines[-1])["end_ns"] if lines else 0
+    if not lines:
+        return 0
+    try:
+        return int(json.loads(lines[-1])["end_ns"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{f}:{len(lines)}: not a trace record with end_ns ({e})") from None
 
 
 def append(folder, rows, what, algo, dtype, bytes, root, issued_ns, start_ns, end_ns):

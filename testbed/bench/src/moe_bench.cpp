@@ -25,14 +25,12 @@ std::vector<MoeRow> run_moe_points(const MoeRunConfig& cfg, const std::vector<Mo
   }
   auto work = [&](size_t i) { return static_cast<double>(points[i / nv].ep) * points[i / nv].tokens; };
   std::stable_sort(pj.order.begin(), pj.order.end(), [&](size_t a, size_t b) { return work(a) > work(b); });
-  // The windows (shared in the timing mode: one copy) hold about 3 x tokens x top-k x 1.5 rows of 2 bytes per
-  // element (computed runs: a window per GPU), and every (token, rank) store waiting in an endpoint's queues about
-  // 3 KB of state: one EP 64 x 4096-token run peaks near 8 GB.
+  // The point's data (moe_point_data_bytes: the windows' rows above all), and every (token, rank) store waiting in an
+  // endpoint's queues about 3 KB of state: one EP 64 x 4096-token run peaks near 8 GB.
   pj.need = [&](size_t i) {
     const MoePoint& p = points[i / nv];
     const auto pairs = static_cast<uint64_t>(p.ep) * static_cast<uint64_t>(p.tokens * cfg.model.topk);
-    const auto rows_held = static_cast<uint64_t>(4.5 * p.tokens * cfg.model.topk * (cfg.compute ? p.ep : 1));
-    return rows_held * static_cast<uint64_t>(cfg.model.hidden) * 2 + pairs * 3072;
+    return static_cast<uint64_t>(moe_point_data_bytes(cfg, p)) + pairs * 3072;
   };
   pj.budget = host_memory_budget();
   pj.label = [&](size_t i) {

@@ -1,22 +1,19 @@
 // Independent runs on several threads under a memory budget (parallel.h).
 #include "ifec/testbed/parallel.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <system_error>
 #include <thread>
+
+#include "ifec/common/heap.h"
 
 namespace ifec::testbed {
 
 uint64_t host_memory_budget() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page <= 0) {
-    return 12ULL << 30;
-  }
-  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 4 * 3;
+  const uint64_t physical = common::physical_memory_bytes();
+  return physical == 0 ? 12ULL << 30 : physical / 4 * 3;
 }
 
 void run_parallel(const ParallelJobs& jobs, unsigned threads) {
@@ -57,9 +54,14 @@ void run_parallel(const ParallelJobs& jobs, unsigned threads) {
       cv.notify_all();
     }
   };
+  // No more threads than jobs; where the system refuses one, the threads made so far share the work.
+  const size_t wanted = std::min<size_t>(std::max(1u, threads), std::max<size_t>(order.size(), 1));
   std::vector<std::thread> pool;
-  for (unsigned t = 1; t < std::max(1u, threads); ++t) {
-    pool.emplace_back(worker);
+  try {
+    for (size_t t = 1; t < wanted; ++t) {
+      pool.emplace_back(worker);
+    }
+  } catch (const std::system_error&) {
   }
   worker();
   for (std::thread& t : pool) {

@@ -22,22 +22,40 @@ std::string gpu_range(int first, int last) {
 
 }  // namespace
 
-Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(topo), opts_(opts) {
-  IFEC_CHECK(!topo_.single_plane_gpus(),
-             "topology '" << topo_.name << "' has GPUs on one plane each (in-node NVLink forwarding, DeepSeek-V3's "
+void Cluster::check_options(const routing::Topology& topo, const ClusterOptions& opts) {
+  IFEC_CHECK(!topo.single_plane_gpus(),
+             "topology '" << topo.name << "' has GPUs on one plane each (in-node NVLink forwarding, DeepSeek-V3's "
                           << "fabric): the endpoint runtime (collectives, MoE) needs every GPU on every plane; raw "
                           << "traffic (ifec sim --traffic) runs on it");
+  IFEC_CHECK(opts.threads >= 0, "cluster: threads " << opts.threads << " (0: one loop, N >= 1: partitioned)");
+  const bool spread = opts.processes != nullptr && opts.processes->size > 1;
+  IFEC_CHECK(!spread || opts.threads >= 1, "cluster over processes: threads " << opts.threads << ", expected >= 1");
+  IFEC_CHECK(opts.fabric.leaf_groups >= 0,
+             "leaf groups " << opts.fabric.leaf_groups << ": expected 0 (the switches by plane) or more");
+  IFEC_CHECK(
+      opts.fabric.leaf_groups == 0 || opts.threads >= 1,
+      "leaf groups (" << opts.fabric.leaf_groups << ") on one event loop: they partition a run (--threads >= 1)");
+  IFEC_CHECK(opts.planes >= 0 && opts.planes <= topo.num_planes,
+             "cluster: planes " << opts.planes << " outside 0.." << topo.num_planes << " (0: every plane)");
+  if (opts.threads == 0) {
+    return;
+  }
+  if (opts.fabric.leaf_groups > 0) {  // a count the planes' leaves cannot give, named
+    leaf_group_partitions(topo, opts.fabric.leaf_groups, false);
+  }
+  const int n = topo.num_gpus();
+  const int groups = opts.gpu_groups == 0 ? std::min(opts.threads, n) : opts.gpu_groups;
+  IFEC_CHECK(opts.gpu_groups >= 0 && groups >= 1 && groups <= n,
+             "cluster: GPU groups " << opts.gpu_groups << " outside 1.." << n
+                                    << " (--gpu-groups: one per GPU at most; 0: one per thread)");
+}
+
+Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(topo), opts_(opts) {
+  check_options(topo_, opts_);
   if (opts_.ifec) {
     topo_.params.ifec = *opts_.ifec;
   }
-  IFEC_CHECK(opts_.threads >= 0, "cluster: threads " << opts_.threads << " (0: one loop, N >= 1: partitioned)");
   const bool spread = opts_.processes != nullptr && opts_.processes->size > 1;
-  IFEC_CHECK(!spread || opts_.threads >= 1, "cluster over processes: threads " << opts_.threads << ", expected >= 1");
-  IFEC_CHECK(opts_.fabric.leaf_groups >= 0,
-             "leaf groups " << opts_.fabric.leaf_groups << ": expected 0 (the switches by plane) or more");
-  IFEC_CHECK(
-      opts_.fabric.leaf_groups == 0 || opts_.threads >= 1,
-      "leaf groups (" << opts_.fabric.leaf_groups << ") on one event loop: they partition a run (--threads >= 1)");
   if (opts_.threads == 0) {
     fabric_ = std::make_unique<testbed::Fabric>(loop_, topo_, opts_.fabric);
     gpu_loops_.assign(fabric_->num_gpus(), &loop_);
@@ -49,8 +67,6 @@ Cluster::Cluster(const routing::Topology& topo, ClusterOptions opts) : topo_(top
   for (int g = 0; g < n; ++g) {
     ips.push_back(fabric_->gpu_ip(g));
   }
-  IFEC_CHECK(opts_.planes >= 0 && opts_.planes <= topo_.num_planes,
-             "cluster: planes " << opts_.planes << " outside 0.." << topo_.num_planes << " (0: every plane)");
   const int planes = opts_.planes > 0 ? opts_.planes : topo_.num_planes;
   used_ports_.resize(n);
   for (int g = 0; g < n; ++g) {
@@ -146,17 +162,10 @@ void Cluster::make_control(std::map<std::string, switchemu::Switch*> switches) {
 }
 
 void Cluster::make_partitions(bool spread) {
-  // The switches' partitions: one per plane, or per plane and leaf group (a count the planes' leaves cannot give
-  // refused by name here, before its loops are made).
+  // The switches' partitions: one per plane, or per plane and leaf group (counts check_options took).
   const int planes = std::max(topo_.num_planes, 1) * std::max(opts_.fabric.leaf_groups, 1);
-  if (opts_.fabric.leaf_groups > 0) {
-    leaf_group_partitions(topo_, opts_.fabric.leaf_groups, false);
-  }
   const int n = topo_.num_gpus();
   const int groups = opts_.gpu_groups == 0 ? std::min(opts_.threads, n) : opts_.gpu_groups;
-  IFEC_CHECK(opts_.gpu_groups >= 0 && groups >= 1 && groups <= n, "cluster: GPU groups "
-                                                                      << opts_.gpu_groups << " outside 1.." << n
-                                                                      << " (one per GPU at most; 0: one per thread)");
   const Processes solo;
   const Processes& procs = spread ? *opts_.processes : solo;
   int threads = opts_.threads;

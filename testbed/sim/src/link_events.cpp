@@ -1,7 +1,9 @@
 // Link selectors and times with units, resolved against a topology.
 #include "ifec/testbed/link_events.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "ifec/common/checks.h"
 
@@ -15,7 +17,7 @@ TimeNs parse_time(const std::string& text) {
   try {
     v = std::stod(text, &idx);
   } catch (const std::exception&) {
-    IFEC_FAIL("bad time '" << text << "': expected a number with ns, us, ms or s");
+    IFEC_FAIL("bad time '" << text << "': expected a number with ns (the default), us, ms or s");
   }
   const std::string unit = text.substr(idx);
   double scale = 1;
@@ -30,7 +32,7 @@ TimeNs parse_time(const std::string& text) {
   } else {
     IFEC_FAIL("bad time unit '" << unit << "' in '" << text << "': expected ns, us, ms or s");
   }
-  IFEC_CHECK(std::isfinite(v), "bad time '" << text << "': expected a number with ns, us, ms or s");
+  IFEC_CHECK(std::isfinite(v), "bad time '" << text << "': expected a number with ns (the default), us, ms or s");
   IFEC_CHECK(v >= 0 && v * scale <= kMaxEventTimeNs, "time '" << text << "' outside 0.."
                                                               << static_cast<uint64_t>(kMaxEventTimeNs / 1e9)
                                                               << " s of simulated time");
@@ -123,6 +125,24 @@ LinkEvent parse_link_event(const routing::Topology& topo, const std::string& tex
   e.at = parse_time(text.substr(at + 1));
   e.up = up;
   return e;
+}
+
+void check_link_events(const std::vector<LinkEvent>& events) {
+  std::vector<size_t> order(events.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    order[i] = i;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return events[a].at < events[b].at; });
+  std::map<int, bool> down;
+  for (size_t i : order) {
+    const LinkEvent& e = events[i];
+    for (int l : e.links) {
+      IFEC_CHECK(!e.up || down[l], "restore '" << e.spec << "': link " << l << " is up at " << e.at
+                                               << " ns (no failure of it before, or restored already): a restoration "
+                                                  "follows a failure");
+      down[l] = !e.up;
+    }
+  }
 }
 
 }  // namespace ifec::testbed

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/heap.h"
 #include "ifec/testbed/cluster.h"
 #include "ifec/testbed/collective_run.h"
 #include "ifec/testbed/live_timing.h"
@@ -167,6 +168,33 @@ void validate_moe_point(const MoeRunConfig& cfg, const MoePoint& p) {
   if (cfg.fp8_dispatch) {
     fp8_row_bytes(cfg.model.hidden);  // throws naming a hidden that is not a multiple of 128
   }
+  Cluster::check_options(cfg.topo, cluster_options(cfg));  // --gpu-groups, --leaf-groups: before any run
+  const double need = moe_point_data_bytes(cfg, p);
+  const auto physical = static_cast<double>(common::physical_memory_bytes());
+  IFEC_CHECK(physical == 0 || need <= physical * 0.75,
+             "MoE point: EP " << p.ep << " x " << p.tokens << " tokens per rank, hidden " << cfg.model.hidden << ", "
+                              << cfg.model.experts << " experts, top-" << cfg.model.topk
+                              << (cfg.compute ? ", run_inter " + std::to_string(cfg.run_inter) : std::string())
+                              << " needs about " << static_cast<uint64_t>(need / (1 << 30)) << " GiB for its data; "
+                              << "the limit is 3/4 of this machine's " << static_cast<uint64_t>(physical / (1 << 30))
+                              << " GiB");
+}
+
+double moe_point_data_bytes(const MoeRunConfig& cfg, const MoePoint& p) {
+  const double tokens = static_cast<double>(cfg.token_cap > 0 ? std::min(p.tokens, cfg.token_cap) : p.tokens);
+  const double ep = p.ep;
+  const double experts = static_cast<double>(cfg.model.experts);
+  const double run_hidden = static_cast<double>(cfg.compute ? cfg.model.hidden : kRouteHidden);
+  const double element = cfg.bf16 ? 2 : 4;
+  const double x = ep * tokens * run_hidden * element;
+  const double scores = ep * tokens * experts * 4;
+  // Three matrices an expert (the shared one too), drawn in fp32 and kept in the run's dtype.
+  const double weights = (experts + 1) * run_hidden * static_cast<double>(cfg.run_inter) * 3 * (4 + element);
+  // About 3 x tokens x top-k x 1.5 rows of 2 bytes per element held by the windows.
+  const double rows = cfg.elided_payloads ? 0
+                                          : 4.5 * tokens * static_cast<double>(cfg.model.topk) *
+                                                (cfg.compute ? ep : 1) * static_cast<double>(cfg.model.hidden) * 2;
+  return x + scores + weights + rows;
 }
 
 std::vector<MoeRow> run_moe_point(const MoeRunConfig& cfg, const MoePoint& p, const std::vector<MoeVariant>& variants) {

@@ -236,6 +236,7 @@ SimRun run_partitioned(const routing::Topology& topo, const SimOptions& opts,
 }  // namespace
 
 SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
+  check_link_events(opts.events);
   IFEC_CHECK(opts.leaf_groups == 0 || opts.threads >= 1,
              "--leaf-groups " << opts.leaf_groups << ": needs a partitioned run (--threads 1 or more)");
   const auto wall0 = std::chrono::steady_clock::now();

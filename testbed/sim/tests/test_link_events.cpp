@@ -37,3 +37,26 @@ TEST(LinkEvents, ParsesTimesAndLinkSelectorsWithClearErrors) {
     }
   }
 }
+
+TEST(LinkEvents, ARestorationMustFindItsLinksDown) {
+  const routing::Topology topo = routing::make_superpod(8, 4);
+  auto event = [&](const std::string& text, bool up) { return testbed::parse_link_event(topo, text, up); };
+  auto error = [](const std::vector<testbed::LinkEvent>& events) -> std::string {
+    try {
+      testbed::check_link_events(events);
+    } catch (const common::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error({event("gpu5:plane1@1us", false), event("gpu5:plane1@2us", true)}), "");
+  EXPECT_EQ(error({event("gpu5:plane1@2us", false), event("gpu5:plane1@2us", true)}), "");  // the list's order
+  EXPECT_EQ(error({event("gpu5:plane1@5us", false), event("gpu5:plane1@6us", true), event("gpu5:plane1@7us", false),
+                   event("gpu5:plane1@8us", true)}),
+            "");
+  const std::string named = "restore 'gpu5:plane1@2us': link ";
+  EXPECT_EQ(error({event("gpu5:plane1@2us", true)}).rfind(named, 0), 0u);  // nothing failed it
+  EXPECT_EQ(error({event("gpu5:plane1@5us", false), event("gpu5:plane1@2us", true)}).rfind(named, 0), 0u);  // before
+  EXPECT_NE(error({event("gpu5:plane1:sub0@1us", false), event("gpu5:plane1@2us", true)}).find("is up at 2000 ns"),
+            std::string::npos);  // one of its two sub-links only
+}

@@ -29,6 +29,9 @@ bool keep_freed_heap();
 // touched (see fresh_page_ns) instead of faulting them in at the first operation.
 void warm_heap(size_t bytes);
 
+// This machine's physical memory in bytes (0 where the system does not say).
+uint64_t physical_memory_bytes();
+
 // Pages this process has faulted in so far (minor faults, getrusage: every thread's). The difference over a phase is
 // about how many fresh pages it touched for the first time.
 uint64_t minor_page_faults();

@@ -31,6 +31,11 @@ inline constexpr double kMinLinkGbps = 0.001;
 inline constexpr double kMaxLinkGbps = 1e6;
 // GPUs a topology may have: the loopback scheme 10.0.(i / 250).(i % 250 + 1) holds 64,000.
 inline constexpr int kMaxGpus = 64000;
+// A link's delay at most a second (beyond it a run is nonsense, and sums of delays would wrap simulated time).
+inline constexpr uint64_t kMaxDelayNs = 1'000'000'000;
+// Planes a topology may have, and links a generator may lay out (DeepSeek-V3's 16,384-GPU fabric has 90,112).
+inline constexpr int kMaxPlanes = 256;
+inline constexpr long long kMaxGeneratedLinks = 1LL << 22;
 
 // One physical, full-duplex link between (a, a_port) and (b, b_port). A Y-cable of k sub-ports becomes k links
 // that share a `cable` id; `subport` numbers them 0..k-1.
@@ -130,6 +135,10 @@ std::string to_yaml(const Topology& t);
 // Checks structure (every GPU reaches every other GPU on every plane, ports unique, rates > 0, ...);
 // throws ifec::common::Error naming the first problem. load_topology() calls it; generators too.
 void validate(const Topology& t);
+
+// Each generator checks its arguments against the limits a topology file has (kMaxGpus, kMaxPlanes, link rates in
+// [kMinLinkGbps, kMaxLinkGbps], delays up to kMaxDelayNs, at most 8 sub-links a cable) and the links it would lay out
+// against kMaxGeneratedLinks before it builds anything, and throws common::Error naming the value.
 
 // (a) draft-xu-rtgwg-fare-in-sun Figure 1: `gpus` GPUs, `planes` planes, one switch per plane; every GPU port
 // a Y-cable of `subports` sub-links of port_gbps/subports each (64 x 4 x 800G as 2 x 400G is the reference).

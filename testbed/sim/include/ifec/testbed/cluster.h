@@ -53,6 +53,9 @@ class Cluster {
   static constexpr uint16_t kBarrierWindow = 0xFFF0;
 
   Cluster(const routing::Topology& topo, ClusterOptions opts);
+  // Throws common::Error naming what `opts` cannot run on `topo` (threads, processes, leaf and GPU groups, planes)
+  // before anything is made: the constructor calls it, and a sweep checks its options before its first run.
+  static void check_options(const routing::Topology& topo, const ClusterOptions& opts);
   ~Cluster();
 
   // The whole fabric's event loop (not partitioned only; throws otherwise). Run the simulation with

@@ -50,6 +50,11 @@ struct MoeRunConfig {
 // Throws common::Error naming what is wrong with point `p` under `cfg` (EP size, tokens, mode, model shape).
 void validate_moe_point(const MoeRunConfig& cfg, const MoePoint& p);
 
+// The bytes a point's data takes at the least: the tokens drawn, the router's scores, the experts' weights at the
+// width run, and the windows' rows (unless elided; one shared copy in the timing mode, a window per GPU computed).
+// validate_moe_point refuses a point whose estimate exceeds 3/4 of this machine's memory, before any allocation.
+double moe_point_data_bytes(const MoeRunConfig& cfg, const MoePoint& p);
+
 // Runs `variants` at `p` (same tokens, routing and weights for each). Throws ifec::common::Error on bad input
 // (EP size above the topology's GPUs or not dividing the experts, tokens < 1) or a phase that fails.
 std::vector<MoeRow> run_moe_point(const MoeRunConfig& cfg, const MoePoint& p, const std::vector<MoeVariant>& variants);
