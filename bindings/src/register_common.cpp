@@ -132,9 +132,22 @@ void register_common(py::module_& m) {
         py::arg("dst_ip"), py::arg("dest_qp"), py::arg("psn"), py::arg("pkey"), py::arg("va"), py::arg("rkey"),
         py::arg("payload"), "An RDMA WRITE Only frame (ack_req set, ICRC computed) with the given fields");
   m.def(
-      "rc_qpn", [](uint32_t peer, uint32_t index) { return kFirstRcQpn + peer * kMaxQpsPerPeer + index; },
+      "rc_qpn",
+      [](uint32_t peer, uint32_t index) {
+        constexpr uint32_t kPeers = (kEchQpn - kFirstRcQpn) / kMaxQpsPerPeer;  // below the ECH QPN, in 24 bits
+        IFEC_CHECK(peer < kPeers, "rc_qpn: peer " << peer << " outside 0.." << kPeers - 1);
+        IFEC_CHECK(index < kMaxQpsPerPeer, "rc_qpn: index " << index << " outside 0.." << kMaxQpsPerPeer - 1);
+        return rc_qpn(peer, index);
+      },
       py::arg("peer"), py::arg("index"), "The QP number of an endpoint's QP `index` toward GPU `peer`");
-  m.def("pkey_of_job", &pkey_of_job, py::arg("job"), "A job's partition key (full membership | 15-bit job)");
+  m.def(
+      "pkey_of_job",
+      [](uint32_t job) {
+        IFEC_CHECK(job <= kMaxJob,
+                   "pkey_of_job: job " << job << " does not fit the 15-bit P_Key (0.." << kMaxJob << ")");
+        return pkey_of_job(job);
+      },
+      py::arg("job"), "A job's partition key (full membership | 15-bit job)");
   m.def("sample_frames", &samples, "[(name, bytes)] one frame of every kind the project sends");
   m.def("write_sample_pcap", &write_sample_pcap, py::arg("path"), "Write sample_frames() as pcap; returns count");
   m.def("compute_icrc", &icrc, py::arg("ip_to_pad"), py::arg("bth_offset"),

@@ -210,6 +210,7 @@ void register_cluster(py::module_& m) {
           [](testbed::Cluster& c, const std::string& kind, const std::vector<int>& members, uint64_t count,
              const std::string& dtype, const std::string& algo) {
             IFEC_CHECK(!members.empty(), "scratch_bytes: members is empty");
+            IFEC_CHECK(count <= (uint64_t{1} << 40), "scratch_bytes: count " << count << " outside 0..2^40 elements");
             return testbed::ring_scratch_bytes(make_spec(kind, members, members.at(0), 1, 0, count, dtype, "sum", 2),
                                                workloads::parse_algo(algo), &c.fabric().topology());
           },
@@ -295,6 +296,8 @@ void register_endpoint(py::module_& m) {
   m.def(
       "window_va_rkey",
       [](int endpoint, uint16_t id) {
+        IFEC_CHECK(endpoint >= 0 && endpoint < routing::kMaxGpus,
+                   "window_va_rkey: endpoint " << endpoint << " outside 0.." << routing::kMaxGpus - 1);
         return py::make_tuple(endpoint::window_va(id), endpoint::window_rkey(endpoint, id));
       },
       py::arg("endpoint"), py::arg("window"), "(virtual address, rkey) of window `window` at GPU `endpoint`");

@@ -104,6 +104,10 @@ std::string gpu_profile_summary(const std::string& path) { return profile_at(pat
 // (the shared expert) when tokens_per_expert has one entry and kernel is "chain".
 double gpu_model_us(const std::string& path, const std::string& kernel, const std::vector<int64_t>& tokens_per_expert,
                     int64_t hidden, int64_t inter) {
+  IFEC_CHECK(hidden >= 1 && inter >= 1, "gpu_model_us: hidden " << hidden << " and inter " << inter << " must be >= 1");
+  for (int64_t t : tokens_per_expert) {
+    IFEC_CHECK(t >= 0, "gpu_model_us: " << t << " tokens for an expert");
+  }
   const workloads::GpuProfile p = profile_at(path);
   if (kernel == "chain") {
     IFEC_CHECK(tokens_per_expert.size() == 1, "gpu_model_us: a chain takes one row count");

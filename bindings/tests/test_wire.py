@@ -68,3 +68,15 @@ def test_ech_fields_decoded():
     assert std["ech"]["dtype"] == "bf16" and std["ech"]["element_count"] * 2 == std["payload_size"]
     raw = frames["ech_standard_allreduce"]
     assert struct.unpack("!H", raw[36:38])[0] == ifec.ECH_PORT
+
+
+def test_protocol_helpers_refuse_values_outside_their_fields():
+    """A job beyond the 15-bit P_Key or a QP beyond 24 bits was folded into a valid-looking number."""
+    from ifec import _native as native
+    assert native.pkey_of_job(5) == 0x8005 and native.rc_qpn(3, 1) == 0x100 + 3 * 64 + 1
+    for call, named in [(lambda: native.pkey_of_job(1 << 20), "job 1048576 does not fit the 15-bit P_Key"),
+                        (lambda: native.rc_qpn(1 << 24, 0), "peer 16777216 outside"),
+                        (lambda: native.rc_qpn(3, 64), "index 64 outside 0..63"),
+                        (lambda: native.window_va_rkey(-1, 0), "endpoint -1 outside")]:
+        with pytest.raises(ifec.IfecError, match=named):
+            call()
