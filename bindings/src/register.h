@@ -51,8 +51,9 @@ inline testbed::Turns turns_from(const pybind11::dict& turns) {
     }
   };
   testbed::Turns t;
-  take("group", "a group counter in 0..2147483647", &t.group);
-  IFEC_CHECK(t.group >= -1, "turns: group " << t.group << ": expected a group counter in 0..2147483647");
+  take("group", "a group counter in 0..65535", &t.group);
+  IFEC_CHECK(t.group >= -1 && t.group <= 0xFFFF,
+             "turns: group " << t.group << ": expected a group counter in 0..65535");
   take("stripe", "a list of stripe rotors (whole numbers >= 0), one per member", &t.stripe);
   take("multicast", "a list of multicast PSNs (whole numbers in 0..4294967295), one per member", &t.multicast);
   return t;

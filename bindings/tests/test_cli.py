@@ -202,7 +202,7 @@ def test_collective_arguments_are_checked(build_dir, repo, args, message):
     (["sim", "--topo", TOPO_8x2, "--collective", "barrier", "--algo", "ifec", "--dtype", "int32"],
      "--dtype does not apply to --collective barrier"),
     (["sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "8KiB", "--fail", "gpu5:plane1@5us",
-      "--restore", "gpu5:plane1@2us"], "restore 'gpu5:plane1@2us': link 22 is up at 2000 ns"),
+      "--restore", "gpu5:plane1@2us"], "restore 'gpu5:plane1@2us': its links are up at 2000 ns"),
 ])
 def test_other_arguments_are_checked(build_dir, repo, args, message):
     out = cli(build_dir, repo, *args)

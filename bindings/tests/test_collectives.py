@@ -78,6 +78,8 @@ def test_measure_and_allreduce_check_their_arguments():
             (dict(loss=None), TypeError, "loss=None: expected a number"),
             (dict(loss="0.1"), TypeError, "loss='0.1': expected a number"),
             (dict(bytes=float("nan")), TypeError, "bytes=nan: expected a whole number"),
+            (dict(members=10**400), ValueError, "outside 2..1048576"),
+            (dict(kind="barrier", bytes=64), ValueError, "bytes=64: a barrier moves no data"),
             (dict(slot_pool=2**40), ValueError, "slot_pool=1099511627776 outside 0..4294967295"),
             (dict(turns=[1, 2]), TypeError, r"turns=\[1, 2\]: expected a dict"),
             (dict(turns={"bogus": 1}), ifec.IfecError, "turns: unknown key 'bogus'"),
@@ -85,7 +87,7 @@ def test_measure_and_allreduce_check_their_arguments():
             (dict(turns={"stripe": [-1] * 4}), ifec.IfecError, r"turns: stripe \[-1, -1, -1, -1\]: expected a list")]:
         with pytest.raises(error, match=named):
             coll.measure(topo, bytes=kwargs.pop("bytes", 4096), **kwargs)
-    assert coll.measure(topo, bytes=4096, threads=2.0)["ok"]  # a whole float, as every other count
+    assert coll.measure(topo, bytes=4096, threads=2.0, gpu_groups=2.0)["ok"]  # whole floats, as every other count
     assert coll.measure(topo, kind="barrier")["ok"]  # a barrier's size is 0 (1 MiB was the default for every kind)
     with pytest.raises(ValueError, match="members 9 outside 2..4"):
         coll.measure(topo, members=9)

@@ -236,8 +236,9 @@ int run_sim_collective(const Args& a, SpreadRun& spread) {
   base.slot_budget =
       static_cast<uint32_t>(ifec::cli::parse_uint(a.get("--slot-budget", "128"), "--slot-budget", 1, 1u << 20));
   base.reproducible = a.has("--reproducible");
-  IFEC_CHECK(!base.reproducible || base.algo == wl::Algo::kIfec,
-             "--reproducible applies to --algo ifec (the switches' reduction order), not " << a.get("--algo"));
+  IFEC_CHECK(!base.reproducible || base.algo == wl::Algo::kIfec || base.algo == wl::Algo::kBest,
+             "--reproducible applies to --algo ifec (the switches' reduction order; best's in-fabric row too), not "
+                 << a.get("--algo"));
   IFEC_CHECK(!a.has("--dtype") || base.kind != wl::Collective::kBarrier,
              "--dtype does not apply to --collective barrier (it moves no data)");
   base.elided_payloads = payload_elided(a);

@@ -106,10 +106,12 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=None, dtype="fp32", o
     if members is not None:
         w(members, "members", 2, 2**20)
     threads = w(threads, "threads", 0, 1024)
-    barrier = kind == "barrier"
-    bytes = (0 if barrier else 1 << 20) if bytes is None else w(bytes, "bytes", 0 if barrier else 1)
-    for name, groups, most in (("gpu_groups", gpu_groups, 64000), ("leaf_groups", leaf_groups, 4096)):
-        if w(groups, name, 0, most) and threads == 0:
+    if kind == "barrier" and bytes not in (None, 0):
+        raise ValueError(f"bytes={bytes!r}: a barrier moves no data (None or 0)")
+    bytes = (0 if kind == "barrier" else 1 << 20) if bytes is None else w(bytes, "bytes", 0 if kind == "barrier" else 1)
+    gpu_groups, leaf_groups = w(gpu_groups, "gpu_groups", 0, 64000), w(leaf_groups, "leaf_groups", 0, 4096)
+    for name, groups in (("gpu_groups", gpu_groups), ("leaf_groups", leaf_groups)):
+        if groups and threads == 0:
             raise ValueError(f"{name} {groups}: needs a partitioned run (threads >= 1)")
     topology = _args.topology(topology, _native.load_topology)
     if trace:

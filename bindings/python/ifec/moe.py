@@ -37,8 +37,9 @@ def measure(topology, ep, tokens, variants=VARIANTS, mode="scaled", hidden=7168,
     if not available():
         raise RuntimeError("ifec was built without LibTorch: the MoE layer is not available")
     w, f = _args.whole, _args.flag
-    for name, groups, most in (("gpu_groups", gpu_groups, 64000), ("leaf_groups", leaf_groups, 4096)):
-        if w(groups, name, 0, most) and threads == 0:
+    gpu_groups, leaf_groups = w(gpu_groups, "gpu_groups", 0, 64000), w(leaf_groups, "leaf_groups", 0, 4096)
+    for name, groups in (("gpu_groups", gpu_groups), ("leaf_groups", leaf_groups)):
+        if groups and threads == 0:
             raise ValueError(f"{name} {groups}: needs a partitioned run (threads >= 1)")
     return json.loads(_native.run_moe_json(_args.topology(topology, _native.load_topology), mode, w(ep, "ep", 1),
                                            w(tokens, "tokens", 0), _args.items(variants, "variants"),

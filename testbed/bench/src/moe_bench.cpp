@@ -26,7 +26,7 @@ std::vector<MoeRow> run_moe_points(const MoeRunConfig& cfg, const std::vector<Mo
   auto work = [&](size_t i) { return static_cast<double>(points[i / nv].ep) * points[i / nv].tokens; };
   std::stable_sort(pj.order.begin(), pj.order.end(), [&](size_t a, size_t b) { return work(a) > work(b); });
   // The point's data (moe_point_data_bytes: the windows' rows above all), and every (token, rank) store waiting in an
-  // endpoint's queues about 3 KB of state: one EP 64 x 4096-token run peaks near 8 GB.
+  // endpoint's queues about 3 KB of state (an EP 64 x 4096-token run: about 9 GB estimated, near 8 GB measured).
   pj.need = [&](size_t i) {
     const MoePoint& p = points[i / nv];
     const auto pairs = static_cast<uint64_t>(p.ep) * static_cast<uint64_t>(p.tokens * cfg.model.topk);

@@ -136,10 +136,13 @@ void check_link_events(const std::vector<LinkEvent>& events) {
   std::map<int, bool> down;
   for (size_t i : order) {
     const LinkEvent& e = events[i];
+    const bool restores = std::any_of(e.links.begin(), e.links.end(), [&](int l) { return down[l]; });
+    IFEC_CHECK(!e.up || restores, "restore '" << e.spec
+                                              << "': " << (e.links.size() == 1 ? "its link is" : "its links are")
+                                              << " up at " << e.at
+                                              << " ns (no failure before it, or restored already): a restoration "
+                                                 "follows a failure");
     for (int l : e.links) {
-      IFEC_CHECK(!e.up || down[l], "restore '" << e.spec << "': link " << l << " is up at " << e.at
-                                               << " ns (no failure of it before, or restored already): a restoration "
-                                                  "follows a failure");
       down[l] = !e.up;
     }
   }

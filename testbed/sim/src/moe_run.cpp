@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <iomanip>
 #include <optional>
 #include <sstream>
 
@@ -169,13 +170,15 @@ void validate_moe_point(const MoeRunConfig& cfg, const MoePoint& p) {
     fp8_row_bytes(cfg.model.hidden);  // throws naming a hidden that is not a multiple of 128
   }
   Cluster::check_options(cfg.topo, cluster_options(cfg));  // --gpu-groups, --leaf-groups: before any run
-  const double need = moe_point_data_bytes(cfg, p);
+  // The data lives in the process that runs the GPUs (rank 0 under mpirun): the planes' ranks hold none of it.
+  const bool holds_data = cfg.processes == nullptr || cfg.processes->rank == 0;
+  const double need = holds_data ? moe_point_data_bytes(cfg, p) : 0;
   const auto physical = static_cast<double>(common::physical_memory_bytes());
   IFEC_CHECK(physical == 0 || need <= physical * 0.75,
              "MoE point: EP " << p.ep << " x " << p.tokens << " tokens per rank, hidden " << cfg.model.hidden << ", "
                               << cfg.model.experts << " experts, top-" << cfg.model.topk
                               << (cfg.compute ? ", run_inter " + std::to_string(cfg.run_inter) : std::string())
-                              << " needs about " << static_cast<uint64_t>(need / (1 << 30)) << " GiB for its data; "
+                              << " needs about " << std::setprecision(3) << need / (1 << 30) << " GiB for its data; "
                               << "the limit is 3/4 of this machine's " << static_cast<uint64_t>(physical / (1 << 30))
                               << " GiB");
 }

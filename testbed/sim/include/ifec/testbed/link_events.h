@@ -29,7 +29,7 @@ std::vector<int> resolve_links(const routing::Topology& topo, const std::string&
 // "SELECTOR@TIME"
 LinkEvent parse_link_event(const routing::Topology& topo, const std::string& text, bool up);
 
-// Throws Error naming a restoration that finds one of its links up (no failure of it before, or restored already):
+// Throws Error naming a restoration that finds all its links up (no failure before it, or restored already):
 // in time order, equal times in the list's order, as a run applies them. A restore before its failure restored
 // nothing, and the link stayed down for good.
 void check_link_events(const std::vector<LinkEvent>& events);
