@@ -119,6 +119,11 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
 
 def test_a_bad_file_is_named_and_an_up_that_times_out_is_taken_down_again(repo, build_dir, tmp_path):
     cli = _cli(repo, build_dir, tmp_path)
+    # Values refused before anything is attached or started (hostd's token limit; a port TCP cannot have).
+    moe = cli("compare", "moe", "--bytes", "100000", ok=False)
+    assert moe.returncode == 1 and "--bytes 100000: tokens per rank for moe, 1..65536" in moe.stderr, moe.stderr
+    port = cli("torchrun", "--master-port", "70000", "script.py", ok=False)
+    assert port.returncode == 2 and "70000: expected a TCP port in 1..65535" in port.stderr, port.stderr
     missing = cli("up", str(tmp_path / "no.yaml"), ok=False)
     assert missing.returncode == 1 and f"{tmp_path}/no.yaml: cannot open the topology file" in missing.stderr
     try:

@@ -14,11 +14,13 @@ bind mounts of those files; a swarm: docker secrets), at /run/secrets, which is 
 a Secret of its own. The CA's key and the clients' certificates stay with the bring-up.
 """
 
+import argparse
 import base64
 import ipaddress
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -331,6 +333,13 @@ def write_compose(topo, out_dir, frr=(), insecure=False):
     return paths
 
 
+def _project_name(text):
+    """docker-compose 1.29 lowercases a project name and drops other characters: the containers would not be found."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected lowercase letters, digits, '_' or '-' (a compose project)")
+    return text
+
+
 def _cmd_up(a):
     import pathlib
     topo = _native.load_topology(a.file)
@@ -340,7 +349,14 @@ def _cmd_up(a):
     images.Dockerd()
     images.build_all(live._bin_dir(), frr=bool(frr))
     fab = ContainerFabric(a.file, a.project, out, frr=frr, insecure=a.insecure)
-    fab.up()
+    try:
+        fab.up()
+    except BaseException:  # nothing would name these containers and networks afterwards: take them down now
+        try:
+            fab.down()
+        except Exception as e:
+            print(f"testbed: taking the failed bring-up down: {e}", file=sys.stderr)
+        raise
     pathlib.Path(STATE).parent.mkdir(parents=True, exist_ok=True)
     with open(STATE, "w") as f:
         json.dump(dict(topology=str(pathlib.Path(a.file).resolve()), project=a.project, compose_dir=out, frr=frr,
@@ -392,7 +408,7 @@ def main(argv=None):
                                   "cached; the daemons with their runtime libraries")
     up = sub.add_parser("up", help="build the images if needed, bring a topology up as containers, wait for it")
     up.add_argument("file")
-    up.add_argument("--project", default="ifec")
+    up.add_argument("--project", default="ifec", type=_project_name)
     up.add_argument("--frr", default="", help="NODE[,NODE...]: these nodes run FRR's bgpd and zebra (ifec-frr image) "
                                               "instead of an ifec daemon")
     up.add_argument("--insecure", action="store_true",
@@ -556,8 +572,8 @@ class ContainerFabric(live.LiveFabric):
         return f"link {l['id']} ({l['a']}:{l['a_port']} - {l['b']}:{l['b_port']}, bridge {bridge})"
 
     def _compose(self, args, timeout=300):
-        p = subprocess.run(["docker-compose", "-p", self.project, "-f", f"{self.compose_dir}/{self.compose_file}"] +
-                           args, capture_output=True, text=True, timeout=timeout)
+        p = _run_tool(["docker-compose", "-p", self.project, "-f", f"{self.compose_dir}/{self.compose_file}"] + args,
+                      timeout)
         if p.returncode != 0:
             raise live.LiveError(f"docker-compose {' '.join(args)}: {(p.stderr or p.stdout).strip()[-600:]}")
         return p.stdout + p.stderr
@@ -622,8 +638,18 @@ class SwarmFabric(ContainerFabric):
         return ", ".join(out)
 
 
+def _run_tool(cmd, timeout):
+    """A docker tool's run; one missing or not answering is a LiveError naming it (a traceback before)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise live.LiveError(f"{cmd[0]}: not installed (./ifec setup)") from None
+    except subprocess.TimeoutExpired:
+        raise live.LiveError(f"{' '.join(cmd[:4])}: no answer in {timeout} s (is dockerd running?)") from None
+
+
 def _docker(args, timeout=120):
-    p = subprocess.run([images.DOCKER] + args, capture_output=True, text=True, timeout=timeout)
+    p = _run_tool([images.DOCKER] + args, timeout)
     if p.returncode != 0:
         raise live.LiveError(f"docker {' '.join(args[:3])}: {(p.stderr or p.stdout).strip()}")
     return p.stdout

@@ -235,7 +235,9 @@ class LiveFabric:
             owner=os.getpid(), daemons={**{n: p.pid for n, p in self.procs.items()},
                                         **{f"{n}/zebra": f.zebra.pid for n, f in self.frr.items()
                                            if getattr(f, "zebra", None) is not None}},
-            hosts={n: h.pid for n, h in self.hosts.items()})))
+            hosts={n: h.pid for n, h in self.hosts.items()},
+            started=_starts([os.getpid(), *[p.pid for p in self.procs.values()], *[h.pid for h in self.hosts.values()],
+                             *[f.zebra.pid for f in self.frr.values() if getattr(f, "zebra", None) is not None]]))))
 
     def start(self, node):
         """Starts (or restarts) the daemon of `node` in its host; its log goes to log_dir/NODE.log."""
@@ -653,13 +655,15 @@ def reap_leftovers():
             rec = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
-        if _alive(rec.get("owner", 0)):
+        started = rec.get("started", {})
+        if _alive(rec.get("owner", 0), started.get(str(rec.get("owner")))):
             continue  # its owner still runs: not ours to end
         for pid in list(rec.get("daemons", {}).values()) + list(rec.get("hosts", {}).values()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            if _alive(pid, started.get(str(pid))):  # only what it started, not a process given its PID since
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
         f.unlink(missing_ok=True)
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     for line in links.splitlines():
@@ -702,12 +706,30 @@ def _read_state():
         raise LiveError(f"no live testbed is up (no {_state_file()}); ./ifec live up FILE first")
 
 
-def _alive(pid):
+def _started(pid):
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat's field 22), or None where none runs."""
+    try:
+        return int(pathlib.Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid, started=None):
+    """Whether `pid` runs and, where its start time was recorded, is still that process: a PID the kernel gave to
+    another process since is not signalled (as root, that could be anything). 0 or none is no process (kill(0)
+    would ask the whole process group)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
-        return True
     except OSError:
         return False
+    return started is None or _started(pid) == started
+
+
+def _starts(pids):
+    """{pid: start time} of the processes named, as records keep them (JSON keys are strings)."""
+    return {str(p): _started(p) for p in pids}
 
 
 def attach():
@@ -733,7 +755,7 @@ def _write_state(**state):
     tmp.replace(_state_file())
 
 
-def _serve(topology_file, log_dir, frr=(), insecure=False, fabric_driver="af_packet"):
+def _serve(topology_file, log_dir, frr=(), insecure=False, fabric_driver="af_packet", ready_timeout=60.0):
     progress_file = pathlib.Path(log_dir) / "progress.log"
     prog = open(progress_file, "a", buffering=1)
     # The handlers only note the stop: the bring-up asks between its steps (an exception raised inside Mininet's
@@ -743,8 +765,10 @@ def _serve(topology_file, log_dir, frr=(), insecure=False, fabric_driver="af_pac
     signal.signal(signal.SIGINT, lambda *a: stop.append(1))
     try:
         # The state names this supervisor from the start, so `down` finds a bring-up still under way.
-        _write_state(topology=str(topology_file), log_dir=str(log_dir), supervisor=os.getpid(), ready=False)
-        fab = LiveFabric(topology_file, log_dir=log_dir, frr=frr, insecure=insecure, fabric_driver=fabric_driver)
+        _write_state(topology=str(topology_file), log_dir=str(log_dir), supervisor=os.getpid(), ready=False,
+                     started=_starts([os.getpid()]))
+        fab = LiveFabric(topology_file, log_dir=log_dir, frr=frr, insecure=insecure, fabric_driver=fabric_driver,
+                         ready_timeout=ready_timeout)
         fab.up(progress=lambda line: prog.write(line + "\n"), should_stop=lambda: bool(stop))
     except Exception as e:
         _state_file().unlink(missing_ok=True)
@@ -756,7 +780,8 @@ def _serve(topology_file, log_dir, frr=(), insecure=False, fabric_driver="af_pac
                      host_pids={n: h.pid for n, h in fab.hosts.items()},
                      frr={n: f.pathspace for n, f in fab.frr.items()},
                      daemon_pids={n: p.pid for n, p in fab.procs.items()},
-                     tls_dir=str(fab.tls_dir) if fab.tls_dir else None)
+                     tls_dir=str(fab.tls_dir) if fab.tls_dir else None,
+                     started=_starts([os.getpid(), *[p.pid for p in fab.procs.values()]]))
     requests = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:  # whatever happens from here on, the testbed comes down with this process
         _supervisor_socket().unlink(missing_ok=True)
@@ -835,7 +860,8 @@ class _Attached(LiveFabric):
 
 
 def _cmd_up(args):
-    if _state_file().exists() and _alive(json.loads(_state_file().read_text()).get("supervisor", 0)):
+    st = json.loads(_state_file().read_text()) if _state_file().exists() else {}
+    if _alive(st.get("supervisor", 0), st.get("started", {}).get(str(st.get("supervisor")))):
         raise LiveError(f"a live testbed is already up ({_state_file()}); ./ifec live down first")
     if why := unavailable():
         raise LiveError(why)
@@ -860,6 +886,7 @@ def _cmd_up(args):
                 raise LiveError(f"--frr {args.frr}: no node '{name}' in {topo_file}")
     sup = subprocess.Popen([sys.executable, "-m", "ifec.live", "_serve", str(topo_file), str(log_dir),
                             "--frr", args.frr, "--fabric-driver", args.fabric_driver,
+                            "--ready-timeout", str(args.timeout + 10),  # this wait, which takes it down, ends first
                             *(["--insecure"] if args.insecure else [])],
                            start_new_session=True, stdout=open(log_dir / "supervisor.log", "w"),
                            stderr=subprocess.STDOUT, env=env)
@@ -897,14 +924,15 @@ def _cmd_down(args):
         print("live: nothing is up")
         return 0
     pid = st["supervisor"]
-    if _alive(pid):
+    started = st.get("started", {})
+    if _alive(pid, started.get(str(pid))):
         os.kill(pid, signal.SIGTERM)  # a bring-up under way unwinds; a testbed that is up goes down
         t0 = time.time()
-        while _alive(pid) and time.time() - t0 < 120:
+        while _alive(pid, started.get(str(pid))) and time.time() - t0 < 120:
             time.sleep(0.1)
-        if _alive(pid):
+        if _alive(pid, started.get(str(pid))):
             raise LiveError(f"the supervisor (pid {pid}) is still taking the testbed down after 120 s")
-    leftovers = [n for n, p in st.get("daemon_pids", {}).items() if _alive(p)]
+    leftovers = [n for n, p in st.get("daemon_pids", {}).items() if _alive(p, started.get(str(p)))]
     _state_file().unlink(missing_ok=True)
     _supervisor_socket().unlink(missing_ok=True)
     if leftovers:
@@ -955,6 +983,19 @@ def _cmd_run_moe(fab, args):
     return status
 
 
+def _check_trace_folder(path):
+    """A trace folder is made (or found) and writable before the first operation runs, not after it."""
+    from . import trace
+    try:
+        pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+        trace.last_end_ns(path)
+        probe = pathlib.Path(path) / ".ifec-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise LiveError(f"--trace {path}: {e.strerror or e}") from None
+
+
 def _cmd_run(args):
     fab = args.attach()
     if args.collective == "moe":
@@ -962,6 +1003,8 @@ def _cmd_run(args):
             raise LiveError("--trace: a trace holds collectives and all-to-alls, not the MoE layer")
         return _cmd_run_moe(fab, args)
     sizes = [parse_size(s) for s in args.bytes.split(",")]
+    if args.trace:
+        _check_trace_folder(args.trace)
     status = 0
     print(f"# {args.collective} on {fab.topo.name} [driver: {fab.driver}; times are wall clock through software switches]")
     print(f"#{'size(B)':>13} {'algo':>8} {'time(us)':>11} {'algbw GB/s':>11} {'#wrong':>7}  faults")
@@ -1105,14 +1148,17 @@ def compare_text(size, sim, lv, cables):
 
 
 def _cmd_compare(args):
+    moe = args.collective == "moe"
+    sizes = [parse_size(s) for s in (args.bytes or ("32" if moe else "1048576")).split(",")]
+    if moe and not all(1 <= s <= 65536 for s in sizes):
+        raise LiveError(f"--bytes {args.bytes}: tokens per rank for moe, 1..65536 each (hostd's limit)")
     fab = args.attach()
     print(f"# {args.collective} on {fab.topo.name}: sim (simulated time at the topology's link rates, the live "
           f"daemons' timers, started from the live run's turns) vs live (wall clock through software switches on "
           f"veths); times are the data path (the control plane's part apart)")
-    moe = args.collective == "moe"
     print(MOE_COMPARE_HEADER if moe else COMPARE_HEADER)
     status = 0
-    for size in [parse_size(s) for s in args.bytes.split(",")]:
+    for size in sizes:
         sim, lv = compare(fab, args.collective, args.algo, size, args.seed)
         print(moe_compare_text(size, sim, lv) if moe else compare_text(size, sim, lv, fab.topo.links))
         if not (sim["ok"] and lv["ok"]):
@@ -1204,6 +1250,8 @@ def _cmd_ctl(args):
             for k in sorted(values):
                 print(f"{k:<40} {values[k]}")
         elif args.what == "groups":
+            if not hasattr(stub, "Groups"):
+                raise LiveError(f"ctl groups {args.target}: only switches hold in-fabric groups")
             for g in stub.Groups(pb.Empty(), timeout=5).groups:
                 print(f"job {g.job} group {g.group}: op {g.op} dtype {g.dtype} {len(g.members)} members, "
                       f"{g.slots} slots, window {g.window}" + (f", upstream {g.upstream_ip:#x}" if g.upstream_ip else ""))
@@ -1270,7 +1318,8 @@ def add_fabric_commands(sub, driver="live"):
     cmp.add_argument("collective", choices=["allreduce", "reduce", "multicast", "barrier", "alltoall", "moe"],
                      help="alltoall: --bytes per peer, --algo stores")
     cmp.add_argument("--algo", default="ifec")
-    cmp.add_argument("--bytes", default="1048576", help="SIZE[,SIZE...] (moe: tokens per rank)")
+    cmp.add_argument("--bytes", default=None, help="SIZE[,SIZE...] (default 1048576; moe: tokens per rank, 1..65536, "
+                                                 "default 32)")
     cmp.add_argument("--seed", type=_at_least(1), default=1)
     for name in ("fail", "restore"):
         s = sub.add_parser(name, help=f"{'take links down' if name == 'fail' else 'bring links back'} "
@@ -1345,11 +1394,13 @@ def main(argv=None):
     serve.add_argument("--frr", default="")
     serve.add_argument("--insecure", action="store_true")
     serve.add_argument("--fabric-driver", default="af_packet")
+    serve.add_argument("--ready-timeout", type=float, default=60.0)
     a = p.parse_args(argv)
     a.attach = attach
     try:
         if a.cmd == "_serve":
-            return _serve(a.file, a.logs, [n for n in a.frr.split(",") if n], a.insecure, a.fabric_driver)
+            return _serve(a.file, a.logs, [n for n in a.frr.split(",") if n], a.insecure, a.fabric_driver,
+                          a.ready_timeout)
         from . import security
         return dict(handlers, up=_cmd_up, down=_cmd_down, security=lambda _: security.main())[a.cmd](a)
     except (LiveError, ValueError) as e:  # ValueError: IfecError from the native side names the bad value

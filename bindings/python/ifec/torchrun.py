@@ -44,7 +44,7 @@ def rank_env(fab, rank, nproc, master_addr, master_port=29500, algo="ifec", trac
     env["IFEC_LAUNCHER_PID"] = str(os.getpid())
     if trace:
         env["IFEC_TRACE"] = str(pathlib.Path(trace).resolve())
-    if timeout:
+    if timeout is not None:
         env["IFEC_TIMEOUT"] = str(timeout)
     return env
 
@@ -139,6 +139,19 @@ def _rank_entry(argv):
     runpy.run_path(argv[0], run_name="__main__")
 
 
+def _in_range(kind, lo, hi, what):
+    """An argparse type: a `kind` number in lo..hi, refused naming the value (a port of 70000 failed in every rank)."""
+    def parse(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {what}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{text}: expected {what} in {lo:g}..{hi:g}")
+        return v
+    return parse
+
+
 def add_command(sub):
     """`torchrun` for a fabric's command set (./ifec live torchrun)."""
     p = sub.add_parser("torchrun", help="run a PyTorch script on every GPU (torch.distributed backend 'ifec'): "
@@ -146,8 +159,10 @@ def add_command(sub):
     p.add_argument("--nproc", type=int, help="ranks (default and only: every GPU of the fabric)")
     p.add_argument("--algo", default="ifec", help="reductions: ifec|best|ring|tree|rd|oneshot (IFEC_ALGO)")
     p.add_argument("--trace", help="a folder: each rank's operations as JSON lines (rank<R>.jsonl)")
-    p.add_argument("--timeout", type=float, help="seconds an operation may take (IFEC_TIMEOUT, default 120)")
-    p.add_argument("--master-port", type=int, default=29500, help="rank 0's TCPStore port (default 29500)")
+    p.add_argument("--timeout", type=_in_range(float, 0.001, 86400, "seconds"),
+                   help="seconds an operation may take (IFEC_TIMEOUT, default 120)")
+    p.add_argument("--master-port", type=_in_range(int, 1, 65535, "a TCP port"), default=29500,
+                   help="rank 0's TCPStore port (default 29500)")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     return _cmd_torchrun

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,21 +47,33 @@ void post_from_cpu(ifec::live::HostRing& hr, const Options& o) {
   const ifec::endpoint::RingExercise& ex = o.ex;
   uint8_t* data = hr.data();
   std::vector<std::thread> ts;
+  // A post that fails (hostd gone while the ring is full) ends its thread, and the first error is rethrown once
+  // every thread has joined: thrown inside a std::thread it was std::terminate and a core dump.
+  std::vector<std::exception_ptr> errors(o.threads);
   for (uint32_t t = 0; t < o.threads; ++t) {
     ts.emplace_back([&, t] {
-      for (uint64_t i = t; i < ex.puts; i += o.threads) {
-        for (uint64_t k = 0; k < ex.row_bytes; ++k) {
-          data[ex.rows_at + i * ex.row_bytes + k] = ifec::endpoint::RingExercise::byte(ex.seed, i, k);
+      try {
+        for (uint64_t i = t; i < ex.puts; i += o.threads) {
+          for (uint64_t k = 0; k < ex.row_bytes; ++k) {
+            data[ex.rows_at + i * ex.row_bytes + k] = ifec::endpoint::RingExercise::byte(ex.seed, i, k);
+          }
+          hr.post(ex.put(i));
         }
-        hr.post(ex.put(i));
-      }
-      for (uint64_t i = t; i < ex.fetch_adds; i += o.threads) {
-        hr.post(ex.fetch_add(i));
+        for (uint64_t i = t; i < ex.fetch_adds; i += o.threads) {
+          hr.post(ex.fetch_add(i));
+        }
+      } catch (...) {
+        errors[t] = std::current_exception();
       }
     });
   }
   for (auto& th : ts) {
     th.join();
+  }
+  for (const std::exception_ptr& e : errors) {
+    if (e) {
+      std::rethrow_exception(e);
+    }
   }
 }
 

@@ -105,6 +105,9 @@ bool parse_daemon_options(int argc, char** argv, DaemonOptions* o, const char* w
   IFEC_CHECK(!o->tls_dir.empty() || o->insecure,
              "--tls-dir DIR (the control plane's certificates) or --insecure (plaintext) is required");
   IFEC_CHECK(o->tls_dir.empty() || !o->insecure, "--tls-dir and --insecure exclude each other");
+  const bool host = std::string(what) == "a GPU";  // hostd's options, which a switch would ignore
+  IFEC_CHECK(host || (o->guest_mac.empty() && o->external_peers.empty()),
+             "--guest-mac and --external-peers are hostd's (a GPU's RDMA peers), not " << what << "'s");
   return true;
 }
 
