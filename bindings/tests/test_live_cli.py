@@ -31,9 +31,11 @@ def _cli(repo, build_dir, tmp_path):
 
 def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
     cli = _cli(repo, build_dir, tmp_path)
+    topo = tmp_path / "superpod-8x2.yaml"  # a copy: edited below, as a user might while it is up
+    topo.write_text((repo / "testbed/topologies/superpod-8x2.yaml").read_text())
 
     try:
-        up = cli("up", "testbed/topologies/superpod-8x2.yaml", "--logs", str(tmp_path / "logs"))
+        up = cli("up", str(topo), "--logs", str(tmp_path / "logs"))
         assert "every daemon ready" in up.stdout
         status = cli("status").stdout
         assert status.count("ready") == 10, status
@@ -54,7 +56,8 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
                           (("ctl", "link", "gpu5:plane1:sub0"), "expected up or down, got None"),
                           (("ctl", "weights", "gpu0", "x"), "expected a whole number, got 'x'"),
                           (("run", "moe", "--tokens", "0"), "'0' is not a whole number >= 1"),
-                          (("capture", "gpu5:plane1", str(tmp_path / "x.pcap")), "names 2 links (22, 23)")):
+                          (("capture", "gpu5:plane1", str(tmp_path / "x.pcap")), "names 2 links (22, 23)"),
+                          (("ctl", "groups", "gpu0"), "ctl groups gpu0: only switches hold in-fabric groups")):
             r = cli(*args, ok=False)
             assert r.returncode != 0 and why in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
         counters = cli("ctl", "counters", "p0-sw").stdout
@@ -109,6 +112,9 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
         plane1_toward_gpu5(dead=False)  # heard again: weighted again
         run = cli("run", "allreduce", "--bytes", "64KiB").stdout
         assert [l.split()[4] for l in run.splitlines() if l and not l.startswith("#")] == ["0"], run
+        topo.write_text(topo.read_text() + "# edited while up\n")  # its daemons still run the file as it was
+        edited = cli("status", ok=False)
+        assert edited.returncode == 1 and "changed since ./ifec live up" in edited.stderr, edited.stderr
     finally:
         down = cli("down", ok=False)
     assert down.returncode == 0, down.stdout + down.stderr

@@ -738,6 +738,9 @@ def attach():
     if not st.get("ready", True):
         raise LiveError(f"the live testbed is still coming up (supervisor {st['supervisor']}); wait for "
                         "./ifec live up, or ./ifec live down")
+    if st.get("topology_sha256") not in (None, _file_sha256(st["topology"])):
+        raise LiveError(f"{st['topology']} changed since ./ifec live up (its nodes, addresses and links may no "
+                        "longer be the running daemons'); ./ifec live down, then up again")
     fab = _Attached(st["topology"], log_dir=st["log_dir"], insecure=not st.get("tls_dir"), tls_dir=st.get("tls_dir"))
     fab.host_pids = st.get("host_pids", {})
     if st.get("frr"):
@@ -746,6 +749,14 @@ def attach():
             fab.frr[name] = frr.FrrNode(fab.topo, name, None, fab.log_dir)
             fab.frr[name].pathspace = pathspace
     return fab
+
+
+def _file_sha256(path):
+    import hashlib
+    try:
+        return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return "unreadable"
 
 
 def _write_state(**state):
@@ -776,7 +787,8 @@ def _serve(topology_file, log_dir, frr=(), insecure=False, fabric_driver="af_pac
         return 1
 
     def record():
-        _write_state(topology=fab.topology_file, log_dir=str(fab.log_dir), supervisor=os.getpid(), ready=True,
+        _write_state(topology=fab.topology_file, topology_sha256=_file_sha256(fab.topology_file),
+                     log_dir=str(fab.log_dir), supervisor=os.getpid(), ready=True,
                      host_pids={n: h.pid for n, h in fab.hosts.items()},
                      frr={n: f.pathspace for n, f in fab.frr.items()},
                      daemon_pids={n: p.pid for n, p in fab.procs.items()},
