@@ -178,7 +178,8 @@ void validate_moe_point(const MoeRunConfig& cfg, const MoePoint& p) {
              "MoE point: EP " << p.ep << " x " << p.tokens << " tokens per rank, hidden " << cfg.model.hidden << ", "
                               << cfg.model.experts << " experts, top-" << cfg.model.topk
                               << (cfg.compute ? ", run_inter " + std::to_string(cfg.run_inter) : std::string())
-                              << " needs about " << std::setprecision(3) << need / (1 << 30) << " GiB for its data; "
+                              << " needs about " << std::fixed << std::setprecision(1) << need / (1 << 30)
+                              << " GiB for its data; "
                               << "the limit is 3/4 of this machine's " << static_cast<uint64_t>(physical / (1 << 30))
                               << " GiB");
 }
