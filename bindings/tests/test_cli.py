@@ -186,6 +186,8 @@ def test_collective_arguments_are_checked(build_dir, repo, args, message):
     (["bench", "property", "--cases", "0"], "--cases '0' outside 1.."),
     (["bench", "sim", "--runs", "0"], "--runs '0' outside 1.."),
     (["pcap"], "expected 1 argument(s), got 0"),
+    (["pcap", "a.pcap", "b.pcap"], "expected 1 argument(s), got 2: 'b.pcap' is one too many"),
+    (["frames", "extra"], "expected 0 argument(s), got 1: 'extra' is one too many"),
     (["sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "1.5GiB"], "'1.5GiB' is not a whole number"),
     (["sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "18446744073709551615"],
      "--bytes 18446744073709551615 outside 1..1099511627776"),

@@ -59,10 +59,12 @@ Args::Args(const CommandSpec& spec, int argc, char** argv) {
     IFEC_CHECK(i + 1 < argc, a << " needs a value (" << o->value << ")");
     values_[a].push_back(argv[++i]);
   }
-  IFEC_CHECK(static_cast<int>(positionals_.size()) == spec.positionals,
+  // More than expected: the first extra one is named (it is the one to take out).
+  const size_t want = static_cast<size_t>(std::max(spec.positionals, 0));
+  IFEC_CHECK(positionals_.size() == want,
              "expected " << spec.positionals << " argument(s), got " << positionals_.size()
-                         << (positionals_.empty() ? "" : ": '" + positionals_.front() + "'") << " (see ifec "
-                         << spec.name << " --help)");
+                         << (positionals_.size() > want ? ": '" + positionals_[want] + "' is one too many" : "")
+                         << " (see ifec " << spec.name << " --help)");
 }
 
 std::string Args::get(const std::string& name, const std::string& fallback) const {
