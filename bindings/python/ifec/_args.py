@@ -13,10 +13,15 @@ def flag(value, name):
     raise TypeError(f"{name}={value!r}: expected True or False")
 
 
+def _number(value):
+    """A real number, finite (an integer of any size is; a bool or a string is not a number here)."""
+    return (not isinstance(value, bool) and isinstance(value, numbers.Real)
+            and (isinstance(value, numbers.Integral) or math.isfinite(value)))
+
+
 def whole(value, name, lo=0, hi=2**63 - 1):
     """A whole number in lo..hi (an integral float such as 4096.0 too; 2.7 is refused, not truncated)."""
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or (not isinstance(value, numbers.Integral) and (not math.isfinite(value) or value != int(value)))):
+    if not _number(value) or (not isinstance(value, numbers.Integral) and value != int(value)):
         raise TypeError(f"{name}={value!r}: expected a whole number")
     if not lo <= int(value) <= hi:
         raise ValueError(f"{name}={value!r} outside {lo}..{hi}")
@@ -53,8 +58,7 @@ def turns(value):
 
 def real(value, name, lo, hi):
     """A finite real number in lo..hi (not a bool or a string)."""
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or (not isinstance(value, numbers.Integral) and not math.isfinite(value))):
+    if not _number(value):
         raise TypeError(f"{name}={value!r}: expected a number")
     if not lo <= value <= hi:
         raise ValueError(f"{name}={value!r} outside {lo}..{hi}")

@@ -128,8 +128,7 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=None, dtype="fp32", o
     if kind == "alltoall":  # the row's point names no collective of its own: every rank stores to every other
         row.update(collective="alltoall", algo="stores")
     if trace:
-        topo = _native.load_topology(str(topology)) if not hasattr(topology, "links") else topology
-        tr.append(trace, tr.split_by_gpu(row, topo), kind, algo, dtype, bytes, root, start, start,
+        tr.append(trace, tr.split_by_gpu(row, topology), kind, algo, dtype, bytes, root, start, start,
                   start + round(row["time_us"] * 1e3))
     return row
 
