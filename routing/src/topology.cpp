@@ -304,6 +304,7 @@ std::optional<Problem> links_problem(const Topology& t) {
   auto fail = [](int link, const std::string& msg) { return Problem{msg, -1, link, {}}; };
   std::map<std::pair<int, int>, int> port_owner;  // (node, port) -> link
   std::vector<int> max_port(num_nodes, -1);
+  std::vector<int> used_ports(num_nodes, 0);
   for (size_t li = 0; li < t.links.size(); ++li) {
     const Link& l = t.links[li];
     const int id = static_cast<int>(li);
@@ -352,6 +353,7 @@ std::optional<Problem> links_problem(const Topology& t) {
         return fail(id, os.str());
       }
       max_port[node] = std::max(max_port[node], port);
+      ++used_ports[node];
     }
     // Cable structure: sub-links of one cable are consecutive links with subport 0..k-1 and equal attributes,
     // and cable ids count up from 0. The YAML form writes one entry per cable, so this is what round-trips.
@@ -396,6 +398,14 @@ std::optional<Problem> links_problem(const Topology& t) {
       std::ostringstream os;
       os << "node '" << t.nodes[i].name << "' has num_ports " << t.nodes[i].num_ports
          << " but its highest used port is " << max_port[i];
+      return Problem{os.str(), i, -1, {}};
+    }
+    if (used_ports[i] != max_port[i] + 1) {  // the simulator and the daemons run one port per link, 0..highest
+      int free = 0;
+      while (port_owner.count({i, free}) != 0) ++free;
+      std::ostringstream os;
+      os << "node '" << t.nodes[i].name << "' has no link on port " << free << " (ports 0.." << max_port[i]
+         << " each need one: a_port/b_port may reorder a node's ports, not skip one)";
       return Problem{os.str(), i, -1, {}};
     }
   }

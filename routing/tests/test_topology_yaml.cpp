@@ -123,10 +123,11 @@ TEST(ParseTopology, YCableExpandsIntoSubLinksOnConsecutivePorts) {
       "switches: [{name: s, plane: 0}]\n"
       "links:\n"
       "  - {a: ga, b: s}\n"
-      "  - {a: gb, b: s, rate_gbps: 300, subports: 3, delay_ns: 800, a_port: 3, b_port: 7, plane: 0}\n"
-      "  - {a: s, b: ga, subport_gbps: 25}\n",
+      "  - {a: gb, b: s, rate_gbps: 300, subports: 3, delay_ns: 800, a_port: 0, b_port: 4, plane: 0}\n"
+      "  - {a: s, b: ga, subport_gbps: 25, a_port: 2}\n"
+      "  - {a: gb, b: s, rate_gbps: 50, subports: 1}\n",
       "y.yaml");
-  ASSERT_EQ(t.links.size(), 2u + 3u + 2u);
+  ASSERT_EQ(t.links.size(), 2u + 3u + 2u + 1u);
   EXPECT_EQ(t.nodes[0].name, "ga");
   EXPECT_EQ(t.links[0].rate_gbps, 400);
   EXPECT_EQ(t.links[1].subport, 1);
@@ -137,16 +138,28 @@ TEST(ParseTopology, YCableExpandsIntoSubLinksOnConsecutivePorts) {
     EXPECT_EQ(t.links[i].cable, 1);
     EXPECT_EQ(t.links[i].subport, i - 2);
     EXPECT_EQ(t.links[i].subports, 3);
-    EXPECT_EQ(t.links[i].a_port, 3 + i - 2);
-    EXPECT_EQ(t.links[i].b_port, 7 + i - 2);
+    EXPECT_EQ(t.links[i].a_port, i - 2);
+    EXPECT_EQ(t.links[i].b_port, 4 + i - 2);
   }
-  // Automatic numbering continues after the highest port taken so far: s used 0, 1 and 7..9.
+  // A cable given its first port at one end is numbered automatically at the other: ga's next is 2.
   EXPECT_EQ(t.links[5].a, t.find_node("s"));
-  EXPECT_EQ(t.links[5].a_port, 10);
+  EXPECT_EQ(t.links[5].a_port, 2);
   EXPECT_EQ(t.links[5].b_port, 2);
   EXPECT_EQ(t.links[5].rate_gbps, 25);
-  EXPECT_EQ(t.nodes[t.find_node("s")].num_ports, 12);
-  EXPECT_EQ(t.gpu_access_gbps(1), 300);
+  // Automatic numbering continues after the highest port taken so far: s used 0..6, gb 0..2.
+  EXPECT_EQ(t.links[7].a_port, 3);
+  EXPECT_EQ(t.links[7].b_port, 7);
+  EXPECT_EQ(t.nodes[t.find_node("s")].num_ports, 8);
+  EXPECT_EQ(t.gpu_access_gbps(1), 350);
+}
+
+// The simulator and the daemons run one port per link, 0 to the node's highest: a skipped port is refused at load,
+// at the node's line, naming the port; ports given out of order load.
+TEST(ParseTopology, APortSkippedIsNamed) {
+  expect_error(kHead + "  - {a: gpu1, b: sw1, b_port: 2}\n", 6, {"node 'sw1' has no link on port 1 (ports 0..2"});
+  expect_error(kHead + "  - {a: gpu1, b: sw1, a_port: 2}\n", 3, {"node 'gpu1' has no link on port 1"});
+  const Topology t = parse_topology(kHead + "  - {a: gpu1, b: sw1, a_port: 1, b_port: 1}\n", "t.yaml");
+  EXPECT_EQ(t.nodes[t.find_node("sw1")].num_ports, 2);
 }
 
 TEST(ParseTopology, UnknownNode) { expect_error(kHead + "  - {a: gpu99, b: sw1}\n", 11, {"unknown node 'gpu99'"}); }
@@ -328,10 +341,10 @@ TEST(ToYaml, IrregularFileRoundTrips) {
       "gpus: [\"true\", \"g-1\", \"3x\"]\n"
       "switches: [{name: a, plane: 0}, {name: b, plane: 1}, {name: c, plane: 1}]\n"
       "links:\n"
-      "  - {a: \"true\", b: a, rate_gbps: 100, subports: 3, a_port: 5, b_port: 9}\n"
-      "  - {a: g-1, b: a, delay_ns: 0}\n"
-      "  - {a: 3x, b: a, subport_gbps: 0.1}\n"
-      "  - {a: b, b: \"true\", rate_gbps: 1e3, subports: 4}\n"
+      "  - {a: \"true\", b: a, rate_gbps: 100, subports: 3, a_port: 4, b_port: 2}\n"
+      "  - {a: g-1, b: a, delay_ns: 0, b_port: 0}\n"
+      "  - {a: 3x, b: a, subport_gbps: 0.1, b_port: 1}\n"
+      "  - {a: b, b: \"true\", rate_gbps: 1e3, subports: 4, b_port: 0}\n"
       "  - {a: g-1, b: c}\n"
       "  - {a: 3x, b: c}\n"
       "  - {a: b, b: c, subports: 2, rate_gbps: 1600}\n";
