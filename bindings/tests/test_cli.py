@@ -143,6 +143,19 @@ def test_incomplete_raw_traffic_exits_non_zero_and_says_why(build_dir, repo):
               "gpu3:plane1@5us", "--quiet")
     assert out.returncode == 3
     assert "INCOMPLETE" in out.stdout and "no retransmission" in out.stderr
+    assert "cut off" not in out.stdout and "lost every fabric link" not in out.stderr  # gpu3 keeps plane 0
+
+
+def test_a_gpu_cut_off_from_the_fabric_is_named(build_dir, repo):
+    out = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--traffic", "alltoall", "--bytes", "64KiB", "--fail",
+              "gpu3:plane1@1us", "--fail", "gpu3:p0-sw@2us", "--quiet")
+    assert out.returncode == 3
+    assert "GPU 3 lost every fabric link at 2000 ns" in out.stderr
+    assert "cut off           GPU 3 lost every fabric link at 2000 ns" in out.stdout
+    out = cli(build_dir, repo, "sim", "--topo", TOPO_8x2, "--collective", "allreduce", "--algo", "ring", "--bytes",
+              "64KiB", "--fail", "gpu3:plane1@1us", "--fail", "gpu3:plane0@1us", timeout=60)
+    assert out.returncode != 0
+    assert "FAILED" in out.stdout and "(GPU 3 lost every fabric link at 1000 ns)" in out.stdout
 
 
 # ------------------------------------------------------------------------------- errors naming the value --

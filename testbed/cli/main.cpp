@@ -384,9 +384,10 @@ int run_sim_raw(const Args& a) {
   if (!run.traffic.complete) {
     std::fprintf(stderr,
                  "ifec sim: INCOMPLETE: %llu of %llu flows did not deliver all their bytes (raw traffic has no "
-                 "retransmission: frames lost to failed links stay lost)\n",
+                 "retransmission: frames lost to failed links stay lost)%s%s\n",
                  static_cast<unsigned long long>(run.traffic.incomplete_flows),
-                 static_cast<unsigned long long>(run.traffic.flows));
+                 static_cast<unsigned long long>(run.traffic.flows), run.cut_off.empty() ? "" : "; ",
+                 run.cut_off.c_str());
     return 3;
   }
   return 0;

@@ -49,6 +49,9 @@ std::string to_json(const SimRun& r) {
     o.add("sim_page_faults", r.sim_page_faults);  // measured, like the seconds: not part of the run's result
   }
   o.add("incomplete_flows", t.incomplete_flows).add("completion_ns", t.completion_ns);
+  if (!r.cut_off.empty()) {
+    o.add("cut_off", r.cut_off);
+  }
   o.add("goodput_gbps", t.goodput_gbps).add("line_rate_gbps", t.line_rate_gbps);
   o.add("goodput_fraction", t.line_rate_gbps > 0 ? t.goodput_gbps / t.line_rate_gbps : 0.0);
   o.add("payload_efficiency", t.payload_efficiency).add("payload_bytes_offered", t.payload_bytes_offered);
@@ -99,6 +102,9 @@ std::string to_text(const SimRun& r) {
     << "% of wire bytes (Eth+IPv4+UDP+BTH+RETH+ICRC + preamble/FCS/IFG)\n";
   o << "delivered         " << t.payload_bytes_delivered << " of " << t.payload_bytes_offered << " payload bytes, "
     << t.incomplete_flows << " incomplete flows\n";
+  if (!r.cut_off.empty()) {
+    o << "cut off           " << r.cut_off << "\n";
+  }
   o << "plane bytes      ";
   for (size_t i = 0; i < t.plane_bytes.size(); ++i) {
     o << " p" << i << "=" << t.plane_bytes[i];

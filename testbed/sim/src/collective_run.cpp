@@ -277,10 +277,11 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
     prepare_windows(c, p, s);
     row.turns = start_turns(c, p.start, n);
   }
+  std::vector<LinkEvent> failures;
   for (const std::string& f : p.fail) {
-    const LinkEvent e = parse_link_event(topo, f, false);
-    for (int l : e.links) {
-      c.fabric().schedule_link_state(l, false, c.now() + e.at);
+    failures.push_back(parse_link_event(topo, f, false));
+    for (int l : failures.back().links) {
+      c.fabric().schedule_link_state(l, false, c.now() + failures.back().at);
     }
   }
   const LinkTally before = LinkTally::read(c, n);
@@ -309,6 +310,9 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   }
   fill_row(row, res, c, before, n, spread);
   check_row(row, c, s);
+  if (const std::string cut = cut_off_gpus(topo, failures); !row.error.empty() && !cut.empty()) {
+    row.error += " (" + cut + ")";
+  }
   row.wall_seconds = seconds_since(wall0);
   return row;
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <sstream>
 
 #include "ifec/common/checks.h"
 
@@ -127,14 +128,23 @@ LinkEvent parse_link_event(const routing::Topology& topo, const std::string& tex
   return e;
 }
 
-void check_link_events(const std::vector<LinkEvent>& events) {
+namespace {
+
+// Event indices in the order a run applies them: by time, equal times in the list's order.
+std::vector<size_t> applied_order(const std::vector<LinkEvent>& events) {
   std::vector<size_t> order(events.size());
   for (size_t i = 0; i < order.size(); ++i) {
     order[i] = i;
   }
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return events[a].at < events[b].at; });
+  return order;
+}
+
+}  // namespace
+
+void check_link_events(const std::vector<LinkEvent>& events) {
   std::map<int, bool> down;
-  for (size_t i : order) {
+  for (size_t i : applied_order(events)) {
     const LinkEvent& e = events[i];
     const bool restores = std::any_of(e.links.begin(), e.links.end(), [&](int l) { return down[l]; });
     IFEC_CHECK(!e.up || restores, "restore '" << e.spec
@@ -146,6 +156,40 @@ void check_link_events(const std::vector<LinkEvent>& events) {
       down[l] = !e.up;
     }
   }
+}
+
+std::string cut_off_gpus(const routing::Topology& topo, const std::vector<LinkEvent>& events) {
+  std::map<int, bool> down;
+  std::map<int, TimeNs> since;  // GPU node -> when it lost its last fabric link
+  std::ostringstream out;
+  auto fabric_links_down = [&](int node) {
+    const std::vector<int>& ls = topo.links_of(node);
+    return std::all_of(ls.begin(), ls.end(),
+                       [&](int l) { return topo.links[l].plane == routing::kNvlinkPlane || down[l]; });
+  };
+  auto report = [&](int node, const TimeNs* restored) {
+    out << (out.tellp() > 0 ? "; " : "") << "GPU " << topo.nodes[node].gpu_index << " lost every fabric link at "
+        << since[node] << " ns";
+    if (restored != nullptr) out << ", restored at " << *restored << " ns";
+  };
+  for (size_t i : applied_order(events)) {
+    const LinkEvent& e = events[i];
+    for (int l : e.links) down[l] = !e.up;
+    for (int l : e.links) {
+      for (int node : {topo.links[l].a, topo.links[l].b}) {
+        if (topo.nodes[node].kind != routing::NodeKind::kGpu) continue;
+        const bool cut = fabric_links_down(node);
+        if (cut && since.count(node) == 0) {
+          since[node] = e.at;
+        } else if (!cut && since.count(node) != 0) {
+          report(node, &e.at);
+          since.erase(node);
+        }
+      }
+    }
+  }
+  for (const auto& cut : since) report(cut.first, nullptr);
+  return out.str();
 }
 
 }  // namespace ifec::testbed

@@ -248,6 +248,7 @@ SimRun run_sim(const routing::Topology& topo, const SimOptions& opts) {
   } else {
     run = run_partitioned(topo, opts, wall0);
   }
+  run.cut_off = cut_off_gpus(topo, opts.events);
   run.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return run;
 }

@@ -60,3 +60,21 @@ TEST(LinkEvents, ARestorationMustFindItsLinksDown) {
   EXPECT_EQ(error({event("gpu5:plane1:sub0@1us", false), event("gpu5:plane1@2us", true)}), "");  // one of its two
   EXPECT_NE(error({event("gpu5:plane1@2us", true)}).find("its links are up at 2000 ns"), std::string::npos);
 }
+
+// A GPU is cut off while every fabric link it has is down: each of its planes, each sub-link of a Y-cable. The report
+// names it with the time it lost its last link and, where a restoration ends it, when it got one back.
+TEST(LinkEvents, AGpuLeftWithNoFabricLinkIsNamed) {
+  const routing::Topology topo = routing::make_superpod(8, 2);
+  auto event = [&](const std::string& text, bool up) { return testbed::parse_link_event(topo, text, up); };
+  EXPECT_EQ(testbed::cut_off_gpus(topo, {}), "");
+  EXPECT_EQ(testbed::cut_off_gpus(topo, {event("gpu0:plane0@1us", false), event("gpu0:plane1:sub0@2us", false)}), "");
+  EXPECT_EQ(testbed::cut_off_gpus(topo, {event("gpu0:plane1@2us", false), event("gpu0:plane0@1us", false)}),
+            "GPU 0 lost every fabric link at 2000 ns");  // in time order, not the list's
+  EXPECT_EQ(testbed::cut_off_gpus(topo, {event("gpu3:plane0@1us", false), event("gpu3:plane1@2us", false),
+                                         event("gpu3:plane1:sub1@5us", true), event("gpu6:plane0@7us", false),
+                                         event("gpu6:plane1@7us", false)}),
+            "GPU 3 lost every fabric link at 2000 ns, restored at 5000 ns; GPU 6 lost every fabric link at 7000 ns");
+  // The switch side of a GPU's links names it too.
+  EXPECT_EQ(testbed::cut_off_gpus(topo, {event("gpu2:p0-sw@1us", false), event("gpu2:p1-sw@1us", false)}),
+            "GPU 2 lost every fabric link at 1000 ns");
+}

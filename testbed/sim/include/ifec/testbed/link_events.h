@@ -34,4 +34,10 @@ LinkEvent parse_link_event(const routing::Topology& topo, const std::string& tex
 // nothing, and the link stayed down for good.
 void check_link_events(const std::vector<LinkEvent>& events);
 
+// The GPUs `events` leave with no working fabric link (NVLink-class links aside), applied as check_link_events
+// applies them: "GPU 0 lost every fabric link at 1000 ns" (", restored at 5000 ns" where a restoration ends it),
+// joined by "; ", or "" when none. A run that fails names it: a cut-off GPU's flows stay incomplete, and no
+// collective it takes part in can finish.
+std::string cut_off_gpus(const routing::Topology& topo, const std::vector<LinkEvent>& events);
+
 }  // namespace ifec::testbed

@@ -90,6 +90,7 @@ struct SimRun {
   size_t traffic_bytes = 0;  // RawTraffic::memory_bytes(): flows and their counters
   std::string partitions;    // PlanePartitions::describe() when opts.threads > 0
   uint64_t windows = 0;      // the partitions' windows (PlanePartitions::windows_run)
+  std::string cut_off;       // cut_off_gpus(): GPUs the link events left with no fabric link, "" for none
 };
 
 // Runs the flows of `opts` to completion (progress lines on stderr every 2 s of wall time when opts.progress).
