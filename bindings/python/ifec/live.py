@@ -26,13 +26,18 @@ import subprocess
 import sys
 import time
 
-from . import _native
+from . import _args, _native
 
 MGMT_BRIDGE = "ifecmgmt0"
 MGMT_ROOT_IP = "172.31.0.1"
 GRPC_PORT = 50051
 FABRIC_DRIVERS = ("af_packet", "af_xdp", "auto")
 STATE_DIR = pathlib.Path(os.environ.get("IFEC_LIVE_STATE", "/run/ifec-live"))
+# How long one operation may take on every rank before it fails (run and compare's --timeout): a collective, and the
+# MoE layer (its experts run on the hosts' CPUs). A slow host or a large size needs more; a hang fails sooner with less.
+RUN_TIMEOUT_S = 120.0
+MOE_TIMEOUT_S = 300.0
+MAX_TIMEOUT_S = 86400.0  # a day: more is a typo (gRPC would take 1e9 s, and wait that long)
 
 
 class LiveError(RuntimeError):
@@ -49,6 +54,17 @@ def mgmt_ip(node_index):
     """The management address of topology node `node_index` (the daemons' own rule: node i at host i + 2)."""
     host = node_index + 2
     return f"172.31.{host // 256}.{host % 256}"
+
+
+def run_timeout(timeout, what):
+    """An operation's deadline in seconds: for None its default (MOE_TIMEOUT_S for what "moe", RUN_TIMEOUT_S else),
+    else `timeout`, a finite number of seconds in (0, MAX_TIMEOUT_S]."""
+    if timeout is None:
+        return MOE_TIMEOUT_S if what == "moe" else RUN_TIMEOUT_S
+    v = _args.real(timeout, "timeout", 0, MAX_TIMEOUT_S)
+    if v == 0:
+        raise ValueError(f"timeout={timeout!r}: expected more than 0 s")
+    return v
 
 
 def _grpc():
@@ -345,13 +361,15 @@ class LiveFabric:
         return out
 
     def run(self, what="allreduce", algo="ifec", bytes=1 << 20, dtype="fp32", op="sum", root=0, seed=1,
-            timeout=120.0, moe=None, inputs=None, trace=None):
+            timeout=None, moe=None, inputs=None, trace=None):
         """Runs one measurement on every rank at once; returns the merged row (the sim's row keys, driver "live").
         what="moe": one MoE layer, algo the variant (per_expert, per_rank, ifec), dtype bf16 or fp32, `moe` a dict of
         MoeShape fields (tokens per rank, hidden, inter, experts, topk, groups, topk_groups; defaults in the .proto).
         `inputs` (allreduce, reduce, multicast): each rank's own bytes by GPU index instead of drawn ones; the row's
         "outputs" then holds each rank's buffer afterwards (nothing is checked). `trace`: a folder each rank's part is
-        appended to (ifec.trace; not for moe). Raises LiveError naming every rank that failed or did not answer."""
+        appended to (ifec.trace; not for moe). `timeout`: seconds every rank may take (None: run_timeout's default
+        for `what`). Raises LiveError naming every rank that failed or did not answer."""
+        timeout = run_timeout(timeout, what)
         if trace and what == "moe":
             raise LiveError("a trace holds collectives and all-to-alls, not the MoE layer")
         grpc, pb, _ = _grpc()
@@ -380,7 +398,10 @@ class LiveFabric:
                 try:
                     replies[name] = f.result()
                 except grpc.RpcError as e:
-                    errors.append(f"{name}: {e.code().name}: {e.details()}")
+                    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # the deadline is the caller's: say which
+                        errors.append(f"{name}: did not answer within {timeout:g} s (--timeout)")
+                    else:
+                        errors.append(f"{name}: {e.code().name}: {e.details()}")
         t1 = time.time_ns()
         rows = {n: json.loads(r.row_json) for n, r in replies.items() if r.row_json}
         if trace and rows:
@@ -984,8 +1005,8 @@ def _cmd_run_moe(fab, args):
     print(MOE_HEADER)
     status = 0
     for v in variants:
-        row = fab.run("moe", algo=v, dtype=args.dtype or "bf16", seed=args.seed,
-                      moe=shape, timeout=300)
+        row = fab.run("moe", algo=v, dtype=args.dtype or "bf16", seed=args.seed, moe=shape,
+                      timeout=run_timeout(args.timeout, "moe"))
         print(moe_row_text(row))
         for f in row["faults"]:
             print(f"#   {v} fault: {f}")
@@ -1022,7 +1043,7 @@ def _cmd_run(args):
     print(f"#{'size(B)':>13} {'algo':>8} {'time(us)':>11} {'algbw GB/s':>11} {'#wrong':>7}  faults")
     for size in sizes:
         row = fab.run(args.collective, algo=args.algo, bytes=size, dtype=args.dtype or "fp32", op=args.op, root=args.root,
-                      seed=args.seed, trace=args.trace)
+                      seed=args.seed, trace=args.trace, timeout=run_timeout(args.timeout, args.collective))
         print(f" {size:>13} {row['ran']:>8} {row['time_us']:>11.1f} {row.get('algbw_gbs', 0):>11.3f} "
               f"{row['wrong']:>7}  {'; '.join(row['faults'])}")
         if not row["ok"]:
@@ -1035,14 +1056,16 @@ def _cmd_run(args):
 MOE_COMPARE_SHAPE = dict(hidden=512, inter=16, experts=32, topk=8)
 
 
-def compare(fab, what="allreduce", algo="ifec", bytes=1 << 20, seed=1):
+def compare(fab, what="allreduce", algo="ifec", bytes=1 << 20, seed=1, timeout=None):
     """The same measurement on the simulator (this topology, its link rates) and on the live fabric: (sim, live).
     what "moe": one MoE layer in variant `algo` on every GPU, `bytes` tokens per rank (MOE_COMPARE_SHAPE, bf16): the
-    same tokens, routing and weights on both sides."""
+    same tokens, routing and weights on both sides. `timeout`: seconds the live run may take (None: RUN_TIMEOUT_S,
+    MOE_TIMEOUT_S for moe)."""
     from . import collectives
+    timeout = run_timeout(timeout, what)
     if what == "moe":
-        return _compare_moe(fab, algo, int(bytes), seed)
-    lv = fab.run(what, algo=algo, bytes=int(bytes), seed=seed)
+        return _compare_moe(fab, algo, int(bytes), seed, timeout)
+    lv = fab.run(what, algo=algo, bytes=int(bytes), seed=seed, timeout=timeout)
     # The simulated fabric starts where the live one did (each GPU's stripe rotor, the group counter): the same
     # frames take the same sub-links.
     sim = collectives.measure(fab.topo, kind=what, algo=algo, bytes=int(bytes), seed=seed, live_timing=True,
@@ -1050,9 +1073,10 @@ def compare(fab, what="allreduce", algo="ifec", bytes=1 << 20, seed=1):
     return sim, lv
 
 
-def _compare_moe(fab, variant, tokens, seed):
+def _compare_moe(fab, variant, tokens, seed, timeout):
     from . import moe
-    lv = fab.run("moe", algo=variant, dtype="bf16", seed=seed, moe=dict(MOE_COMPARE_SHAPE, tokens=tokens), timeout=300)
+    lv = fab.run("moe", algo=variant, dtype="bf16", seed=seed, moe=dict(MOE_COMPARE_SHAPE, tokens=tokens),
+                 timeout=timeout)
     shape = MOE_COMPARE_SHAPE
     sim = moe.measure(fab.topo, fab.topo.num_gpus, tokens, variants=[variant], mode="normal",
                       hidden=shape["hidden"], experts=shape["experts"], topk=shape["topk"], inter=shape["inter"],
@@ -1171,7 +1195,7 @@ def _cmd_compare(args):
     print(MOE_COMPARE_HEADER if moe else COMPARE_HEADER)
     status = 0
     for size in sizes:
-        sim, lv = compare(fab, args.collective, args.algo, size, args.seed)
+        sim, lv = compare(fab, args.collective, args.algo, size, args.seed, args.timeout)
         print(moe_compare_text(size, sim, lv) if moe else compare_text(size, sim, lv, fab.topo.links))
         if not (sim["ok"] and lv["ok"]):
             print(f"#   FAILED: sim {sim.get('error')}; live {lv.get('error')}")
@@ -1227,6 +1251,19 @@ def _positive_seconds(text):
         return _positive_float(text, "")
     except LiveError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+
+
+def _seconds_at_most(hi):
+    """An argparse type: a positive, finite number of seconds, at most `hi`."""
+    def parse(text):
+        try:
+            v = _positive_float(text, "")
+        except LiveError:
+            v = None
+        if v is None or v > hi:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds up to {hi:g}")
+        return v
+    return parse
 
 
 def _cmd_capture(args):
@@ -1324,6 +1361,9 @@ def add_fabric_commands(sub, driver="live"):
     run.add_argument("--root", type=_at_least(0), default=0)
     run.add_argument("--seed", type=_at_least(1), default=1)
     run.add_argument("--trace", help="a folder: each rank's part of every operation as JSON lines (./ifec sim --replay)")
+    timeout_help = (f"seconds each operation may take on every rank before it fails, up to {MAX_TIMEOUT_S:g} "
+                    f"(default: {RUN_TIMEOUT_S:g} s, {MOE_TIMEOUT_S:g} s for moe)")
+    run.add_argument("--timeout", type=_seconds_at_most(MAX_TIMEOUT_S), metavar="SECONDS", help=timeout_help)
     for flag, default in (("--tokens", 32), ("--hidden", 512), ("--inter", 16), ("--experts", 32), ("--topk", 8)):
         run.add_argument(flag, type=_at_least(1), default=default, help=f"moe: default {default}")
     cmp = sub.add_parser("compare", help="the same collective on the simulator and the live fabric, side by side")
@@ -1333,6 +1373,7 @@ def add_fabric_commands(sub, driver="live"):
     cmp.add_argument("--bytes", default=None, help="SIZE[,SIZE...] (default 1048576; moe: tokens per rank, 1..65536, "
                                                  "default 32)")
     cmp.add_argument("--seed", type=_at_least(1), default=1)
+    cmp.add_argument("--timeout", type=_seconds_at_most(MAX_TIMEOUT_S), metavar="SECONDS", help=timeout_help)
     for name in ("fail", "restore"):
         s = sub.add_parser(name, help=f"{'take links down' if name == 'fail' else 'bring links back'} "
                                       "(id, NODE:PORT, NODE:NODE[:SUB], GPU:planeP (the Y-cable) or GPU:planeP:subS)")
