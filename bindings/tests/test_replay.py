@@ -170,6 +170,9 @@ def test_bad_traces_are_named(repo, tmp_path):
         replay.load(edited("m", lambda ops: ops[0].update(group_size=9), [0]))
     with pytest.raises(replay.TraceError, match=r"group 0: rank 0 traced operation numbers \(seq\) more than once"):
         replay.load(edited("s", lambda ops: ops[1].update(seq=0)))
+    with pytest.raises(replay.TraceError, match=r"operation 0 \(reduce_scatter\): 65540 B is not 8 equal blocks"):
+        replay.load(edited("rs", lambda ops: ops[0].update(op="reduce_scatter", fabric_op="reduce-scatter", bytes=65540,
+                                                            row=dict(ops[0]["row"], size=65540))))
     with pytest.raises(replay.TraceError, match=r"operation 0 \(all_reduce\): link ids \[99999\] outside superpod-8x2"):
         replay.report(edited("l", lambda ops: ops[0]["row"].update(gpu_link_ids=[99999], gpu_link_up_bytes=[1],
                                                                    gpu_link_down_bytes=[1]), [0]),
