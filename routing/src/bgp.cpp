@@ -642,6 +642,9 @@ struct UpdateDecoder {
   std::array<bool, 256> seen{};
   std::optional<std::vector<BgpAsPathSegment>> as4_path;
   std::optional<BgpAggregator> as4_aggregator;
+  std::optional<uint32_t> mp_next_hop;  // MP_REACH_NLRI's IPv4 next hop, settled against NEXT_HOP by run()
+  size_t mp_reach_at = 0;               // byte of the MP_REACH_NLRI it came from
+  size_t empty_unreach = 0;             // size of an IPv4 unicast MP_UNREACH_NLRI withdrawing nothing (End-of-RIB)
 
   void error(BgpErrorAction a, uint8_t subcode, size_t at, std::vector<uint8_t> data, const std::string& what) {
     out->errors.push_back(make_error(a, kErrUpdate, subcode, std::move(data), at, what));
@@ -654,8 +657,12 @@ struct UpdateDecoder {
       const size_t n = (bits + 7u) / 8u;
       if (bits > 32 || end - at - 1 < n) {
         std::ostringstream os;
-        os << field << " prefix at byte " << at << " with length " << int(bits)
-           << (bits > 32 ? " (expected 0..32)" : " runs past the field");
+        os << field << " prefix at byte " << at << " with length " << int(bits);
+        if (bits > 32) {
+          os << " (expected 0..32)";
+        } else {
+          os << " runs past the field's end at byte " << end;
+        }
         error(BgpErrorAction::kSessionReset, kUpdInvalidNetwork, at, {}, os.str());
         return false;
       }
@@ -697,6 +704,12 @@ struct UpdateDecoder {
   bool flags_ok(uint8_t flags, uint8_t type, size_t at, const std::vector<uint8_t>& whole);
   void value(uint8_t type, const uint8_t* v, size_t n, size_t at, const std::vector<uint8_t>& whole);
   void aggregators(uint8_t type, const uint8_t* v, size_t n, size_t at, const std::vector<uint8_t>& whole);
+  bool ipv4_unicast(uint8_t type, const uint8_t* v, size_t n, size_t at, const std::vector<uint8_t>& whole);
+  void mp_reach(const uint8_t* v, size_t n, size_t at, const std::vector<uint8_t>& whole);
+  void mp_reach_next_hop(const uint8_t* nh, size_t nh_len, size_t at, const std::vector<uint8_t>& whole);
+  void mp_unreach(const uint8_t* v, size_t n, size_t at, const std::vector<uint8_t>& whole);
+  void settle_next_hop(bool classic_nlri);
+  void mandatory(size_t attrs, bool classic_nlri);
   void finish_path();
   void run();
 };
@@ -709,6 +722,11 @@ BgpErrorAction malformed_action(uint8_t type) {
     case kAttrAs4Path:
     case kAttrAs4Aggregator:
       return BgpErrorAction::kAttributeDiscard;
+    // RFC 7606 §7.11: "session reset" or "AFI/SAFI disable", which this code does not have. Even a flags conflict
+    // resets (as FRR does): treat-as-withdraw could not withdraw the NLRI of an attribute left unread.
+    case kAttrMpReach:
+    case kAttrMpUnreach:
+      return BgpErrorAction::kSessionReset;
     default:
       return BgpErrorAction::kTreatAsWithdraw;
   }
@@ -724,6 +742,8 @@ int expected_flags(uint8_t type) {
     case kAttrAtomicAggregate:
       return kAttrTransitive;
     case kAttrMed:
+    case kAttrMpReach:
+    case kAttrMpUnreach:
       return kAttrOptional;
     case kAttrAggregator:
     case kAttrExtCommunities:
@@ -733,6 +753,12 @@ int expected_flags(uint8_t type) {
     default:
       return -1;
   }
+}
+
+// Not "this network", loopback, multicast or reserved: the addresses RFC 4271 §6.3 calls no valid next hop.
+bool unicast_next_hop(uint32_t nh) {
+  const uint32_t first = nh >> 24;
+  return first != 0 && first != 127 && first < 224;
 }
 
 const char* attr_name(uint8_t type) {
@@ -751,6 +777,10 @@ const char* attr_name(uint8_t type) {
       return "ATOMIC_AGGREGATE";
     case kAttrAggregator:
       return "AGGREGATOR";
+    case kAttrMpReach:
+      return "MP_REACH_NLRI";
+    case kAttrMpUnreach:
+      return "MP_UNREACH_NLRI";
     case kAttrExtCommunities:
       return "EXTENDED_COMMUNITIES";
     case kAttrAs4Path:
@@ -783,7 +813,7 @@ void UpdateDecoder::attributes(size_t at, size_t end) {
     }
     if (seen[type] && (type == kAttrMpReach || type == kAttrMpUnreach)) {  // RFC 7606 §3 g: these reset the session
       std::ostringstream os;
-      os << (type == kAttrMpReach ? "MP_REACH_NLRI" : "MP_UNREACH_NLRI") << " repeated at byte " << at;
+      os << attr_name(type) << " repeated at byte " << at;
       error(BgpErrorAction::kSessionReset, kUpdMalformedAttrList, at, {}, os.str());
       return;
     }
@@ -872,8 +902,7 @@ void UpdateDecoder::value(uint8_t type, const uint8_t* v, size_t n, size_t at, c
     case kAttrNextHop: {
       if (n != 4) return bad_length("4");
       const uint32_t nh = load_be32(v);
-      const uint32_t first = nh >> 24;
-      if (first == 0 || first == 127 || first >= 224) {  // "this network", loopback, multicast, reserved
+      if (!unicast_next_hop(nh)) {
         std::ostringstream os;
         os << "NEXT_HOP " << common::ipv4_to_string(nh) << " at byte " << at << " (expected a unicast address)";
         return error(BgpErrorAction::kTreatAsWithdraw, kUpdInvalidNextHop, at, whole, os.str());
@@ -905,6 +934,10 @@ void UpdateDecoder::value(uint8_t type, const uint8_t* v, size_t n, size_t at, c
         a.ext_communities.push_back(c);
       }
       return;
+    case kAttrMpReach:
+      return mp_reach(v, n, at, whole);
+    case kAttrMpUnreach:
+      return mp_unreach(v, n, at, whole);
     default:
       return aggregators(type, v, n, at, whole);
   }
@@ -925,6 +958,111 @@ void UpdateDecoder::aggregators(uint8_t type, const uint8_t* v, size_t n, size_t
   } else if (!opt.as4) {
     as4_aggregator = agg;
   }  // AS4_AGGREGATOR from a 4-octet peer: discarded (RFC 6793 §4.1)
+}
+
+// The family of an MP attribute (RFC 4760 §3, §4): true for IPv4 unicast, the one decoded. Another is skipped unread
+// and listed: its layout past AFI and SAFI is that family's, and a family never negotiated is no reason to reset.
+// Malformed MP attributes reset the session (malformed_action) with Optional Attribute Error, as RFC 4760 §7 names.
+bool UpdateDecoder::ipv4_unicast(uint8_t type, const uint8_t* v, size_t n, size_t at,
+                                 const std::vector<uint8_t>& whole) {
+  if (n < 3) {
+    std::ostringstream os;
+    os << attr_name(type) << " at byte " << at << " has length " << n << " (expected at least 3: AFI, SAFI)";
+    error(BgpErrorAction::kSessionReset, kUpdOptionalAttr, at, whole, os.str());
+    return false;
+  }
+  const uint16_t afi = load_be16(v);
+  if (afi == kAfiIpv4 && v[2] == kSafiUnicast) return true;
+  out->skipped_families.emplace_back(afi, v[2]);
+  return false;
+}
+
+// IPv4 unicast MP_REACH_NLRI: its prefixes join the NLRI. RFC 7606 §7.11: a next hop length other than expected
+// leaves the NLRI unlocatable, a session reset; so does a prefix over /32 or past the attribute (as in the NLRI field).
+void UpdateDecoder::mp_reach(const uint8_t* v, size_t n, size_t at, const std::vector<uint8_t>& whole) {
+  if (!ipv4_unicast(kAttrMpReach, v, n, at, whole)) return;
+  const size_t nh = n < 5 ? 0 : v[3];
+  const bool known = nh == 4 || nh == 16 || nh == 32;
+  if (n < 5 || !known || n - 5 < nh) {
+    std::ostringstream os;
+    os << "MP_REACH_NLRI at byte " << at;
+    if (n < 5) {
+      os << " has length " << n << " (expected at least 5: AFI, SAFI, next hop length, reserved)";
+    } else if (!known) {
+      os << " has a next hop of length " << nh << " for IPv4 unicast (expected 4, or 16 or 32 under RFC 8950)";
+    } else {
+      os << " has a next hop of length " << nh << " that runs past its " << n << " bytes";
+    }
+    return error(BgpErrorAction::kSessionReset, kUpdOptionalAttr, at, whole, os.str());
+  }
+  const size_t base = static_cast<size_t>(v - msg);
+  std::vector<BgpPrefix> ps;
+  if (!prefixes(base + 5 + nh, base + n, &ps, "MP_REACH_NLRI")) return;  // after the reserved byte (ignored)
+  out->update.nlri.insert(out->update.nlri.end(), ps.begin(), ps.end());
+  mp_reach_next_hop(v + 4, nh, at, whole);
+}
+
+// The next hop of IPv4 unicast MP_REACH_NLRI, kept for settle_next_hop(); one that cannot serve its routes makes
+// them treat-as-withdraw (their NLRI was found), as a bad NEXT_HOP does.
+void UpdateDecoder::mp_reach_next_hop(const uint8_t* nh, size_t nh_len, size_t at, const std::vector<uint8_t>& whole) {
+  std::ostringstream os;
+  if (nh_len != 4) {
+    // RFC 8950's IPv6 next hop for IPv4 NLRI: this speaker does not offer its Extended Next Hop capability and
+    // BgpPathAttributes has no place for an IPv6 address, so the routes are withdrawn, not installed without one.
+    os << "MP_REACH_NLRI at byte " << at << " has a " << nh_len
+       << "-byte IPv6 next hop for IPv4 unicast (RFC 8950, not negotiated; expected 4 bytes)";
+    return error(BgpErrorAction::kTreatAsWithdraw, kUpdOptionalAttr, at, whole, os.str());
+  }
+  const uint32_t addr = load_be32(nh);
+  if (!unicast_next_hop(addr)) {
+    os << "MP_REACH_NLRI next hop " << common::ipv4_to_string(addr) << " at byte " << at
+       << " (expected a unicast address)";
+    return error(BgpErrorAction::kTreatAsWithdraw, kUpdInvalidNextHop, at, whole, os.str());
+  }
+  mp_next_hop = addr;
+  mp_reach_at = at;
+}
+
+// IPv4 unicast MP_UNREACH_NLRI: its prefixes join the withdrawn routes.
+void UpdateDecoder::mp_unreach(const uint8_t* v, size_t n, size_t at, const std::vector<uint8_t>& whole) {
+  if (!ipv4_unicast(kAttrMpUnreach, v, n, at, whole)) return;
+  const size_t base = static_cast<size_t>(v - msg);
+  std::vector<BgpPrefix> ps;
+  if (!prefixes(base + 3, base + n, &ps, "MP_UNREACH_NLRI")) return;
+  if (ps.empty()) empty_unreach = whole.size();
+  out->update.withdrawn.insert(out->update.withdrawn.end(), ps.begin(), ps.end());
+}
+
+// RFC 4760 §3: MP_REACH_NLRI's next hop is its NLRI's, and a NEXT_HOP beside it without classic NLRI is ignored.
+// BgpPathAttributes holds one next hop: with classic NLRI too, NEXT_HOP's stands for every route and a different
+// MP next hop is reported discarded (FARE forwards by the session's link, not the next hop: no route is lost).
+void UpdateDecoder::settle_next_hop(bool classic_nlri) {
+  BgpPathAttributes& a = out->update.attrs;
+  if (!mp_next_hop) return;
+  if (!classic_nlri) {
+    a.next_hop = mp_next_hop;
+    return;
+  }
+  if (!a.next_hop || *a.next_hop == *mp_next_hop) return;  // a missing NEXT_HOP: mandatory() reports it
+  std::ostringstream os;
+  os << "MP_REACH_NLRI at byte " << mp_reach_at << " has next hop " << common::ipv4_to_string(*mp_next_hop)
+     << " where NEXT_HOP has " << common::ipv4_to_string(*a.next_hop)
+     << ": one next hop per UPDATE is kept, NEXT_HOP's, for every route";
+  error(BgpErrorAction::kAttributeDiscard, kUpdOptionalAttr, mp_reach_at, {}, os.str());
+}
+
+// RFC 7606 §3 d for an UPDATE with NLRI: ORIGIN and AS_PATH; NEXT_HOP only for classic NLRI (RFC 4760 §3: the
+// MP_REACH_NLRI ones have their own); LOCAL_PREF from an internal peer.
+void UpdateDecoder::mandatory(size_t attrs, bool classic_nlri) {
+  for (uint8_t t : {kAttrOrigin, kAttrAsPath, kAttrNextHop}) {
+    if (seen[t] || (t == kAttrNextHop && !classic_nlri)) continue;
+    error(BgpErrorAction::kTreatAsWithdraw, kUpdMissingWellKnown, attrs, {t},
+          std::string("UPDATE with NLRI lacks the well-known mandatory ") + attr_name(t));
+  }
+  if (!opt.ebgp && !seen[kAttrLocalPref]) {
+    error(BgpErrorAction::kTreatAsWithdraw, kUpdMissingWellKnown, attrs, {kAttrLocalPref},
+          "UPDATE from an internal peer lacks LOCAL_PREF");
+  }
 }
 
 // RFC 6793 §4.2.3 for a 2-octet peer, then the leftmost-AS check (RFC 4271 §6.3) for an external one.
@@ -968,19 +1106,13 @@ void UpdateDecoder::run() {
   }
   if (!prefixes(body + 2, body + 2 + wlen, &out->update.withdrawn, "withdrawn")) return;
   if (!prefixes(attrs + alen, len, &out->update.nlri, "NLRI")) return;
-  attributes(attrs, attrs + alen);
+  const bool classic_nlri = !out->update.nlri.empty();
+  attributes(attrs, attrs + alen);  // MP_REACH_NLRI / MP_UNREACH_NLRI prefixes join nlri / withdrawn here
+  settle_next_hop(classic_nlri);
   finish_path();
-  if (out->update.nlri.empty()) return;
-  for (uint8_t t : {kAttrOrigin, kAttrAsPath, kAttrNextHop}) {  // RFC 7606 §3 d
-    if (!seen[t]) {
-      error(BgpErrorAction::kTreatAsWithdraw, kUpdMissingWellKnown, attrs, {t},
-            std::string("UPDATE with NLRI lacks the well-known mandatory ") + attr_name(t));
-    }
-  }
-  if (!opt.ebgp && !seen[kAttrLocalPref]) {
-    error(BgpErrorAction::kTreatAsWithdraw, kUpdMissingWellKnown, attrs, {kAttrLocalPref},
-          "UPDATE from an internal peer lacks LOCAL_PREF");
-  }
+  // RFC 4724 §2: nothing at all, or an IPv4 unicast MP_UNREACH_NLRI withdrawing nothing as the only attribute.
+  out->end_of_rib = wlen == 0 && !classic_nlri && (alen == 0 || alen == empty_unreach);
+  if (!out->update.nlri.empty()) mandatory(attrs, classic_nlri);
 }
 
 }  // namespace
@@ -1016,7 +1148,7 @@ BgpMessage decode_bgp(const uint8_t* msg, size_t len, const BgpDecodeOptions& op
       OpenDecoder{msg, len, &m}.run();
       break;
     case BgpMessageType::kUpdate:
-      UpdateDecoder{msg, len, opt, &m, {}, {}, {}}.run();
+      UpdateDecoder{msg, len, opt, &m, {}, {}, {}, {}, 0, 0}.run();
       break;
     case BgpMessageType::kNotification:
       m.notification = BgpNotification{body[0], body[1], std::vector<uint8_t>(body + 2, msg + len)};

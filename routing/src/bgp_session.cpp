@@ -323,6 +323,11 @@ void BgpSession::handle_update(const BgpMessage& m) {
     event(Kind::kProblem, std::string(bgp_error_action_name(e.action)) + ": " + e.what + " [" +
                               bgp_notification_name(e.notification.code, e.notification.subcode) + "]");
   }
+  for (const auto& [afi, safi] : m.skipped_families) {
+    std::ostringstream os;
+    os << "multiprotocol routes for AFI " << afi << " SAFI " << int(safi) << ", not negotiated: ignored";
+    event(Kind::kProblem, os.str());
+  }
   const BgpUpdate& u = m.update;
   if (!ipv4_unicast_ && (!u.nlri.empty() || !u.withdrawn.empty())) {
     return event(Kind::kProblem, "UPDATE with IPv4 unicast routes, which the peer did not negotiate: ignored");
@@ -337,7 +342,7 @@ void BgpSession::handle_update(const BgpMessage& m) {
   } else {
     e.announced = u.nlri;
     e.attrs = u.attrs;
-    if (u.nlri.empty() && u.withdrawn.empty()) e.text = "End-of-RIB";
+    if (m.end_of_rib) e.text = "End-of-RIB";  // the empty UPDATE or its MP_UNREACH_NLRI form (RFC 4724 §2)
   }
   events_.push_back(std::move(e));
 }

@@ -528,11 +528,12 @@ TEST(BgpRfc7606, RepeatedMultiprotocolAttributesResetTheSession) {
   const Bytes unreach = {0x80, 0x0f, 0x03, 0x00, 0x01, 0x01};  // AFI 1, SAFI 1, no withdrawn routes
   expect_error(update_msg({}, cat({kOrigin, kAsPath, kNextHop, unreach, unreach}), kNlri), kReset, 3, 1, {},
                "MP_UNREACH_NLRI repeated");
-  const Bytes reach = {0x80, 0x0e, 0x05, 0x00, 0x01, 0x01, 0x00, 0x00};  // no next hop, no NLRI
+  const Bytes reach = {0x80, 0x0e, 0x09, 0x00, 0x01, 0x01, 0x04, 10, 0, 0, 2, 0x00};  // next hop 10.0.0.2, no NLRI
   expect_error(update_msg({}, cat({kOrigin, kAsPath, kNextHop, reach, reach}), kNlri), kReset, 3, 1, {},
                "MP_REACH_NLRI repeated");
-  // Once is accepted (and not decoded: this speaker's routes are IPv4 unicast in the NLRI field).
+  // Once is accepted.
   EXPECT_TRUE(decode(update_msg({}, cat({kOrigin, kAsPath, kNextHop, unreach}), kNlri), from_peer()).ok());
+  EXPECT_TRUE(decode(update_msg({}, cat({kOrigin, kAsPath, kNextHop, reach}), kNlri), from_peer()).ok());
 }
 
 TEST(BgpRfc7606, BadExtendedCommunitiesAreTreatAsWithdraw) {
@@ -592,6 +593,193 @@ TEST(BgpRfc7606, TheMostSevereErrorDecides) {
   EXPECT_EQ(m.errors.size(), 2u);
   EXPECT_EQ(m.action(), kReset);
   EXPECT_EQ(m.worst()->notification.subcode, 2);
+}
+
+// ================================================================================================================
+// Multiprotocol IPv4 unicast (RFC 4760): MP_REACH_NLRI and MP_UNREACH_NLRI as GoBGP (and FRR in some
+// configurations) send them, decoded into the same nlri / withdrawn lists as the classic fields
+// ================================================================================================================
+
+namespace {
+
+const std::vector<BgpPrefix> kHostAndSlash16 = {bgp_prefix(ip(10, 1, 0, 2), 32), bgp_prefix(ip(10, 3, 0, 0), 16)};
+
+// MP_REACH_NLRI (RFC 4760 §3): 10.1.0.2/32 and 10.3.0.0/16 via next hop 10.0.0.9.
+const Bytes kMpReach = {0x80, 0x0e, 0x11,              // optional non-transitive, type 14, length 17
+                        0x00, 0x01,                    // AFI 1 (IPv4)
+                        0x01,                          // SAFI 1 (unicast)
+                        0x04,                          // next hop length 4
+                        0x0a, 0x00, 0x00, 0x09,        // next hop 10.0.0.9
+                        0x00,                          // reserved
+                        0x20, 0x0a, 0x01, 0x00, 0x02,  // 10.1.0.2/32: 32 bits, 4 octets
+                        0x10, 0x0a, 0x03};             // 10.3.0.0/16: 16 bits, 2 octets
+
+}  // namespace
+
+TEST(BgpMultiprotocol, ReachNlriRoutesAreDecodedWithTheirNextHop) {
+  // ORIGIN and AS_PATH (RFC 4760 §3: mandatory with MP_REACH_NLRI), no NEXT_HOP, no classic NLRI.
+  const BgpMessage m = decode(update_msg({}, cat({kOrigin, kAsPath, kMpReach}), {}), from_peer());
+  ASSERT_TRUE(m.ok()) << m.worst()->what;
+  EXPECT_EQ(m.update.nlri, kHostAndSlash16);
+  EXPECT_EQ(m.update.attrs.next_hop, ip(10, 0, 0, 9));
+  EXPECT_TRUE(m.update.withdrawn.empty());
+  EXPECT_TRUE(m.skipped_families.empty());
+  EXPECT_FALSE(m.end_of_rib);
+  // MP_REACH_NLRI first (where RFC 7606 §5.1 asks senders to put it), and a NEXT_HOP beside it: ignored without
+  // classic NLRI (RFC 4760 §3), the MP next hop is the routes'.
+  const BgpMessage first = decode(update_msg({}, cat({kMpReach, kOrigin, kAsPath, kNextHop}), {}), from_peer());
+  ASSERT_TRUE(first.ok()) << first.worst()->what;
+  EXPECT_EQ(first.update, m.update);
+  // This code sends them back in the classic fields, NEXT_HOP 10.0.0.9 (what FRR expects of an IPv4 session).
+  const Bytes classic =
+      update_msg({}, cat({kOrigin, kAsPath, Bytes{0x40, 0x03, 0x04, 10, 0, 0, 9}}), {0x20, 10, 1, 0, 2, 0x10, 10, 3});
+  EXPECT_EQ(encode_bgp_update(m.update, true), classic);
+  EXPECT_EQ(decode(classic, from_peer()).update, m.update);
+}
+
+TEST(BgpMultiprotocol, UnreachNlriRoutesJoinTheWithdrawnRoutes) {
+  const Bytes unreach = {0x80, 0x0f, 0x09,              // optional non-transitive, type 15, length 9
+                         0x00, 0x01, 0x01,              // AFI 1, SAFI 1
+                         0x20, 0x0a, 0x01, 0x00, 0x02,  // 10.1.0.2/32
+                         0x00};                         // 0.0.0.0/0: no octets
+  // No other attribute is needed (RFC 4760 §4); the classic Withdrawn Routes come first.
+  const BgpMessage m = decode(update_msg({0x10, 10, 9}, unreach, {}), from_peer());
+  ASSERT_TRUE(m.ok()) << m.worst()->what;
+  EXPECT_EQ(m.update.withdrawn, (std::vector<BgpPrefix>{bgp_prefix(ip(10, 9, 0, 0), 16),
+                                                        bgp_prefix(ip(10, 1, 0, 2), 32), bgp_prefix(0, 0)}));
+  EXPECT_TRUE(m.update.nlri.empty());
+  EXPECT_FALSE(m.end_of_rib);
+}
+
+TEST(BgpMultiprotocol, AnEmptyIpv4UnicastUnreachIsTheEndOfRibMarker) {
+  // RFC 4724 §2: the empty UPDATE, or MP_UNREACH_NLRI for the family withdrawing nothing as the only content.
+  const Bytes eor = {0x80, 0x0f, 0x03, 0x00, 0x01, 0x01};  // AFI 1, SAFI 1, no withdrawn routes
+  EXPECT_TRUE(decode(update_msg({}, {}, {})).end_of_rib);
+  const BgpMessage m = decode(update_msg({}, eor, {}), from_peer());
+  ASSERT_TRUE(m.ok()) << m.worst()->what;
+  EXPECT_TRUE(m.end_of_rib);
+  EXPECT_EQ(m.update, BgpUpdate{});
+  // Anything more is not the marker: a prefix, another attribute, another family (IPv6 unicast's marker).
+  EXPECT_FALSE(decode(update_msg({}, {0x80, 0x0f, 0x04, 0x00, 0x01, 0x01, 0x00}, {})).end_of_rib);
+  EXPECT_FALSE(decode(update_msg({}, cat({eor, kOrigin}), {})).end_of_rib);
+  EXPECT_FALSE(decode(update_msg({}, {0x80, 0x0f, 0x03, 0x00, 0x02, 0x01}, {})).end_of_rib);
+  EXPECT_FALSE(decode(update_msg({0x00}, {}, {})).end_of_rib);  // withdraws 0.0.0.0/0
+}
+
+TEST(BgpMultiprotocol, ClassicNlriAndReachNlriInOneUpdate) {
+  // Attributes from byte 23: ORIGIN (4), AS_PATH (9), NEXT_HOP 10.0.0.2 (7), then MP_REACH_NLRI at byte 43.
+  const auto reach_via = [](uint8_t last) {
+    return Bytes{0x80, 0x0e, 0x0c,        // type 14, length 12
+                 0x00, 0x01, 0x01,        // AFI 1, SAFI 1
+                 0x04,                    // next hop length 4
+                 0x0a, 0x00, 0x00, last,  // next hop 10.0.0.<last>
+                 0x00,                    // reserved
+                 0x10, 0x0a, 0x03};       // 10.3.0.0/16
+  };
+  const BgpMessage m = decode(update_msg({}, cat({kOrigin, kAsPath, kNextHop, reach_via(2)}), kNlri), from_peer());
+  ASSERT_TRUE(m.ok()) << m.worst()->what;
+  EXPECT_EQ(m.update.nlri, kHostAndSlash16);  // the classic field's first
+  EXPECT_EQ(m.update.attrs.next_hop, ip(10, 0, 0, 2));
+  // Two different next hops do not fit one BgpUpdate: NEXT_HOP's is kept for all and the other reported discarded.
+  const BgpMessage two = decode(update_msg({}, cat({kOrigin, kAsPath, kNextHop, reach_via(9)}), kNlri), from_peer());
+  EXPECT_EQ(two.action(), kDiscard);
+  EXPECT_THAT(two.worst()->what,
+              HasSubstr("MP_REACH_NLRI at byte 43 has next hop 10.0.0.9 where NEXT_HOP has 10.0.0.2"));
+  EXPECT_EQ(two.update.nlri, kHostAndSlash16);
+  EXPECT_EQ(two.update.attrs.next_hop, ip(10, 0, 0, 2));
+  // Classic NLRI still needs NEXT_HOP (RFC 7606 §3 d), MP_REACH_NLRI beside it or not.
+  expect_error(update_msg({}, cat({kOrigin, kAsPath, reach_via(2)}), kNlri), kWithdraw, 3, 3, {3}, "NEXT_HOP");
+  // MP_REACH_NLRI alone needs ORIGIN and AS_PATH as classic NLRI does.
+  expect_error(update_msg({}, cat({kAsPath, kMpReach}), {}), kWithdraw, 3, 3, {1}, "ORIGIN");
+}
+
+TEST(BgpMultiprotocol, OtherFamiliesAreSkippedWithoutError) {
+  const Bytes ipv6_reach = {0x80, 0x0e, 0x1c,                                // type 14, length 28
+                            0x00, 0x02, 0x01,                                // AFI 2 (IPv6), SAFI 1
+                            0x10,                                            // next hop length 16
+                            0x20, 0x01, 0x0d, 0xb8, 0x00, 0x00, 0x00, 0x00,  // next hop 2001:db8::1
+                            0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01,  //
+                            0x00,                                            // reserved
+                            0x30, 0x20, 0x01, 0x0d, 0xb8, 0x00, 0x01};       // 2001:db8:1::/48
+  const Bytes ipv6_unreach = {0x80, 0x0f, 0x0a,                              // type 15, length 10
+                              0x00, 0x02, 0x01,                              // AFI 2, SAFI 1
+                              0x30, 0x20, 0x01, 0x0d, 0xb8, 0x00, 0x01};     // 2001:db8:1::/48
+  const BgpMessage m =
+      decode(update_msg({}, cat({kOrigin, kAsPath, kNextHop, ipv6_reach, ipv6_unreach}), kNlri), from_peer());
+  ASSERT_TRUE(m.ok()) << m.worst()->what;
+  EXPECT_EQ(m.update.nlri, (std::vector<BgpPrefix>{bgp_prefix(ip(10, 1, 0, 2), 32)}));  // the classic route only
+  EXPECT_TRUE(m.update.withdrawn.empty());
+  EXPECT_EQ(m.skipped_families, (std::vector<std::pair<uint16_t, uint8_t>>{{2, 1}, {2, 1}}));
+  // Not read past AFI and SAFI: a next hop length no family has, IPv4 multicast (SAFI 2), all without error.
+  const Bytes odd_ipv6 = {0x80, 0x0e, 0x04, 0x00, 0x02, 0x01, 0xc8};   // AFI 2, SAFI 1, next hop length 200
+  const Bytes multicast = {0x80, 0x0f, 0x04, 0x00, 0x01, 0x02, 0x21};  // AFI 1, SAFI 2, a /33 "prefix"
+  const BgpMessage o = decode(update_msg({}, cat({kOrigin, kAsPath, odd_ipv6, multicast}), {}), from_peer());
+  ASSERT_TRUE(o.ok()) << o.worst()->what;
+  EXPECT_EQ(o.skipped_families, (std::vector<std::pair<uint16_t, uint8_t>>{{2, 1}, {1, 2}}));
+}
+
+TEST(BgpMultiprotocol, MalformedAttributesResetTheSession) {
+  // RFC 7606 §7.11; Optional Attribute Error (3/9) with the attribute as data, as RFC 4760 §7 names it. Each is the
+  // third attribute, at byte 36 after ORIGIN (4) and AS_PATH (9); its value starts at byte 39.
+  const auto with = [](const Bytes& a) { return update_msg({}, cat({kOrigin, kAsPath, a}), {}); };
+  const Bytes truncated = {0x80, 0x0e, 0x06,  // type 14, length 6
+                           0x00, 0x01, 0x01,  // AFI 1, SAFI 1
+                           0x04,              // next hop length 4...
+                           0x0a, 0x00};       // ...of which 2 bytes are there
+  expect_error(with(truncated), kReset, 3, 9, truncated,
+               "MP_REACH_NLRI at byte 36 has a next hop of length 4 that runs past its 6 bytes");
+  const Bytes nh12 = {0x80, 0x0e, 0x13,                                // type 14, length 19
+                      0x00, 0x01, 0x01,                                // AFI 1, SAFI 1
+                      0x0c,                                            // next hop length 12 (VPN-IPv4's)
+                      0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // route distinguisher 0
+                      0x0a, 0x00, 0x00, 0x09,                          // 10.0.0.9
+                      0x00,                                            // reserved
+                      0x08, 0x0a};                                     // 10.0.0.0/8
+  expect_error(with(nh12), kReset, 3, 9, nh12, "MP_REACH_NLRI at byte 36 has a next hop of length 12");
+  const Bytes short_reach = {0x80, 0x0e, 0x04, 0x00, 0x01, 0x01, 0x04};  // no reserved byte
+  expect_error(with(short_reach), kReset, 3, 9, short_reach, "MP_REACH_NLRI at byte 36 has length 4");
+  const Bytes short_unreach = {0x80, 0x0f, 0x02, 0x00, 0x01};  // no SAFI
+  expect_error(with(short_unreach), kReset, 3, 9, short_unreach, "MP_UNREACH_NLRI at byte 36 has length 2");
+  // Prefixes as in the NLRI field (RFC 7606 §5.3): Invalid Network Field (3/10), no data.
+  const Bytes len33 = {0x80, 0x0e, 0x0f,                     // type 14, length 15
+                       0x00, 0x01, 0x01,                     // AFI 1, SAFI 1
+                       0x04, 0x0a, 0x00, 0x00, 0x09,         // next hop 10.0.0.9
+                       0x00,                                 // reserved
+                       0x21, 0x0a, 0x01, 0x00, 0x02, 0x00};  // 33 bits at byte 39 + 9
+  expect_error(with(len33), kReset, 3, 10, {}, "MP_REACH_NLRI prefix at byte 48 with length 33 (expected 0..32)");
+  const Bytes past = {0x80, 0x0e, 0x0c,              // type 14, length 12: ends at byte 39 + 12 = 51
+                      0x00, 0x01, 0x01,              // AFI 1, SAFI 1
+                      0x04, 0x0a, 0x00, 0x00, 0x09,  // next hop 10.0.0.9
+                      0x00,                          // reserved
+                      0x18, 0x0a, 0x01};             // a /24 needs 3 octets, 2 are left
+  expect_error(with(past), kReset, 3, 10, {}, "MP_REACH_NLRI prefix at byte 48 with length 24 runs past");
+  const Bytes unreach33 = {0x80, 0x0f, 0x09,                     // type 15, length 9
+                           0x00, 0x01, 0x01,                     // AFI 1, SAFI 1
+                           0x21, 0x0a, 0x01, 0x00, 0x02, 0x00};  // 33 bits at byte 39 + 3
+  expect_error(with(unreach33), kReset, 3, 10, {}, "MP_UNREACH_NLRI prefix at byte 42 with length 33");
+  // Flags other than optional non-transitive: a reset too (treat-as-withdraw could not find the NLRI).
+  Bytes transitive = kMpReach;
+  transitive[0] = 0xc0;
+  expect_error(with(transitive), kReset, 3, 4, transitive, "MP_REACH_NLRI at byte 36 has flags 0xc0");
+}
+
+TEST(BgpMultiprotocol, NextHopsThatCannotServeAreTreatAsWithdraw) {
+  // RFC 8950's IPv6 next hop for IPv4 NLRI: not negotiated, nowhere to keep it; the NLRI is found and withdrawn.
+  const Bytes ipv6_next_hop = {0x80, 0x0e, 0x1a,                                // type 14, length 26
+                               0x00, 0x01, 0x01,                                // AFI 1, SAFI 1
+                               0x10,                                            // next hop length 16
+                               0x20, 0x01, 0x0d, 0xb8, 0x00, 0x00, 0x00, 0x00,  // 2001:db8::1
+                               0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01,  //
+                               0x00,                                            // reserved
+                               0x20, 0x0a, 0x01, 0x00, 0x02};                   // 10.1.0.2/32
+  const Bytes u = update_msg({}, cat({kOrigin, kAsPath, ipv6_next_hop}), {});
+  expect_error(u, kWithdraw, 3, 9, ipv6_next_hop, "MP_REACH_NLRI at byte 36 has a 16-byte IPv6 next hop");
+  EXPECT_EQ(decode(u, from_peer()).update.nlri, (std::vector<BgpPrefix>{bgp_prefix(ip(10, 1, 0, 2), 32)}));
+  // A next hop no route may use (RFC 4271 §6.3), as for NEXT_HOP: Invalid NEXT_HOP (3/8).
+  Bytes loopback = kMpReach;
+  loopback[7] = 127;  // next hop 127.0.0.9
+  expect_error(update_msg({}, cat({kOrigin, kAsPath, loopback}), {}), kWithdraw, 3, 8, loopback,
+               "MP_REACH_NLRI next hop 127.0.0.9");
 }
 
 // ================================================================================================================
@@ -724,6 +912,24 @@ TEST(BgpRobustness, EveryByteOfAValidUpdateSetToEveryValue) {
     }
   }
   EXPECT_GT(refused, 16u * 255u);  // at least every marker change
+}
+
+TEST(BgpRobustness, EveryByteOfAMultiprotocolUpdateSetToEveryValue) {
+  // As fuzz_bgp checks: an UPDATE decoded without error encodes (classic fields) and decodes to the same update.
+  const Bytes full = update_msg({}, cat({kOrigin, kAsPath, kMpReach, Bytes{0x80, 0x0f, 0x05, 0, 1, 1, 0x08, 10}}), {});
+  for (size_t i = 19; i < full.size(); ++i) {
+    for (int v = 0; v < 256; ++v) {
+      Bytes b = full;
+      b[i] = static_cast<uint8_t>(v);
+      const BgpMessage m = decode(b, from_peer());
+      expect_explained(m, b.size());
+      if (!m.ok() || m.type != 2) continue;
+      const Bytes again = encode_bgp_update(m.update, true);
+      const BgpMessage back = decode(again, from_peer());
+      ASSERT_TRUE(back.ok()) << "byte " << i << " = " << v << ": " << back.worst()->what;
+      EXPECT_EQ(back.update, m.update) << "byte " << i << " = " << v;
+    }
+  }
 }
 
 TEST(BgpRobustness, RandomBodiesBehindValidHeaders) {
@@ -1118,6 +1324,45 @@ TEST(BgpSession, MalformedUpdatesFollowRfc7606) {
   // An unparsable NLRI: UPDATE Message Error / Invalid Network Field, then Idle.
   feed(s, update_msg({}, cat({kOrigin, kAsPath, kNextHop}), {33, 1, 2, 3, 4, 5}));
   EXPECT_EQ(s.take_output(), notification_bytes(3, 10));
+  EXPECT_EQ(s.state(), BgpState::kIdle);
+}
+
+// A peer that carries IPv4 unicast in MP_REACH_NLRI / MP_UNREACH_NLRI (GoBGP; FRR in some configurations).
+TEST(BgpSession, MultiprotocolIpv4UnicastUpdates) {
+  BgpSession s = open_sent();
+  feed(s, encode_bgp_open(make_bgp_open(65002, 90, 2)));
+  feed(s, encode_bgp_keepalive());
+  ASSERT_EQ(s.state(), BgpState::kEstablished);
+  s.take_output();
+  s.take_events();
+  feed(s, update_msg({}, cat({kOrigin, kAsPath, kMpReach}), {}));
+  auto ev = s.take_events();
+  const BgpSessionEvent* r = find(ev, Kind::kRoutes);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->announced, kHostAndSlash16);
+  EXPECT_EQ(r->attrs.next_hop, ip(10, 0, 0, 9));
+  feed(s, update_msg({}, {0x80, 0x0f, 0x08, 0x00, 0x01, 0x01, 0x20, 10, 1, 0, 2}, {}));  // withdraws 10.1.0.2/32
+  ev = s.take_events();
+  ASSERT_NE(find(ev, Kind::kRoutes), nullptr);
+  EXPECT_EQ(find(ev, Kind::kRoutes)->withdrawn, (std::vector<BgpPrefix>{bgp_prefix(ip(10, 1, 0, 2), 32)}));
+  // The End-of-RIB marker in its MP form reads as the classic one does.
+  feed(s, update_msg({}, {0x80, 0x0f, 0x03, 0x00, 0x01, 0x01}, {}));
+  ev = s.take_events();
+  ASSERT_NE(find(ev, Kind::kRoutes), nullptr);
+  EXPECT_EQ(find(ev, Kind::kRoutes)->text, "End-of-RIB");
+  // IPv6 unicast's marker is another family's: said so in a kProblem, not taken for ours, the session stays up.
+  feed(s, update_msg({}, {0x80, 0x0f, 0x03, 0x00, 0x02, 0x01}, {}));
+  ev = s.take_events();
+  ASSERT_NE(find(ev, Kind::kProblem), nullptr);
+  EXPECT_THAT(find(ev, Kind::kProblem)->text, HasSubstr("AFI 2 SAFI 1, not negotiated: ignored"));
+  ASSERT_NE(find(ev, Kind::kRoutes), nullptr);
+  EXPECT_EQ(find(ev, Kind::kRoutes)->text, "");
+  EXPECT_EQ(s.state(), BgpState::kEstablished);
+  EXPECT_TRUE(s.take_output().empty());
+  // A next hop that runs past the attribute: UPDATE Message Error / Optional Attribute Error with it, then Idle.
+  const Bytes truncated = {0x80, 0x0e, 0x06, 0x00, 0x01, 0x01, 0x04, 10, 0};
+  feed(s, update_msg({}, cat({kOrigin, kAsPath, truncated}), {}));
+  EXPECT_EQ(s.take_output(), cat({header(30, 3), {3, 9}, truncated}));
   EXPECT_EQ(s.state(), BgpState::kIdle);
 }
 

@@ -4,6 +4,7 @@
 // failed leaf-spine link, a killed node and a hung one (its peers' hold timers).
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <set>
@@ -378,6 +379,88 @@ TEST(BgpSpeaker, ARouteTooLongToReannounceIsWithdrawnAndTheRestStillFlow) {
   }));
   announce(2);  // a path that fits again: announced as any change is
   EXPECT_EQ(f.sp[g1]->next_hops(0).size(), 1u) << "the switch stopped exporting after the long route";
+}
+
+namespace {
+
+std::vector<uint8_t> cat(std::initializer_list<std::vector<uint8_t>> parts) {
+  std::vector<uint8_t> out;
+  for (const std::vector<uint8_t>& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+std::vector<uint8_t> be32(uint32_t v) {
+  return {static_cast<uint8_t>(v >> 24), static_cast<uint8_t>(v >> 16), static_cast<uint8_t>(v >> 8),
+          static_cast<uint8_t>(v)};
+}
+
+// An UPDATE whose routes are all in its path attributes: no classic Withdrawn Routes, no NLRI field.
+std::vector<uint8_t> attributes_only_update(const std::vector<uint8_t>& attrs) {
+  const size_t len = 23 + attrs.size();
+  return cat({std::vector<uint8_t>(16, 0xff),                                 // marker
+              {static_cast<uint8_t>(len >> 8), static_cast<uint8_t>(len), 2,  // length, UPDATE
+               0x00, 0x00,                                                    // withdrawn routes length 0
+               static_cast<uint8_t>(attrs.size() >> 8), static_cast<uint8_t>(attrs.size())},  // attributes length
+              attrs});
+}
+
+}  // namespace
+
+// A peer that carries IPv4 unicast in MP_REACH_NLRI / MP_UNREACH_NLRI (RFC 4760; GoBGP does): the switch removes
+// GPU 0's route withdrawn that way (so GPU 1 loses its path to GPU 0) and installs it announced that way again.
+TEST(BgpSpeaker, RoutesInMultiprotocolAttributesAreLearntAndWithdrawn) {
+  const Topology topo = make_superpod(2, 1, 800, 1);
+  Fabric f(topo);
+  f.run();
+  const int g0 = topo.gpu_node(0);
+  const int g1 = topo.gpu_node(1);
+  const int sw = switch_of_plane(topo, 0);
+  ASSERT_EQ(f.sp[g1]->next_hops(0).size(), 1u);
+  int conn = -1;  // the switch's end of GPU 0's session
+  for (const auto& [a, b] : f.pairs) {
+    if (a.node == g0 && b.node == sw) conn = b.conn;
+  }
+  ASSERT_GE(conn, 0);
+  const auto routes_to_g0 = [&] {
+    std::vector<BgpRibRow> rows;
+    for (const BgpRibRow& r : f.sp[sw]->rib()) {
+      if (r.dest_gpu == 0) rows.push_back(r);
+    }
+    return rows;
+  };
+  ASSERT_EQ(routes_to_g0().size(), 1u);
+  const std::vector<uint8_t> loopback_32 = cat({{0x20}, be32(topo.nodes[g0].loopback)});  // GPU 0's loopback/32
+
+  const std::vector<uint8_t> unreach = cat({{0x80, 0x0f, 0x08,   // MP_UNREACH_NLRI, length 8
+                                             0x00, 0x01, 0x01},  // AFI 1, SAFI 1
+                                            loopback_32});
+  const std::vector<uint8_t> withdraw = attributes_only_update(unreach);
+  f.sp[sw]->received(conn, withdraw.data(), withdraw.size(), f.now);
+  f.run();
+  EXPECT_TRUE(routes_to_g0().empty()) << "the switch kept a route withdrawn in MP_UNREACH_NLRI";
+  EXPECT_TRUE(f.sp[g1]->next_hops(0).empty());
+
+  const BgpExtCommunity bw = encode_path_bandwidth(bgp_as_of(g0), 800, BgpSpeakerOptions{}.units);
+  const uint32_t next_hop = bgp_link_address(topo, topo.links_of(g0).at(0), g0);
+  // ORIGIN IGP, AS_PATH [GPU 0], EXTENDED_COMMUNITIES with its bandwidth, then the route in MP_REACH_NLRI.
+  const std::vector<uint8_t> origin = {0x40, 0x01, 0x01, 0x00};
+  const std::vector<uint8_t> as_path = cat({{0x40, 0x02, 0x06, 0x02, 0x01}, be32(bgp_as_of(g0))});
+  const std::vector<uint8_t> ext = cat({{0xc0, 0x10, 0x08}, {bw.bytes.begin(), bw.bytes.end()}});
+  const std::vector<uint8_t> reach = cat({
+      {0x80, 0x0e, 0x0e, 0x00, 0x01, 0x01, 0x04},  // MP_REACH_NLRI, length 14: AFI 1, SAFI 1, next hop length 4
+      be32(next_hop),                              // next hop: GPU 0's address on the link
+      {0x00},                                      // reserved
+      loopback_32,                                 // NLRI
+  });
+  const std::vector<uint8_t> attrs = cat({origin, as_path, ext, reach});
+  const std::vector<uint8_t> announce = attributes_only_update(attrs);
+  f.sp[sw]->received(conn, announce.data(), announce.size(), f.now);
+  f.run();
+  const std::vector<BgpRibRow> rows = routes_to_g0();
+  ASSERT_EQ(rows.size(), 1u) << "the switch did not install the route announced in MP_REACH_NLRI";
+  EXPECT_EQ(rows[0].as_path, (std::vector<uint32_t>{bgp_as_of(g0)}));
+  EXPECT_DOUBLE_EQ(rows[0].gbps, 800);
+  EXPECT_EQ(f.sp[g1]->next_hops(0).size(), 1u);
 }
 
 // A route whose link bandwidth reads as nothing (NaN, negative or 0) carries nothing: the spine takes the longer

@@ -9,6 +9,8 @@
 //   UPDATE        withdrawn length u16 | withdrawn prefixes | path attributes length u16 |
 //                 attributes { flags u8 (O T P E) | type u8 | length u8 or u16 (E) | value } | NLRI prefixes
 //                 prefix = length in bits u8 (0..32) | ceil(bits / 8) address octets
+//   MP_REACH_NLRI   AFI u16 | SAFI u8 | next hop length u8 | next hop | reserved u8 | NLRI prefixes   (RFC 4760 §3)
+//   MP_UNREACH_NLRI AFI u16 | SAFI u8 | withdrawn prefixes                                          (RFC 4760 §4)
 //   KEEPALIVE     header only (19 bytes)
 //   NOTIFICATION  code u8 | subcode u8 | data
 //   ROUTE-REFRESH AFI u16 | reserved u8 | SAFI u8                       (RFC 2918; 23 bytes)
@@ -71,7 +73,10 @@ enum BgpAttrType : uint8_t {
   kAttrLocalPref = 5,
   kAttrAtomicAggregate = 6,
   kAttrAggregator = 7,
-  kAttrMpReach = 14,  // RFC 4760: not decoded (IPv4 unicast only, in the NLRI field), but never twice
+  // RFC 4760. AFI 1 / SAFI 1 (IPv4 unicast) is decoded: its prefixes join BgpUpdate's nlri / withdrawn and a 4-byte
+  // next hop becomes next_hop. Other families are skipped (BgpMessage::skipped_families). Never more than once
+  // (RFC 7606 §3 g). Only decoded: this project's speakers send IPv4 unicast in the classic fields, as FRR does.
+  kAttrMpReach = 14,
   kAttrMpUnreach = 15,
   kAttrExtCommunities = 16,
   kAttrAs4Path = 17,
@@ -235,6 +240,12 @@ struct BgpMessage {
   BgpNotification notification;
   BgpRouteRefresh route_refresh;
   std::vector<BgpError> errors;
+  // UPDATE: (AFI, SAFI) of each MP_REACH_NLRI / MP_UNREACH_NLRI skipped unread for naming a family other than IPv4
+  // unicast, the only one make_bgp_open offers: a family never negotiated, not a malformation to reset over.
+  std::vector<std::pair<uint16_t, uint8_t>> skipped_families;
+  // UPDATE: the IPv4 unicast End-of-RIB marker (RFC 4724 §2): an empty UPDATE, or one whose only content is an
+  // MP_UNREACH_NLRI for AFI 1 / SAFI 1 withdrawing nothing (the form speakers that use MP for IPv4 send).
+  bool end_of_rib = false;
 
   BgpErrorAction action() const;
   const BgpError* worst() const;  // null when no error

@@ -52,7 +52,8 @@ struct BgpSessionEvent {
     kConnect,               // open a TCP connection to the peer
     kDisconnect,            // close the TCP connection once take_output()'s bytes are written
     kStateChanged,          // from -> to
-    kRoutes,                // an UPDATE: withdrawn, and announced with attrs
+    kRoutes,                // an UPDATE: withdrawn, and announced with attrs (classic fields and IPv4 unicast
+                            // MP_REACH_NLRI / MP_UNREACH_NLRI alike); text "End-of-RIB" for that marker
     kRouteRefresh,          // the peer asks for our routes again
     kNotificationSent,      // notification
     kNotificationReceived,  // notification
