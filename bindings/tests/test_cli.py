@@ -2,8 +2,11 @@
 exit codes, errors that name the bad value, and --help for every command (kept in step with ./ifec help)."""
 
 import json
+import os
 import re
+import resource
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -235,6 +238,54 @@ def test_a_bench_checks_every_point_before_its_table(build_dir, repo, args, mess
     out = cli(build_dir, repo, *args)
     assert out.returncode == 1 and message in out.stderr, out.stderr
     assert "#" not in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("bench,message", [
+    ("endpoint", "1 GPUs, the descriptor rate needs 8"),
+    ("collectives", "1 GPU, an AllReduce needs 2 or more"),
+])
+def test_a_bench_refuses_a_fabric_too_small_before_its_table(build_dir, repo, tmp_path, bench, message):
+    """bench endpoint printed its CPU rows, and bench collectives ran every point, before the fabric was refused."""
+    topo = tmp_path / "one.yaml"
+    topo.write_text("name: one-gpu\nplanes: 1\ngpus: 1\nswitches:\n  - {name: p0-sw, plane: 0}\n"
+                    "links:\n  - {a: gpu0, b: p0-sw}\n")
+    out = cli(build_dir, repo, "bench", bench, "--quick", "--topo", str(topo))
+    assert out.returncode == 1 and f"--topo {topo}: {message}" in out.stderr, out.stderr
+    assert out.stdout == "" and "runs done" not in out.stderr
+
+
+@pytest.mark.parametrize("flag,value", [("--cases", "5"), ("--seed", "2"), ("--seconds", "9")])
+def test_bench_property_refuses_sweep_options_beside_one_case(build_dir, repo, flag, value):
+    out = cli(build_dir, repo, "bench", "property", "--case", "3", flag, value)
+    assert out.returncode == 1 and f"{flag} '{value}' does not apply with --case" in out.stderr, out.stderr
+    assert out.stdout == ""
+
+
+def _file_size_limit(limit):
+    def set_limit():  # in the child: a write past `limit` bytes fails with EFBIG instead of killing it (SIGXFSZ)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return set_limit
+
+
+def test_pcap_cut_short_by_a_full_disk_fails_naming_the_file(build_dir, repo, tmp_path):
+    """The last records stayed in the buffer and were lost at close, silently: 'wrote 15 frames' over 4096 bytes."""
+    path = tmp_path / "cut.pcap"
+    out = subprocess.run([str(build_dir / "bin" / "ifec-cli"), "pcap", str(path)], capture_output=True, text=True,
+                         timeout=60, preexec_fn=_file_size_limit(4096))
+    assert out.returncode == 1, out.stdout
+    assert re.search(rf"short write to pcap file '{re.escape(str(path))}' at frame \d+: File too large", out.stderr), \
+        out.stderr
+    assert "wrote" not in out.stdout
+    whole = tmp_path / "whole.pcap"
+    assert cli(build_dir, repo, "pcap", str(whole)).returncode == 0 and whole.stat().st_size > 4096
+
+
+def test_pcap_to_a_full_device_names_it(build_dir, repo):
+    if not os.access("/dev/full", os.W_OK):
+        pytest.skip("no writable /dev/full here")
+    out = cli(build_dir, repo, "pcap", "/dev/full")
+    assert out.returncode == 1 and "cannot write pcap file '/dev/full': No space left on device" in out.stderr
 
 
 def test_an_algorithm_that_does_not_run_the_collective_names_the_ring_that_ran(build_dir, repo):

@@ -50,3 +50,44 @@ def test_demo_rejects_bad_sizes():
     with pytest.raises(ValueError, match="12parsecs"):
         demo.parse_size("12parsecs")
     assert demo.parse_size("4MiB") == 4 << 20
+
+
+SMALL = ["--sizes", "64KiB", "--gpus", "8", "--planes", "2", "--amdahl-size", "1MiB", "--amdahl-gpus", "4"]
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--sizes", "1.5MiB"], "--sizes: size '1.5MiB'"),
+    (["--sizes", "6B"], "--sizes '6B': 6 B is not a whole number of fp32 elements"),
+    (["--amdahl-size", "0"], "--amdahl-size: size '0'"),
+    (["--gpus", "1"], "--gpus 1: expected 2..64000"),
+    (["--amdahl-gpus", "1"], "--amdahl-gpus 1: expected 2..64000"),  # was "members 1 outside 2..1"
+    (["--planes", "0"], "--planes 0: expected 1..256"),
+    (["--gpus", "3"], "--gpus 3: the MoE layer's EP size must divide its 256 experts"),
+    (["--deepep-ep", "6"], "--deepep-ep 6: the MoE layer's EP size must divide"),
+    (["--moe-tokens", "0"], "--moe-tokens 0: expected 1.."),
+    (["--moe-sweep-tokens", "0"], "--moe-sweep-tokens 0: expected 1.."),
+    (["--moe-hidden", "-128"], "--moe-hidden -128: expected 1.."),
+    (["--deepep-tokens", "0"], "--deepep-tokens 0: expected 1.."),
+    (["--gpu-profile", "/nonexistent/h100.yaml"], "--gpu-profile: /nonexistent/h100.yaml: cannot open"),
+])
+def test_demo_refuses_bad_options_before_it_runs(tmp_path, capsys, args, named):
+    """Each was refused by a traceback, most after the AllReduce section had run (minutes at the defaults)."""
+    if "--gpu-profile" in args and not demo.moe.available():
+        pytest.skip("no MoE layer in this build: the profile is not read")
+    with pytest.raises(SystemExit) as exit_:
+        demo.main([str(tmp_path / "out"), *SMALL, *args])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2 and named in captured.err, captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("make, named", [
+    (lambda tmp: (tmp / "file").write_text("x") and str(tmp / "file"), "exists and is not a folder"),
+    (lambda tmp: (tmp / "file").write_text("x") and str(tmp / "file" / "sub"), "cannot make it: Not a directory"),
+    (lambda tmp: "", "OUT_DIR '': expected a folder"),  # the files went to /amdahl.png, /allreduce.csv, ...
+])
+def test_demo_makes_its_output_folder_first(tmp_path, capsys, make, named):
+    with pytest.raises(SystemExit) as exit_:
+        demo.main([make(tmp_path), *SMALL, "--no-moe"])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2 and named in captured.err and captured.out == "", captured.err

@@ -151,3 +151,45 @@ def test_truncated_ech_frames_are_marked_malformed_not_lua_errors(tmp_path, repo
     assert len(frames) == len(samples) * len(cuts)
     for i, text in enumerate(frames):
         assert "Error/Malformed" in text, f"truncated frame {i + 1} not marked malformed:\n{text[-600:]}"
+
+
+# ------------------------------------------------------------------------------ read_pcap on malformed files --
+
+def _pcap_header(magic=0xA1B23C4D, snaplen=65535, linktype=1):
+    import struct
+    return struct.pack("<IHHiIII", magic, 2, 4, 0, 0, snaplen, linktype)
+
+
+def _record(caplen, data=b""):
+    import struct
+    return struct.pack("<IIII", 1, 2, caplen, caplen) + data
+
+
+@pytest.mark.parametrize("content, named", [
+    (b"", "empty file, expected a pcap file"),
+    (_pcap_header()[:10], "pcap header cut at byte 10 of 24"),  # the magic is right: it was called "not a pcap file"
+    (bytes.fromhex("0a0d0d0a1c000000") + bytes(20), "a pcapng file, expected classic pcap"),
+    (b"hello, not a capture at all\n", "not a pcap file (magic 68656c6c)"),
+    (_pcap_header(linktype=101), "link type 101, expected 1"),
+    (_pcap_header() + _record(4, b"abcd")[:10], "record header cut at byte 24"),
+    (_pcap_header() + _record(0xFFFFFFFF, b"abcd"), "record of 4294967295 bytes cut at byte 40"),
+])
+def test_read_pcap_names_the_file_and_what_is_wrong(tmp_path, content, named):
+    path = tmp_path / "bad.pcap"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as err:
+        read_pcap(path)
+    assert str(err.value).startswith(f"{path}: ") and named in str(err.value)
+
+
+def test_read_pcap_refuses_an_endless_device_by_its_first_bytes():
+    """/dev/zero was read whole: until memory ran out (MemoryError, or the machine swapping)."""
+    with pytest.raises(ValueError, match=r"/dev/zero: not a pcap file \(magic 00000000\)"):
+        read_pcap("/dev/zero")
+
+
+@pytest.mark.parametrize("snaplen", [0, 0xFFFFFFFF])
+def test_read_pcap_takes_any_snaplen_the_records_fit(tmp_path, snaplen):
+    path = tmp_path / "snap.pcap"
+    path.write_bytes(_pcap_header(snaplen=snaplen) + _record(4, b"abcd"))
+    assert read_pcap(path) == [(1_000_000_002, b"abcd")]

@@ -304,6 +304,90 @@ def test_write_json_rejects_unencodable_objects(tmp_path):
         reports.write_json(tmp_path / "bad.json", {"x": object()})
 
 
+@pytest.mark.parametrize("obj, where", [
+    ([{"time_us": float("nan")}], r"obj\[0\]\['time_us'\] is nan"),
+    ({"a": {"b": np.float64("inf")}}, r"obj\['a'\]\['b'\] is inf"),
+    ({"per_plane": np.array([1.0, -np.inf])}, r"obj\['per_plane'\]\[1\] is -inf"),
+])
+def test_write_json_refuses_nan_and_infinity_naming_where(tmp_path, obj, where):
+    """They were written as NaN and Infinity: not JSON (jq, browsers and C++ parsers refuse the file)."""
+    with pytest.raises(ValueError, match=where):
+        reports.write_json(tmp_path / "bad.json", obj)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("rows, named", [
+    (None, "rows must be a list of dicts, got None"),
+    ("abc", "rows must be a list of dicts, got 'abc'"),
+    ([dict(a=1), [1, 2]], r"row 1 must be a dict, got \[1, 2\]"),
+])
+def test_write_csv_refuses_rows_that_are_not_dicts(tmp_path, rows, named):
+    with pytest.raises(ValueError, match=named):
+        reports.write_csv(tmp_path / "bad.csv", rows)
+
+
+def test_writers_refuse_a_directory_or_an_empty_path(tmp_path):
+    for write in (lambda p: reports.write_csv(p, [dict(a=1)]), lambda p: reports.write_json(p, [1]),
+                  lambda p: reports.plot_wire_bytes(p, wire_rows()), lambda p: reports.plot_amdahl(p)):
+        with pytest.raises(ValueError, match=f"'{tmp_path}' is a directory"):
+            write(tmp_path)
+        with pytest.raises(ValueError, match="empty path"):
+            write("")  # was '.' (a directory) or, for the CSV and JSON writers, a rename onto the working directory
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_csv_and_json_writers_never_replace_a_device(tmp_path):
+    """The write goes to a temporary file renamed onto the path: onto /dev/null, as root, the device node itself
+    was replaced by a regular file. A symlink in tmp_path stands for it: its target is what is checked."""
+    device = tmp_path / "null"
+    device.symlink_to("/dev/null")
+    for write in (lambda: reports.write_csv(device, [dict(a=1)]), lambda: reports.write_json(device, [1])):
+        with pytest.raises(ValueError, match="a device or pipe, not a regular file"):
+            write()
+    assert device.is_symlink() and device.resolve() == pathlib.Path("/dev/null")
+
+
+def test_a_plot_may_go_to_dev_null_and_a_full_device_is_named():
+    assert reports.plot_wire_bytes("/dev/null", wire_rows()) == pathlib.Path("/dev/null")
+    if pathlib.Path("/dev/full").exists():
+        with pytest.raises(OSError, match="cannot write '/dev/full': No space left on device"):
+            reports.plot_wire_bytes("/dev/full", wire_rows())
+
+
+def test_a_folder_that_cannot_be_made_is_named(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError, match=f"cannot make the folder of '{tmp_path}/file/out.csv'"):
+        reports.write_csv(tmp_path / "file" / "out.csv", [dict(a=1)])
+
+
+def test_plots_take_rows_once_from_a_generator_and_refuse_an_empty_one(tmp_path):
+    assert_png(reports.plot_wire_bytes(tmp_path / "w.png", (r for r in wire_rows())))
+    assert_png(reports.plot_dispatch_combine(tmp_path / "d.png", (r for r in moe_rows())))
+    with pytest.raises(ValueError, match="rows is empty"):  # matplotlib's "Number of columns must be ..." before
+        reports.plot_dispatch_combine(tmp_path / "e.png", (r for r in []))
+
+
+@pytest.mark.parametrize("plot, rows", [(reports.plot_wire_bytes, wire_rows()),
+                                        (reports.plot_dispatch_combine, moe_rows())])
+def test_a_plot_context_that_is_not_a_string_is_named(tmp_path, plot, rows):
+    with pytest.raises(ValueError, match="context must be a string, got 5"):  # was AttributeError: expandtabs
+        plot(tmp_path / "c.png", rows, context=5)
+
+
+@pytest.mark.parametrize("plane", [float("nan"), [0], None])
+def test_plot_wire_bytes_refuses_a_plane_that_is_no_number_or_name(tmp_path, plane):
+    """NaN planes never matched each other (one bar each); a list raised TypeError: unhashable type."""
+    with pytest.raises(ValueError, match=r"row 0 plane must be a number or a name"):
+        reports.plot_wire_bytes(tmp_path / "p.png", [dict(variant="ifec", plane=plane, bytes=1)])
+
+
+@pytest.mark.parametrize("ring, ifec", [(1e-320, 1e300), (1e300, 1e-300)])
+def test_plot_amdahl_refuses_times_whose_ratio_is_not_finite(tmp_path, ring, ifec):
+    """1e-320 / 1e300 gave ZeroDivisionError; 1e300 / 1e-300 an error about comm_speedup, which no one passed."""
+    with pytest.raises(ValueError, match="ring_time_s / ifec_time_s = .* is not a finite ratio > 0"):
+        reports.plot_amdahl(tmp_path / "a.png", measured=dict(ring_time_s=ring, ifec_time_s=ifec))
+
+
 # --------------------------------------------------------------------------- is_png
 
 

@@ -1,6 +1,9 @@
 // pcap writer: global header and record layout read back byte by byte.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -49,4 +52,56 @@ TEST(PcapWriter, UnwritablePathNamesThePath) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/x.pcap"), std::string::npos) << e.what();
   }
+}
+
+TEST(PcapWriter, SnaplenZeroIsRefusedNamingIt) {
+  const std::string path = testing::TempDir() + "/ifec_test_snaplen0.pcap";
+  try {
+    PcapWriter w(path, 0);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("snaplen 0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PcapWriter, AFullDeviceFailsAtOpenNamingThePath) {
+  if (access("/dev/full", W_OK) != 0) {
+    GTEST_SKIP() << "no writable /dev/full here";
+  }
+  try {
+    PcapWriter w("/dev/full");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'/dev/full'"), std::string::npos) << e.what();
+  }
+}
+
+namespace {
+
+// Writes two 40-byte frames under a file size limit of 100 bytes (the header and the first fit); exits 3 with the
+// error of the second write, 0 when it was taken.
+[[noreturn]] void write_past_a_size_limit(const std::string& path) {
+  std::signal(SIGXFSZ, SIG_IGN);
+  const rlimit limit{100, 100};
+  setrlimit(RLIMIT_FSIZE, &limit);
+  PcapWriter w(path);
+  w.write(0, std::vector<uint8_t>(40, 1));
+  try {
+    w.write(1, std::vector<uint8_t>(40, 2));
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::exit(3);
+  }
+  std::exit(0);
+}
+
+}  // namespace
+
+// A disk that fills up mid-capture: the write that met it throws, naming the file and the frame; the file used to be
+// cut short at close, silently.
+TEST(PcapWriter, AFileCutShortFailsTheWriteThatMetIt) {
+  const std::string path = testing::TempDir() + "/ifec_test_pcap_limit.pcap";
+  EXPECT_EXIT(write_past_a_size_limit(path), testing::ExitedWithCode(3),
+              "short write to pcap file '.*ifec_test_pcap_limit.pcap' at frame 2");
+  std::remove(path.c_str());
 }

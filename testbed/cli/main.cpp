@@ -502,6 +502,11 @@ void print_gpu_descriptor_rate(bool quick) {
 int run_bench_endpoint(const Args& a) {
   const bool quick = a.has("--quick");
   const ifec::routing::Topology topo = topology(a);
+  // Before the first row: a smaller fabric was refused by the descriptor rate's row, after the CPU rows.
+  IFEC_CHECK(topo.num_gpus() >= tb::kDescriptorBenchGpus,
+             "--topo " << a.get("--topo", kDefaultTopology) << ": " << topo.num_gpus()
+                       << " GPUs, the descriptor rate needs " << tb::kDescriptorBenchGpus << " (GPU 0 puts to GPUs 1.."
+                       << tb::kDescriptorBenchGpus - 1 << ")");
   std::printf("== descriptor rate: ring + proxy, CPU and GPU backends (wall clock on this machine)\n");
   std::printf("%-16s %8s %12s %10s %14s\n", "backend", "threads", "descriptors", "seconds", "descriptors/s");
   for (int threads : {1, 2}) {
@@ -579,6 +584,8 @@ int run_bench_collectives(const Args& a) {
   const unsigned jobs = parse_jobs(a);  // every option before the table starts
   const ifec::routing::Topology topo = topology(a);
   const int n = topo.num_gpus();
+  IFEC_CHECK(n >= 2, "--topo " << a.get("--topo", kDefaultTopology) << ": " << n
+                               << " GPU, an AllReduce needs 2 or more");  // not every point failing after the header
   std::printf("# AllReduce fp32 sum, %s (%d GPUs x %d planes) [driver: sim]\n", topo.name.c_str(), n, topo.num_planes);
   std::printf(
       "# best: the fastest endpoint algorithm measured at the size (ring, tree, rd = recursive doubling, oneshot;\n"
@@ -788,6 +795,10 @@ int run_bench_scale(const Args& a) {
 
 int run_bench_property(const Args& a) {
   if (a.has("--case")) {
+    for (const char* sweep_only : {"--cases", "--seconds", "--seed"}) {  // they were ignored, silently
+      IFEC_CHECK(!a.has(sweep_only),
+                 sweep_only << " '" << a.get(sweep_only) << "' does not apply with --case (one case, SEED its seed)");
+    }
     const tb::PropertyCase c = tb::random_case(ifec::cli::parse_uint(a.get("--case"), "--case"));
     const tb::PropertyResult r = tb::run_property_case(c);
     std::printf("%s\n  %s: %.2f us simulated, %llu fallback chunks, %llu wrong%s%s\n", c.describe().c_str(),

@@ -11,6 +11,9 @@ tokens per GPU, timing mode), each with and without two overlapped micro-batches
 """
 
 import argparse
+import inspect
+import os
+import pathlib
 import sys
 import time
 
@@ -29,6 +32,68 @@ def parse_size(text):
     if text.isdigit() and int(text) > 0:
         return int(text)
     raise ValueError(f"size {text!r}: expected a positive number of B, KiB, MiB or GiB")
+
+
+# The experts of the MoE layer (moe.measure's default, DeepSeek-V3's 256): every EP size the demo runs divides them.
+_EXPERTS = inspect.signature(moe.measure).parameters["experts"].default
+
+
+def _whole_at_least(ap, flag, value, lo, hi=64000):
+    if not lo <= value <= hi:
+        ap.error(f"{flag} {value}: expected {lo}..{hi}")
+
+
+def _sizes(ap, flag, text):
+    """The fp32 AllReduce sizes of a flag; ap.error names the flag and the size."""
+    try:
+        sizes = [parse_size(s) for s in text.split(",")]
+    except ValueError as e:
+        ap.error(f"{flag}: {e}")
+    for size in sizes:
+        if size % 4:
+            ap.error(f"{flag} {text!r}: {size} B is not a whole number of fp32 elements")
+    return sizes
+
+
+def _check_moe_args(ap, args):
+    """The MoE section's options, before the AllReduce section runs (they were refused minutes into the demo)."""
+    for flag in ("moe_tokens", "moe_sweep_tokens", "moe_hidden", "deepep_ep", "deepep_tokens"):
+        _whole_at_least(ap, "--" + flag.replace("_", "-"), getattr(args, flag), 1, 2**31 - 1)
+    for flag, ep in (("--gpus", args.gpus), ("--deepep-ep", min(args.deepep_ep, args.gpus))):
+        if _EXPERTS % ep:
+            ap.error(f"{flag} {ep}: the MoE layer's EP size must divide its {_EXPERTS} experts (or give --no-moe)")
+    if args.gpu_profile and moe.available():
+        try:
+            moe._native.gpu_profile_summary(args.gpu_profile)
+        except ValueError as e:
+            ap.error(f"--gpu-profile: {e}")
+
+
+def _make_out(ap, out):
+    """Creates OUT_DIR first: a file there, or a folder that cannot be made, was found after the first runs."""
+    if not out:
+        ap.error("OUT_DIR '': expected a folder (the files would land in /)")
+    try:
+        pathlib.Path(out).mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        ap.error(f"OUT_DIR {out!r} exists and is not a folder")
+    except OSError as e:
+        ap.error(f"OUT_DIR {out!r}: cannot make it: {e.strerror}")
+    if not os.access(out, os.W_OK | os.X_OK):
+        ap.error(f"OUT_DIR {out!r} is not writable")
+
+
+def check_args(ap, args):
+    """Every option checked and OUT_DIR made before the first simulation; returns (sizes, amdahl_size)."""
+    _whole_at_least(ap, "--gpus", args.gpus, 2)
+    _whole_at_least(ap, "--amdahl-gpus", args.amdahl_gpus, 2)
+    _whole_at_least(ap, "--planes", args.planes, 1, 256)
+    sizes = _sizes(ap, "--sizes", args.sizes)
+    (amdahl_size,) = _sizes(ap, "--amdahl-size", args.amdahl_size)
+    if not args.no_moe:
+        _check_moe_args(ap, args)
+    _make_out(ap, args.out)
+    return sizes, amdahl_size
 
 
 def main(argv=None):
@@ -51,7 +116,7 @@ def main(argv=None):
     ap.add_argument("--deepep-tokens", type=int, default=4096, help="tokens per GPU of DeepEP's normal point")
     ap.add_argument("--gpu-profile", default="", help="the experts' GPU model (YAML/JSON; default: the fitted H100)")
     args = ap.parse_args(argv)
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    sizes, amdahl_size = check_args(ap, args)
     topo = ifec.make_superpod(args.gpus, args.planes)
     rows = []
     print(f"AllReduce fp32, {args.gpus} GPUs x {args.planes} planes (800G as 2 x 400G) [driver: sim]")
@@ -74,7 +139,6 @@ def main(argv=None):
               f"{pair['best']['time_us'] / pair['ifec']['time_us']:>7.2f}x {per_gpu['best']:>12.2f} "
               f"{per_gpu['ifec']:>12.2f}", flush=True)
     largest = [r for r in rows if r["size"] == max(sizes)]
-    amdahl_size = parse_size(args.amdahl_size)
     amdahl_topo = ifec.make_superpod(args.amdahl_gpus, args.planes)
     point = {a: collectives.measure(amdahl_topo, algo=a, bytes=amdahl_size) for a in ("best", "ifec")}
     for a, r in point.items():

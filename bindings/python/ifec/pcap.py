@@ -8,14 +8,28 @@ _MAGICS = {
     b"\x4d\x3c\xb2\xa1": ("<", 1),
     b"\xa1\xb2\x3c\x4d": (">", 1),
 }
+_PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
+_HEADER_BYTES = 24
+
+
+def _check_header(path, head):
+    """Raises ValueError naming the file and what its first bytes are when they are not a classic pcap header."""
+    if not head:
+        raise ValueError(f"{path}: empty file, expected a pcap file")
+    if head[:4] == _PCAPNG_MAGIC:
+        raise ValueError(f"{path}: a pcapng file, expected classic pcap (convert it: editcap -F pcap {path} OUT)")
+    if head[:4] not in _MAGICS:
+        raise ValueError(f"{path}: not a pcap file (magic {head[:4].hex()})")
+    if len(head) < _HEADER_BYTES:
+        raise ValueError(f"{path}: pcap header cut at byte {len(head)} of {_HEADER_BYTES}")
 
 
 def read_pcap(path):
     """Returns [(timestamp_ns, frame_bytes)]; raises ValueError naming the file on a bad header or a cut record."""
     with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 24 or data[:4] not in _MAGICS:
-        raise ValueError(f"{path}: not a pcap file (magic {data[:4].hex()})")
+        head = f.read(_HEADER_BYTES)
+        _check_header(path, head)  # before the rest: /dev/zero or a large file that is no pcap is not read whole
+        data = head + f.read()
     order, ns_per_unit = _MAGICS[data[:4]]
     linktype = struct.unpack(order + "I", data[20:24])[0]
     if linktype != 1:

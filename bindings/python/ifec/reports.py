@@ -105,7 +105,11 @@ def _time_ratio(ring_time_s, ifec_time_s, what):
     for name, value in (("ring_time_s", ring_time_s), ("ifec_time_s", ifec_time_s)):
         if not isinstance(value, (int, float, np.number)) or not math.isfinite(value) or value <= 0:
             raise ValueError(f"{what}: {name} must be a finite time > 0, got {value!r}")
-    return float(ring_time_s) / float(ifec_time_s)
+    ratio = float(ring_time_s) / float(ifec_time_s)
+    if not math.isfinite(ratio) or ratio <= 0:  # 1e300 / 1e-300 overflows, 1e-320 / 1e300 underflows
+        raise ValueError(f"{what}: ring_time_s / ifec_time_s = {ring_time_s!r} / {ifec_time_s!r} is not a finite "
+                         f"ratio > 0")
+    return ratio
 
 
 def hoefler_reference():
@@ -139,12 +143,48 @@ def _new_figure(width=7.0, height=4.5, ncols=1):
     return fig, axes
 
 
+def _output_path(path, what, devices=False):
+    """path as a Path whose folder exists (made here); ValueError naming it when it is empty, a directory or (unless
+    devices) anything else but a regular file, OSError naming it when its folder cannot be made."""
+    if os.fspath(path) in ("", b""):
+        raise ValueError(f"{what}: empty path, expected a file name")
+    path = pathlib.Path(path)
+    if path.is_dir() or (path.exists() and not path.is_file() and not devices):
+        kind = "a directory" if path.is_dir() else "a device or pipe, not a regular file"
+        raise ValueError(f"{what}: {str(path)!r} is {kind}, expected a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(e.errno, f"{what}: cannot make the folder of {str(path)!r}: {e.strerror}") from e
+    return path
+
+
 def _save_png(fig, path):
     """Writes the figure as PNG, creating parent directories, and returns the path as a Path."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=120)
+    path = _output_path(path, "plot", devices=True)  # /dev/null: written through, as before
+    try:
+        fig.savefig(path, format="png", dpi=120)
+    except OSError as e:  # a full disk's error names no file
+        raise OSError(e.errno, f"plot: cannot write {str(path)!r}: {e.strerror or e}") from e
     return path
+
+
+def _rows(rows, what):
+    """rows as a list (a generator is read once), ValueError when there is none or it is not a list of rows."""
+    try:
+        rows = list(rows if rows is not None else ())
+    except TypeError:
+        raise ValueError(f"{what}: rows must be a list of dicts, got {rows!r}") from None
+    if not rows:
+        raise ValueError(f"{what}: rows is empty")
+    return rows
+
+
+def _context(context, what):
+    """The one-line context of a plot: a string or None."""
+    if context is not None and not isinstance(context, str):
+        raise ValueError(f"{what}: context must be a string, got {context!r}")
+    return context
 
 
 def _require_keys(row, keys, what, index):
@@ -240,8 +280,7 @@ def amdahl_figure(measured=None):
 def _dispatch_rows(rows):
     """Validates dispatch/combine rows and groups them as {(phase, topk, ep): {variant: time_us}}."""
     what = "plot_dispatch_combine"
-    if not rows:
-        raise ValueError(f"{what}: rows is empty")
+    rows = _rows(rows, what)
     points = {}
     for i, row in enumerate(rows):
         _require_keys(row, ("ep", "topk", "phase", "variant", "time_us"), what, i)
@@ -289,6 +328,7 @@ def plot_dispatch_combine(path, rows, context=None):
 def dispatch_combine_figure(rows, context=None):
     """The figure plot_dispatch_combine writes."""
     speedups = dispatch_combine_speedups(rows)
+    context = _context(context, "plot_dispatch_combine")
     phases = [p for p in DISPATCH_PHASES if any(k[0] == p for k in speedups)]
     fig, axes = _new_figure(width=5.5 * len(phases), ncols=len(phases))
     for ax, phase in zip(axes, phases):
@@ -318,14 +358,14 @@ def dispatch_combine_figure(rows, context=None):
 def _wire_table(rows):
     """Validates wire-byte rows; returns (variants, planes, {(variant, plane): bytes}) in first-seen order."""
     what = "plot_wire_bytes"
-    if not rows:
-        raise ValueError(f"{what}: rows is empty")
     table, variants, planes = {}, [], []
-    for i, row in enumerate(rows):
+    for i, row in enumerate(_rows(rows, what)):
         _require_keys(row, ("variant", "plane", "bytes"), what, i)
         variant, plane = str(row["variant"]), row["plane"]
         if not variant:
             raise ValueError(f"{what}: row {i} has an empty variant")
+        if isinstance(plane, bool) or not isinstance(plane, (str, int, np.integer)):
+            raise ValueError(f"{what}: row {i} plane must be a number or a name, got {plane!r}")
         if (variant, plane) in table:
             raise ValueError(f"{what}: row {i} repeats variant {variant!r} plane {plane!r}")
         table[(variant, plane)] = _positive_number(row["bytes"], "bytes", what, i, allow_zero=True)
@@ -351,6 +391,7 @@ def plot_wire_bytes(path, rows, context=None):
 def wire_bytes_figure(rows, context=None):
     """The figure plot_wire_bytes writes."""
     variants, planes, table = _wire_table(rows)
+    context = _context(context, "plot_wire_bytes")
     x = np.arange(len(planes))
     width = 0.8 / len(variants)
     fig, (ax,) = _new_figure(width=max(6.0, 1.2 * len(planes) + 3))
@@ -384,15 +425,21 @@ def _wire_title(variants, planes, table):
 # --------------------------------------------------------------------------- files
 
 
-def _atomic_write_text(path, text):
-    """Writes text via a temp file + rename so a concurrent reader never sees a half-written file."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def _atomic_write_text(path, text, what):
+    """Writes text via a temp file + rename so a concurrent reader never sees a half-written file. Only to a regular
+    file: the rename would replace a device (/dev/null) or a pipe with the file."""
+    path = _output_path(path, what)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise OSError(e.errno, f"{what}: cannot write in the folder of {str(path)!r}: {e.strerror}") from e
     try:
         with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as e:
+        os.unlink(tmp)
+        raise OSError(e.errno, f"{what}: cannot write {str(path)!r}: {e.strerror or e}") from e
     except BaseException:
         os.unlink(tmp)
         raise
@@ -417,6 +464,11 @@ def write_csv(path, rows, fieldnames=None):
     Parent directories are created. Rows may lack columns (left empty); a key outside an explicit fieldnames
     raises ValueError.
     """
+    if rows is None or isinstance(rows, (str, bytes, dict)):
+        raise ValueError(f"write_csv: rows must be a list of dicts, got {rows!r}")
+    rows = list(rows)
+    for i, row in enumerate(rows):
+        _require_keys(row, (), "write_csv", i)
     rows = [{k: _csv_value(v) for k, v in row.items() if not isinstance(v, (list, tuple, dict, np.ndarray))}
             for row in rows]
     if fieldnames is None:
@@ -425,7 +477,7 @@ def write_csv(path, rows, fieldnames=None):
     writer = csv.DictWriter(buf, fieldnames=fieldnames, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    return _atomic_write_text(path, buf.getvalue())
+    return _atomic_write_text(path, buf.getvalue(), "write_csv")
 
 
 def _json_default(obj):
@@ -439,9 +491,31 @@ def _json_default(obj):
     raise TypeError(f"write_json: cannot encode {type(obj).__name__} {obj!r}")
 
 
+def _non_finite(obj, where):
+    """(where, value) of the first NaN or infinity in obj (e.g. "obj[3]['time_us']", nan), or None."""
+    if isinstance(obj, (float, np.floating)):
+        return None if math.isfinite(obj) else (where, obj)
+    if isinstance(obj, np.ndarray):
+        obj = obj.tolist()
+    if isinstance(obj, dict):
+        parts = ((f"{where}[{k!r}]", v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        parts = ((f"{where}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    return next((found for w, v in parts if (found := _non_finite(v, w)) is not None), None)
+
+
 def write_json(path, obj):
-    """Writes obj as indented JSON (numpy values allowed), creating parent directories; returns the Path."""
-    return _atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+    """Writes obj as indented JSON (numpy values allowed), creating parent directories; returns the Path.
+
+    NaN and infinity are refused (ValueError naming where they are): JSON has neither, and Python's NaN token is
+    one that jq, browsers and C++ parsers reject."""
+    bad = _non_finite(obj, "obj")
+    if bad is not None:
+        raise ValueError(f"write_json {os.fspath(path)!r}: {bad[0]} is {bad[1]!r}; JSON has no NaN or infinity")
+    text = json.dumps(obj, indent=2, default=_json_default, allow_nan=False)
+    return _atomic_write_text(path, text + "\n", "write_json")
 
 
 def is_png(path):

@@ -55,8 +55,10 @@ StoreGoodput bench_store_goodput(const routing::Topology& topo, endpoint::Orderi
 }
 
 DescriptorRate bench_descriptor_rate_sim(const routing::Topology& topo, uint64_t descriptors) {
-  IFEC_CHECK(topo.num_gpus() >= 8,
-             "descriptor benchmark: topology " << topo.name << " has " << topo.num_gpus() << " GPUs, needs 8");
+  const int gpus = topo.num_gpus();
+  IFEC_CHECK(gpus >= kDescriptorBenchGpus, "descriptor benchmark: topology " << topo.name << " has " << gpus
+                                                                             << " GPUs, needs "
+                                                                             << kDescriptorBenchGpus);
   ClusterOptions opts;
   opts.endpoint.ordering = endpoint::Ordering::kWeak;
   Cluster c(topo, opts);
@@ -73,7 +75,7 @@ DescriptorRate bench_descriptor_rate_sim(const routing::Topology& topo, uint64_t
     while (posted < descriptors && posted - ring.completed() < 2048) {
       endpoint::Descriptor d;
       d.op = static_cast<uint8_t>(endpoint::DescOp::kPut);
-      d.target = static_cast<uint16_t>(1 + posted % 7);
+      d.target = static_cast<uint16_t>(1 + posted % (kDescriptorBenchGpus - 1));
       d.window = 1;
       d.remote_offset = (posted * 8) % (1 << 20);
       d.length = 8;

@@ -34,6 +34,9 @@ struct DescriptorRate {
   double per_second = 0;
 };
 
+// The GPUs bench_descriptor_rate_sim needs: GPU 0 puts to GPUs 1..7.
+constexpr int kDescriptorBenchGpus = 8;
+
 // Descriptors through a ring and a proxy into the simulated fabric: 8-byte puts from GPU 0 to its peers,
 // including the simulation work behind each (wall-clock rate of this machine).
 DescriptorRate bench_descriptor_rate_sim(const routing::Topology& topo, uint64_t descriptors);
