@@ -1,6 +1,8 @@
 // The report writer: one record, its JSON and its CSV forms (hand-written expectations).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "ifec/common/json.h"
@@ -22,4 +24,14 @@ TEST(JsonObject, StringsAreEscapedInJsonAndQuotedInCsvOnlyWhenNeeded) {
   o.add("plain", "per_rank").add("line", "a\nb").add("ctl", std::string("\x01", 1));
   EXPECT_EQ(o.str(), R"({"plain":"per_rank","line":"a\u000ab","ctl":"\u0001"})");
   EXPECT_EQ(o.csv_row(), "per_rank,\"a\nb\",\x01");
+}
+
+// JSON has no NaN or infinity: such a number is null there (Python's json module refused the row's "nan"), and its
+// text in the CSV, which float() reads back.
+TEST(JsonObject, NonFiniteNumbersAreNullInJsonAndTextInCsv) {
+  JsonObject o;
+  const double inf = std::numeric_limits<double>::infinity();
+  o.add("speedup", std::nan("")).add("t", -inf).add("f", 2.5f).add("v", std::vector<double>{1, inf});
+  EXPECT_EQ(o.str(), R"({"speedup":null,"t":null,"f":2.5,"v":[1,null]})");
+  EXPECT_EQ(o.csv_row(), "nan,-inf,2.5");
 }

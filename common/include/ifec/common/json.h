@@ -1,6 +1,7 @@
 // JSON text helpers shared by every report writer (CLI benches, the sim report, the Python bindings' JSON rows).
 #pragma once
 
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <sstream>
@@ -45,10 +46,11 @@ class JsonObject {
   JsonObject& add(const std::string& key, const std::string& v) { return put(key, json_quote(v), csv_quote(v)); }
   JsonObject& add(const std::string& key, const char* v) { return add(key, std::string(v)); }
   JsonObject& add(const std::string& key, bool v) { return put(key, v ? "true" : "false", v ? "true" : "false"); }
+  // A number; NaN or an infinity is null in the JSON (which has neither: "nan" made the row unparseable) and the
+  // number's text in the CSV column ("nan", "inf", as Python's float() reads them).
   template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
   JsonObject& add(const std::string& key, T v) {
-    const std::string n = number(v);
-    return put(key, n, n);
+    return put(key, value(v), number(v));
   }
   template <typename T>
   JsonObject& add(const std::string& key, const std::vector<T>& v) {
@@ -106,6 +108,9 @@ class JsonObject {
   static std::string value(const JsonObject& o) { return o.str(); }
   template <typename T>
   static std::string value(T v) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (!std::isfinite(v)) return "null";
+    }
     return number(v);
   }
   std::string body_;
