@@ -24,6 +24,11 @@ uint64_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
+uint64_t memory_budget_bytes(uint64_t unknown) {
+  const uint64_t physical = physical_memory_bytes();
+  return physical == 0 ? unknown : physical / 4 * 3;
+}
+
 bool keep_freed_heap() {
 #if defined(__GLIBC__)
   return mallopt(M_TRIM_THRESHOLD, static_cast<int>(kKeptFreeHeapBytes)) == 1 &&

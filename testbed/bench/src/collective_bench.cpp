@@ -22,7 +22,7 @@ std::vector<CollectiveRow> run_collective_points(
   const uint64_t gpus = static_cast<uint64_t>(topo.num_gpus());
   // Two windows per GPU (buffer, scratch); the check works in small blocks.
   pj.need = [&](size_t i) { return 2 * gpus * std::max<uint64_t>(points[i].bytes, 4096) + (1 << 20); };
-  pj.budget = std::min(kPointMemoryBudget, host_memory_budget());  // a smaller machine runs fewer points at once
+  pj.budget = point_memory_budget();  // a smaller machine runs fewer points at once
   pj.label = [&](size_t i) {
     std::ostringstream os;
     os << points[i].bytes << " B " << workloads::algo_name(points[i].algo);

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/heap.h"
 #include "ifec/testbed/parallel.h"
 
 namespace ifec::testbed {
@@ -32,7 +33,7 @@ std::vector<MoeRow> run_moe_points(const MoeRunConfig& cfg, const std::vector<Mo
     const auto pairs = static_cast<uint64_t>(p.ep) * static_cast<uint64_t>(p.tokens * cfg.model.topk);
     return static_cast<uint64_t>(moe_point_data_bytes(cfg, p)) + pairs * 3072;
   };
-  pj.budget = host_memory_budget();
+  pj.budget = common::memory_budget_bytes(12ULL << 30);
   pj.label = [&](size_t i) {
     const MoePoint& p = points[i / nv];
     return p.mode + " EP " + std::to_string(p.ep) + " " + moe_variant_name(variants[i % nv]);

@@ -11,11 +11,6 @@
 
 namespace ifec::testbed {
 
-uint64_t host_memory_budget() {
-  const uint64_t physical = common::physical_memory_bytes();
-  return physical == 0 ? 12ULL << 30 : physical / 4 * 3;
-}
-
 void run_parallel(const ParallelJobs& jobs, unsigned threads) {
   std::mutex mu;
   std::condition_variable cv;

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/heap.h"
 #include "ifec/testbed/alltoall_point.h"
 #include "ifec/testbed/cluster.h"
 #include "ifec/testbed/harness.h"
@@ -80,14 +81,21 @@ CollectiveSpec spec_for(const CollectivePoint& p, int n, uint64_t count) {
   return s;
 }
 
+}  // namespace
+
+uint64_t point_memory_budget() { return std::min(kPointMemoryBudget, common::memory_budget_bytes(kPointMemoryBudget)); }
+
+namespace {
+
 // The buffer and scratch windows on every GPU, each member's input written straight into its buffer (no copy kept).
 void prepare_windows(Cluster& c, const CollectivePoint& p, const CollectiveSpec& s) {
   const uint64_t buf = std::max<uint64_t>(64, s.count * element_size(p.dtype));
   const uint64_t scratch = std::max<uint64_t>(4096, ring_scratch_bytes(s, p.algo, &c.fabric().topology()));
-  IFEC_CHECK(p.elided_payloads || (buf + scratch) * c.size() <= kPointMemoryBudget,
+  const uint64_t budget = point_memory_budget();
+  IFEC_CHECK(p.elided_payloads || (buf + scratch) * c.size() <= budget,
              "size " << p.bytes << " B on " << c.size() << " GPUs needs " << ((buf + scratch) * c.size() >> 20)
-                     << " MiB of host memory for the simulated windows; the limit is " << (kPointMemoryBudget >> 20)
-                     << " MiB");
+                     << " MiB of host memory for the simulated windows; the limit is " << (budget >> 20)
+                     << " MiB (12 GiB, or 3/4 of this machine's memory)");
   if (p.elided_payloads) {  // nothing is written or read: one memory serves every GPU's windows
     c.allocate_window(kBuf, buf, 1, /*shared=*/true);
     c.allocate_window(kScratch, scratch, 1, /*shared=*/true);
@@ -330,9 +338,9 @@ CollectiveRow run_alltoall_point(const routing::Topology& fabric_topo, const Col
   const ClusterOptions o = cluster_options(topo, p, nullptr);  // before the cluster: it may set topo's timers
   Cluster c(topo, o);
   const int n = c.size();
-  IFEC_CHECK(p.bytes * n * 2 * n <= kPointMemoryBudget,
+  IFEC_CHECK(p.bytes * n * 2 * n <= point_memory_budget(),
              "all-to-all: " << p.bytes << " B per peer on " << n << " GPUs needs more than "
-                            << (kPointMemoryBudget >> 20) << " MiB of host memory for the simulated windows");
+                            << (point_memory_budget() >> 20) << " MiB of host memory for the simulated windows");
   c.allocate_window(kBuf, p.bytes * n);
   c.allocate_window(kScratch, p.bytes * n);
   std::vector<workloads::BatchPutArgs> per_gpu;

@@ -32,6 +32,10 @@ void warm_heap(size_t bytes);
 // This machine's physical memory in bytes (0 where the system does not say).
 uint64_t physical_memory_bytes();
 
+// What one run's data may take: 3/4 of physical memory (the rest for the system and the run's other state), or
+// `unknown` where the system does not say how much there is.
+uint64_t memory_budget_bytes(uint64_t unknown);
+
 // Pages this process has faulted in so far (minor faults, getrusage: every thread's). The difference over a phase is
 // about how many fresh pages it touched for the first time.
 uint64_t minor_page_faults();

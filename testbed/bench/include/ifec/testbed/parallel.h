@@ -14,15 +14,13 @@ namespace ifec::testbed {
 struct ParallelJobs {
   std::vector<size_t> order;                 // job indices, in the order to start them
   std::function<uint64_t(size_t)> need;      // host bytes a job takes while it runs
-  uint64_t budget = 12ULL << 30;             // what the running jobs may take together (one always runs)
+  uint64_t budget = 12ULL << 30;             // what the running jobs may take together (one always runs):
+                                             // common::memory_budget_bytes() by default in the benches
   std::function<std::string(size_t)> label;  // for the progress line
   std::function<void(size_t)> run;           // runs job i; must not throw
   // After each job: (done, total, the labels of those still running).
   std::function<void(size_t, size_t, const std::string&)> progress;
 };
-
-// 75% of this machine's physical memory: what a sweep's running jobs may take together by default.
-uint64_t host_memory_budget();
 
 // Runs every job on `threads` threads (the calling one included); returns when all are done. A job that does not
 // fit beside the running ones waits for them, and the jobs after it wait behind it.

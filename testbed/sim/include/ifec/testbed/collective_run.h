@@ -12,11 +12,13 @@
 
 namespace ifec::testbed {
 
-// Host bytes the simulated GPUs' windows of one point may take together (a buffer and a scratch window per GPU).
+// Host bytes the simulated GPUs' windows of one point may take together (a buffer and a scratch window per GPU):
+// 12 GiB, or 3/4 of a smaller machine's memory (point_memory_budget).
 inline constexpr uint64_t kPointMemoryBudget = 12ULL << 30;
+uint64_t point_memory_budget();
 
 // Throws common::Error naming a bad value of `p` (size, dtype, members, loss, slot pool or budget, failures) or a
-// point too large for kPointMemoryBudget; a run that fails or computes a wrong result is a row with ok = false.
+// point too large for point_memory_budget(); a run that fails or computes a wrong result is a row with ok = false.
 // `procs`: one run spread over MPI processes (every process calls this alike; rank 0's row is the run's).
 CollectiveRow run_collective_point(const routing::Topology& topo, const CollectivePoint& p,
                                    const Processes* procs = nullptr);
