@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -193,71 +194,85 @@ int run_bad(ifec::live::HostRing& hr) {
   return quiet && errors == 4 && then_ok ? 0 : 1;
 }
 
-int usage() {
-  std::fprintf(stderr,
+int usage(FILE* to, int status) {
+  std::fprintf(to,
                "usage: ifec-ring NODE info\n"
                "       ifec-ring NODE bad\n"
                "       ifec-ring NODE exercise TARGET_GPU [--puts N] [--bytes B] [--fetch-adds N] [--threads T]\n"
                "                 [--counter OFFSET] [--seed S] [--gpu]\n");
-  return 2;
+  return status;
+}
+
+// exercise's arguments (argv[3] on), checked before the ring is opened: a bad one is named whether or not the hostd
+// runs.
+Options parse_exercise(int argc, char** argv) {
+  Options o;
+  o.ex.target = static_cast<uint16_t>(number(argv[3], "target GPU", 0, 65535));
+  o.ex.puts = 64;
+  o.ex.row_bytes = 4096;
+  o.ex.fetch_adds = 1000;
+  std::set<std::string> given;
+  for (int i = 4; i < argc; ++i) {
+    const std::string flag = argv[i];
+    IFEC_CHECK(given.insert(flag).second, flag << " given twice");
+    if (flag == "--gpu") {
+      o.gpu = true;
+      continue;
+    }
+    IFEC_CHECK(i + 1 < argc, flag << " needs a value");
+    const std::string v = argv[++i];
+    if (flag == "--puts") {
+      o.ex.puts = number(v, "--puts", 0, 1 << 20);
+    } else if (flag == "--bytes") {
+      o.ex.row_bytes = number(v, "--bytes", 1, 1 << 20);
+    } else if (flag == "--fetch-adds") {
+      o.ex.fetch_adds = number(v, "--fetch-adds", 0, 1 << 20);
+    } else if (flag == "--threads") {
+      o.threads = static_cast<uint32_t>(number(v, "--threads", 1, 64));
+    } else if (flag == "--counter") {
+      o.ex.counter = number(v, "--counter", 0, uint64_t{1} << 40);
+      IFEC_CHECK(o.ex.counter % 8 == 0, "--counter " << o.ex.counter << " is not 8-byte aligned");
+    } else if (flag == "--seed") {
+      o.ex.seed = number(v, "--seed", 0, uint64_t{1} << 32);
+    } else {
+      IFEC_FAIL("unknown option " << flag);
+    }
+  }
+  return o;
+}
+
+int info(ifec::live::HostRing& hr, const char* node) {
+  const ifec::live::HostRingInfo& i = hr.info();
+  ifec::common::JsonObject o;
+  o.add("path", ifec::live::host_ring_path(node)).add("gpu", static_cast<uint64_t>(i.gpu));
+  o.add("ranks", static_cast<uint64_t>(i.ranks)).add("slots", i.ring_capacity).add("data_bytes", i.data_bytes);
+  o.add("window", static_cast<uint64_t>(i.window)).add("window_bytes", i.window_bytes).add("ready", i.ready != 0);
+  o.add("issued", hr.ring().issued()).add("completed", hr.ring().completed()).add("errors", hr.ring().errors());
+  std::printf("%s\n", o.str().c_str());
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    return usage(stdout, 0);
+  }
   if (argc < 3) {
-    return usage();
+    return usage(stderr, 2);
+  }
+  const std::string cmd = argv[2];
+  const bool exercise = cmd == "exercise" && argc >= 4;
+  if (!exercise && !((cmd == "info" || cmd == "bad") && argc == 3)) {
+    return usage(stderr, 2);
   }
   try {
+    const Options o = exercise ? parse_exercise(argc, argv) : Options{};
     auto hr = ifec::live::HostRing::open(argv[1]);
-    const std::string cmd = argv[2];
     if (cmd == "info") {
-      const ifec::live::HostRingInfo& i = hr->info();
-      ifec::common::JsonObject o;
-      o.add("path", ifec::live::host_ring_path(argv[1])).add("gpu", static_cast<uint64_t>(i.gpu));
-      o.add("ranks", static_cast<uint64_t>(i.ranks)).add("slots", i.ring_capacity).add("data_bytes", i.data_bytes);
-      o.add("window", static_cast<uint64_t>(i.window)).add("window_bytes", i.window_bytes).add("ready", i.ready != 0);
-      o.add("issued", hr->ring().issued()).add("completed", hr->ring().completed()).add("errors", hr->ring().errors());
-      std::printf("%s\n", o.str().c_str());
-      return 0;
+      return info(*hr, argv[1]);
     }
-    if (cmd == "bad") {
-      return run_bad(*hr);
-    }
-    if (cmd != "exercise" || argc < 4) {
-      return usage();
-    }
-    Options o;
-    o.ex.target = static_cast<uint16_t>(number(argv[3], "target GPU", 0, 65535));
-    o.ex.puts = 64;
-    o.ex.row_bytes = 4096;
-    o.ex.fetch_adds = 1000;
-    for (int i = 4; i < argc; ++i) {
-      const std::string flag = argv[i];
-      if (flag == "--gpu") {
-        o.gpu = true;
-        continue;
-      }
-      IFEC_CHECK(i + 1 < argc, flag << " needs a value");
-      const std::string v = argv[++i];
-      if (flag == "--puts") {
-        o.ex.puts = number(v, "--puts", 0, 1 << 20);
-      } else if (flag == "--bytes") {
-        o.ex.row_bytes = number(v, "--bytes", 1, 1 << 20);
-      } else if (flag == "--fetch-adds") {
-        o.ex.fetch_adds = number(v, "--fetch-adds", 0, 1 << 20);
-      } else if (flag == "--threads") {
-        o.threads = static_cast<uint32_t>(number(v, "--threads", 1, 64));
-      } else if (flag == "--counter") {
-        o.ex.counter = number(v, "--counter", 0, uint64_t{1} << 40);
-        IFEC_CHECK(o.ex.counter % 8 == 0, "--counter " << o.ex.counter << " is not 8-byte aligned");
-      } else if (flag == "--seed") {
-        o.ex.seed = number(v, "--seed", 0, uint64_t{1} << 32);
-      } else {
-        IFEC_FAIL("unknown option " << flag);
-      }
-    }
-    return run_exercise(*hr, o);
+    return cmd == "bad" ? run_bad(*hr) : run_exercise(*hr, o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ifec-ring: %s\n", e.what());
     return 1;

@@ -91,6 +91,11 @@ inline void fill_status(NodeRuntime& rt, v1::NodeStatus* s, bool ready) {
 constexpr int kMaxMessageBytes = 1 << 30;
 constexpr int kSwitchMaxMessageBytes = 4 << 20;
 
+// The largest window a hostd's operation may ask for (SymmetricMemory::allocate_window's limit). Sizes are checked
+// against it before any window is allocated: an operation allocates its later windows in callbacks, where an error
+// thrown would reach no reply (the caller would wait out its deadline).
+constexpr uint64_t kMaxWindowBytes = uint64_t{1} << 32;
+
 // Starts a gRPC server for `service` on `listen` with the daemon's credentials (mutual TLS and roles, or plaintext,
 // said on stderr), and makes them this process's client credentials too; throws Error naming the node and address
 // when it cannot.
@@ -121,8 +126,11 @@ inline std::unique_ptr<grpc::Server> start_server(const DaemonOptions& o, const 
   b.SetMaxSendMessageSize(max_message_bytes);
   b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, kSyncServerPollers);
   std::unique_ptr<grpc::Server> s = b.BuildAndStart();
-  IFEC_CHECK(s != nullptr && port != 0,
-             "node " << o.node << ": cannot listen on " << listen << " (address in use, or not on this host?)");
+  const std::string certs = o.insecure ? ""
+                                       : "; or gRPC refused the certificates in " + o.tls_dir + ": is " + o.node +
+                                             ".key the key of " + o.node + ".pem?";
+  IFEC_CHECK(s != nullptr && port != 0, "node " << o.node << ": cannot listen on " << listen
+                                                << " (address in use, or not on this host?" << certs << ")");
   return s;
 }
 

@@ -3,8 +3,13 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "daemon_serve.h"
 #include "ifec/common/checks.h"
@@ -40,74 +45,126 @@ const char* kUsage =
     "                    fabric's frames to an AF_XDP socket), auto (AF_XDP where it can, else AF_PACKET, saying\n"
     "                    why in the daemon's events)\n";
 
+void check_listen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  const std::string port = colon == std::string::npos ? "" : listen.substr(colon + 1);
+  IFEC_CHECK(colon != std::string::npos && colon > 0 && !port.empty() && port.size() <= 5 &&
+                 port.find_first_not_of("0123456789") == std::string::npos,
+             "--listen '" << listen << "': expected HOST:PORT (e.g. 0.0.0.0:50051)");
+  IFEC_CHECK(std::stoi(port) >= 1 && std::stoi(port) <= 65535,
+             "--listen '" << listen << "': port " << std::stoi(port) << " outside 1..65535");
+}
+
+std::vector<std::string> parse_external_peers(const std::string& v) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at <= v.size();) {
+    const size_t comma = std::min(v.find(',', at), v.size());
+    IFEC_CHECK(comma > at, "--external-peers '" << v << "': an empty GPU name");
+    const std::string name = v.substr(at, comma - at);
+    IFEC_CHECK(std::find(out.begin(), out.end(), name) == out.end(),
+               "--external-peers '" << v << "' lists " << name << " twice");
+    out.push_back(name);
+    at = comma + 1;
+  }
+  return out;
+}
+
+// 0.0.0.0 is refused too: links_base 0 means "not given" (interfaces by their f<port> names).
+uint32_t parse_links_base(const std::string& v) {
+  in_addr addr{};
+  IFEC_CHECK(inet_pton(AF_INET, v.c_str(), &addr) == 1 && (ntohl(addr.s_addr) & 7) == 0 && addr.s_addr != 0,
+             "--links-by-subnet '" << v << "' is not a nonzero IPv4 address on an 8-address boundary");
+  return ntohl(addr.s_addr);
+}
+
+// The guest's MAC as the interface shows it (xx:xx:xx:xx:xx:xx, hex digits in either case).
+void check_guest_mac(const std::string& mac) {
+  bool ok = mac.size() == 17;
+  for (size_t i = 0; ok && i < mac.size(); ++i) {
+    ok = i % 3 == 2 ? mac[i] == ':' : std::isxdigit(static_cast<unsigned char>(mac[i])) != 0;
+  }
+  IFEC_CHECK(ok, "--guest-mac '" << mac << "' is not a MAC address xx:xx:xx:xx:xx:xx");
+}
+
+// Options that must be given, and those that exclude each other.
+void check_combination(const DaemonOptions& o, const char* what) {
+  IFEC_CHECK(!o.topology_file.empty(), "--topo FILE is required");
+  IFEC_CHECK(!o.node.empty(), "--node NAME is required");
+  IFEC_CHECK(!o.tls_dir.empty() || o.insecure,
+             "--tls-dir DIR (the control plane's certificates) or --insecure (plaintext) is required");
+  IFEC_CHECK(o.tls_dir.empty() || !o.insecure, "--tls-dir and --insecure exclude each other");
+  IFEC_CHECK(!o.mgmt_names || !o.mgmt_loopback, "--mgmt-names and --loopback-mgmt exclude each other");
+  const bool host = std::string(what) == "a GPU";  // hostd's options, which a switch would ignore
+  IFEC_CHECK(host || (o.guest_mac.empty() && o.external_peers.empty()),
+             "--guest-mac and --external-peers are hostd's (a GPU's RDMA peers), not " << what << "'s");
+}
+
+const std::set<std::string> kValueOptions = {"--topo",    "--node",          "--listen",
+                                             "--netns",   "--guest-mac",     "--external-peers",
+                                             "--tls-dir", "--fabric-driver", "--links-by-subnet"};
+
+// One of kValueOptions: checks `v` and fills it in `o`.
+void set_value_option(const std::string& a, const std::string& v, DaemonOptions* o) {
+  if (a == "--topo") {
+    o->topology_file = v;
+  } else if (a == "--node") {
+    o->node = v;
+  } else if (a == "--listen") {
+    check_listen(v);
+    o->listen = v;
+  } else if (a == "--netns") {
+    o->netns = v;
+  } else if (a == "--guest-mac") {
+    check_guest_mac(v);
+    o->guest_mac = v;
+  } else if (a == "--external-peers") {
+    o->external_peers = parse_external_peers(v);
+  } else if (a == "--tls-dir") {
+    o->tls_dir = v;
+  } else if (a == "--fabric-driver") {
+    parse_fabric_driver(v);  // a bad name is refused here, naming it
+    o->fabric_driver = v;
+  } else {
+    o->links_base = parse_links_base(v);
+  }
+}
+
+bool set_flag(const std::string& a, DaemonOptions* o) {
+  if (a == "--loopback-mgmt") {
+    o->mgmt_loopback = true;
+  } else if (a == "--mgmt-names") {
+    o->mgmt_names = true;
+  } else if (a == "--insecure") {
+    o->insecure = true;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool parse_daemon_options(int argc, char** argv, DaemonOptions* o, const char* what) {
+  std::map<std::string, std::string> given;  // value options so far: one value each, never an empty one
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&](std::string* out) {
-      IFEC_CHECK(i + 1 < argc, a << " needs a value");
-      *out = argv[++i];
-    };
-    if (a == "--topo") {
-      value(&o->topology_file);
-    } else if (a == "--node") {
-      value(&o->node);
-    } else if (a == "--listen") {
-      value(&o->listen);
-      const size_t colon = o->listen.rfind(':');
-      const std::string port = colon == std::string::npos ? "" : o->listen.substr(colon + 1);
-      IFEC_CHECK(colon != std::string::npos && colon > 0 && !port.empty() && port.size() <= 5 &&
-                     port.find_first_not_of("0123456789") == std::string::npos,
-                 "--listen '" << o->listen << "': expected HOST:PORT (e.g. 0.0.0.0:50051)");
-      IFEC_CHECK(std::stoi(port) >= 1 && std::stoi(port) <= 65535,
-                 "--listen '" << o->listen << "': port " << std::stoi(port) << " outside 1..65535");
-    } else if (a == "--netns") {
-      value(&o->netns);
-    } else if (a == "--loopback-mgmt") {
-      o->mgmt_loopback = true;
-    } else if (a == "--guest-mac") {
-      value(&o->guest_mac);
-    } else if (a == "--external-peers") {
-      std::string v;
-      value(&v);
-      for (size_t at = 0; at <= v.size();) {
-        const size_t comma = std::min(v.find(',', at), v.size());
-        IFEC_CHECK(comma > at, "--external-peers '" << v << "': an empty GPU name");
-        o->external_peers.push_back(v.substr(at, comma - at));
-        at = comma + 1;
-      }
-    } else if (a == "--tls-dir") {
-      value(&o->tls_dir);
-    } else if (a == "--insecure") {
-      o->insecure = true;
-    } else if (a == "--fabric-driver") {
-      value(&o->fabric_driver);
-      parse_fabric_driver(o->fabric_driver);  // a bad name is refused here, naming it
-    } else if (a == "--mgmt-names") {
-      o->mgmt_names = true;
-    } else if (a == "--links-by-subnet") {
-      std::string v;
-      value(&v);
-      in_addr addr{};
-      IFEC_CHECK(inet_pton(AF_INET, v.c_str(), &addr) == 1 && (ntohl(addr.s_addr) & 7) == 0,
-                 "--links-by-subnet '" << v << "' is not an IPv4 address on an 8-address boundary");
-      o->links_base = ntohl(addr.s_addr);
-    } else if (a == "--help" || a == "-h") {
+    if (a == "--help" || a == "-h") {
       std::printf(kUsage, argv[0], what);
       return false;
-    } else {
-      IFEC_FAIL("unknown option '" << a << "' (--help lists them)");
     }
+    if (set_flag(a, o)) {
+      continue;
+    }
+    IFEC_CHECK(kValueOptions.count(a) != 0, "unknown option '" << a << "' (--help lists them)");
+    IFEC_CHECK(i + 1 < argc, a << " needs a value");
+    const std::string v = argv[++i];
+    // An empty value would read as the option not given (--netns '': the daemon's own namespace).
+    IFEC_CHECK(!v.empty(), a << " needs a value, got ''");
+    const auto [first, fresh] = given.emplace(a, v);
+    IFEC_CHECK(fresh, a << " given twice ('" << first->second << "', then '" << v << "')");
+    set_value_option(a, v, o);
   }
-  IFEC_CHECK(!o->topology_file.empty(), "--topo FILE is required");
-  IFEC_CHECK(!o->node.empty(), "--node NAME is required");
-  IFEC_CHECK(!o->tls_dir.empty() || o->insecure,
-             "--tls-dir DIR (the control plane's certificates) or --insecure (plaintext) is required");
-  IFEC_CHECK(o->tls_dir.empty() || !o->insecure, "--tls-dir and --insecure exclude each other");
-  const bool host = std::string(what) == "a GPU";  // hostd's options, which a switch would ignore
-  IFEC_CHECK(host || (o->guest_mac.empty() && o->external_peers.empty()),
-             "--guest-mac and --external-peers are hostd's (a GPU's RDMA peers), not " << what << "'s");
+  check_combination(*o, what);
   return true;
 }
 

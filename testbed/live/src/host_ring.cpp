@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <thread>
 
@@ -32,6 +33,25 @@ uint8_t* map_fd(int fd, size_t bytes, const std::string& path) {
   }
   IFEC_CHECK(p != MAP_FAILED, path << ": mmap of " << bytes << " B failed: " << std::strerror(err));
   return static_cast<uint8_t*>(p);
+}
+
+// A region whose owner's lock is still held belongs to a running hostd of the same node: taking it over would
+// unlink the ring that hostd's local programs post into.
+void refuse_live_owner(const std::string& node, const std::string& path) {
+  const int fd = shm_open(shm_name(node).c_str(), O_RDONLY, 0);
+  if (fd < 0) {
+    return;
+  }
+  const bool held = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  int32_t pid = 0;
+  struct stat st {};
+  if (held && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= sizeof(HostRingInfo)) {
+    const ssize_t n = pread(fd, &pid, sizeof pid, offsetof(HostRingInfo, owner_pid));
+    pid = n == static_cast<ssize_t>(sizeof pid) ? pid : 0;
+  }
+  close(fd);  // drops the shared lock, if it was taken
+  IFEC_CHECK(!held, path << ": node " << node << "'s ring belongs to a running ifec-hostd (pid " << pid
+                         << "): one hostd per node");
 }
 
 }  // namespace
@@ -61,6 +81,7 @@ std::unique_ptr<HostRing> HostRing::create(const std::string& node, uint32_t gpu
   const uint64_t ring_offset = align_up(sizeof(HostRingInfo), 64);
   const uint64_t data_offset = align_up(ring_offset + endpoint::DescriptorRing::region_bytes(capacity), 4096);
   const uint64_t bytes = data_offset + align_up(data_bytes, 4096);
+  refuse_live_owner(node, path);
   shm_unlink(shm_name(node).c_str());  // a stale region of a daemon that died
   const int fd = shm_open(shm_name(node).c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   IFEC_CHECK(fd >= 0, path << ": cannot create the descriptor ring: " << std::strerror(errno));

@@ -11,6 +11,7 @@
 #include <memory>
 #include <numeric>
 #include <sstream>
+#include <tuple>
 
 #include "daemon_common.h"
 #include "daemon_serve.h"
@@ -143,6 +144,15 @@ class Hub {
   std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<Round>> rounds_;  // (epoch, seq)
 };
 
+// "[0, 3, 5]": a group's GPUs, for its errors.
+std::string gpu_list(const std::vector<int>& gpus) {
+  std::string out;
+  for (int g : gpus) {
+    out += (out.empty() ? "[" : ", ") + std::to_string(g);
+  }
+  return out + (gpus.empty() ? "[]" : "]");
+}
+
 }  // namespace
 
 struct HostDaemon::Impl {
@@ -193,7 +203,11 @@ struct HostDaemon::Impl {
   std::map<uint32_t, Group> groups;     // loop thread
   workloads::CommOptions comm_options;  // every communicator's
   std::mutex hubs_mu;
-  std::map<uint32_t, std::unique_ptr<Hub>> group_hubs;  // the groups this GPU is the first of (gRPC threads)
+  struct GroupHub {
+    std::vector<int> members;  // the GPUs its first allgather named, in rank order
+    std::unique_ptr<Hub> hub;
+  };
+  std::map<uint32_t, GroupHub> group_hubs;  // the groups this GPU is the first of (gRPC threads)
 
   void start_endpoint();
   // Per fabric port: (topology link id, frame bytes sent, received) so far.
@@ -263,6 +277,7 @@ struct HostDaemon::Impl {
   // Runs `then` on the group the request names (made at its first operation), or replies why it cannot.
   void with_group(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply, std::function<void(Group&)> then);
   grpc::Status group_gather(const std::string& node, const v1::AllgatherRequest& q, v1::AllgatherReply* out);
+  std::string group_members_problem(const std::vector<int>& members) const;
   void stop_hubs();
   v1::RunReply alltoall_reply(const workloads::CollectiveResult& res, uint64_t wrong, uint64_t size, uint64_t sent,
                               const OpStart& at) const;
@@ -282,6 +297,10 @@ class HostService final : public v1::Host::Service {
   }
   grpc::Status ReadWindow(grpc::ServerContext* ctx, const v1::ReadWindowRequest* q, v1::ReadWindowReply* out) override {
     const Identity caller = caller_identity(ctx);
+    if (q->window() > 0xFFFF) {  // not folded into another window's id (65537 into 1)
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          name_ + ": window " + std::to_string(q->window()) + " outside 0..65535");
+    }
     return on_loop(d_.rt->loop(), name_, [&] {
       const endpoint::WindowInfo* w = d_.ep ? d_.ep->memory().window(static_cast<uint16_t>(q->window())) : nullptr;
       if (w == nullptr) {
@@ -517,6 +536,8 @@ grpc::Status HostDaemon::Impl::reset_responder(const v1::ResetResponderRequest& 
 constexpr uint16_t kFirstPeerWindow = 200;     // AttachPeer's windows: 200 and up (the operations use fewer)
 constexpr uint16_t kPeerRegion = 0xFFF0;       // PeerOps: the peer's registered memory, as a window of that peer
 constexpr uint64_t kMaxPeerBytes = 64u << 20;  // per window or request
+// PeerOps' fetch-and-adds run one after another, each a round trip, and none stops when the caller gives up.
+constexpr uint32_t kMaxPeerFetchAdds = 65536;
 
 std::string external_problem(const HostDaemon::Impl& d, int peer) {
   if (!d.ep) {
@@ -530,6 +551,10 @@ std::string external_problem(const HostDaemon::Impl& d, int peer) {
 
 grpc::Status HostDaemon::Impl::attach_peer(const v1::AttachPeerRequest& q, v1::AttachPeerReply* out) {
   const std::string me = rt->info().name + ": attach peer: ";
+  if (q.peer_psn() > 0xFFFFFF) {  // a PSN the BTH's 24 bits can carry, or the peer's requests never match it
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        me + "PSN " + std::to_string(q.peer_psn()) + " outside 0..16777215 (24 bits)");
+  }
   if (std::string why = external_problem(*this, q.peer_gpu()); !why.empty()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, me + why);
   }
@@ -592,6 +617,10 @@ void HostDaemon::Impl::peer_ops(const v1::PeerOpsRequest& q, std::shared_ptr<v1:
              "the peer's region of " << q.size() << " B at " << q.vaddr() << " holds neither a " << q.write().size()
                                      << " B write, a " << q.read() << " B read nor an aligned 8-byte atomic "
                                      << "(at most 64 MiB)");
+  IFEC_CHECK(q.vaddr() <= UINT64_MAX - q.size(),
+             "the peer's region of " << q.size() << " B at " << q.vaddr() << " runs past the 64-bit address space");
+  IFEC_CHECK(q.fetch_adds() <= kMaxPeerFetchAdds,
+             q.fetch_adds() << " fetch-and-adds (at most " << kMaxPeerFetchAdds << " in one request)");
   endpoint::WindowInfo w;
   w.id = kPeerRegion;
   w.va = q.vaddr();
@@ -663,6 +692,9 @@ void HostDaemon::Impl::run_alltoall(const v1::RunRequest& q, std::function<void(
   const uint64_t seed = q.seed() == 0 ? 1 : q.seed();
   IFEC_CHECK(bytes > 0, "all-to-all: size " << bytes << " B per peer must be > 0");
   const int n = comm->size();
+  // Checked before bytes * n is taken: a product that wrapped would allocate a small window and overrun it.
+  IFEC_CHECK(bytes <= kMaxWindowBytes / static_cast<uint64_t>(n),
+             "all-to-all: " << bytes << " B per peer for " << n << " ranks is more than a window holds (4 GiB)");
   const int me = comm->rank();
   const std::pair<uint16_t, uint16_t> w = world.next_windows(q.run_id());
   const uint16_t src = w.first, dst = w.second;  // not a structured binding: lambdas capture them (clang 14)
@@ -730,15 +762,22 @@ v1::RunReply HostDaemon::Impl::alltoall_reply(const workloads::CollectiveResult&
 namespace {
 
 // An all-to-all's split sizes on the caller's data: `given` (one per rank, summing to `total` where that is known),
-// or `total` in n equal blocks; throws naming what does not fit.
+// or `total` in n equal blocks; throws naming what does not fit. Each split, and their sum, is at most `limit`
+// (checked one by one: a sum of unchecked splits could wrap around to the input's size).
 std::vector<uint64_t> splits_of(const google::protobuf::RepeatedField<uint64_t>& given, uint64_t total, int n,
-                                const char* what) {
+                                const char* what, uint64_t limit) {
   if (given.empty()) {
     IFEC_CHECK(total % n == 0, "alltoall: " << total << " B do not split into " << n << " equal blocks (give the "
                                             << what << " splits)");
     return std::vector<uint64_t>(n, total / n);
   }
   IFEC_CHECK(given.size() == n, "alltoall: " << given.size() << " " << what << " splits for " << n << " ranks");
+  uint64_t sum = 0;
+  for (int r = 0; r < n; ++r) {
+    sum += std::min(given[r], limit + 1);
+    IFEC_CHECK(sum <= limit, "alltoall: " << what << " split " << given[r] << " B (rank " << r << ") brings the "
+                                          << what << " splits past " << limit << " B");
+  }
   return {given.begin(), given.end()};
 }
 
@@ -760,11 +799,12 @@ void HostDaemon::Impl::run_alltoall_given(Group& grp, const v1::RunRequest& q,
   workloads::Communicator* c = grp.comm;
   const int n = c->size();
   const int me = c->rank();
-  const std::vector<uint64_t> send = splits_of(q.send_splits(), q.input().size(), n, "send");
+  const std::vector<uint64_t> send = splits_of(q.send_splits(), q.input().size(), n, "send", q.input().size());
   IFEC_CHECK(total_of(send) == q.input().size(), "alltoall: the send splits add up to "
                                                      << total_of(send) << " B, the input is " << q.input().size()
                                                      << " B");
-  const std::vector<uint64_t> recv = splits_of(q.recv_splits(), q.input().size(), n, "recv");
+  // What this rank receives comes back in one reply.
+  const std::vector<uint64_t> recv = splits_of(q.recv_splits(), q.input().size(), n, "recv", kMaxMessageBytes);
   const std::pair<uint16_t, uint16_t> w = grp.next_windows(q.run_id());
   const uint16_t src = w.first, dst = w.second;
   auto input = std::make_shared<std::string>(q.input());
@@ -857,10 +897,11 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
   }
   if (q.what() == "moe") {
 #ifdef IFEC_HAVE_MOE
-    const auto first = static_cast<uint16_t>(kMoeWindows + 4 * (world.runs++ % 3));
+    const auto first = static_cast<uint16_t>(kMoeWindows + 4 * (world.runs % 3));
     run_moe({*comm, topo, first, [this] { return plane_tx_bytes(); }, rt->loop().epoch_ns(),
              [this] { return rt->loop().take_worst_late_ns(); }},
             q, std::move(reply));
+    ++world.runs;  // not for a layer refused above: this rank would pick other windows than the others from now on
     return;
 #else
     IFEC_FAIL(rt->info().name << ": built without LibTorch: the MoE layer is not available here");
@@ -924,24 +965,50 @@ void HostDaemon::Impl::with_group(const v1::RunRequest& q, std::function<void(v1
   });
 }
 
+// "" when `members` can be a group (as with_group wants them: two or more distinct ranks of the topology), else why.
+std::string HostDaemon::Impl::group_members_problem(const std::vector<int>& members) const {
+  if (members.size() < 2 || members.size() > ranks.size()) {
+    return std::to_string(members.size()) + " GPU(s); a group has 2.." + std::to_string(ranks.size());
+  }
+  std::vector<char> seen(topo.num_gpus(), 0);
+  for (int m : members) {
+    if (m < 0 || m >= topo.num_gpus() || external[m]) {
+      return "GPU " + std::to_string(m) + " is not a rank of topology " + topo.name;
+    }
+    if (seen[m]++) {
+      return "GPU " + std::to_string(m) + " is listed twice";
+    }
+  }
+  return "";
+}
+
 grpc::Status HostDaemon::Impl::group_gather(const std::string& node, const v1::AllgatherRequest& q,
                                             v1::AllgatherReply* out) {
+  const std::string what = node + ": allgather of group " + std::to_string(q.group()) + ": ";
+  const std::vector<int> members(q.members().begin(), q.members().end());
+  if (members.empty() || members[0] != gpu) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        node + ": not the hub of group " + std::to_string(q.group()) + " (its first GPU's hostd is)");
+  }
+  if (const std::string bad = group_members_problem(members); !bad.empty()) {  // before a hub that many ranks wide
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, what + bad);
+  }
   Hub* hub = nullptr;
   {
     std::lock_guard<std::mutex> lock(hubs_mu);
-    if (q.members_size() == 0 || q.members(0) != gpu) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          node + ": not the hub of group " + std::to_string(q.group()) + " (its first GPU's hostd is)");
-    }
-    std::unique_ptr<Hub>& slot = group_hubs[q.group()];
-    if (!slot) {
+    GroupHub& slot = group_hubs[q.group()];
+    if (!slot.hub) {
       std::vector<std::string> names;
-      for (int g : q.members()) {
-        names.push_back(g >= 0 && g < topo.num_gpus() ? topo.nodes[topo.gpu_node(g)].name : std::to_string(g));
+      for (int g : members) {
+        names.push_back(topo.nodes[topo.gpu_node(g)].name);
       }
-      slot = std::make_unique<Hub>(std::move(names));
+      slot = {members, std::make_unique<Hub>(std::move(names))};
     }
-    hub = slot.get();
+    if (slot.members != members) {  // a rank would wait among GPUs it does not know, or be counted as another
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          what + "its hub was made for GPUs " + gpu_list(slot.members) + ", not " + gpu_list(members));
+    }
+    hub = slot.hub.get();
   }
   return hub->gather(node, q, out);
 }
@@ -952,7 +1019,7 @@ void HostDaemon::Impl::stop_hubs() {
   }
   std::lock_guard<std::mutex> lock(hubs_mu);
   for (auto& [id, h] : group_hubs) {
-    h->stop();
+    h.hub->stop();
   }
 }
 
@@ -974,6 +1041,7 @@ testbed::CollectivePoint point_of(const v1::RunRequest& q) {
   const size_t es = workloads::element_size(p.dtype);
   IFEC_CHECK(p.kind == workloads::Collective::kBarrier || (p.bytes > 0 && p.bytes % es == 0),
              "size " << p.bytes << " B is not a positive whole number of " << es << "-byte elements");
+  IFEC_CHECK(p.bytes <= kMaxWindowBytes, "size " << p.bytes << " B is more than a window holds (4 GiB)");
   return p;
 }
 
@@ -1037,19 +1105,21 @@ void HostDaemon::Impl::run_collective(Group& grp, const v1::RunRequest& q, std::
       given->out = given->out_bytes * c->rank();
     }
   }
-  const auto [buf, scratch_window] = grp.next_windows(q.run_id());
   workloads::CollArgs a;
   a.kind = p.kind;
   a.root = q.root();
-  a.window = buf;
-  a.scratch_window = scratch_window;
   a.count = p.kind == workloads::Collective::kBarrier ? 0 : p.bytes / es;
   a.dtype = p.dtype;
   a.op = p.op;
   const uint64_t scratch = std::max<uint64_t>(4096, workloads::Communicator::scratch_bytes(a, n, p.algo, &topo, 0));
+  IFEC_CHECK(a.count * es <= kMaxWindowBytes && scratch <= kMaxWindowBytes,
+             q.what() << " of " << p.bytes << " B over " << n << " ranks needs a " << a.count * es << " B buffer and a "
+                      << scratch << " B scratch window: a window holds at most 4 GiB");
+  std::tie(a.window, a.scratch_window) = grp.next_windows(q.run_id());  // once nothing refuses the request
   auto input = std::make_shared<std::string>(q.input());
   c->allocate_window(
-      buf, std::max<uint64_t>(64, a.count * es), [this, c, a, p, scratch, reply, input, given](const std::string& e1) {
+      a.window, std::max<uint64_t>(64, a.count * es),
+      [this, c, a, p, scratch, reply, input, given](const std::string& e1) {
         if (!e1.empty()) {
           reply(error_reply(e1));
           return;
@@ -1134,14 +1204,17 @@ v1::RunReply HostDaemon::Impl::collective_reply(workloads::Communicator& c, cons
 HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
   d.o = std::move(o);
-  d.rt = start_node(d.o, d.topo, routing::NodeKind::kGpu);
+  d.rt = start_node(d.o, d.topo, routing::NodeKind::kGpu, [&d](const routing::Topology& t) {
+    for (const std::string& name : d.o.external_peers) {
+      const int n = t.find_node(name);
+      IFEC_CHECK(n >= 0 && t.nodes[n].kind == routing::NodeKind::kGpu && name != d.o.node,
+                 "--external-peers: '" << name << "' is not another GPU of topology " << t.name);
+    }
+  });
   d.gpu = d.rt->info().gpu_index;
   d.external.assign(d.topo.num_gpus(), 0);
   for (const std::string& name : d.o.external_peers) {
-    const int n = d.topo.find_node(name);
-    IFEC_CHECK(n >= 0 && d.topo.nodes[n].kind == routing::NodeKind::kGpu && n != d.rt->node(),
-               "--external-peers: '" << name << "' is not another GPU of topology " << d.topo.name);
-    d.external[d.topo.nodes[n].gpu_index] = 1;
+    d.external[d.topo.nodes[d.topo.find_node(name)].gpu_index] = 1;
   }
   for (int g = 0; g < d.topo.num_gpus(); ++g) {
     if (!d.external[g]) {

@@ -4,11 +4,15 @@
 #include "hostd_moe.h"
 
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iomanip>
 #include <memory>
 
+#include "daemon_common.h"
 #include "ifec/common/checks.h"
 #include "ifec/live/epoll_loop.h"
 #include "ifec/testbed/moe_rows.h"
@@ -37,6 +41,22 @@ MoeConfig moe_config(const v1::MoeShape& s, int ranks) {
   return c;
 }
 
+// What the layer holds at once at one rank, roughly: the weights drawn in fp32 (and their copy in the row type), the
+// tokens drawn (every rank's, up to kDrawBlock rows at a time, in fp32) and every rank's routing table. Refused above
+// 3/4 of this machine's memory, where the allocations would meet the kernel's OOM killer instead of an error.
+void check_moe_memory(const MoeConfig& c, int64_t tokens, int ranks, bool bf16) {
+  const double weights = static_cast<double>(c.experts) * (3.0 * c.hidden * c.inter + c.hidden + 1) * 4;
+  const double drawn = std::min<double>(static_cast<double>(tokens) * ranks, kDrawBlock) * c.hidden * 4;
+  const double tables = static_cast<double>(tokens) * ranks * c.topk * 12;
+  const double need = weights * (bf16 ? 1.5 : 1.0) + drawn + tables;
+  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  IFEC_CHECK(need <= 0.75 * physical,
+             "moe: " << c.experts << " experts of hidden " << c.hidden << " / inter " << c.inter << ", " << tokens
+                     << " tokens per rank of " << ranks << ", top-" << c.topk << " need about " << std::fixed
+                     << std::setprecision(1) << need / (1 << 30) << " GiB; the limit is 3/4 of this machine's "
+                     << physical / (1 << 30) << " GiB");
+}
+
 class MoeRun : public std::enable_shared_from_this<MoeRun> {
  public:
   MoeRun(MoeRunContext ctx, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply)
@@ -47,6 +67,7 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
     IFEC_CHECK(tokens_ <= 65536, "moe: " << tokens_ << " tokens per rank (at most 65536)");
     const std::string dt = q.dtype().empty() ? "bf16" : q.dtype();
     IFEC_CHECK(dt == "bf16" || dt == "fp32", "moe: dtype '" << dt << "' (rows travel in bf16 or fp32)");
+    check_moe_memory(cfg_, tokens_, n, dt == "bf16");
     row_type_ = dt == "bf16" ? torch::kBFloat16 : torch::kFloat32;
     dtype_ = dt == "bf16" ? common::EchDtype::kBf16 : common::EchDtype::kFp32;
     variant_ = parse_moe_variant(q.algo().empty() ? "ifec" : q.algo());
@@ -113,6 +134,11 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
                      static_cast<uint16_t>(ctx_.first_window + 2), static_cast<uint16_t>(ctx_.first_window + 3)};
       plan_ = plan_moe_rank(variant_, table, lists_, ctx_.comm.rank(), tokens_,
                             static_cast<uint64_t>(cfg_.hidden * x_.element_size()), dtype_, ids);
+      // Checked before the first window: the others are allocated in callbacks, where an error would reach no reply.
+      for (const auto& [id, bytes] : plan_.windows) {
+        IFEC_CHECK(bytes <= kMaxWindowBytes,
+                   "window " << id << " of " << bytes << " B: more than a window holds (4 GiB)");
+      }
     } catch (const std::exception& e) {
       fail(e.what());
       return;

@@ -105,6 +105,9 @@ NetnsGuard::NetnsGuard(const std::string& name) {
   if (name.empty()) {
     return;
   }
+  // A name, not a path: '../x' would open some other file under /var/run/netns's parents.
+  IFEC_CHECK(name.find('/') == std::string::npos && name != "." && name != "..",
+             "network namespace '" << name << "': not a namespace name (one under /var/run/netns, no '/')");
   self_ = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
   const int target = open(("/var/run/netns/" + name).c_str(), O_RDONLY | O_CLOEXEC);
   if (self_ < 0 || target < 0) {

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -208,8 +209,13 @@ std::map<int, std::string> interfaces_by_subnet(const routing::Topology& topo, i
     }
   }
   freeifaddrs(ifs);
+  const std::vector<int> links = topo.links_of(node);
+  const uint64_t last = links.empty() ? 0 : static_cast<uint64_t>(*std::max_element(links.begin(), links.end()));
+  IFEC_CHECK(base + 8 * last + 7 <= 0xFFFFFFFF, "node " << topo.nodes[node].name << ": link " << last << "'s /29 from "
+                                                        << common::ipv4_to_string(base)
+                                                        << " (--links-by-subnet) is past 255.255.255.255");
   std::map<int, std::string> out;
-  for (int l : topo.links_of(node)) {
+  for (int l : links) {
     const routing::Link& link = topo.links[l];
     const uint32_t net = base + 8 * static_cast<uint32_t>(l);
     auto it = by_net.find(net);

@@ -3,6 +3,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <initializer_list>
+#include <string>
+
 #include "ifec/common/control.h"
 #include "ifec/v1/control.grpc.pb.h"
 
@@ -30,6 +33,36 @@ inline v1::GroupReservation to_proto(const common::GroupReservation& r) {
   p.set_upstream_contributor(r.upstream_contributor);
   p.set_upstream_fp32(r.upstream_fp32);
   return p;
+}
+
+// A request field and the values its struct (common/control.h) holds: a narrowing conversion would otherwise make
+// group 65543 group 7, and dtype 256 fp32.
+struct FieldRange {
+  const char* field;
+  int64_t value;  // every field checked is 32 bits, signed or not
+  int64_t lo, hi;
+};
+
+// "" when every field is within its range, else the first that is not, named with its value.
+inline std::string range_problem(std::initializer_list<FieldRange> fields) {
+  for (const FieldRange& f : fields) {
+    if (f.value < f.lo || f.value > f.hi) {
+      return std::string(f.field) + " " + std::to_string(f.value) + " outside " + std::to_string(f.lo) + ".." +
+             std::to_string(f.hi);
+    }
+  }
+  return "";
+}
+
+inline std::string reservation_problem(const v1::GroupReservation& p) {
+  return range_problem(
+      {{"group", p.group(), 0, 0xFFFF},
+       {"window", p.window(), 0, 0xFFFF},
+       {"op", p.op(), static_cast<int64_t>(common::EchOp::kMulticast), static_cast<int64_t>(common::EchOp::kBarrier)},
+       {"dtype", p.dtype(), 0, static_cast<int64_t>(common::EchDtype::kInt32)},
+       {"redop", p.redop(), 0, static_cast<int64_t>(common::EchRedOp::kMax)},
+       {"upstream_group", p.upstream_group(), 0, 0xFFFF},
+       {"upstream_contributor", p.upstream_contributor(), 0, 0xFFFF}});
 }
 
 inline common::GroupReservation from_proto(const v1::GroupReservation& p) {

@@ -48,6 +48,7 @@ routing::Topology load_daemon_topology(const DaemonOptions& o) {
     t = routing::load_topology(o.topology_file);
   } else {
     const std::string var = o.topology_file.substr(env.size());
+    IFEC_CHECK(!var.empty(), "--topo env: names no environment variable (env:NAME reads the YAML from NAME)");
     const char* text = std::getenv(var.c_str());
     IFEC_CHECK(text != nullptr && *text != '\0', "--topo " << o.topology_file << ": the environment has no " << var);
     t = routing::parse_topology(text, "$" + var);
@@ -69,7 +70,8 @@ RuntimeOptions runtime_options(const DaemonOptions& o, const routing::Topology& 
   return ro;
 }
 
-std::unique_ptr<NodeRuntime> start_node(DaemonOptions& o, routing::Topology& topo, routing::NodeKind kind) {
+std::unique_ptr<NodeRuntime> start_node(DaemonOptions& o, routing::Topology& topo, routing::NodeKind kind,
+                                        const std::function<void(const routing::Topology&)>& check) {
   topo = load_daemon_topology(o);
   for (const routing::Node& n : topo.nodes) {
     o.node_names.push_back(n.name);
@@ -80,6 +82,12 @@ std::unique_ptr<NodeRuntime> start_node(DaemonOptions& o, routing::Topology& top
   IFEC_CHECK(topo.nodes[node].kind == kind, "node " << o.node << " is a " << (gpu ? "switch" : "GPU") << ": run "
                                                     << (gpu ? "ifec-switchd" : "ifec-hostd") << " for it, not "
                                                     << (gpu ? "ifec-hostd" : "ifec-switchd"));
+  // What is wrong with the options is named before any interface is opened: the certificates (read here as the
+  // server will read them), and what the daemon checks against the topology.
+  server_credentials({o.tls_dir, o.node, o.insecure});
+  if (check) {
+    check(topo);
+  }
   return std::make_unique<NodeRuntime>(topo, o.node, runtime_options(o, topo));
 }
 
@@ -181,6 +189,9 @@ class SwitchService final : public v1::Switch::Service {
     });
   }
   grpc::Status Reserve(grpc::ServerContext*, const v1::GroupReservation* r, v1::Empty*) override {
+    if (const std::string bad = reservation_problem(*r); !bad.empty()) {
+      return error(grpc::StatusCode::INVALID_ARGUMENT, name_, "reservation: " + bad);
+    }
     return on_loop(rt_.loop(), name_, [&] {
       std::string why;
       return engine()->reserve(from_proto(*r), &why) ? grpc::Status::OK
@@ -188,12 +199,20 @@ class SwitchService final : public v1::Switch::Service {
     });
   }
   grpc::Status Release(grpc::ServerContext*, const v1::ReleaseRequest* r, v1::Empty*) override {
+    if (const std::string bad = range_problem({{"group", r->group(), 0, 0xFFFF}}); !bad.empty()) {
+      return error(grpc::StatusCode::INVALID_ARGUMENT, name_, "release: " + bad);
+    }
     return on_loop(rt_.loop(), name_, [&] {
       engine()->release(r->job(), static_cast<uint16_t>(r->group()));
       return grpc::Status::OK;
     });
   }
   grpc::Status RegisterWindow(grpc::ServerContext*, const v1::WindowRegistration* w, v1::Empty*) override {
+    const int gpus = rt_.topology().num_gpus();
+    if (const std::string bad = range_problem({{"gpu", w->gpu(), 0, gpus - 1}, {"window", w->window(), 0, 0xFFFF}});
+        !bad.empty()) {
+      return error(grpc::StatusCode::INVALID_ARGUMENT, name_, "window registration: " + bad);
+    }
     return on_loop(rt_.loop(), name_, [&] {
       engine()->register_window(from_proto(*w));
       return grpc::Status::OK;

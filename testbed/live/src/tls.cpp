@@ -1,6 +1,7 @@
 // Mutual TLS credentials and the role check in front of every rpc (ifec/live/tls.h).
 #include "ifec/live/tls.h"
 
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -15,12 +16,21 @@ namespace {
 constexpr const char* kRoleProperty = "ifec_role";
 constexpr const char* kQualifierProperty = "ifec_qualifier";
 
+constexpr const char* kTlsHint =
+    "certificates: --tls-dir DIR holding ca.pem, NAME.pem and NAME.key, made by the "
+    "bring-up; or --insecure";
+
+// A PEM file's text. A folder, an empty file or one without a PEM block is named here: gRPC takes any text and
+// then fails to build the server, which the daemon could only report as an address it cannot listen on.
 std::string read_file(const std::string& path) {
+  std::error_code ec;
+  IFEC_CHECK(!std::filesystem::is_directory(path, ec), path << " is a directory, not a PEM file (" << kTlsHint << ")");
   std::ifstream in(path);
-  IFEC_CHECK(in.good(), "cannot read " << path << " (certificates: --tls-dir DIR holding ca.pem, NAME.pem and "
-                                       << "NAME.key, made by the bring-up; or --insecure)");
+  IFEC_CHECK(in.good(), "cannot read " << path << " (" << kTlsHint << ")");
   std::stringstream s;
   s << in.rdbuf();
+  IFEC_CHECK(s.str().find("-----BEGIN ") != std::string::npos,
+             path << " holds no PEM block (" << s.str().size() << " B without '-----BEGIN '; " << kTlsHint << ")");
   return s.str();
 }
 

@@ -3,6 +3,7 @@
 // daemon is an error naming it within the deadline, never a hang. The switch runs in this process (its own loop
 // thread) on veths in namespaces this test makes and removes.
 #include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -13,15 +14,20 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <optional>
 #include <thread>
 
+#include "../src/daemon_serve.h"  // parse_daemon_options: the daemons' command line
 #include "ifec/common/checks.h"
 #include "ifec/live/af_packet_port.h"
 #include "ifec/live/daemons.h"
 #include "ifec/live/grpc_clients.h"
+#include "ifec/live/host_ring.h"
 #include "ifec/live/netns.h"
 #include "ifec/live/node_runtime.h"
+#include "ifec/v1/control.grpc.pb.h"
 
 using namespace ifec;
 
@@ -385,4 +391,423 @@ TEST(InterfacesBySubnet, EachLinksInterfaceIsFoundByItsAddress) {
               std::string::npos)
         << e.what();
   }
+}
+
+// ------------------------------------------------------------------------------------- bad requests, bad options --
+
+namespace {
+
+// A request's outcome: the status, and its message.
+template <typename Stub, typename Req, typename Rep>
+grpc::Status call(Stub& stub, grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Req&, Rep*), const Req& q,
+                  Rep* out = nullptr, std::chrono::seconds deadline = std::chrono::seconds(5)) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+  Rep ignored;
+  return (stub.*rpc)(&ctx, q, out ? out : &ignored);
+}
+
+std::string text(const grpc::Status& s) { return std::to_string(s.error_code()) + " " + s.error_message(); }
+
+}  // namespace
+
+// Fields wider than the switch's structs are refused, naming the field and value: narrowed, Release of group 65543
+// released group 7, and a reservation of dtype 256 was one of fp32.
+TEST_F(SwitchdTest, FieldsOutsideTheirTypesAreRefusedNamingThem) {
+  auto stub = v1::Switch::NewStub(
+      grpc::CreateChannel(live::daemon_address(opts_, topo_.find_node("p0-sw")), grpc::InsecureChannelCredentials()));
+  v1::GroupReservation r;
+  r.set_job(1);
+  r.set_group(7);
+  r.set_op(static_cast<uint32_t>(common::EchOp::kAllReduce));
+  r.set_slots(64);
+  for (uint32_t ip : {0x0A000001u, 0x0A000002u}) {
+    v1::GroupMember* m = r.add_members();
+    m->set_local(true);
+    m->set_ip(ip);
+    m->set_destination(true);
+  }
+  ASSERT_TRUE(call(*stub, &v1::Switch::Stub::Reserve, r).ok());
+  v1::FreeSlotsReply before;
+  ASSERT_TRUE(call(*stub, &v1::Switch::Stub::FreeSlots, v1::Empty(), &before).ok());
+  v1::ReleaseRequest rel;
+  rel.set_job(1);
+  rel.set_group(65536 + 7);
+  const grpc::Status released = call(*stub, &v1::Switch::Stub::Release, rel);
+  EXPECT_EQ(released.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << text(released);
+  EXPECT_NE(released.error_message().find("p0-sw: release: group 65543 outside 0..65535"), std::string::npos)
+      << text(released);
+  v1::FreeSlotsReply after;
+  ASSERT_TRUE(call(*stub, &v1::Switch::Stub::FreeSlots, v1::Empty(), &after).ok());
+  EXPECT_EQ(after.slots(), before.slots()) << "group 7 was released by another group's number";
+  const std::vector<std::pair<std::function<void(v1::GroupReservation&)>, std::string>> bad = {
+      {[](auto& q) { q.set_group(70000); }, "group 70000 outside 0..65535"},
+      {[](auto& q) { q.set_dtype(256); }, "dtype 256 outside 0..3"},
+      {[](auto& q) { q.set_redop(3); }, "redop 3 outside 0..2"},
+      {[](auto& q) { q.set_op(0); }, "op 0 outside 1..4"},
+      {[](auto& q) { q.set_window(65536); }, "window 65536 outside 0..65535"},
+      {[](auto& q) { q.set_upstream_contributor(1u << 20); }, "upstream_contributor 1048576 outside 0..65535"},
+  };
+  for (const auto& [edit, why] : bad) {
+    v1::GroupReservation q = r;
+    q.set_group(8);
+    edit(q);
+    const grpc::Status s = call(*stub, &v1::Switch::Stub::Reserve, q);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << text(s);
+    EXPECT_NE(s.error_message().find("p0-sw: reservation: " + why), std::string::npos) << text(s);
+  }
+  v1::WindowRegistration w;
+  w.set_gpu(-1);
+  const grpc::Status negative = call(*stub, &v1::Switch::Stub::RegisterWindow, w);
+  EXPECT_NE(negative.error_message().find("window registration: gpu -1 outside 0..1"), std::string::npos)
+      << text(negative);
+  w.set_gpu(1);
+  w.set_window(65537);
+  const grpc::Status wide = call(*stub, &v1::Switch::Stub::RegisterWindow, w);
+  EXPECT_NE(wide.error_message().find("window 65537 outside 0..65535"), std::string::npos) << text(wide);
+  ASSERT_TRUE(call(*stub, &v1::Switch::Stub::FreeSlots, v1::Empty(), &after).ok());
+  EXPECT_EQ(after.slots(), before.slots()) << "a refused reservation took slots";
+}
+
+// Three GPUs under one switch, every daemon in this process (each on its own loop thread) on veths in namespaces this
+// test makes and removes; the hostds bootstrapped before each test. Requests go to their gRPC services as any
+// client's would.
+class HostdTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (const std::string why = live::netns_unavailable(); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
+    topo_ = routing::make_superpod(3, 1, 400, 1);
+    file_ = "/tmp/ifec-test-hostd-topo-" + std::to_string(getpid()) + ".yaml";
+    std::ofstream(file_) << routing::to_yaml(topo_);
+    const std::string tag = "ifec-h" + std::to_string(getpid());
+    for (size_t i = 0; i < topo_.nodes.size(); ++i) {
+      ns_.push_back(std::make_unique<live::ScopedNetns>(tag + "-" + std::to_string(i)));
+    }
+    for (const routing::Link& l : topo_.links) {
+      live::make_veth(*ns_[l.a], live::fabric_ifname(l.a_port), *ns_[l.b], live::fabric_ifname(l.b_port));
+    }
+    daemons_.resize(topo_.nodes.size());
+    for (size_t i = 0; i < topo_.nodes.size(); ++i) {
+      start(i);
+    }
+    ASSERT_TRUE(all_ready()) << "the hostds did not bootstrap within 30 s";
+  }
+  void TearDown() override {
+    for (Daemon& d : daemons_) {
+      if (d.thread.joinable()) {
+        d.sw ? d.sw->stop() : d.host->stop();
+        d.thread.join();
+      }
+    }
+    daemons_.clear();
+    ns_.clear();
+    std::remove(file_.c_str());
+  }
+  live::DaemonOptions options(size_t node) const {
+    live::DaemonOptions o;
+    o.topology_file = file_;
+    o.node = topo_.nodes[node].name;
+    o.netns = ns_[node]->name();
+    o.mgmt_loopback = true;
+    o.insecure = true;
+    return o;
+  }
+  void start(size_t node) {
+    Daemon& d = daemons_[node];
+    if (topo_.nodes[node].kind == routing::NodeKind::kSwitch) {
+      d.sw = std::make_unique<live::SwitchDaemon>(options(node));
+      d.thread = std::thread([&d] { d.sw->run(); });
+    } else {
+      d.host = std::make_unique<live::HostDaemon>(options(node));
+      d.thread = std::thread([&d] { d.host->run(); });
+    }
+  }
+  bool all_ready() {
+    for (int i = 0; i < 300; ++i) {
+      int ready = 0;
+      for (int g = 0; g < topo_.num_gpus(); ++g) {
+        v1::NodeStatus st;
+        ready += call(host(g), &v1::Host::Stub::Status, v1::Empty(), &st, std::chrono::seconds(1)).ok() && st.ready();
+      }
+      if (ready == topo_.num_gpus()) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
+  v1::Host::Stub& host(int gpu) {
+    auto& stub = stubs_[gpu];
+    if (!stub) {
+      stub = v1::Host::NewStub(grpc::CreateChannel(live::daemon_address(options(0), topo_.gpu_node(gpu)),
+                                                   grpc::InsecureChannelCredentials()));
+    }
+    return *stub;
+  }
+  // Run at one rank: its reply (its error says what was refused).
+  v1::RunReply run(int gpu, const v1::RunRequest& q) {
+    v1::RunReply r;
+    const grpc::Status s = call(host(gpu), &v1::Host::Stub::Run, q, &r, std::chrono::seconds(20));
+    EXPECT_TRUE(s.ok()) << text(s);
+    return r;
+  }
+  // Run at every rank at once (as a driver asks them): their replies.
+  std::vector<v1::RunReply> run_everywhere(const v1::RunRequest& q) {
+    std::vector<std::thread> ranks;
+    std::vector<v1::RunReply> replies(topo_.num_gpus());
+    for (int g = 0; g < topo_.num_gpus(); ++g) {
+      ranks.emplace_back([&, g] { replies[g] = run(g, q); });
+    }
+    for (std::thread& t : ranks) {
+      t.join();
+    }
+    return replies;
+  }
+
+  struct Daemon {
+    std::unique_ptr<live::SwitchDaemon> sw;
+    std::unique_ptr<live::HostDaemon> host;
+    std::thread thread;
+  };
+  routing::Topology topo_;
+  std::string file_;
+  std::vector<std::unique_ptr<live::ScopedNetns>> ns_;  // [node]
+  std::vector<Daemon> daemons_;                         // [node]
+  std::map<int, std::unique_ptr<v1::Host::Stub>> stubs_;
+};
+
+v1::RunRequest run_request(const std::string& what, uint64_t bytes, const std::string& algo = "") {
+  v1::RunRequest q;
+  q.set_what(what);
+  q.set_bytes(bytes);
+  q.set_algo(algo);
+  return q;
+}
+
+// Sizes no window can hold are refused before anything is allocated, naming them; the ranks then run as before. An
+// all-to-all of (2^64 + 194) / 3 B per peer over 3 ranks asked for 194-byte windows (the product wrapped) and wrote
+// 2^62 B into them (SIGSEGV); a one-shot AllReduce of 2 GiB allocated its buffer, then threw its 6 GiB scratch
+// window's error on the loop, where no reply went out (the caller waited for its deadline).
+TEST_F(HostdTest, SizesAWindowCannotHoldAreRefusedNamingThem) {
+  const std::vector<std::pair<v1::RunRequest, std::string>> bad = {
+      {run_request("alltoall", 6148914691236517270ULL),
+       "all-to-all: 6148914691236517270 B per peer for 3 ranks is more than a window holds (4 GiB)"},
+      {run_request("allreduce", uint64_t{8} << 30), "size 8589934592 B is more than a window holds (4 GiB)"},
+      {run_request("allreduce", uint64_t{2} << 30, "oneshot"),
+       "allreduce of 2147483648 B over 3 ranks needs a 2147483648 B buffer and a 644245"},  // 6 GiB and a little
+  };
+  for (const auto& [q, why] : bad) {
+    for (const v1::RunReply& r : run_everywhere(q)) {
+      EXPECT_FALSE(r.ok());
+      EXPECT_NE(r.error().find(why), std::string::npos) << r.error();
+    }
+  }
+  // Splits that add up to the input only by wrapping around.
+  v1::RunRequest q = run_request("alltoall", 16);
+  q.set_input(std::string(16, 'x'));
+  for (uint64_t s : {UINT64_MAX - 7, uint64_t{16}, uint64_t{8}}) {
+    q.add_send_splits(s);
+  }
+  const v1::RunReply wrapped = run(0, q);
+  EXPECT_NE(wrapped.error().find("send split 18446744073709551608 B (rank 0) brings the send splits past 16 B"),
+            std::string::npos)
+      << wrapped.error();
+  // Then an operation on every rank runs and checks out.
+  for (const v1::RunReply& r : run_everywhere(run_request("allreduce", 4096, "ring"))) {
+    EXPECT_TRUE(r.ok()) << r.error();
+  }
+}
+
+// A group's allgather names GPUs the hub checks before it makes a hub that wide: a member that is no rank, one listed
+// twice, and other members than the group's hub was made for (a rank would wait among GPUs it does not know).
+TEST_F(HostdTest, AGroupsAllgatherWithBadMembersIsRefusedNamingThem) {
+  auto gather = [&](std::vector<int> members, std::chrono::seconds deadline = std::chrono::seconds(5)) {
+    v1::AllgatherRequest q;
+    q.set_group(5);
+    q.set_rank(0);
+    for (int m : members) {
+      q.add_members(m);
+    }
+    return call(host(0), &v1::Host::Stub::Allgather, q, static_cast<v1::AllgatherReply*>(nullptr), deadline);
+  };
+  const grpc::Status stranger = gather({0, 7});
+  EXPECT_EQ(stranger.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << text(stranger);
+  EXPECT_NE(stranger.error_message().find("allgather of group 5: GPU 7 is not a rank of topology"), std::string::npos)
+      << text(stranger);
+  EXPECT_NE(gather({0, 1, 1}).error_message().find("GPU 1 is listed twice"), std::string::npos);
+  EXPECT_NE(gather(std::vector<int>(100000, 0)).error_message().find("100000 GPU(s); a group has 2..3"),
+            std::string::npos);
+  // The hub of group 5 is made for GPUs 0 and 1 (the call waits for GPU 1 until its deadline) ...
+  EXPECT_EQ(gather({0, 1}, std::chrono::seconds(1)).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  const grpc::Status other = gather({0, 2});
+  EXPECT_NE(other.error_message().find("its hub was made for GPUs [0, 1], not [0, 2]"), std::string::npos)
+      << text(other);
+}
+
+// Host fields outside what they can mean are refused naming them: a window id wider than 16 bits (ReadWindow read
+// window id % 65536), a PSN wider than the BTH's 24 bits, a peer region past the address space, more fetch-and-adds
+// than one request may run (each a round trip, run on after the caller gave up).
+TEST_F(HostdTest, PeerAndWindowFieldsOutsideTheirRangesAreRefusedNamingThem) {
+  v1::ReadWindowRequest rd;
+  rd.set_window(65536 + live::kHostRingWindow);  // the ring's window exists on every bootstrapped rank
+  rd.set_length(8);
+  const grpc::Status wide = call(host(0), &v1::Host::Stub::ReadWindow, rd);
+  EXPECT_EQ(wide.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << text(wide);
+  EXPECT_NE(wide.error_message().find("window " + std::to_string(65536 + live::kHostRingWindow) + " outside 0..65535"),
+            std::string::npos)
+      << text(wide);
+  rd.set_window(live::kHostRingWindow);
+  EXPECT_TRUE(call(host(0), &v1::Host::Stub::ReadWindow, rd).ok());
+  v1::AttachPeerRequest at;
+  at.set_peer_gpu(1);
+  at.set_peer_psn(1u << 24);
+  EXPECT_NE(call(host(0), &v1::Host::Stub::AttachPeer, at).error_message().find("PSN 16777216 outside 0..16777215"),
+            std::string::npos);
+  v1::PeerOpsRequest ops;
+  ops.set_peer_gpu(1);
+  ops.set_vaddr(UINT64_MAX - 7);
+  ops.set_size(16);
+  EXPECT_NE(call(host(0), &v1::Host::Stub::PeerOps, ops).error_message().find("runs past the 64-bit address space"),
+            std::string::npos);
+  ops.set_vaddr(0);
+  ops.set_fetch_adds(1u << 20);
+  const grpc::Status many = call(host(0), &v1::Host::Stub::PeerOps, ops);
+  EXPECT_EQ(many.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << text(many);
+  EXPECT_NE(many.error_message().find("1048576 fetch-and-adds (at most 65536 in one request)"), std::string::npos)
+      << text(many);
+}
+
+// A MoE layer too large for this machine is refused naming its shape (its weights alone: 3 x 2^23 experts of 512 x
+// 16, 2.3 TiB in fp32), not met by the OOM killer; and the refusal at one rank leaves it in step with the others (it
+// counted the layer among its operations, and picked other windows than theirs for every later one).
+TEST_F(HostdTest, AMoeLayerTooLargeForTheMachineIsRefusedNamingItsShape) {
+  v1::RunRequest q = run_request("moe", 0);
+  q.mutable_moe()->set_experts(3u << 23);
+  const v1::RunReply r = run(0, q);
+  EXPECT_FALSE(r.ok());
+  const bool named = r.error().find("moe: 25165824 experts of hidden 512 / inter 16") != std::string::npos &&
+                     r.error().find("GiB; the limit is 3/4 of this machine's") != std::string::npos;
+  EXPECT_TRUE(named || r.error().find("built without LibTorch") != std::string::npos) << r.error();
+  for (const v1::RunReply& every : run_everywhere(run_request("allreduce", 4096, "ring"))) {
+    EXPECT_TRUE(every.ok()) << every.error();
+  }
+}
+
+// A second hostd of a node (started twice by hand, or a bring-up that lost track of one) is refused naming the
+// running one; it unlinked that hostd's descriptor ring, which local programs then could not open.
+TEST_F(HostdTest, ASecondHostdOfANodeIsRefusedAndLeavesTheFirstsRing) {
+  live::DaemonOptions o = options(topo_.gpu_node(1));
+  o.listen = "127.0.0.1:1";  // never reached
+  try {
+    live::HostDaemon second(o);
+    FAIL() << "a second hostd of gpu1 started";
+  } catch (const common::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("node gpu1's ring belongs to a running ifec-hostd (pid " +
+                                         std::to_string(getpid()) + "): one hostd per node"),
+              std::string::npos)
+        << e.what();
+  }
+  const auto ring = live::HostRing::open("gpu1");
+  EXPECT_TRUE(ring->owner_alive());
+  EXPECT_EQ(ring->info().gpu, 1u);
+}
+
+namespace {
+
+// parse_daemon_options on these arguments (after the program's name): "" when they parse, else the error.
+std::string options_error(std::vector<std::string> args, const char* what = "a GPU") {
+  args.insert(args.begin(), "ifec-hostd");
+  std::vector<char*> argv;
+  for (std::string& a : args) {
+    argv.push_back(a.data());
+  }
+  live::DaemonOptions o;
+  try {
+    live::parse_daemon_options(static_cast<int>(argv.size()), argv.data(), &o, what);
+  } catch (const common::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// Options given twice, empty, malformed or contradicting each other are named: before, the last of a repeated option
+// won, --netns '' opened the daemon's own namespace's interfaces, --links-by-subnet 0.0.0.0 was ignored and
+// --mgmt-names overrode --loopback-mgmt.
+TEST(DaemonOptions, RepeatedEmptyMalformedOrContradictoryOptionsAreNamed) {
+  const std::vector<std::string> base = {"--topo", "t.yaml", "--insecure"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), base.begin(), base.end());
+    return more;
+  };
+  EXPECT_EQ(options_error(with({"--node", "gpu0", "--netns", "ns0", "--external-peers", "gpu1,gpu2", "--guest-mac",
+                                "02:00:0A:00:00:01", "--links-by-subnet", "10.64.0.0", "--mgmt-names"})),
+            "");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {with({"--node", "gpu0", "--node", "gpu1"}), "--node given twice ('gpu0', then 'gpu1')"},
+      {with({"--node", "gpu0", "--netns", ""}), "--netns needs a value, got ''"},
+      {with({"--node", "gpu0", "--netns"}), "--netns needs a value"},
+      {with({"--node", "gpu0", "--mgmt-names", "--loopback-mgmt"}), "--mgmt-names and --loopback-mgmt exclude"},
+      {with({"--node", "gpu0", "--guest-mac", "02:00:0a:00:00"}), "--guest-mac '02:00:0a:00:00' is not a MAC"},
+      {with({"--node", "gpu0", "--links-by-subnet", "0.0.0.0"}), "--links-by-subnet '0.0.0.0' is not a nonzero"},
+      {with({"--node", "gpu0", "--external-peers", "gpu1,gpu1"}), "--external-peers 'gpu1,gpu1' lists gpu1 twice"},
+      {with({"--node", "gpu0", "--tls-dir", "/x"}), "--tls-dir and --insecure exclude each other"},
+      {with({"--node", "gpu0", "--frobnicate"}), "unknown option '--frobnicate'"},
+  };
+  for (const auto& [args, why] : bad) {
+    const std::string e = options_error(args);
+    EXPECT_NE(e.find(why), std::string::npos) << "'" << e << "' lacks '" << why << "'";
+  }
+}
+
+// What is wrong with a daemon's options is named before it opens any interface (before, each of these failed as
+// "interface f0: no such interface" where there was none, and only got this far where there was).
+TEST(DaemonNode, OptionsAreCheckedBeforeAnyInterfaceIsOpened) {
+  setenv("IFEC_TEST_TOPO", routing::to_yaml(routing::make_superpod(2, 1, 800, 1)).c_str(), 1);
+  auto error_of = [](auto make, const std::function<void(live::DaemonOptions&)>& edit) -> std::string {
+    live::DaemonOptions o;
+    o.topology_file = "env:IFEC_TEST_TOPO";
+    o.insecure = true;
+    edit(o);
+    try {
+      make(o);
+    } catch (const common::Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  auto switchd = [](live::DaemonOptions o) { live::SwitchDaemon d(std::move(o)); };
+  auto hostd = [](live::DaemonOptions o) { live::HostDaemon d(std::move(o)); };
+  const std::string tls = error_of(switchd, [](auto& o) {
+    o.node = "p0-sw";
+    o.insecure = false;
+    o.tls_dir = "/nonexistent-ifec-tls";
+  });
+  EXPECT_NE(tls.find("cannot read /nonexistent-ifec-tls/ca.pem"), std::string::npos) << tls;
+  const std::string peers = error_of(hostd, [](auto& o) {
+    o.node = "gpu0";
+    o.external_peers = {"gpu1", "gpu9"};
+  });
+  EXPECT_NE(peers.find("--external-peers: 'gpu9' is not another GPU"), std::string::npos) << peers;
+  const std::string subnet = error_of(switchd, [](auto& o) {
+    o.node = "p0-sw";
+    o.links_base = 0xFFFFFFF8;  // 255.255.255.248: link 1's /29 would wrap around to 0.0.0.0
+  });
+  EXPECT_NE(subnet.find("link 1's /29 from 255.255.255.248 (--links-by-subnet) is past 255.255.255.255"),
+            std::string::npos)
+      << subnet;
+  const std::string path = error_of(switchd, [](auto& o) {
+    o.node = "p0-sw";
+    o.netns = "../../etc";
+  });
+  EXPECT_NE(path.find("network namespace '../../etc': not a namespace name"), std::string::npos) << path;
+  const std::string env = error_of(switchd, [](auto& o) {
+    o.node = "p0-sw";
+    o.topology_file = "env:";
+  });
+  EXPECT_NE(env.find("--topo env: names no environment variable"), std::string::npos) << env;
+  unsetenv("IFEC_TEST_TOPO");
 }

@@ -1,6 +1,10 @@
 // The control plane's identities and roles table (ifec/live/tls.h); the daemons enforcing them over real TLS are
 // bindings/tests/test_live_security.py.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "ifec/live/tls.h"
 
@@ -51,6 +55,31 @@ TEST(TlsCredentials, AMissingFolderIsNamed) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("--insecure"), std::string::npos) << e.what();
   }
+}
+
+// A folder where a file should be, an empty file and one without a PEM block are each named: gRPC took any text, and
+// the daemon then failed to build its server, reported as an address it could not listen on.
+TEST(TlsCredentials, AFileThatIsNoPemIsNamed) {
+  const std::string dir = "/tmp/ifec-test-tls-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/ca.pem");
+  std::ofstream(dir + "/n.pem") << "-----BEGIN CERTIFICATE-----\n";
+  std::ofstream(dir + "/n.key") << "";
+  auto error = [&] {
+    try {
+      live::server_credentials({dir, "n", false});
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(error().find(dir + "/ca.pem is a directory, not a PEM file"), std::string::npos) << error();
+  std::filesystem::remove(dir + "/ca.pem");
+  std::ofstream(dir + "/ca.pem") << "not a certificate";
+  EXPECT_NE(error().find(dir + "/ca.pem holds no PEM block (17 B"), std::string::npos) << error();
+  std::ofstream(dir + "/ca.pem") << "-----BEGIN CERTIFICATE-----\n";
+  EXPECT_NE(error().find(dir + "/n.key holds no PEM block (0 B"), std::string::npos) << error();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

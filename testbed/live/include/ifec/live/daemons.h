@@ -4,6 +4,7 @@
 // endpoint on one EpollLoop thread; gRPC handlers post into it and wait for the answer.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,9 +48,12 @@ routing::Topology load_daemon_topology(const DaemonOptions& o);
 struct RuntimeOptions;
 RuntimeOptions runtime_options(const DaemonOptions& o, const routing::Topology& topo);
 // What both daemons do first: load the topology `o` names into `topo`, note its node names in `o`, and start
-// o.node's runtime, which must be a node of `kind` (else the error names the daemon that runs it).
+// o.node's runtime, which must be a node of `kind` (else the error names the daemon that runs it). Before any
+// interface is opened, the certificates are read and `check` (if any) sees the topology: either throws naming what
+// is wrong.
 class NodeRuntime;
-std::unique_ptr<NodeRuntime> start_node(DaemonOptions& o, routing::Topology& topo, routing::NodeKind kind);
+std::unique_ptr<NodeRuntime> start_node(DaemonOptions& o, routing::Topology& topo, routing::NodeKind kind,
+                                        const std::function<void(const routing::Topology&)>& check = {});
 
 // Runs a daemon until SIGTERM/SIGINT (or stop()); throws common::Error naming what is wrong before it serves.
 class SwitchDaemon {

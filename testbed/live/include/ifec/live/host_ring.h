@@ -40,7 +40,8 @@ std::string host_ring_path(const std::string& node);
 
 class HostRing {
  public:
-  // hostd: creates (replacing a stale one) and initialises the region. Throws common::Error naming the path.
+  // hostd: creates (replacing a stale one) and initialises the region. Throws common::Error naming the path, also
+  // when a running hostd of the same node holds it (and its pid).
   static std::unique_ptr<HostRing> create(const std::string& node, uint32_t gpu, uint32_t ranks, size_t capacity,
                                           size_t data_bytes, uint64_t window_bytes);
   // A program: opens hostd `node`'s region. Throws common::Error naming the path and why (no such hostd ring, not
