@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -57,6 +58,14 @@ constexpr common::TimeNs kRingPollIdleNs = 1'000'000;  // otherwise
 // operation was left by some rank, instead of holding a thread until the timeout.
 class Hub {
  public:
+  // The largest operation number a part may carry: drivers number operations from the real-time clock in
+  // microseconds (ifec.live, the torch backend), or count from 0, and a day covers clocks that differ and counts
+  // run ahead of the clock.
+  static uint64_t latest_epoch() {
+    const auto us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch());
+    return static_cast<uint64_t>(us.count()) + 86'400'000'000ULL;
+  }
   explicit Hub(std::vector<std::string> rank_names)
       : n_(static_cast<int>(rank_names.size())), names_(std::move(rank_names)) {}
   grpc::Status gather(const std::string& node, const v1::AllgatherRequest& q, v1::AllgatherReply* out) {
@@ -65,9 +74,14 @@ class Hub {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, node + ": allgather from rank " + std::to_string(rank) +
                                                                   " outside 0.." + std::to_string(n_ - 1));
     }
-    std::unique_lock<std::mutex> lock(mu_);
     const std::string what =
         node + ": allgather " + std::to_string(q.seq()) + " of operation " + std::to_string(q.epoch());
+    if (q.epoch() > latest_epoch()) {  // it would shut every later operation out ("has started since") for good
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          what + ": operation numbers are at most the microseconds since 1970 plus a day (" +
+                              std::to_string(latest_epoch()) + " now)");
+    }
+    std::unique_lock<std::mutex> lock(mu_);
     if (q.epoch() < newest_) {
       return grpc::Status(grpc::StatusCode::ABORTED,
                           what + ": operation " + std::to_string(newest_) + " has started since");

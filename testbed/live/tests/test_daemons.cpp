@@ -620,6 +620,28 @@ TEST_F(HostdTest, SizesAWindowCannotHoldAreRefusedNamingThem) {
   }
 }
 
+// An operation number past the clock (microseconds since 1970) by more than a day is refused: rank 0's hub took it
+// as the newest operation and refused every later one as superseded ("has started since") until hostd restarted.
+TEST_F(HostdTest, AnOperationNumberFarPastTheClockIsRefusedAndTheHubKeepsServing) {
+  v1::AllgatherRequest q;
+  q.set_rank(1);
+  q.set_epoch(UINT64_MAX);
+  const grpc::Status s =
+      call(host(0), &v1::Host::Stub::Allgather, q, static_cast<v1::AllgatherReply*>(nullptr), std::chrono::seconds(5));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << text(s);
+  EXPECT_NE(s.error_message().find("of operation 18446744073709551615: operation numbers are at most the "
+                                   "microseconds since 1970 plus a day"),
+            std::string::npos)
+      << text(s);
+  v1::RunRequest op = run_request("allreduce", 4096, "ring");
+  const auto now_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch());
+  op.set_run_id((static_cast<uint64_t>(now_us.count()) / 3 + 1) * 3);  // as ifec.live numbers them
+  for (const v1::RunReply& r : run_everywhere(op)) {
+    EXPECT_TRUE(r.ok()) << r.error();
+  }
+}
+
 // A group's allgather names GPUs the hub checks before it makes a hub that wide: a member that is no rank, one listed
 // twice, and other members than the group's hub was made for (a rank would wait among GPUs it does not know).
 TEST_F(HostdTest, AGroupsAllgatherWithBadMembersIsRefusedNamingThem) {
