@@ -1051,6 +1051,16 @@ BgpSession open_sent(std::vector<BgpSessionEvent>* events = nullptr) {
 
 void feed(BgpSession& s, const Bytes& b, TimeNs now = 0) { s.receive(b.data(), b.size(), now); }
 
+// A session that has exchanged OPEN and KEEPALIVE with AS 65002, its output and events taken.
+BgpSession established() {
+  BgpSession s = open_sent();
+  feed(s, encode_bgp_open(make_bgp_open(65002, 90, 2)));
+  feed(s, encode_bgp_keepalive());
+  s.take_output();
+  s.take_events();
+  return s;
+}
+
 }  // namespace
 
 TEST(BgpSession, TwoSessionsReachEstablishedAndExchangeRoutes) {
@@ -1299,12 +1309,8 @@ TEST(BgpSession, UnexpectedMessagesAreStateMachineErrors) {
 }
 
 TEST(BgpSession, MalformedUpdatesFollowRfc7606) {
-  BgpSession s = open_sent();
-  feed(s, encode_bgp_open(make_bgp_open(65002, 90, 2)));
-  feed(s, encode_bgp_keepalive());
+  BgpSession s = established();
   ASSERT_EQ(s.state(), BgpState::kEstablished);
-  s.take_output();
-  s.take_events();
   // ORIGIN 3: treat-as-withdraw surfaces as a withdrawal of the NLRI; the session stays up, nothing is sent.
   feed(s, update_msg({}, cat({Bytes{0x40, 0x01, 0x01, 0x03}, kAsPath, kNextHop}), kNlri));
   EXPECT_EQ(s.state(), BgpState::kEstablished);
@@ -1329,12 +1335,8 @@ TEST(BgpSession, MalformedUpdatesFollowRfc7606) {
 
 // A peer that carries IPv4 unicast in MP_REACH_NLRI / MP_UNREACH_NLRI (GoBGP; FRR in some configurations).
 TEST(BgpSession, MultiprotocolIpv4UnicastUpdates) {
-  BgpSession s = open_sent();
-  feed(s, encode_bgp_open(make_bgp_open(65002, 90, 2)));
-  feed(s, encode_bgp_keepalive());
+  BgpSession s = established();
   ASSERT_EQ(s.state(), BgpState::kEstablished);
-  s.take_output();
-  s.take_events();
   feed(s, update_msg({}, cat({kOrigin, kAsPath, kMpReach}), {}));
   auto ev = s.take_events();
   const BgpSessionEvent* r = find(ev, Kind::kRoutes);

@@ -190,6 +190,14 @@ int switch_of_plane(const Topology& topo, int plane) {
   return -1;
 }
 
+// The connection at `sw`'s end of node `peer`'s session (-1 when there is none).
+int session_end(const Fabric& f, int peer, int sw) {
+  for (const auto& [a, b] : f.pairs) {
+    if (a.node == peer && b.node == sw) return b.conn;
+  }
+  return -1;
+}
+
 }  // namespace
 
 TEST(BgpSpeaker, NumberingAndAddresses) {
@@ -348,10 +356,7 @@ TEST(BgpSpeaker, ARouteTooLongToReannounceIsWithdrawnAndTheRestStillFlow) {
   const int g1 = topo.gpu_node(1);
   const int sw = switch_of_plane(topo, 0);
   ASSERT_EQ(f.sp[g1]->next_hops(0).size(), 1u);
-  int conn = -1;  // the switch's end of GPU 0's session
-  for (const auto& [a, b] : f.pairs) {
-    if (a.node == g0 && b.node == sw) conn = b.conn;
-  }
+  const int conn = session_end(f, g0, sw);  // the switch's end of GPU 0's session
   ASSERT_GE(conn, 0);
   auto announce = [&](size_t extra_ases) {
     BgpUpdate u;
@@ -416,10 +421,7 @@ TEST(BgpSpeaker, RoutesInMultiprotocolAttributesAreLearntAndWithdrawn) {
   const int g1 = topo.gpu_node(1);
   const int sw = switch_of_plane(topo, 0);
   ASSERT_EQ(f.sp[g1]->next_hops(0).size(), 1u);
-  int conn = -1;  // the switch's end of GPU 0's session
-  for (const auto& [a, b] : f.pairs) {
-    if (a.node == g0 && b.node == sw) conn = b.conn;
-  }
+  const int conn = session_end(f, g0, sw);  // the switch's end of GPU 0's session
   ASSERT_GE(conn, 0);
   const auto routes_to_g0 = [&] {
     std::vector<BgpRibRow> rows;

@@ -43,6 +43,13 @@ bool run_until(live::EpollLoop& loop, const std::function<bool()>& done) {
   return done();
 }
 
+// Writes `topo` where the daemons read it, a file of this process's (the fixture's TearDown removes it).
+std::string topology_file(const routing::Topology& topo, const std::string& stem) {
+  const std::string file = "/tmp/" + stem + std::to_string(getpid()) + ".yaml";
+  std::ofstream(file) << routing::to_yaml(topo);
+  return file;
+}
+
 class SwitchdTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -50,8 +57,7 @@ class SwitchdTest : public testing::Test {
       GTEST_SKIP() << why;
     }
     topo_ = routing::make_superpod(2, 1, 400, 1);
-    file_ = "/tmp/ifec-test-topo-" + std::to_string(getpid()) + ".yaml";
-    std::ofstream(file_) << routing::to_yaml(topo_);
+    file_ = topology_file(topo_, "ifec-test-topo-");
     const std::string tag = "ifec-d" + std::to_string(getpid());
     sw_ns_ = std::make_unique<live::ScopedNetns>(tag + "-sw");
     for (int g = 0; g < 2; ++g) {
@@ -479,8 +485,7 @@ class HostdTest : public testing::Test {
       GTEST_SKIP() << why;
     }
     topo_ = routing::make_superpod(3, 1, 400, 1);
-    file_ = "/tmp/ifec-test-hostd-topo-" + std::to_string(getpid()) + ".yaml";
-    std::ofstream(file_) << routing::to_yaml(topo_);
+    file_ = topology_file(topo_, "ifec-test-hostd-topo-");
     const std::string tag = "ifec-h" + std::to_string(getpid());
     for (size_t i = 0; i < topo_.nodes.size(); ++i) {
       ns_.push_back(std::make_unique<live::ScopedNetns>(tag + "-" + std::to_string(i)));
