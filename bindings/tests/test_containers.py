@@ -8,6 +8,7 @@ key in a committed file, ports published on the host's loopback only (docker-com
 import base64
 import ipaddress
 import json
+import re
 
 import pytest
 import yaml
@@ -189,3 +190,107 @@ def test_certificates_name_how_each_daemon_is_reached(topo, tmp_path):
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert san.get_values_for_type(x509.DNSName) == [n["name"]]
         assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+
+
+# ------------------------------------------------------------------------------------------------ bad input --
+
+def _tiny(gpu0="gpu0", switch="sw"):
+    """A two-GPU, one-switch topology whose first GPU and switch are named as given (the loader takes any string)."""
+    return _native.parse_topology(f"""name: tiny
+planes: 1
+link_defaults: {{rate_gbps: 800, subports: 1, delay_ns: 500}}
+gpus: [{json.dumps(gpu0)}, gpu1]
+switches: [{{name: {json.dumps(switch)}, plane: 0}}]
+links: [{{a: {json.dumps(gpu0)}, b: {json.dumps(switch)}}}, {{a: gpu1, b: {json.dumps(switch)}}}]
+""")
+
+
+@pytest.mark.parametrize("gpu0,switch", [("../evil", "sw"), ("gpu 0", "sw"), ("g'; touch /tmp/x; echo '", "sw"),
+                                         ("gpu0\nrouter bgp 1", "sw"), ("gpu0: {image: evil}", "sw"),
+                                         ("gpu0", "yes"), ("gpu0", "Null"), ("0gpu", "sw"), ("gpu0", "a" * 64)])
+def test_a_node_name_that_cannot_name_a_container_or_file_is_named(gpu0, switch, tmp_path):
+    """Before, a name with '/' wrote its private key beside the PKI folder, and a quote, a colon or a newline wrote
+    YAML, FRR configuration and shell of its own into the files; nothing is written now."""
+    topo = _tiny(gpu0, switch)
+    bad = gpu0 if gpu0 != "gpu0" else switch
+    for make in (lambda: containers.write_compose(topo, tmp_path / "c"), lambda: containers.k8s(topo),
+                 lambda: containers.make_pki(topo, tmp_path / "tls"), lambda: containers.k8s_secrets(topo, tmp_path)):
+        with pytest.raises(ValueError, match="node name " + re.escape(repr(bad))):
+            make()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_ordinary_node_names_still_make_files(tmp_path):
+    topo = _tiny("GPU_0", "p0-sw")
+    doc = yaml.safe_load(open(containers.write_compose(topo, tmp_path)[0]).read())
+    assert {"GPU_0", "gpu1", "p0-sw", "prometheus"} == set(doc["services"])
+    containers.make_pki(topo, tmp_path / "tls")
+    assert (tmp_path / "tls" / "GPU_0.key").exists()
+
+
+def _main(argv, capsys):
+    code = containers.main(argv)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_an_empty_out_is_refused_not_the_default_folder(repo, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("IFEC_ROOT", str(tmp_path))  # where the default would land
+    for cmd in ("compose", "k8s", "pki"):
+        with pytest.raises(SystemExit) as e:
+            containers.main([cmd, str(repo / TOPO), "--out", ""])
+        assert e.value.code == 2
+        assert "argument --out: '': expected a folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_frr_given_twice_adds_and_a_node_named_twice_is_one(repo, capsys, tmp_path):
+    """A second --frr replaced the first (while the file's header, which repeats --frr, said both), and gpu0,gpu0
+    wrote its YAML anchor twice (a file docker-compose cannot read)."""
+    code, out = _main(["compose", str(repo / TOPO), "--out", str(tmp_path), "--frr", "gpu0,gpu0", "--frr", "p1-sw"],
+                      capsys)
+    assert code == 0, out
+    text = (tmp_path / "docker-compose.yml").read_text()
+    doc = yaml.safe_load(text)
+    assert "--frr gpu0 --frr p1-sw" in text.splitlines()[0]
+    frr_services = {n for n, s in doc["services"].items() if s.get("image") == "ifec-frr:latest"}
+    assert frr_services == {"gpu0", "p1-sw"}
+    assert text.count("&bgpd-gpu0 ") == 1
+
+
+def test_a_bad_state_file_is_named(monkeypatch, tmp_path, capsys):
+    from ifec import live
+    state = tmp_path / "state.json"
+    monkeypatch.setattr(containers, "STATE", str(state))
+    for text, says in (("{bad", "unreadable"), ("{}", "not a testbed's state"), ("[]", "not a testbed's state")):
+        state.write_text(text)
+        with pytest.raises(live.LiveError, match=f"{re.escape(str(state))}: {says}"):
+            containers.attach()
+        code, out = _main(["status"], capsys)
+        assert code == 1 and str(state) in out and "Traceback" not in out
+
+
+def test_a_bad_project_is_named_before_the_topology_is_read(monkeypatch):
+    from ifec import live
+    with pytest.raises(live.LiveError, match="project 'Bad name;x'"):
+        containers.ContainerFabric("/no/such/topology.yaml", project="Bad name;x")
+
+
+def test_image_and_up_name_a_missing_daemon_before_dockerd(repo, monkeypatch, tmp_path, capsys):
+    """Before, up and image started dockerd (and image ran debootstrap, minutes) before finding no daemons built."""
+    from ifec import images
+    reached = []
+    monkeypatch.setattr(images, "Dockerd", lambda *a, **k: reached.append("dockerd"))
+    monkeypatch.setattr(images.subprocess, "run", lambda cmd, *a, **k: reached.append(cmd))
+    monkeypatch.setenv("IFEC_BIN_DIR", str(tmp_path))
+    for argv in (["image"], ["up", str(repo / TOPO)]):
+        code, out = _main(argv, capsys)
+        assert code == 1 and f"not built: {tmp_path / 'ifec-switchd'}" in out, out
+    assert reached == []
+
+
+def test_link_subnet_refuses_an_id_outside_the_plan():
+    assert str(containers.link_subnet(3)) == "10.64.0.24/29"
+    for bad in (-1, 2**29, 1.5, "3"):
+        with pytest.raises((TypeError, ValueError), match="link_id"):
+            containers.link_subnet(bad)

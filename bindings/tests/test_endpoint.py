@@ -81,3 +81,31 @@ def test_binding_arguments_are_checked_not_dereferenced():
         c.run_endpoint_collective("allreduce", [0, 7], 0, DATA, 0, 4, "fp32", "sum", COUNTERS)
     with pytest.raises(TypeError):
         c.store(0, 1, DATA, -1, b"x")  # a negative offset is not a uint64: refused before C++ sees it
+
+
+def test_transaction_arguments_are_named_not_taken_for_something_else():
+    """An int as data stored that many zero bytes, and a str, 1.5, -1, 2^64 or a NaN limit failed in pybind11 naming
+    none of them; add=2 was taken for True."""
+    c = make("weak")
+    with pytest.raises(TypeError, match="data=5: expected bytes"):
+        ep.store(c, 0, 1, DATA, 0, 5)
+    with pytest.raises(TypeError, match="data='abc': expected bytes"):
+        ep.store(c, 0, 1, DATA, 0, "abc")
+    assert c.window_bytes(1, DATA, 0, 5) == bytes(5)  # nothing stored
+    for call, named in [(lambda: ep.store(c, 0, 1, DATA, 0, b"x", limit_ns=float("nan")), "limit_ns=nan"),
+                        (lambda: ep.store(c, 1.5, 1, DATA, 0, b"x"), "gpu=1.5"),
+                        (lambda: ep.store(c, 0, 1, 70000, 0, b"x"), "window=70000 outside 0..65535"),
+                        (lambda: ep.load(c, 0, 1, DATA, -1, 8), "offset=-1"),
+                        (lambda: ep.load(c, 0, 1, DATA, 0, -8), "length=-8"),
+                        (lambda: ep.fetch_add(c, 0, 1, COUNTERS, 0, 2**64), "add=18446744073709551616"),
+                        (lambda: ep.compare_swap(c, 0, 1, COUNTERS, 0, 0, -1), "swap=-1"),
+                        (lambda: ep.put_signal(c, 0, 1, DATA, 0, b"x", COUNTERS, 8, 5, add=2), "add=2"),
+                        (lambda: ep.quiet(c, 0, limit_ns=True), "limit_ns=True")]:
+        with pytest.raises((TypeError, ValueError), match=named):
+            call()
+    # Valid input as before: bytes-like data of any kind, an integral float limit, the cluster naming a bad GPU.
+    ep.store(c, 0, 1, DATA, 0, np.arange(4, dtype=np.uint8))
+    ep.store(c, 0, 1, DATA, 4, [5, 6], limit_ns=1e9)
+    assert ep.load(c, 2, 1, DATA, 0, 6) == bytes([0, 1, 2, 3, 5, 6])
+    with pytest.raises(ValueError, match="GPU 9 outside 0..3"):
+        ep.quiet(c, 9)

@@ -33,6 +33,27 @@ def test_a_bundle_frr_cannot_express_is_named(repo):
         frr.bgpd_config(paced, "gpu0", "/tmp/x.log")
 
 
+def test_a_node_not_there_or_a_name_that_would_write_configuration_is_named(repo):
+    """A missing node raised a bare StopIteration; a name with a newline or a quote wrote bgpd lines and shell of its
+    own (container_command runs under bash in the FRR container)."""
+    topo = _native.load_topology(str(repo / TOPO))
+    for make in (frr.bgpd_config, frr.container_command):
+        with pytest.raises(ValueError, match="no node 'gpu99' in topology superpod-8x2"):
+            make(topo, "gpu99")
+    evil = "g'; touch /tmp/x; echo '"
+    bad = _native.parse_topology(f"""name: tiny
+planes: 1
+link_defaults: {{rate_gbps: 800, subports: 1, delay_ns: 500}}
+gpus: [gpu0, "{evil}"]
+switches: [{{name: sw, plane: 0}}]
+links: [{{a: gpu0, b: sw}}, {{a: "{evil}", b: sw}}]
+""")
+    for make in (frr.bgpd_config, frr.container_command):
+        for node in ("gpu0", evil):  # its own name, or a neighbour's (the session's description)
+            with pytest.raises(ValueError, match="node name \"g'; touch"):
+                make(bad, node)
+
+
 @pytest.mark.skipif(bool(frr.unavailable()), reason=frr.unavailable() or "available")
 @pytest.mark.skipif(bool(live.unavailable()), reason=live.unavailable() or "available")
 @pytest.mark.timeout(400, method="signal")

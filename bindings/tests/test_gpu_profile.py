@@ -117,6 +117,38 @@ def test_a_bad_table_is_named(tmp_path, capsys, content, says):
     assert says in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,says", [
+    (["--tflops", "nan"], "argument --tflops: 'nan': expected a positive, finite number"),  # a fit of NaN, no file
+    (["--tflops", "0"], "argument --tflops: '0': expected"),  # the H100's peak, silently
+    (["--hbm-gbs", "inf"], "argument --hbm-gbs: 'inf': expected"),  # a profile of hbm_gbs: inf
+    (["--out", ""], "argument --out: '': expected a file name"),  # no file, silently
+    (["--out", "."], "argument --out: '.': expected a file name"),  # a traceback after the fit (or the measuring)
+    (["--table-out", "/no/such/folder/t.json"], "its folder '/no/such/folder' is not a writable folder")])
+def test_a_bad_peak_or_output_is_named_before_anything_is_fitted(capsys, argv, says):
+    with pytest.raises(SystemExit) as e:
+        g.main(["--fit-only", "h100", "--steps", "10"] + argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--fit-only", ""], "--fit-only '': expected a table file or h100"),  # it measured instead
+    (["--fit-only", "h100", "--quick", "--runs", "3"], "--quick, --runs: options of measuring"),
+    (["--fit-only", "ONE", "--leave-one-out"], "--leave-one-out: the table has one EP size (8)")])
+def test_options_that_cannot_go_together_are_named(tmp_path, capsys, argv, says):
+    one = tmp_path / "one.json"
+    one.write_text("[[8, 128, 100, 50, 20], [8, 256, 200, 80, 30]]")
+    assert g.main([str(one) if a == "ONE" else a for a in argv] + ["--steps", "10"]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_name_with_a_newline_stays_in_its_comment_and_name(tmp_path):
+    """The comment line carried --name (or the table's path) as it was: a newline there began a YAML key."""
+    text = g.profile_yaml("a\nsms: 7", g.PEAKS["H100"], {}, "GPU profile of a\nsms: 7, fitted")
+    assert text.splitlines()[0] == "# GPU profile of a sms: 7, fitted"
+    (tmp_path / "p.yaml").write_text(text)
+    assert "132 SMs" in _native.gpu_profile_summary(str(tmp_path / "p.yaml"))
+
+
 def test_the_shipped_measured_h100_profile_is_its_tables_fit(repo):
     """testbed/gpu-profiles/h100-sxm-measured.yaml is the fit of the table beside it (a second H100, measured
     eagerly): read by the C++ loader, it reproduces that table's grouped times within 5% and its chains' within 16%

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from ifec import _native, images, live
+from ifec import _args, _native, images, live
 
 IMAGE = "ifec-testbed:latest"
 PROMETHEUS_IMAGE = "ifec-prometheus:latest"
@@ -46,7 +46,25 @@ STACK_FILE = "docker-stack.yml"  # docker stack deploy: the same, ports as a swa
 
 def link_subnet(link_id):
     """Link `link_id`'s network: the /29 at LINKS_BASE + 8 * id."""
-    return ipaddress.IPv4Network((int(LINKS_BASE) + 8 * int(link_id), 29))
+    link_id = _args.whole(link_id, "link_id", 0, (2**32 - int(LINKS_BASE)) // 8 - 1)
+    return ipaddress.IPv4Network((int(LINKS_BASE) + 8 * link_id, 29))
+
+
+# What YAML 1.1 (docker-compose's PyYAML) reads as a boolean or null, not as the string.
+_YAML_WORDS = ("true", "false", "yes", "no", "on", "off", "null")
+# A node's name becomes a container's, service's and host's name, a file's (NODE.pem), a YAML key and a word of FRR's
+# configuration and of a shell command: letters, digits, '-' and '_', from a letter (never a number to YAML).
+_NODE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}")
+
+
+def check_node_names(topo):
+    """ValueError naming the first node whose name cannot name a container, host or file (the topology loader takes
+    any string: a name with '/', a space, a quote or a newline broke out of the files written from it)."""
+    for n in topo.nodes:
+        name = n["name"]
+        if not _NODE_NAME.fullmatch(name) or name.lower() in _YAML_WORDS:
+            raise ValueError(f"node name {name!r} in topology {topo.name}: expected letters, digits, '-' or '_', "
+                             "starting with a letter, at most 63 (it names containers, hosts and files)")
 
 
 def link_network(link):
@@ -84,8 +102,7 @@ def _block(text, indent="  "):
 def _q(s):
     """A YAML scalar, quoted when it would not read back as the same string."""
     s = str(s)
-    plain = s and all(c.isalnum() or c in "-_./:" for c in s) and not s[0].isdigit() and s not in (
-        "true", "false", "yes", "no", "on", "off", "null")
+    plain = s and all(c.isalnum() or c in "-_./:" for c in s) and not s[0].isdigit() and s not in _YAML_WORDS
     return s if plain else '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -121,7 +138,8 @@ def compose(topo, header="", frr=(), insecure=False, swarm=False):
     `swarm` (the file for `docker stack deploy`) publishes on its machine's every interface (`mode: host`: a swarm
     has no host address to bind, and ingress publishing cannot serve dnsrr services)."""
     from . import frr as frr_mod
-    frr = list(frr)
+    check_node_names(topo)
+    frr = list(dict.fromkeys(_args.items(frr, "frr")))  # a node named twice is one FRR node (one YAML anchor)
     for name in frr:
         if not any(n["name"] == name for n in topo.nodes):
             raise ValueError(f"--frr {','.join(frr)}: no node '{name}' in topology {topo.name}")
@@ -220,6 +238,7 @@ def k8s(topo, header="", insecure=False):
     same addresses the compose file gives (so --links-by-subnet finds them), and a headless Service per node so its
     name resolves to it. Each Pod mounts the Secret ifec-tls-NODE (k8s_secrets, `./ifec testbed pki`; made from a
     PKI folder, never part of these manifests) as its --tls-dir, or `insecure`: --insecure and no Secret."""
+    check_node_names(topo)
     docs = []
     addrs = {}  # (link id, node) -> address in the link's /29
     for l in topo.links:
@@ -291,6 +310,7 @@ def k8s_secrets(topo, tls_dir):
     """Secret manifests, one per daemon, from a PKI folder (ifec.pki.make): each holds ca.pem and that node's .pem
     and .key, nothing else. They carry private keys: written beside the PKI, never committed (`kubectl create secret
     generic ifec-tls-NODE --from-file=DIR/ca.pem --from-file=DIR/NODE.pem --from-file=DIR/NODE.key` is the same)."""
+    check_node_names(topo)
     tls_dir = pathlib.Path(tls_dir)
     docs = []
     for node in _daemons(topo):
@@ -312,6 +332,7 @@ def make_pki(topo, folder, frr=(), progress=None):
     """A fresh CA and certificates (ifec.pki.make) in `folder` for `topo`'s daemons: each for its node name (how the
     other daemons reach it: --mgmt-names) and 127.0.0.1 (where the host reaches its published port)."""
     from . import pki
+    check_node_names(topo)
     return pki.make(folder, {n["name"]: ["127.0.0.1"] for n in _daemons(topo, frr)}, progress=progress)
 
 
@@ -323,29 +344,46 @@ def header(topo, cmd):
 def write_compose(topo, out_dir, frr=(), insecure=False):
     """Writes OUT_DIR/docker-compose.yml and OUT_DIR/docker-stack.yml (the swarm's) for a topology; returns their
     paths."""
+    frr = list(dict.fromkeys(_args.items(frr, "frr")))
     head = header(topo, "compose" + "".join(f" --frr {n}" for n in frr) + (" --insecure" if insecure else ""))
-    os.makedirs(out_dir, exist_ok=True)
+    texts = {name: compose(topo, head, frr, insecure, swarm) for name, swarm in ((COMPOSE_FILE, False),
+                                                                                 (STACK_FILE, True))}
+    os.makedirs(out_dir, exist_ok=True)  # once the files can be written: a bad name or --frr leaves no folder
     paths = []
-    for name, swarm in ((COMPOSE_FILE, False), (STACK_FILE, True)):
+    for name, text in texts.items():
         paths.append(os.path.join(out_dir, name))
         with open(paths[-1], "w") as f:
-            f.write(compose(topo, head, frr, insecure, swarm))
+            f.write(text)
     return paths
 
 
 def _project_name(text):
     """docker-compose 1.29 lowercases a project name and drops other characters: the containers would not be found."""
-    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", text):
+    if not (isinstance(text, str) and re.fullmatch(r"[a-z0-9][a-z0-9_-]*", text)):
         raise argparse.ArgumentTypeError(f"{text!r}: expected lowercase letters, digits, '_' or '-' (a compose project)")
     return text
+
+
+def _folder_arg(text):
+    """An argparse type: --out DIR, not empty (an empty one fell back to the default, in the repository)."""
+    if not text:
+        raise argparse.ArgumentTypeError("'': expected a folder")
+    return text
+
+
+def _frr_names(values):
+    """--frr NODE[,NODE...], as often as given: the nodes in order, each once (a second --frr replaced the first)."""
+    return list(dict.fromkeys(n for v in values or () for n in v.split(",") if n))
 
 
 def _cmd_up(a):
     import pathlib
     topo = _native.load_topology(a.file)
-    frr = [n for n in a.frr.split(",") if n]
+    frr = _frr_names(a.frr)
+    compose(topo, frr=frr, insecure=a.insecure)  # a bad --frr or node name is named before anything is made,
+    images.preflight(live._bin_dir())  # and a missing daemon or a bad IFEC_* setting before dockerd is started
     out = tempfile.mkdtemp(prefix=f"ifec-compose-{topo.name}-")
-    write_compose(topo, out, frr, a.insecure)  # a bad --frr is named before any image is built
+    write_compose(topo, out, frr, a.insecure)
     images.Dockerd()
     images.build_all(live._bin_dir(), frr=bool(frr))
     fab = ContainerFabric(a.file, a.project, out, frr=frr, insecure=a.insecure)
@@ -373,6 +411,7 @@ def _cmd_up(a):
 def _cmd_image():
     t0 = time.time()
     try:
+        images.preflight(live._bin_dir())
         images.Dockerd()  # left running: the testbed's containers need it (./ifec testbed down stops nothing else)
         rows = images.build_all(live._bin_dir())
     except images.ImageError as e:
@@ -393,24 +432,24 @@ def main(argv=None):
                        ("k8s", "Kubernetes manifests (Multus NetworkAttachmentDefinitions, one Pod per node)")):
         s = sub.add_parser(name, help=f"write the {what} of a topology")
         s.add_argument("file")
-        s.add_argument("--out", help="directory (default testbed/compose/<topology name>)")
+        s.add_argument("--out", type=_folder_arg, help="directory (default testbed/compose/<topology name>)")
         s.add_argument("--insecure", action="store_true", help="daemons with --insecure: a plaintext control plane, "
                                                                "no certificates")
         if name == "compose":
-            s.add_argument("--frr", default="", help="NODE[,NODE...]: these nodes run FRR (ifec-frr image)")
+            s.add_argument("--frr", action="append", help="NODE[,NODE...]: these nodes run FRR (ifec-frr image)")
     s = sub.add_parser("pki", help="make a fresh CA and certificates for a topology's daemons and the client roles, "
                                    "and DIR/k8s-secrets.yaml (the Pods' Secrets): what up makes itself, for "
                                    "docker-compose, docker stack deploy or kubectl by hand")
     s.add_argument("file")
-    s.add_argument("--out", metavar="DIR", help="default testbed/compose/<topology name>/tls (git-ignored), where "
-                                                "the compose files look")
+    s.add_argument("--out", metavar="DIR", type=_folder_arg,
+                   help="default testbed/compose/<topology name>/tls (git-ignored), where the compose files look")
     sub.add_parser("image", help="build the images (ifec-testbed, ifec-prometheus) here: Debian base by debootstrap, "
                                   "cached; the daemons with their runtime libraries")
     up = sub.add_parser("up", help="build the images if needed, bring a topology up as containers, wait for it")
     up.add_argument("file")
     up.add_argument("--project", default="ifec", type=_project_name)
-    up.add_argument("--frr", default="", help="NODE[,NODE...]: these nodes run FRR's bgpd and zebra (ifec-frr image) "
-                                              "instead of an ifec daemon")
+    up.add_argument("--frr", action="append", help="NODE[,NODE...]: these nodes run FRR's bgpd and zebra (ifec-frr "
+                                                   "image) instead of an ifec daemon")
     up.add_argument("--insecure", action="store_true",
                     help="no certificates: daemons with --insecure, a plaintext control plane anyone who reaches a "
                          "published port may call (default: mutual TLS, a fresh CA in the compose folder's tls/)")
@@ -442,16 +481,17 @@ def main(argv=None):
     out = a.out or os.path.join(os.environ.get("IFEC_ROOT", "."), "testbed", "compose", topo.name)
     try:
         if a.cmd == "compose":
-            print("wrote " + " and ".join(write_compose(topo, out, [n for n in a.frr.split(',') if n], a.insecure)))
+            print("wrote " + " and ".join(write_compose(topo, out, _frr_names(a.frr), a.insecure)))
         elif a.cmd == "pki":
             folder = a.out or os.path.join(out, TLS_FOLDER)
             path = write_k8s_secrets(topo, folder)
             print(f"wrote certificates in {folder} and {path} (private keys: keep them out of the repository)")
         else:
+            text = k8s(topo, header(topo, "k8s" + (" --insecure" if a.insecure else "")), a.insecure)
             os.makedirs(out, exist_ok=True)
             path = os.path.join(out, "k8s.yaml")
             with open(path, "w") as f:
-                f.write(k8s(topo, header(topo, "k8s" + (" --insecure" if a.insecure else "")), a.insecure))
+                f.write(text)
             print(f"wrote {path}")
     except OSError as e:
         print(f"testbed {a.cmd}: {e.strerror}: {e.filename}", file=sys.stderr)
@@ -487,6 +527,10 @@ class ContainerFabric(live.LiveFabric):
     compose_file = COMPOSE_FILE
 
     def __init__(self, topology_file, project="ifec", compose_dir=None, ready_timeout=120.0, frr=(), insecure=False):
+        try:
+            _project_name(project)
+        except argparse.ArgumentTypeError as e:
+            raise live.LiveError(f"project {e}") from None
         super().__init__(topology_file, ready_timeout=ready_timeout, frr=frr, insecure=insecure)
         self.project = project
         self.compose_dir = compose_dir
@@ -662,6 +706,11 @@ def attach():
             st = json.load(f)
     except FileNotFoundError:
         raise live.LiveError("no containerized testbed is up (./ifec testbed up FILE)")
+    except (OSError, ValueError) as e:
+        raise live.LiveError(f"{STATE}: unreadable ({e}): remove it, and the containers with docker-compose down")
+    if not (isinstance(st, dict) and {"topology", "project", "compose_dir"} <= st.keys()):
+        raise live.LiveError(f"{STATE}: not a testbed's state (topology, project, compose_dir): {str(st)[:80]}; "
+                             "remove it, and the containers with docker-compose down")
     return ContainerFabric(st["topology"], st["project"], st["compose_dir"], frr=st.get("frr", []),
                            insecure=st.get("insecure", False))
 

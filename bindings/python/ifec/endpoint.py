@@ -1,8 +1,12 @@
 """Blocking conveniences over ifec.Cluster's non-blocking transactions (C++ keeps the real work)."""
 
+import numbers
+
+from ifec import _args
 from ifec._native import OpStatus
 
 DEFAULT_LIMIT_NS = 1_000_000_000
+_U64 = 2**64 - 1
 
 
 class TransactionError(RuntimeError):
@@ -17,30 +21,61 @@ def _check(cluster, handle, what, limit_ns):
     return handle
 
 
+def _gpu(value, name):
+    """A GPU index as an int (the cluster names one outside its GPUs, with their range)."""
+    return _args.whole(value, name, -2**31, 2**31 - 1)
+
+
+def _where(gpu, peer, window, offset, limit_ns):
+    """The arguments every transaction takes, as the native layer's types, each refused naming it (pybind11 answered
+    1.5, -1 or 2^64 with a bare 'incompatible function arguments')."""
+    return (_gpu(gpu, "gpu"), _gpu(peer, "peer"),
+            _args.whole(window, "window", 0, 65535), _args.whole(offset, "offset", 0, _U64),
+            _args.whole(limit_ns, "limit_ns", 0, _U64))
+
+
+def _data(data, name="data"):
+    """The bytes to send: bytes-like, or a sequence of byte values (an int made that many zero bytes; a str failed
+    without a name)."""
+    if isinstance(data, (str, numbers.Number)):
+        raise TypeError(f"{name}={data!r}: expected bytes (or a bytes-like object)")
+    return bytes(data)
+
+
 def store(cluster, gpu, peer, window, offset, data, limit_ns=DEFAULT_LIMIT_NS):
-    _check(cluster, cluster.store(gpu, peer, window, offset, bytes(data)), f"store {gpu}->{peer}", limit_ns)
+    gpu, peer, window, offset, limit_ns = _where(gpu, peer, window, offset, limit_ns)
+    _check(cluster, cluster.store(gpu, peer, window, offset, _data(data)), f"store {gpu}->{peer}", limit_ns)
 
 
 def load(cluster, gpu, peer, window, offset, length, limit_ns=DEFAULT_LIMIT_NS):
-    pending = cluster.load(gpu, peer, window, offset, length)
+    gpu, peer, window, offset, limit_ns = _where(gpu, peer, window, offset, limit_ns)
+    pending = cluster.load(gpu, peer, window, offset, _args.whole(length, "length", 0, _U64))
     _check(cluster, pending.handle, f"load {gpu}<-{peer}", limit_ns)
     return pending.data()
 
 
 def fetch_add(cluster, gpu, peer, window, offset, add, limit_ns=DEFAULT_LIMIT_NS):
-    return _check(cluster, cluster.fetch_add(gpu, peer, window, offset, add), "fetch_add", limit_ns).result
+    gpu, peer, window, offset, limit_ns = _where(gpu, peer, window, offset, limit_ns)
+    h = cluster.fetch_add(gpu, peer, window, offset, _args.whole(add, "add", 0, _U64))
+    return _check(cluster, h, "fetch_add", limit_ns).result
 
 
 def compare_swap(cluster, gpu, peer, window, offset, compare, swap, limit_ns=DEFAULT_LIMIT_NS):
-    h = cluster.compare_swap(gpu, peer, window, offset, compare, swap)
+    gpu, peer, window, offset, limit_ns = _where(gpu, peer, window, offset, limit_ns)
+    h = cluster.compare_swap(gpu, peer, window, offset, _args.whole(compare, "compare", 0, _U64),
+                             _args.whole(swap, "swap", 0, _U64))
     return _check(cluster, h, "compare_swap", limit_ns).result
 
 
 def put_signal(cluster, gpu, peer, window, offset, data, sig_window, sig_offset, signal, add=False,
                limit_ns=DEFAULT_LIMIT_NS):
-    h = cluster.put_signal(gpu, peer, window, offset, bytes(data), sig_window, sig_offset, signal, add)
+    gpu, peer, window, offset, limit_ns = _where(gpu, peer, window, offset, limit_ns)
+    h = cluster.put_signal(gpu, peer, window, offset, _data(data), _args.whole(sig_window, "sig_window", 0, 65535),
+                           _args.whole(sig_offset, "sig_offset", 0, _U64), _args.whole(signal, "signal", 0, _U64),
+                           _args.flag(add, "add"))
     _check(cluster, h, f"put_signal {gpu}->{peer}", limit_ns)
 
 
 def quiet(cluster, gpu, limit_ns=DEFAULT_LIMIT_NS):
+    gpu, limit_ns = _gpu(gpu, "gpu"), _args.whole(limit_ns, "limit_ns", 0, _U64)
     _check(cluster, cluster.quiet(gpu), f"quiet on GPU {gpu}", limit_ns)

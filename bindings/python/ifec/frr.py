@@ -68,6 +68,16 @@ def peer_of(link, name):
     return link["b"] if link["a"] == name else link["a"]
 
 
+def _node(topo, name):
+    """Node `name` of `topo`, its name and its neighbours' checked fit for FRR's configuration and a shell command (a
+    name with a newline or a quote wrote lines of its own there); ValueError naming a node that is not there."""
+    nd = next((n for n in topo.nodes if n["name"] == name), None)
+    if nd is None:
+        raise ValueError(f"no node {name!r} in topology {topo.name}")
+    containers.check_node_names(topo)
+    return nd
+
+
 def bundle_gbps(topo, name, peer):
     """The bandwidth of every link between `name` and `peer` (a Y-cable's sub-links together)."""
     return sum(l["rate_gbps"] for l in node_links(topo, name) if peer_of(l, name) == peer)
@@ -75,7 +85,7 @@ def bundle_gbps(topo, name, peer):
 
 def bgpd_config(topo, name, log_file=None):
     """bgpd's configuration for node `name` of `topo` (a bindings Topology); logs to `log_file` (None: stdout)."""
-    nd = next(n for n in topo.nodes if n["name"] == name)
+    nd = _node(topo, name)
     index = {n["name"]: n["index"] for n in topo.nodes}
     gpu = nd["kind"] == "gpu"
     lo = _ip(nd["loopback"])
@@ -215,7 +225,7 @@ ZEBRA_CONF = "no zebra nexthop kernel enable\n"  # see FrrNode.start
 def container_command(topo, name):
     """The shell command an FRR container runs (ifec-frr image): its loopback on lo, zebra, then bgpd in the
     foreground with the configuration the compose file passes in $BGPD_CONF."""
-    nd = next(n for n in topo.nodes if n["name"] == name)
+    nd = _node(topo, name)
     return " && ".join([
         f"ip addr replace {_ip(nd['loopback'])}/32 dev lo",
         "mkdir -p /etc/frr /var/run/frr && chown frr:frr /var/run/frr",

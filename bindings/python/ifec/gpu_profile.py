@@ -207,6 +207,7 @@ def leave_one_ep_out(table, peaks, steps=400, start=None):
 
 def profile_yaml(name, peaks, constants, comment):
     c = dict(DEFAULTS, **constants)
+    comment = " ".join(str(comment).splitlines())  # one line: a newline in --name or a path began a YAML key
     lines = [f"# {comment}", f"name: {json.dumps(name)}", f"tflops: {peaks[0]:g}", f"hbm_gbs: {peaks[1]:g}"]
     lines += [f"sms: {int(c['sms'])}"] + [f"{k}: {c[k]:.4g}" for k in FITTED]
     lines += [f"l2_bytes: {c['l2_bytes']:g}", "kernel: grouped"]
@@ -362,6 +363,15 @@ def _whole(v):
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
+def _table(name):
+    """--fit-only's table: the built-in one (h100) or read_table's; None (after saying why) when there is none."""
+    try:
+        return builtin_table() if name == "h100" else read_table(name)
+    except RuntimeError as e:  # the package away from its checkout
+        print(e, file=sys.stderr)
+        return None
+
+
 def read_table(path):
     """A --fit-only table: a JSON list of [ep, tokens, loop us, grouped us, shared us] rows, positive numbers (null
     where a kind was not measured); None (after saying what is wrong) otherwise."""
@@ -387,15 +397,52 @@ def read_table(path):
     return [tuple(r) for r in rows]
 
 
+def _positive(text):
+    """An argparse type: a positive, finite number (0 fell back to the device's peak, NaN and inf made no profile or a
+    profile of inf)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not 0 < v < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive, finite number")
+    return v
+
+
+def _output(text):
+    """An argparse type: a file to write, checked before the minutes of measuring and fitting (not after)."""
+    folder = os.path.dirname(text) or "."
+    if not text or (os.path.exists(text) and not os.path.isfile(text) and text != os.devnull):  # a FIFO: a hang
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a file name")
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: its folder {folder!r} is not a writable folder")
+    return text
+
+
+def _check_args(args, table=None):
+    """Why the options cannot go together ("" when they can): an empty --fit-only (it measured instead), measuring's
+    options with --fit-only, leaving one EP out of a table of one EP size."""
+    if args.fit_only == "":
+        return "--fit-only '': expected a table file or h100"
+    if args.fit_only is not None:
+        given = [f for f, on in (("--quick", args.quick), ("--eager", args.eager), ("--runs", args.runs != 1)) if on]
+        if given:
+            return f"{', '.join(given)}: options of measuring, which --fit-only does not do"
+    if args.leave_one_out and table is not None and len({r[0] for r in table}) < 2:
+        return f"--leave-one-out: the table has one EP size ({table[0][0]}), none other to fit to"
+    return ""
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m ifec.gpu_profile", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", help="write the profile here (YAML)")
+    ap.add_argument("--out", type=_output, help="write the profile here (YAML)")
     ap.add_argument("--fit-only", metavar="TABLE", help="fit a JSON table [[ep, tokens, loop, grouped, shared], ...] "
                                                         "instead of measuring; 'h100' for the built-in table")
     ap.add_argument("--name", help="the profile's name (default: the GPU's; with --fit-only, the table's)")
-    ap.add_argument("--table-out", metavar="JSON", help="also write the table fitted (what --fit-only reads)")
-    ap.add_argument("--tflops", type=float, help="peak dense bf16 TFLOP/s (default: by device name)")
-    ap.add_argument("--hbm-gbs", type=float, help="peak HBM GB/s (default: by device name)")
+    ap.add_argument("--table-out", metavar="JSON", type=_output,
+                    help="also write the table fitted (what --fit-only reads)")
+    ap.add_argument("--tflops", type=_positive, help="peak dense bf16 TFLOP/s (default: by device name)")
+    ap.add_argument("--hbm-gbs", type=_positive, help="peak HBM GB/s (default: by device name)")
     ap.add_argument("--sms", type=int, help="streaming multiprocessors (default: the GPU's; with --fit-only, 132)")
     ap.add_argument("--quick", action="store_true",
                     help="EP 8, 32 and 128 at 32, 128 and 4096 tokens, 3 batches of at least 5 calls")
@@ -417,10 +464,16 @@ def main(argv=None):
     if not 1 <= args.runs <= 20:
         print(f"gpu_profile: --runs {args.runs} is out of range (1..20)", file=sys.stderr)
         return 2
+    if _check_args(args):
+        print(f"gpu_profile: {_check_args(args)}", file=sys.stderr)
+        return 2
     sms = args.sms or DEFAULTS["sms"]
     if args.fit_only:
-        table = builtin_table() if args.fit_only == "h100" else read_table(args.fit_only)
+        table = _table(args.fit_only)
         if table is None:
+            return 2
+        if _check_args(args, table):
+            print(f"gpu_profile: {_check_args(args, table)}", file=sys.stderr)
             return 2
         peaks = (args.tflops or PEAKS["H100"][0], args.hbm_gbs or PEAKS["H100"][1])
         how = f"fitted to {'the built-in H100 table' if args.fit_only == 'h100' else args.fit_only}"

@@ -6,18 +6,23 @@ debootstrap and `docker import` (cached: rebuilt only when its package list chan
 - ifec-prometheus: the base plus Debian's prometheus package.
 
 dockerd is started if none is running (and stopped only by whoever started it: `Dockerd.stop()`).
+
+Settings: IFEC_IMAGE_CACHE (the debootstrap tarballs' folder), IFEC_DEBIAN_MIRROR (a URL), IFEC_DOCKER (the docker
+program); each empty or unset is its default. preflight() checks them, and the daemons built, before anything runs.
 """
 
 import hashlib
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import tempfile
 import time
 
-CACHE = pathlib.Path(os.environ.get("IFEC_IMAGE_CACHE", "/var/cache/ifec/images"))
-MIRROR = os.environ.get("IFEC_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+# Empty is unset: an empty IFEC_IMAGE_CACHE put the cache in the current directory.
+CACHE = pathlib.Path(os.environ.get("IFEC_IMAGE_CACHE") or "/var/cache/ifec/images")
+MIRROR = os.environ.get("IFEC_DEBIAN_MIRROR") or "http://deb.debian.org/debian"
 SUITE = "bookworm"
 BASE_PACKAGES = ("bash", "iproute2", "procps", "ca-certificates")
 PROMETHEUS_PACKAGES = BASE_PACKAGES + ("prometheus",)
@@ -26,22 +31,46 @@ BINARIES = ("ifec-switchd", "ifec-hostd", "ifec-ring")
 TESTBED_IMAGE = "ifec-testbed:latest"
 PROMETHEUS_IMAGE = "ifec-prometheus:latest"
 FRR_IMAGE = "ifec-frr:latest"
-DOCKER = os.environ.get("IFEC_DOCKER", "docker")
+DOCKER = os.environ.get("IFEC_DOCKER") or "docker"
 
 
 class ImageError(RuntimeError):
     pass
 
 
+def _cannot_run(program, e):
+    """The ImageError of a program that could not be started (missing, not executable), naming the setting."""
+    setting = " (IFEC_DOCKER)" if program == DOCKER else ""
+    return ImageError(f"{program!r}{setting}: cannot run it: {e.strerror or e}")
+
+
 def _run(cmd, **kw):
-    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    except OSError as e:
+        raise _cannot_run(cmd[0], e) from None
     if p.returncode != 0:
         raise ImageError(f"{' '.join(map(str, cmd[:4]))}...: exit {p.returncode}: {(p.stderr or p.stdout).strip()[-800:]}")
     return p.stdout
 
 
 def docker_running():
-    return subprocess.run([DOCKER, "info"], capture_output=True).returncode == 0
+    try:
+        return subprocess.run([DOCKER, "info"], capture_output=True).returncode == 0
+    except OSError as e:
+        raise _cannot_run(DOCKER, e) from None
+
+
+def preflight(bin_dir):
+    """ImageError naming what would fail minutes in (after dockerd was started, or debootstrap ran): a daemon not
+    built in `bin_dir`, an IFEC_IMAGE_CACHE that is no folder, an IFEC_DEBIAN_MIRROR that is no URL."""
+    missing = [str(pathlib.Path(bin_dir) / b) for b in BINARIES if not (pathlib.Path(bin_dir) / b).is_file()]
+    if missing:
+        raise ImageError(f"not built: {', '.join(missing)} (./ifec build)")
+    if CACHE.exists() and not CACHE.is_dir():
+        raise ImageError(f"IFEC_IMAGE_CACHE={str(CACHE)!r}: not a folder")
+    if not re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", MIRROR):
+        raise ImageError(f"IFEC_DEBIAN_MIRROR={MIRROR!r}: expected a URL such as http://deb.debian.org/debian")
 
 
 class Dockerd:
@@ -73,7 +102,10 @@ class Dockerd:
 
 
 def _image_exists(tag):
-    return subprocess.run([DOCKER, "image", "inspect", tag], capture_output=True).returncode == 0
+    try:
+        return subprocess.run([DOCKER, "image", "inspect", tag], capture_output=True).returncode == 0
+    except OSError as e:
+        raise _cannot_run(DOCKER, e) from None
 
 
 def base_image(packages=BASE_PACKAGES, progress=print):
@@ -83,7 +115,10 @@ def base_image(packages=BASE_PACKAGES, progress=print):
     tag = f"ifec-base:{key}"
     if _image_exists(tag):
         return tag
-    CACHE.mkdir(parents=True, exist_ok=True)
+    try:
+        CACHE.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ImageError(f"IFEC_IMAGE_CACHE={str(CACHE)!r}: cannot make the folder: {e.strerror}") from None
     tarball = CACHE / f"base-{key}.tar"
     if not tarball.exists():
         progress(f"testbed: debootstrap {SUITE} minbase + {', '.join(packages)} (about 30 s to a few minutes)")
@@ -171,6 +206,7 @@ def image_megabytes(tag):
 
 def build_all(bin_dir, progress=print, frr=False):
     """The testbed's and Prometheus' images (and FRR's when asked); returns [(tag, MB, seconds)]."""
+    preflight(bin_dir)
     out = []
     makers = [lambda: testbed_image(bin_dir, progress), lambda: prometheus_image(progress)]
     for make in makers + ([lambda: frr_image(progress)] if frr else []):

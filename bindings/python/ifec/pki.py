@@ -18,8 +18,11 @@ import ipaddress
 import os
 import pathlib
 
+from . import _args
+
 ROLES = ("viewer", "operator", "rank")
 DEFAULT_DAYS = 30
+MAX_DAYS = 36500  # a certificate's validity: 1 day (0 made one expired at birth) to a hundred years
 
 
 class PkiError(ValueError):
@@ -46,6 +49,13 @@ def identity(role, qualifier=None):
     return f"{role}:{qualifier}" if role in ("daemon", "rank") else role
 
 
+def _file_name(name):
+    """A certificate's file name in its folder: one plain name (a node named '../x' wrote its key beside the folder)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\0"):
+        raise PkiError(f"certificate file name {name!r}: expected one plain name, no '/', '..' or NUL")
+    return name
+
+
 def _write(path, data, private=False):
     path = pathlib.Path(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
@@ -69,6 +79,7 @@ def _cert_pem(cert):
 def make_ca(folder, name="ifec testbed CA", days=DEFAULT_DAYS):
     """A new CA in `folder` (ca.pem, ca.key); returns the certificate's path."""
     x509, hashes, _, ec, _, NameOID = _x509()
+    days = _args.whole(days, "days", 1, MAX_DAYS)
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
@@ -103,6 +114,7 @@ def issue(folder, file_name, common_name, addresses=(), days=DEFAULT_DAYS, valid
     `addresses` (IP addresses or DNS names) make it a server's too. valid_from: its start (default now); a start
     more than `days` ago gives an expired certificate (what the tests present). Returns (cert, key) paths."""
     x509, hashes, _, ec, EKU, NameOID = _x509()
+    file_name, days = _file_name(file_name), _args.whole(days, "days", 1, MAX_DAYS)
     folder = pathlib.Path(folder)
     ca_cert, ca_key = _load_ca(ca_folder or folder)
     key = ec.generate_private_key(ec.SECP256R1())
@@ -129,6 +141,11 @@ def issue(folder, file_name, common_name, addresses=(), days=DEFAULT_DAYS, valid
 def make(folder, daemons, job=1, days=DEFAULT_DAYS, progress=None):
     """A testbed's certificates in `folder` (made afresh): the CA, each daemon's (`daemons`: node name -> its
     addresses, the name itself added) and the client roles'. Returns the folder."""
+    if not hasattr(daemons, "items"):
+        raise TypeError(f"daemons={daemons!r}: expected a dict of node name -> its addresses")
+    for name in daemons:
+        _file_name(name)  # every name (and the days) checked before the folder's certificates are removed
+    _args.whole(days, "days", 1, MAX_DAYS)
     folder = pathlib.Path(folder)
     for old in folder.glob("*.pem"):
         old.unlink()

@@ -52,9 +52,9 @@ def kvm_works(kernel, initrd):
     """Whether guests run under KVM here: IFEC_RXE_KVM=0/1 decides; otherwise one short guest is booted with KVM
     the first time and the answer is kept beside the cached kernel (on some machines /dev/kvm exists but a Debian
     guest never comes up under it: software emulation, TCG, then)."""
-    forced = os.environ.get("IFEC_RXE_KVM")
-    if forced in ("0", "1"):
-        return forced == "1"
+    forced = kvm_setting()
+    if forced is not None:
+        return forced
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return False
     verdict = pathlib.Path(kernel).with_name("kvm-" + pathlib.Path(kernel).name)
@@ -69,6 +69,30 @@ def kvm_works(kernel, initrd):
             ok = False
         verdict.write_text("yes\n" if ok else "no\n")
     return verdict.read_text().strip() == "yes"
+
+
+def kvm_setting():
+    """IFEC_RXE_KVM: True (1), False (0) or None (unset or empty: try KVM); GuestError naming any other value (a
+    'yes' or 'off' was silently taken for unset)."""
+    forced = os.environ.get("IFEC_RXE_KVM") or None
+    if forced not in (None, "0", "1"):
+        raise GuestError(f"IFEC_RXE_KVM={forced!r}: expected 0 or 1 (or unset: KVM where a guest comes up under it)")
+    return None if forced is None else forced == "1"
+
+
+def captures_folder(path):
+    """The folder the captures stay in, made (and checked writable) before any fabric comes up; GuestError naming
+    it otherwise (an empty one put about 300 MB in the current directory, a file failed after minutes)."""
+    if not str(path):
+        raise GuestError("--captures '': expected a folder")
+    root = pathlib.Path(path)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GuestError(f"--captures {str(path)!r}: {'not a folder' if root.exists() else e.strerror}") from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise GuestError(f"--captures {str(path)!r}: not writable")
+    return root
 
 
 def guest_command(script, ip="10.0.0.1/24", nic=("-nic", "user,model=virtio-net-pci"), memory_mb=256):
@@ -906,7 +930,7 @@ def interop(progress=print, capture_root=None):
             rows, facts = interop(progress, tmp)
         facts["captures"] = "removed (--captures DIR keeps them)"
         return rows, facts
-    root = pathlib.Path(capture_root)
+    root = captures_folder(capture_root)
     rows, facts = [], {}
     t0 = time.time()
     with _quietly_up(RxeFabric(_topology("rxe-2x1.yaml"))) as rf:
@@ -952,6 +976,13 @@ def main(argv=None):
     why = unavailable()
     if why:
         print(f"interop: cannot run guests here: {why}", file=sys.stderr)
+        return 2
+    try:
+        kvm_setting()
+        if args.captures is not None:
+            captures_folder(args.captures)
+    except GuestError as e:
+        print(f"interop: {e}", file=sys.stderr)
         return 2
     rows, facts = interop(progress=lambda l: print(l, file=sys.stderr, flush=True), capture_root=args.captures)
     if args.json:

@@ -22,7 +22,7 @@ import time
 
 import torch.distributed as dist
 
-ALGOS = ("ifec", "best", "ring", "tree", "rd", "oneshot")
+from .torchrun import ALGOS
 DEFAULT_TIMEOUT_S = 120.0
 
 
@@ -46,10 +46,48 @@ def _group_number(world_tag, count):
     return tag * 4096 + count % 4096
 
 
+def _trace_file(rank):
+    """This rank's trace file in IFEC_TRACE ("" when unset), the folder made; RuntimeError naming a folder that cannot
+    be."""
+    if not os.environ.get("IFEC_TRACE"):
+        return ""
+    folder = pathlib.Path(os.environ["IFEC_TRACE"])
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = "not a folder" if folder.exists() else e.strerror
+        raise RuntimeError(f"ifec: IFEC_TRACE={str(folder)!r}: {why}") from None
+    return str(folder / f"rank{rank}.jsonl")
+
+
+def _timeout_s(group_timeout):
+    """Seconds an operation may take: IFEC_TIMEOUT, or the group's own timeout (a timedelta) where that is shorter."""
+    try:
+        limit = float(_setting("IFEC_TIMEOUT", str(DEFAULT_TIMEOUT_S)))
+    except ValueError:
+        raise RuntimeError(f"ifec: IFEC_TIMEOUT={os.environ['IFEC_TIMEOUT']!r} is not a number of seconds")
+    if not (math.isfinite(limit) and 0.001 <= limit <= 86400):
+        raise RuntimeError(f"ifec: IFEC_TIMEOUT={os.environ['IFEC_TIMEOUT']!r} s outside 0.001..86400")
+    seconds = min(limit, group_timeout.total_seconds()) if group_timeout else limit
+    if not seconds >= 0.001:  # milliseconds at hostd: below one (or negative), every operation failed at once
+        raise RuntimeError(f"ifec: the process group's timeout {group_timeout}: expected 1 ms or more")
+    return seconds
+
+
+def _gpu_index(rank):
+    """IFEC_GPU (default: the global rank), which a group's members tell each other."""
+    gpu = _setting("IFEC_GPU", str(dist.get_rank() if dist.is_initialized() else rank)).strip()
+    if not (gpu.isascii() and gpu.isdigit() and int(gpu) < 2**31):  # -1 or 2^40 reached hostd or failed in pybind
+        raise RuntimeError(f"ifec: IFEC_GPU={gpu!r} is not a GPU index (0 or more)")
+    return int(gpu)
+
+
 def _create(store, rank, size, timeout):
     """torch.distributed's factory for the backend: (prefix store, group rank, group size, timeout) -> group."""
     from . import _c10d
     hostd = _setting("IFEC_HOSTD")
+    if not hostd:
+        raise RuntimeError("ifec: IFEC_HOSTD='': expected this rank's hostd as host:port")
     if os.environ.get("IFEC_TLS"):
         from . import pki
         try:
@@ -59,16 +97,8 @@ def _create(store, rank, size, timeout):
     algo = _setting("IFEC_ALGO", "ifec")
     if algo not in ALGOS:
         raise RuntimeError(f"ifec: IFEC_ALGO={algo!r} is not one of {', '.join(ALGOS)}")
-    try:
-        limit = float(_setting("IFEC_TIMEOUT", str(DEFAULT_TIMEOUT_S)))
-    except ValueError:
-        raise RuntimeError(f"ifec: IFEC_TIMEOUT={os.environ['IFEC_TIMEOUT']!r} is not a number of seconds")
-    if not (math.isfinite(limit) and 0.001 <= limit <= 86400):
-        raise RuntimeError(f"ifec: IFEC_TIMEOUT={os.environ['IFEC_TIMEOUT']!r} s outside 0.001..86400")
-    try:
-        gpu = int(_setting("IFEC_GPU", str(dist.get_rank() if dist.is_initialized() else rank)))
-    except ValueError:
-        raise RuntimeError(f"ifec: IFEC_GPU={os.environ['IFEC_GPU']!r} is not a GPU index")
+    timeout_s, gpu = _timeout_s(timeout), _gpu_index(rank)
+    trace = _trace_file(dist.get_rank() if dist.is_initialized() else rank)
     if dist.is_initialized():  # a new_group: torch numbers every group alike on every rank (members or not)
         if _WORLD_TAG[0] is None:
             raise RuntimeError("ifec: new_group before an ifec world: init_process_group('ifec') makes the world first")
@@ -85,12 +115,6 @@ def _create(store, rank, size, timeout):
     first_run_id = int(store.get("ifec_first_run_id"))
     if not dist.is_initialized():  # the world's: its groups' numbers at the hostds start from it (_group_number)
         _WORLD_TAG[0] = first_run_id
-    trace = ""
-    if os.environ.get("IFEC_TRACE"):
-        folder = pathlib.Path(os.environ["IFEC_TRACE"])
-        folder.mkdir(parents=True, exist_ok=True)
-        trace = str(folder / f"rank{global_rank}.jsonl")
-    timeout_s = min(limit, timeout.total_seconds()) if timeout else limit
     return _c10d.create(rank, size, hostd, os.environ.get("IFEC_NODE", hostd), algo, timeout_s, first_run_id,
                         trace, group, members)
 

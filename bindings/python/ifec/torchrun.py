@@ -20,6 +20,7 @@ import threading
 import time
 
 GRACE_S = 15.0  # after a rank failed: the others' own errors (which may name the cause) come first
+ALGOS = ("ifec", "best", "ring", "tree", "rd", "oneshot")  # the backend's reductions (IFEC_ALGO)
 
 
 def _gpus(fab):
@@ -61,6 +62,8 @@ def launch(fab, script, args=(), nproc=None, algo="ifec", trace=None, timeout=No
                         f"one of them (--nproc {len(gpus)})")
     if not pathlib.Path(script).is_file():
         raise LiveError(f"{script}: no such script")
+    if algo not in ALGOS:  # every rank refused it at init_process_group before
+        raise LiveError(f"--algo {algo!r}: expected one of {', '.join(ALGOS)}")
     # Mininet's hosts: each rank in its GPU's namespace, rank 0's TCPStore on its management address. Containers
     # (whose images hold no PyTorch): the ranks run beside them and reach each hostd where it is published.
     from .live import mgmt_ip
@@ -123,7 +126,10 @@ def _end(procs):
 def _die_with_launcher():
     """A rank ends when the process that launched it does (a test or ./ifec live torchrun killed by SIGTERM or
     SIGKILL, which has no chance to end its ranks), not orphaned and waiting on its peers."""
-    launcher = int(os.environ.get("IFEC_LAUNCHER_PID", "0"))
+    text = (os.environ.get("IFEC_LAUNCHER_PID") or "0").strip()
+    if not (text.isascii() and text.isdigit()):
+        sys.exit(f"ifec.torchrun: IFEC_LAUNCHER_PID={text!r}: expected the launcher's process id")
+    launcher = int(text)
     if launcher:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
         if os.getppid() != launcher:  # it went before the call took
@@ -133,6 +139,8 @@ def _die_with_launcher():
 def _rank_entry(argv):
     """In the rank's namespace: register the backend, then run the script as __main__ with its own argv."""
     _die_with_launcher()
+    if not pathlib.Path(argv[0]).is_file():
+        sys.exit(f"ifec.torchrun: {argv[0]!r}: no such script")
     from . import torch_backend  # noqa: F401  (registers "ifec")
     sys.argv = list(argv)
     sys.path.insert(0, str(pathlib.Path(argv[0]).resolve().parent))
@@ -157,7 +165,7 @@ def add_command(sub):
     p = sub.add_parser("torchrun", help="run a PyTorch script on every GPU (torch.distributed backend 'ifec'): "
                                         "output prefixed by rank, the worst rank's exit status")
     p.add_argument("--nproc", type=int, help="ranks (default and only: every GPU of the fabric)")
-    p.add_argument("--algo", default="ifec", help="reductions: ifec|best|ring|tree|rd|oneshot (IFEC_ALGO)")
+    p.add_argument("--algo", default="ifec", choices=ALGOS, help="reductions (IFEC_ALGO)")
     p.add_argument("--trace", help="a folder: each rank's operations as JSON lines (rank<R>.jsonl)")
     p.add_argument("--timeout", type=_in_range(float, 0.001, 86400, "seconds"),
                    help="seconds an operation may take (IFEC_TIMEOUT, default 120)")
@@ -169,7 +177,12 @@ def add_command(sub):
 
 
 def _cmd_torchrun(args):
+    from .live import LiveError, _check_trace_folder
     fab = args.attach()
+    if args.trace is not None:  # a trace folder that cannot be written is named before any rank starts
+        if not args.trace:
+            raise LiveError("--trace '': expected a folder (no trace: leave --trace out)")
+        _check_trace_folder(args.trace)
     return launch(fab, args.script, args.args, nproc=args.nproc, algo=args.algo, trace=args.trace,
                   timeout=args.timeout, master_port=args.master_port)
 

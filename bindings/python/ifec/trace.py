@@ -8,23 +8,36 @@ import pathlib
 TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int32": "int32"}
 
 
+def _folder(folder):
+    """The trace folder as a Path; ValueError for an empty one (it traced into the current directory)."""
+    if str(folder) == "":
+        raise ValueError("trace '': expected a folder")
+    return pathlib.Path(folder)
+
+
 def _file(folder, rank):
-    return pathlib.Path(folder) / f"rank{rank}.jsonl"
+    return _folder(folder) / f"rank{rank}.jsonl"
 
 
 def next_seq(folder):
     """The number the next operation traced in `folder` gets (its rank 0 file's operations so far)."""
     f = _file(folder, 0)
-    return sum(1 for _ in f.open()) if f.exists() else 0
+    if not f.exists():
+        return 0
+    with f.open("rb") as lines:  # counted as bytes: a file that is not UTF-8 is named where it is read (last_end_ns)
+        return sum(1 for _ in lines)
 
 
 def last_end_ns(folder):
     """When the last operation traced in `folder` ended (rank 0's), or 0. A folder that is a file, or a last record
     that is not one, is refused naming the path (before a driver runs the operation it would append)."""
-    if pathlib.Path(folder).exists() and not pathlib.Path(folder).is_dir():
+    if _folder(folder).exists() and not pathlib.Path(folder).is_dir():
         raise NotADirectoryError(f"trace {str(folder)!r}: not a folder")
     f = _file(folder, 0)
-    lines = f.read_text().splitlines() if f.exists() else []
+    try:
+        lines = f.read_text().splitlines() if f.exists() else []
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{f}: not a trace (not UTF-8 text: {e.reason} at byte {e.start})") from None
     if not lines:
         return 0
     try:
@@ -36,7 +49,9 @@ def last_end_ns(folder):
 def append(folder, rows, what, algo, dtype, bytes, root, issued_ns, start_ns, end_ns):
     """Appends one operation: `rows` is rank -> that rank's row (the driver's row keys: ok, time_us, size, type,
     gpu_link_ids and the link bytes of that rank's own links)."""
-    folder = pathlib.Path(folder)
+    folder = _folder(folder)
+    if not rows:  # no rank's part to append (an all-gather's block size divided by no ranks)
+        return
     folder.mkdir(parents=True, exist_ok=True)
     seq = next_seq(folder)
     if what == "all-gather":  # the drivers' size is the gathered buffer; a rank's part is its block
