@@ -2,6 +2,7 @@
 #include "ifec/routing/topology.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -242,6 +243,23 @@ std::optional<Problem> params_problem(const Topology& t) {
   return std::nullopt;
 }
 
+// A node's name names its namespace, container, host and log and key files, and goes into FRR's configuration:
+// Docker's rule for container names, at most 63 characters (a host name's limit). "" when it is one.
+std::string node_name_problem(const std::string& name) {
+  const auto fits = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
+  };
+  if (name.size() <= 63 && std::isalnum(static_cast<unsigned char>(name[0])) &&
+      std::all_of(name.begin(), name.end(), fits)) {
+    return "";
+  }
+  std::string shown;
+  for (char c : name.substr(0, 60)) shown += std::isprint(static_cast<unsigned char>(c)) ? c : '?';
+  return "node name '" + shown + (name.size() > 60 ? "...'" : "'") +
+         ": expected up to 63 letters, digits, '_', '.' or '-', the first a letter or digit (it names the node's "
+         "namespace, container and files)";
+}
+
 std::optional<Problem> nodes_problem(const Topology& t) {
   const int num_nodes = static_cast<int>(t.nodes.size());
   auto fail = [](int node, const std::string& msg) { return Problem{msg, node, -1, {}}; };
@@ -252,6 +270,7 @@ std::optional<Problem> nodes_problem(const Topology& t) {
     const Node& n = t.nodes[i];
     std::ostringstream os;
     if (n.name.empty()) return fail(i, "node #" + std::to_string(i) + " has an empty name");
+    if (const std::string bad = node_name_problem(n.name); !bad.empty()) return fail(i, bad);
     if (!names.emplace(n.name, i).second) return fail(i, "duplicate node name '" + n.name + "'");
     if (n.kind == NodeKind::kGpu) {
       // GPUs first, in index order: node i is GPU i, which keeps gpu_node() trivial and the YAML form canonical.

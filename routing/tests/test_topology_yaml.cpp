@@ -474,4 +474,21 @@ TEST(ParseTopology, SinglePlaneGpusAndNvlinkLinks) {
 }
 
 }  // namespace
+// A node's name becomes its namespace, container, host, log and key file names and a line of FRR's configuration:
+// one that could escape a folder, a YAML document or a shell command is refused at load, named.
+TEST(ParseTopology, NodeNamesThatCouldEscapeWhereTheyGoAreNamed) {
+  auto with_gpu = [](const std::string& gpu, const std::string& sw = "sw") {
+    return parse_error("name: n\nplanes: 1\ngpus: [g0, " + gpu + "]\nswitches: [{name: " + sw +
+                       ", plane: 0}]\nlinks: [{a: g0, b: " + sw + "}, {a: " + gpu + ", b: " + sw + "}]\n");
+  };
+  for (const std::string bad : {"\"../evil\"", "\"a b\"", "\"-x\"", "\"g'1\"", "\"a\\nb\"", "\"a:b\"", "\"\\u00e9\""}) {
+    const std::string msg = with_gpu(bad);
+    EXPECT_NE(msg.find("node name '"), std::string::npos) << bad << ": " << msg;
+    EXPECT_NE(msg.find("expected up to 63 letters, digits"), std::string::npos) << bad << ": " << msg;
+  }
+  EXPECT_NE(with_gpu(std::string(64, 'g')).find("node name '" + std::string(60, 'g') + "...'"), std::string::npos);
+  EXPECT_EQ(with_gpu("g.1_a-B"), "<no error>");
+  EXPECT_EQ(with_gpu("3x", std::string(63, 's')), "<no error>");
+}
+
 }  // namespace ifec::routing
