@@ -3,6 +3,7 @@ attached, and passed to Fabric.run for every operation; a deadline run past name
 a fake (or an in-process gRPC server): nothing is brought up."""
 
 import concurrent.futures
+import pathlib
 import time
 
 import pytest
@@ -107,3 +108,25 @@ def test_a_deadline_run_past_names_itself_and_the_flag(repo):
             fab.run("allreduce", timeout=0)
     finally:
         server.stop(0)
+
+
+def test_frr_flags_add_up_and_bad_ones_are_named(monkeypatch, tmp_path):
+    """`live up --frr` repeated: every flag's nodes, each once (the last flag alone counted before); an empty name, a
+    node the topology lacks, and a log folder with a space (FRR's `log file` line ends there) refused by name."""
+    from ifec import frr
+    monkeypatch.setattr(frr, "unavailable", lambda: "")
+    topo = type("T", (), {"nodes": [dict(name="gpu0"), dict(name="p0-sw"), dict(name="p1-sw")]})()
+    logs = tmp_path / "logs"
+    assert live._frr_nodes([], topo, "t.yaml", logs) == []
+    assert live._frr_nodes(["p0-sw,gpu0", "p1-sw", "gpu0"], topo, "t.yaml", logs) == ["p0-sw", "gpu0", "p1-sw"]
+    for flags, named in ((["p0-sw,,gpu0"], "an empty node name"), (["gpu9"], "no node 'gpu9' in t.yaml")):
+        with pytest.raises(live.LiveError, match=named):
+            live._frr_nodes(flags, topo, "t.yaml", logs)
+    with pytest.raises(live.LiveError, match="--logs '/tmp/my logs': FRR's log file line cannot hold a space"):
+        live._frr_nodes(["p0-sw"], topo, "t.yaml", pathlib.Path("/tmp/my logs"))
+
+
+def test_an_empty_trace_folder_is_refused(fake, capsys):
+    assert live.main(["run", "allreduce", "--trace", ""]) == 1
+    assert "--trace '': expected a folder" in capsys.readouterr().err
+    assert fake.timeouts == []  # refused before any operation ran

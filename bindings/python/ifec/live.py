@@ -892,6 +892,25 @@ class _Attached(LiveFabric):
         return _ask_supervisor("start", node)
 
 
+def _frr_nodes(flags, topo, topo_file, log_dir):
+    """The nodes every --frr flag names (NODE[,NODE...], repeatable), each once, in order; LiveError naming a node the
+    topology lacks, an empty name, or a log folder FRR cannot take (its `log file` line ends at a space)."""
+    nodes = list(dict.fromkeys(n for flag in flags for n in flag.split(",")))
+    if not nodes:
+        return []
+    if "" in nodes:
+        raise LiveError(f"--frr {','.join(flags)!r}: an empty node name")
+    from . import frr
+    if why := frr.unavailable():
+        raise LiveError(f"--frr {','.join(nodes)}: {why}")
+    for name in nodes:
+        if not any(n["name"] == name for n in topo.nodes):
+            raise LiveError(f"--frr {','.join(nodes)}: no node '{name}' in {topo_file}")
+    if any(c.isspace() for c in str(log_dir)):
+        raise LiveError(f"--logs {str(log_dir)!r}: FRR's log file line cannot hold a space (--frr)")
+    return nodes
+
+
 def _cmd_up(args):
     st = json.loads(_state_file().read_text()) if _state_file().exists() else {}
     if _alive(st.get("supervisor", 0), st.get("started", {}).get(str(st.get("supervisor")))):
@@ -906,19 +925,13 @@ def _cmd_up(args):
         raise LiveError(f"{topo_file}: its GPUs sit on one plane each (in-node NVLink forwarding): the live "
                         "testbed gives every GPU a port on every plane; run it on the simulator (./ifec sim --traffic)")
     log_dir = pathlib.Path(args.logs or "/tmp/ifec-live")
+    frr_nodes = _frr_nodes(args.frr, topo, topo_file, log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     progress = log_dir / "progress.log"
     progress.write_text("")
     env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parent.parent))
-    if args.frr:
-        from . import frr
-        if why := frr.unavailable():
-            raise LiveError(f"--frr {args.frr}: {why}")
-        for name in args.frr.split(","):
-            if not any(n["name"] == name for n in topo.nodes):
-                raise LiveError(f"--frr {args.frr}: no node '{name}' in {topo_file}")
     sup = subprocess.Popen([sys.executable, "-m", "ifec.live", "_serve", str(topo_file), str(log_dir),
-                            "--frr", args.frr, "--fabric-driver", args.fabric_driver,
+                            "--frr", ",".join(frr_nodes), "--fabric-driver", args.fabric_driver,
                             "--ready-timeout", str(args.timeout + 10),  # this wait, which takes it down, ends first
                             *(["--insecure"] if args.insecure else [])],
                            start_new_session=True, stdout=open(log_dir / "supervisor.log", "w"),
@@ -1036,7 +1049,9 @@ def _cmd_run(args):
             raise LiveError("--trace: a trace holds collectives and all-to-alls, not the MoE layer")
         return _cmd_run_moe(fab, args)
     sizes = [parse_size(s) for s in args.bytes.split(",")]
-    if args.trace:
+    if args.trace is not None:
+        if not args.trace:
+            raise LiveError("--trace '': expected a folder")
         _check_trace_folder(args.trace)
     status = 0
     print(f"# {args.collective} on {fab.topo.name} [driver: {fab.driver}; times are wall clock through software switches]")
@@ -1431,8 +1446,9 @@ def main(argv=None):
     up.add_argument("file")
     up.add_argument("--logs", help="daemon logs here (default /tmp/ifec-live)")
     up.add_argument("--timeout", type=float, default=120)
-    up.add_argument("--frr", default="", help="NODE[,NODE...]: these nodes run FRR's zebra and bgpd instead of an "
-                                               "ifec daemon (a switch's or a GPU's routing stack; ifec.frr)")
+    up.add_argument("--frr", action="append", default=[],
+                    help="NODE[,NODE...] (repeatable): these nodes run FRR's zebra and bgpd instead of an "
+                         "ifec daemon (a switch's or a GPU's routing stack; ifec.frr)")
     up.add_argument("--insecure", action="store_true",
                     help="plaintext gRPC, no certificates or roles (every daemon says so loudly in its log)")
     up.add_argument("--fabric-driver", choices=FABRIC_DRIVERS, default="af_packet",
