@@ -391,6 +391,13 @@ def test_every_launcher_command_answers_help_without_running(repo):
                                                        text=True, timeout=30).stdout, re.M)) >= 7
 
 
+def test_interop_names_an_unknown_suite_before_setting_anything_up(repo):
+    for args in (["interop", "bogus"], ["interop"]):
+        out = subprocess.run([str(repo / "ifec"), *args], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 2, out.stderr
+        assert "is not one of: frr, rxe" in out.stderr and "setup" not in out.stdout
+
+
 # ------------------------------------------------------------------------------------------------- reports --
 
 def test_bench_moe_files_follow_the_one_report_rule(build_dir, repo, tmp_path):
