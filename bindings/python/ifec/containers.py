@@ -58,8 +58,9 @@ _NODE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}")
 
 
 def check_node_names(topo):
-    """ValueError naming the first node whose name cannot name a container, host or file (the topology loader takes
-    any string: a name with '/', a space, a quote or a newline broke out of the files written from it)."""
+    """ValueError naming the first node whose name cannot name a container, host or file. The topology loader refuses
+    what could break out of a file or command ('/', a space, a quote, a newline); this also refuses what a compose
+    file or a host name cannot take (a YAML word such as 'yes', a leading digit, a dot)."""
     for n in topo.nodes:
         name = n["name"]
         if not _NODE_NAME.fullmatch(name) or name.lower() in _YAML_WORDS:
