@@ -46,6 +46,10 @@ constexpr uint16_t kWorldWindows = 1;     // every rank's operations: (buffer, s
 constexpr uint16_t kGroupWindows = 1000;  // group g's (RunRequest.group): six from 1000 + 6 (g - 1), pairs likewise
 constexpr uint16_t kMoeWindows = 40;      // MoE layers: four windows each, in turn 40.., 44.., 48..
 constexpr auto kAllgatherWait = std::chrono::seconds(30);
+// Rounds a hub holds at once. A rank asks for round k + 1 only once round k has every part, so an operation keeps
+// two or three; each round holds a gRPC thread per waiting part, up to kAllgatherWait: a client sending new rounds
+// without end would hold threads without end.
+constexpr size_t kMaxHubRounds = 64;
 // The descriptor ring local programs post into (host_ring.h).
 constexpr size_t kRingSlots = 4096;
 constexpr size_t kRingDataBytes = size_t{16} << 20;
@@ -96,6 +100,10 @@ class Hub {
           ++it;
         }
       }
+    }
+    if (rounds_.size() >= kMaxHubRounds && rounds_.count({q.epoch(), q.seq()}) == 0) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          what + ": " + std::to_string(rounds_.size()) + " allgathers are already waiting at this hub");
     }
     std::shared_ptr<Round>& slot = rounds_[{q.epoch(), q.seq()}];
     if (!slot) {

@@ -647,6 +647,44 @@ TEST_F(HostdTest, AnOperationNumberFarPastTheClockIsRefusedAndTheHubKeepsServing
   }
 }
 
+// A hub holds at most 64 rounds at once (each holds a gRPC thread per waiting part for up to 30 s): a client asking
+// for new rounds without end is refused past that, and the next operation supersedes the rounds it left and runs.
+TEST_F(HostdTest, AHubHoldsABoundedNumberOfRounds) {
+  const auto now_us = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  std::vector<grpc::Status> got(80);
+  std::vector<std::thread> callers;
+  for (size_t seq = 0; seq < got.size(); ++seq) {
+    callers.emplace_back([&, seq] {
+      v1::AllgatherRequest q;
+      q.set_rank(1);
+      q.set_epoch(now_us);
+      q.set_seq(seq);
+      got[seq] = call(host(0), &v1::Host::Stub::Allgather, q, static_cast<v1::AllgatherReply*>(nullptr),
+                      std::chrono::seconds(3));
+    });
+  }
+  for (std::thread& t : callers) {
+    t.join();
+  }
+  size_t refused = 0;
+  for (const grpc::Status& s : got) {
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      EXPECT_NE(s.error_message().find("64 allgathers are already waiting at this hub"), std::string::npos) << text(s);
+      ++refused;
+    } else {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << text(s);  // waiting for ranks 0 and 2
+    }
+  }
+  EXPECT_EQ(refused, got.size() - 64);
+  v1::RunRequest op = run_request("allreduce", 4096, "ring");
+  op.set_run_id((now_us / 3 + 2) * 3);
+  for (const v1::RunReply& r : run_everywhere(op)) {
+    EXPECT_TRUE(r.ok()) << r.error();
+  }
+}
+
 // A group's allgather names GPUs the hub checks before it makes a hub that wide: a member that is no rank, one listed
 // twice, and other members than the group's hub was made for (a rank would wait among GPUs it does not know).
 TEST_F(HostdTest, AGroupsAllgatherWithBadMembersIsRefusedNamingThem) {
