@@ -115,6 +115,20 @@ def test_plot_amdahl_writes_a_png(tmp_path):
     assert_png(out)
 
 
+def test_a_plot_is_written_in_the_format_its_suffix_names(tmp_path):
+    pdf = reports.plot_amdahl(tmp_path / "amdahl.PDF")
+    assert pdf.read_bytes().startswith(b"%PDF-") and not reports.is_png(pdf)
+    svg = reports.plot_amdahl(tmp_path / "amdahl.svg")
+    assert b"<svg" in svg.read_bytes()[:400]
+    assert_png(reports.plot_amdahl(tmp_path / "amdahl"))  # no suffix: PNG
+
+
+def test_a_plot_suffix_without_a_format_is_refused_before_writing(tmp_path):
+    with pytest.raises(ValueError, match=r"'\.jpg', expected one of \.png, \.pdf, \.svg"):
+        reports.plot_amdahl(tmp_path / "new" / "amdahl.jpg")
+    assert not (tmp_path / "new").exists()
+
+
 def test_plot_amdahl_with_measured_times(tmp_path):
     measured = dict(ring_time_s=0.020, ifec_time_s=0.011, label="IFEC sim, 8 GPUs")
     out = reports.plot_amdahl(str(tmp_path / "amdahl_measured.png"), measured=measured)

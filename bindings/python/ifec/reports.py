@@ -1,4 +1,4 @@
-"""Reporting helpers: the Amdahl model of in-network collectives, PNG plots, CSV/JSON writers.
+"""Reporting helpers: the Amdahl model of in-network collectives, plots (PNG, PDF, SVG), CSV/JSON writers.
 
 Pure Python (standard library, numpy, matplotlib); nothing here touches ifec._native, so the module
 can be loaded on its own, e.g. on a machine without the native build.
@@ -159,11 +159,18 @@ def _output_path(path, what, devices=False):
     return path
 
 
-def _save_png(fig, path):
-    """Writes the figure as PNG, creating parent directories, and returns the path as a Path."""
+_PLOT_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
+
+
+def _save_figure(fig, path):
+    """Writes the figure in the format its suffix names (.png, .pdf, .svg; PNG without a suffix, as for /dev/null),
+    creating parent directories, and returns the path as a Path; ValueError naming any other suffix."""
+    suffix = pathlib.Path(os.fspath(path)).suffix.lower() if os.fspath(path) not in ("", b"") else ""
+    if suffix and suffix not in _PLOT_FORMATS:
+        raise ValueError(f"plot: {str(path)!r} ends in {suffix!r}, expected one of {', '.join(_PLOT_FORMATS)}")
     path = _output_path(path, "plot", devices=True)  # /dev/null: written through, as before
     try:
-        fig.savefig(path, format="png", dpi=120)
+        fig.savefig(path, format=_PLOT_FORMATS.get(suffix, "png"), dpi=120)
     except OSError as e:  # a full disk's error names no file
         raise OSError(e.errno, f"plot: cannot write {str(path)!r}: {e.strerror or e}") from e
     return path
@@ -237,13 +244,13 @@ def _annotate_shares(ax, speedup, color):
 
 
 def plot_amdahl(path, measured=None):
-    """Plots overall time saving vs communication share (10%..60%) and returns the PNG's Path.
+    """Plots overall time saving vs communication share (10%..60%) and returns its Path (PNG; PDF or SVG by suffix).
 
     Draws the paper's curve from its inputs (352 ms ring, 151 ms in-network) and, when `measured` is
     dict(ring_time_s=..., ifec_time_s=..., label=...), the project's own simulated ring vs in-switch
     AllReduce times as a second curve; the values at 20% and 60% are annotated on each curve.
     """
-    return _save_png(amdahl_figure(measured), path)
+    return _save_figure(amdahl_figure(measured), path)
 
 
 def amdahl_figure(measured=None):
@@ -322,7 +329,7 @@ def plot_dispatch_combine(path, rows, context=None):
     rows: see dispatch_combine_speedups. context: one line saying how the times were obtained (tokens per rank,
     hidden size, simulated or measured), shown above the panels. One panel per phase present; returns the Path.
     """
-    return _save_png(dispatch_combine_figure(rows, context), path)
+    return _save_figure(dispatch_combine_figure(rows, context), path)
 
 
 def dispatch_combine_figure(rows, context=None):
@@ -385,7 +392,7 @@ def plot_wire_bytes(path, rows, context=None):
     rows: dicts with variant, plane, bytes (>= 0). Every variant must report every plane. context: one line saying
     what was measured (operation, size, GPUs, direction, operating point, which baseline), under the title.
     """
-    return _save_png(wire_bytes_figure(rows, context), path)
+    return _save_figure(wire_bytes_figure(rows, context), path)
 
 
 def wire_bytes_figure(rows, context=None):
