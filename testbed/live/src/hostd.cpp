@@ -897,6 +897,9 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
   IFEC_CHECK(o.guest_mac.empty(),
              rt->info().name << ": an external peer (" << o.guest_mac << ") is this GPU: its hostd runs no operations");
   IFEC_CHECK(ready_error.empty(), rt->info().name << ": not bootstrapped: " << ready_error);
+  IFEC_CHECK(q.iterations() <= 1, "iterations " << q.iterations()
+                                                << ": a hostd runs one operation per request (iterations 0 or 1); "
+                                                   "the driver repeats it");
   const bool given = !q.input().empty() || q.send_splits_size() > 0 || q.recv_splits_size() > 0;
   IFEC_CHECK(q.world_size() == 0 || q.world_size() == ranks.size(),
              "the program's world has " << q.world_size() << " rank(s), the fabric " << ranks.size()

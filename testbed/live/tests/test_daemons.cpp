@@ -596,12 +596,15 @@ v1::RunRequest run_request(const std::string& what, uint64_t bytes, const std::s
 // 2^62 B into them (SIGSEGV); a one-shot AllReduce of 2 GiB allocated its buffer, then threw its 6 GiB scratch
 // window's error on the loop, where no reply went out (the caller waited for its deadline).
 TEST_F(HostdTest, SizesAWindowCannotHoldAreRefusedNamingThem) {
+  v1::RunRequest repeated = run_request("allreduce", 4096);  // and repeats, which hostd ran once without saying so
+  repeated.set_iterations(5);
   const std::vector<std::pair<v1::RunRequest, std::string>> bad = {
       {run_request("alltoall", 6148914691236517270ULL),
        "all-to-all: 6148914691236517270 B per peer for 3 ranks is more than a window holds (4 GiB)"},
       {run_request("allreduce", uint64_t{8} << 30), "size 8589934592 B is more than a window holds (4 GiB)"},
       {run_request("allreduce", uint64_t{2} << 30, "oneshot"),
        "allreduce of 2147483648 B over 3 ranks needs a 2147483648 B buffer and a 644245"},  // 6 GiB and a little
+      {repeated, "iterations 5: a hostd runs one operation per request (iterations 0 or 1); the driver repeats it"},
   };
   for (const auto& [q, why] : bad) {
     for (const v1::RunReply& r : run_everywhere(q)) {
