@@ -232,6 +232,9 @@ def test_other_arguments_are_checked(build_dir, repo, args, message):
     (["bench", "moe", "--quick", "--ep", "8", "--threads", "1", "--gpu-groups", "100"], "GPU groups 100 outside 1..64"),
     (["bench", "moe", "--quick", "--ep", "8,8"], "--ep 8 given twice"),
     (["bench", "collectives", "--jobs", "0"], "--jobs 0 must be 1..256"),
+    # ran points for minutes (the smaller ones on 64 GPUs) before the 256 MiB points' refusal showed
+    (["bench", "collectives", "--max-sim", "256MiB", "--topo", TOPO_64x4],
+     "size 268435456 B on 64 GPUs needs 16640 MiB of host memory for the simulated windows"),
 ])
 def test_a_bench_checks_every_point_before_its_table(build_dir, repo, args, message):
     """Options only a run would have refused were found after every run (or under the table's header)."""

@@ -586,14 +586,6 @@ int run_bench_collectives(const Args& a) {
   const int n = topo.num_gpus();
   IFEC_CHECK(n >= 2, "--topo " << a.get("--topo", kDefaultTopology) << ": " << n
                                << " GPU, an AllReduce needs 2 or more");  // not every point failing after the header
-  std::printf("# AllReduce fp32 sum, %s (%d GPUs x %d planes) [driver: sim]\n", topo.name.c_str(), n, topo.num_planes);
-  std::printf(
-      "# best: the fastest endpoint algorithm measured at the size (ring, tree, rd = recursive doubling, oneshot;\n"
-      "# rd and oneshot only where their per-GPU copies fit); speedup = best / ifec. Rows above %llu B are\n"
-      "# (modelled): the largest simulated times scaled by size (bandwidth-bound there)\n",
-      static_cast<unsigned long long>(max_sim));
-  std::printf("#%13s %12s %12s %9s %12s %12s %10s %10s %8s\n", "size(B)", "count", "ring(us)", "best", "best(us)",
-              "ifec(us)", "best busbw", "ifec busbw", "speedup");
   std::vector<uint64_t> sizes;
   for (uint64_t b = 8; b <= (1ULL << 30); b *= 8) {
     sizes.push_back(b);
@@ -625,6 +617,17 @@ int run_bench_collectives(const Args& a) {
     p.bytes = size;
     points.push_back(p);
   }
+  for (const tb::CollectivePoint& p : points) {  // before the table and any point runs, not after the others ran
+    tb::check_point_memory(topo, p);
+  }
+  std::printf("# AllReduce fp32 sum, %s (%d GPUs x %d planes) [driver: sim]\n", topo.name.c_str(), n, topo.num_planes);
+  std::printf(
+      "# best: the fastest endpoint algorithm measured at the size (ring, tree, rd = recursive doubling, oneshot;\n"
+      "# rd and oneshot only where their per-GPU copies fit); speedup = best / ifec. Rows above %llu B are\n"
+      "# (modelled): the largest simulated times scaled by size (bandwidth-bound there)\n",
+      static_cast<unsigned long long>(max_sim));
+  std::printf("#%13s %12s %12s %9s %12s %12s %10s %10s %8s\n", "size(B)", "count", "ring(us)", "best", "best(us)",
+              "ifec(us)", "best busbw", "ifec busbw", "speedup");
   const std::vector<tb::CollectiveRow> rows = tb::run_collective_points(topo, points, jobs, print_progress);
   std::map<std::pair<uint64_t, wl::Algo>, double> time_of;
   for (const tb::CollectiveRow& r : rows) {

@@ -87,15 +87,23 @@ uint64_t point_memory_budget() { return std::min(kPointMemoryBudget, common::mem
 
 namespace {
 
-// The buffer and scratch windows on every GPU, each member's input written straight into its buffer (no copy kept).
-void prepare_windows(Cluster& c, const CollectivePoint& p, const CollectiveSpec& s) {
+// A GPU's buffer and scratch window bytes for `s`; throws naming the point where `gpus` GPUs' windows would take
+// more host memory than point_memory_budget() (elided payloads share one memory).
+std::pair<uint64_t, uint64_t> window_bytes(const routing::Topology& topo, int gpus, const CollectivePoint& p,
+                                           const CollectiveSpec& s) {
   const uint64_t buf = std::max<uint64_t>(64, s.count * element_size(p.dtype));
-  const uint64_t scratch = std::max<uint64_t>(4096, ring_scratch_bytes(s, p.algo, &c.fabric().topology()));
+  const uint64_t scratch = std::max<uint64_t>(4096, ring_scratch_bytes(s, p.algo, &topo));
   const uint64_t budget = point_memory_budget();
-  IFEC_CHECK(p.elided_payloads || (buf + scratch) * c.size() <= budget,
-             "size " << p.bytes << " B on " << c.size() << " GPUs needs " << ((buf + scratch) * c.size() >> 20)
+  IFEC_CHECK(p.elided_payloads || (buf + scratch) * gpus <= budget,
+             "size " << p.bytes << " B on " << gpus << " GPUs needs " << ((buf + scratch) * gpus >> 20)
                      << " MiB of host memory for the simulated windows; the limit is " << (budget >> 20)
                      << " MiB (12 GiB, or 3/4 of this machine's memory)");
+  return {buf, scratch};
+}
+
+// The buffer and scratch windows on every GPU, each member's input written straight into its buffer (no copy kept).
+void prepare_windows(Cluster& c, const CollectivePoint& p, const CollectiveSpec& s) {
+  const auto [buf, scratch] = window_bytes(c.fabric().topology(), c.size(), p, s);
   if (p.elided_payloads) {  // nothing is written or read: one memory serves every GPU's windows
     c.allocate_window(kBuf, buf, 1, /*shared=*/true);
     c.allocate_window(kScratch, scratch, 1, /*shared=*/true);
@@ -263,6 +271,12 @@ ClusterOptions cluster_options(routing::Topology& topo, const CollectivePoint& p
 }
 
 }  // namespace
+
+void check_point_memory(const routing::Topology& topo, const CollectivePoint& p) {
+  const size_t es = element_size(p.dtype);
+  const int n = p.members > 0 ? p.members : topo.num_gpus();
+  window_bytes(topo, topo.num_gpus(), p, spec_for(p, n, p.kind == Collective::kBarrier ? 0 : p.bytes / es));
+}
 
 CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const CollectivePoint& p,
                                    const Processes* procs) {

@@ -16,6 +16,9 @@ namespace ifec::testbed {
 // 12 GiB, or 3/4 of a smaller machine's memory (point_memory_budget).
 inline constexpr uint64_t kPointMemoryBudget = 12ULL << 30;
 uint64_t point_memory_budget();
+// Throws naming the point where its windows on every GPU of `topo` would take more than point_memory_budget(): what
+// run_collective_point refuses, checked without a fabric (a bench checks every point before running any).
+void check_point_memory(const routing::Topology& topo, const CollectivePoint& p);
 
 // Throws common::Error naming a bad value of `p` (size, dtype, members, loss, slot pool or budget, failures) or a
 // point too large for point_memory_budget(); a run that fails or computes a wrong result is a row with ok = false.
