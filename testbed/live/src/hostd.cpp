@@ -44,7 +44,11 @@ constexpr uint64_t kKeptWindowBytes = uint64_t{128} << 20;
 // one's. Stores carry no operation tag yet; see docs/architecture.md.
 constexpr uint16_t kWorldWindows = 1;     // every rank's operations: (buffer, scratch) pairs 1-2, 3-4, 5-6 in turn
 constexpr uint16_t kGroupWindows = 1000;  // group g's (RunRequest.group): six from 1000 + 6 (g - 1), pairs likewise
-constexpr uint16_t kMoeWindows = 40;      // MoE layers: four windows each, in turn 40.., 44.., 48..
+// A torch program numbers its groups program * 4096 + count (ifec.torch_backend; program 0: a client's own small
+// numbers). One program runs on a fabric at a time (its world is every rank), so a group of another program than the
+// groups held means theirs has ended: their communicators, windows and hubs are let go then, not kept until exit.
+constexpr uint32_t kGroupsPerProgram = 4096;
+constexpr uint16_t kMoeWindows = 40;  // MoE layers: four windows each, in turn 40.., 44.., 48..
 constexpr auto kAllgatherWait = std::chrono::seconds(30);
 // Rounds a hub holds at once. A rank asks for round k + 1 only once round k has every part, so an operation keeps
 // two or three; each round holds a gRPC thread per waiting part, up to kAllgatherWait: a client sending new rounds
@@ -227,7 +231,7 @@ struct HostDaemon::Impl {
   std::mutex hubs_mu;
   struct GroupHub {
     std::vector<int> members;  // the GPUs its first allgather named, in rank order
-    std::unique_ptr<Hub> hub;
+    std::shared_ptr<Hub> hub;  // shared with the gathers waiting in it
   };
   std::map<uint32_t, GroupHub> group_hubs;  // the groups this GPU is the first of (gRPC threads)
 
@@ -300,6 +304,7 @@ struct HostDaemon::Impl {
   void with_group(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply, std::function<void(Group&)> then);
   grpc::Status group_gather(const std::string& node, const v1::AllgatherRequest& q, v1::AllgatherReply* out);
   std::string group_members_problem(const std::vector<int>& members) const;
+  void let_go_of_ended_programs(uint32_t group);
   void stop_hubs();
   v1::RunReply alltoall_reply(const workloads::CollectiveResult& res, uint64_t wrong, uint64_t size, uint64_t sent,
                               const OpStart& at) const;
@@ -966,6 +971,7 @@ void HostDaemon::Impl::with_group(const v1::RunRequest& q, std::function<void(v1
     run(it->second);
     return;
   }
+  let_go_of_ended_programs(id);
   Group& g = groups[id];
   g.members = members;
   g.first_window = static_cast<uint16_t>(kGroupWindows + 6 * ((id - 1) % 1000));
@@ -1018,24 +1024,52 @@ grpc::Status HostDaemon::Impl::group_gather(const std::string& node, const v1::A
   if (const std::string bad = group_members_problem(members); !bad.empty()) {  // before a hub that many ranks wide
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, what + bad);
   }
-  Hub* hub = nullptr;
+  std::shared_ptr<Hub> hub;
   {
     std::lock_guard<std::mutex> lock(hubs_mu);
     GroupHub& slot = group_hubs[q.group()];
     if (!slot.hub) {
+      const uint32_t program = q.group() / kGroupsPerProgram;
+      for (auto it = group_hubs.begin(); program != 0 && it != group_hubs.end();) {  // see kGroupsPerProgram
+        const uint32_t of = it->first / kGroupsPerProgram;
+        if (of != 0 && of != program && it->second.hub) {
+          it->second.hub->stop();  // a part still waiting there (its program has ended) is told so
+          it = group_hubs.erase(it);
+        } else {
+          ++it;
+        }
+      }
       std::vector<std::string> names;
       for (int g : members) {
         names.push_back(topo.nodes[topo.gpu_node(g)].name);
       }
-      slot = {members, std::make_unique<Hub>(std::move(names))};
+      slot = {members, std::make_shared<Hub>(std::move(names))};
     }
     if (slot.members != members) {  // a rank would wait among GPUs it does not know, or be counted as another
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           what + "its hub was made for GPUs " + gpu_list(slot.members) + ", not " + gpu_list(members));
     }
-    hub = slot.hub.get();
+    hub = slot.hub;
   }
   return hub->gather(node, q, out);
+}
+
+// Lets go of the groups of programs other than `group`'s (kGroupsPerProgram): their communicators and windows.
+void HostDaemon::Impl::let_go_of_ended_programs(uint32_t group) {
+  const uint32_t program = group / kGroupsPerProgram;
+  for (auto it = groups.begin(); program != 0 && it != groups.end();) {
+    const uint32_t of = it->first / kGroupsPerProgram;
+    if (of == 0 || of == program || it->second.comm == nullptr) {  // one still being made has its init pending
+      ++it;
+      continue;
+    }
+    for (uint16_t w = it->second.first_window; w < it->second.first_window + 6; ++w) {
+      if (ep->memory().window(w) != nullptr) {
+        ep->memory().free_window(w);
+      }
+    }
+    it = groups.erase(it);
+  }
 }
 
 void HostDaemon::Impl::stop_hubs() {

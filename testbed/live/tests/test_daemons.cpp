@@ -688,6 +688,48 @@ TEST_F(HostdTest, AHubHoldsABoundedNumberOfRounds) {
   }
 }
 
+// A torch program's groups (numbered program * 4096 + count, as ifec.torch_backend does) are let go when a group of
+// another program runs: hostd kept every program's communicators and windows until it exited.
+TEST_F(HostdTest, AnEndedProgramsGroupsAreLetGoWhenAnotherProgramsGroupRuns) {
+  auto run_group = [&](uint32_t group, std::vector<int> members) {
+    v1::RunRequest q = run_request("allreduce", 4096, "ring");
+    q.set_group(group);
+    for (int m : members) {
+      q.add_members(m);
+    }
+    std::vector<std::thread> ranks;
+    std::vector<v1::RunReply> replies(members.size());
+    for (size_t i = 0; i < members.size(); ++i) {
+      ranks.emplace_back([&, i] { replies[i] = run(members[i], q); });
+    }
+    for (std::thread& t : ranks) {
+      t.join();
+    }
+    for (const v1::RunReply& r : replies) {
+      EXPECT_TRUE(r.ok()) << r.error();
+    }
+  };
+  auto holds_window = [&](int gpu, uint32_t window) {
+    v1::ReadWindowRequest rd;
+    rd.set_window(window);
+    rd.set_length(8);
+    return call(host(gpu), &v1::Host::Stub::ReadWindow, rd).ok();
+  };
+  const uint32_t first = 1 * 4096 + 1, second = 2 * 4096 + 1;
+  const uint32_t first_window = 1000 + 6 * ((first - 1) % 1000), second_window = 1000 + 6 * ((second - 1) % 1000);
+  run_group(first, {0, 1});
+  EXPECT_TRUE(holds_window(0, first_window));
+  run_group(first + 1, {0, 1});  // the same program's next group: the first is kept
+  EXPECT_TRUE(holds_window(0, first_window));
+  run_group(second, {0, 2});
+  EXPECT_TRUE(holds_window(0, second_window));
+  EXPECT_FALSE(holds_window(0, first_window));
+  EXPECT_FALSE(holds_window(0, first_window + 6));
+  EXPECT_TRUE(holds_window(1, first_window));  // GPU 1 has seen no group of the second program
+  run_group(second + 1, {0, 1});               // whose GPU 1 lets go of the first program's groups, and runs with GPU 0
+  EXPECT_FALSE(holds_window(1, first_window));
+}
+
 // A group's allgather names GPUs the hub checks before it makes a hub that wide: a member that is no rank, one listed
 // twice, and other members than the group's hub was made for (a rank would wait among GPUs it does not know).
 TEST_F(HostdTest, AGroupsAllgatherWithBadMembersIsRefusedNamingThem) {
