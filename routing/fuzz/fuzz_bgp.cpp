@@ -34,7 +34,9 @@ BgpUpdate without_partial(BgpUpdate u) {
 }
 
 void round_trip(const BgpMessage& m, const BgpDecodeOptions& opt) {
-  if (!m.ok() || m.type != 2 || m.update.withdrawn.size() + m.update.nlri.size() > 900) return;
+  const size_t routes =
+      m.update.withdrawn.size() + m.update.nlri.size() + (m.update.mp_reach ? m.update.mp_reach->nlri.size() : 0);
+  if (!m.ok() || m.type != 2 || routes > 900) return;
   std::vector<uint8_t> again;
   try {
     again = encode_bgp_update(m.update, opt.as4);

@@ -354,6 +354,23 @@ std::vector<uint8_t> attributes_value(const BgpPathAttributes& a, bool as4) {
   return o;
 }
 
+// An IPv4 unicast MP_REACH_NLRI (RFC 4760 §3) announcing `nlri` via `next_hop`, as a whole attribute.
+std::vector<uint8_t> mp_reach_attribute(uint32_t next_hop, const std::vector<BgpPrefix>& nlri) {
+  std::vector<uint8_t> v;
+  put16(v, kAfiIpv4);
+  put8(v, kSafiUnicast);
+  put8(v, 4);  // next hop length
+  put32(v, next_hop);
+  put8(v, 0);  // reserved
+  put_prefixes(v, nlri);
+  std::vector<uint8_t> o;
+  put_attr(o, kAttrOptional, kAttrMpReach, v);
+  return o;
+}
+
+// Attribute header (extended length) and MP_REACH_NLRI's fields before its prefixes.
+constexpr size_t kMpReachOverhead = 4 + 9;
+
 std::vector<uint8_t> update_body(const std::vector<BgpPrefix>& withdrawn, const std::vector<uint8_t>& attrs,
                                  const std::vector<BgpPrefix>& nlri) {
   std::vector<uint8_t> w;
@@ -390,7 +407,10 @@ std::vector<uint8_t> encode_bgp_open(const BgpOpen& m) {
 }
 
 std::vector<uint8_t> encode_bgp_update(const BgpUpdate& m, bool as4) {
-  return finish(BgpMessageType::kUpdate, update_body(m.withdrawn, attributes_value(m.attrs, as4), m.nlri));
+  std::vector<uint8_t> attrs;
+  if (m.mp_reach) attrs = mp_reach_attribute(m.mp_reach->next_hop, m.mp_reach->nlri);
+  put_bytes(attrs, attributes_value(m.attrs, as4));
+  return finish(BgpMessageType::kUpdate, update_body(m.withdrawn, attrs, m.nlri));
 }
 
 std::vector<std::vector<uint8_t>> encode_bgp_updates(const BgpUpdate& m, bool as4) {
@@ -408,24 +428,43 @@ std::vector<std::vector<uint8_t>> encode_bgp_updates(const BgpUpdate& m, bool as
     used += prefix_bytes(p);
   }
   if (!chunk.empty()) out.push_back(finish(BgpMessageType::kUpdate, update_body(chunk, {}, {})));
-  if (m.nlri.empty()) {
+  const bool mp = m.mp_reach && !m.mp_reach->nlri.empty();
+  if (m.nlri.empty() && !mp) {
     if (out.empty()) out.push_back(finish(BgpMessageType::kUpdate, update_body({}, {}, {})));
     return out;
   }
-  const std::vector<uint8_t> attrs = attributes_value(m.attrs, as4);
-  IFEC_CHECK(attrs.size() + 5 <= room, "UPDATE path attributes of " << attrs.size() << " bytes leave no room for NLRI");
-  chunk.clear();
-  used = attrs.size();
-  for (const BgpPrefix& p : m.nlri) {
-    if (used + prefix_bytes(p) > room) {
-      out.push_back(finish(BgpMessageType::kUpdate, update_body({}, attrs, chunk)));
-      chunk.clear();
-      used = attrs.size();
+  // Chunks of `nlri`, each behind `overhead` bytes of attributes; `emit` makes one message of a chunk.
+  const auto split = [&](const std::vector<BgpPrefix>& nlri, size_t overhead, const auto& emit) {
+    IFEC_CHECK(overhead + 5 <= room, "UPDATE path attributes of " << overhead << " bytes leave no room for NLRI");
+    std::vector<BgpPrefix> part;
+    size_t size = overhead;
+    for (const BgpPrefix& p : nlri) {
+      if (size + prefix_bytes(p) > room) {
+        out.push_back(emit(part));
+        part.clear();
+        size = overhead;
+      }
+      part.push_back(p);
+      size += prefix_bytes(p);
     }
-    chunk.push_back(p);
-    used += prefix_bytes(p);
+    out.push_back(emit(part));
+  };
+  if (!m.nlri.empty()) {
+    const std::vector<uint8_t> attrs = attributes_value(m.attrs, as4);
+    split(m.nlri, attrs.size(), [&](const std::vector<BgpPrefix>& part) {
+      return finish(BgpMessageType::kUpdate, update_body({}, attrs, part));
+    });
   }
-  out.push_back(finish(BgpMessageType::kUpdate, update_body({}, attrs, chunk)));
+  if (mp) {  // RFC 4760 §3: an UPDATE with MP_REACH_NLRI alone carries no NEXT_HOP
+    BgpPathAttributes rest = m.attrs;
+    rest.next_hop.reset();
+    const std::vector<uint8_t> attrs = attributes_value(rest, as4);
+    split(m.mp_reach->nlri, kMpReachOverhead + attrs.size(), [&](const std::vector<BgpPrefix>& part) {
+      std::vector<uint8_t> both = mp_reach_attribute(m.mp_reach->next_hop, part);
+      put_bytes(both, attrs);
+      return finish(BgpMessageType::kUpdate, update_body({}, both, {}));
+    });
+  }
   return out;
 }
 
@@ -642,9 +681,11 @@ struct UpdateDecoder {
   std::array<bool, 256> seen{};
   std::optional<std::vector<BgpAsPathSegment>> as4_path;
   std::optional<BgpAggregator> as4_aggregator;
-  std::optional<uint32_t> mp_next_hop;  // MP_REACH_NLRI's IPv4 next hop, settled against NEXT_HOP by run()
-  size_t mp_reach_at = 0;               // byte of the MP_REACH_NLRI it came from
-  size_t empty_unreach = 0;             // size of an IPv4 unicast MP_UNREACH_NLRI withdrawing nothing (End-of-RIB)
+  // MP_REACH_NLRI's IPv4 unicast routes and their next hop (none when it cannot serve them), placed beside the
+  // classic NLRI by settle_next_hop().
+  std::vector<BgpPrefix> mp_nlri;
+  std::optional<uint32_t> mp_next_hop;
+  size_t empty_unreach = 0;  // size of an IPv4 unicast MP_UNREACH_NLRI withdrawing nothing (End-of-RIB)
 
   void error(BgpErrorAction a, uint8_t subcode, size_t at, std::vector<uint8_t> data, const std::string& what) {
     out->errors.push_back(make_error(a, kErrUpdate, subcode, std::move(data), at, what));
@@ -998,12 +1039,12 @@ void UpdateDecoder::mp_reach(const uint8_t* v, size_t n, size_t at, const std::v
   const size_t base = static_cast<size_t>(v - msg);
   std::vector<BgpPrefix> ps;
   if (!prefixes(base + 5 + nh, base + n, &ps, "MP_REACH_NLRI")) return;  // after the reserved byte (ignored)
-  out->update.nlri.insert(out->update.nlri.end(), ps.begin(), ps.end());
+  mp_nlri = std::move(ps);
   mp_reach_next_hop(v + 4, nh, at, whole);
 }
 
 // The next hop of IPv4 unicast MP_REACH_NLRI, kept for settle_next_hop(); one that cannot serve its routes makes
-// them treat-as-withdraw (their NLRI was found), as a bad NEXT_HOP does.
+// them treat-as-withdraw (their NLRI was found, and is withdrawn), as a bad NEXT_HOP does.
 void UpdateDecoder::mp_reach_next_hop(const uint8_t* nh, size_t nh_len, size_t at, const std::vector<uint8_t>& whole) {
   std::ostringstream os;
   if (nh_len != 4) {
@@ -1020,7 +1061,6 @@ void UpdateDecoder::mp_reach_next_hop(const uint8_t* nh, size_t nh_len, size_t a
     return error(BgpErrorAction::kTreatAsWithdraw, kUpdInvalidNextHop, at, whole, os.str());
   }
   mp_next_hop = addr;
-  mp_reach_at = at;
 }
 
 // IPv4 unicast MP_UNREACH_NLRI: its prefixes join the withdrawn routes.
@@ -1033,22 +1073,19 @@ void UpdateDecoder::mp_unreach(const uint8_t* v, size_t n, size_t at, const std:
   out->update.withdrawn.insert(out->update.withdrawn.end(), ps.begin(), ps.end());
 }
 
-// RFC 4760 §3: MP_REACH_NLRI's next hop is its NLRI's, and a NEXT_HOP beside it without classic NLRI is ignored.
-// BgpPathAttributes holds one next hop: with classic NLRI too, NEXT_HOP's stands for every route and a different
-// MP next hop is reported discarded (FARE forwards by the session's link, not the next hop: no route is lost).
+// RFC 4760 §3: MP_REACH_NLRI's next hop is its NLRI's, NEXT_HOP the classic NLRI's, and a NEXT_HOP without classic
+// NLRI is ignored. MP routes whose next hop differs from the classic NLRI's stay apart in mp_reach (BgpUpdate);
+// the others join nlri. Routes whose MP next hop could not serve join nlri too: a treat-as-withdraw withdraws them.
 void UpdateDecoder::settle_next_hop(bool classic_nlri) {
   BgpPathAttributes& a = out->update.attrs;
-  if (!mp_next_hop) return;
-  if (!classic_nlri) {
-    a.next_hop = mp_next_hop;
+  if (!classic_nlri && mp_next_hop) a.next_hop = mp_next_hop;
+  if (mp_nlri.empty()) return;
+  // A missing NEXT_HOP beside classic NLRI is mandatory()'s to report; the MP routes keep their own next hop.
+  if (classic_nlri && mp_next_hop && a.next_hop != mp_next_hop) {
+    out->update.mp_reach = BgpMpReach{*mp_next_hop, std::move(mp_nlri)};
     return;
   }
-  if (!a.next_hop || *a.next_hop == *mp_next_hop) return;  // a missing NEXT_HOP: mandatory() reports it
-  std::ostringstream os;
-  os << "MP_REACH_NLRI at byte " << mp_reach_at << " has next hop " << common::ipv4_to_string(*mp_next_hop)
-     << " where NEXT_HOP has " << common::ipv4_to_string(*a.next_hop)
-     << ": one next hop per UPDATE is kept, NEXT_HOP's, for every route";
-  error(BgpErrorAction::kAttributeDiscard, kUpdOptionalAttr, mp_reach_at, {}, os.str());
+  out->update.nlri.insert(out->update.nlri.end(), mp_nlri.begin(), mp_nlri.end());
 }
 
 // RFC 7606 §3 d for an UPDATE with NLRI: ORIGIN and AS_PATH; NEXT_HOP only for classic NLRI (RFC 4760 §3: the
@@ -1074,7 +1111,7 @@ void UpdateDecoder::finish_path() {
   if (as4_path && a.as_path && !old_aggregator) {
     a.as_path = bgp_merge_as4_path(*a.as_path, *as4_path);
   }
-  if (!opt.ebgp || opt.peer_as == 0 || !a.as_path || out->update.nlri.empty()) return;
+  if (!opt.ebgp || opt.peer_as == 0 || !a.as_path || out->update.nlri.empty()) return;  // (mp_reach implies nlri)
   const auto& p = *a.as_path;
   if (p.empty() || p[0].type != kAsSequence || p[0].asns[0] != opt.peer_as) {
     std::ostringstream os;
@@ -1107,8 +1144,8 @@ void UpdateDecoder::run() {
   if (!prefixes(body + 2, body + 2 + wlen, &out->update.withdrawn, "withdrawn")) return;
   if (!prefixes(attrs + alen, len, &out->update.nlri, "NLRI")) return;
   const bool classic_nlri = !out->update.nlri.empty();
-  attributes(attrs, attrs + alen);  // MP_REACH_NLRI / MP_UNREACH_NLRI prefixes join nlri / withdrawn here
-  settle_next_hop(classic_nlri);
+  attributes(attrs, attrs + alen);  // MP_UNREACH_NLRI prefixes join withdrawn here
+  settle_next_hop(classic_nlri);    // MP_REACH_NLRI's routes join nlri or fill mp_reach here
   finish_path();
   // RFC 4724 §2: nothing at all, or an IPv4 unicast MP_UNREACH_NLRI withdrawing nothing as the only attribute.
   out->end_of_rib = wlen == 0 && !classic_nlri && (alen == 0 || alen == empty_unreach);
@@ -1148,7 +1185,7 @@ BgpMessage decode_bgp(const uint8_t* msg, size_t len, const BgpDecodeOptions& op
       OpenDecoder{msg, len, &m}.run();
       break;
     case BgpMessageType::kUpdate:
-      UpdateDecoder{msg, len, opt, &m, {}, {}, {}, {}, 0, 0}.run();
+      UpdateDecoder{msg, len, opt, &m, {}, {}, {}, {}, {}, 0}.run();
       break;
     case BgpMessageType::kNotification:
       m.notification = BgpNotification{body[0], body[1], std::vector<uint8_t>(body + 2, msg + len)};

@@ -329,7 +329,7 @@ void BgpSession::handle_update(const BgpMessage& m) {
     event(Kind::kProblem, os.str());
   }
   const BgpUpdate& u = m.update;
-  if (!ipv4_unicast_ && (!u.nlri.empty() || !u.withdrawn.empty())) {
+  if (!ipv4_unicast_ && (!u.nlri.empty() || !u.withdrawn.empty() || u.mp_reach)) {
     return event(Kind::kProblem, "UPDATE with IPv4 unicast routes, which the peer did not negotiate: ignored");
   }
   BgpSessionEvent e;
@@ -338,10 +338,12 @@ void BgpSession::handle_update(const BgpMessage& m) {
   e.withdrawn = u.withdrawn;
   if (m.action() == BgpErrorAction::kTreatAsWithdraw) {
     e.withdrawn.insert(e.withdrawn.end(), u.nlri.begin(), u.nlri.end());
+    if (u.mp_reach) e.withdrawn.insert(e.withdrawn.end(), u.mp_reach->nlri.begin(), u.mp_reach->nlri.end());
     e.text = "treat-as-withdraw: " + m.worst()->what;
   } else {
     e.announced = u.nlri;
     e.attrs = u.attrs;
+    e.mp_reach = u.mp_reach;
     if (m.end_of_rib) e.text = "End-of-RIB";  // the empty UPDATE or its MP_UNREACH_NLRI form (RFC 4724 §2)
   }
   events_.push_back(std::move(e));

@@ -352,11 +352,14 @@ void BgpSpeaker::session_changed(int port, bool up, TimeNs now) {
 void BgpSpeaker::learn(int id, const BgpSessionEvent& e) {
   Conn& c = *conns_[id];
   for (const BgpPrefix& w : e.withdrawn) c.in.erase(w);
-  if (!e.announced.empty()) {
-    Route r;
-    r.as_path = e.attrs.as_path.value_or(std::vector<BgpAsPathSegment>{});
-    r.gbps = bgp_path_bandwidth_gbps(e.attrs, opt_.units).value_or(-1.0);
-    for (const BgpPrefix& a : e.announced) c.in[a] = r;
+  Route r;
+  r.as_path = e.attrs.as_path.value_or(std::vector<BgpAsPathSegment>{});
+  r.gbps = bgp_path_bandwidth_gbps(e.attrs, opt_.units).value_or(-1.0);
+  r.next_hop = e.attrs.next_hop.value_or(0);
+  for (const BgpPrefix& a : e.announced) c.in[a] = r;
+  if (e.mp_reach) {  // the same attributes, MP_REACH_NLRI's next hop (RFC 4760 §3)
+    r.next_hop = e.mp_reach->next_hop;
+    for (const BgpPrefix& a : e.mp_reach->nlri) c.in[a] = r;
   }
   Port& p = *ports_[c.port];
   if (p.primary == id && p.up) {
@@ -499,6 +502,7 @@ std::vector<BgpRibRow> BgpSpeaker::rib() const {
       row.peer = topo_.nodes[p.peer].name;
       for (const BgpAsPathSegment& seg : r.as_path)
         row.as_path.insert(row.as_path.end(), seg.asns.begin(), seg.asns.end());
+      row.next_hop = r.next_hop;
       row.gbps = r.gbps;
       auto g = gpu_of_loopback_.find(prefix.addr);
       if (prefix.len == 32 && g != gpu_of_loopback_.end()) {

@@ -597,7 +597,8 @@ TEST(BgpRfc7606, TheMostSevereErrorDecides) {
 
 // ================================================================================================================
 // Multiprotocol IPv4 unicast (RFC 4760): MP_REACH_NLRI and MP_UNREACH_NLRI as GoBGP (and FRR in some
-// configurations) send them, decoded into the same nlri / withdrawn lists as the classic fields
+// configurations) send them, decoded into the same nlri / withdrawn lists as the classic fields, or into mp_reach
+// beside classic NLRI whose next hop is another
 // ================================================================================================================
 
 namespace {
@@ -613,6 +614,18 @@ const Bytes kMpReach = {0x80, 0x0e, 0x11,              // optional non-transitiv
                         0x00,                          // reserved
                         0x20, 0x0a, 0x01, 0x00, 0x02,  // 10.1.0.2/32: 32 bits, 4 octets
                         0x10, 0x0a, 0x03};             // 10.3.0.0/16: 16 bits, 2 octets
+
+// MP_REACH_NLRI announcing 10.3.0.0/16 via 10.0.0.<last>.
+Bytes reach_via(uint8_t last) {
+  return Bytes{0x80, 0x0e, 0x0c,        // type 14, length 12
+               0x00, 0x01, 0x01,        // AFI 1, SAFI 1
+               0x04,                    // next hop length 4
+               0x0a, 0x00, 0x00, last,  // next hop 10.0.0.<last>
+               0x00,                    // reserved
+               0x10, 0x0a, 0x03};       // 10.3.0.0/16
+}
+const BgpPrefix kSlash16 = bgp_prefix(ip(10, 3, 0, 0), 16);
+const BgpPrefix kHost = bgp_prefix(ip(10, 1, 0, 2), 32);  // kNlri's
 
 }  // namespace
 
@@ -666,31 +679,52 @@ TEST(BgpMultiprotocol, AnEmptyIpv4UnicastUnreachIsTheEndOfRibMarker) {
   EXPECT_FALSE(decode(update_msg({0x00}, {}, {})).end_of_rib);  // withdraws 0.0.0.0/0
 }
 
-TEST(BgpMultiprotocol, ClassicNlriAndReachNlriInOneUpdate) {
-  // Attributes from byte 23: ORIGIN (4), AS_PATH (9), NEXT_HOP 10.0.0.2 (7), then MP_REACH_NLRI at byte 43.
-  const auto reach_via = [](uint8_t last) {
-    return Bytes{0x80, 0x0e, 0x0c,        // type 14, length 12
-                 0x00, 0x01, 0x01,        // AFI 1, SAFI 1
-                 0x04,                    // next hop length 4
-                 0x0a, 0x00, 0x00, last,  // next hop 10.0.0.<last>
-                 0x00,                    // reserved
-                 0x10, 0x0a, 0x03};       // 10.3.0.0/16
-  };
+TEST(BgpMultiprotocol, ClassicNlriAndReachNlriWithOneNextHop) {
+  // Attributes from byte 23: ORIGIN (4), AS_PATH (9), NEXT_HOP 10.0.0.2 (7), then MP_REACH_NLRI at byte 43, whose
+  // next hop is NEXT_HOP's too: one set of routes.
   const BgpMessage m = decode(update_msg({}, cat({kOrigin, kAsPath, kNextHop, reach_via(2)}), kNlri), from_peer());
   ASSERT_TRUE(m.ok()) << m.worst()->what;
   EXPECT_EQ(m.update.nlri, kHostAndSlash16);  // the classic field's first
   EXPECT_EQ(m.update.attrs.next_hop, ip(10, 0, 0, 2));
-  // Two different next hops do not fit one BgpUpdate: NEXT_HOP's is kept for all and the other reported discarded.
-  const BgpMessage two = decode(update_msg({}, cat({kOrigin, kAsPath, kNextHop, reach_via(9)}), kNlri), from_peer());
-  EXPECT_EQ(two.action(), kDiscard);
-  EXPECT_THAT(two.worst()->what,
-              HasSubstr("MP_REACH_NLRI at byte 43 has next hop 10.0.0.9 where NEXT_HOP has 10.0.0.2"));
-  EXPECT_EQ(two.update.nlri, kHostAndSlash16);
-  EXPECT_EQ(two.update.attrs.next_hop, ip(10, 0, 0, 2));
+  EXPECT_FALSE(m.update.mp_reach);
   // Classic NLRI still needs NEXT_HOP (RFC 7606 §3 d), MP_REACH_NLRI beside it or not.
   expect_error(update_msg({}, cat({kOrigin, kAsPath, reach_via(2)}), kNlri), kWithdraw, 3, 3, {3}, "NEXT_HOP");
   // MP_REACH_NLRI alone needs ORIGIN and AS_PATH as classic NLRI does.
   expect_error(update_msg({}, cat({kAsPath, kMpReach}), {}), kWithdraw, 3, 3, {1}, "ORIGIN");
+}
+
+TEST(BgpMultiprotocol, ClassicNlriAndReachNlriKeepTheirOwnNextHops) {
+  // RFC 4760 §3: NEXT_HOP 10.0.0.2 is the classic NLRI's (10.1.0.2/32), MP_REACH_NLRI's 10.0.0.9 its own
+  // (10.3.0.0/16). Neither is an error; NEXT_HOP's was once kept for both and the other reported discarded.
+  const Bytes both = update_msg({}, cat({kOrigin, kAsPath, kNextHop, reach_via(9)}), kNlri);
+  const BgpMessage m = decode(both, from_peer());
+  ASSERT_TRUE(m.ok()) << m.worst()->what;
+  EXPECT_EQ(m.update.nlri, (std::vector<BgpPrefix>{kHost}));
+  EXPECT_EQ(m.update.attrs.next_hop, ip(10, 0, 0, 2));
+  ASSERT_TRUE(m.update.mp_reach);
+  EXPECT_EQ(m.update.mp_reach->next_hop, ip(10, 0, 0, 9));
+  EXPECT_EQ(m.update.mp_reach->nlri, (std::vector<BgpPrefix>{kSlash16}));
+  // MP_REACH_NLRI first (RFC 7606 §5.1): the same update, and what it encodes back to, byte for byte.
+  const Bytes mp_first = update_msg({}, cat({reach_via(9), kOrigin, kAsPath, kNextHop}), kNlri);
+  EXPECT_EQ(decode(mp_first, from_peer()).update, m.update);
+  EXPECT_EQ(encode_bgp_update(m.update, true), mp_first);
+  // Split over messages: the classic route with NEXT_HOP, then the MP one without (RFC 4760 §3), each decoding to
+  // its route and its next hop.
+  const std::vector<Bytes> msgs = encode_bgp_updates(m.update, true);
+  ASSERT_EQ(msgs.size(), 2u);
+  EXPECT_EQ(msgs[0], update_msg({}, cat({kOrigin, kAsPath, kNextHop}), kNlri));
+  EXPECT_EQ(msgs[1], update_msg({}, cat({reach_via(9), kOrigin, kAsPath}), {}));
+  const BgpMessage mp_alone = decode(msgs[1], from_peer());
+  ASSERT_TRUE(mp_alone.ok()) << mp_alone.worst()->what;
+  EXPECT_EQ(mp_alone.update.nlri, (std::vector<BgpPrefix>{kSlash16}));
+  EXPECT_EQ(mp_alone.update.attrs.next_hop, ip(10, 0, 0, 9));
+  // Without NEXT_HOP the classic route has no next hop: treat-as-withdraw (3/3), the MP route listed with its own.
+  const BgpMessage no_nh = decode(update_msg({}, cat({kOrigin, kAsPath, reach_via(9)}), kNlri), from_peer());
+  EXPECT_EQ(no_nh.action(), kWithdraw);
+  EXPECT_THAT(no_nh.worst()->what, HasSubstr("lacks the well-known mandatory NEXT_HOP"));
+  EXPECT_EQ(no_nh.update.nlri, (std::vector<BgpPrefix>{kHost}));
+  ASSERT_TRUE(no_nh.update.mp_reach);
+  EXPECT_EQ(no_nh.update.mp_reach->nlri, (std::vector<BgpPrefix>{kSlash16}));
 }
 
 TEST(BgpMultiprotocol, OtherFamiliesAreSkippedWithoutError) {
@@ -915,19 +949,24 @@ TEST(BgpRobustness, EveryByteOfAValidUpdateSetToEveryValue) {
 }
 
 TEST(BgpRobustness, EveryByteOfAMultiprotocolUpdateSetToEveryValue) {
-  // As fuzz_bgp checks: an UPDATE decoded without error encodes (classic fields) and decodes to the same update.
-  const Bytes full = update_msg({}, cat({kOrigin, kAsPath, kMpReach, Bytes{0x80, 0x0f, 0x05, 0, 1, 1, 0x08, 10}}), {});
-  for (size_t i = 19; i < full.size(); ++i) {
-    for (int v = 0; v < 256; ++v) {
-      Bytes b = full;
-      b[i] = static_cast<uint8_t>(v);
-      const BgpMessage m = decode(b, from_peer());
-      expect_explained(m, b.size());
-      if (!m.ok() || m.type != 2) continue;
-      const Bytes again = encode_bgp_update(m.update, true);
-      const BgpMessage back = decode(again, from_peer());
-      ASSERT_TRUE(back.ok()) << "byte " << i << " = " << v << ": " << back.worst()->what;
-      EXPECT_EQ(back.update, m.update) << "byte " << i << " = " << v;
+  // As fuzz_bgp checks: an UPDATE decoded without error encodes (classic fields, MP_REACH_NLRI for routes with
+  // another next hop than NEXT_HOP's) and decodes to the same update. MP routes alone, then beside classic NLRI.
+  const Bytes mp_only =
+      update_msg({}, cat({kOrigin, kAsPath, kMpReach, Bytes{0x80, 0x0f, 0x05, 0, 1, 1, 0x08, 10}}), {});
+  const Bytes both = update_msg({}, cat({reach_via(9), kOrigin, kAsPath, kNextHop}), kNlri);
+  for (const Bytes& full : {mp_only, both}) {
+    for (size_t i = 19; i < full.size(); ++i) {
+      for (int v = 0; v < 256; ++v) {
+        Bytes b = full;
+        b[i] = static_cast<uint8_t>(v);
+        const BgpMessage m = decode(b, from_peer());
+        expect_explained(m, b.size());
+        if (!m.ok() || m.type != 2) continue;
+        const Bytes again = encode_bgp_update(m.update, true);
+        const BgpMessage back = decode(again, from_peer());
+        ASSERT_TRUE(back.ok()) << "byte " << i << " = " << v << ": " << back.worst()->what;
+        EXPECT_EQ(back.update, m.update) << "byte " << i << " = " << v;
+      }
     }
   }
 }
@@ -1366,6 +1405,33 @@ TEST(BgpSession, MultiprotocolIpv4UnicastUpdates) {
   feed(s, update_msg({}, cat({kOrigin, kAsPath, truncated}), {}));
   EXPECT_EQ(s.take_output(), cat({header(30, 3), {3, 9}, truncated}));
   EXPECT_EQ(s.state(), BgpState::kIdle);
+}
+
+// RFC 4760 §3: an UPDATE with classic NLRI via NEXT_HOP and MP_REACH_NLRI via another next hop announces both
+// sets, each with its own next hop; a treat-as-withdraw withdraws both.
+TEST(BgpSession, ClassicAndMultiprotocolRoutesKeepTheirOwnNextHops) {
+  BgpSession s = established();
+  feed(s, update_msg({}, cat({kOrigin, kAsPath, kNextHop, reach_via(9)}), kNlri));
+  auto ev = s.take_events();
+  EXPECT_EQ(find(ev, Kind::kProblem), nullptr) << find(ev, Kind::kProblem)->text;
+  const BgpSessionEvent* r = find(ev, Kind::kRoutes);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->announced, (std::vector<BgpPrefix>{kHost}));
+  EXPECT_EQ(r->attrs.next_hop, ip(10, 0, 0, 2));
+  ASSERT_TRUE(r->mp_reach);
+  EXPECT_EQ(r->mp_reach->next_hop, ip(10, 0, 0, 9));
+  EXPECT_EQ(r->mp_reach->nlri, (std::vector<BgpPrefix>{kSlash16}));
+  const std::vector<BgpAsPathSegment> path = {{kAsSequence, {65002}}};
+  EXPECT_EQ(r->attrs.as_path, path);  // the attributes both sets share
+  // ORIGIN 3 (treat-as-withdraw): both sets withdrawn, nothing announced.
+  feed(s, update_msg({}, cat({Bytes{0x40, 0x01, 0x01, 0x03}, kAsPath, kNextHop, reach_via(9)}), kNlri));
+  ev = s.take_events();
+  r = find(ev, Kind::kRoutes);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->withdrawn, (std::vector<BgpPrefix>{kHost, kSlash16}));
+  EXPECT_TRUE(r->announced.empty());
+  EXPECT_FALSE(r->mp_reach);
+  EXPECT_EQ(s.state(), BgpState::kEstablished);
 }
 
 TEST(BgpSession, BadHeaderResetsTheSession) {

@@ -399,14 +399,16 @@ std::vector<uint8_t> be32(uint32_t v) {
           static_cast<uint8_t>(v)};
 }
 
-// An UPDATE whose routes are all in its path attributes: no classic Withdrawn Routes, no NLRI field.
-std::vector<uint8_t> attributes_only_update(const std::vector<uint8_t>& attrs) {
-  const size_t len = 23 + attrs.size();
+// An UPDATE with no classic Withdrawn Routes: its path attributes, then its NLRI field (none by default: every
+// route in the attributes).
+std::vector<uint8_t> update_bytes(const std::vector<uint8_t>& attrs, const std::vector<uint8_t>& nlri = {}) {
+  const size_t len = 23 + attrs.size() + nlri.size();
   return cat({std::vector<uint8_t>(16, 0xff),                                 // marker
               {static_cast<uint8_t>(len >> 8), static_cast<uint8_t>(len), 2,  // length, UPDATE
                0x00, 0x00,                                                    // withdrawn routes length 0
                static_cast<uint8_t>(attrs.size() >> 8), static_cast<uint8_t>(attrs.size())},  // attributes length
-              attrs});
+              attrs,
+              nlri});
 }
 
 }  // namespace
@@ -436,7 +438,7 @@ TEST(BgpSpeaker, RoutesInMultiprotocolAttributesAreLearntAndWithdrawn) {
   const std::vector<uint8_t> unreach = cat({{0x80, 0x0f, 0x08,   // MP_UNREACH_NLRI, length 8
                                              0x00, 0x01, 0x01},  // AFI 1, SAFI 1
                                             loopback_32});
-  const std::vector<uint8_t> withdraw = attributes_only_update(unreach);
+  const std::vector<uint8_t> withdraw = update_bytes(unreach);
   f.sp[sw]->received(conn, withdraw.data(), withdraw.size(), f.now);
   f.run();
   EXPECT_TRUE(routes_to_g0().empty()) << "the switch kept a route withdrawn in MP_UNREACH_NLRI";
@@ -455,13 +457,63 @@ TEST(BgpSpeaker, RoutesInMultiprotocolAttributesAreLearntAndWithdrawn) {
       loopback_32,                                 // NLRI
   });
   const std::vector<uint8_t> attrs = cat({origin, as_path, ext, reach});
-  const std::vector<uint8_t> announce = attributes_only_update(attrs);
+  const std::vector<uint8_t> announce = update_bytes(attrs);
   f.sp[sw]->received(conn, announce.data(), announce.size(), f.now);
   f.run();
   const std::vector<BgpRibRow> rows = routes_to_g0();
   ASSERT_EQ(rows.size(), 1u) << "the switch did not install the route announced in MP_REACH_NLRI";
   EXPECT_EQ(rows[0].as_path, (std::vector<uint32_t>{bgp_as_of(g0)}));
   EXPECT_DOUBLE_EQ(rows[0].gbps, 800);
+  EXPECT_EQ(f.sp[g1]->next_hops(0).size(), 1u);
+}
+
+// RFC 4760 §3 in one UPDATE: GPU 0's loopback in MP_REACH_NLRI via GPU 0's address on the link, and a classic
+// route (192.0.2.0/24) via NEXT_HOP, another address. Each is stored and shown with its own next hop; NEXT_HOP's
+// was once kept for both (FARE still forwards by the session's port either way).
+TEST(BgpSpeaker, ClassicAndMultiprotocolRoutesInOneUpdateKeepTheirOwnNextHops) {
+  const Topology topo = make_superpod(2, 1, 800, 1);
+  Fabric f(topo);
+  f.run();
+  const int g0 = topo.gpu_node(0);
+  const int g1 = topo.gpu_node(1);
+  const int sw = switch_of_plane(topo, 0);
+  const int conn = session_end(f, g0, sw);  // the switch's end of GPU 0's session
+  ASSERT_GE(conn, 0);
+  const uint32_t mp_next_hop = bgp_link_address(topo, topo.links_of(g0).at(0), g0);
+  const uint32_t classic_next_hop = mp_next_hop + 2;  // another address of the link's /29
+  const BgpExtCommunity bw = encode_path_bandwidth(bgp_as_of(g0), 800, BgpSpeakerOptions{}.units);
+  const std::vector<uint8_t> attrs = cat({
+      {0x80, 0x0e, 0x0e, 0x00, 0x01, 0x01, 0x04},  // MP_REACH_NLRI, length 14: AFI 1, SAFI 1, next hop length 4
+      be32(mp_next_hop),                           // next hop: GPU 0's address on the link
+      {0x00, 0x20},                                // reserved; a /32...
+      be32(topo.nodes[g0].loopback),               // ...GPU 0's loopback
+      {0x40, 0x01, 0x01, 0x00},                    // ORIGIN IGP
+      {0x40, 0x02, 0x06, 0x02, 0x01},              // AS_PATH: one AS_SEQUENCE of one AS...
+      be32(bgp_as_of(g0)),                         // ...GPU 0's
+      {0x40, 0x03, 0x04},                          // NEXT_HOP: the classic NLRI's
+      be32(classic_next_hop),                      //
+      {0xc0, 0x10, 0x08},                          // EXTENDED_COMMUNITIES: the path bandwidth
+      {bw.bytes.begin(), bw.bytes.end()},
+  });
+  const std::vector<uint8_t> msg = update_bytes(attrs, {0x18, 192, 0, 2});  // NLRI 192.0.2.0/24
+  f.sp[sw]->received(conn, msg.data(), msg.size(), f.now);
+  f.run();
+  std::map<BgpPrefix, BgpRibRow> learnt;  // from GPU 0
+  for (const BgpRibRow& r : f.sp[sw]->rib()) {
+    if (r.peer == topo.nodes[g0].name) learnt[r.prefix] = r;
+  }
+  const BgpPrefix loopback{topo.nodes[g0].loopback, 32};
+  const BgpPrefix classic = bgp_prefix(0xc0000200, 24);
+  ASSERT_EQ(learnt.count(loopback), 1u);
+  ASSERT_EQ(learnt.count(classic), 1u) << "the switch did not store the classic route";
+  EXPECT_EQ(common::ipv4_to_string(learnt[loopback].next_hop), common::ipv4_to_string(mp_next_hop));
+  EXPECT_EQ(common::ipv4_to_string(learnt[classic].next_hop), common::ipv4_to_string(classic_next_hop));
+  for (const BgpPrefix& p : {loopback, classic}) {  // the attributes both share
+    EXPECT_EQ(learnt[p].as_path, (std::vector<uint32_t>{bgp_as_of(g0)}));
+    EXPECT_DOUBLE_EQ(learnt[p].gbps, 800);
+  }
+  EXPECT_EQ(learnt[loopback].dest_gpu, 0);
+  EXPECT_TRUE(learnt[loopback].selected);
   EXPECT_EQ(f.sp[g1]->next_hops(0).size(), 1u);
 }
 

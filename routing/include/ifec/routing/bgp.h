@@ -73,9 +73,10 @@ enum BgpAttrType : uint8_t {
   kAttrLocalPref = 5,
   kAttrAtomicAggregate = 6,
   kAttrAggregator = 7,
-  // RFC 4760. AFI 1 / SAFI 1 (IPv4 unicast) is decoded: its prefixes join BgpUpdate's nlri / withdrawn and a 4-byte
-  // next hop becomes next_hop. Other families are skipped (BgpMessage::skipped_families). Never more than once
-  // (RFC 7606 §3 g). Only decoded: this project's speakers send IPv4 unicast in the classic fields, as FRR does.
+  // RFC 4760. AFI 1 / SAFI 1 (IPv4 unicast) is decoded: MP_UNREACH_NLRI's prefixes join BgpUpdate's withdrawn,
+  // MP_REACH_NLRI's routes keep its 4-byte next hop (BgpUpdate says where). Other families are skipped
+  // (BgpMessage::skipped_families). Never more than once (RFC 7606 §3 g). This project's speakers send IPv4 unicast
+  // in the classic fields, as FRR does; MP_REACH_NLRI is encoded only for BgpUpdate::mp_reach.
   kAttrMpReach = 14,
   kAttrMpUnreach = 15,
   kAttrExtCommunities = 16,
@@ -206,11 +207,26 @@ struct BgpPathAttributes {
   bool operator==(const BgpPathAttributes& o) const;
 };
 
-struct BgpUpdate {
-  std::vector<BgpPrefix> withdrawn;
-  BgpPathAttributes attrs;
+// IPv4 unicast routes of an MP_REACH_NLRI with the next hop it gives them (RFC 4760 §3), not NEXT_HOP's.
+struct BgpMpReach {
+  uint32_t next_hop = 0;  // host order
   std::vector<BgpPrefix> nlri;
-  bool operator==(const BgpUpdate& o) const { return withdrawn == o.withdrawn && attrs == o.attrs && nlri == o.nlri; }
+  bool operator==(const BgpMpReach& o) const { return next_hop == o.next_hop && nlri == o.nlri; }
+};
+
+// RFC 4760 §3: NEXT_HOP is the classic NLRI's next hop and MP_REACH_NLRI's next hop its own routes'. `nlri` holds
+// the routes whose next hop is attrs.next_hop; `mp_reach` those whose next hop is another. Decoding puts
+// MP_REACH_NLRI's routes in `nlri` with their next hop as attrs.next_hop when there is no classic NLRI (a NEXT_HOP
+// beside them is then ignored) or when both next hops are one, and keeps them in `mp_reach` only beside classic
+// NLRI with a different NEXT_HOP; an UPDATE then announces two sets of routes, each with its own next hop.
+struct BgpUpdate {
+  std::vector<BgpPrefix> withdrawn;  // the classic field's, then an IPv4 unicast MP_UNREACH_NLRI's
+  BgpPathAttributes attrs;
+  std::vector<BgpPrefix> nlri;  // next hop attrs.next_hop: the classic NLRI field, MP_REACH_NLRI's as above
+  std::optional<BgpMpReach> mp_reach;
+  bool operator==(const BgpUpdate& o) const {
+    return withdrawn == o.withdrawn && attrs == o.attrs && nlri == o.nlri && mp_reach == o.mp_reach;
+  }
 };
 
 struct BgpRouteRefresh {
@@ -268,10 +284,12 @@ BgpMessage decode_bgp(const uint8_t* msg, size_t len, const BgpDecodeOptions& op
 // 4096 bytes, a capability or parameter over 255 bytes, an AS_PATH segment type other than SET/SEQUENCE). ----
 std::vector<uint8_t> encode_bgp_open(const BgpOpen& m);
 // `as4`: the peer has the 4-octet AS capability. Without it AS_PATH carries 2-octet ASes (AS_TRANS for the others)
-// and AS4_PATH the full path, AGGREGATOR / AS4_AGGREGATOR likewise (RFC 6793 §4.2.2).
+// and AS4_PATH the full path, AGGREGATOR / AS4_AGGREGATOR likewise (RFC 6793 §4.2.2). `mp_reach`, when present,
+// is sent as an IPv4 unicast MP_REACH_NLRI, the first attribute (RFC 7606 §5.1).
 std::vector<uint8_t> encode_bgp_update(const BgpUpdate& m, bool as4);
 // The same update split over as many messages as it needs (withdrawals first, then the NLRI in chunks that each
-// carry the attributes); an empty update is one empty UPDATE (the End-of-RIB marker).
+// carry the attributes, then mp_reach's routes in chunks of MP_REACH_NLRI with the attributes less NEXT_HOP, RFC
+// 4760 §3); an empty update is one empty UPDATE (the End-of-RIB marker).
 std::vector<std::vector<uint8_t>> encode_bgp_updates(const BgpUpdate& m, bool as4);
 std::vector<uint8_t> encode_bgp_keepalive();
 std::vector<uint8_t> encode_bgp_notification(const BgpNotification& m);

@@ -53,7 +53,8 @@ struct BgpSessionEvent {
     kDisconnect,            // close the TCP connection once take_output()'s bytes are written
     kStateChanged,          // from -> to
     kRoutes,                // an UPDATE: withdrawn, and announced with attrs (classic fields and IPv4 unicast
-                            // MP_REACH_NLRI / MP_UNREACH_NLRI alike); text "End-of-RIB" for that marker
+                            // MP_REACH_NLRI / MP_UNREACH_NLRI alike) and mp_reach's with the same attributes but
+                            // their own next hop; text "End-of-RIB" for that marker
     kRouteRefresh,          // the peer asks for our routes again
     kNotificationSent,      // notification
     kNotificationReceived,  // notification
@@ -62,12 +63,13 @@ struct BgpSessionEvent {
   Kind kind = Kind::kProblem;
   BgpState from = BgpState::kIdle;
   BgpState to = BgpState::kIdle;
-  std::vector<BgpPrefix> withdrawn;  // kRoutes (a treat-as-withdraw puts the UPDATE's NLRI here)
-  std::vector<BgpPrefix> announced;  // kRoutes
-  BgpPathAttributes attrs;           // kRoutes: the announced routes' attributes
-  BgpNotification notification;      // kNotification*
-  BgpRouteRefresh refresh;           // kRouteRefresh
-  std::string text;                  // why: errors name the bad value
+  std::vector<BgpPrefix> withdrawn;    // kRoutes (a treat-as-withdraw puts the UPDATE's NLRI here, mp_reach's too)
+  std::vector<BgpPrefix> announced;    // kRoutes: next hop attrs.next_hop
+  BgpPathAttributes attrs;             // kRoutes: the announced routes' attributes
+  std::optional<BgpMpReach> mp_reach;  // kRoutes: routes announced with attrs but another next hop (BgpUpdate)
+  BgpNotification notification;        // kNotification*
+  BgpRouteRefresh refresh;             // kRouteRefresh
+  std::string text;                    // why: errors name the bad value
 };
 
 class BgpSession {

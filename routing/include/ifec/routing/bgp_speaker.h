@@ -61,6 +61,7 @@ struct BgpRibRow {
   int port = -1;     // the session's link port
   std::string peer;  // the neighbour's node name
   std::vector<uint32_t> as_path;
+  uint32_t next_hop = 0;  // as received (host order): NEXT_HOP, or MP_REACH_NLRI's for its routes (RFC 4760 §3)
   double gbps = -1;       // path bandwidth carried (-1: none)
   bool selected = false;  // one of fare_decide's next hops
   double weight = 0;      // that next hop's weight (Gb/s)
@@ -134,6 +135,7 @@ class BgpSpeaker {
   struct Route {
     std::vector<BgpAsPathSegment> as_path;
     double gbps = -1;
+    uint32_t next_hop = 0;  // a received route's, for rib(); FARE forwards by the session's port
   };
   struct Conn;
   struct Port;
