@@ -1,16 +1,17 @@
 """Bad input at the entry points whose own test files need a testbed, QEMU or containers (ifec.pki, images, rxe,
-torchrun, torch_backend, trace): each refused naming the value, before anything is started, made or written; nothing
-here starts a daemon, a guest, dockerd or a rank."""
+torchrun, torch_backend, trace, and the private entries of security and frr_interop): each refused naming the value,
+before anything is started, made or written; nothing here starts a daemon, a guest, dockerd or a rank."""
 
 import argparse
 import datetime
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-from ifec import images, live, pki, rxe, trace, torchrun
+from ifec import frr_interop, images, live, pki, rxe, security, trace, torchrun
 
 # ------------------------------------------------------------------------------------------------------ pki --
 
@@ -39,6 +40,40 @@ def test_days_outside_a_century_or_not_whole_are_named(tmp_path, days):
 def test_a_pki_is_still_made_for_ordinary_names(tmp_path):
     pki.make(tmp_path, {"gpu0": ["127.0.0.1"], "p0-sw": []}, days=1)
     assert {"ca.pem", "gpu0.pem", "gpu0.key", "p0-sw.key", "rank.pem"} <= {p.name for p in tmp_path.iterdir()}
+
+
+@pytest.mark.parametrize("name", ["gpu 0", "", "-gpu0", "gpu0-", "a..b", "gpu0.", ".gpu0", "*.fabric", "gpu*",
+                                  "a" * 64, ".".join(["a" * 63] * 4), "g\u00e9", "gpu0\n", "10.0.0.256", "10.0.0"])
+def test_an_address_that_is_no_ip_or_dns_host_name_is_named_before_any_file(tmp_path, name):
+    """They went into the certificate as DNS names as they came: a space, an empty label, a wildcard no daemon
+    answers for, a 64-character label, a 255-character name, a mistyped IP address."""
+    pki.make_ca(tmp_path / "ca")
+    ca = {p.name: p.read_bytes() for p in (tmp_path / "ca").iterdir()}
+    with pytest.raises(pki.PkiError, match=f"address {re.escape(repr(name))}: expected an IP address or a DNS host"):
+        pki.issue(tmp_path / "ca", "gpu0", "daemon:gpu0", ["127.0.0.1", name])
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ca").iterdir()} == ca
+    (tmp_path / "pki").mkdir()
+    (tmp_path / "pki" / "old.pem").write_text("kept")
+    with pytest.raises(pki.PkiError, match=re.escape(repr(name))):
+        pki.make(tmp_path / "pki", {"gpu0": ["127.0.0.1", name]})
+    assert [p.name for p in (tmp_path / "pki").iterdir()] == ["old.pem"]  # nothing removed, nothing made
+
+
+def test_host_names_and_addresses_that_are_fine_make_their_sans(tmp_path):
+    """RFC 1123 names (a leading digit, 63-character labels, 253 in all), '_' as node names carry it, IPv6; one
+    address given as a string is that address, not its characters."""
+    from cryptography import x509
+    long = ".".join(["a" * 63] * 3 + ["b" * 61])
+    pki.make_ca(tmp_path)
+    cert, _ = pki.issue(tmp_path, "gpu0", "daemon:gpu0", ["3x", "GPU_0", "p0-sw.fabric", long, "::1", "10.0.0.1"])
+    sans = x509.load_pem_x509_certificate(cert.read_bytes()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["3x", "GPU_0", "p0-sw.fabric", long]
+    assert [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == ["::1", "10.0.0.1"]
+    cert, _ = pki.issue(tmp_path, "one", "daemon:one", "10.0.0.2")
+    sans = x509.load_pem_x509_certificate(cert.read_bytes()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert [str(a.value) for a in sans] == ["10.0.0.2"]
 
 
 # --------------------------------------------------------------------------------------------------- images --
@@ -106,6 +141,40 @@ def test_a_captures_folder_that_cannot_be_is_named_before_any_guest(monkeypatch,
     assert says in capsys.readouterr().err
     with pytest.raises(rxe.GuestError, match="--captures"):
         rxe.captures_folder(arg)
+
+
+@pytest.mark.parametrize("kwargs,error,says", [
+    (dict(memory_mb=0), ValueError, "memory_mb=0 outside 64..65536"),
+    (dict(memory_mb=-256), ValueError, "memory_mb=-256 outside 64..65536"),
+    (dict(memory_mb=10**6), ValueError, "memory_mb=1000000 outside 64..65536"),
+    (dict(memory_mb=True), TypeError, "memory_mb=True: expected a whole number"),
+    (dict(memory_mb="256"), TypeError, "memory_mb='256': expected a whole number"),
+    (dict(memory_mb=256.5), TypeError, "memory_mb=256.5: expected a whole number"),
+    (dict(timeout=0), ValueError, "timeout=0: expected a finite number of seconds above 0"),
+    (dict(timeout=-1), ValueError, "timeout=-1: expected a finite number"),
+    (dict(timeout=float("nan")), ValueError, "timeout=nan: expected a finite number"),
+    (dict(timeout=float("inf")), ValueError, "timeout=inf: expected a finite number"),
+    (dict(timeout=10**400), ValueError, "expected a finite number of seconds above 0"),
+    (dict(timeout=True), TypeError, "timeout=True: expected a number of seconds"),
+    (dict(timeout="120"), TypeError, "timeout='120': expected a number of seconds"),
+    (dict(timeout=None), TypeError, "timeout=None: expected a number of seconds"),
+])
+def test_a_guest_memory_or_timeout_that_cannot_be_is_named_before_anything_starts(monkeypatch, kwargs, error, says):
+    """memory_mb=0 or -1 reached QEMU after the guest's build; timeout=0 or NaN ended the guest at once or never."""
+    monkeypatch.setattr(rxe, "build", lambda: pytest.fail("the guest was built"))
+    monkeypatch.setattr(rxe.subprocess, "run", lambda *a, **k: pytest.fail(f"ran {a[0]}"))
+    with pytest.raises(error, match=re.escape(says)):
+        rxe.boot("true", **kwargs)
+
+
+def test_a_guest_with_fine_memory_and_timeout_reaches_qemu(monkeypatch):
+    ran = []
+    monkeypatch.setattr(rxe, "build", lambda: ("KERNEL", "INITRD"))
+    monkeypatch.setattr(rxe, "kvm_works", lambda *a: False)
+    monkeypatch.setattr(rxe.subprocess, "run", lambda cmd, **k: ran.append((cmd, k["timeout"])) or
+                        subprocess.CompletedProcess(cmd, 0, "IFEC-GUEST exit 0\n", ""))
+    assert rxe.boot("true", memory_mb=64.0, timeout=0.5) == (0, [])
+    assert ran[0][0][1:3] == ["-m", "64"] and ran[0][1] == 0.5
 
 
 @pytest.mark.parametrize("value,want", [("", None), ("0", False), ("1", True), ("yes", "error"), ("2", "error")])
@@ -225,3 +294,73 @@ def test_an_operation_of_no_ranks_appends_nothing(tmp_path):
     assert not (tmp_path / "t").exists()
     trace.append(tmp_path / "t", {0: {"ok": True}, 1: {"ok": True}}, "all-gather", "ring", "fp32", 64, 0, 0, 0, 7)
     assert trace.next_seq(tmp_path / "t") == 1 and trace.last_end_ns(tmp_path / "t") == 7
+
+
+# ----------------------------------------------------------------------------- private entries: security, frr --
+#
+# What inject(), start_soak() and malformed() start in a node's namespace: bad arguments got an IndexError or a
+# ValueError traceback (after a raw socket was opened, for _inject); now a usage line naming what is wrong, exit 2.
+
+_RAW_OK = ["10.0.0.1", "10.0.0.2", "65001", "10.1.0.7", "10.1.0.7"]
+_SOAK_OK = dict(ports=[["f0", "02" * 6, "04" * 6]], gpu_ips=[167837703], seconds=1, seed=1)
+
+
+def _soak(**change):
+    import json
+    return json.dumps(dict(_SOAK_OK, **change))
+
+
+@pytest.mark.parametrize("module,argv,says", [
+    (security, ["_inject"], "_inject: INTERFACE and LISTEN_S missing"),
+    (security, ["_inject", "f0"], "_inject: LISTEN_S missing"),
+    (security, ["_inject", "", "1"], "_inject: INTERFACE '': expected an interface name"),
+    (security, ["_inject", "f0", "soon"], "_inject: LISTEN_S 'soon': expected a finite number of seconds"),
+    (security, ["_inject", "f0", "nan"], "_inject: LISTEN_S 'nan': expected a finite number of seconds"),
+    (security, ["_inject", "f0", "-1"], "_inject: LISTEN_S '-1': expected a finite number of seconds"),
+    (security, ["_inject", "f0", "1", "00ff", "zz"], "_inject: FRAME_HEX 2 'zz': expected a frame's bytes in hex"),
+    (security, ["_soak"], "_soak: CONFIG_JSON missing"),
+    (security, ["_soak", "{", "x"], "_soak: unexpected 'x'"),
+    (security, ["_soak", "{"], "_soak: CONFIG_JSON: not JSON"),
+    (security, ["_soak", "[]"], "_soak: CONFIG_JSON: expected an object with ports, gpu_ips, seconds and seed"),
+    (security, ["_soak", _soak(ports=[])], "_soak: ports []: expected [[interface, source MAC hex"),
+    (security, ["_soak", _soak(ports=[["f0", "02", "04" * 6]])], "_soak: ports [['f0', '02', "),
+    (security, ["_soak", _soak(gpu_ips=["10.0.0.1"])], "_soak: gpu_ips ['10.0.0.1']: expected the GPUs' IPv4"),
+    (security, ["_soak", _soak(seconds="5")], "_soak: seconds '5': expected a finite number of seconds"),
+    (security, ["_soak", _soak(seconds=float("nan"))], "_soak: seconds nan: expected a finite number"),
+    (security, ["_soak", _soak(seed=1.5)], "_soak: seed 1.5: expected a whole number"),
+    (frr_interop, ["_raw"], "_raw: LOCAL, PEER, ASN, ROUTER_ID, PREFIX missing"),
+    (frr_interop, ["_raw", *_RAW_OK[:3]], "_raw: ROUTER_ID, PREFIX missing"),
+    (frr_interop, ["_raw", *_RAW_OK, "more"], "_raw: unexpected 'more'"),
+    (frr_interop, ["_raw", *_RAW_OK[:2], "AS65001", *_RAW_OK[3:]], "_raw: ASN 'AS65001': expected a whole number"),
+    (frr_interop, ["_raw", *_RAW_OK[:2], "0", *_RAW_OK[3:]], "_raw: ASN '0': expected a whole number in 1..4294967295"),
+    (frr_interop, ["_raw", *_RAW_OK[:2], "4294967296", *_RAW_OK[3:]], "_raw: ASN '4294967296': expected"),
+    (frr_interop, ["_raw", *_RAW_OK[:2], "9" * 5000, *_RAW_OK[3:]], "_raw: ASN '999"),
+    (frr_interop, ["_raw", "gpu0", *_RAW_OK[1:]], "_raw: LOCAL 'gpu0': expected an IPv4 address"),
+    (frr_interop, ["_raw", *_RAW_OK[:4], "10.1.0.256"], "_raw: PREFIX '10.1.0.256': expected an IPv4 address"),
+])
+def test_a_private_entry_names_what_is_missing_or_bad_and_exits_2(monkeypatch, capsys, module, argv, says):
+    for started in ("_inject_main", "_soak_main", "raw_speaker"):
+        if hasattr(module, started):
+            monkeypatch.setattr(module, started, lambda *a: pytest.fail(f"{started} started"))
+    assert module.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: python -m {module.__name__} {argv[0]} ") and says in err, err
+
+
+def test_a_private_entry_with_fine_arguments_starts(monkeypatch):
+    calls = []
+    monkeypatch.setattr(security, "_inject_main", lambda *a: calls.append(a) or 0)
+    monkeypatch.setattr(security, "_soak_main", lambda *a: calls.append(a) or 0)
+    monkeypatch.setattr(frr_interop, "raw_speaker", lambda *a: calls.append(a))
+    assert security.main(["_inject", "f0", "1.0", "00ff"]) == 0 and security.main(["_inject", "f0", "0"]) == 0
+    assert security.main(["_soak", _soak()]) == 0 and frr_interop.main(["_raw", *_RAW_OK]) == 0
+    assert calls == [("f0", "1.0", ["00ff"]), ("f0", "0", []), (_soak(),),
+                     ("10.0.0.1", "10.0.0.2", 65001, "10.1.0.7", "10.1.0.7")]
+
+
+@pytest.mark.parametrize("module,argv", [("ifec.security", ["_inject", "f0"]), ("ifec.frr_interop", ["_raw", "x"])])
+def test_a_private_entry_run_as_a_module_exits_2_without_a_traceback(module, argv):
+    path = os.pathsep.join(p for p in sys.path if p)
+    run = subprocess.run([sys.executable, "-m", module, *argv], env=dict(os.environ, PYTHONPATH=path),
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "missing" in run.stderr and "Traceback" not in run.stderr, run.stderr

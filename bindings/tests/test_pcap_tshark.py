@@ -193,3 +193,27 @@ def test_read_pcap_takes_any_snaplen_the_records_fit(tmp_path, snaplen):
     path = tmp_path / "snap.pcap"
     path.write_bytes(_pcap_header(snaplen=snaplen) + _record(4, b"abcd"))
     assert read_pcap(path) == [(1_000_000_002, b"abcd")]
+
+
+@pytest.mark.parametrize("snaplen,records,says", [
+    (64, [b"a" * 64, b"b" * 65], "record 2 of 65 bytes at byte 104, above the snaplen of 64"),
+    (0, [b"c" * 262145], "record 1 of 262145 bytes at byte 24, above the snaplen of 262144 (libpcap's maximum for "
+                         "Ethernet; the header says 0)"),
+    (0xFFFFFFFF, [b"d" * 262145], "above the snaplen of 262144 (libpcap's maximum for Ethernet; the header says "
+                                  "4294967295)"),
+])
+def test_read_pcap_refuses_a_record_longer_than_the_snaplen(tmp_path, snaplen, records, says):
+    """A record past the header's snaplen (no writer makes one: a damaged length) was returned as a frame."""
+    path = tmp_path / "oversize.pcap"
+    path.write_bytes(_pcap_header(snaplen=snaplen) + b"".join(_record(len(r), r) for r in records))
+    with pytest.raises(ValueError) as err:
+        read_pcap(path)
+    assert str(err.value).startswith(f"{path}: ") and says in str(err.value)
+
+
+def test_a_written_pcap_reads_back_within_its_snaplen(tmp_path):
+    """The project's writer (PcapWriter, snaplen 65535) never writes a record the reader refuses."""
+    path = tmp_path / "samples.pcap"
+    ifec.write_sample_pcap(str(path))
+    frames = read_pcap(path)
+    assert frames and all(len(f) <= 65535 for _, f in frames)

@@ -20,6 +20,7 @@ fails.
 """
 
 import contextlib
+import ipaddress
 import json
 import os
 import pathlib
@@ -508,8 +509,48 @@ def table(rows):
     return "\n".join(lines)
 
 
+RAW_ARGS = ("LOCAL", "PEER", "ASN", "ROUTER_ID", "PREFIX")
+
+
+def _raw_main(args):
+    """`_raw LOCAL PEER ASN ROUTER_ID PREFIX` (what malformed() starts in a node's namespace): the raw speaker; 2 and
+    a usage line naming what is missing or bad on stderr otherwise (it was an IndexError or ValueError traceback)."""
+    usage = f"usage: python -m ifec.frr_interop _raw {' '.join(RAW_ARGS)}"
+    if len(args) != len(RAW_ARGS):
+        what = (f"{', '.join(RAW_ARGS[len(args):])} missing" if len(args) < len(RAW_ARGS)
+                else f"unexpected {' '.join(args[len(RAW_ARGS):])!r}")
+        print(f"{usage}\n_raw: {what}", file=sys.stderr)
+        return 2
+    for name, value in zip(RAW_ARGS, args):
+        if name == "ASN":  # a 4-octet AS number (RFC 6793), 0 reserved
+            ok, expected = _whole_in(value, 1, 0xFFFFFFFF), "a whole number in 1..4294967295"
+        else:  # the addresses go into the OPEN and the UPDATE through inet_aton
+            ok, expected = _ipv4(value), "an IPv4 address (dotted quad)"
+        if not ok:
+            print(f"{usage}\n_raw: {name} {value!r}: expected {expected}", file=sys.stderr)
+            return 2
+    local, peer, asn, router_id, prefix = args
+    raw_speaker(local, peer, int(asn), router_id, prefix)
+    return 0
+
+
+def _whole_in(text, lo, hi):
+    return text.isascii() and text.isdigit() and len(text) <= len(str(hi)) and lo <= int(text) <= hi
+
+
+def _ipv4(text):
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def main(argv=None):
     import argparse
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "_raw":
+        return _raw_main(argv[1:])
     ap = argparse.ArgumentParser(prog="./ifec interop frr", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -529,7 +570,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "_raw":
-        raw_speaker(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6])
-        sys.exit(0)
     sys.exit(main())

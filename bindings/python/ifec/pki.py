@@ -17,12 +17,18 @@ import datetime
 import ipaddress
 import os
 import pathlib
+import re
 
 from . import _args
 
 ROLES = ("viewer", "operator", "rank")
 DEFAULT_DAYS = 30
 MAX_DAYS = 36500  # a certificate's validity: 1 day (0 made one expired at birth) to a hundred years
+# A DNS name in a certificate: RFC 1123 labels (letters, digits, '-' inside), and '_', which node names may carry
+# (the topology loader and containers.check_node_names take it; Docker's DNS and OpenSSL's host check match it).
+# No wildcard: a SAN here names one daemon.
+_DNS_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_DNS_NAME_MAX = 253
 
 
 class PkiError(ValueError):
@@ -54,6 +60,25 @@ def _file_name(name):
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\0"):
         raise PkiError(f"certificate file name {name!r}: expected one plain name, no '/', '..' or NUL")
     return name
+
+
+def _subject_names(addresses):
+    """`addresses` as ipaddress objects (IP SANs) and host names (DNS SANs); PkiError naming the first that is
+    neither (a space, an empty label, a '*' or a mistyped IP address such as 10.0.0.256 went in as a DNS name)."""
+    out = []
+    for a in _args.items(addresses, "addresses"):  # one string is one address, not a list of its characters
+        try:
+            out.append(ipaddress.ip_address(a))
+            continue
+        except ValueError:
+            pass
+        labels = a.split(".")
+        if (not 0 < len(a) <= _DNS_NAME_MAX or not all(_DNS_LABEL.fullmatch(label) for label in labels)
+                or all(label.isdigit() for label in labels)):
+            raise PkiError(f"address {a!r}: expected an IP address or a DNS host name (labels of 1 to 63 letters, "
+                           f"digits, '-' or '_', not starting or ending with '-', at most {_DNS_NAME_MAX} in all)")
+        out.append(a)
+    return out
 
 
 def _write(path, data, private=False):
@@ -115,16 +140,12 @@ def issue(folder, file_name, common_name, addresses=(), days=DEFAULT_DAYS, valid
     more than `days` ago gives an expired certificate (what the tests present). Returns (cert, key) paths."""
     x509, hashes, _, ec, EKU, NameOID = _x509()
     file_name, days = _file_name(file_name), _args.whole(days, "days", 1, MAX_DAYS)
+    names = _subject_names(addresses)
     folder = pathlib.Path(folder)
     ca_cert, ca_key = _load_ca(ca_folder or folder)
     key = ec.generate_private_key(ec.SECP256R1())
     start = valid_from or datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
-    sans = []
-    for a in addresses:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(a)))
-        except ValueError:
-            sans.append(x509.DNSName(a))
+    sans = [x509.DNSName(n) if isinstance(n, str) else x509.IPAddress(n) for n in names]
     b = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
          .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
          .not_valid_before(start).not_valid_after(start + datetime.timedelta(days=days))
@@ -143,15 +164,18 @@ def make(folder, daemons, job=1, days=DEFAULT_DAYS, progress=None):
     addresses, the name itself added) and the client roles'. Returns the folder."""
     if not hasattr(daemons, "items"):
         raise TypeError(f"daemons={daemons!r}: expected a dict of node name -> its addresses")
-    for name in daemons:
-        _file_name(name)  # every name (and the days) checked before the folder's certificates are removed
+    sans = {}
+    for name, addresses in daemons.items():
+        _file_name(name)  # every name, address (and the days) checked before the folder's certificates are removed
+        sans[name] = [*_args.items(addresses, f"daemons[{name!r}]"), name]
+        _subject_names(sans[name])
     _args.whole(days, "days", 1, MAX_DAYS)
     folder = pathlib.Path(folder)
     for old in folder.glob("*.pem"):
         old.unlink()
     make_ca(folder, days=days)
-    for name, addresses in daemons.items():
-        issue(folder, name, identity("daemon", name), [*addresses, name], days)
+    for name, addresses in sans.items():
+        issue(folder, name, identity("daemon", name), addresses, days)
     for role in ROLES:
         issue(folder, role, identity(role, job if role == "rank" else None), (), days)
     if progress:

@@ -5,6 +5,8 @@ the guest, its output and exit status back. The real RDMA stack the project's Ro
 import base64
 import contextlib
 import ipaddress
+import math
+import numbers
 import os
 import pathlib
 import re
@@ -13,10 +15,11 @@ import subprocess
 import sys
 import time
 
-from . import containers, live
+from . import _args, containers, live
 from .pcap import read_pcap
 
 HERE = pathlib.Path(__file__).resolve()
+GUEST_MEMORY_MB = (64, 65536)  # a guest's -m, in MB: a small Debian guest's least to more than any test needs
 
 
 def _repo():
@@ -95,8 +98,27 @@ def captures_folder(path):
     return root
 
 
+def _memory_mb(value):
+    """A guest's memory in MB, a whole number in GUEST_MEMORY_MB (0, -1 or 'lots' reached QEMU after the build)."""
+    return _args.whole(value, "memory_mb", *GUEST_MEMORY_MB)
+
+
+def _seconds(value, name):
+    """A finite number of seconds above 0 (0, a negative or NaN ended a guest at once or never)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}={value!r}: expected a number of seconds")
+    try:
+        ok = math.isfinite(value) and value > 0
+    except OverflowError:  # an int past a float's range
+        ok = False
+    if not ok:
+        raise ValueError(f"{name}={value!r}: expected a finite number of seconds above 0")
+    return value
+
+
 def guest_command(script, ip="10.0.0.1/24", nic=("-nic", "user,model=virtio-net-pci"), memory_mb=256):
     """The QEMU command line of a guest that runs `script` (sh) once rxe0 is up on eth0 (its first NIC)."""
+    memory_mb = _memory_mb(memory_mb)
     kernel, initrd = build()
     run = base64.b64encode(script.encode()).decode()
     cmd = ["qemu-system-x86_64", "-m", str(memory_mb), "-smp", "1", "-nographic", "-no-reboot", "-kernel", kernel,
@@ -120,7 +142,9 @@ def report(stdout, stderr="", returncode=None):
 
 def boot(script, ip="10.0.0.1/24", nic=("-nic", "user,model=virtio-net-pci"), memory_mb=256, timeout=120):
     """Boots a guest, runs `script` (sh) in it after rxe0 is up on eth0; returns (exit status, output lines of the
-    script). Raises GuestError when the guest never reports (QEMU failed, or it hung past `timeout`)."""
+    script). Raises GuestError when the guest never reports (QEMU failed, or it hung past `timeout`); TypeError or
+    ValueError naming a bad memory_mb or timeout before anything is built or started."""
+    memory_mb, timeout = _memory_mb(memory_mb), _seconds(timeout, "timeout")
     cmd = guest_command(script, ip, nic, memory_mb)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -240,6 +264,7 @@ class RxeFabric(live.LiveFabric):
 
     def run_guest(self, name, script, timeout=300):
         """Boots the guest of `name`, waits for it (ended by PID at `timeout`); returns (exit status, lines)."""
+        timeout = _seconds(timeout, "timeout")
         p = self.start_guest(name, script)
         try:
             so, se = p.communicate(timeout=timeout)
@@ -253,6 +278,7 @@ class RxeFabric(live.LiveFabric):
 
     def run_pair(self, server, server_script, client, client_script, timeout=300):
         """Runs two guests at once; returns {name: (exit status, lines)}. Both are ended (by PID) at `timeout`."""
+        timeout = _seconds(timeout, "timeout")
         procs = {server: self.start_guest(server, server_script), client: self.start_guest(client, client_script)}
         out, deadline = {}, time.time() + timeout
         try:

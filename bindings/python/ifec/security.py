@@ -11,6 +11,7 @@ and ReadWindow of a window of job 1. Outcomes:
     allowed   the handler ran (OK, or its own error about the request)
 """
 import datetime
+import math
 import pathlib
 import sys
 import tempfile
@@ -283,12 +284,76 @@ def start_soak(fab, host, ports, seconds, seed=1):
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=pkg))
 
 
+# The private entries inject() and start_soak() run in a namespace: their arguments, as a usage line says them.
+_USAGE = {"_inject": "_inject INTERFACE LISTEN_S [FRAME_HEX ...]", "_soak": "_soak CONFIG_JSON"}
+
+
+def _seconds_ok(value):
+    """A finite number of seconds, 0 or more (a string from the command line, or a number from JSON)."""
+    if isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value)) and float(value) >= 0
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def _hex_ok(text, nbytes=None):
+    try:
+        b = bytes.fromhex(text)
+    except (TypeError, ValueError):
+        return False
+    return len(b) > 0 if nbytes is None else len(b) == nbytes
+
+
+def _inject_problem(args):
+    """What is missing or bad in _inject's arguments ("" when nothing is)."""
+    if len(args) < 2:
+        return f"{' and '.join(('INTERFACE', 'LISTEN_S')[len(args):])} missing"
+    if not args[0]:
+        return "INTERFACE '': expected an interface name"
+    if not _seconds_ok(args[1]):
+        return f"LISTEN_S {args[1]!r}: expected a finite number of seconds, 0 or more"
+    for i, h in enumerate(args[2:], 1):
+        if not _hex_ok(h):
+            return f"FRAME_HEX {i} {h[:40]!r}: expected a frame's bytes in hex"
+    return ""
+
+
+def _soak_problem(args):
+    """What is missing or bad in _soak's configuration ("" when nothing is): what _soak_main reads of it."""
+    import json
+    if len(args) != 1:
+        return "CONFIG_JSON missing" if not args else f"unexpected {' '.join(args[1:])!r}"
+    try:
+        cfg = json.loads(args[0])
+    except ValueError as e:
+        return f"CONFIG_JSON: not JSON ({e})"
+    if not isinstance(cfg, dict) or not {"ports", "gpu_ips", "seconds", "seed"} <= cfg.keys():
+        return "CONFIG_JSON: expected an object with ports, gpu_ips, seconds and seed"
+    ports, ips, seed = cfg["ports"], cfg["gpu_ips"], cfg["seed"]
+    if not (isinstance(ports, list) and ports and all(
+            isinstance(p, list) and len(p) == 3 and isinstance(p[0], str) and p[0] and _hex_ok(p[1], 6)
+            and _hex_ok(p[2], 6) for p in ports)):
+        return f"ports {ports!r}: expected [[interface, source MAC hex, destination MAC hex], ...], at least one"
+    if not (isinstance(ips, list) and ips and all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**32 for x in ips)):
+        return f"gpu_ips {ips!r}: expected the GPUs' IPv4 addresses as 32-bit integers, at least one"
+    if not _seconds_ok(cfg["seconds"]) or isinstance(cfg["seconds"], str):
+        return f"seconds {cfg['seconds']!r}: expected a finite number of seconds, 0 or more"
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        return f"seed {seed!r}: expected a whole number"
+    return ""
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "_inject":
-        return _inject_main(argv[1], argv[2], argv[3:])
-    if argv and argv[0] == "_soak":
-        return _soak_main(argv[1])
+    if argv and argv[0] in _USAGE:  # checked before any socket: a traceback said less, later
+        why = (_inject_problem if argv[0] == "_inject" else _soak_problem)(argv[1:])
+        if why:
+            print(f"usage: python -m ifec.security {_USAGE[argv[0]]}\n{argv[0]}: {why}", file=sys.stderr)
+            return 2
+        return _inject_main(argv[1], argv[2], argv[3:]) if argv[0] == "_inject" else _soak_main(argv[1])
     try:
         rows = matrix(live.attach())
     except live.LiveError as e:
