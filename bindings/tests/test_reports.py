@@ -8,7 +8,9 @@ import csv
 import importlib
 import importlib.util
 import json
+import os
 import pathlib
+import stat
 import struct
 import zlib
 
@@ -297,6 +299,20 @@ def test_write_csv_creates_parents_and_round_trips(tmp_path):
     assert list(back[0]) == ["ep", "topk", "time_us", "note"]  # keys in first-seen order
     assert back[1] == {"ep": "16", "topk": "2", "time_us": "2.5", "note": "x"}
     assert back[0]["note"] == ""
+
+
+def test_a_report_file_has_the_mode_a_file_written_in_place_would(tmp_path):
+    """The temporary file's 0600 (mkstemp's) became the report's: nobody else could read a run's results."""
+    old = os.umask(0o022)
+    try:
+        out = reports.write_csv(tmp_path / "new.csv", [dict(a=1)])
+        assert stat.S_IMODE(out.stat().st_mode) == 0o644
+        os.umask(0o077)
+        assert stat.S_IMODE(reports.write_json(tmp_path / "private.json", {"a": 1}).stat().st_mode) == 0o600
+        out.chmod(0o640)  # an existing file keeps its mode when rewritten
+        assert stat.S_IMODE(reports.write_csv(out, [dict(a=2)]).stat().st_mode) == 0o640
+    finally:
+        os.umask(old)
 
 
 def test_write_csv_with_explicit_fieldnames_rejects_unknown_keys(tmp_path):

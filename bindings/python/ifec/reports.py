@@ -22,6 +22,7 @@ import textwrap
 import math
 import os
 import pathlib
+import stat
 import struct
 import tempfile
 import zlib
@@ -432,6 +433,16 @@ def _wire_title(variants, planes, table):
 # --------------------------------------------------------------------------- files
 
 
+def _new_file_mode(path):
+    """The mode a file written in place would have: the one it has, or 0666 less the process's umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mask = os.umask(0o22)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
 def _atomic_write_text(path, text, what):
     """Writes text via a temp file + rename so a concurrent reader never sees a half-written file. Only to a regular
     file: the rename would replace a device (/dev/null) or a pipe with the file."""
@@ -441,6 +452,7 @@ def _atomic_write_text(path, text, what):
     except OSError as e:
         raise OSError(e.errno, f"{what}: cannot write in the folder of {str(path)!r}: {e.strerror}") from e
     try:
+        os.fchmod(fd, _new_file_mode(path))  # mkstemp's 0600 would hide the report from everyone else
         with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
