@@ -1353,11 +1353,13 @@ def bgp_rib_text(rib):
         lines.append(f"  port {s.port:<3} {s.peer:<10} AS {s.peer_as:<11} {s.state:<12}"
                      + (f" hold {s.hold_time_s} s" if s.state == "Established" else
                         f" ({s.connect_retries} retries)" if s.connect_retries else ""))
-    lines.append("RIB: prefix, from (port, peer), AS_PATH, path bandwidth; * FARE's next hop with its weight")
+    lines.append("RIB: prefix, from (port, peer), BGP next hop, AS_PATH, path bandwidth; * FARE's next hop with its "
+                 "weight")
     for r in sorted(rib.routes, key=lambda r: (tuple(int(x) for x in r.prefix.split("/")[0].split(".")), r.port)):
         bw = f"{r.path_gbps:g} Gb/s" if r.path_gbps >= 0 else "no bandwidth"
         sel = f"* {r.weight_gbps:g} Gb/s" if r.selected else ""
-        lines.append(f"  {r.prefix:<18} port {r.port:<3} {r.peer:<10} {' '.join(map(str, r.as_path)):<24} "
+        lines.append(f"  {r.prefix:<18} port {r.port:<3} {r.peer:<10} via {r.next_hop:<15} "
+                     f"{' '.join(map(str, r.as_path)):<24} "
                      f"{bw:<14} {sel}")
     return "\n".join(lines)
 

@@ -160,6 +160,7 @@ inline grpc::Status bgp_rib(NodeRuntime& rt, v1::BgpRibReply* out) {
     o->set_selected(r.selected);
     o->set_weight_gbps(r.weight);
     o->set_dest_gpu(r.dest_gpu);
+    o->set_next_hop(common::ipv4_to_string(r.next_hop));
   }
   return grpc::Status::OK;
 }
