@@ -344,20 +344,29 @@ TEST(BgpSpeaker, AGpuReadvertisesItsBundleBandwidthWhenASubLinkComesUpWithNothin
   EXPECT_EQ(rows, 2);
 }
 
+// Two GPUs on one switch (plane 0), every session up: a test plays GPU 0 at the switch's end of its session.
+struct TwoGpusOnASwitch {
+  const Topology topo = make_superpod(2, 1, 800, 1);
+  Fabric f{topo};
+  const int g0 = topo.gpu_node(0);
+  const int g1 = topo.gpu_node(1);
+  const int sw = switch_of_plane(topo, 0);
+  int conn = -1;  // the switch's end of GPU 0's session
+  TwoGpusOnASwitch() {
+    f.run();
+    conn = session_end(f, g0, sw);
+  }
+};
+
 // A peer's route whose AS_PATH, with this switch's AS prepended, no longer fits one UPDATE (RFC 4271 §9.2: a
 // speaker advertises what it can send): that route alone is not announced (and withdrawn where it was), and the
 // switch goes on exporting every other change; it threw out of its export loop before, and its other peers never
 // heard from it again.
 TEST(BgpSpeaker, ARouteTooLongToReannounceIsWithdrawnAndTheRestStillFlow) {
-  const Topology topo = make_superpod(2, 1, 800, 1);
-  Fabric f(topo);
-  f.run();
-  const int g0 = topo.gpu_node(0);
-  const int g1 = topo.gpu_node(1);
-  const int sw = switch_of_plane(topo, 0);
-  ASSERT_EQ(f.sp[g1]->next_hops(0).size(), 1u);
-  const int conn = session_end(f, g0, sw);  // the switch's end of GPU 0's session
+  TwoGpusOnASwitch two;
+  auto& [topo, f, g0, g1, sw, conn] = two;
   ASSERT_GE(conn, 0);
+  ASSERT_EQ(f.sp[g1]->next_hops(0).size(), 1u);
   auto announce = [&](size_t extra_ases) {
     BgpUpdate u;
     u.attrs.origin = BgpOrigin::kIgp;
@@ -416,15 +425,10 @@ std::vector<uint8_t> update_bytes(const std::vector<uint8_t>& attrs, const std::
 // A peer that carries IPv4 unicast in MP_REACH_NLRI / MP_UNREACH_NLRI (RFC 4760; GoBGP does): the switch removes
 // GPU 0's route withdrawn that way (so GPU 1 loses its path to GPU 0) and installs it announced that way again.
 TEST(BgpSpeaker, RoutesInMultiprotocolAttributesAreLearntAndWithdrawn) {
-  const Topology topo = make_superpod(2, 1, 800, 1);
-  Fabric f(topo);
-  f.run();
-  const int g0 = topo.gpu_node(0);
-  const int g1 = topo.gpu_node(1);
-  const int sw = switch_of_plane(topo, 0);
-  ASSERT_EQ(f.sp[g1]->next_hops(0).size(), 1u);
-  const int conn = session_end(f, g0, sw);  // the switch's end of GPU 0's session
+  TwoGpusOnASwitch two;
+  auto& [topo, f, g0, g1, sw, conn] = two;
   ASSERT_GE(conn, 0);
+  ASSERT_EQ(f.sp[g1]->next_hops(0).size(), 1u);
   const auto routes_to_g0 = [&] {
     std::vector<BgpRibRow> rows;
     for (const BgpRibRow& r : f.sp[sw]->rib()) {
@@ -471,13 +475,8 @@ TEST(BgpSpeaker, RoutesInMultiprotocolAttributesAreLearntAndWithdrawn) {
 // route (192.0.2.0/24) via NEXT_HOP, another address. Each is stored and shown with its own next hop; NEXT_HOP's
 // was once kept for both (FARE still forwards by the session's port either way).
 TEST(BgpSpeaker, ClassicAndMultiprotocolRoutesInOneUpdateKeepTheirOwnNextHops) {
-  const Topology topo = make_superpod(2, 1, 800, 1);
-  Fabric f(topo);
-  f.run();
-  const int g0 = topo.gpu_node(0);
-  const int g1 = topo.gpu_node(1);
-  const int sw = switch_of_plane(topo, 0);
-  const int conn = session_end(f, g0, sw);  // the switch's end of GPU 0's session
+  TwoGpusOnASwitch two;
+  auto& [topo, f, g0, g1, sw, conn] = two;
   ASSERT_GE(conn, 0);
   const uint32_t mp_next_hop = bgp_link_address(topo, topo.links_of(g0).at(0), g0);
   const uint32_t classic_next_hop = mp_next_hop + 2;  // another address of the link's /29
