@@ -1082,8 +1082,9 @@ std::vector<Command> bench_commands() {
        run_bench_endpoint});
   cs.push_back({{"bench live",
                  "[--quick]",
-                 "switchd's pipeline forwarding on veths between namespaces (needs root): frames/s and Gb/s for\n"
-                 "74 B, 1 KiB and 4 KiB frames, per switch CPU second, and the latency one hop adds.",
+                 "switchd's pipeline forwarding on veths between namespaces (needs root), its ports on AF_XDP and on\n"
+                 "AF_PACKET side by side: frames/s and Gb/s for 74 B, 1 KiB and 4 KiB frames, per switch CPU second,\n"
+                 "and the latency one hop adds.",
                  {{"--quick", "", "0.5 s per size, 200 round trips"}},
                  0},
                 run_bench_live});
@@ -1143,7 +1144,8 @@ std::vector<Command> bench_commands() {
 #ifdef IFEC_CLI_MOE
   cs.push_back(
       {{"bench moe",
-        "[--quick] [--ep LIST] [--mode normal|ll|both] [--variant LIST] [--threads N] [--dispatch fp8|bf16] "
+        "[--quick] [--ep LIST] [--mode normal|ll|both] [--variant LIST] [--threads N] [--gpu-groups N] "
+        "[--leaf-groups N] [--dispatch fp8|bf16] "
         "[--payload real|elided] [--overlap] [--token-cap N] [--jobs N] [--gpu-profile FILE] [--out DIR] [--topo FILE]",
         "MoE dispatch/combine at DeepEP's points (4096 tokens normal, 128 low latency, hidden 7168, top-8 of 256,\n"
         "FP8 dispatch, bf16 combine), simulated directly, per variant (per_expert, per_rank, ifec): times, GB/s per\n"
