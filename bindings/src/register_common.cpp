@@ -91,7 +91,7 @@ py::list samples() {
 
 uint32_t icrc(py::bytes ip_to_pad, size_t bth_offset) {
   std::string_view b = ip_to_pad;
-  IFEC_CHECK(b.size() >= 28 && bth_offset >= 28 && bth_offset + 12 <= b.size(),
+  IFEC_CHECK(b.size() >= 28 && bth_offset >= 28 && bth_offset <= b.size() - 12,  // + 12 wrapped near 2^64
              "compute_icrc: bth_offset " << bth_offset << " with " << b.size()
                                          << " bytes: the IPv4 + UDP headers (28 bytes or more) and a 12-byte BTH must "
                                             "fit");

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "ifec/common/checks.h"
+#include "ifec/common/protocol.h"
 #include "ifec/testbed/cluster.h"
 #include "ifec/testbed/collective_run.h"
 #include "ifec/testbed/harness.h"
@@ -123,8 +124,16 @@ void register_cluster(py::module_& m) {
            py::arg("lb") = "packet", py::arg("planes") = 0, py::arg("seed") = 1)
       .def_property_readonly("size", &testbed::Cluster::size)
       .def_property_readonly("now_ns", [](testbed::Cluster& c) { return c.now(); })
-      .def("allocate_window", &testbed::Cluster::allocate_window, py::arg("id"), py::arg("bytes"), py::arg("job") = 1,
-           py::arg("shared") = false)
+      .def(
+          "allocate_window",
+          [](testbed::Cluster& c, uint16_t id, uint64_t bytes, uint32_t job, bool shared) {
+            // The runtime's own windows (the harness's barrier words, ...): re-allocating one broke them silently.
+            IFEC_CHECK(id < common::kFirstReservedWindow, "allocate_window: window id "
+                                                              << id << " is reserved for the runtime (ids 0.."
+                                                              << common::kFirstReservedWindow - 1 << " are free)");
+            c.allocate_window(id, bytes, job, shared);
+          },
+          py::arg("id"), py::arg("bytes"), py::arg("job") = 1, py::arg("shared") = false)
       .def("window_bytes",
            [](testbed::Cluster& c, int gpu, uint16_t id, uint64_t offset, uint64_t length) {
              const endpoint::WindowInfo* w = ep(c, gpu).memory().window(id);
@@ -210,6 +219,7 @@ void register_cluster(py::module_& m) {
           [](testbed::Cluster& c, const std::string& kind, const std::vector<int>& members, uint64_t count,
              const std::string& dtype, const std::string& algo) {
             IFEC_CHECK(!members.empty(), "scratch_bytes: members is empty");
+            check_members(c, members);
             IFEC_CHECK(count <= (uint64_t{1} << 40), "scratch_bytes: count " << count << " outside 0..2^40 elements");
             return testbed::ring_scratch_bytes(make_spec(kind, members, members.at(0), 1, 0, count, dtype, "sum", 2),
                                                workloads::parse_algo(algo), &c.fabric().topology());

@@ -14,8 +14,18 @@ namespace ifec::bindings {
 
 namespace {
 
+// The most path bandwidths plane_gbps returns (about 2 GB as Python floats in lists): 2048 GPUs on 4 planes.
+constexpr long long kMaxPathBandwidths = 1 << 24;
+
 // FARE's per-plane path bandwidth from every GPU to every other after failing `down_links`.
 std::vector<std::vector<std::vector<double>>> plane_gbps(const Topology& t, const std::vector<int>& down_links) {
+  // Every ordered pair times every plane: a large fabric's table is refused before the RIB is built, not after
+  // minutes of work and tens of GB.
+  const long long gpus = t.num_gpus();  // at most kMaxGpus: gpus x gpus x planes fits
+  const long long values = gpus * (gpus - 1) * t.num_planes;
+  IFEC_CHECK(values <= kMaxPathBandwidths, "fare_plane_gbps: " << gpus << " GPUs on " << t.num_planes << " planes make "
+                                                               << values << " path bandwidths; at most "
+                                                               << kMaxPathBandwidths << " (2048 GPUs on 4 planes)");
   FareRib rib(t);
   for (int l : down_links) {
     IFEC_CHECK(l >= 0 && l < static_cast<int>(t.links.size()), "link id " << l << " outside 0.." << t.links.size() - 1);

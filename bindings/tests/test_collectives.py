@@ -1,5 +1,7 @@
 """In-switch and ring AllReduce from Python against numpy, plus the nccl-tests row and its wire-byte saving."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -99,6 +101,49 @@ def test_measure_and_allreduce_check_their_arguments():
         coll.allreduce(cluster, [np.zeros(4, np.float32), np.zeros(5, np.float32)])
     with pytest.raises(ValueError, match="1 arrays"):
         coll.allreduce(cluster, [np.zeros(4, np.float32)])
+
+
+@pytest.mark.parametrize("call,error,named", [
+    # "members 1 outside 2..1" named no members given; an all-to-all of one GPU was "ok" in 0 us.
+    (lambda: coll.measure(ifec.make_superpod(1, 1), bytes=4096), ifec.IfecError,
+     "topology 'superpod-1x1' has 1 GPU: a collective needs 2 or more"),
+    (lambda: coll.measure(ifec.make_superpod(1, 1), kind="alltoall", algo="stores", bytes=4096), ifec.IfecError,
+     "all-to-all: topology 'superpod-1x1' has 1 GPU"),
+    # bytes x GPUs x 2 x GPUs wrapped: "allocated window size 0"
+    (lambda: coll.measure(ifec.make_superpod(8, 2), kind="alltoall", algo="stores", bytes=2**61), ifec.IfecError,
+     "all-to-all: 2305843009213693952 B per peer on 8 GPUs needs more than"),
+    (lambda: coll.measure(ifec.make_superpod(8, 2), kind="alltoall", algo="stores", bytes=64, root=3),
+     ifec.IfecError, "all-to-all: root 3: every GPU stores to every other"),  # was ignored
+    (lambda: coll.measure(ifec.make_superpod(4, 2), bytes=4096, trace=""), ValueError,
+     "trace '': expected a folder"),  # was taken for no trace
+    (lambda: coll._native.run_collective_json(ifec.make_superpod(4, 2), "allreduce", "ifec", 4096, gpu_groups=2),
+     ifec.IfecError, "GPU groups 2 on one event loop"),  # ignored
+], ids=["one-gpu", "one-gpu-alltoall", "alltoall-wrapped-size", "alltoall-root", "empty-trace", "native-gpu-groups"])
+def test_measure_names_what_ran_silently_or_was_named_wrong(call, error, named):
+    with pytest.raises(error, match=named):
+        call()
+
+
+@pytest.mark.parametrize("kwargs,error,named", [
+    (dict(dtype="fp64"), ValueError, "dtype 'fp64': expected one of fp32"),  # KeyError: 'fp64'
+    (dict(count=-1), ValueError, "count=-1 outside 0..1099511627776"),  # pybind11's bare signature list
+    (dict(count=1.5), TypeError, "count=1.5: expected a whole number"),
+    (dict(members=[]), ValueError, "scratch_bytes: members is empty"),  # [] was every GPU
+], ids=["dtype", "negative-count", "fractional-count", "no-members"])
+def test_prepare_names_its_bad_arguments(kwargs, error, named):
+    args = dict(count=16)
+    args.update(kwargs)
+    with pytest.raises(error, match=named):
+        coll.prepare(ifec.Cluster(ifec.make_superpod(4, 2)), **args)
+
+
+@pytest.mark.parametrize("dtype,value,largest", [("fp16", 1e6, "65504.0"), ("fp32", 1e300, "3.4028234663852886e+38")])
+def test_inputs_beyond_the_dtypes_range_are_refused_not_reduced_as_inf(dtype, value, largest):
+    c = cluster(4)
+    coll.prepare(c, 4, dtype)
+    named = f"{dtype} inputs: {value!r} (element 0) is beyond {dtype}'s range (largest {largest})"
+    with pytest.raises(ValueError, match=re.escape(named)):
+        coll.allreduce(c, [np.full(4, value)] * 4, dtype=dtype)
 
 
 def test_measure_reports_faults_and_survives_a_lost_plane():

@@ -109,3 +109,37 @@ def test_transaction_arguments_are_named_not_taken_for_something_else():
     assert ep.load(c, 2, 1, DATA, 0, 6) == bytes([0, 1, 2, 3, 5, 6])
     with pytest.raises(ValueError, match="GPU 9 outside 0..3"):
         ep.quiet(c, 9)
+
+
+def test_a_fence_on_a_negative_peer_other_than_every_peer_is_named():
+    """-5 was taken for -1 (every peer)."""
+    c = make("weak")
+    c.fence(0, -1)
+    with pytest.raises(ifec.IfecError, match=r"fence: peer -5 outside 0..3 \(-1: every peer\)"):
+        c.fence(0, -5)
+
+
+def test_the_runtimes_own_windows_cannot_be_allocated_from_python():
+    """Re-allocating the harness's barrier window (0xFFF0) as 1 byte made every later barrier time out."""
+    c = make("weak")
+    with pytest.raises(ifec.IfecError, match="allocate_window: window id 65520 is reserved for the runtime"):
+        c.allocate_window(0xFFF0, 1)
+    assert c.barrier()
+    c.allocate_window(0xFEFF, 64)  # the last free id
+
+
+def test_scratch_bytes_names_a_member_outside_the_cluster():
+    """A member 9 (or -1) of 4 GPUs was sized as if it were one."""
+    c = make("weak")
+    for member in (9, -1):
+        with pytest.raises(ifec.IfecError, match=f"member GPU {member} outside 0..3"):
+            c.scratch_bytes("allreduce", [0, member], 16, "fp32")
+
+
+def test_data_of_values_that_are_not_bytes_is_named():
+    """bytes([1, 2, 300]) said only 'bytes must be in range(0, 256)': neither the argument nor the value."""
+    c = make("weak")
+    with pytest.raises(ValueError, match=r"data: 300 is not a byte value \(expected bytes, or a sequence"):
+        ep.store(c, 0, 1, DATA, 0, [1, 2, 300])
+    with pytest.raises(TypeError, match="data: 2.5 is not a byte value"):
+        ep.store(c, 0, 1, DATA, 0, [1, 2.5])

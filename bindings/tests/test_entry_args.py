@@ -296,6 +296,14 @@ def test_an_operation_of_no_ranks_appends_nothing(tmp_path):
     assert trace.next_seq(tmp_path / "t") == 1 and trace.last_end_ns(tmp_path / "t") == 7
 
 
+def test_a_last_end_time_that_is_not_a_whole_number_of_ns_is_named(tmp_path):
+    """-5 (or 1e300) was returned, and the next operation's records written starting there."""
+    for end in ("-5", "1e300", '"7"', "true"):
+        (tmp_path / "rank0.jsonl").write_text('{"end_ns": 3}\n{"end_ns": ' + end + "}\n")
+        with pytest.raises(ValueError, match=r"rank0.jsonl:2: end_ns .*: expected a whole number of ns >= 0"):
+            trace.last_end_ns(tmp_path)
+
+
 # ----------------------------------------------------------------------------- private entries: security, frr --
 #
 # What inject(), start_soak() and malformed() start in a node's namespace: bad arguments got an IndexError or a

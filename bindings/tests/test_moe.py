@@ -167,3 +167,22 @@ def test_measure_eps_checks_its_arguments_as_measure_does(repo):
     rows = moe.measure_eps(str(repo / "testbed/topologies/superpod-8x2.yaml"), [8], 4, variants="ifec", jobs=4096,
                            **small)
     assert [r["variant"] for r in rows] == ["ifec"]
+
+
+@pytest.mark.parametrize("call,named", [
+    # overflowing widths: nan us, and an inter of 2^62 modelled its experts in 0 us
+    (lambda: ifec._native.gpu_model_us("", "grouped", [4], hidden=2**62, inter=2**62),
+     "GPU model: hidden 4611686018427387904 and inter 4611686018427387904 must each be 1..1073741824"),
+    (lambda: ifec._native.gpu_model_us("", "grouped", [2**41]),
+     r"tokens_per_expert\[0\]=2199023255552: the experts' rows exceed 1099511627776"),
+    (lambda: moe.measure(ifec.make_superpod(8, 2), 8, 4, hidden=64, experts=16, topk=2, inter=2**62),
+     "MoeConfig.hidden 64 and inter 4611686018427387904 must each be at most 1073741824"),
+    # the native layer took a negative cap for none, and GPU groups on one event loop for nothing
+    (lambda: ifec._native.run_moe_json(ifec.make_superpod(8, 2), "scaled", 8, 4, ["ifec"], 64, 16, 2, 64,
+                                       token_cap=-1), r"MoE point: token_cap -1 \(0: every token"),
+    (lambda: ifec._native.run_moe_json(ifec.make_superpod(8, 2), "scaled", 8, 4, ["ifec"], 64, 16, 2, 64,
+                                       gpu_groups=2), "cluster: GPU groups 2 on one event loop"),
+], ids=["model-widths", "model-rows", "point-inter", "native-token-cap", "native-gpu-groups"])
+def test_values_the_model_or_the_native_layer_took_silently_are_named(call, named):
+    with pytest.raises(ifec.IfecError, match=named):
+        call()

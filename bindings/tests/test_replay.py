@@ -200,3 +200,32 @@ def test_a_traced_barrier_replays(repo, tmp_path):
             row=dict(size=0, type="fp32", ran="ifec", time_us=1.0))) + "\n")
     res = replay.report(folder, repo / TOPO, out=io.StringIO())
     assert res["operations"] == 1 and res["comm_us"]["ifec"] > 0 and res["comm_us"]["best"] > 0
+
+
+def test_report_names_bad_ranks_and_algorithms(repo, tmp_path):
+    """2.5 ranks ran (and said "with 2.5 ranks"), '8' failed comparing an int with a str; algos="ifec" replayed 'i',
+    'f', 'e', 'c' and failed on 'i'; no algorithms, or one twice, ran and compared nothing."""
+    trace = _write_trace(tmp_path / "t")
+    for kwargs, named in [(dict(k=2.5), "--ranks=2.5: expected a whole number"),
+                          (dict(k="8"), "--ranks='8': expected a whole number"),
+                          (dict(algos=()), r"algos \[\]: expected distinct ones of ifec, best"),
+                          (dict(algos=("ifec", "ifec")), r"algos \['ifec', 'ifec'\]: expected distinct ones")]:
+        with pytest.raises(replay.TraceError, match=named):
+            replay.report(trace, repo / TOPO, out=io.StringIO(), **kwargs)
+    res = replay.report(trace, repo / TOPO, k=4.0, algos="ifec", out=io.StringIO())
+    assert res["ranks"] == 4 and list(res["comm_us"]) == ["ifec"]
+
+
+def test_a_root_or_member_outside_its_group_or_world_is_named(tmp_path):
+    """A reduce's root 99 in a group of 8 replayed as root 99 mod 8 = 3; a member rank 99 in a world of 8 was taken."""
+    def edited(name, edit):
+        bad = _write_trace(tmp_path / name)
+        for r in range(8):
+            ops = [json.loads(line) for line in (bad / f"rank{r}.jsonl").read_text().splitlines()]
+            edit(ops[0])
+            (bad / f"rank{r}.jsonl").write_text("\n".join(json.dumps(op) for op in ops) + "\n")
+        return bad
+    with pytest.raises(replay.TraceError, match=r"rank 0, operation 0: root 99 outside the group's 0..7"):
+        replay.load(edited("r", lambda op: op.update(op="reduce", fabric_op="reduce", root=99)))
+    with pytest.raises(replay.TraceError, match=r"rank 0, operation 0: members \[99\] outside the world's ranks 0..7"):
+        replay.load(edited("m", lambda op: op.update(members=[0, 1, 2, 3, 4, 5, 6, 99])))

@@ -384,3 +384,17 @@ def test_live_operation_numbers_rise_with_time_and_keep_the_windows_turn():
         assert prev >= now and (not seen or prev > seen[-1])
         seen.append(prev)
     assert [s % 3 for s in seen] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_an_incast_target_given_to_other_traffic_is_refused():
+    """It was ignored: an all-to-all ran as if no target had been given (the CLI refused --incast-target there)."""
+    with pytest.raises(ifec.IfecError, match="incast target GPU 5 does not apply to alltoall traffic"):
+        ifec.sim.run(ifec.make_superpod(8, 2), traffic="alltoall", incast_target=5, bytes=4096)
+    assert ifec.sim.run(ifec.make_superpod(8, 2), traffic="incast", incast_target=5, bytes=4096)["complete"]
+
+
+def test_a_fare_table_too_large_for_python_is_refused_before_it_is_built():
+    """2897 GPUs on 2 planes took 25 s and 2 GB; 20000 GPUs ran for minutes toward tens of GB."""
+    with pytest.raises(ifec.IfecError, match="fare_plane_gbps: 2897 GPUs on 2 planes make 16779424 path bandwidths; "
+                                             "at most 16777216"):
+        ifec.fare_plane_gbps(ifec.make_superpod(2897, 2, 800, 1))

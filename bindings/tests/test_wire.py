@@ -80,3 +80,10 @@ def test_protocol_helpers_refuse_values_outside_their_fields():
                         (lambda: native.window_va_rkey(-1, 0), "endpoint -1 outside")]:
         with pytest.raises(ifec.IfecError, match=named):
             call()
+
+
+def test_an_icrc_offset_that_wraps_is_refused():
+    """bth_offset + 12 wrapped past 2^64 and passed the check: a value was computed from outside the buffer."""
+    from ifec import _native as native
+    with pytest.raises(ifec.IfecError, match="compute_icrc: bth_offset 18446744073709551615 with 300 bytes"):
+        native.compute_icrc(b"\x45" + bytes(299), 2**64 - 1)

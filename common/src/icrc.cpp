@@ -244,7 +244,9 @@ uint32_t compute_icrc(const uint8_t* ip, size_t len, size_t bth_offset, CrcImpl 
   constexpr size_t kMaxMasked = 60 + 8 + 24 + 12;  // IPv4 with options + UDP + ECH + BTH
   const size_t masked_len = bth_offset + 5;
   const size_t ihl_bytes = len > 0 ? size_t{static_cast<uint8_t>(ip[0] & 0x0F)} * 4 : 0;
-  if (masked_len > len || masked_len > kMaxMasked || ihl_bytes < 20 || ihl_bytes + 8 > bth_offset) {
+  // bth_offset first: near 2^64, bth_offset + 5 wrapped to a small length that passed.
+  if (bth_offset > kMaxMasked || masked_len > len || masked_len > kMaxMasked || ihl_bytes < 20 ||
+      ihl_bytes + 8 > bth_offset) {
     return 0;  // callers validate lengths first; this keeps a bad call in bounds
   }
 #if defined(__x86_64__)
@@ -277,8 +279,8 @@ uint32_t compute_icrc_parts(const uint8_t* headers, size_t header_len, size_t bt
   // IPv4 with options, UDP, ECH, BTH and extension headers (compute_icrc passes at most 112 bytes here).
   constexpr size_t kMaxHeaders = 60 + 8 + 24 + 12 + 28;
   const size_t ihl_bytes = header_len > 0 ? size_t{static_cast<uint8_t>(headers[0] & 0x0F)} * 4 : 0;
-  if (header_len > kMaxHeaders || pad > 3 || bth_offset + 5 > header_len || ihl_bytes < 20 ||
-      ihl_bytes + 8 > bth_offset) {
+  if (header_len > kMaxHeaders || pad > 3 || bth_offset > kMaxHeaders || bth_offset + 5 > header_len ||
+      ihl_bytes < 20 || ihl_bytes + 8 > bth_offset) {
     return 0;  // callers validate lengths first; this keeps a bad call in bounds
   }
   // A short frame (an ACK, a NAK, an atomic, a small store) in one piece: headers, payload and pad copied behind

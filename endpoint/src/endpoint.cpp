@@ -832,11 +832,13 @@ OpHandle Endpoint::put_signal(int peer, uint16_t window, uint64_t offset, const 
 }
 
 void Endpoint::fence(int peer) {
+  // -1 is every peer; any other negative was taken for it.
+  IFEC_CHECK(peer >= -1 && peer < num_endpoints(),
+             "fence: peer " << peer << " outside 0.." << num_endpoints() - 1 << " (-1: every peer)");
   if (cfg_.ordering == Ordering::kStrong) {
     return;  // one in-order stream per peer is already fenced
   }
   if (peer >= 0) {
-    IFEC_CHECK(peer < num_endpoints(), "fence: peer " << peer << " outside 0.." << num_endpoints() - 1);
     peer_state(peer).epoch++;
     return;
   }

@@ -167,12 +167,14 @@ std::pair<int64_t, int64_t> tile_shape(const std::vector<int64_t>& rows, int64_t
 
 double gemm_launch_seconds(const std::vector<int64_t>& rows, int64_t n, int64_t k, bool grouped, const GpuProfile& p,
                            double bytes_per_element) {
+  IFEC_CHECK(n >= 1 && n <= 2 * kMaxModelWidth && k >= 1 && k <= 2 * kMaxModelWidth,
+             "a GEMM of " << n << " columns and depth " << k << " (each 1.." << 2 * kMaxModelWidth << ")");
   const auto [tile_rows, tile_cols] = tile_shape(rows, n, grouped);
   int64_t tiles = 0;
   int64_t experts = 0;
   double activations = 0;
   for (int64_t m : rows) {
-    IFEC_CHECK(m >= 0, "a GEMM problem of " << m << " rows");
+    IFEC_CHECK(m >= 0 && m <= kMaxModelRows, "a GEMM problem of " << m << " rows (0.." << kMaxModelRows << ")");
     if (m == 0) continue;
     ++experts;
     tiles += (m + tile_rows - 1) / tile_rows * ((n + tile_cols - 1) / tile_cols);
@@ -203,6 +205,11 @@ double gemm_launch_seconds(const std::vector<int64_t>& rows, int64_t n, int64_t 
 
 namespace {
 
+void check_widths(int64_t hidden, int64_t inter) {
+  IFEC_CHECK(hidden >= 1 && hidden <= kMaxModelWidth && inter >= 1 && inter <= kMaxModelWidth,
+             "GPU model: hidden " << hidden << " and inter " << inter << " must each be 1.." << kMaxModelWidth);
+}
+
 // The gated product silu(gate) * up: written and read once beyond L2, at the achievable HBM rate.
 double swiglu_seconds(int64_t rows, int64_t inter, const GpuProfile& p, double bytes_per_element) {
   const double bytes = 3.0 * static_cast<double>(rows) * static_cast<double>(inter) * bytes_per_element;
@@ -212,6 +219,7 @@ double swiglu_seconds(int64_t rows, int64_t inter, const GpuProfile& p, double b
 }  // namespace
 
 double ffn_chain_seconds(int64_t rows, int64_t hidden, int64_t inter, const GpuProfile& p, double bytes_per_element) {
+  check_widths(hidden, inter);
   if (rows == 0) return 0;
   const std::vector<int64_t> m{rows};
   return gemm_launch_seconds(m, 2 * inter, hidden, false, p, bytes_per_element) +
@@ -221,9 +229,13 @@ double ffn_chain_seconds(int64_t rows, int64_t hidden, int64_t inter, const GpuP
 
 double routed_experts_seconds(const std::vector<int64_t>& tokens_per_expert, int64_t hidden, int64_t inter,
                               const GpuProfile& p, double bytes_per_element, ExpertKernel kernel) {
+  check_widths(hidden, inter);
   int64_t rows = 0;
   for (size_t e = 0; e < tokens_per_expert.size(); ++e) {
     IFEC_CHECK(tokens_per_expert[e] >= 0, "tokens_per_expert[" << e << "]=" << tokens_per_expert[e] << " < 0");
+    IFEC_CHECK(tokens_per_expert[e] <= kMaxModelRows - rows, "tokens_per_expert[" << e << "]=" << tokens_per_expert[e]
+                                                                                  << ": the experts' rows exceed "
+                                                                                  << kMaxModelRows);
     rows += tokens_per_expert[e];
   }
   if (rows == 0) return 0;

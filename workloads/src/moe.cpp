@@ -111,6 +111,9 @@ void check_cost_args(const MoeConfig& cfg, const GpuProfile& p, double bytes_per
 void MoeConfig::validate() const {
   IFEC_CHECK(hidden > 0, "MoeConfig.hidden must be > 0, got " << hidden);
   IFEC_CHECK(inter > 0, "MoeConfig.inter must be > 0, got " << inter);
+  // The GPU model's limits, named before a point runs (its compute time is modelled after the fabric's run).
+  IFEC_CHECK(hidden <= kMaxModelWidth && inter <= kMaxModelWidth,
+             "MoeConfig.hidden " << hidden << " and inter " << inter << " must each be at most " << kMaxModelWidth);
   IFEC_CHECK(experts > 0, "MoeConfig.experts must be > 0, got " << experts);
   IFEC_CHECK(groups > 0, "MoeConfig.groups must be > 0, got " << groups);
   IFEC_CHECK(experts % groups == 0,

@@ -25,7 +25,8 @@ def from_bf16_bits(b):
 
 def _as_elements(a, dtype):
     """One GPU's input as `dtype`'s elements; a cast that would change values is refused (floats given for bf16's
-    bit patterns, or for int32; integers beyond int32)."""
+    bit patterns, or for int32; integers beyond int32; finite values beyond fp16's or fp32's range, which became
+    inf)."""
     a = np.asarray(a)
     target = np.dtype(_DTYPES[dtype])
     if dtype == "bf16" and a.dtype.kind == "f":
@@ -33,7 +34,15 @@ def _as_elements(a, dtype):
     if dtype == "int32" and (a.dtype.kind not in "iub" or
                              (a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max))):
         raise ValueError(f"int32 inputs: {a.dtype} values that are not all int32 (a cast would change them)")
-    return np.ascontiguousarray(a, dtype=target).ravel()
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is named below, not warned about
+        out = np.ascontiguousarray(a, dtype=target).ravel()
+    if target.kind == "f" and a.dtype.kind in "fiu" and a.size:
+        overflowed = np.isinf(out) & np.isfinite(a.ravel())
+        if overflowed.any():
+            i = int(np.argmax(overflowed))
+            raise ValueError(f"{dtype} inputs: {a.ravel()[i].item()!r} (element {i}) is beyond {dtype}'s range "
+                             f"(largest {float(np.finfo(target).max)}): the cast made it inf")
+    return out
 
 
 def allreduce(cluster, arrays, algo="ifec", dtype="fp32", op="sum", engine=None):
@@ -68,8 +77,11 @@ def allreduce(cluster, arrays, algo="ifec", dtype="fp32", op="sum", engine=None)
 
 def prepare(cluster, count, dtype="fp32", members=None):
     """Allocates the buffer and scratch windows a collective of `count` elements needs on every GPU (whichever
-    algorithm runs: the largest scratch of them all)."""
-    members = members or list(range(cluster.size))
+    algorithm runs: the largest scratch of them all). members: the GPUs taking part (None: every GPU)."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(_DTYPES)}")
+    count = _args.whole(count, "count", 0, 2**40)
+    members = list(range(cluster.size)) if members is None else list(members)  # [] is refused, not every GPU
     cluster.allocate_window(BUF, max(64, count * np.dtype(_DTYPES[dtype]).itemsize))
     need = max(cluster.scratch_bytes("allreduce", members, count, dtype, algo=a) for a in ENDPOINT_ALGOS)
     cluster.allocate_window(SCRATCH, max(4096, need))
@@ -114,7 +126,7 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=None, dtype="fp32", o
         if groups and threads == 0:
             raise ValueError(f"{name} {groups}: needs a partitioned run (threads >= 1)")
     topology = _args.topology(topology, _native.load_topology)
-    if trace:
+    if trace is not None:  # '' too: refused naming it, not taken for no trace
         from . import trace as tr
         start = tr.last_end_ns(trace)  # a bad folder is named before the operation runs
     row = json.loads(_native.run_collective_json(topology, kind, algo, bytes, dtype, op,
@@ -127,7 +139,7 @@ def measure(topology, kind="allreduce", algo="ifec", bytes=None, dtype="fp32", o
                                                  leaf_groups))
     if kind == "alltoall":  # the row's point names no collective of its own: every rank stores to every other
         row.update(collective="alltoall", algo="stores")
-    if trace:
+    if trace is not None:
         tr.append(trace, tr.split_by_gpu(row, topology), kind, algo, dtype, bytes, root, start, start,
                   start + round(row["time_us"] * 1e3))
     return row

@@ -39,7 +39,14 @@ def _data(data, name="data"):
     without a name)."""
     if isinstance(data, (str, numbers.Number)):
         raise TypeError(f"{name}={data!r}: expected bytes (or a bytes-like object)")
-    return bytes(data)
+    try:
+        return bytes(data)
+    except (TypeError, ValueError):  # bytes() named neither the argument nor the value ("must be in range(0, 256)")
+        pass
+    items = list(data) if isinstance(data, (list, tuple)) else []
+    bad = next((v for v in items if not isinstance(v, numbers.Integral) or not 0 <= v <= 255), data)
+    error = ValueError if isinstance(bad, numbers.Integral) else TypeError
+    raise error(f"{name}: {bad!r} is not a byte value (expected bytes, or a sequence of whole numbers in 0..255)")
 
 
 def store(cluster, gpu, peer, window, offset, data, limit_ns=DEFAULT_LIMIT_NS):

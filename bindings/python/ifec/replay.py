@@ -123,6 +123,14 @@ def load(path):
             if op["group_size"] > n:
                 raise TraceError(f"{path}: rank {r}, operation {op['seq']}: a group of {op['group_size']} in a "
                                  f"world of {n} ranks")
+            # A root is a place in the group (the replay took 99 in a group of 8 as 99 mod 8); members are ranks.
+            if op.get("root", 0) >= op["group_size"]:
+                raise TraceError(f"{path}: rank {r}, operation {op['seq']}: root {op['root']} outside the group's "
+                                 f"0..{op['group_size'] - 1}")
+            outside = [m for m in op.get("members") or [] if m >= n]
+            if outside:
+                raise TraceError(f"{path}: rank {r}, operation {op['seq']}: members {outside} outside the world's "
+                                 f"ranks 0..{n - 1}")
     for g, members in _groups(ranks).items():
         first = members[min(members)]
         size = first[0]["group_size"]
@@ -282,7 +290,19 @@ def link_deviation(ops, rep, topo, scope="port"):
 def report(trace, topology, k=None, algos=("ifec", "best"), out=sys.stdout):
     """Replays `trace` (a path) on `topology` (path or Topology) at k ranks (default: as recorded); prints the table
     and returns a dict of the totals (and the link comparison where k is the recorded rank count)."""
-    from . import _native
+    from . import _args, _native
+    if k is not None:
+        try:
+            k = _args.whole(k, "ranks", -2**63)  # 2.5 ranks ran, '8' failed in a comparison (the range: below)
+        except (TypeError, ValueError) as e:
+            raise TraceError(f"--{e}") from None
+    try:
+        algos = tuple(_args.items(algos, "algos"))  # one name is one algorithm, not its letters
+    except TypeError as e:
+        raise TraceError(str(e)) from None
+    bad = [a for a in algos if a not in ALGOS]
+    if bad or not algos or len(set(algos)) != len(algos):
+        raise TraceError(f"algos {list(algos)}: expected distinct ones of {', '.join(ALGOS)}")
     topo = _native.load_topology(str(topology)) if not hasattr(topology, "num_gpus") else topology
     ranks = load(trace)
     ops = operations(ranks)

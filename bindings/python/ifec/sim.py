@@ -11,6 +11,7 @@ def run(topology, traffic="alltoall", bytes=1 << 20, lb="packet", pfc=True, seed
 
     topology: a path to a YAML file or an ifec.Topology (e.g. ifec.make_superpod(8, 2)).
     fail / restore: link events "SELECTOR@TIME", e.g. "gpu5:plane2:sub0@20us".
+    incast_target: the GPU every other sends to, with traffic "incast" only (refused with the other patterns).
     payload: "real" (frames carry their bytes, every ICRC checked) or "elided" (headers and lengths only: the same
     times and bytes per link, for the largest fabrics).
     group: all-to-all or permutation within consecutive groups of that many GPUs (expert-parallel groups; it

@@ -41,9 +41,13 @@ def last_end_ns(folder):
     if not lines:
         return 0
     try:
-        return int(json.loads(lines[-1])["end_ns"])
+        end = json.loads(lines[-1])["end_ns"]
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{f}:{len(lines)}: not a trace record with end_ns ({e})") from None
+    # What the next operation's times start from: -5 or 1e300 were taken and written into its records.
+    if isinstance(end, bool) or not isinstance(end, int) or end < 0:
+        raise ValueError(f"{f}:{len(lines)}: end_ns {end!r}: expected a whole number of ns >= 0")
+    return end
 
 
 def append(folder, rows, what, algo, dtype, bytes, root, issued_ns, start_ns, end_ns):

@@ -35,6 +35,8 @@ void Cluster::check_options(const routing::Topology& topo, const ClusterOptions&
   IFEC_CHECK(
       opts.fabric.leaf_groups == 0 || opts.threads >= 1,
       "leaf groups (" << opts.fabric.leaf_groups << ") on one event loop: they partition a run (--threads >= 1)");
+  IFEC_CHECK(opts.gpu_groups == 0 || opts.threads >= 1,  // one event loop took any count and ran no groups
+             "cluster: GPU groups " << opts.gpu_groups << " on one event loop: they partition a run (--threads >= 1)");
   IFEC_CHECK(opts.planes >= 0 && opts.planes <= topo.num_planes,
              "cluster: planes " << opts.planes << " outside 0.." << topo.num_planes << " (0: every plane)");
   if (opts.threads == 0) {

@@ -291,6 +291,7 @@ CollectiveRow run_collective_point(const routing::Topology& fabric_topo, const C
   validate_point(p, row.count, es);
   const ClusterOptions o = cluster_options(topo, p, procs);  // before the cluster: it may set topo's timers
   Cluster c(topo, o);
+  IFEC_CHECK(c.size() >= 2, "topology '" << topo.name << "' has " << c.size() << " GPU: a collective needs 2 or more");
   const int n = p.members > 0 ? p.members : c.size();
   IFEC_CHECK(p.root >= 0 && p.root < n, "root " << p.root << " is not one of the " << n << " members");
   IFEC_CHECK(n >= 2 && n <= c.size(), "members " << n << " outside 2.." << c.size());
@@ -344,6 +345,7 @@ CollectiveRow run_alltoall_point(const routing::Topology& fabric_topo, const Col
   IFEC_CHECK(p.members == 0, "all-to-all: every GPU takes part (members " << p.members << ")");
   IFEC_CHECK(p.fail.empty() && p.loss == 0 && !p.elided_payloads,
              "all-to-all: no link failures, loss or elided payloads (run it with none)");
+  IFEC_CHECK(p.root == 0, "all-to-all: root " << p.root << ": every GPU stores to every other (there is no root)");
   routing::Topology topo = fabric_topo;
   const auto wall0 = std::chrono::steady_clock::now();
   CollectiveRow row;
@@ -352,7 +354,9 @@ CollectiveRow run_alltoall_point(const routing::Topology& fabric_topo, const Col
   const ClusterOptions o = cluster_options(topo, p, nullptr);  // before the cluster: it may set topo's timers
   Cluster c(topo, o);
   const int n = c.size();
-  IFEC_CHECK(p.bytes * n * 2 * n <= point_memory_budget(),
+  IFEC_CHECK(n >= 2, "all-to-all: topology '" << topo.name << "' has " << n << " GPU: it needs 2 or more");
+  // Divided, not multiplied: a product of a huge size wrapped to a small one and passed.
+  IFEC_CHECK(p.bytes <= point_memory_budget() / (uint64_t{2} * n * n),
              "all-to-all: " << p.bytes << " B per peer on " << n << " GPUs needs more than "
                             << (point_memory_budget() >> 20) << " MiB of host memory for the simulated windows");
   c.allocate_window(kBuf, p.bytes * n);

@@ -163,6 +163,8 @@ void validate_moe_point(const MoeRunConfig& cfg, const MoePoint& p) {
   IFEC_CHECK(p.mode == "normal" || p.mode == "ll" || p.mode == "scaled" || p.mode == "sweep",
              "MoE point: mode '" << p.mode << "' (expected normal, ll, scaled or sweep)");
   IFEC_CHECK(cfg.run_inter >= 1, "MoE point: run_inter " << cfg.run_inter);
+  IFEC_CHECK(cfg.token_cap >= 0,  // a negative cap was taken for none
+             "MoE point: token_cap " << cfg.token_cap << " (0: every token, N >= 1: at most N per rank)");
   IFEC_CHECK(!cfg.compute || !cfg.elided_payloads,
              "MoE point: the experts need the rows' values, and elided payloads carry none (the timing mode only)");
   node_limited(cfg.model, p.ep, cfg.gpus_per_node);  // throws naming an EP that is not whole nodes

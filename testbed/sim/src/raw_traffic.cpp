@@ -47,6 +47,10 @@ std::vector<FlowSpec> make_flows(Pattern p, int gpus, uint64_t bytes, uint64_t s
   IFEC_CHECK(group == 0 || (group >= 2 && group <= gpus && gpus % group == 0),
              "--group " << group << " must be 0 (every GPU) or 2.." << gpus << " dividing the " << gpus << " GPUs");
   IFEC_CHECK(group == 0 || p != Pattern::kIncast, "--group " << group << " does not apply to incast");
+  // 0 is every other pattern's default; a target given to one was ignored.
+  IFEC_CHECK(incast_target == 0 || p == Pattern::kIncast, "incast target GPU " << incast_target << " does not apply to "
+                                                                               << pattern_name(p)
+                                                                               << " traffic (incast only)");
   const int size = group == 0 ? gpus : group;
   std::vector<FlowSpec> flows;
   std::mt19937_64 rng(seed);

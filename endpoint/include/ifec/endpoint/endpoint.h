@@ -216,6 +216,7 @@ class Endpoint {
   // Store, then (once the store is delivered) set or add `signal` at (sig_window, sig_offset).
   OpHandle put_signal(int peer, uint16_t window, uint64_t offset, const void* src, size_t len, uint16_t sig_window,
                       uint64_t sig_offset, uint64_t signal, SignalOp op);
+  // Fences one peer, or every peer (-1); Error naming any other peer outside 0..num_endpoints()-1.
   void fence(int peer = -1);
   // Completes when every transaction posted before it has completed.
   OpHandle quiet();

@@ -50,6 +50,12 @@ struct GpuProfile {
   std::string summary() const;  // one line: name, peaks, fractions, kernel, source
 };
 
+// The widths (hidden, inter) and the rows of one GEMM problem the model takes: beyond them its tile and byte counts
+// overflow (an inter of 2^62 came out as 0 us). gemm_launch_seconds, ffn_chain_seconds and routed_experts_seconds
+// throw common::Error naming a value outside them.
+inline constexpr int64_t kMaxModelWidth = int64_t{1} << 30;
+inline constexpr int64_t kMaxModelRows = int64_t{1} << 40;
+
 // The profile in `path` (YAML or JSON: the fields above, any subset; unknown fields and bad values are errors
 // naming them and the file).
 GpuProfile load_gpu_profile(const std::string& path);
