@@ -26,7 +26,9 @@ namespace v1 = ::ifec::v1;
 namespace {
 
 constexpr int kMaxMessageBytes = 1 << 30;  // the daemons' own limit (daemon_common.h)
-constexpr size_t kMovementAlign = 4;       // bytes moved without reducing travel as int32 elements
+// What one operation's input or output may take of a message: the rest is the request's other fields and splits.
+constexpr uint64_t kMaxOperationBytes = kMaxMessageBytes - (1 << 20);
+constexpr size_t kMovementAlign = 4;  // bytes moved without reducing travel as int32 elements
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -88,21 +90,66 @@ std::string reduce_op_name(c10d::ReduceOp op) {
       return "max";
     case c10d::ReduceOp::PRODUCT:
       return "product";
+    case c10d::ReduceOp::BAND:
+      return "band";
+    case c10d::ReduceOp::BOR:
+      return "bor";
+    case c10d::ReduceOp::BXOR:
+      return "bxor";
     case c10d::ReduceOp::PREMUL_SUM:
       return "premul_sum";
     default:
-      return "bitwise";
+      return "reduction " + std::to_string(static_cast<int>(static_cast<c10d::ReduceOp::RedOpType>(op)));
   }
 }
 
-// The fabric's operation for torch's: sum, min, max (avg is a sum divided by the group's size at the ranks).
-std::string fabric_op(c10d::ReduceOp op, const std::string& torch_op, const at::Tensor& t) {
+// Where torch's reduction `op` of `t` runs: the fabric's operation (sum, min, max; avg is a sum divided by the
+// group's size at the ranks) where the fabric reduces the dtype and operation, or "" where the ranks reduce it
+// themselves; throws naming the operation, reduction and dtype where neither can.
+std::string fabric_reduction(c10d::ReduceOp op, const std::string& torch_op, const at::Tensor& t) {
   const std::string name = reduce_op_name(op);
-  TORCH_CHECK(name == "sum" || name == "avg" || name == "min" || name == "max", "ifec: ", torch_op, " with ", name,
-              " on ", torch_dtype(t.scalar_type()), " is not supported (sum, avg, min, max are)");
-  TORCH_CHECK(name != "avg" || at::isFloatingType(t.scalar_type()), "ifec: ", torch_op, " with avg on ",
-              torch_dtype(t.scalar_type()), " is not supported (avg needs a floating-point dtype)");
+  const at::ScalarType s = t.scalar_type();
+  const std::string what = "ifec: " + torch_op + " with " + name + " on " + torch_dtype(s) + " is not supported";
+  const bool bitwise = name == "band" || name == "bor" || name == "bxor";
+  TORCH_CHECK(bitwise || name == "sum" || name == "avg" || name == "product" || name == "min" || name == "max", what,
+              " (sum, avg, product, min, max, band, bor, bxor are)");
+  TORCH_CHECK(!bitwise || at::isIntegralType(s, /*includeBool=*/true), what,
+              " (bitwise reductions need an integer or bool dtype)");
+  TORCH_CHECK(name != "avg" || at::isFloatingType(s) || at::isComplexType(s), what,
+              " (avg needs a floating-point dtype)");
+  TORCH_CHECK((name != "min" && name != "max") || !at::isComplexType(s), what, " (complex numbers have no order)");
+  if (fabric_dtype(s).empty() || !(name == "sum" || name == "avg" || name == "min" || name == "max")) {
+    return "";
+  }
   return name == "avg" ? "sum" : name;
+}
+
+// The ranks' inputs reduced in rank order, in their dtype (a sum of int8 wraps as torch's own does; bool's sum and
+// max are its or, product and min its and, as NCCL's and Gloo's are).
+at::Tensor fold(const std::vector<at::Tensor>& parts, const std::string& name) {
+  at::Tensor r = parts[0];  // fresh from the reply: reduced in place
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const at::Tensor& p = parts[i];
+    if (name == "sum" || name == "avg") {
+      r.add_(p);
+    } else if (name == "product") {
+      r.mul_(p);
+    } else if (name == "min") {
+      r = at::minimum(r, p);
+    } else if (name == "max") {
+      r = at::maximum(r, p);
+    } else if (name == "band") {
+      r.bitwise_and_(p);
+    } else if (name == "bor") {
+      r.bitwise_or_(p);
+    } else {
+      r.bitwise_xor_(p);
+    }
+  }
+  if (name == "avg") {
+    r.div_(static_cast<int64_t>(parts.size()));
+  }
+  return r;
 }
 
 void check_tensor(const at::Tensor& t, const std::string& torch_op) {
@@ -110,6 +157,15 @@ void check_tensor(const at::Tensor& t, const std::string& torch_op) {
               torch_dtype(t.scalar_type()),
               "): this backend moves CPU tensors (a CUDA tensor's path through the descriptor ring needs a GPU)");
   TORCH_CHECK(t.layout() == at::kStrided, "ifec: ", torch_op, " of a sparse tensor is not supported");
+  TORCH_CHECK(!t.is_quantized(), "ifec: ", torch_op, " of a quantized tensor (", torch_dtype(t.scalar_type()),
+              ") is not supported");
+}
+
+// A root (reduce's dst, broadcast's src, gather's and scatter's) that is no rank of the group: refused on every rank
+// before anything moves (a reduce reduced at the ranks ran with no rank taking the result, and said nothing).
+void check_root(int64_t root, int size, const std::string& torch_op) {
+  TORCH_CHECK(root >= 0 && root < size, "ifec: ", torch_op, " with root rank ", root, ": the group's ranks are 0..",
+              size - 1);
 }
 
 void check_one(const std::vector<at::Tensor>& tensors, const std::string& torch_op) {
@@ -131,6 +187,14 @@ at::Tensor tensor_from(const char* data, const at::Tensor& like) {
   return t;
 }
 
+// A flat tensor of `numel` elements of `like`'s dtype holding the bytes at `data` (`len` of them came back).
+at::Tensor flat_from(const char* data, size_t len, int64_t numel, const at::Tensor& like) {
+  at::Tensor t = at::empty({numel}, like.options().memory_format(at::MemoryFormat::Contiguous));
+  TORCH_CHECK(len >= t.nbytes(), "ifec: hostd returned ", len, " B for a ", t.nbytes(), " B result");
+  std::memcpy(t.data_ptr(), data, t.nbytes());
+  return t;
+}
+
 // Writes `len` bytes at `data` into `t` (its elements in order, whatever its strides).
 void write_into(at::Tensor& t, const char* data, size_t len) {
   TORCH_CHECK(len >= t.nbytes(), "ifec: hostd returned ", len, " B for a ", t.nbytes(), " B tensor");
@@ -139,21 +203,6 @@ void write_into(at::Tensor& t, const char* data, size_t len) {
   } else {
     t.copy_(tensor_from(data, t));
   }
-}
-
-// A reduction the fabric runs: the tensor's bytes, the fabric's dtype and operation, and the trace's names.
-Call reduction(const std::string& what, const std::string& torch_op, const at::Tensor& t, c10d::ReduceOp op,
-               const std::string& dtype) {
-  Call c;
-  c.what = what;
-  c.dtype = dtype;
-  c.op = fabric_op(op, torch_op, t);
-  c.torch_op = torch_op;
-  c.torch_dtype = torch_dtype(t.scalar_type());
-  c.reduce_op = reduce_op_name(op);
-  c.bytes = t.nbytes();
-  c.input = bytes_of(t);
-  return c;
 }
 
 // Bytes moved, not reduced: any dtype, as int32 elements on the wire (padded to 4 bytes; the result is not).
@@ -298,9 +347,30 @@ namespace {
 
 std::string describe(const Call& c, int rank) {
   std::ostringstream os;
+  if (c.torch_op == "barrier") {
+    os << "ifec: barrier on rank " << rank;
+    return os.str();
+  }
   os << "ifec: " << c.torch_op << " of " << c.torch_dtype << " (" << c.bytes << " B"
      << (c.reduce_op.empty() ? "" : ", ") << c.reduce_op << ") on rank " << rank;
+  if (c.what == "barrier") {
+    os << " (no elements: it meets the other ranks as a barrier)";
+  }
   return os.str();
+}
+
+// The bytes hostd's reply carries for `c` over `n` ranks.
+uint64_t reply_bytes(const Call& c, int n) {
+  if (c.what == "all-gather") {
+    return c.input.size() * static_cast<uint64_t>(n);
+  }
+  if (c.what == "reduce-scatter") {
+    return c.input.size() / static_cast<uint64_t>(n);
+  }
+  if (c.what == "alltoall") {
+    return std::accumulate(c.recv_splits.begin(), c.recv_splits.end(), uint64_t{0});
+  }
+  return c.what == "barrier" ? 0 : c.input.size();
 }
 
 // Runs `c` at hostd (its input moves into the request); returns this rank's output or throws naming the operation,
@@ -395,6 +465,17 @@ uint64_t row_bytes(const at::Tensor& t) {
   return t.dim() == 0 || t.size(0) == 0 ? t.element_size() : t.nbytes() / static_cast<uint64_t>(t.size(0));
 }
 
+uint64_t sum_of(const std::vector<uint64_t>& v) { return std::accumulate(v.begin(), v.end(), uint64_t{0}); }
+
+// Tensors of a list that must all be `like`'s dtype (all_to_all's, gather's, scatter's).
+void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, const std::string& torch_op) {
+  for (const at::Tensor& t : list) {
+    check_tensor(t, torch_op);
+    TORCH_CHECK(t.scalar_type() == like.scalar_type(), "ifec: ", torch_op, " of ", torch_dtype(like.scalar_type()),
+                " with a tensor of ", torch_dtype(t.scalar_type()), " in its list (one dtype throughout)");
+  }
+}
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(int rank, int size, BackendOptions o)
@@ -404,13 +485,20 @@ ProcessGroup::~ProcessGroup() = default;
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(c10d::OpType type, std::vector<at::Tensor> outputs, Call call,
                                                     std::function<void(const std::string&)> finish) {
-  const bool empty = call.bytes == 0 && call.what != "barrier" &&
+  const uint64_t out_bytes = reply_bytes(call, getSize());
+  TORCH_CHECK(call.input.size() <= kMaxOperationBytes && out_bytes <= kMaxOperationBytes, describe(call, getRank()),
+              ": ", call.input.size(), " B in and ", out_bytes, " B out, where one request to hostd carries at most ",
+              kMaxOperationBytes, " B each way (gRPC's 1 GiB message less 1 MiB): split it into smaller operations");
+  const bool empty = call.bytes == 0 && call.what != "barrier" && call.what != "alltoall" &&
                      std::all_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) { return t.nbytes() == 0; });
-  auto work = c10::make_intrusive<Work>(getRank(), type, std::move(outputs));
-  if (empty) {  // no elements in or out: nothing to move (as Gloo), done at once
-    work->complete(nullptr);
-    return work;
+  if (empty) {  // nothing to move, but the other ranks are met (see submit's comment in the header)
+    call.what = "barrier";
+    call.dtype = "fp32";
+    call.op.clear();
+    call.input.clear();
+    finish = [](const std::string&) {};
   }
+  auto work = c10::make_intrusive<Work>(getRank(), type, std::move(outputs));
   const int64_t issued = now_ns();
   const uint64_t first = o_.first_run_id;
   const uint64_t run_id = next_run_id_++;
@@ -428,230 +516,364 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(c10d::OpType type, std::vect
       error = e.what();
       work->complete(std::make_exception_ptr(std::runtime_error(error)));
     }
-    if (!o.trace.empty()) {
+    if (!o.trace.empty() && call.traced) {
       append_trace(o, call, rank, size, run_id - first, issued, start, now_ns(), row_json, error);
     }
   });
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_at_ranks(c10d::OpType type, const std::string& torch_op,
-                                                             at::Tensor input, c10d::ReduceOp op,
-                                                             std::function<void(const at::Tensor&)> finish,
-                                                             std::vector<at::Tensor> outputs) {
+c10::intrusive_ptr<c10d::Work> ProcessGroup::guarded(const std::string& torch_op,
+                                                     const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
+  try {
+    return issue();  // nothing before submit takes an operation number, and nothing after it throws
+  } catch (const std::exception&) {
+    Call c;
+    c.what = "barrier";
+    c.dtype = "fp32";
+    c.torch_op = torch_op;
+    c.torch_dtype = "none";
+    c.traced = false;
+    submit(c10d::OpType::BARRIER, {}, std::move(c), [](const std::string&) {});
+    throw;
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_work(c10d::OpType type, const std::string& torch_op,
+                                                         const std::string& what, const at::Tensor& input,
+                                                         c10d::ReduceOp op, int root, std::vector<at::Tensor> outputs,
+                                                         std::function<void(const at::Tensor&)> finish) {
+  check_tensor(input, torch_op);
+  const std::string fabric = fabric_reduction(op, torch_op, input);
   const std::string name = reduce_op_name(op);
-  TORCH_CHECK(input.scalar_type() == at::kLong || input.scalar_type() == at::kDouble, "ifec: ", torch_op, " of ",
-              torch_dtype(input.scalar_type()),
-              " is not supported (float32, bfloat16, float16, int32 reduce in the fabric; int64 and float64 at the "
-              "ranks)");
-  TORCH_CHECK(name == "sum" || name == "min" || name == "max" || (name == "avg" && input.is_floating_point()),
-              "ifec: ", torch_op, " with ", name, " on ", torch_dtype(input.scalar_type()),
-              " is not supported (sum, min, max; avg on float64)");
+  const int n = getSize();
+  const int me = getRank();
+  const int64_t numel = input.numel();
+  const int64_t mine = what == "reduce-scatter" ? numel / n : numel;  // this rank's result's elements
+  if (!fabric.empty()) {
+    Call c;
+    c.what = what;
+    c.dtype = fabric_dtype(input.scalar_type());
+    c.op = fabric;
+    c.root = root;
+    c.torch_op = torch_op;
+    c.torch_dtype = torch_dtype(input.scalar_type());
+    c.reduce_op = name;
+    c.bytes = input.nbytes();
+    c.input = bytes_of(input);
+    return submit(type, std::move(outputs), std::move(c), [input, mine, n, name, finish](const std::string& out) {
+      at::Tensor r = flat_from(out.data(), out.size(), mine, input);
+      finish(name == "avg" ? r.div_(n) : r);
+    });
+  }
   Call c = movement("all-gather", torch_op, input);
   c.reduce_op = name;
-  const uint64_t block = c.input.size();
-  const int n = getSize();
-  if (outputs.empty()) {
-    outputs = {input};
-  }
-  return submit(type, std::move(outputs), std::move(c), [input, block, n, name, finish](const std::string& out) {
-    std::vector<at::Tensor> parts;
-    for (int r = 0; r < n; ++r) {
-      parts.push_back(tensor_from(out.data() + r * block, input));
-    }
-    at::Tensor all = at::stack(parts);
-    at::Tensor reduced = name == "min" ? std::get<0>(all.min(0)) : name == "max" ? std::get<0>(all.max(0)) : all.sum(0);
-    finish(name == "avg" ? reduced.div_(n) : reduced);
-  });
+  const uint64_t block = c.input.size();  // padded to kMovementAlign
+  return submit(type, std::move(outputs), std::move(c),
+                [input, block, numel, mine, n, me, name, finish](const std::string& out) {
+                  TORCH_CHECK(out.size() >= block * n, "ifec: hostd returned ", out.size(), " B for ", n, " blocks of ",
+                              block, " B");
+                  std::vector<at::Tensor> parts;
+                  for (int r = 0; r < n; ++r) {
+                    parts.push_back(flat_from(out.data() + r * block, block, numel, input));
+                  }
+                  at::Tensor reduced = fold(parts, name);
+                  finish(mine == numel ? reduced : reduced.narrow(0, me * mine, mine));
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::exchange(c10d::OpType type, const std::string& torch_op,
+                                                      const at::Tensor& like, std::string input,
+                                                      std::vector<uint64_t> send, std::vector<uint64_t> recv,
+                                                      std::vector<at::Tensor> outputs,
+                                                      std::function<void(const std::string&)> finish) {
+  Call c;
+  c.what = "alltoall";
+  c.torch_op = torch_op;
+  c.torch_dtype = torch_dtype(like.scalar_type());
+  c.bytes = input.size();
+  c.input = std::move(input);
+  c.send_splits = std::move(send);
+  c.recv_splits = std::move(recv);
+  return submit(type, std::move(outputs), std::move(c), std::move(finish));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
-  check_one(tensors, "all_reduce");
-  at::Tensor t = tensors[0];
-  const std::string dtype = fabric_dtype(t.scalar_type());
-  if (dtype.empty()) {
-    return reduce_at_ranks(c10d::OpType::ALLREDUCE, "all_reduce", t, opts.reduceOp,
-                           [t](const at::Tensor& r) mutable { t.copy_(r.view(t.sizes())); });
-  }
-  Call c = reduction("allreduce", "all_reduce", t, opts.reduceOp, dtype);
-  const bool avg = c.reduce_op == "avg";
-  const int n = getSize();
-  return submit(c10d::OpType::ALLREDUCE, {t}, std::move(c), [t, avg, n](const std::string& out) mutable {
-    write_into(t, out.data(), out.size());
-    if (avg) {
-      t.div_(n);
+  return guarded("all_reduce", [&] {
+    check_one(tensors, "all_reduce");
+    at::Tensor t = tensors[0];
+    return reduce_work(c10d::OpType::ALLREDUCE, "all_reduce", "allreduce", t, opts.reduceOp, 0, {t},
+                       [t](const at::Tensor& r) mutable { t.copy_(r.view(t.sizes())); });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                 const c10d::AllreduceCoalescedOptions& opts) {
+  return guarded("all_reduce_coalesced", [&] {
+    TORCH_CHECK(!tensors.empty(), "ifec: all_reduce_coalesced of no tensors");
+    std::vector<at::Tensor> flat;
+    for (const at::Tensor& t : tensors) {
+      check_tensor(t, "all_reduce_coalesced");
+      TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(), "ifec: all_reduce_coalesced of ",
+                  torch_dtype(tensors[0].scalar_type()), " and ", torch_dtype(t.scalar_type()),
+                  " tensors (one dtype throughout)");
+      flat.push_back(t.reshape({-1}));
     }
+    std::vector<at::Tensor> ts = tensors;
+    return reduce_work(c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", "allreduce", at::cat(flat),
+                       opts.reduceOp, 0, ts, [ts](const at::Tensor& r) mutable {
+                         int64_t at = 0;
+                         for (at::Tensor& t : ts) {
+                           t.copy_(r.narrow(0, at, t.numel()).view(t.sizes()));
+                           at += t.numel();
+                         }
+                       });
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
-  check_one(tensors, "reduce");
-  at::Tensor t = tensors[0];
-  const bool root = opts.rootRank == getRank();
-  const std::string dtype = fabric_dtype(t.scalar_type());
-  if (dtype.empty()) {
-    return reduce_at_ranks(c10d::OpType::REDUCE, "reduce", t, opts.reduceOp, [t, root](const at::Tensor& r) mutable {
-      if (root) {
-        t.copy_(r.view(t.sizes()));
-      }
-    });
-  }
-  Call c = reduction("reduce", "reduce", t, opts.reduceOp, dtype);
-  c.root = static_cast<int>(opts.rootRank);
-  const bool avg = c.reduce_op == "avg";
-  const int n = getSize();
-  return submit(c10d::OpType::REDUCE, {t}, std::move(c), [t, avg, n, root](const std::string& out) mutable {
-    if (root) {
-      write_into(t, out.data(), out.size());
-      if (avg) {
-        t.div_(n);
-      }
-    }
+  return guarded("reduce", [&] {
+    check_one(tensors, "reduce");
+    check_root(opts.rootRank, getSize(), "reduce");
+    at::Tensor t = tensors[0];
+    const bool root = opts.rootRank == getRank();
+    return reduce_work(c10d::OpType::REDUCE, "reduce", "reduce", t, opts.reduceOp, static_cast<int>(opts.rootRank), {t},
+                       [t, root](const at::Tensor& r) mutable {
+                         if (root) {
+                           t.copy_(r.view(t.sizes()));
+                         }
+                       });
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
                                                        const c10d::BroadcastOptions& opts) {
-  check_one(tensors, "broadcast");
-  at::Tensor t = tensors[0];
-  Call c = movement("multicast", "broadcast", t);
-  c.root = static_cast<int>(opts.rootRank);
-  return submit(c10d::OpType::BROADCAST, {t}, std::move(c),
-                [t](const std::string& out) mutable { write_into(t, out.data(), out.size()); });
+  return guarded("broadcast", [&] {
+    check_one(tensors, "broadcast");
+    check_root(opts.rootRank, getSize(), "broadcast");
+    at::Tensor t = tensors[0];
+    Call c = movement("multicast", "broadcast", t);
+    c.root = static_cast<int>(opts.rootRank);
+    return submit(c10d::OpType::BROADCAST, {t}, std::move(c),
+                  [t](const std::string& out) mutable { write_into(t, out.data(), out.size()); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) {
-  check_one(inputs, "all_gather");
-  TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
-              "ifec: all_gather needs one "
-              "list of ",
-              getSize(), " output tensors");
-  at::Tensor in = inputs[0];
-  for (const at::Tensor& o : outputs[0]) {
-    check_tensor(o, "all_gather");
-    TORCH_CHECK(o.nbytes() == in.nbytes() && o.scalar_type() == in.scalar_type(), "ifec: all_gather of ", in.nbytes(),
-                " B of ", torch_dtype(in.scalar_type()), " into a tensor of ", o.nbytes(), " B of ",
-                torch_dtype(o.scalar_type()), " (uneven all_gather is not supported)");
-  }
-  Call c = movement("all-gather", "all_gather", in);
-  const uint64_t block = c.input.size();
-  std::vector<at::Tensor> outs = outputs[0];
-  return submit(c10d::OpType::ALLGATHER, outs, std::move(c), [outs, block](const std::string& out) mutable {
-    for (size_t r = 0; r < outs.size(); ++r) {
-      write_into(outs[r], out.data() + r * block, block);
+  return guarded("all_gather", [&] {
+    check_one(inputs, "all_gather");
+    TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
+                "ifec: all_gather needs one list of ", getSize(), " output tensors, not ",
+                outputs.empty() ? 0 : outputs[0].size());
+    at::Tensor in = inputs[0];
+    for (const at::Tensor& o : outputs[0]) {
+      check_tensor(o, "all_gather");
+      TORCH_CHECK(o.nbytes() == in.nbytes() && o.scalar_type() == in.scalar_type(), "ifec: all_gather of ", in.nbytes(),
+                  " B of ", torch_dtype(in.scalar_type()), " into a tensor of ", o.nbytes(), " B of ",
+                  torch_dtype(o.scalar_type()), " (uneven all_gather is not supported)");
     }
+    Call c = movement("all-gather", "all_gather", in);
+    const uint64_t block = c.input.size();
+    std::vector<at::Tensor> outs = outputs[0];
+    return submit(c10d::OpType::ALLGATHER, outs, std::move(c), [outs, block](const std::string& out) mutable {
+      for (size_t r = 0; r < outs.size(); ++r) {
+        write_into(outs[r], out.data() + r * block, block);
+      }
+    });
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const c10d::AllgatherOptions&) {
-  check_tensor(input, "all_gather_into_tensor");
-  check_tensor(output, "all_gather_into_tensor");
-  TORCH_CHECK(output.nbytes() == input.nbytes() * getSize() && output.scalar_type() == input.scalar_type(),
-              "ifec: all_gather_into_tensor of ", input.nbytes(), " B into ", output.nbytes(), " B (needs ",
-              input.nbytes() * getSize(), " B of ", torch_dtype(input.scalar_type()), ")");
-  Call c = movement("all-gather", "all_gather_into_tensor", input);
-  const uint64_t block = c.input.size();
-  const uint64_t len = input.nbytes();
-  at::Tensor out_t = output;
-  return submit(c10d::OpType::_ALLGATHER_BASE, {output}, std::move(c),
-                [out_t, block, len, n = getSize()](const std::string& out) mutable {
-                  std::string packed;
-                  for (int r = 0; r < n; ++r) {
-                    packed.append(out.data() + r * block, len);
-                  }
-                  write_into(out_t, packed.data(), packed.size());
-                });
+  return guarded("all_gather_into_tensor", [&] {
+    check_tensor(input, "all_gather_into_tensor");
+    check_tensor(output, "all_gather_into_tensor");
+    TORCH_CHECK(output.nbytes() == input.nbytes() * getSize() && output.scalar_type() == input.scalar_type(),
+                "ifec: all_gather_into_tensor of ", input.nbytes(), " B of ", torch_dtype(input.scalar_type()),
+                " into ", output.nbytes(), " B of ", torch_dtype(output.scalar_type()), " (needs ",
+                input.nbytes() * getSize(), " B of ", torch_dtype(input.scalar_type()), ")");
+    Call c = movement("all-gather", "all_gather_into_tensor", input);
+    const uint64_t block = c.input.size();
+    const uint64_t len = input.nbytes();
+    at::Tensor out_t = output;
+    return submit(c10d::OpType::_ALLGATHER_BASE, {output}, std::move(c),
+                  [out_t, block, len, n = getSize()](const std::string& out) mutable {
+                    std::string packed;
+                    for (int r = 0; r < n; ++r) {
+                      packed.append(out.data() + r * block, len);
+                    }
+                    write_into(out_t, packed.data(), packed.size());
+                  });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                    std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  return guarded("gather", [&] {
+    check_one(inputs, "gather");
+    const int n = getSize();
+    check_root(opts.rootRank, n, "gather");
+    const at::Tensor in = inputs[0];
+    const bool root = opts.rootRank == getRank();
+    std::vector<uint64_t> send(n, 0);
+    std::vector<uint64_t> recv(n, 0);
+    send[opts.rootRank] = in.nbytes();
+    std::vector<at::Tensor> outs;
+    if (root) {
+      TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == n, "ifec: gather needs one list of ", n,
+                  " output tensors at its root, not ", outputs.empty() ? 0 : outputs[0].size());
+      outs = outputs[0];
+      check_list(outs, in, "gather");
+      for (int s = 0; s < n; ++s) {  // each rank's block its output's size (hostd names a sender that differs)
+        recv[s] = outs[s].nbytes();
+      }
+    } else {
+      TORCH_CHECK(outputs.empty() || outputs[0].empty(), "ifec: gather's output tensors are given at its root only");
+    }
+    return exchange(c10d::OpType::GATHER, "gather", in, bytes_of(in), std::move(send), recv, outs,
+                    [outs, recv](const std::string& out) mutable {
+                      uint64_t at = 0;
+                      for (size_t s = 0; s < outs.size(); ++s) {
+                        write_into(outs[s], out.data() + at, recv[s]);
+                        at += recv[s];
+                      }
+                    });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::scatter(std::vector<at::Tensor>& outputs,
+                                                     std::vector<std::vector<at::Tensor>>& inputs,
+                                                     const c10d::ScatterOptions& opts) {
+  return guarded("scatter", [&] {
+    check_one(outputs, "scatter");
+    const int n = getSize();
+    check_root(opts.rootRank, n, "scatter");
+    at::Tensor out_t = outputs[0];
+    std::vector<uint64_t> send(n, 0);
+    std::vector<uint64_t> recv(n, 0);
+    recv[opts.rootRank] = out_t.nbytes();
+    std::string input;
+    if (opts.rootRank == getRank()) {
+      TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == n, "ifec: scatter needs one list of ", n,
+                  " input tensors at its root, not ", inputs.empty() ? 0 : inputs[0].size());
+      check_list(inputs[0], out_t, "scatter");
+      for (int d = 0; d < n; ++d) {
+        send[d] = inputs[0][d].nbytes();
+        input += bytes_of(inputs[0][d]);
+      }
+    } else {
+      TORCH_CHECK(inputs.empty() || inputs[0].empty(), "ifec: scatter's input tensors are given at its root only");
+    }
+    return exchange(c10d::OpType::SCATTER, "scatter", out_t, std::move(input), std::move(send), std::move(recv),
+                    {out_t}, [out_t](const std::string& out) mutable { write_into(out_t, out.data(), out.size()); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                             std::vector<std::vector<at::Tensor>>& inputs,
                                                             const c10d::ReduceScatterOptions& opts) {
-  check_one(outputs, "reduce_scatter");
-  TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
-              "ifec: reduce_scatter needs one list of ", getSize(), " input tensors");
-  std::vector<at::Tensor> flat;
-  for (const at::Tensor& t : inputs[0]) {
-    check_tensor(t, "reduce_scatter");
-    TORCH_CHECK(t.nbytes() == outputs[0].nbytes() && t.scalar_type() == outputs[0].scalar_type(),
-                "ifec: reduce_scatter of unequal blocks (", t.nbytes(), " B of ", torch_dtype(t.scalar_type()),
-                " against ", outputs[0].nbytes(), " B of ", torch_dtype(outputs[0].scalar_type()), ")");
-    flat.push_back(t.reshape({-1}));
-  }
-  at::Tensor in = at::cat(flat);
-  return _reduce_scatter_base(outputs[0], in, opts);
+  return guarded("reduce_scatter", [&] {
+    check_one(outputs, "reduce_scatter");
+    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+                "ifec: reduce_scatter needs one list of ", getSize(), " input tensors, not ",
+                inputs.empty() ? 0 : inputs[0].size());
+    std::vector<at::Tensor> flat;
+    for (const at::Tensor& t : inputs[0]) {
+      check_tensor(t, "reduce_scatter");
+      TORCH_CHECK(t.nbytes() == outputs[0].nbytes() && t.scalar_type() == outputs[0].scalar_type(),
+                  "ifec: reduce_scatter of unequal blocks (", t.nbytes(), " B of ", torch_dtype(t.scalar_type()),
+                  " against ", outputs[0].nbytes(), " B of ", torch_dtype(outputs[0].scalar_type()), ")");
+      flat.push_back(t.reshape({-1}));
+    }
+    at::Tensor in = at::cat(flat);
+    at::Tensor out_t = outputs[0];
+    return reduce_work(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", "reduce-scatter", in, opts.reduceOp, 0, {out_t},
+                       [out_t](const at::Tensor& r) mutable { out_t.copy_(r.view(out_t.sizes())); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::ReduceScatterOptions& opts) {
-  check_tensor(input, "reduce_scatter");
-  check_tensor(output, "reduce_scatter");
-  const int n = getSize();
-  TORCH_CHECK(input.nbytes() == output.nbytes() * n && input.scalar_type() == output.scalar_type(),
-              "ifec: reduce_scatter of ", input.nbytes(), " B into ", output.nbytes(), " B (needs ", n,
-              " blocks of the output's size and dtype)");
-  at::Tensor out_t = output;
-  const std::string dtype = fabric_dtype(input.scalar_type());
-  if (dtype.empty()) {
-    const int64_t block = output.numel();
-    return reduce_at_ranks(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", input, opts.reduceOp,
-                           [out_t, block, me = getRank()](const at::Tensor& r) mutable {
-                             out_t.copy_(r.reshape({-1}).narrow(0, me * block, block).view(out_t.sizes()));
-                           },
-                           {output});
-  }
-  Call c = reduction("reduce-scatter", "reduce_scatter", input, opts.reduceOp, dtype);
-  const bool avg = c.reduce_op == "avg";
-  return submit(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, std::move(c),
-                [out_t, avg, n](const std::string& out) mutable {
-                  write_into(out_t, out.data(), out.size());
-                  if (avg) {
-                    out_t.div_(n);
-                  }
-                });
+  return guarded("reduce_scatter", [&] {
+    check_tensor(input, "reduce_scatter");
+    check_tensor(output, "reduce_scatter");
+    const int n = getSize();
+    TORCH_CHECK(input.nbytes() == output.nbytes() * n && input.scalar_type() == output.scalar_type(),
+                "ifec: reduce_scatter of ", input.nbytes(), " B of ", torch_dtype(input.scalar_type()), " into ",
+                output.nbytes(), " B of ", torch_dtype(output.scalar_type()), " (needs ", n,
+                " blocks of the output's size and dtype)");
+    at::Tensor out_t = output;
+    return reduce_work(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter", "reduce-scatter", input, opts.reduceOp, 0,
+                       {output}, [out_t](const at::Tensor& r) mutable { out_t.copy_(r.view(out_t.sizes())); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                            std::vector<int64_t>& output_splits,
                                                            std::vector<int64_t>& input_splits,
                                                            const c10d::AllToAllOptions&) {
-  check_tensor(input, "all_to_all_single");
-  check_tensor(output, "all_to_all_single");
-  TORCH_CHECK(input.scalar_type() == output.scalar_type(), "ifec: all_to_all_single from ",
-              torch_dtype(input.scalar_type()), " into ", torch_dtype(output.scalar_type()));
-  const size_t n = static_cast<size_t>(getSize());
-  TORCH_CHECK(
-      (input_splits.empty() || input_splits.size() == n) && (output_splits.empty() || output_splits.size() == n),
-      "ifec: all_to_all_single with ", input_splits.size(), " input and ", output_splits.size(), " output splits for ",
-      n, " ranks");
-  Call c;
-  c.what = "alltoall";
-  c.torch_op = "all_to_all_single";
-  c.torch_dtype = torch_dtype(input.scalar_type());
-  c.bytes = input.nbytes();
-  c.input = bytes_of(input);
-  c.send_splits = split_bytes(input_splits, row_bytes(input));
-  c.recv_splits = split_bytes(output_splits, row_bytes(output));
-  if (c.send_splits.empty()) {
-    TORCH_CHECK(input.nbytes() % n == 0, "ifec: all_to_all_single of ", input.nbytes(), " B in ", n,
-                " equal blocks: give the input splits");
-    c.send_splits.assign(n, input.nbytes() / n);
-  }
-  if (c.recv_splits.empty()) {
-    TORCH_CHECK(output.nbytes() % n == 0, "ifec: all_to_all_single into ", output.nbytes(), " B in ", n,
-                " equal blocks: give the output splits");
-    c.recv_splits.assign(n, output.nbytes() / n);
-  }
-  auto sum = [](const std::vector<uint64_t>& v) { return std::accumulate(v.begin(), v.end(), uint64_t{0}); };
-  TORCH_CHECK(sum(c.send_splits) == input.nbytes() && sum(c.recv_splits) == output.nbytes(),
-              "ifec: all_to_all_single: the input splits add up to ", sum(c.send_splits), " B of an input of ",
-              input.nbytes(), " B, the output splits to ", sum(c.recv_splits), " B of an output of ", output.nbytes(),
-              " B (each must be its tensor's first dimension)");
-  at::Tensor out_t = output;
-  return submit(c10d::OpType::ALLTOALL_BASE, {output}, std::move(c),
-                [out_t](const std::string& out) mutable { write_into(out_t, out.data(), out.size()); });
+  return guarded("all_to_all_single", [&] {
+    check_tensor(input, "all_to_all_single");
+    check_tensor(output, "all_to_all_single");
+    TORCH_CHECK(input.scalar_type() == output.scalar_type(), "ifec: all_to_all_single from ",
+                torch_dtype(input.scalar_type()), " into ", torch_dtype(output.scalar_type()));
+    const size_t n = static_cast<size_t>(getSize());
+    TORCH_CHECK(
+        (input_splits.empty() || input_splits.size() == n) && (output_splits.empty() || output_splits.size() == n),
+        "ifec: all_to_all_single with ", input_splits.size(), " input and ", output_splits.size(),
+        " output splits for ", n, " ranks");
+    std::vector<uint64_t> send = split_bytes(input_splits, row_bytes(input));
+    std::vector<uint64_t> recv = split_bytes(output_splits, row_bytes(output));
+    if (send.empty()) {
+      TORCH_CHECK(input.nbytes() % n == 0, "ifec: all_to_all_single of ", input.nbytes(), " B in ", n,
+                  " equal blocks: give the input splits");
+      send.assign(n, input.nbytes() / n);
+    }
+    if (recv.empty()) {
+      TORCH_CHECK(output.nbytes() % n == 0, "ifec: all_to_all_single into ", output.nbytes(), " B in ", n,
+                  " equal blocks: give the output splits");
+      recv.assign(n, output.nbytes() / n);
+    }
+    TORCH_CHECK(sum_of(send) == input.nbytes() && sum_of(recv) == output.nbytes(),
+                "ifec: all_to_all_single: the input splits add up to ", sum_of(send), " B of an input of ",
+                input.nbytes(), " B, the output splits to ", sum_of(recv), " B of an output of ", output.nbytes(),
+                " B (each must be its tensor's first dimension)");
+    at::Tensor out_t = output;
+    return exchange(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", input, bytes_of(input), std::move(send),
+                    std::move(recv), {output},
+                    [out_t](const std::string& out) mutable { write_into(out_t, out.data(), out.size()); });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                      const c10d::AllToAllOptions&) {
+  return guarded("all_to_all", [&] {
+    const int n = getSize();
+    TORCH_CHECK(static_cast<int>(inputs.size()) == n && static_cast<int>(outputs.size()) == n,
+                "ifec: all_to_all needs ", n, " input and ", n, " output tensors, not ", inputs.size(), " and ",
+                outputs.size());
+    check_list(inputs, inputs[0], "all_to_all");
+    check_list(outputs, inputs[0], "all_to_all");
+    std::string input;
+    std::vector<uint64_t> send;
+    std::vector<uint64_t> recv;
+    for (int r = 0; r < n; ++r) {
+      input += bytes_of(inputs[r]);
+      send.push_back(inputs[r].nbytes());
+      recv.push_back(outputs[r].nbytes());
+    }
+    std::vector<at::Tensor> outs = outputs;
+    return exchange(c10d::OpType::ALLTOALL, "all_to_all", inputs[0], std::move(input), std::move(send), recv, outs,
+                    [outs, recv](const std::string& out) mutable {
+                      uint64_t at = 0;
+                      for (size_t s = 0; s < outs.size(); ++s) {
+                        write_into(outs[s], out.data() + at, recv[s]);
+                        at += recv[s];
+                      }
+                    });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::barrier(const c10d::BarrierOptions&) {

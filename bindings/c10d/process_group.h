@@ -47,6 +47,7 @@ struct Call {
   std::string torch_dtype;
   std::string reduce_op;
   uint64_t bytes = 0;
+  bool traced = true;  // false: a refused operation's stand-in (ProcessGroup::guarded), which the trace leaves out
 };
 
 class Runner;
@@ -60,6 +61,9 @@ class ProcessGroup : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts = c10d::ReduceOptions()) override;
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -69,6 +73,10 @@ class ProcessGroup : public c10d::ProcessGroup {
                                            const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(
       at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts = c10d::ScatterOptions()) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(
       std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
@@ -78,18 +86,37 @@ class ProcessGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
 
  private:
   // Queues `call`; `finish(output)` runs on the worker once hostd answered (it copies the output into the tensors).
+  // Every call takes the group's next operation number, also one of no elements (it meets the other ranks as a
+  // barrier: a rank that skipped it would meet their next operation with this one, and every later one, out of step).
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, std::vector<at::Tensor> outputs, Call call,
                                         std::function<void(const std::string&)> finish);
-  // A reduction (allreduce, reduce, reduce-scatter) of a dtype the fabric does not reduce (int64, float64): the
-  // ranks all-gather the inputs and each reduces them itself, in rank order (the same result on every rank).
-  c10::intrusive_ptr<c10d::Work> reduce_at_ranks(c10d::OpType type, const std::string& torch_op, at::Tensor input,
-                                                 c10d::ReduceOp op,
-                                                 std::function<void(const at::Tensor& reduced)> finish,
-                                                 std::vector<at::Tensor> outputs = {});  // the Work's ({input})
+  // Issues an operation (`issue`: its checks, then its submit). One it refuses still takes its operation number: a
+  // barrier goes to hostd in its place before the error is thrown, so where the other ranks did not refuse it (one
+  // rank's tensors or splits differ) their operation fails at once naming this rank's barrier, not after the hub's
+  // 30 s, and every later operation still meets its own.
+  c10::intrusive_ptr<c10d::Work> guarded(const std::string& torch_op,
+                                         const std::function<c10::intrusive_ptr<c10d::Work>()>& issue);
+  // A reduction (allreduce, reduce, reduce-scatter) of `input`: in the fabric where it reduces the dtype and the
+  // operation (fp32, bf16, fp16, int32; sum, avg, min, max), else at the ranks: they all-gather the inputs and each
+  // reduces them itself in rank order (the same result on every rank). `finish` gets this rank's result as a flat
+  // contiguous tensor of `input`'s dtype: every element (allreduce, reduce) or this rank's block (reduce-scatter).
+  c10::intrusive_ptr<c10d::Work> reduce_work(c10d::OpType type, const std::string& torch_op, const std::string& what,
+                                             const at::Tensor& input, c10d::ReduceOp op, int root,
+                                             std::vector<at::Tensor> outputs,
+                                             std::function<void(const at::Tensor& reduced)> finish);
+  // An all-to-all of bytes (all_to_all_single, all_to_all, gather, scatter): `input` holds this rank's blocks in
+  // rank order, send[d] bytes for rank d; recv[s] bytes come from rank s, and `finish` gets them in rank order. hostd
+  // checks every sender's splits against its receiver's, on every rank.
+  c10::intrusive_ptr<c10d::Work> exchange(c10d::OpType type, const std::string& torch_op, const at::Tensor& like,
+                                          std::string input, std::vector<uint64_t> send, std::vector<uint64_t> recv,
+                                          std::vector<at::Tensor> outputs,
+                                          std::function<void(const std::string&)> finish);
 
   BackendOptions o_;
   std::shared_ptr<Runner> runner_;

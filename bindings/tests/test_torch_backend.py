@@ -87,10 +87,32 @@ def test_every_operation_equals_the_same_computation_in_one_process(fab):
         assert (f"[rank {r}] refused mismatched sizes: ifec: " in out and "rank 3 runs allreduce of 7 fp32 elements"
                 in out.split(f"[rank {r}] refused mismatched sizes:")[1].splitlines()[0]), out[-3000:]
         assert f"[rank {r}] ok all_reduce after mismatched sizes" in out
-        assert f"[rank {r}] refused int8 sum: ifec: all_reduce of int8" in out
+        # every reduction of every dtype: the fabric's (fp32, bf16, fp16, int32: sum, avg, min, max), the rest at the
+        # ranks (product, bitwise, bool, int8, uint8, int64, float64 were refused, or reduced with no root)
+        for dtype in ("float32", "bfloat16", "float16", "int32", "int64", "float64", "bool", "uint8", "int8"):
+            for op in ("sum", "product", "min", "max") + (("avg",) if "float" in dtype else ("band", "bor", "bxor")):
+                assert f"[rank {r}] ok all_reduce {op} torch.{dtype}\n" in out, (op, dtype)
+        assert (f"[rank {r}] refused bxor on torch.float16: ifec: all_reduce with bxor on float16 is not supported "
+                "(bitwise reductions need an integer or bool dtype)") in out
+        assert (f"[rank {r}] refused avg on torch.int8: ifec: all_reduce with avg on int8 is not supported (avg needs "
+                "a floating-point dtype)") in out
+        for what in ("reduce to rank n", "reduce of int64 to rank n"):
+            assert f"[rank {r}] refused {what}: ifec: reduce with root rank 8: the group's ranks are 0..7" in out
+        assert f"[rank {r}] refused broadcast from rank -1: ifec: broadcast with root rank -1" in out
+        # one rank's empty tensor or refusal: every rank fails at once naming it, and the ranks stay in step
+        for what in ("one rank's empty tensor", "one rank's short all_gather list"):
+            line = out.split(f"[rank {r}] refused {what}: ")[1].splitlines()[0]
+            assert ("rank 3 runs barrier of 0 fp32 elements" in line if r != 3 or "empty" in what else
+                    "ifec: all_gather needs one list of 8 output tensors, not 7" in line), line
+            assert f"[rank {r}] ok all_reduce after {what}" in out
+        line = out.split(f"[rank {r}] refused disagreeing all_to_all_single splits: ")[1].splitlines()[0]
+        assert "alltoall: rank 0 sends 8 B to rank 1, which expects 4 B (its recv splits)" in line, line
+        for name in ("all_reduce after disagreeing all_to_all_single splits", "all_to_all_single with an idle rank",
+                     "scatter int8 from 1", "all_to_all list", "all_reduce_coalesced max"):
+            assert f"[rank {r}] ok {name}" in out
     assert "[rank 5] ok reduce to 5" in out
-    assert "refused product: ifec: all_reduce with product on float32 is not supported" in out
-    assert "refused bool: ifec: all_reduce of bool is not supported" in out
+    assert "[rank 2] ok gather to 2" in out and "[rank 0] ok gather_object" in out
+    assert "refused premul_sum: ifec: all_reduce with premul_sum on float32 is not supported" in out
     for r in range(8):
         for name in ("all_reduce in a group of half the ranks", "all_reduce of every rank after a group's",
                      "broadcast in a group", "all_to_all_single in a group"):

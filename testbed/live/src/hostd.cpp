@@ -816,11 +816,57 @@ v1::RunReply error_reply(const std::string& error) {
   return r;
 }
 
+// Runs `start` (which hands an operation to the communicator from a callback, after the entry barrier): what it
+// throws (an operation still running here) becomes the reply's error, not an exception on the loop, where no reply
+// went out and the caller waited for its deadline.
+void replying_errors(const std::function<void(v1::RunReply)>& reply, const std::function<void()>& start) {
+  try {
+    start();
+  } catch (const std::exception& e) {
+    reply(error_reply(e.what()));
+  }
+}
+
+// What a rank of an all-to-all on the caller's data gives the split exchange: this text (which an entry barrier's
+// mismatch names, as it names a collective's), a NUL, then its send splits and its recv splits (n uint64 each).
+constexpr char kAlltoallEntry[] = "alltoall of the caller's data";
+
+// "" when every rank's send splits are what their receivers expect, else the first pair that is not (receiver,
+// then sender, in rank order): every rank names the same one (each receiver alone saw only its own column, and the
+// ranks it did not concern went on to wait for stores that never came). `parts` is the split exchange.
+std::string alltoall_splits_problem(const std::vector<std::vector<uint8_t>>& parts, int n,
+                                    std::vector<std::vector<uint64_t>>* send_of) {
+  const size_t head = sizeof(kAlltoallEntry);  // the text and its NUL
+  const size_t want = head + 2 * n * sizeof(uint64_t);
+  std::vector<std::vector<uint64_t>> recv_of(n, std::vector<uint64_t>(n));
+  send_of->assign(n, std::vector<uint64_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const std::vector<uint8_t>& p = parts[r];
+    if (p.size() != want || std::memcmp(p.data(), kAlltoallEntry, head) != 0) {
+      const auto text_end = std::find(p.begin(), p.end(), uint8_t{0});
+      return "rank " + std::to_string(r) + " runs " + std::string(p.begin(), text_end) + " where this rank runs " +
+             kAlltoallEntry + ": every rank of a collective must give the same";
+    }
+    std::memcpy((*send_of)[r].data(), p.data() + head, n * sizeof(uint64_t));
+    std::memcpy(recv_of[r].data(), p.data() + head + n * sizeof(uint64_t), n * sizeof(uint64_t));
+  }
+  for (int d = 0; d < n; ++d) {
+    for (int s = 0; s < n; ++s) {
+      if ((*send_of)[s][d] != recv_of[d][s]) {
+        return "rank " + std::to_string(s) + " sends " + std::to_string((*send_of)[s][d]) + " B to rank " +
+               std::to_string(d) + ", which expects " + std::to_string(recv_of[d][s]) + " B (its recv splits)";
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
-// All-to-all on the caller's data with split sizes (torch's all_to_all_single): the ranks exchange their send splits
-// (a receiver learns where each sender's block lands in its output and checks it against what it expects), then
-// every rank stores its blocks, one RC WRITE row per peer of that block's length.
+// All-to-all on the caller's data with split sizes (torch's all_to_all_single): the ranks exchange their send and
+// receive splits (every rank checks every pair, so a disagreement fails every rank at once, and a receiver learns
+// where each sender's block lands in its output), then every rank stores its blocks, one RC WRITE row per peer of
+// that block's length.
 void HostDaemon::Impl::run_alltoall_given(Group& grp, const v1::RunRequest& q,
                                           std::function<void(v1::RunReply)> reply) {
   workloads::Communicator* c = grp.comm;
@@ -842,28 +888,20 @@ void HostDaemon::Impl::run_alltoall_given(Group& grp, const v1::RunRequest& q,
         return;
       }
       std::memcpy(ep->memory().window(src)->data, input->data(), input->size());
-      std::vector<uint8_t> mine(n * sizeof(uint64_t));
-      std::memcpy(mine.data(), send.data(), mine.size());
+      std::vector<uint8_t> mine(sizeof(kAlltoallEntry) + 2 * n * sizeof(uint64_t));
+      std::memcpy(mine.data(), kAlltoallEntry, sizeof(kAlltoallEntry));
+      std::memcpy(mine.data() + sizeof(kAlltoallEntry), send.data(), n * sizeof(uint64_t));
+      std::memcpy(mine.data() + sizeof(kAlltoallEntry) + n * sizeof(uint64_t), recv.data(), n * sizeof(uint64_t));
       // The exchange is also the entry barrier: every rank's windows exist and hold its input.
       c->bootstrap().allgather(std::move(mine), [=](workloads::Gathered g) {
         if (!g.ok) {
           reply(error_reply("alltoall: the split exchange: " + g.error));
           return;
         }
-        std::vector<std::vector<uint64_t>> splits(n, std::vector<uint64_t>(n));  // [sender][receiver]
-        for (int s = 0; s < n; ++s) {
-          if (g.parts[s].size() != n * sizeof(uint64_t)) {
-            reply(error_reply("alltoall: rank " + std::to_string(s) + " sent " + std::to_string(g.parts[s].size()) +
-                              " B of splits, not " + std::to_string(n * sizeof(uint64_t))));
-            return;
-          }
-          std::memcpy(splits[s].data(), g.parts[s].data(), g.parts[s].size());
-          if (splits[s][me] != recv[s]) {
-            reply(error_reply("alltoall: rank " + std::to_string(s) + " sends " + std::to_string(splits[s][me]) +
-                              " B to rank " + std::to_string(me) + ", which expects " + std::to_string(recv[s]) +
-                              " B (its recv splits)"));
-            return;
-          }
+        std::vector<std::vector<uint64_t>> splits;  // [sender][receiver]
+        if (const std::string e = alltoall_splits_problem(g.parts, n, &splits); !e.empty()) {
+          reply(error_reply("alltoall: " + e));
+          return;
         }
         workloads::BatchPutArgs a;
         a.source_window = src;
@@ -886,12 +924,14 @@ void HostDaemon::Impl::run_alltoall_given(Group& grp, const v1::RunRequest& q,
         }
         const OpStart start = op_start(*c);
         const uint64_t sent = total_of(send) - send[me];
-        c->put_rows(std::move(a), [=](workloads::CollectiveResult res) {
-          v1::RunReply r = alltoall_reply(res, 0, input->size(), sent, start);
-          if (res.ok) {
-            r.set_output(ep->memory().window(dst)->data, total_of(recv));
-          }
-          reply(std::move(r));
+        replying_errors(reply, [&] {
+          c->put_rows(std::move(a), [=](workloads::CollectiveResult res) {
+            v1::RunReply r = alltoall_reply(res, 0, input->size(), sent, start);
+            if (res.ok) {
+              r.set_output(ep->memory().window(dst)->data, total_of(recv));
+            }
+            reply(std::move(r));
+          });
         });
       });
     });
@@ -1120,13 +1160,17 @@ std::string operation_text(const workloads::CollArgs& a, workloads::Algo algo) {
   return os.str();
 }
 
+// An entry's text: up to its NUL (an all-to-all's entry carries its splits after one: kAlltoallEntry).
+std::string entry_text(const std::vector<uint8_t>& part) {
+  return std::string(part.begin(), std::find(part.begin(), part.end(), uint8_t{0}));
+}
+
 // "" when every rank's entry (operation_text) is rank 0's, else the first that is not, with rank 0's.
 std::string operation_mismatch(const workloads::Gathered& g) {
   for (size_t r = 1; r < g.parts.size(); ++r) {
     if (g.parts[r] != g.parts[0]) {
-      return "rank " + std::to_string(r) + " runs " + std::string(g.parts[r].begin(), g.parts[r].end()) +
-             " where rank 0 runs " + std::string(g.parts[0].begin(), g.parts[0].end()) +
-             ": every rank of a collective must give the same";
+      return "rank " + std::to_string(r) + " runs " + entry_text(g.parts[r]) + " where rank 0 runs " +
+             entry_text(g.parts[0]) + ": every rank of a collective must give the same";
     }
   }
   return "";
@@ -1210,12 +1254,14 @@ void HostDaemon::Impl::run_collective(Group& grp, const v1::RunRequest& q, std::
                   reply(error_reply(e));
                   return;
                 }
-                c->run(a, p.algo, [this, c, a, p, reply, at, input, given](workloads::CollectiveResult res) {
-                  v1::RunReply r = collective_reply(*c, p, a, res, at, !input->empty());
-                  if (!input->empty() && res.ok) {
-                    r.set_output(ep->memory().window(a.window)->data + given->out, given->out_bytes);
-                  }
-                  reply(std::move(r));
+                replying_errors(reply, [&] {
+                  c->run(a, p.algo, [this, c, a, p, reply, at, input, given](workloads::CollectiveResult res) {
+                    v1::RunReply r = collective_reply(*c, p, a, res, at, !input->empty());
+                    if (!input->empty() && res.ok) {
+                      r.set_output(ep->memory().window(a.window)->data + given->out, given->out_bytes);
+                    }
+                    reply(std::move(r));
+                  });
                 });
               });
         });

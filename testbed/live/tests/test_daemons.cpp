@@ -688,6 +688,60 @@ TEST_F(HostdTest, AHubHoldsABoundedNumberOfRounds) {
   }
 }
 
+// An all-to-all on the caller's data whose splits two ranks disagree on fails on every rank at once, naming the pair:
+// each receiver checked only what was sent to it, so rank 2, which the disagreement did not concern, went on to wait
+// for stores that never came until its deadline (and its hostd held the operation for a minute, failing the next
+// program's). An all-to-all against another rank's collective is named as such. Then the ranks run on.
+TEST_F(HostdTest, AnAlltoallsDisagreeingSplitsFailEveryRankAtOnce) {
+  auto alltoall = [](const std::vector<uint64_t>& send, const std::vector<uint64_t>& recv) {
+    v1::RunRequest q = run_request("alltoall", 0);
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < send.size(); ++i) {
+      q.add_send_splits(send[i]);
+      q.add_recv_splits(recv[i]);
+      bytes += send[i];
+    }
+    q.set_bytes(bytes);
+    q.set_input(std::string(bytes, 'x'));
+    return q;
+  };
+  auto run_each = [&](const std::vector<v1::RunRequest>& qs) {
+    std::vector<std::thread> ranks;
+    std::vector<v1::RunReply> replies(qs.size());
+    for (size_t g = 0; g < qs.size(); ++g) {
+      ranks.emplace_back([&, g] { replies[g] = run(static_cast<int>(g), qs[g]); });
+    }
+    for (std::thread& t : ranks) {
+      t.join();
+    }
+    return replies;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  // Rank 0 sends rank 1 8 B, which expects 4.
+  for (const v1::RunReply& r :
+       run_each({alltoall({4, 8, 4}, {4, 4, 4}), alltoall({4, 4, 4}, {4, 4, 4}), alltoall({4, 4, 4}, {4, 4, 4})})) {
+    EXPECT_FALSE(r.ok());
+    EXPECT_NE(r.error().find("alltoall: rank 0 sends 8 B to rank 1, which expects 4 B (its recv splits)"),
+              std::string::npos)
+        << r.error();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  const std::vector<v1::RunReply> mixed =
+      run_each({alltoall({4, 4, 4}, {4, 4, 4}), alltoall({4, 4, 4}, {4, 4, 4}), run_request("allreduce", 12)});
+  for (size_t g = 0; g < mixed.size(); ++g) {
+    EXPECT_FALSE(mixed[g].ok());
+    EXPECT_NE(
+        mixed[g].error().find("rank 2 runs allreduce of 3 fp32 elements, sum, algorithm ifec where " +
+                              std::string(g < 2 ? "this rank" : "rank 0") + " runs alltoall of the caller's data"),
+        std::string::npos)
+        << mixed[g].error();
+  }
+  for (const v1::RunReply& r :
+       run_each({alltoall({4, 4, 4}, {4, 4, 4}), alltoall({4, 4, 4}, {4, 4, 4}), alltoall({4, 4, 4}, {4, 4, 4})})) {
+    EXPECT_TRUE(r.ok()) << r.error();
+  }
+}
+
 // A torch program's groups (numbered program * 4096 + count, as ifec.torch_backend does) are let go when a group of
 // another program runs: hostd kept every program's communicators and windows until it exited.
 TEST_F(HostdTest, AnEndedProgramsGroupsAreLetGoWhenAnotherProgramsGroupRuns) {
