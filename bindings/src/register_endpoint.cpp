@@ -117,13 +117,9 @@ void register_handles(py::module_& m) {
       });
 }
 
-// A simulated cluster: its GPUs' windows and transactions, waits, link failures, counters, endpoint collectives.
-void register_cluster(py::module_& m) {
-  py::class_<testbed::Cluster>(m, "Cluster")
-      .def(py::init(&make_cluster), py::arg("topology"), py::arg("ordering") = "partial", py::arg("loss") = 0.0,
-           py::arg("lb") = "packet", py::arg("planes") = 0, py::arg("seed") = 1)
-      .def_property_readonly("size", &testbed::Cluster::size)
-      .def_property_readonly("now_ns", [](testbed::Cluster& c) { return c.now(); })
+// A cluster's windows from the host's side: allocated, read, written, and where a peer reaches them.
+void register_cluster_windows(py::class_<testbed::Cluster>& cluster) {
+  cluster
       .def(
           "allocate_window",
           [](testbed::Cluster& c, uint16_t id, uint64_t bytes, uint32_t job, bool shared) {
@@ -143,6 +139,32 @@ void register_cluster(py::module_& m) {
                                                                                    << w->size << " bytes");
              return py::bytes(reinterpret_cast<const char*>(w->data + offset), length);
            })
+      .def("window_va_rkey",
+           [](testbed::Cluster& c, int gpu, uint16_t id) {
+             const endpoint::WindowInfo* w = ep(c, gpu).memory().window(id);
+             IFEC_CHECK(w != nullptr, "GPU " << gpu << " has no window " << id);
+             return py::make_tuple(w->va, w->rkey, w->size);
+           })
+      .def("write_window", [](testbed::Cluster& c, int gpu, uint16_t id, uint64_t offset, py::bytes data) {
+        // Host-side initialisation of a GPU's memory (what cudaMemcpy does before a kernel runs).
+        std::string_view v = data;
+        const endpoint::WindowInfo* w = ep(c, gpu).memory().window(id);
+        IFEC_CHECK(w != nullptr, "GPU " << gpu << " has no window " << id);
+        IFEC_CHECK(offset <= w->size && v.size() <= w->size - offset,
+                   "window " << id << ": [" << offset << ", +" << v.size() << ") outside its " << w->size << " bytes");
+        std::memcpy(w->data + offset, v.data(), v.size());
+      });
+}
+
+// A simulated cluster: its GPUs' windows and transactions, waits, link failures, counters, endpoint collectives.
+void register_cluster(py::module_& m) {
+  py::class_<testbed::Cluster> cluster(m, "Cluster");
+  register_cluster_windows(cluster);
+  cluster
+      .def(py::init(&make_cluster), py::arg("topology"), py::arg("ordering") = "partial", py::arg("loss") = 0.0,
+           py::arg("lb") = "packet", py::arg("planes") = 0, py::arg("seed") = 1)
+      .def_property_readonly("size", &testbed::Cluster::size)
+      .def_property_readonly("now_ns", [](testbed::Cluster& c) { return c.now(); })
       .def("store",
            [](testbed::Cluster& c, int gpu, int peer, uint16_t window, uint64_t offset, py::bytes data) {
              std::string_view v = data;
@@ -177,12 +199,6 @@ void register_cluster(py::module_& m) {
              std::string_view v = data;
              return ep(c, gpu).store_raw(peer, qp, va, rkey, v.data(), v.size());
            })
-      .def("window_va_rkey",
-           [](testbed::Cluster& c, int gpu, uint16_t id) {
-             const endpoint::WindowInfo* w = ep(c, gpu).memory().window(id);
-             IFEC_CHECK(w != nullptr, "GPU " << gpu << " has no window " << id);
-             return py::make_tuple(w->va, w->rkey, w->size);
-           })
       .def(
           "fence", [](testbed::Cluster& c, int gpu, int peer) { ep(c, gpu).fence(peer); }, py::arg("gpu"),
           py::arg("peer") = -1)
@@ -203,17 +219,6 @@ void register_cluster(py::module_& m) {
           [](testbed::Cluster& c, int link, uint64_t at_ns) { c.fabric().schedule_link_state(link, false, at_ns); },
           py::arg("link"), py::arg("at_ns"))
       .def("counters", &counters, py::arg("gpu"))
-      .def("write_window",
-           [](testbed::Cluster& c, int gpu, uint16_t id, uint64_t offset, py::bytes data) {
-             // Host-side initialisation of a GPU's memory (what cudaMemcpy does before a kernel runs).
-             std::string_view v = data;
-             const endpoint::WindowInfo* w = ep(c, gpu).memory().window(id);
-             IFEC_CHECK(w != nullptr, "GPU " << gpu << " has no window " << id);
-             IFEC_CHECK(offset <= w->size && v.size() <= w->size - offset, "window " << id << ": [" << offset << ", +"
-                                                                                     << v.size() << ") outside its "
-                                                                                     << w->size << " bytes");
-             std::memcpy(w->data + offset, v.data(), v.size());
-           })
       .def(
           "scratch_bytes",
           [](testbed::Cluster& c, const std::string& kind, const std::vector<int>& members, uint64_t count,
