@@ -41,7 +41,7 @@ def _group_number(world_tag, count):
     """A new_group's number at the hostds: torch's count of groups, apart from another program's on the same fabric
     (another program's group of the same number and other members was refused by a hostd still holding it) by the
     world's first operation number (microseconds when it started, the same on every rank): tag * 4096 + count,
-    consecutive within a program (a hostd takes a group's windows by its number mod 1000, and lets go of the groups
+    consecutive within a program (a hostd takes a group's windows by its number mod 4096, and lets go of the groups
     of another tag, an ended program's, when a group of a new one runs)."""
     tag = 1 + (world_tag // 3) % ((1 << 20) - 1)
     return tag * 4096 + count % 4096

@@ -43,7 +43,7 @@ constexpr uint64_t kKeptWindowBytes = uint64_t{128} << 20;
 // repaired multicast replica, a fallback store of a row the fabric had delivered) cannot be taken for the next
 // one's. Stores carry no operation tag yet; see docs/architecture.md.
 constexpr uint16_t kWorldWindows = 1;     // every rank's operations: (buffer, scratch) pairs 1-2, 3-4, 5-6 in turn
-constexpr uint16_t kGroupWindows = 1000;  // group g's (RunRequest.group): six from 1000 + 6 (g - 1), pairs likewise
+constexpr uint16_t kGroupWindows = 1000;  // group g's: six from 1000 + 6 ((g - 1) mod 4096) (to 25575), pairs likewise
 // A torch program numbers its groups program * 4096 + count (ifec.torch_backend; program 0: a client's own small
 // numbers). One program runs on a fabric at a time (its world is every rank), so a group of another program than the
 // groups held means theirs has ended: their communicators, windows and hubs are let go then, not kept until exit.
@@ -1014,7 +1014,7 @@ void HostDaemon::Impl::with_group(const v1::RunRequest& q, std::function<void(v1
   let_go_of_ended_programs(id);
   Group& g = groups[id];
   g.members = members;
-  g.first_window = static_cast<uint16_t>(kGroupWindows + 6 * ((id - 1) % 1000));
+  g.first_window = static_cast<uint16_t>(kGroupWindows + 6 * ((id - 1) % kGroupsPerProgram));
   AddressOf addr = [this](int node) { return daemon_address(o, node); };
   g.own_boot = std::make_unique<GrpcBootstrap>(rt->loop(), topo, addr, static_cast<int>(me - members.begin()), members,
                                                o.rpc_deadline_ns * 8, id);

@@ -745,8 +745,8 @@ TEST_F(HostdTest, AnAlltoallsDisagreeingSplitsFailEveryRankAtOnce) {
 // A torch program's groups (numbered program * 4096 + count, as ifec.torch_backend does) are let go when a group of
 // another program runs: hostd kept every program's communicators and windows until it exited.
 TEST_F(HostdTest, AnEndedProgramsGroupsAreLetGoWhenAnotherProgramsGroupRuns) {
-  auto run_group = [&](uint32_t group, std::vector<int> members) {
-    v1::RunRequest q = run_request("allreduce", 4096, "ring");
+  auto run_group = [&](uint32_t group, std::vector<int> members, uint64_t bytes = 4096) {
+    v1::RunRequest q = run_request("allreduce", bytes, "ring");
     q.set_group(group);
     for (int m : members) {
       q.add_members(m);
@@ -763,22 +763,24 @@ TEST_F(HostdTest, AnEndedProgramsGroupsAreLetGoWhenAnotherProgramsGroupRuns) {
       EXPECT_TRUE(r.ok()) << r.error();
     }
   };
-  auto holds_window = [&](int gpu, uint32_t window) {
+  auto holds_window = [&](int gpu, uint32_t window, uint64_t bytes = 8) {
     v1::ReadWindowRequest rd;
     rd.set_window(window);
-    rd.set_length(8);
+    rd.set_length(bytes);
     return call(host(gpu), &v1::Host::Stub::ReadWindow, rd).ok();
   };
   const uint32_t first = 1 * 4096 + 1, second = 2 * 4096 + 1;
-  const uint32_t first_window = 1000 + 6 * ((first - 1) % 1000), second_window = 1000 + 6 * ((second - 1) % 1000);
+  const uint32_t first_window = 1000 + 6 * ((first - 1) % 4096), second_window = 1000 + 6 * ((second - 1) % 4096);
   run_group(first, {0, 1});
-  EXPECT_TRUE(holds_window(0, first_window));
+  EXPECT_TRUE(holds_window(0, first_window, 4096));
   run_group(first + 1, {0, 1});  // the same program's next group: the first is kept
-  EXPECT_TRUE(holds_window(0, first_window));
+  // and its 1,001st, whose windows were the first's (by number mod 1000): its 64-byte buffer replaced the first's
+  run_group(first + 1000, {0, 1}, 64);
+  EXPECT_TRUE(holds_window(0, first_window, 4096));
   run_group(second, {0, 2});
-  EXPECT_TRUE(holds_window(0, second_window));
-  EXPECT_FALSE(holds_window(0, first_window));
+  EXPECT_TRUE(holds_window(0, second_window));  // which is the first's number in its program: the first's windows
   EXPECT_FALSE(holds_window(0, first_window + 6));
+  EXPECT_FALSE(holds_window(0, first_window + 6 * 1000));
   EXPECT_TRUE(holds_window(1, first_window));  // GPU 1 has seen no group of the second program
   run_group(second + 1, {0, 1});               // whose GPU 1 lets go of the first program's groups, and runs with GPU 0
   EXPECT_FALSE(holds_window(1, first_window));
