@@ -156,6 +156,7 @@ def test_measure_eps_checks_its_arguments_as_measure_does(repo):
     small = dict(hidden=64, experts=16, topk=2, inter=64)
     for kwargs, error, named in [(dict(eps=8), TypeError, "eps=8: expected a list of EP sizes"),
                                  (dict(eps=[8.7]), TypeError, "eps=8.7: expected a whole number"),
+                                 (dict(eps=[]), ValueError, r"eps=\[\]: expected at least one EP size"),
                                  (dict(tokens=4.9), TypeError, "tokens=4.9: expected a whole number"),
                                  (dict(jobs=100000), ValueError, "jobs=100000 outside 0..4096"),
                                  (dict(jobs=-1), ValueError, "jobs=-1 outside 0..4096")]:

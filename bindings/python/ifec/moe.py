@@ -69,6 +69,8 @@ def measure_eps(topology, eps, tokens, variants=VARIANTS, mode="sweep", hidden=7
     if isinstance(eps, (str, bytes)) or not hasattr(eps, "__iter__"):
         raise TypeError(f"eps={eps!r}: expected a list of EP sizes")
     eps = [w(e, "eps", 1, 64000) for e in eps]
+    if not eps:
+        raise ValueError("eps=[]: expected at least one EP size")
     return json.loads(_native.run_moe_points_json(_args.topology(topology, _native.load_topology), mode, eps,
                                                   w(tokens, "tokens", 0), _args.items(variants, "variants"),
                                                   w(hidden, "hidden", 1), w(experts, "experts", 1), w(topk, "topk", 1),

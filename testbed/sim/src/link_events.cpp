@@ -2,6 +2,7 @@
 #include "ifec/testbed/link_events.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -13,14 +14,19 @@ namespace ifec::testbed {
 using common::TimeNs;
 
 TimeNs parse_time(const std::string& text) {
-  size_t idx = 0;
+  // Decimal digits with an optional fraction and exponent: std::stod alone would also take "0x10", " 5" and "inf".
+  const size_t idx = text.find_first_not_of("0123456789.eE+-");
+  const std::string number = text.substr(0, idx);
+  const bool decimal = !number.empty() && (std::isdigit(static_cast<unsigned char>(number[0])) || number[0] == '.');
   double v = 0;
+  size_t used = 0;
   try {
-    v = std::stod(text, &idx);
+    v = decimal ? std::stod(number, &used) : 0;
   } catch (const std::exception&) {
-    IFEC_FAIL("bad time '" << text << "': expected a number with ns (the default), us, ms or s");
   }
-  const std::string unit = text.substr(idx);
+  IFEC_CHECK(decimal && used == number.size(),
+             "bad time '" << text << "': expected a number with ns (the default), us, ms or s");
+  const std::string unit = idx == std::string::npos ? "" : text.substr(idx);
   double scale = 1;
   if (unit.empty() || unit == "ns") {
     scale = 1;

@@ -14,6 +14,12 @@ TEST(LinkEvents, ParsesTimesAndLinkSelectorsWithClearErrors) {
   EXPECT_EQ(testbed::parse_time("1.5ms"), 1'500'000u);
   EXPECT_EQ(testbed::parse_time("42"), 42u);
   EXPECT_THROW(testbed::parse_time("10 parsecs"), common::Error);
+  EXPECT_EQ(testbed::parse_time("2.5e1us"), 25'000u);
+  EXPECT_EQ(testbed::parse_time(".5us"), 500u);
+  // What std::stod would read but a time is not: hex, leading space, a sign, infinity, a number twice.
+  for (const std::string bad : {"0x10us", " 5us", "+5us", "-3us", "infus", "nan", "1e3e3us", "5..1us", "", "us"}) {
+    EXPECT_THROW(testbed::parse_time(bad), common::Error) << bad;
+  }
   const routing::Topology topo = routing::make_superpod(8, 4);
   EXPECT_EQ(testbed::resolve_links(topo, "gpu5:plane2").size(), 2u);
   EXPECT_EQ(testbed::resolve_links(topo, "gpu5:plane2:sub1").size(), 1u);
