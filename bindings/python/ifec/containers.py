@@ -22,6 +22,8 @@ import os
 import pathlib
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -377,35 +379,98 @@ def _frr_names(values):
     return list(dict.fromkeys(n for v in values or () for n in v.split(",") if n))
 
 
+def _load_topology(path):
+    """The topology file `path`, or a LiveError naming it and what is wrong (a missing file was a traceback)."""
+    try:
+        return _native.load_topology(str(path))
+    except (OSError, RuntimeError, ValueError) as e:
+        text = str(e)
+        raise live.LiveError(text if str(path) in text else f"{path}: {text}") from None
+
+
+def _write_state(**state):
+    pathlib.Path(STATE).parent.mkdir(parents=True, exist_ok=True)
+    with open(STATE + ".tmp", "w") as f:
+        json.dump(state, f)
+    os.replace(STATE + ".tmp", STATE)
+
+
 def _cmd_up(a):
-    import pathlib
-    topo = _native.load_topology(a.file)
+    st = _read_state()
+    if st is not None:  # its down is the only record of what it made (and its ports would be taken)
+        raise live.LiveError(f"a containerized testbed is already up (project {st['project']}, "
+                             f"{st.get('source', st['topology'])}): ./ifec testbed down first")
+    topo = _load_topology(a.file)
+    if any(n["kind"] == "gpu" and n["plane"] >= 0 for n in topo.nodes):
+        raise live.LiveError(f"{a.file}: its GPUs sit on one plane each (in-node NVLink forwarding): the live "
+                             "testbed gives every GPU a port on every plane; run it on the simulator (./ifec sim)")
     frr = _frr_names(a.frr)
     compose(topo, frr=frr, insecure=a.insecure)  # a bad --frr or node name is named before anything is made,
     images.preflight(live._bin_dir())  # and a missing daemon or a bad IFEC_* setting before dockerd is started
-    out = tempfile.mkdtemp(prefix=f"ifec-compose-{topo.name}-")
-    write_compose(topo, out, frr, a.insecure)
-    images.Dockerd()
-    images.build_all(live._bin_dir(), frr=bool(frr))
-    fab = ContainerFabric(a.file, a.project, out, frr=frr, insecure=a.insecure)
+    out = pathlib.Path(tempfile.mkdtemp(prefix=f"ifec-compose-{topo.name}-"))
+    fab, recorded = None, False
     try:
+        write_compose(topo, out, frr, a.insecure)
+        # The fabric is driven from the topology its containers run, not from a.file (which may change meanwhile).
+        (out / "topology.yaml").write_text(topo.to_yaml())
+        fab = ContainerFabric(out / "topology.yaml", a.project, str(out), frr=frr, insecure=a.insecure)
+        images.Dockerd()
+        fab._check_free()  # a project already up or a port taken: named before the images are built
+        images.build_all(live._bin_dir(), frr=bool(frr))
+        # Recorded before the bring-up: if this process is killed, ./ifec testbed down still finds what it made.
+        _write_state(topology=str(out / "topology.yaml"), project=a.project, compose_dir=str(out), frr=frr,
+                     insecure=a.insecure, own_dir=True, source=str(pathlib.Path(a.file).resolve()))
+        recorded = True
         fab.up()
-    except BaseException:  # nothing would name these containers and networks afterwards: take them down now
-        try:
-            fab.down()
-        except Exception as e:
-            print(f"testbed: taking the failed bring-up down: {e}", file=sys.stderr)
+    except BaseException:
+        if fab is not None and fab.made:  # fab.up could not take it all down again: down is how
+            print(f"testbed: the failed bring-up left containers or networks of project {a.project}: "
+                  "./ifec testbed down removes them", file=sys.stderr)
+        else:
+            if recorded:
+                os.remove(STATE)
+            shutil.rmtree(out, ignore_errors=True)
         raise
-    pathlib.Path(STATE).parent.mkdir(parents=True, exist_ok=True)
-    with open(STATE, "w") as f:
-        json.dump(dict(topology=str(pathlib.Path(a.file).resolve()), project=a.project, compose_dir=out, frr=frr,
-                       insecure=a.insecure), f)
     print("testbed: Prometheus at http://127.0.0.1:9090; bytes per plane the GPUs send: "
           "sum by (plane) (rate(ifec_port_bytes_total{dir=\"tx\",node=~\"gpu.*\"}[10s]))")
     if fab.tls_dir:
         print(f"testbed: control plane mutual TLS; the CA and the client roles' certificates (viewer, operator, rank) "
               f"in {fab.tls_dir}")
     print("testbed: ./ifec testbed status | run | fail | restore | kill | start | capture | ctl | down")
+    return 0
+
+
+def remove_project(project):
+    """docker-compose down without its file: the containers and networks docker-compose labelled with the project's
+    name. Returns how many of each it removed."""
+    label = f"label=com.docker.compose.project={project}"
+    ids = _docker(["ps", "-aq", "--filter", label]).split()
+    if ids:
+        _docker(["rm", "-f", "-v"] + ids)
+    nets = _docker(["network", "ls", "-q", "--filter", label]).split()
+    if nets:
+        _docker(["network", "rm"] + nets)
+    return len(ids), len(nets)
+
+
+def _cmd_down():
+    st = _read_state()
+    if st is None:
+        print("testbed: nothing is up")
+        return 0
+    try:
+        fab = attach()
+    except (live.LiveError, ValueError, OSError) as e:  # its compose file or topology gone: found by the labels
+        n, m = remove_project(st["project"])
+        print(f"testbed: {e}; removed project {st['project']}'s {n} container(s) and {m} network(s) by their labels")
+        tls = pathlib.Path(st["compose_dir"]) / TLS_FOLDER
+        shutil.rmtree(tls, ignore_errors=True)
+    else:
+        fab.down()
+    if st.get("own_dir"):  # the folder up made under /tmp, not one of the user's
+        shutil.rmtree(st["compose_dir"], ignore_errors=True)
+    os.remove(STATE)
+    print("testbed: down (no containers, networks or volumes left)")
     return 0
 
 
@@ -458,21 +523,29 @@ def main(argv=None):
     handlers = live.add_fabric_commands(sub, "live (containers)")
     a = p.parse_args(argv)
     a.attach = attach
+    if a.cmd == "up":  # a SIGTERM (timeout(1), a CI limit) unwinds the bring-up as Ctrl-C does
+        signal.signal(signal.SIGTERM, _interrupted)
     try:
         if a.cmd == "image":
             return _cmd_image()
         if a.cmd == "up":
             return _cmd_up(a)
         if a.cmd == "down":
-            attach().down()
-            os.remove(STATE)
-            print("testbed: down (no containers, networks or volumes left)")
-            return 0
+            return _cmd_down()
         if a.cmd in handlers:
             return handlers[a.cmd](a)
     except (live.LiveError, images.ImageError, RuntimeError, ValueError) as e:
         print(f"testbed: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # the state's folder, a capture's file
+        print(f"testbed {a.cmd}: {e.strerror or e}: {e.filename or ''}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        left = a.cmd == "up" and os.path.exists(STATE)
+        print("testbed: interrupted" + ("; what the bring-up made may be left: ./ifec testbed down" if left else
+                                        " (anything up made is taken down again)" if a.cmd == "up" else ""),
+              file=sys.stderr)
+        return 130
     try:
         topo = _native.load_topology(a.file)
     except Exception as e:  # a bad topology file: say which and why
@@ -540,6 +613,7 @@ class ContainerFabric(live.LiveFabric):
             write_compose(self.topo, self.compose_dir, frr, insecure)
         self._check_file(insecure)
         self.tls_dir = None if insecure else pathlib.Path(self.compose_dir) / TLS_FOLDER
+        self.made = False  # up() has made containers, networks or certificates that down() has not yet removed
         from . import frr as frr_mod
         for name in self.frr_names:
             self.frr[name] = frr_mod.FrrContainer(name, self.container(name), images.DOCKER)
@@ -575,27 +649,121 @@ class ContainerFabric(live.LiveFabric):
         return f"127.0.0.1:{GRPC_HOST_PORT + nd['index']}"  # published on the host
 
     def up(self, progress=print):
+        """Brings the fabric up and waits until every daemon is ready. Refuses, having made nothing, a project that
+        already has containers and a published port another program holds; any failure after that (Ctrl-C
+        included) takes down what it made before it is raised (`made` stays True where that failed too)."""
         t0 = time.time()
-        self._make_certificates(progress)
+        self._check_free()
+        self.made = True
+        try:
+            self._make_certificates(progress)
+            self._deploy()
+            progress(f"testbed: {len(self.nodes)} containers started ({time.time() - t0:.1f} s); waiting for the "
+                     "daemons")
+            return self._wait_ready(t0, progress)
+        except BaseException as e:
+            try:
+                self.down()
+            except Exception as d:
+                if isinstance(e, live.LiveError):
+                    raise live.LiveError(f"{e}; taking the failed bring-up down failed too: {d}") from None
+                raise
+            raise
+
+    def _deploy(self):
         self._compose(["up", "-d"])
-        progress(f"testbed: {len(self.nodes)} containers started ({time.time() - t0:.1f} s); waiting for the daemons")
-        return self._wait_ready(t0, progress)
 
     def _wait_ready(self, t0, progress):
         while True:
-            waiting = [n for n, st in self.status(timeout=2).items() if not st.get("ready")]
+            self._check_containers()
+            status = self.status(timeout=2)
+            waiting = [n for n, st in status.items() if not st.get("ready")]
             if not waiting:
                 break
             if time.time() - t0 > self.ready_timeout:
-                raise live.LiveError(f"not ready after {self.ready_timeout:.0f} s: {', '.join(waiting)}")
+                raise live.LiveError(f"not ready after {self.ready_timeout:.0f} s: " + "; ".join(
+                    f"{n}: {status[n].get('error') or 'not ready'}" for n in waiting[:8]))
             time.sleep(1)
         progress(f"testbed: up ({time.time() - t0:.1f} s)")
         return self
 
+    # --------------------------------------------------------------------------------- before and during up --
+
+    def published_ports(self):
+        """(host address, port, what) of every port this fabric publishes on its machine."""
+        host = "0.0.0.0" if self.compose_file == STACK_FILE else "127.0.0.1"
+        out = [(host, GRPC_HOST_PORT + n["index"], f"{n['name']}'s gRPC") for n in self.nodes
+               if n["name"] not in self.frr_names]
+        return out + [(host, 9090, "Prometheus")]
+
+    def _existing(self):
+        """The names of this project's containers (any left from an earlier bring-up, up or not)."""
+        return _docker(["ps", "-a", "--format", "{{.Names}}", "--filter",
+                        f"label=com.docker.compose.project={self.project}"]).split()
+
+    def _check_free(self):
+        """LiveError, before anything is made, for a project already up (its down would be this one's) and for a
+        published port another program holds (docker-compose would fail midway, naming neither the node nor the
+        program)."""
+        have = self._existing()
+        if have:
+            raise live.LiveError(f"project {self.project} already has {len(have)} container(s) "
+                                 f"({', '.join(sorted(have)[:4])}{', ...' if len(have) > 4 else ''}): take it down "
+                                 "first (./ifec testbed down) or choose another --project")
+        taken = []
+        for host, port, what in self.published_ports():
+            with socket.socket() as s:
+                # SO_REUSEADDR: a connection of the last fabric's in TIME_WAIT is no holder; a listener still is.
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((host, port))
+                except OSError as e:
+                    taken.append(f"{host}:{port} ({what}: {e.strerror})")
+        if taken:
+            raise live.LiveError(f"published port(s) not free: {', '.join(taken[:6])}"
+                                 f"{', ...' if len(taken) > 6 else ''}; another testbed or program holds them "
+                                 f"(ss -ltnp 'sport = :{taken[0].split(':')[1].split()[0]}' names it)")
+
+    def _check_containers(self):
+        """LiveError naming the daemons whose containers exited, or crash and restart, during bring-up, with their
+        logs' last lines (before, up waited out its whole ready_timeout and named only the nodes not ready)."""
+        ids = _docker(["ps", "-aq", "--filter", f"label=com.docker.compose.project={self.project}"]).split()
+        if not ids:
+            raise live.LiveError(f"project {self.project} has no containers (removed during the bring-up?)")
+        fmt = '{{index .Config.Labels "com.docker.compose.service"}}|{{.State.Status}}|{{.State.ExitCode}}|' \
+              '{{.RestartCount}}|{{.Id}}'
+        failed = []
+        for line in _docker(["inspect", "-f", fmt] + ids).splitlines():
+            svc, state, code, restarts, cid = (line.split("|") + [""] * 5)[:5]
+            # One restart may be a race at start (restart: on-failure tries again); a second is a daemon that fails.
+            if state in ("exited", "dead") or (restarts.isdigit() and int(restarts) >= 2):
+                failed.append(f"{svc}: container {state}, exit {code}, restarted {restarts} time(s); its log: "
+                              f"{_log_tail(['logs', '--tail', '5', cid])}")
+        if failed:
+            raise live.LiveError("daemon container(s) failing during bring-up: " + "; ".join(failed))
+
     def down(self):
-        self._compose(["down", "-v", "--remove-orphans"])
+        try:
+            self._compose(["down", "-v", "--remove-orphans"])
+        except live.LiveError as e:
+            self._remove_by_label(e)
         self._stubs.clear()
         self._remove_certificates()
+        self.made = False
+
+    def _remove_by_label(self, why, attempts=3):
+        """What carries the project's label, removed whatever docker-compose saw: after Ctrl-C during `up -d`, dockerd
+        still made a container the interrupted docker-compose had asked for, after `down` had listed the project's,
+        and `down` then failed on the network it was attached to ("has active endpoints")."""
+        for i in range(attempts):
+            try:
+                remove_project(self.project)
+                return
+            except live.LiveError as e:
+                last = e
+            time.sleep(2)
+        raise live.LiveError(f"{why}; removing project {self.project}'s containers and networks by their labels "
+                             f"failed too: {last}")
 
     def kill(self, node):
         _docker(["kill", self.container(node)])
@@ -610,8 +778,11 @@ class ContainerFabric(live.LiveFabric):
         l = self.link(selector)
         net = _docker(["network", "inspect", "-f", "{{.Id}}", f"{self.project}_{link_network(l)}"]).strip()
         bridge = f"br-{net[:12]}"
-        r = subprocess.run(["dumpcap", "-q", "-i", bridge, "-w", str(file), "-a", f"duration:{seconds}"],
-                           capture_output=True, text=True)
+        seconds = _args.whole(seconds, "seconds", 1, 86400)
+        folder = pathlib.Path(file).parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise live.LiveError(f"capture file {file}: {folder} is no folder this user can write in")
+        r = _run_tool(["dumpcap", "-q", "-i", bridge, "-w", str(file), "-a", f"duration:{seconds}"], seconds + 60)
         if r.returncode != 0:
             raise live.LiveError(f"capture on {bridge} (link {l['id']}): {r.stderr.strip()}")
         return f"link {l['id']} ({l['a']}:{l['a_port']} - {l['b']}:{l['b_port']}, bridge {bridge})"
@@ -632,13 +803,33 @@ class SwarmFabric(ContainerFabric):
     driver = "live (swarm)"
     compose_file = STACK_FILE
 
-    def up(self, progress=print):
-        t0 = time.time()
-        self._make_certificates(progress)
+    def _deploy(self):
         _docker(["stack", "deploy", "-c", f"{self.compose_dir}/{self.compose_file}", self.project])
-        progress(f"testbed: stack {self.project} deployed ({time.time() - t0:.1f} s); waiting for the daemons")
-        self._wait_ready(t0, progress)
+
+    def _wait_ready(self, t0, progress):
+        super()._wait_ready(t0, progress)
         return self._wait_names(t0, progress)
+
+    def _existing(self):
+        return _docker(["service", "ls", "--format", "{{.Name}}", "--filter",
+                        f"label=com.docker.stack.namespace={self.project}"]).split()
+
+    def _check_containers(self):
+        """LiveError naming the services whose tasks failed twice or were rejected (a swarm retries them forever:
+        a host-mode port taken, a daemon that exits at start), with the error and the service's last log lines."""
+        p = _run_tool([images.DOCKER, "stack", "ps", self.project, "--no-trunc", "--format",
+                       "{{.Name}}|{{.CurrentState}}|{{.Error}}"], 60)
+        failures = {}
+        for line in p.stdout.splitlines() if p.returncode == 0 else ():  # none yet right after the deploy
+            name, state, err = (line.split("|") + ["", ""])[:3]
+            service = name.strip().lstrip("\\_ ").split(".")[0]
+            if state.startswith(("Failed", "Rejected")):
+                failures.setdefault(service, []).append((state.split()[0], err.strip()))
+        failed = [f"{s[len(self.project) + 1:]}: {len(f)} task(s) {f[0][0].lower()} "
+                  f"({f[0][1] or 'no error given'}); its log: {_log_tail(['service', 'logs', '--tail', '5', s])}"
+                  for s, f in sorted(failures.items()) if len(f) >= 2 or f[0][0] == "Rejected"]
+        if failed:
+            raise live.LiveError("service(s) failing during bring-up: " + "; ".join(failed))
 
     def _wait_names(self, t0, progress):
         """Waits until every GPU's container resolves every switch's name. The daemons answer on their published
@@ -693,6 +884,16 @@ def _run_tool(cmd, timeout):
         raise live.LiveError(f"{' '.join(cmd[:4])}: no answer in {timeout} s (is dockerd running?)") from None
 
 
+def _log_tail(args, lines=5):
+    """The last lines of `docker ARGS` (a container's or service's log) on one line, stdout and stderr alike."""
+    try:
+        p = _run_tool([images.DOCKER] + args, 30)
+    except live.LiveError as e:
+        return f"(none: {e})"
+    text = " | ".join(l for l in (p.stdout + p.stderr).strip().splitlines()[-lines:] if l.strip())
+    return text[-800:] or "(empty)"
+
+
 def _docker(args, timeout=120):
     p = _run_tool([images.DOCKER] + args, timeout)
     if p.returncode != 0:
@@ -700,18 +901,30 @@ def _docker(args, timeout=120):
     return p.stdout
 
 
-def attach():
-    """The ContainerFabric `./ifec testbed up` started."""
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _read_state(missing_ok=True):
+    """The state `./ifec testbed up` wrote, or None where there is none; a LiveError for one that cannot be read."""
     try:
         with open(STATE) as f:
             st = json.load(f)
     except FileNotFoundError:
-        raise live.LiveError("no containerized testbed is up (./ifec testbed up FILE)")
+        if missing_ok:
+            return None
+        raise live.LiveError("no containerized testbed is up (./ifec testbed up FILE)") from None
     except (OSError, ValueError) as e:
         raise live.LiveError(f"{STATE}: unreadable ({e}): remove it, and the containers with docker-compose down")
     if not (isinstance(st, dict) and {"topology", "project", "compose_dir"} <= st.keys()):
         raise live.LiveError(f"{STATE}: not a testbed's state (topology, project, compose_dir): {str(st)[:80]}; "
                              "remove it, and the containers with docker-compose down")
+    return st
+
+
+def attach():
+    """The ContainerFabric `./ifec testbed up` started."""
+    st = _read_state(missing_ok=False)
     return ContainerFabric(st["topology"], st["project"], st["compose_dir"], frr=st.get("frr", []),
                            insecure=st.get("insecure", False))
 

@@ -54,11 +54,16 @@ def _run(cmd, **kw):
     return p.stdout
 
 
-def docker_running():
+def docker_running(timeout=30):
+    """Whether a dockerd answers; ImageError for one that does not answer within `timeout` seconds (a wedged dockerd
+    held every command that asked it, without a word)."""
     try:
-        return subprocess.run([DOCKER, "info"], capture_output=True).returncode == 0
+        return subprocess.run([DOCKER, "info"], capture_output=True, timeout=timeout).returncode == 0
     except OSError as e:
         raise _cannot_run(DOCKER, e) from None
+    except subprocess.TimeoutExpired:
+        raise ImageError(f"{DOCKER} info: no answer in {timeout} s: dockerd does not respond (its log: "
+                         "/tmp/ifec-dockerd.log where the testbed started it)") from None
 
 
 def preflight(bin_dir):
@@ -101,11 +106,13 @@ class Dockerd:
         self.proc = None
 
 
-def _image_exists(tag):
+def _image_exists(tag, timeout=60):
     try:
-        return subprocess.run([DOCKER, "image", "inspect", tag], capture_output=True).returncode == 0
+        return subprocess.run([DOCKER, "image", "inspect", tag], capture_output=True, timeout=timeout).returncode == 0
     except OSError as e:
         raise _cannot_run(DOCKER, e) from None
+    except subprocess.TimeoutExpired:
+        raise ImageError(f"{DOCKER} image inspect {tag}: no answer in {timeout} s: dockerd does not respond") from None
 
 
 def base_image(packages=BASE_PACKAGES, progress=print):
