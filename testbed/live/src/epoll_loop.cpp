@@ -208,4 +208,49 @@ uint64_t EpollLoop::serve(common::TimeNs deadline) {
   }
 }
 
+LoopWorker::LoopWorker(EpollLoop& loop) : loop_(loop), thread_([this] { serve(); }) {}
+
+LoopWorker::~LoopWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    jobs_.clear();
+  }
+  cv_.notify_one();
+  thread_.join();
+}
+
+void LoopWorker::post(std::function<void()> job, std::function<void(const std::string&)> then) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(Job{std::move(job), std::move(then)});
+  }
+  cv_.notify_one();
+}
+
+void LoopWorker::serve() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      if (stopping_) {
+        return;
+      }
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    std::string error;
+    try {
+      job.work();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopping_) {  // a stopping worker's loop may be going too
+      loop_.schedule(0, [then = std::move(job.then), error] { then(error); });
+    }
+  }
+}
+
 }  // namespace ifec::live

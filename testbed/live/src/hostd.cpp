@@ -179,6 +179,21 @@ std::string gpu_list(const std::vector<int>& gpus) {
   return out + (gpus.empty() ? "[]" : "]");
 }
 
+// How long an operation may run at this rank: the caller's gRPC deadline less a tenth (at least 1 s), so hostd's own
+// error, naming what is stuck, reaches the caller before its deadline does; 60 s where the caller set none. (A fixed
+// 60 s failed a 1 GiB AllReduce given `--timeout 250` after 60 s.)
+common::TimeNs operation_limit(const grpc::ServerContext& ctx) {
+  constexpr common::TimeNs kDefault = 60'000'000'000ULL;
+  constexpr common::TimeNs kDay = 86'400'000'000'000ULL;  // the drivers' longest timeout
+  const auto left = ctx.deadline() - std::chrono::system_clock::now();
+  if (ctx.deadline() == std::chrono::system_clock::time_point::max() || left > std::chrono::nanoseconds(kDay)) {
+    return kDefault;
+  }
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+  const common::TimeNs margin = std::max<common::TimeNs>(1'000'000'000, ns / 10);
+  return ns > static_cast<int64_t>(2 * margin) ? static_cast<common::TimeNs>(ns) - margin : margin;
+}
+
 }  // namespace
 
 struct HostDaemon::Impl {
@@ -203,6 +218,8 @@ struct HostDaemon::Impl {
   std::vector<char> external;  // per GPU: an external RDMA peer (testbed/rxe)
   int rank = -1;
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);  // answers that arrive after shutdown are dropped
+  // Collectives' inputs drawn and outputs checked off the loop; after rt and ep, so it stops before them.
+  std::unique_ptr<LoopWorker> worker;
   // The communicator an operation runs on: every rank's (world), or a torch.distributed group's, made at its first
   // operation. Each has its own bootstrap hub and windows: a store kept early by one communicator is never taken
   // for another's.
@@ -259,7 +276,7 @@ struct HostDaemon::Impl {
     }
     return out;
   }
-  void run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  void run(const v1::RunRequest& q, common::TimeNs limit, std::function<void(v1::RunReply)> reply);
   void run_collective(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
   // What a collective's row counts from: the byte counters and the state the endpoint and communicator carry from
   // operation to operation (testbed::Turns), at its start.
@@ -289,9 +306,18 @@ struct HostDaemon::Impl {
     row.host_stall_us = rt->loop().take_worst_late_ns() / 1e3;
     row.host_cpu_us = (EpollLoop::thread_cpu_ns() - at.cpu_ns) / 1e3;
   }
-  v1::RunReply collective_reply(workloads::Communicator& c, const testbed::CollectivePoint& p,
-                                const workloads::CollArgs& a, const workloads::CollectiveResult& res, const OpStart& at,
-                                bool given);
+  testbed::CollectiveRow collective_row(workloads::Communicator& c, const testbed::CollectivePoint& p,
+                                        const workloads::CollArgs& a, const workloads::CollectiveResult& res,
+                                        const OpStart& at);
+  // The caller's data (RunRequest.input): where its input goes in the window and which part of the window comes
+  // back (not checked).
+  struct Given {
+    uint64_t at = 0;   // the input's offset in the window
+    uint64_t out = 0;  // the output's offset
+    uint64_t out_bytes = 0;
+  };
+  void enter_collective(workloads::Communicator* c, const workloads::CollArgs& a, const testbed::CollectivePoint& p,
+                        std::function<void(v1::RunReply)> reply, std::shared_ptr<const Given> given);
   grpc::Status attach_peer(const v1::AttachPeerRequest& q, v1::AttachPeerReply* out);
   grpc::Status reset_responder(const v1::ResetResponderRequest& q);
   void peer_ops(const v1::PeerOpsRequest& q, std::shared_ptr<v1::PeerOpsReply> out,
@@ -390,9 +416,10 @@ class HostService final : public v1::Host::Service {
     auto p = std::make_shared<std::promise<v1::RunReply>>();
     auto f = p->get_future();
     const v1::RunRequest req = *q;
-    d_.rt->loop().schedule(0, [this, req, p] {
+    const common::TimeNs limit = operation_limit(*ctx);
+    d_.rt->loop().schedule(0, [this, req, p, limit] {
       try {
-        d_.run(req, [p](v1::RunReply r) { p->set_value(std::move(r)); });
+        d_.run(req, limit, [p](v1::RunReply r) { p->set_value(std::move(r)); });
       } catch (const std::exception& e) {
         v1::RunReply r;
         r.set_error(e.what());
@@ -810,6 +837,15 @@ std::vector<uint64_t> splits_of(const google::protobuf::RepeatedField<uint64_t>&
 
 uint64_t total_of(const std::vector<uint64_t>& v) { return std::accumulate(v.begin(), v.end(), uint64_t{0}); }
 
+// The operation limit of the communicator the next operation runs on (CommOptions::limit_ns).
+void set_limit(workloads::Communicator& c, common::TimeNs limit) {
+  if (c.options().limit_ns != limit) {
+    workloads::CommOptions o = c.options();
+    o.limit_ns = limit;
+    c.set_options(o);
+  }
+}
+
 v1::RunReply error_reply(const std::string& error) {
   v1::RunReply r;
   r.set_error(error);
@@ -938,7 +974,7 @@ void HostDaemon::Impl::run_alltoall_given(Group& grp, const v1::RunRequest& q,
   });
 }
 
-void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
+void HostDaemon::Impl::run(const v1::RunRequest& q, common::TimeNs limit, std::function<void(v1::RunReply)> reply) {
   IFEC_CHECK(o.guest_mac.empty(),
              rt->info().name << ": an external peer (" << o.guest_mac << ") is this GPU: its hostd runs no operations");
   IFEC_CHECK(ready_error.empty(), rt->info().name << ": not bootstrapped: " << ready_error);
@@ -953,11 +989,13 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, std::function<void(v1::RunRe
   if (q.group() != 0) {
     IFEC_CHECK(q.what() != "moe" && (q.what() != "alltoall" || given),
                "group " << q.group() << ": a " << q.what() << " runs among every rank only");
-    with_group(q, reply, [this, q, reply](Group& g) {
+    with_group(q, reply, [this, q, reply, limit](Group& g) {
+      set_limit(*g.comm, limit);
       q.what() == "alltoall" ? run_alltoall_given(g, q, reply) : run_collective(g, q, reply);
     });
     return;
   }
+  set_limit(*comm, limit);
   if (q.run_id() != 0) {  // the driver numbers operations alike on every rank (see RunRequest.run_id)
     boot->begin_epoch(q.run_id());
   }
@@ -1185,12 +1223,6 @@ void HostDaemon::Impl::run_collective(Group& grp, const v1::RunRequest& q, std::
   testbed::CollectivePoint p = point_of(q);
   const size_t es = workloads::element_size(p.dtype);
   const int n = c->size();
-  // The caller's data: where its input goes in the window and which part of the window comes back (not checked).
-  struct Given {
-    uint64_t at = 0;   // the input's offset in the window
-    uint64_t out = 0;  // the output's offset
-    uint64_t out_bytes = 0;
-  };
   const auto given = std::make_shared<Given>();
   if (!q.input().empty()) {
     IFEC_CHECK(p.kind != workloads::Collective::kBarrier, "a barrier takes no input");
@@ -1220,59 +1252,91 @@ void HostDaemon::Impl::run_collective(Group& grp, const v1::RunRequest& q, std::
                       << scratch << " B scratch window: a window holds at most 4 GiB");
   std::tie(a.window, a.scratch_window) = grp.next_windows(q.run_id());  // once nothing refuses the request
   auto input = std::make_shared<std::string>(q.input());
-  c->allocate_window(
-      a.window, std::max<uint64_t>(64, a.count * es),
-      [this, c, a, p, scratch, reply, input, given](const std::string& e1) {
-        if (!e1.empty()) {
-          reply(error_reply(e1));
-          return;
-        }
-        c->allocate_window(a.scratch_window, scratch, [this, c, a, p, reply, input, given](const std::string& e2) {
-          if (!e2.empty()) {
-            reply(error_reply(e2));
-            return;
-          }
-          uint8_t* data = ep->memory().window(a.window)->data;
-          if (input->empty()) {
-            testbed::collective_input(p, c->rank(), a.count, data);
-          } else {
-            std::memcpy(data + given->at, input->data(), input->size());
-          }
-          // Every rank holds its input before any rank starts (a peer's first store must not land before this rank's
-          // own input is written, which would overwrite it). The byte counts start before the barrier: no peer's
-          // frame of this operation can arrive before this rank entered it. The barrier carries what this rank
-          // runs: one that gave another size, type, reduction, root or algorithm is named at every rank at once.
-          const std::string mine = operation_text(a, p.algo);
-          c->bootstrap().allgather(
-              std::vector<uint8_t>(mine.begin(), mine.end()),
-              [this, c, a, p, reply, input, given, at = op_start(*c)](workloads::Gathered g) {
-                if (!g.ok) {
-                  reply(error_reply("entry barrier: " + g.error));
-                  return;
-                }
-                if (const std::string e = operation_mismatch(g); !e.empty()) {
-                  reply(error_reply(e));
-                  return;
-                }
-                replying_errors(reply, [&] {
-                  c->run(a, p.algo, [this, c, a, p, reply, at, input, given](workloads::CollectiveResult res) {
-                    v1::RunReply r = collective_reply(*c, p, a, res, at, !input->empty());
-                    if (!input->empty() && res.ok) {
-                      r.set_output(ep->memory().window(a.window)->data + given->out, given->out_bytes);
-                    }
-                    reply(std::move(r));
-                  });
-                });
-              });
-        });
-      });
+  c->allocate_window(a.window, std::max<uint64_t>(64, a.count * es),
+                     [this, c, a, p, scratch, reply, input, given](const std::string& e1) {
+                       if (!e1.empty()) {
+                         reply(error_reply(e1));
+                         return;
+                       }
+                       c->allocate_window(a.scratch_window, scratch,
+                                          [this, c, a, p, reply, input, given](const std::string& e2) {
+                                            if (!e2.empty()) {
+                                              reply(error_reply(e2));
+                                              return;
+                                            }
+                                            // Drawn or copied off the loop (LoopWorker): hundreds of MiB take seconds,
+                                            // and the loop keeps BGP alive.
+                                            uint8_t* data = ep->memory().window(a.window)->data;
+                                            worker->post(
+                                                [p, rank = c->rank(), count = a.count, data, input, given] {
+                                                  if (input->empty()) {
+                                                    testbed::collective_input(p, rank, count, data);
+                                                  } else {
+                                                    std::memcpy(data + given->at, input->data(), input->size());
+                                                  }
+                                                },
+                                                [this, c, a, p, reply, input, given](const std::string& e3) {
+                                                  if (!e3.empty()) {
+                                                    reply(error_reply(e3));
+                                                    return;
+                                                  }
+                                                  enter_collective(c, a, p, reply, input->empty() ? nullptr : given);
+                                                });
+                                          });
+                     });
 }
 
-// This rank's row of a finished collective: its result, its frame bytes per plane and per link since the start,
-// and its own output checked against the fp64 reference where it holds one.
-v1::RunReply HostDaemon::Impl::collective_reply(workloads::Communicator& c, const testbed::CollectivePoint& p,
-                                                const workloads::CollArgs& a, const workloads::CollectiveResult& res,
-                                                const OpStart& at, bool given) {
+// Every rank holds its input before any rank starts (a peer's first store must not land before this rank's own input
+// is written, which would overwrite it). The byte counts start before the barrier: no peer's frame of this operation
+// can arrive before this rank entered it. The barrier carries what this rank runs: one that gave another size, type,
+// reduction, root or algorithm is named at every rank at once.
+void HostDaemon::Impl::enter_collective(workloads::Communicator* c, const workloads::CollArgs& a,
+                                        const testbed::CollectivePoint& p, std::function<void(v1::RunReply)> reply,
+                                        std::shared_ptr<const Given> given) {
+  const std::string mine = operation_text(a, p.algo);
+  c->bootstrap().allgather(std::vector<uint8_t>(mine.begin(), mine.end()), [this, c, a, p, reply, given,
+                                                                            at = op_start(*c)](workloads::Gathered g) {
+    if (!g.ok) {
+      reply(error_reply("entry barrier: " + g.error));
+      return;
+    }
+    if (const std::string e = operation_mismatch(g); !e.empty()) {
+      reply(error_reply(e));
+      return;
+    }
+    replying_errors(reply, [&] {
+      c->run(a, p.algo, [this, c, a, p, reply, at, given](workloads::CollectiveResult res) {
+        // The counters now (the loop's); the check against the reference, or the output's copy, off the loop.
+        auto row = std::make_shared<testbed::CollectiveRow>(collective_row(*c, p, a, res, at));
+        const bool holds = p.kind != workloads::Collective::kReduce || c->rank() == a.root;
+        const bool check = res.ok && holds && !given;
+        const uint8_t* data = ep->memory().window(a.window)->data;
+        const bool rounds = row->ran != "ifec" || res.fell_back;
+        auto r = std::make_shared<v1::RunReply>();
+        worker->post(
+            [this, row, r, check, rounds, data, given, n = c->size(), root = a.root, rank = c->rank(), ok = res.ok] {
+              if (check) {  // broadcast: the reference is the root's input
+                testbed::record_check(*row, n, rounds, {data}, root, rank);
+              }
+              if (given && ok) {
+                r->set_output(data + given->out, given->out_bytes);
+              }
+              r->set_ok(row->ok);
+              r->set_error(row->error);
+              r->set_wrong(row->wrong);
+              r->set_row_json(testbed::row_json(*row, topo.name, "live"));
+            },
+            [reply, r](const std::string& e) { reply(e.empty() ? std::move(*r) : error_reply(e)); });
+      });
+    });
+  });
+}
+
+// This rank's row of a finished collective: its result and its frame bytes per plane and per link since the start
+// (its output is checked against the fp64 reference off the loop: enter_collective).
+testbed::CollectiveRow HostDaemon::Impl::collective_row(workloads::Communicator& c, const testbed::CollectivePoint& p,
+                                                        const workloads::CollArgs& a,
+                                                        const workloads::CollectiveResult& res, const OpStart& at) {
   const int n = c.size();
   testbed::CollectiveRow row;
   row.point = p;
@@ -1292,18 +1356,7 @@ v1::RunReply HostDaemon::Impl::collective_reply(workloads::Communicator& c, cons
   }
   row.turns = at.turns;
   record_retries(row, at);
-  const bool holds = p.kind != workloads::Collective::kReduce || c.rank() == a.root;
-  if (res.ok && holds && !given) {
-    // Broadcast: the reference is the root's input.
-    testbed::record_check(row, n, row.ran != "ifec" || res.fell_back, {ep->memory().window(a.window)->data}, a.root,
-                          c.rank());
-  }
-  v1::RunReply r;
-  r.set_ok(row.ok);
-  r.set_error(row.error);
-  r.set_wrong(row.wrong);
-  r.set_row_json(testbed::row_json(row, topo.name, "live"));
-  return r;
+  return row;
 }
 
 HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
@@ -1316,6 +1369,7 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
                  "--external-peers: '" << name << "' is not another GPU of topology " << t.name);
     }
   });
+  d.worker = std::make_unique<LoopWorker>(d.rt->loop());
   d.gpu = d.rt->info().gpu_index;
   d.external.assign(d.topo.num_gpus(), 0);
   for (const std::string& name : d.o.external_peers) {

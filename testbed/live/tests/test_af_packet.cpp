@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <functional>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -93,6 +97,48 @@ TEST(EpollLoop, TimersRunInTimeOrderAndOtherThreadsWakeIt) {
   other.join();
   EXPECT_TRUE(posted);
   EXPECT_GE(loop.now() - before, 15'000'000u);
+}
+
+// A worker's jobs run off the loop's thread, in order, while the loop keeps serving its timers; each continuation
+// runs on the loop with the job's error; a worker destroyed drops the jobs it has not started.
+TEST(LoopWorker, JobsRunOffTheLoopWhichKeepsServingAndTheirContinuationsRunOnIt) {
+  live::EpollLoop loop;
+  std::vector<std::string> done;
+  std::vector<std::thread::id> job_threads;
+  std::atomic<bool> release{false};
+  int ticks = 0;
+  std::function<void()> tick = [&] {
+    if (++ticks == 20) {
+      release = true;  // twenty timers ran on the loop while the first job held the worker
+    }
+    loop.schedule(loop.now() + 1'000'000, tick);
+  };
+  {
+    live::LoopWorker worker(loop);
+    const std::thread::id me = std::this_thread::get_id();
+    worker.post(
+        [&] {
+          job_threads.push_back(std::this_thread::get_id());
+          while (!release) {  // a long job: the loop must keep running its timers meanwhile
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        },
+        [&](const std::string& e) { done.push_back(std::this_thread::get_id() == me ? "first" + e : "off loop"); });
+    worker.post([] { throw std::runtime_error("bad input"); }, [&](const std::string& e) { done.push_back(e); });
+    loop.schedule(0, tick);
+    ASSERT_TRUE(run_until(loop, [&] { return done.size() == 2; }));
+    EXPECT_EQ(done, (std::vector<std::string>{"first", "bad input"}));
+    ASSERT_EQ(job_threads.size(), 1u);
+    EXPECT_NE(job_threads[0], me);
+    EXPECT_GE(ticks, 20);
+    release = false;
+    worker.post([&] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); },
+                [&](const std::string&) { done.push_back("dropped"); });
+    worker.post([&] { done.push_back("never"); }, [&](const std::string&) { done.push_back("never"); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }  // waits for the running job, drops the other and both continuations
+  loop.serve(loop.now() + 20'000'000);
+  EXPECT_EQ(done.size(), 2u) << done.back();
 }
 
 // Work an arrival's handling defers "at once" (a collective's next store) runs with that arrival's time, and so does

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <regex>
 #include <thread>
 
 #include "../src/daemon_serve.h"  // parse_daemon_options: the daemons' command line
@@ -738,6 +739,44 @@ TEST_F(HostdTest, AnAlltoallsDisagreeingSplitsFailEveryRankAtOnce) {
   }
   for (const v1::RunReply& r :
        run_each({alltoall({4, 4, 4}, {4, 4, 4}), alltoall({4, 4, 4}, {4, 4, 4}), alltoall({4, 4, 4}, {4, 4, 4})})) {
+    EXPECT_TRUE(r.ok()) << r.error();
+  }
+}
+
+// An operation may run at each rank for as long as its caller's deadline allows, less a tenth (at least 1 s), so that
+// hostd's error naming what is stuck reaches the caller first. A fixed 60 s limit failed a 1 GiB AllReduce whose
+// caller allowed 250 s, and a caller allowing less heard only DEADLINE_EXCEEDED.
+TEST_F(HostdTest, AnOperationRunsAsLongAsItsCallerAllows) {
+  auto sw = v1::Switch::NewStub(grpc::CreateChannel(live::daemon_address(options(0), topo_.find_node("p0-sw")),
+                                                    grpc::InsecureChannelCredentials()));
+  auto loss = [&](double probability) {
+    for (int port = 0; port < topo_.num_gpus(); ++port) {
+      v1::SetLossRequest q;
+      q.set_port(port);
+      q.set_probability(probability);
+      ASSERT_TRUE(call(*sw, &v1::Switch::Stub::SetLoss, q).ok());
+    }
+  };
+  loss(0.9999);  // about every frame the switch forwards is dropped: the AllReduce cannot finish
+  std::vector<std::thread> ranks;
+  std::vector<grpc::Status> status(topo_.num_gpus());
+  std::vector<v1::RunReply> replies(topo_.num_gpus());
+  const v1::RunRequest q = run_request("allreduce", 1 << 16, "ring");
+  for (int g = 0; g < topo_.num_gpus(); ++g) {
+    ranks.emplace_back(
+        [&, g] { status[g] = call(host(g), &v1::Host::Stub::Run, q, &replies[g], std::chrono::seconds(6)); });
+  }
+  for (std::thread& t : ranks) {
+    t.join();
+  }
+  for (int g = 0; g < topo_.num_gpus(); ++g) {
+    ASSERT_TRUE(status[g].ok()) << "rank " << g << ": " << text(status[g]);  // hostd answered before the deadline
+    EXPECT_FALSE(replies[g].ok());
+    EXPECT_TRUE(std::regex_search(replies[g].error(), std::regex("did not finish within [45][0-9]{6} us")))
+        << replies[g].error();
+  }
+  loss(0.0);
+  for (const v1::RunReply& r : run_everywhere(run_request("allreduce", 1 << 16, "ring"))) {
     EXPECT_TRUE(r.ok()) << r.error();
   }
 }

@@ -8,11 +8,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <queue>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -101,6 +104,35 @@ class EpollLoop : public common::Clock {
   std::atomic<common::TimeNs> worst_late_ns_{0};
   common::TimeNs arrival_ns_ = 0;
   std::atomic<common::TimeNs> last_now_{0};  // the loop's latest clock reading (run_due)
+};
+
+// A thread beside a loop for work too long to do on it: drawing or checking hundreds of MiB takes seconds on a loaded
+// machine, and a loop held that long neither sends nor reads its BGP keepalives, so its neighbours' hold timers and
+// its own expire (every session of a GPU flapped during a 64 MiB AllReduce whose inputs and check ran on the loop).
+// Jobs run one at a time, in order; each one's continuation then runs on the loop, with the job's error ("" if
+// none). Destroying the worker waits for the job that runs and drops the rest, their continuations too.
+class LoopWorker {
+ public:
+  explicit LoopWorker(EpollLoop& loop);
+  ~LoopWorker();
+  LoopWorker(const LoopWorker&) = delete;
+  LoopWorker& operator=(const LoopWorker&) = delete;
+
+  void post(std::function<void()> job, std::function<void(const std::string& error)> then);  // any thread
+
+ private:
+  void serve();
+
+  struct Job {
+    std::function<void()> work;
+    std::function<void(const std::string&)> then;
+  };
+  EpollLoop& loop_;
+  std::mutex mu_;  // guards jobs_, stopping_
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: started once the rest is made
 };
 
 }  // namespace ifec::live
