@@ -130,3 +130,34 @@ def test_an_empty_trace_folder_is_refused(fake, capsys):
     assert live.main(["run", "allreduce", "--trace", ""]) == 1
     assert "--trace '': expected a folder" in capsys.readouterr().err
     assert fake.timeouts == []  # refused before any operation ran
+
+
+@pytest.mark.parametrize("text,says", [("18446744073709551616", "more than a request holds"),
+                                       ("17179869184GiB", "more than a request holds"), ("²", "is not a number of bytes"),
+                                       ("-5", "is not a number of bytes")])
+def test_a_size_past_what_a_request_holds_is_named(text, says):
+    """Before, 2^64 reached protobuf, which said only "Value out of range: 18446744073709551616"; '²' (a digit to
+    str.isdigit) was a ValueError from int()."""
+    assert live.parse_size("18446744073709551615") == 2**64 - 1
+    with pytest.raises(live.LiveError, match=f"size '{text}' .*{says}"):
+        live.parse_size(text)
+
+
+def test_status_exits_1_naming_the_daemons_down_or_not_ready(monkeypatch, capsys):
+    """A script's `./ifec live status && ...` went on with every daemon DOWN (status said so and exited 0)."""
+    class Fab:
+        def __init__(self, statuses):
+            self.statuses = statuses
+
+        def status(self, timeout):
+            return self.statuses
+
+    up = dict(ready=True, ports=[dict(carrier=True, fare_heard=True)], fare_changes=3, uptime_ns=10**9)
+    for statuses, code, says in [({"gpu0": up, "p0-sw": up}, 0, None),
+                                 ({"gpu0": up, "p0-sw": dict(error="UNAVAILABLE")}, 1, "1 of 2 daemons down or "
+                                  "not ready: p0-sw"),
+                                 ({"gpu0": dict(up, ready=False), "p0-sw": up}, 1, "not ready: gpu0")]:
+        monkeypatch.setattr(live, "attach", lambda: Fab(statuses))
+        assert live.main(["status"]) == code
+        out = capsys.readouterr().out
+        assert (says in out) if says else "down or not ready" not in out, out

@@ -99,7 +99,8 @@ def test_up_run_fail_restore_capture_down(repo, build_dir, tmp_path):
             raise AssertionError(f"plane 1 {'still' if dead else 'not yet'} weighted: {weights}")
 
         assert "p1-sw killed" in cli("kill", "p1-sw").stdout
-        assert re.search(r"^p1-sw\s+DOWN", cli("status").stdout, re.M)
+        status = cli("status", ok=False)  # exit 1: a daemon is down
+        assert status.returncode == 1 and re.search(r"^p1-sw\s+DOWN", status.stdout, re.M), status.stdout
         plane1_toward_gpu5(dead=True)  # its neighbours stop hearing it: FARE's 2 s hold time
         for args, why in ((("kill", "p1-sw"), "p1-sw: its daemon is not running"),
                           (("kill", "p9-sw"), "no node 'p9-sw' in superpod-8x2"),

@@ -635,8 +635,11 @@ def parse_size(text):
     t = text.strip()
     for suffix, mult in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("K", 1 << 10), ("M", 1 << 20),
                          ("G", 1 << 30), ("B", 1), ("", 1)):
-        if t.endswith(suffix) and t[:len(t) - len(suffix)].isdigit():
-            return int(t[:len(t) - len(suffix)]) * mult
+        if t.endswith(suffix) and t[:len(t) - len(suffix)].isascii() and t[:len(t) - len(suffix)].isdigit():
+            size = int(t[:len(t) - len(suffix)]) * mult
+            if size >= 2**64:  # what a request's field holds (protobuf said only "Value out of range")
+                raise LiveError(f"size '{text}' is {size} B: more than a request holds (2^64 - 1 B)")
+            return size
     raise LiveError(f"size '{text}' is not a number of bytes (like 65536, 64KiB or 1MiB)")
 
 
@@ -988,8 +991,10 @@ def _cmd_down(args):
 
 
 def _cmd_status(args):
+    """Every daemon's line; exit 1 when one is down or not ready (a script's `status && run` waits for a fabric)."""
     fab = args.attach()
-    for name, s in fab.status(timeout=3).items():
+    statuses = fab.status(timeout=3)
+    for name, s in statuses.items():
         if "error" in s:
             print(f"{name:<10} DOWN  {s['error']}")
             continue
@@ -1004,6 +1009,10 @@ def _cmd_status(args):
         print(f"{name:<10} {'ready' if s.get('ready') else 'not ready':<9} ports {up}/{len(ports)} up, "
               f"BGP up on {heard}, {int(s.get('fare_changes', 0))} FARE changes, up "
               f"{int(s.get('uptime_ns', 0)) / 1e9:.1f} s")
+    down = [n for n, s in statuses.items() if "error" in s or not s.get("ready")]
+    if down:
+        print(f"# {len(down)} of {len(statuses)} daemons down or not ready: {', '.join(down)}")
+        return 1
     return 0
 
 
@@ -1367,7 +1376,7 @@ def bgp_rib_text(rib):
 def add_fabric_commands(sub, driver="live"):
     """The commands every running fabric answers (Mininet's or containers'): status, run, compare, fail, restore,
     capture, ctl. Each handler takes the parsed args, whose `attach` gives the fabric."""
-    sub.add_parser("status", help="every daemon: ready, ports, FARE")
+    sub.add_parser("status", help="every daemon: ready, ports, FARE (exit 1 when one is down or not ready)")
     run = sub.add_parser("run", help=f"run a collective on every rank (the rows of ifec sim, driver {driver})")
     run.add_argument("collective", choices=["allreduce", "reduce", "multicast", "barrier", "reduce-scatter",
                                             "all-gather", "alltoall", "moe"])
