@@ -1007,7 +1007,7 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, common::TimeNs limit, std::f
 #ifdef IFEC_HAVE_MOE
     const auto first = static_cast<uint16_t>(kMoeWindows + 4 * (world.runs % 3));
     run_moe({*comm, topo, first, [this] { return plane_tx_bytes(); }, rt->loop().epoch_ns(),
-             [this] { return rt->loop().take_worst_late_ns(); }},
+             [this] { return rt->loop().take_worst_late_ns(); }, *worker},
             q, std::move(reply));
     ++world.runs;  // not for a layer refused above: this rank would pick other windows than the others from now on
     return;

@@ -1,6 +1,8 @@
 // ifec-hostd's MoE layer: this rank gates its own tokens, the ranks exchange routing tables (DeepEP's notify step,
 // over the bootstrap), and each runs its part of dispatch, experts (LibTorch on the CPU) and combine as
-// workloads::plan_moe_rank plans it, the same plan the simulator's ranks follow.
+// workloads::plan_moe_rank plans it, the same plan the simulator's ranks follow. What LibTorch computes (the
+// weights, the tokens and their gate, the experts, the reference) runs on the daemon's LoopWorker, not its loop: a
+// layer of 2048 tokens per rank held the loops for minutes, and every BGP session of the fabric flapped.
 #include "hostd_moe.h"
 
 #include <torch/torch.h>
@@ -73,11 +75,7 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
     variant_ = parse_moe_variant(q.algo().empty() ? "ifec" : q.algo());
     IFEC_CHECK(variant_ != MoeVariant::kIfec || n <= 64,
                "moe: the IFEC variant's ECH bitmaps hold 64 ranks, not " << n);
-    const uint64_t seed = q.seed() == 0 ? 1 : q.seed();
-    torch::set_num_threads(1);  // a daemon per GPU on a few cores
-    w_ = make_weights(cfg_, seed, row_type_);
-    // This rank's block of the tokens the simulator draws for every rank (the same point compares).
-    x_ = draw_tokens(seed, n * tokens_, cfg_.hidden, row_type_, ctx_.comm.rank() * tokens_, tokens_);
+    seed_ = q.seed() == 0 ? 1 : q.seed();
     row_.point.mode = "live";
     row_.point.ep = n;
     row_.point.tokens = tokens_;
@@ -89,16 +87,41 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
 
   // Routing happens where the tokens are; the ranks then swap their tables.
   void start() {
-    mine_ = gate(x_.to(torch::kFloat32), w_, cfg_);
-    const RouteTable t = to_route_table(mine_);
-    std::vector<uint8_t> blob(t.expert_ids.size() * 8 + t.weights.size() * 4);
-    std::memcpy(blob.data(), t.expert_ids.data(), t.expert_ids.size() * 8);
-    std::memcpy(blob.data() + t.expert_ids.size() * 8, t.weights.data(), t.weights.size() * 4);
     auto self = shared_from_this();
-    ctx_.comm.bootstrap().allgather(std::move(blob), [self](Gathered g) { self->planned(g); });
+    auto blob = std::make_shared<std::vector<uint8_t>>();
+    off_loop(
+        "weights and tokens",
+        [self, blob, n = ctx_.comm.size(), rank = ctx_.comm.rank()] {
+          self->w_ = make_weights(self->cfg_, self->seed_, self->row_type_);
+          // This rank's block of the tokens the simulator draws for every rank (the same point compares).
+          self->x_ = draw_tokens(self->seed_, n * self->tokens_, self->cfg_.hidden, self->row_type_,
+                                 rank * self->tokens_, self->tokens_);
+          self->mine_ = gate(self->x_.to(torch::kFloat32), self->w_, self->cfg_);
+          const RouteTable t = to_route_table(self->mine_);
+          blob->resize(t.expert_ids.size() * 8 + t.weights.size() * 4);
+          std::memcpy(blob->data(), t.expert_ids.data(), t.expert_ids.size() * 8);
+          std::memcpy(blob->data() + t.expert_ids.size() * 8, t.weights.data(), t.weights.size() * 4);
+        },
+        [self, blob] {
+          self->ctx_.comm.bootstrap().allgather(std::move(*blob), [self](Gathered g) { self->planned(g); });
+        });
   }
 
  private:
+  // `work` on the daemon's worker, LibTorch on one thread there (a daemon per GPU on a few cores); then `then` on the
+  // loop, or the layer fails naming `what`.
+  void off_loop(const std::string& what, std::function<void()> work, std::function<void()> then) {
+    auto self = shared_from_this();
+    ctx_.worker.post(
+        [work = std::move(work)] {
+          torch::set_num_threads(1);
+          work();
+        },
+        [self, what, then = std::move(then)](const std::string& e) {
+          e.empty() ? then() : self->fail(what + ": " + e);
+        });
+  }
+
   void fail(const std::string& why) {
     v1::RunReply r;
     r.set_error("moe " + row_.variant + ": " + why);
@@ -228,21 +251,22 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
   }
 
   void experts() {
-    try {
-      run_experts();
-    } catch (const std::exception& e) {
-      fail(std::string("experts: ") + e.what());
-    }
-  }
-
-  void run_experts() {
-    const auto t0 = std::chrono::steady_clock::now();
-    expert_rows_ = moe_expert_rows(plan_, window(plan_.ids.recv), lists_, w_, cfg_, row_type_);
-    std::memcpy(window(plan_.ids.output), expert_rows_.data_ptr(), expert_rows_.numel() * expert_rows_.element_size());
-    row_.compute_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     auto self = shared_from_this();
-    // Every rank's outputs are in place before the first contribution or store of combine.
-    ctx_.comm.bootstrap().barrier([self](Gathered g) { g.ok ? self->combine() : self->fail("barrier: " + g.error); });
+    off_loop(
+        "experts",
+        [self, recv = window(plan_.ids.recv), out = window(plan_.ids.output)] {
+          const auto t0 = std::chrono::steady_clock::now();
+          self->expert_rows_ = moe_expert_rows(self->plan_, recv, self->lists_, self->w_, self->cfg_, self->row_type_);
+          std::memcpy(out, self->expert_rows_.data_ptr(),
+                      self->expert_rows_.numel() * self->expert_rows_.element_size());
+          self->row_.compute_us =
+              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        },
+        [self] {
+          // Every rank's outputs are in place before the first contribution or store of combine.
+          self->ctx_.comm.bootstrap().barrier(
+              [self](Gathered g) { g.ok ? self->combine() : self->fail("barrier: " + g.error); });
+        });
   }
 
   void combine() {
@@ -250,11 +274,7 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
     start_phase();
     auto done = [self](CollectiveResult r) {
       if (self->phase(false, r)) {
-        try {
-          self->finish();
-        } catch (const std::exception& e) {
-          self->fail(std::string("check: ") + e.what());
-        }
+        self->check();
       }
     };
     if (variant_ == MoeVariant::kIfec) {
@@ -265,13 +285,24 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
   }
 
   // This rank's outputs against the single-process layer on its tokens (same routing decision).
-  void finish() {
-    const at::Tensor y = shared_expert_forward(x_, w_) +
-                         moe_routed_output(plan_, window(plan_.ids.combine), expert_rows_, cfg_.hidden, row_type_);
-    const at::Tensor ref = reference_forward(x_, w_, cfg_, mine_);
-    row_.max_rel_error = moe_max_rel_error(y, ref);
-    const double bound = row_.tolerance * ref.abs().max().item<double>();
-    const auto wrong = (y - ref).abs().gt(bound).sum().item<int64_t>();
+  void check() {
+    auto self = shared_from_this();
+    auto wrong = std::make_shared<int64_t>(0);
+    off_loop(
+        "check",
+        [self, wrong, combined = window(plan_.ids.combine)] {
+          const at::Tensor y =
+              shared_expert_forward(self->x_, self->w_) +
+              moe_routed_output(self->plan_, combined, self->expert_rows_, self->cfg_.hidden, self->row_type_);
+          const at::Tensor ref = reference_forward(self->x_, self->w_, self->cfg_, self->mine_);
+          self->row_.max_rel_error = moe_max_rel_error(y, ref);
+          const double bound = self->row_.tolerance * ref.abs().max().item<double>();
+          *wrong = (y - ref).abs().gt(bound).sum().item<int64_t>();
+        },
+        [self, wrong] { self->finish(*wrong); });
+  }
+
+  void finish(int64_t wrong) {
     row_.total_us = row_.dispatch_us + row_.compute_us + row_.combine_us;
     row_.dispatch_logical_bytes = plan_.dispatch_logical_bytes;
     row_.combine_logical_bytes = plan_.combine_logical_bytes;
@@ -295,6 +326,7 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
   at::ScalarType row_type_ = torch::kBFloat16;
   common::EchDtype dtype_ = common::EchDtype::kBf16;
   MoeVariant variant_ = MoeVariant::kIfec;
+  uint64_t seed_ = 1;
   MoeWeights w_;
   at::Tensor x_;
   RoutingPlan mine_;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ifec/live/epoll_loop.h"
 #include "ifec/routing/topology.h"
 #include "ifec/v1/control.pb.h"
 #include "ifec/workloads/communicator.h"
@@ -19,6 +20,7 @@ struct MoeRunContext {
   std::function<std::vector<uint64_t>()> plane_tx;     // frame bytes this GPU's interfaces sent so far, per plane
   common::TimeNs epoch_ns = 0;                         // the loop clock's zero on the machine's monotonic clock
   std::function<common::TimeNs()> take_worst_late_ns;  // the loop's latest timer since the last call (EpollLoop)
+  LoopWorker& worker;                                  // where LibTorch computes, off the loop
 };
 
 // Runs this rank's part of the layer `q` asks for (every rank is asked at once) and replies with its row (the sim's
