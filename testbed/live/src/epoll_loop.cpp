@@ -245,6 +245,8 @@ void LoopWorker::serve() {
       job.work();
     } catch (const std::exception& e) {
       error = e.what();
+    } catch (...) {
+      error = "an exception that is not a std::exception";
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (!stopping_) {  // a stopping worker's loop may be going too

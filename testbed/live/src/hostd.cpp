@@ -179,17 +179,18 @@ std::string gpu_list(const std::vector<int>& gpus) {
   return out + (gpus.empty() ? "[]" : "]");
 }
 
-// How long an operation may run at this rank: the caller's gRPC deadline less a tenth (at least 1 s), so hostd's own
-// error, naming what is stuck, reaches the caller before its deadline does; 60 s where the caller set none. (A fixed
-// 60 s failed a 1 GiB AllReduce given `--timeout 250` after 60 s.)
+// How long an operation may take at this rank, from its request's arrival: the caller's gRPC deadline less a tenth (at
+// least 1 s), so hostd's own error, naming what is stuck, reaches the caller before its deadline does; 60 s where
+// the caller set none. (A fixed 60 s failed a 1 GiB AllReduce given `--timeout 250` after 60 s.)
 common::TimeNs operation_limit(const grpc::ServerContext& ctx) {
   constexpr common::TimeNs kDefault = 60'000'000'000ULL;
   constexpr common::TimeNs kDay = 86'400'000'000'000ULL;  // the drivers' longest timeout
-  const auto left = ctx.deadline() - std::chrono::system_clock::now();
-  if (ctx.deadline() == std::chrono::system_clock::time_point::max() || left > std::chrono::nanoseconds(kDay)) {
+  if (ctx.deadline() == std::chrono::system_clock::time_point::max()) {
     return kDefault;
   }
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+  const auto left = std::min<std::chrono::nanoseconds>(ctx.deadline() - std::chrono::system_clock::now(),
+                                                       std::chrono::nanoseconds(kDay));
+  const auto ns = left.count();
   const common::TimeNs margin = std::max<common::TimeNs>(1'000'000'000, ns / 10);
   return ns > static_cast<int64_t>(2 * margin) ? static_cast<common::TimeNs>(ns) - margin : margin;
 }
@@ -276,8 +277,21 @@ struct HostDaemon::Impl {
     }
     return out;
   }
-  void run(const v1::RunRequest& q, common::TimeNs limit, std::function<void(v1::RunReply)> reply);
-  void run_collective(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  // `until`: the loop's time by which the operation should have ended (operation_limit).
+  void run(const v1::RunRequest& q, common::TimeNs until, std::function<void(v1::RunReply)> reply);
+  void run_collective(Group& grp, const v1::RunRequest& q, common::TimeNs until,
+                      std::function<void(v1::RunReply)> reply);
+  // The operation limit of the communicator the next operation runs on (CommOptions::limit_ns): what is left until
+  // `until`, at least 1 s.
+  void set_limit(workloads::Communicator& c, common::TimeNs until) const {
+    const common::TimeNs now = rt->loop().now();
+    const common::TimeNs limit = std::max<common::TimeNs>(1'000'000'000, until > now ? until - now : 0);
+    if (c.options().limit_ns != limit) {
+      workloads::CommOptions opts = c.options();
+      opts.limit_ns = limit;
+      c.set_options(opts);
+    }
+  }
   // What a collective's row counts from: the byte counters and the state the endpoint and communicator carry from
   // operation to operation (testbed::Turns), at its start.
   struct OpStart {
@@ -316,8 +330,12 @@ struct HostDaemon::Impl {
     uint64_t out = 0;  // the output's offset
     uint64_t out_bytes = 0;
   };
+  void fill_collective(workloads::Communicator* c, const workloads::CollArgs& a, const testbed::CollectivePoint& p,
+                       common::TimeNs until, std::function<void(v1::RunReply)> reply,
+                       std::shared_ptr<std::string> input, std::shared_ptr<const Given> given);
   void enter_collective(workloads::Communicator* c, const workloads::CollArgs& a, const testbed::CollectivePoint& p,
-                        std::function<void(v1::RunReply)> reply, std::shared_ptr<const Given> given);
+                        common::TimeNs until, std::function<void(v1::RunReply)> reply,
+                        std::shared_ptr<const Given> given);
   grpc::Status attach_peer(const v1::AttachPeerRequest& q, v1::AttachPeerReply* out);
   grpc::Status reset_responder(const v1::ResetResponderRequest& q);
   void peer_ops(const v1::PeerOpsRequest& q, std::shared_ptr<v1::PeerOpsReply> out,
@@ -416,16 +434,19 @@ class HostService final : public v1::Host::Service {
     auto p = std::make_shared<std::promise<v1::RunReply>>();
     auto f = p->get_future();
     const v1::RunRequest req = *q;
-    const common::TimeNs limit = operation_limit(*ctx);
-    d_.rt->loop().schedule(0, [this, req, p, limit] {
-      try {
-        d_.run(req, limit, [p](v1::RunReply r) { p->set_value(std::move(r)); });
-      } catch (const std::exception& e) {
-        v1::RunReply r;
-        r.set_error(e.what());
-        p->set_value(r);
-      }
-    });
+    const common::TimeNs until = d_.rt->loop().now() + operation_limit(*ctx);
+    // Behind the worker's jobs (an earlier operation's check, an MoE layer's experts): a window this operation
+    // allocates, or a group it lets go, may be one they still read or write.
+    d_.worker->post([] {},
+                    [this, req, p, until](const std::string&) {
+                      try {
+                        d_.run(req, until, [p](v1::RunReply r) { p->set_value(std::move(r)); });
+                      } catch (const std::exception& e) {
+                        v1::RunReply r;
+                        r.set_error(e.what());
+                        p->set_value(r);
+                      }
+                    });
     while (f.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
       if (ctx->IsCancelled()) {
         return grpc::Status(grpc::StatusCode::CANCELLED, name_ + ": the caller went away");
@@ -837,15 +858,6 @@ std::vector<uint64_t> splits_of(const google::protobuf::RepeatedField<uint64_t>&
 
 uint64_t total_of(const std::vector<uint64_t>& v) { return std::accumulate(v.begin(), v.end(), uint64_t{0}); }
 
-// The operation limit of the communicator the next operation runs on (CommOptions::limit_ns).
-void set_limit(workloads::Communicator& c, common::TimeNs limit) {
-  if (c.options().limit_ns != limit) {
-    workloads::CommOptions o = c.options();
-    o.limit_ns = limit;
-    c.set_options(o);
-  }
-}
-
 v1::RunReply error_reply(const std::string& error) {
   v1::RunReply r;
   r.set_error(error);
@@ -974,7 +986,7 @@ void HostDaemon::Impl::run_alltoall_given(Group& grp, const v1::RunRequest& q,
   });
 }
 
-void HostDaemon::Impl::run(const v1::RunRequest& q, common::TimeNs limit, std::function<void(v1::RunReply)> reply) {
+void HostDaemon::Impl::run(const v1::RunRequest& q, common::TimeNs until, std::function<void(v1::RunReply)> reply) {
   IFEC_CHECK(o.guest_mac.empty(),
              rt->info().name << ": an external peer (" << o.guest_mac << ") is this GPU: its hostd runs no operations");
   IFEC_CHECK(ready_error.empty(), rt->info().name << ": not bootstrapped: " << ready_error);
@@ -989,13 +1001,13 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, common::TimeNs limit, std::f
   if (q.group() != 0) {
     IFEC_CHECK(q.what() != "moe" && (q.what() != "alltoall" || given),
                "group " << q.group() << ": a " << q.what() << " runs among every rank only");
-    with_group(q, reply, [this, q, reply, limit](Group& g) {
-      set_limit(*g.comm, limit);
-      q.what() == "alltoall" ? run_alltoall_given(g, q, reply) : run_collective(g, q, reply);
+    with_group(q, reply, [this, q, reply, until](Group& g) {
+      set_limit(*g.comm, until);
+      q.what() == "alltoall" ? run_alltoall_given(g, q, reply) : run_collective(g, q, until, reply);
     });
     return;
   }
-  set_limit(*comm, limit);
+  set_limit(*comm, until);
   if (q.run_id() != 0) {  // the driver numbers operations alike on every rank (see RunRequest.run_id)
     boot->begin_epoch(q.run_id());
   }
@@ -1015,7 +1027,7 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, common::TimeNs limit, std::f
     IFEC_FAIL(rt->info().name << ": built without LibTorch: the MoE layer is not available here");
 #endif
   }
-  run_collective(world, q, std::move(reply));
+  run_collective(world, q, until, std::move(reply));
 }
 
 void HostDaemon::Impl::with_group(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply,
@@ -1218,7 +1230,8 @@ std::string operation_mismatch(const workloads::Gathered& g) {
 
 // One collective, this rank's part: its windows (a fresh pair per run, in turn), its input, an entry barrier, then
 // the operation.
-void HostDaemon::Impl::run_collective(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
+void HostDaemon::Impl::run_collective(Group& grp, const v1::RunRequest& q, common::TimeNs until,
+                                      std::function<void(v1::RunReply)> reply) {
   workloads::Communicator* c = grp.comm;
   testbed::CollectivePoint p = point_of(q);
   const size_t es = workloads::element_size(p.dtype);
@@ -1253,37 +1266,41 @@ void HostDaemon::Impl::run_collective(Group& grp, const v1::RunRequest& q, std::
   std::tie(a.window, a.scratch_window) = grp.next_windows(q.run_id());  // once nothing refuses the request
   auto input = std::make_shared<std::string>(q.input());
   c->allocate_window(a.window, std::max<uint64_t>(64, a.count * es),
-                     [this, c, a, p, scratch, reply, input, given](const std::string& e1) {
+                     [this, c, a, p, scratch, until, reply, input, given](const std::string& e1) {
                        if (!e1.empty()) {
                          reply(error_reply(e1));
                          return;
                        }
                        c->allocate_window(a.scratch_window, scratch,
-                                          [this, c, a, p, reply, input, given](const std::string& e2) {
-                                            if (!e2.empty()) {
-                                              reply(error_reply(e2));
-                                              return;
-                                            }
-                                            // Drawn or copied off the loop (LoopWorker): hundreds of MiB take seconds,
-                                            // and the loop keeps BGP alive.
-                                            uint8_t* data = ep->memory().window(a.window)->data;
-                                            worker->post(
-                                                [p, rank = c->rank(), count = a.count, data, input, given] {
-                                                  if (input->empty()) {
-                                                    testbed::collective_input(p, rank, count, data);
-                                                  } else {
-                                                    std::memcpy(data + given->at, input->data(), input->size());
-                                                  }
-                                                },
-                                                [this, c, a, p, reply, input, given](const std::string& e3) {
-                                                  if (!e3.empty()) {
-                                                    reply(error_reply(e3));
-                                                    return;
-                                                  }
-                                                  enter_collective(c, a, p, reply, input->empty() ? nullptr : given);
-                                                });
+                                          [this, c, a, p, until, reply, input, given](const std::string& e2) {
+                                            e2.empty() ? fill_collective(c, a, p, until, reply, input, given)
+                                                       : reply(error_reply(e2));
                                           });
                      });
+}
+
+// This rank's input in its window: drawn from (seed, rank), or the caller's copied. Off the loop (LoopWorker):
+// hundreds of MiB take seconds, and the loop keeps BGP alive meanwhile.
+void HostDaemon::Impl::fill_collective(workloads::Communicator* c, const workloads::CollArgs& a,
+                                       const testbed::CollectivePoint& p, common::TimeNs until,
+                                       std::function<void(v1::RunReply)> reply, std::shared_ptr<std::string> input,
+                                       std::shared_ptr<const Given> given) {
+  uint8_t* data = ep->memory().window(a.window)->data;
+  worker->post(
+      [p, rank = c->rank(), count = a.count, data, input, given] {
+        if (input->empty()) {
+          testbed::collective_input(p, rank, count, data);
+        } else {
+          std::memcpy(data + given->at, input->data(), input->size());
+        }
+      },
+      [this, c, a, p, until, reply, input, given](const std::string& e) {
+        if (!e.empty()) {
+          reply(error_reply(e));
+          return;
+        }
+        replying_errors(reply, [&] { enter_collective(c, a, p, until, reply, input->empty() ? nullptr : given); });
+      });
 }
 
 // Every rank holds its input before any rank starts (a peer's first store must not land before this rank's own input
@@ -1291,10 +1308,10 @@ void HostDaemon::Impl::run_collective(Group& grp, const v1::RunRequest& q, std::
 // can arrive before this rank entered it. The barrier carries what this rank runs: one that gave another size, type,
 // reduction, root or algorithm is named at every rank at once.
 void HostDaemon::Impl::enter_collective(workloads::Communicator* c, const workloads::CollArgs& a,
-                                        const testbed::CollectivePoint& p, std::function<void(v1::RunReply)> reply,
-                                        std::shared_ptr<const Given> given) {
+                                        const testbed::CollectivePoint& p, common::TimeNs until,
+                                        std::function<void(v1::RunReply)> reply, std::shared_ptr<const Given> given) {
   const std::string mine = operation_text(a, p.algo);
-  c->bootstrap().allgather(std::vector<uint8_t>(mine.begin(), mine.end()), [this, c, a, p, reply, given,
+  c->bootstrap().allgather(std::vector<uint8_t>(mine.begin(), mine.end()), [this, c, a, p, until, reply, given,
                                                                             at = op_start(*c)](workloads::Gathered g) {
     if (!g.ok) {
       reply(error_reply("entry barrier: " + g.error));
@@ -1305,6 +1322,7 @@ void HostDaemon::Impl::enter_collective(workloads::Communicator* c, const worklo
       return;
     }
     replying_errors(reply, [&] {
+      set_limit(*c, until);  // counted from here, where the operation's own clock starts
       c->run(a, p.algo, [this, c, a, p, reply, at, given](workloads::CollectiveResult res) {
         // The counters now (the loop's); the check against the reference, or the output's copy, off the loop.
         auto row = std::make_shared<testbed::CollectiveRow>(collective_row(*c, p, a, res, at));

@@ -118,7 +118,15 @@ class MoeRun : public std::enable_shared_from_this<MoeRun> {
           work();
         },
         [self, what, then = std::move(then)](const std::string& e) {
-          e.empty() ? then() : self->fail(what + ": " + e);
+          if (!e.empty()) {
+            self->fail(what + ": " + e);
+            return;
+          }
+          try {  // an exception here, on the loop, would leave the caller without a reply
+            then();
+          } catch (const std::exception& x) {
+            self->fail(what + ": " + x.what());
+          }
         });
   }
 
