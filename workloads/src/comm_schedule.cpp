@@ -694,8 +694,11 @@ class ScheduleOp : public CommOp {
   // operation existed were kept by the communicator and count here. But bytes cannot tell a late store of an earlier,
   // failed operation from one of this one: after a failure, every rank first waits until its own earlier stores
   // completed (landed or failed), then meets the others at a bootstrap barrier, and drops what landed before it
-  // (every rank sees the failure: the time limit fires everywhere); what lands after it is this operation's. The
-  // barrier costs no simulated time.
+  // (every rank sees the failure: the time limit fires everywhere); what lands after it is this operation's. Ranks
+  // hear the barrier end each in its own time (the live bootstrap answers each over gRPC), so a second barrier
+  // follows, which no rank leaves before every rank has stopped dropping: a rank that started at once after the
+  // first had its first stores dropped at a peer that had not yet heard it end (acknowledged, so never resent: the
+  // live fabric's next operation after a failure hung on two busy cores). The barriers cost no simulated time.
   void start() override {
     if (!comm_.take_fence()) {
       begin_run();  // the communicator offers the kept arrivals next
@@ -703,14 +706,16 @@ class ScheduleOp : public CommOp {
     }
     fenced_ = true;
     watch(comm_.endpoint().quiet(), [this](bool, const std::string&) {
-      gather({}, [this](Gathered g) {
+      gather({}, [this](Gathered) {
         comm_.take_early_arrivals();
         past_barrier_ = true;
-        defer([this] {
-          begin_run();
-          for (const Communicator::Arrival& a : std::exchange(after_barrier_, {})) {
-            run_.on_remote_write(a.peer, a.window, a.offset, a.len);
-          }
+        gather({}, [this](Gathered) {
+          defer([this] {
+            begin_run();
+            for (const Communicator::Arrival& a : std::exchange(after_barrier_, {})) {
+              run_.on_remote_write(a.peer, a.window, a.offset, a.len);
+            }
+          });
         });
       });
     });
