@@ -15,7 +15,7 @@ PYBIND11_MODULE(_c10d, m) {
       "create",
       [](int rank, int size, const std::string& hostd, const std::string& node, const std::string& algo,
          double timeout_s, uint64_t first_run_id, const std::string& trace, uint32_t group,
-         const std::vector<int>& members) {
+         const std::vector<int>& members, const std::vector<int>& gpus) {
         BackendOptions o;
         o.hostd = hostd;
         o.node = node;
@@ -25,10 +25,11 @@ PYBIND11_MODULE(_c10d, m) {
         o.trace = trace;
         o.group = group;
         o.members = members;
+        o.gpus = gpus;
         o.world_size = group == 0 ? size : 0;  // a group's size is not the world's
         return ifec::c10d_backend::create(rank, size, o);
       },
       py::arg("rank"), py::arg("size"), py::arg("hostd"), py::arg("node"), py::arg("algo"), py::arg("timeout_s"),
-      py::arg("first_run_id"), py::arg("trace"), py::arg("group"), py::arg("members"),
+      py::arg("first_run_id"), py::arg("trace"), py::arg("group"), py::arg("members"), py::arg("gpus"),
       py::call_guard<py::gil_scoped_release>());
 }

@@ -258,17 +258,9 @@ class Work : public c10d::Work {
 // time).
 class Runner {
  public:
-  static std::shared_ptr<Runner> shared() {
-    static std::mutex mu;
-    static std::weak_ptr<Runner> current;
-    std::lock_guard<std::mutex> lock(mu);
-    std::shared_ptr<Runner> r = current.lock();
-    if (!r) {
-      r = std::make_shared<Runner>();
-      current = r;
-    }
-    return r;
-  }
+  static std::shared_ptr<Runner> shared() { return of({-1, -1}); }
+  // The channel from GPU `from` to GPU `to`'s: one per direction, whichever group issues its transfers.
+  static std::shared_ptr<Runner> for_channel(int from, int to) { return of({from, to}); }
   Runner() : thread_([this] { loop(); }) {}
   ~Runner() {
     {
@@ -341,6 +333,43 @@ class Runner {
   bool stop_ = false;
   std::map<std::string, std::unique_ptr<v1::Host::Stub>> stubs_;
   std::thread thread_;  // last: it starts once the rest exists
+
+  // The runner for `key` ({-1, -1}: the collectives'), made when none lives: the groups using it hold it.
+  static std::shared_ptr<Runner> of(std::pair<int, int> key) {
+    static std::mutex mu;
+    static std::map<std::pair<int, int>, std::weak_ptr<Runner>> current;
+    std::lock_guard<std::mutex> lock(mu);
+    std::shared_ptr<Runner> r = current[key].lock();
+    if (!r) {
+      r = std::make_shared<Runner>();
+      current[key] = r;
+    }
+    return r;
+  }
+};
+
+// The numbers of transfers: the channel from one GPU to another numbers its transfers from the world's first
+// operation number on, in the order this process issued them (whatever group issued each), as its peer does.
+class TransferNumbers {
+ public:
+  static TransferNumbers& get() {
+    static TransferNumbers n;
+    return n;
+  }
+  void new_world(uint64_t first) {
+    std::lock_guard<std::mutex> lock(mu_);
+    first_ = first;
+    next_.clear();
+  }
+  std::pair<uint64_t, uint64_t> next(int from, int to) {  // (the first, this transfer's)
+    std::lock_guard<std::mutex> lock(mu_);
+    return {first_, first_ + next_[{from, to}]++};
+  }
+
+ private:
+  std::mutex mu_;
+  uint64_t first_ = 0;
+  std::map<std::pair<int, int>, uint64_t> next_;
 };
 
 namespace {
@@ -349,6 +378,11 @@ std::string describe(const Call& c, int rank) {
   std::ostringstream os;
   if (c.torch_op == "barrier") {
     os << "ifec: barrier on rank " << rank;
+    return os.str();
+  }
+  if (c.what == "send") {
+    os << "ifec: " << c.torch_op << " of " << c.torch_dtype << " (" << c.bytes << " B, tag " << c.tag << ") "
+       << (c.torch_op == "send" ? "to" : "from") << " rank " << c.peer << " on rank " << rank;
     return os.str();
   }
   os << "ifec: " << c.torch_op << " of " << c.torch_dtype << " (" << c.bytes << " B"
@@ -370,6 +404,9 @@ uint64_t reply_bytes(const Call& c, int n) {
   if (c.what == "alltoall") {
     return std::accumulate(c.recv_splits.begin(), c.recv_splits.end(), uint64_t{0});
   }
+  if (c.what == "send") {
+    return c.torch_op == "recv" ? c.bytes : 0;
+  }
   return c.what == "barrier" ? 0 : c.input.size();
 }
 
@@ -390,6 +427,15 @@ std::string call_hostd(Runner& runner, const BackendOptions& o, Call& c, uint64_
     q.add_members(m);
   }
   q.set_bytes(c.input.size());
+  if (c.what == "send") {  // the channel's: no group
+    q.set_group(0);
+    q.clear_members();
+    q.add_members(c.from_gpu);
+    q.add_members(c.to_gpu);
+    q.set_bytes(c.bytes);
+    q.set_tag(c.tag);
+    q.set_op(c.refused ? "refused" : "");
+  }
   q.set_input(std::move(c.input));  // a gradient bucket is copied once into the request, not twice
   for (uint64_t s : c.send_splits) {
     q.add_send_splits(s);
@@ -439,6 +485,9 @@ void append_trace(const BackendOptions& o, const Call& c, int rank, int size, ui
   if (c.what == "reduce" || c.what == "multicast") {
     os << ",\"root\":" << c.root;
   }
+  if (c.what == "send") {
+    os << ",\"peer\":" << c.peer << ",\"tag\":" << c.tag;
+  }
   if (c.what == "alltoall") {
     os << ",\"send_splits\":" << json_list(c.send_splits) << ",\"recv_splits\":" << json_list(c.recv_splits);
   }
@@ -479,7 +528,11 @@ void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, con
 }  // namespace
 
 ProcessGroup::ProcessGroup(int rank, int size, BackendOptions o)
-    : c10d::ProcessGroup(rank, size), o_(std::move(o)), runner_(Runner::shared()), next_run_id_(o_.first_run_id) {}
+    : c10d::ProcessGroup(rank, size), o_(std::move(o)), runner_(Runner::shared()), next_run_id_(o_.first_run_id) {
+  if (o_.group == 0) {
+    TransferNumbers::get().new_world(o_.first_run_id);
+  }
+}
 
 ProcessGroup::~ProcessGroup() = default;
 
@@ -498,14 +551,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(c10d::OpType type, std::vect
     call.input.clear();
     finish = [](const std::string&) {};
   }
+  return post(*runner_, o_.first_run_id, next_run_id_++, type, std::move(outputs), std::move(call), std::move(finish));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::post(Runner& runner, uint64_t first, uint64_t run_id, c10d::OpType type,
+                                                  std::vector<at::Tensor> outputs, Call call,
+                                                  std::function<void(const std::string&)> finish) {
   auto work = c10::make_intrusive<Work>(getRank(), type, std::move(outputs));
   const int64_t issued = now_ns();
-  const uint64_t first = o_.first_run_id;
-  const uint64_t run_id = next_run_id_++;
   const int rank = getRank();
   const int size = getSize();
-  runner_->post([work, call = std::move(call), finish = std::move(finish), issued, first, run_id, rank, size,
-                 o = o_](Runner& runner) mutable {
+  runner.post([work, call = std::move(call), finish = std::move(finish), issued, first, run_id, rank, size,
+               o = o_](Runner& runner) mutable {
     const int64_t start = now_ns();
     std::string row_json;
     std::string error;
@@ -883,6 +940,69 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::barrier(const c10d::BarrierOptions&
   c.torch_op = "barrier";
   c.torch_dtype = "none";
   return submit(c10d::OpType::BARRIER, {}, std::move(c), [](const std::string&) {});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  return transfer(true, tensors, dst, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  return transfer(false, tensors, src, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::recvAnysource(std::vector<at::Tensor>&, int) {
+  TORCH_CHECK(false,
+              "ifec: recv from any source is not supported: give recv its src (transfers run on one channel "
+              "per pair of ranks)");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::transfer(bool sending, std::vector<at::Tensor>& tensors, int peer,
+                                                      int tag) {
+  const std::string torch_op = sending ? "send" : "recv";
+  const int n = getSize();
+  const int me = getRank();
+  TORCH_CHECK(peer >= 0 && peer < n, "ifec: ", torch_op, (sending ? " to" : " from"), " rank ", peer,
+              ": the group's ranks are 0..", n - 1);
+  TORCH_CHECK(peer != me, "ifec: ", torch_op, (sending ? " to" : " from"), " rank ", peer, ", this rank itself");
+  TORCH_CHECK(static_cast<int>(o_.gpus.size()) == n, "ifec: ", torch_op, ": the group's GPUs are not known (",
+              o_.gpus.size(), " for ", n, " ranks)");
+  Call c;
+  c.what = "send";
+  c.torch_op = torch_op;
+  c.from_gpu = o_.gpus[sending ? me : peer];
+  c.to_gpu = o_.gpus[sending ? peer : me];
+  c.peer = peer;
+  c.tag = tag;
+  const auto key = std::make_pair(c.from_gpu, c.to_gpu);
+  std::shared_ptr<Runner>& runner = channel_runners_[key];
+  if (!runner) {
+    runner = Runner::for_channel(key.first, key.second);
+  }
+  const auto [first, run_id] = TransferNumbers::get().next(key.first, key.second);
+  at::Tensor t;
+  try {
+    check_one(tensors, torch_op);
+    t = tensors[0];
+    TORCH_CHECK(t.nbytes() <= kMaxOperationBytes, "ifec: ", torch_op, " of ", t.nbytes(),
+                " B, where one request "
+                "to hostd carries at most ",
+                kMaxOperationBytes, " B: split it into smaller transfers");
+  } catch (const std::exception&) {
+    c.refused = true;
+    c.torch_dtype = "none";
+    c.traced = false;
+    post(*runner, first, run_id, sending ? c10d::OpType::SEND : c10d::OpType::RECV, {}, std::move(c),
+         [](const std::string&) {});
+    throw;
+  }
+  c.torch_dtype = torch_dtype(t.scalar_type());
+  c.bytes = t.nbytes();
+  if (sending) {
+    c.input = bytes_of(t);
+    return post(*runner, first, run_id, c10d::OpType::SEND, {t}, std::move(c), [](const std::string&) {});
+  }
+  return post(*runner, first, run_id, c10d::OpType::RECV, {t}, std::move(c),
+              [t](const std::string& out) mutable { write_into(t, out.data(), out.size()); });
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> create(int rank, int size, const BackendOptions& o) {

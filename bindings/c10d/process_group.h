@@ -8,11 +8,19 @@
 // first number + its place), as every member numbers it. A group other than the world has a communicator of its own
 // at each member's hostd (RunRequest.group, members). The Work an operation returns completes when its reply came
 // back and its result was copied into the caller's tensors.
+//
+// Point-to-point transfers (send, recv, and isend, irecv, batch_isend_irecv through them) run on channels, one per
+// pair of GPUs and direction, each with its own worker thread in the process (whatever group issued the transfer)
+// and its own communicator at the two hostds (RunRequest what = send): a transfer meets the peer's in the order each
+// side issued its transfers on that channel (as NCCL's do; tags are checked, not matched), and a send waiting for
+// its receiver holds up neither the collectives nor the other channels, so a ring exchange of isends then irecvs
+// completes. A transfer's Work completes once the bytes landed at the receiver.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -30,6 +38,7 @@ struct BackendOptions {
   std::string trace;                          // a JSON-lines file each operation is appended to ("": none)
   uint32_t group = 0;                         // the program's number for the group (0: the world, every rank)
   std::vector<int> members;                   // a group's GPUs in group-rank order (the world: empty)
+  std::vector<int> gpus;                      // every group rank's GPU, the world's too (transfers name them)
   int world_size = 0;                         // the world's size, said to hostd (RunRequest.world_size; 0: not)
 };
 
@@ -47,6 +56,13 @@ struct Call {
   std::string torch_dtype;
   std::string reduce_op;
   uint64_t bytes = 0;
+  // A transfer's (what = send): the sender's and receiver's GPUs, the peer's group rank, the tag; `refused`: a
+  // stand-in for one this rank refused (see ProcessGroup::transfer).
+  int from_gpu = -1;
+  int to_gpu = -1;
+  int peer = -1;
+  int64_t tag = 0;
+  bool refused = false;
   bool traced = true;  // false: a refused operation's stand-in (ProcessGroup::guarded), which the trace leaves out
 };
 
@@ -89,6 +105,9 @@ class ProcessGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
  private:
   // Queues `call`; `finish(output)` runs on the worker once hostd answered (it copies the output into the tensors).
@@ -96,6 +115,14 @@ class ProcessGroup : public c10d::ProcessGroup {
   // barrier: a rank that skipped it would meet their next operation with this one, and every later one, out of step).
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, std::vector<at::Tensor> outputs, Call call,
                                         std::function<void(const std::string&)> finish);
+  // Posts `call` as operation `run_id` (`first`: its sequence's first, for the trace) to `runner`.
+  c10::intrusive_ptr<c10d::Work> post(Runner& runner, uint64_t first, uint64_t run_id, c10d::OpType type,
+                                      std::vector<at::Tensor> outputs, Call call,
+                                      std::function<void(const std::string&)> finish);
+  // This rank's send of `t` to group rank `peer`, or its recv into `t` from it, on that direction's channel: its
+  // next number there and its worker. A transfer this rank refuses (a CUDA tensor, too many bytes) still takes its
+  // number: a stand-in goes to hostd, so the peer's transfer fails at once naming it, and the channel stays in step.
+  c10::intrusive_ptr<c10d::Work> transfer(bool sending, std::vector<at::Tensor>& tensors, int peer, int tag);
   // Issues an operation (`issue`: its checks, then its submit). One it refuses still takes its operation number: a
   // barrier goes to hostd in its place before the error is thrown, so where the other ranks did not refuse it (one
   // rank's tensors or splits differ) their operation fails at once naming this rank's barrier, not after the hub's
@@ -120,6 +147,7 @@ class ProcessGroup : public c10d::ProcessGroup {
 
   BackendOptions o_;
   std::shared_ptr<Runner> runner_;
+  std::map<std::pair<int, int>, std::shared_ptr<Runner>> channel_runners_;  // (from GPU, to GPU): the channels used
   uint64_t next_run_id_;  // issued from the program's thread, in its order
 };
 

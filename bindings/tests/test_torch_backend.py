@@ -120,6 +120,37 @@ def test_every_operation_equals_the_same_computation_in_one_process(fab):
     assert "[rank 0] refused one-rank group: ifec: new_group of one rank (0)" in out
 
 
+def test_point_to_point_transfers_equal_what_each_sender_sent_and_gloo_runs_the_same(fab, tmp_path):
+    """send/recv, isend/irecv with every rank sending first, batch_isend_irecv, a pipeline, dtypes, a group's ring;
+    what the backend refuses is named at both ends and the channels go on. The same program runs on Gloo."""
+    rc, out = _run(fab, "p2p_check.py", trace=tmp_path / "trace")
+    assert rc == 0, out[-3000:]
+    for r in range(8):
+        for name in ("send and recv round the ring", "isend then irecv, every rank sending first",
+                     "batch_isend_irecv from the left", "batch_isend_irecv from the right",
+                     "isend and irecv of torch.bfloat16", "isend and irecv of torch.uint8", "non-contiguous tensors",
+                     "isend and irecv after refusals", "all_reduce after the transfers"):
+            assert f"[rank {r}] ok {name}" in out, (r, name, out[-3000:])
+        assert (f"[rank {r}] ok isend and irecv in a group" in out) == (r % 2 == 1)
+        assert f"[rank {r}] refused recv from any source: ifec: recv from any source is not supported" in out
+        assert f"[rank {r}] refused send to itself: ifec: send to rank {r}, this rank itself" in out
+        assert f"[rank {r}] refused send to rank n: ifec: send to rank 8: the group's ranks are 0..7" in out
+        sizes = out.split(f"[rank {r}] refused disagreeing sizes: ")[1].splitlines()[0]
+        mine, theirs = ("40", "80") if r % 2 == 0 else ("80", "40")
+        assert f"runs send of {theirs} B with tag 0 where this" in sizes and f"runs send of {mine} B" in sizes, sizes
+        tags = out.split(f"[rank {r}] refused disagreeing tags: ")[1].splitlines()[0]
+        assert "with tag 1" in tags and "with tag 2" in tags, tags
+        big = out.split(f"[rank {r}] refused a transfer too large: ")[1].splitlines()[0]
+        assert ("ifec: send of 1074790400 B, where one request" in big if r % 2 == 0 else
+                "the sender runs a transfer its rank refused where this receiver runs send of 40 B" in big), big
+    assert "[rank 7] ok a pipeline down the ranks" in out and "[rank 1] ok ten transfers in order" in out
+    ops = [json.loads(line) for line in (tmp_path / "trace" / "rank0.jsonl").read_text().splitlines()]
+    sends = [o for o in ops if o["fabric_op"] == "send"]
+    assert sends and all(o["row"]["collective"] == "send" for o in sends if o["ok"])
+    assert {o["op"] for o in sends} == {"send", "recv"}
+    _run_gloo("p2p_check.py")
+
+
 def test_a_later_programs_groups_of_other_ranks_run(fab):
     """After collectives_check.py (its first group: every rank), a program whose first group is half the ranks: the
     hostds kept the earlier program's groups, and the new ones must not be taken for them."""

@@ -90,9 +90,11 @@ def _check_record(op):
         _whole(turns["group"], "row turns group")
 
 
-def load(path):
+def load(path, transfers=None):
     """rank -> [its operation records in the order it issued them]; raises TraceError naming the file and line of a
-    bad record, or the rank whose operations in a group differ from the group's other members'."""
+    bad record, or the rank whose operations in a group differ from the group's other members'. Point-to-point
+    transfers (fabric_op send: torch's send and recv) are not collective operations and are left out (appended to
+    `transfers` where given)."""
     path = pathlib.Path(path)
     files = sorted(path.glob("rank*.jsonl")) if path.is_dir() else [path]
     if not files:
@@ -112,6 +114,11 @@ def load(path):
                 _check_record(op)
             except (ValueError, KeyError, TypeError, AttributeError) as e:
                 raise TraceError(f"{f}:{i}: not an operation record ({type(e).__name__}: {e})") from None
+            if fop == "send":
+                ranks.setdefault(rank, [])
+                if transfers is not None:
+                    transfers.append(op)
+                continue
             if fop not in FABRIC_OPS:
                 raise TraceError(f"{f}:{i}: fabric_op {fop!r} is not one of {', '.join(FABRIC_OPS)}")
             ranks.setdefault(rank, []).append(op)
@@ -304,7 +311,8 @@ def report(trace, topology, k=None, algos=("ifec", "best"), out=sys.stdout):
     if bad or not algos or len(set(algos)) != len(algos):
         raise TraceError(f"algos {list(algos)}: expected distinct ones of {', '.join(ALGOS)}")
     topo = _native.load_topology(str(topology)) if not hasattr(topology, "num_gpus") else topology
-    ranks = load(trace)
+    transfers = []
+    ranks = load(trace, transfers)
     ops = operations(ranks)
     n = len(ranks)
     if not ops:
@@ -319,6 +327,8 @@ def report(trace, topology, k=None, algos=("ifec", "best"), out=sys.stdout):
     out.write(f"# replay of {trace}: {len(ops)} operations traced by {n} ranks (driver: {drivers}), simulated on "
               f"{topo.name} with {k} ranks; the sim columns are simulated time, 'traced us' what the trace recorded "
               f"(wall clock through software switches where the driver is live)\n")
+    if transfers:
+        out.write(f"# {len(transfers)} point-to-point transfers (send, recv) traced are not replayed\n")
     groups = {}
     for i, op in enumerate(ops):
         fop, size, m, note = scaled(op, k)

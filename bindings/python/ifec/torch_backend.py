@@ -42,8 +42,9 @@ def _group_number(world_tag, count):
     (another program's group of the same number and other members was refused by a hostd still holding it) by the
     world's first operation number (microseconds when it started, the same on every rank): tag * 4096 + count,
     consecutive within a program (a hostd takes a group's windows by its number mod 4096, and lets go of the groups
-    of another tag, an ended program's, when a group of a new one runs)."""
-    tag = 1 + (world_tag // 3) % ((1 << 20) - 1)
+    of another tag, an ended program's, when a group of a new one runs); below 2^31, where a hostd's point-to-point
+    channels' numbers start."""
+    tag = 1 + (world_tag // 3) % ((1 << 19) - 1)
     return tag * 4096 + count % 4096
 
 
@@ -100,12 +101,13 @@ def _create(store, rank, size, timeout):
         raise RuntimeError(f"ifec: IFEC_ALGO={algo!r} is not one of {', '.join(ALGOS)}")
     timeout_s, gpu = _timeout_s(timeout), _gpu_index(rank)
     trace = _trace_file(dist.get_rank() if dist.is_initialized() else rank)
+    store.set(f"ifec_gpu_{rank}", str(gpu))  # every rank's GPU: a group's members, the channels' ends
+    gpus = [int(store.get(f"ifec_gpu_{r}")) for r in range(size)]
     if dist.is_initialized():  # a new_group: torch numbers every group alike on every rank (members or not)
         if _WORLD_TAG[0] is None:
             raise RuntimeError("ifec: new_group before an ifec world: init_process_group('ifec') makes the world first")
         group, global_rank = _group_number(_WORLD_TAG[0], dist.distributed_c10d._group_count - 1), dist.get_rank()
-        store.set(f"ifec_gpu_{rank}", str(gpu))
-        members = [int(store.get(f"ifec_gpu_{r}")) for r in range(size)]
+        members = gpus
         if size < 2:
             raise RuntimeError(f"ifec: new_group of one rank ({global_rank}): a group needs two or more ranks here")
     else:
@@ -117,7 +119,7 @@ def _create(store, rank, size, timeout):
     if not dist.is_initialized():  # the world's: its groups' numbers at the hostds start from it (_group_number)
         _WORLD_TAG[0] = first_run_id
     return _c10d.create(rank, size, hostd, os.environ.get("IFEC_NODE", hostd), algo, timeout_s, first_run_id,
-                        trace, group, members)
+                        trace, group, members, gpus)
 
 
 if "ifec" not in getattr(dist.Backend, "_plugins", {}) and not hasattr(dist.Backend, "IFEC"):

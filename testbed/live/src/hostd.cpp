@@ -49,6 +49,16 @@ constexpr uint16_t kGroupWindows = 1000;  // group g's: six from 1000 + 6 ((g - 
 // groups held means theirs has ended: their communicators, windows and hubs are let go then, not kept until exit.
 constexpr uint32_t kGroupsPerProgram = 4096;
 constexpr uint16_t kMoeWindows = 40;  // MoE layers: four windows each, in turn 40.., 44.., 48..
+// Point-to-point channels (RunRequest what = send): the channel from GPU a to GPU b is group kChannelGroups + a *
+// 2^15 + b (a torch program's groups are numbered below), its windows three from kChannelWindows + 6 ((a + b) mod
+// N) + 3 (a > b) (N: the topology's GPUs), used in turn: for a given a, (a + b) mod N differs for every b, so every
+// channel a GPU is on, either way, has windows of its own there, and both ends name them alike.
+constexpr uint32_t kChannelGroups = uint32_t{1} << 31;
+constexpr uint16_t kChannelWindows = 26000;
+constexpr int kMaxChannelGpus = (0xFFF0 - kChannelWindows) / 6;  // below PeerOps' region
+// A group's program (see kGroupsPerProgram): 0 for a client's own small numbers, and for a channel, which belongs to
+// no program (a pair of GPUs', kept while the hostd runs).
+constexpr uint32_t program_of(uint32_t group) { return group >= kChannelGroups ? 0 : group / kGroupsPerProgram; }
 constexpr auto kAllgatherWait = std::chrono::seconds(30);
 // Rounds a hub holds at once. A rank asks for round k + 1 only once round k has every part, so an operation keeps
 // two or three; each round holds a gRPC thread per waiting part, up to kAllgatherWait: a client sending new rounds
@@ -230,7 +240,8 @@ struct HostDaemon::Impl {
     GrpcBootstrap* boot = nullptr;
     workloads::Communicator* comm = nullptr;
     uint16_t first_window = kWorldWindows;
-    uint64_t runs = 0;  // its operations (every member counts the same)
+    bool channel = false;  // a point-to-point channel's: one window per operation, three in turn
+    uint64_t runs = 0;     // its operations (every member counts the same)
     std::vector<int> members;
     // Consecutive operations use different windows (three pairs in turn): (buffer, scratch). By the operation's
     // number where the driver gives one (RunRequest.run_id, the same on every rank): a rank that missed an
@@ -239,6 +250,10 @@ struct HostDaemon::Impl {
     std::pair<uint16_t, uint16_t> next_windows(uint64_t run_id) {
       const uint64_t k = run_id != 0 ? run_id : runs;
       ++runs;
+      if (channel) {
+        const auto w = static_cast<uint16_t>(first_window + k % 3);
+        return {w, w};
+      }
       const auto buf = static_cast<uint16_t>(first_window + 2 * (k % 3));
       return {buf, static_cast<uint16_t>(buf + 1)};
     }
@@ -344,6 +359,8 @@ struct HostDaemon::Impl {
   void poll_ring();
   void run_alltoall(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
   void run_alltoall_given(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  void run_send(const v1::RunRequest& q, common::TimeNs until, std::function<void(v1::RunReply)> reply);
+  void run_transfer(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
   // Runs `then` on the group the request names (made at its first operation), or replies why it cannot.
   void with_group(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply, std::function<void(Group&)> then);
   grpc::Status group_gather(const std::string& node, const v1::AllgatherRequest& q, v1::AllgatherReply* out);
@@ -351,7 +368,7 @@ struct HostDaemon::Impl {
   void let_go_of_ended_programs(uint32_t group);
   void stop_hubs();
   v1::RunReply alltoall_reply(const workloads::CollectiveResult& res, uint64_t wrong, uint64_t size, uint64_t sent,
-                              const OpStart& at) const;
+                              const OpStart& at, const char* collective = "alltoall") const;
 };
 
 namespace {
@@ -797,10 +814,10 @@ void HostDaemon::Impl::run_alltoall(const v1::RunRequest& q, std::function<void(
 
 // An all-to-all's row and reply: `size` B per peer (the caller's data: its whole input), `sent` B to other ranks.
 v1::RunReply HostDaemon::Impl::alltoall_reply(const workloads::CollectiveResult& res, uint64_t wrong, uint64_t size,
-                                              uint64_t sent, const OpStart& at) const {
+                                              uint64_t sent, const OpStart& at, const char* collective) const {
   common::JsonObject o;
   const double us = (res.end_ns - res.start_ns) / 1e3;
-  o.add("driver", "live").add("topology", topo.name).add("collective", "alltoall").add("algo", "stores");
+  o.add("driver", "live").add("topology", topo.name).add("collective", collective).add("algo", "stores");
   o.add("ran", "point-to-point stores").add("size", size).add("count", size).add("ok", res.ok && wrong == 0);
   o.add("time_us", us).add("algbw_gbs", us > 0 ? sent / (us * 1e3) : 0.0).add("wrong", wrong);
   o.add("fallback_chunks", uint64_t{0}).add("fell_back", false).add("faults", res.faults);
@@ -986,6 +1003,94 @@ void HostDaemon::Impl::run_alltoall_given(Group& grp, const v1::RunRequest& q,
   });
 }
 
+namespace {
+
+// What both sides of a point-to-point transfer give the channel's entry allgather (and must give alike).
+std::string transfer_text(const v1::RunRequest& q) {
+  if (q.op() == "refused") {  // a stand-in (the torch backend's): that rank's caller was told why
+    return "a transfer its rank refused";
+  }
+  return "send of " + std::to_string(q.bytes()) + " B with tag " + std::to_string(q.tag());
+}
+
+}  // namespace
+
+// A point-to-point transfer (torch's send and recv): checks the request, then runs it on its channel, made at the
+// channel's first transfer.
+void HostDaemon::Impl::run_send(const v1::RunRequest& q, common::TimeNs until,
+                                std::function<void(v1::RunReply)> reply) {
+  IFEC_CHECK(q.members_size() == 2 && q.group() == 0,
+             "send: " << q.members_size() << " GPU(s) in group " << q.group()
+                      << ": a transfer names its sender's and its receiver's GPU, in group 0");
+  const int from = q.members(0), to = q.members(1);
+  IFEC_CHECK(from != to, "send: GPU " << from << " to itself");
+  IFEC_CHECK(from == gpu || to == gpu,
+             "send: from GPU " << from << " to GPU " << to << " does not concern GPU " << gpu << " (this hostd's)");
+  IFEC_CHECK(topo.num_gpus() <= kMaxChannelGpus, "send: topology " << topo.name << " has " << topo.num_gpus()
+                                                                   << " GPUs; transfers run on at most "
+                                                                   << kMaxChannelGpus);
+  IFEC_CHECK(q.bytes() <= kMaxMessageBytes, "send: " << q.bytes() << " B is more than a reply carries");
+  IFEC_CHECK(from == gpu ? q.input().size() == q.bytes() : q.input().empty(),
+             "send: GPU " << gpu << (from == gpu ? " sends " : " receives ") << q.bytes() << " B, and its request "
+                          << "carries " << q.input().size() << " B of input (the sender's bytes, the receiver none)");
+  v1::RunRequest c = q;
+  c.set_group(kChannelGroups + (static_cast<uint32_t>(from) << 15) + static_cast<uint32_t>(to));
+  with_group(c, reply, [this, c, reply, until](Group& g) {
+    set_limit(*g.comm, until);
+    run_transfer(g, c, reply);
+  });
+}
+
+// One transfer on its channel (group rank 0 sends, 1 receives): each side takes the operation's window (the
+// sender's holds its input, the receiver's what lands), the two compare their bytes and tag (also the entry
+// barrier), then the sender stores the bytes in RC WRITEs and the receiver waits for them.
+void HostDaemon::Impl::run_transfer(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
+  workloads::Communicator* c = grp.comm;
+  const bool sender = c->rank() == 0;
+  const uint64_t bytes = q.bytes();
+  const uint16_t w = grp.next_windows(q.run_id()).first;
+  auto input = std::make_shared<std::string>(q.input());
+  const std::string mine = transfer_text(q);
+  const std::string pair = "GPU " + std::to_string(grp.members[0]) + " to GPU " + std::to_string(grp.members[1]);
+  c->allocate_window(w, std::max<uint64_t>(64, bytes), [=](const std::string& e) {
+    if (!e.empty()) {
+      reply(error_reply("send: " + e));
+      return;
+    }
+    std::memcpy(ep->memory().window(w)->data, input->data(), input->size());
+    c->bootstrap().allgather(std::vector<uint8_t>(mine.begin(), mine.end()), [=](workloads::Gathered g) {
+      if (!g.ok) {
+        reply(error_reply("send: the entry exchange: " + g.error));
+        return;
+      }
+      const std::string theirs(g.parts[sender ? 1 : 0].begin(), g.parts[sender ? 1 : 0].end());
+      if (theirs != mine) {
+        reply(error_reply(pair + ": the " + (sender ? "receiver" : "sender") + " runs " + theirs + " where this " +
+                          (sender ? "sender" : "receiver") + " runs " + mine + ": both sides must give the same"));
+        return;
+      }
+      workloads::BatchPutArgs a;
+      a.source_window = w;
+      a.dest_window = w;
+      if (bytes > 0 && sender) {
+        a.rows.push_back({0, 1, 0, bytes});
+      } else if (bytes > 0) {
+        a.incoming.emplace_back(0, bytes);
+      }
+      const OpStart start = op_start(*c);
+      replying_errors(reply, [&] {
+        c->put_rows(std::move(a), [=](workloads::CollectiveResult res) {
+          v1::RunReply r = alltoall_reply(res, 0, bytes, sender ? bytes : 0, start, "send");
+          if (res.ok && !sender) {
+            r.set_output(ep->memory().window(w)->data, bytes);
+          }
+          reply(std::move(r));
+        });
+      });
+    });
+  });
+}
+
 void HostDaemon::Impl::run(const v1::RunRequest& q, common::TimeNs until, std::function<void(v1::RunReply)> reply) {
   IFEC_CHECK(o.guest_mac.empty(),
              rt->info().name << ": an external peer (" << o.guest_mac << ") is this GPU: its hostd runs no operations");
@@ -998,6 +1103,13 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, common::TimeNs until, std::f
              "the program's world has " << q.world_size() << " rank(s), the fabric " << ranks.size()
                                         << ": every GPU of topology " << topo.name << " is a rank (WORLD_SIZE "
                                         << ranks.size() << ", as ./ifec live torchrun starts them)");
+  if (q.what() == "send") {
+    run_send(q, until, std::move(reply));
+    return;
+  }
+  IFEC_CHECK(q.group() < kChannelGroups, "group " << q.group()
+                                                  << ": groups are numbered below 2^31 (from there up, "
+                                                     "point-to-point channels are)");
   if (q.group() != 0) {
     IFEC_CHECK(q.what() != "moe" && (q.what() != "alltoall" || given),
                "group " << q.group() << ": a " << q.what() << " runs among every rank only");
@@ -1064,7 +1176,11 @@ void HostDaemon::Impl::with_group(const v1::RunRequest& q, std::function<void(v1
   let_go_of_ended_programs(id);
   Group& g = groups[id];
   g.members = members;
-  g.first_window = static_cast<uint16_t>(kGroupWindows + 6 * ((id - 1) % kGroupsPerProgram));
+  g.channel = id >= kChannelGroups;
+  g.first_window = g.channel
+                       ? static_cast<uint16_t>(kChannelWindows + 6 * ((members[0] + members[1]) % topo.num_gpus()) +
+                                               3 * (members[0] > members[1]))
+                       : static_cast<uint16_t>(kGroupWindows + 6 * ((id - 1) % kGroupsPerProgram));
   AddressOf addr = [this](int node) { return daemon_address(o, node); };
   g.own_boot = std::make_unique<GrpcBootstrap>(rt->loop(), topo, addr, static_cast<int>(me - members.begin()), members,
                                                o.rpc_deadline_ns * 8, id);
@@ -1119,9 +1235,9 @@ grpc::Status HostDaemon::Impl::group_gather(const std::string& node, const v1::A
     std::lock_guard<std::mutex> lock(hubs_mu);
     GroupHub& slot = group_hubs[q.group()];
     if (!slot.hub) {
-      const uint32_t program = q.group() / kGroupsPerProgram;
+      const uint32_t program = program_of(q.group());
       for (auto it = group_hubs.begin(); program != 0 && it != group_hubs.end();) {  // see kGroupsPerProgram
-        const uint32_t of = it->first / kGroupsPerProgram;
+        const uint32_t of = program_of(it->first);
         if (of != 0 && of != program && it->second.hub) {
           it->second.hub->stop();  // a part still waiting there (its program has ended) is told so
           it = group_hubs.erase(it);
@@ -1146,14 +1262,14 @@ grpc::Status HostDaemon::Impl::group_gather(const std::string& node, const v1::A
 
 // Lets go of the groups of programs other than `group`'s (kGroupsPerProgram): their communicators and windows.
 void HostDaemon::Impl::let_go_of_ended_programs(uint32_t group) {
-  const uint32_t program = group / kGroupsPerProgram;
+  const uint32_t program = program_of(group);
   for (auto it = groups.begin(); program != 0 && it != groups.end();) {
-    const uint32_t of = it->first / kGroupsPerProgram;
+    const uint32_t of = program_of(it->first);
     if (of == 0 || of == program || it->second.comm == nullptr) {  // one still being made has its init pending
       ++it;
       continue;
     }
-    for (uint16_t w = it->second.first_window; w < it->second.first_window + 6; ++w) {
+    for (uint16_t w = it->second.first_window; w < it->second.first_window + 6; ++w) {  // (never a channel's)
       if (ep->memory().window(w) != nullptr) {
         ep->memory().free_window(w);
       }

@@ -787,6 +787,97 @@ TEST_F(HostdTest, AnOperationRunsAsLongAsItsCallerAllows) {
   }
 }
 
+// Point-to-point transfers (what = send, the torch backend's send and recv): each meets its peer's on the channel of
+// its direction, a hostd serving several at once (GPU 1 sends to 0 and 2 while it receives from both); the receiver
+// gets the sender's bytes; sizes or tags that disagree fail both sides naming each; bad requests are named.
+TEST_F(HostdTest, ATransferMeetsItsPeerOnItsChannelWhileOthersRun) {
+  auto transfer = [](int from, int to, bool sender, const std::string& data, int64_t tag = 0) {
+    v1::RunRequest q = run_request("send", data.size());
+    q.add_members(from);
+    q.add_members(to);
+    q.set_tag(tag);
+    q.set_run_id(3);  // the channel's first transfer (a number alike at both ends)
+    if (sender) {
+      q.set_input(data);
+    }
+    return q;
+  };
+  auto bytes = [](int from, int to, size_t n) {
+    std::string s(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      s[i] = static_cast<char>(from * 37 + to * 11 + i * 7);
+    }
+    return s;
+  };
+  std::vector<std::pair<int, v1::RunRequest>> calls;  // (GPU, its request): every transfer both ways round 0-1-2
+  for (auto [from, to] : std::vector<std::pair<int, int>>{{0, 1}, {1, 0}, {1, 2}, {2, 1}}) {
+    const std::string data = bytes(from, to, 3000 + 1000 * from + to);
+    calls.emplace_back(from, transfer(from, to, true, data));
+    calls.emplace_back(to, transfer(from, to, false, data));
+  }
+  std::vector<v1::RunReply> replies(calls.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    threads.emplace_back([&, i] { replies[i] = run(calls[i].first, calls[i].second); });
+  }
+  for (std::thread& t : threads) {
+    t.join();
+  }
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const v1::RunRequest& q = calls[i].second;
+    ASSERT_TRUE(replies[i].ok()) << "GPU " << calls[i].first << ": " << replies[i].error();
+    const bool receiver = q.input().empty();
+    EXPECT_EQ(replies[i].output(), receiver ? bytes(q.members(0), q.members(1), q.bytes()) : "");
+    EXPECT_NE(replies[i].row_json().find("\"collective\":\"send\""), std::string::npos) << replies[i].row_json();
+  }
+  // Disagreeing tags: both sides fail, naming each side's; the channel's next transfer (its number 4) then runs.
+  v1::RunRequest send = transfer(0, 1, true, "abcd", 5), recv = transfer(0, 1, false, "abcd", 6);
+  send.set_run_id(4);
+  recv.set_run_id(4);
+  std::thread peer([&] { replies[1] = run(1, recv); });
+  replies[0] = run(0, send);
+  peer.join();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NE(
+        replies[i].error().find(std::string("GPU 0 to GPU 1: the ") + (i ? "sender runs send of 4 B with tag 5 "
+                                                                           "where this receiver runs send of 4 B "
+                                                                           "with tag 6"
+                                                                         : "receiver runs send of 4 B with tag 6")),
+        std::string::npos)
+        << replies[i].error();
+  }
+  send.set_tag(6);
+  send.set_run_id(5);
+  recv.set_run_id(5);
+  peer = std::thread([&] { replies[1] = run(1, recv); });
+  replies[0] = run(0, send);
+  peer.join();
+  EXPECT_TRUE(replies[0].ok() && replies[1].ok()) << replies[0].error() << replies[1].error();
+  EXPECT_EQ(replies[1].output(), "abcd");
+  const std::vector<std::pair<std::function<void(v1::RunRequest&)>, std::string>> bad = {
+      {[](auto& q) { q.clear_members(); }, "send: 0 GPU(s) in group 0"},
+      {[](auto& q) { q.set_group(3); }, "send: 2 GPU(s) in group 3"},
+      {[](auto& q) { q.set_members(1, 0); }, "send: GPU 0 to itself"},
+      {[](auto& q) {
+         q.set_members(0, 2);
+         q.set_members(1, 1);
+       },
+       "send: from GPU 2 to GPU 1 does not concern GPU 0"},
+      {[](auto& q) { q.set_bytes(3); }, "send: GPU 0 sends 3 B, and its request carries 4 B of input"},
+      {[](auto& q) { q.set_members(1, 7); }, "GPU 7 is not a rank of topology"},
+  };
+  for (const auto& [change, want] : bad) {
+    v1::RunRequest q = transfer(0, 1, true, "abcd");
+    change(q);
+    const v1::RunReply r = run(0, q);
+    EXPECT_FALSE(r.ok());
+    EXPECT_NE(r.error().find(want), std::string::npos) << r.error();
+  }
+  v1::RunRequest high = run_request("allreduce", 64);
+  high.set_group(uint32_t{1} << 31);
+  EXPECT_NE(run(0, high).error().find("groups are numbered below 2^31"), std::string::npos);
+}
+
 // A torch program's groups (numbered program * 4096 + count, as ifec.torch_backend does) are let go when a group of
 // another program runs: hostd kept every program's communicators and windows until it exited.
 TEST_F(HostdTest, AnEndedProgramsGroupsAreLetGoWhenAnotherProgramsGroupRuns) {
