@@ -17,6 +17,7 @@
 #include "daemon_common.h"
 #include "daemon_serve.h"
 #include "hostd_moe.h"
+#include "ifec/common/blob.h"
 #include "ifec/common/json.h"
 #include "ifec/endpoint/endpoint.h"
 #include "ifec/endpoint/endpoint_sink.h"
@@ -1041,51 +1042,67 @@ void HostDaemon::Impl::run_send(const v1::RunRequest& q, common::TimeNs until,
   });
 }
 
-// One transfer on its channel (group rank 0 sends, 1 receives): each side takes the operation's window (the
-// sender's holds its input, the receiver's what lands), the two compare their bytes and tag (also the entry
-// barrier), then the sender stores the bytes in RC WRITEs and the receiver waits for them.
+// One transfer on its channel (group rank 0 sends, 1 receives): each side takes the transfer's window (the
+// sender's holds its input, the receiver's what lands) and the two exchange, in one allgather, what they run (bytes
+// and tag, which must agree) and that window's key (which the sender stores with); then the sender stores the bytes
+// in RC WRITEs and the receiver waits for them. (Communicator::allocate_window would cost a second round trip.)
 void HostDaemon::Impl::run_transfer(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
   workloads::Communicator* c = grp.comm;
   const bool sender = c->rank() == 0;
   const uint64_t bytes = q.bytes();
   const uint16_t w = grp.next_windows(q.run_id()).first;
-  auto input = std::make_shared<std::string>(q.input());
   const std::string mine = transfer_text(q);
   const std::string pair = "GPU " + std::to_string(grp.members[0]) + " to GPU " + std::to_string(grp.members[1]);
-  c->allocate_window(w, std::max<uint64_t>(64, bytes), [=](const std::string& e) {
-    if (!e.empty()) {
-      reply(error_reply("send: " + e));
+  const int peer = grp.members[sender ? 1 : 0];
+  endpoint::SymmetricMemory& mem = ep->memory();
+  if (mem.window(w) != nullptr) {
+    mem.free_window(w);  // a fresh one: nothing of an earlier transfer's is read as this one's
+  }
+  const endpoint::WindowInfo& win = mem.allocate_window(w, std::max<uint64_t>(64, bytes), c->options().ifec.job);
+  std::memcpy(win.data, q.input().data(), q.input().size());
+  common::BlobWriter out;
+  out.put_string(mine).put(win.id).put(win.va).put(win.size).put(win.rkey).put(win.job);
+  c->bootstrap().allgather(out.take(), [=](workloads::Gathered g) {
+    if (!g.ok) {
+      reply(error_reply("send: the entry exchange: " + g.error));
       return;
     }
-    std::memcpy(ep->memory().window(w)->data, input->data(), input->size());
-    c->bootstrap().allgather(std::vector<uint8_t>(mine.begin(), mine.end()), [=](workloads::Gathered g) {
-      if (!g.ok) {
-        reply(error_reply("send: the entry exchange: " + g.error));
-        return;
-      }
-      const std::string theirs(g.parts[sender ? 1 : 0].begin(), g.parts[sender ? 1 : 0].end());
-      if (theirs != mine) {
-        reply(error_reply(pair + ": the " + (sender ? "receiver" : "sender") + " runs " + theirs + " where this " +
-                          (sender ? "sender" : "receiver") + " runs " + mine + ": both sides must give the same"));
-        return;
-      }
-      workloads::BatchPutArgs a;
-      a.source_window = w;
-      a.dest_window = w;
-      if (bytes > 0 && sender) {
-        a.rows.push_back({0, 1, 0, bytes});
-      } else if (bytes > 0) {
-        a.incoming.emplace_back(0, bytes);
-      }
-      const OpStart start = op_start(*c);
-      replying_errors(reply, [&] {
-        c->put_rows(std::move(a), [=](workloads::CollectiveResult res) {
-          v1::RunReply r = alltoall_reply(res, 0, bytes, sender ? bytes : 0, start, "send");
-          if (res.ok && !sender) {
-            r.set_output(ep->memory().window(w)->data, bytes);
-          }
-          reply(std::move(r));
-        });
+    std::string theirs;
+    endpoint::WindowInfo at;
+    try {
+      common::BlobReader rd(g.parts[sender ? 1 : 0], pair + ": the peer's entry");
+      theirs = rd.get_string();
+      at.id = rd.get<uint16_t>();
+      at.va = rd.get<uint64_t>();
+      at.size = rd.get<uint64_t>();
+      at.rkey = rd.get<uint32_t>();
+      at.job = rd.get<uint32_t>();
+    } catch (const std::exception& e) {
+      reply(error_reply(std::string("send: ") + e.what()));
+      return;
+    }
+    if (theirs != mine || at.id != w) {
+      reply(error_reply(pair + ": the " + (sender ? "receiver" : "sender") + " runs " + theirs + " where this " +
+                        (sender ? "sender" : "receiver") + " runs " + mine + ": both sides must give the same"));
+      return;
+    }
+    ep->set_remote_window(peer, at);
+    workloads::BatchPutArgs a;
+    a.source_window = w;
+    a.dest_window = w;
+    if (bytes > 0 && sender) {
+      a.rows.push_back({0, 1, 0, bytes});
+    } else if (bytes > 0) {
+      a.incoming.emplace_back(0, bytes);
+    }
+    const OpStart start = op_start(*c);
+    replying_errors(reply, [&] {
+      c->put_rows(std::move(a), [=](workloads::CollectiveResult res) {
+        v1::RunReply r = alltoall_reply(res, 0, bytes, sender ? bytes : 0, start, "send");
+        if (res.ok && !sender) {
+          r.set_output(ep->memory().window(w)->data, bytes);
+        }
+        reply(std::move(r));
       });
     });
   });
