@@ -427,8 +427,8 @@ std::string call_hostd(Runner& runner, const BackendOptions& o, Call& c, uint64_
     q.add_members(m);
   }
   q.set_bytes(c.input.size());
-  if (c.what == "send") {  // the channel's: no group
-    q.set_group(0);
+  if (c.what == "send") {  // the channel's; the group that issued it is compared at the two ends
+    q.set_group(o.group);
     q.clear_members();
     q.add_members(c.from_gpu);
     q.add_members(c.to_gpu);

@@ -193,11 +193,22 @@ void Communicator::init(Ready done) {
       done("bootstrap: " + g.error);
       return;
     }
-    gpus_.clear();
+    // A part that is no GPU of the topology (an allgather paired out of step) fails init, saying so; it was taken
+    // as a GPU, and a later window exchange threw on the loop.
+    std::vector<int> gpus;
     for (size_t r = 0; r < g.parts.size(); ++r) {
-      common::BlobReader rd(g.parts[r], "rank " + std::to_string(r) + "'s GPU");
-      gpus_.push_back(rd.get<int32_t>());
+      int32_t gpu = -1;
+      if (g.parts[r].size() == sizeof(gpu)) {
+        std::memcpy(&gpu, g.parts[r].data(), sizeof(gpu));
+      }
+      if (gpu < 0 || gpu >= topo_.num_gpus()) {
+        done("bootstrap: rank " + std::to_string(r) + " sent " + std::to_string(g.parts[r].size()) +
+             " B where its GPU's index was due (the ranks' allgathers are out of step)");
+        return;
+      }
+      gpus.push_back(gpu);
     }
+    gpus_ = std::move(gpus);
     index_switches();
     done("");
   });
@@ -350,7 +361,8 @@ void Communicator::finished(CommOp* op) {
 std::vector<Communicator::Arrival> Communicator::take_early_arrivals() { return std::exchange(early_, {}); }
 
 void Communicator::keep_early(const Arrival& a) {
-  if (opts_.keep_early_arrivals && early_.size() < kMaxEarly) {
+  const bool mine = opts_.last_window == 0 || (a.window >= opts_.first_window && a.window <= opts_.last_window);
+  if (opts_.keep_early_arrivals && mine && early_.size() < kMaxEarly) {
     early_.push_back(a);
   }
 }

@@ -4,6 +4,7 @@ tensor down the ranks, dtypes and a non-contiguous tensor, transfers in a group,
 refuses. An unmodified PyTorch program (any backend that has send and recv: ifec, gloo); prints one line per check
 and exits non-zero at the first that fails."""
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -141,4 +142,15 @@ if args.backend == "ifec":
 t = torch.full((4,), float(rank))
 dist.all_reduce(t)
 check("all_reduce after the transfers", t, torch.full((4,), float(sum(range(n)))))
+# A receiver waits for its sender as long as its timeout allows (a pipeline stage's recv while the stage before it
+# computes): past the 30 s a collective's ranks wait for each other.
+if args.backend == "ifec" and rank in (0, 1):
+    t0 = time.time()
+    if rank == 0:
+        time.sleep(33)
+        dist.send(sent(0, 1, 8), 1)
+    else:
+        t = torch.empty(1000)
+        dist.recv(t, 0)
+        check(f"recv after {time.time() - t0:.0f} s", t, sent(0, 1, 8))
 dist.destroy_process_group()

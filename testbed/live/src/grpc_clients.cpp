@@ -326,7 +326,8 @@ void GrpcBootstrap::allgather(std::vector<uint8_t> mine, std::function<void(work
       c->req.add_members(g);
     }
   }
-  c->ctx.set_deadline(deadline_after(deadline_ns_));
+  c->req.set_wait_ms(static_cast<uint32_t>(std::min<common::TimeNs>(wait_ns_ / 1'000'000, UINT32_MAX)));
+  c->ctx.set_deadline(deadline_after(deadline_ns_ + wait_ns_));
   c->ctx.set_wait_for_ready(true);  // rank 0 may still be starting: wait for it, up to the deadline
   c->stub = v1::Host::NewStub(channel_);
   std::weak_ptr<bool> live = alive_;

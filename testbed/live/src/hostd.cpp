@@ -61,6 +61,9 @@ constexpr int kMaxChannelGpus = (0xFFF0 - kChannelWindows) / 6;  // below PeerOp
 // no program (a pair of GPUs', kept while the hostd runs).
 constexpr uint32_t program_of(uint32_t group) { return group >= kChannelGroups ? 0 : group / kGroupsPerProgram; }
 constexpr auto kAllgatherWait = std::chrono::seconds(30);
+// The longest a part may ask to wait instead (AllgatherRequest.wait_ms: a transfer's receiver waits for its sender
+// as long as its caller allows).
+constexpr auto kLongestAllgatherWait = std::chrono::hours(24);
 // Rounds a hub holds at once. A rank asks for round k + 1 only once round k has every part, so an operation keeps
 // two or three; each round holds a gRPC thread per waiting part, up to kAllgatherWait: a client sending new rounds
 // without end would hold threads without end.
@@ -71,6 +74,12 @@ constexpr size_t kRingDataBytes = size_t{16} << 20;
 constexpr uint64_t kRingWindowBytes = uint64_t{1} << 20;
 constexpr common::TimeNs kRingPollBusyNs = 50'000;     // while descriptors are in flight
 constexpr common::TimeNs kRingPollIdleNs = 1'000'000;  // otherwise
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  std::ostringstream os;
+  os << ms.count() / 1000.0;
+  return os.str();
+}
 
 // Rank 0's hub: the k-th allgather of every rank in an epoch (an operation) meets the others' k-th (waits on gRPC
 // threads). A part of a later epoch ends the waits of earlier ones: the ranks that were waiting there are told their
@@ -133,14 +142,21 @@ class Hub {
       ++r->arrived;
     }
     cv_.notify_all();
-    if (!cv_.wait_for(lock, kAllgatherWait, [&] { return r->arrived == n_ || r->superseded || stopping_; })) {
+    const auto wait = q.wait_ms() == 0 ? std::chrono::milliseconds(kAllgatherWait)
+                                       : std::min<std::chrono::milliseconds>(std::chrono::milliseconds(q.wait_ms()),
+                                                                             kLongestAllgatherWait);
+    if (!cv_.wait_for(lock, wait, [&] { return r->arrived == n_ || r->superseded || stopping_; })) {
       std::string missing;
       for (int k = 0; k < n_; ++k) {
         missing += r->in[k] ? "" : (missing.empty() ? "" : ", ") + std::to_string(k) + " (" + names_[k] + ")";
       }
+      // This rank has left: a rank that comes later waits for it again, rather than taking its part and going on
+      // alone into an operation this rank no longer runs (its hostd then one allgather out of step for good).
+      r->in[rank] = 0;
+      --r->arrived;
       // Not DEADLINE_EXCEEDED: the callers would read that as the hub's own silence, and lose who is missing.
-      return grpc::Status(grpc::StatusCode::ABORTED, what + ": rank(s) " + missing + " did not arrive in " +
-                                                         std::to_string(kAllgatherWait.count()) + " s");
+      return grpc::Status(grpc::StatusCode::ABORTED,
+                          what + ": rank(s) " + missing + " did not arrive in " + seconds_text(wait) + " s");
     }
     if (stopping_) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, what + ": " + node + " is stopping");
@@ -361,9 +377,12 @@ struct HostDaemon::Impl {
   void run_alltoall(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
   void run_alltoall_given(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
   void run_send(const v1::RunRequest& q, common::TimeNs until, std::function<void(v1::RunReply)> reply);
-  void run_transfer(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply);
+  void run_transfer(Group& grp, const v1::RunRequest& q, const std::string& mine,
+                    std::function<void(v1::RunReply)> reply);
   // Runs `then` on the group the request names (made at its first operation), or replies why it cannot.
-  void with_group(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply, std::function<void(Group&)> then);
+  // `wait_ns`: how long its bootstrap's hub holds this rank's parts for the others' (0: the hub's 30 s).
+  void with_group(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply, std::function<void(Group&)> then,
+                  common::TimeNs wait_ns = 0);
   grpc::Status group_gather(const std::string& node, const v1::AllgatherRequest& q, v1::AllgatherReply* out);
   std::string group_members_problem(const std::vector<int>& members) const;
   void let_go_of_ended_programs(uint32_t group);
@@ -1006,12 +1025,15 @@ void HostDaemon::Impl::run_alltoall_given(Group& grp, const v1::RunRequest& q,
 
 namespace {
 
-// What both sides of a point-to-point transfer give the channel's entry allgather (and must give alike).
+// What both sides of a point-to-point transfer give the channel's entry allgather (and must give alike): its
+// bytes, tag and the program's group that issued it (a channel's transfers meet in the order each side issued them,
+// whichever group issued each).
 std::string transfer_text(const v1::RunRequest& q) {
   if (q.op() == "refused") {  // a stand-in (the torch backend's): that rank's caller was told why
     return "a transfer its rank refused";
   }
-  return "send of " + std::to_string(q.bytes()) + " B with tag " + std::to_string(q.tag());
+  return "send of " + std::to_string(q.bytes()) + " B with tag " + std::to_string(q.tag()) +
+         (q.group() != 0 ? " in group " + std::to_string(q.group()) : "");
 }
 
 }  // namespace
@@ -1020,9 +1042,9 @@ std::string transfer_text(const v1::RunRequest& q) {
 // channel's first transfer.
 void HostDaemon::Impl::run_send(const v1::RunRequest& q, common::TimeNs until,
                                 std::function<void(v1::RunReply)> reply) {
-  IFEC_CHECK(q.members_size() == 2 && q.group() == 0,
-             "send: " << q.members_size() << " GPU(s) in group " << q.group()
-                      << ": a transfer names its sender's and its receiver's GPU, in group 0");
+  IFEC_CHECK(q.members_size() == 2,
+             "send: " << q.members_size() << " GPU(s): a transfer names its sender's and its receiver's GPU");
+  IFEC_CHECK(q.group() < kChannelGroups, "send: group " << q.group() << ": groups are numbered below 2^31");
   const int from = q.members(0), to = q.members(1);
   IFEC_CHECK(from != to, "send: GPU " << from << " to itself");
   IFEC_CHECK(from == gpu || to == gpu,
@@ -1036,22 +1058,27 @@ void HostDaemon::Impl::run_send(const v1::RunRequest& q, common::TimeNs until,
                           << "carries " << q.input().size() << " B of input (the sender's bytes, the receiver none)");
   v1::RunRequest c = q;
   c.set_group(kChannelGroups + (static_cast<uint32_t>(from) << 15) + static_cast<uint32_t>(to));
-  with_group(c, reply, [this, c, reply, until](Group& g) {
-    set_limit(*g.comm, until);
-    run_transfer(g, c, reply);
-  });
+  // Either side waits for the other as long as its caller allows (a pipeline stage's recv for its sender's compute).
+  const common::TimeNs wait = std::max<common::TimeNs>(until - rt->loop().now(), 1'000'000);
+  with_group(
+      c, reply,
+      [this, c, reply, until, text = transfer_text(q)](Group& g) {
+        set_limit(*g.comm, until);
+        run_transfer(g, c, text, reply);
+      },
+      wait);
 }
 
 // One transfer on its channel (group rank 0 sends, 1 receives): each side takes the transfer's window (the
 // sender's holds its input, the receiver's what lands) and the two exchange, in one allgather, what they run (bytes
 // and tag, which must agree) and that window's key (which the sender stores with); then the sender stores the bytes
 // in RC WRITEs and the receiver waits for them. (Communicator::allocate_window would cost a second round trip.)
-void HostDaemon::Impl::run_transfer(Group& grp, const v1::RunRequest& q, std::function<void(v1::RunReply)> reply) {
+void HostDaemon::Impl::run_transfer(Group& grp, const v1::RunRequest& q, const std::string& mine,
+                                    std::function<void(v1::RunReply)> reply) {
   workloads::Communicator* c = grp.comm;
   const bool sender = c->rank() == 0;
   const uint64_t bytes = q.bytes();
   const uint16_t w = grp.next_windows(q.run_id()).first;
-  const std::string mine = transfer_text(q);
   const std::string pair = "GPU " + std::to_string(grp.members[0]) + " to GPU " + std::to_string(grp.members[1]);
   const int peer = grp.members[sender ? 1 : 0];
   endpoint::SymmetricMemory& mem = ep->memory();
@@ -1101,6 +1128,11 @@ void HostDaemon::Impl::run_transfer(Group& grp, const v1::RunRequest& q, std::fu
         v1::RunReply r = alltoall_reply(res, 0, bytes, sender ? bytes : 0, start, "send");
         if (res.ok && !sender) {
           r.set_output(ep->memory().window(w)->data, bytes);
+        }
+        // Done with on success (every byte landed, every store acknowledged: a resend is a duplicate the QP does not
+        // execute): a channel keeps no window between transfers. A failed transfer's stays (late stores land there).
+        if (res.ok && ep->memory().window(w) != nullptr) {
+          ep->memory().free_window(w);
         }
         reply(std::move(r));
       });
@@ -1160,19 +1192,23 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, common::TimeNs until, std::f
 }
 
 void HostDaemon::Impl::with_group(const v1::RunRequest& q, std::function<void(v1::RunReply)> reply,
-                                  std::function<void(Group&)> then) {
+                                  std::function<void(Group&)> then, common::TimeNs wait_ns) {
   const uint32_t id = q.group();
   const std::vector<int> members(q.members().begin(), q.members().end());
-  IFEC_CHECK(members.size() >= 2, "group " << id << ": " << members.size() << " GPU(s); a group needs two or more");
+  const std::string name =
+      id >= kChannelGroups && members.size() == 2
+          ? "the channel from GPU " + std::to_string(members[0]) + " to GPU " + std::to_string(members[1])
+          : "group " + std::to_string(id);
+  IFEC_CHECK(members.size() >= 2, name << ": " << members.size() << " GPU(s); a group needs two or more");
   std::vector<int> sorted = members;
   std::sort(sorted.begin(), sorted.end());
-  IFEC_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), "group " << id << " lists a GPU twice");
+  IFEC_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), name << " lists a GPU twice");
   for (int m : members) {
     IFEC_CHECK(m >= 0 && m < topo.num_gpus() && !external[m],
                "group " << id << ": GPU " << m << " is not a rank of topology " << topo.name);
   }
   const auto me = std::find(members.begin(), members.end(), gpu);
-  IFEC_CHECK(me != members.end(), "group " << id << " does not include GPU " << gpu << " (this hostd's)");
+  IFEC_CHECK(me != members.end(), name << " does not include GPU " << gpu << " (this hostd's)");
   // Then's errors (a bad request) are the reply's, also when it runs later on the loop.
   auto run = [reply, then](Group& g) {
     try {
@@ -1182,11 +1218,12 @@ void HostDaemon::Impl::with_group(const v1::RunRequest& q, std::function<void(v1
     }
   };
   if (auto it = groups.find(id); it != groups.end()) {
-    IFEC_CHECK(it->second.members == members, "group " << id << " was made of other GPUs");
-    IFEC_CHECK(it->second.comm != nullptr, "group " << id << " is still being made");
+    IFEC_CHECK(it->second.members == members, name << " was made of other GPUs");
+    IFEC_CHECK(it->second.comm != nullptr, name << " is still being made");
     if (q.run_id() != 0) {
       it->second.boot->begin_epoch(q.run_id());
     }
+    it->second.boot->set_wait(wait_ns);
     run(it->second);
     return;
   }
@@ -1203,15 +1240,26 @@ void HostDaemon::Impl::with_group(const v1::RunRequest& q, std::function<void(v1
                                                o.rpc_deadline_ns * 8, id);
   g.boot = g.own_boot.get();
   g.boot->begin_epoch(q.run_id());  // its first operation's allgathers: the communicator's own first
+  g.boot->set_wait(wait_ns);
   // The same job (an endpoint's QPs belong to one partition). Its switch groups are numbered by its first GPU and
   // its own counter: a number still held at a switch by another communicator's operation is refused there, and the
   // operation runs at the endpoints instead.
-  g.own_comm = std::make_unique<workloads::Communicator>(*ep, *g.own_boot, *control, topo, comm_options);
-  g.own_comm->init([this, id, run, reply](const std::string& err) {
+  workloads::CommOptions own = comm_options;
+  if (g.channel) {  // its three windows only (one per transfer; a group's operations may store elsewhere too)
+    own.first_window = g.first_window;
+    own.last_window = static_cast<uint16_t>(g.first_window + 2);
+  }
+  g.own_comm = std::make_unique<workloads::Communicator>(*ep, *g.own_boot, *control, topo, own);
+  g.own_comm->init([this, id, run, reply, name, members](const std::string& err) {
     auto it = groups.find(id);
-    if (!err.empty()) {
+    // Its ranks must be the GPUs asked for, in that order: an allgather paired out of step (a rank that left its
+    // hub) would make a communicator of other GPUs.
+    const std::string bad = !err.empty() || it->second.own_comm->gpus() == members
+                                ? err
+                                : "its bootstrap named GPUs " + gpu_list(it->second.own_comm->gpus());
+    if (!bad.empty()) {
       groups.erase(it);
-      reply(error_reply("group " + std::to_string(id) + ": " + err));
+      reply(error_reply(name + ": " + bad));
       return;
     }
     it->second.comm = it->second.own_comm.get();

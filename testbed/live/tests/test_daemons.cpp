@@ -830,6 +830,13 @@ TEST_F(HostdTest, ATransferMeetsItsPeerOnItsChannelWhileOthersRun) {
     EXPECT_EQ(replies[i].output(), receiver ? bytes(q.members(0), q.members(1), q.bytes()) : "");
     EXPECT_NE(replies[i].row_json().find("\"collective\":\"send\""), std::string::npos) << replies[i].row_json();
   }
+  // A transfer that succeeded leaves no window: channel 0 -> 1's third (number 3 mod 3 = 0) of 26000 + 6 (0 + 1).
+  v1::ReadWindowRequest rd;
+  rd.set_window(26006);
+  rd.set_length(8);
+  for (int g : {0, 1}) {
+    EXPECT_EQ(call(host(g), &v1::Host::Stub::ReadWindow, rd).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
   // Disagreeing tags: both sides fail, naming each side's; the channel's next transfer (its number 4) then runs.
   v1::RunRequest send = transfer(0, 1, true, "abcd", 5), recv = transfer(0, 1, false, "abcd", 6);
   send.set_run_id(4);
@@ -854,9 +861,22 @@ TEST_F(HostdTest, ATransferMeetsItsPeerOnItsChannelWhileOthersRun) {
   peer.join();
   EXPECT_TRUE(replies[0].ok() && replies[1].ok()) << replies[0].error() << replies[1].error();
   EXPECT_EQ(replies[1].output(), "abcd");
+  // A transfer another group issued than its peer's (the channel is the GPUs', whatever group): both fail.
+  send.set_group(3);
+  send.set_run_id(6);
+  recv.set_run_id(6);
+  peer = std::thread([&] { replies[1] = run(1, recv); });
+  replies[0] = run(0, send);
+  peer.join();
+  EXPECT_NE(replies[1].error().find("the sender runs send of 4 B with tag 6 in group 3 where this receiver runs send "
+                                    "of 4 B with tag 6: both sides must give the same"),
+            std::string::npos)
+      << replies[1].error();
+  EXPECT_FALSE(replies[0].ok());
   const std::vector<std::pair<std::function<void(v1::RunRequest&)>, std::string>> bad = {
-      {[](auto& q) { q.clear_members(); }, "send: 0 GPU(s) in group 0"},
-      {[](auto& q) { q.set_group(3); }, "send: 2 GPU(s) in group 3"},
+      {[](auto& q) { q.clear_members(); }, "send: 0 GPU(s): a transfer names"},
+      {[](auto& q) { q.set_group(uint32_t{1} << 31); }, "send: group 2147483648: groups are numbered below 2^31"},
+      {[](auto& q) { q.add_members(2); }, "send: 3 GPU(s): a transfer names its sender's and its receiver's GPU"},
       {[](auto& q) { q.set_members(1, 0); }, "send: GPU 0 to itself"},
       {[](auto& q) {
          q.set_members(0, 2);
@@ -946,6 +966,30 @@ TEST_F(HostdTest, AGroupsAllgatherWithBadMembersIsRefusedNamingThem) {
   const grpc::Status other = gather({0, 2});
   EXPECT_NE(other.error_message().find("its hub was made for GPUs [0, 1], not [0, 2]"), std::string::npos)
       << text(other);
+}
+
+// A part the hub held until its wait ran out (AllgatherRequest.wait_ms) is withdrawn with its rank: a rank that comes
+// later waits for it again. It was kept, and the latecomer went on alone into an operation the other rank had left,
+// one allgather out of step with it from then on (a channel's first transfer, whose peer came after 30 s).
+TEST_F(HostdTest, APartWhoseWaitRanOutIsWithdrawnFromItsRound) {
+  auto gather = [&](int rank, uint32_t wait_ms) {
+    v1::AllgatherRequest q;
+    q.set_group(6);
+    q.set_rank(rank);
+    q.set_epoch(1);
+    q.set_wait_ms(wait_ms);
+    q.add_members(0);
+    q.add_members(1);
+    return call(host(0), &v1::Host::Stub::Allgather, q, static_cast<v1::AllgatherReply*>(nullptr),
+                std::chrono::seconds(5));
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  const grpc::Status first = gather(0, 300);
+  EXPECT_EQ(first.error_code(), grpc::StatusCode::ABORTED) << text(first);
+  EXPECT_NE(first.error_message().find("rank(s) 1 (gpu1) did not arrive in 0.3 s"), std::string::npos) << text(first);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));  // its own wait, not the hub's 30 s
+  const grpc::Status late = gather(1, 300);
+  EXPECT_NE(late.error_message().find("rank(s) 0 (gpu0) did not arrive in 0.3 s"), std::string::npos) << text(late);
 }
 
 // Host fields outside what they can mean are refused naming them: a window id wider than 16 bits (ReadWindow read

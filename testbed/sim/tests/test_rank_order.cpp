@@ -104,3 +104,27 @@ TEST(RankOrder, APeerAlreadyInTheNextOperationLosesNothing) {
     }
   }
 }
+
+// A communicator given its windows (CommOptions::first_window..last_window) keeps only early stores into them: a
+// live hostd's point-to-point channels share an endpoint with the world's collectives and hear every store, and
+// each idle one kept every store of a large collective (up to a million) until its next transfer.
+TEST(RankOrder, ACommunicatorKeepsOnlyStoresIntoItsOwnWindows) {
+  testbed::Cluster c(routing::make_superpod(4, 2), testbed::ClusterOptions{});
+  workloads::CommOptions o;
+  o.first_window = kB;
+  o.last_window = kScratch;
+  Communicator* cm = c.communicators({0, 1}, o)[1];
+  cm->set_options(o);  // (the harness turns keeping early arrivals off)
+  for (uint16_t w : {kA, kB, kScratch, uint16_t{kScratch + 1}}) {
+    cm->keep_early({0, w, 64, 8});
+  }
+  std::vector<uint16_t> kept;
+  for (const Communicator::Arrival& a : cm->take_early_arrivals()) {
+    kept.push_back(a.window);
+  }
+  EXPECT_EQ(kept, (std::vector<uint16_t>{kB, kScratch}));
+  o.last_window = 0;  // any window: every store is kept, as before
+  cm->set_options(o);
+  cm->keep_early({0, kA, 0, 8});
+  EXPECT_EQ(cm->take_early_arrivals().size(), 1u);
+}

@@ -58,6 +58,11 @@ struct CommOptions {
   // peer started it first). Drivers that start every operation on every rank in one event and wait for all of
   // them (the simulated harness) turn it off: nothing can be early there.
   bool keep_early_arrivals = true;
+  // The windows its operations use, first..last (last 0: any). Several communicators share an endpoint and each
+  // hears every store: one keeps only those into its own windows (a live hostd's point-to-point channels, idle
+  // through a large collective, each kept every one of its stores, up to kMaxEarly).
+  uint16_t first_window = 0;
+  uint16_t last_window = 0;
 };
 
 // One collective as a rank takes part in it. Buffers are in place: every rank holds its input at

@@ -57,12 +57,16 @@ class GrpcBootstrap : public workloads::Bootstrap {
     epoch_ = epoch;
     seq_ = 0;
   }
+  // How long the hub holds the next allgathers' parts for the others' (0: the hub's own 30 s); each call's deadline
+  // is that much longer than the bootstrap's own.
+  void set_wait(common::TimeNs wait_ns) { wait_ns_ = wait_ns; }
 
  private:
   EpollLoop& loop_;
   int rank_;
   std::vector<int> gpus_;
   common::TimeNs deadline_ns_;
+  common::TimeNs wait_ns_ = 0;
   uint32_t group_ = 0;
   uint64_t epoch_ = 0;
   uint64_t seq_ = 0;
