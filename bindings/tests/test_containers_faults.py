@@ -4,6 +4,7 @@ project is already up, a daemon's container fails at start, Ctrl-C comes during 
 or a name, a topology or a capture's file is wrong: an error naming the value, nothing left behind, no traceback."""
 
 import json
+import pathlib
 import socket
 import subprocess
 import time
@@ -91,6 +92,23 @@ def test_a_taken_port_is_named_before_anything_is_made(repo, compose_dir, monkey
             fab.up(progress=lambda line: None)
     assert not any(c[0] == "docker-compose" for c in fake.calls), fake.calls
     assert not fab.tls_dir.exists() and not fab.made
+
+
+def test_a_compose_folder_the_fabric_made_itself_is_removed_by_down_and_made_again_by_up(repo, monkeypatch):
+    """ContainerFabric without compose_dir writes its files into a temporary folder: down() left it in /tmp."""
+    FakeDocker(monkeypatch)
+    fab = containers.ContainerFabric(repo / TOPO, project="ifecfault", insecure=True)
+    first = pathlib.Path(fab.compose_dir)
+    assert (first / containers.COMPOSE_FILE).exists()
+    fab.down()
+    assert not first.exists()
+    monkeypatch.setattr(fab, "_deploy", lambda: None)
+    monkeypatch.setattr(fab, "_wait_ready", lambda t0, progress: None)
+    monkeypatch.setattr(fab, "published_ports", lambda: [])
+    fab.up(progress=lambda line: None)
+    assert (pathlib.Path(fab.compose_dir) / containers.COMPOSE_FILE).exists()
+    fab.down()
+    assert not pathlib.Path(fab.compose_dir).exists()
 
 
 def test_the_published_ports_are_every_daemons_and_prometheus(repo, compose_dir):

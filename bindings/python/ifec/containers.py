@@ -608,15 +608,21 @@ class ContainerFabric(live.LiveFabric):
         super().__init__(topology_file, ready_timeout=ready_timeout, frr=frr, insecure=insecure)
         self.project = project
         self.compose_dir = compose_dir
-        if self.compose_dir is None:
-            self.compose_dir = tempfile.mkdtemp(prefix="ifec-compose-")
-            write_compose(self.topo, self.compose_dir, frr, insecure)
+        self._own_dir = compose_dir is None  # written here, into a temporary folder down() removes
+        self._compose_args = (frr, insecure)
+        self._write_own_files()
         self._check_file(insecure)
         self.tls_dir = None if insecure else pathlib.Path(self.compose_dir) / TLS_FOLDER
         self.made = False  # up() has made containers, networks or certificates that down() has not yet removed
         from . import frr as frr_mod
         for name in self.frr_names:
             self.frr[name] = frr_mod.FrrContainer(name, self.container(name), images.DOCKER)
+
+    def _write_own_files(self):
+        """The compose file in a fresh temporary folder, where none was given and none is there (down() removed it)."""
+        if self._own_dir and not (pathlib.Path(self.compose_dir or "/nonexistent") / self.compose_file).exists():
+            self.compose_dir = tempfile.mkdtemp(prefix="ifec-compose-")
+            write_compose(self.topo, self.compose_dir, *self._compose_args)
 
     def _check_file(self, insecure):
         """The compose file is there and hands the daemons what this fabric makes (certificates, or none)."""
@@ -653,6 +659,7 @@ class ContainerFabric(live.LiveFabric):
         already has containers and a published port another program holds; any failure after that (Ctrl-C
         included) takes down what it made before it is raised (`made` stays True where that failed too)."""
         t0 = time.time()
+        self._write_own_files()
         self._check_free()
         self.made = True
         try:
@@ -750,6 +757,8 @@ class ContainerFabric(live.LiveFabric):
         self._stubs.clear()
         self._remove_certificates()
         self.made = False
+        if self._own_dir:  # (a later up() writes it again)
+            shutil.rmtree(self.compose_dir, ignore_errors=True)
 
     def _remove_by_label(self, why, attempts=3):
         """What carries the project's label, removed whatever docker-compose saw: after Ctrl-C during `up -d`, dockerd
@@ -865,6 +874,8 @@ class SwarmFabric(ContainerFabric):
             time.sleep(1)
         self._stubs.clear()
         self._remove_certificates()
+        if self._own_dir:
+            shutil.rmtree(self.compose_dir, ignore_errors=True)
 
     def leftovers(self):
         out = []
