@@ -551,7 +551,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(c10d::OpType type, std::vect
     call.input.clear();
     finish = [](const std::string&) {};
   }
-  return post(*runner_, o_.first_run_id, next_run_id_++, type, std::move(outputs), std::move(call), std::move(finish));
+  const uint64_t run_id = next_run_id_;
+  const bool reduction = call.torch_op == "all_reduce" || call.torch_op == "all_reduce_coalesced" ||
+                         call.torch_op == "reduce";
+  next_run_id_ += reduction ? 2 : 1;  // see the header
+  return post(*runner_, o_.first_run_id, run_id, type, std::move(outputs), std::move(call), std::move(finish));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::post(Runner& runner, uint64_t first, uint64_t run_id, c10d::OpType type,
@@ -563,18 +567,35 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::post(Runner& runner, uint64_t first
   const int size = getSize();
   runner.post([work, call = std::move(call), finish = std::move(finish), issued, first, run_id, rank, size,
                o = o_](Runner& runner) mutable {
-    const int64_t start = now_ns();
-    std::string row_json;
-    std::string error;
+    // One operation at hostd, traced (its own line): its output, or what it threw.
+    auto step = [&](Call& c, uint64_t id) {
+      const int64_t start = now_ns();
+      std::string row_json;
+      std::string error;
+      std::string out;
+      try {
+        out = call_hostd(runner, o, c, id, rank, &row_json);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      if (!o.trace.empty() && c.traced) {
+        append_trace(o, c, rank, size, id - first, issued, start, now_ns(), row_json, error);
+      }
+      if (!error.empty()) {
+        throw std::runtime_error(error);
+      }
+      return out;
+    };
     try {
-      finish(call_hostd(runner, o, call, run_id, rank, &row_json));
+      std::string out = step(call, run_id);
+      if (call.then) {
+        Call next = call.then(out);
+        out = step(next, run_id + 1);
+      }
+      finish(out);
       work->complete(nullptr);
     } catch (const std::exception& e) {
-      error = e.what();
-      work->complete(std::make_exception_ptr(std::runtime_error(error)));
-    }
-    if (!o.trace.empty() && call.traced) {
-      append_trace(o, call, rank, size, run_id - first, issued, start, now_ns(), row_json, error);
+      work->complete(std::make_exception_ptr(std::runtime_error(e.what())));
     }
   });
   return work;
@@ -604,7 +625,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_work(c10d::OpType type, cons
   const std::string fabric = fabric_reduction(op, torch_op, input);
   const std::string name = reduce_op_name(op);
   const int n = getSize();
-  const int me = getRank();
   const int64_t numel = input.numel();
   const int64_t mine = what == "reduce-scatter" ? numel / n : numel;  // this rank's result's elements
   if (!fabric.empty()) {
@@ -623,19 +643,50 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_work(c10d::OpType type, cons
       finish(name == "avg" ? r.div_(n) : r);
     });
   }
-  Call c = movement("all-gather", torch_op, input);
+  // At the ranks: each rank's block of every rank's input comes to it (an all-to-all of equal blocks), which it
+  // folds in rank order; then (allreduce, reduce) the ranks all-gather the folded blocks. Each rank moves its
+  // tensor's bytes about twice, where an all-gather of whole tensors moved them n times.
+  const int64_t block = what == "reduce-scatter" ? mine : (numel + n - 1) / n;  // elements (the last ones padded)
+  const uint64_t block_bytes = static_cast<uint64_t>(block) * input.element_size();
+  at::Tensor padded = at::zeros({block * n}, input.options().memory_format(at::MemoryFormat::Contiguous));
+  padded.narrow(0, 0, numel).copy_(input.reshape({-1}));
+  Call c;
+  c.what = "alltoall";
+  c.torch_op = torch_op;
+  c.torch_dtype = torch_dtype(input.scalar_type());
   c.reduce_op = name;
-  const uint64_t block = c.input.size();  // padded to kMovementAlign
+  c.bytes = padded.nbytes();
+  c.input = bytes_of(padded);
+  c.send_splits.assign(n, block_bytes);
+  c.recv_splits.assign(n, block_bytes);
+  auto folded = [input, block, block_bytes, n, name](const std::string& out) {
+    TORCH_CHECK(out.size() >= block_bytes * n, "ifec: hostd returned ", out.size(), " B for ", n, " blocks of ",
+                block_bytes, " B");
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < n; ++r) {
+      parts.push_back(flat_from(out.data() + r * block_bytes, block_bytes, block, input));
+    }
+    return fold(parts, name);
+  };
+  if (what == "reduce-scatter") {
+    return submit(type, std::move(outputs), std::move(c),
+                  [folded, finish](const std::string& out) { finish(folded(out)); });
+  }
+  c.then = [folded, torch_op, name](const std::string& out) {
+    Call g = movement("all-gather", torch_op, folded(out));
+    g.reduce_op = name;
+    return g;
+  };
+  const uint64_t moved = (block_bytes + kMovementAlign - 1) / kMovementAlign * kMovementAlign;  // padded on the wire
   return submit(type, std::move(outputs), std::move(c),
-                [input, block, numel, mine, n, me, name, finish](const std::string& out) {
-                  TORCH_CHECK(out.size() >= block * n, "ifec: hostd returned ", out.size(), " B for ", n, " blocks of ",
-                              block, " B");
-                  std::vector<at::Tensor> parts;
+                [input, block, block_bytes, moved, numel, n, finish](const std::string& out) {
+                  TORCH_CHECK(out.size() >= moved * n, "ifec: hostd returned ", out.size(), " B for ", n,
+                              " blocks of ", moved, " B");
+                  std::string packed;
                   for (int r = 0; r < n; ++r) {
-                    parts.push_back(flat_from(out.data() + r * block, block, numel, input));
+                    packed.append(out.data() + r * moved, block_bytes);
                   }
-                  at::Tensor reduced = fold(parts, name);
-                  finish(mine == numel ? reduced : reduced.narrow(0, me * mine, mine));
+                  finish(flat_from(packed.data(), packed.size(), block * n, input).narrow(0, 0, numel));
                 });
 }
 

@@ -64,6 +64,9 @@ struct Call {
   int64_t tag = 0;
   bool refused = false;
   bool traced = true;  // false: a refused operation's stand-in (ProcessGroup::guarded), which the trace leaves out
+  // A second operation at hostd, made from this one's output once it came back (a reduction at the ranks: the
+  // all-gather of the folded blocks), numbered next; its output is the operation's.
+  std::function<Call(const std::string& out)> then;
 };
 
 class Runner;
@@ -112,7 +115,9 @@ class ProcessGroup : public c10d::ProcessGroup {
  private:
   // Queues `call`; `finish(output)` runs on the worker once hostd answered (it copies the output into the tensors).
   // Every call takes the group's next operation number, also one of no elements (it meets the other ranks as a
-  // barrier: a rank that skipped it would meet their next operation with this one, and every later one, out of step).
+  // barrier: a rank that skipped it would meet their next operation with this one, and every later one, out of step);
+  // an allreduce or reduce takes two, whichever way it runs (at the ranks it is two operations at hostd), so a rank
+  // that refused one (its stand-in) or ran it in the fabric stays in step with ranks that reduced at the ranks.
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, std::vector<at::Tensor> outputs, Call call,
                                         std::function<void(const std::string&)> finish);
   // Posts `call` as operation `run_id` (`first`: its sequence's first, for the trace) to `runner`.
@@ -130,8 +135,9 @@ class ProcessGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> guarded(const std::string& torch_op,
                                          const std::function<c10::intrusive_ptr<c10d::Work>()>& issue);
   // A reduction (allreduce, reduce, reduce-scatter) of `input`: in the fabric where it reduces the dtype and the
-  // operation (fp32, bf16, fp16, int32; sum, avg, min, max), else at the ranks: they all-gather the inputs and each
-  // reduces them itself in rank order (the same result on every rank). `finish` gets this rank's result as a flat
+  // operation (fp32, bf16, fp16, int32; sum, avg, min, max), else at the ranks: each rank's block of every input
+  // comes to it in an all-to-all and it folds them in rank order (the same result on every rank), then (allreduce,
+  // reduce) the ranks all-gather the folded blocks. `finish` gets this rank's result as a flat
   // contiguous tensor of `input`'s dtype: every element (allreduce, reduce) or this rank's block (reduce-scatter).
   c10::intrusive_ptr<c10d::Work> reduce_work(c10d::OpType type, const std::string& torch_op, const std::string& what,
                                              const at::Tensor& input, c10d::ReduceOp op, int root,

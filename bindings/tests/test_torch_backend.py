@@ -71,9 +71,16 @@ def _run_gloo(program, *args, nproc=8):
     assert all(p.returncode == 0 for p in procs), "\n".join(outs)
 
 
-def test_every_operation_equals_the_same_computation_in_one_process(fab):
-    rc, out = _run(fab, "collectives_check.py")
+def test_every_operation_equals_the_same_computation_in_one_process(fab, tmp_path):
+    rc, out = _run(fab, "collectives_check.py", trace=tmp_path / "trace")
     assert rc == 0, out[-3000:]
+    # A reduction at the ranks (int64 sum): an all-to-all of one block per rank, then an all-gather of the folded
+    # blocks, each rank's payload about the tensor's size (an all-gather of whole tensors moved 8 times its size).
+    ops = [json.loads(line) for line in (tmp_path / "trace" / "rank0.jsonl").read_text().splitlines()]
+    i = next(i for i, o in enumerate(ops) if (o["op"], o["dtype"], o.get("reduce_op")) == ("all_reduce", "int64", "sum"))
+    a, g = ops[i], ops[i + 1]
+    assert (a["fabric_op"], g["fabric_op"], g["op"], g["seq"]) == ("alltoall", "all-gather", "all_reduce", a["seq"] + 1)
+    assert a["send_splits"] == a["recv_splits"] == [16] * 8 and g["bytes"] == 16  # 12 int64 in blocks of 2
     for r in range(8):
         assert f"[rank {r}] ok all_to_all_single uneven" in out
         assert f"[rank {r}] ok all_reduce sum torch.int64" in out  # reduced at the ranks
@@ -185,7 +192,9 @@ def test_ddp_equals_gloo_and_repeats_bitwise(fab, tmp_path):
     assert worst <= DDP_TOLERANCE, f"parameters differ from Gloo's by {worst}"
     for r in range(8):  # every rank traced every operation: 20 steps' gradient all_reduces and DDP's own
         ops = [json.loads(line) for line in (tmp_path / "trace" / f"rank{r}.jsonl").read_text().splitlines()]
-        assert [o["seq"] for o in ops] == list(range(len(ops)))
+        # numbered from 0, an all_reduce taking two numbers (in the fabric it uses the first)
+        steps = [b["seq"] - a["seq"] for a, b in zip(ops, ops[1:])]
+        assert ops[0]["seq"] == 0 and steps == [1 + (a["op"] == "all_reduce") for a in ops[:-1]], steps
         assert sum(o["op"] == "all_reduce" for o in ops) >= 20
         assert ops[0]["op"] == "all_gather" and any(o["op"] == "broadcast" for o in ops)
         assert all(o["ok"] and o["end_ns"] >= o["start_ns"] >= o["issued_ns"] for o in ops)
