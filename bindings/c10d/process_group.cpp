@@ -552,8 +552,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(c10d::OpType type, std::vect
     finish = [](const std::string&) {};
   }
   const uint64_t run_id = next_run_id_;
-  const bool reduction = call.torch_op == "all_reduce" || call.torch_op == "all_reduce_coalesced" ||
-                         call.torch_op == "reduce";
+  const bool reduction =
+      call.torch_op == "all_reduce" || call.torch_op == "all_reduce_coalesced" || call.torch_op == "reduce";
   next_run_id_ += reduction ? 2 : 1;  // see the header
   return post(*runner_, o_.first_run_id, run_id, type, std::move(outputs), std::move(call), std::move(finish));
 }
@@ -680,8 +680,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_work(c10d::OpType type, cons
   const uint64_t moved = (block_bytes + kMovementAlign - 1) / kMovementAlign * kMovementAlign;  // padded on the wire
   return submit(type, std::move(outputs), std::move(c),
                 [input, block, block_bytes, moved, numel, n, finish](const std::string& out) {
-                  TORCH_CHECK(out.size() >= moved * n, "ifec: hostd returned ", out.size(), " B for ", n,
-                              " blocks of ", moved, " B");
+                  TORCH_CHECK(out.size() >= moved * n, "ifec: hostd returned ", out.size(), " B for ", n, " blocks of ",
+                              moved, " B");
                   std::string packed;
                   for (int r = 0; r < n; ++r) {
                     packed.append(out.data() + r * moved, block_bytes);
