@@ -77,7 +77,8 @@ def test_every_operation_equals_the_same_computation_in_one_process(fab, tmp_pat
     # A reduction at the ranks (int64 sum): an all-to-all of one block per rank, then an all-gather of the folded
     # blocks, each rank's payload about the tensor's size (an all-gather of whole tensors moved 8 times its size).
     ops = [json.loads(line) for line in (tmp_path / "trace" / "rank0.jsonl").read_text().splitlines()]
-    i = next(i for i, o in enumerate(ops) if (o["op"], o["dtype"], o.get("reduce_op")) == ("all_reduce", "int64", "sum"))
+    want = ("all_reduce", "int64", "sum")
+    i = next(i for i, o in enumerate(ops) if (o["op"], o["dtype"], o.get("reduce_op")) == want)
     a, g = ops[i], ops[i + 1]
     assert (a["fabric_op"], g["fabric_op"], g["op"], g["seq"]) == ("alltoall", "all-gather", "all_reduce", a["seq"] + 1)
     assert a["send_splits"] == a["recv_splits"] == [16] * 8 and g["bytes"] == 16  # 12 int64 in blocks of 2
