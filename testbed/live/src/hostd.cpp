@@ -134,9 +134,11 @@ class Hub {
       slot = std::make_shared<Round>();
       slot->parts.resize(n_);
       slot->in.assign(n_, 0);
+      slot->came.assign(n_, 0);
     }
     std::shared_ptr<Round> r = slot;
     r->parts[rank] = q.part();
+    r->came[rank] = 1;
     if (!r->in[rank]) {
       r->in[rank] = 1;
       ++r->arrived;
@@ -146,17 +148,23 @@ class Hub {
                                        : std::min<std::chrono::milliseconds>(std::chrono::milliseconds(q.wait_ms()),
                                                                              kLongestAllgatherWait);
     if (!cv_.wait_for(lock, wait, [&] { return r->arrived == n_ || r->superseded || stopping_; })) {
-      std::string missing;
+      std::string missing, left;  // never came; came, and left when their own wait ran out
       for (int k = 0; k < n_; ++k) {
-        missing += r->in[k] ? "" : (missing.empty() ? "" : ", ") + std::to_string(k) + " (" + names_[k] + ")";
+        std::string& to = !r->came[k] ? missing : !r->in[k] ? left : names_[k];
+        if (&to != &names_[k]) {
+          to += (to.empty() ? "" : ", ") + std::to_string(k) + " (" + names_[k] + ")";
+        }
       }
       // This rank has left: a rank that comes later waits for it again, rather than taking its part and going on
       // alone into an operation this rank no longer runs (its hostd then one allgather out of step for good).
       r->in[rank] = 0;
       --r->arrived;
+      std::string why = missing.empty() ? "" : "rank(s) " + missing + " did not arrive in " + seconds_text(wait) + " s";
+      if (!left.empty()) {
+        why += (why.empty() ? "" : "; ") + std::string("rank(s) ") + left + " came and left, their own wait over";
+      }
       // Not DEADLINE_EXCEEDED: the callers would read that as the hub's own silence, and lose who is missing.
-      return grpc::Status(grpc::StatusCode::ABORTED,
-                          what + ": rank(s) " + missing + " did not arrive in " + seconds_text(wait) + " s");
+      return grpc::Status(grpc::StatusCode::ABORTED, what + ": " + why);
     }
     if (stopping_) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, what + ": " + node + " is stopping");
@@ -183,7 +191,8 @@ class Hub {
  private:
   struct Round {
     std::vector<std::string> parts;
-    std::vector<char> in;
+    std::vector<char> in;    // waiting here now
+    std::vector<char> came;  // came at all (one that left after its wait ran out is not named as missing)
     int arrived = 0;
     int served = 0;
     bool superseded = false;
