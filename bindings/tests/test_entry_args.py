@@ -266,8 +266,11 @@ def test_a_group_timeout_below_a_millisecond_is_named(backend, timeout):
     tb, calls = backend
     with pytest.raises(RuntimeError, match="process group's timeout .*: expected 1 ms or more"):
         tb._create(dist.HashStore(), 0, 2, timeout)
-    tb._create(dist.HashStore(), 0, 2, datetime.timedelta(seconds=5))
+    store = dist.HashStore()
+    store.set("ifec_gpu_1", "6")  # rank 1's GPU (every rank tells the others its own: the channels' ends)
+    tb._create(store, 0, 2, datetime.timedelta(seconds=5))
     assert calls[0][5] == 5.0  # timeout_s: the group's, shorter than IFEC_TIMEOUT's default
+    assert calls[0][-1] == [0, 6]  # the world's GPUs in rank order (IFEC_GPU unset: rank 0's is its rank)
 
 
 # ---------------------------------------------------------------------------------------------------- trace --
