@@ -648,8 +648,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_work(c10d::OpType type, cons
   // tensor's bytes about twice, where an all-gather of whole tensors moved them n times.
   const int64_t block = what == "reduce-scatter" ? mine : (numel + n - 1) / n;  // elements (the last ones padded)
   const uint64_t block_bytes = static_cast<uint64_t>(block) * input.element_size();
-  at::Tensor padded = at::zeros({block * n}, input.options().memory_format(at::MemoryFormat::Contiguous));
-  padded.narrow(0, 0, numel).copy_(input.reshape({-1}));
+  at::Tensor padded = input;  // whole blocks already (a reduce-scatter's): bytes_of copies it once
+  if (block * n != numel) {
+    padded = at::zeros({block * n}, input.options().memory_format(at::MemoryFormat::Contiguous));
+    padded.narrow(0, 0, numel).copy_(input.reshape({-1}));
+  }
   Call c;
   c.what = "alltoall";
   c.torch_op = torch_op;
@@ -1035,9 +1038,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::transfer(bool sending, std::vector<
     check_one(tensors, torch_op);
     t = tensors[0];
     TORCH_CHECK(t.nbytes() <= kMaxOperationBytes, "ifec: ", torch_op, " of ", t.nbytes(),
-                " B, where one request "
-                "to hostd carries at most ",
-                kMaxOperationBytes, " B: split it into smaller transfers");
+                " B, where one request to hostd carries at most ", kMaxOperationBytes,
+                " B: split it into smaller transfers");
   } catch (const std::exception&) {
     c.refused = true;
     c.torch_dtype = "none";

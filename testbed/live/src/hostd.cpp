@@ -150,8 +150,8 @@ class Hub {
     if (!cv_.wait_for(lock, wait, [&] { return r->arrived == n_ || r->superseded || stopping_; })) {
       std::string missing, left;  // never came; came, and left when their own wait ran out
       for (int k = 0; k < n_; ++k) {
-        std::string& to = !r->came[k] ? missing : !r->in[k] ? left : names_[k];
-        if (&to != &names_[k]) {
+        if (!r->came[k] || !r->in[k]) {
+          std::string& to = r->came[k] ? left : missing;
           to += (to.empty() ? "" : ", ") + std::to_string(k) + " (" + names_[k] + ")";
         }
       }
