@@ -242,6 +242,10 @@ std::vector<uint8_t> QueuePair::request_frame() {
     counters_.tx_packets++;
     if (asked) {
       last_ack_req_ = clock_.now();
+      if (!retransmit && timed_at_ < 0) {
+        timed_psn_ = psn;
+        timed_at_ = clock_.now();
+      }
     }
     if (cfg_.adaptive_rto) {
       note_sent(psn, retransmit);
@@ -256,8 +260,10 @@ std::vector<uint8_t> QueuePair::request_frame() {
       last_progress_ = std::max(last_progress_, clock_.now());  // a new outstanding period starts now
       arm_timer();
     }
-    if (resume_pending_) {  // the one packet a timeout resends went out
-      resume_pending_ = false;
+    if (resend_left_ > 0 && (--resend_left_ == 0 || psn_diff(send_psn_, recover_psn_) > 0)) {
+      resend_left_ = 0;  // the packets a timeout (or a probe's ACK) resends went out: back where the cursor was
+      probe_psn_ = psn;
+      probe_at_ = clock_.now();
       if (psn_diff(resume_psn_, send_psn_) > 0) {
         seek(resume_psn_);
       }
@@ -326,6 +332,13 @@ void QueuePair::acknowledge_through(uint32_t psn) {
     }
   }
   retries_ = 0;
+  if (timed_at_ >= 0 && psn_diff(psn, timed_psn_) >= 0) {
+    min_rtt_ = std::min(min_rtt_, clock_.now() - timed_at_);
+    timed_at_ = -1;
+  }
+  if (recovering_) {
+    resend_after_probe();
+  }
   const size_t slot = sent_at_.empty() ? 0 : psn & (sent_at_.size() - 1);
   const bool sampled = cfg_.adaptive_rto && !sent_at_.empty() && sent_psn_[slot] == psn && sent_at_[slot] != 0;
   if (sampled) {
@@ -367,7 +380,8 @@ void QueuePair::seek(uint32_t psn) {
 }
 
 void QueuePair::go_back(uint32_t psn) {
-  resume_pending_ = false;
+  resend_left_ = 0;
+  timed_at_ = -1;  // Karn: a packet sent again times nothing
   for (size_t i = 0; i < sq_.size(); ++i) {
     const Wqe& w = sq_[i];
     const int32_t k = psn_diff(psn, w.psn);
@@ -378,6 +392,36 @@ void QueuePair::go_back(uint32_t psn) {
       return;
     }
   }
+}
+
+// Resends `packets` packets from `from` (weak ordering), then goes on where the send cursor was.
+void QueuePair::start_resend(uint32_t from, uint32_t packets) {
+  const uint32_t resume = resend_left_ > 0 ? resume_psn_ : send_psn_;
+  go_back(from);
+  resume_psn_ = resume;
+  resend_left_ = packets;
+  burst_ = static_cast<uint16_t>(packets);
+}
+
+// Weak ordering, recovering from a timeout: an ACK that stops exactly at the last packet resent says it arrived
+// and the packet after it, sent before the timeout, did not: a failed link lost a run of them. Resend the next ones
+// at once, twice as many as the last burst (a round trip per burst, not a timeout per packet). An ACK that came
+// sooner than half the smallest round trip after the burst is an original's, queued ahead of it (a spurious
+// timeout: then nothing is lost, and the originals' ACKs pass the last packet resent).
+void QueuePair::resend_after_probe() {
+  if (psn_diff(acked_, recover_psn_) >= 0) {
+    recovering_ = false;
+    return;
+  }
+  if (acked_ != probe_psn_ || resend_left_ > 0 || clock_.now() - probe_at_ < min_rtt_ / 2) {
+    return;
+  }
+  const Wqe* w = find_wqe(psn_add(acked_, 1));
+  if (w == nullptr || w->finished || w->kind != Wqe::kWrite) {
+    return;  // (reads and atomics wait for the timer)
+  }
+  const auto room = static_cast<uint32_t>(psn_diff(recover_psn_, acked_));
+  start_resend(psn_add(acked_, 1), std::min<uint32_t>({2u * burst_, 256u, room}));
 }
 
 void QueuePair::maybe_reconnect() {
@@ -416,7 +460,9 @@ void QueuePair::reconnect_after(uint32_t failed_psn) {
   next_psn_ = psn;
   acked_ = psn_add(base, -1);
   max_sent_ = psn_add(base, -1);
-  resume_pending_ = false;
+  resend_left_ = 0;
+  recovering_ = false;
+  timed_at_ = -1;
   retries_ = 0;
   rto_ = base_rto();
   last_progress_ = clock_.now();
@@ -515,11 +561,23 @@ void QueuePair::on_timer(uint64_t generation) {
   // timeout is as often a queue longer than the timer (everything still on its way) as a loss, and a window's
   // copies queued behind the originals would make the next timeouts: a congestion collapse, seen on the live
   // fabric's software switches. Once the lost packet is repaired the ACK covers the successors that arrived.
-  const uint32_t resume = send_psn_;
-  go_back(go_back_psn());
-  if (cfg_.weak) {
-    resume_psn_ = resume;
-    resume_pending_ = true;
+  if (!cfg_.weak) {
+    go_back(go_back_psn());
+  } else {
+    // The first timeout resends one packet. One that finds the same recovery still open after the last one's
+    // packets were acknowledged (the path works, yet packets sent before are missing: losses that are not one run,
+    // which resend_after_probe does not chain through) resends twice as many as the last; one without progress
+    // since (a queue longer than the timer) one packet again.
+    if (!recovering_) {
+      recovering_ = true;
+      recover_psn_ = max_sent_;
+      timeouts_in_recovery_ = 0;
+    } else if (acked_ == acked_at_timeout_) {
+      timeouts_in_recovery_ = 0;
+    }
+    acked_at_timeout_ = acked_;
+    timeouts_in_recovery_ = static_cast<uint8_t>(std::min(timeouts_in_recovery_ + 1, 7));
+    start_resend(go_back_psn(), 1u << (timeouts_in_recovery_ - 1));
   }
   arm_timer();
 }
@@ -654,7 +712,9 @@ void QueuePair::attach_external(uint32_t remote_qpn, uint32_t first_request_psn,
   send_psn_ = next_psn_;
   acked_ = psn_add(next_psn_, -1);
   max_sent_ = acked_;
-  resume_pending_ = false;
+  resend_left_ = 0;
+  recovering_ = false;
+  timed_at_ = -1;
   retries_ = 0;
   rto_ = base_rto();
   timer_armed_ = false;
