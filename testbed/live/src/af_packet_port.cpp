@@ -148,9 +148,7 @@ void AfPacketPort::open_socket() {
 }
 
 bool AfPacketPort::refresh_link() {
-  ifreq ifr{};
-  std::strncpy(ifr.ifr_name, ifname_.c_str(), IFNAMSIZ - 1);
-  const bool up = ioctl(fd_, SIOCGIFFLAGS, &ifr) == 0 && (ifr.ifr_flags & IFF_UP) && (ifr.ifr_flags & IFF_RUNNING);
+  const bool up = interface_usable(fd_, ifname_);
   const bool changed = up != up_;
   up_ = up;
   return changed;

@@ -2,8 +2,12 @@
 #include "ifec/live/netns.h"
 
 #include <fcntl.h>
+#include <linux/ethtool.h>
+#include <linux/sockios.h>
+#include <net/if.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -78,6 +82,17 @@ void reap_stale_namespaces() {
       run_command({"ip", "netns", "del", name});
     }
   }
+}
+
+bool interface_usable(int fd, const std::string& ifname) {
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
+  if (ioctl(fd, SIOCGIFFLAGS, &ifr) != 0 || (ifr.ifr_flags & IFF_UP) == 0 || (ifr.ifr_flags & IFF_RUNNING) == 0) {
+    return false;
+  }
+  ethtool_value carrier{ETHTOOL_GLINK, 0};
+  ifr.ifr_data = reinterpret_cast<char*>(&carrier);
+  return ioctl(fd, SIOCETHTOOL, &ifr) != 0 || carrier.data != 0;
 }
 
 std::string netns_unavailable() {

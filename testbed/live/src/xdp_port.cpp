@@ -109,9 +109,7 @@ std::string XdpPort::driver() const {
 }
 
 bool XdpPort::refresh_link() {
-  ifreq ifr{};
-  std::strncpy(ifr.ifr_name, ifname_.c_str(), IFNAMSIZ - 1);
-  const bool up = ioctl(ctl_fd_, SIOCGIFFLAGS, &ifr) == 0 && (ifr.ifr_flags & IFF_UP) && (ifr.ifr_flags & IFF_RUNNING);
+  const bool up = interface_usable(ctl_fd_, ifname_);
   const bool changed = up != up_;
   up_ = up;
   return changed;

@@ -15,6 +15,13 @@ std::string mgmt_address(int node, int grpc_port = 50051);
 // Runs a command (argv, no shell); returns its exit status and puts its stdout+stderr into *out when given.
 int run_command(const std::vector<std::string>& argv, std::string* out = nullptr);
 
+// Whether interface `ifname` can carry frames now, asked through `fd` (a socket made in the interface's namespace):
+// up, running (its operational state: the kernel has activated its transmit queue) and with carrier. A veth's
+// carrier goes at once when its peer goes down, while the operational state can follow a second later (the kernel's
+// link watcher batches its events): frames sent in between vanish. A driver that does not report its carrier
+// (ETHTOOL_GLINK) is taken by its flags alone.
+bool interface_usable(int fd, const std::string& ifname);
+
 // Why this process cannot make namespaces and veths here ("" when it can): tests skip with this reason.
 std::string netns_unavailable();
 
