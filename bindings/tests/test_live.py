@@ -5,6 +5,7 @@ faults are real: a link taken down at its switch, a switchd killed. The fabric c
 torn down even when a test fails; a test that breaks it restores what it broke.
 """
 
+import re
 import struct
 import subprocess
 import time
@@ -396,12 +397,13 @@ def test_a_killed_hostd_is_named_within_a_bounded_time(fab):
     fab.kill("gpu7")
     t0 = time.time()
     with pytest.raises(live.LiveError) as e:
-        row = fab.run("allreduce", algo="ifec", bytes=64 * 1024, timeout=40)
+        row = fab.run("allreduce", algo="ifec", bytes=64 * 1024, timeout=20)
         if not row["ok"]:
             raise live.LiveError(row.get("error"))
     assert "gpu7" in str(e.value)
-    # The ranks that did arrive hear from the hub who did not, not that the hub itself was silent.
-    assert "rank(s) 7 (gpu7) did not arrive" in str(e.value), e.value
-    assert time.time() - t0 < 40
+    # The ranks that did arrive hear from the hub who did not (after the 18 s their caller allows them to wait,
+    # the timeout less a tenth), not that the hub itself was silent.
+    assert re.search(r"rank\(s\) 7 \(gpu7\) did not arrive in 1[78] s", str(e.value)), e.value
+    assert time.time() - t0 < 20
 
 

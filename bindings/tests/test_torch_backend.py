@@ -6,6 +6,7 @@ module; the test that kills a hostd runs last.
 import io
 import json
 import os
+import re
 import pathlib
 import socket
 import subprocess
@@ -153,6 +154,8 @@ def test_point_to_point_transfers_equal_what_each_sender_sent_and_gloo_runs_the_
                 "the sender runs a transfer its rank refused where this receiver runs send of 40 B" in big), big
     assert "[rank 7] ok a pipeline down the ranks" in out and "[rank 1] ok ten transfers in order" in out
     assert "[rank 1] ok recv after 33 s" in out or "[rank 1] ok recv after 34 s" in out, out[-3000:]
+    for r in range(2, 8):  # waited in the all_reduce for ranks 0 and 1, past the hub's own 30 s
+        assert re.search(rf"\[rank {r}\] ok all_reduce after 3[3-9] s", out), (r, out[-3000:])
     ops = [json.loads(line) for line in (tmp_path / "trace" / "rank0.jsonl").read_text().splitlines()]
     sends = [o for o in ops if o["fabric_op"] == "send"]
     assert sends and all(o["row"]["collective"] == "send" for o in sends if o["ok"])

@@ -143,7 +143,9 @@ t = torch.full((4,), float(rank))
 dist.all_reduce(t)
 check("all_reduce after the transfers", t, torch.full((4,), float(sum(range(n)))))
 # A receiver waits for its sender as long as its timeout allows (a pipeline stage's recv while the stage before it
-# computes): past the 30 s a collective's ranks wait for each other.
+# computes), and the other ranks wait as long in the all_reduce that follows, past the hub's own 30 s (torch's
+# backends wait up to the group's timeout; the ifec backend's is 120 s).
+t0 = time.time()
 if args.backend == "ifec" and rank in (0, 1):
     t0 = time.time()
     if rank == 0:
@@ -153,4 +155,8 @@ if args.backend == "ifec" and rank in (0, 1):
         t = torch.empty(1000)
         dist.recv(t, 0)
         check(f"recv after {time.time() - t0:.0f} s", t, sent(0, 1, 8))
+t = torch.full((4,), float(rank + 1))
+dist.all_reduce(t)
+check(f"all_reduce after {time.time() - t0:.0f} s", t,
+      torch.full((4,), float(sum(range(1, n + 1)))))
 dist.destroy_process_group()

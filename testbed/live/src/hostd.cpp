@@ -6,6 +6,7 @@
 #include <array>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -75,9 +76,11 @@ constexpr uint64_t kRingWindowBytes = uint64_t{1} << 20;
 constexpr common::TimeNs kRingPollBusyNs = 50'000;     // while descriptors are in flight
 constexpr common::TimeNs kRingPollIdleNs = 1'000'000;  // otherwise
 
+// "0.3", "2.5", "108": tenths below 10 s, whole seconds above (a wait from a caller's deadline is 107.996 s).
 std::string seconds_text(std::chrono::milliseconds ms) {
   std::ostringstream os;
-  os << ms.count() / 1000.0;
+  const double s = static_cast<double>(ms.count()) / 1000.0;
+  os << (s < 10 ? std::round(s * 10) / 10 : std::round(s));
   return os.str();
 }
 
@@ -332,6 +335,12 @@ struct HostDaemon::Impl {
       opts.limit_ns = limit;
       c.set_options(opts);
     }
+  }
+  // How long the hub holds this rank's parts of an operation's allgathers for the other ranks': as long as its
+  // caller allows (a rank that arrives late because its program computed longer, as torch's own backends wait, up to
+  // the process group's timeout), not the hub's 30 s.
+  common::TimeNs wait_for_others(common::TimeNs until) const {
+    return std::max<common::TimeNs>(until - rt->loop().now(), 1'000'000);
   }
   // What a collective's row counts from: the byte counters and the state the endpoint and communicator carry from
   // operation to operation (testbed::Turns), at its start.
@@ -1068,7 +1077,7 @@ void HostDaemon::Impl::run_send(const v1::RunRequest& q, common::TimeNs until,
   v1::RunRequest c = q;
   c.set_group(kChannelGroups + (static_cast<uint32_t>(from) << 15) + static_cast<uint32_t>(to));
   // Either side waits for the other as long as its caller allows (a pipeline stage's recv for its sender's compute).
-  const common::TimeNs wait = std::max<common::TimeNs>(until - rt->loop().now(), 1'000'000);
+  const common::TimeNs wait = wait_for_others(until);
   with_group(
       c, reply,
       [this, c, reply, until, text = transfer_text(q)](Group& g) {
@@ -1171,13 +1180,17 @@ void HostDaemon::Impl::run(const v1::RunRequest& q, common::TimeNs until, std::f
   if (q.group() != 0) {
     IFEC_CHECK(q.what() != "moe" && (q.what() != "alltoall" || given),
                "group " << q.group() << ": a " << q.what() << " runs among every rank only");
-    with_group(q, reply, [this, q, reply, until](Group& g) {
-      set_limit(*g.comm, until);
-      q.what() == "alltoall" ? run_alltoall_given(g, q, reply) : run_collective(g, q, until, reply);
-    });
+    with_group(
+        q, reply,
+        [this, q, reply, until](Group& g) {
+          set_limit(*g.comm, until);
+          q.what() == "alltoall" ? run_alltoall_given(g, q, reply) : run_collective(g, q, until, reply);
+        },
+        wait_for_others(until));
     return;
   }
   set_limit(*comm, until);
+  boot->set_wait(wait_for_others(until));
   if (q.run_id() != 0) {  // the driver numbers operations alike on every rank (see RunRequest.run_id)
     boot->begin_epoch(q.run_id());
   }
