@@ -3,7 +3,10 @@ attached, and passed to Fabric.run for every operation; a deadline run past name
 a fake (or an in-process gRPC server): nothing is brought up."""
 
 import concurrent.futures
+import io
+import os
 import pathlib
+import sys
 import time
 
 import pytest
@@ -161,3 +164,23 @@ def test_status_exits_1_naming_the_daemons_down_or_not_ready(monkeypatch, capsys
         assert live.main(["status"]) == code
         out = capsys.readouterr().out
         assert (says in out) if says else "down or not ready" not in out, out
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(fake, monkeypatch):
+    """`./ifec live ctl counters gpu0 | head -2`: the pipe's reader has gone; exit 141 as a Unix tool does, not a
+    BrokenPipeError traceback."""
+    r, w = os.pipe()
+
+    class Gone(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self):
+            return w
+
+    monkeypatch.setattr(sys, "stdout", Gone())
+    try:
+        assert live.main(["run", "allreduce"]) == 141
+    finally:
+        os.close(r)
+        os.close(w)

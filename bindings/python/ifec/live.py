@@ -1486,6 +1486,9 @@ def main(argv=None):
     except (LiveError, ValueError) as e:  # ValueError: IfecError from the native side names the bad value
         print(f"live: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `./ifec live ctl counters gpu0 | head`: the reader had enough, as for any Unix tool
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python's exit would flush into it again)
+        return 141
 
 
 if __name__ == "__main__":
