@@ -232,8 +232,9 @@ TEST(Endpoint, ASpuriousTimeoutResendsAPacketNotTheWindow) {
 
 // Out of order (weak), a link that fails under a window loses every frame on it, one run of its QP's PSNs; the QP
 // moves to the other port (path migration) and what it sends there arrives. The timeout's one resent packet is then
-// acknowledged alone (the next is missing too): the QP resends the next ones at once, twice as many each round
-// trip, not one packet per timeout (the live fabric took 20-35 s to repair a plane's failure, 200 ms a packet).
+// acknowledged alone (the next is missing too, and no ACK passes it): the QP resends the next ones, twice as many
+// each round trip, not one packet per timeout (the live fabric took 20-35 s to repair a plane's failure, 200 ms a
+// packet).
 TEST(Endpoint, AWindowLostWithItsLinkIsResentInRoundTripsNotOnePacketPerTimeout) {
   Pair p(Ordering::kWeak, 2, 0.0, 1, 1, 20'000, true);
   bool down = false;
@@ -259,7 +260,7 @@ TEST(Endpoint, AWindowLostWithItsLinkIsResentInRoundTripsNotOnePacketPerTimeout)
          (p.loop.now() - start) / 1e6, static_cast<unsigned long>(c.timeouts),
          static_cast<unsigned long>(c.retransmits));
   // One packet per timeout took 5.4 ms here (25 timeouts, the timer backed off to its 200 us): now the first timeout
-  // and a few round trips of 40 us.
+  // and a few round trips of 40 us, each with its wait of an eighth of the timeout.
   EXPECT_GE(lost, 30u);
   EXPECT_LE(c.timeouts, 4u);
   EXPECT_LT(p.loop.now() - start, 1'000'000);

@@ -22,7 +22,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <vector>
 
@@ -223,23 +222,15 @@ class QueuePair {
   // returns to resume_psn_ (where it was).
   uint32_t resume_psn_ = 0;
   uint32_t resend_left_ = 0;
-  // Weak ordering's recovery (see on_timer and acknowledge_through): from a timeout until the ACK passes
-  // recover_psn_ (the highest PSN sent before it). probe_psn_ is the last packet resent, at probe_at_, in a burst of
-  // burst_ packets; timeouts_in_recovery_ counts the timeouts that found it still open after progress.
+  // Weak ordering's recovery (see on_timer and resend_after_probe): from a timeout until the ACK passes
+  // recover_psn_ (the highest PSN sent before it). probe_psn_ is the last packet resent, in a burst of burst_.
   bool recovering_ = false;
-  uint8_t timeouts_in_recovery_ = 0;
   uint16_t burst_ = 0;
   uint32_t recover_psn_ = 0;
-  uint32_t acked_at_timeout_ = 0;
   uint32_t probe_psn_ = 0;
-  common::TimeNs probe_at_ = 0;
   void start_resend(uint32_t from, uint32_t packets);
   void resend_after_probe();
-  // The smallest round trip seen: one packet at a time that asks for an ACK and is sent once (timed_psn_, sent at
-  // timed_at_, -1 when none) is timed to its ACK.
-  uint32_t timed_psn_ = 0;
-  common::TimeNs timed_at_ = -1;
-  common::TimeNs min_rtt_ = std::numeric_limits<common::TimeNs>::max();
+  void resend_if_still_missing(uint32_t at);
   void seek(uint32_t psn);  // the send cursor to `psn` (a PSN of a queued WQE, or next_psn_)
   bool error_ = false;
   int retries_ = 0;
