@@ -7,7 +7,9 @@
 //    Stores travel as WRITE FIRST/MIDDLE/LAST/ONLY.
 //  - weak (spraying): packets may arrive in any order. Every store packet is a self-placing WRITE ONLY with its
 //    own RETH (direct data placement), the responder executes any PSN inside its window once (a bitmap remembers
-//    which), and cumulative ACKs plus the retransmission timeout repair losses.
+//    which), and cumulative ACKs plus the retransmission timeout repair losses: a timeout resends the oldest
+//    unacknowledged packet; while packets sent before it are still missing, an ACK that stops at the last one
+//    resent (none passing it for an eighth of the timeout) sends the next ones, doubling (resend_after_probe).
 // READ responses are placed by PSN offset in both disciplines, so a retransmitted READ is harmless; atomic
 // results are cached by PSN so a duplicate is answered from the cache, never executed twice.
 //
