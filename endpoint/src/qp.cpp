@@ -565,9 +565,8 @@ void QueuePair::on_timer(uint64_t generation) {
   if (!cfg_.weak) {
     go_back(go_back_psn());
   } else {
-    // One packet: a timeout is as often a queue longer than the timer as a loss. What follows a lost run is
-    // resend_after_probe's (escalating here too, on timeouts that found the recovery open after progress, resent
-    // packets that had arrived: a ring AllReduce under 1% loss on superpod-64x4 took 11% longer).
+    // What follows a lost run is resend_after_probe's (doubling here as well, on timeouts that found the recovery
+    // open after progress, resent packets that had arrived: a ring AllReduce under 1% loss took 11% longer).
     if (!recovering_) {
       recovering_ = true;
       recover_psn_ = max_sent_;
