@@ -6,8 +6,8 @@ module; the test that kills a hostd runs last.
 import io
 import json
 import os
-import re
 import pathlib
+import re
 import socket
 import subprocess
 import sys

@@ -353,12 +353,12 @@ TEST_F(Veth, FabricFramesCrossByteForByteAndOtherTrafficIsFiltered) {
   EXPECT_EQ(pb_->counters().rx_frames, 3u);
 }
 
+// The carrier is read, not only the operational state (IFF_RUNNING), which the kernel's link watcher may report a
+// second late (the second sub-link of a failed Y-cable, live): the first look after the peer went down sees it.
 TEST_F(Veth, CarrierFollowsThePeerAndADownPortRefusesFrames) {
   b_->ip({"link", "set", "f0", "down"});
-  ASSERT_TRUE(run_until(loop_, [&] {
-    pa_->refresh_link();
-    return !pa_->link_up();
-  })) << "A still sees a carrier";
+  EXPECT_TRUE(pa_->refresh_link());
+  ASSERT_FALSE(pa_->link_up()) << "A still sees a carrier";
   EXPECT_FALSE(pa_->send(roce_frame(pa_->mac(), pb_->mac(), false, 64)));
   EXPECT_EQ(pa_->counters().tx_refused, 1u);
   b_->ip({"link", "set", "f0", "up"});
