@@ -401,9 +401,10 @@ def test_a_killed_hostd_is_named_within_a_bounded_time(fab):
         if not row["ok"]:
             raise live.LiveError(row.get("error"))
     assert "gpu7" in str(e.value)
-    # The ranks that did arrive hear from the hub who did not (after the 18 s their caller allows them to wait,
-    # the timeout less a tenth), not that the hub itself was silent.
-    assert re.search(r"rank\(s\) 7 \(gpu7\) did not arrive in 1[78] s", str(e.value)), e.value
-    assert time.time() - t0 < 20
+    # The ranks that did arrive hear from the hub who did not, not that the hub itself was silent: the hub asks the
+    # missing rank's hostd every 2 s and names it once it has not answered for 4 s, well inside the 18 s their
+    # caller allows them to wait (the timeout less a tenth).
+    assert re.search(r"rank 7 \(gpu7\): its hostd has not answered for [4-9](\.\d)? s: gpu7 \(", str(e.value)), e.value
+    assert time.time() - t0 < 12
 
 

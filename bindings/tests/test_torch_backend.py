@@ -265,5 +265,7 @@ def test_a_dead_hostd_is_named_within_a_bounded_time(fab, tmp_path):
     assert "[rank 3] error: ifec: all_reduce of float32 (4096 B, sum) on rank 3: hostd gpu3" in text, text
     assert "does not answer" in text
     others = [line for line in text.splitlines() if line.startswith("[rank 0] error:")]
-    assert others and "3 (gpu3)" in others[0], text  # rank 0's hub names the rank that never arrived
-    assert took < 90, f"{took:.0f} s"
+    # Rank 0's hub names the rank that never arrived: it asks that rank's hostd every 2 s and gives up on it after
+    # 4 s of silence, well before the 36 s the program's timeout allows (15 s here, starting torch included).
+    assert others and "rank 3 (gpu3): its hostd has not answered for" in others[0], text
+    assert took < 30, f"{took:.0f} s"

@@ -360,6 +360,17 @@ void GrpcBootstrap::allgather(std::vector<uint8_t> mine, std::function<void(work
   });
 }
 
+// --------------------------------------------------------------------------------------- status probe --
+
+std::string ask_hostd_status(const std::string& who, const std::string& address, common::TimeNs deadline_ns) {
+  auto stub = v1::Host::NewStub(daemon_channel(address));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(deadline_after(deadline_ns));
+  v1::NodeStatus out;
+  const grpc::Status st = stub->Status(&ctx, v1::Empty(), &out);
+  return st.ok() ? "" : describe(who, address, st);
+}
+
 // --------------------------------------------------------------------------------------- responder reset --
 
 void reset_peer_responder(EpollLoop& loop, std::weak_ptr<bool> alive, const std::string& who,

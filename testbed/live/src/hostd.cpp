@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -84,9 +85,60 @@ std::string seconds_text(std::chrono::milliseconds ms) {
   return os.str();
 }
 
+// Whether the hostds of the ranks a hub waits for are still there. A hub waiting for ranks asks those that have not
+// come for their status every kProbeEvery (the waiting thread, one at a time per round); a hostd that has answered no
+// such question for kSilentFor ends the wait, named, instead of the ranks that did come learning only after their
+// whole wait (up to their caller's limit: 108 s by default) that it did not arrive. A hostd that answers is waited
+// for as long as the parts allow: its program may still be computing. Armed once this hostd's world bootstrap is
+// done, when every rank's hostd had come to rank 0's hub: before that, a hostd that does not answer may not have
+// started yet.
+class HostdWatch {
+ public:
+  static constexpr auto kProbeEvery = std::chrono::seconds(2);
+  static constexpr auto kSilentFor = std::chrono::seconds(4);
+  using Clock = std::chrono::steady_clock;
+  // gpu -> (its hostd's node name, gRPC address).
+  explicit HostdWatch(std::function<std::pair<std::string, std::string>(int gpu)> where) : where_(std::move(where)) {}
+  void arm() { armed_ = true; }
+  // "" while `gpu`'s hostd answers (or has failed to for less than kSilentFor, or the watch is not armed); else how
+  // long it has not, and the last error. Blocks up to kProbeEvery, asking it.
+  std::string silent(int gpu) {
+    if (!armed_) {
+      return "";
+    }
+    const auto [name, address] = where_(gpu);
+    const std::string error =
+        ask_hostd_status(name, address, std::chrono::duration_cast<std::chrono::nanoseconds>(kProbeEvery).count());
+    const auto now = Clock::now();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error.empty()) {
+      failing_.erase(gpu);
+      return "";
+    }
+    auto [it, fresh] = failing_.try_emplace(gpu, Failing{now, now});
+    if (!fresh && now - it->second.last > 3 * kProbeEvery) {  // an old failure, not asked since: counts from now
+      it->second.since = now;
+    }
+    it->second.last = now;
+    const auto for_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - it->second.since);
+    return for_ms < kSilentFor ? "" : "its hostd has not answered for " + seconds_text(for_ms) + " s: " + error;
+  }
+
+ private:
+  struct Failing {
+    Clock::time_point since;  // the first of the failures in a row
+    Clock::time_point last;
+  };
+  std::function<std::pair<std::string, std::string>(int)> where_;
+  std::atomic<bool> armed_{false};
+  std::mutex mu_;
+  std::map<int, Failing> failing_;
+};
+
 // Rank 0's hub: the k-th allgather of every rank in an epoch (an operation) meets the others' k-th (waits on gRPC
 // threads). A part of a later epoch ends the waits of earlier ones: the ranks that were waiting there are told their
-// operation was left by some rank, instead of holding a thread until the timeout.
+// operation was left by some rank, instead of holding a thread until the timeout. A rank whose hostd has stopped
+// answering (HostdWatch) ends the waits of its round too. A group's hub is the same at its first GPU's hostd.
 class Hub {
  public:
   // The largest operation number a part may carry: drivers number operations from the real-time clock in
@@ -97,8 +149,9 @@ class Hub {
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch());
     return static_cast<uint64_t>(us.count()) + 86'400'000'000ULL;
   }
-  explicit Hub(std::vector<std::string> rank_names)
-      : n_(static_cast<int>(rank_names.size())), names_(std::move(rank_names)) {}
+  // Rank k is GPU gpus[k], on node names[k]; gpus[0]'s hostd holds the hub (it is not asked whether it is there).
+  Hub(std::vector<int> gpus, std::vector<std::string> names, std::shared_ptr<HostdWatch> watch)
+      : n_(static_cast<int>(gpus.size())), gpus_(std::move(gpus)), names_(std::move(names)), watch_(std::move(watch)) {}
   grpc::Status gather(const std::string& node, const v1::AllgatherRequest& q, v1::AllgatherReply* out) {
     const int rank = q.rank();
     if (rank < 0 || rank >= n_) {
@@ -150,22 +203,12 @@ class Hub {
     const auto wait = q.wait_ms() == 0 ? std::chrono::milliseconds(kAllgatherWait)
                                        : std::min<std::chrono::milliseconds>(std::chrono::milliseconds(q.wait_ms()),
                                                                              kLongestAllgatherWait);
-    if (!cv_.wait_for(lock, wait, [&] { return r->arrived == n_ || r->superseded || stopping_; })) {
-      std::string missing, left;  // never came; came, and left when their own wait ran out
-      for (int k = 0; k < n_; ++k) {
-        if (!r->came[k] || !r->in[k]) {
-          std::string& to = r->came[k] ? left : missing;
-          to += (to.empty() ? "" : ", ") + std::to_string(k) + " (" + names_[k] + ")";
-        }
-      }
+    if (!wait_for_round(lock, *r, wait) || (!r->silent.empty() && r->arrived < n_ && !stopping_)) {
+      const std::string why = r->silent.empty() ? not_arrived(*r, wait) : r->silent;
       // This rank has left: a rank that comes later waits for it again, rather than taking its part and going on
       // alone into an operation this rank no longer runs (its hostd then one allgather out of step for good).
       r->in[rank] = 0;
       --r->arrived;
-      std::string why = missing.empty() ? "" : "rank(s) " + missing + " did not arrive in " + seconds_text(wait) + " s";
-      if (!left.empty()) {
-        why += (why.empty() ? "" : "; ") + std::string("rank(s) ") + left + " came and left, their own wait over";
-      }
       // Not DEADLINE_EXCEEDED: the callers would read that as the hub's own silence, and lose who is missing.
       return grpc::Status(grpc::StatusCode::ABORTED, what + ": " + why);
     }
@@ -199,9 +242,68 @@ class Hub {
     int arrived = 0;
     int served = 0;
     bool superseded = false;
+    bool asking = false;  // a waiting part is asking the missing ranks' hostds whether they are there
+    std::string silent;   // "rank 7 (gpu7): its hostd has not answered for ...": the round's waits end
   };
+  // Waits until `r` has every part, is superseded or silent, or the hub stops (true), or `wait` has passed (false),
+  // asking the missing ranks' hostds every HostdWatch::kProbeEvery meanwhile.
+  bool wait_for_round(std::unique_lock<std::mutex>& lock, Round& r, std::chrono::milliseconds wait) {
+    const auto ends = [&] { return r.arrived == n_ || r.superseded || stopping_ || !r.silent.empty(); };
+    const auto until = HostdWatch::Clock::now() + wait;
+    while (!ends()) {
+      const auto now = HostdWatch::Clock::now();
+      if (now >= until) {
+        return false;
+      }
+      if (!cv_.wait_until(lock, std::min(until, now + HostdWatch::kProbeEvery), ends) && !r.asking && watch_) {
+        ask_the_missing(lock, r);
+      }
+    }
+    return true;
+  }
+  // Asks the hostds of the ranks that have not come to `r` (outside the lock) whether they are there; the first that
+  // has been silent for long enough ends the round's waits.
+  void ask_the_missing(std::unique_lock<std::mutex>& lock, Round& r) {
+    std::vector<int> missing;
+    for (int k = 1; k < n_; ++k) {  // rank 0's hostd is this one; a rank that came and left has a hostd
+      if (!r.came[k]) {
+        missing.push_back(k);
+      }
+    }
+    r.asking = true;
+    lock.unlock();
+    std::string silent;
+    for (size_t i = 0; i < missing.size() && silent.empty(); ++i) {
+      if (const std::string why = watch_->silent(gpus_[missing[i]]); !why.empty()) {
+        silent = "rank " + std::to_string(missing[i]) + " (" + names_[missing[i]] + "): " + why;
+      }
+    }
+    lock.lock();
+    r.asking = false;
+    if (!silent.empty() && r.arrived < n_) {
+      r.silent = silent;
+      cv_.notify_all();
+    }
+  }
+  // "rank(s) 7 (gpu7) did not arrive in 30 s": who `r` still lacks after `wait`.
+  std::string not_arrived(const Round& r, std::chrono::milliseconds wait) const {
+    std::string missing, left;  // never came; came, and left when their own wait ran out
+    for (int k = 0; k < n_; ++k) {
+      if (!r.came[k] || !r.in[k]) {
+        std::string& to = r.came[k] ? left : missing;
+        to += (to.empty() ? "" : ", ") + std::to_string(k) + " (" + names_[k] + ")";
+      }
+    }
+    std::string why = missing.empty() ? "" : "rank(s) " + missing + " did not arrive in " + seconds_text(wait) + " s";
+    if (!left.empty()) {
+      why += (why.empty() ? "" : "; ") + std::string("rank(s) ") + left + " came and left, their own wait over";
+    }
+    return why;
+  }
   int n_;
+  std::vector<int> gpus_;
   std::vector<std::string> names_;  // each rank's node, for the errors
+  std::shared_ptr<HostdWatch> watch_;
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t newest_ = 0;
@@ -245,6 +347,11 @@ struct HostDaemon::Impl {
   std::unique_ptr<GrpcControl> control;
   std::unique_ptr<workloads::Communicator> comm;
   std::unique_ptr<Hub> hub;
+  // Whether the ranks' hostds answer, for the hubs here (armed once the world has bootstrapped).
+  std::shared_ptr<HostdWatch> watch = std::make_shared<HostdWatch>([this](int g) {
+    const int node = topo.gpu_node(g);
+    return std::make_pair(topo.nodes[node].name, daemon_address(o, node));
+  });
   std::unique_ptr<v1::Host::Service> service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<MetricsServer> metrics;
@@ -403,6 +510,14 @@ struct HostDaemon::Impl {
                   common::TimeNs wait_ns = 0);
   grpc::Status group_gather(const std::string& node, const v1::AllgatherRequest& q, v1::AllgatherReply* out);
   std::string group_members_problem(const std::vector<int>& members) const;
+  // The node names of `gpus`, in order (a hub's, for its errors).
+  std::vector<std::string> node_names(const std::vector<int>& gpus) const {
+    std::vector<std::string> out;
+    for (int g : gpus) {
+      out.push_back(topo.nodes[topo.gpu_node(g)].name);
+    }
+    return out;
+  }
   void let_go_of_ended_programs(uint32_t group);
   void stop_hubs();
   v1::RunReply alltoall_reply(const workloads::CollectiveResult& res, uint64_t wrong, uint64_t size, uint64_t sent,
@@ -614,6 +729,7 @@ void HostDaemon::Impl::start_endpoint() {
       return;
     }
     rt->note("bootstrap", "rank " + std::to_string(gpu) + " of " + std::to_string(topo.num_gpus()) + " bootstrapped");
+    watch->arm();  // every rank's hostd came to rank 0's hub: one that stops answering now has gone
     // Every rank keeps the ring's window (a collective: each allocates it and learns the others' keys).
     comm->allocate_window(kHostRingWindow, kRingWindowBytes, [this](const std::string& e) {
       ready_error = e.empty() ? "" : "ring window: " + e;
@@ -1332,11 +1448,7 @@ grpc::Status HostDaemon::Impl::group_gather(const std::string& node, const v1::A
           ++it;
         }
       }
-      std::vector<std::string> names;
-      for (int g : members) {
-        names.push_back(topo.nodes[topo.gpu_node(g)].name);
-      }
-      slot = {members, std::make_shared<Hub>(std::move(names))};
+      slot = {members, std::make_shared<Hub>(members, node_names(members), watch)};
     }
     if (slot.members != members) {  // a rank would wait among GPUs it does not know, or be counted as another
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -1613,11 +1725,7 @@ HostDaemon::HostDaemon(DaemonOptions o) : impl_(std::make_unique<Impl>()) {
     }
   }
   if (d.rank == 0 && !guest) {
-    std::vector<std::string> names;
-    for (int g : d.ranks) {
-      names.push_back(d.topo.nodes[d.topo.gpu_node(g)].name);
-    }
-    d.hub = std::make_unique<Hub>(std::move(names));
+    d.hub = std::make_unique<Hub>(d.ranks, d.node_names(d.ranks), d.watch);
   }
   if (!guest) {
     d.ring = HostRing::create(d.o.node, static_cast<uint32_t>(d.gpu), static_cast<uint32_t>(d.topo.num_gpus()),

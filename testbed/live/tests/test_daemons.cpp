@@ -993,6 +993,42 @@ TEST_F(HostdTest, APartWhoseWaitRanOutIsWithdrawnFromItsRound) {
       << text(late);
 }
 
+// A hub asks the hostds of the ranks it waits for whether they are there (HostdWatch): one that answers is waited for
+// as long as the waiting part allows (its program may still be computing), one that has gone is named within
+// seconds, instead of after the whole wait (the caller's limit, 108 s by default).
+TEST_F(HostdTest, AHubNamesARankWhoseHostdHasGoneWithinSecondsAndWaitsForOneThatAnswers) {
+  auto gather = [&](uint32_t group, int peer, uint32_t wait_ms) {
+    v1::AllgatherRequest q;
+    q.set_group(group);
+    q.set_rank(0);
+    q.set_epoch(1);
+    q.set_wait_ms(wait_ms);
+    q.add_members(0);
+    q.add_members(peer);
+    return call(host(0), &v1::Host::Stub::Allgather, q, static_cast<v1::AllgatherReply*>(nullptr),
+                std::chrono::seconds(wait_ms / 1000 + 5));
+  };
+  using Clock = std::chrono::steady_clock;
+  auto t0 = Clock::now();
+  const grpc::Status waited = gather(8, 1, 5000);  // gpu1's hostd answers the hub's questions at 2 and 4 s
+  EXPECT_NE(waited.error_message().find("rank(s) 1 (gpu1) did not arrive in 5 s"), std::string::npos) << text(waited);
+  EXPECT_GE(Clock::now() - t0, std::chrono::milliseconds(4900));
+  Daemon& gone = daemons_[topo_.gpu_node(2)];
+  gone.host->stop();
+  gone.thread.join();
+  t0 = Clock::now();
+  const grpc::Status named = gather(9, 2, 30000);
+  const auto took = Clock::now() - t0;
+  EXPECT_EQ(named.error_code(), grpc::StatusCode::ABORTED) << text(named);
+  EXPECT_NE(named.error_message().find("allgather 0 of operation 1: rank 1 (gpu2): its hostd has not answered for "),
+            std::string::npos)
+      << text(named);
+  EXPECT_NE(named.error_message().find("gpu2 (127.0.0.1:"), std::string::npos) << text(named);
+  // Asked at 2, 4 and 6 s: silent for 4 s after the third question.
+  EXPECT_GE(took, std::chrono::seconds(5));
+  EXPECT_LT(took, std::chrono::seconds(10));
+}
+
 // Host fields outside what they can mean are refused naming them: a window id wider than 16 bits (ReadWindow read
 // window id % 65536), a PSN wider than the BTH's 24 bits, a peer region past the address space, more fetch-and-adds
 // than one request may run (each a round trip, run on after the caller gave up).

@@ -83,6 +83,11 @@ void reset_peer_responder(EpollLoop& loop, std::weak_ptr<bool> alive, const std:
                           const std::string& address, int requester_gpu, int qp, uint32_t psn,
                           common::TimeNs deadline_ns, int attempts, std::function<void(const std::string& error)> done);
 
+// Asks the hostd at `address` (`who`, for errors) for its status (Host.Status), waiting at most `deadline_ns`, on the
+// calling thread: "" once it answered, else the error naming it ("gpu7 (127.0.0.1:50058): unreachable: ..."). A hub
+// asks this of the ranks it waits for (hostd's HostdWatch), from the gRPC thread of a waiting part.
+std::string ask_hostd_status(const std::string& who, const std::string& address, common::TimeNs deadline_ns);
+
 // IfecCounters as name -> value (the struct's field names) and back: the one list the gRPC services, ifec ctl and
 // the Prometheus metrics use.
 std::map<std::string, uint64_t> counter_map(const common::IfecCounters& c);
