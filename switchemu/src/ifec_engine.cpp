@@ -671,10 +671,11 @@ uint64_t spray_of(const Ech& ech, uint32_t psn) {
 
 }  // namespace
 
-void IfecEngine::send_ech_ack(uint32_t dst_ip, const Ech& ech, uint32_t psn, uint16_t pkey, common::Aeth aeth) {
+void IfecEngine::send_ech_ack(uint32_t dst_ip, const Ech& ech, uint32_t psn, uint16_t pkey, common::Aeth aeth,
+                              uint8_t flags) {
   Ech e = ech;
   e.element_count = 0;
-  e.flags = 0;
+  e.flags = flags;
   emit_(build(dst_ip, e, static_cast<uint8_t>(Opcode::kAcknowledge), psn, pkey, std::nullopt, nullptr, 0, aeth),
         spray_of(ech, psn));
 }
@@ -711,10 +712,13 @@ std::vector<uint8_t> IfecEngine::build(uint32_t dst_ip, const Ech& ech, uint8_t 
 void IfecEngine::multicast(const common::ParsedFrame& pf, const uint8_t* frame) {
   const Ech& ech = *pf.h.ech;
   const uint64_t key = multicast_key(ech.source_id, pf.h.bth.psn);
+  // A completion carries the retransmission flag once a copy of the packet reached this switch: the source then
+  // knows the answer follows its copy. Without it the original completed before the copy came (late, not lost), and
+  // the source's other late packets are most likely completing too (EchAgent resends no more behind it).
   if (mcast_done_set_.count(key)) {
-    // Completed already; the source's copy of our ACK was lost.
-    Ech e = ech;
-    send_ech_ack(pf.h.ip.src, e, pf.h.bth.psn, pf.h.bth.pkey);
+    // Completed already: our completion was lost, or is still on its way.
+    send_ech_ack(pf.h.ip.src, ech, pf.h.bth.psn, pf.h.bth.pkey, common::Aeth::ack(0),
+                 common::ech_flags::kRetransmission);
     return;
   }
   auto it = mcast_.find(key);
@@ -723,6 +727,7 @@ void IfecEngine::multicast(const common::ParsedFrame& pf, const uint8_t* frame) 
     // only once their earlier replica has had time to be acknowledged: a copy behind one still queued toward a
     // congested GPU would double that GPU's backlog (a collapse at 64 ranks x 4096 tokens).
     const common::TimeNs now = clock_.now();
+    it->second.copy_seen = true;
     for (int d = 0; d < 64; ++d) {
       if (it->second.pending & (1ULL << d)) {
         if (now < it->second.due[d]) {
@@ -747,6 +752,7 @@ void IfecEngine::multicast(const common::ParsedFrame& pf, const uint8_t* frame) 
   m.offset = pf.h.reth->virtual_address;
   m.psn = pf.h.bth.psn;
   m.job = common::job_of_pkey(pf.h.bth.pkey);
+  m.copy_seen = (ech.flags & common::ech_flags::kRetransmission) != 0;  // the original was lost (or evicted)
   for (int d = 0; d < 64; ++d) {
     if (!(ech.dest_bitmap & (1ULL << d))) {
       continue;
@@ -807,7 +813,8 @@ void IfecEngine::multicast_ack(const common::ParsedFrame& pf) {
   // Every destination has the data: one completion to the source (the transaction proxy's job).
   Ech e = ech;
   e.set_destination(m.source_id);
-  send_ech_ack(m.source_ip, e, m.psn, common::pkey_of_job(m.job));
+  send_ech_ack(m.source_ip, e, m.psn, common::pkey_of_job(m.job), common::Aeth::ack(0),
+               m.copy_seen ? common::ech_flags::kRetransmission : 0);
   counters_.multicast_completions++;
   mcast_done_.push_back(it->first);
   mcast_done_set_.insert(it->first);

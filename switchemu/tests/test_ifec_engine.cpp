@@ -57,11 +57,39 @@ struct Engine {
       e.register_window({g, gpu_ip(g), kWindow, 0x100000ULL * g, 0x77u + g, 1});
     }
   }
-  void receive(bool retransmission) {
-    const std::vector<uint8_t> f = multicast_frame(retransmission);
+  void receive(bool retransmission) { deliver(multicast_frame(retransmission)); }
+  // GPU `g`'s ACK of its replica of the packet, as its EchAgent sends it.
+  void ack_from(int g) {
+    common::FrameHeaders h;
+    h.ip.src = gpu_ip(g);
+    h.ip.dst = kSwitchIp;
+    h.udp.src_port = 0xC002;
+    h.bth.opcode = static_cast<uint8_t>(common::Opcode::kAcknowledge);
+    h.bth.pkey = common::pkey_of_job(1);
+    h.bth.dest_qp = common::kEchQpn;
+    h.bth.psn = 5;
+    common::Ech ech;
+    ech.format = common::EchFormat::kCompact;
+    ech.op = common::EchOp::kMulticast;
+    ech.source_id = 0;
+    ech.window_id = kWindow;
+    ech.set_destination(static_cast<uint16_t>(g));
+    h.ech = ech;
+    h.aeth = common::Aeth::ack(0);
+    deliver(common::encode_frame(h, nullptr, 0));
+  }
+  void deliver(const std::vector<uint8_t>& f) {
     common::ParsedFrame pf;
     ASSERT_TRUE(common::parse_frame(f.data(), f.size(), &pf).ok());
     e.receive(pf, f.data());
+  }
+  // The ECH flags of the last frame emitted, which must be the source's completion.
+  uint8_t completion_flags() const {
+    common::ParsedFrame pf;
+    EXPECT_TRUE(common::parse_frame(out.back().data(), out.back().size(), &pf).ok());
+    EXPECT_EQ(pf.h.bth.opcode, static_cast<uint8_t>(common::Opcode::kAcknowledge));
+    EXPECT_EQ(pf.h.ip.dst, gpu_ip(0));
+    return pf.h.ech->flags;
   }
 };
 
@@ -98,6 +126,38 @@ TEST(IfecEngineMulticast, WithoutABacklogEveryRetransmissionIsRepaired) {
   EXPECT_EQ(s.out.size(), 4u);
   EXPECT_EQ(s.e.counters().multicast_repairs, 2u);
   EXPECT_EQ(s.e.counters().multicast_repairs_held, 0u);
+}
+
+// The source's completion says whether a copy it sent again reached the switch first: without the flag, the original
+// completed before any copy came (it was late, not lost: EchAgent then resends nothing more behind it); with it, the
+// answer follows the copy (a repair, or the entry the copy made where the original was lost). A copy of a packet
+// already completed is answered at once, flagged.
+TEST(IfecEngineMulticast, TheCompletionSaysWhetherACopyCameFirst) {
+  Engine plain;
+  plain.receive(false);
+  plain.ack_from(1);
+  plain.ack_from(2);
+  ASSERT_EQ(plain.out.size(), 3u) << "two replicas, one completion";
+  EXPECT_EQ(plain.completion_flags(), 0);
+  plain.receive(true);  // the copy comes after the completion
+  ASSERT_EQ(plain.out.size(), 4u);
+  EXPECT_EQ(plain.completion_flags(), common::ech_flags::kRetransmission);
+
+  Engine repaired;
+  repaired.receive(false);
+  repaired.ack_from(1);
+  repaired.receive(true);  // repaired toward GPU 2 only
+  ASSERT_EQ(repaired.out.size(), 3u);
+  repaired.ack_from(2);
+  ASSERT_EQ(repaired.out.size(), 4u);
+  EXPECT_EQ(repaired.completion_flags(), common::ech_flags::kRetransmission);
+
+  Engine lost;
+  lost.receive(true);  // the original never came
+  lost.ack_from(1);
+  lost.ack_from(2);
+  ASSERT_EQ(lost.out.size(), 3u);
+  EXPECT_EQ(lost.completion_flags(), common::ech_flags::kRetransmission);
 }
 
 common::GroupReservation group_of(uint16_t id, size_t members, uint32_t upstream_ip) {

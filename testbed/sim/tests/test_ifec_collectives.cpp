@@ -308,6 +308,38 @@ TEST(IfecCollectives, ChunksQueuedLongerThanTheTimerAreNotResentWhileTheOperatio
   }
 }
 
+// A multicast source far from its switches (100 us of propagation on its links, which the timers fitted to the
+// window's drain time do not know of): every packet's first timer runs out before any completion, and the first
+// packet goes again. Its original completes before the copy reaches the switch, and the switch's completion says
+// so (no retransmission flag): that is no probe's answer. The packets whose timers ran out behind the first were
+// late, not lost, and wait on their own timers, which see the completions coming. Resending the next one at each
+// such answer, as a lost probe's answer does, sent the whole window again, each copy just before its original's
+// completion came in (here 258 copies of 256 packets, 4 now; on the live superpod-8x2, hundreds per MoE dispatch).
+TEST(IfecCollectives, AMulticastWhoseOriginalsWereLateNotLostSendsNoWindowAgain) {
+  const auto s = spec_for(Collective::kMulticast, 8, 1 << 18, EchDtype::kFp32, EchRedOp::kSum, 2);
+  routing::Topology topo = routing::make_superpod(8, 2);
+  for (routing::Link& l : topo.links) {
+    if (topo.nodes[l.a].gpu_index == 2 || topo.nodes[l.b].gpu_index == 2) {
+      l.delay_ns = 100'000;
+    }
+  }
+  Harness st = make_setup(topo, s, cluster_options(0, 1), 9);
+  st.ifec->options().timing.initial_rto_ns = 2'000;  // the fit to the window's drain time only
+  st.ifec->options().timing.min_rto_ns = 2'000;
+  const auto r = st.ifec->run(s, 2'000'000'000);
+  ASSERT_TRUE(r.ok) << r.error;
+  for (int g = 0; g < 8; ++g) {
+    EXPECT_EQ(std::memcmp(st.cluster->window_data(g, kBuf) + s.offset, st.inputs[2].data(), st.inputs[2].size()), 0)
+        << "GPU " << g;
+  }
+  const endpoint::EchCounters& c = st.cluster->ep(2).ech().counters();
+  printf("%lu packets, %.1f us, %lu sent again, %lu of them answered before their copy came\n",
+         static_cast<unsigned long>(c.multicast_sent - c.retransmissions), (r.end_ns - r.start_ns) / 1e3,
+         static_cast<unsigned long>(c.retransmissions), static_cast<unsigned long>(c.late_multicast_originals));
+  EXPECT_GT(c.late_multicast_originals, 0u) << "the first timers must run out before any completion";
+  EXPECT_LE(c.retransmissions, 4u);  // a probe per plane (and its retry), not the window
+}
+
 // A member so slow that the operation makes no progress for many timeouts (GPU 7's links at 1/256 of their rate:
 // a host a loaded machine runs late): the other GPUs' timers run out again and again; one chunk per plane goes
 // again at a time, the next on its answer, and the switch answers a resent contribution it holds as held (the

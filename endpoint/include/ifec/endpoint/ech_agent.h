@@ -273,6 +273,7 @@ class EchMulticast {
   X(held_acks, "ACKs of resent contributions the switch holds for a result still to come: waited for")  \
   X(resend_requests, "NAKs from the switch for a contribution it lacks while it has later ones: sent again")  \
   X(multicast_sent, "")                                                                                 \
+  X(late_multicast_originals, "multicast packets sent again whose original completed before the copy came")  \
   X(replicas_written, "")                                                                               \
   X(stale_replicas, "replicas from an earlier multicast of their source (acknowledged, not written)")   \
   X(duplicate_replicas, "replicas of the current multicast written again (a repair): not new arrivals") \

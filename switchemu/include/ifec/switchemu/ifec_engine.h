@@ -157,7 +157,8 @@ class IfecEngine {
     uint64_t offset = 0;
     uint32_t psn = 0;
     uint32_t job = 0;
-    uint64_t pending = 0;  // destinations (base + bit) not yet acknowledged
+    uint64_t pending = 0;    // destinations (base + bit) not yet acknowledged
+    bool copy_seen = false;  // a copy the source sent again arrived (or made the entry): its completion says so
     std::vector<uint8_t> payload;
     // Per destination: when its replica should have been acknowledged at the earliest (left this switch's queue,
     // plus a round trip to the GPU); a repair before then is held.
@@ -180,9 +181,10 @@ class IfecEngine {
   // and sends the result, or, when timed out, the anomaly notice.
   void complete(Group& g, Slot& s, bool timed_out, bool acc_ready = false);
   void send_result(Group& g, Slot& s, int member);
-  // An ECH acknowledgement frame: an ACK, or with `aeth` an RNR NAK or a NAK.
+  // An ECH acknowledgement frame: an ACK, or with `aeth` an RNR NAK or a NAK; its ECH flags are `flags` (none, but
+  // the retransmission flag on a multicast's completion once a copy of the packet has reached this switch).
   void send_ech_ack(uint32_t dst_ip, const common::Ech& ech, uint32_t psn, uint16_t pkey,
-                    common::Aeth aeth = common::Aeth::ack(0));
+                    common::Aeth aeth = common::Aeth::ack(0), uint8_t flags = 0);
   // RNR NAK: the contribution's slot still holds an older chunk; the sender retries after a short back-off.
   void send_ech_rnr(uint32_t dst_ip, const common::Ech& ech, uint32_t psn, uint16_t pkey);
   // Asks each member slot `s` still waits for and that has contributed a later chunk (so lost this one) to send its
