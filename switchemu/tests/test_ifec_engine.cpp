@@ -19,25 +19,31 @@ constexpr uint32_t kSwitchIp = 0x0AFF0001;
 constexpr uint16_t kWindow = 40;
 uint32_t gpu_ip(int g) { return 0x0A000001u + static_cast<uint32_t>(g); }
 
-// GPU 0's multicast packet of 256 bytes to GPUs 1 and 2, as its EchAgent sends it (or resends it).
-std::vector<uint8_t> multicast_frame(bool retransmission) {
+// The headers GPU `from` sends the switch about GPU 0's multicast packet PSN 5 in window kWindow (compact ECH).
+common::FrameHeaders multicast_headers(int from, common::Opcode opcode) {
   common::FrameHeaders h;
-  h.ip.src = gpu_ip(0);
+  h.ip.src = gpu_ip(from);
   h.ip.dst = kSwitchIp;
   h.ip.dscp = common::kRoceDscp;
-  h.udp.src_port = 0xC001;
-  h.bth.opcode = static_cast<uint8_t>(common::Opcode::kWriteOnly);
+  h.udp.src_port = static_cast<uint16_t>(0xC001 + from);
+  h.bth.opcode = static_cast<uint8_t>(opcode);
   h.bth.pkey = common::pkey_of_job(1);
   h.bth.dest_qp = common::kEchQpn;
   h.bth.psn = 5;
   common::Ech ech;
   ech.format = common::EchFormat::kCompact;
   ech.op = common::EchOp::kMulticast;
-  ech.flags = retransmission ? common::ech_flags::kRetransmission : 0;
   ech.source_id = 0;
   ech.window_id = kWindow;
-  ech.dest_bitmap = (1ULL << 1) | (1ULL << 2);
   h.ech = ech;
+  return h;
+}
+
+// GPU 0's multicast packet of 256 bytes to GPUs 1 and 2, as its EchAgent sends it (or resends it).
+std::vector<uint8_t> multicast_frame(bool retransmission) {
+  common::FrameHeaders h = multicast_headers(0, common::Opcode::kWriteOnly);
+  h.ech->flags = retransmission ? common::ech_flags::kRetransmission : 0;
+  h.ech->dest_bitmap = (1ULL << 1) | (1ULL << 2);
   h.reth = common::Reth{64, 0, 256};
   const std::vector<uint8_t> data(256, 0x5A);
   return common::encode_frame(h, data.data(), data.size());
@@ -60,21 +66,8 @@ struct Engine {
   void receive(bool retransmission) { deliver(multicast_frame(retransmission)); }
   // GPU `g`'s ACK of its replica of the packet, as its EchAgent sends it.
   void ack_from(int g) {
-    common::FrameHeaders h;
-    h.ip.src = gpu_ip(g);
-    h.ip.dst = kSwitchIp;
-    h.udp.src_port = 0xC002;
-    h.bth.opcode = static_cast<uint8_t>(common::Opcode::kAcknowledge);
-    h.bth.pkey = common::pkey_of_job(1);
-    h.bth.dest_qp = common::kEchQpn;
-    h.bth.psn = 5;
-    common::Ech ech;
-    ech.format = common::EchFormat::kCompact;
-    ech.op = common::EchOp::kMulticast;
-    ech.source_id = 0;
-    ech.window_id = kWindow;
-    ech.set_destination(static_cast<uint16_t>(g));
-    h.ech = ech;
+    common::FrameHeaders h = multicast_headers(g, common::Opcode::kAcknowledge);
+    h.ech->set_destination(static_cast<uint16_t>(g));
     h.aeth = common::Aeth::ack(0);
     deliver(common::encode_frame(h, nullptr, 0));
   }
