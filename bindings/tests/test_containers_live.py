@@ -164,7 +164,9 @@ def test_a_host_container_killed_mid_operation_is_named_within_a_bounded_time(fa
     finally:
         killer.join()
     assert "gpu7" in str(e.value) or "peer 7" in str(e.value), str(e.value)
-    assert time.time() - t0 < 90
+    # The ranks waiting at a hub for gpu7 hear within seconds that its hostd has stopped answering (the hub asks
+    # every 2 s; 6.8 s here), not after the 54 s their caller allows (the timeout less a tenth).
+    assert time.time() - t0 < 45
 
 
 def test_down_leaves_no_containers_or_networks(fab):
